@@ -1,0 +1,40 @@
+import { z } from 'zod';
+import { nodeNameSchema } from './names.js';
+
+/**
+ * A Decision says what to do, to what and why; an Action is one attempt to carry a decision
+ * out. Both carry an idempotency key so that a decision reached twice, or a job delivered
+ * twice, acts once (DESIGN.md, Contracts).
+ */
+
+export const DECISION_VERBS = ['drain'] as const;
+export type DecisionVerb = (typeof DECISION_VERBS)[number];
+
+export const decisionSchema = z.object({
+  id: z.string().min(1).max(128),
+  verb: z.enum(DECISION_VERBS),
+  node: nodeNameSchema,
+  /** One key per intended effect; a second decision with the same key is the same decision. */
+  idempotencyKey: z.string().min(1).max(256),
+  reason: z.string().min(1).max(512),
+  /** The signal that led here and the fault it reported. */
+  signalId: z.string().min(1).max(128),
+  fingerprint: z.string().min(1).max(256),
+  time: z.iso.datetime({ offset: true }),
+});
+
+export type Decision = z.infer<typeof decisionSchema>;
+
+export const ACTION_STATES = ['planned', 'running', 'done', 'failed', 'refused'] as const;
+export type ActionState = (typeof ACTION_STATES)[number];
+
+export interface ActionRecord {
+  readonly decisionId: string;
+  readonly verb: DecisionVerb;
+  readonly node: string;
+  readonly state: ActionState;
+  /** Why the action is in this state: the backend's answer, the gate that refused it. */
+  readonly detail: string;
+  readonly backend: string;
+  readonly time: string;
+}

@@ -1,0 +1,157 @@
+import { readFileSync } from 'node:fs';
+import { parse as parseYaml } from 'yaml';
+import { z } from 'zod';
+import { InputError, errorMessage } from './errors.js';
+import { parseOrThrow } from './validate.js';
+
+/**
+ * steadfast's configuration: a YAML file, then environment overrides, validated as one object.
+ * An override names its field with double underscores between levels:
+ * `STEADFAST_CONTROLLER__PORT=9500` sets `controller.port`.
+ */
+
+const hostSchema = z.string().min(1).max(255);
+const portSchema = z.number().int().min(0).max(65535);
+
+export const configSchema = z
+  .object({
+    redis: z
+      .object({
+        url: z.string().regex(/^rediss?:\/\//, 'must start with redis:// or rediss://').default('redis://127.0.0.1:6379'),
+        /** Key prefix for queues, the audit stream and state keys; lets two installations share a Redis. */
+        prefix: z.string().regex(/^[A-Za-z0-9_-]+$/, 'letters, digits, "_" and "-" only').default('steadfast'),
+      })
+      .strict()
+      .prefault({}),
+    controller: z
+      .object({
+        host: hostSchema.default('127.0.0.1'),
+        port: portSchema.default(9400),
+        /** Largest request body accepted, in bytes; larger answers 413. */
+        bodyLimitBytes: z.number().int().min(1024).max(64 * 1024 * 1024).default(1024 * 1024),
+        /** Bearer token required on every write API; give it here, in tokenFile, or both unset to refuse to start. */
+        token: z.string().min(16, 'must be at least 16 characters').optional(),
+        tokenFile: z.string().min(1).optional(),
+        /** Approximate length the audit stream is trimmed to. */
+        auditMaxLength: z.number().int().min(100).default(100_000),
+      })
+      .strict()
+      .prefault({}),
+    backend: z
+      .object({
+        kind: z.enum(['slurm', 'dry-run']).default('dry-run'),
+        slurm: z
+          .object({
+            scontrol: z.string().min(1).default('scontrol'),
+            sinfo: z.string().min(1).default('sinfo'),
+            /** Extra environment for the Slurm commands, e.g. SLURM_CONF. */
+            env: z.record(z.string(), z.string()).default({}),
+            timeoutMs: z.number().int().min(100).default(10_000),
+          })
+          .strict()
+          .prefault({}),
+      })
+      .strict()
+      .prefault({}),
+    policy: z
+      .object({
+        /** Reports of a fault on a node already being drained, within this window, join the first decision. */
+        drainDedupeSeconds: z.number().int().min(1).default(24 * 3600),
+      })
+      .strict()
+      .prefault({}),
+    safety: z
+      .object({
+        /** Eviction budget (STYLE.md, after node-healthcheck-operator's max-unhealthy). */
+        maxDrainsPerWindow: z.number().int().min(0).default(4),
+        windowSeconds: z.number().int().min(1).default(3600),
+        /** Seconds a per-node lease is held while an actuator works on it. */
+        nodeLeaseSeconds: z.number().int().min(1).default(60),
+      })
+      .strict()
+      .prefault({}),
+  })
+  .strict();
+
+export type Config = z.output<typeof configSchema>;
+
+const ENV_PREFIX = 'STEADFAST_';
+
+/** Builds a nested object from `STEADFAST_A__B=value` variables; values are read as YAML scalars. */
+export function envOverrides(env: NodeJS.ProcessEnv): Record<string, unknown> {
+  const result: Record<string, unknown> = {};
+  for (const [name, raw] of Object.entries(env)) {
+    if (!name.startsWith(ENV_PREFIX) || raw === undefined || !name.includes('__')) continue;
+    const path = name
+      .slice(ENV_PREFIX.length)
+      .split('__')
+      .map((part) => part.toLowerCase().replace(/_([a-z])/g, (_, letter: string) => letter.toUpperCase()));
+    let cursor = result;
+    path.slice(0, -1).forEach((part) => {
+      const next = cursor[part];
+      cursor[part] = typeof next === 'object' && next !== null ? next : {};
+      cursor = cursor[part] as Record<string, unknown>;
+    });
+    const leaf = path.at(-1) as string;
+    let value: unknown = raw;
+    try {
+      value = parseYaml(raw);
+    } catch {
+      value = raw;
+    }
+    // Secrets and names stay strings even when they look like numbers.
+    cursor[leaf] = typeof value === 'object' && value !== null && !Array.isArray(value) ? raw : value;
+  }
+  return result;
+}
+
+function deepMerge(base: Record<string, unknown>, over: Record<string, unknown>): Record<string, unknown> {
+  const merged: Record<string, unknown> = { ...base };
+  for (const [key, value] of Object.entries(over)) {
+    const current = merged[key];
+    merged[key] =
+      isPlainObject(current) && isPlainObject(value) ? deepMerge(current, value) : value;
+  }
+  return merged;
+}
+
+function isPlainObject(value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
+}
+
+/** Loads the config file (optional), applies env overrides and validates the result. */
+export function loadConfig(options: { file?: string | undefined; env?: NodeJS.ProcessEnv } = {}): Config {
+  let fromFile: unknown = {};
+  if (options.file) {
+    let text: string;
+    try {
+      text = readFileSync(options.file, 'utf8');
+    } catch (error) {
+      throw new InputError(`cannot read config file ${options.file}: ${errorMessage(error)}`);
+    }
+    try {
+      fromFile = parseYaml(text) ?? {};
+    } catch (error) {
+      throw new InputError(`config file ${options.file} is not valid YAML: ${errorMessage(error)}`);
+    }
+    if (!isPlainObject(fromFile)) throw new InputError(`config file ${options.file}: top level must be a mapping`);
+  }
+  const merged = deepMerge(fromFile as Record<string, unknown>, envOverrides(options.env ?? process.env));
+  return parseOrThrow(configSchema, merged, 'config');
+}
+
+/** The controller's bearer token, from the config or the file it names (trailing newline removed). */
+export function resolveToken(config: { token?: string | undefined; tokenFile?: string | undefined }, what: string): string {
+  if (config.token) return config.token;
+  if (config.tokenFile) {
+    let token: string;
+    try {
+      token = readFileSync(config.tokenFile, 'utf8').trim();
+    } catch (error) {
+      throw new InputError(`${what}: cannot read token file ${config.tokenFile}: ${errorMessage(error)}`, 'tokenFile');
+    }
+    if (token.length < 16) throw new InputError(`${what}: token in ${config.tokenFile} must be at least 16 characters`, 'tokenFile');
+    return token;
+  }
+  throw new InputError(`${what}: no token configured (set token or tokenFile); refusing to run unauthenticated`, 'token');
+}

@@ -1,0 +1,57 @@
+import { createHash, randomUUID } from 'node:crypto';
+import { z } from 'zod';
+import { nodeNameSchema } from './names.js';
+
+/**
+ * A Signal is the normalised form of everything that reaches the controller: an Alertmanager
+ * alert, an agent's fast-path event. Policy only ever sees Signals (DESIGN.md, Contracts).
+ */
+
+export const SIGNAL_KINDS = ['xid', 'gpu_lost', 'alert'] as const;
+export type SignalKind = (typeof SIGNAL_KINDS)[number];
+
+export const SIGNAL_SEVERITIES = ['critical', 'warning', 'info'] as const;
+export type SignalSeverity = (typeof SIGNAL_SEVERITIES)[number];
+
+export const SIGNAL_SOURCES = ['agent', 'alertmanager'] as const;
+export type SignalSource = (typeof SIGNAL_SOURCES)[number];
+
+const evidenceValue = z.union([z.string().max(4096), z.number(), z.boolean()]);
+
+export const signalSchema = z.object({
+  id: z.string().min(1).max(128),
+  kind: z.enum(SIGNAL_KINDS),
+  node: nodeNameSchema,
+  gpu: z.string().max(64).optional(),
+  job: z.string().max(128).optional(),
+  severity: z.enum(SIGNAL_SEVERITIES),
+  /** When the fault happened (the alert's startsAt, the log line's arrival), ISO 8601. */
+  time: z.iso.datetime({ offset: true }),
+  /** When steadfast received it, ISO 8601. */
+  receivedAt: z.iso.datetime({ offset: true }),
+  /** Identity of the fault, equal for every report of the same fault whatever its source. */
+  fingerprint: z.string().min(1).max(256),
+  source: z.enum(SIGNAL_SOURCES),
+  evidence: z.record(z.string().max(128), evidenceValue),
+});
+
+export type Signal = z.infer<typeof signalSchema>;
+
+/** The identity of one fault: a fast-path Xid and the alert for that Xid share it. */
+export function faultFingerprint(parts: {
+  kind: SignalKind;
+  node: string;
+  gpu?: string | undefined;
+  detail?: string | undefined;
+}): string {
+  return [parts.kind, parts.node, parts.gpu ?? '-', parts.detail ?? '-'].join('/');
+}
+
+export function newSignalId(): string {
+  return randomUUID();
+}
+
+/** Short stable hash used for job ids built from free text. */
+export function stableHash(text: string): string {
+  return createHash('sha256').update(text).digest('hex').slice(0, 24);
+}

@@ -1,0 +1,125 @@
+import { z } from 'zod';
+import { InputError } from './errors.js';
+import { nodeNameSchema } from './names.js';
+import { parseOrThrow } from './validate.js';
+
+/**
+ * Topology of one training job: every rank's node and its coordinates in each parallel
+ * dimension. Parallel groups (the ranks that share a TP, PP, DP, ... group) derive from it;
+ * stack aggregation and backup placement reason in those groups (ByteRobust §5, §6.3).
+ */
+
+export const PARALLEL_DIMS = ['tp', 'cp', 'ep', 'dp', 'pp'] as const;
+export type ParallelDim = (typeof PARALLEL_DIMS)[number];
+
+export type Coordinates = Record<ParallelDim, number>;
+
+export interface RankPlacement {
+  readonly rank: number;
+  readonly node: string;
+  readonly localRank: number;
+  readonly coords: Coordinates;
+}
+
+const positiveInt = z.number().int().min(1);
+
+export const topologySpecSchema = z.union([
+  z.object({
+    nodes: z.array(nodeNameSchema).min(1),
+    ranksPerNode: positiveInt,
+    sizes: z.object({
+      tp: positiveInt.default(1),
+      cp: positiveInt.default(1),
+      ep: positiveInt.default(1),
+      dp: positiveInt.default(1),
+      pp: positiveInt.default(1),
+    }),
+    /** Megatron-style order string, fastest-varying dimension first, e.g. `tp-cp-ep-dp-pp`. */
+    order: z.string().default('tp-cp-ep-dp-pp'),
+  }),
+  z.object({
+    ranks: z
+      .array(
+        z.object({
+          rank: z.number().int().min(0),
+          node: nodeNameSchema,
+          localRank: z.number().int().min(0),
+          coords: z.object({
+            tp: z.number().int().min(0).default(0),
+            cp: z.number().int().min(0).default(0),
+            ep: z.number().int().min(0).default(0),
+            dp: z.number().int().min(0).default(0),
+            pp: z.number().int().min(0).default(0),
+          }),
+        }),
+      )
+      .min(1),
+  }),
+]);
+
+export type TopologySpec = z.input<typeof topologySpecSchema>;
+
+export class Topology {
+  private constructor(readonly ranks: readonly RankPlacement[]) {}
+
+  static from(spec: unknown): Topology {
+    const parsed = parseOrThrow(topologySpecSchema, spec, 'topology');
+    if ('ranks' in parsed) {
+      const sorted = [...parsed.ranks].sort((a, b) => a.rank - b.rank);
+      sorted.forEach((placement, index) => {
+        if (placement.rank !== index) throw new InputError(`topology.ranks: rank ${index} is missing or repeated`, 'ranks');
+      });
+      return new Topology(sorted);
+    }
+    const order = parseOrder(parsed.order);
+    const world = PARALLEL_DIMS.reduce((product, dim) => product * parsed.sizes[dim], 1);
+    if (world !== parsed.nodes.length * parsed.ranksPerNode) {
+      throw new InputError(
+        `topology: tp*cp*ep*dp*pp = ${world} but nodes*ranksPerNode = ${parsed.nodes.length * parsed.ranksPerNode}`,
+        'sizes',
+      );
+    }
+    const ranks: RankPlacement[] = [];
+    for (let rank = 0; rank < world; rank += 1) {
+      const coords = { tp: 0, cp: 0, ep: 0, dp: 0, pp: 0 };
+      let rest = rank;
+      for (const dim of order) {
+        coords[dim] = rest % parsed.sizes[dim];
+        rest = Math.floor(rest / parsed.sizes[dim]);
+      }
+      const node = parsed.nodes[Math.floor(rank / parsed.ranksPerNode)] as string;
+      ranks.push({ rank, node, localRank: rank % parsed.ranksPerNode, coords });
+    }
+    return new Topology(ranks);
+  }
+
+  placement(rank: number): RankPlacement {
+    const placement = this.ranks[rank];
+    if (!placement) throw new InputError(`rank ${rank} is not in the topology`, 'rank');
+    return placement;
+  }
+
+  /** The ranks in `rank`'s group along `dim`: all other coordinates equal. */
+  group(dim: ParallelDim, rank: number): number[] {
+    const self = this.placement(rank).coords;
+    return this.ranks
+      .filter((other) => PARALLEL_DIMS.every((d) => d === dim || other.coords[d] === self[d]))
+      .map((other) => other.rank);
+  }
+
+  nodesOf(ranks: readonly number[]): string[] {
+    return [...new Set(ranks.map((rank) => this.placement(rank).node))];
+  }
+}
+
+function parseOrder(order: string): ParallelDim[] {
+  const dims = order.split('-').map((part) => part.trim().toLowerCase());
+  const known = new Set<string>(PARALLEL_DIMS);
+  for (const dim of dims) {
+    if (!known.has(dim)) throw new InputError(`topology.order: unknown dimension "${dim}"`, 'order');
+  }
+  const listed = new Set(dims);
+  if (listed.size !== dims.length) throw new InputError('topology.order: a dimension is repeated', 'order');
+  // Dimensions left out of the order string have size 1 in practice; put them last.
+  return [...(dims as ParallelDim[]), ...PARALLEL_DIMS.filter((dim) => !listed.has(dim))];
+}

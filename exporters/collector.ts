@@ -1,0 +1,118 @@
+import { performance } from 'node:perf_hooks';
+import { Gauge, type Registry } from 'prom-client';
+import type { FastPathEvent } from '../core/fast-path.js';
+import { errorMessage } from '../core/errors.js';
+import type { Logger } from '../core/log.js';
+
+/**
+ * The agent's collector framework, after prometheus/node_exporter: one collector per file,
+ * each enabled by name, each reading its source when asked, none able to fail the scrape.
+ */
+
+/** Where a collector finds its sources; constructor arguments, never globals (STYLE.md). */
+export interface CollectorPaths {
+  /** Root of /sys. */
+  readonly sysfs: string;
+  /** Root of /proc. */
+  readonly procfs: string;
+  /** Kernel log to follow: /dev/kmsg or a plain log file. */
+  readonly kmsg: string;
+  /** A captured `nvidia-smi -q -x` file to read instead of running nvidia-smi. */
+  readonly nvidiaSmiXml?: string | undefined;
+  /** The nvidia-smi binary. */
+  readonly nvidiaSmi: string;
+}
+
+export interface CollectorContext {
+  readonly registry: Registry;
+  readonly paths: CollectorPaths;
+  readonly logger: Logger;
+  /** This node's name, as the controller and the cluster backend know it. */
+  readonly node: string;
+  /** Sends an event on the fast path to the controller (a no-op when none is configured). */
+  readonly fastPath: (event: FastPathEvent) => void;
+  /** Background poll interval for collectors that poll (seconds). */
+  readonly pollIntervalSeconds: number;
+}
+
+export interface Collector {
+  readonly name: string;
+  /** Starts background work (a poll loop, a file follower). Resolves once the first read is done. */
+  start(): Promise<void>;
+  /** Brings the collector's metrics up to date for a scrape. Throws when its source cannot be read. */
+  update(): Promise<void>;
+  /** Stops background work. Safe to call more than once. */
+  close(): Promise<void>;
+}
+
+export interface CollectorFactory {
+  readonly name: string;
+  readonly defaultEnabled: boolean;
+  readonly help: string;
+  create(context: CollectorContext): Collector;
+}
+
+/** Runs the enabled collectors for each scrape and records their success and duration. */
+export class CollectorSet {
+  private readonly success: Gauge<'collector'>;
+  private readonly duration: Gauge<'collector'>;
+
+  constructor(
+    private readonly collectors: readonly Collector[],
+    private readonly registry: Registry,
+    private readonly logger: Logger,
+  ) {
+    this.success = new Gauge({
+      name: 'steadfast_collector_success',
+      help: 'Whether the collector succeeded at the last scrape (1) or failed (0).',
+      labelNames: ['collector'],
+      registers: [registry],
+    });
+    this.duration = new Gauge({
+      name: 'steadfast_collector_duration_seconds',
+      help: 'How long the collector took at the last scrape.',
+      labelNames: ['collector'],
+      registers: [registry],
+    });
+  }
+
+  get names(): string[] {
+    return this.collectors.map((collector) => collector.name);
+  }
+
+  async start(): Promise<void> {
+    await Promise.all(
+      this.collectors.map(async (collector) => {
+        try {
+          await collector.start();
+        } catch (error) {
+          // A collector that cannot start shows as failed at every scrape; the agent keeps running.
+          this.logger.error({ collector: collector.name, err: errorMessage(error) }, 'collector failed to start');
+        }
+      }),
+    );
+  }
+
+  /** Updates every collector, then returns the exposition text. Never throws for a collector's failure. */
+  async scrape(): Promise<string> {
+    await Promise.all(
+      this.collectors.map(async (collector) => {
+        const started = performance.now();
+        let ok = 1;
+        try {
+          await collector.update();
+        } catch (error) {
+          ok = 0;
+          this.logger.warn({ collector: collector.name, err: errorMessage(error) }, 'collector failed');
+        }
+        this.success.set({ collector: collector.name }, ok);
+        this.duration.set({ collector: collector.name }, (performance.now() - started) / 1000);
+      }),
+    );
+    return this.registry.metrics();
+  }
+
+  async close(): Promise<void> {
+    await Promise.all(this.collectors.map((collector) => collector.close()));
+  }
+}
