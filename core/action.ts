@@ -20,6 +20,8 @@ export const decisionSchema = z.object({
   /** The signal that led here and the fault it reported. */
   signalId: z.string().min(1).max(128),
   fingerprint: z.string().min(1).max(256),
+  /** When the fault happened (the signal's time), for signal-to-action latency. */
+  faultTime: z.iso.datetime({ offset: true }),
   time: z.iso.datetime({ offset: true }),
 });
 

@@ -21,7 +21,8 @@ const evidenceValue = z.union([z.string().max(4096), z.number(), z.boolean()]);
 export const signalSchema = z.object({
   id: z.string().min(1).max(128),
   kind: z.enum(SIGNAL_KINDS),
-  node: nodeNameSchema,
+  /** The node the signal is about; absent for cluster-wide alerts. */
+  node: nodeNameSchema.optional(),
   gpu: z.string().max(64).optional(),
   job: z.string().max(128).optional(),
   severity: z.enum(SIGNAL_SEVERITIES),
@@ -40,11 +41,11 @@ export type Signal = z.infer<typeof signalSchema>;
 /** The identity of one fault: a fast-path Xid and the alert for that Xid share it. */
 export function faultFingerprint(parts: {
   kind: SignalKind;
-  node: string;
+  node?: string | undefined;
   gpu?: string | undefined;
   detail?: string | undefined;
 }): string {
-  return [parts.kind, parts.node, parts.gpu ?? '-', parts.detail ?? '-'].join('/');
+  return [parts.kind, parts.node ?? '-', parts.gpu ?? '-', parts.detail ?? '-'].join('/');
 }
 
 export function newSignalId(): string {

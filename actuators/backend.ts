@@ -1,0 +1,25 @@
+/**
+ * A cluster backend is how actuators touch the scheduler. Slurm, Kubernetes and dry-run share
+ * this interface, so dry-run swaps the backend instead of adding `if` branches (STYLE.md).
+ */
+
+export interface NodeState {
+  readonly node: string;
+  /** False when the scheduler does not know the node. */
+  readonly exists: boolean;
+  /** True when the node takes no new work: drained, draining, or down. */
+  readonly drained: boolean;
+  /** The scheduler's reason for the current state, when it has one. */
+  readonly reason?: string | undefined;
+  /** The scheduler's own words for the state, for the audit. */
+  readonly raw: string;
+}
+
+export interface ClusterBackend {
+  readonly name: string;
+  nodeState(node: string): Promise<NodeState>;
+  /** Stops new work landing on the node, recording `reason` where the scheduler shows it. */
+  drain(node: string, reason: string): Promise<void>;
+  /** Returns the node to service. */
+  resume(node: string): Promise<void>;
+}

@@ -1,0 +1,99 @@
+import type { Job } from 'bullmq';
+import { UnrecoverableError } from 'bullmq';
+import type { ActionRecord, ActionState, Decision } from '../core/action.js';
+import { decisionSchema } from '../core/action.js';
+import type { AuditLog } from '../core/audit.js';
+import { DoNotRetryError, InputError, RetryLaterError, errorMessage } from '../core/errors.js';
+import type { Logger } from '../core/log.js';
+import type { Keys, Redis } from '../core/redis.js';
+import { parseOrThrow } from '../core/validate.js';
+import type { ClusterBackend } from './backend.js';
+import type { SafetyGates } from './safety.js';
+
+export interface ActionJob {
+  readonly decision: Decision;
+}
+
+export interface DrainResult {
+  readonly state: ActionState;
+  readonly detail: string;
+}
+
+export interface DrainActuatorDeps {
+  readonly redis: Redis;
+  readonly keys: Keys;
+  readonly audit: AuditLog;
+  readonly backend: ClusterBackend;
+  readonly gates: SafetyGates;
+  readonly logger: Logger;
+  /** Called once per finished action (metrics, annotations). */
+  readonly onFinished?: (record: ActionRecord) => void;
+}
+
+const TERMINAL: ReadonlySet<ActionState> = new Set(['done', 'refused']);
+
+/**
+ * Carries out a drain decision, reconcile-style: look at the node first, act only if it is not
+ * drained yet, and remember the outcome under the decision id so a redelivered job does nothing.
+ * Gates in order: pause, budget, lease, then the backend (STYLE.md).
+ */
+export function createDrainProcessor(deps: DrainActuatorDeps): (job: Job<ActionJob>) => Promise<DrainResult> {
+  const { redis, keys, audit, backend, gates, logger } = deps;
+
+  async function record(decision: Decision, state: ActionState, detail: string): Promise<DrainResult> {
+    const time = new Date().toISOString();
+    const entry: ActionRecord = { decisionId: decision.id, verb: decision.verb, node: decision.node, state, detail, backend: backend.name, time };
+    await redis.hset(keys.action(decision.id), { ...entry });
+    await audit.append(
+      { type: 'action', ref: decision.id, node: decision.node, summary: `drain ${decision.node}: ${state} (${detail})`, data: { ...entry } },
+      `action:${decision.id}:${state}`,
+    );
+    if (TERMINAL.has(state) || state === 'failed') deps.onFinished?.(entry);
+    return { state, detail };
+  }
+
+  async function carryOut(decision: Decision): Promise<DrainResult> {
+    const before = await backend.nodeState(decision.node);
+    if (!before.exists) throw new DoNotRetryError(`node ${decision.node} is unknown to the ${backend.name} backend`);
+    if (before.drained) {
+      return record(decision, 'done', `already out of service (${before.raw}${before.reason ? `: ${before.reason}` : ''}); nothing to do`);
+    }
+    await record(decision, 'running', `draining through ${backend.name}`);
+    await backend.drain(decision.node, `steadfast: ${decision.reason} audit=${decision.id}`);
+    const after = await backend.nodeState(decision.node);
+    if (!after.drained) throw new RetryLaterError(`${backend.name} still shows ${decision.node} as ${after.raw} after the drain`);
+    return record(decision, 'done', `${after.raw}: ${after.reason ?? decision.reason}`);
+  }
+
+  return async (job) => {
+    let decision: Decision;
+    try {
+      decision = parseOrThrow(decisionSchema, job.data?.decision, 'action job payload');
+    } catch (error) {
+      if (error instanceof InputError) throw new UnrecoverableError(error.message);
+      throw error;
+    }
+    const previous = (await redis.hget(keys.action(decision.id), 'state')) as ActionState | null;
+    if (previous !== null && TERMINAL.has(previous)) {
+      return { state: previous, detail: 'already handled; not acting twice' };
+    }
+    const admitted = await gates.admit(decision.id);
+    if (!admitted.ok) return record(decision, 'refused', admitted.reason);
+
+    const holder = `${decision.id}:${job.id ?? ''}`;
+    const lease = await gates.acquireLease(decision.node, holder);
+    if (!lease.ok) throw new RetryLaterError(lease.reason);
+    try {
+      return await carryOut(decision);
+    } catch (error) {
+      const final = error instanceof DoNotRetryError || job.attemptsMade + 1 >= (job.opts.attempts ?? 1);
+      await record(decision, 'failed', `${errorMessage(error)}${final ? '' : '; will retry'}`).catch((auditError: unknown) =>
+        logger.error({ err: errorMessage(auditError) }, 'could not record failed action'),
+      );
+      if (error instanceof DoNotRetryError) throw new UnrecoverableError(error.message);
+      throw error;
+    } finally {
+      await gates.releaseLease(decision.node, holder);
+    }
+  };
+}

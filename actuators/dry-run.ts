@@ -1,0 +1,35 @@
+import type { Keys, Redis } from '../core/redis.js';
+import type { ClusterBackend, NodeState } from './backend.js';
+
+/**
+ * Records what it would do instead of doing it. Its state lives in Redis so that every worker
+ * sees the same "drained" nodes and the actuator stays idempotent under dry-run too.
+ */
+export class DryRunBackend implements ClusterBackend {
+  readonly name = 'dry-run';
+
+  constructor(
+    private readonly redis: Redis,
+    private readonly keys: Keys,
+  ) {}
+
+  async nodeState(node: string): Promise<NodeState> {
+    const reason = await this.redis.hget(this.keys.dryRunNodes(), node);
+    return reason === null
+      ? { node, exists: true, drained: false, raw: 'in service (dry-run)' }
+      : { node, exists: true, drained: true, reason, raw: 'drained (dry-run)' };
+  }
+
+  async drain(node: string, reason: string): Promise<void> {
+    await this.redis.hset(this.keys.dryRunNodes(), node, reason);
+  }
+
+  async resume(node: string): Promise<void> {
+    await this.redis.hdel(this.keys.dryRunNodes(), node);
+  }
+
+  /** Everything this backend was asked to drain, for `steadfast audit` and tests. */
+  async recorded(): Promise<Record<string, string>> {
+    return this.redis.hgetall(this.keys.dryRunNodes());
+  }
+}

@@ -1,0 +1,94 @@
+import type { Keys, Redis } from '../core/redis.js';
+
+/**
+ * The safety gates every actuator passes, in this order (STYLE.md, after the Kubernetes
+ * remediation controllers): pause, budget, per-node lease. A refusal is a value with a reason,
+ * not an exception, so the actuator can audit it.
+ */
+
+export type GateVerdict = { readonly ok: true } | { readonly ok: false; readonly gate: 'pause' | 'budget' | 'lease'; readonly reason: string };
+
+export interface BudgetOptions {
+  readonly maxPerWindow: number;
+  readonly windowSeconds: number;
+}
+
+// Counts a decision against the window once: a retried job that was already counted passes.
+const TAKE_BUDGET = `
+if redis.call('ZSCORE', KEYS[1], ARGV[4]) then return 1 end
+local now = tonumber(ARGV[1])
+local window = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
+redis.call('ZADD', KEYS[1], now, ARGV[4])
+redis.call('PEXPIRE', KEYS[1], window)
+return 1
+`;
+
+const RELEASE_LEASE = `
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+`;
+
+export class SafetyGates {
+  constructor(
+    private readonly redis: Redis,
+    private readonly keys: Keys,
+    private readonly budget: BudgetOptions,
+    private readonly leaseSeconds: number,
+  ) {}
+
+  async paused(): Promise<string | undefined> {
+    const reason = await this.redis.get(this.keys.paused);
+    return reason ?? undefined;
+  }
+
+  async pause(reason: string): Promise<void> {
+    await this.redis.set(this.keys.paused, reason || 'paused by operator');
+  }
+
+  async unpause(): Promise<void> {
+    await this.redis.del(this.keys.paused);
+  }
+
+  /** Drains counted in the current window. */
+  async budgetUsed(now = Date.now()): Promise<number> {
+    return this.redis.zcount(this.keys.drainBudget, now - this.budget.windowSeconds * 1000, '+inf');
+  }
+
+  /** Pause, then budget: the checks that decide whether an action may happen at all. */
+  async admit(decisionId: string, now = Date.now()): Promise<GateVerdict> {
+    const pausedReason = await this.paused();
+    if (pausedReason !== undefined) return { ok: false, gate: 'pause', reason: `actions are paused: ${pausedReason}` };
+    const taken = (await this.redis.eval(
+      TAKE_BUDGET,
+      1,
+      this.keys.drainBudget,
+      String(now),
+      String(this.budget.windowSeconds * 1000),
+      String(this.budget.maxPerWindow),
+      decisionId,
+    )) as number;
+    if (taken !== 1) {
+      return {
+        ok: false,
+        gate: 'budget',
+        reason: `eviction budget exhausted: ${this.budget.maxPerWindow} drains per ${this.budget.windowSeconds} s already used`,
+      };
+    }
+    return { ok: true };
+  }
+
+  /** Takes the node's lease for `holder`; only one actuator works on a node at a time. */
+  async acquireLease(node: string, holder: string): Promise<GateVerdict> {
+    const taken = await this.redis.set(this.keys.nodeLease(node), holder, 'PX', this.leaseSeconds * 1000, 'NX');
+    if (taken === 'OK') return { ok: true };
+    const current = await this.redis.get(this.keys.nodeLease(node));
+    if (current === holder) return { ok: true };
+    return { ok: false, gate: 'lease', reason: `node ${node} is leased by ${current ?? 'another actuator'}` };
+  }
+
+  async releaseLease(node: string, holder: string): Promise<void> {
+    await this.redis.eval(RELEASE_LEASE, 1, this.keys.nodeLease(node), holder);
+  }
+}

@@ -1,0 +1,188 @@
+import { hostname } from 'node:os';
+import { Command } from 'commander';
+import { pino } from 'pino';
+import { z } from 'zod';
+import { resolveToken } from '../core/config.js';
+import { InputError } from '../core/errors.js';
+import type { Logger } from '../core/log.js';
+import { nodeNameSchema } from '../core/names.js';
+import type { CollectorFactory, CollectorPaths } from '../exporters/collector.js';
+import { createAgent } from '../exporters/agent.js';
+import { COLLECTOR_FACTORIES, enabledFactories } from '../exporters/index.js';
+
+/**
+ * `steadfast agent`: the per-node exporter. Flags follow node_exporter's spelling
+ * (`--web.listen-address`, `--path.sysfs`, `--collector.<name>` / `--no-collector.<name>`) so
+ * that people who run node_exporter read them without a manual.
+ */
+
+export const AGENT_TOKEN_ENV = 'STEADFAST_AGENT_TOKEN';
+/** Exit status for a bad flag value, as for a usage error in most Unix tools. */
+const EXIT_BAD_FLAG = 2;
+
+export interface AgentSettings {
+  readonly listen: { readonly host: string; readonly port: number };
+  readonly node: string;
+  readonly paths: CollectorPaths;
+  readonly pollIntervalSeconds: number;
+  readonly collectors: readonly CollectorFactory[];
+  readonly controllerUrl?: string | undefined;
+  readonly controllerToken?: string | undefined;
+  readonly once: boolean;
+}
+
+export interface AgentCommandIo {
+  /** Where `--once` writes the exposition text. */
+  readonly stdout: (text: string) => void;
+  /** Logger to use; by default pino to stderr, so that stdout carries only metrics. */
+  readonly logger?: Logger | undefined;
+  readonly env: NodeJS.ProcessEnv;
+  readonly factories: readonly CollectorFactory[];
+}
+
+/** `host:port`, `[v6]:port` or `:port` (all interfaces), as node_exporter accepts. */
+const listenAddressSchema = z.string().transform((value, context) => {
+  const match = /^(?:\[([^\]]+)\]|([^:[\]]*)):(\d{1,5})$/.exec(value);
+  const port = Number(match?.[3]);
+  if (!match || port > 65535) {
+    context.addIssue({ code: 'custom', message: `must be host:port, [ipv6]:port or :port, got "${value}"` });
+    return z.NEVER;
+  }
+  return { host: match[1] ?? (match[2] || '0.0.0.0'), port };
+});
+
+const flagsSchema = z.object({
+  'web.listenAddress': listenAddressSchema,
+  node: nodeNameSchema,
+  'path.sysfs': z.string().min(1, 'must not be empty'),
+  'path.procfs': z.string().min(1, 'must not be empty'),
+  'path.kmsg': z.string().min(1, 'must not be empty'),
+  'nvidiaSmi.xml': z.string().min(1, 'must not be empty').optional(),
+  'nvidiaSmi.path': z.string().min(1, 'must not be empty'),
+  'gpu.pollInterval': z.coerce
+    .number({ message: 'must be a number of seconds' })
+    .min(0.1, 'must be at least 0.1 seconds')
+    .max(3600, 'must be at most 3600 seconds'),
+  'controller.url': z
+    .url({ protocol: /^https?$/, message: 'must be an http:// or https:// URL' })
+    .optional(),
+  'controller.tokenFile': z.string().min(1, 'must not be empty').optional(),
+  once: z.boolean().default(false),
+});
+
+/** The flag a parsed option key came from: `web.listenAddress` → `--web.listen-address`. */
+function flagName(key: string): string {
+  return `--${key.replace(/[A-Z]/g, (letter) => `-${letter.toLowerCase()}`)}`;
+}
+
+/** Validates the parsed flags; throws an InputError naming the flag at fault. */
+export function agentSettingsFromFlags(
+  flags: Record<string, unknown>,
+  env: NodeJS.ProcessEnv,
+  factories: readonly CollectorFactory[] = COLLECTOR_FACTORIES,
+): AgentSettings {
+  const parsed = flagsSchema.safeParse(flags);
+  if (!parsed.success) {
+    const message = parsed.error.issues.map((issue) => `${flagName(issue.path.map(String).join('.'))}: ${issue.message}`).join('; ');
+    const first = parsed.error.issues[0];
+    throw new InputError(message, first ? flagName(first.path.map(String).join('.')) : undefined);
+  }
+  const options = parsed.data;
+  const choices: Record<string, boolean | undefined> = {};
+  for (const factory of factories) {
+    const choice = flags[`collector.${factory.name}`];
+    if (typeof choice === 'boolean') choices[factory.name] = choice;
+  }
+  const controllerUrl = options['controller.url'];
+  let controllerToken: string | undefined;
+  if (controllerUrl !== undefined) {
+    const tokenFile = options['controller.tokenFile'];
+    try {
+      // The file named on the command line wins over the environment.
+      controllerToken = resolveToken(tokenFile ? { tokenFile } : { token: env[AGENT_TOKEN_ENV] }, 'agent');
+    } catch (error) {
+      if (!(error instanceof InputError)) throw error;
+      throw new InputError(`--controller.token-file / ${AGENT_TOKEN_ENV}: ${error.message}`, '--controller.token-file');
+    }
+    if (controllerToken.length < 16) {
+      throw new InputError(`${AGENT_TOKEN_ENV}: token must be at least 16 characters`, AGENT_TOKEN_ENV);
+    }
+  }
+  return {
+    listen: options['web.listenAddress'],
+    node: options.node,
+    paths: {
+      sysfs: options['path.sysfs'],
+      procfs: options['path.procfs'],
+      kmsg: options['path.kmsg'],
+      nvidiaSmiXml: options['nvidiaSmi.xml'],
+      nvidiaSmi: options['nvidiaSmi.path'],
+    },
+    pollIntervalSeconds: options['gpu.pollInterval'],
+    collectors: enabledFactories(choices, factories),
+    controllerUrl,
+    controllerToken,
+    once: options.once,
+  };
+}
+
+function stderrLogger(): Logger {
+  // Synchronous, so that lines written just before `--once` exits are not lost.
+  return pino({ name: 'steadfast-agent', level: process.env.STEADFAST_LOG_LEVEL ?? 'info', base: { pid: process.pid } }, pino.destination({ dest: 2, sync: true }));
+}
+
+export function agentCommand(io: Partial<AgentCommandIo> = {}): Command {
+  const factories = io.factories ?? COLLECTOR_FACTORIES;
+  const env = io.env ?? process.env;
+  const command = new Command('agent')
+    .description('Run the node agent: exports GPU and kernel-log (Xid) health on /metrics and sends fatal events to the controller.')
+    .option('--web.listen-address <host:port>', 'address to serve /metrics and /healthz on', '0.0.0.0:9401')
+    .option('--node <name>', 'this node as the scheduler names it', hostname())
+    .option('--path.sysfs <dir>', 'sysfs mount point', '/sys')
+    .option('--path.procfs <dir>', 'procfs mount point', '/proc')
+    .option('--path.kmsg <file>', 'kernel log: /dev/kmsg, or a log file to follow', '/dev/kmsg')
+    .option('--nvidia-smi.xml <file>', 'read this captured `nvidia-smi -q -x` file at every poll instead of running nvidia-smi')
+    .option('--nvidia-smi.path <file>', 'nvidia-smi binary', 'nvidia-smi')
+    .option('--gpu.poll-interval <seconds>', 'seconds between nvidia-smi polls', '5')
+    .option('--controller.url <url>', 'controller base URL for fast-path events (none: no fast path)')
+    .option('--controller.token-file <file>', `file holding the controller bearer token (default: $${AGENT_TOKEN_ENV})`)
+    .option('--once', 'print one scrape to stdout and exit');
+  for (const factory of factories) {
+    command.option(`--collector.${factory.name}`, `enable the ${factory.name} collector: ${factory.help} (default: ${factory.defaultEnabled ? 'enabled' : 'disabled'})`);
+    command.option(`--no-collector.${factory.name}`, `disable the ${factory.name} collector`);
+  }
+  command.action(async function (this: Command) {
+    let settings: AgentSettings;
+    try {
+      settings = agentSettingsFromFlags(this.opts(), env, factories);
+    } catch (error) {
+      if (error instanceof InputError) this.error(`error: ${error.message}`, { exitCode: EXIT_BAD_FLAG, code: 'steadfast.invalidFlag' });
+      throw error;
+    }
+    const logger = io.logger ?? stderrLogger();
+    const agent = createAgent({ ...settings, logger });
+    if (settings.once) {
+      try {
+        (io.stdout ?? ((text: string) => process.stdout.write(text)))(await agent.scrapeOnce());
+      } finally {
+        await agent.close();
+      }
+      return;
+    }
+    const address = await agent.start();
+    logger.info({ address: `${address.address}:${address.port}`, node: settings.node }, 'steadfast agent started');
+    const stop = (signal: NodeJS.Signals): void => {
+      logger.info({ signal }, 'stopping');
+      agent.close().then(
+        () => logger.info('stopped'),
+        (error: unknown) => {
+          logger.error({ err: error instanceof Error ? error.message : String(error) }, 'error while stopping');
+          process.exitCode = 1;
+        },
+      );
+    };
+    process.once('SIGINT', stop);
+    process.once('SIGTERM', stop);
+  });
+  return command;
+}

@@ -1,0 +1,64 @@
+import { Command } from 'commander';
+import { SimEnvironment } from '../sim/environment.js';
+import { runFallenOffBus, type ScenarioResult } from '../sim/scenario.js';
+import { EXIT_FAILURE, parsePositiveInt, runCommand, untilSignalled } from './common.js';
+
+function printTimeline(result: ScenarioResult): void {
+  const out = process.stdout;
+  out.write('\nTimeline (ms after the injection)\n');
+  let previous = 0;
+  for (const step of result.timeline) {
+    const at = step.afterMs === undefined ? '     —' : String(step.afterMs).padStart(6);
+    const delta = step.afterMs === undefined ? '' : `(+${Math.max(0, step.afterMs - previous)})`;
+    if (step.afterMs !== undefined) previous = Math.max(previous, step.afterMs);
+    out.write(`  ${at} ${delta.padEnd(9)} ${step.label}\n           ${' '.repeat(9)} ${step.detail}\n`);
+  }
+  out.write(`\nsinfo: ${result.node} ${result.slurmState} "${result.slurmReason}"\n`);
+  out.write(`drains recorded by slurmctld: ${result.slurmDrains}; drain calls by steadfast: ${result.backendDrains}\n`);
+}
+
+export function demoCommand(): Command {
+  return new Command('demo')
+    .description(
+      'Start Redis, Prometheus, Alertmanager, slurmctld, the controller and N simulated nodes on loopback; inject a fatal Xid 79 and show it travel to a Slurm drain.',
+    )
+    .option('--nodes <count>', 'simulated nodes', parsePositiveInt, 8)
+    .option('--node <name>', 'node to break (default: node-3)')
+    .option('--gpu <index>', 'GPU index to break', (value) => parsePositiveInt(String(Number(value) + 1)) - 1, 2)
+    .option('--no-fast-path', 'agents do not report to the controller directly; only the Prometheus path acts')
+    .option('--keep-running', 'leave everything running after the scenario, until Ctrl-C')
+    .option('--verbose', 'log the controller and agents to stderr')
+    .action(async (options: { nodes: number; node?: string; gpu: number; fastPath: boolean; keepRunning?: boolean; verbose?: boolean }) => {
+      await runCommand(async () => {
+        const node = options.node ?? `node-${Math.min(3, options.nodes)}`;
+        process.stdout.write(`steadfast demo: ${options.nodes} simulated nodes, fault on ${node} GPU ${options.gpu}\n`);
+        const env = await SimEnvironment.start({
+          nodes: options.nodes,
+          fastPath: options.fastPath,
+          verbose: options.verbose,
+          keepDir: options.keepRunning,
+          progress: (step, seconds) => process.stdout.write(`  ✓ ${step} (${seconds.toFixed(2)} s)\n`),
+        });
+        try {
+          process.stdout.write(`\nInjecting Xid 79 (GPU has fallen off the bus) on ${node} …\n`);
+          const result = await runFallenOffBus(env, { node, gpuIndex: options.gpu });
+          printTimeline(result);
+          if (result.ok) {
+            process.stdout.write(`\nOK: ${node} drained exactly once, and every later report was recognised as the same fault.\n`);
+          } else {
+            process.stdout.write(`\nFAILED:\n${result.problems.map((problem) => `  - ${problem}`).join('\n')}\n`);
+            process.exitCode = EXIT_FAILURE;
+          }
+          if (options.keepRunning) {
+            process.stdout.write(
+              `\nStill running (Ctrl-C stops everything):\n  Prometheus   ${env.prometheus.url}\n  Alertmanager ${env.alertmanager.url}\n  controller   ${env.controllerUrl} (token ${env.token})\n  Redis        ${env.redis.url}\n  SLURM_CONF=${env.slurm.conf}\n  files        ${env.root}\n`,
+            );
+            await untilSignalled();
+          }
+        } finally {
+          process.stdout.write('\nStopping every process the demo started …\n');
+          await env.stop();
+        }
+      });
+    });
+}

@@ -1,0 +1,104 @@
+import { z } from 'zod';
+import { NODE_NAME_PATTERN, normalizePciBusId } from '../core/names.js';
+import { faultFingerprint, stableHash, type Signal, type SignalKind, type SignalSeverity } from '../core/signal.js';
+
+/**
+ * Alertmanager's webhook payload, version 4 (prometheus.io/docs/alerting/latest/configuration,
+ * `<webhook_config>`), and its translation into Signals. Older senders omit the per-alert
+ * `status` and `fingerprint`; both are optional here.
+ */
+
+const labelSet = z.record(z.string().max(256), z.string().max(16_384));
+
+export const webhookAlertSchema = z.object({
+  status: z.enum(['firing', 'resolved']).optional(),
+  labels: labelSet,
+  annotations: labelSet.default({}),
+  startsAt: z.iso.datetime({ offset: true }),
+  endsAt: z.string().max(64).optional(),
+  generatorURL: z.string().max(16_384).optional(),
+  fingerprint: z.string().max(64).optional(),
+});
+
+export const webhookPayloadSchema = z.object({
+  version: z.literal('4', { message: 'only Alertmanager webhook version "4" is supported' }),
+  groupKey: z.string().max(16_384).optional(),
+  truncatedAlerts: z.number().int().min(0).optional(),
+  status: z.enum(['firing', 'resolved']),
+  receiver: z.string().max(256),
+  groupLabels: labelSet.default({}),
+  commonLabels: labelSet.default({}),
+  commonAnnotations: labelSet.default({}),
+  externalURL: z.string().max(4096).optional(),
+  alerts: z.array(webhookAlertSchema).min(1).max(10_000),
+});
+
+export type WebhookPayload = z.infer<typeof webhookPayloadSchema>;
+type WebhookAlert = z.infer<typeof webhookAlertSchema>;
+
+/** The alerts steadfast's own rules raise (rules/), mapped to the signal kind they report. */
+const KIND_BY_ALERTNAME: Readonly<Record<string, SignalKind>> = {
+  SteadfastXidFatal: 'xid',
+  SteadfastGpuLost: 'gpu_lost',
+};
+
+function severityOf(label: string | undefined): SignalSeverity {
+  switch (label) {
+    case 'critical':
+    case 'page':
+    case 'fatal':
+      return 'critical';
+    case 'info':
+    case 'informational':
+    case 'none':
+      return 'info';
+    default:
+      return 'warning';
+  }
+}
+
+/** The node an alert is about: its `node` label, else the host part of `instance`. */
+function nodeOf(labels: Record<string, string>): string | undefined {
+  const candidate = labels.node ?? labels.instance?.replace(/:\d+$/, '');
+  return candidate !== undefined && NODE_NAME_PATTERN.test(candidate) ? candidate : undefined;
+}
+
+export function signalsFromWebhook(payload: WebhookPayload, receivedAt: Date): Signal[] {
+  return payload.alerts.map((alert) => signalFromAlert(alert, payload.status, receivedAt));
+}
+
+function signalFromAlert(alert: WebhookAlert, groupStatus: 'firing' | 'resolved', receivedAt: Date): Signal {
+  const labels = alert.labels;
+  const alertname = labels.alertname ?? 'unnamed';
+  const kind: SignalKind = KIND_BY_ALERTNAME[alertname] ?? 'alert';
+  const node = nodeOf(labels);
+  const gpu = labels.pci_bus_id ? normalizePciBusId(labels.pci_bus_id) : undefined;
+  const status = alert.status ?? groupStatus;
+  const detail = kind === 'xid' ? labels.xid : kind === 'alert' ? `${alertname}:${alert.fingerprint ?? stableHash(JSON.stringify(labels))}` : undefined;
+  const fingerprint = faultFingerprint({ kind, node, gpu, detail });
+  const evidence: Record<string, string | number | boolean> = {
+    alertname,
+    status,
+    summary: alert.annotations.summary ?? '',
+    description: alert.annotations.description ?? '',
+  };
+  if (labels.xid !== undefined && /^\d+$/.test(labels.xid)) evidence.xid = Number(labels.xid);
+  if (alert.fingerprint) evidence.alertFingerprint = alert.fingerprint;
+  if (alert.generatorURL) evidence.generatorURL = alert.generatorURL;
+  if (alert.endsAt) evidence.endsAt = alert.endsAt;
+  for (const [name, value] of Object.entries(labels)) evidence[`label.${name}`] = value;
+  return {
+    // Repeated notifications of one alert carry the same identity and startsAt: one id, one job.
+    id: 's-' + stableHash(['alertmanager', fingerprint, alert.startsAt, status].join('|')),
+    kind,
+    node,
+    gpu,
+    job: labels.job_name ?? labels.training_job,
+    severity: severityOf(labels.severity),
+    time: new Date(alert.startsAt).toISOString(),
+    receivedAt: receivedAt.toISOString(),
+    fingerprint,
+    source: 'alertmanager',
+    evidence,
+  };
+}

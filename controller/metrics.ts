@@ -1,0 +1,57 @@
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import type { Queue } from 'bullmq';
+
+/** The controller's own metrics, on a registry made by the composition root. */
+export class ControllerMetrics {
+  readonly registry = new Registry();
+  readonly signalsAccepted: Counter<'source' | 'kind'>;
+  readonly requestsRejected: Counter<'endpoint' | 'reason'>;
+  readonly actions: Counter<'verb' | 'state' | 'backend'>;
+  readonly signalToAction: Histogram<'verb'>;
+
+  constructor(queues: readonly Queue[]) {
+    const registers = [this.registry];
+    collectDefaultMetrics({ register: this.registry, prefix: 'steadfast_controller_' });
+    this.signalsAccepted = new Counter({
+      name: 'steadfast_signals_accepted_total',
+      help: 'Signals stored durably in Redis, by source and kind.',
+      labelNames: ['source', 'kind'],
+      registers,
+    });
+    this.requestsRejected = new Counter({
+      name: 'steadfast_requests_rejected_total',
+      help: 'Requests answered with an error, by endpoint and reason.',
+      labelNames: ['endpoint', 'reason'],
+      registers,
+    });
+    this.actions = new Counter({
+      name: 'steadfast_actions_total',
+      help: 'Actions that reached a final state, by verb, state and backend.',
+      labelNames: ['verb', 'state', 'backend'],
+      registers,
+    });
+    this.signalToAction = new Histogram({
+      name: 'steadfast_signal_to_action_seconds',
+      help: 'Time from the fault (signal time) to the action reaching a final state.',
+      labelNames: ['verb'],
+      buckets: [0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60],
+      registers,
+    });
+    new Gauge({
+      name: 'steadfast_queue_jobs',
+      help: 'Jobs in each steadfast queue, by state.',
+      labelNames: ['queue', 'state'],
+      registers,
+      async collect() {
+        for (const queue of queues) {
+          try {
+            const counts = await queue.getJobCounts('waiting', 'active', 'delayed', 'failed');
+            for (const [state, count] of Object.entries(counts)) this.set({ queue: queue.name, state }, count);
+          } catch {
+            // Redis down: the series keep their last values; /healthz reports the outage.
+          }
+        }
+      },
+    });
+  }
+}

@@ -1,0 +1,126 @@
+import { UnrecoverableError, type Job, type Queue } from 'bullmq';
+import type { Decision } from '../core/action.js';
+import { decisionSchema } from '../core/action.js';
+import type { AuditLog } from '../core/audit.js';
+import { InputError } from '../core/errors.js';
+import type { Keys, Redis } from '../core/redis.js';
+import { signalSchema, stableHash, type Signal } from '../core/signal.js';
+import { parseOrThrow } from '../core/validate.js';
+import type { ActionJob } from '../actuators/drain.js';
+import type { SignalJob } from './intake.js';
+import { decide } from './policy.js';
+
+export interface PolicyResult {
+  readonly outcome: 'observed' | 'decided' | 'joined';
+  readonly decisionId?: string;
+  readonly sameFault?: boolean;
+}
+
+export interface PolicyWorkerDeps {
+  readonly redis: Redis;
+  readonly keys: Keys;
+  readonly audit: AuditLog;
+  readonly actions: Queue<ActionJob>;
+  /** Reports for a node already being drained, within this window, join the first decision. */
+  readonly dedupeSeconds: number;
+}
+
+// Claims the node for a decision and stores the decision in one step. Returns the id of the
+// decision that holds the claim: ours when we got it (or had it already, on a retried job).
+const CLAIM = `
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[3]) then
+  redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
+  return ARGV[1]
+end
+return redis.call('GET', KEYS[1])
+`;
+
+function describe(signal: Signal): string {
+  const what = signal.kind === 'xid' ? `Xid ${String(signal.evidence.xid ?? '?')}` : signal.kind === 'alert' ? String(signal.evidence.alertname) : signal.kind;
+  const where = [signal.node, signal.gpu].filter(Boolean).join(' GPU ');
+  const status = signal.evidence.status === 'resolved' ? ' (resolved)' : '';
+  return `${signal.source} reports ${what}${where ? ` on ${where}` : ''}${status}`;
+}
+
+/**
+ * Turns queued signals into decisions. Every report of a fault on a node that is already being
+ * drained joins the existing decision instead of making a new one, which is how the agent's fast
+ * path and the later Prometheus alert for the same Xid lead to exactly one drain.
+ */
+export function createPolicyProcessor(deps: PolicyWorkerDeps): (job: Job<SignalJob>) => Promise<PolicyResult> {
+  const { redis, keys, audit, actions, dedupeSeconds } = deps;
+
+  return async (job) => {
+    let signal: Signal;
+    try {
+      signal = parseOrThrow(signalSchema, job.data?.signal, 'signal job payload');
+    } catch (error) {
+      if (error instanceof InputError) throw new UnrecoverableError(error.message);
+      throw error;
+    }
+    const outcome = decide(signal);
+    if (outcome.verb === 'observe') {
+      await audit.append(
+        { type: 'signal', ref: signal.id, node: signal.node, summary: `${describe(signal)}; no action: ${outcome.reason}`, data: { signal } },
+        `signal:${signal.id}`,
+      );
+      return { outcome: 'observed' };
+    }
+
+    const decisionId = `d-${stableHash(`drain|${signal.id}`)}`;
+    const decision: Decision = {
+      id: decisionId,
+      verb: 'drain',
+      node: outcome.node,
+      // BullMQ job ids may not contain ':'.
+      idempotencyKey: `drain-${outcome.node}-${decisionId}`,
+      reason: outcome.reason,
+      signalId: signal.id,
+      fingerprint: signal.fingerprint,
+      faultTime: signal.time,
+      time: new Date().toISOString(),
+    };
+    const holder = (await redis.eval(
+      CLAIM,
+      2,
+      keys.nodeDrainClaim(outcome.node),
+      keys.decision(decisionId),
+      decisionId,
+      JSON.stringify(decision),
+      String(dedupeSeconds),
+    )) as string | null;
+
+    if (holder !== null && holder !== decisionId) {
+      const existingRaw = await redis.get(keys.decision(holder));
+      const existing = existingRaw ? decisionSchema.safeParse(JSON.parse(existingRaw)) : undefined;
+      const sameFault = existing?.success === true && existing.data.fingerprint === signal.fingerprint;
+      const relation = sameFault ? 'same fault as' : 'node already being drained by';
+      await audit.append(
+        {
+          type: 'signal',
+          ref: signal.id,
+          node: signal.node,
+          summary: `${describe(signal)}; ${relation} decision ${holder}`,
+          data: { signal, duplicateOf: holder, sameFault },
+        },
+        `signal:${signal.id}`,
+      );
+      return { outcome: 'joined', decisionId: holder, sameFault };
+    }
+
+    // A retried job finds the decision its first attempt stored; act on that one.
+    const storedRaw = await redis.get(keys.decision(decisionId));
+    const storedParse = storedRaw ? decisionSchema.safeParse(JSON.parse(storedRaw)) : undefined;
+    const stored = storedParse?.success ? storedParse.data : decision;
+    await audit.append(
+      { type: 'signal', ref: signal.id, node: signal.node, summary: `${describe(signal)}; new decision ${decisionId}`, data: { signal } },
+      `signal:${signal.id}`,
+    );
+    await audit.append(
+      { type: 'decision', ref: decisionId, node: stored.node, summary: `drain ${stored.node}: ${stored.reason}`, data: { decision: stored } },
+      `decision:${decisionId}`,
+    );
+    await actions.add('drain', { decision: stored }, { jobId: stored.idempotencyKey });
+    return { outcome: 'decided', decisionId };
+  };
+}

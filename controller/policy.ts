@@ -1,0 +1,33 @@
+import type { Signal } from '../core/signal.js';
+
+/**
+ * The policy: what to do about one signal. A pure function; claiming, enqueueing and auditing
+ * happen in the worker around it. This is the first rung of ByteRobust's ladder (§4.1): faults
+ * with an explicit, high-confidence machine signal — a fatal Xid, a GPU gone from the bus —
+ * are evicted at once, without stop-time diagnosis. Later rungs (reattempt, rollback,
+ * dual-phase replay) build on the same shape.
+ */
+
+export type PolicyOutcome =
+  | { readonly verb: 'drain'; readonly node: string; readonly reason: string }
+  | { readonly verb: 'observe'; readonly reason: string };
+
+export function decide(signal: Signal): PolicyOutcome {
+  if (signal.evidence.status === 'resolved') {
+    return { verb: 'observe', reason: 'alert resolved; a drained node stays drained until an operator resumes it' };
+  }
+  if (!signal.node) return { verb: 'observe', reason: 'signal names no node' };
+  if (signal.kind === 'xid' && signal.severity === 'critical') {
+    const xid = signal.evidence.xid ?? '?';
+    const meaning = typeof signal.evidence.meaning === 'string' ? ` (${signal.evidence.meaning})` : '';
+    return {
+      verb: 'drain',
+      node: signal.node,
+      reason: `fatal Xid ${xid}${meaning} on GPU ${signal.gpu ?? 'unknown'}`,
+    };
+  }
+  if (signal.kind === 'gpu_lost') {
+    return { verb: 'drain', node: signal.node, reason: `GPU ${signal.gpu ?? 'unknown'} is lost (no longer listed by nvidia-smi)` };
+  }
+  return { verb: 'observe', reason: `no automatic action for ${signal.kind} signals of severity ${signal.severity}` };
+}

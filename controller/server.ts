@@ -1,0 +1,128 @@
+import express, { type NextFunction, type Request, type Response } from 'express';
+import type { AuditLog } from '../core/audit.js';
+import { auditQuerySchema } from '../core/audit.js';
+import { InputError, StoreUnavailableError, errorMessage } from '../core/errors.js';
+import { fastPathBodySchema } from '../core/fast-path.js';
+import type { Logger } from '../core/log.js';
+import type { Signal } from '../core/signal.js';
+import { describeIssues } from '../core/validate.js';
+import { signalsFromWebhook, webhookPayloadSchema } from './alertmanager.js';
+import { bearerAuth } from './auth.js';
+import { signalFromFastPath } from './fast-path.js';
+import type { ControllerMetrics } from './metrics.js';
+
+export interface ServerDeps {
+  readonly token: string;
+  readonly bodyLimitBytes: number;
+  readonly enqueue: (signals: readonly Signal[]) => Promise<void>;
+  readonly audit: AuditLog;
+  readonly redisUp: () => Promise<boolean>;
+  readonly metrics: ControllerMetrics;
+  readonly logger: Logger;
+}
+
+/** Body-parser errors carry an HTTP status; anything else is ours. */
+function httpStatusOf(error: unknown): number | undefined {
+  const status = (error as { status?: unknown }).status;
+  return typeof status === 'number' && status >= 400 && status < 600 ? status : undefined;
+}
+
+/**
+ * The controller's HTTP surface. Writes answer 2xx only after the signals are in Redis; when
+ * Redis is unreachable they answer 503 with Retry-After, so Alertmanager and agents retry.
+ */
+export function createApp(deps: ServerDeps): express.Express {
+  const { metrics, logger } = deps;
+  const app = express();
+  app.disable('x-powered-by');
+  const auth = bearerAuth(deps.token);
+  const json = express.json({ limit: deps.bodyLimitBytes, type: () => true });
+
+  function reject(res: Response, endpoint: string, status: number, reason: string, message: string): void {
+    metrics.requestsRejected.inc({ endpoint, reason });
+    if (status === 503) res.set('Retry-After', '5');
+    res.status(status).json({ error: message });
+  }
+
+  async function accept(res: Response, endpoint: string, signals: Signal[]): Promise<void> {
+    try {
+      await deps.enqueue(signals);
+    } catch (error) {
+      if (error instanceof StoreUnavailableError) {
+        logger.warn({ endpoint, err: error.message }, 'Redis unavailable; asking the sender to retry');
+        reject(res, endpoint, 503, 'store_unavailable', `signals not stored, retry later: ${error.message}`);
+        return;
+      }
+      throw error;
+    }
+    for (const signal of signals) metrics.signalsAccepted.inc({ source: signal.source, kind: signal.kind });
+    res.status(202).json({ accepted: signals.length, ids: signals.map((signal) => signal.id) });
+  }
+
+  app.get('/healthz', async (_req, res) => {
+    const redis = await deps.redisUp();
+    res.status(redis ? 200 : 503).json({ status: redis ? 'ok' : 'degraded', redis: redis ? 'up' : 'down' });
+  });
+
+  app.get('/metrics', async (_req, res) => {
+    res.set('Content-Type', metrics.registry.contentType).send(await metrics.registry.metrics());
+  });
+
+  app.post('/api/v1/alerts', auth, json, async (req, res) => {
+    const parsed = webhookPayloadSchema.safeParse(req.body);
+    if (!parsed.success) {
+      reject(res, 'alerts', 400, 'invalid', `invalid Alertmanager webhook payload: ${describeIssues(parsed.error.issues)}`);
+      return;
+    }
+    await accept(res, 'alerts', signalsFromWebhook(parsed.data, new Date()));
+  });
+
+  app.post('/api/v1/signals', auth, json, async (req, res) => {
+    const parsed = fastPathBodySchema.safeParse(req.body);
+    if (!parsed.success) {
+      reject(res, 'signals', 400, 'invalid', `invalid fast-path event: ${describeIssues(parsed.error.issues)}`);
+      return;
+    }
+    const events = Array.isArray(parsed.data) ? parsed.data : [parsed.data];
+    const now = new Date();
+    await accept(res, 'signals', events.map((event) => signalFromFastPath(event, now)));
+  });
+
+  app.get('/api/v1/audit', auth, async (req, res) => {
+    const query = auditQuerySchema.safeParse(req.query);
+    if (!query.success) {
+      reject(res, 'audit', 400, 'invalid', `invalid audit query: ${describeIssues(query.error.issues)}`);
+      return;
+    }
+    try {
+      res.json({ entries: await deps.audit.read(query.data) });
+    } catch (error) {
+      if (error instanceof StoreUnavailableError) {
+        reject(res, 'audit', 503, 'store_unavailable', error.message);
+        return;
+      }
+      throw error;
+    }
+  });
+
+  app.use((_req, res) => {
+    res.status(404).json({ error: 'no such endpoint' });
+  });
+
+  app.use((error: unknown, req: Request, res: Response, _next: NextFunction) => {
+    const endpoint = req.path.split('/').pop() ?? 'unknown';
+    const status = httpStatusOf(error);
+    if (status === 413) {
+      reject(res, endpoint, 413, 'too_large', `request body larger than ${deps.bodyLimitBytes} bytes`);
+    } else if (status !== undefined && status < 500) {
+      reject(res, endpoint, status, 'unreadable', `request body is not valid JSON: ${errorMessage(error)}`);
+    } else if (error instanceof InputError) {
+      reject(res, endpoint, 400, 'invalid', error.message);
+    } else {
+      logger.error({ err: errorMessage(error), path: req.path }, 'request failed');
+      reject(res, endpoint, 500, 'internal', 'internal error; see the controller log');
+    }
+  });
+
+  return app;
+}

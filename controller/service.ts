@@ -1,0 +1,172 @@
+import type { AddressInfo } from 'node:net';
+import type { Server } from 'node:http';
+import { Queue, Worker } from 'bullmq';
+import { AuditLog } from '../core/audit.js';
+import type { Config } from '../core/config.js';
+import { resolveToken } from '../core/config.js';
+import { errorMessage } from '../core/errors.js';
+import type { Logger } from '../core/log.js';
+import { Keys, QUEUE_NAMES, intakeConnection, isRedisUp, workerConnection, type Redis } from '../core/redis.js';
+import type { ClusterBackend } from '../actuators/backend.js';
+import { DryRunBackend } from '../actuators/dry-run.js';
+import { createDrainProcessor, type ActionJob } from '../actuators/drain.js';
+import { SafetyGates } from '../actuators/safety.js';
+import { SlurmBackend } from '../actuators/slurm.js';
+import { SignalIntake, type SignalJob } from './intake.js';
+import { ControllerMetrics } from './metrics.js';
+import { createPolicyProcessor } from './policy-worker.js';
+import { createApp } from './server.js';
+
+export interface ControllerOptions {
+  readonly config: Config;
+  readonly logger: Logger;
+  /** Run the policy and actuator workers in this process (default). */
+  readonly workers?: boolean;
+  /** Serve HTTP (default). */
+  readonly http?: boolean;
+}
+
+export function createBackend(config: Config, redis: Redis, keys: Keys): ClusterBackend {
+  return config.backend.kind === 'slurm' ? new SlurmBackend(config.backend.slurm) : new DryRunBackend(redis, keys);
+}
+
+/**
+ * The controller's composition root: every connection, queue, worker and metric is made here
+ * and passed down; nothing is module-global (STYLE.md).
+ */
+export class Controller {
+  private readonly intakeRedis: Redis;
+  private readonly workerRedis: Redis;
+  private readonly keys: Keys;
+  private readonly intake: SignalIntake;
+  private readonly actionQueue: Queue<ActionJob>;
+  /** The signal queue as the workers' side sees it, for queue-depth metrics. */
+  private readonly signalQueue: Queue<SignalJob>;
+  private readonly workers: Worker[] = [];
+  private readonly workerConnections: Redis[] = [];
+  private server: Server | undefined;
+  private closed = false;
+  readonly metrics: ControllerMetrics;
+  readonly audit: AuditLog;
+  readonly backend: ClusterBackend;
+  readonly gates: SafetyGates;
+
+  constructor(private readonly options: ControllerOptions) {
+    const { config } = options;
+    this.keys = new Keys(config.redis.prefix);
+    this.intakeRedis = intakeConnection(config.redis.url);
+    this.workerRedis = workerConnection(config.redis.url);
+    for (const [name, connection] of [['intake', this.intakeRedis], ['worker', this.workerRedis]] as const) {
+      connection.on('error', (error: Error) => options.logger.warn({ connection: name, err: error.message }, 'Redis connection error'));
+    }
+    this.intake = new SignalIntake(this.intakeRedis, config.redis.prefix);
+    this.actionQueue = new Queue<ActionJob>(QUEUE_NAMES.actions, {
+      connection: this.workerRedis,
+      prefix: config.redis.prefix,
+      defaultJobOptions: {
+        attempts: 5,
+        backoff: { type: 'exponential', delay: 1000 },
+        removeOnComplete: { age: 7 * 24 * 3600 },
+        removeOnFail: { age: 30 * 24 * 3600 },
+      },
+    });
+    this.audit = new AuditLog(this.workerRedis, this.keys, config.controller.auditMaxLength);
+    this.backend = createBackend(config, this.workerRedis, this.keys);
+    this.gates = new SafetyGates(
+      this.workerRedis,
+      this.keys,
+      { maxPerWindow: config.safety.maxDrainsPerWindow, windowSeconds: config.safety.windowSeconds },
+      config.safety.nodeLeaseSeconds,
+    );
+    this.signalQueue = new Queue<SignalJob>(QUEUE_NAMES.signals, { connection: this.workerRedis, prefix: config.redis.prefix });
+    this.metrics = new ControllerMetrics([this.signalQueue, this.actionQueue]);
+  }
+
+  /** Starts the workers and the HTTP server; resolves with the bound port. */
+  async start(): Promise<{ port: number }> {
+    const { config, logger } = this.options;
+    if (this.options.workers ?? true) this.startWorkers();
+    if (!(this.options.http ?? true)) return { port: 0 };
+    const token = resolveToken(config.controller, 'controller');
+    const app = createApp({
+      token,
+      bodyLimitBytes: config.controller.bodyLimitBytes,
+      enqueue: (signals) => this.intake.enqueue(signals),
+      audit: new AuditLog(this.intakeRedis, this.keys, config.controller.auditMaxLength),
+      redisUp: () => isRedisUp(this.intakeRedis),
+      metrics: this.metrics,
+      logger,
+    });
+    const server = app.listen(config.controller.port, config.controller.host);
+    this.server = server;
+    await new Promise<void>((resolve, reject) => {
+      server.once('listening', resolve);
+      server.once('error', reject);
+    });
+    const port = (server.address() as AddressInfo).port;
+    logger.info({ host: config.controller.host, port, backend: this.backend.name }, 'controller listening');
+    return { port };
+  }
+
+  private ownConnection(): Redis {
+    const connection = workerConnection(this.options.config.redis.url);
+    connection.on('error', (error: Error) => this.options.logger.warn({ err: error.message }, 'Redis connection error'));
+    this.workerConnections.push(connection);
+    return connection;
+  }
+
+  private startWorkers(): void {
+    const { config, logger } = this.options;
+    const policy = new Worker(
+      QUEUE_NAMES.signals,
+      createPolicyProcessor({
+        redis: this.workerRedis,
+        keys: this.keys,
+        audit: this.audit,
+        actions: this.actionQueue,
+        dedupeSeconds: config.policy.drainDedupeSeconds,
+      }),
+      { connection: this.ownConnection(), prefix: config.redis.prefix, concurrency: 8 },
+    );
+    const drain = new Worker(
+      QUEUE_NAMES.actions,
+      createDrainProcessor({
+        redis: this.workerRedis,
+        keys: this.keys,
+        audit: this.audit,
+        backend: this.backend,
+        gates: this.gates,
+        logger,
+        onFinished: (record) => {
+          this.metrics.actions.inc({ verb: record.verb, state: record.state, backend: record.backend });
+        },
+      }),
+      { connection: this.ownConnection(), prefix: config.redis.prefix, concurrency: 4 },
+    );
+    drain.on('completed', (job) => {
+      const faultTime = Date.parse(job.data.decision.faultTime);
+      if (Number.isFinite(faultTime)) this.metrics.signalToAction.observe({ verb: job.data.decision.verb }, (Date.now() - faultTime) / 1000);
+    });
+    for (const worker of [policy, drain]) {
+      worker.on('failed', (job, error) => logger.warn({ queue: worker.name, job: job?.id, err: error.message }, 'job failed'));
+      worker.on('error', (error) => logger.warn({ queue: worker.name, err: errorMessage(error) }, 'worker error'));
+      this.workers.push(worker);
+    }
+  }
+
+  /** Stops accepting, lets running jobs finish, closes every connection. Safe to call twice. */
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    const server = this.server;
+    if (server) {
+      await new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        server.closeAllConnections();
+      });
+    }
+    await Promise.allSettled(this.workers.map((worker) => worker.close()));
+    await Promise.allSettled([this.intake.close(), this.actionQueue.close(), this.signalQueue.close()]);
+    for (const connection of [this.intakeRedis, this.workerRedis, ...this.workerConnections]) connection.disconnect();
+  }
+}

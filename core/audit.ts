@@ -1,0 +1,129 @@
+import { z } from 'zod';
+import { StoreUnavailableError, errorMessage } from './errors.js';
+import type { Keys, Redis } from './redis.js';
+
+/**
+ * The audit trail: an append-only Redis stream of every signal, decision and action, each with
+ * the reason it exists (DESIGN.md, Contracts). Readable by `steadfast audit`, `GET
+ * /api/v1/audit` and Grafana.
+ */
+
+export const AUDIT_TYPES = ['signal', 'decision', 'action'] as const;
+export type AuditType = (typeof AUDIT_TYPES)[number];
+
+export interface AuditInput {
+  readonly type: AuditType;
+  /** The id of the signal, decision or action the entry is about. */
+  readonly ref: string;
+  readonly node?: string | undefined;
+  /** One line a human reads in the timeline. */
+  readonly summary: string;
+  readonly data: Record<string, unknown>;
+}
+
+export interface AuditEntry extends AuditInput {
+  /** The stream id (`<ms>-<seq>`), usable as a cursor. */
+  readonly id: string;
+  readonly time: string;
+}
+
+export const auditQuerySchema = z
+  .object({
+    limit: z.coerce.number().int().min(1).max(10_000).default(100),
+    /** Only entries after this stream id, for tailing. */
+    after: z
+      .string()
+      .regex(/^\d+-\d+$/, 'must be a stream id like 1700000000000-0')
+      .optional(),
+    type: z.enum(AUDIT_TYPES).optional(),
+    node: z.string().max(64).optional(),
+    ref: z.string().max(128).optional(),
+  })
+  .strict();
+
+export type AuditQuery = z.input<typeof auditQuerySchema>;
+
+// Appends only if the marker key is new, so a retried job never writes the same entry twice.
+const APPEND_ONCE = `
+if redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then
+  return redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'type', ARGV[3], 'ref', ARGV[4], 'node', ARGV[5], 'summary', ARGV[6], 'data', ARGV[7], 'time', ARGV[8])
+end
+return false
+`;
+
+const ONCE_MARKER_TTL_SECONDS = 7 * 24 * 3600;
+
+export class AuditLog {
+  constructor(
+    private readonly redis: Redis,
+    private readonly keys: Keys,
+    private readonly maxLength = 100_000,
+  ) {}
+
+  /**
+   * Appends an entry unless one with the same `once` marker was already written. Returns the
+   * stream id, or undefined when the entry already existed.
+   */
+  async append(entry: AuditInput, once: string = `${entry.type}:${entry.ref}:${entry.summary}`): Promise<string | undefined> {
+    try {
+      const id = (await this.redis.eval(
+        APPEND_ONCE,
+        2,
+        this.keys.auditOnce(once),
+        this.keys.audit,
+        String(ONCE_MARKER_TTL_SECONDS),
+        String(this.maxLength),
+        entry.type,
+        entry.ref,
+        entry.node ?? '',
+        entry.summary,
+        JSON.stringify(entry.data),
+        new Date().toISOString(),
+      )) as string | null;
+      return id ?? undefined;
+    } catch (error) {
+      throw new StoreUnavailableError(`audit append failed: ${errorMessage(error)}`, error);
+    }
+  }
+
+  /** Newest-last list of entries matching the query. */
+  async read(query: AuditQuery = {}): Promise<AuditEntry[]> {
+    const parsed = auditQuerySchema.parse(query);
+    const filtered = (entry: AuditEntry): boolean =>
+      (!parsed.type || entry.type === parsed.type) &&
+      (!parsed.node || entry.node === parsed.node) &&
+      (!parsed.ref || entry.ref === parsed.ref);
+    let rows: [string, string[]][];
+    try {
+      rows = parsed.after
+        ? await this.redis.xrange(this.keys.audit, `(${parsed.after}`, '+', 'COUNT', Math.max(parsed.limit * 10, 1000))
+        : (await this.redis.xrevrange(this.keys.audit, '+', '-', 'COUNT', Math.max(parsed.limit * 10, 1000))).reverse();
+    } catch (error) {
+      throw new StoreUnavailableError(`audit read failed: ${errorMessage(error)}`, error);
+    }
+    const entries = rows.map(([id, fields]) => decode(id, fields)).filter(filtered);
+    return parsed.after ? entries.slice(0, parsed.limit) : entries.slice(-parsed.limit);
+  }
+}
+
+function decode(id: string, fields: string[]): AuditEntry {
+  const map = new Map<string, string>();
+  for (let i = 0; i + 1 < fields.length; i += 2) map.set(fields[i] as string, fields[i + 1] as string);
+  let data: Record<string, unknown> = {};
+  try {
+    const parsed: unknown = JSON.parse(map.get('data') ?? '{}');
+    if (typeof parsed === 'object' && parsed !== null) data = parsed as Record<string, unknown>;
+  } catch {
+    data = { unreadable: map.get('data') };
+  }
+  const type = map.get('type');
+  return {
+    id,
+    time: map.get('time') ?? new Date(Number(id.split('-')[0])).toISOString(),
+    type: (AUDIT_TYPES as readonly string[]).includes(type ?? '') ? (type as AuditType) : 'signal',
+    ref: map.get('ref') ?? '',
+    node: map.get('node') || undefined,
+    summary: map.get('summary') ?? '',
+    data,
+  };
+}

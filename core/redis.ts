@@ -1,0 +1,70 @@
+import { Redis, type RedisOptions } from 'ioredis';
+
+/**
+ * Redis connections. Two flavours, because the two sides want opposite things when Redis is
+ * down: the HTTP intake must fail fast (answer 503 so Alertmanager retries), while workers must
+ * wait and reconnect (BullMQ requires `maxRetriesPerRequest: null` for them).
+ */
+
+export type { Redis };
+
+export function intakeConnection(url: string, extra: RedisOptions = {}): Redis {
+  return new Redis(url, {
+    enableOfflineQueue: false,
+    maxRetriesPerRequest: 1,
+    connectTimeout: 2000,
+    retryStrategy: (attempt) => Math.min(attempt * 200, 2000),
+    ...extra,
+  });
+}
+
+export function workerConnection(url: string, extra: RedisOptions = {}): Redis {
+  return new Redis(url, {
+    maxRetriesPerRequest: null,
+    retryStrategy: (attempt) => Math.min(attempt * 200, 2000),
+    ...extra,
+  });
+}
+
+/** Names of every Redis key steadfast owns outside BullMQ's queues, under one prefix. */
+export class Keys {
+  constructor(readonly prefix: string) {}
+  get audit(): string {
+    return `${this.prefix}:audit`;
+  }
+  get paused(): string {
+    return `${this.prefix}:paused`;
+  }
+  get drainBudget(): string {
+    return `${this.prefix}:budget:drains`;
+  }
+  auditOnce(marker: string): string {
+    return `${this.prefix}:audit-once:${marker}`;
+  }
+  nodeDrainClaim(node: string): string {
+    return `${this.prefix}:claim:drain:${node}`;
+  }
+  decision(id: string): string {
+    return `${this.prefix}:decision:${id}`;
+  }
+  action(decisionId: string): string {
+    return `${this.prefix}:action:${decisionId}`;
+  }
+  nodeLease(node: string): string {
+    return `${this.prefix}:lease:node:${node}`;
+  }
+  dryRunNodes(): string {
+    return `${this.prefix}:dry-run:nodes`;
+  }
+}
+
+export const QUEUE_NAMES = { signals: 'signals', actions: 'actions' } as const;
+
+/** True when `redis` answers PING within its timeout. */
+export async function isRedisUp(redis: Redis): Promise<boolean> {
+  try {
+    return (await redis.ping()) === 'PONG';
+  } catch {
+    return false;
+  }
+}

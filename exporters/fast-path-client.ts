@@ -1,0 +1,190 @@
+import { Counter, type Registry } from 'prom-client';
+import { errorMessage } from '../core/errors.js';
+import { fastPathEventSchema, type FastPathEvent } from '../core/fast-path.js';
+import type { Logger } from '../core/log.js';
+import { describeIssues } from '../core/validate.js';
+
+/**
+ * Sends fast-path events (core/fast-path.ts) from the agent to the controller's
+ * `POST /api/v1/signals`. Sending never blocks a collector and never throws into the void:
+ * events wait in a bounded queue, a passing failure (network, 5xx, 429) is retried with a
+ * growing pause, a refusal (other 4xx) is dropped with a log line.
+ */
+
+export interface FastPathClientOptions {
+  /** Base URL of the controller; without one the client drops every event (no fast path). */
+  readonly controllerUrl?: string | undefined;
+  readonly token?: string | undefined;
+  readonly registry: Registry;
+  readonly logger: Logger;
+  /** Events kept while the controller is unreachable; the oldest go first when full. */
+  readonly queueLimit?: number;
+  readonly initialBackoffMs?: number;
+  readonly maxBackoffMs?: number;
+  readonly requestTimeoutMs?: number;
+}
+
+export interface FastPathSender {
+  send(event: FastPathEvent): void;
+  /** Resolves once the queue is empty (sent or dropped) or the client is closed. */
+  drained(): Promise<void>;
+  close(): Promise<void>;
+}
+
+/** The controller accepts at most 100 events per request (core/fast-path.ts, fastPathBodySchema). */
+const MAX_BATCH = 100;
+const MESSAGE_LIMIT = 2048;
+
+type FailureReason = 'network' | 'server_error' | 'throttled' | 'rejected' | 'queue_full' | 'invalid';
+
+class RetryableSendError extends Error {
+  constructor(
+    message: string,
+    readonly reason: FailureReason,
+  ) {
+    super(message);
+    this.name = 'RetryableSendError';
+  }
+}
+
+class RejectedSendError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'RejectedSendError';
+  }
+}
+
+class FastPathClient implements FastPathSender {
+  private readonly queue: FastPathEvent[] = [];
+  private readonly sent: Counter;
+  private readonly failed: Counter<'reason'>;
+  private readonly closing = new AbortController();
+  private readonly endpoint: string | undefined;
+  private pump: Promise<void> | undefined;
+  private closed = false;
+
+  constructor(private readonly options: FastPathClientOptions) {
+    this.endpoint = options.controllerUrl ? new URL('/api/v1/signals', options.controllerUrl).toString() : undefined;
+    this.sent = new Counter({
+      name: 'steadfast_agent_fast_path_sent_total',
+      help: 'Fast-path events the controller accepted.',
+      registers: [options.registry],
+    });
+    this.failed = new Counter({
+      name: 'steadfast_agent_fast_path_failed_total',
+      help: 'Fast-path send attempts that failed (retried: network, server_error, throttled) or events dropped (rejected, queue_full, invalid).',
+      labelNames: ['reason'],
+      registers: [options.registry],
+    });
+  }
+
+  send(event: FastPathEvent): void {
+    if (this.closed) return;
+    if (!this.endpoint) {
+      this.options.logger.debug({ event }, 'no controller configured; fast-path event not sent');
+      return;
+    }
+    const checked = fastPathEventSchema.safeParse({ ...event, message: event.message.slice(0, MESSAGE_LIMIT) });
+    if (!checked.success) {
+      this.failed.inc({ reason: 'invalid' });
+      this.options.logger.error({ event, err: describeIssues(checked.error.issues) }, 'invalid fast-path event dropped');
+      return;
+    }
+    this.queue.push(checked.data);
+    const limit = this.options.queueLimit ?? 1000;
+    while (this.queue.length > limit) {
+      const dropped = this.queue.shift();
+      this.failed.inc({ reason: 'queue_full' });
+      this.options.logger.error({ event: dropped }, 'fast-path queue full; oldest event dropped');
+    }
+    this.pump ??= this.run().finally(() => {
+      this.pump = undefined;
+    });
+  }
+
+  async drained(): Promise<void> {
+    while (this.pump) await this.pump;
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    this.closing.abort();
+    await this.pump;
+    if (this.queue.length > 0) {
+      this.options.logger.warn({ events: this.queue.length }, 'agent closing; unsent fast-path events dropped');
+      this.queue.length = 0;
+    }
+  }
+
+  /** Sends batches until the queue is empty; the only loop, so events go out in order. */
+  private async run(): Promise<void> {
+    let backoffMs = this.options.initialBackoffMs ?? 500;
+    while (this.queue.length > 0 && !this.closed) {
+      const batch = this.queue.slice(0, MAX_BATCH);
+      try {
+        await this.post(batch);
+        this.queue.splice(0, batch.length);
+        this.sent.inc(batch.length);
+        backoffMs = this.options.initialBackoffMs ?? 500;
+      } catch (error) {
+        if (error instanceof RejectedSendError) {
+          this.queue.splice(0, batch.length);
+          this.failed.inc({ reason: 'rejected' }, batch.length);
+          this.options.logger.error({ events: batch.length, err: error.message }, 'controller refused fast-path events; dropped');
+          continue;
+        }
+        const reason = error instanceof RetryableSendError ? error.reason : 'network';
+        if (this.closed) return;
+        this.failed.inc({ reason });
+        this.options.logger.warn({ events: batch.length, err: errorMessage(error), retryInMs: backoffMs }, 'fast-path send failed; will retry');
+        await this.sleep(backoffMs);
+        backoffMs = Math.min(backoffMs * 2, this.options.maxBackoffMs ?? 30_000);
+      }
+    }
+  }
+
+  private async post(batch: readonly FastPathEvent[]): Promise<void> {
+    const headers: Record<string, string> = { 'content-type': 'application/json' };
+    if (this.options.token) headers.authorization = `Bearer ${this.options.token}`;
+    let response: Response;
+    try {
+      response = await fetch(this.endpoint ?? '', {
+        method: 'POST',
+        headers,
+        body: JSON.stringify(batch.length === 1 ? batch[0] : batch),
+        signal: AbortSignal.any([this.closing.signal, AbortSignal.timeout(this.options.requestTimeoutMs ?? 10_000)]),
+      });
+    } catch (error) {
+      throw new RetryableSendError(`cannot reach controller: ${errorMessage(error)}`, 'network');
+    }
+    // Read the body so the connection can be reused; its text only serves the log line.
+    let detail: string;
+    try {
+      detail = (await response.text()).slice(0, 300);
+    } catch (error) {
+      detail = `(body unreadable: ${errorMessage(error)})`;
+    }
+    if (response.ok) return;
+    if (response.status === 429) throw new RetryableSendError(`controller answered 429 ${detail}`, 'throttled');
+    if (response.status >= 500) throw new RetryableSendError(`controller answered ${response.status} ${detail}`, 'server_error');
+    throw new RejectedSendError(`controller answered ${response.status} ${detail}`);
+  }
+
+  private sleep(ms: number): Promise<void> {
+    return new Promise((resolve) => {
+      const signal = this.closing.signal;
+      const done = (): void => {
+        clearTimeout(timer);
+        signal.removeEventListener('abort', done);
+        resolve();
+      };
+      const timer = setTimeout(done, ms);
+      signal.addEventListener('abort', done, { once: true });
+    });
+  }
+}
+
+export function createFastPathClient(options: FastPathClientOptions): FastPathSender {
+  return new FastPathClient(options);
+}

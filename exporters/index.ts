@@ -1,0 +1,22 @@
+import { InputError } from '../core/errors.js';
+import type { CollectorFactory } from './collector.js';
+import { gpuCollectorFactory } from './gpu.js';
+import { xidCollectorFactory } from './xid.js';
+
+/** Every collector the agent knows, in the order they appear in `--help`. */
+export const COLLECTOR_FACTORIES: readonly CollectorFactory[] = [gpuCollectorFactory, xidCollectorFactory];
+
+/**
+ * The collectors to run: each one's default, overridden by `--collector.<name>` (true) or
+ * `--no-collector.<name>` (false). A name that is not a collector is an error, not ignored.
+ */
+export function enabledFactories(
+  choices: Readonly<Record<string, boolean | undefined>>,
+  factories: readonly CollectorFactory[] = COLLECTOR_FACTORIES,
+): CollectorFactory[] {
+  const known = new Set(factories.map((factory) => factory.name));
+  for (const name of Object.keys(choices)) {
+    if (!known.has(name)) throw new InputError(`unknown collector "${name}"; known: ${[...known].join(', ')}`, `collector.${name}`);
+  }
+  return factories.filter((factory) => choices[factory.name] ?? factory.defaultEnabled);
+}

@@ -1,0 +1,109 @@
+import { appendFileSync, mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { repoRoot } from '../core/paths.js';
+
+/**
+ * A simulated GPU node is a directory with what a real agent reads on a real node: a kernel log
+ * and the output of `nvidia-smi -q -x`. Faults are injected by writing to them, exactly as the
+ * kernel and the driver would.
+ */
+
+const FIXTURE = join(repoRoot(), 'sim', 'fixtures', 'nvidia-smi-a10g.xml');
+
+/** PCI bus numbers of the eight GPUs of an HGX board. */
+const GPU_BUSES = ['18', '2a', '3a', '5d', '9a', 'ab', 'ba', 'db'];
+
+export interface SimulatedGpu {
+  readonly index: number;
+  /** `dddd:bb:dd`, as Xid lines print it. */
+  readonly pciBusId: string;
+  present: boolean;
+}
+
+export class SimulatedNode {
+  readonly kmsgPath: string;
+  readonly xmlPath: string;
+  readonly gpus: SimulatedGpu[];
+  private bootSeconds = 1000 + Math.random() * 1000;
+
+  constructor(
+    readonly name: string,
+    readonly dir: string,
+    private readonly template: { head: string; gpu: string; tail: string },
+    gpuCount: number,
+  ) {
+    mkdirSync(dir, { recursive: true });
+    this.kmsgPath = join(dir, 'kern.log');
+    this.xmlPath = join(dir, 'nvidia-smi.xml');
+    this.gpus = Array.from({ length: gpuCount }, (_, index) => ({
+      index,
+      pciBusId: `0000:${GPU_BUSES[index % GPU_BUSES.length] ?? '00'}:00`,
+      present: true,
+    }));
+    writeFileSync(this.kmsgPath, '');
+    this.kernel('Linux version 6.1.0-steadfast-sim (simulated)');
+    this.kernel('nvidia-nvlink: Nvlink Core is being initialized, major device number 511');
+    this.writeXml();
+  }
+
+  gpu(index: number): SimulatedGpu {
+    const gpu = this.gpus[index];
+    if (!gpu) throw new Error(`${this.name} has no GPU ${index}`);
+    return gpu;
+  }
+
+  /** Appends one kernel log line with a dmesg-style uptime prefix. */
+  kernel(message: string): void {
+    this.bootSeconds += 0.25 + Math.random();
+    appendFileSync(this.kmsgPath, `[${this.bootSeconds.toFixed(6).padStart(13)}] ${message}\n`);
+  }
+
+  /** Writes an Xid line the way the NVIDIA driver logs it. */
+  injectXid(gpuIndex: number, xid: number, message: string): void {
+    this.kernel(`NVRM: Xid (PCI:${this.gpu(gpuIndex).pciBusId}): ${xid}, pid='<unknown>', name=<unknown>, ${message}`);
+  }
+
+  /** The GPU drops off the bus: Xid 79 in the kernel log, and nvidia-smi no longer lists it. */
+  fallOffBus(gpuIndex: number): void {
+    this.injectXid(gpuIndex, 79, 'GPU has fallen off the bus.');
+    this.gpu(gpuIndex).present = false;
+    this.writeXml();
+  }
+
+  private writeXml(): void {
+    const listed = this.gpus.filter((gpu) => gpu.present);
+    const blocks = listed.map((gpu) => {
+      const [domain = '0000', bus = '00', device = '00'] = gpu.pciBusId.split(':');
+      const nodeHash = [...this.name].reduce((sum, char) => (sum * 31 + char.charCodeAt(0)) % 0xffff, 7);
+      return this.template.gpu
+        .replace(/<gpu id="[^"]*">/, `<gpu id="0000${domain}:${bus.toUpperCase()}:${device}.0">`)
+        .replace(/<minor_number>\d+<\/minor_number>/, `<minor_number>${gpu.index}</minor_number>`)
+        .replace(/<uuid>[^<]*<\/uuid>/, `<uuid>GPU-5eadfa57-${nodeHash.toString(16).padStart(4, '0')}-0000-0000-00000000000${gpu.index}</uuid>`)
+        .replace(/<pci_bus>[0-9A-Fa-f]+<\/pci_bus>/, `<pci_bus>${bus.toUpperCase()}</pci_bus>`)
+        .replace(/<pci_bus_id>[^<]*<\/pci_bus_id>/, `<pci_bus_id>0000${domain}:${bus.toUpperCase()}:${device}.0</pci_bus_id>`);
+    });
+    const head = this.template.head.replace(/<attached_gpus>\d+<\/attached_gpus>/, `<attached_gpus>${listed.length}</attached_gpus>`);
+    // Write then rename, so a poll never reads half a file.
+    const temporary = `${this.xmlPath}.tmp`;
+    writeFileSync(temporary, `${head}${blocks.join('\n')}${this.template.tail}`);
+    renameSync(temporary, this.xmlPath);
+  }
+}
+
+function loadTemplate(): { head: string; gpu: string; tail: string } {
+  const xml = readFileSync(FIXTURE, 'utf8');
+  const start = xml.indexOf('<gpu id=');
+  const end = xml.lastIndexOf('</gpu>') + '</gpu>'.length;
+  if (start < 0 || end < start) throw new Error(`${FIXTURE} has no <gpu> element`);
+  return { head: xml.slice(0, start), gpu: xml.slice(start, end), tail: xml.slice(end) };
+}
+
+export function nodeNames(count: number): string[] {
+  return Array.from({ length: count }, (_, index) => `node-${index + 1}`);
+}
+
+/** Creates `count` simulated nodes under `root`, named node-1 … node-N. */
+export function createSimulatedNodes(root: string, count: number, gpusPerNode = 8): SimulatedNode[] {
+  const template = loadTemplate();
+  return nodeNames(count).map((name) => new SimulatedNode(name, join(root, 'nodes', name), template, gpusPerNode));
+}

@@ -1,0 +1,192 @@
+import { randomBytes } from 'node:crypto';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import type { AuditEntry } from '../core/audit.js';
+import { configSchema, type Config } from '../core/config.js';
+import { createLogger, silentLogger, type Logger } from '../core/log.js';
+import { Controller } from '../controller/service.js';
+import { createAgent, type Agent } from '../exporters/agent.js';
+import { enabledFactories } from '../exporters/index.js';
+import { RULE_FILES, renderAlertmanagerConfig } from '../rules/index.js';
+import { createSimulatedNodes, type SimulatedNode } from './cluster.js';
+import {
+  startAlertmanager,
+  startPrometheus,
+  startRedis,
+  startSlurm,
+  type AlertmanagerPart,
+  type PrometheusPart,
+  type RedisPart,
+  type SlurmPart,
+} from './parts.js';
+import { ProcessGroup, freePort, waitFor } from './processes.js';
+
+/**
+ * A whole steadfast installation on loopback: the real Redis, Prometheus, Alertmanager and
+ * slurmctld, the controller with its workers, and one real agent per simulated node. The demo,
+ * the end-to-end tests and the latency bench all run on it.
+ */
+
+export interface EnvironmentOptions {
+  readonly nodes: number;
+  readonly gpusPerNode?: number;
+  /** Agents send fatal events straight to the controller (on by default). */
+  readonly fastPath?: boolean;
+  /** Prometheus scrape and rule evaluation interval. */
+  readonly intervalSeconds?: number;
+  readonly maxDrainsPerWindow?: number;
+  /** Called as each part comes up, for progress output. */
+  readonly progress?: (step: string, seconds: number) => void;
+  /** Log controller and agents to stderr (default: silent). */
+  readonly verbose?: boolean;
+  /** Keep the working directory after stop (logs, configs). */
+  readonly keepDir?: boolean;
+}
+
+export class SimEnvironment {
+  readonly processes = new ProcessGroup();
+  nodes: SimulatedNode[] = [];
+  agents: Agent[] = [];
+  redis!: RedisPart;
+  slurm!: SlurmPart;
+  alertmanager!: AlertmanagerPart;
+  prometheus!: PrometheusPart;
+  controller!: Controller;
+  controllerUrl = '';
+  config!: Config;
+  readonly token = randomBytes(24).toString('hex');
+  private readonly logger: Logger;
+  private stopped = false;
+
+  private constructor(
+    readonly root: string,
+    readonly options: EnvironmentOptions,
+  ) {
+    this.logger = options.verbose ? createLogger('steadfast-sim') : silentLogger();
+  }
+
+  static async start(options: EnvironmentOptions): Promise<SimEnvironment> {
+    const env = new SimEnvironment(mkdtempSync(join(tmpdir(), 'steadfast-sim-')), options);
+    try {
+      await env.bringUp();
+    } catch (error) {
+      await env.stop();
+      throw error;
+    }
+    return env;
+  }
+
+  private async step<T>(name: string, work: () => Promise<T>): Promise<T> {
+    const started = performance.now();
+    const result = await work();
+    this.options.progress?.(name, (performance.now() - started) / 1000);
+    return result;
+  }
+
+  private async bringUp(): Promise<void> {
+    const { options, root, processes } = this;
+    const interval = options.intervalSeconds ?? 1;
+    this.nodes = await this.step(`created ${options.nodes} simulated nodes`, async () =>
+      createSimulatedNodes(root, options.nodes, options.gpusPerNode ?? 8),
+    );
+    const names = this.nodes.map((node) => node.name);
+    this.redis = await this.step('Redis up (AOF, fsync always)', () => startRedis(processes, root));
+    this.slurm = await this.step(`slurmctld up with ${names.length} CLOUD nodes`, () => startSlurm(processes, root, names));
+
+    const controllerPort = await freePort();
+    this.controllerUrl = `http://127.0.0.1:${controllerPort}`;
+    const tokenFile = join(root, 'token');
+    writeFileSync(tokenFile, `${this.token}\n`, { mode: 0o600 });
+    this.config = configSchema.parse({
+      redis: { url: this.redis.url, prefix: 'steadfast' },
+      controller: { host: '127.0.0.1', port: controllerPort, tokenFile },
+      backend: { kind: 'slurm', slurm: { env: { ...this.slurm.env } } },
+      safety: { maxDrainsPerWindow: options.maxDrainsPerWindow ?? 4 },
+    });
+    this.controller = new Controller({ config: this.config, logger: this.logger });
+    await this.step('controller and workers up', () => this.controller.start());
+
+    this.alertmanager = await this.step('Alertmanager up, routing to the controller', () =>
+      startAlertmanager(
+        processes,
+        root,
+        renderAlertmanagerConfig({ webhookUrl: `${this.controllerUrl}/api/v1/alerts`, credentialsFile: tokenFile, groupWait: '0s', groupInterval: '1s' }),
+      ),
+    );
+
+    this.agents = await this.step(`${names.length} agents up`, () =>
+      Promise.all(
+        this.nodes.map(async (node) => {
+          const agent = createAgent({
+            node: node.name,
+            listen: { host: '127.0.0.1', port: 0 },
+            paths: { sysfs: join(node.dir, 'sys'), procfs: join(node.dir, 'proc'), kmsg: node.kmsgPath, nvidiaSmiXml: node.xmlPath, nvidiaSmi: 'nvidia-smi' },
+            pollIntervalSeconds: interval / 2,
+            collectors: enabledFactories({}),
+            controllerUrl: (options.fastPath ?? true) ? this.controllerUrl : undefined,
+            controllerToken: this.token,
+            logger: this.logger.child({ node: node.name }),
+          });
+          return agent;
+        }),
+      ),
+    );
+    const addresses = await Promise.all(this.agents.map((agent) => agent.start()));
+
+    this.prometheus = await this.step('Prometheus up with the steadfast rules', () =>
+      startPrometheus(processes, root, {
+        targets: addresses.map((address, index) => ({ address: `127.0.0.1:${address.port}`, labels: { node: names[index] ?? '' } })),
+        ruleFiles: RULE_FILES,
+        alertmanagerAddress: this.alertmanager.address,
+        intervalSeconds: interval,
+      }),
+    );
+    await this.step('Prometheus scraping every agent and connected to Alertmanager', () => this.waitForScrapes());
+  }
+
+  /** Prometheus finds its targets and Alertmanager some seconds after start; wait for both. */
+  private async waitForScrapes(): Promise<void> {
+    await waitFor(
+      'Prometheus to scrape every agent',
+      async () => {
+        const response = await fetch(`${this.prometheus.url}/api/v1/targets?state=active`);
+        const body = (await response.json()) as { data: { activeTargets: { health: string }[] } };
+        const targets = body.data.activeTargets;
+        return targets.length === this.agents.length && targets.every((target) => target.health === 'up');
+      },
+      30_000,
+      200,
+    );
+    await waitFor(
+      'Prometheus to discover Alertmanager',
+      async () => {
+        const response = await fetch(`${this.prometheus.url}/api/v1/alertmanagers`);
+        const body = (await response.json()) as { data: { activeAlertmanagers: unknown[] } };
+        return body.data.activeAlertmanagers.length > 0;
+      },
+      30_000,
+      200,
+    );
+  }
+
+  node(name: string): SimulatedNode {
+    const node = this.nodes.find((candidate) => candidate.name === name);
+    if (!node) throw new Error(`no simulated node ${name}`);
+    return node;
+  }
+
+  audit(node?: string): Promise<AuditEntry[]> {
+    return this.controller.audit.read({ limit: 10_000, node });
+  }
+
+  /** Stops everything this environment started. Safe to call twice. */
+  async stop(): Promise<void> {
+    if (this.stopped) return;
+    this.stopped = true;
+    await Promise.allSettled(this.agents.map((agent) => agent.close()));
+    await this.controller?.close();
+    await this.processes.stopAll();
+    if (!this.options.keepDir) rmSync(this.root, { recursive: true, force: true });
+  }
+}

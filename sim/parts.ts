@@ -1,0 +1,153 @@
+import { execFile } from 'node:child_process';
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { hostname } from 'node:os';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { stringify } from 'yaml';
+import { freePort, httpOk, waitFor, type ProcessGroup } from './processes.js';
+
+/**
+ * The real parts (DESIGN.md, "Real parts"): Redis, Prometheus, Alertmanager and slurmctld from
+ * Debian packages, each started on loopback with its own directory under `root`.
+ */
+
+const run = promisify(execFile);
+
+export interface RedisPart {
+  readonly url: string;
+  readonly port: number;
+  readonly dir: string;
+}
+
+/** Redis with AOF fsync on every write, so an acknowledged job survives a Redis restart. */
+export async function startRedis(group: ProcessGroup, root: string, name = 'redis', port?: number): Promise<RedisPart> {
+  const dir = join(root, name);
+  mkdirSync(dir, { recursive: true });
+  const chosen = port ?? (await freePort());
+  const args = ['--port', String(chosen), '--bind', '127.0.0.1', '--dir', dir, '--appendonly', 'yes', '--appendfsync', 'always', '--save', '', '--daemonize', 'no', '--protected-mode', 'yes'];
+  group.start(name, 'redis-server', args, join(dir, 'redis.log'));
+  await waitFor('redis to answer PING', async () => {
+    const { stdout } = await run('redis-cli', ['-p', String(chosen), 'ping']);
+    return stdout.trim() === 'PONG';
+  });
+  return { url: `redis://127.0.0.1:${chosen}`, port: chosen, dir };
+}
+
+export interface ScrapeTarget {
+  readonly address: string;
+  readonly labels: Readonly<Record<string, string>>;
+}
+
+export interface PrometheusPart {
+  readonly url: string;
+  readonly port: number;
+}
+
+export async function startPrometheus(
+  group: ProcessGroup,
+  root: string,
+  options: { targets: readonly ScrapeTarget[]; ruleFiles: readonly string[]; alertmanagerAddress: string; intervalSeconds: number },
+): Promise<PrometheusPart> {
+  const dir = join(root, 'prometheus');
+  mkdirSync(join(dir, 'data'), { recursive: true });
+  const port = await freePort();
+  const interval = `${options.intervalSeconds}s`;
+  const config = {
+    global: { scrape_interval: interval, evaluation_interval: interval, scrape_timeout: interval },
+    rule_files: [...options.ruleFiles],
+    alerting: { alertmanagers: [{ static_configs: [{ targets: [options.alertmanagerAddress] }] }] },
+    scrape_configs: [
+      {
+        job_name: 'steadfast-agent',
+        static_configs: options.targets.map((target) => ({ targets: [target.address], labels: { ...target.labels } })),
+      },
+    ],
+  };
+  const configFile = join(dir, 'prometheus.yml');
+  writeFileSync(configFile, stringify(config));
+  group.start(
+    'prometheus',
+    'prometheus',
+    [`--config.file=${configFile}`, `--storage.tsdb.path=${join(dir, 'data')}`, `--web.listen-address=127.0.0.1:${port}`, '--web.enable-lifecycle'],
+    join(dir, 'prometheus.log'),
+  );
+  const url = `http://127.0.0.1:${port}`;
+  await waitFor('Prometheus to be ready', () => httpOk(`${url}/-/ready`), 20_000);
+  return { url, port };
+}
+
+export interface AlertmanagerPart {
+  readonly url: string;
+  readonly address: string;
+}
+
+export async function startAlertmanager(group: ProcessGroup, root: string, configText: string): Promise<AlertmanagerPart> {
+  const dir = join(root, 'alertmanager');
+  mkdirSync(join(dir, 'data'), { recursive: true });
+  const port = await freePort();
+  const configFile = join(dir, 'alertmanager.yml');
+  writeFileSync(configFile, configText);
+  group.start(
+    'alertmanager',
+    'prometheus-alertmanager',
+    [`--config.file=${configFile}`, `--storage.path=${join(dir, 'data')}`, `--web.listen-address=127.0.0.1:${port}`, '--cluster.listen-address='],
+    join(dir, 'alertmanager.log'),
+  );
+  const url = `http://127.0.0.1:${port}`;
+  await waitFor('Alertmanager to be ready', () => httpOk(`${url}/-/ready`), 20_000);
+  return { url, address: `127.0.0.1:${port}` };
+}
+
+export interface SlurmPart {
+  /** Path of slurm.conf; Slurm clients need it as SLURM_CONF. */
+  readonly conf: string;
+  readonly env: Readonly<Record<string, string>>;
+}
+
+/**
+ * slurmctld without munge or slurmd: auth/none, and nodes declared CLOUD so they exist without
+ * a daemon behind them, yet take DRAIN and RESUME like real ones.
+ */
+export async function startSlurm(group: ProcessGroup, root: string, nodes: readonly string[]): Promise<SlurmPart> {
+  const dir = join(root, 'slurm');
+  mkdirSync(join(dir, 'state'), { recursive: true });
+  mkdirSync(join(dir, 'spool'), { recursive: true });
+  const [ctldPort, slurmdPort] = [await freePort(), await freePort()];
+  const conf = join(dir, 'slurm.conf');
+  const lines = [
+    'ClusterName=steadfast-sim',
+    `SlurmctldHost=${hostname().split('.')[0]}(127.0.0.1)`,
+    `SlurmctldPort=${ctldPort}`,
+    `SlurmdPort=${slurmdPort}`,
+    'AuthType=auth/none',
+    'CredType=cred/none',
+    'SlurmUser=root',
+    'MailProg=/bin/true',
+    `StateSaveLocation=${join(dir, 'state')}`,
+    `SlurmctldPidFile=${join(dir, 'slurmctld.pid')}`,
+    `SlurmctldLogFile=${join(dir, 'slurmctld.log')}`,
+    `SlurmdSpoolDir=${join(dir, 'spool')}`,
+    'ProctrackType=proctrack/linuxproc',
+    'TaskPlugin=task/none',
+    'ReturnToService=2',
+    'PrivateData=cloud',
+    'SelectType=select/cons_tres',
+    ...nodes.map((node) => `NodeName=${node} NodeAddr=127.0.0.1 CPUs=1 State=CLOUD`),
+    `PartitionName=gpu Nodes=${nodes.join(',')} Default=YES MaxTime=INFINITE State=UP`,
+  ];
+  writeFileSync(conf, `${lines.join('\n')}\n`);
+  const env = { SLURM_CONF: conf };
+  group.start('slurmctld', 'slurmctld', ['-D', '-i', '-f', conf], join(dir, 'slurmctld.out'), { env: { ...process.env, ...env } });
+  await waitFor('slurmctld to answer sinfo', async () => {
+    const { stdout } = await run('sinfo', ['--noheader', '--Node', '--format=%N'], { env: { ...process.env, ...env } });
+    return stdout.split('\n').filter(Boolean).length === nodes.length;
+  });
+  return { conf, env };
+}
+
+/** `sinfo` view of one node: state and reason. */
+export async function slurmNode(part: SlurmPart, node: string): Promise<{ state: string; reason: string }> {
+  const { stdout } = await run('sinfo', ['--noheader', '--Node', `--nodes=${node}`, '--format=%T|%E'], { env: { ...process.env, ...part.env } });
+  const [state = '', reason = ''] = stdout.trim().split('|');
+  return { state, reason };
+}

@@ -1,0 +1,81 @@
+import { spawn, type ChildProcess, type SpawnOptions } from 'node:child_process';
+import { createWriteStream } from 'node:fs';
+import { createServer } from 'node:net';
+import { setTimeout as sleep } from 'node:timers/promises';
+
+/**
+ * Child processes started for the demo and the tests, tracked so that every one of them is
+ * stopped at the end, whatever happens in between.
+ */
+export class ProcessGroup {
+  private readonly children = new Map<string, ChildProcess>();
+
+  /** Starts `command`, writing its output to `logFile`. */
+  start(name: string, command: string, args: readonly string[], logFile: string, options: SpawnOptions = {}): ChildProcess {
+    const log = createWriteStream(logFile, { flags: 'a' });
+    const child = spawn(command, args, { stdio: ['ignore', 'pipe', 'pipe'], ...options });
+    child.stdout?.pipe(log);
+    child.stderr?.pipe(log);
+    child.on('error', (error) => log.write(`\n[steadfast] could not start ${command}: ${error.message}\n`));
+    this.children.set(name, child);
+    child.once('exit', () => {
+      if (this.children.get(name) === child) this.children.delete(name);
+    });
+    return child;
+  }
+
+  isRunning(name: string): boolean {
+    const child = this.children.get(name);
+    return child !== undefined && child.exitCode === null && child.signalCode === null;
+  }
+
+  /** Stops one child: SIGTERM, then SIGKILL after `graceMs`. */
+  async stop(name: string, graceMs = 3000, signal: NodeJS.Signals = 'SIGTERM'): Promise<void> {
+    const child = this.children.get(name);
+    if (!child || child.exitCode !== null || child.signalCode !== null) return;
+    const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
+    child.kill(signal);
+    const timer = setTimeout(() => child.kill('SIGKILL'), graceMs);
+    await exited;
+    clearTimeout(timer);
+  }
+
+  async stopAll(graceMs = 3000): Promise<void> {
+    await Promise.all([...this.children.keys()].map((name) => this.stop(name, graceMs)));
+  }
+}
+
+/** A free TCP port on loopback (the OS picks; a small race is acceptable for tests and the demo). */
+export async function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.once('error', reject);
+    server.listen(0, '127.0.0.1', () => {
+      const address = server.address();
+      const port = typeof address === 'object' && address !== null ? address.port : 0;
+      server.close(() => resolve(port));
+    });
+  });
+}
+
+/** Polls `check` until it returns true or `timeoutMs` passes. */
+export async function waitFor(what: string, check: () => Promise<boolean>, timeoutMs = 15_000, intervalMs = 100): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  let lastError = '';
+  while (Date.now() < deadline) {
+    try {
+      if (await check()) return;
+    } catch (error) {
+      lastError = error instanceof Error ? error.message : String(error);
+    }
+    await sleep(intervalMs);
+  }
+  throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${lastError ? ` (last error: ${lastError})` : ''}`);
+}
+
+/** GET `url` and return true on a 2xx answer. */
+export async function httpOk(url: string): Promise<boolean> {
+  const response = await fetch(url, { signal: AbortSignal.timeout(2000) });
+  await response.arrayBuffer();
+  return response.ok;
+}

@@ -1,0 +1,113 @@
+import { copyFileSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import type { Collector } from '../../exporters/collector.js';
+import { createGpuCollector } from '../../exporters/gpu.js';
+import { FIXTURES, NVIDIA_SMI_XML, seriesValue, testContext, waitFor } from './helpers.js';
+
+const TWO_GPUS = join(FIXTURES, 'exporters', 'two-gpus.xml');
+const ONE_GPU = join(NVIDIA_SMI_XML, 'telegraf_a10g_515.105.01.xml');
+const GPU1_PRESENT = 'steadfast_gpu_present{gpu="1",pci_bus_id="0000:00:1f"}';
+const GPU0_PRESENT = 'steadfast_gpu_present{gpu="0",pci_bus_id="0000:00:1e"}';
+/** Fast enough for a test, slow enough not to burn the shared CPUs. */
+const POLL_SECONDS = 0.05;
+
+let dir: string;
+let collector: Collector | undefined;
+
+beforeEach(() => {
+  dir = mkdtempSync(join(tmpdir(), 'steadfast-gpu-'));
+});
+
+afterEach(async () => {
+  await collector?.close();
+  collector = undefined;
+  rmSync(dir, { recursive: true, force: true });
+});
+
+describe('gpu collector', () => {
+  it('turns a GPU that vanishes from nvidia-smi into present 0 and sends one gpu_lost fast-path event per disappearance', async () => {
+    const xml = join(dir, 'nvidia-smi.xml');
+    copyFileSync(TWO_GPUS, xml);
+    const context = testContext({ nvidiaSmiXml: xml }, POLL_SECONDS);
+    collector = createGpuCollector(context);
+    await collector.start();
+    let text = await context.registry.metrics();
+    expect(seriesValue(text, GPU1_PRESENT)).toBe(1);
+    expect(seriesValue(text, 'steadfast_gpu_attached')).toBe(2);
+    expect(seriesValue(text, 'steadfast_gpu_remapped_rows_total{gpu="1",pci_bus_id="0000:00:1f",type="correctable"}')).toBe(3);
+
+    copyFileSync(ONE_GPU, xml);
+    await waitFor(async () => seriesValue(await context.registry.metrics(), GPU1_PRESENT) === 0);
+    // A few more polls with the GPU still gone must not repeat the event.
+    await new Promise((resolve) => setTimeout(resolve, POLL_SECONDS * 1000 * 4));
+    text = await context.registry.metrics();
+    expect(seriesValue(text, GPU0_PRESENT)).toBe(1);
+    expect(seriesValue(text, 'steadfast_gpu_attached')).toBe(1);
+    // The lost GPU keeps only its presence series; its readings are gone, not frozen.
+    expect(seriesValue(text, 'steadfast_gpu_temperature_celsius{gpu="1",pci_bus_id="0000:00:1f"}')).toBeUndefined();
+    expect(context.events).toEqual([
+      expect.objectContaining({ kind: 'gpu_lost', node: 'node-1', gpu: '0000:00:1f', message: expect.stringContaining('no longer listed') }),
+    ]);
+    await expect(collector.update()).resolves.toBeUndefined();
+
+    copyFileSync(TWO_GPUS, xml);
+    await waitFor(async () => seriesValue(await context.registry.metrics(), GPU1_PRESENT) === 1);
+    copyFileSync(ONE_GPU, xml);
+    await waitFor(() => context.events.length === 2);
+    expect(context.events[1]).toMatchObject({ kind: 'gpu_lost', gpu: '0000:00:1f' });
+  });
+
+  it('fails update while the file cannot be parsed, keeps the last values, and recovers when it can', async () => {
+    const xml = join(dir, 'nvidia-smi.xml');
+    copyFileSync(ONE_GPU, xml);
+    const context = testContext({ nvidiaSmiXml: xml }, POLL_SECONDS);
+    collector = createGpuCollector(context);
+    await collector.start();
+    await expect(collector.update()).resolves.toBeUndefined();
+
+    writeFileSync(xml, '<nvidia_smi_log><gpu id="00000000:00:1E.0">');
+    await waitFor(() => collector!.update().then(() => false, () => true));
+    await expect(collector.update()).rejects.toThrow(/incomplete/);
+    // A half-written file is not a lost GPU.
+    expect(seriesValue(await context.registry.metrics(), GPU0_PRESENT)).toBe(1);
+    expect(context.events).toEqual([]);
+
+    copyFileSync(ONE_GPU, xml);
+    await waitFor(() => collector!.update().then(() => true, () => false));
+  });
+
+  it('reports failure, and no GPU series, while the captured file does not exist', async () => {
+    const context = testContext({ nvidiaSmiXml: join(dir, 'missing.xml') }, POLL_SECONDS);
+    collector = createGpuCollector(context);
+    await collector.start();
+    await expect(collector.update()).rejects.toThrow(/cannot read nvidia-smi/);
+    const text = await context.registry.metrics();
+    expect(text).not.toMatch(/^steadfast_gpu_\w+[{ ]/m);
+  });
+
+  it('runs the nvidia-smi binary with -q -x when no captured file is given', async () => {
+    const context = testContext({ nvidiaSmi: join(FIXTURES, 'exporters', 'fake-nvidia-smi.sh') }, 60);
+    collector = createGpuCollector(context);
+    await collector.start();
+    await expect(collector.update()).resolves.toBeUndefined();
+    expect(seriesValue(await context.registry.metrics(), 'steadfast_gpu_attached')).toBe(2);
+  });
+
+  it('gives up on an nvidia-smi that hangs, after the command timeout, and reports failure', async () => {
+    const context = testContext({ nvidiaSmi: join(FIXTURES, 'exporters', 'hanging-nvidia-smi.sh') }, 60);
+    collector = createGpuCollector(context, { commandTimeoutMs: 200 });
+    const started = Date.now();
+    await collector.start();
+    expect(Date.now() - started).toBeLessThan(5000);
+    await expect(collector.update()).rejects.toThrow(/cannot read nvidia-smi/);
+  });
+
+  it('reports failure when the nvidia-smi binary does not exist', async () => {
+    const context = testContext({ nvidiaSmi: join(dir, 'no-such-nvidia-smi') }, 60);
+    collector = createGpuCollector(context);
+    await collector.start();
+    await expect(collector.update()).rejects.toThrow(/ENOENT/);
+  });
+});

@@ -1,0 +1,30 @@
+import { configSchema, type Config } from '../../core/config.js';
+import { silentLogger } from '../../core/log.js';
+import { Controller } from '../../controller/service.js';
+
+export const TEST_TOKEN = 'test-token-0123456789abcdef';
+
+export function testConfig(redisUrl: string, prefix: string, overrides: Partial<Record<keyof Config, object>> = {}): Config {
+  return configSchema.parse({
+    redis: { url: redisUrl, prefix },
+    controller: { host: '127.0.0.1', port: 0, token: TEST_TOKEN, ...(overrides.controller ?? {}) },
+    backend: { kind: 'dry-run', ...(overrides.backend ?? {}) },
+    safety: { ...(overrides.safety ?? {}) },
+    policy: { ...(overrides.policy ?? {}) },
+  });
+}
+
+export async function startController(config: Config, options: { workers?: boolean } = {}): Promise<{ controller: Controller; url: string }> {
+  const controller = new Controller({ config, logger: silentLogger(), workers: options.workers ?? true });
+  const { port } = await controller.start();
+  return { controller, url: `http://127.0.0.1:${port}` };
+}
+
+export async function post(url: string, body: unknown, token: string | null = TEST_TOKEN): Promise<{ status: number; body: { error?: string; accepted?: number; ids?: string[] }; headers: Headers }> {
+  const response = await fetch(url, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', ...(token ? { authorization: `Bearer ${token}` } : {}) },
+    body: typeof body === 'string' ? body : JSON.stringify(body),
+  });
+  return { status: response.status, body: (await response.json()) as { error?: string }, headers: response.headers };
+}
