@@ -1,10 +1,9 @@
 import { hostname } from 'node:os';
 import { Command } from 'commander';
-import { pino } from 'pino';
 import { z } from 'zod';
 import { resolveToken } from '../core/config.js';
 import { InputError } from '../core/errors.js';
-import type { Logger } from '../core/log.js';
+import { createLogger, type Logger } from '../core/log.js';
 import { nodeNameSchema } from '../core/names.js';
 import type { CollectorFactory, CollectorPaths } from '../exporters/collector.js';
 import { createAgent } from '../exporters/agent.js';
@@ -126,10 +125,6 @@ export function agentSettingsFromFlags(
   };
 }
 
-function stderrLogger(): Logger {
-  // Synchronous, so that lines written just before `--once` exits are not lost.
-  return pino({ name: 'steadfast-agent', level: process.env.STEADFAST_LOG_LEVEL ?? 'info', base: { pid: process.pid } }, pino.destination({ dest: 2, sync: true }));
-}
 
 export function agentCommand(io: Partial<AgentCommandIo> = {}): Command {
   const factories = io.factories ?? COLLECTOR_FACTORIES;
@@ -159,7 +154,7 @@ export function agentCommand(io: Partial<AgentCommandIo> = {}): Command {
       if (error instanceof InputError) this.error(`error: ${error.message}`, { exitCode: EXIT_BAD_FLAG, code: 'steadfast.invalidFlag' });
       throw error;
     }
-    const logger = io.logger ?? stderrLogger();
+    const logger = io.logger ?? createLogger('steadfast-agent');
     const agent = createAgent({ ...settings, logger });
     if (settings.once) {
       try {

@@ -85,6 +85,7 @@ export class Controller {
   /** Starts the workers and the HTTP server; resolves with the bound port. */
   async start(): Promise<{ port: number }> {
     const { config, logger } = this.options;
+    await this.waitForRedis();
     if (this.options.workers ?? true) this.startWorkers();
     if (!(this.options.http ?? true)) return { port: 0 };
     const token = resolveToken(config.controller, 'controller');
@@ -106,6 +107,19 @@ export class Controller {
     const port = (server.address() as AddressInfo).port;
     logger.info({ host: config.controller.host, port, backend: this.backend.name }, 'controller listening');
     return { port };
+  }
+
+  /** Gives Redis a moment at start-up; if it is down the controller still starts and answers 503. */
+  private async waitForRedis(timeoutMs = 5000): Promise<void> {
+    if (this.intakeRedis.status === 'ready') return;
+    const ready = await new Promise<boolean>((resolve) => {
+      const timer = setTimeout(() => resolve(false), timeoutMs);
+      this.intakeRedis.once('ready', () => {
+        clearTimeout(timer);
+        resolve(true);
+      });
+    });
+    if (!ready) this.options.logger.warn({ url: this.options.config.redis.url }, 'Redis not reachable yet; intake answers 503 until it is');
   }
 
   private ownConnection(): Redis {

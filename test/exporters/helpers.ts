@@ -12,9 +12,9 @@ import type { CollectorContext, CollectorPaths } from '../../exporters/collector
 const here = dirname(fileURLToPath(import.meta.url));
 
 /** The real captured samples live beside the repository (/work/shared next to /work/main; CI clones the same way). */
-export const REALWORLD = resolve(here, '../../../shared/realworld');
+export const REALWORLD = resolve(here, '../fixtures/realworld');
 export const XID_LOGS = resolve(REALWORLD, 'xid-kernel-logs');
-export const NVIDIA_SMI_XML = resolve(REALWORLD, 'nvidia-smi/xml');
+export const NVIDIA_SMI_XML = resolve(REALWORLD, 'nvidia-smi-xml');
 export const FIXTURES = resolve(here, '../fixtures');
 export const EXPECTED = resolve(FIXTURES, 'expected');
 
