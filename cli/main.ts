@@ -1,22 +1,21 @@
-import { Command } from 'commander';
+import { Command, type CommanderError } from 'commander';
 import { agentCommand } from './agent.js';
 import { auditCommand } from './audit.js';
 import { controllerCommand } from './controller.js';
 import { demoCommand } from './demo.js';
 import { EXIT_USAGE } from './common.js';
 
+// commander exits 0 for --help and --version; every usage error (unknown option, bad value) exits 2.
+const exitOnUsageError = (error: CommanderError): never => process.exit(error.exitCode === 0 ? 0 : EXIT_USAGE);
+
 const program = new Command('steadfast')
   .description('Keeps large LLM training jobs running: GPU-node monitoring wired to training-level recovery.')
   .version('0.1.0')
   .showHelpAfterError()
-  .exitOverride((error) => {
-    // commander's own exit codes for --help and --version are 0; usage errors become 2.
-    process.exit(error.exitCode === 0 ? 0 : EXIT_USAGE);
-  });
+  .exitOverride(exitOnUsageError);
 
-program.addCommand(agentCommand());
-program.addCommand(controllerCommand());
-program.addCommand(auditCommand());
-program.addCommand(demoCommand());
+for (const command of [agentCommand(), controllerCommand(), auditCommand(), demoCommand()]) {
+  program.addCommand(command.showHelpAfterError().exitOverride(exitOnUsageError));
+}
 
 await program.parseAsync(process.argv);

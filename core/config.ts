@@ -11,7 +11,9 @@ import { parseOrThrow } from './validate.js';
  */
 
 const hostSchema = z.string().min(1).max(255);
-const portSchema = z.number().int().min(0).max(65535);
+// Numbers are coerced so that environment overrides, which are always strings, validate too.
+const int = () => z.coerce.number<unknown>().int();
+const portSchema = int().min(0).max(65535);
 
 export const configSchema = z
   .object({
@@ -28,12 +30,12 @@ export const configSchema = z
         host: hostSchema.default('127.0.0.1'),
         port: portSchema.default(9400),
         /** Largest request body accepted, in bytes; larger answers 413. */
-        bodyLimitBytes: z.number().int().min(1024).max(64 * 1024 * 1024).default(1024 * 1024),
+        bodyLimitBytes: int().min(1024).max(64 * 1024 * 1024).default(1024 * 1024),
         /** Bearer token required on every write API; give it here, in tokenFile, or both unset to refuse to start. */
         token: z.string().min(16, 'must be at least 16 characters').optional(),
         tokenFile: z.string().min(1).optional(),
         /** Approximate length the audit stream is trimmed to. */
-        auditMaxLength: z.number().int().min(100).default(100_000),
+        auditMaxLength: int().min(100).default(100_000),
       })
       .strict()
       .prefault({}),
@@ -46,7 +48,7 @@ export const configSchema = z
             sinfo: z.string().min(1).default('sinfo'),
             /** Extra environment for the Slurm commands, e.g. SLURM_CONF. */
             env: z.record(z.string(), z.string()).default({}),
-            timeoutMs: z.number().int().min(100).default(10_000),
+            timeoutMs: int().min(100).default(10_000),
           })
           .strict()
           .prefault({}),
@@ -56,17 +58,17 @@ export const configSchema = z
     policy: z
       .object({
         /** Reports of a fault on a node already being drained, within this window, join the first decision. */
-        drainDedupeSeconds: z.number().int().min(1).default(24 * 3600),
+        drainDedupeSeconds: int().min(1).default(24 * 3600),
       })
       .strict()
       .prefault({}),
     safety: z
       .object({
         /** Eviction budget (STYLE.md, after node-healthcheck-operator's max-unhealthy). */
-        maxDrainsPerWindow: z.number().int().min(0).default(4),
-        windowSeconds: z.number().int().min(1).default(3600),
+        maxDrainsPerWindow: int().min(0).default(4),
+        windowSeconds: int().min(1).default(3600),
         /** Seconds a per-node lease is held while an actuator works on it. */
-        nodeLeaseSeconds: z.number().int().min(1).default(60),
+        nodeLeaseSeconds: int().min(1).default(60),
       })
       .strict()
       .prefault({}),
@@ -77,7 +79,7 @@ export type Config = z.output<typeof configSchema>;
 
 const ENV_PREFIX = 'STEADFAST_';
 
-/** Builds a nested object from `STEADFAST_A__B=value` variables; values are read as YAML scalars. */
+/** Builds a nested object from `STEADFAST_A__B=value` variables; values stay strings (the schema coerces numbers). */
 export function envOverrides(env: NodeJS.ProcessEnv): Record<string, unknown> {
   const result: Record<string, unknown> = {};
   for (const [name, raw] of Object.entries(env)) {
@@ -92,15 +94,7 @@ export function envOverrides(env: NodeJS.ProcessEnv): Record<string, unknown> {
       cursor[part] = typeof next === 'object' && next !== null ? next : {};
       cursor = cursor[part] as Record<string, unknown>;
     });
-    const leaf = path.at(-1) as string;
-    let value: unknown = raw;
-    try {
-      value = parseYaml(raw);
-    } catch {
-      value = raw;
-    }
-    // Secrets and names stay strings even when they look like numbers.
-    cursor[leaf] = typeof value === 'object' && value !== null && !Array.isArray(value) ? raw : value;
+    cursor[path.at(-1) as string] = raw;
   }
   return result;
 }

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Prepares a machine for steadfast's demo and tests: the Debian packages of the real parts
+# (installed only when missing), the npm packages (from package-lock.json), and the build.
+# Safe to run again; it does only what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v redis-server >/dev/null || need+=(redis-server)
+command -v redis-cli >/dev/null || need+=(redis-tools)
+command -v prometheus >/dev/null || need+=(prometheus)
+command -v promtool >/dev/null || need+=(prometheus)
+command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
+command -v amtool >/dev/null || need+=(prometheus-alertmanager)
+command -v slurmctld >/dev/null || need+=(slurmctld)
+command -v scontrol >/dev/null || need+=(slurm-client)
+command -v sinfo >/dev/null || need+=(slurm-client)
+if [ ! -e /usr/sbin/munged ] && ! command -v munged >/dev/null; then need+=(munge); fi
+
+if [ ${#need[@]} -gt 0 ]; then
+  mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
+  echo "steadfast setup: installing Debian packages: ${need[*]}"
+  sudo_cmd=()
+  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  # --no-install-recommends keeps Grafana-less prometheus installs small; policy-rc.d stops
+  # the packages' own services from starting on the default ports.
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' | "${sudo_cmd[@]}" tee /usr/sbin/policy-rc.d >/dev/null
+    "${sudo_cmd[@]}" chmod +x /usr/sbin/policy-rc.d
+    trap '"${sudo_cmd[@]}" rm -f /usr/sbin/policy-rc.d' EXIT
+  fi
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+# npm packages: install when missing or when the lock file changed since the last install.
+if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
+  echo "steadfast setup: installing npm packages (npm ci)"
+  npm ci --no-audit --no-fund --loglevel=error
+fi
+
+echo "steadfast setup: building"
+npx tsc -p tsconfig.json

@@ -1,0 +1,69 @@
+import { execFile } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { describe, expect, it } from 'vitest';
+
+const run = promisify(execFile);
+const ROOT = join(import.meta.dirname, '..');
+const BIN = join(ROOT, 'bin', 'steadfast.js');
+
+async function steadfast(...args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+  if (!existsSync(join(ROOT, 'dist', 'cli', 'main.js'))) throw new Error('dist/ is missing: run `npm run build` (npm test does it)');
+  try {
+    const { stdout, stderr } = await run(process.execPath, [BIN, ...args], { env: { ...process.env, STEADFAST_LOG_LEVEL: 'silent' } });
+    return { code: 0, stdout, stderr };
+  } catch (error) {
+    const failed = error as { code: number; stdout: string; stderr: string };
+    return { code: failed.code, stdout: failed.stdout, stderr: failed.stderr };
+  }
+}
+
+describe('the steadfast CLI', () => {
+  it.each(['agent', 'controller', 'audit', 'demo'])('documents `steadfast %s` with --help and exits 0', async (command) => {
+    const result = await steadfast(command, '--help');
+    expect(result.code).toBe(0);
+    expect(result.stdout).toContain(`Usage: steadfast ${command}`);
+  });
+
+  it('lists every subcommand in the top-level help', async () => {
+    const result = await steadfast('--help');
+    for (const command of ['agent', 'controller', 'audit', 'demo']) expect(result.stdout).toContain(command);
+  });
+
+  it('exits 2 and names the option when an option is unknown', async () => {
+    const result = await steadfast('agent', '--no-such-flag');
+    expect(result.code).toBe(2);
+    expect(result.stderr).toContain("unknown option '--no-such-flag'");
+  });
+
+  it('exits 2 and names the flag when a flag value is bad', async () => {
+    const result = await steadfast('agent', '--once', '--web.listen-address', 'not-an-address');
+    expect(result.code).toBe(2);
+    expect(result.stderr).toContain('--web.listen-address');
+  });
+
+  it('exits 2 with the file name when the controller config file is missing', async () => {
+    const result = await steadfast('controller', '--config', '/nonexistent/steadfast.yaml');
+    expect(result.code).toBe(2);
+    expect(result.stderr).toContain('cannot read config file /nonexistent/steadfast.yaml');
+  });
+
+  it('prints one scrape of a fixture node with --once and exits 0', async () => {
+    const fixtures = join(ROOT, 'test', 'fixtures', 'realworld');
+    const result = await steadfast(
+      'agent',
+      '--once',
+      '--node',
+      'fixture-node',
+      '--path.kmsg',
+      join(fixtures, 'xid-kernel-logs', 'gpud_xid_lines_h100_gb200.txt'),
+      '--nvidia-smi.xml',
+      join(fixtures, 'nvidia-smi-xml', 'telegraf_a10g_515.105.01.xml'),
+    );
+    expect(result.code).toBe(0);
+    expect(result.stdout).toContain('steadfast_xid_errors_total{pci_bus_id="0000:91:00",xid="79",severity="fatal"} 1');
+    expect(result.stdout).toContain('steadfast_gpu_present{gpu="0",pci_bus_id="0000:00:1e"} 1');
+    expect(result.stdout).toContain('steadfast_collector_success{collector="xid"} 1');
+  });
+});

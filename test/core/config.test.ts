@@ -1,0 +1,59 @@
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { InputError } from '../../core/errors.js';
+import { envOverrides, loadConfig, resolveToken } from '../../core/config.js';
+
+const dir = mkdtempSync(join(tmpdir(), 'steadfast-config-'));
+function file(name: string, text: string): string {
+  const path = join(dir, name);
+  writeFileSync(path, text);
+  return path;
+}
+
+describe('configuration', () => {
+  it('fills every default when no file and no environment are given', () => {
+    const config = loadConfig({ env: {} });
+    expect(config.redis.url).toBe('redis://127.0.0.1:6379');
+    expect(config.backend.kind).toBe('dry-run');
+    expect(config.safety.maxDrainsPerWindow).toBe(4);
+  });
+
+  it('reads the YAML file and lets STEADFAST_SECTION__KEY variables override it', () => {
+    const path = file('ok.yaml', 'controller:\n  port: 9500\nbackend:\n  kind: slurm\n');
+    const config = loadConfig({ file: path, env: { STEADFAST_CONTROLLER__PORT: '9600', STEADFAST_SAFETY__MAX_DRAINS_PER_WINDOW: '10' } });
+    expect(config.controller.port).toBe(9600);
+    expect(config.backend.kind).toBe('slurm');
+    expect(config.safety.maxDrainsPerWindow).toBe(10);
+  });
+
+  it('names the bad field when a value has the wrong type', () => {
+    const path = file('bad-type.yaml', 'controller:\n  port: "ninety"\n');
+    expect(() => loadConfig({ file: path, env: {} })).toThrow(/invalid config: controller\.port: /);
+  });
+
+  it('names an unknown key instead of ignoring a typo', () => {
+    const path = file('typo.yaml', 'safety:\n  maxDrainPerWindow: 3\n');
+    expect(() => loadConfig({ file: path, env: {} })).toThrow(/safety.*maxDrainPerWindow/);
+  });
+
+  it('names the field of a bad environment override', () => {
+    expect(() => loadConfig({ env: { STEADFAST_BACKEND__KIND: 'kubernetes' } })).toThrow(/backend\.kind/);
+  });
+
+  it('says so when the file is not YAML or not there', () => {
+    expect(() => loadConfig({ file: file('broken.yaml', 'a: [1,\n'), env: {} })).toThrow(InputError);
+    expect(() => loadConfig({ file: join(dir, 'missing.yaml'), env: {} })).toThrow(/cannot read config file/);
+  });
+
+  it('keeps a numeric-looking token a string', () => {
+    expect(envOverrides({ STEADFAST_CONTROLLER__TOKEN: '1234567890123456789' })).toEqual({ controller: { token: '1234567890123456789' } });
+    const config = loadConfig({ env: { STEADFAST_CONTROLLER__TOKEN_FILE: file('token', 'abcdefabcdefabcdef\n') } });
+    expect(resolveToken(config.controller, 'controller')).toBe('abcdefabcdefabcdef');
+  });
+
+  it('refuses to run without a token', () => {
+    expect(() => resolveToken({}, 'controller')).toThrow(/refusing to run unauthenticated/);
+  });
+});

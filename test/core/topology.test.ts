@@ -1,0 +1,38 @@
+import { describe, expect, it } from 'vitest';
+import { Topology } from '../../core/topology.js';
+
+describe('Topology', () => {
+  const nodes = ['n1', 'n2', 'n3', 'n4'];
+  const topology = Topology.from({ nodes, ranksPerNode: 2, sizes: { tp: 2, pp: 2, dp: 2 }, order: 'tp-dp-pp' });
+
+  it('places ranks on nodes in order, ranksPerNode at a time', () => {
+    expect(topology.placement(5)).toMatchObject({ rank: 5, node: 'n3', localRank: 1 });
+  });
+
+  it('varies the first dimension of the order string fastest', () => {
+    expect(topology.placement(1).coords).toMatchObject({ tp: 1, dp: 0, pp: 0 });
+    expect(topology.placement(2).coords).toMatchObject({ tp: 0, dp: 1, pp: 0 });
+    expect(topology.placement(4).coords).toMatchObject({ tp: 0, dp: 0, pp: 1 });
+  });
+
+  it('derives each parallel group from the coordinates', () => {
+    expect(topology.group('tp', 5)).toEqual([4, 5]);
+    expect(topology.group('dp', 5)).toEqual([5, 7]);
+    expect(topology.group('pp', 5)).toEqual([1, 5]);
+    expect(topology.nodesOf(topology.group('pp', 5))).toEqual(['n1', 'n3']);
+  });
+
+  it('rejects sizes that do not multiply to the number of ranks, naming the mismatch', () => {
+    expect(() => Topology.from({ nodes, ranksPerNode: 2, sizes: { tp: 4, dp: 4 } })).toThrow(/tp\*cp\*ep\*dp\*pp = 16 but nodes\*ranksPerNode = 8/);
+  });
+
+  it('rejects an unknown dimension in the order string', () => {
+    expect(() => Topology.from({ nodes, ranksPerNode: 2, sizes: { tp: 8 }, order: 'tp-xx' })).toThrow(/unknown dimension "xx"/);
+  });
+
+  it('accepts an explicit rank table and refuses one with a gap', () => {
+    const explicit = Topology.from({ ranks: [{ rank: 0, node: 'a', localRank: 0, coords: { dp: 0 } }, { rank: 1, node: 'b', localRank: 0, coords: { dp: 1 } }] });
+    expect(explicit.group('dp', 0)).toEqual([0, 1]);
+    expect(() => Topology.from({ ranks: [{ rank: 1, node: 'b', localRank: 0, coords: {} }] })).toThrow(/rank 0 is missing/);
+  });
+});
