@@ -2,6 +2,7 @@ import { Command, type CommanderError } from 'commander';
 import { agentCommand } from './agent.js';
 import { auditCommand } from './audit.js';
 import { controllerCommand } from './controller.js';
+import { dashboardsCommand } from './dashboards.js';
 import { demoCommand } from './demo.js';
 import { EXIT_USAGE } from './common.js';
 
@@ -14,7 +15,7 @@ const program = new Command('steadfast')
   .showHelpAfterError()
   .exitOverride(exitOnUsageError);
 
-for (const command of [agentCommand(), controllerCommand(), auditCommand(), demoCommand()]) {
+for (const command of [agentCommand(), controllerCommand(), auditCommand(), dashboardsCommand(), demoCommand()]) {
   program.addCommand(command.showHelpAfterError().exitOverride(exitOnUsageError));
 }
 

@@ -3,7 +3,7 @@
  * and the PromQL helpers every panel builds its queries from. A selector is written once here
  * and composed everywhere else (STYLE.md, Dashboards).
  */
-import type { DataSourceRef } from '@grafana/grafana-foundation-sdk/common';
+import { BigValueGraphMode, ReduceDataOptionsBuilder, type DataSourceRef } from '@grafana/grafana-foundation-sdk/common';
 import {
   DatasourceVariableBuilder,
   QueryVariableBuilder,
@@ -182,9 +182,11 @@ export function timeseriesPanel(spec: PanelSpec): TimeseriesPanelBuilder {
   return basePanel(new TimeseriesPanelBuilder(), spec);
 }
 
-/** Current value(s) of instant queries, one big number each. */
+/** The latest value of each query, one big number each, without a sparkline. */
 export function statPanel(spec: PanelSpec): StatPanelBuilder {
-  return basePanel(new StatPanelBuilder(), spec);
+  return basePanel(new StatPanelBuilder(), spec)
+    .reduceOptions(new ReduceDataOptionsBuilder().calcs(['lastNotNull']))
+    .graphMode(BigValueGraphMode.None);
 }
 
 /** One row per series, labels as columns: every query runs as an instant query in table format. */

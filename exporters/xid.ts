@@ -1,4 +1,4 @@
-import { constants as fsConstants } from 'node:fs';
+import { constants as fsConstants, watch, type FSWatcher } from 'node:fs';
 import { open, stat, type FileHandle } from 'node:fs/promises';
 import type { Stats } from 'node:fs';
 import { StringDecoder } from 'node:string_decoder';
@@ -42,6 +42,10 @@ class KernelLogFollower {
   private timer: NodeJS.Timeout | undefined;
   private closed = false;
   private running: Promise<void> | undefined;
+  private inFlight = false;
+  /** A change was signalled while a poll was running: poll again straight after it. */
+  private wokenDuringPoll = false;
+  private watcher: FSWatcher | undefined;
   private kmsg: FileHandle | undefined;
   /** Highest /dev/kmsg sequence number handled, so a reopen does not count records twice. */
   private lastSequence = -1;
@@ -57,23 +61,62 @@ class KernelLogFollower {
 
   async start(): Promise<void> {
     await this.poll(true);
+    this.watchForChanges();
     this.schedule();
   }
 
   async close(): Promise<void> {
     this.closed = true;
+    this.watcher?.close();
     if (this.timer) clearTimeout(this.timer);
     await this.running;
     await this.closeKmsg();
   }
 
-  private schedule(): void {
+  private schedule(delayMs = this.intervalMs): void {
     if (this.closed) return;
-    this.timer = setTimeout(() => {
-      this.running = this.poll(false).finally(() => this.schedule());
-    }, this.intervalMs);
+    this.timer = setTimeout(() => this.pollNow(), delayMs);
     // The agent's HTTP server keeps the process alive; this timer alone must not.
     this.timer.unref();
+  }
+
+  private pollNow(): void {
+    this.timer = undefined;
+    this.inFlight = true;
+    this.running = this.poll(false).finally(() => {
+      this.inFlight = false;
+      const again = this.wokenDuringPoll;
+      this.wokenDuringPoll = false;
+      this.schedule(again ? 0 : this.intervalMs);
+    });
+  }
+
+  /**
+   * A plain log file is also watched (inotify), so a new line is read within milliseconds
+   * instead of at the next poll; polling stays as the fallback for rotation and missed events.
+   */
+  private watchForChanges(): void {
+    if (this.kmsg !== undefined || this.file === undefined) return;
+    try {
+      this.watcher = watch(this.path, { persistent: false }, () => this.wake());
+      this.watcher.on('error', (error) => {
+        this.logger.debug({ path: this.path, err: errorMessage(error) }, 'kernel log watch ended; polling only');
+        this.watcher?.close();
+        this.watcher = undefined;
+      });
+    } catch (error) {
+      this.logger.debug({ path: this.path, err: errorMessage(error) }, 'cannot watch kernel log; polling only');
+    }
+  }
+
+  private wake(): void {
+    if (this.closed) return;
+    if (this.inFlight) {
+      this.wokenDuringPoll = true;
+      return;
+    }
+    if (this.timer) clearTimeout(this.timer);
+    this.pollNow();
   }
 
   private async poll(initial: boolean): Promise<void> {

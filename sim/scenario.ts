@@ -72,7 +72,8 @@ export async function runFallenOffBus(
       slurm = await slurmNode(env.slurm, options.node);
       if (/^drain/.test(slurm.state)) drainedAt = Date.now();
     }
-    if (drainedAt !== undefined && (!waitForAlert || alertArrived())) break;
+    const actionSettled = entries.some((entry) => entry.type === 'action' && ['done', 'refused', 'failed'].includes(String(entry.data.state)));
+    if (drainedAt !== undefined && actionSettled && (!waitForAlert || alertArrived())) break;
     await sleep(25);
   }
 

@@ -20,7 +20,7 @@ async function steadfast(...args: string[]): Promise<{ code: number; stdout: str
 }
 
 describe('the steadfast CLI', () => {
-  it.each(['agent', 'controller', 'audit', 'demo'])('documents `steadfast %s` with --help and exits 0', async (command) => {
+  it.each(['agent', 'controller', 'audit', 'dashboards', 'demo'])('documents `steadfast %s` with --help and exits 0', async (command) => {
     const result = await steadfast(command, '--help');
     expect(result.code).toBe(0);
     expect(result.stdout).toContain(`Usage: steadfast ${command}`);
@@ -28,7 +28,7 @@ describe('the steadfast CLI', () => {
 
   it('lists every subcommand in the top-level help', async () => {
     const result = await steadfast('--help');
-    for (const command of ['agent', 'controller', 'audit', 'demo']) expect(result.stdout).toContain(command);
+    for (const command of ['agent', 'controller', 'audit', 'dashboards', 'demo']) expect(result.stdout).toContain(command);
   });
 
   it('exits 2 and names the option when an option is unknown', async () => {
