@@ -1,7 +1,7 @@
 import { Command } from 'commander';
 import { SimEnvironment } from '../sim/environment.js';
 import { runFallenOffBus, type ScenarioResult } from '../sim/scenario.js';
-import { EXIT_FAILURE, parsePositiveInt, runCommand, untilSignalled } from './common.js';
+import { EXIT_FAILURE, parsePositiveInt, runCommand } from './common.js';
 
 function printTimeline(result: ScenarioResult): void {
   const out = process.stdout;
@@ -32,14 +32,22 @@ export function demoCommand(): Command {
       await runCommand(async () => {
         const node = options.node ?? `node-${Math.min(3, options.nodes)}`;
         process.stdout.write(`steadfast demo: ${options.nodes} simulated nodes, fault on ${node} GPU ${options.gpu}\n`);
-        const env = await SimEnvironment.start({
+        const env = SimEnvironment.create({
           nodes: options.nodes,
           fastPath: options.fastPath,
           verbose: options.verbose,
           keepDir: options.keepRunning,
           progress: (step, seconds) => process.stdout.write(`  ✓ ${step} (${seconds.toFixed(2)} s)\n`),
         });
+        // Interrupted at any point: stop every process started so far, then exit.
+        const interrupted = (signal: NodeJS.Signals): void => {
+          process.stdout.write(`\n${signal}: stopping every process the demo started …\n`);
+          void env.stop().finally(() => process.exit(130));
+        };
+        process.once('SIGINT', interrupted);
+        process.once('SIGTERM', interrupted);
         try {
+          await env.up();
           process.stdout.write(`\nInjecting Xid 79 (GPU has fallen off the bus) on ${node} …\n`);
           const result = await runFallenOffBus(env, { node, gpuIndex: options.gpu });
           printTimeline(result);
@@ -53,7 +61,8 @@ export function demoCommand(): Command {
             process.stdout.write(
               `\nStill running (Ctrl-C stops everything):\n  Prometheus   ${env.prometheus.url}\n  Alertmanager ${env.alertmanager.url}\n  controller   ${env.controllerUrl} (token ${env.token})\n  Redis        ${env.redis.url}\n  SLURM_CONF=${env.slurm.conf}\n  files        ${env.root}\n`,
             );
-            await untilSignalled();
+            // The signal handler above stops everything and exits.
+            await new Promise<never>(() => undefined);
           }
         } finally {
           process.stdout.write('\nStopping every process the demo started …\n');

@@ -66,15 +66,25 @@ export class SimEnvironment {
     this.logger = options.verbose ? createLogger('steadfast-sim') : silentLogger();
   }
 
+  /** Makes an environment without starting anything, so a caller can arrange its cleanup first. */
+  static create(options: EnvironmentOptions): SimEnvironment {
+    return new SimEnvironment(mkdtempSync(join(tmpdir(), 'steadfast-sim-')), options);
+  }
+
   static async start(options: EnvironmentOptions): Promise<SimEnvironment> {
-    const env = new SimEnvironment(mkdtempSync(join(tmpdir(), 'steadfast-sim-')), options);
+    const env = SimEnvironment.create(options);
+    await env.up();
+    return env;
+  }
+
+  /** Starts every part; on failure stops whatever had started and rethrows. */
+  async up(): Promise<void> {
     try {
-      await env.bringUp();
+      await this.bringUp();
     } catch (error) {
-      await env.stop();
+      await this.stop();
       throw error;
     }
-    return env;
   }
 
   private async step<T>(name: string, work: () => Promise<T>): Promise<T> {
@@ -184,9 +194,12 @@ export class SimEnvironment {
   async stop(): Promise<void> {
     if (this.stopped) return;
     this.stopped = true;
-    await Promise.allSettled(this.agents.map((agent) => agent.close()));
-    await this.controller?.close();
-    await this.processes.stopAll();
-    if (!this.options.keepDir) rmSync(this.root, { recursive: true, force: true });
+    try {
+      await Promise.allSettled(this.agents.map((agent) => agent.close()));
+      await this.controller?.close();
+    } finally {
+      await this.processes.stopAll();
+      if (!this.options.keepDir) rmSync(this.root, { recursive: true, force: true });
+    }
   }
 }

@@ -9,6 +9,14 @@ import { setTimeout as sleep } from 'node:timers/promises';
  */
 export class ProcessGroup {
   private readonly children = new Map<string, ChildProcess>();
+  // However this process ends (an uncaught error, process.exit), its children end with it.
+  private readonly killOnExit = (): void => {
+    for (const child of this.children.values()) child.kill('SIGKILL');
+  };
+
+  constructor() {
+    process.once('exit', this.killOnExit);
+  }
 
   /** Starts `command`, writing its output to `logFile`. */
   start(name: string, command: string, args: readonly string[], logFile: string, options: SpawnOptions = {}): ChildProcess {
@@ -42,6 +50,7 @@ export class ProcessGroup {
 
   async stopAll(graceMs = 3000): Promise<void> {
     await Promise.all([...this.children.keys()].map((name) => this.stop(name, graceMs)));
+    process.removeListener('exit', this.killOnExit);
   }
 }
 
