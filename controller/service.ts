@@ -79,6 +79,9 @@ export class Controller {
       config.safety.nodeLeaseSeconds,
     );
     this.signalQueue = new Queue<SignalJob>(QUEUE_NAMES.signals, { connection: this.workerRedis, prefix: config.redis.prefix });
+    for (const queue of [this.signalQueue, this.actionQueue]) {
+      queue.on('error', (error: Error) => options.logger.warn({ queue: queue.name, err: error.message }, 'queue error'));
+    }
     this.metrics = new ControllerMetrics([this.signalQueue, this.actionQueue]);
   }
 

@@ -3,15 +3,21 @@ import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
+import { AuditLog } from '../core/audit.js';
+import { testRedis } from './support/redis.js';
 
 const run = promisify(execFile);
 const ROOT = join(import.meta.dirname, '..');
 const BIN = join(ROOT, 'bin', 'steadfast.js');
 
 async function steadfast(...args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+  return steadfastWithEnv({}, ...args);
+}
+
+async function steadfastWithEnv(extraEnv: Record<string, string>, ...args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
   if (!existsSync(join(ROOT, 'dist', 'cli', 'main.js'))) throw new Error('dist/ is missing: run `npm run build` (npm test does it)');
   try {
-    const { stdout, stderr } = await run(process.execPath, [BIN, ...args], { env: { ...process.env, STEADFAST_LOG_LEVEL: 'silent' } });
+    const { stdout, stderr } = await run(process.execPath, [BIN, ...args], { env: { ...process.env, STEADFAST_LOG_LEVEL: 'silent', ...extraEnv } });
     return { code: 0, stdout, stderr };
   } catch (error) {
     const failed = error as { code: number; stdout: string; stderr: string };
@@ -65,5 +71,31 @@ describe('the steadfast CLI', () => {
     expect(result.stdout).toContain('steadfast_xid_errors_total{pci_bus_id="0000:91:00",xid="79",severity="fatal"} 1');
     expect(result.stdout).toContain('steadfast_gpu_present{gpu="0",pci_bus_id="0000:00:1e"} 1');
     expect(result.stdout).toContain('steadfast_collector_success{collector="xid"} 1');
+  });
+});
+
+describe('steadfast audit', () => {
+  it('prints the audit trail oldest first, filtered by node, and as JSON lines with --json', async () => {
+    const store = testRedis();
+    try {
+      const audit = new AuditLog(store.redis, store.keys);
+      await audit.append({ type: 'signal', ref: 's-1', node: 'node-1', summary: 'agent reports Xid 79 on node-1', data: {} });
+      await audit.append({ type: 'decision', ref: 'd-1', node: 'node-1', summary: 'drain node-1: fatal Xid 79', data: {} });
+      await audit.append({ type: 'signal', ref: 's-2', node: 'node-2', summary: 'agent reports Xid 13 on node-2', data: {} });
+      const env = { STEADFAST_REDIS__URL: store.url, STEADFAST_REDIS__PREFIX: store.prefix };
+      const text = await steadfastWithEnv(env, 'audit', '--node', 'node-1');
+      expect(text.code).toBe(0);
+      const lines = text.stdout.trim().split('\n');
+      expect(lines).toHaveLength(2);
+      expect(lines[0]).toMatch(/signal +node-1 +agent reports Xid 79 on node-1$/);
+      expect(lines[1]).toMatch(/decision +node-1 +drain node-1: fatal Xid 79$/);
+      const json = await steadfastWithEnv(env, 'audit', '--json', '--limit', '1');
+      expect(JSON.parse(json.stdout.trim())).toMatchObject({ type: 'signal', ref: 's-2', node: 'node-2' });
+      const bad = await steadfastWithEnv(env, 'audit', '--type', 'gossip');
+      expect(bad.code).toBe(2);
+      expect(bad.stderr).toContain('type');
+    } finally {
+      await store.cleanup();
+    }
   });
 });
