@@ -3,10 +3,10 @@ import { UnrecoverableError } from 'bullmq';
 import type { ActionRecord, ActionState, Decision } from '../core/action.js';
 import { decisionSchema } from '../core/action.js';
 import type { AuditLog } from '../core/audit.js';
-import { DoNotRetryError, InputError, RetryLaterError, errorMessage } from '../core/errors.js';
+import { DoNotRetryError, RetryLaterError, errorMessage } from '../core/errors.js';
+import { parseJobPayload } from '../core/job-payload.js';
 import type { Logger } from '../core/log.js';
 import type { Keys, Redis } from '../core/redis.js';
-import { parseOrThrow } from '../core/validate.js';
 import type { ClusterBackend } from './backend.js';
 import type { SafetyGates } from './safety.js';
 
@@ -66,13 +66,7 @@ export function createDrainProcessor(deps: DrainActuatorDeps): (job: Job<ActionJ
   }
 
   return async (job) => {
-    let decision: Decision;
-    try {
-      decision = parseOrThrow(decisionSchema, job.data?.decision, 'action job payload');
-    } catch (error) {
-      if (error instanceof InputError) throw new UnrecoverableError(error.message);
-      throw error;
-    }
+    const decision = parseJobPayload(decisionSchema, job.data?.decision, 'action job payload');
     const previous = (await redis.hget(keys.action(decision.id), 'state')) as ActionState | null;
     if (previous !== null && TERMINAL.has(previous)) {
       return { state: previous, detail: 'already handled; not acting twice' };

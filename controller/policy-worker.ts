@@ -1,11 +1,10 @@
-import { UnrecoverableError, type Job, type Queue } from 'bullmq';
+import type { Job, Queue } from 'bullmq';
 import type { Decision } from '../core/action.js';
 import { decisionSchema } from '../core/action.js';
 import type { AuditLog } from '../core/audit.js';
-import { InputError } from '../core/errors.js';
+import { parseJobPayload } from '../core/job-payload.js';
 import type { Keys, Redis } from '../core/redis.js';
 import { signalSchema, stableHash, type Signal } from '../core/signal.js';
-import { parseOrThrow } from '../core/validate.js';
 import type { ActionJob } from '../actuators/drain.js';
 import type { SignalJob } from './intake.js';
 import { decide } from './policy.js';
@@ -51,13 +50,7 @@ export function createPolicyProcessor(deps: PolicyWorkerDeps): (job: Job<SignalJ
   const { redis, keys, audit, actions, dedupeSeconds } = deps;
 
   return async (job) => {
-    let signal: Signal;
-    try {
-      signal = parseOrThrow(signalSchema, job.data?.signal, 'signal job payload');
-    } catch (error) {
-      if (error instanceof InputError) throw new UnrecoverableError(error.message);
-      throw error;
-    }
+    const signal = parseJobPayload(signalSchema, job.data?.signal, 'signal job payload');
     const outcome = decide(signal);
     if (outcome.verb === 'observe') {
       await audit.append(
