@@ -26,7 +26,7 @@ async function steadfastWithEnv(extraEnv: Record<string, string>, ...args: strin
 }
 
 describe('the steadfast CLI', () => {
-  it.each(['agent', 'controller', 'audit', 'dashboards', 'demo'])('documents `steadfast %s` with --help and exits 0', async (command) => {
+  it.each(['agent', 'controller', 'audit', 'pause', 'unpause', 'dashboards', 'demo'])('documents `steadfast %s` with --help and exits 0', async (command) => {
     const result = await steadfast(command, '--help');
     expect(result.code).toBe(0);
     expect(result.stdout).toContain(`Usage: steadfast ${command}`);
@@ -94,6 +94,24 @@ describe('steadfast audit', () => {
       const bad = await steadfastWithEnv(env, 'audit', '--type', 'gossip');
       expect(bad.code).toBe(2);
       expect(bad.stderr).toContain('type');
+    } finally {
+      await store.cleanup();
+    }
+  });
+});
+
+describe('steadfast pause and unpause', () => {
+  it('sets the pause gate the actuators read, with its reason, and clears it', async () => {
+    const store = testRedis();
+    try {
+      const env = { STEADFAST_REDIS__URL: store.url, STEADFAST_REDIS__PREFIX: store.prefix };
+      const paused = await steadfastWithEnv(env, 'pause', '--reason', 'rack 7 maintenance');
+      expect(paused.code).toBe(0);
+      expect(await store.redis.get(store.keys.paused)).toBe('rack 7 maintenance');
+      const unpaused = await steadfastWithEnv(env, 'unpause');
+      expect(unpaused.code).toBe(0);
+      expect(unpaused.stdout).toContain('unpaused; drains in the last 3600 s: 0 of 4');
+      expect(await store.redis.get(store.keys.paused)).toBeNull();
     } finally {
       await store.cleanup();
     }
