@@ -5,6 +5,7 @@ import { controllerCommand } from './controller.js';
 import { dashboardsCommand } from './dashboards.js';
 import { demoCommand } from './demo.js';
 import { pauseCommands } from './pause.js';
+import { resumeCommand } from './resume.js';
 import { EXIT_USAGE } from './common.js';
 
 // commander exits 0 for --help and --version; every usage error (unknown option, bad value) exits 2.
@@ -16,7 +17,7 @@ const program = new Command('steadfast')
   .showHelpAfterError()
   .exitOverride(exitOnUsageError);
 
-for (const command of [agentCommand(), controllerCommand(), auditCommand(), ...pauseCommands(), dashboardsCommand(), demoCommand()]) {
+for (const command of [agentCommand(), controllerCommand(), auditCommand(), ...pauseCommands(), resumeCommand(), dashboardsCommand(), demoCommand()]) {
   program.addCommand(command.showHelpAfterError().exitOverride(exitOnUsageError));
 }
 

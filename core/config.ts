@@ -57,8 +57,13 @@ export const configSchema = z
       .prefault({}),
     policy: z
       .object({
-        /** Reports of a fault on a node already being drained, within this window, join the first decision. */
-        drainDedupeSeconds: int().min(1).default(24 * 3600),
+        /**
+         * Reports of a fault on a node already being drained, within this window, join the first
+         * decision. It only has to outlast the race between the fast path and the alert (seconds);
+         * a later report makes a decision the actuator finds already carried out.
+         * `steadfast resume NODE` ends the window early.
+         */
+        drainDedupeSeconds: int().min(1).default(900),
       })
       .strict()
       .prefault({}),
