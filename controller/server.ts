@@ -35,7 +35,7 @@ export function createApp(deps: ServerDeps): express.Express {
   const { metrics, logger } = deps;
   const app = express();
   app.disable('x-powered-by');
-  const auth = bearerAuth(deps.token);
+  const auth = bearerAuth(deps.token, (req) => metrics.requestsRejected.inc({ endpoint: req.path.split('/').pop() ?? 'unknown', reason: 'unauthorized' }));
   const json = express.json({ limit: deps.bodyLimitBytes, type: () => true });
 
   function reject(res: Response, endpoint: string, status: number, reason: string, message: string): void {

@@ -142,6 +142,7 @@ describe('controller HTTP intake', () => {
     const metrics = await (await fetch(`${url}/metrics`)).text();
     expect(metrics).toMatch(/steadfast_signals_accepted_total\{source="alertmanager",kind="xid"\} \d+/);
     expect(metrics).toMatch(/steadfast_requests_rejected_total\{endpoint="alerts",reason="too_large"\} 1/);
+    expect(metrics).toMatch(/steadfast_requests_rejected_total\{endpoint="alerts",reason="unauthorized"\} 1/);
   });
 
   it('keeps the audit API behind the token', async () => {
