@@ -6,7 +6,8 @@ import { InputError } from '../core/errors.js';
 import { createLogger, type Logger } from '../core/log.js';
 import { nodeNameSchema } from '../core/names.js';
 import type { CollectorFactory, CollectorPaths } from '../exporters/collector.js';
-import { createAgent } from '../exporters/agent.js';
+import { createAgent, type AgentOptions } from '../exporters/agent.js';
+import { EXIT_USAGE } from './common.js';
 import { COLLECTOR_FACTORIES, enabledFactories } from '../exporters/index.js';
 
 /**
@@ -16,19 +17,12 @@ import { COLLECTOR_FACTORIES, enabledFactories } from '../exporters/index.js';
  */
 
 export const AGENT_TOKEN_ENV = 'STEADFAST_AGENT_TOKEN';
-/** Exit status for a bad flag value, as for a usage error in most Unix tools. */
-const EXIT_BAD_FLAG = 2;
 
-export interface AgentSettings {
+/** What the flags resolve to: the agent's own options, less the logger, plus `--once`. */
+export type AgentSettings = Omit<AgentOptions, 'logger' | 'listen'> & {
   readonly listen: { readonly host: string; readonly port: number };
-  readonly node: string;
-  readonly paths: CollectorPaths;
-  readonly pollIntervalSeconds: number;
-  readonly collectors: readonly CollectorFactory[];
-  readonly controllerUrl?: string | undefined;
-  readonly controllerToken?: string | undefined;
   readonly once: boolean;
-}
+};
 
 export interface AgentCommandIo {
   /** Where `--once` writes the exposition text. */
@@ -151,7 +145,7 @@ export function agentCommand(io: Partial<AgentCommandIo> = {}): Command {
     try {
       settings = agentSettingsFromFlags(this.opts(), env, factories);
     } catch (error) {
-      if (error instanceof InputError) this.error(`error: ${error.message}`, { exitCode: EXIT_BAD_FLAG, code: 'steadfast.invalidFlag' });
+      if (error instanceof InputError) this.error(`error: ${error.message}`, { exitCode: EXIT_USAGE, code: 'steadfast.invalidFlag' });
       throw error;
     }
     const logger = io.logger ?? createLogger('steadfast-agent');
