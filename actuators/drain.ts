@@ -40,25 +40,26 @@ const TERMINAL: ReadonlySet<ActionState> = new Set(['done', 'refused']);
 export function createDrainProcessor(deps: DrainActuatorDeps): (job: Job<ActionJob>) => Promise<DrainResult> {
   const { redis, keys, audit, backend, gates, logger } = deps;
 
-  async function record(decision: Decision, state: ActionState, detail: string): Promise<DrainResult> {
+  // `attempt` keeps one audit entry per state per delivery: a retried drain shows each try.
+  async function record(decision: Decision, state: ActionState, detail: string, attempt = 0): Promise<DrainResult> {
     const time = new Date().toISOString();
     const entry: ActionRecord = { decisionId: decision.id, verb: decision.verb, node: decision.node, state, detail, backend: backend.name, time };
     await redis.hset(keys.action(decision.id), { ...entry });
     await audit.append(
       { type: 'action', ref: decision.id, node: decision.node, summary: `drain ${decision.node}: ${state} (${detail})`, data: { ...entry } },
-      `action:${decision.id}:${state}`,
+      `action:${decision.id}:${state}:${attempt}`,
     );
     if (TERMINAL.has(state) || state === 'failed') deps.onFinished?.(entry);
     return { state, detail };
   }
 
-  async function carryOut(decision: Decision): Promise<DrainResult> {
+  async function carryOut(decision: Decision, attempt: number): Promise<DrainResult> {
     const before = await backend.nodeState(decision.node);
     if (!before.exists) throw new DoNotRetryError(`node ${decision.node} is unknown to the ${backend.name} backend`);
     if (before.drained) {
       return record(decision, 'done', `already out of service (${before.raw}${before.reason ? `: ${before.reason}` : ''}); nothing to do`);
     }
-    await record(decision, 'running', `draining through ${backend.name}`);
+    await record(decision, 'running', `draining through ${backend.name}`, attempt);
     await backend.drain(decision.node, `steadfast: ${decision.reason} audit=${decision.id}`);
     const after = await backend.nodeState(decision.node);
     if (!after.drained) throw new RetryLaterError(`${backend.name} still shows ${decision.node} as ${after.raw} after the drain`);
@@ -78,10 +79,10 @@ export function createDrainProcessor(deps: DrainActuatorDeps): (job: Job<ActionJ
     const lease = await gates.acquireLease(decision.node, holder);
     if (!lease.ok) throw new RetryLaterError(lease.reason);
     try {
-      return await carryOut(decision);
+      return await carryOut(decision, job.attemptsMade);
     } catch (error) {
       const final = error instanceof DoNotRetryError || job.attemptsMade + 1 >= (job.opts.attempts ?? 1);
-      await record(decision, 'failed', `${errorMessage(error)}${final ? '' : '; will retry'}`).catch((auditError: unknown) =>
+      await record(decision, 'failed', `${errorMessage(error)}${final ? '' : '; will retry'}`, job.attemptsMade).catch((auditError: unknown) =>
         logger.error({ err: errorMessage(auditError) }, 'could not record failed action'),
       );
       if (error instanceof DoNotRetryError) throw new UnrecoverableError(error.message);
