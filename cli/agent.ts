@@ -1,11 +1,11 @@
 import { hostname } from 'node:os';
-import { Command } from 'commander';
+import { Command, Option } from 'commander';
 import { z } from 'zod';
 import { resolveToken } from '../core/config.js';
 import { InputError } from '../core/errors.js';
 import { createLogger, type Logger } from '../core/log.js';
 import { nodeNameSchema } from '../core/names.js';
-import type { CollectorFactory, CollectorPaths } from '../exporters/collector.js';
+import type { CollectorFactory, CollectorFlag, CollectorSettings } from '../exporters/collector.js';
 import { createAgent, type AgentOptions } from '../exporters/agent.js';
 import { EXIT_USAGE } from './common.js';
 import { COLLECTOR_FACTORIES, enabledFactories } from '../exporters/index.js';
@@ -60,8 +60,25 @@ const flagsSchema = z.object({
     .url({ protocol: /^https?$/, message: 'must be an http:// or https:// URL' })
     .optional(),
   'controller.tokenFile': z.string().min(1, 'must not be empty').optional(),
+  'web.tokenFile': z.string().min(1, 'must not be empty').optional(),
   once: z.boolean().default(false),
 });
+
+/** commander's key for a collector flag: `--training.log-format` → `training.logFormat`. */
+function flagKey(flag: CollectorFlag): string {
+  return new Option(`--${flag.name} ${flag.value}`).attributeName();
+}
+
+function collectorSettings(flags: Record<string, unknown>, factories: readonly CollectorFactory[]): CollectorSettings {
+  const settings: Record<string, string | readonly string[] | undefined> = {};
+  for (const flag of factories.flatMap((factory) => factory.flags ?? [])) {
+    const value = flags[flagKey(flag)];
+    if (typeof value === 'string' || (Array.isArray(value) && value.every((item) => typeof item === 'string'))) {
+      settings[flag.name] = value as string | string[];
+    }
+  }
+  return settings;
+}
 
 /** The flag a parsed option key came from: `web.listenAddress` → `--web.listen-address`. */
 function flagName(key: string): string {
@@ -115,6 +132,8 @@ export function agentSettingsFromFlags(
     collectors: enabledFactories(choices, factories),
     controllerUrl,
     controllerToken,
+    apiToken: options['web.tokenFile'] ? resolveToken({ tokenFile: options['web.tokenFile'] }, '--web.token-file') : undefined,
+    settings: collectorSettings(flags, factories),
     once: options.once,
   };
 }
@@ -135,10 +154,17 @@ export function agentCommand(io: Partial<AgentCommandIo> = {}): Command {
     .option('--gpu.poll-interval <seconds>', 'seconds between nvidia-smi polls', '5')
     .option('--controller.url <url>', 'controller base URL for fast-path events (none: no fast path)')
     .option('--controller.token-file <file>', `file holding the controller bearer token (default: $${AGENT_TOKEN_ENV})`)
+    .option('--web.token-file <file>', 'bearer token required on the agent\'s POST endpoints (/api/v1/training, /api/v1/trace)')
     .option('--once', 'print one scrape to stdout and exit');
   for (const factory of factories) {
     command.option(`--collector.${factory.name}`, `enable the ${factory.name} collector: ${factory.help} (default: ${factory.defaultEnabled ? 'enabled' : 'disabled'})`);
     command.option(`--no-collector.${factory.name}`, `disable the ${factory.name} collector`);
+    for (const flag of factory.flags ?? []) {
+      const option = new Option(`--${flag.name} ${flag.value}`, flag.description);
+      if (flag.default !== undefined) option.default(flag.default);
+      if (flag.repeatable) option.argParser((value: string, previous: string[] | undefined) => [...(previous ?? []), value]);
+      command.addOption(option);
+    }
   }
   command.action(async function (this: Command) {
     let settings: AgentSettings;

@@ -4,9 +4,10 @@ import { faultFingerprint, stableHash, type Signal } from '../core/signal.js';
 
 /** Turns an agent's fast-path event into a Signal with the same fingerprint its alert will carry. */
 export function signalFromFastPath(event: FastPathEvent, receivedAt: Date): Signal {
-  const detail = event.kind === 'xid' ? String(event.xid) : undefined;
+  const detail = event.kind === 'xid' ? String(event.xid) : event.job !== undefined ? `${event.job}:${event.rank ?? '-'}` : undefined;
   const fingerprint = faultFingerprint({ kind: event.kind, node: event.node, gpu: event.gpu, detail });
   const evidence: Record<string, string | number | boolean> = { message: event.message };
+  if (event.rank !== undefined) evidence.rank = event.rank;
   let severity: Signal['severity'] = 'critical';
   if (event.kind === 'xid' && event.xid !== undefined) {
     // The controller classifies again rather than trusting the sender's verdict.
@@ -22,6 +23,7 @@ export function signalFromFastPath(event: FastPathEvent, receivedAt: Date): Sign
     kind: event.kind,
     node: event.node,
     gpu: event.gpu,
+    job: event.job,
     severity,
     time: new Date(event.time).toISOString(),
     receivedAt: receivedAt.toISOString(),

@@ -6,12 +6,20 @@ import { nodeNameSchema, PCI_BUS_ID_PATTERN } from './names.js';
  * the controller's `/api/v1/signals` without waiting for a Prometheus scrape and rule
  * evaluation. The body is one event or an array of up to 100.
  */
+export const FAST_PATH_KINDS = ['xid', 'gpu_lost', 'nccl_timeout', 'worker_failed'] as const;
+
+/** Kinds about one GPU carry its PCI bus id; training kinds carry the job and rank instead. */
+const GPU_KINDS: ReadonlySet<string> = new Set(['xid', 'gpu_lost']);
+
 export const fastPathEventSchema = z
   .object({
-    kind: z.enum(['xid', 'gpu_lost']),
+    kind: z.enum(FAST_PATH_KINDS),
     node: nodeNameSchema,
-    /** PCI bus id, `dddd:bb:dd`. */
-    gpu: z.string().regex(PCI_BUS_ID_PATTERN, 'must be a PCI bus id like 0000:3b:00'),
+    /** PCI bus id, `dddd:bb:dd`; required for xid and gpu_lost. */
+    gpu: z.string().regex(PCI_BUS_ID_PATTERN, 'must be a PCI bus id like 0000:3b:00').optional(),
+    /** Training job and global rank, for nccl_timeout and worker_failed. */
+    job: z.string().regex(/^[A-Za-z0-9._-]{1,128}$/, 'letters, digits, ".", "_" and "-" only').optional(),
+    rank: z.number().int().min(0).max(10_000_000).optional(),
     /** Xid code; required when kind is xid. */
     xid: z.number().int().min(0).max(100_000).optional(),
     message: z.string().max(2048).default(''),
@@ -19,7 +27,8 @@ export const fastPathEventSchema = z
     time: z.iso.datetime({ offset: true }),
   })
   .strict()
-  .refine((event) => event.kind !== 'xid' || event.xid !== undefined, { message: 'xid is required when kind is "xid"', path: ['xid'] });
+  .refine((event) => event.kind !== 'xid' || event.xid !== undefined, { message: 'xid is required when kind is "xid"', path: ['xid'] })
+  .refine((event) => !GPU_KINDS.has(event.kind) || event.gpu !== undefined, { message: 'gpu is required for xid and gpu_lost events', path: ['gpu'] });
 
 export type FastPathEvent = z.infer<typeof fastPathEventSchema>;
 

@@ -1,10 +1,11 @@
+import { createHash, timingSafeEqual } from 'node:crypto';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { Registry } from 'prom-client';
 import { errorMessage } from '../core/errors.js';
 import type { FastPathEvent } from '../core/fast-path.js';
 import type { Logger } from '../core/log.js';
-import { CollectorSet, type CollectorFactory, type CollectorPaths } from './collector.js';
+import { CollectorSet, type AgentRoute, type CollectorFactory, type CollectorPaths, type CollectorSettings } from './collector.js';
 import { createFastPathClient, type FastPathSender } from './fast-path-client.js';
 
 /**
@@ -24,6 +25,10 @@ export interface AgentOptions {
   readonly collectors: readonly CollectorFactory[];
   readonly controllerUrl?: string | undefined;
   readonly controllerToken?: string | undefined;
+  /** Collector flag values (`training.log` → file); see CollectorFactory.flags. */
+  readonly settings?: CollectorSettings | undefined;
+  /** Bearer token required on the agent's POST endpoints; none: they are open (bind to a trusted network). */
+  readonly apiToken?: string | undefined;
   readonly logger: Logger;
 }
 
@@ -61,6 +66,7 @@ class NodeAgent implements Agent {
       node: options.node,
       fastPath: (event: FastPathEvent) => this.fastPath.send(event),
       pollIntervalSeconds: options.pollIntervalSeconds,
+      settings: options.settings ?? {},
     };
     this.collectors = new CollectorSet(
       options.collectors.map((factory) => factory.create(context)),
@@ -121,10 +127,50 @@ class NodeAgent implements Agent {
     await this.fastPath.close();
   }
 
+  private authorised(request: IncomingMessage): boolean {
+    const token = this.options.apiToken;
+    if (token === undefined) return true;
+    const given = /^Bearer\s+(.+)$/i.exec(request.headers.authorization ?? '')?.[1]?.trim() ?? '';
+    const digest = (text: string): Buffer => createHash('sha256').update(text).digest();
+    return timingSafeEqual(digest(given), digest(token));
+  }
+
+  private async serveRoute(route: AgentRoute, request: IncomingMessage, response: ServerResponse, url: URL): Promise<void> {
+    if (request.method !== route.method) {
+      sendJson(response, 405, { error: `use ${route.method} for ${route.path}` });
+      return;
+    }
+    if (route.method === 'POST' && !this.authorised(request)) {
+      response.setHeader('www-authenticate', 'Bearer realm="steadfast-agent"');
+      sendJson(response, 401, { error: 'missing or invalid "Authorization: Bearer <token>" header' });
+      return;
+    }
+    let body: unknown;
+    if (route.method === 'POST') {
+      const read = await readBody(request);
+      if (!read.ok) {
+        sendJson(response, read.status, { error: read.error });
+        return;
+      }
+      try {
+        body = read.text.trim() === '' ? undefined : JSON.parse(read.text);
+      } catch (error) {
+        sendJson(response, 400, { error: `request body is not valid JSON: ${errorMessage(error)}` });
+        return;
+      }
+    }
+    const answer = await route.handle({ method: request.method, path: url.pathname, query: url.searchParams, body });
+    sendJson(response, answer.status, answer.body);
+  }
+
   private async handle(request: IncomingMessage, response: ServerResponse): Promise<void> {
-    const path = new URL(request.url ?? '/', 'http://agent').pathname;
+    const url = new URL(request.url ?? '/', 'http://agent');
+    const path = url.pathname;
     try {
-      if (request.method !== 'GET' && request.method !== 'HEAD') {
+      const route = this.collectors.routes.find((candidate) => candidate.path === path);
+      if (route) {
+        await this.serveRoute(route, request, response, url);
+      } else if (request.method !== 'GET' && request.method !== 'HEAD') {
         response.writeHead(405, { allow: 'GET, HEAD', 'content-type': 'text/plain' }).end('method not allowed\n');
       } else if (path === '/metrics') {
         const body = await this.collectors.scrape();
@@ -142,6 +188,26 @@ class NodeAgent implements Agent {
       response.end('internal error\n');
     }
   }
+}
+
+/** Largest request body a collector endpoint accepts. */
+const MAX_BODY_BYTES = 1024 * 1024;
+
+function sendJson(response: ServerResponse, status: number, body: unknown): void {
+  const text = typeof body === 'string' ? body : JSON.stringify(body);
+  response.writeHead(status, { 'content-type': typeof body === 'string' ? 'text/plain' : 'application/json' }).end(text);
+}
+
+async function readBody(request: IncomingMessage): Promise<{ ok: true; text: string } | { ok: false; status: number; error: string }> {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of request) {
+    const buffer = chunk as Buffer;
+    size += buffer.length;
+    if (size > MAX_BODY_BYTES) return { ok: false, status: 413, error: `request body larger than ${MAX_BODY_BYTES} bytes` };
+    chunks.push(buffer);
+  }
+  return { ok: true, text: Buffer.concat(chunks).toString('utf8') };
 }
 
 export function createAgent(options: AgentOptions): Agent {

@@ -23,6 +23,42 @@ export interface CollectorPaths {
   readonly nvidiaSmi: string;
 }
 
+/** A setting a collector takes from the command line, node_exporter style: `--<collector>.<setting>`. */
+export interface CollectorFlag {
+  /** Flag name without the dashes, starting with the collector's name: `training.log`. */
+  readonly name: string;
+  /** Placeholder shown in --help: `<file>`, `<url>`. */
+  readonly value: string;
+  readonly description: string;
+  readonly default?: string | undefined;
+  /** May be given more than once; the collector then receives every value, in order. */
+  readonly repeatable?: boolean | undefined;
+}
+
+/** A collector's flag values, keyed by flag name (`training.log`). */
+export type CollectorSettings = Readonly<Record<string, string | readonly string[] | undefined>>;
+
+/** An HTTP request to one of a collector's agent endpoints, body already parsed as JSON. */
+export interface AgentRequest {
+  readonly method: string;
+  readonly path: string;
+  readonly query: URLSearchParams;
+  readonly body: unknown;
+}
+
+export interface AgentResponse {
+  readonly status: number;
+  /** Sent as JSON, or as text when a string. */
+  readonly body: unknown;
+}
+
+/** An endpoint a collector adds to the agent (`POST /api/v1/training`, `POST /api/v1/trace`). */
+export interface AgentRoute {
+  readonly method: 'GET' | 'POST';
+  readonly path: string;
+  handle(request: AgentRequest): Promise<AgentResponse>;
+}
+
 export interface CollectorContext {
   readonly registry: Registry;
   readonly paths: CollectorPaths;
@@ -33,6 +69,8 @@ export interface CollectorContext {
   readonly fastPath: (event: FastPathEvent) => void;
   /** Background poll interval for collectors that poll (seconds). */
   readonly pollIntervalSeconds: number;
+  /** Values of the collector flags (see CollectorFactory.flags); absent keys mean the default. */
+  readonly settings: CollectorSettings;
 }
 
 export interface Collector {
@@ -43,12 +81,16 @@ export interface Collector {
   update(): Promise<void>;
   /** Stops background work. Safe to call more than once. */
   close(): Promise<void>;
+  /** HTTP endpoints this collector serves on the agent, if any. */
+  readonly routes?: readonly AgentRoute[];
 }
 
 export interface CollectorFactory {
   readonly name: string;
   readonly defaultEnabled: boolean;
   readonly help: string;
+  /** Settings this collector takes on the command line. */
+  readonly flags?: readonly CollectorFlag[];
   create(context: CollectorContext): Collector;
 }
 
@@ -74,6 +116,11 @@ export class CollectorSet {
       labelNames: ['collector'],
       registers: [registry],
     });
+  }
+
+  /** Every HTTP endpoint the collectors add to the agent. */
+  get routes(): AgentRoute[] {
+    return this.collectors.flatMap((collector) => collector.routes ?? []);
   }
 
   get names(): string[] {

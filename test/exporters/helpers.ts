@@ -5,7 +5,7 @@ import { fileURLToPath } from 'node:url';
 import { Registry } from 'prom-client';
 import type { FastPathEvent } from '../../core/fast-path.js';
 import { silentLogger } from '../../core/log.js';
-import type { CollectorContext, CollectorPaths } from '../../exporters/collector.js';
+import type { CollectorContext, CollectorPaths, CollectorSettings } from '../../exporters/collector.js';
 
 /** Shared helpers for the exporter tests; not a test file itself. */
 
@@ -22,7 +22,7 @@ export interface TestContext extends CollectorContext {
   readonly events: FastPathEvent[];
 }
 
-export function testContext(paths: Partial<CollectorPaths> = {}, pollIntervalSeconds = 5): TestContext {
+export function testContext(paths: Partial<CollectorPaths> = {}, pollIntervalSeconds = 5, settings: CollectorSettings = {}): TestContext {
   const events: FastPathEvent[] = [];
   return {
     registry: new Registry(),
@@ -31,6 +31,7 @@ export function testContext(paths: Partial<CollectorPaths> = {}, pollIntervalSec
     node: 'node-1',
     fastPath: (event) => events.push(event),
     pollIntervalSeconds,
+    settings,
     events,
   };
 }
