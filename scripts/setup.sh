@@ -12,6 +12,7 @@ command -v prometheus >/dev/null || need+=(prometheus)
 command -v promtool >/dev/null || need+=(prometheus)
 command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
 command -v amtool >/dev/null || need+=(prometheus-alertmanager)
+command -v prometheus-node-exporter >/dev/null || need+=(prometheus-node-exporter)  # bench baseline
 command -v slurmctld >/dev/null || need+=(slurmctld)
 command -v scontrol >/dev/null || need+=(slurm-client)
 command -v sinfo >/dev/null || need+=(slurm-client)
