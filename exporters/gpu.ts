@@ -4,27 +4,44 @@ import { promisify } from 'node:util';
 import { Counter, Gauge, type Registry } from 'prom-client';
 import { errorMessage } from '../core/errors.js';
 import type { Collector, CollectorContext, CollectorFactory } from './collector.js';
-import { parseNvidiaSmiXml, type GpuSample, type NvidiaSmiReport } from './nvidia-smi-xml.js';
+import { DCGM_EXPORTER_URL_FLAG, dcgmExporterUrl, fetchDcgmExporterText, parseDcgmExporterText, type DcgmGpuSample } from './dcgm.js';
+import { parseNvidiaSmiXml, type ClockReadings } from './nvidia-smi-xml.js';
 
 /**
- * The `gpu` collector: `nvidia-smi -q -x`, polled in the background so that a scrape never
- * waits on nvidia-smi (which can hang for tens of seconds on a sick GPU). A GPU that was listed
- * once and is missing from a later poll keeps `steadfast_gpu_present 0`: that is how a lost GPU
- * (Xid 79 and friends) shows up even when the kernel log says nothing.
+ * The `gpu` collector: `nvidia-smi -q -x`, or with --gpu.dcgm-exporter-url a dcgm-exporter
+ * endpoint, polled in the background so that a scrape never waits on it (nvidia-smi can hang
+ * for tens of seconds on a sick GPU). A GPU that was listed once and is missing from a later
+ * poll keeps `steadfast_gpu_present 0`: that is how a lost GPU (Xid 79 and friends) shows up
+ * even when the kernel log says nothing.
  */
 
 export interface GpuCollectorOptions {
   /** Longest an nvidia-smi run may take before it is killed and the poll counted as failed. */
   readonly commandTimeoutMs?: number;
+  /** Longest a dcgm-exporter request may take before the poll is counted as failed. */
+  readonly httpTimeoutMs?: number;
 }
 
 const DEFAULT_COMMAND_TIMEOUT_MS = 30_000;
+const DEFAULT_HTTP_TIMEOUT_MS = 10_000;
 /** nvidia-smi -q -x is about 20 KB per GPU (more with MIG and process lists). */
 const MAX_OUTPUT_BYTES = 64 * 1024 * 1024;
 
 const execFileAsync = promisify(execFile);
 
 type GpuLabel = 'gpu' | 'pci_bus_id';
+
+/** What one poll of either source yields; a GpuSample from nvidia-smi is a DcgmGpuSample without the DCGM-only fields. */
+interface GpuReport {
+  readonly gpus: readonly DcgmGpuSample[];
+}
+
+/** Where the GPU readings come from: nvidia-smi or dcgm-exporter. */
+interface GpuSource {
+  /** Names the source in errors and logs: `nvidia-smi`, `dcgm-exporter at http://…`. */
+  readonly description: string;
+  read(signal: AbortSignal): Promise<GpuReport>;
+}
 
 /** Every series the collector exports; made once per collector on the agent's registry. */
 class GpuMetrics {
@@ -46,13 +63,20 @@ class GpuMetrics {
   readonly pcieGeneration;
   readonly pcieWidth;
   readonly pcieReplays;
+  readonly clock;
+  readonly clockMax;
+  readonly throttleReason;
+  readonly dcgmLastXid;
   /**
-   * Label-less gauges start at 0 in prom-client; these two are registered at the first good
-   * poll instead, so that no fake 0 is exported before nvidia-smi has answered.
+   * Label-less gauges start at 0 in prom-client; these are registered at the first good poll
+   * instead, so that no fake 0 is exported before the source has answered.
    */
   private readonly attached: Gauge;
   private readonly lastPoll: Gauge;
+  private readonly pollAge: Gauge;
   private totalsRegistered = false;
+  /** Unix time (seconds) of the last good poll. */
+  private polledAt = 0;
 
   constructor(private readonly registry: Registry) {
     const registers = [registry];
@@ -62,8 +86,8 @@ class GpuMetrics {
       new Counter<L>({ name, help, labelNames, registers });
     const gpu = ['gpu', 'pci_bus_id'] as const;
     this.info = gauge('steadfast_gpu_info', 'GPU identity; always 1.', [...gpu, 'uuid', 'name', 'driver_version']);
-    this.present = gauge('steadfast_gpu_present', 'Whether nvidia-smi lists this GPU (1), or listed it before and no longer does (0).', gpu);
-    this.attached = new Gauge({ name: 'steadfast_gpu_attached', help: 'Number of GPUs nvidia-smi lists.', registers: [] });
+    this.present = gauge('steadfast_gpu_present', 'Whether the GPU source (nvidia-smi or dcgm-exporter) lists this GPU (1), or listed it before and no longer does (0).', gpu);
+    this.attached = new Gauge({ name: 'steadfast_gpu_attached', help: 'Number of GPUs the GPU source lists.', registers: [] });
     this.temperature = gauge('steadfast_gpu_temperature_celsius', 'GPU core temperature.', gpu);
     this.memoryTemperature = gauge('steadfast_gpu_memory_temperature_celsius', 'GPU memory (HBM) temperature.', gpu);
     this.power = gauge('steadfast_gpu_power_watts', 'Board power draw.', gpu);
@@ -85,10 +109,27 @@ class GpuMetrics {
     this.pcieGeneration = gauge('steadfast_gpu_pcie_link_generation', 'Current PCIe link generation.', gpu);
     this.pcieWidth = gauge('steadfast_gpu_pcie_link_width', 'Current PCIe link width (lanes).', gpu);
     this.pcieReplays = counter('steadfast_gpu_pcie_replay_errors_total', 'PCIe replays (link-level retransmissions).', gpu);
+    this.clock = gauge('steadfast_gpu_clock_hertz', 'Current clock frequency, by clock domain.', [...gpu, 'clock']);
+    this.clockMax = gauge('steadfast_gpu_clock_max_hertz', 'Highest clock frequency the GPU supports, by clock domain.', [...gpu, 'clock']);
+    this.throttleReason = gauge('steadfast_gpu_throttle_reason', 'Whether this reason is holding the clocks down right now (1) or not (0).', [...gpu, 'reason']);
+    this.dcgmLastXid = gauge(
+      'steadfast_gpu_dcgm_last_xid',
+      'Code of the last Xid error DCGM saw on this GPU (0: none); a last value, not a count (see steadfast_xid_errors_total).',
+      gpu,
+    );
     this.lastPoll = new Gauge({
       name: 'steadfast_gpu_last_poll_timestamp_seconds',
-      help: 'When nvidia-smi was last read successfully (Unix time).',
+      help: 'When the GPU source was last read successfully (Unix time).',
       registers: [],
+    });
+    this.pollAge = new Gauge({
+      name: 'steadfast_gpu_poll_age_seconds',
+      help: 'Seconds since the GPU source was last read successfully, as of this scrape.',
+      registers: [],
+      // Computed when scraped: a poll loop that has stalled shows a growing age, not a frozen one.
+      collect: () => {
+        this.pollAge.set(Math.max(0, Date.now() / 1000 - this.polledAt));
+      },
     });
   }
 
@@ -97,10 +138,12 @@ class GpuMetrics {
     if (!this.totalsRegistered) {
       this.registry.registerMetric(this.attached);
       this.registry.registerMetric(this.lastPoll);
+      this.registry.registerMetric(this.pollAge);
       this.totalsRegistered = true;
     }
     this.attached.set(attached);
     this.lastPoll.set(polledAt);
+    this.polledAt = polledAt;
   }
 
   /** Forgets every per-GPU series before a poll's values are written. */
@@ -124,6 +167,10 @@ class GpuMetrics {
       this.pcieGeneration,
       this.pcieWidth,
       this.pcieReplays,
+      this.clock,
+      this.clockMax,
+      this.throttleReason,
+      this.dcgmLastXid,
     ]) {
       metric.reset();
     }
@@ -140,8 +187,14 @@ function asNumber(value: boolean | undefined): number | undefined {
   return value === undefined ? undefined : Number(value);
 }
 
+function writeClocks(gauge: Gauge<GpuLabel | 'clock'>, labels: GpuLabels, readings: ClockReadings | undefined): void {
+  for (const [clock, hertz] of Object.entries(readings ?? {})) {
+    if (hertz !== undefined) gauge.set({ ...labels, clock }, hertz);
+  }
+}
+
 /** Writes one GPU's sample. Hardware counters are absolute readings, so reset() + inc(value) sets them. */
-function writeSample(metrics: GpuMetrics, sample: GpuSample): void {
+function writeSample(metrics: GpuMetrics, sample: DcgmGpuSample): void {
   const labels: GpuLabels = { gpu: String(sample.index), pci_bus_id: sample.pciBusId };
   const identity: Record<string, string> = { ...labels };
   if (sample.uuid !== undefined) identity.uuid = sample.uuid;
@@ -171,6 +224,55 @@ function writeSample(metrics: GpuMetrics, sample: GpuSample): void {
   setIfDefined(metrics.pcieGeneration, labels, sample.pcieLinkGeneration);
   setIfDefined(metrics.pcieWidth, labels, sample.pcieLinkWidth);
   if (sample.pcieReplayErrors !== undefined) metrics.pcieReplays.inc(labels, sample.pcieReplayErrors);
+  writeClocks(metrics.clock, labels, sample.clocks);
+  writeClocks(metrics.clockMax, labels, sample.maxClocks);
+  for (const [reason, active] of Object.entries(sample.throttleReasons ?? {})) {
+    metrics.throttleReason.set({ ...labels, reason }, Number(active));
+  }
+  setIfDefined(metrics.dcgmLastXid, labels, sample.lastXid);
+}
+
+/** `nvidia-smi -q -x`: the binary, or a captured file read at every poll. */
+function nvidiaSmiSource(context: CollectorContext, commandTimeoutMs: number): GpuSource {
+  const { nvidiaSmiXml, nvidiaSmi } = context.paths;
+  return {
+    description: 'nvidia-smi',
+    async read(signal) {
+      if (nvidiaSmiXml !== undefined) return parseNvidiaSmiXml(await readFile(nvidiaSmiXml, { encoding: 'utf8', signal }));
+      const { stdout } = await execFileAsync(nvidiaSmi, ['-q', '-x'], {
+        timeout: commandTimeoutMs,
+        killSignal: 'SIGKILL',
+        maxBuffer: MAX_OUTPUT_BYTES,
+        signal,
+        encoding: 'utf8',
+      });
+      return parseNvidiaSmiXml(stdout);
+    },
+  };
+}
+
+/**
+ * dcgm-exporter's /metrics. A body with GPU series of which none can be placed (no
+ * `pci_bus_id` label: dcgm-exporter before mid-2024, NVIDIA/dcgm-exporter#326) is a failed poll, not a node without GPUs.
+ */
+function dcgmExporterSource(url: URL, httpTimeoutMs: number, logger: CollectorContext['logger']): GpuSource {
+  const description = `dcgm-exporter at ${url.href}`;
+  // Logged when the number of bad lines changes, not at every poll.
+  let badLines = 0;
+  return {
+    description,
+    async read(signal) {
+      const report = parseDcgmExporterText(await fetchDcgmExporterText(url, httpTimeoutMs, signal));
+      if (report.gpus.length === 0 && report.unidentifiedSeries > 0) {
+        throw new Error(`${report.unidentifiedSeries} GPU series have no pci_bus_id label; steadfast needs a dcgm-exporter that sets it (mid-2024 or newer)`);
+      }
+      if (report.lineErrorCount !== badLines && report.lineErrorCount > 0) {
+        logger.warn({ collector: 'gpu', source: description, lines: report.lineErrorCount, first: report.lineErrors[0] }, 'dcgm-exporter sent lines that do not parse; skipped them');
+      }
+      badLines = report.lineErrorCount;
+      return report;
+    },
+  };
 }
 
 class GpuCollector implements Collector {
@@ -189,7 +291,7 @@ class GpuCollector implements Collector {
 
   constructor(
     private readonly context: CollectorContext,
-    private readonly options: GpuCollectorOptions,
+    private readonly source: GpuSource,
   ) {
     this.metrics = new GpuMetrics(context.registry);
   }
@@ -203,7 +305,7 @@ class GpuCollector implements Collector {
 
   async update(): Promise<void> {
     if (this.lastError) throw this.lastError;
-    if (!this.polledOnce) throw new Error('nvidia-smi has not been read yet');
+    if (!this.polledOnce) throw new Error(`${this.source.description} has not been read yet`);
   }
 
   async close(): Promise<void> {
@@ -222,37 +324,24 @@ class GpuCollector implements Collector {
     this.timer.unref();
   }
 
-  private async readReport(): Promise<NvidiaSmiReport> {
-    const { nvidiaSmiXml, nvidiaSmi } = this.context.paths;
-    if (nvidiaSmiXml !== undefined) return parseNvidiaSmiXml(await readFile(nvidiaSmiXml, 'utf8'));
-    const { stdout } = await execFileAsync(nvidiaSmi, ['-q', '-x'], {
-      timeout: this.options.commandTimeoutMs ?? DEFAULT_COMMAND_TIMEOUT_MS,
-      killSignal: 'SIGKILL',
-      maxBuffer: MAX_OUTPUT_BYTES,
-      signal: this.abort.signal,
-      encoding: 'utf8',
-    });
-    return parseNvidiaSmiXml(stdout);
-  }
-
   private async poll(): Promise<void> {
     try {
-      const report = await this.readReport();
+      const report = await this.source.read(this.abort.signal);
       if (this.closed) return;
       this.apply(report);
-      if (this.lastError) this.context.logger.info({ collector: this.name }, 'nvidia-smi readable again');
+      if (this.lastError) this.context.logger.info({ collector: this.name }, `${this.source.description} readable again`);
       this.lastError = undefined;
       this.polledOnce = true;
     } catch (error) {
       if (this.closed) return;
-      const failure = new Error(`cannot read nvidia-smi: ${errorMessage(error)}`, { cause: error });
+      const failure = new Error(`cannot read ${this.source.description}: ${errorMessage(error)}`, { cause: error });
       if (this.lastError?.message !== failure.message) this.context.logger.warn({ collector: this.name, err: failure.message }, 'gpu poll failed');
-      // The values of the last good poll stay exported; steadfast_gpu_last_poll_timestamp_seconds shows their age.
+      // The values of the last good poll stay exported; steadfast_gpu_poll_age_seconds shows their age.
       this.lastError = failure;
     }
   }
 
-  private apply(report: NvidiaSmiReport): void {
+  private apply(report: GpuReport): void {
     const listed = new Set(report.gpus.map((gpu) => gpu.pciBusId));
     this.metrics.resetPerGpu();
     for (const sample of report.gpus) {
@@ -265,7 +354,7 @@ class GpuCollector implements Collector {
       this.metrics.present.set(labels, 0);
       if (this.missing.has(pciBusId)) continue;
       this.missing.add(pciBusId);
-      const message = `GPU ${labels.gpu} (${pciBusId}) is no longer listed by nvidia-smi`;
+      const message = `GPU ${labels.gpu} (${pciBusId}) is no longer listed by ${this.source.description}`;
       this.context.logger.error({ gpu: pciBusId }, message);
       this.context.fastPath({ kind: 'gpu_lost', node: this.context.node, gpu: pciBusId, message, time: new Date().toISOString() });
     }
@@ -273,13 +362,30 @@ class GpuCollector implements Collector {
   }
 }
 
+/**
+ * The gpu collector on the source its settings name: dcgm-exporter when `gpu.dcgm-exporter-url`
+ * is set, nvidia-smi otherwise. Throws InputError naming the flag when its value is not a URL.
+ */
 export function createGpuCollector(context: CollectorContext, options: GpuCollectorOptions = {}): Collector {
-  return new GpuCollector(context, options);
+  const url = dcgmExporterUrl(context.settings[DCGM_EXPORTER_URL_FLAG]);
+  const source =
+    url === undefined
+      ? nvidiaSmiSource(context, options.commandTimeoutMs ?? DEFAULT_COMMAND_TIMEOUT_MS)
+      : dcgmExporterSource(url, options.httpTimeoutMs ?? DEFAULT_HTTP_TIMEOUT_MS, context.logger);
+  return new GpuCollector(context, source);
 }
 
 export const gpuCollectorFactory: CollectorFactory = {
   name: 'gpu',
   defaultEnabled: true,
-  help: 'GPU health from nvidia-smi -q -x: temperature, power, memory, ECC, remapped rows, retired pages, PCIe, presence.',
+  help: 'GPU health from nvidia-smi -q -x or dcgm-exporter: temperature, power, clocks, throttle reasons, memory, ECC, remapped rows, retired pages, PCIe, presence.',
+  flags: [
+    {
+      name: DCGM_EXPORTER_URL_FLAG,
+      value: '<url>',
+      description:
+        'poll this dcgm-exporter /metrics endpoint (e.g. http://127.0.0.1:9400/metrics) instead of running nvidia-smi; needs a dcgm-exporter that sets the pci_bus_id label (mid-2024 or newer); takes precedence over --nvidia-smi.xml',
+    },
+  ],
   create: (context) => createGpuCollector(context),
 };

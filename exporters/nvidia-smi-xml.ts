@@ -5,7 +5,7 @@ import { normalizePciBusId } from '../core/names.js';
 /**
  * Pure parser of `nvidia-smi -q -x` output into typed per-GPU samples. The element names come
  * from NVIDIA's DTDs nvsmi_device_v11/v12/v13 as seen in the captures under
- * shared/realworld/nvidia-smi/xml/ (see its README for what each file pins). A value the
+ * test/fixtures/realworld/nvidia-smi-xml/ (see its SOURCE.md for what each file pins). A value the
  * hardware does not report (`N/A`, `[Not Supported]`, `Requested functionality has been
  * deprecated`, an absent element) is undefined, never 0 (STYLE.md, Exporters).
  */
@@ -36,6 +36,15 @@ export interface RetiredPages {
   readonly pending?: boolean | undefined;
 }
 
+/** Clock domains as nvidia-smi names them (`graphics_clock`, `sm_clock`, `mem_clock`, `video_clock`). */
+export type ClockDomain = 'graphics' | 'sm' | 'memory' | 'video';
+
+/** Clock frequencies in Hz, by domain; a domain the GPU does not report is absent. */
+export type ClockReadings = Readonly<Partial<Record<ClockDomain, number>>>;
+
+/** Why the clocks are held below their maximum right now: reason name → active. */
+export type ThrottleReasons = Readonly<Record<string, boolean>>;
+
 export interface GpuSample {
   /** The minor number (`/dev/nvidiaN`); the position in the report where the driver gives none. */
   readonly index: number;
@@ -60,6 +69,15 @@ export interface GpuSample {
   readonly pcieLinkGeneration?: number | undefined;
   readonly pcieLinkWidth?: number | undefined;
   readonly pcieReplayErrors?: number | undefined;
+  /** Current clocks (Hz). */
+  readonly clocks?: ClockReadings | undefined;
+  /** Highest clocks the GPU can run at (Hz). */
+  readonly maxClocks?: ClockReadings | undefined;
+  /**
+   * Clock throttle ("clock event" since driver 535) reasons, by the name NVML gives them:
+   * `gpu_idle`, `sw_power_cap`, `hw_slowdown`, `sw_thermal_slowdown`, ….
+   */
+  readonly throttleReasons?: ThrottleReasons | undefined;
 }
 
 export interface NvidiaSmiReport {
@@ -107,6 +125,7 @@ const UNIT_SCALE: Readonly<Record<string, number>> = {
   KiB: 1024,
   MiB: 1024 ** 2,
   GiB: 1024 ** 3,
+  MHz: 1e6,
 };
 
 /** A number with an optional unit, scaled to the base unit; undefined for placeholders and unknown units. */
@@ -200,6 +219,49 @@ function parseRetiredPages(gpu: XmlNode): RetiredPages | undefined {
   return Object.values(pages).every((value) => value === undefined) ? undefined : pages;
 }
 
+const CLOCK_ELEMENTS: readonly { readonly element: string; readonly domain: ClockDomain }[] = [
+  { element: 'graphics_clock', domain: 'graphics' },
+  { element: 'sm_clock', domain: 'sm' },
+  { element: 'mem_clock', domain: 'memory' },
+  { element: 'video_clock', domain: 'video' },
+];
+
+/** `<clocks>` / `<max_clocks>`: the same four children in every schema seen (v11 to v13, P100). */
+function parseClocks(gpu: XmlNode, block: 'clocks' | 'max_clocks'): ClockReadings | undefined {
+  const readings: Partial<Record<ClockDomain, number>> = {};
+  for (const { element, domain } of CLOCK_ELEMENTS) {
+    const hertz = quantity(gpu, block, element);
+    if (hertz !== undefined) readings[domain] = hertz;
+  }
+  return Object.keys(readings).length === 0 ? undefined : readings;
+}
+
+/**
+ * v11 calls the block `<clocks_throttle_reasons>` and its children `clocks_throttle_reason_<name>`;
+ * v12 and later (driver 535+) `<clocks_event_reasons>` and `clocks_event_reason_<name>`. Both
+ * spellings map to the bare `<name>`, so a fleet on mixed drivers has one set of reasons.
+ */
+const THROTTLE_BLOCKS: readonly { readonly block: string; readonly prefix: string }[] = [
+  { block: 'clocks_event_reasons', prefix: 'clocks_event_reason_' },
+  { block: 'clocks_throttle_reasons', prefix: 'clocks_throttle_reason_' },
+];
+
+function parseThrottleReasons(gpu: XmlNode): ThrottleReasons | undefined {
+  const reasons: Record<string, boolean> = {};
+  for (const { block, prefix } of THROTTLE_BLOCKS) {
+    const node = gpu[block];
+    if (!isNode(node)) continue;
+    for (const element of Object.keys(node)) {
+      const reason = element.startsWith(prefix) ? element.slice(prefix.length) : undefined;
+      // Label values must stay a small, known-shaped set; anything else in the block is not a reason.
+      if (reason === undefined || !/^[a-z][a-z0-9_]{0,63}$/.test(reason)) continue;
+      const active = flag(node, element);
+      if (active !== undefined) reasons[reason] = active;
+    }
+  }
+  return Object.keys(reasons).length === 0 ? undefined : reasons;
+}
+
 function parseGpu(gpu: XmlNode, position: number, driverVersion: string | undefined): GpuSample {
   const id = typeof gpu['@_id'] === 'string' ? gpu['@_id'] : text(gpu, 'pci', 'pci_bus_id');
   const pciBusId = id === undefined ? undefined : normalizePciBusId(id);
@@ -237,11 +299,35 @@ function parseGpu(gpu: XmlNode, position: number, driverVersion: string | undefi
     pcieLinkGeneration: quantity(gpu, 'pci', 'pci_gpu_link_info', 'pcie_gen', 'current_link_gen'),
     pcieLinkWidth: quantity(gpu, 'pci', 'pci_gpu_link_info', 'link_widths', 'current_link_width'),
     pcieReplayErrors: quantity(gpu, 'pci', 'replay_counter'),
+    clocks: parseClocks(gpu, 'clocks'),
+    maxClocks: parseClocks(gpu, 'max_clocks'),
+    throttleReasons: parseThrottleReasons(gpu),
   };
+}
+
+export type NvidiaSmiXmlResult = { readonly ok: true; readonly report: NvidiaSmiReport } | { readonly ok: false; readonly error: InputError };
+
+/**
+ * Parses one `nvidia-smi -q -x` document. Never throws: whatever the input (a half-written file,
+ * nvidia-smi's "failed to communicate" message, random bytes), a bad document is an error result.
+ */
+export function readNvidiaSmiXml(xml: string): NvidiaSmiXmlResult {
+  try {
+    return { ok: true, report: parseDocument(xml) };
+  } catch (error) {
+    if (error instanceof InputError) return { ok: false, error };
+    throw error;
+  }
 }
 
 /** Parses one `nvidia-smi -q -x` document. Throws InputError when it is not one. */
 export function parseNvidiaSmiXml(xml: string): NvidiaSmiReport {
+  const result = readNvidiaSmiXml(xml);
+  if (!result.ok) throw result.error;
+  return result.report;
+}
+
+function parseDocument(xml: string): NvidiaSmiReport {
   const parser = new XMLParser({
     ignoreAttributes: false,
     attributeNamePrefix: '@_',

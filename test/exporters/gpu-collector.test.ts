@@ -78,6 +78,33 @@ describe('gpu collector', () => {
     await waitFor(() => collector!.update().then(() => true, () => false));
   });
 
+  it('computes steadfast_gpu_poll_age_seconds at scrape time, so the age grows between polls while the timestamp stays put', async () => {
+    const context = testContext({ nvidiaSmiXml: ONE_GPU }, 60);
+    collector = createGpuCollector(context);
+    await collector.start();
+    const first = await context.registry.metrics();
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    const second = await context.registry.metrics();
+    const polledAt = seriesValue(first, 'steadfast_gpu_last_poll_timestamp_seconds');
+    expect(seriesValue(second, 'steadfast_gpu_last_poll_timestamp_seconds')).toBe(polledAt);
+    const firstAge = seriesValue(first, 'steadfast_gpu_poll_age_seconds') ?? Number.NaN;
+    const secondAge = seriesValue(second, 'steadfast_gpu_poll_age_seconds') ?? Number.NaN;
+    expect(firstAge).toBeGreaterThanOrEqual(0);
+    expect(firstAge).toBeLessThan(5);
+    expect(secondAge - firstAge).toBeGreaterThanOrEqual(0.25);
+  });
+
+  it('exports clocks in Hz and throttle reasons as 1/0 from nvidia-smi', async () => {
+    const context = testContext({ nvidiaSmiXml: ONE_GPU }, 60);
+    collector = createGpuCollector(context);
+    await collector.start();
+    const text = await context.registry.metrics();
+    expect(seriesValue(text, 'steadfast_gpu_clock_hertz{gpu="0",pci_bus_id="0000:00:1e",clock="memory"}')).toBe(405e6);
+    expect(seriesValue(text, 'steadfast_gpu_clock_max_hertz{gpu="0",pci_bus_id="0000:00:1e",clock="sm"}')).toBe(1710e6);
+    expect(seriesValue(text, 'steadfast_gpu_throttle_reason{gpu="0",pci_bus_id="0000:00:1e",reason="gpu_idle"}')).toBe(1);
+    expect(seriesValue(text, 'steadfast_gpu_throttle_reason{gpu="0",pci_bus_id="0000:00:1e",reason="hw_slowdown"}')).toBe(0);
+  });
+
   it('reports failure, and no GPU series, while the captured file does not exist', async () => {
     const context = testContext({ nvidiaSmiXml: join(dir, 'missing.xml') }, POLL_SECONDS);
     collector = createGpuCollector(context);

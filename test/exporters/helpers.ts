@@ -38,10 +38,10 @@ export function testContext(paths: Partial<CollectorPaths> = {}, pollIntervalSec
 
 /**
  * Removes what changes from run to run (how long a collector took, when nvidia-smi was last
- * read) so that the rest of the exposition can be compared byte for byte.
+ * read, how long ago that was) so that the rest of the exposition can be compared byte for byte.
  */
 export function normaliseExposition(text: string): string {
-  return text.replace(/^((?:steadfast_collector_duration_seconds|steadfast_gpu_last_poll_timestamp_seconds)(?:\{[^}]*\})?) \S+$/gm, '$1 0');
+  return text.replace(/^((?:steadfast_collector_duration_seconds|steadfast_gpu_last_poll_timestamp_seconds|steadfast_gpu_poll_age_seconds)(?:\{[^}]*\})?) \S+$/gm, '$1 0');
 }
 
 /** Compares with the expected file, or rewrites it when UPDATE_EXPECTED=1. Returns the expected text. */

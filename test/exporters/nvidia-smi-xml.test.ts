@@ -1,13 +1,15 @@
 import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
+import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { InputError } from '../../core/errors.js';
 import { PCI_BUS_ID_PATTERN } from '../../core/names.js';
-import { parseNvidiaSmiXml, type GpuSample } from '../../exporters/nvidia-smi-xml.js';
+import { parseNvidiaSmiXml, readNvidiaSmiXml, type GpuSample } from '../../exporters/nvidia-smi-xml.js';
 import { NVIDIA_SMI_XML } from './helpers.js';
 
 const XML_FILES = readdirSync(NVIDIA_SMI_XML).filter((name) => name.endsWith('.xml'));
 const MiB = 1024 ** 2;
+const MHz = 1e6;
 
 function onlyGpu(name: string): GpuSample {
   const report = parseNvidiaSmiXml(readFileSync(join(NVIDIA_SMI_XML, name), 'utf8'));
@@ -146,5 +148,141 @@ describe('nvidia-smi -q -x parser on edge cases', () => {
     const whole = readFileSync(join(NVIDIA_SMI_XML, 'telegraf_a10g_515.105.01.xml'), 'utf8');
     expect(() => parseNvidiaSmiXml(whole.slice(0, whole.length / 2))).toThrow(InputError);
     expect(() => parseNvidiaSmiXml('NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.')).toThrow(InputError);
+  });
+});
+
+/** Clocks (MHz) and active throttle reasons as each capture states them, read off the XML by hand. */
+const CLOCK_CASES = [
+  {
+    file: 'netdata_a100-sxm4-40gb-mig_510.47.03_v11.xml',
+    clocks: { graphics: 1410, sm: 1410, memory: 1215, video: 1275 },
+    max: { graphics: 1410, sm: 1410, memory: 1215, video: 1290 },
+    active: [],
+  },
+  {
+    file: 'netdata_tesla-p100_510.47.03.xml',
+    clocks: { graphics: 405, sm: 405, memory: 715, video: 835 },
+    max: { graphics: 1328, sm: 1328, memory: 715, video: 1328 },
+    active: ['gpu_idle'],
+  },
+  {
+    file: 'telegraf_a100-sxm4-80gb-mig_535.54.03_v12.xml',
+    clocks: { graphics: 1275, sm: 1275, memory: 1593, video: 1275 },
+    max: { graphics: 1410, sm: 1410, memory: 1593, video: 1290 },
+    active: [],
+  },
+  {
+    file: 'telegraf_a10g_515.105.01.xml',
+    clocks: { graphics: 210, sm: 210, memory: 405, video: 555 },
+    max: { graphics: 1710, sm: 1710, memory: 6251, video: 1500 },
+    active: ['gpu_idle'],
+  },
+  {
+    file: 'telegraf_rtx-4000-sff-ada_595.84_v13.xml',
+    clocks: { graphics: 210, sm: 210, memory: 405, video: 765 },
+    max: { graphics: 3105, sm: 3105, memory: 7001, video: 2415 },
+    active: ['gpu_idle'],
+  },
+  {
+    file: 'telegraf_tesla-t4_515.105.01.xml',
+    clocks: { graphics: 585, sm: 585, memory: 5000, video: 810 },
+    max: { graphics: 1590, sm: 1590, memory: 5001, video: 1470 },
+    active: [],
+  },
+] as const;
+
+const ALL_REASONS = [
+  'gpu_idle',
+  'applications_clocks_setting',
+  'sw_power_cap',
+  'hw_slowdown',
+  'hw_thermal_slowdown',
+  'hw_power_brake_slowdown',
+  'sync_boost',
+  'sw_thermal_slowdown',
+  'display_clocks_setting',
+];
+
+const inHertz = (megahertz: Readonly<Record<string, number>>): Record<string, number> =>
+  Object.fromEntries(Object.entries(megahertz).map(([domain, value]) => [domain, value * MHz]));
+
+describe('nvidia-smi -q -x clocks and throttle reasons', () => {
+  it('covers every capture in the directory', () => {
+    expect(CLOCK_CASES.map((entry) => entry.file).sort()).toEqual([...XML_FILES].sort());
+  });
+
+  it.each(CLOCK_CASES)('reads the current and maximum clocks of $file in Hz', ({ file, clocks, max }) => {
+    const sample = onlyGpu(file);
+    expect(sample.clocks).toEqual(inHertz(clocks));
+    expect(sample.maxClocks).toEqual(inHertz(max));
+  });
+
+  it.each(CLOCK_CASES)('reads all nine throttle reasons of $file under the same names, whichever schema spells them', ({ file, active }) => {
+    const reasons = onlyGpu(file).throttleReasons ?? {};
+    expect(Object.keys(reasons).sort()).toEqual([...ALL_REASONS].sort());
+    expect(Object.keys(reasons).filter((reason) => reasons[reason])).toEqual(active);
+  });
+
+  it('maps the v11 clocks_throttle_reason_* and v12+ clocks_event_reason_* spellings of a reason to one name', () => {
+    const wrap = (block: string): string =>
+      `<nvidia_smi_log><gpu id="00000000:01:00.0">${block}</gpu></nvidia_smi_log>`;
+    const old = parseNvidiaSmiXml(
+      wrap('<clocks_throttle_reasons><clocks_throttle_reason_sw_thermal_slowdown>Active</clocks_throttle_reason_sw_thermal_slowdown></clocks_throttle_reasons>'),
+    );
+    const current = parseNvidiaSmiXml(
+      wrap('<clocks_event_reasons><clocks_event_reason_sw_thermal_slowdown>Active</clocks_event_reason_sw_thermal_slowdown></clocks_event_reasons>'),
+    );
+    expect(old.gpus[0]?.throttleReasons).toEqual({ sw_thermal_slowdown: true });
+    expect(current.gpus[0]?.throttleReasons).toEqual({ sw_thermal_slowdown: true });
+  });
+
+  it('leaves clocks and reasons undefined where nvidia-smi prints N/A, and ignores elements that are not reasons', () => {
+    const report = parseNvidiaSmiXml(
+      `<nvidia_smi_log><gpu id="00000000:01:00.0"><clocks><graphics_clock>N/A</graphics_clock><sm_clock>1980 MHz</sm_clock></clocks>
+        <max_clocks><sm_clock>N/A</sm_clock></max_clocks>
+        <clocks_event_reasons><clocks_event_reason_gpu_idle>N/A</clocks_event_reason_gpu_idle><some_other_field>Active</some_other_field></clocks_event_reasons></gpu></nvidia_smi_log>`,
+    );
+    expect(report.gpus[0]).toMatchObject({ clocks: { sm: 1980 * MHz }, maxClocks: undefined, throttleReasons: undefined });
+  });
+});
+
+describe('nvidia-smi -q -x parser on arbitrary input', () => {
+  it('returns an error result, never throws, for any string, complete-looking or not', () => {
+    fc.assert(
+      fc.property(fc.string({ unit: 'binary', maxLength: 300 }), fc.boolean(), (input, closed) => {
+        const result = readNvidiaSmiXml(closed ? `${input}</nvidia_smi_log>` : input);
+        if (!result.ok) expect(result.error).toBeInstanceOf(InputError);
+      }),
+      { numRuns: 200 },
+    );
+  });
+
+  it('returns a result, never throws, for XML-shaped strings built from the elements the parser reads', () => {
+    const element = fc.constantFrom(
+      'nvidia_smi_log', 'gpu', 'clocks', 'sm_clock', 'max_clocks', 'clocks_event_reasons', 'clocks_throttle_reason_gpu_idle',
+      'ecc_errors', 'volatile', 'single_bit', 'remapped_rows', 'retired_pages', 'pci', 'temperature', '__proto__', 'constructor',
+    );
+    const fragment = fc.array(
+      fc.oneof(
+        element.map((name) => `<${name}>`),
+        element.map((name) => `</${name}>`),
+        fc.constantFrom('Active', 'Not Active', '12 MHz', 'N/A', '<gpu id="00000000:01:00.0">', '&amp;', '<!--', ']]>', ' '),
+        fc.string({ maxLength: 8 }),
+      ),
+      { maxLength: 60 },
+    );
+    fc.assert(
+      fc.property(fragment, (parts) => {
+        const result = readNvidiaSmiXml(`<nvidia_smi_log>${parts.join('')}</nvidia_smi_log>`);
+        expect(typeof result.ok).toBe('boolean');
+      }),
+      { numRuns: 300 },
+    );
+  });
+
+  it('returns an error result naming the problem for a truncated capture', () => {
+    const result = readNvidiaSmiXml('<nvidia_smi_log><gpu id="00000000:00:1E.0">');
+    expect(result.ok).toBe(false);
+    if (!result.ok) expect(result.error.message).toMatch(/incomplete/);
   });
 });
