@@ -1,0 +1,223 @@
+import { constants as fsConstants, watch, type FSWatcher } from 'node:fs';
+import { open, stat, type FileHandle } from 'node:fs/promises';
+import type { Stats } from 'node:fs';
+import { StringDecoder } from 'node:string_decoder';
+import { errorMessage } from '../core/errors.js';
+import type { Logger } from '../core/log.js';
+
+/**
+ * Follows a log for the collectors that read one line at a time: the kernel log (`xid`) and
+ * training logs (`training`). Shared so that polling, inotify wake-up and rotation are solved once.
+ */
+
+/** Large enough for one /dev/kmsg record (the kernel caps a record at about 8 KiB with its dictionary). */
+const KMSG_RECORD_BYTES = 16 * 1024;
+/** Read a big file in slices so one poll never holds a huge buffer. */
+const FILE_SLICE_BYTES = 4 * 1024 * 1024;
+/** Upper bound of records read in one go, so a log flood cannot keep one poll running forever. */
+const MAX_RECORDS_PER_POLL = 100_000;
+
+export function errnoCode(error: unknown): string | undefined {
+  return error instanceof Error && 'code' in error && typeof error.code === 'string' ? error.code : undefined;
+}
+
+/**
+ * Follows a log. A character device (/dev/kmsg) is read record by record without blocking; a
+ * regular file is read from its start and then polled for appended data, starting over when it
+ * shrinks or is replaced (log rotation). Errors are kept for `update()` to report; the follower
+ * itself never stops until closed. `start()` resolves once everything present at start was read.
+ */
+export class LogFollower {
+  private timer: NodeJS.Timeout | undefined;
+  private closed = false;
+  private running: Promise<void> | undefined;
+  private inFlight = false;
+  /** A change was signalled while a poll was running: poll again straight after it. */
+  private wokenDuringPoll = false;
+  private watcher: FSWatcher | undefined;
+  private kmsg: FileHandle | undefined;
+  /** Highest /dev/kmsg sequence number handled, so a reopen does not count records twice. */
+  private lastSequence = -1;
+  private file: { ino: number; offset: number; partial: string; decoder: StringDecoder } | undefined;
+  lastError: Error | undefined;
+
+  constructor(
+    private readonly path: string,
+    private readonly intervalMs: number,
+    private readonly onLine: (line: string) => void,
+    private readonly logger: Logger,
+    /** What the log is, for log messages: `kernel log`, `training log`. */
+    private readonly what = 'log',
+  ) {}
+
+  async start(): Promise<void> {
+    await this.poll(true);
+    this.watchForChanges();
+    this.schedule();
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    this.watcher?.close();
+    if (this.timer) clearTimeout(this.timer);
+    await this.running;
+    await this.closeKmsg();
+  }
+
+  private schedule(delayMs = this.intervalMs): void {
+    if (this.closed) return;
+    this.timer = setTimeout(() => this.pollNow(), delayMs);
+    // The agent's HTTP server keeps the process alive; this timer alone must not.
+    this.timer.unref();
+  }
+
+  private pollNow(): void {
+    this.timer = undefined;
+    this.inFlight = true;
+    this.running = this.poll(false).finally(() => {
+      this.inFlight = false;
+      const again = this.wokenDuringPoll;
+      this.wokenDuringPoll = false;
+      this.schedule(again ? 0 : this.intervalMs);
+    });
+  }
+
+  /**
+   * A plain log file is also watched (inotify), so a new line is read within milliseconds
+   * instead of at the next poll; polling stays as the fallback for rotation and missed events.
+   */
+  private watchForChanges(): void {
+    if (this.kmsg !== undefined || this.file === undefined) return;
+    try {
+      this.watcher = watch(this.path, { persistent: false }, () => this.wake());
+      this.watcher.on('error', (error) => {
+        this.logger.debug({ path: this.path, err: errorMessage(error) }, `${this.what} watch ended; polling only`);
+        this.watcher?.close();
+        this.watcher = undefined;
+      });
+    } catch (error) {
+      this.logger.debug({ path: this.path, err: errorMessage(error) }, `cannot watch ${this.what}; polling only`);
+    }
+  }
+
+  private wake(): void {
+    if (this.closed) return;
+    if (this.inFlight) {
+      this.wokenDuringPoll = true;
+      return;
+    }
+    if (this.timer) clearTimeout(this.timer);
+    this.pollNow();
+  }
+
+  private async poll(initial: boolean): Promise<void> {
+    try {
+      const info = await stat(this.path);
+      if (info.isCharacterDevice()) await this.readKmsg();
+      else if (info.isFile()) await this.readFile(info, initial);
+      else throw new Error(`${this.path} is neither a regular file nor a character device`);
+      if (this.lastError) this.logger.info({ path: this.path }, `${this.what} readable again`);
+      this.lastError = undefined;
+    } catch (error) {
+      const failure = error instanceof Error ? error : new Error(String(error));
+      if (this.lastError?.message !== failure.message) {
+        this.logger.warn({ path: this.path, err: failure.message }, `cannot read ${this.what}`);
+      }
+      this.lastError = failure;
+      // A missing file starts over from its beginning once it exists.
+      if (errnoCode(error) === 'ENOENT') this.file = undefined;
+      await this.closeKmsg();
+    }
+  }
+
+  /** /dev/kmsg hands out one record per read(2) (kernel Documentation/ABI/testing/dev-kmsg). */
+  private async readKmsg(): Promise<void> {
+    // Non-blocking, so that a quiet kernel log never parks a libuv thread-pool thread in read(2).
+    this.kmsg ??= await open(this.path, fsConstants.O_RDONLY | fsConstants.O_NONBLOCK);
+    const buffer = Buffer.alloc(KMSG_RECORD_BYTES);
+    for (let records = 0; records < MAX_RECORDS_PER_POLL && !this.closed; records += 1) {
+      let bytesRead: number;
+      try {
+        ({ bytesRead } = await this.kmsg.read(buffer, 0, buffer.length, null));
+      } catch (error) {
+        if (errnoCode(error) === 'EAGAIN') return;
+        // EPIPE: records were overwritten in the ring buffer before we read them; the next read goes on.
+        if (errnoCode(error) === 'EPIPE') {
+          this.logger.warn({ path: this.path }, `${this.what} records were lost before they could be read`);
+          continue;
+        }
+        throw error;
+      }
+      if (bytesRead === 0) return;
+      this.handleKmsgRecord(buffer.toString('utf8', 0, bytesRead));
+    }
+  }
+
+  private handleKmsgRecord(record: string): void {
+    // `prio,seq,usec,flags;message\n` then ` KEY=value` dictionary lines, which are not message text.
+    const firstLine = record.split('\n', 1)[0] ?? '';
+    const sequence = Number(/^\d+,(\d+),/.exec(firstLine)?.[1] ?? Number.NaN);
+    if (Number.isFinite(sequence)) {
+      if (sequence <= this.lastSequence) return;
+      this.lastSequence = sequence;
+    }
+    // The kernel escapes newlines inside a record as `\x0a`; each piece is a log line of its own.
+    for (const line of firstLine.split('\\x0a')) this.onLine(line);
+  }
+
+  private async closeKmsg(): Promise<void> {
+    const handle = this.kmsg;
+    this.kmsg = undefined;
+    try {
+      await handle?.close();
+    } catch (error) {
+      // Nothing left to do with a descriptor that will not close; say so and carry on.
+      this.logger.warn({ path: this.path, err: errorMessage(error) }, `cannot close ${this.what}`);
+    }
+  }
+
+  private async readFile(info: Stats, initial: boolean): Promise<void> {
+    const replaced = this.file !== undefined && this.file.ino !== info.ino;
+    const truncated = this.file !== undefined && info.size < this.file.offset;
+    if (replaced || truncated) {
+      this.logger.info({ path: this.path, replaced, truncated }, `${this.what} file rotated; reading it from the start`);
+    }
+    if (!this.file || replaced || truncated) {
+      this.file = { ino: info.ino, offset: 0, partial: '', decoder: new StringDecoder('utf8') };
+    }
+    const state = this.file;
+    if (info.size > state.offset) {
+      const handle = await open(this.path, 'r');
+      try {
+        while (state.offset < info.size && !this.closed) {
+          const length = Math.min(FILE_SLICE_BYTES, info.size - state.offset);
+          const buffer = Buffer.alloc(length);
+          const { bytesRead } = await handle.read(buffer, 0, length, state.offset);
+          if (bytesRead === 0) break;
+          state.offset += bytesRead;
+          this.takeLines(state, state.decoder.write(buffer.subarray(0, bytesRead)));
+        }
+      } finally {
+        await handle.close();
+      }
+      // Content present at start is complete: a last line without a newline is still a line.
+      if (initial) this.flushPartial(state);
+    } else {
+      // Nothing was appended since the last poll, so a line without its newline will not grow.
+      this.flushPartial(state);
+    }
+  }
+
+  private takeLines(state: { partial: string }, chunk: string): void {
+    const lines = (state.partial + chunk).split('\n');
+    state.partial = lines.pop() ?? '';
+    for (const line of lines) this.onLine(line);
+  }
+
+  private flushPartial(state: { partial: string }): void {
+    if (state.partial === '') return;
+    const line = state.partial;
+    state.partial = '';
+    this.onLine(line);
+  }
+}
