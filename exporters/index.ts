@@ -2,12 +2,13 @@ import { InputError } from '../core/errors.js';
 import type { CollectorFactory } from './collector.js';
 import { gpuCollectorFactory } from './gpu.js';
 import { nfsCollectorFactory } from './nfs.js';
+import { processCollectorFactory } from './process.js';
 import { rdmaCollectorFactory } from './rdma.js';
 import { trainingCollectorFactory } from './training.js';
 import { xidCollectorFactory } from './xid.js';
 
 /** Every collector the agent knows, in the order they appear in `--help`. */
-export const COLLECTOR_FACTORIES: readonly CollectorFactory[] = [gpuCollectorFactory, xidCollectorFactory, rdmaCollectorFactory, nfsCollectorFactory, trainingCollectorFactory];
+export const COLLECTOR_FACTORIES: readonly CollectorFactory[] = [gpuCollectorFactory, xidCollectorFactory, rdmaCollectorFactory, nfsCollectorFactory, trainingCollectorFactory, processCollectorFactory];
 
 /**
  * The collectors to run: each one's default, overridden by `--collector.<name>` (true) or
