@@ -142,7 +142,7 @@ export class CollectorSet {
 
   /** Updates every collector, then returns the exposition text. Never throws for a collector's failure. */
   async scrape(): Promise<string> {
-    await Promise.all(
+    const results = await Promise.all(
       this.collectors.map(async (collector) => {
         const started = performance.now();
         let ok = 1;
@@ -152,10 +152,14 @@ export class CollectorSet {
           ok = 0;
           this.logger.warn({ collector: collector.name, err: errorMessage(error) }, 'collector failed');
         }
-        this.success.set({ collector: collector.name }, ok);
-        this.duration.set({ collector: collector.name }, (performance.now() - started) / 1000);
+        return { name: collector.name, ok, seconds: (performance.now() - started) / 1000 };
       }),
     );
+    // Set in collector order, not completion order, so the exposition is stable.
+    for (const { name, ok, seconds } of results) {
+      this.success.set({ collector: name }, ok);
+      this.duration.set({ collector: name }, seconds);
+    }
     return this.registry.metrics();
   }
 
