@@ -1,6 +1,20 @@
 // Synchronous on purpose: sysfs attributes are generated in memory and never block, and one
 // thread-pool round trip per file (hundreds per scrape on an 8-HCA node) cost more than the reads.
-import { readdirSync as readdir, readFileSync as readFile, statSync as stat } from 'node:fs';
+import { closeSync, openSync, readSync, readdirSync as readdir, statSync as stat } from 'node:fs';
+
+/** sysfs attributes are at most a page. */
+const ATTRIBUTE_BYTES = 4096;
+
+/** open, read, close: one syscall fewer than readFileSync, and no allocation but the string. */
+function readAttribute(path: string, buffer: Buffer): string {
+  const fd = openSync(path, 'r');
+  try {
+    const length = readSync(fd, buffer, 0, buffer.length, 0);
+    return buffer.toString('utf8', 0, length);
+  } finally {
+    closeSync(fd);
+  }
+}
 import { join } from 'node:path';
 import { errorMessage } from '../core/errors.js';
 
@@ -177,9 +191,35 @@ function isGone(error: unknown): boolean {
   return errnoCode(error) === 'ENOENT';
 }
 
+/**
+ * Values that do not change while a device stays plugged in (firmware, board, link layer, which
+ * counter files exist), kept between scrapes by the collector. It must clear the cache when the
+ * set of devices changes, and now and then anyway.
+ */
+export type StableAttributeCache = Map<string, string | string[] | undefined>;
+
 /** Collects the problems of one read; every reader below reports into one of these. */
 class Reader {
   readonly problems: FileProblem[] = [];
+
+  /** One buffer serves every read of a scrape (reads are synchronous, so never shared). */
+  private readonly buffer = Buffer.alloc(ATTRIBUTE_BYTES);
+
+  constructor(private readonly cache: StableAttributeCache = new Map()) {}
+
+  async stableList(path: string): Promise<string[] | undefined> {
+    if (this.cache.has(path)) return this.cache.get(path) as string[] | undefined;
+    const listed = await this.list(path);
+    this.cache.set(path, listed);
+    return listed;
+  }
+
+  async stableText(path: string): Promise<string | undefined> {
+    if (this.cache.has(path)) return this.cache.get(path) as string | undefined;
+    const text = await this.text(path);
+    this.cache.set(path, text);
+    return text;
+  }
 
   private problem(path: string, reason: string): void {
     this.problems.push({ path, reason });
@@ -198,7 +238,7 @@ class Reader {
   /** The trimmed text of a file; undefined when it does not exist, or (reported) cannot be read. */
   async text(path: string): Promise<string | undefined> {
     try {
-      return (await readFile(path, 'utf8')).trim();
+      return readAttribute(path, this.buffer).trim();
     } catch (error) {
       if (!isGone(error)) this.problem(path, errorMessage(error));
       return undefined;
@@ -215,7 +255,7 @@ class Reader {
 
   /** Reads the known counter files present in `dir`; undefined when `dir` does not exist. */
   async counters<N extends string>(dir: string, names: readonly N[]): Promise<Partial<Record<N, number>> | undefined> {
-    const present = await this.list(dir);
+    const present = await this.stableList(dir);
     if (present === undefined) return undefined;
     const listed = new Set(present);
     const wanted = names.filter((name) => listed.has(name));
@@ -240,7 +280,7 @@ async function readPort(reader: Reader, device: string, portDir: string, port: s
     reader.parsed(join(portDir, 'state'), parsePortState, 'port state'),
     reader.parsed(join(portDir, 'phys_state'), parsePortState, 'physical port state'),
     reader.parsed(join(portDir, 'rate'), parseRate, 'rate'),
-    reader.text(join(portDir, 'link_layer')),
+    reader.stableText(join(portDir, 'link_layer')),
     reader.counters(join(portDir, 'counters'), PORT_COUNTER_FILES),
     reader.counters(join(portDir, 'hw_counters'), HW_COUNTER_FILES),
   ]);
@@ -262,10 +302,10 @@ async function readDevice(reader: Reader, classDir: string, name: string): Promi
   if (!(await isDirectory(deviceDir))) return undefined;
   const portsDir = join(deviceDir, 'ports');
   const [hcaType, firmwareVersion, boardId, portNames] = await Promise.all([
-    reader.text(join(deviceDir, 'hca_type')),
-    reader.text(join(deviceDir, 'fw_ver')),
-    reader.text(join(deviceDir, 'board_id')),
-    reader.list(portsDir),
+    reader.stableText(join(deviceDir, 'hca_type')),
+    reader.stableText(join(deviceDir, 'fw_ver')),
+    reader.stableText(join(deviceDir, 'board_id')),
+    reader.stableList(portsDir),
   ]);
   const numbered = (portNames ?? []).filter((port) => DECIMAL.test(port)).sort((a, b) => Number(a) - Number(b));
   const ports = await Promise.all(numbered.map((port) => readPort(reader, name, join(portsDir, port), port)));
@@ -276,8 +316,8 @@ async function readDevice(reader: Reader, classDir: string, name: string): Promi
  * Reads every device and port under `classDir` (`<sysfs>/class/infiniband`). Resolves with no
  * devices when the directory does not exist; rejects when a directory exists but cannot be listed.
  */
-export async function readInfinibandClass(classDir: string): Promise<InfinibandClass> {
-  const reader = new Reader();
+export async function readInfinibandClass(classDir: string, cache?: StableAttributeCache): Promise<InfinibandClass> {
+  const reader = new Reader(cache);
   const names = await reader.list(classDir);
   if (names === undefined) return { devices: [], problems: [] };
   const devices = await Promise.all([...names].sort().map((name) => readDevice(reader, classDir, name)));

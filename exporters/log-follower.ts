@@ -64,7 +64,15 @@ export class LogFollower {
     await this.closeKmsg();
   }
 
-  private schedule(delayMs = this.intervalMs): void {
+  /**
+   * While inotify watches the file, polling is only the safety net (rotation, a missed event),
+   * so it can be ten times slower; without a watch it is the only way to see new lines.
+   */
+  private get pollIntervalMs(): number {
+    return this.watcher ? this.intervalMs * 10 : this.intervalMs;
+  }
+
+  private schedule(delayMs = this.pollIntervalMs): void {
     if (this.closed) return;
     this.timer = setTimeout(() => this.pollNow(), delayMs);
     // The agent's HTTP server keeps the process alive; this timer alone must not.
@@ -78,7 +86,7 @@ export class LogFollower {
       this.inFlight = false;
       const again = this.wokenDuringPoll;
       this.wokenDuringPoll = false;
-      this.schedule(again ? 0 : this.intervalMs);
+      this.schedule(again ? 0 : this.pollIntervalMs);
     });
   }
 

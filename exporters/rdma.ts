@@ -6,6 +6,7 @@ import {
   packetCount,
   portUp,
   readInfinibandClass,
+  type StableAttributeCache,
   wordsToBytes,
   type FileProblem,
   type InfinibandClass,
@@ -19,6 +20,9 @@ import {
  * per-port state, rate and counters. A node without RDMA hardware has no class directory and
  * exports no series; a counter the kernel cannot give (`N/A (no PMA)`) is absent, not 0.
  */
+
+/** Scrapes between full re-reads of attributes that do not change while a device is present. */
+const CACHE_SCRAPES = 60;
 
 type PortLabel = 'device' | 'port';
 type PortLabels = Record<PortLabel, string>;
@@ -207,6 +211,10 @@ class RdmaCollector implements Collector {
   private readonly classDir: string;
   /** Files already logged as unreadable; logged again only after they have read well once. */
   private readonly reported = new Set<string>();
+  /** Firmware, board, link layer and counter listings, re-read when devices change or every CACHE_SCRAPES. */
+  private readonly stable: StableAttributeCache = new Map();
+  private stableFor = '';
+  private scrapesSinceRefresh = 0;
 
   constructor(context: CollectorContext) {
     this.metrics = new RdmaMetrics(context.registry);
@@ -221,12 +229,13 @@ class RdmaCollector implements Collector {
   async update(): Promise<void> {
     let reading: InfinibandClass;
     try {
-      reading = await readInfinibandClass(this.classDir);
+      reading = await readInfinibandClass(this.classDir, this.stable);
     } catch (error) {
       // A failed read exports nothing rather than the last scrape's values as if they were current.
       this.metrics.reset();
       throw error;
     }
+    this.refreshStableCache(reading);
     this.metrics.reset();
     for (const device of reading.devices) {
       for (const port of device.ports) this.metrics.write(device, port);
@@ -236,6 +245,18 @@ class RdmaCollector implements Collector {
 
   async close(): Promise<void> {
     // Nothing to stop.
+  }
+
+  // A device set that changed (hot plug, driver reload) may come back with new firmware: forget
+  // what was cached, and re-read everything now and then regardless.
+  private refreshStableCache(reading: InfinibandClass): void {
+    const devices = reading.devices.map((device) => device.name).join(',');
+    this.scrapesSinceRefresh += 1;
+    if (devices !== this.stableFor || this.scrapesSinceRefresh >= CACHE_SCRAPES) {
+      this.stable.clear();
+      this.stableFor = devices;
+      this.scrapesSinceRefresh = 0;
+    }
   }
 
   private report(problems: readonly FileProblem[]): void {
