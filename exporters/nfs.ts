@@ -1,4 +1,5 @@
-import { readFile } from 'node:fs/promises';
+// Synchronous: procfs files are generated in memory when read and never block on a device.
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { Counter, Gauge, type Registry } from 'prom-client';
 import { errorMessage } from '../core/errors.js';
@@ -306,7 +307,7 @@ class NfsCollector implements Collector {
   async update(): Promise<void> {
     let text: string;
     try {
-      text = await readFile(this.path, 'utf8');
+      text = readFileSync(this.path, 'utf8');
     } catch (error) {
       // Values we can no longer read are not current; drop them rather than export stale ones.
       this.metrics.reset();
@@ -334,7 +335,7 @@ class NfsCollector implements Collector {
   private async readRdmaSlots(): Promise<number | undefined> {
     const path = join(this.context.paths.procfs, 'sys', 'sunrpc', 'rdma_slot_table_entries');
     try {
-      const slots = Number((await readFile(path, 'utf8')).trim());
+      const slots = Number(readFileSync(path, 'utf8').trim());
       return Number.isInteger(slots) && slots > 0 ? slots : undefined;
     } catch (error) {
       this.context.logger.debug({ collector: this.name, path, err: errorMessage(error) }, 'no rdma slot table size; rdma slot utilisation not exported');
