@@ -133,7 +133,9 @@ export class SimEnvironment {
             listen: { host: '127.0.0.1', port: 0 },
             paths: { sysfs: join(node.dir, 'sys'), procfs: join(node.dir, 'proc'), kmsg: node.kmsgPath, nvidiaSmiXml: node.xmlPath, nvidiaSmi: 'nvidia-smi' },
             pollIntervalSeconds: interval / 2,
-            collectors: enabledFactories({}),
+            // Simulated nodes have a kernel log and nvidia-smi output but no /sys or /proc trees
+            // of their own yet; collectors without a source would only report failure.
+            collectors: enabledFactories({ rdma: false, nfs: false, process: false }),
             controllerUrl: (options.fastPath ?? true) ? this.controllerUrl : undefined,
             controllerToken: this.token,
             logger: this.logger.child({ node: node.name }),
