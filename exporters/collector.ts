@@ -3,6 +3,7 @@ import { Gauge, type Registry } from 'prom-client';
 import type { FastPathEvent } from '../core/fast-path.js';
 import { errorMessage } from '../core/errors.js';
 import type { Logger } from '../core/log.js';
+import { encodeExposition } from './exposition.js';
 
 /**
  * The agent's collector framework, after prometheus/node_exporter: one collector per file,
@@ -160,7 +161,7 @@ export class CollectorSet {
       this.success.set({ collector: name }, ok);
       this.duration.set({ collector: name }, seconds);
     }
-    return this.registry.metrics();
+    return encodeExposition(this.registry);
   }
 
   async close(): Promise<void> {
