@@ -76,6 +76,17 @@ describe('signal → decision → action on a real Redis', () => {
     expect(entries[0]?.summary).toContain('no action: no automatic action for xid signals of severity warning');
   });
 
+  it('records an NCCL watchdog timeout from the agent as a job signal without acting on the node', async () => {
+    const { controller, url } = await setUp();
+    const event = { kind: 'nccl_timeout', node: 'node-8', job: 'llama-70b', rank: 17, message: 'Watchdog caught collective operation timeout', time: new Date().toISOString() };
+    expect((await post(`${url}/api/v1/signals`, event)).status).toBe(202);
+    const entries = await until('signal audited', () => controller.audit.read({ node: 'node-8' }), (list) => list.length > 0);
+    expect(entries).toHaveLength(1);
+    const signal = entries[0]?.data.signal as { kind: string; job: string; fingerprint: string; evidence: { rank: number } };
+    expect(signal).toMatchObject({ kind: 'nccl_timeout', job: 'llama-70b', fingerprint: 'nccl_timeout/node-8/-/llama-70b:17', evidence: { rank: 17 } });
+    expect(entries[0]?.summary).toContain('no action: no automatic action for nccl_timeout signals');
+  });
+
   it('refuses to act while paused and says so in the audit', async () => {
     const { store, controller, url } = await setUp();
     await controller.gates.pause('maintenance window');
