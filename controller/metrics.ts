@@ -53,5 +53,21 @@ export class ControllerMetrics {
         }
       },
     });
+    new Gauge({
+      name: 'steadfast_queue_oldest_waiting_seconds',
+      help: 'Age of the oldest job still waiting in each steadfast queue (0 when none waits): how far decisions and the audit lag behind intake.',
+      labelNames: ['queue'],
+      registers,
+      async collect() {
+        for (const queue of queues) {
+          try {
+            const [oldest] = await queue.getJobs(['waiting', 'prioritized'], 0, 0, true);
+            this.set({ queue: queue.name }, oldest ? Math.max(0, (Date.now() - oldest.timestamp) / 1000) : 0);
+          } catch {
+            // Redis down: keep the last value; /healthz reports the outage.
+          }
+        }
+      },
+    });
   }
 }
