@@ -1,0 +1,87 @@
+import { readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { stringify } from 'yaml';
+import { repoRoot } from '../core/paths.js';
+import { DOMAINS, type Domain, type DomainRules, type RuleGroup } from './spec.js';
+import { DEFAULT_THRESHOLDS, thresholds as validate, type Thresholds } from './thresholds.js';
+
+/**
+ * Renders the rule domains to Prometheus rule files: `rules/<domain>.yml`. The files are
+ * committed (Prometheus and promtool read them as they are); test/rules.test.ts fails when one
+ * differs from what this renders, and `npm run rules` rewrites them.
+ */
+
+export const RULES_DIR = join(repoRoot(), 'rules');
+
+export function ruleFile(domain: Domain): string {
+  return join(RULES_DIR, `${domain}.yml`);
+}
+
+/** Loads each domain module that exists (rules/domains/<domain>.ts), in DOMAINS order. */
+export async function loadDomains(): Promise<DomainRules[]> {
+  const loaded: DomainRules[] = [];
+  for (const domain of DOMAINS) {
+    let module: { rules?: DomainRules };
+    try {
+      module = (await import(`./domains/${domain}.js`)) as { rules?: DomainRules };
+    } catch (error) {
+      if ((error as { code?: string }).code === 'ERR_MODULE_NOT_FOUND') continue;
+      throw error;
+    }
+    if (!module.rules || module.rules.domain !== domain) throw new Error(`rules/domains/${domain}.ts must export \`rules\` for domain ${domain}`);
+    loaded.push(module.rules);
+  }
+  return loaded;
+}
+
+function renderGroups(domain: Domain, groups: readonly RuleGroup[], config: Thresholds): string {
+  const document = {
+    groups: groups.map((group) => ({
+      name: group.name,
+      rules: group.rules.map((rule) =>
+        rule.kind === 'record'
+          ? { record: rule.record, expr: rule.expr, ...(rule.labels ? { labels: { ...rule.labels } } : {}) }
+          : {
+              alert: rule.alert,
+              expr: rule.expr,
+              for: rule.for,
+              labels: { ...(rule.labels ?? {}), severity: rule.severity, domain },
+              annotations: {
+                summary: rule.summary,
+                description: rule.description,
+                runbook_url: `${config.runbookBaseUrl}${rule.runbook}`,
+              },
+            },
+      ),
+    })),
+  };
+  const header = `# Generated from rules/domains/${domain}.ts and rules/thresholds.ts by \`npm run rules\`; edit those, not this file.\n`;
+  return header + stringify(document, { lineWidth: 0 });
+}
+
+/** The rendered text of every domain's rule file. */
+export async function renderRuleFiles(config: Thresholds = DEFAULT_THRESHOLDS): Promise<Map<Domain, string>> {
+  const valid = validate(config);
+  const rendered = new Map<Domain, string>();
+  for (const domain of await loadDomains()) rendered.set(domain.domain, renderGroups(domain.domain, domain.groups(valid), valid));
+  return rendered;
+}
+
+/** Writes every rule file; returns the paths whose content changed. */
+export async function writeRuleFiles(config: Thresholds = DEFAULT_THRESHOLDS): Promise<string[]> {
+  const changed: string[] = [];
+  for (const [domain, text] of await renderRuleFiles(config)) {
+    const path = ruleFile(domain);
+    let current = '';
+    try {
+      current = readFileSync(path, 'utf8');
+    } catch {
+      current = '';
+    }
+    if (current !== text) {
+      writeFileSync(path, text);
+      changed.push(path);
+    }
+  }
+  return changed;
+}
