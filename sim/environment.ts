@@ -152,6 +152,7 @@ export class SimEnvironment {
         ruleFiles: RULE_FILES,
         alertmanagerAddress: this.alertmanager.address,
         intervalSeconds: interval,
+        controllerAddress: this.controllerUrl.replace(/^http:\/\//, ''),
       }),
     );
     await this.step('Prometheus scraping every agent and connected to Alertmanager', () => this.waitForScrapes());
@@ -163,8 +164,8 @@ export class SimEnvironment {
       'Prometheus to scrape every agent',
       async () => {
         const response = await fetch(`${this.prometheus.url}/api/v1/targets?state=active`);
-        const body = (await response.json()) as { data: { activeTargets: { health: string }[] } };
-        const targets = body.data.activeTargets;
+        const body = (await response.json()) as { data: { activeTargets: { health: string; scrapePool: string }[] } };
+        const targets = body.data.activeTargets.filter((target) => target.scrapePool === 'steadfast-agent');
         return targets.length === this.agents.length && targets.every((target) => target.health === 'up');
       },
       30_000,

@@ -46,7 +46,14 @@ export interface PrometheusPart {
 export async function startPrometheus(
   group: ProcessGroup,
   root: string,
-  options: { targets: readonly ScrapeTarget[]; ruleFiles: readonly string[]; alertmanagerAddress: string; intervalSeconds: number },
+  options: {
+    targets: readonly ScrapeTarget[];
+    ruleFiles: readonly string[];
+    alertmanagerAddress: string;
+    intervalSeconds: number;
+    /** The controller's host:port, scraped as job steadfast-controller. */
+    controllerAddress?: string;
+  },
 ): Promise<PrometheusPart> {
   const dir = join(root, 'prometheus');
   mkdirSync(join(dir, 'data'), { recursive: true });
@@ -59,8 +66,14 @@ export async function startPrometheus(
     scrape_configs: [
       {
         job_name: 'steadfast-agent',
+        // The training series carry the training job as their own `job` label; honour it
+        // (series without one still get job="steadfast-agent").
+        honor_labels: true,
         static_configs: options.targets.map((target) => ({ targets: [target.address], labels: { ...target.labels } })),
       },
+      ...(options.controllerAddress
+        ? [{ job_name: 'steadfast-controller', static_configs: [{ targets: [options.controllerAddress] }] }]
+        : []),
     ],
   };
   const configFile = join(dir, 'prometheus.yml');
