@@ -22,39 +22,47 @@ export interface RankPlacement {
 }
 
 const positiveInt = z.number().int().min(1);
+const coordinate = z.number().int().min(0).default(0);
 
+/**
+ * The topology file format shared by `POST /api/v1/jobs` and every CLI that takes
+ * `--topology`: an explicit rank table, or parallel sizes with a Megatron order string.
+ */
 export const topologySpecSchema = z.union([
-  z.object({
-    nodes: z.array(nodeNameSchema).min(1),
-    ranksPerNode: positiveInt,
-    sizes: z.object({
+  z
+    .object({
+      ranks: z
+        .array(
+          z
+            .object({
+              rank: z.number().int().min(0),
+              node: nodeNameSchema,
+              /** Defaults to the rank's position among the ranks listed for its node. */
+              localRank: z.number().int().min(0).optional(),
+              tp: coordinate,
+              cp: coordinate,
+              ep: coordinate,
+              dp: coordinate,
+              pp: coordinate,
+            })
+            .strict(),
+        )
+        .min(1),
+    })
+    .strict(),
+  z
+    .object({
+      nodes: z.array(nodeNameSchema).min(1),
+      ranksPerNode: positiveInt,
       tp: positiveInt.default(1),
       cp: positiveInt.default(1),
       ep: positiveInt.default(1),
       dp: positiveInt.default(1),
       pp: positiveInt.default(1),
-    }),
-    /** Megatron-style order string, fastest-varying dimension first, e.g. `tp-cp-ep-dp-pp`. */
-    order: z.string().default('tp-cp-ep-dp-pp'),
-  }),
-  z.object({
-    ranks: z
-      .array(
-        z.object({
-          rank: z.number().int().min(0),
-          node: nodeNameSchema,
-          localRank: z.number().int().min(0),
-          coords: z.object({
-            tp: z.number().int().min(0).default(0),
-            cp: z.number().int().min(0).default(0),
-            ep: z.number().int().min(0).default(0),
-            dp: z.number().int().min(0).default(0),
-            pp: z.number().int().min(0).default(0),
-          }),
-        }),
-      )
-      .min(1),
-  }),
+      /** Megatron-style order string, fastest-varying dimension first, e.g. `tp-cp-ep-dp-pp`. */
+      order: z.string().default('tp-cp-ep-dp-pp'),
+    })
+    .strict(),
 ]);
 
 export type TopologySpec = z.input<typeof topologySpecSchema>;
@@ -66,17 +74,23 @@ export class Topology {
     const parsed = parseOrThrow(topologySpecSchema, spec, 'topology');
     if ('ranks' in parsed) {
       const sorted = [...parsed.ranks].sort((a, b) => a.rank - b.rank);
-      sorted.forEach((placement, index) => {
-        if (placement.rank !== index) throw new InputError(`topology.ranks: rank ${index} is missing or repeated`, 'ranks');
-      });
-      return new Topology(sorted);
+      const seenOnNode = new Map<string, number>();
+      return new Topology(
+        sorted.map((entry, index) => {
+          if (entry.rank !== index) throw new InputError(`topology.ranks: rank ${index} is missing or repeated`, 'ranks');
+          const position = seenOnNode.get(entry.node) ?? 0;
+          seenOnNode.set(entry.node, position + 1);
+          const { tp, cp, ep, dp, pp } = entry;
+          return { rank: entry.rank, node: entry.node, localRank: entry.localRank ?? position, coords: { tp, cp, ep, dp, pp } };
+        }),
+      );
     }
     const order = parseOrder(parsed.order);
-    const world = PARALLEL_DIMS.reduce((product, dim) => product * parsed.sizes[dim], 1);
+    const world = PARALLEL_DIMS.reduce((product, dim) => product * parsed[dim], 1);
     if (world !== parsed.nodes.length * parsed.ranksPerNode) {
       throw new InputError(
         `topology: tp*cp*ep*dp*pp = ${world} but nodes*ranksPerNode = ${parsed.nodes.length * parsed.ranksPerNode}`,
-        'sizes',
+        'tp',
       );
     }
     const ranks: RankPlacement[] = [];
@@ -84,8 +98,8 @@ export class Topology {
       const coords = { tp: 0, cp: 0, ep: 0, dp: 0, pp: 0 };
       let rest = rank;
       for (const dim of order) {
-        coords[dim] = rest % parsed.sizes[dim];
-        rest = Math.floor(rest / parsed.sizes[dim]);
+        coords[dim] = rest % parsed[dim];
+        rest = Math.floor(rest / parsed[dim]);
       }
       const node = parsed.nodes[Math.floor(rank / parsed.ranksPerNode)] as string;
       ranks.push({ rank, node, localRank: rank % parsed.ranksPerNode, coords });

@@ -3,7 +3,7 @@ import { Topology } from '../../core/topology.js';
 
 describe('Topology', () => {
   const nodes = ['n1', 'n2', 'n3', 'n4'];
-  const topology = Topology.from({ nodes, ranksPerNode: 2, sizes: { tp: 2, pp: 2, dp: 2 }, order: 'tp-dp-pp' });
+  const topology = Topology.from({ nodes, ranksPerNode: 2, tp: 2, pp: 2, dp: 2, order: 'tp-dp-pp' });
 
   it('places ranks on nodes in order, ranksPerNode at a time', () => {
     expect(topology.placement(5)).toMatchObject({ rank: 5, node: 'n3', localRank: 1 });
@@ -23,16 +23,21 @@ describe('Topology', () => {
   });
 
   it('rejects sizes that do not multiply to the number of ranks, naming the mismatch', () => {
-    expect(() => Topology.from({ nodes, ranksPerNode: 2, sizes: { tp: 4, dp: 4 } })).toThrow(/tp\*cp\*ep\*dp\*pp = 16 but nodes\*ranksPerNode = 8/);
+    expect(() => Topology.from({ nodes, ranksPerNode: 2, tp: 4, dp: 4 })).toThrow(/tp\*cp\*ep\*dp\*pp = 16 but nodes\*ranksPerNode = 8/);
   });
 
   it('rejects an unknown dimension in the order string', () => {
-    expect(() => Topology.from({ nodes, ranksPerNode: 2, sizes: { tp: 8 }, order: 'tp-xx' })).toThrow(/unknown dimension "xx"/);
+    expect(() => Topology.from({ nodes, ranksPerNode: 2, tp: 8, order: 'tp-xx' })).toThrow(/unknown dimension "xx"/);
   });
 
   it('accepts an explicit rank table and refuses one with a gap', () => {
-    const explicit = Topology.from({ ranks: [{ rank: 0, node: 'a', localRank: 0, coords: { dp: 0 } }, { rank: 1, node: 'b', localRank: 0, coords: { dp: 1 } }] });
+    const explicit = Topology.from({ ranks: [{ rank: 0, node: 'n00', tp: 0, pp: 0, dp: 0 }, { rank: 1, node: 'n01', tp: 0, pp: 0, dp: 1 }] });
     expect(explicit.group('dp', 0)).toEqual([0, 1]);
-    expect(() => Topology.from({ ranks: [{ rank: 1, node: 'b', localRank: 0, coords: {} }] })).toThrow(/rank 0 is missing/);
+    expect(explicit.placement(1)).toMatchObject({ node: 'n01', localRank: 0 });
+    expect(() => Topology.from({ ranks: [{ rank: 1, node: 'b' }] })).toThrow(/rank 0 is missing/);
+  });
+
+  it('names an unknown field instead of ignoring it', () => {
+    expect(() => Topology.from({ nodes, ranksPerNode: 2, tp: 8, sizes: { dp: 2 } })).toThrow(/sizes|Unrecognized/);
   });
 });
