@@ -5,6 +5,7 @@ import { controllerCommand } from './controller.js';
 import { dashboardsCommand } from './dashboards.js';
 import { demoCommand } from './demo.js';
 import { pauseCommands } from './pause.js';
+import { planCommand } from './plan.js';
 import { resumeCommand } from './resume.js';
 import { EXIT_USAGE } from './common.js';
 
@@ -17,8 +18,15 @@ const program = new Command('steadfast')
   .showHelpAfterError()
   .exitOverride(exitOnUsageError);
 
-for (const command of [agentCommand(), controllerCommand(), auditCommand(), ...pauseCommands(), resumeCommand(), dashboardsCommand(), demoCommand()]) {
-  program.addCommand(command.showHelpAfterError().exitOverride(exitOnUsageError));
+/** Applies the usage-error handling to a command and every subcommand below it. */
+function withUsageErrors(command: Command): Command {
+  command.showHelpAfterError().exitOverride(exitOnUsageError);
+  command.commands.forEach(withUsageErrors);
+  return command;
+}
+
+for (const command of [agentCommand(), controllerCommand(), auditCommand(), ...pauseCommands(), resumeCommand(), planCommand(), dashboardsCommand(), demoCommand()]) {
+  program.addCommand(withUsageErrors(command));
 }
 
 await program.parseAsync(process.argv);

@@ -1,5 +1,6 @@
 import { execFile } from 'node:child_process';
-import { existsSync } from 'node:fs';
+import { existsSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
@@ -26,7 +27,7 @@ async function steadfastWithEnv(extraEnv: Record<string, string>, ...args: strin
 }
 
 describe('the steadfast CLI', () => {
-  it.each(['agent', 'controller', 'audit', 'pause', 'unpause', 'resume', 'dashboards', 'demo'])('documents `steadfast %s` with --help and exits 0', async (command) => {
+  it.each(['agent', 'controller', 'audit', 'pause', 'unpause', 'resume', 'plan', 'dashboards', 'demo'])('documents `steadfast %s` with --help and exits 0', async (command) => {
     const result = await steadfast(command, '--help');
     expect(result.code).toBe(0);
     expect(result.stdout).toContain(`Usage: steadfast ${command}`);
@@ -115,5 +116,49 @@ describe('steadfast pause and unpause', () => {
     } finally {
       await store.cleanup();
     }
+  });
+});
+
+describe('steadfast plan', () => {
+  it('prints the standby pool size as JSON with a "standby" field', async () => {
+    const result = await steadfast('plan', 'standby', '--nodes', '1024', '--daily-failure-rate', '0.001');
+    expect(result.code).toBe(0);
+    expect(JSON.parse(result.stdout)).toMatchObject({ standby: 4, nodes: 1024, quantile: 0.99 });
+  });
+
+  it('prints backup placements and the loss probability for a topology file', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'steadfast-plan-'));
+    const topology = join(dir, 'topology.json');
+    writeFileSync(topology, JSON.stringify({ tp: 1, pp: 2, dp: 2, order: 'tp-dp-pp', ranksPerNode: 1, nodes: ['n00', 'n01', 'n02', 'n03'] }));
+    const result = await steadfast('plan', 'backups', '--topology', topology, '--node-failure-rate', '0.1');
+    expect(result.code).toBe(0);
+    const plan = JSON.parse(result.stdout) as { placements: { rank: number; holders: number[] }[]; lossProbability: number };
+    expect(plan.placements.map(({ rank, holders }) => ({ rank, holders }))).toEqual([
+      { rank: 0, holders: [3] },
+      { rank: 1, holders: [2] },
+      { rank: 2, holders: [1] },
+      { rank: 3, holders: [0] },
+    ]);
+    expect(plan.lossProbability).toBeGreaterThan(0);
+    const bad = await steadfast('plan', 'backups', '--topology', join(dir, 'missing.json'));
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toContain('cannot read topology file');
+  });
+
+  it('prints the Young and Daly checkpoint intervals', async () => {
+    const result = await steadfast('plan', 'checkpoint', '--mtbf-hours', '1', '--checkpoint-seconds', '60');
+    expect(result.code).toBe(0);
+    const interval = JSON.parse(result.stdout) as { youngSeconds: number; dalySeconds: number };
+    expect(interval.youngSeconds).toBeCloseTo(657.27, 1);
+    expect(interval.dalySeconds).toBeCloseTo(617.88, 1);
+  });
+
+  it('exits 2 naming the option when a required option is missing or a value is out of range', async () => {
+    const missing = await steadfast('plan', 'standby', '--nodes', '10');
+    expect(missing.code).toBe(2);
+    expect(missing.stderr).toContain('--daily-failure-rate');
+    const range = await steadfast('plan', 'standby', '--nodes', '10', '--daily-failure-rate', '7');
+    expect(range.code).toBe(2);
+    expect(range.stderr).toContain('must be a probability');
   });
 });

@@ -1,0 +1,82 @@
+import { readFileSync } from 'node:fs';
+import { Command, InvalidArgumentError } from 'commander';
+import { z } from 'zod';
+import { InputError, errorMessage } from '../core/errors.js';
+import { Topology } from '../core/topology.js';
+import { parseOrThrow } from '../core/validate.js';
+import { planBackups } from '../actuators/backup-placement.js';
+import { optimalCheckpointInterval } from '../actuators/checkpoint-interval.js';
+import { standbyPoolSize } from '../actuators/standby-sizing.js';
+import { parsePositiveInt, runCommand } from './common.js';
+
+/** `steadfast plan …`: the recovery planners as JSON on stdout, with stable field names. */
+
+function probability(value: string): number {
+  const number = Number(value);
+  if (!(number >= 0 && number <= 1)) throw new InvalidArgumentError('must be a probability between 0 and 1');
+  return number;
+}
+
+function positiveNumber(value: string): number {
+  const number = Number(value);
+  if (!(number > 0) || !Number.isFinite(number)) throw new InvalidArgumentError('must be a positive number');
+  return number;
+}
+
+function readJson(path: string, what: string): unknown {
+  let text: string;
+  try {
+    text = readFileSync(path, 'utf8');
+  } catch (error) {
+    throw new InputError(`cannot read ${what} file ${path}: ${errorMessage(error)}`);
+  }
+  try {
+    return JSON.parse(text) as unknown;
+  } catch (error) {
+    throw new InputError(`${what} file ${path} is not JSON: ${errorMessage(error)}`);
+  }
+}
+
+function print(value: unknown): void {
+  process.stdout.write(`${JSON.stringify(value, null, 2)}\n`);
+}
+
+export function planCommand(): Command {
+  const plan = new Command('plan').description('Recovery planners: warm standby pool size, checkpoint backup placement, checkpoint interval.');
+
+  plan
+    .command('standby')
+    .description('Warm standby pool size: the quantile (default P99) of Binomial(nodes, daily failure rate) (ByteRobust §6.2).')
+    .requiredOption('--nodes <n>', 'machines in the job or cluster', parsePositiveInt)
+    .requiredOption('--daily-failure-rate <p>', 'probability that one machine fails on a given day', probability)
+    .option('--quantile <q>', 'share of days the pool must cover', probability, 0.99)
+    .action(async (options: { nodes: number; dailyFailureRate: number; quantile: number }) => {
+      await runCommand(async () => print(standbyPoolSize(options.nodes, options.dailyFailureRate, options.quantile)));
+    });
+
+  plan
+    .command('backups')
+    .description('Place each rank\'s checkpoint backups outside its TP, PP and DP groups and across racks (ByteRobust §6.3, DeadPool §V-C).')
+    .requiredOption('--topology <file>', 'topology JSON: {"ranks": [...]} or sizes with an order string')
+    .option('--replicas <k>', 'backups per shard', parsePositiveInt, 1)
+    .option('--racks <file>', 'JSON object mapping node name to rack or switch')
+    .option('--node-failure-rate <p>', 'per-node failure probability, to report the loss probability', probability)
+    .action(async (options: { topology: string; replicas: number; racks?: string; nodeFailureRate?: number }) => {
+      await runCommand(async () => {
+        const topology = Topology.from(readJson(options.topology, 'topology'));
+        const racks = options.racks ? parseOrThrow(z.record(z.string(), z.string()), readJson(options.racks, 'racks'), 'racks file') : undefined;
+        print(planBackups(topology, { replicas: options.replicas, racks, nodeFailureRate: options.nodeFailureRate }));
+      });
+    });
+
+  plan
+    .command('checkpoint')
+    .description('Checkpoint interval that minimises lost work: Young\'s √(2·C·MTBF) and Daly\'s refinement.')
+    .requiredOption('--mtbf-hours <h>', 'mean time between failures of the whole job, in hours', positiveNumber)
+    .requiredOption('--checkpoint-seconds <c>', 'time to write one checkpoint, in seconds', positiveNumber)
+    .action(async (options: { mtbfHours: number; checkpointSeconds: number }) => {
+      await runCommand(async () => print(optimalCheckpointInterval(options.mtbfHours, options.checkpointSeconds)));
+    });
+
+  return plan;
+}
