@@ -1,0 +1,48 @@
+import { describe, expect, it } from 'vitest';
+import { checkpointShardSchema, planRestore, type CheckpointShard } from '../../actuators/restore-plan.js';
+
+/** Two ranks on n0 and n1, each backing the other up in host memory, remote every 100 steps. */
+function shardsUpTo(step: number): CheckpointShard[] {
+  const shards: CheckpointShard[] = [];
+  for (let s = 10; s <= step; s += 10) {
+    shards.push({ step: s, rank: 0, tier: 'host', holder: 'n0' }, { step: s, rank: 0, tier: 'peer', holder: 'n1' });
+    shards.push({ step: s, rank: 1, tier: 'host', holder: 'n1' }, { step: s, rank: 1, tier: 'peer', holder: 'n0' });
+    if (s % 100 === 0) shards.push({ step: s, rank: 0, tier: 'remote' }, { step: s, rank: 1, tier: 'remote' });
+  }
+  return shards;
+}
+
+describe('restore planning', () => {
+  it('resumes from the newest step with each rank loading its own host copy when nothing was evicted', () => {
+    const plan = planRestore(shardsUpTo(120), { ranks: 2, evicted: new Set(), rankNodes: new Map([[0, 'n0'], [1, 'n1']]) });
+    expect(plan?.step).toBe(120);
+    expect(plan?.sources).toEqual([
+      { rank: 0, tier: 'host', holder: 'n0', local: true },
+      { rank: 1, tier: 'host', holder: 'n1', local: true },
+    ]);
+  });
+
+  it('loads an evicted rank from its peer backup on the surviving node, still at the newest step', () => {
+    const plan = planRestore(shardsUpTo(120), { ranks: 2, evicted: new Set(['n1']), rankNodes: new Map([[0, 'n0'], [1, 'standby-1']]) });
+    expect(plan?.step).toBe(120);
+    expect(plan?.sources[1]).toEqual({ rank: 1, tier: 'peer', holder: 'n0', local: false });
+  });
+
+  it('falls back to the newest remote step when both holders of a shard were evicted, and lists what it skipped', () => {
+    const plan = planRestore(shardsUpTo(120), { ranks: 2, evicted: new Set(['n0', 'n1']), rankNodes: new Map([[0, 's0'], [1, 's1']]) });
+    expect(plan?.step).toBe(100);
+    expect(plan?.sources.every((source) => source.tier === 'remote')).toBe(true);
+    expect(plan?.skipped.map((skip) => skip.step)).toEqual([120, 110]);
+  });
+
+  it('finds no plan when no step is complete', () => {
+    const shards: CheckpointShard[] = [{ step: 5, rank: 0, tier: 'host', holder: 'n0' }];
+    expect(planRestore(shards, { ranks: 2, evicted: new Set(), rankNodes: new Map() })).toBeUndefined();
+  });
+
+  it('requires a holder for every copy that is not remote, naming the field', () => {
+    const result = checkpointShardSchema.safeParse({ step: 1, rank: 0, tier: 'host' });
+    expect(result.success).toBe(false);
+    expect(result.error?.issues[0]?.path).toEqual(['holder']);
+  });
+});
