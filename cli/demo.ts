@@ -1,7 +1,20 @@
+import { join, relative, resolve } from 'node:path';
 import { Command } from 'commander';
+import { writeDashboards } from '../dashboards/index.js';
 import { SimEnvironment } from '../sim/environment.js';
 import { runFallenOffBus, type ScenarioResult } from '../sim/scenario.js';
 import { EXIT_FAILURE, parsePositiveInt, runCommand } from './common.js';
+
+/** Writes the dashboards and provisioning for the demo's Prometheus, and says in two lines how to load them. */
+function writeGrafanaFiles(outDir: string, prometheusUrl: string, keepRunning: boolean): void {
+  const written = writeDashboards(outDir, { prometheusUrl });
+  const shown = relative(process.cwd(), outDir).startsWith('..') ? outDir : `./${relative(process.cwd(), outDir)}`;
+  const dashboards = written.filter((path) => path.endsWith('.json')).length;
+  process.stdout.write(
+    `\nGrafana: ${dashboards} dashboards and provisioning in ${shown} (datasource ${prometheusUrl}${keepRunning ? '' : ', up only with --keep-running'}). Load them by copying\n` +
+      `  ${join(shown, 'provisioning')}/* into /etc/grafana/provisioning/ and restarting Grafana, or import ${join(shown, 'dashboards')}/*.json (Dashboards > New > Import).\n`,
+  );
+}
 
 function printTimeline(result: ScenarioResult): void {
   const out = process.stdout;
@@ -28,7 +41,8 @@ export function demoCommand(): Command {
     .option('--no-fast-path', 'agents do not report to the controller directly; only the Prometheus path acts')
     .option('--keep-running', 'leave everything running after the scenario, until Ctrl-C')
     .option('--verbose', 'log the controller and agents to stderr')
-    .action(async (options: { nodes: number; node?: string; gpu: number; fastPath: boolean; keepRunning?: boolean; verbose?: boolean }) => {
+    .option('--grafana-out <dir>', 'where to write the Grafana dashboards and provisioning files for the demo', 'steadfast-grafana')
+    .action(async (options: { nodes: number; node?: string; gpu: number; fastPath: boolean; keepRunning?: boolean; verbose?: boolean; grafanaOut: string }) => {
       await runCommand(async () => {
         const node = options.node ?? `node-${Math.min(3, options.nodes)}`;
         process.stdout.write(`steadfast demo: ${options.nodes} simulated nodes, fault on ${node} GPU ${options.gpu}\n`);
@@ -57,6 +71,7 @@ export function demoCommand(): Command {
             process.stdout.write(`\nFAILED:\n${result.problems.map((problem) => `  - ${problem}`).join('\n')}\n`);
             process.exitCode = EXIT_FAILURE;
           }
+          writeGrafanaFiles(resolve(options.grafanaOut), env.prometheus.url, options.keepRunning === true);
           if (options.keepRunning) {
             process.stdout.write(
               `\nStill running (Ctrl-C stops everything):\n  Prometheus   ${env.prometheus.url}\n  Alertmanager ${env.alertmanager.url}\n  controller   ${env.controllerUrl} (token ${env.token})\n  Redis        ${env.redis.url}\n  SLURM_CONF=${env.slurm.conf}\n  files        ${env.root}\n`,

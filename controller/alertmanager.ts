@@ -93,7 +93,8 @@ function signalFromAlert(alert: WebhookAlert, groupStatus: 'firing' | 'resolved'
     kind,
     node,
     gpu,
-    job: labels.job_name ?? labels.training_job,
+    // Training series carry the training job as `job` (the agent scrape job honours it).
+    job: labels.training_job ?? (labels.domain === 'training' ? labels.job : undefined),
     severity: severityOf(labels.severity),
     time: new Date(alert.startsAt).toISOString(),
     receivedAt: receivedAt.toISOString(),

@@ -8,6 +8,7 @@ export class ControllerMetrics {
   readonly requestsRejected: Counter<'endpoint' | 'reason'>;
   readonly actions: Counter<'verb' | 'state' | 'backend'>;
   readonly signalToAction: Histogram<'verb'>;
+  readonly grafanaAnnotationsFailed: Counter<'reason'>;
 
   constructor(queues: readonly Queue[]) {
     const registers = [this.registry];
@@ -35,6 +36,12 @@ export class ControllerMetrics {
       help: 'Time from the fault (signal time) to the action reaching a final state.',
       labelNames: ['verb'],
       buckets: [0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60],
+      registers,
+    });
+    this.grafanaAnnotationsFailed = new Counter({
+      name: 'steadfast_grafana_annotations_failed_total',
+      help: 'Action annotations that could not be posted to Grafana, by reason (timeout, unreachable, status); the action itself is unaffected.',
+      labelNames: ['reason'],
       registers,
     });
     new Gauge({

@@ -13,6 +13,7 @@ import { createDrainProcessor, type ActionJob } from '../actuators/drain.js';
 import { SafetyGates } from '../actuators/safety.js';
 import { SlurmBackend } from '../actuators/slurm.js';
 import { SignalIntake, type SignalJob } from './intake.js';
+import { GrafanaAnnotator } from './grafana.js';
 import { ControllerMetrics } from './metrics.js';
 import { createPolicyProcessor } from './policy-worker.js';
 import { createApp } from './server.js';
@@ -50,9 +51,13 @@ export class Controller {
   readonly audit: AuditLog;
   readonly backend: ClusterBackend;
   readonly gates: SafetyGates;
+  /** Posts finished actions to Grafana when the config has a `grafana` section. */
+  readonly grafana: GrafanaAnnotator | undefined;
 
   constructor(private readonly options: ControllerOptions) {
     const { config } = options;
+    // Read before any connection opens, so a missing token file leaves nothing to close.
+    const grafanaToken = config.grafana ? resolveToken(config.grafana, 'grafana') : undefined;
     this.keys = new Keys(config.redis.prefix);
     this.intakeRedis = intakeConnection(config.redis.url);
     this.workerRedis = workerConnection(config.redis.url);
@@ -83,6 +88,17 @@ export class Controller {
       queue.on('error', (error: Error) => options.logger.warn({ queue: queue.name, err: error.message }, 'queue error'));
     }
     this.metrics = new ControllerMetrics([this.signalQueue, this.actionQueue]);
+    this.grafana =
+      config.grafana && grafanaToken !== undefined
+        ? new GrafanaAnnotator({
+            url: config.grafana.url,
+            token: grafanaToken,
+            dashboardUid: config.grafana.dashboardUid,
+            timeoutMs: config.grafana.timeoutMs,
+            failed: this.metrics.grafanaAnnotationsFailed,
+            logger: options.logger.child({ component: 'grafana' }),
+          })
+        : undefined;
   }
 
   /** Starts the workers and the HTTP server; resolves with the bound port. */
@@ -156,6 +172,7 @@ export class Controller {
         logger,
         onFinished: (record) => {
           this.metrics.actions.inc({ verb: record.verb, state: record.state, backend: record.backend });
+          this.grafana?.annotate(record);
         },
       }),
       { connection: this.ownConnection(), prefix: config.redis.prefix, concurrency: 4 },
@@ -183,6 +200,8 @@ export class Controller {
       });
     }
     await Promise.allSettled(this.workers.map((worker) => worker.close()));
+    // Annotations already under way finish (each is bounded by its timeout).
+    await this.grafana?.settled();
     await Promise.allSettled([this.intake.close(), this.actionQueue.close(), this.signalQueue.close()]);
     for (const connection of [this.intakeRedis, this.workerRedis, ...this.workerConnections]) connection.disconnect();
   }

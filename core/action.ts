@@ -40,3 +40,9 @@ export interface ActionRecord {
   readonly backend: string;
   readonly time: string;
 }
+
+/**
+ * The Grafana tag on every action annotation the controller posts (with the verb, the state and
+ * the node as further tags); every steadfast dashboard's annotation query filters on it.
+ */
+export const ACTION_ANNOTATION_TAG = 'steadfast';

@@ -77,6 +77,26 @@ export const configSchema = z
       })
       .strict()
       .prefault({}),
+    /**
+     * Optional: post every action that reaches a final state (done, refused, failed) to Grafana
+     * as an annotation tagged `steadfast`, which every steadfast dashboard shows. A Grafana
+     * outage is logged and counted, never fails the action.
+     */
+    grafana: z
+      .object({
+        /** Grafana's base URL, e.g. https://grafana.example.com or http://host:3000/grafana. */
+        url: z.url({ protocol: /^https?$/, error: 'must be an http:// or https:// URL' }),
+        /** A service-account token with annotations:write; here, in tokenFile, or the section is refused. */
+        token: z.string().min(16, 'must be at least 16 characters').optional(),
+        tokenFile: z.string().min(1).optional(),
+        /** Attach the annotations to this dashboard; without it they are organisation-wide (every dashboard's tag query shows them). */
+        dashboardUid: z.string().regex(/^[A-Za-z0-9_-]{1,40}$/, 'a Grafana dashboard uid: up to 40 letters, digits, "_" or "-"').optional(),
+        /** Per request; a slower Grafana counts as a failed post. */
+        timeoutMs: int().min(100).max(60_000).default(5000),
+      })
+      .strict()
+      .refine((grafana) => grafana.token !== undefined || grafana.tokenFile !== undefined, { error: 'set token or tokenFile', path: ['token'] })
+      .optional(),
   })
   .strict();
 

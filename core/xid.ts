@@ -48,6 +48,22 @@ const CATALOGUE: ReadonlyMap<number, XidClass> = new Map<number, XidClass>([
 /** NVLink5 Xids carry their own verdict in the message (`... Nonfatal XC0 ...` or `... Fatal XC0 ...`). */
 const NVLINK5_XIDS = new Set([144, 145, 146, 147, 148, 149, 150]);
 
+/** Xid 154 states in its message the recovery action the driver now requires. */
+const RECOVERY_ACTION_XID = 154;
+
+/**
+ * The Xid codes whose remedy is `remedy` whatever the message says, ascending: the rules select
+ * on the `xid` label with these, so they and the agent's classification cannot disagree. The
+ * NVLink5 family and Xid 154 are left out because their remedy comes from the message; their
+ * fatal cases reach the rules through the agent's `severity` label instead.
+ */
+export function xidCodesWithRemedy(remedy: XidRemedy): number[] {
+  return [...CATALOGUE]
+    .filter(([code, entry]) => entry.remedy === remedy && code !== RECOVERY_ACTION_XID && !NVLINK5_XIDS.has(code))
+    .map(([code]) => code)
+    .sort((a, b) => a - b);
+}
+
 const UNKNOWN: XidClass = { severity: 'warning', remedy: 'watch', meaning: 'Xid not in the catalogue' };
 
 /**
@@ -61,12 +77,12 @@ export function classifyXid(code: number, message = ''): XidClass {
       ? { severity: 'fatal', remedy: 'reset_gpu', meaning: 'fatal NVLink5 error' }
       : { severity: 'warning', remedy: 'watch', meaning: 'non-fatal NVLink5 error' };
   }
-  if (code === 154) {
+  if (code === RECOVERY_ACTION_XID) {
     const to = /changed from .* to (0x[0-9a-fA-F]+) \(([^)]*)\)/.exec(message);
     const target = to?.[2] ?? '';
     if (/reboot/i.test(target)) return { severity: 'fatal', remedy: 'reboot_node', meaning: `GPU recovery action is now: ${target}` };
     if (/reset|drain/i.test(target)) return { severity: 'fatal', remedy: 'reset_gpu', meaning: `GPU recovery action is now: ${target}` };
-    return CATALOGUE.get(154) ?? UNKNOWN;
+    return CATALOGUE.get(RECOVERY_ACTION_XID) ?? UNKNOWN;
   }
   return CATALOGUE.get(code) ?? UNKNOWN;
 }

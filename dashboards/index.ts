@@ -7,6 +7,11 @@ import { stringify } from 'yaml';
 import { InputError } from '../core/errors.js';
 import { STEADFAST_TAG } from './common.js';
 import { fleetDashboard } from './fleet.js';
+import { networkDashboard } from './network.js';
+import { nodeDashboard } from './node.js';
+import { selfDashboard } from './self.js';
+import { storageDashboard } from './storage.js';
+import { trainingDashboard } from './training.js';
 
 export interface BuiltDashboard {
   uid: string;
@@ -20,7 +25,7 @@ export const GRAFANA_FOLDER = STEADFAST_TAG;
 export const PROVISIONED_DATASOURCE_UID = 'steadfast-prometheus';
 
 export function buildDashboards(): BuiltDashboard[] {
-  return [fleetDashboard()].map((dashboard) => {
+  return [fleetDashboard(), nodeDashboard(), trainingDashboard(), networkDashboard(), storageDashboard(), selfDashboard()].map((dashboard) => {
     const { uid, title } = dashboard;
     if (!uid || !title) throw new Error('every dashboard needs a uid and a title');
     // A JSON round trip leaves the plain object Grafana reads, without undefined fields.

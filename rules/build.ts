@@ -1,5 +1,6 @@
-import { readFileSync, writeFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { stringify } from 'yaml';
 import { repoRoot } from '../core/paths.js';
 import { DOMAINS, type Domain, type DomainRules, type RuleGroup } from './spec.js';
@@ -17,24 +18,39 @@ export function ruleFile(domain: Domain): string {
   return join(RULES_DIR, `${domain}.yml`);
 }
 
+const DOMAIN_MODULES_DIR = join(dirname(fileURLToPath(import.meta.url)), 'domains');
+
+/**
+ * Whether rules/domains/<domain> exists: compiled (.js, in dist/) or as source (.ts, under tsx
+ * or vitest). Checked up front, so a domain module that fails to import (a broken import of its
+ * own) is an error rather than a domain silently left out.
+ */
+function hasDomainModule(domain: Domain): boolean {
+  return ['.js', '.ts'].some((extension) => existsSync(join(DOMAIN_MODULES_DIR, `${domain}${extension}`)));
+}
+
 /** Loads each domain module that exists (rules/domains/<domain>.ts), in DOMAINS order. */
 export async function loadDomains(): Promise<DomainRules[]> {
   const loaded: DomainRules[] = [];
   for (const domain of DOMAINS) {
-    let module: { rules?: DomainRules };
-    try {
-      module = (await import(`./domains/${domain}.js`)) as { rules?: DomainRules };
-    } catch (error) {
-      if ((error as { code?: string }).code === 'ERR_MODULE_NOT_FOUND') continue;
-      throw error;
-    }
+    if (!hasDomainModule(domain)) continue;
+    // @vite-ignore: vitest must resolve this at run time (`.js` to the `.ts` source), not as a glob.
+    const module = (await import(/* @vite-ignore */ `./domains/${domain}.js`)) as { rules?: DomainRules };
     if (!module.rules || module.rules.domain !== domain) throw new Error(`rules/domains/${domain}.ts must export \`rules\` for domain ${domain}`);
     loaded.push(module.rules);
   }
   return loaded;
 }
 
+/** The labels the renderer owns; a rule setting them in `labels` would be silently overwritten. */
+const RESERVED_LABELS = ['severity', 'domain'] as const;
+
 function renderGroups(domain: Domain, groups: readonly RuleGroup[], config: Thresholds): string {
+  for (const rule of groups.flatMap((group) => group.rules)) {
+    if (rule.kind !== 'alert') continue;
+    const reserved = RESERVED_LABELS.filter((label) => rule.labels?.[label] !== undefined);
+    if (reserved.length > 0) throw new Error(`rules/domains/${domain}.ts: ${rule.alert} sets ${reserved.join(', ')} in labels; use its severity / domain fields`);
+  }
   const document = {
     groups: groups.map((group) => ({
       name: group.name,
@@ -45,7 +61,7 @@ function renderGroups(domain: Domain, groups: readonly RuleGroup[], config: Thre
               alert: rule.alert,
               expr: rule.expr,
               for: rule.for,
-              labels: { ...(rule.labels ?? {}), severity: rule.severity, domain },
+              labels: { ...(rule.labels ?? {}), severity: rule.severity, domain: rule.domain ?? domain },
               annotations: {
                 summary: rule.summary,
                 description: rule.description,

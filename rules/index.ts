@@ -4,6 +4,7 @@ import { fileURLToPath } from 'node:url';
 import { isMap, isSeq, parseDocument, type Document, type YAMLMap } from 'yaml';
 import { z } from 'zod';
 import { parseOrThrow } from '../core/validate.js';
+import { DOMAINS } from './spec.js';
 
 /**
  * The Prometheus rule files and the Alertmanager config steadfast ships, as paths a caller can
@@ -22,9 +23,12 @@ function rulesDirectory(): string {
 
 const RULES_DIRECTORY = rulesDirectory();
 
-/** Prometheus rule files, one per domain, for `rule_files:` or `promtool check rules`. */
+/**
+ * Prometheus rule files, one per domain (rules/<domain>.yml, in DOMAINS order) for every domain
+ * whose file has been rendered, for `rule_files:` or `promtool check rules`.
+ */
 export const RULE_FILES: readonly string[] = Object.freeze(
-  ['gpu.yml', 'xid.yml'].map((name) => join(RULES_DIRECTORY, name)),
+  DOMAINS.map((domain) => join(RULES_DIRECTORY, `${domain}.yml`)).filter((path) => existsSync(path)),
 );
 
 /** The reference Alertmanager config (`alertmanager --config.file=...`). */

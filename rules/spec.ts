@@ -23,7 +23,12 @@ export interface AlertRule {
   readonly description: string;
   /** File name under docs/runbooks/, e.g. `steadfast-xid-fatal.md`. */
   readonly runbook: string;
-  /** Extra static labels. `severity` and `domain` are added by the renderer. */
+  /**
+   * The `domain` label, which Alertmanager routes and inhibits on; the module's own domain when
+   * left out. The xid module's alerts are GPU faults to the controller, so they set `gpu`.
+   */
+  readonly domain?: Domain;
+  /** Extra static labels. `severity` and `domain` come from the fields above and may not be set here. */
   readonly labels?: Readonly<Record<string, string>>;
 }
 

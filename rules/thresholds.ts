@@ -33,12 +33,20 @@ export const thresholdsSchema = z
         throttleFor: duration,
         /** A pending row remap needs a GPU reset; give the driver time to apply it at idle. */
         remapPendingFor: duration,
+        /** An uncorrectable ECC error stays "new" (and its alert firing) for this long after the count rises. */
+        eccWindow: duration,
       })
       .strict(),
     xid: z
       .object({
         /** Window in which a new fatal Xid counts as new (also the first sample of a new series). */
         window: duration,
+        /**
+         * Application-class Xids (remedy restart_app in core/xid.ts) are normally the job's own
+         * fault; the same GPU logging this many within repeatWindow, across restarts, points at the GPU.
+         */
+        repeatCount: positive,
+        repeatWindow: duration,
       })
       .strict(),
     network: z
@@ -49,6 +57,8 @@ export const thresholdsSchema = z
         flapWindow: duration,
         /** Symbol / link-integrity errors per second that mean a degrading cable or transceiver. */
         errorRatePerSecond: positive,
+        /** The rate() window for those error counters. */
+        errorRateWindow: duration,
         errorFor: duration,
         /** ByteRobust (000, §4.1): zero RDMA traffic for 10 minutes while a job runs means a hang. */
         zeroTrafficFor: duration,
@@ -62,6 +72,8 @@ export const thresholdsSchema = z
         /** Requests waiting for a slot, on average per send. */
         rpcBacklog: positive,
         rpcBacklogFor: duration,
+        /** A major timeout (the server did not answer within the mount's timeo × retrans) counts as new for this long. */
+        majorTimeoutWindow: duration,
       })
       .strict(),
     training: z
@@ -74,6 +86,15 @@ export const thresholdsSchema = z
         /** Greyhound (004, §4): a ≥ 10 % slow-down, verified against the job's own recent baseline. */
         slowdownRatio: positive,
         slowdownFor: duration,
+        /**
+         * How far back the slow-down baseline ends. Keep it at least slowdownFor: a shorter one
+         * lets the slow period leak into the baseline before `for:` elapses, raising the bar.
+         */
+        slowdownBaselineOffset: duration,
+        /** A NaN / skipped iteration or a worker failure counts as new for this long. */
+        counterWindow: duration,
+        /** fp16 loss scaling skips an iteration now and then; skipping for this long means it cannot recover. */
+        skippedFor: duration,
         /** No new iteration for this long is a stopped job. */
         noProgressSeconds: positive,
       })
@@ -86,6 +107,10 @@ export const thresholdsSchema = z
         queueBacklogFor: duration,
         /** A signal waiting this long unprocessed means decisions (and the audit) lag behind. */
         auditLagSeconds: positive,
+        /** Refused and failed actions are counted over this window. */
+        actionWindow: duration,
+        /** Failed attempts within actionWindow that mean retrying will not fix it (a drain is retried on its own first). */
+        actionFailureCount: positive,
       })
       .strict(),
   })
@@ -96,12 +121,22 @@ export type Thresholds = z.output<typeof thresholdsSchema>;
 export const DEFAULT_THRESHOLDS: Thresholds = {
   selectors: { agentJob: 'steadfast-agent', controllerJob: 'steadfast-controller' },
   runbookBaseUrl: 'https://github.com/steadfast-dev/steadfast/blob/main/docs/runbooks/',
-  gpu: { lostFor: '10s', temperatureCelsius: 85, temperatureFor: '5m', throttleFor: '5m', remapPendingFor: '10m' },
-  xid: { window: '5m' },
-  network: { portDownFor: '1m', flapCount: 2, flapWindow: '5m', errorRatePerSecond: 1, errorFor: '5m', zeroTrafficFor: '10m' },
-  storage: { rpcSlotUtilization: 0.9, rpcSlotFor: '5m', rpcBacklog: 1, rpcBacklogFor: '5m' },
-  training: { spikeFactor: 5, baselineWindow: '30m', baselineOffset: '5m', slowdownRatio: 1.1, slowdownFor: '10m', noProgressSeconds: 600 },
-  steadfast: { agentDownFor: '2m', controllerDownFor: '1m', queueBacklogJobs: 100, queueBacklogFor: '5m', auditLagSeconds: 60 },
+  gpu: { lostFor: '10s', temperatureCelsius: 85, temperatureFor: '5m', throttleFor: '5m', remapPendingFor: '10m', eccWindow: '5m' },
+  xid: { window: '5m', repeatCount: 3, repeatWindow: '1h' },
+  network: { portDownFor: '1m', flapCount: 2, flapWindow: '5m', errorRatePerSecond: 1, errorRateWindow: '5m', errorFor: '5m', zeroTrafficFor: '10m' },
+  storage: { rpcSlotUtilization: 0.9, rpcSlotFor: '5m', rpcBacklog: 1, rpcBacklogFor: '5m', majorTimeoutWindow: '5m' },
+  training: {
+    spikeFactor: 5,
+    baselineWindow: '30m',
+    baselineOffset: '5m',
+    slowdownRatio: 1.1,
+    slowdownFor: '10m',
+    slowdownBaselineOffset: '10m',
+    counterWindow: '5m',
+    skippedFor: '10m',
+    noProgressSeconds: 600,
+  },
+  steadfast: { agentDownFor: '2m', controllerDownFor: '1m', queueBacklogJobs: 100, queueBacklogFor: '5m', auditLagSeconds: 60, actionWindow: '15m', actionFailureCount: 3 },
 };
 
 /** Validates a full thresholds object (for example DEFAULT_THRESHOLDS with overrides merged in). */

@@ -1,87 +1,18 @@
 import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { afterEach, describe, expect, it, vi } from 'vitest';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { afterEach, beforeAll, describe, expect, it, vi } from 'vitest';
 import { dashboardsCommand } from '../cli/dashboards.js';
 import { parse } from 'yaml';
+import { TRAINING_JOB_LABEL } from '../dashboards/common.js';
 import { buildDashboards, writeDashboards } from '../dashboards/index.js';
+import { startPrometheus } from '../sim/parts.js';
+import { ProcessGroup } from '../sim/processes.js';
+import { PROMETHEUS_METRICS, agentMetricNames, controllerMetricNames, grafanaExprAsPromql, parsePromql, readRuleFiles } from './support/promql.js';
 
-/** Series the agent, the controller and Prometheus itself export; dashboards may use only these. */
-const AGENT_METRICS = [
-  'steadfast_xid_errors_total',
-  'steadfast_gpu_present',
-  'steadfast_gpu_temperature_celsius',
-  'steadfast_gpu_power_watts',
-  'steadfast_gpu_power_limit_watts',
-  'steadfast_gpu_utilization_ratio',
-  'steadfast_gpu_memory_used_bytes',
-  'steadfast_gpu_memory_total_bytes',
-  'steadfast_gpu_ecc_errors_total',
-  'steadfast_gpu_remapped_rows_total',
-  'steadfast_gpu_remapped_rows_pending',
-  'steadfast_gpu_remapped_rows_failure',
-  'steadfast_collector_success',
-  'steadfast_collector_duration_seconds',
-];
-const CONTROLLER_METRICS = [
-  'steadfast_signals_accepted_total',
-  'steadfast_requests_rejected_total',
-  'steadfast_actions_total',
-  'steadfast_queue_jobs',
-  ...['_bucket', '_sum', '_count'].map((suffix) => `steadfast_signal_to_action_seconds${suffix}`),
-];
-const KNOWN_METRICS = new Set([...AGENT_METRICS, ...CONTROLLER_METRICS, 'ALERTS']);
-
-const FUNCTIONS = new Set([
-  'rate', 'irate', 'increase', 'delta', 'sum', 'min', 'max', 'avg', 'count', 'topk', 'bottomk',
-  'histogram_quantile', 'label_values', 'vector', 'abs', 'clamp_min', 'clamp_max', 'time',
-  'max_over_time', 'min_over_time', 'avg_over_time', 'label_replace', 'absent',
-]);
-const KEYWORDS = new Set(['by', 'without', 'on', 'ignoring', 'group_left', 'group_right', 'and', 'or', 'unless', 'offset', 'bool']);
-
-/**
- * Metric names in a PromQL expression. Strings, label matchers, range windows and grouping
- * label lists are cut first; of the identifiers left, keywords are skipped, one before `(` must
- * be a known function, and any other is a metric name.
- */
-function metricNames(expr: string): string[] {
-  const stripped = expr
-    .replace(/"(?:[^"\\]|\\.)*"/g, '""')
-    .replace(/\{[^}]*\}/g, ' ')
-    .replace(/\[[^\]]*\]/g, ' ')
-    .replace(/\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)/g, ' ')
-    .replace(/\blabel_values\(\s*([^,()]+),\s*[A-Za-z_]\w*\s*\)/g, 'label_values($1)');
-  const names: string[] = [];
-  for (const match of stripped.matchAll(/(?<![\w.:])[A-Za-z_:][\w:]*/g)) {
-    const name = match[0];
-    const next = stripped.slice(match.index + name.length).trimStart().charAt(0);
-    if (KEYWORDS.has(name)) continue;
-    if (next !== '(') names.push(name);
-    else if (!FUNCTIONS.has(name)) throw new Error(`unknown function ${name} in ${expr}`);
-  }
-  return names;
-}
-
-/** Brackets, braces and parentheses nest properly and every string is closed. */
-function balanced(expr: string): boolean {
-  const closing: Record<string, string> = { ')': '(', ']': '[', '}': '{' };
-  const stack: string[] = [];
-  let quote: string | undefined;
-  for (let i = 0; i < expr.length; i++) {
-    const char = expr.charAt(i);
-    if (quote !== undefined) {
-      if (char === '\\') i++;
-      else if (char === quote) quote = undefined;
-    } else if (char === '"' || char === "'" || char === '`') {
-      quote = char;
-    } else if ('([{'.includes(char)) {
-      stack.push(char);
-    } else if (char in closing && stack.pop() !== closing[char]) {
-      return false;
-    }
-  }
-  return quote === undefined && stack.length === 0;
-}
+const RULES_DIR = join(dirname(fileURLToPath(import.meta.url)), '..', 'rules');
+const UIDS = ['steadfast-fleet', 'steadfast-node', 'steadfast-training', 'steadfast-network', 'steadfast-storage', 'steadfast-self'];
 
 interface PanelJson {
   type: string;
@@ -96,18 +27,22 @@ interface DashboardJson {
   tags: string[];
   panels: PanelJson[];
   templating: { list: { name: string; type: string; query?: unknown; multi?: boolean }[] };
+  annotations: { list: { name: string; enable: boolean; datasource?: { type?: string; uid?: string }; target?: { type?: string; tags?: string[] } }[] };
 }
 
 const dashboards = buildDashboards().map(({ uid, title, json }) => ({ uid, title, json: json as DashboardJson }));
 const dataPanels = (dashboard: DashboardJson): PanelJson[] => dashboard.panels.filter((panel) => panel.type !== 'row');
-const allExprs = dashboards.flatMap(({ json }) => [
-  ...dataPanels(json).flatMap((panel) => (panel.targets ?? []).map((target) => target.expr ?? '')),
-  ...json.templating.list.flatMap((variable) => (typeof variable.query === 'string' && variable.type === 'query' ? [variable.query] : [])),
+/** Every PromQL expression in the dashboards, with where it is. */
+const dashboardExprs = dashboards.flatMap(({ uid, json }) => [
+  ...dataPanels(json).flatMap((panel) => (panel.targets ?? []).map((target) => ({ where: `${uid} / ${panel.title}`, expr: target.expr ?? '' }))),
+  ...json.templating.list.flatMap((variable) =>
+    typeof variable.query === 'string' && variable.type === 'query' ? [{ where: `${uid} / variable ${variable.name}`, expr: variable.query }] : [],
+  ),
 ]);
 
 describe('dashboards', () => {
-  it('have stable uids and the steadfast tag', () => {
-    expect(dashboards.map(({ uid }) => uid)).toContain('steadfast-fleet');
+  it('are the six topic dashboards, with stable uids and the steadfast tag', () => {
+    expect(dashboards.map(({ uid }) => uid)).toEqual(UIDS);
     expect(new Set(dashboards.map(({ uid }) => uid)).size).toBe(dashboards.length);
     for (const { uid, title, json } of dashboards) {
       expect(uid).toMatch(/^steadfast-[a-z0-9-]+$/);
@@ -142,27 +77,94 @@ describe('dashboards', () => {
     expect(node).toMatchObject({ type: 'query', multi: true, query: 'label_values(steadfast_gpu_present, node)' });
   });
 
-  it('query only metrics that exist, in balanced expressions', () => {
-    expect(allExprs.length).toBeGreaterThan(10);
-    for (const expr of allExprs) {
-      expect(balanced(expr), expr).toBe(true);
-      const names = metricNames(expr);
-      expect(names.length, expr).toBeGreaterThan(0);
-      for (const name of names) expect(KNOWN_METRICS.has(name), `${name} in ${expr}`).toBe(true);
+  it('each carry the steadfast actions annotation: Grafana annotations tagged steadfast', () => {
+    for (const { uid, json } of dashboards) {
+      expect(json.annotations.list, uid).toContainEqual(
+        expect.objectContaining({ enable: true, datasource: { type: 'grafana', uid: '-- Grafana --' }, target: expect.objectContaining({ type: 'tags', tags: ['steadfast'] }) }),
+      );
     }
   });
 
-  it('tokenizer and bracket check catch what they should', () => {
-    expect(metricNames('histogram_quantile(0.95, sum by (le, verb) (rate(steadfast_signal_to_action_seconds_bucket[5m])))')).toEqual([
+  it('select the node on the node dashboard (one) and the training job on the training dashboard, by the configured label', () => {
+    const variable = (uid: string, name: string) => dashboards.find((dashboard) => dashboard.uid === uid)?.json.templating.list.find((entry) => entry.name === name);
+    expect(variable('steadfast-node', 'node')).toMatchObject({ type: 'query', query: 'label_values(steadfast_collector_success, node)' });
+    expect(variable('steadfast-node', 'node')?.multi).not.toBe(true);
+    expect(variable('steadfast-training', 'job')).toMatchObject({ type: 'query', multi: true, query: `label_values(steadfast_training_iteration, ${TRAINING_JOB_LABEL})` });
+    const training = dashboards.find(({ uid }) => uid === 'steadfast-training')?.json;
+    const heatmap = training?.panels.find((panel) => panel.type === 'heatmap');
+    expect(heatmap?.targets?.[0]?.expr).toBe(`max by (${TRAINING_JOB_LABEL}, rank) (steadfast_training_iteration_seconds{${TRAINING_JOB_LABEL}=~"$job"})`);
+  });
+});
+
+describe('PromQL in the dashboards and the rule files', () => {
+  const ruleFiles = readRuleFiles(RULES_DIR);
+  const ruleExprs = ruleFiles.flatMap((file) => file.exprs.map(({ rule, expr }) => ({ where: rule, expr })));
+  const produced = new Set<string>();
+
+  beforeAll(async () => {
+    for (const name of [...(await agentMetricNames()), ...(await controllerMetricNames()), ...PROMETHEUS_METRICS, ...ruleFiles.flatMap((file) => file.records)]) {
+      produced.add(name);
+    }
+  });
+
+  it('finds the metrics of a live agent, the controller and the recording rules', () => {
+    for (const name of ['steadfast_gpu_present', 'steadfast_rdma_port_cnp_sent_total', 'steadfast_nfs_rpc_slot_utilization_ratio', 'steadfast_training_iteration_seconds']) {
+      expect(produced.has(name), name).toBe(true);
+    }
+    for (const name of ['steadfast_queue_oldest_waiting_seconds', 'steadfast_signal_to_action_seconds_bucket', 'steadfast_grafana_annotations_failed_total', 'up']) {
+      expect(produced.has(name), name).toBe(true);
+    }
+    expect(produced.has('steadfast_gpu_temperature'), 'a name nobody exports').toBe(false);
+    expect(ruleFiles.length).toBeGreaterThan(0);
+    expect(ruleExprs.length).toBeGreaterThan(0);
+  });
+
+  it('parse without error, each naming its metrics', () => {
+    expect(dashboardExprs.length).toBeGreaterThan(50);
+    for (const { where, expr } of [...dashboardExprs, ...ruleExprs]) {
+      const parsed = parsePromql(expr);
+      expect(parsed.errors, `${where}: ${expr}`).toEqual([]);
+      expect(parsed.unnamed, `${where}: ${expr}`).toEqual([]);
+      expect(parsed.metrics.length, `${where}: ${expr}`).toBeGreaterThan(0);
+    }
+  });
+
+  it('select only metrics that the agent, the controller, Prometheus or a recording rule produce', () => {
+    const unknown = [...dashboardExprs, ...ruleExprs].flatMap(({ where, expr }) =>
+      parsePromql(expr).metrics.filter((name) => !produced.has(name)).map((name) => `${name} (${where})`),
+    );
+    expect(unknown).toEqual([]);
+  });
+
+  it('are accepted by a real Prometheus, which also checks the argument types the grammar does not', async () => {
+    const root = mkdtempSync(join(tmpdir(), 'steadfast-dashboards-prometheus-'));
+    const processes = new ProcessGroup();
+    try {
+      const prometheus = await startPrometheus(processes, root, { targets: [], ruleFiles: [], alertmanagerAddress: '127.0.0.1:9', intervalSeconds: 5 });
+      const rejected: string[] = [];
+      for (const { where, expr } of dashboardExprs) {
+        const query = grafanaExprAsPromql(expr, { node: '.*', job: '.*' });
+        const response = await fetch(`${prometheus.url}/api/v1/query?${new URLSearchParams({ query })}`);
+        const answer = (await response.json()) as { status: string; error?: string };
+        if (answer.status !== 'success') rejected.push(`${where}: ${answer.error ?? response.status} in ${query}`);
+      }
+      expect(rejected).toEqual([]);
+    } finally {
+      await processes.stopAll();
+      rmSync(root, { recursive: true, force: true });
+    }
+  });
+
+  it('are checked by a parser that reports bad syntax and finds every selector', () => {
+    expect(parsePromql('histogram_quantile(0.95, sum by (le, verb) (rate(steadfast_signal_to_action_seconds_bucket[5m])))').metrics).toEqual([
       'steadfast_signal_to_action_seconds_bucket',
     ]);
-    expect(metricNames('count(a{node=~"$node"} == 0) or vector(0)')).toEqual(['a']);
-    expect(metricNames('label_values(steadfast_gpu_present, node)')).toEqual(['steadfast_gpu_present']);
-    expect(metricNames('rate(node_gpu_typo_total[5m])')).toEqual(['node_gpu_typo_total']);
-    expect(() => metricNames('ratee(x[5m])')).toThrow(/unknown function/);
-    expect(balanced('sum(rate(x{a="}"}[5m]))')).toBe(true);
-    expect(balanced('sum(rate(x{a="b"[5m]))')).toBe(false);
-    expect(balanced('x{a="b}')).toBe(false);
+    expect(parsePromql('count(a{node=~"$node"} == bool 0) or vector(0) unless on (node) b').metrics).toEqual(['a', 'b']);
+    expect(parsePromql('label_values(steadfast_gpu_present, node)').metrics).toEqual(['steadfast_gpu_present']);
+    expect(parsePromql('avg_over_time(job:x:bool{job=~"$job"}[$__range])')).toEqual({ metrics: ['job:x:bool'], errors: [], unnamed: [] });
+    expect(parsePromql('sum(rate(x{a="b"[5m]))').errors).not.toEqual([]);
+    expect(parsePromql('ratee(x[5m])').errors).not.toEqual([]);
+    expect(parsePromql('{__name__="x"}').unnamed).toEqual(['{__name__="x"}']);
   });
 });
 
@@ -178,7 +180,7 @@ describe('writeDashboards', () => {
     const dashboardsDir = join(outDir, 'dashboards');
     const providerFile = join(outDir, 'provisioning', 'dashboards', 'steadfast.yaml');
     const datasourceFile = join(outDir, 'provisioning', 'datasources', 'steadfast.yaml');
-    expect(written).toEqual([join(dashboardsDir, 'steadfast-fleet.json'), providerFile, datasourceFile]);
+    expect(written).toEqual([...UIDS.map((uid) => join(dashboardsDir, `${uid}.json`)), providerFile, datasourceFile]);
     for (const path of written) expect(existsSync(path), path).toBe(true);
 
     const fleet = JSON.parse(readFileSync(join(dashboardsDir, 'steadfast-fleet.json'), 'utf8')) as DashboardJson;

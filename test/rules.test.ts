@@ -8,12 +8,15 @@ import { parse as parseYaml } from 'yaml';
 import { z } from 'zod';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { InputError } from '../core/errors.js';
+import { classifyXid, xidCodesWithRemedy } from '../core/xid.js';
+import { renderRuleFiles, ruleFile } from '../rules/build.js';
 import {
   ALERTMANAGER_CONFIG,
   CONTROLLER_RECEIVER,
   RULE_FILES,
   renderAlertmanagerConfig,
 } from '../rules/index.js';
+import { DEFAULT_THRESHOLDS } from '../rules/thresholds.js';
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 const RULES = join(ROOT, 'rules');
@@ -22,6 +25,9 @@ const RUNBOOK_BASE = 'https://github.com/steadfast-dev/steadfast/blob/main/docs/
 const PROMTOOL = process.env.PROMTOOL ?? 'promtool';
 const AMTOOL = process.env.AMTOOL ?? 'amtool';
 const TOOL_TIMEOUT_MS = 30_000;
+/** The receiver and the label that page people (rules/alertmanager.yml). */
+const HUMANS_RECEIVER = 'humans';
+const PAGE_HUMANS_LABEL = 'notify';
 
 interface ToolResult {
   readonly exitCode: number;
@@ -78,6 +84,7 @@ const ruleFileSchema = z.object({
 interface AlertRule {
   readonly file: string;
   readonly alert: string;
+  readonly expr: string;
   readonly labels: Readonly<Record<string, string>>;
   readonly annotations: Readonly<Record<string, string>>;
 }
@@ -88,7 +95,7 @@ async function loadAlertRules(): Promise<AlertRule[]> {
     const parsed = ruleFileSchema.parse(parseYaml(await readFile(file, 'utf8')));
     for (const group of parsed.groups) {
       for (const rule of group.rules) {
-        if (rule.alert !== undefined) alerts.push({ file: basename(file), alert: rule.alert, labels: rule.labels, annotations: rule.annotations });
+        if (rule.alert !== undefined) alerts.push({ file: basename(file), alert: rule.alert, expr: rule.expr, labels: rule.labels, annotations: rule.annotations });
       }
     }
   }
@@ -117,6 +124,31 @@ describe('Prometheus rules', () => {
     expect([...RULE_FILES].sort()).toEqual(onDisk);
   });
 
+  it('every committed rules/<domain>.yml is exactly what its domain module renders, and every rendered domain is in RULE_FILES', async () => {
+    const rendered = await renderRuleFiles();
+    expect(rendered.size).toBeGreaterThan(0);
+    for (const [domain, text] of rendered) {
+      const path = ruleFile(domain);
+      const committed = existsSync(path) ? readFileSync(path, 'utf8') : '';
+      expect(committed, `rules/${domain}.yml differs from rules/domains/${domain}.ts: run npm run rules`).toBe(text);
+    }
+    expect([...RULE_FILES].sort(), 'a rules/<domain>.yml without a rules/domains/<domain>.ts module').toEqual([...rendered.keys()].map(ruleFile).sort());
+  });
+
+  it('the Xid remedy alerts select exactly the codes the agent classifies with that remedy, whatever the message', async () => {
+    const rendered = (await renderRuleFiles()).get('xid') ?? '';
+    for (const remedy of ['reset_gpu', 'reboot_node', 'restart_app'] as const) {
+      const codes = xidCodesWithRemedy(remedy);
+      expect(codes.length, remedy).toBeGreaterThan(0);
+      expect(rendered, remedy).toContain(`xid=~"${codes.join('|')}"`);
+      for (let code = 0; code < 256; code++) {
+        const byCode = [classifyXid(code), classifyXid(code, 'Fatal XC0'), classifyXid(code, 'changed from 0x0 (none) to 0x2 (reboot)')];
+        const always = byCode.every((xid) => xid.remedy === remedy);
+        expect(codes.includes(code), `Xid ${code} and remedy ${remedy}`).toBe(always);
+      }
+    }
+  });
+
   it('every rule file passes promtool check rules', async () => {
     const result = await runTool(PROMTOOL, ['check', 'rules', ...RULE_FILES]);
     expect(result.exitCode, result.output).toBe(0);
@@ -142,16 +174,21 @@ describe('Prometheus rules', () => {
     }
   });
 
-  it('every alert carries severity, domain, summary, description and a runbook_url whose runbook exists', async () => {
+  it('every alert carries severity, domain, a static summary, a description naming what it is about, and a runbook_url whose runbook exists', async () => {
     const alerts = await loadAlertRules();
     expect(alerts.length).toBeGreaterThan(0);
-    for (const { file, alert, labels, annotations } of alerts) {
+    const agentJob = `job="${DEFAULT_THRESHOLDS.selectors.agentJob}"`;
+    for (const { file, alert, expr, labels, annotations } of alerts) {
       const where = `${file}: ${alert}`;
+      expect(alert, `${where}: alert names start with Steadfast`).toMatch(/^Steadfast[A-Z][A-Za-z]+$/);
       expect(labels.severity, `${where} has no severity label`).toMatch(/^(critical|warning|info)$/);
       expect(labels.domain, `${where} has no domain label`).toMatch(/^[a-z]+$/);
       expect(annotations.summary, `${where} has no summary`).toBeTruthy();
       expect(annotations.summary, `${where}: the summary must be static`).not.toContain('{{');
-      expect(annotations.description, `${where}: the description must be templated`).toContain('{{ $labels.node }}');
+      // An alert on the agents' series is about a node. Others (the controller, a training job
+      // across nodes) name their instance or job instead.
+      const subject = expr.includes(agentJob) ? /\{\{ \$labels\.node \}\}/ : /\{\{ \$labels\.(node|instance|job) \}\}/;
+      expect(annotations.description ?? '', `${where}: the description must name what the alert is about from its labels`).toMatch(subject);
       const runbook = annotations.runbook_url ?? '';
       expect(runbook.startsWith(RUNBOOK_BASE), `${where}: runbook_url ${runbook} is not under ${RUNBOOK_BASE}`).toBe(true);
       const runbookFile = join(ROOT, 'docs', 'runbooks', runbook.slice(RUNBOOK_BASE.length));
@@ -177,10 +214,99 @@ describe('Alertmanager config', () => {
     expect(await routedReceivers(ALERTMANAGER_CONFIG, labels)).toEqual(receivers);
   });
 
-  it('every alert in the rule files is routed to the steadfast controller by its static labels', async () => {
+  it('every alert in the rule files reaches the steadfast controller, and people only when it is labelled to page them', async () => {
     for (const { alert, labels } of await loadAlertRules()) {
-      expect(await routedReceivers(ALERTMANAGER_CONFIG, { alertname: alert, ...labels }), alert).toEqual([CONTROLLER_RECEIVER]);
+      const expected = labels[PAGE_HUMANS_LABEL] === HUMANS_RECEIVER ? [CONTROLLER_RECEIVER, HUMANS_RECEIVER] : [CONTROLLER_RECEIVER];
+      expect(await routedReceivers(ALERTMANAGER_CONFIG, { alertname: alert, ...labels }), alert).toEqual(expected);
     }
+  });
+
+  it('pages people for refused and failing actions and for steadfast itself being down, and for no GPU fault steadfast handles', async () => {
+    const byName = new Map((await loadAlertRules()).map((rule) => [rule.alert, rule]));
+    for (const name of ['SteadfastActionsRefused', 'SteadfastActionsFailing', 'SteadfastAgentDown', 'SteadfastControllerDown']) {
+      expect(byName.get(name)?.labels[PAGE_HUMANS_LABEL], `${name} must page people`).toBe(HUMANS_RECEIVER);
+    }
+    for (const rule of byName.values()) {
+      if (rule.labels.domain === 'gpu') expect(rule.labels[PAGE_HUMANS_LABEL], `${rule.alert} is a GPU fault steadfast handles`).toBeUndefined();
+    }
+  });
+
+  describe('inhibitions', () => {
+    const inhibitRules = z
+      .object({
+        inhibit_rules: z.array(
+          z
+            .object({ source_matchers: z.array(z.string()).min(1), target_matchers: z.array(z.string()).min(1), equal: z.array(z.string()).default([]) })
+            .strict(),
+        ),
+      })
+      .loose()
+      .parse(parseYaml(readFileSync(ALERTMANAGER_CONFIG, 'utf8'))).inhibit_rules;
+
+    /** Alertmanager's matcher syntax as the shipped config uses it: name, operator, quoted value; regexes anchored. */
+    function matches(matcher: string, labels: Readonly<Record<string, string>>): boolean {
+      const parsed = /^([A-Za-z_][A-Za-z0-9_]*)(=~|!~|!=|=)"((?:[^"\\]|\\.)*)"$/.exec(matcher.trim());
+      if (!parsed) throw new Error(`matcher ${matcher} is not of the form name="value"`);
+      const [, name = '', op, quoted = ''] = parsed;
+      const value = z.string().parse(JSON.parse(`"${quoted}"`));
+      const actual = labels[name] ?? '';
+      if (op === '=') return actual === value;
+      if (op === '!=') return actual !== value;
+      const found = new RegExp(`^(?:${value})$`).test(actual);
+      return op === '=~' ? found : !found;
+    }
+
+    function inhibited(target: Readonly<Record<string, string>>, source: Readonly<Record<string, string>>): boolean {
+      return inhibitRules.some(
+        (rule) =>
+          rule.source_matchers.every((matcher) => matches(matcher, source)) &&
+          rule.target_matchers.every((matcher) => matches(matcher, target)) &&
+          rule.equal.every((label) => (source[label] ?? '') === (target[label] ?? '')),
+      );
+    }
+
+    /** A firing instance of a rule-file alert: its static labels plus the series' labels. */
+    async function firing(alertname: string, labels: Readonly<Record<string, string>>): Promise<Record<string, string>> {
+      const rule = (await loadAlertRules()).find((candidate) => candidate.alert === alertname);
+      if (!rule) throw new Error(`no alert ${alertname} in the rule files`);
+      return { alertname, ...rule.labels, ...labels };
+    }
+
+    it('names only alerts that exist in the rule files', async () => {
+      const names = new Set((await loadAlertRules()).map((rule) => rule.alert));
+      for (const matcher of inhibitRules.flatMap((rule) => [...rule.source_matchers, ...rule.target_matchers])) {
+        const exact = /^alertname="(.+)"$/.exec(matcher)?.[1];
+        if (exact !== undefined) expect(names.has(exact), `${matcher} names no alert`).toBe(true);
+      }
+    });
+
+    it('an agent down on a node silences that node\'s GPU, Xid and port alerts, and nothing on other nodes or in other domains', async () => {
+      const agentDown = await firing('SteadfastAgentDown', { node: 'node-3', instance: '10.0.0.3:9401', job: 'steadfast-agent' });
+      const gpu = { gpu: '0', pci_bus_id: '0000:3b:00' };
+      expect(inhibited(await firing('SteadfastGpuLost', { node: 'node-3', ...gpu }), agentDown)).toBe(true);
+      expect(inhibited(await firing('SteadfastXidFatal', { node: 'node-3', pci_bus_id: gpu.pci_bus_id, xid: '79' }), agentDown)).toBe(true);
+      expect(inhibited({ alertname: 'SteadfastRdmaPortDown', domain: 'network', severity: 'critical', node: 'node-3', device: 'mlx5_0', port: '1' }, agentDown)).toBe(true);
+      expect(inhibited(await firing('SteadfastGpuLost', { node: 'node-4', ...gpu }), agentDown)).toBe(false);
+      expect(inhibited({ alertname: 'SteadfastNfsRpcBacklog', domain: 'storage', severity: 'warning', node: 'node-3' }, agentDown)).toBe(false);
+      expect(inhibited(await firing('SteadfastActionsRefused', { verb: 'drain', state: 'refused', backend: 'slurm' }), agentDown)).toBe(false);
+    });
+
+    it('a lost GPU silences the Xid alerts of that GPU only', async () => {
+      const lost = await firing('SteadfastGpuLost', { node: 'node-3', gpu: '0', pci_bus_id: '0000:3b:00' });
+      for (const alertname of ['SteadfastXidFatal', 'SteadfastXidGpuResetRequired', 'SteadfastXidNodeRebootRequired']) {
+        expect(inhibited(await firing(alertname, { node: 'node-3', pci_bus_id: '0000:3b:00', xid: '79' }), lost), alertname).toBe(true);
+        expect(inhibited(await firing(alertname, { node: 'node-3', pci_bus_id: '0000:b3:00', xid: '79' }), lost), `${alertname} on another GPU`).toBe(false);
+        expect(inhibited(await firing(alertname, { node: 'node-4', pci_bus_id: '0000:3b:00', xid: '79' }), lost), `${alertname} on another node`).toBe(false);
+      }
+      expect(inhibited(await firing('SteadfastGpuEccUncorrectable', { node: 'node-3', gpu: '0', pci_bus_id: '0000:3b:00' }), lost)).toBe(false);
+    });
+
+    it('a node that needs a reboot silences its GPU-reset alerts, whose repair the reboot includes', async () => {
+      const reboot = await firing('SteadfastXidNodeRebootRequired', { node: 'node-3', pci_bus_id: '0000:3b:00', xid: '79' });
+      expect(inhibited(await firing('SteadfastXidGpuResetRequired', { node: 'node-3', pci_bus_id: '0000:b3:00', xid: '48' }), reboot)).toBe(true);
+      expect(inhibited(await firing('SteadfastXidGpuResetRequired', { node: 'node-4', pci_bus_id: '0000:b3:00', xid: '48' }), reboot)).toBe(false);
+      expect(inhibited(await firing('SteadfastXidFatal', { node: 'node-3', pci_bus_id: '0000:b3:00', xid: '48' }), reboot)).toBe(false);
+    });
   });
 
   describe('renderAlertmanagerConfig', () => {

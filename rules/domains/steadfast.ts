@@ -1,0 +1,96 @@
+import { QUEUE_NAMES } from '../../core/redis.js';
+import { agentSelector, controllerSelector, humanDuration, indent, newEvents } from '../promql.js';
+import { alert, type DomainRules } from '../spec.js';
+
+/**
+ * steadfast watching itself: the agents and the controller being scraped, the controller
+ * keeping up with its intake, and actions it decided but could not carry out. None of these is
+ * something steadfast can repair on its own, so every alert here carries `notify: humans` and
+ * Alertmanager pages people for it (rules/alertmanager.yml).
+ */
+
+/** The label Alertmanager routes to the `humans` receiver on. */
+const PAGE_HUMANS = { notify: 'humans' } as const;
+
+export const rules: DomainRules = {
+  domain: 'steadfast',
+  groups: (t) => {
+    const s = t.steadfast;
+    const controllerUp = `up${controllerSelector(t)}`;
+    return [
+      {
+        name: 'steadfast-self',
+        rules: [
+          // A silent agent hides its node's GPUs, ports and training from every other rule; it
+          // may also be the first sign of the node itself being down.
+          alert({
+            alert: 'SteadfastAgentDown',
+            expr: `up${agentSelector(t)} == 0`,
+            for: s.agentDownFor,
+            severity: 'critical',
+            labels: PAGE_HUMANS,
+            summary: 'A steadfast agent cannot be scraped.',
+            description: `The steadfast agent on node {{ $labels.node }} ({{ $labels.instance }}) has not answered Prometheus for ${humanDuration(s.agentDownFor)}; faults on that node go unseen.`,
+            runbook: 'steadfast-agent-down.md',
+          }),
+          // `absent` covers a controller that was never scraped or whose target vanished.
+          alert({
+            alert: 'SteadfastControllerDown',
+            expr: `${controllerUp} == 0 or absent(${controllerUp})`,
+            for: s.controllerDownFor,
+            severity: 'critical',
+            labels: PAGE_HUMANS,
+            summary: 'The steadfast controller cannot be scraped.',
+            description: `Prometheus has not reached the steadfast controller (job {{ $labels.job }}{{ with $labels.instance }}, instance {{ . }}{{ end }}) for ${humanDuration(s.controllerDownFor)}; alerts are not being acted on.`,
+            runbook: 'steadfast-controller-down.md',
+          }),
+          alert({
+            alert: 'SteadfastQueueBacklog',
+            expr: `steadfast_queue_jobs${controllerSelector(t, { state: 'waiting' })} > ${s.queueBacklogJobs}`,
+            for: s.queueBacklogFor,
+            severity: 'warning',
+            labels: PAGE_HUMANS,
+            summary: 'Jobs are piling up in a steadfast queue.',
+            description: `The {{ $labels.queue }} queue of the steadfast controller ({{ $labels.instance }}) has held more than ${s.queueBacklogJobs} waiting jobs for ${humanDuration(s.queueBacklogFor)} (now {{ printf "%.0f" $value }}).`,
+            runbook: 'steadfast-queue-backlog.md',
+          }),
+          // The age of the oldest unprocessed signal: decisions, and their audit records, are
+          // this far behind the faults they answer.
+          alert({
+            alert: 'SteadfastDecisionLag',
+            expr: `steadfast_queue_oldest_waiting_seconds${controllerSelector(t, { queue: QUEUE_NAMES.signals })} > ${s.auditLagSeconds}`,
+            for: '0s',
+            severity: 'warning',
+            labels: PAGE_HUMANS,
+            summary: 'steadfast decides and audits late.',
+            description: `The oldest signal waiting in the {{ $labels.queue }} queue of the steadfast controller ({{ $labels.instance }}) is {{ printf "%.0f" $value }} s old, more than ${s.auditLagSeconds} s; decisions and the audit lag behind the faults.`,
+            runbook: 'steadfast-decision-lag.md',
+          }),
+          // A refusal (paused, dry-run, eviction budget spent) leaves a faulty node in service:
+          // only a person can decide to drain it anyway or to raise the budget.
+          alert({
+            alert: 'SteadfastActionsRefused',
+            expr: newEvents(`steadfast_actions_total${controllerSelector(t, { state: 'refused' })}`, s.actionWindow),
+            for: '0s',
+            severity: 'critical',
+            labels: PAGE_HUMANS,
+            summary: 'steadfast refused to carry out an action it decided on.',
+            description: `The steadfast controller ({{ $labels.instance }}) refused {{ printf "%.0f" $value }} {{ $labels.verb }} action(s) on the {{ $labels.backend }} backend in the last ${humanDuration(s.actionWindow)} (paused, dry-run or eviction budget spent); the nodes concerned are still in service.`,
+            runbook: 'steadfast-actions-refused.md',
+          }),
+          // A drain is retried on its own; this many failed attempts mean retrying is not helping.
+          alert({
+            alert: 'SteadfastActionsFailing',
+            expr: ['(', indent(newEvents(`steadfast_actions_total${controllerSelector(t, { state: 'failed' })}`, s.actionWindow)), `) >= ${s.actionFailureCount}`].join('\n'),
+            for: '0s',
+            severity: 'critical',
+            labels: PAGE_HUMANS,
+            summary: 'steadfast actions keep failing.',
+            description: `{{ printf "%.0f" $value }} {{ $labels.verb }} attempts failed on the {{ $labels.backend }} backend of the steadfast controller ({{ $labels.instance }}) in the last ${humanDuration(s.actionWindow)}; the cluster backend is not doing what steadfast asks.`,
+            runbook: 'steadfast-actions-failing.md',
+          }),
+        ],
+      },
+    ];
+  },
+};

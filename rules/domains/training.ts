@@ -1,0 +1,164 @@
+import type { TrainingErrorKind } from '../../exporters/megatron-log.js';
+import { agentSelector, humanDuration, selector } from '../promql.js';
+import { alert, record, type DomainRules, type RuleGroup } from '../spec.js';
+import type { Thresholds } from '../thresholds.js';
+
+/**
+ * Training progress and numerics, from the agent's training collector: steadfast_training_*
+ * {job, rank}, where `job` is the training job's own name. That needs `honor_labels: true` on the
+ * agent scrape job (rules/README.md); without it Prometheus renames the label to `exported_job`
+ * and these rules would group every job into one. The training series are therefore selected by
+ * name alone: their `job` is not the agents' scrape job.
+ */
+
+export const ITERATION_MEDIAN = 'job:steadfast_training_iteration_seconds:median';
+export const ITERATION_RATIO_TO_MEDIAN = 'job_rank:steadfast_training_iteration_seconds:ratio_to_median';
+export const PRODUCTIVE = 'job:steadfast_training_productive:bool';
+export const ETTR_HOUR = 'job:steadfast_training_ettr:avg1h';
+export const ETTR_MONTH = 'job:steadfast_training_ettr:avg30d';
+
+/** Failures that stop a job outright (a collective timed out, torchrun lost a worker). */
+const WORKER_FAILURES: readonly TrainingErrorKind[] = ['nccl_timeout', 'child_failed'];
+
+const RANK = 'rank {{ $labels.rank }} of training job {{ $labels.job }} on node {{ $labels.node }}';
+const RANK_SENTENCE = `R${RANK.slice(1)}`;
+
+const percentAbove = (ratio: number) => `${Math.round((ratio - 1) * 100)}%`;
+
+function groups(t: Thresholds): RuleGroup[] {
+  const training = t.training;
+  const recentLevel = (metric: string) => `avg_over_time(${metric}[${training.baselineWindow}] offset ${training.baselineOffset})`;
+  const rankProcesses = `steadfast_training_processes${agentSelector(t, { role: 'rank' })}`;
+
+  return [
+    {
+      name: 'steadfast-training',
+      rules: [
+        // Synchronous training runs at the pace of its slowest rank; the median across ranks is
+        // the job's pace, and a rank's ratio to it points at a straggler (Greyhound, 004).
+        record({
+          record: ITERATION_MEDIAN,
+          expr: 'quantile by (job) (0.5, steadfast_training_iteration_seconds)',
+        }),
+        record({
+          record: ITERATION_RATIO_TO_MEDIAN,
+          expr: `steadfast_training_iteration_seconds\n/ on (job) group_left ()\n${ITERATION_MEDIAN}`,
+        }),
+
+        // ETTR (ByteRobust, 000): productive time over wall-clock time. A job is productive while
+        // some rank reported an iteration within noProgressSeconds, the same bound past which
+        // SteadfastTrainingStalled fires; a stall therefore costs ETTR only beyond that bound.
+        record({
+          record: PRODUCTIVE,
+          expr: `max by (job) (\n  time() - steadfast_training_last_iteration_timestamp_seconds <= bool ${training.noProgressSeconds}\n)`,
+        }),
+        record({
+          record: ETTR_HOUR,
+          expr: `avg_over_time(${PRODUCTIVE}[1h])`,
+        }),
+        // The mean of the hourly ETTRs over the job's life, up to 30 days: each hourly value
+        // covers the hour before it, so one sample per hour tiles the month at 720 points
+        // instead of re-reading every raw sample.
+        record({
+          record: ETTR_MONTH,
+          expr: `avg_over_time(${ETTR_HOUR}[30d:1h])`,
+        }),
+
+        // ByteRobust (000, §4.1): a loss or gradient norm several times its recent level is a
+        // numerical fault (bad data, bad hardware, a bad code change) to roll back from.
+        alert({
+          alert: 'SteadfastTrainingLossSpike',
+          expr: `steadfast_training_loss > ${training.spikeFactor} * ${recentLevel('steadfast_training_loss')}`,
+          for: '0s',
+          severity: 'critical',
+          summary: 'The training loss jumped far above its recent level.',
+          description: `Loss {{ $labels.loss }} of ${RANK} is {{ printf "%.4g" $value }}, more than ${training.spikeFactor}× its average over the ${humanDuration(training.baselineWindow)} before the last ${humanDuration(training.baselineOffset)}.`,
+          runbook: 'steadfast-training-loss-spike.md',
+        }),
+        alert({
+          alert: 'SteadfastTrainingGradNormSpike',
+          expr: `steadfast_training_grad_norm > ${training.spikeFactor} * ${recentLevel('steadfast_training_grad_norm')}`,
+          for: '0s',
+          severity: 'critical',
+          summary: 'The gradient norm jumped far above its recent level.',
+          description: `The gradient norm of ${RANK} is {{ printf "%.4g" $value }}, more than ${training.spikeFactor}× its average over the ${humanDuration(training.baselineWindow)} before the last ${humanDuration(training.baselineOffset)}.`,
+          runbook: 'steadfast-training-grad-norm-spike.md',
+        }),
+        // NaN is the only value not equal to itself.
+        alert({
+          alert: 'SteadfastTrainingLossNaN',
+          expr: 'steadfast_training_loss != steadfast_training_loss',
+          for: '0s',
+          severity: 'critical',
+          summary: 'The training loss is NaN.',
+          description: `Loss {{ $labels.loss }} of ${RANK} is NaN.`,
+          runbook: 'steadfast-training-loss-nan.md',
+        }),
+        alert({
+          alert: 'SteadfastTrainingNanIterations',
+          expr: `increase(steadfast_training_nan_iterations_total[${training.counterWindow}]) > 0`,
+          for: '0s',
+          severity: 'critical',
+          summary: 'Training iterations produced NaN.',
+          description: `${RANK_SENTENCE} reported iterations with a NaN loss ({{ printf "%.0f" $value }} in the last ${humanDuration(training.counterWindow)}).`,
+          runbook: 'steadfast-training-nan-iterations.md',
+        }),
+        // fp16 loss scaling skips an iteration whenever it overflows and then lowers the scale;
+        // an odd skip is normal, skips that go on for skippedFor mean it is not recovering.
+        alert({
+          alert: 'SteadfastTrainingSkippedIterations',
+          expr: `increase(steadfast_training_skipped_iterations_total[${training.counterWindow}]) > 0`,
+          for: training.skippedFor,
+          severity: 'warning',
+          summary: 'Training keeps skipping iterations.',
+          description: `${RANK_SENTENCE} has kept skipping iterations for ${humanDuration(training.skippedFor)} ({{ printf "%.0f" $value }} in the last ${humanDuration(training.counterWindow)}): the fp16 loss scale keeps overflowing.`,
+          runbook: 'steadfast-training-skipped-iterations.md',
+        }),
+
+        // Greyhound (004, §4): a fail-slow is confirmed when the iteration time stays at least
+        // 10 % above the job's own earlier level. The baseline ends slowdownBaselineOffset ago so
+        // the slow period itself does not raise it before `for:` has elapsed.
+        alert({
+          alert: 'SteadfastTrainingSlowdown',
+          expr: `${ITERATION_MEDIAN}\n>= ${training.slowdownRatio} * avg_over_time(${ITERATION_MEDIAN}[${training.baselineWindow}] offset ${training.slowdownBaselineOffset})`,
+          for: training.slowdownFor,
+          severity: 'warning',
+          summary: 'Training iterations became slower.',
+          description: `Job {{ $labels.job }} takes {{ $value | humanizeDuration }} per iteration (median over its ranks), at least ${percentAbove(training.slowdownRatio)} more than over the ${humanDuration(training.baselineWindow)} before the last ${humanDuration(training.slowdownBaselineOffset)}, for ${humanDuration(training.slowdownFor)}.`,
+          runbook: 'steadfast-training-slowdown.md',
+        }),
+
+        // A rank that reports nothing while its node still runs rank processes is hung. A node
+        // that reports no rank processes at all has finished or lost the job (the worker
+        // failure alerts cover the latter); one without the process collector still fires.
+        alert({
+          alert: 'SteadfastTrainingStalled',
+          expr: [
+            `time() - steadfast_training_last_iteration_timestamp_seconds > ${training.noProgressSeconds}`,
+            `unless on (node)`,
+            `${rankProcesses} == 0`,
+          ].join('\n'),
+          for: '0s',
+          severity: 'critical',
+          summary: 'A training job stopped making progress.',
+          description: `${RANK_SENTENCE} has reported no new iteration for {{ $value | humanizeDuration }}, and its node has not reported the ranks gone: the job is hung.`,
+          runbook: 'steadfast-training-stalled.md',
+        }),
+
+        // The agent also sends these on its fast path, within seconds; the alert is the record
+        // that survives an agent or controller restart and shows in Alertmanager.
+        alert({
+          alert: 'SteadfastTrainingWorkerFailed',
+          expr: `increase(steadfast_training_errors_total${selector({ kind: { oneOf: WORKER_FAILURES } })}[${training.counterWindow}]) > 0`,
+          for: '0s',
+          severity: 'critical',
+          summary: 'A training worker failed or a collective timed out.',
+          description: `${RANK_SENTENCE} logged a {{ $labels.kind }} failure ({{ printf "%.0f" $value }} in the last ${humanDuration(training.counterWindow)}).`,
+          runbook: 'steadfast-training-worker-failed.md',
+        }),
+      ],
+    },
+  ];
+}
+
+export const rules: DomainRules = { domain: 'training', groups };
