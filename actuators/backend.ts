@@ -22,4 +22,13 @@ export interface ClusterBackend {
   drain(node: string, reason: string): Promise<void>;
   /** Returns the node to service. */
   resume(node: string): Promise<void>;
+  /**
+   * Holds a healthy node back as a warm standby: no ordinary work lands on it (Slurm: a
+   * reservation; Kubernetes: a taint and a role label). Idempotent.
+   */
+  holdStandby(node: string): Promise<void>;
+  /** Releases a standby to `job` (Slurm: out of the reservation; Kubernetes: untaint, label with the job). Idempotent. */
+  activateStandby(node: string, job: string): Promise<void>;
+  /** Nodes currently held as standbys, as the scheduler records them. */
+  standbys(): Promise<string[]>;
 }

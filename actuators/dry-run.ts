@@ -28,6 +28,18 @@ export class DryRunBackend implements ClusterBackend {
     await this.redis.hdel(this.keys.dryRunNodes(), node);
   }
 
+  async holdStandby(node: string): Promise<void> {
+    await this.redis.sadd(this.keys.dryRunStandbys(), node);
+  }
+
+  async activateStandby(node: string, _job: string): Promise<void> {
+    await this.redis.srem(this.keys.dryRunStandbys(), node);
+  }
+
+  async standbys(): Promise<string[]> {
+    return (await this.redis.smembers(this.keys.dryRunStandbys())).sort();
+  }
+
   /** Everything this backend was asked to drain, for `steadfast audit` and tests. */
   async recorded(): Promise<Record<string, string>> {
     return this.redis.hgetall(this.keys.dryRunNodes());

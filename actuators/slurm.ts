@@ -12,7 +12,11 @@ export interface SlurmOptions {
   /** Added to the environment of every Slurm command (SLURM_CONF, for instance). */
   readonly env: Readonly<Record<string, string>>;
   readonly timeoutMs: number;
+  /** Reservation that holds warm standbys back from ordinary jobs. */
+  readonly standbyReservation?: string;
 }
+
+const DEFAULT_STANDBY_RESERVATION = 'steadfast-standby';
 
 /** Slurm states in which a node takes no new jobs (sinfo `%T`, without the `~`/`*` suffixes). */
 const OUT_OF_SERVICE = new Set(['drained', 'draining', 'drain', 'down', 'fail', 'failing', 'maint']);
@@ -41,10 +45,12 @@ export class SlurmBackend implements ClusterBackend {
       });
       return stdout;
     } catch (error) {
-      const stderr = (error as { stderr?: string }).stderr?.trim();
-      const message = `${file} ${args[0] ?? ''} failed: ${stderr || errorMessage(error)}`;
+      // scontrol prints some refusals ("Reservation … not found") on stdout.
+      const failure = error as { stderr?: string; stdout?: string };
+      const said = failure.stderr?.trim() || failure.stdout?.trim();
+      const message = `${file} ${args[0] ?? ''} failed: ${said || errorMessage(error)}`;
       // slurmctld answering "invalid node" will say so again on every retry.
-      if (stderr && /invalid node name|not found/i.test(stderr)) throw new DoNotRetryError(message);
+      if (said && /invalid node name|not found|invalid reservation/i.test(said)) throw new DoNotRetryError(message);
       throw new RetryLaterError(message, error);
     }
   }
@@ -77,5 +83,56 @@ export class SlurmBackend implements ClusterBackend {
   async resume(node: string): Promise<void> {
     this.checkNode(node);
     await this.exec(this.options.scontrol, ['update', `NodeName=${node}`, 'State=RESUME']);
+  }
+
+  private get reservation(): string {
+    return this.options.standbyReservation ?? DEFAULT_STANDBY_RESERVATION;
+  }
+
+  /**
+   * Standbys live in one maintenance reservation (ByteRobust §6.2: warm, self-checked, kept
+   * off ordinary work). Slurm prints its node list compressed (`node-[6,8]`); `scontrol show
+   * hostnames` expands it.
+   */
+  async standbys(): Promise<string[]> {
+    let out: string;
+    try {
+      out = await this.exec(this.options.scontrol, ['show', `ReservationName=${this.reservation}`, '--oneliner']);
+    } catch (error) {
+      if (error instanceof DoNotRetryError) return [];
+      throw error;
+    }
+    const list = /\bNodes=(\S+)/.exec(out)?.[1];
+    if (!list || list === '(null)') return [];
+    const expanded = await this.exec(this.options.scontrol, ['show', 'hostnames', list]);
+    return expanded.split('\n').map((line) => line.trim()).filter(Boolean);
+  }
+
+  private async setStandbys(nodes: readonly string[]): Promise<void> {
+    const current = await this.standbys();
+    const exists = current.length > 0;
+    if (nodes.length === 0) {
+      if (exists) await this.exec(this.options.scontrol, ['delete', `ReservationName=${this.reservation}`]);
+      return;
+    }
+    const list = `Nodes=${[...nodes].sort().join(',')}`;
+    await this.exec(
+      this.options.scontrol,
+      exists
+        ? ['update', `ReservationName=${this.reservation}`, list]
+        : ['create', 'reservation', `ReservationName=${this.reservation}`, list, 'StartTime=now', 'Duration=infinite', 'Users=root', 'Flags=maint,ignore_jobs'],
+    );
+  }
+
+  async holdStandby(node: string): Promise<void> {
+    this.checkNode(node);
+    const current = await this.standbys();
+    if (!current.includes(node)) await this.setStandbys([...current, node]);
+  }
+
+  async activateStandby(node: string, _job: string): Promise<void> {
+    this.checkNode(node);
+    const current = await this.standbys();
+    if (current.includes(node)) await this.setStandbys(current.filter((candidate) => candidate !== node));
   }
 }

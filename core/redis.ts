@@ -56,6 +56,9 @@ export class Keys {
   dryRunNodes(): string {
     return `${this.prefix}:dry-run:nodes`;
   }
+  dryRunStandbys(): string {
+    return `${this.prefix}:dry-run:standbys`;
+  }
 }
 
 export const QUEUE_NAMES = { signals: 'signals', actions: 'actions' } as const;

@@ -53,3 +53,31 @@ describe('Slurm backend against a real slurmctld', () => {
     await backend.resume('gpu-a1');
   });
 });
+
+describe('Slurm standbys', () => {
+  const group = new ProcessGroup();
+  const root = mkdtempSync(join(tmpdir(), 'steadfast-slurm-standby-'));
+  let backend: SlurmBackend;
+
+  beforeAll(async () => {
+    const slurm = await startSlurm(group, root, ['sb-1', 'sb-2', 'sb-3']);
+    backend = new SlurmBackend({ scontrol: 'scontrol', sinfo: 'sinfo', env: slurm.env, timeoutMs: 10_000 });
+  });
+  afterAll(async () => {
+    await group.stopAll();
+    rmSync(root, { recursive: true, force: true });
+  });
+
+  it('holds standbys in a maintenance reservation, releases one to a job, and deletes the reservation when empty', async () => {
+    expect(await backend.standbys()).toEqual([]);
+    await backend.holdStandby('sb-2');
+    await backend.holdStandby('sb-3');
+    await backend.holdStandby('sb-3');
+    expect(await backend.standbys()).toEqual(['sb-2', 'sb-3']);
+    await backend.activateStandby('sb-2', 'llama');
+    expect(await backend.standbys()).toEqual(['sb-3']);
+    await backend.activateStandby('sb-3', 'llama');
+    expect(await backend.standbys()).toEqual([]);
+    await backend.activateStandby('sb-3', 'llama');
+  });
+});
