@@ -19,6 +19,8 @@ export interface ServerDeps {
   readonly redisUp: () => Promise<boolean>;
   readonly metrics: ControllerMetrics;
   readonly logger: Logger;
+  /** More authenticated API routes (jobs, standbys). */
+  readonly routers?: readonly express.Router[];
 }
 
 /** Body-parser errors carry an HTTP status; anything else is ours. */
@@ -104,6 +106,8 @@ export function createApp(deps: ServerDeps): express.Express {
       throw error;
     }
   });
+
+  for (const router of deps.routers ?? []) app.use('/api/v1', auth, json, router);
 
   app.use((_req, res) => {
     res.status(404).json({ error: 'no such endpoint' });

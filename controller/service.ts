@@ -16,6 +16,8 @@ import { SignalIntake, type SignalJob } from './intake.js';
 import { GrafanaAnnotator } from './grafana.js';
 import { ControllerMetrics } from './metrics.js';
 import { createPolicyProcessor } from './policy-worker.js';
+import { JobStore } from './job-store.js';
+import { jobsRouter } from './jobs-api.js';
 import { createApp } from './server.js';
 
 export interface ControllerOptions {
@@ -116,6 +118,7 @@ export class Controller {
       redisUp: () => isRedisUp(this.intakeRedis),
       metrics: this.metrics,
       logger,
+      routers: [jobsRouter({ jobs: new JobStore(this.intakeRedis, this.keys), backend: this.backend })],
     });
     const server = app.listen(config.controller.port, config.controller.host);
     this.server = server;

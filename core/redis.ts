@@ -56,6 +56,21 @@ export class Keys {
   dryRunNodes(): string {
     return `${this.prefix}:dry-run:nodes`;
   }
+  get jobs(): string {
+    return `${this.prefix}:jobs`;
+  }
+  job(name: string): string {
+    return `${this.prefix}:job:${name}`;
+  }
+  jobTransitions(name: string): string {
+    return `${this.prefix}:job:${name}:transitions`;
+  }
+  jobCheckpoints(name: string): string {
+    return `${this.prefix}:job:${name}:checkpoints`;
+  }
+  nodeJob(node: string): string {
+    return `${this.prefix}:node-job:${node}`;
+  }
   dryRunStandbys(): string {
     return `${this.prefix}:dry-run:standbys`;
   }

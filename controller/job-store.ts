@@ -1,0 +1,171 @@
+import { InputError } from '../core/errors.js';
+import { parseJobSpec, type JobSpec, type JobState } from '../core/job.js';
+import type { Keys, Redis } from '../core/redis.js';
+import { checkpointShardSchema, type CheckpointShard } from '../actuators/restore-plan.js';
+import { z } from 'zod';
+import { parseOrThrow } from '../core/validate.js';
+
+/**
+ * Registered training jobs in Redis: their spec, state, the time they spent productive (for
+ * ETTR, ByteRobust §8.1.3) and their reported checkpoint shards. Every controller replica reads
+ * the same records, so the controller itself stays stateless.
+ */
+
+export class JobExistsError extends InputError {
+  constructor(name: string) {
+    super(`job ${name} is already registered`, 'name');
+    this.name = 'JobExistsError';
+  }
+}
+
+export class JobNotFoundError extends InputError {
+  constructor(name: string) {
+    super(`no job named ${name}`, 'name');
+    this.name = 'JobNotFoundError';
+  }
+}
+
+export interface JobRecord {
+  readonly spec: JobSpec;
+  readonly state: JobState;
+  readonly stateReason: string;
+  readonly createdAt: string;
+  readonly stateSince: string;
+}
+
+export interface Ettr {
+  /** Productive time over wall time since the job was registered. */
+  readonly cumulative: number;
+  /** The same over the last hour (or since registration, if younger). */
+  readonly window1h: number;
+}
+
+/** How many checkpoint steps are kept per job; older ones cannot matter for a restore. */
+const CHECKPOINT_STEPS_KEPT = 64;
+const TRANSITIONS_KEPT = 10_000;
+const HOUR_MS = 3600_000;
+
+const transitionSchema = z.object({ at: z.number(), productive: z.boolean() });
+
+export class JobStore {
+  constructor(
+    private readonly redis: Redis,
+    private readonly keys: Keys,
+  ) {}
+
+  /** Registers a job; it starts `running`. Throws JobExistsError when the name is taken. */
+  async create(body: unknown, now = Date.now()): Promise<JobRecord> {
+    const { spec } = parseJobSpec(body);
+    const created = await this.redis.hsetnx(this.keys.job(spec.name), 'spec', JSON.stringify(spec));
+    if (created === 0) throw new JobExistsError(spec.name);
+    const multi = this.redis.multi();
+    multi.hset(this.keys.job(spec.name), { state: 'running', stateReason: 'registered', createdAt: String(now), stateSince: String(now), productiveMs: '0' });
+    multi.sadd(this.keys.jobs, spec.name);
+    multi.rpush(this.keys.jobTransitions(spec.name), JSON.stringify({ at: now, productive: true }));
+    for (const node of spec.nodes) multi.set(this.keys.nodeJob(node), spec.name);
+    await multi.exec();
+    return this.get(spec.name);
+  }
+
+  async get(name: string): Promise<JobRecord> {
+    const fields = await this.redis.hgetall(this.keys.job(name));
+    if (!fields.spec) throw new JobNotFoundError(name);
+    return {
+      spec: JSON.parse(fields.spec) as JobSpec,
+      state: (fields.state ?? 'running') as JobState,
+      stateReason: fields.stateReason ?? '',
+      createdAt: new Date(Number(fields.createdAt)).toISOString(),
+      stateSince: new Date(Number(fields.stateSince)).toISOString(),
+    };
+  }
+
+  async list(): Promise<JobRecord[]> {
+    const names = (await this.redis.smembers(this.keys.jobs)).sort();
+    return Promise.all(names.map((name) => this.get(name)));
+  }
+
+  /** The job running on `node`, if any. */
+  async jobOnNode(node: string): Promise<string | undefined> {
+    return (await this.redis.get(this.keys.nodeJob(node))) ?? undefined;
+  }
+
+  /** Moves the job to `state`, accounting the time spent in the previous one. */
+  async setState(name: string, state: JobState, reason: string, now = Date.now()): Promise<void> {
+    const fields = await this.redis.hgetall(this.keys.job(name));
+    if (!fields.spec) throw new JobNotFoundError(name);
+    const wasProductive = fields.state === 'running';
+    const productiveMs = Number(fields.productiveMs ?? 0) + (wasProductive ? now - Number(fields.stateSince) : 0);
+    const multi = this.redis.multi();
+    multi.hset(this.keys.job(name), { state, stateReason: reason, stateSince: String(now), productiveMs: String(productiveMs) });
+    if (wasProductive !== (state === 'running')) {
+      multi.rpush(this.keys.jobTransitions(name), JSON.stringify({ at: now, productive: state === 'running' }));
+      multi.ltrim(this.keys.jobTransitions(name), -TRANSITIONS_KEPT, -1);
+    }
+    await multi.exec();
+  }
+
+  /** Replaces a node of the job (evicted → standby) in the node index and the spec. */
+  async replaceNode(name: string, evicted: string, replacement: string): Promise<void> {
+    const record = await this.get(name);
+    const nodes = record.spec.nodes.map((node) => (node === evicted ? replacement : node));
+    const spec = { ...record.spec, nodes };
+    const multi = this.redis.multi();
+    multi.hset(this.keys.job(name), 'spec', JSON.stringify(spec));
+    multi.del(this.keys.nodeJob(evicted));
+    multi.set(this.keys.nodeJob(replacement), name);
+    await multi.exec();
+  }
+
+  async ettr(name: string, now = Date.now()): Promise<Ettr> {
+    const fields = await this.redis.hgetall(this.keys.job(name));
+    if (!fields.spec) throw new JobNotFoundError(name);
+    const createdAt = Number(fields.createdAt);
+    const productiveMs = Number(fields.productiveMs ?? 0) + (fields.state === 'running' ? now - Number(fields.stateSince) : 0);
+    const cumulative = now > createdAt ? productiveMs / (now - createdAt) : 1;
+    const transitions = (await this.redis.lrange(this.keys.jobTransitions(name), 0, -1))
+      .map((text) => transitionSchema.safeParse(JSON.parse(text)))
+      .flatMap((result) => (result.success ? [result.data] : []));
+    return { cumulative, window1h: productiveShare(transitions, Math.max(createdAt, now - HOUR_MS), now) };
+  }
+
+  async addCheckpoints(name: string, body: unknown): Promise<number> {
+    await this.get(name);
+    const shards = parseOrThrow(z.union([checkpointShardSchema, z.array(checkpointShardSchema).min(1).max(100_000)]), body, 'checkpoint shards');
+    const list = Array.isArray(shards) ? shards : [shards];
+    const multi = this.redis.multi();
+    for (const shard of list) multi.zadd(this.keys.jobCheckpoints(name), String(shard.step), JSON.stringify(shard));
+    await multi.exec();
+    // Keep the newest steps only.
+    const steps = [...new Set((await this.redis.zrange(this.keys.jobCheckpoints(name), '0', '-1', 'WITHSCORES')).filter((_, index) => index % 2 === 1))];
+    if (steps.length > CHECKPOINT_STEPS_KEPT) {
+      const cutoff = Number(steps[steps.length - CHECKPOINT_STEPS_KEPT]);
+      await this.redis.zremrangebyscore(this.keys.jobCheckpoints(name), '-inf', `(${cutoff}`);
+    }
+    return list.length;
+  }
+
+  async checkpoints(name: string): Promise<CheckpointShard[]> {
+    await this.get(name);
+    return (await this.redis.zrange(this.keys.jobCheckpoints(name), '0', '-1')).map((text) => checkpointShardSchema.parse(JSON.parse(text)));
+  }
+}
+
+/** Share of [from, to] spent productive, from the job's productive/unproductive transitions. */
+export function productiveShare(transitions: readonly { at: number; productive: boolean }[], from: number, to: number): number {
+  if (to <= from) return 1;
+  let productive = false;
+  let cursor = from;
+  let total = 0;
+  for (const transition of transitions) {
+    if (transition.at <= from) {
+      productive = transition.productive;
+      continue;
+    }
+    if (transition.at >= to) break;
+    if (productive) total += transition.at - cursor;
+    cursor = transition.at;
+    productive = transition.productive;
+  }
+  if (productive) total += to - cursor;
+  return total / (to - from);
+}

@@ -1,0 +1,96 @@
+import express, { type Request, type Response } from 'express';
+import { InputError, StoreUnavailableError } from '../core/errors.js';
+import { jobNameSchema } from '../core/job.js';
+import { nodeNameSchema } from '../core/names.js';
+import { parseOrThrow } from '../core/validate.js';
+import type { ClusterBackend } from '../actuators/backend.js';
+import { planRestore } from '../actuators/restore-plan.js';
+import { parseJobSpec } from '../core/job.js';
+import { JobExistsError, JobNotFoundError, type JobStore } from './job-store.js';
+
+/**
+ * The jobs API: register training jobs, read their state and ETTR, report checkpoint shards and
+ * ask for a restore plan; and the standby endpoint a standby node's agent polls to learn its
+ * assignment (ByteRobust §6.2). Mounted behind the controller's bearer auth.
+ */
+export function jobsRouter(deps: { jobs: JobStore; backend: ClusterBackend }): express.Router {
+  const { jobs, backend } = deps;
+  const router = express.Router();
+
+  const handle =
+    (work: (req: Request, res: Response) => Promise<void>) =>
+    async (req: Request, res: Response): Promise<void> => {
+      try {
+        await work(req, res);
+      } catch (error) {
+        if (error instanceof JobNotFoundError) res.status(404).json({ error: error.message });
+        else if (error instanceof JobExistsError) res.status(409).json({ error: error.message });
+        else if (error instanceof InputError) res.status(400).json({ error: error.message });
+        else if (error instanceof StoreUnavailableError) res.status(503).set('Retry-After', '5').json({ error: error.message });
+        else throw error;
+      }
+    };
+
+  const jobName = (req: Request): string => parseOrThrow(jobNameSchema, req.params.id, 'job name');
+
+  router.post(
+    '/jobs',
+    handle(async (req, res) => {
+      const record = await jobs.create(req.body);
+      res.status(201).json({ job: record, ettr: await jobs.ettr(record.spec.name) });
+    }),
+  );
+
+  router.get(
+    '/jobs',
+    handle(async (_req, res) => {
+      const records = await jobs.list();
+      res.json({ jobs: await Promise.all(records.map(async (record) => ({ ...record, ettr: await jobs.ettr(record.spec.name) }))) });
+    }),
+  );
+
+  router.get(
+    '/jobs/:id',
+    handle(async (req, res) => {
+      const name = jobName(req);
+      res.json({ job: await jobs.get(name), ettr: await jobs.ettr(name) });
+    }),
+  );
+
+  router.post(
+    '/jobs/:id/checkpoints',
+    handle(async (req, res) => {
+      res.status(202).json({ accepted: await jobs.addCheckpoints(jobName(req), req.body) });
+    }),
+  );
+
+  router.get(
+    '/jobs/:id/restore-plan',
+    handle(async (req, res) => {
+      const name = jobName(req);
+      const record = await jobs.get(name);
+      const evictedParam = typeof req.query.evicted === 'string' ? req.query.evicted : '';
+      const evicted = new Set(evictedParam.split(',').filter(Boolean).map((node) => parseOrThrow(nodeNameSchema, node, 'evicted')));
+      const { topology } = parseJobSpec(record.spec);
+      const rankNodes = new Map(topology.ranks.map((rank) => [rank.rank, rank.node] as const));
+      const plan = planRestore(await jobs.checkpoints(name), { ranks: topology.ranks.length, evicted, rankNodes });
+      if (!plan) {
+        res.status(409).json({ error: `no checkpoint step of ${name} survives the evictions of ${[...evicted].join(', ') || 'no node'}` });
+        return;
+      }
+      res.json(plan);
+    }),
+  );
+
+  router.get(
+    '/standby/:node',
+    handle(async (req, res) => {
+      const node = parseOrThrow(nodeNameSchema, req.params.node, 'node');
+      const [standbys, job] = await Promise.all([backend.standbys(), jobs.jobOnNode(node)]);
+      const role = standbys.includes(node) ? 'standby' : job ? 'active' : 'unassigned';
+      res.json({ node, role, job: role === 'active' ? job : undefined });
+    }),
+  );
+
+  return router;
+}

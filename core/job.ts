@@ -1,0 +1,68 @@
+import { z } from 'zod';
+import { InputError } from './errors.js';
+import { nodeNameSchema } from './names.js';
+import { Topology, topologySpecSchema } from './topology.js';
+import { parseOrThrow } from './validate.js';
+
+/**
+ * A training job as steadfast knows it: where it runs, how its ranks map onto parallel groups,
+ * how to restart it, and which code version it runs (DESIGN.md, Contracts).
+ */
+
+export const JOB_NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;
+export const jobNameSchema = z.string().regex(JOB_NAME_PATTERN, 'must be 1-63 letters, digits, ".", "_" or "-", starting with a letter or digit');
+
+/** Placeholders a Slurm launcher's argv may use; each becomes exactly one argument. */
+export const LAUNCHER_PLACEHOLDERS = ['{job}', '{nodes}', '{version}'] as const;
+
+export const launcherSchema = z.discriminatedUnion('kind', [
+  z
+    .object({
+      kind: z.literal('slurm'),
+      /** argv run to (re)start the job, e.g. ["sbatch", "--nodelist={nodes}", "train.sh", "{version}"]; never a shell string. */
+      command: z.array(z.string().min(1).max(1024)).min(1).max(64),
+    })
+    .strict(),
+  z
+    .object({
+      kind: z.literal('kubernetes'),
+      namespace: z.string().regex(/^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/, 'must be a Kubernetes namespace name'),
+      /** The workload that runs the job, e.g. `jobs.batch/llama` or `pytorchjobs.kubeflow.org/llama`. */
+      workload: z.string().regex(/^[a-z0-9.-]+\/[a-z0-9]([-a-z0-9]*[a-z0-9])?$/, 'must be <resource>/<name>'),
+    })
+    .strict(),
+]);
+
+export type Launcher = z.infer<typeof launcherSchema>;
+
+export const jobSpecSchema = z
+  .object({
+    name: jobNameSchema,
+    nodes: z.array(nodeNameSchema).min(1).max(100_000),
+    ranksPerNode: z.number().int().min(1).max(1024),
+    /**
+     * An explicit rank table, or parallel sizes with a Megatron order string; the sizes form takes
+     * `nodes` and `ranksPerNode` from the job when it leaves them out.
+     */
+    topology: z.record(z.string(), z.unknown()).optional(),
+    launcher: launcherSchema,
+    codeVersion: z.string().min(1).max(128),
+  })
+  .strict();
+
+export type JobSpec = z.infer<typeof jobSpecSchema>;
+
+/** Validates a job spec, including its topology against its nodes; throws InputError naming the field. */
+export function parseJobSpec(value: unknown): { spec: JobSpec; topology: Topology } {
+  const spec = parseOrThrow(jobSpecSchema, value, 'job');
+  const raw = spec.topology ?? {};
+  const withDefaults = 'ranks' in raw ? raw : { nodes: spec.nodes, ranksPerNode: spec.ranksPerNode, ...raw };
+  const topology = Topology.from(parseOrThrow(topologySpecSchema, withDefaults, 'job.topology'));
+  const unknownNodes = [...new Set(topology.ranks.map((rank) => rank.node))].filter((node) => !spec.nodes.includes(node));
+  if (unknownNodes.length > 0) throw new InputError(`job.topology: ranks on nodes not in job.nodes: ${unknownNodes.join(', ')}`, 'topology');
+  return { spec, topology };
+}
+
+/** Whether the job is doing useful work: ETTR counts productive time over wall time (ByteRobust §8.1.3). */
+export const JOB_STATES = ['running', 'recovering', 'stopped', 'waiting_for_human'] as const;
+export type JobState = (typeof JOB_STATES)[number];
