@@ -4,6 +4,7 @@ import { auditCommand } from './audit.js';
 import { controllerCommand } from './controller.js';
 import { dashboardsCommand } from './dashboards.js';
 import { demoCommand } from './demo.js';
+import { jobsCommand } from './jobs.js';
 import { pauseCommands } from './pause.js';
 import { planCommand } from './plan.js';
 import { resumeCommand } from './resume.js';
@@ -25,7 +26,7 @@ function withUsageErrors(command: Command): Command {
   return command;
 }
 
-for (const command of [agentCommand(), controllerCommand(), auditCommand(), ...pauseCommands(), resumeCommand(), planCommand(), dashboardsCommand(), demoCommand()]) {
+for (const command of [agentCommand(), controllerCommand(), auditCommand(), jobsCommand(), ...pauseCommands(), resumeCommand(), planCommand(), dashboardsCommand(), demoCommand()]) {
   program.addCommand(withUsageErrors(command));
 }
 

@@ -1,5 +1,6 @@
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type { Queue } from 'bullmq';
+import type { JobStore } from './job-store.js';
 
 /** The controller's own metrics, on a registry made by the composition root. */
 export class ControllerMetrics {
@@ -10,7 +11,7 @@ export class ControllerMetrics {
   readonly signalToAction: Histogram<'verb'>;
   readonly grafanaAnnotationsFailed: Counter<'reason'>;
 
-  constructor(queues: readonly Queue[]) {
+  constructor(queues: readonly Queue[], jobs?: JobStore) {
     const registers = [this.registry];
     collectDefaultMetrics({ register: this.registry, prefix: 'steadfast_controller_' });
     this.signalsAccepted = new Counter({
@@ -73,6 +74,25 @@ export class ControllerMetrics {
           } catch {
             // Redis down: keep the last value; /healthz reports the outage.
           }
+        }
+      },
+    });
+    new Gauge({
+      name: 'steadfast_job_ettr_ratio',
+      help: 'Effective training time ratio of each registered job: productive time over wall time (ByteRobust §8.1.3), since registration and over the last hour.',
+      labelNames: ['job', 'window'],
+      registers,
+      async collect() {
+        if (!jobs) return;
+        try {
+          this.reset();
+          for (const record of await jobs.list()) {
+            const ettr = await jobs.ettr(record.spec.name);
+            this.set({ job: record.spec.name, window: 'cumulative' }, ettr.cumulative);
+            this.set({ job: record.spec.name, window: '1h' }, ettr.window1h);
+          }
+        } catch {
+          // Redis down: no values rather than stale ones; /healthz reports the outage.
         }
       },
     });

@@ -53,6 +53,7 @@ export class Controller {
   readonly audit: AuditLog;
   readonly backend: ClusterBackend;
   readonly gates: SafetyGates;
+  readonly jobs: JobStore;
   /** Posts finished actions to Grafana when the config has a `grafana` section. */
   readonly grafana: GrafanaAnnotator | undefined;
 
@@ -89,7 +90,8 @@ export class Controller {
     for (const queue of [this.signalQueue, this.actionQueue]) {
       queue.on('error', (error: Error) => options.logger.warn({ queue: queue.name, err: error.message }, 'queue error'));
     }
-    this.metrics = new ControllerMetrics([this.signalQueue, this.actionQueue]);
+    this.jobs = new JobStore(this.workerRedis, this.keys);
+    this.metrics = new ControllerMetrics([this.signalQueue, this.actionQueue], this.jobs);
     this.grafana =
       config.grafana && grafanaToken !== undefined
         ? new GrafanaAnnotator({
@@ -118,6 +120,7 @@ export class Controller {
       redisUp: () => isRedisUp(this.intakeRedis),
       metrics: this.metrics,
       logger,
+      // The intake connection fails fast when Redis is down; the workers' one would wait.
       routers: [jobsRouter({ jobs: new JobStore(this.intakeRedis, this.keys), backend: this.backend })],
     });
     const server = app.listen(config.controller.port, config.controller.host);

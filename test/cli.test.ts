@@ -5,6 +5,7 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
 import { AuditLog } from '../core/audit.js';
+import { JobStore } from '../controller/job-store.js';
 import { testRedis } from './support/redis.js';
 
 const run = promisify(execFile);
@@ -27,7 +28,7 @@ async function steadfastWithEnv(extraEnv: Record<string, string>, ...args: strin
 }
 
 describe('the steadfast CLI', () => {
-  it.each(['agent', 'controller', 'audit', 'pause', 'unpause', 'resume', 'plan', 'dashboards', 'demo'])('documents `steadfast %s` with --help and exits 0', async (command) => {
+  it.each(['agent', 'controller', 'audit', 'jobs', 'pause', 'unpause', 'resume', 'plan', 'dashboards', 'demo'])('documents `steadfast %s` with --help and exits 0', async (command) => {
     const result = await steadfast(command, '--help');
     expect(result.code).toBe(0);
     expect(result.stdout).toContain(`Usage: steadfast ${command}`);
@@ -160,5 +161,23 @@ describe('steadfast plan', () => {
     const range = await steadfast('plan', 'standby', '--nodes', '10', '--daily-failure-rate', '7');
     expect(range.code).toBe(2);
     expect(range.stderr).toContain('must be a probability');
+  });
+});
+
+describe('steadfast jobs', () => {
+  it('lists registered jobs with state, version and ETTR, as a table and as JSON', async () => {
+    const store = testRedis();
+    try {
+      const jobs = new JobStore(store.redis, store.keys);
+      await jobs.create({ name: 'gpt-small', nodes: ['n1', 'n2'], ranksPerNode: 8, topology: { tp: 8, dp: 2 }, launcher: { kind: 'slurm', command: ['sbatch', 'train.sh'] }, codeVersion: 'v7' });
+      const env = { STEADFAST_REDIS__URL: store.url, STEADFAST_REDIS__PREFIX: store.prefix };
+      const table = await steadfastWithEnv(env, 'jobs');
+      expect(table.code).toBe(0);
+      expect(table.stdout).toMatch(/^gpt-small +running +v7 +2 +100\.0% +100\.0%/m);
+      const json = JSON.parse((await steadfastWithEnv(env, 'jobs', '--json')).stdout) as { jobs: { spec: { name: string }; ettr: { cumulative: number } }[] };
+      expect(json.jobs.map((job) => job.spec.name)).toEqual(['gpt-small']);
+    } finally {
+      await store.cleanup();
+    }
   });
 });
