@@ -6,6 +6,7 @@ import { dashboardsCommand } from './dashboards.js';
 import { demoCommand } from './demo.js';
 import { jobsCommand } from './jobs.js';
 import { pauseCommands } from './pause.js';
+import { queuesCommand } from './queues.js';
 import { planCommand } from './plan.js';
 import { resumeCommand } from './resume.js';
 import { EXIT_USAGE } from './common.js';
@@ -26,7 +27,7 @@ function withUsageErrors(command: Command): Command {
   return command;
 }
 
-for (const command of [agentCommand(), controllerCommand(), auditCommand(), jobsCommand(), ...pauseCommands(), resumeCommand(), planCommand(), dashboardsCommand(), demoCommand()]) {
+for (const command of [agentCommand(), controllerCommand(), auditCommand(), jobsCommand(), queuesCommand(), ...pauseCommands(), resumeCommand(), planCommand(), dashboardsCommand(), demoCommand()]) {
   program.addCommand(withUsageErrors(command));
 }
 

@@ -1,3 +1,4 @@
+import type { Queue } from 'bullmq';
 import express, { type NextFunction, type Request, type Response } from 'express';
 import type { AuditLog } from '../core/audit.js';
 import { auditQuerySchema } from '../core/audit.js';
@@ -10,6 +11,7 @@ import { signalsFromWebhook, webhookPayloadSchema } from './alertmanager.js';
 import { bearerAuth } from './auth.js';
 import { signalFromFastPath } from './fast-path.js';
 import type { ControllerMetrics } from './metrics.js';
+import { mountQueueBoard } from './queue-board.js';
 
 export interface ServerDeps {
   readonly token: string;
@@ -21,6 +23,8 @@ export interface ServerDeps {
   readonly logger: Logger;
   /** More authenticated API routes (jobs, standbys). */
   readonly routers?: readonly express.Router[];
+  /** Queues shown read-only on bull-board at /queues (bearer token, or Basic with the token as password). */
+  readonly queues?: Queue[];
 }
 
 /** Body-parser errors carry an HTTP status; anything else is ours. */
@@ -108,6 +112,9 @@ export function createApp(deps: ServerDeps): express.Express {
   });
 
   for (const router of deps.routers ?? []) app.use('/api/v1', auth, json, router);
+  if (deps.queues) {
+    mountQueueBoard(app, deps.queues, deps.token, { onReject: () => metrics.requestsRejected.inc({ endpoint: 'queues', reason: 'unauthorized' }) });
+  }
 
   app.use((_req, res) => {
     res.status(404).json({ error: 'no such endpoint' });

@@ -12,6 +12,7 @@ import { DryRunBackend } from '../actuators/dry-run.js';
 import { createDrainProcessor, type ActionJob } from '../actuators/drain.js';
 import { SafetyGates } from '../actuators/safety.js';
 import { SlurmBackend } from '../actuators/slurm.js';
+import { kubernetesBackend, type KubernetesConnection } from '../actuators/kubernetes.js';
 import { SignalIntake, type SignalJob } from './intake.js';
 import { GrafanaAnnotator } from './grafana.js';
 import { ControllerMetrics } from './metrics.js';
@@ -30,7 +31,22 @@ export interface ControllerOptions {
 }
 
 export function createBackend(config: Config, redis: Redis, keys: Keys): ClusterBackend {
-  return config.backend.kind === 'slurm' ? new SlurmBackend(config.backend.slurm) : new DryRunBackend(redis, keys);
+  switch (config.backend.kind) {
+    case 'slurm':
+      return new SlurmBackend(config.backend.slurm);
+    case 'kubernetes': {
+      const k8s = config.backend.kubernetes;
+      const connection: KubernetesConnection =
+        k8s.connection === 'token'
+          ? { kind: 'token', server: k8s.server ?? '', token: resolveToken({ tokenFile: k8s.tokenFile }, 'backend.kubernetes'), caFile: k8s.caFile }
+          : k8s.connection === 'kubeconfig'
+            ? { kind: 'kubeconfig', path: k8s.kubeconfig, context: k8s.context }
+            : { kind: 'in-cluster' };
+      return kubernetesBackend({ connection, timeoutMs: k8s.timeoutMs });
+    }
+    case 'dry-run':
+      return new DryRunBackend(redis, keys);
+  }
 }
 
 /**
@@ -121,6 +137,7 @@ export class Controller {
       metrics: this.metrics,
       logger,
       // The intake connection fails fast when Redis is down; the workers' one would wait.
+      queues: [this.signalQueue, this.actionQueue],
       routers: [jobsRouter({ jobs: new JobStore(this.intakeRedis, this.keys), backend: this.backend })],
     });
     const server = app.listen(config.controller.port, config.controller.host);

@@ -41,7 +41,7 @@ export const configSchema = z
       .prefault({}),
     backend: z
       .object({
-        kind: z.enum(['slurm', 'dry-run']).default('dry-run'),
+        kind: z.enum(['slurm', 'kubernetes', 'dry-run']).default('dry-run'),
         slurm: z
           .object({
             scontrol: z.string().min(1).default('scontrol'),
@@ -49,8 +49,27 @@ export const configSchema = z
             /** Extra environment for the Slurm commands, e.g. SLURM_CONF. */
             env: z.record(z.string(), z.string()).default({}),
             timeoutMs: int().min(100).default(10_000),
+            /** Reservation that holds warm standbys. */
+            standbyReservation: z.string().regex(/^[A-Za-z0-9_-]{1,64}$/).default('steadfast-standby'),
           })
           .strict()
+          .prefault({}),
+        kubernetes: z
+          .object({
+            /** in-cluster (the pod's service account), kubeconfig (a file and context), or token (server + token file). */
+            connection: z.enum(['in-cluster', 'kubeconfig', 'token']).default('in-cluster'),
+            kubeconfig: z.string().min(1).optional(),
+            context: z.string().min(1).optional(),
+            server: z.url({ protocol: /^https?$/ }).optional(),
+            tokenFile: z.string().min(1).optional(),
+            caFile: z.string().min(1).optional(),
+            timeoutMs: int().min(100).default(10_000),
+          })
+          .strict()
+          .refine((value) => value.connection !== 'token' || (value.server !== undefined && value.tokenFile !== undefined), {
+            message: 'connection "token" needs server and tokenFile',
+            path: ['server'],
+          })
           .prefault({}),
       })
       .strict()

@@ -30,6 +30,11 @@ class FlakyBackend implements ClusterBackend {
   async resume(node: string): Promise<void> {
     this.drained.delete(node);
   }
+  async holdStandby(): Promise<void> {}
+  async activateStandby(): Promise<void> {}
+  async standbys(): Promise<string[]> {
+    return [];
+  }
 }
 
 function decision(node: string): Decision {

@@ -53,6 +53,13 @@ describe('configuration', () => {
     expect(resolveToken(config.controller, 'controller')).toBe('abcdefabcdefabcdef');
   });
 
+  it('accepts the Kubernetes backend and names what a token connection lacks', () => {
+    expect(loadConfig({ env: { STEADFAST_BACKEND__KIND: 'kubernetes' } }).backend.kubernetes.connection).toBe('in-cluster');
+    expect(() => loadConfig({ env: { STEADFAST_BACKEND__KIND: 'kubernetes', STEADFAST_BACKEND__KUBERNETES__CONNECTION: 'token' } })).toThrow(
+      /backend\.kubernetes\.server: connection "token" needs server and tokenFile/,
+    );
+  });
+
   it('refuses to run without a token', () => {
     expect(() => resolveToken({}, 'controller')).toThrow(/refusing to run unauthenticated/);
   });

@@ -1,0 +1,73 @@
+import { createBullBoard } from '@bull-board/api';
+import { BullMQAdapter } from '@bull-board/api/bullMQAdapter';
+import { ExpressAdapter } from '@bull-board/express';
+import type { Queue } from 'bullmq';
+import type express from 'express';
+import type { NextFunction, Request, Response } from 'express';
+import { bearerOrBasicAuth } from './auth.js';
+
+export const QUEUE_BOARD_PATH = '/queues';
+
+export interface QueueBoardOptions {
+  /** Offer retry, remove, pause, clean and the other writes; off by default (a read-only board). */
+  readonly allowActions?: boolean;
+  /** Called for each request turned away for want of a valid token (e.g. to count it). */
+  readonly onReject?: (req: Request) => void;
+}
+
+/**
+ * Serves bull-board, the BullMQ web UI, at /queues: the steadfast queues' counts, jobs, their
+ * data and failure reasons. It sits behind the API token, given as a bearer header or, since a
+ * browser cannot send one, as the HTTP Basic password (any user name; the 401 makes the browser
+ * prompt). Read-only unless `allowActions`: the board hides its write buttons, and every
+ * request other than GET or HEAD is refused here as well, before it reaches the board.
+ *
+ * Mount it before the app's catch-all 404 handler.
+ */
+export function mountQueueBoard(app: express.Express, queues: Queue[], token: string, options: QueueBoardOptions = {}): void {
+  const allowActions = options.allowActions ?? false;
+  const serverAdapter = new ExpressAdapter();
+  serverAdapter.setBasePath(QUEUE_BOARD_PATH);
+  createBullBoard({
+    queues: queues.map((queue) => new BullMQAdapter(queue, { readOnlyMode: !allowActions, allowRetries: allowActions })),
+    serverAdapter,
+    options: { uiConfig: { boardTitle: 'steadfast queues' } },
+  });
+  // bull-board's adapter is a whole express app, mounted here as a sub-app.
+  const board: express.Express = serverAdapter.getRouter();
+  board.disable('x-powered-by');
+  app.use(QUEUE_BOARD_PATH, bearerOrBasicAuth(token, options.onReject), allowActions ? sameOriginWrites : readOnly, board);
+}
+
+function isRead(req: Request): boolean {
+  return req.method === 'GET' || req.method === 'HEAD';
+}
+
+function readOnly(req: Request, res: Response, next: NextFunction): void {
+  if (isRead(req)) {
+    next();
+    return;
+  }
+  res.status(405).set('Allow', 'GET, HEAD').json({ error: 'the queue board is read-only' });
+}
+
+/**
+ * Basic credentials are sent by the browser on its own, so a write must come from the board's
+ * own page: a request whose Origin names another host is refused (cross-site request forgery).
+ */
+function sameOriginWrites(req: Request, res: Response, next: NextFunction): void {
+  const origin = req.get('origin');
+  if (isRead(req) || origin === undefined || hostOf(origin) === req.get('host')) {
+    next();
+    return;
+  }
+  res.status(403).json({ error: 'cross-origin writes to the queue board are refused' });
+}
+
+function hostOf(origin: string): string | undefined {
+  try {
+    return new URL(origin).host;
+  } catch {
+    return undefined;
+  }
+}

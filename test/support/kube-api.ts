@@ -1,0 +1,129 @@
+import { readFileSync } from 'node:fs';
+import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { isDeepStrictEqual } from 'node:util';
+import { z } from 'zod';
+
+/**
+ * A stand-in Kubernetes API server that replays recorded exchanges in order. It checks every
+ * request against the next recorded one (method, path, query, content type, JSON body and the
+ * bearer token) and answers with the recorded response; anything else is written down as a
+ * problem and answered 418, so `verify()` fails the test.
+ */
+
+const exchangeSchema = z
+  .object({
+    request: z
+      .object({
+        method: z.enum(['GET', 'POST', 'PATCH', 'PUT', 'DELETE']),
+        path: z.string().startsWith('/'),
+        query: z.record(z.string(), z.string()).optional(),
+        /** Checked when given: a merge patch and a JSON patch of the same intent are different requests. */
+        contentType: z.string().optional(),
+        body: z.unknown().optional(),
+      })
+      .strict(),
+    response: z.object({ status: z.number().int().min(100).max(599), body: z.unknown() }).strict(),
+  })
+  .strict();
+
+export type RecordedExchange = z.infer<typeof exchangeSchema>;
+
+const FIXTURES = new URL('../fixtures/kubernetes/', import.meta.url);
+
+/** Reads `test/fixtures/kubernetes/<name>.json`, a list of recorded exchanges. */
+export function recordedExchanges(name: string): RecordedExchange[] {
+  return z.array(exchangeSchema).parse(JSON.parse(readFileSync(new URL(`${name}.json`, FIXTURES), 'utf8')));
+}
+
+export interface KubeApiStandIn {
+  /** Base URL for the backend's `server`. */
+  readonly url: string;
+  readonly token: string;
+  /** Serves these exchanges next, after any not yet consumed. */
+  load(exchanges: RecordedExchange[]): void;
+  /** Throws, listing every unexpected request and unconsumed exchange, then starts clean. */
+  verify(): void;
+  close(): Promise<void>;
+}
+
+async function readBody(request: IncomingMessage): Promise<string> {
+  const chunks: Buffer[] = [];
+  for await (const chunk of request) chunks.push(chunk as Buffer);
+  return Buffer.concat(chunks).toString('utf8');
+}
+
+function requestLine(method: string, path: string, query: Record<string, string>): string {
+  const search = new URLSearchParams(query).toString();
+  return `${method} ${path}${search ? `?${search}` : ''}`;
+}
+
+export async function startKubeApi(token = 'steadfast-test-token'): Promise<KubeApiStandIn> {
+  let pending: RecordedExchange[] = [];
+  let problems: string[] = [];
+
+  function mismatch(expected: RecordedExchange | undefined, method: string, path: string, query: Record<string, string>, contentType: string | undefined, body: unknown, auth: string | undefined): string | undefined {
+    const got = requestLine(method, path, query);
+    if (!expected) return `unexpected request ${got}: no exchange left`;
+    const want = expected.request;
+    const wanted = requestLine(want.method, want.path, want.query ?? {});
+    if (auth !== `Bearer ${token}`) return `${got}: Authorization ${JSON.stringify(auth)}, expected the bearer token`;
+    if (method !== want.method || path !== want.path || !isDeepStrictEqual(query, want.query ?? {})) return `got ${got}, expected ${wanted}`;
+    if (want.contentType !== undefined && contentType !== want.contentType) return `${got}: Content-Type ${contentType}, expected ${want.contentType}`;
+    if (!isDeepStrictEqual(body, want.body)) return `${got}: body ${JSON.stringify(body)}, expected ${JSON.stringify(want.body)}`;
+    return undefined;
+  }
+
+  async function serve(request: IncomingMessage, response: ServerResponse): Promise<void> {
+    const url = new URL(request.url ?? '/', 'http://stand-in');
+    const method = request.method ?? '';
+    const query = Object.fromEntries(url.searchParams);
+    const text = await readBody(request);
+    let body: unknown;
+    try {
+      body = text === '' ? undefined : JSON.parse(text);
+    } catch {
+      body = text;
+    }
+    const contentType = request.headers['content-type']?.split(';')[0];
+    const problem = mismatch(pending[0], method, url.pathname, query, contentType, body, request.headers.authorization);
+    if (problem !== undefined) {
+      problems.push(problem);
+      response.writeHead(418, { 'content-type': 'application/json' });
+      response.end(JSON.stringify({ kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure', message: problem, code: 418 }));
+      return;
+    }
+    const exchange = pending.shift() as RecordedExchange;
+    response.writeHead(exchange.response.status, { 'content-type': 'application/json' });
+    response.end(JSON.stringify(exchange.response.body));
+  }
+
+  const server = createServer((request, response) => {
+    serve(request, response).catch((error: unknown) => {
+      problems.push(`stand-in failed: ${String(error)}`);
+      response.destroy();
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address() as AddressInfo;
+
+  return {
+    url: `http://127.0.0.1:${port}`,
+    token,
+    load(exchanges) {
+      pending = [...pending, ...exchanges];
+    },
+    verify() {
+      const left = pending.map((exchange) => `unconsumed exchange ${requestLine(exchange.request.method, exchange.request.path, exchange.request.query ?? {})}`);
+      const all = [...problems, ...left];
+      pending = [];
+      problems = [];
+      if (all.length > 0) throw new Error(`Kubernetes API stand-in:\n  ${all.join('\n  ')}`);
+    },
+    close: () =>
+      new Promise<void>((resolve, reject) => {
+        server.closeAllConnections();
+        server.close((error) => (error ? reject(error) : resolve()));
+      }),
+  };
+}
