@@ -528,7 +528,8 @@ describe('ladder: stop-time checks', () => {
 
 describe('ladder: closing incidents', () => {
   it('closes the incident on a successful restart and marks the running version good', () => {
-    const relaunching = run(jobOnV2(), [fault('machine', T0 + 5 * MINUTE, ['node-3'])]).state;
+    const relaunching = run(relaunchingOnV2(), [fault('machine', T0 + 5 * MINUTE, ['node-3'])]).state;
+    expect(relaunching.codeVersions.find((entry) => entry.version === 'v2')?.verdict).toBe('unproven');
     const { state, steps } = run(relaunching, [{ type: 'restart_succeeded', time: T0 + 6 * MINUTE }]);
     expect(steps).toEqual([]);
     expect(state.phase).toBe('running');

@@ -39,7 +39,7 @@ describe('configuration', () => {
   });
 
   it('names the field of a bad environment override', () => {
-    expect(() => loadConfig({ env: { STEADFAST_BACKEND__KIND: 'kubernetes' } })).toThrow(/backend\.kind/);
+    expect(() => loadConfig({ env: { STEADFAST_BACKEND__KIND: 'openstack' } })).toThrow(/backend\.kind/);
   });
 
   it('says so when the file is not YAML or not there', () => {
