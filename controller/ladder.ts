@@ -636,7 +636,7 @@ function pageHuman(ctx: Ctx, why: string, citation: string): void {
 function applyUpdateNow(ctx: Ctx, why: string): void {
   leaveRunning(ctx, 'code_update', why);
   enterRung(ctx, 'update', 'stopped');
-  // The apply_update step goes in front of the restart when it is emitted (withPendingUpdate).
+  // The apply_update step goes in front of the restart when it is emitted (emitRestart).
   launch(ctx, [step(ctx, 'restart', `${why}; halt, hot-update in place, relaunch`, CITE.hotUpdate)]);
 }
 
