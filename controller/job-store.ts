@@ -116,6 +116,12 @@ export class JobStore {
     await multi.exec();
   }
 
+  /** Records the code version the job now runs (an update or a rollback). */
+  async setVersion(name: string, version: string): Promise<void> {
+    const record = await this.get(name);
+    await this.redis.hset(this.keys.job(name), 'spec', JSON.stringify({ ...record.spec, codeVersion: version }));
+  }
+
   async ettr(name: string, now = Date.now()): Promise<Ettr> {
     const fields = await this.redis.hgetall(this.keys.job(name));
     if (!fields.spec) throw new JobNotFoundError(name);

@@ -1,4 +1,5 @@
 import express, { type Request, type Response } from 'express';
+import { z } from 'zod';
 import { InputError, StoreUnavailableError } from '../core/errors.js';
 import { jobNameSchema } from '../core/job.js';
 import { nodeNameSchema } from '../core/names.js';
@@ -7,13 +8,22 @@ import type { ClusterBackend } from '../actuators/backend.js';
 import { planRestore } from '../actuators/restore-plan.js';
 import { parseJobSpec } from '../core/job.js';
 import { JobExistsError, JobNotFoundError, type JobStore } from './job-store.js';
+import type { RecoveryDispatcher } from './recovery.js';
 
 /**
  * The jobs API: register training jobs, read their state and ETTR, report checkpoint shards and
  * ask for a restore plan; and the standby endpoint a standby node's agent polls to learn its
  * assignment (ByteRobust §6.2). Mounted behind the controller's bearer auth.
  */
-export function jobsRouter(deps: { jobs: JobStore; backend: ClusterBackend }): express.Router {
+const codeUpdateSchema = z
+  .object({
+    version: z.string().min(1).max(128),
+    /** Urgent (a bug fix): stop and apply now; otherwise at the next failure or within 24 h (ByteRobust §6.1). */
+    urgent: z.boolean().default(false),
+  })
+  .strict();
+
+export function jobsRouter(deps: { jobs: JobStore; backend: ClusterBackend; dispatcher?: RecoveryDispatcher }): express.Router {
   const { jobs, backend } = deps;
   const router = express.Router();
 
@@ -37,6 +47,9 @@ export function jobsRouter(deps: { jobs: JobStore; backend: ClusterBackend }): e
     '/jobs',
     handle(async (req, res) => {
       const record = await jobs.create(req.body);
+      // A job is registered while it trains: its version has proven itself, so a later rollback
+      // has somewhere to go.
+      await deps.dispatcher?.apply({ job: record.spec.name, event: { type: 'restart_succeeded', time: Date.now() }, eventId: 'registered' });
       res.status(201).json({ job: record, ettr: await jobs.ettr(record.spec.name) });
     }),
   );
@@ -79,6 +92,22 @@ export function jobsRouter(deps: { jobs: JobStore; backend: ClusterBackend }): e
         return;
       }
       res.json(plan);
+    }),
+  );
+
+  router.post(
+    '/jobs/:id/code-updates',
+    handle(async (req, res) => {
+      const name = jobName(req);
+      await jobs.get(name);
+      const update = parseOrThrow(codeUpdateSchema, req.body, 'code update');
+      if (!deps.dispatcher) throw new StoreUnavailableError('this controller runs without recovery');
+      const steps = await deps.dispatcher.apply({
+        job: name,
+        event: { type: 'code_update', time: Date.now(), version: update.version, urgent: update.urgent },
+        eventId: `update:${update.version}:${update.urgent ? 'urgent' : 'lazy'}`,
+      });
+      res.status(202).json({ job: name, version: update.version, urgent: update.urgent, steps: steps.map((step) => step.verb) });
     }),
   );
 

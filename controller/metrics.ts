@@ -10,6 +10,7 @@ export class ControllerMetrics {
   readonly actions: Counter<'verb' | 'state' | 'backend'>;
   readonly signalToAction: Histogram<'verb'>;
   readonly grafanaAnnotationsFailed: Counter<'reason'>;
+  readonly humanPages: Counter<'job'>;
 
   constructor(queues: readonly Queue[], jobs?: JobStore) {
     const registers = [this.registry];
@@ -30,6 +31,12 @@ export class ControllerMetrics {
       name: 'steadfast_actions_total',
       help: 'Actions that reached a final state, by verb, state and backend.',
       labelNames: ['verb', 'state', 'backend'],
+      registers,
+    });
+    this.humanPages = new Counter({
+      name: 'steadfast_human_pages_total',
+      help: 'Times a job\'s recovery needed a person: the ladder ran out, an action was refused, no standby was left.',
+      labelNames: ['job'],
       registers,
     });
     this.signalToAction = new Histogram({

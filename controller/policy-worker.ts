@@ -7,6 +7,10 @@ import type { Keys, Redis } from '../core/redis.js';
 import { signalSchema, stableHash, type Signal } from '../core/signal.js';
 import type { ActionJob } from '../actuators/drain.js';
 import type { SignalJob } from './intake.js';
+import { classifySignal } from './fault-class.js';
+import type { JobStore } from './job-store.js';
+import { faultEventFromSignal } from './ladder.js';
+import type { RecoveryDispatcher } from './recovery.js';
 import { decide } from './policy.js';
 
 export interface PolicyResult {
@@ -22,6 +26,8 @@ export interface PolicyWorkerDeps {
   readonly actions: Queue<ActionJob>;
   /** Reports for a node already being drained, within this window, join the first decision. */
   readonly dedupeSeconds: number;
+  /** Registered jobs and their recovery ladders; signals about a job's node go to its ladder. */
+  readonly recovery?: { readonly jobs: JobStore; readonly dispatcher: RecoveryDispatcher };
 }
 
 // Claims the node for a decision and stores the decision in one step. Returns the id of the
@@ -46,11 +52,41 @@ function describe(signal: Signal): string {
  * drained joins the existing decision instead of making a new one, which is how the agent's fast
  * path and the later Prometheus alert for the same Xid lead to exactly one drain.
  */
+/**
+ * A signal about a node of a registered job goes to that job's recovery ladder (ByteRobust §4,
+ * DeadPool Table II): classify, advance, and let the recovery actuator carry out the steps.
+ */
+async function toLadderImpl(audit: AuditLog, signal: Signal, trainingJob: string, dispatcher: RecoveryDispatcher): Promise<PolicyResult> {
+  const verdict = classifySignal(signal);
+  if (verdict.verdict === 'ignore') {
+    await audit.append(
+      { type: 'signal', ref: signal.id, node: signal.node, summary: `${describe(signal)}; job ${trainingJob}: no action: ${verdict.reason}`, data: { signal, job: trainingJob } },
+      `signal:${signal.id}`,
+    );
+    return { outcome: 'observed' };
+  }
+  await audit.append(
+    {
+      type: 'signal',
+      ref: signal.id,
+      node: signal.node,
+      summary: `${describe(signal)}; job ${trainingJob}: ${verdict.faultClass} fault (${verdict.reason})`,
+      data: { signal, job: trainingJob, faultClass: verdict.faultClass },
+    },
+    `signal:${signal.id}`,
+  );
+  const steps = await dispatcher.apply({ job: trainingJob, event: faultEventFromSignal(signal, verdict), eventId: signal.id });
+  return { outcome: steps.length > 0 ? 'decided' : 'joined' };
+}
+
 export function createPolicyProcessor(deps: PolicyWorkerDeps): (job: Job<SignalJob>) => Promise<PolicyResult> {
   const { redis, keys, audit, actions, dedupeSeconds } = deps;
+  const toLadder = (signal: Signal, trainingJob: string, dispatcher: RecoveryDispatcher): Promise<PolicyResult> => toLadderImpl(audit, signal, trainingJob, dispatcher);
 
   return async (job) => {
     const signal = parseJobPayload(signalSchema, job.data?.signal, 'signal job payload');
+    const trainingJob = deps.recovery && signal.node ? await deps.recovery.jobs.jobOnNode(signal.node) : undefined;
+    if (deps.recovery && trainingJob) return toLadder(signal, trainingJob, deps.recovery.dispatcher);
     const outcome = decide(signal);
     if (outcome.verb === 'observe') {
       await audit.append(

@@ -18,6 +18,8 @@ import { GrafanaAnnotator } from './grafana.js';
 import { ControllerMetrics } from './metrics.js';
 import { createPolicyProcessor } from './policy-worker.js';
 import { JobStore } from './job-store.js';
+import { RecoveryDispatcher, type RecoveryJob } from './recovery.js';
+import { createRecoveryProcessor } from '../actuators/recovery.js';
 import { jobsRouter } from './jobs-api.js';
 import { createApp } from './server.js';
 
@@ -29,6 +31,9 @@ export interface ControllerOptions {
   /** Serve HTTP (default). */
   readonly http?: boolean;
 }
+
+/** How often time is fed through every job's recovery ladder. */
+const RECOVERY_TICK_MS = 5000;
 
 export function createBackend(config: Config, redis: Redis, keys: Keys): ClusterBackend {
   switch (config.backend.kind) {
@@ -70,6 +75,9 @@ export class Controller {
   readonly backend: ClusterBackend;
   readonly gates: SafetyGates;
   readonly jobs: JobStore;
+  private readonly recoveryQueue: Queue<RecoveryJob>;
+  private readonly dispatcher: RecoveryDispatcher;
+  private ticker: NodeJS.Timeout | undefined;
   /** Posts finished actions to Grafana when the config has a `grafana` section. */
   readonly grafana: GrafanaAnnotator | undefined;
 
@@ -107,6 +115,12 @@ export class Controller {
       queue.on('error', (error: Error) => options.logger.warn({ queue: queue.name, err: error.message }, 'queue error'));
     }
     this.jobs = new JobStore(this.workerRedis, this.keys);
+    this.recoveryQueue = new Queue<RecoveryJob>(QUEUE_NAMES.recovery, {
+      connection: this.workerRedis,
+      prefix: config.redis.prefix,
+      defaultJobOptions: { attempts: 5, backoff: { type: 'exponential', delay: 1000 }, removeOnComplete: { age: 7 * 24 * 3600 }, removeOnFail: { age: 30 * 24 * 3600 } },
+    });
+    this.dispatcher = new RecoveryDispatcher(this.workerRedis, this.keys, this.jobs, this.audit, this.recoveryQueue);
     this.metrics = new ControllerMetrics([this.signalQueue, this.actionQueue], this.jobs);
     this.grafana =
       config.grafana && grafanaToken !== undefined
@@ -137,8 +151,8 @@ export class Controller {
       metrics: this.metrics,
       logger,
       // The intake connection fails fast when Redis is down; the workers' one would wait.
-      queues: [this.signalQueue, this.actionQueue],
-      routers: [jobsRouter({ jobs: new JobStore(this.intakeRedis, this.keys), backend: this.backend })],
+      queues: [this.signalQueue, this.actionQueue, this.recoveryQueue],
+      routers: [jobsRouter({ jobs: new JobStore(this.intakeRedis, this.keys), backend: this.backend, dispatcher: this.dispatcher })],
     });
     const server = app.listen(config.controller.port, config.controller.host);
     this.server = server;
@@ -181,9 +195,35 @@ export class Controller {
         audit: this.audit,
         actions: this.actionQueue,
         dedupeSeconds: config.policy.drainDedupeSeconds,
+        recovery: { jobs: this.jobs, dispatcher: this.dispatcher },
       }),
       { connection: this.ownConnection(), prefix: config.redis.prefix, concurrency: 8 },
     );
+    const recovery = new Worker(
+      QUEUE_NAMES.recovery,
+      createRecoveryProcessor({
+        redis: this.workerRedis,
+        keys: this.keys,
+        audit: this.audit,
+        backend: this.backend,
+        gates: this.gates,
+        jobs: this.jobs,
+        logger,
+        feedback: (event) => this.dispatcher.apply(event),
+        onPage: (job, reason) => {
+          this.metrics.humanPages.inc({ job });
+          logger.warn({ job, reason }, 'a person is needed');
+        },
+      }),
+      // One transition at a time per worker keeps a job's steps strictly ordered.
+      { connection: this.ownConnection(), prefix: config.redis.prefix, concurrency: 1 },
+    );
+    // The ladder holds restarts back (retry backoff) and lazy updates until a deadline: time
+    // must pass through it (controller/ladder.ts, `tick`).
+    this.ticker = setInterval(() => {
+      void this.tickJobs().catch((error: unknown) => logger.warn({ err: errorMessage(error) }, 'recovery tick failed'));
+    }, RECOVERY_TICK_MS);
+    this.ticker.unref();
     const drain = new Worker(
       QUEUE_NAMES.actions,
       createDrainProcessor({
@@ -204,10 +244,17 @@ export class Controller {
       const faultTime = Date.parse(job.data.decision.faultTime);
       if (Number.isFinite(faultTime)) this.metrics.signalToAction.observe({ verb: job.data.decision.verb }, (Date.now() - faultTime) / 1000);
     });
-    for (const worker of [policy, drain]) {
+    for (const worker of [policy, drain, recovery]) {
       worker.on('failed', (job, error) => logger.warn({ queue: worker.name, job: job?.id, err: error.message }, 'job failed'));
       worker.on('error', (error) => logger.warn({ queue: worker.name, err: errorMessage(error) }, 'worker error'));
       this.workers.push(worker);
+    }
+  }
+
+  private async tickJobs(): Promise<void> {
+    const now = Date.now();
+    for (const record of await this.jobs.list()) {
+      await this.dispatcher.apply({ job: record.spec.name, event: { type: 'tick', time: now }, eventId: `tick:${now}` });
     }
   }
 
@@ -215,6 +262,7 @@ export class Controller {
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
+    if (this.ticker) clearInterval(this.ticker);
     const server = this.server;
     if (server) {
       await new Promise<void>((resolve) => {
@@ -225,7 +273,7 @@ export class Controller {
     await Promise.allSettled(this.workers.map((worker) => worker.close()));
     // Annotations already under way finish (each is bounded by its timeout).
     await this.grafana?.settled();
-    await Promise.allSettled([this.intake.close(), this.actionQueue.close(), this.signalQueue.close()]);
+    await Promise.allSettled([this.intake.close(), this.actionQueue.close(), this.signalQueue.close(), this.recoveryQueue.close()]);
     for (const connection of [this.intakeRedis, this.workerRedis, ...this.workerConnections]) connection.disconnect();
   }
 }

@@ -68,6 +68,15 @@ export class Keys {
   jobCheckpoints(name: string): string {
     return `${this.prefix}:job:${name}:checkpoints`;
   }
+  jobLadder(name: string): string {
+    return `${this.prefix}:job:${name}:ladder`;
+  }
+  recoveryStep(transitionId: string, index: number): string {
+    return `${this.prefix}:recovery-step:${transitionId}:${index}`;
+  }
+  get quarantine(): string {
+    return `${this.prefix}:quarantine`;
+  }
   nodeJob(node: string): string {
     return `${this.prefix}:node-job:${node}`;
   }
@@ -76,7 +85,7 @@ export class Keys {
   }
 }
 
-export const QUEUE_NAMES = { signals: 'signals', actions: 'actions' } as const;
+export const QUEUE_NAMES = { signals: 'signals', actions: 'actions', recovery: 'recovery' } as const;
 
 /** True when `redis` answers PING within its timeout. */
 export async function isRedisUp(redis: Redis): Promise<boolean> {

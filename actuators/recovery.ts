@@ -1,0 +1,185 @@
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
+import type { Job } from 'bullmq';
+import { UnrecoverableError } from 'bullmq';
+import type { AuditLog } from '../core/audit.js';
+import { errorMessage, InputError } from '../core/errors.js';
+import type { Logger } from '../core/log.js';
+import type { Keys, Redis } from '../core/redis.js';
+import type { Launcher } from '../core/job.js';
+import type { JobStore } from '../controller/job-store.js';
+import type { LadderEvent, LadderStep } from '../controller/ladder.js';
+import { recoveryJobSchema, type LadderEventJob, type RecoveryJob } from '../controller/recovery.js';
+import type { ClusterBackend } from './backend.js';
+import type { SafetyGates } from './safety.js';
+
+const run = promisify(execFile);
+const STEP_DONE_TTL_SECONDS = 7 * 24 * 3600;
+const LAUNCH_TIMEOUT_MS = 120_000;
+
+export interface RecoveryActuatorDeps {
+  readonly redis: Redis;
+  readonly keys: Keys;
+  readonly audit: AuditLog;
+  readonly backend: ClusterBackend;
+  readonly gates: SafetyGates;
+  readonly jobs: JobStore;
+  readonly logger: Logger;
+  /** Feeds a step's outcome back into the job's ladder (RecoveryDispatcher.apply). */
+  readonly feedback: (event: LadderEventJob) => Promise<unknown>;
+  readonly onPage?: (job: string, reason: string) => void;
+}
+
+/** A Slurm launcher's argv with its placeholders filled: each stays one argument, never a shell word. */
+export function launchArgv(launcher: Extract<Launcher, { kind: 'slurm' }>, values: { job: string; nodes: readonly string[]; version: string }): string[] {
+  return launcher.command.map((arg) => arg.replaceAll('{job}', values.job).replaceAll('{nodes}', values.nodes.join(',')).replaceAll('{version}', values.version));
+}
+
+/**
+ * Carries out one ladder transition's steps in order, each at most once (a per-step marker in
+ * Redis survives a crash mid-transition, so a redelivered job resumes where it stopped and
+ * evicts nothing twice). Evictions pass the safety gates: pause, budget, per-node lease.
+ */
+export function createRecoveryProcessor(deps: RecoveryActuatorDeps): (job: Job<RecoveryJob>) => Promise<{ done: number }> {
+  const { redis, keys, audit, backend, gates, jobs, logger } = deps;
+
+  async function record(transitionId: string, index: number, step: LadderStep, state: 'done' | 'refused' | 'failed', detail: string, node?: string): Promise<void> {
+    await audit.append(
+      {
+        type: 'action',
+        ref: `${transitionId}:${index}`,
+        node: node ?? step.nodes?.[0],
+        summary: `${step.job}: ${step.verb}${node ? ` ${node}` : ''}: ${state} (${detail})`,
+        data: { job: step.job, verb: step.verb, state, detail, backend: backend.name, step },
+      },
+      `action:${transitionId}:${index}:${node ?? ''}:${state}`,
+    );
+  }
+
+  async function evict(transitionId: string, index: number, step: LadderStep): Promise<boolean> {
+    const admitted = await gates.admit(`${transitionId}:${index}`);
+    if (!admitted.ok) {
+      await record(transitionId, index, step, 'refused', admitted.reason);
+      deps.onPage?.(step.job, admitted.reason);
+      return false;
+    }
+    const quarantined = new Set(await redis.smembers(keys.quarantine));
+    for (const node of step.nodes ?? []) {
+      const holder = `${transitionId}:${index}`;
+      const lease = await gates.acquireLease(node, holder);
+      if (!lease.ok) throw new Error(lease.reason);
+      try {
+        const before = await backend.nodeState(node);
+        if (!before.drained) await backend.drain(node, `steadfast: ${step.reason} audit=${transitionId}`);
+        await record(transitionId, index, step, 'done', before.drained ? `already out of service (${before.raw})` : `drained through ${backend.name}`, node);
+      } finally {
+        await gates.releaseLease(node, holder);
+      }
+      // ByteRobust §6.2: a warm standby takes the evicted machine's place.
+      const standby = (await backend.standbys()).find((candidate) => !quarantined.has(candidate));
+      if (!standby) {
+        const reason = `no warm standby left to replace ${node}; provision one (steadfast plan standby sizes the pool)`;
+        await record(transitionId, index, step, 'failed', reason, node);
+        deps.onPage?.(step.job, reason);
+        continue;
+      }
+      await backend.activateStandby(standby, step.job);
+      await jobs.replaceNode(step.job, node, standby);
+      await record(transitionId, index, step, 'done', `standby ${standby} activated in place of ${node}`, standby);
+    }
+    return true;
+  }
+
+  async function launch(transitionId: string, index: number, step: LadderStep): Promise<void> {
+    const record_ = await jobs.get(step.job);
+    const launcher = record_.spec.launcher;
+    let outcome: LadderEvent;
+    if (launcher.kind === 'slurm') {
+      const argv = launchArgv(launcher, { job: step.job, nodes: record_.spec.nodes, version: record_.spec.codeVersion });
+      try {
+        const { stdout } = await run(argv[0] as string, argv.slice(1), { timeout: LAUNCH_TIMEOUT_MS, maxBuffer: 1024 * 1024 });
+        await record(transitionId, index, step, 'done', `launched ${record_.spec.codeVersion} on ${record_.spec.nodes.join(',')}: ${stdout.trim().slice(0, 200) || 'ok'}`);
+        // The launcher accepted the job; until training progress is wired back (the training
+        // collector's iterations), an accepted launch counts as a successful restart.
+        outcome = { type: 'restart_succeeded', time: Date.now() };
+      } catch (error) {
+        const said = (error as { stderr?: string }).stderr?.trim() || errorMessage(error);
+        await record(transitionId, index, step, 'failed', `launcher failed: ${said.slice(0, 300)}`);
+        outcome = { type: 'restart_failed', time: Date.now(), detail: said.slice(0, 300) };
+      }
+    } else {
+      await record(transitionId, index, step, 'failed', `relaunching ${launcher.workload} in ${launcher.namespace} is not automated yet; restart it by hand`);
+      deps.onPage?.(step.job, 'Kubernetes relaunch needs a person');
+      return;
+    }
+    await deps.feedback({ job: step.job, event: outcome, eventId: `${transitionId}:${index}:${outcome.type}` });
+  }
+
+  async function runStep(transitionId: string, index: number, step: LadderStep): Promise<boolean> {
+    switch (step.verb) {
+      case 'evict':
+        return evict(transitionId, index, step);
+      case 'rollback':
+      case 'apply_update':
+        // A hot update in place (ByteRobust §6.1): the version changes here, the restart step
+        // that follows relaunches on it.
+        if (step.version) await jobs.setVersion(step.job, step.version);
+        await record(transitionId, index, step, 'done', `code version set to ${step.version ?? '(unchanged)'}`);
+        return true;
+      case 'restart':
+      case 'reattempt':
+        await launch(transitionId, index, step);
+        return true;
+      case 'run_diagnostics':
+        // Stop-time diagnostics are an analyzer not built yet: say so, and let the ladder go on
+        // as ByteRobust §4.2 does when the checks find nothing.
+        await record(transitionId, index, step, 'done', 'no stop-time diagnostics available yet; reported as finding no suspect');
+        await deps.feedback({ job: step.job, event: { type: 'diagnostics_result', time: Date.now(), suspects: [] }, eventId: `${transitionId}:${index}:diagnostics` });
+        return true;
+      case 'run_replay':
+        await record(transitionId, index, step, 'done', 'dual-phase replay not available yet; reported as finding no culprit');
+        await deps.feedback({ job: step.job, event: { type: 'replay_result', time: Date.now(), culprits: [] }, eventId: `${transitionId}:${index}:replay` });
+        return true;
+      case 'quarantine':
+        if (step.nodes?.length) await redis.sadd(keys.quarantine, ...step.nodes);
+        await record(transitionId, index, step, 'done', `quarantined ${step.nodes?.join(',') ?? ''}`);
+        return true;
+      case 'page_human':
+        deps.onPage?.(step.job, step.reason);
+        await record(transitionId, index, step, 'done', `paged: ${step.reason}`);
+        return true;
+      case 'stop':
+      case 'analyze_stacks':
+      case 'notify':
+      case 'tolerate':
+        await record(transitionId, index, step, 'done', 'recorded');
+        return true;
+      default:
+        throw new UnrecoverableError(`unknown recovery step ${String(step.verb)}`);
+    }
+  }
+
+  return async (job) => {
+    const parsed = recoveryJobSchema.safeParse(job.data);
+    if (!parsed.success) throw new UnrecoverableError(new InputError(`invalid recovery job payload: ${parsed.error.message}`).message);
+    const { transitionId, steps } = parsed.data;
+    if ((await gates.paused()) !== undefined) {
+      // Paused: nothing of the transition runs; the refusal is on record and a person is told.
+      for (const [index, step] of steps.entries()) await record(transitionId, index, step, 'refused', `actions are paused: ${String(await gates.paused())}`);
+      return { done: 0 };
+    }
+    let done = 0;
+    for (const [index, step] of steps.entries()) {
+      const marker = keys.recoveryStep(transitionId, index);
+      if ((await redis.get(marker)) === 'done') continue;
+      const proceed = await runStep(transitionId, index, step);
+      await redis.set(marker, 'done', 'EX', STEP_DONE_TTL_SECONDS);
+      done += 1;
+      if (!proceed) {
+        logger.warn({ transitionId, step: step.verb }, 'recovery stopped: a step was refused');
+        break;
+      }
+    }
+    return { done };
+  };
+}

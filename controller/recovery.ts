@@ -1,0 +1,108 @@
+import type { Queue } from 'bullmq';
+import { z } from 'zod';
+import type { AuditLog } from '../core/audit.js';
+import { StoreUnavailableError, errorMessage } from '../core/errors.js';
+import type { Keys, Redis } from '../core/redis.js';
+import { stableHash } from '../core/signal.js';
+import type { JobStore } from './job-store.js';
+import { DEFAULT_LADDER_CONFIG, STEP_VERBS, advance, initialLadderState, ladderStateSchema, type LadderConfig, type LadderEvent, type LadderState, type LadderStep } from './ladder.js';
+
+/**
+ * Runs a job's recovery ladder (controller/ladder.ts) against its state in Redis and hands the
+ * resulting steps to the recovery actuator as ONE job, so they run in order (stop, evict, then
+ * restart). Read-modify-write under WATCH: two controller replicas advancing the same job at
+ * once retry instead of losing a transition.
+ */
+
+export const recoveryJobSchema = z.object({
+  transitionId: z.string().min(1).max(128),
+  job: z.string().min(1).max(128),
+  steps: z.array(
+    z.object({
+      verb: z.enum(STEP_VERBS),
+      job: z.string(),
+      nodes: z.array(z.string()).optional(),
+      version: z.string().optional(),
+      reason: z.string(),
+      citation: z.string(),
+    }),
+  ),
+});
+
+export type RecoveryJob = z.infer<typeof recoveryJobSchema>;
+
+export interface LadderEventJob {
+  readonly job: string;
+  readonly event: LadderEvent;
+  /** Unique per event, for idempotent transitions (a signal id, or a step's id for feedback). */
+  readonly eventId: string;
+}
+
+const MAX_CONFLICT_RETRIES = 8;
+
+export class RecoveryDispatcher {
+  constructor(
+    private readonly redis: Redis,
+    private readonly keys: Keys,
+    private readonly jobs: JobStore,
+    private readonly audit: AuditLog,
+    private readonly actions: Queue<RecoveryJob>,
+    private readonly config: LadderConfig = DEFAULT_LADDER_CONFIG,
+  ) {}
+
+  async state(job: string): Promise<LadderState> {
+    const raw = await this.redis.get(this.keys.jobLadder(job));
+    if (raw) return ladderStateSchema.parse(JSON.parse(raw)) as LadderState;
+    const record = await this.jobs.get(job);
+    return initialLadderState(job, { time: Date.parse(record.createdAt), version: record.spec.codeVersion });
+  }
+
+  /** Applies `event` to the job's ladder; enqueues the steps it produces. Returns them. */
+  async apply(input: LadderEventJob): Promise<LadderStep[]> {
+    const key = this.keys.jobLadder(input.job);
+    for (let attempt = 0; attempt < MAX_CONFLICT_RETRIES; attempt += 1) {
+      const watcher = this.redis.duplicate();
+      try {
+        await watcher.watch(key);
+        const raw = await watcher.get(key);
+        const current = raw ? (ladderStateSchema.parse(JSON.parse(raw)) as LadderState) : await this.state(input.job);
+        const { state, steps } = advance(current, input.event, this.config);
+        const transitionId = `t-${stableHash(`${input.job}|${input.eventId}|${input.event.type}`)}`;
+        const committed = await watcher.multi().set(key, JSON.stringify(state)).exec();
+        if (committed === null) continue; // someone else advanced the job first; read again
+        await this.dispatch(input, transitionId, steps, state);
+        return steps;
+      } finally {
+        watcher.disconnect();
+      }
+    }
+    throw new StoreUnavailableError(`job ${input.job}: recovery state kept changing under ${MAX_CONFLICT_RETRIES} attempts`);
+  }
+
+  private async dispatch(input: LadderEventJob, transitionId: string, steps: LadderStep[], state: LadderState): Promise<void> {
+    // The job's state (and with it ETTR) follows the ladder's phase.
+    const jobState = state.phase === 'running' ? 'running' : state.phase === 'waiting_for_human' ? 'waiting_for_human' : 'recovering';
+    try {
+      const current = await this.jobs.get(input.job);
+      if (current.state !== jobState) {
+        await this.jobs.setState(input.job, jobState, `${input.event.type}${steps.length ? `: ${steps.map((step) => step.verb).join(', ')}` : ''}`);
+      }
+    } catch (error) {
+      throw new StoreUnavailableError(`could not record the state of job ${input.job}: ${errorMessage(error)}`, error);
+    }
+    if (steps.length === 0) return;
+    for (const [index, step] of steps.entries()) {
+      await this.audit.append(
+        {
+          type: 'decision',
+          ref: `${transitionId}:${index}`,
+          node: step.nodes?.[0],
+          summary: `${input.job}: ${step.verb}${step.nodes?.length ? ` ${step.nodes.join(',')}` : ''}${step.version ? ` to ${step.version}` : ''} — ${step.reason} (${step.citation})`,
+          data: { job: input.job, step, event: input.event, phase: state.phase },
+        },
+        `decision:${transitionId}:${index}`,
+      );
+    }
+    await this.actions.add('recovery', { transitionId, job: input.job, steps }, { jobId: transitionId });
+  }
+}

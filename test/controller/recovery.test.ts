@@ -1,0 +1,114 @@
+import { setTimeout as sleep } from 'node:timers/promises';
+import { afterEach, describe, expect, it } from 'vitest';
+import type { AuditEntry } from '../../core/audit.js';
+import type { Controller } from '../../controller/service.js';
+import { DryRunBackend } from '../../actuators/dry-run.js';
+import { post, startController, testConfig } from '../support/controller.js';
+import { testRedis } from '../support/redis.js';
+
+const JOB = {
+  name: 'llama',
+  nodes: ['n00', 'n01', 'n02', 'n03'],
+  ranksPerNode: 1,
+  topology: { pp: 2, dp: 2, order: 'tp-dp-pp' },
+  // `true` stands in for sbatch: the launcher accepts the job.
+  launcher: { kind: 'slurm', command: ['true', '{job}', '{nodes}', '{version}'] },
+  codeVersion: 'v1',
+};
+
+async function until<T>(what: string, read: () => Promise<T>, ok: (value: T) => boolean, timeoutMs = 15_000): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  let value = await read();
+  while (!ok(value)) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}; last value: ${JSON.stringify(value, null, 1).slice(0, 3000)}`);
+    await sleep(50);
+    value = await read();
+  }
+  return value;
+}
+
+const summaries = (entries: AuditEntry[]): string[] => entries.map((entry) => `${entry.type}: ${entry.summary}`);
+
+describe('recovery of a registered job on a real Redis', () => {
+  const stores: ReturnType<typeof testRedis>[] = [];
+  const controllers: Controller[] = [];
+  afterEach(async () => {
+    await Promise.all(controllers.splice(0).map((controller) => controller.close()));
+    await Promise.all(stores.splice(0).map((store) => store.cleanup()));
+  });
+
+  async function setUp(): Promise<{ store: ReturnType<typeof testRedis>; controller: Controller; url: string }> {
+    const store = testRedis();
+    stores.push(store);
+    const { controller, url } = await startController(testConfig(store.url, store.prefix));
+    controllers.push(controller);
+    expect((await post(`${url}/api/v1/jobs`, JOB)).status).toBe(201);
+    await controller.backend.holdStandby('spare-1');
+    return { store, controller, url };
+  }
+
+  it('evicts the node of a fatal Xid, activates a warm standby in its place and restarts the job, without diagnostics', async () => {
+    const { store, controller, url } = await setUp();
+    const event = { kind: 'xid', node: 'n01', gpu: '0000:18:00', xid: 79, message: 'GPU has fallen off the bus.', time: new Date().toISOString() };
+    expect((await post(`${url}/api/v1/signals`, event)).status).toBe(202);
+    const job = await until('job back to running on the standby', () => controller.jobs.get('llama'), (record) => record.state === 'running' && record.spec.nodes.includes('spare-1'));
+    expect(job.spec.nodes).toEqual(['n00', 'spare-1', 'n02', 'n03']);
+    expect(Object.keys(await new DryRunBackend(store.redis, store.keys).recorded())).toEqual(['n01']);
+    expect(await controller.backend.standbys()).toEqual([]);
+    const audit = summaries(await controller.audit.read({ limit: 100 }));
+    expect(audit.filter((line) => line.startsWith('decision:')).map((line) => /^decision: llama: (\S+)/.exec(line)?.[1])).toEqual(['stop', 'evict', 'restart']);
+    expect(audit.some((line) => line.includes('run_diagnostics'))).toBe(false);
+    expect(audit.some((line) => /action: llama: evict spare-1: done \(standby spare-1 activated in place of n01\)/.test(line))).toBe(true);
+    expect((await controller.jobs.ettr('llama')).cumulative).toBeLessThan(1);
+  });
+
+  it('rolls back to the last good version when the job fails with a Python exception after a code update', async () => {
+    const { controller, url } = await setUp();
+    // v1 ran fine; an urgent update brings v2.
+    await controller.jobs.setState('llama', 'running', 'trained');
+    const update = await post(`${url}/api/v1/jobs/llama/code-updates`, { version: 'v2', urgent: true });
+    expect(update.status).toBe(202);
+    await until('v2 running', () => controller.jobs.get('llama'), (record) => record.spec.codeVersion === 'v2' && record.state === 'running');
+    const failure = {
+      kind: 'worker_failed',
+      node: 'n02',
+      job: 'llama',
+      rank: 2,
+      message: 'ChildFailedError: train.py FAILED; root cause: rank 2 exitcode 1: TypeError: unsupported operand type(s)',
+      time: new Date().toISOString(),
+    };
+    expect((await post(`${url}/api/v1/signals`, failure)).status).toBe(202);
+    const job = await until('rolled back to v1', () => controller.jobs.get('llama'), (record) => record.spec.codeVersion === 'v1' && record.state === 'running').catch(async (error: unknown) => {
+      throw new Error(`${String(error)}\n${summaries(await controller.audit.read({ limit: 100 })).join('\n')}`);
+    });
+    expect(job.spec.nodes).toEqual(JOB.nodes);
+    const decisions = (await controller.audit.read({ type: 'decision', limit: 100 })).map((entry) => entry.summary);
+    expect(decisions.some((summary) => /^llama: rollback to v1/.test(summary))).toBe(true);
+  });
+
+  it('tolerates a first NIC flap and evicts the node on the second within five minutes', async () => {
+    const { store, controller, url } = await setUp();
+    const flap = (startsAt: string): Record<string, unknown> => ({
+      version: '4',
+      status: 'firing',
+      receiver: 'steadfast-controller',
+      alerts: [{ labels: { alertname: 'SteadfastRdmaPortFlapping', node: 'n03', device: 'mlx5_0', port: '1', severity: 'critical', domain: 'network' }, annotations: {}, startsAt }],
+    });
+    await post(`${url}/api/v1/alerts`, flap(new Date(Date.now() - 60_000).toISOString()));
+    await until('first flap recorded', () => controller.audit.read({ type: 'decision' }), (entries) => entries.some((entry) => entry.summary.includes('tolerate')));
+    expect(await new DryRunBackend(store.redis, store.keys).recorded()).toEqual({});
+    await post(`${url}/api/v1/alerts`, flap(new Date().toISOString()));
+    await until('node evicted', () => new DryRunBackend(store.redis, store.keys).recorded(), (drained) => 'n03' in drained);
+    await until('standby in place', () => controller.jobs.get('llama'), (record) => record.spec.nodes.includes('spare-1') && record.state === 'running');
+  });
+
+  it('refuses the eviction while paused, says so, and leaves the node in service', async () => {
+    const { store, controller, url } = await setUp();
+    await controller.gates.pause('maintenance');
+    const event = { kind: 'gpu_lost', node: 'n00', gpu: '0000:18:00', message: 'gone', time: new Date().toISOString() };
+    await post(`${url}/api/v1/signals`, event);
+    const refused = await until('refusal recorded', () => controller.audit.read({ type: 'action' }), (entries) => entries.some((entry) => entry.data.state === 'refused'));
+    expect(refused.find((entry) => entry.data.verb === 'evict')?.data.detail).toBe('actions are paused: maintenance');
+    expect(await new DryRunBackend(store.redis, store.keys).recorded()).toEqual({});
+  });
+});
