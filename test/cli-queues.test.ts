@@ -77,7 +77,7 @@ describe('steadfast queues', () => {
     expect(exitCode).toBe(0);
     expect(stdout.endsWith('\n')).toBe(true);
     const body = JSON.parse(stdout) as { queues: QueueSummary[] };
-    expect(body.queues.map((queue) => queue.name)).toEqual(['signals', 'actions']);
+    expect(body.queues.map((queue) => queue.name)).toEqual(['signals', 'actions', 'recovery']);
     const [queueSignals, queueActions] = body.queues;
     expect(queueSignals).toEqual({ name: 'signals', isPaused: false, counts: { waiting: 1, active: 0, delayed: 1, completed: 0, failed: 0, paused: 0 }, failed: [] });
     expect(queueActions?.counts).toEqual({ waiting: 0, active: 0, delayed: 0, completed: 0, failed: 7, paused: 0 });
@@ -112,7 +112,9 @@ describe('steadfast queues', () => {
     const lines = stdout.trimEnd().split('\n');
     expect(lines[0]).toMatch(/^signals\s+waiting 1 {2}active 0 {2}delayed 1 {2}completed 0 {2}failed 0 {2}paused 0$/);
     expect(lines[1]).toMatch(/^actions\s+waiting 0 .* failed 7 {2}paused 0$/);
-    expect(lines.slice(2)).toHaveLength(5);
+    // Five failed actions, then the (empty) recovery queue.
+    expect(lines.slice(2, 7)).toHaveLength(5);
+    expect(lines[7]).toMatch(/^recovery\s+waiting 0 /);
     expect(lines[2]).toContain('drain-6  drain  attempts 1  scontrol refused gpu-6');
     expect(lines[2]).not.toContain('stack line');
   });
