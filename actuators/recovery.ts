@@ -11,6 +11,8 @@ import type { JobStore } from '../controller/job-store.js';
 import type { LadderEvent, LadderStep } from '../controller/ladder.js';
 import { recoveryJobSchema, type LadderEventJob, type RecoveryJob } from '../controller/recovery.js';
 import type { ClusterBackend } from './backend.js';
+import { parseJobSpec } from '../core/job.js';
+import { planRestore } from './restore-plan.js';
 import type { SafetyGates } from './safety.js';
 
 const run = promisify(execFile);
@@ -90,10 +92,40 @@ export function createRecoveryProcessor(deps: RecoveryActuatorDeps): (job: Job<R
     return true;
   }
 
+  /**
+   * Where the restarted job resumes from: the newest checkpoint step every rank can still load
+   * after the evictions, and each rank's cheapest surviving copy (ByteRobust §6.3).
+   */
+  async function recordRestorePlan(transitionId: string, index: number, step: LadderStep): Promise<void> {
+    const shards = await jobs.checkpoints(step.job);
+    if (shards.length === 0) return;
+    const record_ = await jobs.get(step.job);
+    const { topology } = parseJobSpec(record_.spec);
+    const evicted = new Set(await evictedOf(step.job));
+    // The spec already names the standbys, so each rank's node is where it runs after the restart.
+    const plan = planRestore(shards, { ranks: topology.ranks.length, evicted, rankNodes: new Map(topology.ranks.map((rank) => [rank.rank, rank.node])) });
+    const detail = plan
+      ? `restore from step ${plan.step}: ${plan.sources.filter((source) => !source.local).length} of ${plan.sources.length} ranks load from another node or remote storage${plan.skipped.length ? `; newer steps ${plan.skipped.map((skip) => skip.step).join(', ')} lost a shard` : ''}`
+      : 'no checkpoint step survives the evictions: the job restarts from its last persistent checkpoint';
+    await audit.append(
+      { type: 'action', ref: `${transitionId}:${index}:restore`, summary: `${step.job}: restore plan: ${detail}`, data: { job: step.job, verb: 'restore_plan', state: 'done', detail, plan } },
+      `action:${transitionId}:${index}:restore`,
+    );
+  }
+
+  /** Nodes this job lost to evictions (the backend shows them drained). */
+  async function evictedOf(job: string): Promise<string[]> {
+    const shards = await jobs.checkpoints(job);
+    const holders = [...new Set(shards.flatMap((shard) => (shard.holder ? [shard.holder] : [])))];
+    const states = await Promise.all(holders.map(async (holder) => ({ holder, state: await backend.nodeState(holder) })));
+    return states.filter(({ state }) => state.drained || !state.exists).map(({ holder }) => holder);
+  }
+
   async function launch(transitionId: string, index: number, step: LadderStep): Promise<void> {
     const record_ = await jobs.get(step.job);
     const launcher = record_.spec.launcher;
     let outcome: LadderEvent;
+    await recordRestorePlan(transitionId, index, step);
     if (launcher.kind === 'slurm') {
       const argv = launchArgv(launcher, { job: step.job, nodes: record_.spec.nodes, version: record_.spec.codeVersion });
       try {

@@ -107,8 +107,14 @@ export class JobStore {
   /** Replaces a node of the job (evicted → standby) in the node index and the spec. */
   async replaceNode(name: string, evicted: string, replacement: string): Promise<void> {
     const record = await this.get(name);
+    const swap = (node: unknown): unknown => (node === evicted ? replacement : node);
     const nodes = record.spec.nodes.map((node) => (node === evicted ? replacement : node));
-    const spec = { ...record.spec, nodes };
+    // An explicit rank table names nodes too; its ranks move with their node.
+    const ranks = record.spec.topology?.ranks;
+    const topology = Array.isArray(ranks)
+      ? { ...record.spec.topology, ranks: ranks.map((rank: unknown) => (typeof rank === 'object' && rank !== null ? { ...rank, node: swap((rank as { node?: unknown }).node) } : rank)) }
+      : record.spec.topology;
+    const spec = { ...record.spec, nodes, ...(topology ? { topology } : {}) };
     const multi = this.redis.multi();
     multi.hset(this.keys.job(name), 'spec', JSON.stringify(spec));
     multi.del(this.keys.nodeJob(evicted));

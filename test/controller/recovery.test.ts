@@ -37,10 +37,10 @@ describe('recovery of a registered job on a real Redis', () => {
     await Promise.all(stores.splice(0).map((store) => store.cleanup()));
   });
 
-  async function setUp(): Promise<{ store: ReturnType<typeof testRedis>; controller: Controller; url: string }> {
+  async function setUp(overrides: Parameters<typeof testConfig>[2] = {}): Promise<{ store: ReturnType<typeof testRedis>; controller: Controller; url: string }> {
     const store = testRedis();
     stores.push(store);
-    const { controller, url } = await startController(testConfig(store.url, store.prefix));
+    const { controller, url } = await startController(testConfig(store.url, store.prefix, overrides));
     controllers.push(controller);
     expect((await post(`${url}/api/v1/jobs`, JOB)).status).toBe(201);
     await controller.backend.holdStandby('spare-1');
@@ -110,5 +110,89 @@ describe('recovery of a registered job on a real Redis', () => {
     const refused = await until('refusal recorded', () => controller.audit.read({ type: 'action' }), (entries) => entries.some((entry) => entry.data.state === 'refused'));
     expect(refused.find((entry) => entry.data.verb === 'evict')?.data.detail).toBe('actions are paused: maintenance');
     expect(await new DryRunBackend(store.redis, store.keys).recorded()).toEqual({});
+  });
+
+  it('restores from the newest step every rank still has after the eviction, and says where ranks load from', async () => {
+    const { controller, url } = await setUp();
+    // Each rank keeps its shard in host memory and a peer copy on the mirror node (0↔3, 1↔2).
+    const shards = [100, 110].flatMap((step) =>
+      [0, 1, 2, 3].flatMap((rank) => [
+        { step, rank, tier: 'host', holder: `n0${rank}` },
+        { step, rank, tier: 'peer', holder: `n0${3 - rank}` },
+      ]),
+    );
+    expect((await post(`${url}/api/v1/jobs/llama/checkpoints`, shards)).status).toBe(202);
+    await post(`${url}/api/v1/signals`, { kind: 'gpu_lost', node: 'n01', gpu: '0000:18:00', message: 'gone', time: new Date().toISOString() });
+    const plan = await until('restore plan recorded', () => controller.audit.read({ type: 'action' }), (entries) => entries.some((entry) => entry.summary.includes('restore plan')));
+    expect(plan.find((entry) => entry.summary.includes('restore plan'))?.summary).toBe('llama: restore plan: restore from step 110: 1 of 4 ranks load from another node or remote storage');
+  });
+
+  it('refuses the eviction past the budget and pages a person, leaving that node in service', async () => {
+    const { store, controller, url } = await setUp({ safety: { maxDrainsPerWindow: 1, windowSeconds: 600 } });
+    await controller.backend.holdStandby('spare-2');
+    await post(`${url}/api/v1/signals`, { kind: 'gpu_lost', node: 'n00', gpu: '0000:18:00', message: 'gone', time: new Date().toISOString() });
+    await until('first eviction', () => new DryRunBackend(store.redis, store.keys).recorded(), (drained) => 'n00' in drained);
+    await until('job running again', () => controller.jobs.get('llama'), (record) => record.state === 'running' && !record.spec.nodes.includes('n00'));
+    await post(`${url}/api/v1/signals`, { kind: 'gpu_lost', node: 'n02', gpu: '0000:18:00', message: 'gone', time: new Date().toISOString() });
+    const refused = await until('second eviction refused', () => controller.audit.read({ type: 'action' }), (entries) => entries.some((entry) => entry.data.state === 'refused'));
+    expect(refused.find((entry) => entry.data.state === 'refused')?.data.detail).toBe('eviction budget exhausted: 1 drains per 600 s already used');
+    expect(Object.keys(await new DryRunBackend(store.redis, store.keys).recorded())).toEqual(['n00']);
+    const metrics = await (await fetch(`${url}/metrics`)).text();
+    expect(metrics).toMatch(/steadfast_human_pages_total\{job="llama"\} 1/);
+  });
+});
+
+describe('a recovery interrupted half way', () => {
+  it('resumes after a crash without draining the node a second time', async () => {
+    const store = testRedis();
+    const { createRecoveryProcessor } = await import('../../actuators/recovery.js');
+    const { JobStore } = await import('../../controller/job-store.js');
+    const { AuditLog } = await import('../../core/audit.js');
+    const { SafetyGates } = await import('../../actuators/safety.js');
+    const { silentLogger } = await import('../../core/log.js');
+    try {
+      const jobs = new JobStore(store.redis, store.keys);
+      await jobs.create(JOB);
+      const backend = new DryRunBackend(store.redis, store.keys);
+      await backend.holdStandby('spare-1');
+      let drains = 0;
+      let crashes = 1;
+      const flaky = Object.assign(Object.create(backend) as DryRunBackend, {
+        drain: async (node: string, reason: string) => {
+          drains += 1;
+          await backend.drain(node, reason);
+        },
+        // The controller dies right after draining, before the standby is activated.
+        activateStandby: async (node: string, job: string) => {
+          if (crashes > 0) {
+            crashes -= 1;
+            throw new Error('controller killed');
+          }
+          await backend.activateStandby(node, job);
+        },
+      });
+      const processor = createRecoveryProcessor({
+        redis: store.redis,
+        keys: store.keys,
+        audit: new AuditLog(store.redis, store.keys),
+        backend: flaky,
+        gates: new SafetyGates(store.redis, store.keys, { maxPerWindow: 10, windowSeconds: 600 }, 30),
+        jobs,
+        logger: silentLogger(),
+        feedback: async () => undefined,
+      });
+      const steps = [
+        { verb: 'stop' as const, job: 'llama', reason: 'machine fault', citation: '§4.1' },
+        { verb: 'evict' as const, job: 'llama', nodes: ['n01'], reason: 'machine fault', citation: '§4.1' },
+        { verb: 'restart' as const, job: 'llama', reason: 'relaunch', citation: '§6.2' },
+      ];
+      const job = { id: 'j1', data: { transitionId: 't-1', job: 'llama', steps }, attemptsMade: 0, opts: { attempts: 5 } } as unknown as Parameters<typeof processor>[0];
+      await expect(processor(job)).rejects.toThrow('controller killed');
+      await expect(processor(job)).resolves.toEqual({ done: 2 });
+      expect(drains).toBe(1);
+      expect((await jobs.get('llama')).spec.nodes).toEqual(['n00', 'spare-1', 'n02', 'n03']);
+    } finally {
+      await store.cleanup();
+    }
   });
 });
