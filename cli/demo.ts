@@ -2,7 +2,9 @@ import { join, relative, resolve } from 'node:path';
 import { Command } from 'commander';
 import { writeDashboards } from '../dashboards/index.js';
 import { SimEnvironment } from '../sim/environment.js';
+import { runRecoveryScenario } from '../sim/recovery-scenario.js';
 import { runFallenOffBus, type ScenarioResult } from '../sim/scenario.js';
+import { InputError } from '../core/errors.js';
 import { EXIT_FAILURE, parsePositiveInt, runCommand } from './common.js';
 
 /** Writes the dashboards and provisioning for the demo's Prometheus, and says in two lines how to load them. */
@@ -35,6 +37,7 @@ export function demoCommand(): Command {
     .description(
       'Start Redis, Prometheus, Alertmanager, slurmctld, the controller and N simulated nodes on loopback; inject a fatal Xid 79 and show it travel to a Slurm drain.',
     )
+    .option('--scenario <name>', 'spine (a fatal Xid to one Slurm drain) or recovery (the recovery ladder: evict onto standbys, NIC flaps, rollback)', 'spine')
     .option('--nodes <count>', 'simulated nodes', parsePositiveInt, 8)
     .option('--node <name>', 'node to break (default: node-3)')
     .option('--gpu <index>', 'GPU index to break', (value) => parsePositiveInt(String(Number(value) + 1)) - 1, 2)
@@ -42,11 +45,20 @@ export function demoCommand(): Command {
     .option('--keep-running', 'leave everything running after the scenario, until Ctrl-C')
     .option('--verbose', 'log the controller and agents to stderr')
     .option('--grafana-out <dir>', 'where to write the Grafana dashboards and provisioning files for the demo', 'steadfast-grafana')
-    .action(async (options: { nodes: number; node?: string; gpu: number; fastPath: boolean; keepRunning?: boolean; verbose?: boolean; grafanaOut: string }) => {
+    .action(async (options: { scenario: string; nodes: number; node?: string; gpu: number; fastPath: boolean; keepRunning?: boolean; verbose?: boolean; grafanaOut: string }) => {
       await runCommand(async () => {
+        if (options.scenario !== 'spine' && options.scenario !== 'recovery') throw new InputError(`--scenario: must be spine or recovery, got "${options.scenario}"`);
+        const recovery = options.scenario === 'recovery';
+        if (recovery && options.nodes < 6) throw new InputError('--nodes: the recovery scenario needs at least 6 nodes (4 for the job, 2 standbys)');
         const node = options.node ?? `node-${Math.min(3, options.nodes)}`;
-        process.stdout.write(`steadfast demo: ${options.nodes} simulated nodes, fault on ${node} GPU ${options.gpu}\n`);
+        process.stdout.write(
+          recovery
+            ? `steadfast demo: the recovery ladder on ${options.nodes} simulated nodes\n`
+            : `steadfast demo: ${options.nodes} simulated nodes, fault on ${node} GPU ${options.gpu}\n`,
+        );
         const env = SimEnvironment.create({
+          // The ladder needs room for a few evictions.
+          maxDrainsPerWindow: recovery ? 8 : undefined,
           nodes: options.nodes,
           fastPath: options.fastPath,
           verbose: options.verbose,
@@ -62,6 +74,15 @@ export function demoCommand(): Command {
         process.once('SIGTERM', interrupted);
         try {
           await env.up();
+          if (recovery) {
+            const steps = await runRecoveryScenario(env);
+            for (const step of steps) {
+              process.stdout.write(`\n${step.ok ? '✓' : '✗'} ${step.title}\n${step.lines.map((line) => `    ${line}`).join('\n')}${step.lines.length ? '\n' : ''}`);
+            }
+            const failed = steps.filter((step) => !step.ok);
+            process.stdout.write(failed.length === 0 ? '\nOK: every rung of the ladder ran on the real parts.\n' : `\nFAILED: ${failed.map((step) => step.title).join('; ')}\n`);
+            if (failed.length > 0) process.exitCode = EXIT_FAILURE;
+          } else {
           process.stdout.write(`\nInjecting Xid 79 (GPU has fallen off the bus) on ${node} …\n`);
           const result = await runFallenOffBus(env, { node, gpuIndex: options.gpu });
           printTimeline(result);
@@ -70,6 +91,7 @@ export function demoCommand(): Command {
           } else {
             process.stdout.write(`\nFAILED:\n${result.problems.map((problem) => `  - ${problem}`).join('\n')}\n`);
             process.exitCode = EXIT_FAILURE;
+          }
           }
           writeGrafanaFiles(resolve(options.grafanaOut), env.prometheus.url, options.keepRunning === true);
           if (options.keepRunning) {

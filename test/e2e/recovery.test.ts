@@ -1,0 +1,27 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { SimEnvironment } from '../../sim/environment.js';
+import { runRecoveryScenario } from '../../sim/recovery-scenario.js';
+import { slurmNode } from '../../sim/parts.js';
+
+/** The recovery ladder on the real parts: Slurm reservations and drains, Alertmanager, Redis. */
+describe('the recovery ladder end to end', () => {
+  let env: SimEnvironment;
+
+  beforeAll(async () => {
+    env = await SimEnvironment.start({ nodes: 6, maxDrainsPerWindow: 8 });
+  }, 90_000);
+  afterAll(async () => {
+    await env?.stop();
+  });
+
+  it('evicts onto warm standbys, tolerates one NIC flap but not two, and rolls back a bad code version', async () => {
+    const steps = await runRecoveryScenario(env);
+    expect(steps.filter((step) => !step.ok).map((step) => `${step.title}\n${step.lines.join('\n')}`)).toEqual([]);
+    expect((await slurmNode(env.slurm, 'node-2')).reason).toMatch(/^steadfast: machine fault: fatal Xid 79/);
+    expect((await slurmNode(env.slurm, 'node-3')).state).toMatch(/^drain/);
+    expect(await env.controller.backend.standbys()).toEqual([]);
+    const job = await env.controller.jobs.get('llama-demo');
+    expect(job.spec.nodes).toEqual(['node-1', 'node-5', 'node-6', 'node-4']);
+    expect(job.spec.codeVersion).toBe('v1');
+  }, 120_000);
+});
