@@ -30,6 +30,8 @@ export interface RecoveryActuatorDeps {
   /** Feeds a step's outcome back into the job's ladder (RecoveryDispatcher.apply). */
   readonly feedback: (event: LadderEventJob) => Promise<unknown>;
   readonly onPage?: (job: string, reason: string) => void;
+  /** Most of a job's nodes one window may evict, in percent (safety.maxJobEvictionPercent). */
+  readonly maxJobEvictionPercent?: number;
 }
 
 /** A Slurm launcher's argv with its placeholders filled: each stays one argument, never a shell word. */
@@ -59,7 +61,9 @@ export function createRecoveryProcessor(deps: RecoveryActuatorDeps): (job: Job<R
   }
 
   async function evict(transitionId: string, index: number, step: LadderStep): Promise<boolean> {
-    const admitted = await gates.admit(`${transitionId}:${index}`);
+    const jobSize = (await jobs.get(step.job)).spec.nodes.length;
+    const share = await gates.admitJobShare(step.job, `${transitionId}:${index}`, step.nodes ?? [], jobSize, deps.maxJobEvictionPercent ?? 100);
+    const admitted = share.ok ? await gates.admit(`${transitionId}:${index}`) : share;
     if (!admitted.ok) {
       await record(transitionId, index, step, 'refused', admitted.reason);
       deps.onPage?.(step.job, admitted.reason);

@@ -79,6 +79,33 @@ export class SafetyGates {
     return { ok: true };
   }
 
+  /**
+   * A job may lose at most `percent` of its nodes to evictions within the window (like a
+   * min-healthy bound). Counts `nodes` against the job once per `decisionId`.
+   */
+  async admitJobShare(job: string, decisionId: string, nodes: readonly string[], jobSize: number, percent: number, now = Date.now()): Promise<GateVerdict> {
+    const key = this.keys.jobEvictions(job);
+    const windowMs = this.budget.windowSeconds * 1000;
+    await this.redis.zremrangebyscore(key, '-inf', String(now - windowMs));
+    const already = await this.redis.zrange(key, '0', '-1');
+    const fresh = nodes.filter((node) => !already.includes(`${decisionId}:${node}`));
+    const limit = Math.floor((jobSize * percent) / 100);
+    if (already.length + fresh.length > limit) {
+      return {
+        ok: false,
+        gate: 'budget',
+        reason: `job eviction budget exhausted: ${already.length} of ${jobSize} nodes already evicted in ${this.budget.windowSeconds} s, at most ${percent} % (${limit}) may go`,
+      };
+    }
+    if (fresh.length > 0) {
+      const multi = this.redis.multi();
+      for (const node of fresh) multi.zadd(key, String(now), `${decisionId}:${node}`);
+      multi.pexpire(key, windowMs);
+      await multi.exec();
+    }
+    return { ok: true };
+  }
+
   /** Takes the node's lease for `holder`; only one actuator works on a node at a time. */
   async acquireLease(node: string, holder: string): Promise<GateVerdict> {
     const taken = await this.redis.set(this.keys.nodeLease(node), holder, 'PX', this.leaseSeconds * 1000, 'NX');

@@ -210,6 +210,7 @@ export class Controller {
         jobs: this.jobs,
         logger,
         feedback: (event) => this.dispatcher.apply(event),
+        maxJobEvictionPercent: config.safety.maxJobEvictionPercent,
         onPage: (job, reason) => {
           this.metrics.humanPages.inc({ job });
           logger.warn({ job, reason }, 'a person is needed');

@@ -93,6 +93,8 @@ export const configSchema = z
         windowSeconds: int().min(1).default(3600),
         /** Seconds a per-node lease is held while an actuator works on it. */
         nodeLeaseSeconds: int().min(1).default(60),
+        /** Most of a job's nodes that may be evicted within windowSeconds, in percent (a min-healthy bound). */
+        maxJobEvictionPercent: z.coerce.number<unknown>().min(0).max(100).default(50),
       })
       .strict()
       .prefault({}),

@@ -68,6 +68,9 @@ export class Keys {
   jobCheckpoints(name: string): string {
     return `${this.prefix}:job:${name}:checkpoints`;
   }
+  jobEvictions(name: string): string {
+    return `${this.prefix}:job:${name}:evictions`;
+  }
   jobLadder(name: string): string {
     return `${this.prefix}:job:${name}:ladder`;
   }

@@ -142,6 +142,29 @@ describe('recovery of a registered job on a real Redis', () => {
   });
 });
 
+describe('the job eviction budget', () => {
+  it('refuses to evict more than the allowed share of a job\'s nodes within the window', async () => {
+    const store = testRedis();
+    const { controller, url } = await startController(testConfig(store.url, store.prefix, { safety: { maxJobEvictionPercent: 25 } }));
+    try {
+      await post(`${url}/api/v1/jobs`, JOB);
+      await controller.backend.holdStandby('spare-1');
+      await controller.backend.holdStandby('spare-2');
+      await post(`${url}/api/v1/signals`, { kind: 'gpu_lost', node: 'n00', gpu: '0000:18:00', message: 'gone', time: new Date().toISOString() });
+      await until('first eviction', () => controller.jobs.get('llama'), (record) => record.state === 'running' && !record.spec.nodes.includes('n00'));
+      await post(`${url}/api/v1/signals`, { kind: 'gpu_lost', node: 'n01', gpu: '0000:18:00', message: 'gone', time: new Date().toISOString() });
+      const refused = await until('refusal', () => controller.audit.read({ type: 'action' }), (entries) => entries.some((entry) => entry.data.state === 'refused'));
+      expect(refused.find((entry) => entry.data.state === 'refused')?.data.detail).toBe(
+        'job eviction budget exhausted: 1 of 4 nodes already evicted in 3600 s, at most 25 % (1) may go',
+      );
+      expect(Object.keys(await new DryRunBackend(store.redis, store.keys).recorded())).toEqual(['n00']);
+    } finally {
+      await controller.close();
+      await store.cleanup();
+    }
+  });
+});
+
 describe('a recovery interrupted half way', () => {
   it('resumes after a crash without draining the node a second time', async () => {
     const store = testRedis();
