@@ -1,4 +1,3 @@
-import { setTimeout as sleep } from 'node:timers/promises';
 import { Queue } from 'bullmq';
 import { afterEach, describe, expect, it } from 'vitest';
 import type { AuditEntry } from '../../core/audit.js';
@@ -7,6 +6,7 @@ import type { Controller } from '../../controller/service.js';
 import { DryRunBackend } from '../../actuators/dry-run.js';
 import { post, startController, testConfig } from '../support/controller.js';
 import { testRedis } from '../support/redis.js';
+import { until } from '../support/until.js';
 
 function xidEvent(node: string, gpu = '0000:3a:00', xid = 79): Record<string, unknown> {
   return { kind: 'xid', node, gpu, xid, message: 'GPU has fallen off the bus.', time: new Date().toISOString() };
@@ -21,16 +21,6 @@ function xidAlert(node: string, gpu = '0000:3a:00', xid = '79', startsAt = new D
   };
 }
 
-async function until<T>(what: string, read: () => Promise<T>, ok: (value: T) => boolean, timeoutMs = 10_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  let value = await read();
-  while (!ok(value)) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}; last value: ${JSON.stringify(value)}`);
-    await sleep(50);
-    value = await read();
-  }
-  return value;
-}
 
 const finished = (entries: AuditEntry[]): boolean => entries.some((entry) => entry.type === 'action' && ['done', 'refused', 'failed'].includes(String(entry.data.state)));
 

@@ -1,10 +1,10 @@
-import { setTimeout as sleep } from 'node:timers/promises';
 import { afterEach, describe, expect, it } from 'vitest';
 import type { AuditEntry } from '../../core/audit.js';
 import type { Controller } from '../../controller/service.js';
 import { DryRunBackend } from '../../actuators/dry-run.js';
 import { post, startController, testConfig } from '../support/controller.js';
 import { testRedis } from '../support/redis.js';
+import { until } from '../support/until.js';
 
 const JOB = {
   name: 'llama',
@@ -16,16 +16,6 @@ const JOB = {
   codeVersion: 'v1',
 };
 
-async function until<T>(what: string, read: () => Promise<T>, ok: (value: T) => boolean, timeoutMs = 15_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  let value = await read();
-  while (!ok(value)) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}; last value: ${JSON.stringify(value, null, 1).slice(0, 3000)}`);
-    await sleep(50);
-    value = await read();
-  }
-  return value;
-}
 
 const summaries = (entries: AuditEntry[]): string[] => entries.map((entry) => `${entry.type}: ${entry.summary}`);
 
