@@ -12,7 +12,7 @@ import type { LadderEvent, LadderStep } from '../controller/ladder.js';
 import { recoveryJobSchema, type LadderEventJob, type RecoveryJob } from '../controller/recovery.js';
 import type { ClusterBackend } from './backend.js';
 import { parseJobSpec } from '../core/job.js';
-import { planRestore } from './restore-plan.js';
+import { planRestore, type CheckpointShard } from './restore-plan.js';
 import type { SafetyGates } from './safety.js';
 
 const run = promisify(execFile);
@@ -105,7 +105,7 @@ export function createRecoveryProcessor(deps: RecoveryActuatorDeps): (job: Job<R
     if (shards.length === 0) return;
     const record_ = await jobs.get(step.job);
     const { topology } = parseJobSpec(record_.spec);
-    const evicted = new Set(await evictedOf(step.job));
+    const evicted = new Set(await evictedHolders(shards));
     // The spec already names the standbys, so each rank's node is where it runs after the restart.
     const plan = planRestore(shards, { ranks: topology.ranks.length, evicted, rankNodes: new Map(topology.ranks.map((rank) => [rank.rank, rank.node])) });
     const detail = plan
@@ -117,9 +117,8 @@ export function createRecoveryProcessor(deps: RecoveryActuatorDeps): (job: Job<R
     );
   }
 
-  /** Nodes this job lost to evictions (the backend shows them drained). */
-  async function evictedOf(job: string): Promise<string[]> {
-    const shards = await jobs.checkpoints(job);
+  /** Holders of the shards that the backend shows out of service (evicted, drained, gone). */
+  async function evictedHolders(shards: readonly CheckpointShard[]): Promise<string[]> {
     const holders = [...new Set(shards.flatMap((shard) => (shard.holder ? [shard.holder] : [])))];
     const states = await Promise.all(holders.map(async (holder) => ({ holder, state: await backend.nodeState(holder) })));
     return states.filter(({ state }) => state.drained || !state.exists).map(({ holder }) => holder);
