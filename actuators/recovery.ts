@@ -14,6 +14,7 @@ import type { ClusterBackend } from './backend.js';
 import { parseJobSpec } from '../core/job.js';
 import { planRestore, type CheckpointShard } from './restore-plan.js';
 import type { SafetyGates } from './safety.js';
+import type { StandbyPool } from './standby-pool.js';
 
 const run = promisify(execFile);
 const STEP_DONE_TTL_SECONDS = 7 * 24 * 3600;
@@ -32,6 +33,8 @@ export interface RecoveryActuatorDeps {
   readonly onPage?: (job: string, reason: string) => void;
   /** Most of a job's nodes one window may evict, in percent (safety.maxJobEvictionPercent). */
   readonly maxJobEvictionPercent?: number;
+  /** The managed standby pool; when it has no candidates, standbys held by hand are used. */
+  readonly pool?: StandbyPool;
 }
 
 /** A Slurm launcher's argv with its placeholders filled: each stays one argument, never a shell word. */
@@ -82,14 +85,16 @@ export function createRecoveryProcessor(deps: RecoveryActuatorDeps): (job: Job<R
         await gates.releaseLease(node, holder);
       }
       // ByteRobust §6.2: a warm standby takes the evicted machine's place.
-      const standby = (await backend.standbys()).find((candidate) => !quarantined.has(candidate));
+      const standby = deps.pool?.enabled
+        ? await deps.pool.take(step.job)
+        : (await backend.standbys()).find((candidate) => !quarantined.has(candidate));
       if (!standby) {
         const reason = `no warm standby left to replace ${node}; provision one (steadfast plan standby sizes the pool)`;
         await record(transitionId, index, step, 'failed', reason, node);
         deps.onPage?.(step.job, reason);
         continue;
       }
-      await backend.activateStandby(standby, step.job);
+      if (!deps.pool?.enabled) await backend.activateStandby(standby, step.job);
       await jobs.replaceNode(step.job, node, standby);
       await record(transitionId, index, step, 'done', `standby ${standby} activated in place of ${node}`, standby);
     }

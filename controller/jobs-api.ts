@@ -9,6 +9,7 @@ import { planRestore } from '../actuators/restore-plan.js';
 import { parseJobSpec } from '../core/job.js';
 import { JobExistsError, JobNotFoundError, type JobStore } from './job-store.js';
 import type { RecoveryDispatcher } from './recovery.js';
+import type { StandbyPool } from '../actuators/standby-pool.js';
 
 /**
  * The jobs API: register training jobs, read their state and ETTR, report checkpoint shards and
@@ -23,7 +24,9 @@ const codeUpdateSchema = z
   })
   .strict();
 
-export function jobsRouter(deps: { jobs: JobStore; backend: ClusterBackend; dispatcher?: RecoveryDispatcher }): express.Router {
+const selfCheckSchema = z.object({ ok: z.boolean(), detail: z.string().max(2048).default('') }).strict();
+
+export function jobsRouter(deps: { jobs: JobStore; backend: ClusterBackend; dispatcher?: RecoveryDispatcher; pool?: StandbyPool }): express.Router {
   const { jobs, backend } = deps;
   const router = express.Router();
 
@@ -115,9 +118,24 @@ export function jobsRouter(deps: { jobs: JobStore; backend: ClusterBackend; disp
     '/standby/:node',
     handle(async (req, res) => {
       const node = parseOrThrow(nodeNameSchema, req.params.node, 'node');
-      const [standbys, job] = await Promise.all([backend.standbys(), jobs.jobOnNode(node)]);
+      const [standbys, job, member] = await Promise.all([backend.standbys(), jobs.jobOnNode(node), deps.pool?.member(node)]);
       const role = standbys.includes(node) ? 'standby' : job ? 'active' : 'unassigned';
-      res.json({ node, role, job: role === 'active' ? job : undefined });
+      res.json({ node, role, job: role === 'active' ? job : undefined, state: member?.state });
+    }),
+  );
+
+  // A standby's agent reports its self-check; a healthy one becomes ready for evictions.
+  router.post(
+    '/standby/:node/self-check',
+    handle(async (req, res) => {
+      const node = parseOrThrow(nodeNameSchema, req.params.node, 'node');
+      const report = parseOrThrow(selfCheckSchema, req.body, 'self-check');
+      const member = await deps.pool?.selfCheck(node, report.ok, report.detail);
+      if (!member) {
+        res.status(404).json({ error: `${node} is not in the standby pool` });
+        return;
+      }
+      res.json({ node, state: member.state });
     }),
   );
 

@@ -11,6 +11,7 @@ import type { ClusterBackend } from '../actuators/backend.js';
 import { DryRunBackend } from '../actuators/dry-run.js';
 import { createDrainProcessor, type ActionJob } from '../actuators/drain.js';
 import { SafetyGates } from '../actuators/safety.js';
+import { StandbyPool } from '../actuators/standby-pool.js';
 import { SlurmBackend } from '../actuators/slurm.js';
 import { kubernetesBackend, type KubernetesConnection } from '../actuators/kubernetes.js';
 import { SignalIntake, type SignalJob } from './intake.js';
@@ -78,6 +79,7 @@ export class Controller {
   private readonly recoveryQueue: Queue<RecoveryJob>;
   private readonly dispatcher: RecoveryDispatcher;
   private ticker: NodeJS.Timeout | undefined;
+  readonly pool: StandbyPool;
   /** Posts finished actions to Grafana when the config has a `grafana` section. */
   readonly grafana: GrafanaAnnotator | undefined;
 
@@ -120,6 +122,7 @@ export class Controller {
       prefix: config.redis.prefix,
       defaultJobOptions: { attempts: 5, backoff: { type: 'exponential', delay: 1000 }, removeOnComplete: { age: 7 * 24 * 3600 }, removeOnFail: { age: 30 * 24 * 3600 } },
     });
+    this.pool = new StandbyPool(this.workerRedis, this.keys, this.backend, config.standby);
     this.dispatcher = new RecoveryDispatcher(this.workerRedis, this.keys, this.jobs, this.audit, this.recoveryQueue);
     this.metrics = new ControllerMetrics([this.signalQueue, this.actionQueue], this.jobs);
     this.grafana =
@@ -152,7 +155,7 @@ export class Controller {
       logger,
       // The intake connection fails fast when Redis is down; the workers' one would wait.
       queues: [this.signalQueue, this.actionQueue, this.recoveryQueue],
-      routers: [jobsRouter({ jobs: new JobStore(this.intakeRedis, this.keys), backend: this.backend, dispatcher: this.dispatcher })],
+      routers: [jobsRouter({ jobs: new JobStore(this.intakeRedis, this.keys), backend: this.backend, dispatcher: this.dispatcher, pool: this.pool })],
     });
     const server = app.listen(config.controller.port, config.controller.host);
     this.server = server;
@@ -211,6 +214,7 @@ export class Controller {
         logger,
         feedback: (event) => this.dispatcher.apply(event),
         maxJobEvictionPercent: config.safety.maxJobEvictionPercent,
+        pool: this.pool,
         onPage: (job, reason) => {
           this.metrics.humanPages.inc({ job });
           logger.warn({ job, reason }, 'a person is needed');
@@ -254,8 +258,18 @@ export class Controller {
 
   private async tickJobs(): Promise<void> {
     const now = Date.now();
-    for (const record of await this.jobs.list()) {
+    const records = await this.jobs.list();
+    for (const record of records) {
       await this.dispatcher.apply({ job: record.spec.name, event: { type: 'tick', time: now }, eventId: `tick:${now}` });
+    }
+    // Replenish the warm standby pool up to the P99 of the machines now in use (ByteRobust §6.2).
+    const inUse = new Set(records.flatMap((record) => record.spec.nodes));
+    const started = await this.pool.reconcile(inUse.size, inUse, now);
+    for (const node of started) {
+      await this.audit.append(
+        { type: 'action', ref: `standby-${node}-${now}`, node, summary: `standby ${node}: provisioning (held by ${this.backend.name}; waiting for its agent's self-check)`, data: { verb: 'provision_standby', node, state: 'done' } },
+        `standby:${node}:${now}`,
+      );
     }
   }
 

@@ -2,6 +2,7 @@ import { readFileSync } from 'node:fs';
 import { parse as parseYaml } from 'yaml';
 import { z } from 'zod';
 import { InputError, errorMessage } from './errors.js';
+import { nodeNameSchema } from './names.js';
 import { parseOrThrow } from './validate.js';
 
 /**
@@ -83,6 +84,16 @@ export const configSchema = z
          * `steadfast resume NODE` ends the window early.
          */
         drainDedupeSeconds: int().min(1).default(900),
+      })
+      .strict()
+      .prefault({}),
+    standby: z
+      .object({
+        /** Spare nodes the pool may provision as warm standbys; empty: standbys are held by hand. */
+        candidates: z.array(nodeNameSchema).default([]),
+        /** Per-machine daily failure rate; the pool holds the P99 of Binomial(job nodes, rate) (ByteRobust §6.2). */
+        dailyFailureRate: z.coerce.number<unknown>().min(0).max(1).default(0.001),
+        quantile: z.coerce.number<unknown>().gt(0).lt(1).default(0.99),
       })
       .strict()
       .prefault({}),

@@ -77,6 +77,9 @@ export class Keys {
   recoveryStep(transitionId: string, index: number): string {
     return `${this.prefix}:recovery-step:${transitionId}:${index}`;
   }
+  get standbyPool(): string {
+    return `${this.prefix}:standby-pool`;
+  }
   get quarantine(): string {
     return `${this.prefix}:quarantine`;
   }

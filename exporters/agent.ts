@@ -7,6 +7,10 @@ import type { FastPathEvent } from '../core/fast-path.js';
 import type { Logger } from '../core/log.js';
 import { CollectorSet, type AgentRoute, type CollectorFactory, type CollectorPaths, type CollectorSettings } from './collector.js';
 import { createFastPathClient, type FastPathSender } from './fast-path-client.js';
+import { StandbyReporter } from './standby-reporter.js';
+
+/** How often an agent asks the controller whether its node is a standby waiting for a self-check. */
+const STANDBY_POLL_MS = 10_000;
 
 /**
  * The node agent's composition root: one registry, one fast-path client, the enabled
@@ -49,6 +53,7 @@ class NodeAgent implements Agent {
   private readonly fastPath: FastPathSender;
   private readonly collectors: CollectorSet;
   private server: Server | undefined;
+  private standby: StandbyReporter | undefined;
   private collectorsStarted: Promise<void> | undefined;
   private closing: Promise<void> | undefined;
 
@@ -78,6 +83,17 @@ class NodeAgent implements Agent {
   async start(): Promise<AddressInfo> {
     if (this.closing) throw new Error('agent is closed');
     await this.startCollectors();
+    if (this.options.controllerUrl && this.options.controllerToken && !this.standby) {
+      this.standby = new StandbyReporter({
+        controllerUrl: this.options.controllerUrl,
+        token: this.options.controllerToken,
+        node: this.options.node,
+        intervalMs: STANDBY_POLL_MS,
+        scrape: () => this.collectors.scrape(),
+        logger: this.options.logger.child({ component: 'standby' }),
+      });
+      this.standby.start();
+    }
     if (!this.server) {
       const server = createServer((request, response) => void this.handle(request, response));
       this.server = server;
@@ -111,6 +127,7 @@ class NodeAgent implements Agent {
   }
 
   private async shutdown(): Promise<void> {
+    this.standby?.close();
     const server = this.server;
     if (server) {
       await new Promise<void>((resolve) => {

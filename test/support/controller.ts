@@ -11,6 +11,7 @@ export function testConfig(redisUrl: string, prefix: string, overrides: Partial<
     backend: { kind: 'dry-run', ...(overrides.backend ?? {}) },
     safety: { ...(overrides.safety ?? {}) },
     policy: { ...(overrides.policy ?? {}) },
+    standby: { ...(overrides.standby ?? {}) },
     ...(overrides.grafana ? { grafana: overrides.grafana } : {}),
   });
 }
