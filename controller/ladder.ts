@@ -828,7 +828,7 @@ function hours(ms: number): string {
 
 const time = z.number().finite();
 const nodeTimes = z.array(z.object({ node: z.string().min(1), times: z.array(time) }));
-const ladderStep = z.object({
+export const ladderStepSchema = z.object({
   verb: z.enum(STEP_VERBS),
   job: z.string(),
   nodes: z.array(z.string()).optional(),
@@ -862,7 +862,7 @@ export const ladderStateSchema = z.object({
       retry: z.object({ attempts: z.number().int().min(0), nextBackoffMs: z.number().min(0) }),
     })
     .nullable(),
-  scheduled: z.object({ notBefore: time, steps: z.array(ladderStep) }).nullable(),
+  scheduled: z.object({ notBefore: time, steps: z.array(ladderStepSchema) }).nullable(),
   lastEvictionAt: time.nullable(),
   networkAlerts: nodeTimes,
   codeVersions: z.array(

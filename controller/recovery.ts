@@ -5,7 +5,7 @@ import { StoreUnavailableError, errorMessage } from '../core/errors.js';
 import type { Keys, Redis } from '../core/redis.js';
 import { stableHash } from '../core/signal.js';
 import type { JobStore } from './job-store.js';
-import { DEFAULT_LADDER_CONFIG, STEP_VERBS, advance, initialLadderState, ladderStateSchema, type LadderConfig, type LadderEvent, type LadderState, type LadderStep } from './ladder.js';
+import { DEFAULT_LADDER_CONFIG, advance, ladderStepSchema, initialLadderState, ladderStateSchema, type LadderConfig, type LadderEvent, type LadderState, type LadderStep } from './ladder.js';
 
 /**
  * Runs a job's recovery ladder (controller/ladder.ts) against its state in Redis and hands the
@@ -17,16 +17,7 @@ import { DEFAULT_LADDER_CONFIG, STEP_VERBS, advance, initialLadderState, ladderS
 export const recoveryJobSchema = z.object({
   transitionId: z.string().min(1).max(128),
   job: z.string().min(1).max(128),
-  steps: z.array(
-    z.object({
-      verb: z.enum(STEP_VERBS),
-      job: z.string(),
-      nodes: z.array(z.string()).optional(),
-      version: z.string().optional(),
-      reason: z.string(),
-      citation: z.string(),
-    }),
-  ),
+  steps: z.array(ladderStepSchema),
 });
 
 export type RecoveryJob = z.infer<typeof recoveryJobSchema>;
