@@ -6,6 +6,7 @@ import { Topology } from '../core/topology.js';
 import { parseOrThrow } from '../core/validate.js';
 import { planBackups } from '../actuators/backup-placement.js';
 import { optimalCheckpointInterval } from '../actuators/checkpoint-interval.js';
+import { planMicrobatches } from '../analyzers/microbatch.js';
 import { standbyPoolSize } from '../actuators/standby-sizing.js';
 import { parsePositiveInt, runCommand } from './common.js';
 
@@ -42,7 +43,7 @@ function print(value: unknown): void {
 }
 
 export function planCommand(): Command {
-  const plan = new Command('plan').description('Recovery planners: warm standby pool size, checkpoint backup placement, checkpoint interval.');
+  const plan = new Command('plan').description('Planners: warm standby pool size, checkpoint backup placement, checkpoint interval, micro-batch assignment.');
 
   plan
     .command('standby')
@@ -76,6 +77,19 @@ export function planCommand(): Command {
     .requiredOption('--checkpoint-seconds <c>', 'time to write one checkpoint, in seconds', positiveNumber)
     .action(async (options: { mtbfHours: number; checkpointSeconds: number }) => {
       await runCommand(async () => print(optimalCheckpointInterval(options.mtbfHours, options.checkpointSeconds)));
+    });
+
+  plan
+    .command('microbatch')
+    .description('Exact micro-batch assignment over DP groups minimising the slowest group\'s time (Greyhound\'s rebalancing problem).')
+    .requiredOption('--times <t1,t2,...>', 'seconds per micro-batch of each DP group, comma-separated')
+    .requiredOption('--microbatches <M>', 'micro-batches per iteration in total', parsePositiveInt)
+    .option('--pp <P>', 'pipeline stages: every group gets a multiple of P (1F1B)', parsePositiveInt)
+    .action(async (options: { times: string; microbatches: number; pp?: number }) => {
+      await runCommand(async () => {
+        const times = options.times.split(',').map((value) => Number(value.trim()));
+        print(planMicrobatches(times, options.microbatches, options.pp === undefined ? {} : { multipleOf: options.pp }));
+      });
     });
 
   return plan;

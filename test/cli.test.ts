@@ -154,6 +154,15 @@ describe('steadfast plan', () => {
     expect(interval.dalySeconds).toBeCloseTo(617.88, 1);
   });
 
+  it('prints the exact micro-batch assignment, giving the slow group half the share', async () => {
+    const result = await steadfast('plan', 'microbatch', '--times', '1,2,1,1', '--microbatches', '28');
+    expect(result.code).toBe(0);
+    expect(JSON.parse(result.stdout)).toEqual({ assignment: [8, 4, 8, 8], iterationSeconds: 8 });
+    const bad = await steadfast('plan', 'microbatch', '--times', '1,x', '--microbatches', '4');
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toContain('times.1');
+  });
+
   it('exits 2 naming the option when a required option is missing or a value is out of range', async () => {
     const missing = await steadfast('plan', 'standby', '--nodes', '10');
     expect(missing.code).toBe(2);
