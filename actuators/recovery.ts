@@ -19,6 +19,8 @@ import type { StandbyPool } from './standby-pool.js';
 const run = promisify(execFile);
 const STEP_DONE_TTL_SECONDS = 7 * 24 * 3600;
 const LAUNCH_TIMEOUT_MS = 120_000;
+const EXCLUSION_WINDOW_MS = 7 * 24 * 3600_000;
+const QUARANTINE_AFTER = 3;
 
 export interface RecoveryActuatorDeps {
   readonly redis: Redis;
@@ -63,6 +65,25 @@ export function createRecoveryProcessor(deps: RecoveryActuatorDeps): (job: Job<R
     );
   }
 
+  /**
+   * Exclusion history across every job (504-GPU report: three nodes caused half of all
+   * exclusions): a node evicted QUARANTINE_AFTER times within a week is quarantined — never
+   * again a standby, and reported — whichever jobs it served.
+   */
+  async function noteExclusion(transitionId: string, index: number, step: LadderStep, node: string): Promise<void> {
+    const key = keys.nodeExclusions(node);
+    const now = Date.now();
+    await redis.zadd(key, String(now), `${transitionId}:${index}`);
+    await redis.zremrangebyscore(key, '-inf', String(now - EXCLUSION_WINDOW_MS));
+    await redis.pexpire(key, EXCLUSION_WINDOW_MS);
+    const count = await redis.zcard(key);
+    if (count >= QUARANTINE_AFTER && (await redis.sadd(keys.quarantine, node)) === 1) {
+      const reason = `${node} was excluded ${count} times within 7 days; quarantined until an operator returns it`;
+      await record(transitionId, index, step, 'done', reason, node);
+      deps.onPage?.(step.job, reason);
+    }
+  }
+
   async function evict(transitionId: string, index: number, step: LadderStep): Promise<boolean> {
     const jobSize = (await jobs.get(step.job)).spec.nodes.length;
     const share = await gates.admitJobShare(step.job, `${transitionId}:${index}`, step.nodes ?? [], jobSize, deps.maxJobEvictionPercent ?? 100);
@@ -81,6 +102,7 @@ export function createRecoveryProcessor(deps: RecoveryActuatorDeps): (job: Job<R
         const before = await backend.nodeState(node);
         if (!before.drained) await backend.drain(node, `steadfast: ${step.reason} audit=${transitionId}`);
         await record(transitionId, index, step, 'done', before.drained ? `already out of service (${before.raw})` : `drained through ${backend.name}`, node);
+        await noteExclusion(transitionId, index, step, node);
       } finally {
         await gates.releaseLease(node, holder);
       }

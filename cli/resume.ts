@@ -31,6 +31,8 @@ export function resumeCommand(): Command {
           await backend.resume(node);
           const claim = await redis.get(keys.nodeDrainClaim(node));
           await redis.del(keys.nodeDrainClaim(node));
+          // An operator returning a node vouches for it: it leaves quarantine too.
+          await redis.srem(keys.quarantine, node);
           await new AuditLog(redis, keys, config.controller.auditMaxLength).append(
             {
               type: 'action',

@@ -80,6 +80,9 @@ export class Keys {
   get standbyPool(): string {
     return `${this.prefix}:standby-pool`;
   }
+  nodeExclusions(node: string): string {
+    return `${this.prefix}:exclusions:${node}`;
+  }
   get quarantine(): string {
     return `${this.prefix}:quarantine`;
   }

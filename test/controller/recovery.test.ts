@@ -209,3 +209,41 @@ describe('a recovery interrupted half way', () => {
     }
   });
 });
+
+describe('exclusion history across jobs', () => {
+  it('quarantines a node evicted three times within a week, whichever jobs it served', async () => {
+    const store = testRedis();
+    const { createRecoveryProcessor } = await import('../../actuators/recovery.js');
+    const { JobStore } = await import('../../controller/job-store.js');
+    const { AuditLog } = await import('../../core/audit.js');
+    const { SafetyGates } = await import('../../actuators/safety.js');
+    const { silentLogger } = await import('../../core/log.js');
+    try {
+      const jobs = new JobStore(store.redis, store.keys);
+      const backend = new DryRunBackend(store.redis, store.keys);
+      const pages: string[] = [];
+      const processor = createRecoveryProcessor({
+        redis: store.redis,
+        keys: store.keys,
+        audit: new AuditLog(store.redis, store.keys),
+        backend,
+        gates: new SafetyGates(store.redis, store.keys, { maxPerWindow: 10, windowSeconds: 600 }, 30),
+        jobs,
+        logger: silentLogger(),
+        feedback: async () => undefined,
+        onPage: (_job, reason) => pages.push(reason),
+      });
+      for (const [round, name] of ['job-a', 'job-b', 'job-c'].entries()) {
+        await jobs.create({ ...JOB, name, nodes: ['flaky', `x${round}`, `y${round}`, `z${round}`] });
+        const steps = [{ verb: 'evict' as const, job: name, nodes: ['flaky'], reason: 'machine fault', citation: '§4.1' }];
+        await processor({ id: `j${round}`, data: { transitionId: `t-${round}`, job: name, steps }, attemptsMade: 0, opts: { attempts: 5 } } as unknown as Parameters<typeof processor>[0]);
+        await backend.resume('flaky');
+      }
+      expect(await store.redis.smembers(store.keys.quarantine)).toEqual(['flaky']);
+      expect(pages.some((reason) => reason === 'flaky was excluded 3 times within 7 days; quarantined until an operator returns it')).toBe(true);
+    } finally {
+      await store.cleanup();
+    }
+  });
+});
+
