@@ -31,4 +31,9 @@ export interface ClusterBackend {
   activateStandby(node: string, job: string): Promise<void>;
   /** Nodes currently held as standbys, as the scheduler records them. */
   standbys(): Promise<string[]>;
+  /**
+   * Restarts a workload the scheduler runs itself (Kubernetes: deletes its pods so their
+   * controller recreates them). Backends whose jobs are relaunched by a command leave it out.
+   */
+  relaunchWorkload?(namespace: string, podSelector: string): Promise<number>;
 }

@@ -40,6 +40,16 @@ export class DryRunBackend implements ClusterBackend {
     return (await this.redis.smembers(this.keys.dryRunStandbys())).sort();
   }
 
+  /** Records the relaunch instead of deleting pods. */
+  async relaunchWorkload(namespace: string, podSelector: string): Promise<number> {
+    await this.redis.rpush(this.keys.dryRunRelaunches(), `${namespace}/${podSelector}`);
+    return 0;
+  }
+
+  async relaunches(): Promise<string[]> {
+    return this.redis.lrange(this.keys.dryRunRelaunches(), 0, -1);
+  }
+
   /** Everything this backend was asked to drain, for `steadfast audit` and tests. */
   async recorded(): Promise<Record<string, string>> {
     return this.redis.hgetall(this.keys.dryRunNodes());

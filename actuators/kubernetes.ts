@@ -51,7 +51,7 @@ const FINISHED_PHASES = new Set(['Succeeded', 'Failed']);
 const RBAC_HINT = 'see docs/kubernetes-rbac.yaml';
 
 /** The RBAC rule each call needs, named the way a ClusterRole spells it. */
-type Permission = 'get nodes' | 'list nodes' | 'patch nodes' | 'list pods' | 'create pods/eviction';
+type Permission = 'get nodes' | 'list nodes' | 'patch nodes' | 'list pods' | 'create pods/eviction' | 'deletecollection pods';
 
 /** A JSON merge patch (RFC 7386) of a Node: `null` removes a key, lists are replaced whole. */
 interface NodeMergePatch {
@@ -343,6 +343,29 @@ export class KubernetesBackend implements ClusterBackend {
       labels: { [ROLE_LABEL]: 'active', [JOB_LABEL]: job },
     });
     await this.patchNode(node, patch, `activate standby for job ${job} on`);
+  }
+
+  /**
+   * Relaunches a training workload in place: deletes its pods (selected by label) and lets its
+   * controller (Job, PyTorchJob, JobSet …) recreate them on the nodes now in service.
+   */
+  async relaunchWorkload(namespace: string, podSelector: string): Promise<number> {
+    if (!/^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/.test(namespace)) throw new DoNotRetryError(`refusing invalid namespace ${JSON.stringify(namespace)}`);
+    if (!/^[A-Za-z0-9./_-]+(=|==|!=)[A-Za-z0-9._-]*(,[A-Za-z0-9./_-]+(=|==|!=)[A-Za-z0-9._-]*)*$/.test(podSelector)) {
+      throw new DoNotRetryError(`refusing pod selector ${JSON.stringify(podSelector)}: equality selectors only, e.g. job-name=llama`);
+    }
+    let pods: number;
+    try {
+      pods = (await this.api.listNamespacedPod({ namespace, labelSelector: podSelector })).items.length;
+    } catch (error) {
+      throw apiError(error, `list pods ${podSelector} in ${namespace}`, 'list pods');
+    }
+    try {
+      await this.api.deleteCollectionNamespacedPod({ namespace, labelSelector: podSelector });
+    } catch (error) {
+      throw apiError(error, `delete pods ${podSelector} in ${namespace}`, 'deletecollection pods');
+    }
+    return pods;
   }
 
   async standbys(): Promise<string[]> {

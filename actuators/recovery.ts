@@ -169,9 +169,18 @@ export function createRecoveryProcessor(deps: RecoveryActuatorDeps): (job: Job<R
         await record(transitionId, index, step, 'failed', `launcher failed: ${said.slice(0, 300)}`);
         outcome = { type: 'restart_failed', time: Date.now(), detail: said.slice(0, 300) };
       }
+    } else if (backend.relaunchWorkload) {
+      try {
+        const deleted = await backend.relaunchWorkload(launcher.namespace, launcher.podSelector);
+        await record(transitionId, index, step, 'done', `relaunched ${launcher.workload} in ${launcher.namespace}: ${deleted} pods deleted for its controller to recreate`);
+        outcome = { type: 'restart_succeeded', time: Date.now() };
+      } catch (error) {
+        await record(transitionId, index, step, 'failed', `relaunch of ${launcher.workload} failed: ${errorMessage(error).slice(0, 300)}`);
+        outcome = { type: 'restart_failed', time: Date.now(), detail: errorMessage(error).slice(0, 300) };
+      }
     } else {
-      await record(transitionId, index, step, 'failed', `relaunching ${launcher.workload} in ${launcher.namespace} is not automated yet; restart it by hand`);
-      deps.onPage?.(step.job, 'Kubernetes relaunch needs a person');
+      await record(transitionId, index, step, 'failed', `the ${backend.name} backend cannot relaunch Kubernetes workload ${launcher.workload}; restart it by hand`);
+      deps.onPage?.(step.job, 'relaunch needs a person');
       return;
     }
     await deps.feedback({ job: step.job, event: outcome, eventId: `${transitionId}:${index}:${outcome.type}` });

@@ -29,6 +29,8 @@ export const launcherSchema = z.discriminatedUnion('kind', [
       namespace: z.string().regex(/^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/, 'must be a Kubernetes namespace name'),
       /** The workload that runs the job, e.g. `jobs.batch/llama` or `pytorchjobs.kubeflow.org/llama`. */
       workload: z.string().regex(/^[a-z0-9.-]+\/[a-z0-9]([-a-z0-9]*[a-z0-9])?$/, 'must be <resource>/<name>'),
+      /** Label selector of the workload's pods; a relaunch deletes them and their controller recreates them. */
+      podSelector: z.string().regex(/^[A-Za-z0-9./_-]+=[A-Za-z0-9._-]*(,[A-Za-z0-9./_-]+=[A-Za-z0-9._-]*)*$/, 'must be an equality label selector like training.kubeflow.org/job-name=llama'),
     })
     .strict(),
 ]);

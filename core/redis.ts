@@ -89,6 +89,9 @@ export class Keys {
   nodeJob(node: string): string {
     return `${this.prefix}:node-job:${node}`;
   }
+  dryRunRelaunches(): string {
+    return `${this.prefix}:dry-run:relaunches`;
+  }
   dryRunStandbys(): string {
     return `${this.prefix}:dry-run:standbys`;
   }

@@ -98,6 +98,16 @@ describe('Kubernetes backend against recorded API exchanges', () => {
     await backend.holdStandby('gpu-c01');
   });
 
+  it('relaunches a training workload by deleting its pods for their controller to recreate', async () => {
+    api.load(recordedExchanges('relaunch'));
+    expect(await backend.relaunchWorkload('train', 'training.kubeflow.org/job-name=llama-70b')).toBe(2);
+  });
+
+  it('refuses a set-based pod selector without asking the API server', async () => {
+    const error = await rejection(backend.relaunchWorkload('train', 'job in (a,b)'));
+    expect(error).toBeInstanceOf(DoNotRetryError);
+  });
+
   it('lists the standbys by their role label, sorted by name', async () => {
     api.load(recordedExchanges('standby-list'));
     expect(await backend.standbys()).toEqual(['gpu-c01', 'gpu-c02']);

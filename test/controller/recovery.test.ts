@@ -132,6 +132,24 @@ describe('recovery of a registered job on a real Redis', () => {
   });
 });
 
+describe('a job run by Kubernetes', () => {
+  it('is relaunched through the backend: its pods deleted for their controller to recreate', async () => {
+    const store = testRedis();
+    const { controller, url } = await startController(testConfig(store.url, store.prefix));
+    try {
+      const launcher = { kind: 'kubernetes', namespace: 'train', workload: 'pytorchjobs.kubeflow.org/llama', podSelector: 'training.kubeflow.org/job-name=llama' };
+      expect((await post(`${url}/api/v1/jobs`, { ...JOB, launcher })).status).toBe(201);
+      await controller.backend.holdStandby('spare-1');
+      await post(`${url}/api/v1/signals`, { kind: 'gpu_lost', node: 'n03', gpu: '0000:18:00', message: 'gone', time: new Date().toISOString() });
+      await until('job running on the standby', () => controller.jobs.get('llama'), (record) => record.state === 'running' && record.spec.nodes.includes('spare-1'));
+      expect(await new DryRunBackend(store.redis, store.keys).relaunches()).toEqual(['train/training.kubeflow.org/job-name=llama']);
+    } finally {
+      await controller.close();
+      await store.cleanup();
+    }
+  });
+});
+
 describe('the job eviction budget', () => {
   it('refuses to evict more than the allowed share of a job\'s nodes within the window', async () => {
     const store = testRedis();
