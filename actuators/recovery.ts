@@ -15,6 +15,7 @@ import { parseJobSpec } from '../core/job.js';
 import { planRestore, type CheckpointShard } from './restore-plan.js';
 import type { SafetyGates } from './safety.js';
 import type { StandbyPool } from './standby-pool.js';
+import type { ProgressWatch } from '../controller/progress.js';
 
 const run = promisify(execFile);
 const STEP_DONE_TTL_SECONDS = 7 * 24 * 3600;
@@ -37,6 +38,8 @@ export interface RecoveryActuatorDeps {
   readonly maxJobEvictionPercent?: number;
   /** The managed standby pool; when it has no candidates, standbys held by hand are used. */
   readonly pool?: StandbyPool;
+  /** Judges restarts by training progress; without it, an accepted launch counts as success. */
+  readonly progress?: ProgressWatch;
 }
 
 /** A Slurm launcher's argv with its placeholders filled: each stays one argument, never a shell word. */
@@ -161,8 +164,7 @@ export function createRecoveryProcessor(deps: RecoveryActuatorDeps): (job: Job<R
       try {
         const { stdout } = await run(argv[0] as string, argv.slice(1), { timeout: LAUNCH_TIMEOUT_MS, maxBuffer: 1024 * 1024 });
         await record(transitionId, index, step, 'done', `launched ${record_.spec.codeVersion} on ${record_.spec.nodes.join(',')}: ${stdout.trim().slice(0, 200) || 'ok'}`);
-        // The launcher accepted the job; until training progress is wired back (the training
-        // collector's iterations), an accepted launch counts as a successful restart.
+        // Accepted by the launcher; with a ProgressWatch the verdict waits for new iterations.
         outcome = { type: 'restart_succeeded', time: Date.now() };
       } catch (error) {
         const said = (error as { stderr?: string }).stderr?.trim() || errorMessage(error);
@@ -181,6 +183,11 @@ export function createRecoveryProcessor(deps: RecoveryActuatorDeps): (job: Job<R
     } else {
       await record(transitionId, index, step, 'failed', `the ${backend.name} backend cannot relaunch Kubernetes workload ${launcher.workload}; restart it by hand`);
       deps.onPage?.(step.job, 'relaunch needs a person');
+      return;
+    }
+    if (outcome.type === 'restart_succeeded' && deps.progress) {
+      // Launched: whether it trains again is decided later, from Prometheus (controller/progress.ts).
+      await deps.progress.watch(step.job, `${transitionId}:${index}`);
       return;
     }
     await deps.feedback({ job: step.job, event: outcome, eventId: `${transitionId}:${index}:${outcome.type}` });

@@ -20,6 +20,7 @@ import { ControllerMetrics } from './metrics.js';
 import { createPolicyProcessor } from './policy-worker.js';
 import { JobStore } from './job-store.js';
 import { RecoveryDispatcher, type RecoveryJob } from './recovery.js';
+import { ProgressWatch } from './progress.js';
 import { createRecoveryProcessor } from '../actuators/recovery.js';
 import { jobsRouter } from './jobs-api.js';
 import { createApp } from './server.js';
@@ -80,6 +81,7 @@ export class Controller {
   private readonly dispatcher: RecoveryDispatcher;
   private ticker: NodeJS.Timeout | undefined;
   readonly pool: StandbyPool;
+  private readonly progress: ProgressWatch | undefined;
   /** Posts finished actions to Grafana when the config has a `grafana` section. */
   readonly grafana: GrafanaAnnotator | undefined;
 
@@ -122,6 +124,9 @@ export class Controller {
       prefix: config.redis.prefix,
       defaultJobOptions: { attempts: 5, backoff: { type: 'exponential', delay: 1000 }, removeOnComplete: { age: 7 * 24 * 3600 }, removeOnFail: { age: 30 * 24 * 3600 } },
     });
+    this.progress = config.progress.prometheusUrl
+      ? new ProgressWatch(this.workerRedis, this.keys, config.progress.prometheusUrl, config.progress.timeoutSeconds * 1000)
+      : undefined;
     this.pool = new StandbyPool(this.workerRedis, this.keys, this.backend, config.standby);
     this.dispatcher = new RecoveryDispatcher(this.workerRedis, this.keys, this.jobs, this.audit, this.recoveryQueue);
     this.metrics = new ControllerMetrics([this.signalQueue, this.actionQueue], this.jobs);
@@ -215,6 +220,7 @@ export class Controller {
         feedback: (event) => this.dispatcher.apply(event),
         maxJobEvictionPercent: config.safety.maxJobEvictionPercent,
         pool: this.pool,
+        progress: this.progress,
         onPage: (job, reason) => {
           this.metrics.humanPages.inc({ job });
           logger.warn({ job, reason }, 'a person is needed');
@@ -260,6 +266,8 @@ export class Controller {
     const now = Date.now();
     const records = await this.jobs.list();
     for (const record of records) {
+      const decided = await this.progress?.check(record.spec.name, now);
+      if (decided) await this.dispatcher.apply(decided);
       await this.dispatcher.apply({ job: record.spec.name, event: { type: 'tick', time: now }, eventId: `tick:${now}` });
     }
     // Replenish the warm standby pool up to the P99 of the machines now in use (ByteRobust §6.2).

@@ -87,6 +87,18 @@ export const configSchema = z
       })
       .strict()
       .prefault({}),
+    progress: z
+      .object({
+        /**
+         * Prometheus to ask whether a restarted job trains again (its steadfast_training_iteration
+         * grows). Unset: a restart counts as successful once the launcher accepts it.
+         */
+        prometheusUrl: z.url({ protocol: /^https?$/ }).optional(),
+        /** A restart that shows no new iteration within this long has failed (ByteRobust §4.2). */
+        timeoutSeconds: int().min(10).default(900),
+      })
+      .strict()
+      .prefault({}),
     standby: z
       .object({
         /** Spare nodes the pool may provision as warm standbys; empty: standbys are held by hand. */

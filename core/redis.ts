@@ -68,6 +68,9 @@ export class Keys {
   jobCheckpoints(name: string): string {
     return `${this.prefix}:job:${name}:checkpoints`;
   }
+  jobAwaitingProgress(name: string): string {
+    return `${this.prefix}:job:${name}:awaiting-progress`;
+  }
   jobEvictions(name: string): string {
     return `${this.prefix}:job:${name}:evictions`;
   }

@@ -12,6 +12,7 @@ export function testConfig(redisUrl: string, prefix: string, overrides: Partial<
     safety: { ...(overrides.safety ?? {}) },
     policy: { ...(overrides.policy ?? {}) },
     standby: { ...(overrides.standby ?? {}) },
+    progress: { ...(overrides.progress ?? {}) },
     ...(overrides.grafana ? { grafana: overrides.grafana } : {}),
   });
 }
