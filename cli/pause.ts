@@ -2,6 +2,7 @@ import { Command } from 'commander';
 import { loadConfig, type Config } from '../core/config.js';
 import { Keys, workerConnection } from '../core/redis.js';
 import { SafetyGates } from '../actuators/safety.js';
+import { drainBudget } from '../controller/service.js';
 import { runCommand } from './common.js';
 
 async function withGates(configFile: string | undefined, work: (gates: SafetyGates, config: Config) => Promise<void>): Promise<void> {
@@ -11,7 +12,7 @@ async function withGates(configFile: string | undefined, work: (gates: SafetyGat
     const gates = new SafetyGates(
       redis,
       new Keys(config.redis.prefix),
-      { maxPerWindow: config.safety.maxDrainsPerWindow, windowSeconds: config.safety.windowSeconds },
+      { maxPerWindow: drainBudget(config.safety), windowSeconds: config.safety.windowSeconds },
       config.safety.nodeLeaseSeconds,
     );
     await work(gates, config);
@@ -42,7 +43,7 @@ export function pauseCommands(): Command[] {
         withGates(options.config, async (gates, config) => {
           await gates.unpause();
           const used = await gates.budgetUsed();
-          process.stdout.write(`unpaused; drains in the last ${config.safety.windowSeconds} s: ${used} of ${config.safety.maxDrainsPerWindow}\n`);
+          process.stdout.write(`unpaused; drains in the last ${config.safety.windowSeconds} s: ${used} of ${drainBudget(config.safety)}\n`);
         }),
       );
     });

@@ -34,6 +34,12 @@ export interface ControllerOptions {
   readonly http?: boolean;
 }
 
+/** Drains per window: the count, and at most `maxDrainPercent` of the cluster when both are set. */
+export function drainBudget(safety: Config['safety']): number {
+  if (safety.clusterNodes === undefined || safety.maxDrainPercent === undefined) return safety.maxDrainsPerWindow;
+  return Math.min(safety.maxDrainsPerWindow, Math.floor((safety.clusterNodes * safety.maxDrainPercent) / 100));
+}
+
 /** How often time is fed through every job's recovery ladder. */
 const RECOVERY_TICK_MS = 5000;
 
@@ -111,7 +117,7 @@ export class Controller {
     this.gates = new SafetyGates(
       this.workerRedis,
       this.keys,
-      { maxPerWindow: config.safety.maxDrainsPerWindow, windowSeconds: config.safety.windowSeconds },
+      { maxPerWindow: drainBudget(config.safety), windowSeconds: config.safety.windowSeconds },
       config.safety.nodeLeaseSeconds,
     );
     this.signalQueue = new Queue<SignalJob>(QUEUE_NAMES.signals, { connection: this.workerRedis, prefix: config.redis.prefix });

@@ -116,6 +116,9 @@ export const configSchema = z
         windowSeconds: int().min(1).default(3600),
         /** Seconds a per-node lease is held while an actuator works on it. */
         nodeLeaseSeconds: int().min(1).default(60),
+        /** Nodes in the cluster; with maxDrainPercent, bounds drains per window as a share of it. */
+        clusterNodes: int().min(1).optional(),
+        maxDrainPercent: z.coerce.number<unknown>().min(0).max(100).optional(),
         /** Most of a job's nodes that may be evicted within windowSeconds, in percent (a min-healthy bound). */
         maxJobEvictionPercent: z.coerce.number<unknown>().min(0).max(100).default(50),
       })

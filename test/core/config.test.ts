@@ -60,6 +60,13 @@ describe('configuration', () => {
     );
   });
 
+  it('bounds drains per window by a share of the cluster when its size is given', async () => {
+    const { drainBudget } = await import('../../controller/service.js');
+    expect(drainBudget(loadConfig({ env: {} }).safety)).toBe(4);
+    expect(drainBudget(loadConfig({ env: { STEADFAST_SAFETY__CLUSTER_NODES: '64', STEADFAST_SAFETY__MAX_DRAIN_PERCENT: '5' } }).safety)).toBe(3);
+    expect(drainBudget(loadConfig({ env: { STEADFAST_SAFETY__CLUSTER_NODES: '1000', STEADFAST_SAFETY__MAX_DRAIN_PERCENT: '5' } }).safety)).toBe(4);
+  });
+
   it('refuses to run without a token', () => {
     expect(() => resolveToken({}, 'controller')).toThrow(/refusing to run unauthenticated/);
   });
