@@ -1,3 +1,4 @@
+import type { Config } from '../core/config.js';
 import type { Keys, Redis } from '../core/redis.js';
 
 /**
@@ -7,6 +8,12 @@ import type { Keys, Redis } from '../core/redis.js';
  */
 
 export type GateVerdict = { readonly ok: true } | { readonly ok: false; readonly gate: 'pause' | 'budget' | 'lease'; readonly reason: string };
+
+/** Drains per window: the count, and at most `maxDrainPercent` of the cluster when both are set. */
+export function drainBudget(safety: Config['safety']): number {
+  if (safety.clusterNodes === undefined || safety.maxDrainPercent === undefined) return safety.maxDrainsPerWindow;
+  return Math.min(safety.maxDrainsPerWindow, Math.floor((safety.clusterNodes * safety.maxDrainPercent) / 100));
+}
 
 export interface BudgetOptions {
   readonly maxPerWindow: number;

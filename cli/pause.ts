@@ -1,8 +1,7 @@
 import { Command } from 'commander';
 import { loadConfig, type Config } from '../core/config.js';
 import { Keys, workerConnection } from '../core/redis.js';
-import { SafetyGates } from '../actuators/safety.js';
-import { drainBudget } from '../controller/service.js';
+import { SafetyGates, drainBudget } from '../actuators/safety.js';
 import { runCommand } from './common.js';
 
 async function withGates(configFile: string | undefined, work: (gates: SafetyGates, config: Config) => Promise<void>): Promise<void> {

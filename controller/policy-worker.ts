@@ -56,7 +56,7 @@ function describe(signal: Signal): string {
  * A signal about a node of a registered job goes to that job's recovery ladder (ByteRobust §4,
  * DeadPool Table II): classify, advance, and let the recovery actuator carry out the steps.
  */
-async function toLadderImpl(audit: AuditLog, signal: Signal, trainingJob: string, dispatcher: RecoveryDispatcher): Promise<PolicyResult> {
+async function toLadder(audit: AuditLog, signal: Signal, trainingJob: string, dispatcher: RecoveryDispatcher): Promise<PolicyResult> {
   const verdict = classifySignal(signal);
   if (verdict.verdict === 'ignore') {
     await audit.append(
@@ -81,12 +81,11 @@ async function toLadderImpl(audit: AuditLog, signal: Signal, trainingJob: string
 
 export function createPolicyProcessor(deps: PolicyWorkerDeps): (job: Job<SignalJob>) => Promise<PolicyResult> {
   const { redis, keys, audit, actions, dedupeSeconds } = deps;
-  const toLadder = (signal: Signal, trainingJob: string, dispatcher: RecoveryDispatcher): Promise<PolicyResult> => toLadderImpl(audit, signal, trainingJob, dispatcher);
 
   return async (job) => {
     const signal = parseJobPayload(signalSchema, job.data?.signal, 'signal job payload');
     const trainingJob = deps.recovery && signal.node ? await deps.recovery.jobs.jobOnNode(signal.node) : undefined;
-    if (deps.recovery && trainingJob) return toLadder(signal, trainingJob, deps.recovery.dispatcher);
+    if (deps.recovery && trainingJob) return toLadder(audit, signal, trainingJob, deps.recovery.dispatcher);
     const outcome = decide(signal);
     if (outcome.verb === 'observe') {
       await audit.append(

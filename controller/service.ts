@@ -10,7 +10,7 @@ import { Keys, QUEUE_NAMES, intakeConnection, isRedisUp, workerConnection, type 
 import type { ClusterBackend } from '../actuators/backend.js';
 import { DryRunBackend } from '../actuators/dry-run.js';
 import { createDrainProcessor, type ActionJob } from '../actuators/drain.js';
-import { SafetyGates } from '../actuators/safety.js';
+import { SafetyGates, drainBudget } from '../actuators/safety.js';
 import { StandbyPool } from '../actuators/standby-pool.js';
 import { SlurmBackend } from '../actuators/slurm.js';
 import { kubernetesBackend, type KubernetesConnection } from '../actuators/kubernetes.js';
@@ -32,12 +32,6 @@ export interface ControllerOptions {
   readonly workers?: boolean;
   /** Serve HTTP (default). */
   readonly http?: boolean;
-}
-
-/** Drains per window: the count, and at most `maxDrainPercent` of the cluster when both are set. */
-export function drainBudget(safety: Config['safety']): number {
-  if (safety.clusterNodes === undefined || safety.maxDrainPercent === undefined) return safety.maxDrainsPerWindow;
-  return Math.min(safety.maxDrainsPerWindow, Math.floor((safety.clusterNodes * safety.maxDrainPercent) / 100));
 }
 
 /** How often time is fed through every job's recovery ladder. */

@@ -1,7 +1,16 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import type { AuditEntry } from '../../core/audit.js';
 import type { Controller } from '../../controller/service.js';
+import type { Job } from 'bullmq';
 import { DryRunBackend } from '../../actuators/dry-run.js';
+import type { ClusterBackend } from '../../actuators/backend.js';
+import { createRecoveryProcessor } from '../../actuators/recovery.js';
+import { SafetyGates } from '../../actuators/safety.js';
+import { AuditLog } from '../../core/audit.js';
+import { silentLogger } from '../../core/log.js';
+import { JobStore } from '../../controller/job-store.js';
+import type { LadderStep } from '../../controller/ladder.js';
+import type { RecoveryJob } from '../../controller/recovery.js';
 import { post, startController, testConfig } from '../support/controller.js';
 import { testRedis } from '../support/redis.js';
 import { until } from '../support/until.js';
@@ -173,14 +182,29 @@ describe('the job eviction budget', () => {
   });
 });
 
+/** The recovery actuator alone, on the test Redis, with a generous budget and no ladder behind it. */
+function recoveryProcessor(store: ReturnType<typeof testRedis>, backend: ClusterBackend, jobs: JobStore, onPage?: (job: string, reason: string) => void): ReturnType<typeof createRecoveryProcessor> {
+  return createRecoveryProcessor({
+    redis: store.redis,
+    keys: store.keys,
+    audit: new AuditLog(store.redis, store.keys),
+    backend,
+    gates: new SafetyGates(store.redis, store.keys, { maxPerWindow: 10, windowSeconds: 600 }, 30),
+    jobs,
+    logger: silentLogger(),
+    feedback: async () => undefined,
+    onPage,
+  });
+}
+
+/** A BullMQ job as the actuator receives it, first delivery. */
+function recoveryJob(transitionId: string, job: string, steps: LadderStep[]): Job<RecoveryJob> {
+  return { id: transitionId, data: { transitionId, job, steps }, attemptsMade: 0, opts: { attempts: 5 } } as unknown as Job<RecoveryJob>;
+}
+
 describe('a recovery interrupted half way', () => {
   it('resumes after a crash without draining the node a second time', async () => {
     const store = testRedis();
-    const { createRecoveryProcessor } = await import('../../actuators/recovery.js');
-    const { JobStore } = await import('../../controller/job-store.js');
-    const { AuditLog } = await import('../../core/audit.js');
-    const { SafetyGates } = await import('../../actuators/safety.js');
-    const { silentLogger } = await import('../../core/log.js');
     try {
       const jobs = new JobStore(store.redis, store.keys);
       await jobs.create(JOB);
@@ -202,22 +226,13 @@ describe('a recovery interrupted half way', () => {
           await backend.activateStandby(node, job);
         },
       });
-      const processor = createRecoveryProcessor({
-        redis: store.redis,
-        keys: store.keys,
-        audit: new AuditLog(store.redis, store.keys),
-        backend: flaky,
-        gates: new SafetyGates(store.redis, store.keys, { maxPerWindow: 10, windowSeconds: 600 }, 30),
-        jobs,
-        logger: silentLogger(),
-        feedback: async () => undefined,
-      });
+      const processor = recoveryProcessor(store, flaky, jobs);
       const steps = [
         { verb: 'stop' as const, job: 'llama', reason: 'machine fault', citation: '§4.1' },
         { verb: 'evict' as const, job: 'llama', nodes: ['n01'], reason: 'machine fault', citation: '§4.1' },
         { verb: 'restart' as const, job: 'llama', reason: 'relaunch', citation: '§6.2' },
       ];
-      const job = { id: 'j1', data: { transitionId: 't-1', job: 'llama', steps }, attemptsMade: 0, opts: { attempts: 5 } } as unknown as Parameters<typeof processor>[0];
+      const job = recoveryJob('t-1', 'llama', steps);
       await expect(processor(job)).rejects.toThrow('controller killed');
       await expect(processor(job)).resolves.toEqual({ done: 2 });
       expect(drains).toBe(1);
@@ -231,30 +246,15 @@ describe('a recovery interrupted half way', () => {
 describe('exclusion history across jobs', () => {
   it('quarantines a node evicted three times within a week, whichever jobs it served', async () => {
     const store = testRedis();
-    const { createRecoveryProcessor } = await import('../../actuators/recovery.js');
-    const { JobStore } = await import('../../controller/job-store.js');
-    const { AuditLog } = await import('../../core/audit.js');
-    const { SafetyGates } = await import('../../actuators/safety.js');
-    const { silentLogger } = await import('../../core/log.js');
     try {
       const jobs = new JobStore(store.redis, store.keys);
       const backend = new DryRunBackend(store.redis, store.keys);
       const pages: string[] = [];
-      const processor = createRecoveryProcessor({
-        redis: store.redis,
-        keys: store.keys,
-        audit: new AuditLog(store.redis, store.keys),
-        backend,
-        gates: new SafetyGates(store.redis, store.keys, { maxPerWindow: 10, windowSeconds: 600 }, 30),
-        jobs,
-        logger: silentLogger(),
-        feedback: async () => undefined,
-        onPage: (_job, reason) => pages.push(reason),
-      });
+      const processor = recoveryProcessor(store, backend, jobs, (_job, reason) => pages.push(reason));
       for (const [round, name] of ['job-a', 'job-b', 'job-c'].entries()) {
         await jobs.create({ ...JOB, name, nodes: ['flaky', `x${round}`, `y${round}`, `z${round}`] });
         const steps = [{ verb: 'evict' as const, job: name, nodes: ['flaky'], reason: 'machine fault', citation: '§4.1' }];
-        await processor({ id: `j${round}`, data: { transitionId: `t-${round}`, job: name, steps }, attemptsMade: 0, opts: { attempts: 5 } } as unknown as Parameters<typeof processor>[0]);
+        await processor(recoveryJob(`t-${round}`, name, steps));
         await backend.resume('flaky');
       }
       expect(await store.redis.smembers(store.keys.quarantine)).toEqual(['flaky']);

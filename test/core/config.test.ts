@@ -61,7 +61,7 @@ describe('configuration', () => {
   });
 
   it('bounds drains per window by a share of the cluster when its size is given', async () => {
-    const { drainBudget } = await import('../../controller/service.js');
+    const { drainBudget } = await import('../../actuators/safety.js');
     expect(drainBudget(loadConfig({ env: {} }).safety)).toBe(4);
     expect(drainBudget(loadConfig({ env: { STEADFAST_SAFETY__CLUSTER_NODES: '64', STEADFAST_SAFETY__MAX_DRAIN_PERCENT: '5' } }).safety)).toBe(3);
     expect(drainBudget(loadConfig({ env: { STEADFAST_SAFETY__CLUSTER_NODES: '1000', STEADFAST_SAFETY__MAX_DRAIN_PERCENT: '5' } }).safety)).toBe(4);
