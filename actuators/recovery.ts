@@ -133,8 +133,8 @@ export function createRecoveryProcessor(deps: RecoveryActuatorDeps): (job: Job<R
   async function recordRestorePlan(transitionId: string, index: number, step: LadderStep): Promise<void> {
     const shards = await jobs.checkpoints(step.job);
     if (shards.length === 0) return;
-    const record_ = await jobs.get(step.job);
-    const { topology } = parseJobSpec(record_.spec);
+    const jobRecord = await jobs.get(step.job);
+    const { topology } = parseJobSpec(jobRecord.spec);
     const evicted = new Set(await evictedHolders(shards));
     // The spec already names the standbys, so each rank's node is where it runs after the restart.
     const plan = planRestore(shards, { ranks: topology.ranks.length, evicted, rankNodes: new Map(topology.ranks.map((rank) => [rank.rank, rank.node])) });
@@ -155,15 +155,15 @@ export function createRecoveryProcessor(deps: RecoveryActuatorDeps): (job: Job<R
   }
 
   async function launch(transitionId: string, index: number, step: LadderStep): Promise<void> {
-    const record_ = await jobs.get(step.job);
-    const launcher = record_.spec.launcher;
+    const jobRecord = await jobs.get(step.job);
+    const launcher = jobRecord.spec.launcher;
     let outcome: LadderEvent;
     await recordRestorePlan(transitionId, index, step);
     if (launcher.kind === 'slurm') {
-      const argv = launchArgv(launcher, { job: step.job, nodes: record_.spec.nodes, version: record_.spec.codeVersion });
+      const argv = launchArgv(launcher, { job: step.job, nodes: jobRecord.spec.nodes, version: jobRecord.spec.codeVersion });
       try {
         const { stdout } = await run(argv[0] as string, argv.slice(1), { timeout: LAUNCH_TIMEOUT_MS, maxBuffer: 1024 * 1024 });
-        await record(transitionId, index, step, 'done', `launched ${record_.spec.codeVersion} on ${record_.spec.nodes.join(',')}: ${stdout.trim().slice(0, 200) || 'ok'}`);
+        await record(transitionId, index, step, 'done', `launched ${jobRecord.spec.codeVersion} on ${jobRecord.spec.nodes.join(',')}: ${stdout.trim().slice(0, 200) || 'ok'}`);
         // Accepted by the launcher; with a ProgressWatch the verdict waits for new iterations.
         outcome = { type: 'restart_succeeded', time: Date.now() };
       } catch (error) {
