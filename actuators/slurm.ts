@@ -3,6 +3,8 @@ import { promisify } from 'node:util';
 import { DoNotRetryError, RetryLaterError, errorMessage } from '../core/errors.js';
 import { NODE_NAME_PATTERN } from '../core/names.js';
 import type { ClusterBackend, NodeState } from './backend.js';
+import { expandHostlist } from './hostlist.js';
+import type { SlurmRestClient } from './slurm-rest.js';
 
 const run = promisify(execFile);
 
@@ -14,12 +16,21 @@ export interface SlurmOptions {
   readonly timeoutMs: number;
   /** Reservation that holds warm standbys back from ordinary jobs. */
   readonly standbyReservation?: string;
+  /**
+   * slurmrestd, when configured: node state and the standby reservation are read over REST,
+   * and drain/resume go over REST when the daemon offers node updates (Slurm 23.02 and later);
+   * everything else stays with scontrol.
+   */
+  readonly rest?: SlurmRestClient | undefined;
 }
 
 const DEFAULT_STANDBY_RESERVATION = 'steadfast-standby';
 
 /** Slurm states in which a node takes no new jobs (sinfo `%T`, without the `~`/`*` suffixes). */
 const OUT_OF_SERVICE = new Set(['drained', 'draining', 'drain', 'down', 'fail', 'failing', 'maint']);
+
+/** slurmrestd base states and flags (upper case) in which a node takes no new jobs. */
+const REST_OUT_OF_SERVICE = new Set(['DRAIN', 'DRAINED', 'DRAINING', 'DOWN', 'FAIL', 'FAILING', 'MAINT']);
 
 /** Reasons reach slurmctld as one argument; keep them printable and of a size sinfo shows. */
 function cleanReason(reason: string): string {
@@ -61,6 +72,11 @@ export class SlurmBackend implements ClusterBackend {
 
   async nodeState(node: string): Promise<NodeState> {
     this.checkNode(node);
+    if (this.options.rest) {
+      const state = await this.options.rest.node(node);
+      if (!state.exists) return { node, exists: false, drained: false, raw: 'unknown to slurm' };
+      return { node, exists: true, drained: state.states.some((flag) => REST_OUT_OF_SERVICE.has(flag)), reason: state.reason, raw: state.states.join('+') };
+    }
     const out = await this.exec(this.options.sinfo, ['--noheader', '--Node', `--nodes=${node}`, '--format=%N|%T|%E']);
     const line = out.split('\n').find((row) => row.startsWith(`${node}|`));
     if (!line) return { node, exists: false, drained: false, raw: 'unknown to slurm' };
@@ -75,13 +91,19 @@ export class SlurmBackend implements ClusterBackend {
     };
   }
 
+  private async restUpdatesNodes(): Promise<boolean> {
+    return this.options.rest !== undefined && (await this.options.rest.describe()).updatesNodes;
+  }
+
   async drain(node: string, reason: string): Promise<void> {
     this.checkNode(node);
+    if (await this.restUpdatesNodes()) return this.options.rest?.updateNode(node, 'DRAIN', cleanReason(reason));
     await this.exec(this.options.scontrol, ['update', `NodeName=${node}`, 'State=DRAIN', `Reason=${cleanReason(reason)}`]);
   }
 
   async resume(node: string): Promise<void> {
     this.checkNode(node);
+    if (await this.restUpdatesNodes()) return this.options.rest?.updateNode(node, 'RESUME');
     await this.exec(this.options.scontrol, ['update', `NodeName=${node}`, 'State=RESUME']);
   }
 
@@ -95,6 +117,7 @@ export class SlurmBackend implements ClusterBackend {
    * hostnames` expands it.
    */
   async standbys(): Promise<string[]> {
+    if (this.options.rest) return expandHostlist((await this.options.rest.reservationNodes(this.reservation)) ?? '');
     let out: string;
     try {
       out = await this.exec(this.options.scontrol, ['show', `ReservationName=${this.reservation}`, '--oneliner']);

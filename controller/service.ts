@@ -13,6 +13,7 @@ import { createDrainProcessor, type ActionJob } from '../actuators/drain.js';
 import { SafetyGates, drainBudget } from '../actuators/safety.js';
 import { StandbyPool } from '../actuators/standby-pool.js';
 import { SlurmBackend } from '../actuators/slurm.js';
+import { SlurmRestClient } from '../actuators/slurm-rest.js';
 import { kubernetesBackend, type KubernetesConnection } from '../actuators/kubernetes.js';
 import { SignalIntake, type SignalJob } from './intake.js';
 import { GrafanaAnnotator } from './grafana.js';
@@ -39,8 +40,10 @@ const RECOVERY_TICK_MS = 5000;
 
 export function createBackend(config: Config, redis: Redis, keys: Keys): ClusterBackend {
   switch (config.backend.kind) {
-    case 'slurm':
-      return new SlurmBackend(config.backend.slurm);
+    case 'slurm': {
+      const { rest, ...slurm } = config.backend.slurm;
+      return new SlurmBackend({ ...slurm, rest: rest && new SlurmRestClient({ ...rest, timeoutMs: slurm.timeoutMs }) });
+    }
     case 'kubernetes': {
       const k8s = config.backend.kubernetes;
       const connection: KubernetesConnection =

@@ -52,6 +52,19 @@ export const configSchema = z
             timeoutMs: int().min(100).default(10_000),
             /** Reservation that holds warm standbys. */
             standbyReservation: z.string().regex(/^[A-Za-z0-9_-]{1,64}$/).default('steadfast-standby'),
+            /** slurmrestd (optional): reads over REST, node updates too where the daemon offers them (Slurm 23.02+). */
+            rest: z
+              .object({
+                url: z.url({ protocol: /^https?$/ }),
+                /** The Slurm user the JWT names; updating nodes needs an operator or SlurmUser. */
+                user: z.string().regex(/^[A-Za-z0-9._-]{1,64}$/),
+                token: z.string().min(1).optional(),
+                /** File with the JWT or `scontrol token` output, re-read on each call (rotate it freely). */
+                tokenFile: z.string().min(1).optional(),
+              })
+              .strict()
+              .refine((value) => value.token !== undefined || value.tokenFile !== undefined, { message: 'needs token or tokenFile', path: ['token'] })
+              .optional(),
           })
           .strict()
           .prefault({}),

@@ -16,6 +16,9 @@ command -v prometheus-node-exporter >/dev/null || need+=(prometheus-node-exporte
 command -v slurmctld >/dev/null || need+=(slurmctld)
 command -v scontrol >/dev/null || need+=(slurm-client)
 command -v sinfo >/dev/null || need+=(slurm-client)
+command -v slurmrestd >/dev/null || need+=(slurmrestd)
+# The sim's slurmctld accepts JWTs (scontrol token, slurmrestd) besides auth/none.
+compgen -G '/usr/lib/*/slurm-wlm/auth_jwt.so' >/dev/null || need+=(slurm-wlm-jwt-plugin)
 if [ ! -e /usr/sbin/munged ] && ! command -v munged >/dev/null; then need+=(munge); fi
 
 if [ ${#need[@]} -gt 0 ]; then

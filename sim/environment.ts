@@ -15,6 +15,7 @@ import {
   startPrometheus,
   startRedis,
   startSlurm,
+  startSlurmRest,
   type AlertmanagerPart,
   type PrometheusPart,
   type RedisPart,
@@ -103,6 +104,7 @@ export class SimEnvironment {
     const names = this.nodes.map((node) => node.name);
     this.redis = await this.step('Redis up (AOF, fsync always)', () => startRedis(processes, root));
     this.slurm = await this.step(`slurmctld up with ${names.length} CLOUD nodes`, () => startSlurm(processes, root, names));
+    const slurmRest = await this.step('slurmrestd up in front of it (JWT from scontrol token)', () => startSlurmRest(processes, this.slurm));
 
     const controllerPort = await freePort();
     this.controllerUrl = `http://127.0.0.1:${controllerPort}`;
@@ -111,7 +113,7 @@ export class SimEnvironment {
     this.config = configSchema.parse({
       redis: { url: this.redis.url, prefix: 'steadfast' },
       controller: { host: '127.0.0.1', port: controllerPort, tokenFile },
-      backend: { kind: 'slurm', slurm: { env: { ...this.slurm.env } } },
+      backend: { kind: 'slurm', slurm: { env: { ...this.slurm.env }, rest: { url: slurmRest.url, user: slurmRest.user, tokenFile: slurmRest.tokenFile } } },
       safety: { maxDrainsPerWindow: options.maxDrainsPerWindow ?? 4 },
     });
     this.controller = new Controller({ config: this.config, logger: this.logger });

@@ -1,5 +1,6 @@
 import { execFile } from 'node:child_process';
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { chmodSync, mkdirSync, writeFileSync } from 'node:fs';
+import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
@@ -114,12 +115,14 @@ export async function startAlertmanager(group: ProcessGroup, root: string, confi
 export interface SlurmPart {
   /** Path of slurm.conf; Slurm clients need it as SLURM_CONF. */
   readonly conf: string;
+  readonly dir: string;
   readonly env: Readonly<Record<string, string>>;
 }
 
 /**
  * slurmctld without munge or slurmd: auth/none, and nodes declared CLOUD so they exist without
- * a daemon behind them, yet take DRAIN and RESUME like real ones.
+ * a daemon behind them, yet take DRAIN and RESUME like real ones. JWT is enabled as the
+ * alternative authentication so `scontrol token` works and slurmrestd can be put in front.
  */
 export async function startSlurm(group: ProcessGroup, root: string, nodes: readonly string[]): Promise<SlurmPart> {
   const dir = join(root, 'slurm');
@@ -127,12 +130,16 @@ export async function startSlurm(group: ProcessGroup, root: string, nodes: reado
   mkdirSync(join(dir, 'spool'), { recursive: true });
   const [ctldPort, slurmdPort] = [await freePort(), await freePort()];
   const conf = join(dir, 'slurm.conf');
+  const jwtKey = join(dir, 'jwt_hs256.key');
+  writeFileSync(jwtKey, randomBytes(32), { mode: 0o600 });
   const lines = [
     'ClusterName=steadfast-sim',
     `SlurmctldHost=${hostname().split('.')[0]}(127.0.0.1)`,
     `SlurmctldPort=${ctldPort}`,
     `SlurmdPort=${slurmdPort}`,
     'AuthType=auth/none',
+    'AuthAltTypes=auth/jwt',
+    `AuthAltParameters=jwt_key=${jwtKey}`,
     'CredType=cred/none',
     'SlurmUser=root',
     'MailProg=/bin/true',
@@ -155,7 +162,39 @@ export async function startSlurm(group: ProcessGroup, root: string, nodes: reado
     const { stdout } = await run('sinfo', ['--noheader', '--Node', '--format=%N'], { env: { ...process.env, ...env } });
     return stdout.split('\n').filter(Boolean).length === nodes.length;
   });
-  return { conf, env };
+  return { conf, dir, env };
+}
+
+export interface SlurmRestPart {
+  readonly url: string;
+  readonly user: string;
+  /** `scontrol token` output for `user`, as an operator would keep it for a service. */
+  readonly tokenFile: string;
+}
+
+/**
+ * slurmrestd in front of the sim's slurmctld, on loopback with JWT auth. It refuses to run as
+ * root, so it drops to `nobody` after binding (which is why the conf must be world-readable),
+ * and loads only the Slurm API plugins: the accounting ones need slurmdbd.
+ */
+export async function startSlurmRest(group: ProcessGroup, slurm: SlurmPart, user = 'root'): Promise<SlurmRestPart> {
+  const env = { ...process.env, ...slurm.env };
+  chmodSync(slurm.dir, 0o755);
+  chmodSync(join(slurm.dir, '..'), 0o755);
+  chmodSync(slurm.conf, 0o644);
+  const port = await freePort();
+  const asNobody = process.getuid?.() === 0 ? ['-u', 'nobody'] : [];
+  // `-s list` names what this Slurm ships; the dbv* (accounting) plugins need slurmdbd.
+  const listed = await run('slurmrestd', [...asNobody, '-s', 'list'], { env }).catch((error: { stdout?: string; stderr?: string }) => error);
+  const plugins = [...`${listed.stdout ?? ''}${listed.stderr ?? ''}`.matchAll(/openapi\/v\d+\.\d+\.\d+/g)].map((match) => match[0]).join(',');
+  if (!plugins) throw new Error('slurmrestd lists no openapi/v* plugin');
+  group.start('slurmrestd', 'slurmrestd', [...asNobody, '-a', 'rest_auth/jwt', '-s', plugins, '-f', slurm.conf, `127.0.0.1:${port}`], join(slurm.dir, 'slurmrestd.log'), { env });
+  const { stdout } = await run('scontrol', ['token', `username=${user}`, 'lifespan=86400'], { env });
+  const tokenFile = join(slurm.dir, 'slurmrestd.token');
+  writeFileSync(tokenFile, stdout, { mode: 0o600 });
+  const url = `http://127.0.0.1:${port}`;
+  await waitFor('slurmrestd to answer', async () => (await fetch(`${url}/openapi/v3`).catch(() => undefined))?.status !== undefined, 20_000);
+  return { url, user, tokenFile };
 }
 
 /** `sinfo` view of one node: state and reason. */
