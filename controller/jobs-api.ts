@@ -10,6 +10,7 @@ import { parseJobSpec } from '../core/job.js';
 import { JobExistsError, JobNotFoundError, type JobStore } from './job-store.js';
 import type { RecoveryDispatcher } from './recovery.js';
 import type { StandbyPool } from '../actuators/standby-pool.js';
+import type { MicrobatchBoard } from './microbatches.js';
 
 /**
  * The jobs API: register training jobs, read their state and ETTR, report checkpoint shards and
@@ -26,7 +27,7 @@ const codeUpdateSchema = z
 
 const selfCheckSchema = z.object({ ok: z.boolean(), detail: z.string().max(2048).default('') }).strict();
 
-export function jobsRouter(deps: { jobs: JobStore; backend: ClusterBackend; dispatcher?: RecoveryDispatcher; pool?: StandbyPool }): express.Router {
+export function jobsRouter(deps: { jobs: JobStore; backend: ClusterBackend; dispatcher?: RecoveryDispatcher; pool?: StandbyPool; microbatches?: MicrobatchBoard }): express.Router {
   const { jobs, backend } = deps;
   const router = express.Router();
 
@@ -95,6 +96,15 @@ export function jobsRouter(deps: { jobs: JobStore; backend: ClusterBackend; disp
         return;
       }
       res.json(plan);
+    }),
+  );
+
+  // The training loop polls this before each iteration and applies a new revision once (Greyhound §5.2, S2).
+  router.get(
+    '/jobs/:id/microbatches',
+    handle(async (req, res) => {
+      if (!deps.microbatches) throw new StoreUnavailableError('this controller runs without fail-slow mitigation');
+      res.json(await deps.microbatches.get(jobName(req)));
     }),
   );
 

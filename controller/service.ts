@@ -24,6 +24,7 @@ import { RecoveryDispatcher, type RecoveryJob } from './recovery.js';
 import { ProgressWatch } from './progress.js';
 import { createRecoveryProcessor } from '../actuators/recovery.js';
 import { jobsRouter } from './jobs-api.js';
+import { MicrobatchBoard } from './microbatches.js';
 import { createApp } from './server.js';
 
 export interface ControllerOptions {
@@ -153,6 +154,8 @@ export class Controller {
     if (this.options.workers ?? true) this.startWorkers();
     if (!(this.options.http ?? true)) return { port: 0 };
     const token = resolveToken(config.controller, 'controller');
+    // The API answers from the fail-fast intake connection: a Redis outage is a 503, not a hang.
+    const apiJobs = new JobStore(this.intakeRedis, this.keys);
     const app = createApp({
       token,
       bodyLimitBytes: config.controller.bodyLimitBytes,
@@ -163,7 +166,7 @@ export class Controller {
       logger,
       // The intake connection fails fast when Redis is down; the workers' one would wait.
       queues: [this.signalQueue, this.actionQueue, this.recoveryQueue],
-      routers: [jobsRouter({ jobs: new JobStore(this.intakeRedis, this.keys), backend: this.backend, dispatcher: this.dispatcher, pool: this.pool })],
+      routers: [jobsRouter({ jobs: apiJobs, backend: this.backend, dispatcher: this.dispatcher, pool: this.pool, microbatches: new MicrobatchBoard(this.intakeRedis, this.keys, apiJobs) })],
     });
     const server = app.listen(config.controller.port, config.controller.host);
     this.server = server;

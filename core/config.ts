@@ -122,6 +122,39 @@ export const configSchema = z
       })
       .strict()
       .prefault({}),
+    agents: z
+      .object({
+        /**
+         * Where the controller reaches a node's agent for stack dumps (POST /api/v1/trace) and
+         * stop-time diagnostics (POST /api/v1/diagnose); `{node}` becomes the node name.
+         */
+        urlTemplate: z.string().regex(/^https?:\/\/.*\{node\}/, 'must be an http(s) URL containing {node}').default('http://{node}:9401'),
+        /** Per-node URLs that override the template (agents on non-default ports, the sim). */
+        urls: z.record(nodeNameSchema, z.url({ protocol: /^https?$/ })).default({}),
+        /** Bearer token the agents require on their POST endpoints (their --api-token). */
+        token: z.string().min(1).optional(),
+        tokenFile: z.string().min(1).optional(),
+        /** Longest a stack dump may take per node. */
+        traceTimeoutSeconds: int().min(1).max(600).default(30),
+        /** Longest the stop-time diagnostics may take per node (dcgmi diag -r 2 takes minutes). */
+        diagnoseTimeoutSeconds: int().min(1).max(7200).default(900),
+      })
+      .strict()
+      .prefault({}),
+    analysis: z
+      .object({
+        /** Stack aggregation's fail-slow mode: rounds and seconds between them (ByteRobust §5.2). */
+        stackRounds: int().min(1).max(50).default(5),
+        stackRoundSeconds: int().min(0).max(600).default(10),
+        /**
+         * Multi-signal detection (the 504-GPU report): Prometheus to read every node's metrics
+         * from, and how often. Unset: the detector does not run.
+         */
+        detectorPrometheusUrl: z.url({ protocol: /^https?$/ }).optional(),
+        detectorIntervalSeconds: int().min(5).max(3600).default(60),
+      })
+      .strict()
+      .prefault({}),
     safety: z
       .object({
         /** Eviction budget (STYLE.md, after node-healthcheck-operator's max-unhealthy). */

@@ -21,6 +21,12 @@ export const launcherSchema = z.discriminatedUnion('kind', [
       kind: z.literal('slurm'),
       /** argv run to (re)start the job, e.g. ["sbatch", "--nodelist={nodes}", "train.sh", "{version}"]; never a shell string. */
       command: z.array(z.string().min(1).max(1024)).min(1).max(64),
+      /**
+       * Optional argv that runs a short replay of the job on one group of machines ({nodes})
+       * and exits 0 when it trains correctly there; dual-phase replay (ByteRobust §4.2,
+       * Algorithm 1) runs it on horizontal then vertical groups. Without it, replay is skipped.
+       */
+      replay: z.array(z.string().min(1).max(1024)).min(1).max(64).optional(),
     })
     .strict(),
   z
@@ -49,6 +55,15 @@ export const jobSpecSchema = z
     topology: z.record(z.string(), z.unknown()).optional(),
     launcher: launcherSchema,
     codeVersion: z.string().min(1).max(128),
+    /**
+     * Micro-batches per iteration over all DP groups, for fail-slow rebalancing (Greyhound §5.2,
+     * S2): the training loop reads its DP group's share from GET /api/v1/jobs/:id/microbatches.
+     * `multipleOf` keeps every share a multiple of the pipeline depth (1F1B).
+     */
+    microbatches: z
+      .object({ perIteration: z.number().int().min(1).max(10_000_000), multipleOf: z.number().int().min(1).max(1024).optional() })
+      .strict()
+      .optional(),
   })
   .strict();
 
@@ -62,7 +77,22 @@ export function parseJobSpec(value: unknown): { spec: JobSpec; topology: Topolog
   const topology = Topology.from(parseOrThrow(topologySpecSchema, withDefaults, 'job.topology'));
   const unknownNodes = [...new Set(topology.ranks.map((rank) => rank.node))].filter((node) => !spec.nodes.includes(node));
   if (unknownNodes.length > 0) throw new InputError(`job.topology: ranks on nodes not in job.nodes: ${unknownNodes.join(', ')}`, 'topology');
+  if (spec.microbatches) {
+    const { perIteration, multipleOf = 1 } = spec.microbatches;
+    const groups = dataParallelGroups(topology);
+    if (perIteration % multipleOf !== 0 || perIteration < groups * multipleOf) {
+      throw new InputError(
+        `job.microbatches: perIteration ${perIteration} must be a multiple of ${multipleOf} and give each of the ${groups} DP groups at least ${multipleOf}`,
+        'microbatches',
+      );
+    }
+  }
   return { spec, topology };
+}
+
+/** Number of data-parallel groups (replicas): the distinct DP coordinates of the topology. */
+export function dataParallelGroups(topology: Topology): number {
+  return new Set(topology.ranks.map((rank) => rank.coords.dp)).size;
 }
 
 /** Whether the job is doing useful work: ETTR counts productive time over wall time (ByteRobust §8.1.3). */

@@ -77,6 +77,14 @@ export class Keys {
   jobLadder(name: string): string {
     return `${this.prefix}:job:${name}:ladder`;
   }
+  /** The job's current micro-batch assignment (fail-slow S2), served to its training loop. */
+  jobMicrobatches(name: string): string {
+    return `${this.prefix}:job:${name}:microbatches`;
+  }
+  /** The job's fail-slow mitigation state (Greyhound §5). */
+  jobFailSlow(name: string): string {
+    return `${this.prefix}:job:${name}:failslow`;
+  }
   recoveryStep(transitionId: string, index: number): string {
     return `${this.prefix}:recovery-step:${transitionId}:${index}`;
   }
