@@ -1,5 +1,6 @@
 import { InputError } from '../core/errors.js';
 import type { CollectorFactory } from './collector.js';
+import { diagnoseCollectorFactory } from './diagnose.js';
 import { gpuCollectorFactory } from './gpu.js';
 import { nfsCollectorFactory } from './nfs.js';
 import { processCollectorFactory } from './process.js';
@@ -8,7 +9,7 @@ import { trainingCollectorFactory } from './training.js';
 import { xidCollectorFactory } from './xid.js';
 
 /** Every collector the agent knows, in the order they appear in `--help`. */
-export const COLLECTOR_FACTORIES: readonly CollectorFactory[] = [gpuCollectorFactory, xidCollectorFactory, rdmaCollectorFactory, nfsCollectorFactory, trainingCollectorFactory, processCollectorFactory];
+export const COLLECTOR_FACTORIES: readonly CollectorFactory[] = [gpuCollectorFactory, xidCollectorFactory, rdmaCollectorFactory, nfsCollectorFactory, trainingCollectorFactory, processCollectorFactory, diagnoseCollectorFactory];
 
 /**
  * The collectors to run: each one's default, overridden by `--collector.<name>` (true) or

@@ -5,7 +5,7 @@ import { silentLogger } from '../../core/log.js';
 import { createAgent } from '../../exporters/agent.js';
 import { CollectorSet, type Collector } from '../../exporters/collector.js';
 import { createGpuCollector } from '../../exporters/gpu.js';
-import { COLLECTOR_FACTORIES } from '../../exporters/index.js';
+import { enabledFactories } from '../../exporters/index.js';
 import { createXidCollector } from '../../exporters/xid.js';
 import { EXPECTED, NVIDIA_SMI_XML, XID_LOGS, expectedText, normaliseExposition, promtoolCheckMetrics, testContext } from './helpers.js';
 
@@ -69,7 +69,7 @@ describe('agent exposition end to end', () => {
         nvidiaSmi: '/nonexistent/nvidia-smi',
       },
       pollIntervalSeconds: 5,
-      collectors: COLLECTOR_FACTORIES,
+      collectors: enabledFactories({}),
       logger: silentLogger(),
     });
     try {

@@ -1,0 +1,89 @@
+import { z } from 'zod';
+import { resolveToken, type Config } from '../core/config.js';
+import { errorMessage } from '../core/errors.js';
+import { describeIssues } from '../core/validate.js';
+
+/**
+ * How the controller reaches node agents: their URL (a template, overridden per node) and the
+ * bearer token their POST endpoints require. Used for stack dumps on hangs (ByteRobust §5) and
+ * stop-time diagnostics (§4.2).
+ */
+export class AgentDirectory {
+  readonly token: string | undefined;
+
+  constructor(private readonly config: Config['agents']) {
+    this.token = config.token !== undefined || config.tokenFile !== undefined ? resolveToken(config, 'agents') : undefined;
+  }
+
+  url(node: string): string {
+    return (this.config.urls[node] ?? this.config.urlTemplate.replaceAll('{node}', node)).replace(/\/+$/, '');
+  }
+
+  get traceTimeoutSeconds(): number {
+    return this.config.traceTimeoutSeconds;
+  }
+
+  get diagnoseTimeoutSeconds(): number {
+    return this.config.diagnoseTimeoutSeconds;
+  }
+}
+
+const traceAnswerSchema = z.object({
+  node: z.string(),
+  capturedAt: z.string(),
+  dumps: z.array(
+    z.union([
+      z.object({ pid: z.number(), role: z.string(), rank: z.number().int().min(0).nullable(), ok: z.literal(true), dump: z.string() }).loose(),
+      z.object({ pid: z.number(), role: z.string(), rank: z.number().int().min(0).nullable(), ok: z.literal(false), error: z.string() }).loose(),
+    ]),
+  ),
+  flightRecorder: z.array(z.unknown()).default([]),
+});
+
+export interface NodeTrace {
+  readonly node: string;
+  /** py-spy output per global rank: its own process and its workers (which carry its rank), one dump after another. */
+  readonly byRank: ReadonlyMap<number, string>;
+  /** Dumps the agent took but could not tie to a rank. */
+  readonly unranked: number;
+  readonly error?: string | undefined;
+}
+
+/**
+ * Asks each node's agent for py-spy dumps of its training processes (POST /api/v1/trace), all
+ * nodes at once. An agent that fails or times out yields an error entry, never an exception:
+ * its ranks then count as missing, which stack aggregation treats as suspicious.
+ */
+export async function traceNodes(agents: AgentDirectory, nodes: readonly string[], fetchImpl: typeof fetch = fetch): Promise<NodeTrace[]> {
+  const timeoutSeconds = agents.traceTimeoutSeconds;
+  return Promise.all(
+    nodes.map(async (node): Promise<NodeTrace> => {
+      try {
+        const response = await fetchImpl(`${agents.url(node)}/api/v1/trace`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json', ...(agents.token ? { authorization: `Bearer ${agents.token}` } : {}) },
+          body: JSON.stringify({ timeoutSeconds }),
+          // The agent enforces the limit per process; allow it a little longer to answer.
+          signal: AbortSignal.timeout((timeoutSeconds + 5) * 1000),
+        });
+        const body = (await response.json().catch(() => ({}))) as unknown;
+        if (!response.ok) return { node, byRank: new Map(), unranked: 0, error: `agent answered HTTP ${response.status}: ${JSON.stringify(body).slice(0, 200)}` };
+        const parsed = traceAnswerSchema.safeParse(body);
+        if (!parsed.success) return { node, byRank: new Map(), unranked: 0, error: `agent answer is not a trace: ${describeIssues(parsed.error.issues)}` };
+        const byRank = new Map<number, string>();
+        let unranked = 0;
+        for (const dump of parsed.data.dumps) {
+          if (!dump.ok) continue;
+          if (dump.rank === null) {
+            unranked += 1;
+            continue;
+          }
+          byRank.set(dump.rank, `${byRank.get(dump.rank) ?? ''}${dump.dump}\n`);
+        }
+        return { node, byRank, unranked };
+      } catch (error) {
+        return { node, byRank: new Map(), unranked: 0, error: errorMessage(error) };
+      }
+    }),
+  );
+}
