@@ -6,12 +6,12 @@ import type { AuditLog } from '../core/audit.js';
 import { errorMessage, InputError } from '../core/errors.js';
 import type { Logger } from '../core/log.js';
 import type { Keys, Redis } from '../core/redis.js';
-import type { Launcher } from '../core/job.js';
+import { nothingFound, type AnalysisJob } from '../controller/analysis.js';
 import type { JobStore } from '../controller/job-store.js';
 import type { LadderEvent, LadderStep } from '../controller/ladder.js';
 import { recoveryJobSchema, type LadderEventJob, type RecoveryJob } from '../controller/recovery.js';
 import type { ClusterBackend } from './backend.js';
-import { parseJobSpec } from '../core/job.js';
+import { launchArgv, parseJobSpec } from '../core/job.js';
 import { planRestore, type CheckpointShard } from './restore-plan.js';
 import type { SafetyGates } from './safety.js';
 import type { StandbyPool } from './standby-pool.js';
@@ -40,15 +40,8 @@ export interface RecoveryActuatorDeps {
   readonly pool?: StandbyPool;
   /** Judges restarts by training progress; without it, an accepted launch counts as success. */
   readonly progress?: ProgressWatch;
-}
-
-/** A Slurm launcher's argv with its placeholders filled: each stays one argument, never a shell word. */
-export function launchArgv(
-  launcher: Extract<Launcher, { kind: 'slurm' }>,
-  values: { job: string; nodes: readonly string[]; version: string },
-  argv: readonly string[] = launcher.command,
-): string[] {
-  return argv.map((arg) => arg.replaceAll('{job}', values.job).replaceAll('{nodes}', values.nodes.join(',')).replaceAll('{version}', values.version));
+  /** Hands diagnostics, replay and stack aggregation to the analysis queue (controller/analysis.ts). */
+  readonly analyze?: (request: AnalysisJob) => Promise<void>;
 }
 
 /**
@@ -213,15 +206,23 @@ export function createRecoveryProcessor(deps: RecoveryActuatorDeps): (job: Job<R
         await launch(transitionId, index, step);
         return true;
       case 'run_diagnostics':
-        // Stop-time diagnostics are an analyzer not built yet: say so, and let the ladder go on
-        // as ByteRobust §4.2 does when the checks find nothing.
-        await record(transitionId, index, step, 'done', 'no stop-time diagnostics available yet; reported as finding no suspect');
-        await deps.feedback({ job: step.job, event: { type: 'diagnostics_result', time: Date.now(), suspects: [] }, eventId: `${transitionId}:${index}:diagnostics` });
-        return true;
       case 'run_replay':
-        await record(transitionId, index, step, 'done', 'dual-phase replay not available yet; reported as finding no culprit');
-        await deps.feedback({ job: step.job, event: { type: 'replay_result', time: Date.now(), culprits: [] }, eventId: `${transitionId}:${index}:replay` });
+      case 'analyze_stacks': {
+        // The analyzers run on their own queue (controller/analysis.ts) and report back to the
+        // ladder; this step only hands the work over, once.
+        const kind = step.verb === 'run_diagnostics' ? 'diagnostics' : step.verb === 'run_replay' ? 'replay' : 'stacks';
+        if (deps.analyze) {
+          await deps.analyze({ kind, job: step.job, ref: `${transitionId}:${index}`, reason: step.reason });
+          await record(transitionId, index, step, 'done', `${kind} analysis queued`);
+        } else if (kind === 'stacks') {
+          await record(transitionId, index, step, 'done', 'recorded; this controller runs no analysis worker');
+        } else {
+          // Without analyzers the ladder goes on as ByteRobust §4.2 does when checks find nothing.
+          await record(transitionId, index, step, 'done', `this controller runs no analysis worker; ${kind} reported as finding nothing`);
+          await deps.feedback({ job: step.job, event: nothingFound(kind, Date.now()), eventId: `${transitionId}:${index}:${kind}` });
+        }
         return true;
+      }
       case 'quarantine':
         if (step.nodes?.length) await redis.sadd(keys.quarantine, ...step.nodes);
         await record(transitionId, index, step, 'done', `quarantined ${step.nodes?.join(',') ?? ''}`);
@@ -231,7 +232,6 @@ export function createRecoveryProcessor(deps: RecoveryActuatorDeps): (job: Job<R
         await record(transitionId, index, step, 'done', `paged: ${step.reason}`);
         return true;
       case 'stop':
-      case 'analyze_stacks':
       case 'notify':
       case 'tolerate':
         await record(transitionId, index, step, 'done', 'recorded');

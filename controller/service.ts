@@ -25,6 +25,8 @@ import { ProgressWatch } from './progress.js';
 import { createRecoveryProcessor } from '../actuators/recovery.js';
 import { jobsRouter } from './jobs-api.js';
 import { MicrobatchBoard } from './microbatches.js';
+import { AgentDirectory } from './agents.js';
+import { createAnalysisProcessor, type AnalysisJob } from './analysis.js';
 import { createApp } from './server.js';
 
 export interface ControllerOptions {
@@ -82,6 +84,8 @@ export class Controller {
   readonly gates: SafetyGates;
   readonly jobs: JobStore;
   private readonly recoveryQueue: Queue<RecoveryJob>;
+  private readonly analysisQueue: Queue<AnalysisJob>;
+  private readonly agents: AgentDirectory;
   private readonly dispatcher: RecoveryDispatcher;
   private ticker: NodeJS.Timeout | undefined;
   readonly pool: StandbyPool;
@@ -128,6 +132,13 @@ export class Controller {
       prefix: config.redis.prefix,
       defaultJobOptions: { attempts: 5, backoff: { type: 'exponential', delay: 1000 }, removeOnComplete: { age: 7 * 24 * 3600 }, removeOnFail: { age: 30 * 24 * 3600 } },
     });
+    // Analyses are retried a few times (an agent restarting); a long diagnosis is one attempt's work.
+    this.analysisQueue = new Queue<AnalysisJob>(QUEUE_NAMES.analysis, {
+      connection: this.workerRedis,
+      prefix: config.redis.prefix,
+      defaultJobOptions: { attempts: 3, backoff: { type: 'exponential', delay: 5000 }, removeOnComplete: { age: 7 * 24 * 3600 }, removeOnFail: { age: 30 * 24 * 3600 } },
+    });
+    this.agents = new AgentDirectory(config.agents);
     this.progress = config.progress.prometheusUrl
       ? new ProgressWatch(this.workerRedis, this.keys, config.progress.prometheusUrl, config.progress.timeoutSeconds * 1000)
       : undefined;
@@ -165,7 +176,7 @@ export class Controller {
       metrics: this.metrics,
       logger,
       // The intake connection fails fast when Redis is down; the workers' one would wait.
-      queues: [this.signalQueue, this.actionQueue, this.recoveryQueue],
+      queues: [this.signalQueue, this.actionQueue, this.recoveryQueue, this.analysisQueue],
       routers: [jobsRouter({ jobs: apiJobs, backend: this.backend, dispatcher: this.dispatcher, pool: this.pool, microbatches: new MicrobatchBoard(this.intakeRedis, this.keys, apiJobs) })],
     });
     const server = app.listen(config.controller.port, config.controller.host);
@@ -227,6 +238,10 @@ export class Controller {
         maxJobEvictionPercent: config.safety.maxJobEvictionPercent,
         pool: this.pool,
         progress: this.progress,
+        // jobId = the asking step: a redelivered recovery job cannot queue the same analysis twice.
+        analyze: async (request) => {
+          await this.analysisQueue.add(request.kind, request, { jobId: `${request.kind}:${request.ref}` });
+        },
         onPage: (job, reason) => {
           this.metrics.humanPages.inc({ job });
           logger.warn({ job, reason }, 'a person is needed');
@@ -261,7 +276,22 @@ export class Controller {
       const faultTime = Date.parse(job.data.decision.faultTime);
       if (Number.isFinite(faultTime)) this.metrics.signalToAction.observe({ verb: job.data.decision.verb }, (Date.now() - faultTime) / 1000);
     });
-    for (const worker of [policy, drain, recovery]) {
+    const analysis = new Worker(
+      QUEUE_NAMES.analysis,
+      createAnalysisProcessor({
+        jobs: this.jobs,
+        audit: this.audit,
+        agents: this.agents,
+        feedback: (event) => this.dispatcher.apply(event),
+        logger,
+        stackRounds: config.analysis.stackRounds,
+        stackRoundSeconds: config.analysis.stackRoundSeconds,
+        replayTimeoutSeconds: config.analysis.replayTimeoutSeconds,
+      }),
+      // Analyses of different jobs run side by side; each is mostly waiting on agents or replays.
+      { connection: this.ownConnection(), prefix: config.redis.prefix, concurrency: 4 },
+    );
+    for (const worker of [policy, drain, recovery, analysis]) {
       worker.on('failed', (job, error) => logger.warn({ queue: worker.name, job: job?.id, err: error.message }, 'job failed'));
       worker.on('error', (error) => logger.warn({ queue: worker.name, err: errorMessage(error) }, 'worker error'));
       this.workers.push(worker);
@@ -302,7 +332,7 @@ export class Controller {
     await Promise.allSettled(this.workers.map((worker) => worker.close()));
     // Annotations already under way finish (each is bounded by its timeout).
     await this.grafana?.settled();
-    await Promise.allSettled([this.intake.close(), this.actionQueue.close(), this.signalQueue.close(), this.recoveryQueue.close()]);
+    await Promise.allSettled([this.intake.close(), this.actionQueue.close(), this.signalQueue.close(), this.recoveryQueue.close(), this.analysisQueue.close()]);
     for (const connection of [this.intakeRedis, this.workerRedis, ...this.workerConnections]) connection.disconnect();
   }
 }

@@ -146,6 +146,8 @@ export const configSchema = z
         /** Stack aggregation's fail-slow mode: rounds and seconds between them (ByteRobust §5.2). */
         stackRounds: int().min(1).max(50).default(5),
         stackRoundSeconds: int().min(0).max(600).default(10),
+        /** Longest one dual-phase replay group may run (the job's launcher.replay command). */
+        replayTimeoutSeconds: int().min(10).max(86_400).default(1800),
         /**
          * Multi-signal detection (the 504-GPU report): Prometheus to read every node's metrics
          * from, and how often. Unset: the detector does not run.

@@ -43,6 +43,15 @@ export const launcherSchema = z.discriminatedUnion('kind', [
 
 export type Launcher = z.infer<typeof launcherSchema>;
 
+/** A Slurm launcher's argv with its placeholders filled: each stays one argument, never a shell word. */
+export function launchArgv(
+  launcher: Extract<Launcher, { kind: 'slurm' }>,
+  values: { job: string; nodes: readonly string[]; version: string },
+  argv: readonly string[] = launcher.command,
+): string[] {
+  return argv.map((arg) => arg.replaceAll('{job}', values.job).replaceAll('{nodes}', values.nodes.join(',')).replaceAll('{version}', values.version));
+}
+
 export const jobSpecSchema = z
   .object({
     name: jobNameSchema,

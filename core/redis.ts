@@ -108,7 +108,7 @@ export class Keys {
   }
 }
 
-export const QUEUE_NAMES = { signals: 'signals', actions: 'actions', recovery: 'recovery' } as const;
+export const QUEUE_NAMES = { signals: 'signals', actions: 'actions', recovery: 'recovery', analysis: 'analysis' } as const;
 
 /** True when `redis` answers PING within its timeout. */
 export async function isRedisUp(redis: Redis): Promise<boolean> {

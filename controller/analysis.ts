@@ -1,0 +1,173 @@
+import type { Job } from 'bullmq';
+import { UnrecoverableError } from 'bullmq';
+import { z } from 'zod';
+import type { AuditLog } from '../core/audit.js';
+import { InputError, errorMessage } from '../core/errors.js';
+import { launchArgv, parseJobSpec } from '../core/job.js';
+import type { Logger } from '../core/log.js';
+import { runStopTimeDiagnostics } from '../analyzers/diagnosis.js';
+import { FailSlowRounds, type FailSlowVerdict } from '../analyzers/stack-rounds.js';
+import { aggregateStacks, type StackAggregation } from '../analyzers/stacks.js';
+import { commandReplayRunner, runDualPhaseReplay, type ReplayGroupRunner } from '../actuators/replay-runner.js';
+import { traceNodes, type AgentDirectory } from './agents.js';
+import type { JobStore } from './job-store.js';
+import type { LadderEvent } from './ladder.js';
+import type { LadderEventJob } from './recovery.js';
+
+/**
+ * The analysis queue's worker: the analyzers the recovery ladder asks for, run off the recovery
+ * queue (they take seconds to many minutes, and the recovery worker runs one transition at a
+ * time). Each reports back to the ladder as an event with a stable id, so a redelivered analysis
+ * job cannot move the ladder twice.
+ *
+ * - diagnostics: every node's agent runs its stop-time checks (ByteRobust §4.2, §4.3);
+ * - replay: dual-phase replay with the job's replay command (§4.2, Algorithm 1);
+ * - stacks: py-spy dumps from every node's agent, aggregated over several rounds (§5.1, §5.2);
+ *   a suspect group comes back as a machine fault naming the machines to over-evict.
+ */
+
+export const ANALYSIS_KINDS = ['diagnostics', 'replay', 'stacks'] as const;
+
+export const analysisJobSchema = z.object({
+  kind: z.enum(ANALYSIS_KINDS),
+  job: z.string().min(1).max(128),
+  /** The recovery step that asked, `${transitionId}:${index}`: the analysis' identity. */
+  ref: z.string().min(1).max(256),
+  reason: z.string().max(4096),
+});
+
+export type AnalysisJob = z.infer<typeof analysisJobSchema>;
+
+/** The ladder event for diagnostics or a replay that found no machine. */
+export function nothingFound(kind: 'diagnostics' | 'replay', time: number): LadderEvent {
+  return kind === 'diagnostics' ? { type: 'diagnostics_result', time, suspects: [] } : { type: 'replay_result', time, culprits: [] };
+}
+
+export interface AnalysisDeps {
+  readonly jobs: JobStore;
+  readonly audit: AuditLog;
+  readonly agents: AgentDirectory;
+  readonly feedback: (event: LadderEventJob) => Promise<unknown>;
+  readonly logger: Logger;
+  /** Stack aggregation rounds and the pause between them (ByteRobust §5.2: 5 rounds, 10 s). */
+  readonly stackRounds: number;
+  readonly stackRoundSeconds: number;
+  /** Longest one replay group may run. */
+  readonly replayTimeoutSeconds: number;
+  /** Replaces the job's replay command (tests). */
+  readonly replayRunner?: (job: string) => ReplayGroupRunner | undefined;
+  readonly sleep?: (ms: number) => Promise<void>;
+}
+
+export function createAnalysisProcessor(deps: AnalysisDeps): (job: Job<AnalysisJob>) => Promise<{ evict: string[] }> {
+  const { jobs, audit, agents, logger } = deps;
+  const sleep = deps.sleep ?? ((ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms)));
+
+  async function record(request: AnalysisJob, summary: string, data: Record<string, unknown>, nodes: readonly string[] = []): Promise<void> {
+    await audit.append(
+      { type: 'action', ref: request.ref, node: nodes[0], summary: `${request.job}: ${request.kind}: ${summary}`, data: { job: request.job, verb: `analysis_${request.kind}`, ...data } },
+      `analysis:${request.ref}:${request.kind}`,
+    );
+  }
+
+  async function diagnostics(request: AnalysisJob): Promise<string[]> {
+    const { spec } = await jobs.get(request.job);
+    const result = await runStopTimeDiagnostics(spec.nodes, { agentUrl: (node) => agents.url(node), token: agents.token, timeoutSeconds: agents.diagnoseTimeoutSeconds });
+    const evict = [...result.evict];
+    const said = [
+      evict.length > 0 ? `evict ${evict.join(', ')}` : 'no suspect',
+      ...result.failed.map((failure) => `${failure.node} failed ${failure.check}: ${failure.reason}`),
+      ...result.alignmentOutliers.map((node) => `${node} disagrees with the reference hash`),
+      ...result.unreachable.map((problem) => `${problem.node} unreachable: ${problem.reason}`),
+      ...result.inconclusive.map((problem) => `${problem.node} inconclusive: ${problem.reason}`),
+      ...result.notes,
+    ];
+    await record(request, said.join('; ').slice(0, 2000), { evict, failed: result.failed, unreachable: result.unreachable, inconclusive: result.inconclusive }, evict);
+    await deps.feedback({ job: request.job, event: { type: 'diagnostics_result', time: Date.now(), suspects: evict }, eventId: `${request.ref}:diagnostics` });
+    return evict;
+  }
+
+  async function replay(request: AnalysisJob): Promise<string[]> {
+    const { spec } = await jobs.get(request.job);
+    const launcher = spec.launcher;
+    const runner =
+      deps.replayRunner?.(request.job) ??
+      (launcher.kind === 'slurm' && launcher.replay
+        ? commandReplayRunner((machines) => launchArgv(launcher, { job: spec.name, nodes: machines, version: spec.codeVersion }, launcher.replay), deps.replayTimeoutSeconds * 1000)
+        : undefined);
+    let culprits: string[] = [];
+    if (!runner) {
+      await record(request, 'no replay command registered for this job (launcher.replay); replay skipped', {});
+    } else {
+      const outcome = await runDualPhaseReplay(spec.nodes, runner);
+      culprits = outcome.suspects;
+      await record(request, outcome.detail, { groupSize: outcome.groupSize, horizontal: outcome.horizontal, vertical: outcome.vertical, suspects: culprits }, culprits);
+    }
+    await deps.feedback({ job: request.job, event: { type: 'replay_result', time: Date.now(), culprits }, eventId: `${request.ref}:replay` });
+    return culprits;
+  }
+
+  async function stacks(request: AnalysisJob): Promise<string[]> {
+    const { spec } = await jobs.get(request.job);
+    const { topology } = parseJobSpec(spec);
+    const rounds = new FailSlowRounds(deps.stackRounds);
+    let verdict: FailSlowVerdict | undefined;
+    let last: StackAggregation | undefined;
+    const traceErrors = new Set<string>();
+    for (let round = 0; round < deps.stackRounds; round += 1) {
+      if (round > 0) await sleep(deps.stackRoundSeconds * 1000);
+      const traces = await traceNodes(agents, spec.nodes);
+      const dumps = new Map<number, string>();
+      for (const trace of traces) {
+        if (trace.error) traceErrors.add(`${trace.node}: ${trace.error}`);
+        for (const [rank, text] of trace.byRank) if (rank < topology.ranks.length) dumps.set(rank, text);
+      }
+      if (dumps.size === 0) {
+        // No stack at all is the tracer failing, not evidence against every machine.
+        await record(request, `no stack dumps could be taken (${[...traceErrors].join('; ').slice(0, 500) || 'no training processes found'}); nothing to aggregate`, { traceErrors: [...traceErrors] });
+        return [];
+      }
+      last = aggregateStacks(dumps, topology);
+      verdict = rounds.add(last);
+    }
+    const evict = verdict?.degrader ? [...verdict.evict] : [];
+    const degrader = verdict?.degrader;
+    const summary = degrader
+      ? `${degrader.kind.toUpperCase()} group on ${degrader.nodes.join(', ')} flagged in ${degrader.flags} of ${verdict?.roundsSeen} rounds; evicting its machines`
+      : `no outlier group (${last?.reason ?? 'no rounds'})`;
+    await record(request, summary, { evict, counts: verdict?.counts ?? [], groups: last?.groups.map((group) => ({ signature: group.signature, ranks: group.ranks.length, healthy: group.healthy, top: group.frames[0] })), traceErrors: [...traceErrors] }, evict);
+    if (evict.length > 0) {
+      await deps.feedback({
+        job: request.job,
+        event: { type: 'fault', time: Date.now(), signalId: `analysis:${request.ref}`, faultClass: 'machine', nodes: evict, detail: `stack aggregation: ${summary}` },
+        eventId: `${request.ref}:stacks`,
+      });
+    }
+    return evict;
+  }
+
+  return async (job) => {
+    const parsed = analysisJobSchema.safeParse(job.data);
+    if (!parsed.success) throw new UnrecoverableError(new InputError(`invalid analysis job payload: ${parsed.error.message}`).message);
+    const request = parsed.data;
+    try {
+      switch (request.kind) {
+        case 'diagnostics':
+          return { evict: await diagnostics(request) };
+        case 'replay':
+          return { evict: await replay(request) };
+        case 'stacks':
+          return { evict: await stacks(request) };
+      }
+    } catch (error) {
+      logger.warn({ job: request.job, kind: request.kind, err: errorMessage(error) }, 'analysis failed');
+      const lastAttempt = job.attemptsMade + 1 >= (job.opts.attempts ?? 1);
+      if (!lastAttempt || request.kind === 'stacks') throw error;
+      // The ladder waits for this result: after the last attempt, report that nothing was found
+      // (so it moves on, as ByteRobust §4.2 does on clean checks) and say why on the record.
+      await record(request, `failed after ${job.attemptsMade + 1} attempts, reported as finding nothing: ${errorMessage(error)}`, {});
+      await deps.feedback({ job: request.job, event: nothingFound(request.kind, Date.now()), eventId: `${request.ref}:${request.kind}` });
+      return { evict: [] };
+    }
+  };
+}
