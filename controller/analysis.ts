@@ -133,7 +133,7 @@ export function createAnalysisProcessor(deps: AnalysisDeps): (job: Job<AnalysisJ
     const evict = verdict?.degrader ? [...verdict.evict] : [];
     const degrader = verdict?.degrader;
     const summary = degrader
-      ? `${degrader.kind.toUpperCase()} group on ${degrader.nodes.join(', ')} flagged in ${degrader.flags} of ${verdict?.roundsSeen} rounds; evicting its machines`
+      ? `${degrader.kind === 'node' ? 'node' : `${degrader.kind.toUpperCase()} group on`} ${degrader.nodes.join(', ')} flagged in ${degrader.flags} of ${verdict?.roundsSeen} rounds; evicting its machines`
       : `no outlier group (${last?.reason ?? 'no rounds'})`;
     await record(request, summary, { evict, counts: verdict?.counts ?? [], groups: last?.groups.map((group) => ({ signature: group.signature, ranks: group.ranks.length, healthy: group.healthy, top: group.frames[0] })), traceErrors: [...traceErrors] }, evict);
     if (evict.length > 0) {

@@ -1,0 +1,196 @@
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import type { Job } from 'bullmq';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { AuditLog } from '../../core/audit.js';
+import { configSchema } from '../../core/config.js';
+import { silentLogger } from '../../core/log.js';
+import { AgentDirectory } from '../../controller/agents.js';
+import { createAnalysisProcessor, type AnalysisDeps, type AnalysisJob } from '../../controller/analysis.js';
+import { JobStore } from '../../controller/job-store.js';
+import type { LadderEventJob } from '../../controller/recovery.js';
+import { createAgent, type Agent } from '../../exporters/agent.js';
+import { DIAGNOSE_CONFIG_FLAG, diagnoseCollectorFactory } from '../../exporters/diagnose.js';
+import { testRedis } from '../support/redis.js';
+
+const NODES = ['a0', 'a1', 'a2', 'a3'];
+
+// 4 nodes × 2 ranks: TP 2 inside a node, PP 2, DP 2 (Megatron order tp-dp-pp).
+function jobSpec(name: string, replay?: string[]): unknown {
+  return {
+    name,
+    nodes: NODES,
+    ranksPerNode: 2,
+    topology: { tp: 2, pp: 2, dp: 2, order: 'tp-dp-pp' },
+    launcher: { kind: 'slurm', command: ['true'], ...(replay ? { replay } : {}) },
+    codeVersion: 'v1',
+  };
+}
+
+function analysisJob(data: AnalysisJob, attemptsMade = 0): Job<AnalysisJob> {
+  return { data, attemptsMade, opts: { attempts: 3 } } as unknown as Job<AnalysisJob>;
+}
+
+const HEALTHY_STACK = (rank: number): string => `Process ${1000 + rank}: python train.py
+Python v3.10.12 (/usr/bin/python3.10)
+
+Thread ${1000 + rank} (active): "MainThread"
+    all_reduce (torch/distributed/distributed_c10d.py:2050)
+    reduce_gradients (megatron/core/distributed/grad_buffer.py:210)
+    train_step (megatron/training.py:740)
+    train (megatron/training.py:1120)
+    pretrain (megatron/training.py:300)
+    <module> (pretrain_gpt.py:240)
+`;
+
+const STUCK_STACK = (rank: number): string => `Process ${1000 + rank}: python train.py
+Python v3.10.12 (/usr/bin/python3.10)
+
+Thread ${1000 + rank} (active): "MainThread"
+    recv (torch/distributed/distributed_c10d.py:1630)
+    recv_forward (megatron/core/pipeline_parallel/p2p_communication.py:380)
+    forward_backward_pipelining (megatron/core/pipeline_parallel/schedules.py:1200)
+    train_step (megatron/training.py:740)
+    train (megatron/training.py:1120)
+    pretrain (megatron/training.py:300)
+    <module> (pretrain_gpt.py:240)
+`;
+
+describe('analysis worker', () => {
+  const store = testRedis();
+  const dir = mkdtempSync(join(tmpdir(), 'steadfast-analysis-'));
+  const agents: Agent[] = [];
+  const servers: Server[] = [];
+  let jobs: JobStore;
+  let audit: AuditLog;
+  let feedback: LadderEventJob[];
+
+  beforeAll(() => {
+    jobs = new JobStore(store.redis, store.keys);
+    audit = new AuditLog(store.redis, store.keys, 10_000);
+  });
+  afterEach(async () => {
+    await Promise.all(agents.splice(0).map((agent) => agent.close()));
+    for (const server of servers.splice(0)) {
+      server.closeAllConnections();
+      await new Promise((resolve) => server.close(resolve));
+    }
+  });
+  afterAll(async () => {
+    rmSync(dir, { recursive: true, force: true });
+    await store.cleanup();
+  });
+
+  function processor(urls: Record<string, string>, overrides: Partial<AnalysisDeps> = {}): (job: Job<AnalysisJob>) => Promise<{ evict: string[] }> {
+    feedback = [];
+    const config = configSchema.parse({ agents: { urls, diagnoseTimeoutSeconds: 20, traceTimeoutSeconds: 5 } });
+    return createAnalysisProcessor({
+      jobs,
+      audit,
+      agents: new AgentDirectory(config.agents),
+      feedback: async (event) => {
+        feedback.push(event);
+      },
+      logger: silentLogger(),
+      stackRounds: 3,
+      stackRoundSeconds: 0,
+      replayTimeoutSeconds: 30,
+      ...overrides,
+    });
+  }
+
+  async function auditSummaries(ref: string): Promise<string[]> {
+    return (await audit.read({ limit: 1000 })).filter((entry) => entry.ref === ref).map((entry) => entry.summary);
+  }
+
+  it('runs stop-time diagnostics on every node through the real agents and reports the failing node to the ladder', async () => {
+    await jobs.create(jobSpec('diag-job'));
+    const urls: Record<string, string> = {};
+    for (const node of NODES) {
+      const file = join(dir, `${node}.json`);
+      // a2's GPU check fails; the others pass.
+      writeFileSync(file, JSON.stringify({ checks: [{ name: 'eud', command: ['sh', '-c', node === 'a2' ? 'echo "GPU 3: fail" >&2; exit 1' : 'exit 0'], timeoutSeconds: 10 }] }));
+      const agent = createAgent({
+        node,
+        listen: { host: '127.0.0.1', port: 0 },
+        paths: { sysfs: '/nonexistent', procfs: '/nonexistent', kmsg: '/nonexistent', nvidiaSmiXml: undefined, nvidiaSmi: '/nonexistent' },
+        pollIntervalSeconds: 5,
+        collectors: [diagnoseCollectorFactory],
+        settings: { [DIAGNOSE_CONFIG_FLAG]: file },
+        logger: silentLogger(),
+      });
+      agents.push(agent);
+      urls[node] = `http://127.0.0.1:${(await agent.start()).port}`;
+    }
+    const evict = await processor(urls)(analysisJob({ kind: 'diagnostics', job: 'diag-job', ref: 't1:0', reason: 'crash without culprit' }));
+    expect(evict).toEqual({ evict: ['a2'] });
+    expect(feedback).toEqual([{ job: 'diag-job', event: { type: 'diagnostics_result', time: expect.any(Number), suspects: ['a2'] }, eventId: 't1:0:diagnostics' }]);
+    expect((await auditSummaries('t1:0'))[0]).toMatch(/^diag-job: diagnostics: evict a2; a2 failed eud: .*GPU 3: fail/);
+  });
+
+  it('runs dual-phase replay with the job\'s replay command and names the one machine in both failing groups', async () => {
+    // The replay "fails" on any group that contains a1 (its silent data corruption).
+    await jobs.create(jobSpec('replay-job', ['sh', '-c', 'case ",$0," in *,a1,*) exit 1;; esac', '{nodes}']));
+    const evict = await processor({})(analysisJob({ kind: 'replay', job: 'replay-job', ref: 't2:0', reason: 'restarts keep failing' }));
+    expect(evict).toEqual({ evict: ['a1'] });
+    expect(feedback.map((entry) => entry.event)).toEqual([{ type: 'replay_result', time: expect.any(Number), culprits: ['a1'] }]);
+    expect((await auditSummaries('t2:0'))[0]).toContain('suspects a1');
+  });
+
+  it('skips replay when the job has no replay command, says so, and lets the ladder go on', async () => {
+    await jobs.create(jobSpec('no-replay'));
+    await processor({})(analysisJob({ kind: 'replay', job: 'no-replay', ref: 't3:0', reason: 'x' }));
+    expect(feedback.map((entry) => entry.event)).toEqual([{ type: 'replay_result', time: expect.any(Number), culprits: [] }]);
+    expect((await auditSummaries('t3:0'))[0]).toContain('no replay command registered');
+  });
+
+  it('aggregates stack dumps from every node over the rounds and over-evicts the machines of the group whose ranks are stuck', async () => {
+    await jobs.create(jobSpec('hang-job'));
+    // Ranks 6 and 7 (one TP group, on a3) wait in a pipeline receive; the other six in all-reduce.
+    const urls: Record<string, string> = {};
+    for (const [index, node] of NODES.entries()) {
+      const ranks = [index * 2, index * 2 + 1];
+      const server = createServer((request, response) => {
+        response.setHeader('content-type', 'application/json');
+        response.end(
+          JSON.stringify({
+            node,
+            capturedAt: new Date().toISOString(),
+            dumps: ranks.map((rank) => ({ pid: 1000 + rank, role: 'rank', rank, ok: true, dump: rank >= 6 ? STUCK_STACK(rank) : HEALTHY_STACK(rank) })),
+            flightRecorder: [],
+          }),
+        );
+      });
+      await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+      servers.push(server);
+      urls[node] = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+    }
+    const evict = await processor(urls)(analysisJob({ kind: 'stacks', job: 'hang-job', ref: 't4:0', reason: 'no progress' }));
+    expect(evict).toEqual({ evict: ['a3'] });
+    expect(feedback).toHaveLength(1);
+    expect(feedback[0]?.event).toMatchObject({ type: 'fault', faultClass: 'machine', nodes: ['a3'], signalId: 'analysis:t4:0' });
+    expect((await auditSummaries('t4:0'))[0]).toBe('hang-job: stacks: node a3 flagged in 3 of 3 rounds; evicting its machines');
+  });
+
+  it('takes no decision when no agent gives a stack, instead of blaming every machine', async () => {
+    await jobs.create(jobSpec('dark-job'));
+    const evict = await processor({ a0: 'http://127.0.0.1:9', a1: 'http://127.0.0.1:9', a2: 'http://127.0.0.1:9', a3: 'http://127.0.0.1:9' })(
+      analysisJob({ kind: 'stacks', job: 'dark-job', ref: 't5:0', reason: 'no progress' }),
+    );
+    expect(evict).toEqual({ evict: [] });
+    expect(feedback).toEqual([]);
+    expect((await auditSummaries('t5:0'))[0]).toContain('no stack dumps could be taken');
+  });
+
+  it('reports diagnostics as finding nothing after the last attempt fails, so the ladder is never left waiting', async () => {
+    const run = processor({});
+    const request = { kind: 'diagnostics', job: 'gone-job', ref: 't6:0', reason: 'x' } as const;
+    await expect(run(analysisJob(request, 0))).rejects.toThrow(/gone-job/);
+    expect(feedback).toEqual([]);
+    await expect(run(analysisJob(request, 2))).resolves.toEqual({ evict: [] });
+    expect(feedback.map((entry) => entry.event)).toEqual([{ type: 'diagnostics_result', time: expect.any(Number), suspects: [] }]);
+  });
+});
