@@ -34,6 +34,8 @@ export const diagnoseRequestSchema = z
     timeoutSeconds: z.number().positive().max(MAX_DIAGNOSE_SECONDS).optional(),
     /** Neighbouring nodes for the inter-machine all-gather, passed to checks as STEADFAST_DIAGNOSE_PEERS. */
     peers: z.array(nodeNameSchema).max(64).optional(),
+    /** A warm standby's self-check: only the checks configured for standbys (no reference step). */
+    standby: z.boolean().optional(),
   })
   .strict();
 export type DiagnoseRequest = z.infer<typeof diagnoseRequestSchema>;

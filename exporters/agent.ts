@@ -2,6 +2,7 @@ import { createHash, timingSafeEqual } from 'node:crypto';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { Registry } from 'prom-client';
+import { DIAGNOSE_PATH } from '../core/diagnostics.js';
 import { errorMessage } from '../core/errors.js';
 import type { FastPathEvent } from '../core/fast-path.js';
 import type { Logger } from '../core/log.js';
@@ -80,6 +81,13 @@ class NodeAgent implements Agent {
     );
   }
 
+  /** The diagnose collector's route, called in-process for a standby self-check. */
+  private standbyDiagnose(): (() => Promise<{ status: number; body: unknown }>) | undefined {
+    const route = this.collectors.routes.find((candidate) => candidate.method === 'POST' && candidate.path === DIAGNOSE_PATH);
+    if (!route) return undefined;
+    return () => route.handle({ method: 'POST', path: DIAGNOSE_PATH, query: new URLSearchParams(), body: { standby: true } });
+  }
+
   async start(): Promise<AddressInfo> {
     if (this.closing) throw new Error('agent is closed');
     await this.startCollectors();
@@ -90,6 +98,7 @@ class NodeAgent implements Agent {
         node: this.options.node,
         intervalMs: STANDBY_POLL_MS,
         scrape: () => this.collectors.scrape(),
+        diagnose: this.standbyDiagnose(),
         logger: this.options.logger.child({ component: 'standby' }),
       });
       this.standby.start();

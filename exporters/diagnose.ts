@@ -55,6 +55,11 @@ const checkSchema = z
     timeoutSeconds: z.number().positive().max(MAX_DIAGNOSE_SECONDS),
     /** For nccl-tests: fail unless "# Avg bus bandwidth" reaches this many GB/s (§4.2: "bandwidth meets expectations"). */
     minAvgBusBandwidthGBps: z.number().positive().optional(),
+    /**
+     * Also run as a warm standby's self-check (ByteRobust §6.2), on the node alone; set false for
+     * checks that need neighbours (the all-gather), which a lone standby cannot run.
+     */
+    standby: z.boolean().default(true),
   })
   .strict();
 
@@ -62,7 +67,7 @@ const configSchema = z
   .object({
     checks: z.array(checkSchema).max(64).default([]),
     /** The bit-wise alignment step (§4.3): one step of a reference model on fixed weights and input. */
-    reference: checkSchema.omit({ name: true, minAvgBusBandwidthGBps: true }).extend({ name: checkNameSchema.default(DEFAULT_REFERENCE_NAME) }).strict().optional(),
+    reference: checkSchema.omit({ name: true, minAvgBusBandwidthGBps: true, standby: true }).extend({ name: checkNameSchema.default(DEFAULT_REFERENCE_NAME) }).strict().optional(),
   })
   .strict()
   .superRefine((config, context) => {
@@ -102,7 +107,7 @@ async function loadChecks(file: string | undefined): Promise<Loaded> {
   const result = configSchema.safeParse(parsed);
   if (!result.success) return { ok: false, error: `invalid diagnostics config ${file}: ${describeIssues(result.error.issues)}` };
   const { checks, reference } = result.data;
-  return { ok: true, checks: [...checks, ...(reference === undefined ? [] : [{ ...reference, reference: true }])] };
+  return { ok: true, checks: [...checks, ...(reference === undefined ? [] : [{ ...reference, standby: false, reference: true }])] };
 }
 
 class DiagnoseMetrics {
@@ -200,7 +205,7 @@ class DiagnoseCollector implements Collector {
     if (!loaded.ok) return { status: 503, body: { error: loaded.error } };
     const parsed = diagnoseRequestSchema.safeParse(request.body ?? {});
     if (!parsed.success) return { status: 400, body: { error: `invalid diagnose request: ${describeIssues(parsed.error.issues)}` } };
-    const { checks: wanted, timeoutSeconds, peers = [] } = parsed.data;
+    const { checks: wanted, timeoutSeconds, peers = [], standby = false } = parsed.data;
     const known = new Set(loaded.checks.map((check) => check.name));
     const unknown = [...new Set(wanted ?? [])].filter((name) => !known.has(name));
     if (unknown.length > 0) {
@@ -211,7 +216,9 @@ class DiagnoseCollector implements Collector {
     this.running = true;
     this.metrics.running.set(1);
     try {
-      const selected = wanted === undefined ? loaded.checks : loaded.checks.filter((check) => wanted.includes(check.name));
+      // A standby self-check runs the checks marked for it; the reference step needs peers to compare with.
+      const chosen = standby ? loaded.checks.filter((check) => !check.reference && check.standby !== false) : loaded.checks;
+      const selected = wanted === undefined ? chosen : chosen.filter((check) => wanted.includes(check.name));
       return { status: 200, body: await this.diagnose(selected, timeoutSeconds, peers) };
     } catch (error) {
       this.context.logger.error({ collector: this.name, err: errorMessage(error) }, 'diagnosis failed');

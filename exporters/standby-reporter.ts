@@ -1,3 +1,4 @@
+import { diagnoseReportSchema } from '../core/diagnostics.js';
 import { errorMessage } from '../core/errors.js';
 import type { Logger } from '../core/log.js';
 
@@ -5,7 +6,8 @@ import type { Logger } from '../core/log.js';
  * The agent's side of the warm standby pool (ByteRobust §6.2, §7 "each agent queries the
  * controller to determine its state"): it polls `GET /api/v1/standby/:node`, and while its node
  * waits for a self-check it judges its own health from one scrape of its collectors — every
- * collector working, every GPU present, no fatal Xid — and posts the verdict.
+ * collector working, every GPU present, no fatal Xid — then, when the node has diagnostics
+ * configured, runs those marked for standbys (EUD, NCCL inside the machine), and posts the verdict.
  */
 
 export interface StandbyReporterOptions {
@@ -15,6 +17,12 @@ export interface StandbyReporterOptions {
   readonly intervalMs: number;
   /** One scrape of the agent's own collectors. */
   readonly scrape: () => Promise<string>;
+  /**
+   * The node's configured diagnostics, run as a standby self-check (burn-in such as EUD, NCCL
+   * inside the machine), when the diagnose collector is enabled: POST /api/v1/diagnose with
+   * `{standby: true}`, answered in-process.
+   */
+  readonly diagnose?: (() => Promise<{ status: number; body: unknown }>) | undefined;
   readonly logger: Logger;
 }
 
@@ -55,6 +63,25 @@ export class StandbyReporter {
     this.timer.unref();
   }
 
+  /**
+   * Adds the node's own diagnostics to a passing scrape-based verdict. Undefined: not now (a
+   * diagnosis is already running); the next poll tries again.
+   */
+  private async deepen(verdict: { ok: boolean; detail: string }): Promise<{ ok: boolean; detail: string } | undefined> {
+    if (!verdict.ok || !this.options.diagnose) return verdict;
+    const answer = await this.options.diagnose();
+    // 503: no diagnostics configured on this node; the scrape-based check is all there is.
+    if (answer.status === 503) return verdict;
+    if (answer.status === 409) return undefined;
+    const report = diagnoseReportSchema.safeParse(answer.body);
+    if (answer.status !== 200 || !report.success) return { ok: false, detail: `diagnostics could not run (HTTP ${answer.status}): ${JSON.stringify(answer.body).slice(0, 300)}` };
+    const failed = report.data.checks.filter((check) => !check.ok);
+    if (failed.length > 0) {
+      return { ok: false, detail: `diagnostics failed: ${failed.map((check) => `${check.name} ${check.result}${check.reason ? ` (${check.reason})` : ''}`).join('; ')}`.slice(0, 2000) };
+    }
+    return { ok: true, detail: `${verdict.detail}; diagnostics passed: ${report.data.checks.map((check) => check.name).join(', ') || 'none selected'}` };
+  }
+
   /** One round: ask for the node's standby state, and self-check when asked to. Never throws. */
   async poll(): Promise<void> {
     const { controllerUrl, token, node, logger } = this.options;
@@ -64,7 +91,8 @@ export class StandbyReporter {
       if (!response.ok) return;
       const body = (await response.json()) as { state?: string };
       if (body.state !== 'self_check') return;
-      const verdict = selfCheck(await this.options.scrape());
+      const verdict = await this.deepen(selfCheck(await this.options.scrape()));
+      if (verdict === undefined) return;
       await fetch(`${controllerUrl}/api/v1/standby/${encodeURIComponent(node)}/self-check`, {
         method: 'POST',
         headers,
