@@ -4,6 +4,7 @@ import { auditCommand } from './audit.js';
 import { controllerCommand } from './controller.js';
 import { dashboardsCommand } from './dashboards.js';
 import { demoCommand } from './demo.js';
+import { detectCommand } from './detect.js';
 import { jobsCommand } from './jobs.js';
 import { pauseCommands } from './pause.js';
 import { queuesCommand } from './queues.js';
@@ -27,7 +28,7 @@ function withUsageErrors(command: Command): Command {
   return command;
 }
 
-for (const command of [agentCommand(), controllerCommand(), auditCommand(), jobsCommand(), queuesCommand(), ...pauseCommands(), resumeCommand(), planCommand(), dashboardsCommand(), demoCommand()]) {
+for (const command of [agentCommand(), controllerCommand(), auditCommand(), jobsCommand(), queuesCommand(), ...pauseCommands(), resumeCommand(), planCommand(), detectCommand(), dashboardsCommand(), demoCommand()]) {
   program.addCommand(withUsageErrors(command));
 }
 
