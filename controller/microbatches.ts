@@ -73,6 +73,16 @@ export class MicrobatchBoard {
     return this.store(job, { assignment: plan.assignment, strategy: 'rebalanced', iterationSeconds: plan.iterationSeconds, reason }, now);
   }
 
+  /** Stores an assignment planned elsewhere (the fail-slow ladder's S2), after checking it fits the job. */
+  async apply(job: string, assignment: readonly number[], reason: string, iterationSeconds?: number, now = Date.now()): Promise<MicrobatchAssignment> {
+    const { microbatches, multipleOf, dpGroups } = await this.shape(job);
+    const total = assignment.reduce((sum, m) => sum + m, 0);
+    if (assignment.length !== dpGroups || total !== microbatches || assignment.some((m) => !Number.isInteger(m) || m < multipleOf || m % multipleOf !== 0)) {
+      throw new InputError(`assignment [${assignment.join(', ')}] does not give ${microbatches} micro-batches to ${dpGroups} DP groups in multiples of ${multipleOf}`, 'assignment');
+    }
+    return this.store(job, { assignment: [...assignment], strategy: 'rebalanced', ...(iterationSeconds === undefined ? {} : { iterationSeconds }), reason }, now);
+  }
+
   /** Back to the even split (the slowdown is gone, or the job restarted on other machines). */
   async reset(job: string, reason: string, now = Date.now()): Promise<MicrobatchAssignment> {
     const { microbatches, multipleOf, dpGroups } = await this.shape(job);

@@ -1,3 +1,4 @@
+import { randomUUID } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
 import type { Server } from 'node:http';
 import { Queue, Worker } from 'bullmq';
@@ -25,6 +26,7 @@ import { ProgressWatch } from './progress.js';
 import { createRecoveryProcessor } from '../actuators/recovery.js';
 import { jobsRouter } from './jobs-api.js';
 import { MicrobatchBoard } from './microbatches.js';
+import { FailSlowWatch } from './failslow-watch.js';
 import { AgentDirectory } from './agents.js';
 import { createAnalysisProcessor, type AnalysisJob } from './analysis.js';
 import { createApp } from './server.js';
@@ -86,6 +88,9 @@ export class Controller {
   private readonly recoveryQueue: Queue<RecoveryJob>;
   private readonly analysisQueue: Queue<AnalysisJob>;
   private readonly agents: AgentDirectory;
+  private readonly failSlow: FailSlowWatch | undefined;
+  /** This replica's identity for the analysis leader lease. */
+  private readonly replicaId = randomUUID();
   private readonly dispatcher: RecoveryDispatcher;
   private ticker: NodeJS.Timeout | undefined;
   readonly pool: StandbyPool;
@@ -144,6 +149,18 @@ export class Controller {
       : undefined;
     this.pool = new StandbyPool(this.workerRedis, this.keys, this.backend, config.standby);
     this.dispatcher = new RecoveryDispatcher(this.workerRedis, this.keys, this.jobs, this.audit, this.recoveryQueue);
+    const analysisPrometheus = config.analysis.prometheusUrl ?? config.progress.prometheusUrl;
+    this.failSlow = analysisPrometheus
+      ? new FailSlowWatch({
+          redis: this.workerRedis,
+          keys: this.keys,
+          audit: this.audit,
+          board: new MicrobatchBoard(this.workerRedis, this.keys, this.jobs),
+          prometheusUrl: analysisPrometheus,
+          costSeconds: config.analysis.failSlowCostSeconds,
+          dispatch: (event) => this.dispatcher.apply(event),
+        })
+      : undefined;
     this.metrics = new ControllerMetrics([this.signalQueue, this.actionQueue], this.jobs);
     this.grafana =
       config.grafana && grafanaToken !== undefined
@@ -306,6 +323,12 @@ export class Controller {
       if (decided) await this.dispatcher.apply(decided);
       await this.dispatcher.apply({ job: record.spec.name, event: { type: 'tick', time: now }, eventId: `tick:${now}` });
     }
+    if (this.failSlow && (await this.leadAnalysis())) {
+      for (const record of records) {
+        if (record.state !== 'running') continue;
+        await this.failSlow.check(record.spec, now).catch((error: unknown) => this.options.logger.warn({ job: record.spec.name, err: errorMessage(error) }, 'fail-slow check failed'));
+      }
+    }
     // Replenish the warm standby pool up to the P99 of the machines now in use (ByteRobust §6.2).
     const inUse = new Set(records.flatMap((record) => record.spec.nodes));
     const started = await this.pool.reconcile(inUse.size, inUse, now);
@@ -315,6 +338,19 @@ export class Controller {
         `standby:${node}:${now}`,
       );
     }
+  }
+
+  /**
+   * Whether this replica runs the online analyzers now: a lease in Redis, renewed every tick by
+   * its holder and taken over by another replica within a few ticks of the holder's death.
+   */
+  private async leadAnalysis(): Promise<boolean> {
+    const key = this.keys.analysisLeader;
+    const leaseMs = RECOVERY_TICK_MS * 3;
+    if ((await this.workerRedis.set(key, this.replicaId, 'PX', leaseMs, 'NX')) === 'OK') return true;
+    if ((await this.workerRedis.get(key)) !== this.replicaId) return false;
+    await this.workerRedis.pexpire(key, leaseMs);
+    return true;
   }
 
   /** Stops accepting, lets running jobs finish, closes every connection. Safe to call twice. */

@@ -149,11 +149,17 @@ export const configSchema = z
         /** Longest one dual-phase replay group may run (the job's launcher.replay command). */
         replayTimeoutSeconds: int().min(10).max(86_400).default(1800),
         /**
-         * Multi-signal detection (the 504-GPU report): Prometheus to read every node's metrics
-         * from, and how often. Unset: the detector does not run.
+         * Prometheus the online analyzers read: multi-signal detection (every node's metrics,
+         * the 504-GPU report) and fail-slow detection (every rank's iteration time, Greyhound §4).
+         * Defaults to progress.prometheusUrl; with neither, they do not run.
          */
-        detectorPrometheusUrl: z.url({ protocol: /^https?$/ }).optional(),
+        prometheusUrl: z.url({ protocol: /^https?$/ }).optional(),
         detectorIntervalSeconds: int().min(5).max(3600).default(60),
+        /** Seconds of training each fail-slow mitigation costs to apply, for the ski-rental switch (Greyhound §5.1). */
+        failSlowCostSeconds: z
+          .object({ S2: z.coerce.number<unknown>().positive().default(30), S3: z.coerce.number<unknown>().positive().default(600), S4: z.coerce.number<unknown>().positive().default(1800) })
+          .strict()
+          .prefault({}),
       })
       .strict()
       .prefault({}),

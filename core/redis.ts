@@ -81,6 +81,10 @@ export class Keys {
   jobMicrobatches(name: string): string {
     return `${this.prefix}:job:${name}:microbatches`;
   }
+  /** Which controller replica runs the online analyzers (fail-slow, multi-signal): a lease. */
+  get analysisLeader(): string {
+    return `${this.prefix}:analysis-leader`;
+  }
   /** The job's fail-slow mitigation state (Greyhound §5). */
   jobFailSlow(name: string): string {
     return `${this.prefix}:job:${name}:failslow`;
