@@ -1,5 +1,6 @@
 import { Command, type CommanderError } from 'commander';
 import { agentCommand } from './agent.js';
+import { analyzeCommand } from './analyze.js';
 import { auditCommand } from './audit.js';
 import { controllerCommand } from './controller.js';
 import { dashboardsCommand } from './dashboards.js';
@@ -28,7 +29,7 @@ function withUsageErrors(command: Command): Command {
   return command;
 }
 
-for (const command of [agentCommand(), controllerCommand(), auditCommand(), jobsCommand(), queuesCommand(), ...pauseCommands(), resumeCommand(), planCommand(), detectCommand(), dashboardsCommand(), demoCommand()]) {
+for (const command of [agentCommand(), controllerCommand(), auditCommand(), jobsCommand(), queuesCommand(), ...pauseCommands(), resumeCommand(), planCommand(), analyzeCommand(), detectCommand(), dashboardsCommand(), demoCommand()]) {
   program.addCommand(withUsageErrors(command));
 }
 
