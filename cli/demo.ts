@@ -49,7 +49,7 @@ export function demoCommand(): Command {
       await runCommand(async () => {
         if (options.scenario !== 'spine' && options.scenario !== 'recovery') throw new InputError(`--scenario: must be spine or recovery, got "${options.scenario}"`);
         const recovery = options.scenario === 'recovery';
-        if (recovery && options.nodes < 6) throw new InputError('--nodes: the recovery scenario needs at least 6 nodes (4 for the job, 2 standbys)');
+        if (recovery && options.nodes < 7) throw new InputError('--nodes: the recovery scenario needs at least 7 nodes (4 for the job, 3 standbys)');
         const node = options.node ?? `node-${Math.min(3, options.nodes)}`;
         process.stdout.write(
           recovery
@@ -59,6 +59,7 @@ export function demoCommand(): Command {
         const env = SimEnvironment.create({
           // The ladder needs room for a few evictions.
           maxDrainsPerWindow: recovery ? 8 : undefined,
+          maxJobEvictionPercent: recovery ? 75 : undefined,
           nodes: options.nodes,
           fastPath: options.fastPath,
           verbose: options.verbose,

@@ -23,6 +23,9 @@ export interface SimulatedGpu {
 export class SimulatedNode {
   readonly kmsgPath: string;
   readonly xmlPath: string;
+  /** The agent's diagnostics file: one GPU check that fails once failDiagnostics() was called. */
+  readonly diagnosticsConfig: string;
+  private readonly diagnosticsFlag: string;
   readonly gpus: SimulatedGpu[];
   private bootSeconds = 1000 + Math.random() * 1000;
 
@@ -40,10 +43,20 @@ export class SimulatedNode {
       pciBusId: `0000:${GPU_BUSES[index % GPU_BUSES.length] ?? '00'}:00`,
       present: true,
     }));
+    this.diagnosticsFlag = join(dir, 'diagnostics-fail');
+    this.diagnosticsConfig = join(dir, 'diagnostics.json');
+    // Stands in for `dcgmi diag -r 2`: passes unless the demo broke this node's GPU silently.
+    const check = `if [ -e '${this.diagnosticsFlag}' ]; then cat '${this.diagnosticsFlag}' >&2; exit 1; fi`;
+    writeFileSync(this.diagnosticsConfig, JSON.stringify({ checks: [{ name: 'gpu-diag', command: ['sh', '-c', check], timeoutSeconds: 10 }] }));
     writeFileSync(this.kmsgPath, '');
     this.kernel('Linux version 6.1.0-steadfast-sim (simulated)');
     this.kernel('nvidia-nvlink: Nvlink Core is being initialized, major device number 511');
     this.writeXml();
+  }
+
+  /** A fault only a diagnostic finds (no Xid, no alert): the node's GPU check fails from now on. */
+  failDiagnostics(message: string): void {
+    writeFileSync(this.diagnosticsFlag, `${message}\n`);
   }
 
   gpu(index: number): SimulatedGpu {

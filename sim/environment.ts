@@ -8,6 +8,7 @@ import { createLogger, silentLogger, type Logger } from '../core/log.js';
 import { Controller } from '../controller/service.js';
 import { createAgent, type Agent } from '../exporters/agent.js';
 import { enabledFactories } from '../exporters/index.js';
+import { DIAGNOSE_CONFIG_FLAG } from '../exporters/diagnose.js';
 import { RULE_FILES, renderAlertmanagerConfig } from '../rules/index.js';
 import { createSimulatedNodes, type SimulatedNode } from './cluster.js';
 import {
@@ -37,6 +38,8 @@ export interface EnvironmentOptions {
   /** Prometheus scrape and rule evaluation interval. */
   readonly intervalSeconds?: number;
   readonly maxDrainsPerWindow?: number;
+  /** Most of one job's nodes evicted per window, in percent (default 50). */
+  readonly maxJobEvictionPercent?: number;
   /** Called as each part comes up, for progress output. */
   readonly progress?: (step: string, seconds: number) => void;
   /** Log controller and agents to stderr (default: silent). */
@@ -106,6 +109,8 @@ export class SimEnvironment {
     this.slurm = await this.step(`slurmctld up with ${names.length} CLOUD nodes`, () => startSlurm(processes, root, names));
     const slurmRest = await this.step('slurmrestd up in front of it (JWT from scontrol token)', () => startSlurmRest(processes, this.slurm));
 
+    // Agent ports are chosen first so the controller knows where each node's agent listens.
+    const agentPorts = await Promise.all(names.map(() => freePort()));
     const controllerPort = await freePort();
     this.controllerUrl = `http://127.0.0.1:${controllerPort}`;
     const tokenFile = join(root, 'token');
@@ -114,7 +119,10 @@ export class SimEnvironment {
       redis: { url: this.redis.url, prefix: 'steadfast' },
       controller: { host: '127.0.0.1', port: controllerPort, tokenFile },
       backend: { kind: 'slurm', slurm: { env: { ...this.slurm.env }, rest: { url: slurmRest.url, user: slurmRest.user, tokenFile: slurmRest.tokenFile } } },
-      safety: { maxDrainsPerWindow: options.maxDrainsPerWindow ?? 4 },
+      safety: { maxDrainsPerWindow: options.maxDrainsPerWindow ?? 4, ...(options.maxJobEvictionPercent === undefined ? {} : { maxJobEvictionPercent: options.maxJobEvictionPercent }) },
+      agents: { urls: Object.fromEntries(names.map((name, index) => [name, `http://127.0.0.1:${agentPorts[index]}`])), diagnoseTimeoutSeconds: 30 },
+      // Short rounds: the demo should not wait 40 s for stack aggregation.
+      analysis: { stackRoundSeconds: 1 },
     });
     this.controller = new Controller({ config: this.config, logger: this.logger });
     await this.step('controller and workers up', () => this.controller.start());
@@ -129,15 +137,16 @@ export class SimEnvironment {
 
     this.agents = await this.step(`${names.length} agents up`, () =>
       Promise.all(
-        this.nodes.map(async (node) => {
+        this.nodes.map(async (node, index) => {
           const agent = createAgent({
             node: node.name,
-            listen: { host: '127.0.0.1', port: 0 },
+            listen: { host: '127.0.0.1', port: agentPorts[index] ?? 0 },
             paths: { sysfs: join(node.dir, 'sys'), procfs: join(node.dir, 'proc'), kmsg: node.kmsgPath, nvidiaSmiXml: node.xmlPath, nvidiaSmi: 'nvidia-smi' },
             pollIntervalSeconds: interval / 2,
             // Simulated nodes have a kernel log and nvidia-smi output but no /sys or /proc trees
             // of their own yet; collectors without a source would only report failure.
-            collectors: enabledFactories({ rdma: false, nfs: false, process: false }),
+            collectors: enabledFactories({ rdma: false, nfs: false, process: false, diagnose: true }),
+            settings: { [DIAGNOSE_CONFIG_FLAG]: node.diagnosticsConfig },
             controllerUrl: (options.fastPath ?? true) ? this.controllerUrl : undefined,
             controllerToken: this.token,
             logger: this.logger.child({ node: node.name }),

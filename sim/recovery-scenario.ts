@@ -5,7 +5,9 @@ import { slurmNode } from './parts.js';
 
 /**
  * The recovery ladder on the real parts (issue: recovery): one registered job on node-1..4 with
- * two warm standbys held in a Slurm reservation, then three incidents —
+ * warm standbys held in a Slurm reservation, then four incidents —
+ *  0. a worker crash with no culprit → stop-time diagnostics on every node's agent → the node
+ *     whose GPU check fails is evicted onto the first standby;
  *  1. a fatal Xid → evict, a standby takes the node's place, restart, restore from the newest
  *     complete checkpoint step;
  *  2. a NIC flap once (through the real Alertmanager) → tolerated; a second within 5 minutes →
@@ -65,10 +67,11 @@ async function fireAlert(env: SimEnvironment, labels: Record<string, string>): P
 export async function runRecoveryScenario(env: SimEnvironment): Promise<RecoveryStep[]> {
   const steps: RecoveryStep[] = [];
   const names = env.nodes.map((node) => node.name);
-  const [n1, n2, n3, n4, spare1, spare2] = names as [string, string, string, string, string, string];
+  const [n1, n2, n3, n4, spare1, spare2, spare3] = names as [string, string, string, string, string, string, string];
   const backend = env.controller.backend;
-  await backend.holdStandby(spare1);
-  await backend.holdStandby(spare2);
+  // One standby for the first incident; the other two are held once it is over, so each rung's
+  // replacement is known in advance.
+  await backend.holdStandby(spare3);
   const registered = await api(env, '/api/v1/jobs', {
     name: JOB,
     nodes: [n1, n2, n3, n4],
@@ -86,13 +89,31 @@ export async function runRecoveryScenario(env: SimEnvironment): Promise<Recovery
   );
   await api(env, `/api/v1/jobs/${JOB}/checkpoints`, shards);
   steps.push({
-    title: `registered job ${JOB} on ${n1}..${n4} (PP=2, DP=2), standbys ${spare1} and ${spare2} held in the Slurm reservation, checkpoints up to step 210`,
-    ok: registered.status === 201 && (await backend.standbys()).length === 2,
-    lines: [`standbys (scontrol show reservation): ${(await backend.standbys()).join(', ')}`],
+    title: `registered job ${JOB} on ${n1}..${n4} (PP=2, DP=2), standby ${spare3} held in the Slurm reservation, checkpoints up to step 210`,
+    ok: registered.status === 201 && (await backend.standbys()).length === 1,
+    lines: [`standbys (slurmrestd reservation): ${(await backend.standbys()).join(', ')}`],
   });
 
-  // 1. Fatal Xid → evict, standby, restart, restore.
+  // 0. A crash without a culprit → stop-time diagnostics on every node → the node whose GPU
+  //    check fails is evicted onto the standby (ByteRobust §4.2).
   let since = Date.now();
+  env.node(n4).failDiagnostics('GPU 5 failed the memory test (a silent fault: no Xid, no alert)');
+  await api(env, '/api/v1/signals', { kind: 'worker_failed', node: n1, job: JOB, rank: 0, message: 'train.py FAILED: rank 3 exitcode -6 (SIGABRT)', time: new Date().toISOString() });
+  const diagnosed = await until(async () => {
+    const job = await jobRecord(env);
+    return job.state === 'running' && job.nodes.includes(spare3);
+  }, 30_000);
+  const slurm4 = await slurmNode(env.slurm, n4);
+  steps.push({
+    title: `a worker crash with no culprit → stop-time diagnostics on every node's agent → ${n4} fails its GPU check → evicted onto ${spare3}`,
+    ok: diagnosed && /^drain/.test(slurm4.state) && !(await jobRecord(env)).nodes.includes(n4),
+    lines: [...describe(newEntries(await env.audit(), since)), `sinfo ${n4}: ${slurm4.state} "${slurm4.reason}"`],
+  });
+  await backend.holdStandby(spare1);
+  await backend.holdStandby(spare2);
+
+  // 1. Fatal Xid → evict, standby, restart, restore.
+  since = Date.now();
   env.node(n2).injectXid(1, 79, 'GPU has fallen off the bus.');
   const first = await until(async () => {
     const job = await jobRecord(env);

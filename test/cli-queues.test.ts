@@ -77,7 +77,7 @@ describe('steadfast queues', () => {
     expect(exitCode).toBe(0);
     expect(stdout.endsWith('\n')).toBe(true);
     const body = JSON.parse(stdout) as { queues: QueueSummary[] };
-    expect(body.queues.map((queue) => queue.name)).toEqual(['signals', 'actions', 'recovery']);
+    expect(body.queues.map((queue) => queue.name)).toEqual(['signals', 'actions', 'recovery', 'analysis']);
     const [queueSignals, queueActions] = body.queues;
     expect(queueSignals).toEqual({ name: 'signals', isPaused: false, counts: { waiting: 1, active: 0, delayed: 1, completed: 0, failed: 0, paused: 0 }, failed: [] });
     expect(queueActions?.counts).toEqual({ waiting: 0, active: 0, delayed: 0, completed: 0, failed: 7, paused: 0 });

@@ -193,7 +193,8 @@ describe('POST /api/v1/trace', () => {
     const dumps = body(response).dumps;
     expect(dumps).toHaveLength(8);
     for (const dump of dumps) {
-      expect(dump).toMatchObject({ ok: false, error: 'py-spy did not finish within 1.0 s and was killed' });
+      // The limit is what is left of the 1 s deadline when that py-spy starts (less on a busy machine).
+      expect(dump).toMatchObject({ ok: false, error: expect.stringMatching(/^py-spy did not finish within (1\.0|0\.\d) s and was killed$/) });
     }
   });
 
