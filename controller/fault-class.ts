@@ -150,6 +150,9 @@ export function classifySignal(signal: Signal, options: ClassifyOptions = {}): C
       return classifyWorkerFailure(signal, options);
     case 'alert':
       return classifyAlert(signal);
+    case 'suspect_node':
+      // A precursor, not a failure: the job keeps training while its stacks are looked at.
+      return fault('performance', signal.node, `multi-signal detection: ${signal.node ?? 'a node'} unlike its peers (score ${String(signal.evidence.score)})`, CITE_PERFORMANCE);
   }
 }
 

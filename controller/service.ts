@@ -27,6 +27,8 @@ import { createRecoveryProcessor } from '../actuators/recovery.js';
 import { jobsRouter } from './jobs-api.js';
 import { MicrobatchBoard } from './microbatches.js';
 import { FailSlowWatch } from './failslow-watch.js';
+import { SuspectWatch } from './suspect-watch.js';
+import { PrometheusFeatureSource } from '../analyzers/multisignal-source.js';
 import { AgentDirectory } from './agents.js';
 import { createAnalysisProcessor, type AnalysisJob } from './analysis.js';
 import { createApp } from './server.js';
@@ -89,6 +91,8 @@ export class Controller {
   private readonly analysisQueue: Queue<AnalysisJob>;
   private readonly agents: AgentDirectory;
   private readonly failSlow: FailSlowWatch | undefined;
+  private readonly suspects: SuspectWatch | undefined;
+  private lastSuspectRun = 0;
   /** This replica's identity for the analysis leader lease. */
   private readonly replicaId = randomUUID();
   private readonly dispatcher: RecoveryDispatcher;
@@ -160,6 +164,9 @@ export class Controller {
           costSeconds: config.analysis.failSlowCostSeconds,
           dispatch: (event) => this.dispatcher.apply(event),
         })
+      : undefined;
+    this.suspects = analysisPrometheus
+      ? new SuspectWatch({ source: new PrometheusFeatureSource({ url: analysisPrometheus }), enqueue: (signals) => this.intake.enqueue(signals) })
       : undefined;
     this.metrics = new ControllerMetrics([this.signalQueue, this.actionQueue], this.jobs);
     this.grafana =
@@ -323,10 +330,14 @@ export class Controller {
       if (decided) await this.dispatcher.apply(decided);
       await this.dispatcher.apply({ job: record.spec.name, event: { type: 'tick', time: now }, eventId: `tick:${now}` });
     }
-    if (this.failSlow && (await this.leadAnalysis())) {
-      for (const record of records) {
-        if (record.state !== 'running') continue;
-        await this.failSlow.check(record.spec, now).catch((error: unknown) => this.options.logger.warn({ job: record.spec.name, err: errorMessage(error) }, 'fail-slow check failed'));
+    if ((this.failSlow || this.suspects) && (await this.leadAnalysis())) {
+      const running = records.filter((record) => record.state === 'running').map((record) => record.spec);
+      for (const spec of running) {
+        await this.failSlow?.check(spec, now).catch((error: unknown) => this.options.logger.warn({ job: spec.name, err: errorMessage(error) }, 'fail-slow check failed'));
+      }
+      if (this.suspects && now - this.lastSuspectRun >= this.options.config.analysis.detectorIntervalSeconds * 1000) {
+        this.lastSuspectRun = now;
+        await this.suspects.run(running, now).catch((error: unknown) => this.options.logger.warn({ err: errorMessage(error) }, 'multi-signal detection failed'));
       }
     }
     // Replenish the warm standby pool up to the P99 of the machines now in use (ByteRobust §6.2).

@@ -7,13 +7,13 @@ import { nodeNameSchema } from './names.js';
  * alert, an agent's fast-path event. Policy only ever sees Signals (DESIGN.md, Contracts).
  */
 
-export const SIGNAL_KINDS = ['xid', 'gpu_lost', 'nccl_timeout', 'worker_failed', 'alert'] as const;
+export const SIGNAL_KINDS = ['xid', 'gpu_lost', 'nccl_timeout', 'worker_failed', 'alert', 'suspect_node'] as const;
 export type SignalKind = (typeof SIGNAL_KINDS)[number];
 
 export const SIGNAL_SEVERITIES = ['critical', 'warning', 'info'] as const;
 export type SignalSeverity = (typeof SIGNAL_SEVERITIES)[number];
 
-export const SIGNAL_SOURCES = ['agent', 'alertmanager'] as const;
+export const SIGNAL_SOURCES = ['agent', 'alertmanager', 'analyzer'] as const;
 export type SignalSource = (typeof SIGNAL_SOURCES)[number];
 
 const evidenceValue = z.union([z.string().max(4096), z.number(), z.boolean()]);
