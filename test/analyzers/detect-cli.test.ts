@@ -108,3 +108,18 @@ describe('steadfast detect failslow', () => {
     expect(result.stderr).toContain('is not JSON');
   });
 });
+
+describe('steadfast detect suspects: bad input', () => {
+  it('exits 2 naming a Prometheus address that is not an http URL, a time that is not one, and a window too long', async () => {
+    const url = await detect('suspects', '--prometheus', 'ftp://prom');
+    expect(url).toMatchObject({ exitCode: 2 });
+    expect(url.stderr).toContain('--prometheus: not an http(s) URL: ftp://prom');
+    process.exitCode = 0;
+    const at = await detect('suspects', '--prometheus', 'http://127.0.0.1:9', '--at', 'yesterday-ish');
+    expect(at.stderr).toContain('--at: not a time: yesterday-ish');
+    process.exitCode = 0;
+    const long = await detect('suspects', '--prometheus', 'http://127.0.0.1:9', '--minutes', '100000', '--step-seconds', '1');
+    expect(long.stderr).toContain('6000000 evaluations; between 1 and 10000 are allowed');
+    process.exitCode = 0;
+  });
+});

@@ -17,6 +17,7 @@ import {
 } from '../../analyzers/multisignal-source.js';
 import { startPrometheus, type PrometheusPart } from '../../sim/parts.js';
 import { ProcessGroup, freePort } from '../../sim/processes.js';
+import { detectCommand } from '../../cli/detect.js';
 import { PROMETHEUS_METRICS, agentMetricNames, parsePromql } from '../support/promql.js';
 import { until } from '../support/until.js';
 
@@ -160,6 +161,24 @@ describe('multi-signal features read from a real Prometheus', () => {
     expect(run.suspects[0]?.evidence.map((item) => item.feature).sort()).toEqual(
       ['gpu_power_min_watts', 'gpu_sm_clock_min_hertz', 'gpu_temperature_max_celsius', 'rdma_link_errors_per_second', 'training_iteration_seconds', 'xid_errors_5m'].sort(),
     );
+  }, 30_000);
+
+  it('steadfast detect suspects replays the detector over a past window and ranks the nodes that stood out', async () => {
+    const output: string[] = [];
+    const write = process.stdout.write.bind(process.stdout);
+    process.stdout.write = ((chunk: string) => output.push(String(chunk)) > 0) as typeof process.stdout.write;
+    try {
+      await detectCommand().exitOverride().parseAsync(['suspects', '--prometheus', prometheus.url, '--minutes', '0.2', '--step-seconds', '1'], { from: 'user' });
+    } finally {
+      process.stdout.write = write;
+    }
+    const answer = JSON.parse(output.join('')) as { evaluations: number; nodes: { node: string; anomalousIn: number; evidence: { feature: string }[] }[]; suspects: { node: string }[]; failures: string[] };
+    expect(answer.evaluations).toBe(12);
+    expect(answer.failures).toEqual([]);
+    expect(answer.nodes.map((entry) => entry.node)).toEqual(['n6']);
+    expect(answer.nodes[0]?.anomalousIn).toBeGreaterThanOrEqual(1);
+    expect(answer.nodes[0]?.evidence.map((item) => item.feature)).toContain('gpu_temperature_max_celsius');
+    expect(answer.suspects.every((suspect) => suspect.node === 'n6')).toBe(true);
   }, 30_000);
 
   it('keeps the features that answered and names the query of each one that did not', async () => {
