@@ -2,6 +2,7 @@ import { z } from 'zod';
 import { InputError } from '../core/errors.js';
 import { parseOrThrow } from '../core/validate.js';
 import type { FeatureMatrix } from './multisignal.js';
+import { seededUniform } from '../core/random.js';
 
 /**
  * The labelled replay the multi-signal detector is evaluated on (analyzers/multisignal-eval.ts):
@@ -112,18 +113,11 @@ export const DEFAULT_REPLAY: Omit<ReplayConfig, 'seed'> = {
 
 /** Seeded randomness for one replay: mulberry32 (small, fast, the same on every machine) and the draws built on it. */
 class Random {
-  private state: number;
+  readonly next: () => number;
   private spare: number | undefined;
 
   constructor(seed: number) {
-    this.state = seed >>> 0;
-  }
-
-  next(): number {
-    this.state = (this.state + 0x6d2b79f5) >>> 0;
-    let mixed = Math.imul(this.state ^ (this.state >>> 15), this.state | 1);
-    mixed ^= mixed + Math.imul(mixed ^ (mixed >>> 7), mixed | 61);
-    return ((mixed ^ (mixed >>> 14)) >>> 0) / 2 ** 32;
+    this.next = seededUniform(seed);
   }
 
   uniform(low: number, high: number): number {

@@ -1,6 +1,7 @@
 import { cpus } from 'node:os';
 import { Bocd } from '../analyzers/bocd.js';
 import { RankSlowdownTracker, median } from '../analyzers/slowdown-tracker.js';
+import { seededUniform } from '../core/random.js';
 
 /**
  * Fail-slow tracking cost (Greyhound §4.2): every rank's iteration time goes through BOCD and
@@ -27,16 +28,6 @@ const SLOW_FROM = 120;
 const WINDOW = 20;
 const HISTORIES = [1_000, 10_000];
 const TIMED_UPDATES = 200;
-
-function seededUniform(seed: number): () => number {
-  let state = seed >>> 0;
-  return () => {
-    state = (state + 0x6d2b79f5) >>> 0;
-    let mixed = Math.imul(state ^ (state >>> 15), state | 1);
-    mixed ^= mixed + Math.imul(mixed ^ (mixed >>> 7), mixed | 61);
-    return ((mixed ^ (mixed >>> 14)) >>> 0) / 2 ** 32;
-  };
-}
 
 /** seconds[iteration * STREAMS + rank]; every 100th rank slows down 1.3× at SLOW_FROM. */
 function jobStreams(): Float64Array {

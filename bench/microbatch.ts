@@ -1,5 +1,6 @@
 import { cpus } from 'node:os';
 import { planMicrobatches } from '../analyzers/microbatch.js';
+import { seededUniform } from '../core/random.js';
 
 /**
  * Time to rebalance micro-batches across DP groups (Greyhound §5.2, S2), for the exact planner
@@ -16,13 +17,8 @@ const MICROBATCHES_PER_GROUP = 8;
 const GREYHOUND_CVXPY_SECONDS: Readonly<Record<number, number>> = { 512: 35.93 };
 
 function seededTimes(groups: number, seed: number): number[] {
-  let state = seed >>> 0;
-  return Array.from({ length: groups }, () => {
-    state = (state + 0x6d2b79f5) >>> 0;
-    let mixed = Math.imul(state ^ (state >>> 15), state | 1);
-    mixed ^= mixed + Math.imul(mixed ^ (mixed >>> 7), mixed | 61);
-    return 1 + (((mixed ^ (mixed >>> 14)) >>> 0) / 2 ** 32) * 0.5;
-  });
+  const next = seededUniform(seed);
+  return Array.from({ length: groups }, () => 1 + next() * 0.5);
 }
 
 /** Baseline: start every group at one micro-batch, then give each next one to the earliest finisher. */

@@ -3,31 +3,11 @@ import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest
 import { queuesCommand, type QueueSummary } from '../cli/queues.js';
 import { workerConnection } from '../core/redis.js';
 import { testRedis } from './support/redis.js';
+import { runCli, type CliRun } from './support/cli.js';
 
-/** Runs `steadfast queues ARGS` in-process, capturing what it writes. */
-async function runQueues(args: string[], env: Record<string, string>): Promise<{ stdout: string; stderr: string; exitCode: number }> {
-  let stdout = '';
-  let stderr = '';
-  const out = vi.spyOn(process.stdout, 'write').mockImplementation((chunk: string | Uint8Array) => {
-    stdout += chunk.toString();
-    return true;
-  });
-  const err = vi.spyOn(process.stderr, 'write').mockImplementation((chunk: string | Uint8Array) => {
-    stderr += chunk.toString();
-    return true;
-  });
-  for (const [name, value] of Object.entries(env)) vi.stubEnv(name, value);
-  const previousExitCode = process.exitCode;
-  process.exitCode = undefined;
-  try {
-    await queuesCommand().exitOverride().parseAsync(['node', 'queues', ...args]);
-    return { stdout, stderr, exitCode: Number(process.exitCode ?? 0) };
-  } finally {
-    process.exitCode = previousExitCode;
-    out.mockRestore();
-    err.mockRestore();
-    vi.unstubAllEnvs();
-  }
+/** Runs `steadfast queues ARGS` in-process. */
+function runQueues(args: string[], env: Record<string, string>): Promise<CliRun> {
+  return runCli(queuesCommand(), args, env);
 }
 
 describe('steadfast queues', () => {

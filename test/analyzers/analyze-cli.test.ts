@@ -4,32 +4,14 @@ import { join } from 'node:path';
 import { afterAll, describe, expect, it, vi } from 'vitest';
 import { analyzeCommand } from '../../cli/analyze.js';
 import { GRAD_SYNC, STUCK_ALL_GATHER, STUCK_IRECV, STUCK_ISEND, rankDump } from './pyspy-fixtures.js';
+import { runCli, type CliRun } from '../support/cli.js';
 
 const root = mkdtempSync(join(tmpdir(), 'steadfast-analyze-'));
 afterAll(() => rmSync(root, { recursive: true, force: true }));
 
-/** Runs `steadfast analyze ARGS` in-process, capturing what it writes and the exit code it sets. */
-async function analyze(args: string[]): Promise<{ stdout: string; stderr: string; exitCode: number }> {
-  let stdout = '';
-  let stderr = '';
-  const out = vi.spyOn(process.stdout, 'write').mockImplementation((chunk: string | Uint8Array) => {
-    stdout += chunk.toString();
-    return true;
-  });
-  const err = vi.spyOn(process.stderr, 'write').mockImplementation((chunk: string | Uint8Array) => {
-    stderr += chunk.toString();
-    return true;
-  });
-  const previousExitCode = process.exitCode;
-  process.exitCode = undefined;
-  try {
-    await analyzeCommand().exitOverride().parseAsync(args, { from: 'user' });
-    return { stdout, stderr, exitCode: Number(process.exitCode ?? 0) };
-  } finally {
-    process.exitCode = previousExitCode;
-    out.mockRestore();
-    err.mockRestore();
-  }
+/** Runs `steadfast analyze ARGS` in-process. */
+function analyze(args: string[]): Promise<CliRun> {
+  return runCli(analyzeCommand(), args);
 }
 
 function writeDir(name: string, files: Record<string, string>): string {

@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import { afterAll, afterEach, describe, expect, it, vi } from 'vitest';
 import { detectCommand } from '../../cli/detect.js';
 import type { FailSlowReport } from '../../analyzers/failslow.js';
+import { runCli, type CliRun } from '../support/cli.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'steadfast-detect-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -18,22 +19,9 @@ function write(name: string, text: string): string {
   return path;
 }
 
-/** Runs `detect <args>` in-process; returns what it printed and the exit code it set. */
-async function detect(...args: string[]): Promise<{ stdout: string; stderr: string; exitCode: number }> {
-  let stdout = '';
-  let stderr = '';
-  vi.spyOn(process.stdout, 'write').mockImplementation((chunk: string | Uint8Array) => {
-    stdout += String(chunk);
-    return true;
-  });
-  vi.spyOn(process.stderr, 'write').mockImplementation((chunk: string | Uint8Array) => {
-    stderr += String(chunk);
-    return true;
-  });
-  await detectCommand().exitOverride().parseAsync(args, { from: 'user' });
-  const exitCode = Number(process.exitCode ?? 0);
-  vi.restoreAllMocks();
-  return { stdout, stderr, exitCode };
+/** Runs `detect <args>` in-process. */
+function detect(...args: string[]): Promise<CliRun> {
+  return runCli(detectCommand(), args);
 }
 
 /** Four ranks, 300 iterations each; rank 2 becomes 1.4× slower from iteration 150. */

@@ -7,17 +7,9 @@ import { estimateIterationPeriod, iterationDurations } from '../../analyzers/ite
 import { RankSlowdownTracker, type ChangePoint } from '../../analyzers/slowdown-tracker.js';
 import { InputError } from '../../core/errors.js';
 import { Topology } from '../../core/topology.js';
+import { seededUniform } from '../../core/random.js';
 
-/** Uniform [0, 1) from a 32-bit seed (the mixer of bench/microbatch.ts's seededTimes). */
-function seeded(seed: number): () => number {
-  let state = seed >>> 0;
-  return () => {
-    state = (state + 0x6d2b79f5) >>> 0;
-    let mixed = Math.imul(state ^ (state >>> 15), state | 1);
-    mixed ^= mixed + Math.imul(mixed ^ (mixed >>> 7), mixed | 61);
-    return ((mixed ^ (mixed >>> 14)) >>> 0) / 2 ** 32;
-  };
-}
+const seeded = seededUniform;
 
 function gaussian(random: () => number): number {
   return Math.sqrt(-2 * Math.log(1 - random())) * Math.cos(2 * Math.PI * random());
