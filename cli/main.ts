@@ -11,6 +11,7 @@ import { pauseCommands } from './pause.js';
 import { queuesCommand } from './queues.js';
 import { planCommand } from './plan.js';
 import { resumeCommand } from './resume.js';
+import { simulateCommand } from './simulate.js';
 import { EXIT_USAGE } from './common.js';
 
 // commander exits 0 for --help and --version; every usage error (unknown option, bad value) exits 2.
@@ -29,7 +30,7 @@ function withUsageErrors(command: Command): Command {
   return command;
 }
 
-for (const command of [agentCommand(), controllerCommand(), auditCommand(), jobsCommand(), queuesCommand(), ...pauseCommands(), resumeCommand(), planCommand(), analyzeCommand(), detectCommand(), dashboardsCommand(), demoCommand()]) {
+for (const command of [agentCommand(), controllerCommand(), auditCommand(), jobsCommand(), queuesCommand(), ...pauseCommands(), resumeCommand(), planCommand(), analyzeCommand(), detectCommand(), simulateCommand(), dashboardsCommand(), demoCommand()]) {
   program.addCommand(withUsageErrors(command));
 }
 

@@ -1,0 +1,487 @@
+import { DEFAULT_LADDER_CONFIG, advance, initialLadderState, type LadderConfig, type LadderEvent, type LadderState, type LadderStep } from '../../controller/ladder.js';
+import type { FaultClass } from '../../controller/fault-class.js';
+import { EventQueue } from './events.js';
+import type { Incident, IncidentSource } from './incidents.js';
+import { Ledger, type Cause } from './ledger.js';
+import { DAY_MS, SIM_START_MS, symptomById, type EttrParams } from './model.js';
+import { StandbyPool } from './pool.js';
+import { increment, schedulingSummary, type StrategyResult } from './result.js';
+
+/**
+ * steadfast on a simulated job: the world (faults, machines, the standby pool, how long each
+ * action takes) is simulated; every recovery decision is taken by the real recovery ladder,
+ * controller/ladder.ts, fed the events the controller would feed it — classified faults,
+ * diagnostics and replay results, restart outcomes, code updates and ticks — and its steps carried
+ * out by the world. Nothing of the policy is re-implemented here.
+ */
+
+export interface SteadfastRunOptions {
+  readonly ladderConfig?: LadderConfig;
+  /** Called with the share of simulated time done, at most once per percent. */
+  readonly onProgress?: (fraction: number) => void;
+}
+
+const S = 1000;
+const JOB = 'dense-70b';
+
+interface OpenIncident {
+  /** null: a lazy code update whose 24 h window ran out (§6.1) stopped the job. */
+  readonly incident: Incident | null;
+  readonly symptom: string;
+  readonly detectionSeconds: number;
+  /** The machine at fault, for node-rooted incidents. */
+  readonly culprit: string | null;
+  /** The node a fault without a culprit is reported from. */
+  readonly reporter: string;
+  bugActive: boolean;
+}
+
+export function runSteadfast(params: EttrParams, source: IncidentSource, options: SteadfastRunOptions = {}): StrategyResult {
+  return new SteadfastSimulation(params, source, options).run();
+}
+
+class SteadfastSimulation {
+  private readonly queue = new EventQueue();
+  private readonly ledger: Ledger;
+  private readonly config: LadderConfig;
+  private readonly end: number;
+  private readonly t: EttrParams['timings'];
+  private now = SIM_START_MS;
+  private ladder: LadderState;
+
+  /** The job's machines, in rank order; a replacement takes its predecessor's slot. */
+  private readonly members: string[];
+  /** Where each machine of the job sits in `members`. */
+  private readonly slots = new Map<string, number>();
+  private spares = 0;
+  /** When training (re)started, and when it began running slowly; null while the job is down. */
+  private training: { since: number; slowSince: number | null } | null = null;
+  /** What the downtime is spent on right now. */
+  private down: { cause: Cause; since: number } | null = null;
+  private open: OpenIncident | null = null;
+  /** Replacements evicted but not yet relaunched onto. */
+  private evicted: { nodes: number; cold: number } | null = null;
+  /** World activities under way (diagnostics, relaunches, …): with none and nothing held by the ladder, nothing would ever happen again. */
+  private pending = 0;
+
+  // The incident clock runs in training time (incidents.ts).
+  private nextIncident: Incident;
+  private uptimeLeftMs: number;
+  private clock: { since: number; token: number } | null = null;
+  private clockToken = 0;
+
+  private readonly pool: StandbyPool;
+  private readonly ladderSteps: Record<string, number> = {};
+  private readonly resolvedBy: Record<string, number> = {};
+  private readonly incidentsBySymptom: Record<string, number> = {};
+  private readonly scheduling: number[] = [];
+  private incidents = 0;
+  private signals = 0;
+  private versions = 1;
+  private readonly ticks = new Set<number>();
+  private lastProgress = -1;
+
+  constructor(
+    private readonly params: EttrParams,
+    private readonly source: IncidentSource,
+    private readonly options: SteadfastRunOptions,
+  ) {
+    this.config = options.ladderConfig ?? DEFAULT_LADDER_CONFIG;
+    this.t = params.timings;
+    this.end = SIM_START_MS + params.days * DAY_MS;
+    this.ledger = new Ledger(SIM_START_MS, this.end, params.checkpointIntervalSeconds * S, params.checkpointBlockingSeconds * S);
+    this.members = Array.from({ length: params.nodes }, (_, i) => `node-${String(i + 1).padStart(5, '0')}`);
+    this.members.forEach((node, slot) => this.slots.set(node, slot));
+    this.pool = new StandbyPool(params.standby, this.t.standbyReplenishSeconds * S, (time, run) => this.queue.schedule(time, run));
+    this.ladder = this.history();
+    this.nextIncident = source.next();
+    this.uptimeLeftMs = this.nextIncident.uptimeGapSeconds * S;
+  }
+
+  /**
+   * The job has been training a while: v0, then v1, both proven good, so the first rollback has a
+   * target (§4.2 Rollback needs an earlier good version). Happens before the simulated window.
+   */
+  private history(): LadderState {
+    const day = SIM_START_MS - 2 * DAY_MS;
+    let state = initialLadderState(JOB, { time: day, version: 'v0' });
+    const apply = (event: LadderEvent): void => {
+      state = advance(state, event, this.config).state;
+    };
+    apply({ type: 'restart_succeeded', time: day });
+    apply({ type: 'code_update', time: day + 1, version: 'v1', urgent: true });
+    apply({ type: 'restart_succeeded', time: day + 2 });
+    return state;
+  }
+
+  run(): StrategyResult {
+    this.startTraining();
+    for (;;) {
+      if (!(this.queue.peekTime() < this.end)) break;
+      const event = this.queue.pop();
+      if (event === undefined) break;
+      this.now = event.time;
+      event.run();
+      this.checkNotStalled();
+      this.progress();
+    }
+    this.now = this.end;
+    if (this.training !== null) this.ledger.segment(this.training.since, this.end, 'horizon', this.open?.symptom ?? 'none');
+    else this.setDown(this.down?.cause ?? 'detection');
+    this.options.onProgress?.(1);
+    return {
+      strategy: 'steadfast',
+      ...this.ledger.summary(),
+      incidents: this.incidents,
+      incidentsBySymptom: this.incidentsBySymptom,
+      replacementScheduling: schedulingSummary(this.scheduling),
+      standby: {
+        poolSize: this.params.standby,
+        ...this.pool.usage,
+        reservedGpuHours: this.params.standby * this.params.gpusPerNode * this.params.days * 24,
+      },
+      ladderSteps: this.ladderSteps,
+      resolvedBy: this.resolvedBy,
+    };
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // The job: training, downtime, the incident clock
+
+  private startTraining(): void {
+    this.endDowntime();
+    this.training = { since: this.now, slowSince: null };
+    if (this.open === null) this.armClock();
+  }
+
+  /** Ends the training stretch; a planned stop saves a checkpoint first and loses nothing. */
+  private stopTraining(planned: boolean): void {
+    const training = this.training;
+    if (training === null) return;
+    this.pauseClock();
+    const slow = training.slowSince === null ? undefined : { fromMs: training.slowSince, speed: this.params.slowdownSpeed };
+    this.ledger.segment(training.since, this.now, planned ? 'planned' : 'failure', this.open?.symptom ?? 'none', slow);
+    this.training = null;
+    this.down = { cause: 'detection', since: this.now };
+  }
+
+  /** Books the downtime so far to its cause and incident; the job is about to train. */
+  private endDowntime(): void {
+    if (this.down !== null) this.ledger.spend(this.down.cause, this.down.since, this.now, this.open?.symptom ?? 'none');
+    this.down = null;
+  }
+
+  /** Books the downtime so far to its cause and moves on to the next one. */
+  private setDown(cause: Cause): void {
+    if (this.training !== null) return;
+    if (this.down !== null) this.ledger.spend(this.down.cause, this.down.since, this.now, this.open?.symptom ?? 'none');
+    this.down = { cause, since: this.now };
+  }
+
+  private armClock(): void {
+    if (this.clock !== null || !Number.isFinite(this.uptimeLeftMs)) return;
+    this.clockToken += 1;
+    const token = this.clockToken;
+    this.clock = { since: this.now, token };
+    this.queue.schedule(this.now + this.uptimeLeftMs, () => {
+      if (this.clock?.token === token) this.onIncident();
+    });
+  }
+
+  private pauseClock(): void {
+    if (this.clock === null) return;
+    this.uptimeLeftMs -= this.now - this.clock.since;
+    this.clock = null;
+  }
+
+  /** Runs `then` after `seconds` of world time, as an activity the job is waiting on. */
+  private after(seconds: number, then: () => void): void {
+    this.pending += 1;
+    this.queue.schedule(this.now + seconds * S, () => {
+      this.pending -= 1;
+      then();
+    });
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // Incidents
+
+  private onIncident(): void {
+    const incident = this.nextIncident;
+    this.clock = null;
+    this.nextIncident = this.source.next();
+    this.uptimeLeftMs = this.nextIncident.uptimeGapSeconds * S;
+    this.incidents += 1;
+    increment(this.incidentsBySymptom, incident.symptom.id);
+
+    const slot = Math.min(this.members.length - 1, Math.floor(incident.nodePick * this.members.length));
+    const reporter = this.members[slot] as string;
+    this.open = {
+      incident,
+      symptom: incident.symptom.id,
+      detectionSeconds: incident.symptom.detectionSeconds,
+      culprit: incident.root === 'node' ? reporter : null,
+      reporter,
+      bugActive: incident.root === 'user_code',
+    };
+
+    if (incident.signal === 'code_update') {
+      this.versions += 1;
+      this.feed({ type: 'code_update', time: this.now, version: `v${this.versions}`, urgent: incident.urgent });
+      // A lazy update leaves the job training (§6.1): nothing is open any more.
+      if (this.training !== null) {
+        this.open = null;
+        this.armClock();
+      }
+      return;
+    }
+    const detect = incident.symptom.detectionSeconds;
+    if (incident.signal === 'slowdown') {
+      // The job trains on at reduced speed until the decline is seen (§5.1 fail-slow).
+      if (this.training !== null) this.training.slowSince = this.now;
+      this.after(detect, () => this.fault('performance', [], 'MFU decline'));
+      return;
+    }
+    this.stopTraining(false);
+    switch (incident.signal) {
+      case 'machine':
+        this.after(detect, () => this.fault('machine', [reporter], `${incident.symptom.name} on ${reporter}`));
+        return;
+      case 'network': {
+        // Table 3: inspected every 30 s; §4.1: the second alert within 5 minutes evicts.
+        this.after(detect, () => this.fault('network', [reporter], `${incident.symptom.name} on ${reporter}`));
+        this.after(detect + this.t.networkAlertIntervalSeconds, () => this.fault('network', [reporter], `${incident.symptom.name} on ${reporter} again`));
+        return;
+      }
+      case 'crash':
+        this.after(detect, () => this.fault('crash', [reporter], `${incident.symptom.name} reported by ${reporter}`));
+        return;
+      case 'numerical':
+        this.after(detect, () => this.fault('numerical', [], 'NaN loss'));
+        return;
+      case 'hang':
+        this.after(detect, () => this.fault('performance', [], 'zero RDMA traffic for 10 minutes'));
+        return;
+    }
+  }
+
+  private fault(faultClass: FaultClass, nodes: string[], detail: string): void {
+    this.signals += 1;
+    this.feed({ type: 'fault', time: this.now, signalId: `sim-${this.signals}`, faultClass, nodes, detail });
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // The ladder and its steps
+
+  private feed(event: LadderEvent): void {
+    const { state, steps } = advance(this.ladder, event, this.config);
+    this.ladder = state;
+    this.carryOut(steps);
+    this.scheduleTicks();
+  }
+
+  private carryOut(steps: readonly LadderStep[]): void {
+    let started = false;
+    for (const step of steps) {
+      increment(this.ladderSteps, step.verb);
+      switch (step.verb) {
+        case 'stop':
+          if (this.open === null) {
+            // The ladder stopped the job with nothing open: a lazy update's window ran out (§6.1).
+            const code = symptomById('code_adjustment');
+            this.open = { incident: null, symptom: code.id, detectionSeconds: 0, culprit: null, reporter: '', bugActive: false };
+          }
+          this.stopTraining(this.open.incident === null || this.open.incident.signal === 'code_update');
+          break;
+        case 'evict':
+          this.evict(step.nodes ?? []);
+          break;
+        case 'rollback':
+          // §4.2 Rollback: the code goes back; a bug in the new code is gone with it.
+          if (this.open !== null) this.open.bugActive = false;
+          break;
+        case 'restart':
+        case 'reattempt':
+          this.relaunch();
+          started = true;
+          break;
+        case 'run_diagnostics':
+          this.diagnose();
+          started = true;
+          break;
+        case 'run_replay':
+          this.replay();
+          started = true;
+          break;
+        case 'analyze_stacks':
+          this.aggregate();
+          started = true;
+          break;
+        case 'page_human':
+          this.human();
+          started = true;
+          break;
+        case 'apply_update':
+        case 'quarantine':
+        case 'notify':
+        case 'tolerate':
+          break;
+      }
+    }
+    if (!started && this.ladder.scheduled !== null && this.training === null) this.setDown('backoff');
+  }
+
+  /** Held-back restarts and lazy updates fire on a tick at (or after) their time. */
+  private scheduleTicks(): void {
+    const times: number[] = [];
+    if (this.ladder.scheduled !== null) times.push(this.ladder.scheduled.notBefore);
+    if (this.ladder.pendingUpdate !== null && this.ladder.phase === 'running') times.push(Math.max(this.now, this.ladder.pendingUpdate.deadline));
+    for (const time of times) {
+      if (this.ticks.has(time)) continue;
+      this.ticks.add(time);
+      this.queue.schedule(time, () => {
+        this.ticks.delete(time);
+        this.feed({ type: 'tick', time: this.now });
+      });
+    }
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // What the steps do in the world
+
+  /** §6.2: the evicted machines leave the job; standbys (or cold nodes) take their slots. */
+  private evict(nodes: readonly string[]): void {
+    let replaced = 0;
+    for (const node of nodes) {
+      const slot = this.slots.get(node);
+      if (slot === undefined) continue;
+      this.spares += 1;
+      const spare = `spare-${String(this.spares).padStart(5, '0')}`;
+      this.members[slot] = spare;
+      this.slots.delete(node);
+      this.slots.set(spare, slot);
+      replaced += 1;
+    }
+    const { cold } = this.pool.replace(replaced, this.now);
+    const before = this.evicted ?? { nodes: 0, cold: 0 };
+    this.evicted = { nodes: before.nodes + replaced, cold: before.cold + cold };
+  }
+
+  private relaunch(): void {
+    const evicted = this.evicted;
+    this.evicted = null;
+    let seconds: number;
+    if (evicted !== null && evicted.nodes > 0) {
+      // §8.2.1: the shortfall is rescheduled; training waits for the slowest replacement.
+      const relaunch = evicted.cold > 0 ? this.t.coldRelaunchSeconds : this.t.warmRelaunchSeconds;
+      seconds = this.t.evictSeconds + relaunch;
+      this.scheduling.push(seconds);
+      this.setDown(evicted.cold > 0 ? 'cold_provisioning' : 'standby_activation');
+    } else {
+      seconds = this.t.inPlaceRestartSeconds;
+      this.setDown('restart');
+    }
+    this.after(seconds, () => {
+      this.setDown('reload');
+      this.after(this.t.localReloadSeconds, () => this.resumed());
+    });
+  }
+
+  /** The relaunched job reloaded its checkpoint: it trains if its fault is gone, else fails again. */
+  private resumed(): void {
+    const open = this.open;
+    const fixed = open === null || ((open.culprit === null || !this.slots.has(open.culprit)) && !open.bugActive);
+    if (fixed) {
+      increment(this.resolvedBy, this.resolution(open));
+      this.endDowntime();
+      this.open = null;
+      this.startTraining();
+      this.feed({ type: 'restart_succeeded', time: this.now });
+      return;
+    }
+    this.setDown('failed_restart');
+    this.after(this.t.refailSeconds, () => {
+      this.setDown('detection');
+      this.after(open.detectionSeconds, () => this.feed({ type: 'restart_failed', time: this.now, detail: `${open.symptom} again` }));
+    });
+  }
+
+  private resolution(open: OpenIncident | null): string {
+    const incident = this.ladder.incident;
+    if (open === null || open.incident === null || open.incident.signal === 'code_update' || incident === null) return 'hot_update';
+    switch (incident.rung) {
+      case 'evict':
+        if (incident.tried.replay > 0) return 'replay';
+        if (open.incident.signal === 'hang' || open.incident.signal === 'slowdown') return 'analyzer_eviction';
+        return incident.tried.diagnose > 0 ? 'diagnosed_eviction' : 'direct_eviction';
+      case 'update':
+        return 'hot_update';
+      default:
+        return incident.rung;
+    }
+  }
+
+  /** §4.2 Diagnose (and §4.3 bit-wise alignment for NaN): names the bad machine if the tests catch it. */
+  private diagnose(): void {
+    const open = this.open;
+    this.setDown('diagnosis');
+    const seconds = open?.incident?.signal === 'numerical' ? this.t.nanDiagnosticsSeconds : this.t.diagnosticsSeconds;
+    const found = open !== null && open.culprit !== null && open.incident?.diagnosticsFind === true && this.slots.has(open.culprit);
+    this.after(seconds, () => this.feed({ type: 'diagnostics_result', time: this.now, suspects: found && open.culprit !== null ? [open.culprit] : [] }));
+  }
+
+  /** §4.2 Dual-phase replay: isolates the bad machine when there is one. */
+  private replay(): void {
+    const culprit = this.open?.culprit ?? null;
+    this.setDown('replay');
+    this.after(this.t.replaySeconds, () => this.feed({ type: 'replay_result', time: this.now, culprits: culprit !== null && this.slots.has(culprit) ? [culprit] : [] }));
+  }
+
+  /**
+   * §5.1 aggregation: the outlier stacks point at a parallel group, which comes back to the ladder
+   * as a machine fault naming the whole group (over-eviction). A hang in the code still has ranks
+   * that stalled first, so it names a group too; the crash after that eviction sends it to rollback (§4.2 step ⑦).
+   */
+  private aggregate(): void {
+    const open = this.open;
+    if (open === null) return;
+    const slowdown = open.incident?.signal === 'slowdown';
+    if (!slowdown) this.setDown('diagnosis');
+    const size = Math.max(1, Math.min(this.params.overEvictionGroupSize, this.members.length));
+    const at = this.slots.get(open.reporter) ?? 0;
+    const first = Math.min(this.members.length - size, Math.floor(at / size) * size);
+    const group = this.members.slice(first, first + size);
+    const seconds = slowdown ? this.t.slowdownAggregationSeconds : this.t.hangAggregationSeconds;
+    this.after(seconds, () => this.fault('machine', group, `stack aggregation isolated ${group.length} machines`));
+  }
+
+  /** A person takes over: finds and fixes whatever is wrong, then relaunches. */
+  private human(): void {
+    this.setDown('human');
+    this.after(this.t.humanSeconds, () => {
+      const open = this.open;
+      if (open !== null) {
+        open.bugActive = false;
+        if (open.culprit !== null && this.slots.has(open.culprit)) this.evict([open.culprit]);
+      }
+      this.relaunch();
+    });
+  }
+
+  // -------------------------------------------------------------------------------------------
+
+  private checkNotStalled(): void {
+    if (this.training !== null || this.pending > 0 || this.ladder.scheduled !== null) return;
+    throw new Error(`ETTR simulation stalled at ${new Date(this.now).toISOString()}: the job is down, no action is under way and the ladder holds nothing (phase ${this.ladder.phase})`);
+  }
+
+  private progress(): void {
+    const onProgress = this.options.onProgress;
+    if (onProgress === undefined) return;
+    const percent = Math.floor(((this.now - SIM_START_MS) / (this.end - SIM_START_MS)) * 100);
+    if (percent > this.lastProgress) {
+      this.lastProgress = percent;
+      onProgress(percent / 100);
+    }
+  }
+}
