@@ -29,7 +29,7 @@ function splitTopLevel(list: string): string[] {
   for (const char of list.trim()) {
     if (char === '[') depth += 1;
     if (char === ']') depth -= 1;
-    if (depth < 0) throw new DoNotRetryError(`hostlist ${JSON.stringify(list)} has an unmatched "]"`);
+    if (depth < 0) throw new DoNotRetryError(`hostlist ${JSON.stringify(list.slice(0, 80))} has an unmatched "]"`);
     if (char === ',' && depth === 0) {
       items.push(current.trim());
       current = '';
@@ -37,35 +37,52 @@ function splitTopLevel(list: string): string[] {
       current += char;
     }
   }
-  if (depth !== 0) throw new DoNotRetryError(`hostlist ${JSON.stringify(list)} has an unmatched "["`);
+  if (depth !== 0) throw new DoNotRetryError(`hostlist ${JSON.stringify(list.slice(0, 80))} has an unmatched "["`);
   items.push(current.trim());
   return items;
 }
 
+/** Expands one item's bracket groups left to right; the first group varies slowest, as Slurm prints them. */
 function expandItem(item: string): string[] {
-  const open = item.indexOf('[');
-  if (open === -1) return [item];
-  const close = item.indexOf(']', open);
-  const prefix = item.slice(0, open);
-  const rests = expandItem(item.slice(close + 1));
-  const out: string[] = [];
-  for (const part of item.slice(open + 1, close).split(',')) {
-    for (const value of expandRange(part.trim(), item)) {
-      for (const rest of rests) out.push(`${prefix}${value}${rest}`);
+  let names = [''];
+  let rest = item;
+  while (rest !== '') {
+    const open = rest.indexOf('[');
+    if (open === -1) {
+      const tail = rest;
+      names = names.map((name) => `${name}${tail}`);
+      break;
     }
+    const close = rest.indexOf(']', open);
+    if (close === -1) throw new DoNotRetryError(`hostlist item ${JSON.stringify(item.slice(0, 80))} has an unmatched "["`);
+    const prefix = rest.slice(0, open);
+    const values = expandGroup(rest.slice(open + 1, close), item);
+    // Groups multiply: check the product before building it (n[0-99999][0-99999] is 10^10 names).
+    if (names.length * values.length > MAX_NAMES) throw new DoNotRetryError(`hostlist item ${JSON.stringify(item.slice(0, 80))} expands to more than ${MAX_NAMES} names`);
+    const next: string[] = [];
+    for (const name of names) {
+      for (const value of values) next.push(`${name}${prefix}${value}`);
+    }
+    names = next;
+    rest = rest.slice(close + 1);
   }
-  return out;
+  return names;
 }
 
-function expandRange(range: string, item: string): string[] {
-  const match = /^(\d+)(?:-(\d+))?$/.exec(range);
-  if (!match) throw new DoNotRetryError(`hostlist item ${JSON.stringify(item)} has a bad range ${JSON.stringify(range)}`);
-  const [, low = '', high = low] = match;
-  const [from, to] = [Number(low), Number(high)];
-  if (to < from) throw new DoNotRetryError(`hostlist item ${JSON.stringify(item)} has a descending range ${range}`);
-  if (to - from > MAX_NAMES) throw new DoNotRetryError(`hostlist item ${JSON.stringify(item)} has a range wider than ${MAX_NAMES}`);
-  const width = low.length;
+/** The values of one bracket group (`01-03,07`), at most MAX_NAMES of them. */
+function expandGroup(group: string, item: string): string[] {
   const values: string[] = [];
-  for (let value = from; value <= to; value += 1) values.push(String(value).padStart(width, '0'));
+  for (const part of group.split(',')) {
+    const range = part.trim();
+    const match = /^(\d+)(?:-(\d+))?$/.exec(range);
+    if (!match) throw new DoNotRetryError(`hostlist item ${JSON.stringify(item.slice(0, 80))} has a bad range ${JSON.stringify(range.slice(0, 80))}`);
+    const [, low = '', high = low] = match;
+    const [from, to] = [Number(low), Number(high)];
+    // Past 2^53 `value += 1` stops changing the number, and the loop below would never end.
+    if (!Number.isSafeInteger(from) || !Number.isSafeInteger(to)) throw new DoNotRetryError(`hostlist item ${JSON.stringify(item.slice(0, 80))} has a number too large in ${JSON.stringify(range.slice(0, 80))}`);
+    if (to < from) throw new DoNotRetryError(`hostlist item ${JSON.stringify(item.slice(0, 80))} has a descending range ${range.slice(0, 80)}`);
+    if (values.length + (to - from + 1) > MAX_NAMES) throw new DoNotRetryError(`hostlist item ${JSON.stringify(item.slice(0, 80))} has ranges wider than ${MAX_NAMES}`);
+    for (let value = from; value <= to; value += 1) values.push(String(value).padStart(low.length, '0'));
+  }
   return values;
 }

@@ -13,6 +13,7 @@ import {
   type V1Taint,
 } from '@kubernetes/client-node';
 import { DoNotRetryError, RetryLaterError, errorMessage } from '../core/errors.js';
+import { EQUALITY_SELECTOR_RULE, isEqualityLabelSelector, isLabelValue, isNamespace } from '../core/kubernetes-names.js';
 import { NODE_NAME_PATTERN } from '../core/names.js';
 import type { ClusterBackend, NodeState } from './backend.js';
 
@@ -40,8 +41,6 @@ export interface KubernetesBackendOptions {
 
 /** Kubernetes node names are lower-case DNS subdomains (RFC 1123), stricter than core/names.ts. */
 const KUBERNETES_NODE_NAME = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
-/** A label value: at most 63 characters, alphanumeric at both ends (apimachinery IsValidLabelValue). */
-const LABEL_VALUE = /^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$/;
 /** Annotations may hold 256 KiB in all; a reason is for people reading `kubectl describe node`. */
 const MAX_REASON_LENGTH = 1024;
 /** The kubelet marks the API copy of a static pod with this; evicting it does nothing. */
@@ -212,7 +211,7 @@ export class KubernetesBackend implements ClusterBackend {
 
   private checkNode(node: string): void {
     if (!NODE_NAME_PATTERN.test(node) || !KUBERNETES_NODE_NAME.test(node)) {
-      throw new DoNotRetryError(`refusing to send invalid node name ${JSON.stringify(node)} to Kubernetes (lower-case DNS name expected)`);
+      throw new DoNotRetryError(`refusing to send invalid node name ${JSON.stringify(node.slice(0, 80))} to Kubernetes (lower-case DNS name expected)`);
     }
   }
 
@@ -326,7 +325,7 @@ export class KubernetesBackend implements ClusterBackend {
 
   async activateStandby(node: string, job: string): Promise<void> {
     this.checkNode(node);
-    if (!LABEL_VALUE.test(job)) {
+    if (!isLabelValue(job)) {
       throw new DoNotRetryError(
         `job ${JSON.stringify(job)} cannot be a Kubernetes label value: 1-63 letters, digits, "-", "_" or ".", alphanumeric at both ends`,
       );
@@ -350,9 +349,9 @@ export class KubernetesBackend implements ClusterBackend {
    * controller (Job, PyTorchJob, JobSet …) recreate them on the nodes now in service.
    */
   async relaunchWorkload(namespace: string, podSelector: string): Promise<number> {
-    if (!/^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/.test(namespace)) throw new DoNotRetryError(`refusing invalid namespace ${JSON.stringify(namespace)}`);
-    if (!/^[A-Za-z0-9./_-]+(=|==|!=)[A-Za-z0-9._-]*(,[A-Za-z0-9./_-]+(=|==|!=)[A-Za-z0-9._-]*)*$/.test(podSelector)) {
-      throw new DoNotRetryError(`refusing pod selector ${JSON.stringify(podSelector)}: equality selectors only, e.g. job-name=llama`);
+    if (!isNamespace(namespace)) throw new DoNotRetryError(`refusing invalid namespace ${JSON.stringify(namespace.slice(0, 80))}`);
+    if (!isEqualityLabelSelector(podSelector)) {
+      throw new DoNotRetryError(`refusing pod selector ${JSON.stringify(podSelector.slice(0, 200))}: ${EQUALITY_SELECTOR_RULE}`);
     }
     let pods: number;
     try {

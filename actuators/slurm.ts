@@ -67,7 +67,7 @@ export class SlurmBackend implements ClusterBackend {
   }
 
   private checkNode(node: string): void {
-    if (!NODE_NAME_PATTERN.test(node)) throw new DoNotRetryError(`refusing to pass invalid node name ${JSON.stringify(node)} to Slurm`);
+    if (!NODE_NAME_PATTERN.test(node)) throw new DoNotRetryError(`refusing to pass invalid node name ${JSON.stringify(node.slice(0, 80))} to Slurm`);
   }
 
   async nodeState(node: string): Promise<NodeState> {

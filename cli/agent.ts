@@ -6,7 +6,7 @@ import { InputError } from '../core/errors.js';
 import { createLogger, type Logger } from '../core/log.js';
 import { nodeNameSchema } from '../core/names.js';
 import type { CollectorFactory, CollectorFlag, CollectorSettings } from '../exporters/collector.js';
-import { createAgent, type AgentOptions } from '../exporters/agent.js';
+import { DEFAULT_AGENT_RATE_LIMIT, createAgent, type AgentOptions } from '../exporters/agent.js';
 import { EXIT_USAGE } from './common.js';
 import { COLLECTOR_FACTORIES, enabledFactories } from '../exporters/index.js';
 
@@ -61,6 +61,8 @@ const flagsSchema = z.object({
     .optional(),
   'controller.tokenFile': z.string().min(1, 'must not be empty').optional(),
   'web.tokenFile': z.string().min(1, 'must not be empty').optional(),
+  'web.rateLimit': z.coerce.number({ message: 'must be a number of requests per second' }).min(0, 'must be at least 0 (0: no limit)').max(100_000, 'must be at most 100000'),
+  'web.rateBurst': z.coerce.number({ message: 'must be a whole number' }).int('must be a whole number').min(1, 'must be at least 1').max(100_000, 'must be at most 100000'),
   once: z.boolean().default(false),
 });
 
@@ -133,6 +135,7 @@ export function agentSettingsFromFlags(
     controllerUrl,
     controllerToken,
     apiToken: options['web.tokenFile'] ? resolveToken({ tokenFile: options['web.tokenFile'] }, '--web.token-file') : undefined,
+    rateLimit: { requestsPerSecond: options['web.rateLimit'], burst: options['web.rateBurst'] },
     settings: collectorSettings(flags, factories),
     once: options.once,
   };
@@ -155,6 +158,8 @@ export function agentCommand(io: Partial<AgentCommandIo> = {}): Command {
     .option('--controller.url <url>', 'controller base URL for fast-path events (none: no fast path)')
     .option('--controller.token-file <file>', `file holding the controller bearer token (default: $${AGENT_TOKEN_ENV})`)
     .option('--web.token-file <file>', 'bearer token required on the agent\'s POST endpoints (/api/v1/training, /api/v1/trace)')
+    .option('--web.rate-limit <per-second>', 'requests per second each client may send to the POST endpoints; more answer 429 (0: no limit)', String(DEFAULT_AGENT_RATE_LIMIT.requestsPerSecond))
+    .option('--web.rate-burst <requests>', 'requests a client may send at once before --web.rate-limit applies', String(DEFAULT_AGENT_RATE_LIMIT.burst))
     .option('--once', 'print one scrape to stdout and exit');
   for (const factory of factories) {
     command.option(`--collector.${factory.name}`, `enable the ${factory.name} collector: ${factory.help} (default: ${factory.defaultEnabled ? 'enabled' : 'disabled'})`);

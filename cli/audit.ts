@@ -21,7 +21,7 @@ export function auditCommand(): Command {
       await runCommand(async () => {
         const config = loadConfig({ file: options.config });
         const query = parseOrThrow(auditQuerySchema, { limit: options.limit, type: options.type, node: options.node }, 'audit options');
-        const redis = workerConnection(config.redis.url, { maxRetriesPerRequest: 1, enableOfflineQueue: true });
+        const redis = workerConnection(config.redis, { maxRetriesPerRequest: 1, enableOfflineQueue: true });
         try {
           const entries = await new AuditLog(redis, new Keys(config.redis.prefix)).read(query);
           for (const entry of entries) process.stdout.write(`${options.json ? JSON.stringify(entry) : formatAuditEntry(entry)}\n`);

@@ -13,7 +13,7 @@ export function jobsCommand(): Command {
     .action(async (options: { config?: string; json?: boolean }) => {
       await runCommand(async () => {
         const config = loadConfig({ file: options.config });
-        const redis = workerConnection(config.redis.url, { maxRetriesPerRequest: 1 });
+        const redis = workerConnection(config.redis, { maxRetriesPerRequest: 1 });
         try {
           const store = new JobStore(redis, new Keys(config.redis.prefix));
           const jobs = await Promise.all((await store.list()).map(async (record) => ({ ...record, ettr: await store.ettr(record.spec.name) })));

@@ -6,7 +6,7 @@ import { runCommand } from './common.js';
 
 async function withGates(configFile: string | undefined, work: (gates: SafetyGates, config: Config) => Promise<void>): Promise<void> {
   const config = loadConfig({ file: configFile });
-  const redis = workerConnection(config.redis.url, { maxRetriesPerRequest: 1 });
+  const redis = workerConnection(config.redis, { maxRetriesPerRequest: 1 });
   try {
     const gates = new SafetyGates(
       redis,

@@ -97,7 +97,7 @@ export function queuesCommand(): Command {
       await runCommand(async () => {
         const config = loadConfig({ file: options.config });
         // Gives up after a few reconnects: BullMQ otherwise waits for a ready connection forever.
-        const redis = workerConnection(config.redis.url, {
+        const redis = workerConnection(config.redis, {
           maxRetriesPerRequest: 1,
           enableOfflineQueue: true,
           connectTimeout: 2000,

@@ -22,7 +22,7 @@ export function resumeCommand(): Command {
       await runCommand(async () => {
         const node = parseOrThrow(nodeNameSchema, nodeArgument, 'node');
         const config = loadConfig({ file: options.config });
-        const redis = workerConnection(config.redis.url, { maxRetriesPerRequest: 1 });
+        const redis = workerConnection(config.redis, { maxRetriesPerRequest: 1 });
         try {
           const keys = new Keys(config.redis.prefix);
           const backend = createBackend(config, redis, keys);

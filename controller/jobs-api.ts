@@ -1,7 +1,7 @@
 import express, { type Request, type Response } from 'express';
 import { z } from 'zod';
 import { InputError, StoreUnavailableError } from '../core/errors.js';
-import { jobNameSchema } from '../core/job.js';
+import { codeVersionSchema, jobNameSchema } from '../core/job.js';
 import { nodeNameSchema } from '../core/names.js';
 import { parseOrThrow } from '../core/validate.js';
 import type { ClusterBackend } from '../actuators/backend.js';
@@ -19,7 +19,7 @@ import type { MicrobatchBoard } from './microbatches.js';
  */
 const codeUpdateSchema = z
   .object({
-    version: z.string().min(1).max(128),
+    version: codeVersionSchema,
     /** Urgent (a bug fix): stop and apply now; otherwise at the next failure or within 24 h (ByteRobust §6.1). */
     urgent: z.boolean().default(false),
   })

@@ -3,6 +3,7 @@ import express, { type NextFunction, type Request, type Response } from 'express
 import type { AuditLog } from '../core/audit.js';
 import { auditQuerySchema } from '../core/audit.js';
 import { InputError, StoreUnavailableError, errorMessage } from '../core/errors.js';
+import { ClientRateLimiter, rateLimitMessage, type RateLimitSettings } from '../core/rate-limit.js';
 import { fastPathBodySchema } from '../core/fast-path.js';
 import type { Logger } from '../core/log.js';
 import type { Signal } from '../core/signal.js';
@@ -16,6 +17,8 @@ import { mountQueueBoard } from './queue-board.js';
 export interface ServerDeps {
   readonly token: string;
   readonly bodyLimitBytes: number;
+  /** Per-client limit on every write (POST, PUT, PATCH, DELETE) under /api/v1; absent or 0 per second: none. */
+  readonly rateLimit?: RateLimitSettings | undefined;
   readonly enqueue: (signals: readonly Signal[]) => Promise<void>;
   readonly audit: AuditLog;
   readonly redisUp: () => Promise<boolean>;
@@ -27,11 +30,30 @@ export interface ServerDeps {
   readonly queues?: Queue[];
 }
 
-/** Body-parser errors carry an HTTP status; anything else is ours. */
+/** Body-parser and router errors carry an HTTP status; anything else is ours. */
 function httpStatusOf(error: unknown): number | undefined {
-  const status = (error as { status?: unknown }).status;
+  const status = typeof error === 'object' && error !== null ? (error as { status?: unknown }).status : undefined;
   return typeof status === 'number' && status >= 400 && status < 600 ? status : undefined;
 }
+
+/** body-parser's name for "the body is not JSON" (its other 4xx are about size, encoding, charset). */
+function isJsonSyntaxError(error: unknown): boolean {
+  return typeof error === 'object' && error !== null && (error as { type?: unknown }).type === 'entity.parse.failed';
+}
+
+/** The API's endpoints by the last fixed word of their path; a metric label must not echo what a client typed. */
+const ENDPOINT_LABELS = new Set(['alerts', 'signals', 'audit', 'jobs', 'checkpoints', 'restore-plan', 'microbatches', 'code-updates', 'standby', 'self-check', 'queues']);
+
+function endpointLabel(req: Request): string {
+  const words = req.originalUrl.split('?')[0]?.split('/') ?? [];
+  for (let index = words.length - 1; index >= 0; index -= 1) {
+    const word = words[index] as string;
+    if (ENDPOINT_LABELS.has(word)) return word;
+  }
+  return 'other';
+}
+
+const READ_METHODS = new Set(['GET', 'HEAD', 'OPTIONS']);
 
 /**
  * The controller's HTTP surface. Writes answer 2xx only after the signals are in Redis; when
@@ -41,7 +63,7 @@ export function createApp(deps: ServerDeps): express.Express {
   const { metrics, logger } = deps;
   const app = express();
   app.disable('x-powered-by');
-  const auth = bearerAuth(deps.token, (req) => metrics.requestsRejected.inc({ endpoint: req.path.split('/').pop() ?? 'unknown', reason: 'unauthorized' }));
+  const auth = bearerAuth(deps.token, (req) => metrics.requestsRejected.inc({ endpoint: endpointLabel(req), reason: 'unauthorized' }));
   const json = express.json({ limit: deps.bodyLimitBytes, type: () => true });
 
   function reject(res: Response, endpoint: string, status: number, reason: string, message: string): void {
@@ -73,6 +95,18 @@ export function createApp(deps: ServerDeps): express.Express {
   app.get('/metrics', async (_req, res) => {
     res.set('Content-Type', metrics.registry.contentType).send(await metrics.registry.metrics());
   });
+
+  // Before authentication, so that guessing tokens is throttled as well.
+  const limiter = deps.rateLimit && deps.rateLimit.requestsPerSecond > 0 ? new ClientRateLimiter(deps.rateLimit) : undefined;
+  if (limiter) {
+    app.use('/api/v1', (req, res, next) => {
+      if (READ_METHODS.has(req.method)) return next();
+      const decision = limiter.take(req.socket.remoteAddress ?? 'unknown');
+      if (decision.allowed) return next();
+      res.set('Retry-After', String(decision.retryAfterSeconds));
+      reject(res, endpointLabel(req), 429, 'rate_limited', rateLimitMessage(limiter.settings, decision.retryAfterSeconds));
+    });
+  }
 
   app.post('/api/v1/alerts', auth, json, async (req, res) => {
     const parsed = webhookPayloadSchema.safeParse(req.body);
@@ -121,12 +155,16 @@ export function createApp(deps: ServerDeps): express.Express {
   });
 
   app.use((error: unknown, req: Request, res: Response, _next: NextFunction) => {
-    const endpoint = req.path.split('/').pop() ?? 'unknown';
+    const endpoint = endpointLabel(req);
     const status = httpStatusOf(error);
-    if (status === 413) {
+    if (res.headersSent) {
+      // Too late for an answer: the client sees the connection end instead of a half response.
+      logger.warn({ err: errorMessage(error), path: req.path }, 'request failed after its answer began');
+      res.destroy();
+    } else if (status === 413) {
       reject(res, endpoint, 413, 'too_large', `request body larger than ${deps.bodyLimitBytes} bytes`);
     } else if (status !== undefined && status < 500) {
-      reject(res, endpoint, status, 'unreadable', `request body is not valid JSON: ${errorMessage(error)}`);
+      reject(res, endpoint, status, 'unreadable', isJsonSyntaxError(error) ? `request body is not valid JSON: ${errorMessage(error)}` : `unreadable request: ${errorMessage(error)}`);
     } else if (error instanceof InputError) {
       reject(res, endpoint, 400, 'invalid', error.message);
     } else {

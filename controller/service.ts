@@ -7,7 +7,7 @@ import type { Config } from '../core/config.js';
 import { resolveToken } from '../core/config.js';
 import { errorMessage } from '../core/errors.js';
 import type { Logger } from '../core/log.js';
-import { Keys, QUEUE_NAMES, intakeConnection, isRedisUp, workerConnection, type Redis } from '../core/redis.js';
+import { Keys, QUEUE_NAMES, intakeConnection, isRedisUp, redactedRedisUrl, workerConnection, type Redis } from '../core/redis.js';
 import type { ClusterBackend } from '../actuators/backend.js';
 import { DryRunBackend } from '../actuators/dry-run.js';
 import { createDrainProcessor, type ActionJob } from '../actuators/drain.js';
@@ -107,8 +107,8 @@ export class Controller {
     // Read before any connection opens, so a missing token file leaves nothing to close.
     const grafanaToken = config.grafana ? resolveToken(config.grafana, 'grafana') : undefined;
     this.keys = new Keys(config.redis.prefix);
-    this.intakeRedis = intakeConnection(config.redis.url);
-    this.workerRedis = workerConnection(config.redis.url);
+    this.intakeRedis = intakeConnection(config.redis);
+    this.workerRedis = workerConnection(config.redis);
     for (const [name, connection] of [['intake', this.intakeRedis], ['worker', this.workerRedis]] as const) {
       connection.on('error', (error: Error) => options.logger.warn({ connection: name, err: error.message }, 'Redis connection error'));
     }
@@ -194,6 +194,7 @@ export class Controller {
     const app = createApp({
       token,
       bodyLimitBytes: config.controller.bodyLimitBytes,
+      rateLimit: config.controller.rateLimit,
       enqueue: (signals) => this.intake.enqueue(signals),
       audit: new AuditLog(this.intakeRedis, this.keys, config.controller.auditMaxLength),
       redisUp: () => isRedisUp(this.intakeRedis),
@@ -224,11 +225,11 @@ export class Controller {
         resolve(true);
       });
     });
-    if (!ready) this.options.logger.warn({ url: this.options.config.redis.url }, 'Redis not reachable yet; intake answers 503 until it is');
+    if (!ready) this.options.logger.warn({ url: redactedRedisUrl(this.options.config.redis.url) }, 'Redis not reachable yet; intake answers 503 until it is');
   }
 
   private ownConnection(): Redis {
-    const connection = workerConnection(this.options.config.redis.url);
+    const connection = workerConnection(this.options.config.redis);
     connection.on('error', (error: Error) => this.options.logger.warn({ err: error.message }, 'Redis connection error'));
     this.workerConnections.push(connection);
     return connection;

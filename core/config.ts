@@ -16,15 +16,37 @@ const hostSchema = z.string().min(1).max(255);
 const int = () => z.coerce.number<unknown>().int();
 const portSchema = int().min(0).max(65535);
 
+/** Whether a redis:// URL carries a password (`redis://:secret@host`, `redis://user:secret@host`). */
+function urlHasPassword(url: string): boolean {
+  try {
+    return new URL(url).password !== '';
+  } catch {
+    return false;
+  }
+}
+
 export const configSchema = z
   .object({
     redis: z
       .object({
-        url: z.string().regex(/^rediss?:\/\//, 'must start with redis:// or rediss://').default('redis://127.0.0.1:6379'),
+        url: z
+          .string()
+          .regex(/^rediss?:\/\//, 'must start with redis:// or rediss://')
+          .refine((url) => URL.canParse(url), 'is not a valid URL')
+          .default('redis://127.0.0.1:6379'),
         /** Key prefix for queues, the audit stream and state keys; lets two installations share a Redis. */
         prefix: z.string().regex(/^[A-Za-z0-9_-]+$/, 'letters, digits, "_" and "-" only').default('steadfast'),
+        /** File holding the Redis password (AUTH; a user name may stay in the URL), read at start; keeps the password out of the config. */
+        passwordFile: z.string().min(1).optional(),
+        /** TLS settings for a rediss:// URL: the CA bundle (PEM) that signed the server's certificate, when not a public one. */
+        tls: z.object({ caFile: z.string().min(1).optional() }).strict().optional(),
       })
       .strict()
+      .refine((redis) => redis.passwordFile === undefined || !urlHasPassword(redis.url), {
+        message: 'give the password in the URL or in passwordFile, not both',
+        path: ['passwordFile'],
+      })
+      .refine((redis) => redis.tls === undefined || redis.url.startsWith('rediss://'), { message: 'tls settings need a rediss:// URL', path: ['tls'] })
       .prefault({}),
     controller: z
       .object({
@@ -37,6 +59,19 @@ export const configSchema = z
         tokenFile: z.string().min(1).optional(),
         /** Approximate length the audit stream is trimmed to. */
         auditMaxLength: int().min(100).default(100_000),
+        /**
+         * Per-client (remote address) token bucket on the write endpoints: a client past it gets
+         * 429 with Retry-After. requestsPerSecond 0 turns it off (behind a proxy every client is the
+         * proxy). The burst is wide because Alertmanager sends one webhook per alert group at once
+         * and does not retry a 429 (only a 5xx): a rack-wide fault must fit in it.
+         */
+        rateLimit: z
+          .object({
+            requestsPerSecond: z.coerce.number<unknown>().min(0).max(100_000).default(50),
+            burst: int().min(1).max(100_000).default(500),
+          })
+          .strict()
+          .prefault({}),
       })
       .strict()
       .prefault({}),

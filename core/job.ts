@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import { InputError } from './errors.js';
+import { EQUALITY_SELECTOR_RULE, isEqualityLabelSelector, isNamespace } from './kubernetes-names.js';
 import { nodeNameSchema } from './names.js';
 import { Topology, topologySpecSchema } from './topology.js';
 import { parseOrThrow } from './validate.js';
@@ -12,6 +13,25 @@ import { parseOrThrow } from './validate.js';
 export const JOB_NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;
 export const jobNameSchema = z.string().regex(JOB_NAME_PATTERN, 'must be 1-63 letters, digits, ".", "_" or "-", starting with a letter or digit');
 
+/**
+ * A code version (a tag, a commit, a path-like release name). It is substituted into the
+ * launcher's argv as `{version}`, so it may not look like an option (a leading "-") and holds
+ * no space, control character or shell metacharacter.
+ */
+export const CODE_VERSION_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._+:@/-]{0,127}$/;
+export const codeVersionSchema = z
+  .string()
+  .regex(CODE_VERSION_PATTERN, 'must be 1-128 letters, digits, ".", "_", "+", ":", "@", "/" or "-", starting with a letter or digit')
+  // A version may name a path (release/2.1); it must not climb out of one (as git refuses ".." in ref names).
+  .refine((version) => !version.includes('..'), 'must not contain ".."');
+
+/** One argv element as written by the operator: no NUL (execve cannot pass it) and no other control character. */
+const launcherArgSchema = z
+  .string()
+  .min(1)
+  .max(1024)
+  .regex(/^[^\u0000-\u001f\u007f]*$/, 'must not contain control characters (NUL, newline, …)');
+
 /** Placeholders a Slurm launcher's argv may use; each becomes exactly one argument. */
 export const LAUNCHER_PLACEHOLDERS = ['{job}', '{nodes}', '{version}'] as const;
 
@@ -20,35 +40,44 @@ export const launcherSchema = z.discriminatedUnion('kind', [
     .object({
       kind: z.literal('slurm'),
       /** argv run to (re)start the job, e.g. ["sbatch", "--nodelist={nodes}", "train.sh", "{version}"]; never a shell string. */
-      command: z.array(z.string().min(1).max(1024)).min(1).max(64),
+      command: z.array(launcherArgSchema).min(1).max(64),
       /**
        * Optional argv that runs a short replay of the job on one group of machines ({nodes})
        * and exits 0 when it trains correctly there; dual-phase replay (ByteRobust §4.2,
        * Algorithm 1) runs it on horizontal then vertical groups. Without it, replay is skipped.
        */
-      replay: z.array(z.string().min(1).max(1024)).min(1).max(64).optional(),
+      replay: z.array(launcherArgSchema).min(1).max(64).optional(),
     })
     .strict(),
   z
     .object({
       kind: z.literal('kubernetes'),
-      namespace: z.string().regex(/^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/, 'must be a Kubernetes namespace name'),
+      namespace: z.string().refine(isNamespace, 'must be a Kubernetes namespace name (1-63 lower-case letters, digits or "-")'),
       /** The workload that runs the job, e.g. `jobs.batch/llama` or `pytorchjobs.kubeflow.org/llama`. */
-      workload: z.string().regex(/^[a-z0-9.-]+\/[a-z0-9]([-a-z0-9]*[a-z0-9])?$/, 'must be <resource>/<name>'),
+      workload: z.string().max(512).regex(/^[a-z0-9.-]+\/[a-z0-9]([-a-z0-9]*[a-z0-9])?$/, 'must be <resource>/<name>'),
       /** Label selector of the workload's pods; a relaunch deletes them and their controller recreates them. */
-      podSelector: z.string().regex(/^[A-Za-z0-9./_-]+=[A-Za-z0-9._-]*(,[A-Za-z0-9./_-]+=[A-Za-z0-9._-]*)*$/, 'must be an equality label selector like training.kubeflow.org/job-name=llama'),
+      podSelector: z.string().refine(isEqualityLabelSelector, EQUALITY_SELECTOR_RULE),
     })
     .strict(),
 ]);
 
 export type Launcher = z.infer<typeof launcherSchema>;
 
-/** A Slurm launcher's argv with its placeholders filled: each stays one argument, never a shell word. */
+/**
+ * A Slurm launcher's argv with its placeholders filled: each stays one argument, never a shell
+ * word. The values are checked again here, whatever stored them, so that nothing read back from
+ * Redis can put an option or a control character into a command; throws InputError before
+ * anything runs.
+ */
 export function launchArgv(
   launcher: Extract<Launcher, { kind: 'slurm' }>,
   values: { job: string; nodes: readonly string[]; version: string },
   argv: readonly string[] = launcher.command,
 ): string[] {
+  parseOrThrow(jobNameSchema, values.job, 'launcher {job}');
+  parseOrThrow(z.array(nodeNameSchema).min(1), values.nodes, 'launcher {nodes}');
+  parseOrThrow(codeVersionSchema, values.version, 'launcher {version}');
+  parseOrThrow(z.array(launcherArgSchema).min(1), argv, 'launcher argv');
   return argv.map((arg) => arg.replaceAll('{job}', values.job).replaceAll('{nodes}', values.nodes.join(',')).replaceAll('{version}', values.version));
 }
 
@@ -63,7 +92,7 @@ export const jobSpecSchema = z
      */
     topology: z.record(z.string(), z.unknown()).optional(),
     launcher: launcherSchema,
-    codeVersion: z.string().min(1).max(128),
+    codeVersion: codeVersionSchema,
     /**
      * Micro-batches per iteration over all DP groups, for fail-slow rebalancing (Greyhound §5.2,
      * S2): the training loop reads its DP group's share from GET /api/v1/jobs/:id/microbatches.

@@ -1,4 +1,6 @@
+import { readFileSync } from 'node:fs';
 import { Redis, type RedisOptions } from 'ioredis';
+import { InputError, errorMessage } from './errors.js';
 
 /**
  * Redis connections. Two flavours, because the two sides want opposite things when Redis is
@@ -8,20 +10,75 @@ import { Redis, type RedisOptions } from 'ioredis';
 
 export type { Redis };
 
-export function intakeConnection(url: string, extra: RedisOptions = {}): Redis {
+/** Where Redis is and how to authenticate: the config's `redis` section, or just a URL. */
+export interface RedisSettings {
+  /** redis://[user][:password]@host:port/db, or rediss:// for TLS. */
+  readonly url: string;
+  /** File holding the password, instead of one in the URL; a trailing newline is dropped. */
+  readonly passwordFile?: string | undefined;
+  readonly tls?: { readonly caFile?: string | undefined } | undefined;
+}
+
+function readSecretFile(path: string, what: string, field: string): string {
+  try {
+    return readFileSync(path, 'utf8');
+  } catch (error) {
+    throw new InputError(`redis.${field}: cannot read the ${what} file ${path}: ${errorMessage(error)}`, `redis.${field}`);
+  }
+}
+
+/**
+ * What ioredis needs beyond the URL: the password from passwordFile and the CA from tls.caFile.
+ * Files are read here, once per connection, so a rotated password is picked up by a restart.
+ * Throws InputError naming the field when a file cannot be read or holds no password.
+ */
+export function redisConnectionOptions(settings: RedisSettings | string): { url: string; options: RedisOptions } {
+  const { url, passwordFile, tls } = typeof settings === 'string' ? { url: settings, passwordFile: undefined, tls: undefined } : settings;
+  const options: RedisOptions = {};
+  let withPassword = url;
+  if (passwordFile !== undefined) {
+    const password = readSecretFile(passwordFile, 'password', 'passwordFile').replace(/\r?\n$/, '');
+    if (password === '') throw new InputError(`redis.passwordFile: ${passwordFile} is empty`, 'redis.passwordFile');
+    // Into the URL, not the options: ioredis lets the URL's (empty) password win over an option.
+    const parsed = new URL(url);
+    parsed.password = encodeURIComponent(password);
+    withPassword = parsed.href;
+  }
+  if (tls !== undefined) {
+    options.tls = tls.caFile === undefined ? {} : { ca: readSecretFile(tls.caFile, 'CA', 'tls.caFile') };
+  }
+  return { url: withPassword, options };
+}
+
+/** The URL with any password replaced, for logs and error messages. */
+export function redactedRedisUrl(url: string): string {
+  try {
+    const parsed = new URL(url);
+    if (parsed.password !== '') parsed.password = '***';
+    return parsed.href;
+  } catch {
+    return 'the configured Redis URL';
+  }
+}
+
+export function intakeConnection(settings: RedisSettings | string, extra: RedisOptions = {}): Redis {
+  const { url, options } = redisConnectionOptions(settings);
   return new Redis(url, {
     enableOfflineQueue: false,
     maxRetriesPerRequest: 1,
     connectTimeout: 2000,
     retryStrategy: (attempt) => Math.min(attempt * 200, 2000),
+    ...options,
     ...extra,
   });
 }
 
-export function workerConnection(url: string, extra: RedisOptions = {}): Redis {
+export function workerConnection(settings: RedisSettings | string, extra: RedisOptions = {}): Redis {
+  const { url, options } = redisConnectionOptions(settings);
   return new Redis(url, {
     maxRetriesPerRequest: null,
     retryStrategy: (attempt) => Math.min(attempt * 200, 2000),
+    ...options,
     ...extra,
   });
 }

@@ -21,6 +21,13 @@ export interface RankPlacement {
   readonly coords: Coordinates;
 }
 
+/**
+ * Most ranks a topology may have: 2^18, over twice the largest public training runs (about
+ * 100k GPUs). Without a bound, sizes like dp=10^8 in a small request would allocate a rank
+ * table until the process runs out of memory.
+ */
+export const MAX_RANKS = 262_144;
+
 const positiveInt = z.number().int().min(1);
 const coordinate = z.number().int().min(0).default(0);
 
@@ -47,13 +54,14 @@ export const topologySpecSchema = z.union([
             })
             .strict(),
         )
-        .min(1),
+        .min(1)
+        .max(MAX_RANKS),
     })
     .strict(),
   z
     .object({
-      nodes: z.array(nodeNameSchema).min(1),
-      ranksPerNode: positiveInt,
+      nodes: z.array(nodeNameSchema).min(1).max(MAX_RANKS),
+      ranksPerNode: positiveInt.max(MAX_RANKS),
       tp: positiveInt.default(1),
       cp: positiveInt.default(1),
       ep: positiveInt.default(1),
@@ -87,6 +95,7 @@ export class Topology {
     }
     const order = parseOrder(parsed.order);
     const world = PARALLEL_DIMS.reduce((product, dim) => product * parsed[dim], 1);
+    if (world > MAX_RANKS) throw new InputError(`topology: tp*cp*ep*dp*pp = ${world} ranks; at most ${MAX_RANKS} are supported`, 'tp');
     if (world !== parsed.nodes.length * parsed.ranksPerNode) {
       throw new InputError(
         `topology: tp*cp*ep*dp*pp = ${world} but nodes*ranksPerNode = ${parsed.nodes.length * parsed.ranksPerNode}`,

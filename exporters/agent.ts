@@ -6,6 +6,7 @@ import { DIAGNOSE_PATH } from '../core/diagnostics.js';
 import { errorMessage } from '../core/errors.js';
 import type { FastPathEvent } from '../core/fast-path.js';
 import type { Logger } from '../core/log.js';
+import { ClientRateLimiter, rateLimitMessage, type RateLimitSettings } from '../core/rate-limit.js';
 import { CollectorSet, type AgentRoute, type CollectorFactory, type CollectorPaths, type CollectorSettings } from './collector.js';
 import { createFastPathClient, type FastPathSender } from './fast-path-client.js';
 import { StandbyReporter } from './standby-reporter.js';
@@ -34,6 +35,8 @@ export interface AgentOptions {
   readonly settings?: CollectorSettings | undefined;
   /** Bearer token required on the agent's POST endpoints; none: they are open (bind to a trusted network). */
   readonly apiToken?: string | undefined;
+  /** Per-client limit on the POST endpoints (429 with Retry-After past it); 0 per second: none. Default DEFAULT_AGENT_RATE_LIMIT. */
+  readonly rateLimit?: RateLimitSettings | undefined;
   readonly logger: Logger;
 }
 
@@ -49,6 +52,12 @@ export interface Agent {
 
 export const DEFAULT_LISTEN = { host: '0.0.0.0', port: 9401 } as const;
 
+/**
+ * Every rank of a node pushes its steps from the same address, so the agent's default is wide:
+ * 8 ranks at 10 iterations a second fit, a client spinning in a loop does not.
+ */
+export const DEFAULT_AGENT_RATE_LIMIT: RateLimitSettings = { requestsPerSecond: 100, burst: 200 };
+
 class NodeAgent implements Agent {
   readonly registry = new Registry();
   private readonly fastPath: FastPathSender;
@@ -57,8 +66,12 @@ class NodeAgent implements Agent {
   private standby: StandbyReporter | undefined;
   private collectorsStarted: Promise<void> | undefined;
   private closing: Promise<void> | undefined;
+  private readonly limiter: ClientRateLimiter;
 
   constructor(private readonly options: AgentOptions) {
+    // An empty token would compare equal to a missing header.
+    if (options.apiToken !== undefined && options.apiToken.trim() === '') throw new Error('apiToken must not be empty; leave it out to run without one');
+    this.limiter = new ClientRateLimiter(options.rateLimit ?? DEFAULT_AGENT_RATE_LIMIT);
     this.fastPath = createFastPathClient({
       controllerUrl: options.controllerUrl,
       token: options.controllerToken,
@@ -104,7 +117,13 @@ class NodeAgent implements Agent {
       this.standby.start();
     }
     if (!this.server) {
-      const server = createServer((request, response) => void this.handle(request, response));
+      const server = createServer((request, response) => {
+        // handle() answers its own failures; this is the last line, so nothing becomes an unhandled rejection.
+        this.handle(request, response).catch((error: unknown) => {
+          this.options.logger.error({ err: errorMessage(error) }, 'request failed outside its handler');
+          response.destroy();
+        });
+      });
       this.server = server;
       const { host, port } = this.options.listen ?? DEFAULT_LISTEN;
       await new Promise<void>((resolve, reject) => {
@@ -116,6 +135,10 @@ class NodeAgent implements Agent {
       });
       server.on('error', (error) => this.options.logger.error({ err: errorMessage(error) }, 'HTTP server error'));
       this.options.logger.info({ address: server.address(), collectors: this.collectors.names }, 'agent listening');
+      const open = this.collectors.routes.filter((route) => route.method === 'POST').map((route) => route.path);
+      if (this.options.apiToken === undefined && open.length > 0) {
+        this.options.logger.warn({ endpoints: open }, 'POST endpoints accept requests without a token (--web.token-file); keep the agent on a trusted network');
+      }
     }
     return this.server.address() as AddressInfo;
   }
@@ -166,6 +189,15 @@ class NodeAgent implements Agent {
       sendJson(response, 405, { error: `use ${route.method} for ${route.path}` });
       return;
     }
+    if (route.method === 'POST') {
+      // Before authentication, so that guessing tokens is throttled as well.
+      const decision = this.limiter.take(request.socket.remoteAddress ?? 'unknown');
+      if (!decision.allowed) {
+        response.setHeader('retry-after', String(decision.retryAfterSeconds));
+        sendJson(response, 429, { error: rateLimitMessage(this.limiter.settings, decision.retryAfterSeconds) });
+        return;
+      }
+    }
     if (route.method === 'POST' && !this.authorised(request)) {
       response.setHeader('www-authenticate', 'Bearer realm="steadfast-agent"');
       sendJson(response, 401, { error: 'missing or invalid "Authorization: Bearer <token>" header' });
@@ -175,6 +207,8 @@ class NodeAgent implements Agent {
     if (route.method === 'POST') {
       const read = await readBody(request);
       if (!read.ok) {
+        // The rest of an oversized body is not worth reading: answer, then drop the connection.
+        response.setHeader('connection', 'close');
         sendJson(response, read.status, { error: read.error });
         return;
       }
@@ -190,7 +224,13 @@ class NodeAgent implements Agent {
   }
 
   private async handle(request: IncomingMessage, response: ServerResponse): Promise<void> {
-    const url = new URL(request.url ?? '/', 'http://agent');
+    // An absolute-form target (`GET http://a:b/ HTTP/1.1`) can be an invalid URL; that must be a 400, not a crash.
+    const target = request.url ?? '/';
+    if (!URL.canParse(target, 'http://agent')) {
+      sendJson(response, 400, { error: 'request target is not a valid URL' });
+      return;
+    }
+    const url = new URL(target, 'http://agent');
     const path = url.pathname;
     try {
       const route = this.collectors.routes.find((candidate) => candidate.path === path);
@@ -210,8 +250,8 @@ class NodeAgent implements Agent {
       }
     } catch (error) {
       this.options.logger.error({ err: errorMessage(error), path }, 'request failed');
-      if (!response.headersSent) response.writeHead(500, { 'content-type': 'text/plain' });
-      response.end('internal error\n');
+      if (response.headersSent) response.destroy();
+      else sendJson(response, 500, { error: 'internal error; see the agent log' });
     }
   }
 }
@@ -225,6 +265,8 @@ function sendJson(response: ServerResponse, status: number, body: unknown): void
 }
 
 async function readBody(request: IncomingMessage): Promise<{ ok: true; text: string } | { ok: false; status: number; error: string }> {
+  const declared = Number(request.headers['content-length'] ?? 0);
+  if (declared > MAX_BODY_BYTES) return { ok: false, status: 413, error: `request body larger than ${MAX_BODY_BYTES} bytes` };
   const chunks: Buffer[] = [];
   let size = 0;
   for await (const chunk of request) {

@@ -1,0 +1,236 @@
+import { connect } from 'node:net';
+import { Queue } from 'bullmq';
+import fc from 'fast-check';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { AUDIT_TYPES } from '../../core/audit.js';
+import { QUEUE_NAMES } from '../../core/redis.js';
+import type { Controller } from '../../controller/service.js';
+import { TEST_TOKEN, post, startController, testConfig } from '../support/controller.js';
+import { hostileString } from '../support/hostile.js';
+import { testRedis } from '../support/redis.js';
+import { FuzzReport, budget, fuzz, watchProcess } from './harness.js';
+import { expectNoPrototypePollution, expectWellFormed, requestBodies, type RequestBody } from './inputs.js';
+
+/**
+ * Fuzzes the controller's write endpoints over real HTTP against the real Redis: every answer
+ * to a bad request is a JSON 4xx naming the problem, never a 5xx or a crash, and what was
+ * accepted before the fuzzing (signals in the queue, a job, its checkpoints, the audit trail)
+ * is still there, unchanged, afterwards.
+ */
+
+const REPORT = new FuzzReport('controller HTTP');
+const PER_ENDPOINT = budget(300, 4);
+
+const KEEP_JOB = {
+  name: 'keep-job',
+  nodes: ['keep-00', 'keep-01'],
+  ranksPerNode: 1,
+  topology: { tp: 1, pp: 1, dp: 2, order: 'tp-dp-pp' },
+  launcher: { kind: 'slurm', command: ['sbatch', '--nodelist={nodes}', 'train.sh', '{version}'] },
+  codeVersion: 'v1',
+};
+const FUZZ_JOB = { ...KEEP_JOB, name: 'fuzz-job', nodes: ['n00', 'n01', 'n02', 'n03'], topology: { tp: 1, pp: 2, dp: 2, order: 'tp-dp-pp' } };
+
+const ALERT = {
+  version: '4',
+  status: 'firing',
+  receiver: 'steadfast-controller',
+  groupLabels: { alertname: 'SteadfastXidFatal' },
+  commonLabels: {},
+  commonAnnotations: {},
+  alerts: [
+    {
+      status: 'firing',
+      labels: { alertname: 'SteadfastXidFatal', node: 'node-3', pci_bus_id: '0000:3a:00', xid: '79', severity: 'critical' },
+      annotations: { summary: 'Fatal Xid' },
+      startsAt: '2026-11-21T10:00:00.000Z',
+      fingerprint: 'abc123',
+    },
+  ],
+};
+const FAST_PATH = { kind: 'xid', node: 'n07', gpu: '0000:3b:00', xid: 79, message: 'NVRM: Xid 79', time: '2026-11-21T10:00:00.000Z' };
+const NCCL_TIMEOUT = { kind: 'nccl_timeout', node: 'n01', job: 'fuzz-job', rank: 3, time: '2026-11-21T10:00:00Z' };
+const SHARD = { step: 100, rank: 0, tier: 'host', holder: 'n00' };
+
+/** `text` with lone surrogates replaced, which encodeURIComponent cannot encode. */
+function wellFormed(text: string): string {
+  return text.replace(/[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/g, '\ufffd');
+}
+
+/** A path parameter: mostly valid, often hostile, sometimes a broken percent-escape. */
+function pathParameter(valid: string): fc.Arbitrary<string> {
+  return fc.oneof(
+    { weight: 5, arbitrary: fc.constant(valid) },
+    { weight: 2, arbitrary: hostileString.map((text) => encodeURIComponent(wellFormed(text.slice(0, 2000)))) },
+    { weight: 1, arbitrary: fc.constantFrom('%zz', '%E0%A4%A', '%', '..', '.', '%2e%2e', 'keep-job', 'nope') },
+  );
+}
+
+interface Target {
+  readonly name: string;
+  readonly path: fc.Arbitrary<string>;
+  readonly bodies: readonly unknown[];
+  readonly allowed: readonly number[];
+}
+
+const TARGETS: readonly Target[] = [
+  { name: 'POST /api/v1/alerts', path: fc.constant('/api/v1/alerts'), bodies: [ALERT], allowed: [202, 400, 413, 415] },
+  { name: 'POST /api/v1/signals', path: fc.constant('/api/v1/signals'), bodies: [FAST_PATH, [FAST_PATH, NCCL_TIMEOUT], NCCL_TIMEOUT], allowed: [202, 400, 413, 415] },
+  { name: 'POST /api/v1/jobs', path: fc.constant('/api/v1/jobs'), bodies: [FUZZ_JOB, { ...FUZZ_JOB, name: 'other', launcher: { kind: 'kubernetes', namespace: 'ml', workload: 'jobs.batch/llama', podSelector: 'job-name=llama' } }], allowed: [201, 400, 409, 413, 415] },
+  {
+    name: 'POST /api/v1/jobs/:id/checkpoints',
+    path: pathParameter('fuzz-job').map((id) => `/api/v1/jobs/${id}/checkpoints`),
+    bodies: [SHARD, [SHARD, { ...SHARD, rank: 1, holder: 'n01' }], { step: 5, rank: 2, tier: 'remote' }],
+    allowed: [202, 400, 404, 413, 415],
+  },
+  {
+    name: 'POST /api/v1/jobs/:id/code-updates',
+    path: pathParameter('fuzz-job').map((id) => `/api/v1/jobs/${id}/code-updates`),
+    bodies: [{ version: 'v2', urgent: false }, { version: 'release/2.1+cu124', urgent: true }],
+    allowed: [202, 400, 404, 413, 415],
+  },
+  {
+    name: 'POST /api/v1/standby/:node/self-check',
+    path: pathParameter('spare-01').map((node) => `/api/v1/standby/${node}/self-check`),
+    bodies: [{ ok: true, detail: '' }, { ok: false, detail: 'gpu 3 missing' }],
+    allowed: [200, 400, 404, 413, 415],
+  },
+];
+
+async function send(url: string, path: string, request: RequestBody): Promise<{ status: number; contentType: string; text: string }> {
+  const headers: Record<string, string> = { authorization: `Bearer ${TEST_TOKEN}` };
+  if (request.contentType !== undefined) headers['content-type'] = request.contentType;
+  if (request.contentEncoding !== undefined) headers['content-encoding'] = request.contentEncoding;
+  const response = await fetch(`${url}${path}`, { method: 'POST', headers, body: request.body });
+  return { status: response.status, contentType: response.headers.get('content-type') ?? '', text: await response.text() };
+}
+
+/** Sends one raw request line, the way no well-behaved client would, and returns the status code answered. */
+function rawRequestStatus(port: number, method: string, target: string): Promise<number> {
+  return new Promise((resolve, reject) => {
+    let received = '';
+    const socket = connect(port, '127.0.0.1', () => {
+      socket.write(`${method} ${target} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer ${TEST_TOKEN}\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}`);
+    });
+    socket.setEncoding('latin1');
+    socket.on('data', (chunk: string) => {
+      received += chunk;
+    });
+    socket.on('error', reject);
+    socket.on('close', () => {
+      const status = /^HTTP\/1\.1 (\d{3})/.exec(received)?.[1];
+      if (status === undefined) reject(new Error(`no status line answered to ${method} ${JSON.stringify(target)}: ${JSON.stringify(received.slice(0, 200))}`));
+      else resolve(Number(status));
+    });
+  });
+}
+
+describe('controller HTTP intake under fuzzing', () => {
+  const store = testRedis();
+  const watch = watchProcess();
+  let controller: Controller;
+  let url: string;
+  let signals: Queue;
+  const seeded = new Map<string, unknown>();
+  let keepJobBefore: unknown;
+  let keepCheckpointsBefore: unknown;
+
+  async function authedGet(path: string): Promise<{ status: number; body: unknown }> {
+    const response = await fetch(`${url}${path}`, { headers: { authorization: `Bearer ${TEST_TOKEN}` } });
+    return { status: response.status, body: await response.json() };
+  }
+
+  beforeAll(async () => {
+    ({ controller, url } = await startController(
+      testConfig(store.url, store.prefix, { controller: { bodyLimitBytes: 65_536, rateLimit: { requestsPerSecond: 0 } } }),
+      { workers: false },
+    ));
+    signals = new Queue(QUEUE_NAMES.signals, { connection: store.redis, prefix: store.prefix });
+    for (const job of [KEEP_JOB, FUZZ_JOB]) expect((await post(`${url}/api/v1/jobs`, job)).status).toBe(201);
+    expect((await post(`${url}/api/v1/jobs/keep-job/checkpoints`, [{ step: 7, rank: 0, tier: 'host', holder: 'keep-00' }, { step: 7, rank: 1, tier: 'remote' }])).status).toBe(202);
+    // Accepted before the fuzzing: these must come through it untouched.
+    const before: [string, unknown][] = [['alerts', ALERT], ['signals', FAST_PATH], ['signals', [{ ...FAST_PATH, node: 'n08' }, NCCL_TIMEOUT]]];
+    for (const [endpoint, body] of before) {
+      const accepted = await post(`${url}/api/v1/${endpoint}`, body);
+      expect(accepted.status).toBe(202);
+      for (const id of accepted.body.ids ?? []) seeded.set(id, (await signals.getJob(id))?.data);
+    }
+    await controller.audit.append({ type: 'action', ref: 'fuzz-seed', summary: 'accepted before the fuzzing', data: { kept: true } });
+    keepJobBefore = (await authedGet('/api/v1/jobs/keep-job')).body;
+    keepCheckpointsBefore = await controller.jobs.checkpoints('keep-job');
+  });
+
+  afterAll(async () => {
+    REPORT.print();
+    watch.stop();
+    await signals.close();
+    await controller.close();
+    await store.cleanup();
+  });
+
+  it.each(TARGETS.map((target) => [target.name, target] as const))('answers every fuzzed %s with JSON: a 2xx when valid, a 4xx naming the problem otherwise', async (name, target) => {
+    await fuzz(
+      REPORT,
+      name,
+      fc.record({ path: target.path, request: requestBodies(target.bodies) }),
+      async ({ path, request }) => expectWellFormed(await send(url, path, request), target.allowed, { path, ...request, body: String(request.body).slice(0, 300) }),
+      PER_ENDPOINT,
+    );
+  });
+
+  it('answers every fuzzed audit query with 200 or a JSON 400', async () => {
+    const value = fc.oneof(fc.string({ maxLength: 40 }), hostileString.map((text) => text.slice(0, 200)), fc.integer().map(String), fc.constantFrom('0', '10001', '-1', '1.5', '1700000000000-0', 'signal', 'action', '1e3'));
+    const query = fc.array(fc.tuple(fc.constantFrom('limit', 'after', 'type', 'node', 'ref', 'other', 'limit[]', '__proto__'), value), { maxLength: 4 });
+    await fuzz(
+      REPORT,
+      'GET /api/v1/audit?query',
+      query,
+      async (pairs) => {
+        const search = new URLSearchParams(pairs).toString();
+        const response = await fetch(`${url}/api/v1/audit?${search}`, { headers: { authorization: `Bearer ${TEST_TOKEN}` } });
+        return expectWellFormed({ status: response.status, contentType: response.headers.get('content-type') ?? '', text: await response.text() }, [200, 400], search);
+      },
+      budget(300, 3),
+    );
+  });
+
+  it('answers every fuzzed request target without a 5xx, the parser refusing what is not HTTP', async () => {
+    const { port } = new URL(url);
+    const printable = fc.string({ unit: fc.integer({ min: 0x21, max: 0x7e }).map((code) => String.fromCharCode(code)), maxLength: 60 });
+    const target = fc.tuple(fc.constantFrom('', '/', '/api/v1/', '/api/v1/jobs/', 'http://', '//', 'http://[', '*', '/queues/'), printable).map(([prefix, rest]) => `${prefix}${rest}`);
+    await fuzz(
+      REPORT,
+      'raw request targets',
+      fc.tuple(fc.constantFrom('GET', 'POST', 'PUT', 'DELETE', 'OPTIONS', 'PATCH'), target),
+      async ([method, path]) => {
+        const status = await rawRequestStatus(Number(port), method, path);
+        expect(status, `${method} ${path}`).toBeLessThan(500);
+        return String(status);
+      },
+      budget(150, 2),
+    );
+  });
+
+  it('keeps everything accepted before the fuzzing intact: queued signals, the job, its checkpoints and the audit trail', async () => {
+    for (const [id, data] of seeded) expect((await signals.getJob(id))?.data, `signal ${id}`).toEqual(data);
+    expect(seeded.size).toBeGreaterThanOrEqual(4);
+    expect((await authedGet('/api/v1/jobs/keep-job')).body).toEqual(keepJobBefore);
+    expect(await controller.jobs.checkpoints('keep-job')).toEqual(keepCheckpointsBefore);
+
+    // Every entry of the audit stream still decodes: a known type, JSON data.
+    const rows = await store.redis.xrange(store.keys.audit, '-', '+');
+    expect(rows.length).toBeGreaterThan(0);
+    for (const [id, fields] of rows) {
+      const entry = new Map<string, string>();
+      for (let index = 0; index + 1 < fields.length; index += 2) entry.set(fields[index] as string, fields[index + 1] as string);
+      expect(AUDIT_TYPES as readonly string[], `audit entry ${id}`).toContain(entry.get('type'));
+      expect(() => JSON.parse(entry.get('data') ?? ''), `audit entry ${id} data`).not.toThrow();
+    }
+    const audit = await authedGet('/api/v1/audit?ref=fuzz-seed');
+    expect(audit.body).toMatchObject({ entries: [{ ref: 'fuzz-seed', summary: 'accepted before the fuzzing', data: { kept: true } }] });
+
+    expectNoPrototypePollution();
+    expect((await fetch(`${url}/healthz`)).status).toBe(200);
+    expect(watch.problems).toEqual([]);
+  });
+});
