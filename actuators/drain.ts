@@ -28,6 +28,11 @@ export interface DrainActuatorDeps {
   readonly logger: Logger;
   /** Called once per finished action (metrics, annotations). */
   readonly onFinished?: (record: ActionRecord) => void;
+  /**
+   * Pages a person (steadfast_human_pages_total) about a refused drain: the first refusal of
+   * each gate in a budget window pages, later ones are only audited (SafetyGates.claimPage).
+   */
+  readonly onPage?: (reason: string) => void;
 }
 
 const TERMINAL: ReadonlySet<ActionState> = new Set(['done', 'refused']);
@@ -73,7 +78,23 @@ export function createDrainProcessor(deps: DrainActuatorDeps): (job: Job<ActionJ
       return { state: previous, detail: 'already handled; not acting twice' };
     }
     const admitted = await gates.admit(decision.id);
-    if (!admitted.ok) return record(decision, 'refused', admitted.reason);
+    if (!admitted.ok) {
+      const refused = await record(decision, 'refused', admitted.reason);
+      if (deps.onPage && (await gates.claimPage(admitted.gate))) {
+        deps.onPage(admitted.reason);
+        await audit.append(
+          {
+            type: 'action',
+            ref: decision.id,
+            node: decision.node,
+            summary: `page_human: a person is needed: drain ${decision.node} refused (${admitted.reason}); later refusals in this window are audited without paging`,
+            data: { verb: 'page_human', state: 'done', detail: admitted.reason, gate: admitted.gate, node: decision.node },
+          },
+          `action:${decision.id}:page`,
+        );
+      }
+      return refused;
+    }
 
     const holder = `${decision.id}:${job.id ?? ''}`;
     const lease = await gates.acquireLease(decision.node, holder);

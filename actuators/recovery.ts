@@ -90,7 +90,20 @@ export function createRecoveryProcessor(deps: RecoveryActuatorDeps): (job: Job<R
     const admitted = share.ok ? await gates.admit(`${transitionId}:${index}`) : share;
     if (!admitted.ok) {
       await record(transitionId, index, step, 'refused', admitted.reason);
-      deps.onPage?.(step.job, admitted.reason);
+      // Many refusals at once are one incident (a leaf switch down): page for the first in the window.
+      if (await gates.claimPage(admitted.gate)) {
+        deps.onPage?.(step.job, admitted.reason);
+        await audit.append(
+          {
+            type: 'action',
+            ref: `${transitionId}:${index}:page`,
+            node: step.nodes?.[0],
+            summary: `${step.job}: page_human: a person is needed: eviction refused (${admitted.reason}); later refusals in this window are audited without paging`,
+            data: { job: step.job, verb: 'page_human', state: 'done', detail: admitted.reason, gate: admitted.gate, backend: backend.name },
+          },
+          `action:${transitionId}:${index}:page`,
+        );
+      }
       return false;
     }
     const quarantined = new Set(await redis.smembers(keys.quarantine));

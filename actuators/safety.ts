@@ -113,6 +113,17 @@ export class SafetyGates {
     return { ok: true };
   }
 
+  /**
+   * Whether a refusal by `gate` should page a person now: the first refusal of each kind in a
+   * budget window does, later ones do not. A storm of refusals (a leaf switch taking 32 nodes
+   * down at once) is one incident and wakes someone once; each refusal is still audited.
+   */
+  async claimPage(gate: 'pause' | 'budget' | 'lease', now = Date.now()): Promise<boolean> {
+    // Under the installation's prefix, next to the budget it guards (core/redis.ts Keys).
+    const key = `${this.keys.prefix}:paged:${gate}`;
+    return (await this.redis.set(key, String(now), 'PX', this.budget.windowSeconds * 1000, 'NX')) === 'OK';
+  }
+
   /** Takes the node's lease for `holder`; only one actuator works on a node at a time. */
   async acquireLease(node: string, holder: string): Promise<GateVerdict> {
     const taken = await this.redis.set(this.keys.nodeLease(node), holder, 'PX', this.leaseSeconds * 1000, 'NX');

@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { AuditEntry } from '../core/audit.js';
@@ -13,6 +13,7 @@ import { RULE_FILES, renderAlertmanagerConfig } from '../rules/index.js';
 import { createSimulatedNodes, type SimulatedNode } from './cluster.js';
 import {
   startAlertmanager,
+  startAlertmanagerPair,
   startPrometheus,
   startRedis,
   startSlurm,
@@ -46,6 +47,8 @@ export interface EnvironmentOptions {
   readonly verbose?: boolean;
   /** Keep the working directory after stop (logs, configs). */
   readonly keepDir?: boolean;
+  /** 2: an HA pair of Alertmanagers clustered over gossip, Prometheus sending to both (default 1). */
+  readonly alertmanagers?: 1 | 2;
 }
 
 export class SimEnvironment {
@@ -54,13 +57,17 @@ export class SimEnvironment {
   agents: Agent[] = [];
   redis!: RedisPart;
   slurm!: SlurmPart;
+  /** The (first) Alertmanager. */
   alertmanager!: AlertmanagerPart;
+  /** Every Alertmanager: one, or the HA pair. */
+  alertmanagers: AlertmanagerPart[] = [];
   prometheus!: PrometheusPart;
   controller!: Controller;
   controllerUrl = '';
   config!: Config;
   readonly token = randomBytes(24).toString('hex');
   private readonly logger: Logger;
+  private agentPorts: number[] = [];
   private stopped = false;
 
   private constructor(
@@ -111,6 +118,7 @@ export class SimEnvironment {
 
     // Agent ports are chosen first so the controller knows where each node's agent listens.
     const agentPorts = await Promise.all(names.map(() => freePort()));
+    this.agentPorts = agentPorts;
     const controllerPort = await freePort();
     this.controllerUrl = `http://127.0.0.1:${controllerPort}`;
     const tokenFile = join(root, 'token');
@@ -127,34 +135,14 @@ export class SimEnvironment {
     this.controller = new Controller({ config: this.config, logger: this.logger });
     await this.step('controller and workers up', () => this.controller.start());
 
-    this.alertmanager = await this.step('Alertmanager up, routing to the controller', () =>
-      startAlertmanager(
-        processes,
-        root,
-        renderAlertmanagerConfig({ webhookUrl: `${this.controllerUrl}/api/v1/alerts`, credentialsFile: tokenFile, groupWait: '0s', groupInterval: '1s' }),
-      ),
-    );
+    const alertmanagerConfig = renderAlertmanagerConfig({ webhookUrl: `${this.controllerUrl}/api/v1/alerts`, credentialsFile: tokenFile, groupWait: '0s', groupInterval: '1s' });
+    this.alertmanagers =
+      options.alertmanagers === 2
+        ? await this.step('Alertmanager HA pair up (gossip on loopback), routing to the controller', () => startAlertmanagerPair(processes, root, alertmanagerConfig))
+        : [await this.step('Alertmanager up, routing to the controller', () => startAlertmanager(processes, root, alertmanagerConfig))];
+    this.alertmanager = this.alertmanagers[0] as AlertmanagerPart;
 
-    this.agents = await this.step(`${names.length} agents up`, () =>
-      Promise.all(
-        this.nodes.map(async (node, index) => {
-          const agent = createAgent({
-            node: node.name,
-            listen: { host: '127.0.0.1', port: agentPorts[index] ?? 0 },
-            paths: { sysfs: join(node.dir, 'sys'), procfs: join(node.dir, 'proc'), kmsg: node.kmsgPath, nvidiaSmiXml: node.xmlPath, nvidiaSmi: 'nvidia-smi' },
-            pollIntervalSeconds: interval / 2,
-            // Simulated nodes have a kernel log and nvidia-smi output but no /sys or /proc trees
-            // of their own yet; collectors without a source would only report failure.
-            collectors: enabledFactories({ rdma: false, nfs: false, process: false, diagnose: true }),
-            settings: { [DIAGNOSE_CONFIG_FLAG]: node.diagnosticsConfig },
-            controllerUrl: (options.fastPath ?? true) ? this.controllerUrl : undefined,
-            controllerToken: this.token,
-            logger: this.logger.child({ node: node.name }),
-          });
-          return agent;
-        }),
-      ),
-    );
+    this.agents = await this.step(`${names.length} agents up`, async () => this.nodes.map((node, index) => this.makeAgent(node, agentPorts[index] ?? 0)));
     const addresses = await Promise.all(this.agents.map((agent) => agent.start()));
 
     this.prometheus = await this.step('Prometheus up with the steadfast rules', () =>
@@ -162,6 +150,7 @@ export class SimEnvironment {
         targets: addresses.map((address, index) => ({ address: `127.0.0.1:${address.port}`, labels: { node: names[index] ?? '' } })),
         ruleFiles: RULE_FILES,
         alertmanagerAddress: this.alertmanager.address,
+        extraAlertmanagerAddresses: this.alertmanagers.slice(1).map((part) => part.address),
         intervalSeconds: interval,
         controllerAddress: this.controllerUrl.replace(/^http:\/\//, ''),
       }),
@@ -187,11 +176,51 @@ export class SimEnvironment {
       async () => {
         const response = await fetch(`${this.prometheus.url}/api/v1/alertmanagers`);
         const body = (await response.json()) as { data: { activeAlertmanagers: unknown[] } };
-        return body.data.activeAlertmanagers.length > 0;
+        return body.data.activeAlertmanagers.length >= this.alertmanagers.length;
       },
       30_000,
       200,
     );
+  }
+
+  /** The agent of one simulated node, as the environment runs them. */
+  private makeAgent(node: SimulatedNode, port: number): Agent {
+    const options = this.options;
+    return createAgent({
+      node: node.name,
+      listen: { host: '127.0.0.1', port },
+      paths: { sysfs: join(node.dir, 'sys'), procfs: join(node.dir, 'proc'), kmsg: node.kmsgPath, nvidiaSmiXml: node.xmlPath, nvidiaSmi: 'nvidia-smi' },
+      pollIntervalSeconds: (options.intervalSeconds ?? 1) / 2,
+      // Simulated nodes have a kernel log and nvidia-smi output but no /sys or /proc trees
+      // of their own yet; collectors without a source would only report failure.
+      collectors: enabledFactories({ rdma: false, nfs: false, process: false, diagnose: true }),
+      settings: { [DIAGNOSE_CONFIG_FLAG]: node.diagnosticsConfig },
+      controllerUrl: (options.fastPath ?? true) ? this.controllerUrl : undefined,
+      controllerToken: this.token,
+      logger: this.logger.child({ node: node.name }),
+    });
+  }
+
+  /**
+   * Restarts one node's agent on the same port, as a crash or an upgrade would: its in-process
+   * counters start over. With `rotateKernelLog` the kernel log is replaced by an empty one first
+   * (a reboot, or log rotation), so the Xids seen before are gone for the new agent; `downMs`
+   * keeps it stopped that long, so Prometheus misses scrapes in between.
+   */
+  async restartAgent(name: string, options: { rotateKernelLog?: boolean; downMs?: number } = {}): Promise<void> {
+    const index = this.nodes.findIndex((candidate) => candidate.name === name);
+    const agent = this.agents[index];
+    const node = this.nodes[index];
+    if (index < 0 || !agent || !node) throw new Error(`no agent for ${name}`);
+    await agent.close();
+    if (options.downMs) await new Promise((resolve) => setTimeout(resolve, options.downMs));
+    if (options.rotateKernelLog) {
+      renameSync(node.kmsgPath, `${node.kmsgPath}.1`);
+      writeFileSync(node.kmsgPath, '');
+    }
+    const restarted = this.makeAgent(node, this.agentPorts[index] ?? 0);
+    this.agents[index] = restarted;
+    await restarted.start();
   }
 
   node(name: string): SimulatedNode {

@@ -42,6 +42,8 @@ export interface ScrapeTarget {
 export interface PrometheusPart {
   readonly url: string;
   readonly port: number;
+  /** Stops Prometheus (SIGTERM, or `signal`) and starts it again on the same port and data. */
+  restart(signal?: NodeJS.Signals): Promise<void>;
 }
 
 export async function startPrometheus(
@@ -51,19 +53,23 @@ export async function startPrometheus(
     targets: readonly ScrapeTarget[];
     ruleFiles: readonly string[];
     alertmanagerAddress: string;
+    /** More Alertmanagers to send to as well (an HA pair: Prometheus notifies every one). */
+    extraAlertmanagerAddresses?: readonly string[];
     intervalSeconds: number;
     /** The controller's host:port, scraped as job steadfast-controller. */
     controllerAddress?: string;
+    /** Listen on this port (default: a free one), e.g. when others must know the URL first. */
+    port?: number;
   },
 ): Promise<PrometheusPart> {
   const dir = join(root, 'prometheus');
   mkdirSync(join(dir, 'data'), { recursive: true });
-  const port = await freePort();
+  const port = options.port ?? (await freePort());
   const interval = `${options.intervalSeconds}s`;
   const config = {
     global: { scrape_interval: interval, evaluation_interval: interval, scrape_timeout: interval },
     rule_files: [...options.ruleFiles],
-    alerting: { alertmanagers: [{ static_configs: [{ targets: [options.alertmanagerAddress] }] }] },
+    alerting: { alertmanagers: [{ static_configs: [{ targets: [options.alertmanagerAddress, ...(options.extraAlertmanagerAddresses ?? [])] }] }] },
     scrape_configs: [
       {
         job_name: 'steadfast-agent',
@@ -79,37 +85,131 @@ export async function startPrometheus(
   };
   const configFile = join(dir, 'prometheus.yml');
   writeFileSync(configFile, stringify(config));
-  group.start(
-    'prometheus',
-    'prometheus',
-    [`--config.file=${configFile}`, `--storage.tsdb.path=${join(dir, 'data')}`, `--web.listen-address=127.0.0.1:${port}`, '--web.enable-lifecycle'],
-    join(dir, 'prometheus.log'),
-  );
   const url = `http://127.0.0.1:${port}`;
-  await waitFor('Prometheus to be ready', () => httpOk(`${url}/-/ready`), 20_000);
-  return { url, port };
+  const launch = async (): Promise<void> => {
+    group.start(
+      'prometheus',
+      'prometheus',
+      [`--config.file=${configFile}`, `--storage.tsdb.path=${join(dir, 'data')}`, `--web.listen-address=127.0.0.1:${port}`, '--web.enable-lifecycle'],
+      join(dir, 'prometheus.log'),
+    );
+    await waitFor('Prometheus to be ready', () => httpOk(`${url}/-/ready`), 20_000);
+  };
+  await launch();
+  return {
+    url,
+    port,
+    restart: async (signal = 'SIGTERM') => {
+      await group.stop('prometheus', 10_000, signal);
+      await launch();
+    },
+  };
 }
 
 export interface AlertmanagerPart {
   readonly url: string;
   readonly address: string;
+  /** The name its process has in the ProcessGroup (and its directory under the root). */
+  readonly name: string;
+  /** Its gossip address when it is one of an HA cluster. */
+  readonly clusterAddress?: string;
+  /** Stops it (SIGTERM, or `signal`) and starts it again on the same ports and data. */
+  restart(signal?: NodeJS.Signals): Promise<void>;
 }
 
-export async function startAlertmanager(group: ProcessGroup, root: string, configText: string): Promise<AlertmanagerPart> {
-  const dir = join(root, 'alertmanager');
+export interface AlertmanagerOptions {
+  /** Process and directory name; default `alertmanager`. */
+  readonly name?: string;
+  readonly port?: number;
+  /**
+   * Join an HA cluster: gossip on this loopback port with these peers (`host:port`). Without
+   * it, clustering is off (a single Alertmanager).
+   */
+  readonly cluster?: {
+    readonly port: number;
+    readonly peers: readonly string[];
+    /** How long each later peer waits for an earlier one to notify (Alertmanager's default is 15 s). */
+    readonly peerTimeout?: string;
+  };
+}
+
+export async function startAlertmanager(group: ProcessGroup, root: string, configText: string, options: AlertmanagerOptions = {}): Promise<AlertmanagerPart> {
+  const name = options.name ?? 'alertmanager';
+  const dir = join(root, name);
   mkdirSync(join(dir, 'data'), { recursive: true });
-  const port = await freePort();
+  const port = options.port ?? (await freePort());
   const configFile = join(dir, 'alertmanager.yml');
   writeFileSync(configFile, configText);
-  group.start(
-    'alertmanager',
-    'prometheus-alertmanager',
-    [`--config.file=${configFile}`, `--storage.path=${join(dir, 'data')}`, `--web.listen-address=127.0.0.1:${port}`, '--cluster.listen-address='],
-    join(dir, 'alertmanager.log'),
-  );
+  const cluster = options.cluster;
+  const clusterAddress = cluster ? `127.0.0.1:${cluster.port}` : undefined;
+  const clusterArgs = cluster
+    ? [
+        `--cluster.listen-address=${clusterAddress}`,
+        `--cluster.advertise-address=${clusterAddress}`,
+        ...cluster.peers.map((peer) => `--cluster.peer=${peer}`),
+        `--cluster.peer-timeout=${cluster.peerTimeout ?? '15s'}`,
+        // Loopback peers find each other at once; do not hold notifications for a minute.
+        '--cluster.settle-timeout=5s',
+        '--cluster.reconnect-interval=1s',
+      ]
+    : ['--cluster.listen-address='];
   const url = `http://127.0.0.1:${port}`;
-  await waitFor('Alertmanager to be ready', () => httpOk(`${url}/-/ready`), 20_000);
-  return { url, address: `127.0.0.1:${port}` };
+  const launch = async (): Promise<void> => {
+    group.start(
+      name,
+      'prometheus-alertmanager',
+      [`--config.file=${configFile}`, `--storage.path=${join(dir, 'data')}`, `--web.listen-address=127.0.0.1:${port}`, ...clusterArgs],
+      join(dir, 'alertmanager.log'),
+    );
+    await waitFor(`${name} to be ready`, () => httpOk(`${url}/-/ready`), 20_000);
+  };
+  await launch();
+  return {
+    url,
+    address: `127.0.0.1:${port}`,
+    name,
+    ...(clusterAddress ? { clusterAddress } : {}),
+    restart: async (signal = 'SIGTERM') => {
+      await group.stop(name, 5000, signal);
+      await launch();
+    },
+  };
+}
+
+/**
+ * Two Alertmanagers clustered over loopback gossip (`--cluster.listen-address`, `--cluster.peer`),
+ * as an HA pair is run: Prometheus sends every alert to both, and the pair's shared notification
+ * log lets only one of them notify the receiver. Resolves once each sees the other as a peer.
+ */
+export async function startAlertmanagerPair(
+  group: ProcessGroup,
+  root: string,
+  configText: string,
+  options: {
+    /** How long the second waits for the first to notify before it does (default 2 s). */
+    readonly peerTimeout?: string;
+    /** Names are `<namePrefix>-a` and `<namePrefix>-b` (default `alertmanager`). */
+    readonly namePrefix?: string;
+  } = {},
+): Promise<[AlertmanagerPart, AlertmanagerPart]> {
+  const prefix = options.namePrefix ?? 'alertmanager';
+  const [gossipA, gossipB] = [await freePort(), await freePort()];
+  const cluster = (own: number, other: number) => ({ port: own, peers: [`127.0.0.1:${other}`], peerTimeout: options.peerTimeout ?? '2s' });
+  const [first, second] = await Promise.all([
+    startAlertmanager(group, root, configText, { name: `${prefix}-a`, cluster: cluster(gossipA, gossipB) }),
+    startAlertmanager(group, root, configText, { name: `${prefix}-b`, cluster: cluster(gossipB, gossipA) }),
+  ]);
+  for (const part of [first, second]) {
+    await waitFor(`${part.name} to see its peer`, async () => (await alertmanagerPeers(part)) === 2, 20_000, 200);
+  }
+  return [first, second];
+}
+
+/** Members of the Alertmanager's cluster as it sees them (itself included), from `/api/v2/status`. */
+export async function alertmanagerPeers(part: AlertmanagerPart): Promise<number> {
+  const response = await fetch(`${part.url}/api/v2/status`, { signal: AbortSignal.timeout(2000) });
+  const body = (await response.json()) as { cluster?: { status?: string; peers?: unknown[] } };
+  return body.cluster?.peers?.length ?? 0;
 }
 
 export interface SlurmPart {
