@@ -170,8 +170,9 @@ export function createRecoveryProcessor(deps: RecoveryActuatorDeps): (job: Job<R
     let outcome: LadderEvent;
     await recordRestorePlan(transitionId, index, step);
     if (launcher.kind === 'slurm') {
-      const argv = launchArgv(launcher, { job: step.job, nodes: jobRecord.spec.nodes, version: jobRecord.spec.codeVersion });
       try {
+        // Inside the try: a stored value launchArgv refuses is a failed restart on record, not a crashed step.
+        const argv = launchArgv(launcher, { job: step.job, nodes: jobRecord.spec.nodes, version: jobRecord.spec.codeVersion });
         const { stdout } = await run(argv[0] as string, argv.slice(1), { timeout: LAUNCH_TIMEOUT_MS, maxBuffer: 1024 * 1024 });
         await record(transitionId, index, step, 'done', `launched ${jobRecord.spec.codeVersion} on ${jobRecord.spec.nodes.join(',')}: ${stdout.trim().slice(0, 200) || 'ok'}`);
         // Accepted by the launcher; with a ProgressWatch the verdict waits for new iterations.

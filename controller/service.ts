@@ -294,6 +294,11 @@ export class Controller {
           this.metrics.actions.inc({ verb: record.verb, state: record.state, backend: record.backend });
           this.grafana?.annotate(record);
         },
+        // Drains outside any registered job: a refused one pages once per budget window.
+        onPage: (reason) => {
+          this.metrics.humanPages.inc({ job: '' });
+          logger.warn({ reason }, 'a person is needed');
+        },
       }),
       { connection: this.ownConnection(), prefix: config.redis.prefix, concurrency: 4 },
     );

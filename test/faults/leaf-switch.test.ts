@@ -182,6 +182,9 @@ describe('a leaf-switch failure on the real parts', () => {
     const drains = plane.slurmDrainCounts();
     expect(RACK_B.filter((node) => drains.has(node))).toHaveLength(BUDGET);
     expect(RACK_B.every((node) => (drains.get(node) ?? 0) <= 1)).toBe(true);
+    // 28 refusals, one page: the first refusal of the window.
+    const metrics = await (await fetch(`${url}/metrics`)).text();
+    expect(metrics).toMatch(/^steadfast_human_pages_total\{job=""\} 1$/m);
   }, 60_000);
 });
 
