@@ -46,15 +46,18 @@ export function controllerSelector(thresholds: Thresholds, matchers: Readonly<Re
  *    samples, also across a counter reset (a new event after a restart);
  *  - a series that did not exist `window` ago (a labelled counter is born at its first
  *    increment): its current value, because increase() needs two samples and would miss the
- *    events counted at birth.
- * A count that stays, drops or vanishes, or comes back unchanged within `window`, is no event.
+ *    events counted at birth — unless it shows exactly the highest count it had in the `memory`
+ *    before: that is an exporter restart (a gap of missed scrapes) reading the same count back,
+ *    not a new event. A count that comes back lower is a reset and counts.
+ * A count that stays, drops or vanishes, or comes back unchanged, is no event.
  */
-export function newEvents(series: string, window: string): string {
+export function newEvents(series: string, window: string, memory = '1h'): string {
   const earlier = `${series} offset ${window}`;
+  const highestBefore = `max_over_time(${series}[${memory}] offset ${window})`;
   return [
     `(increase(${series}[${window}]) > 0 unless (${series} unless ${earlier}))`,
     'or',
-    `(${series} > 0 unless ${earlier})`,
+    `(${series} > 0 unless ${earlier} unless ${series} == ${highestBefore})`,
   ].join('\n');
 }
 
