@@ -37,11 +37,16 @@ export class SignalIntake {
     if (this.connection.status !== 'ready') {
       throw new StoreUnavailableError(`Redis connection is ${this.connection.status}`);
     }
-    this.queue ??= new Queue<SignalJob>(QUEUE_NAMES.signals, {
-      connection: this.connection,
-      prefix: this.prefix,
-      defaultJobOptions: SIGNAL_JOB_OPTIONS,
-    });
+    if (!this.queue) {
+      this.queue = new Queue<SignalJob>(QUEUE_NAMES.signals, {
+        connection: this.connection,
+        prefix: this.prefix,
+        defaultJobOptions: SIGNAL_JOB_OPTIONS,
+      });
+      // Redis outages surface on the connection's own listener (service.ts) and as 503s from
+      // enqueue; without a listener here Node would also print each one to the console.
+      this.queue.on('error', () => undefined);
+    }
     return this.queue;
   }
 

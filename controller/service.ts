@@ -132,9 +132,6 @@ export class Controller {
       config.safety.nodeLeaseSeconds,
     );
     this.signalQueue = new Queue<SignalJob>(QUEUE_NAMES.signals, { connection: this.workerRedis, prefix: config.redis.prefix });
-    for (const queue of [this.signalQueue, this.actionQueue]) {
-      queue.on('error', (error: Error) => options.logger.warn({ queue: queue.name, err: error.message }, 'queue error'));
-    }
     this.jobs = new JobStore(this.workerRedis, this.keys);
     this.recoveryQueue = new Queue<RecoveryJob>(QUEUE_NAMES.recovery, {
       connection: this.workerRedis,
@@ -147,6 +144,9 @@ export class Controller {
       prefix: config.redis.prefix,
       defaultJobOptions: { attempts: 3, backoff: { type: 'exponential', delay: 5000 }, removeOnComplete: { age: 7 * 24 * 3600 }, removeOnFail: { age: 30 * 24 * 3600 } },
     });
+    for (const queue of [this.signalQueue, this.actionQueue, this.recoveryQueue, this.analysisQueue]) {
+      queue.on('error', (error: Error) => options.logger.warn({ queue: queue.name, err: error.message }, 'queue error'));
+    }
     this.agents = new AgentDirectory(config.agents);
     this.progress = config.progress.prometheusUrl
       ? new ProgressWatch(this.workerRedis, this.keys, config.progress.prometheusUrl, config.progress.timeoutSeconds * 1000)
