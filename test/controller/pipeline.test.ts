@@ -93,12 +93,19 @@ describe('signal → decision → action on a real Redis', () => {
     for (const node of ['node-1', 'node-2', 'node-3']) {
       await post(`${url}/api/v1/signals`, xidEvent(node));
     }
-    const entries = await until('three actions settled', () => controller.audit.read({ type: 'action' }), (list) => list.filter((entry) => ['done', 'refused'].includes(String(entry.data.state))).length === 3);
-    const states = entries.filter((entry) => ['done', 'refused'].includes(String(entry.data.state))).map((entry) => entry.data.state);
+    const settled = (list: AuditEntry[]): AuditEntry[] => list.filter((entry) => entry.data.verb === 'drain' && ['done', 'refused'].includes(String(entry.data.state)));
+    const entries = await until('three drains settled', () => controller.audit.read({ type: 'action' }), (list) => settled(list).length === 3);
+    const states = settled(entries).map((entry) => entry.data.state);
     expect(states.filter((state) => state === 'done')).toHaveLength(2);
     const refusal = entries.find((entry) => entry.data.state === 'refused');
     expect(refusal?.data.detail).toBe('eviction budget exhausted: 2 drains per 600 s already used');
     expect(Object.keys(await new DryRunBackend(store.redis, store.keys).recorded())).toHaveLength(2);
+    // The refusal pages a person once, and says so on the record.
+    const pages = entries.filter((entry) => entry.data.verb === 'page_human');
+    expect(pages).toHaveLength(1);
+    expect(pages[0]?.summary).toBe(
+      `page_human: a person is needed: drain ${String(refusal?.node)} refused (eviction budget exhausted: 2 drains per 600 s already used); later refusals in this window are audited without paging`,
+    );
   });
 
   it('does nothing when an action job for a decision already carried out is delivered again', async () => {
