@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { SimEnvironment } from '../../sim/environment.js';
 import { renderAlertmanagerConfig } from '../../rules/index.js';
-import { alertmanagerPeers, startAlertmanagerPair, type AlertmanagerPart } from '../../sim/parts.js';
+import { alertmanagerPeers, startAlertmanager, type AlertmanagerPart } from '../../sim/parts.js';
 import { waitFor } from '../../sim/processes.js';
 import { runFallenOffBus } from '../../sim/scenario.js';
 
@@ -58,10 +58,10 @@ describe('an Alertmanager HA pair in front of the controller', () => {
   }, 60_000);
 
   it('drains once when both Alertmanagers of a pair notify the controller of the same alert', async () => {
-    // No wait between peers: each notifies before the other's notification log can reach it,
-    // as in a gossip partition. The controller's intake must make one signal of the two.
+    // A pair that cannot gossip (a partition, here two unclustered processes): each notifies on
+    // its own, every time. The controller's intake must make one signal of the two.
     const config = renderAlertmanagerConfig({ webhookUrl: `${env.controllerUrl}/api/v1/alerts`, credentialsFile: `${env.root}/token`, groupWait: '0s', groupInterval: '1s' });
-    const pair = await startAlertmanagerPair(env.processes, env.root, config, { peerTimeout: '0s', namePrefix: 'eager' });
+    const pair = [await startAlertmanager(env.processes, env.root, config, { name: 'partitioned-a' }), await startAlertmanager(env.processes, env.root, config, { name: 'partitioned-b' })];
     const alert = [
       {
         labels: { alertname: 'SteadfastXidFatal', node: 'node-3', pci_bus_id: '0000:ba:00', xid: '79', xid_severity: 'fatal', severity: 'critical', domain: 'gpu', job: 'steadfast-agent' },
