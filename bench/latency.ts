@@ -2,6 +2,7 @@ import { cpus, totalmem } from 'node:os';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { SimEnvironment } from '../sim/environment.js';
 import { runFallenOffBus } from '../sim/scenario.js';
+import { quantile } from './stats.js';
 
 /**
  * Fault → drain latency on the real parts, for the agent fast path and for the Prometheus path
@@ -11,13 +12,6 @@ import { runFallenOffBus } from '../sim/scenario.js';
 
 const INJECTIONS = Number(process.env.STEADFAST_BENCH_INJECTIONS ?? 12);
 
-function quantile(sorted: readonly number[], q: number): number {
-  if (sorted.length === 0) return Number.NaN;
-  const position = (sorted.length - 1) * q;
-  const low = Math.floor(position);
-  const high = Math.ceil(position);
-  return (sorted[low] as number) + ((sorted[high] as number) - (sorted[low] as number)) * (position - low);
-}
 
 interface PathFigures {
   readonly name: string;

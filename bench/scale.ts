@@ -2,6 +2,7 @@ import { cpus, totalmem } from 'node:os';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { PrometheusFeatureSource } from '../analyzers/multisignal-source.js';
 import { ScaleCluster, type InjectionResult } from '../sim/scale-cluster.js';
+import { quantile } from './stats.js';
 
 /**
  * Signal → action latency at scale: a simulated cluster of STEADFAST_BENCH_SCALE_NODES nodes
@@ -16,13 +17,6 @@ const LARGE = Number(process.env.STEADFAST_BENCH_SCALE_NODES ?? 256);
 const BASELINE = 8;
 const INJECTIONS = Number(process.env.STEADFAST_BENCH_INJECTIONS ?? 10);
 
-function quantile(sorted: readonly number[], q: number): number {
-  if (sorted.length === 0) return Number.NaN;
-  const position = (sorted.length - 1) * q;
-  const low = Math.floor(position);
-  const high = Math.ceil(position);
-  return (sorted[low] as number) + ((sorted[high] as number) - (sorted[low] as number)) * (position - low);
-}
 
 interface RunFigures {
   readonly nodes: number;

@@ -5,6 +5,7 @@ import { performance } from 'node:perf_hooks';
 import { repoRoot } from '../core/paths.js';
 import { buildFixtureNode } from '../sim/fixture-node.js';
 import { ProcessGroup, freePort, httpOk, waitFor } from '../sim/processes.js';
+import { quantile } from './stats.js';
 
 /**
  * Scrape cost of the agent against Debian's prometheus-node-exporter, in the same run, on the
@@ -25,12 +26,6 @@ function cpuSeconds(pid: number): number {
   return (Number(fields[11]) + Number(fields[12])) / CLOCK_TICKS_PER_SECOND;
 }
 
-function quantile(sorted: readonly number[], q: number): number {
-  const position = (sorted.length - 1) * q;
-  const low = Math.floor(position);
-  const high = Math.ceil(position);
-  return (sorted[low] as number) + ((sorted[high] as number) - (sorted[low] as number)) * (position - low);
-}
 
 interface Target {
   readonly name: string;

@@ -1,54 +1,16 @@
-import { CommanderError, type Command } from 'commander';
-import { afterEach, describe, expect, it, vi } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { planCommand } from '../../cli/plan.js';
+import { runCli, type CliRun } from '../support/cli.js';
 
 /**
  * `steadfast plan replay`, run in process (test/cli.test.ts runs the built dist/, which this
  * change may not have been built into yet).
  */
 
-interface Run {
-  readonly exitCode: number;
-  readonly stdout: string;
-  readonly stderr: string;
+function plan(...args: string[]): Promise<CliRun> {
+  return runCli(planCommand(), args);
 }
 
-/** Makes commander throw instead of exiting, on the command and every subcommand. */
-function inProcess(command: Command, stderr: string[]): Command {
-  command.exitOverride().configureOutput({ writeOut: () => undefined, writeErr: (text) => stderr.push(text) });
-  command.commands.forEach((sub) => inProcess(sub, stderr));
-  return command;
-}
-
-async function plan(...args: string[]): Promise<Run> {
-  const stdout: string[] = [];
-  const stderr: string[] = [];
-  vi.spyOn(process.stdout, 'write').mockImplementation((chunk) => {
-    stdout.push(String(chunk));
-    return true;
-  });
-  vi.spyOn(process.stderr, 'write').mockImplementation((chunk) => {
-    stderr.push(String(chunk));
-    return true;
-  });
-  let exitCode = 0;
-  try {
-    await inProcess(planCommand(), stderr).parseAsync(args, { from: 'user' });
-    exitCode = Number(process.exitCode ?? 0);
-  } catch (error) {
-    if (!(error instanceof CommanderError)) throw error;
-    // cli/main.ts turns every commander usage error into exit status 2.
-    exitCode = error.exitCode === 0 ? 0 : 2;
-  } finally {
-    process.exitCode = undefined;
-    vi.restoreAllMocks();
-  }
-  return { exitCode, stdout: stdout.join(''), stderr: stderr.join('') };
-}
-
-afterEach(() => {
-  process.exitCode = undefined;
-});
 
 describe('steadfast plan replay', () => {
   it('prints the horizontal and vertical groups of Fig. 6 for 24 machines in groups of 4', async () => {

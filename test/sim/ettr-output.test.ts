@@ -2,19 +2,16 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { inflateSync } from 'node:zlib';
-import { CommanderError, type Command } from 'commander';
-import { afterAll, afterEach, describe, expect, it, vi } from 'vitest';
+import { afterAll, describe, expect, it } from 'vitest';
 import { simulateCommand } from '../../cli/simulate.js';
 import { ettrParams } from '../../sim/ettr/model.js';
 import { ettrPlot } from '../../sim/ettr/plot.js';
 import { PNG_SIGNATURE, encodePng, pngSize } from '../../sim/ettr/png.js';
 import { sensitivity } from '../../sim/ettr/sensitivity.js';
+import { runCli, type CliRun } from '../support/cli.js';
 
 const scratch = mkdtempSync(join(tmpdir(), 'steadfast-ettr-'));
 afterAll(() => rmSync(scratch, { recursive: true, force: true }));
-afterEach(() => {
-  process.exitCode = undefined;
-});
 
 describe('the PNG encoder', () => {
   it('writes the signature, an IHDR of the requested size and the pixels, filter byte 0 per row', () => {
@@ -47,43 +44,8 @@ describe('the sensitivity plot', () => {
   });
 });
 
-interface Run {
-  readonly exitCode: number;
-  readonly stdout: string;
-  readonly stderr: string;
-}
-
-/** Makes commander throw instead of exiting, on the command and each subcommand. */
-function inProcess(command: Command, stderr: string[]): Command {
-  command.exitOverride().configureOutput({ writeOut: () => undefined, writeErr: (text) => stderr.push(text) });
-  command.commands.forEach((sub) => inProcess(sub, stderr));
-  return command;
-}
-
-async function simulate(...args: string[]): Promise<Run> {
-  const stdout: string[] = [];
-  const stderr: string[] = [];
-  vi.spyOn(process.stdout, 'write').mockImplementation((chunk) => {
-    stdout.push(String(chunk));
-    return true;
-  });
-  vi.spyOn(process.stderr, 'write').mockImplementation((chunk) => {
-    stderr.push(String(chunk));
-    return true;
-  });
-  let exitCode = 0;
-  try {
-    await inProcess(simulateCommand(), stderr).parseAsync(args, { from: 'user' });
-    exitCode = Number(process.exitCode ?? 0);
-  } catch (error) {
-    if (!(error instanceof CommanderError)) throw error;
-    // cli/main.ts turns every commander usage error into exit status 2.
-    exitCode = error.exitCode === 0 ? 0 : 2;
-  } finally {
-    process.exitCode = undefined;
-    vi.restoreAllMocks();
-  }
-  return { exitCode, stdout: stdout.join(''), stderr: stderr.join('') };
+function simulate(...args: string[]): Promise<CliRun> {
+  return runCli(simulateCommand(), args);
 }
 
 describe('steadfast simulate ettr (CLI)', () => {
