@@ -106,7 +106,8 @@ describe('recovery of a registered job on a real Redis', () => {
     await controller.gates.pause('maintenance');
     const event = { kind: 'gpu_lost', node: 'n00', gpu: '0000:18:00', message: 'gone', time: new Date().toISOString() };
     await post(`${url}/api/v1/signals`, event);
-    const refused = await until('refusal recorded', () => controller.audit.read({ type: 'action' }), (entries) => entries.some((entry) => entry.data.state === 'refused'));
+    // Every step of the transition is refused in order; wait for the eviction's refusal itself.
+    const refused = await until('eviction refusal recorded', () => controller.audit.read({ type: 'action' }), (entries) => entries.some((entry) => entry.data.verb === 'evict' && entry.data.state === 'refused'));
     expect(refused.find((entry) => entry.data.verb === 'evict')?.data.detail).toBe('actions are paused: maintenance');
     expect(await new DryRunBackend(store.redis, store.keys).recorded()).toEqual({});
   });
@@ -136,8 +137,9 @@ describe('recovery of a registered job on a real Redis', () => {
     const refused = await until('second eviction refused', () => controller.audit.read({ type: 'action' }), (entries) => entries.some((entry) => entry.data.state === 'refused'));
     expect(refused.find((entry) => entry.data.state === 'refused')?.data.detail).toBe('eviction budget exhausted: 1 drains per 600 s already used');
     expect(Object.keys(await new DryRunBackend(store.redis, store.keys).recorded())).toEqual(['n00']);
-    const metrics = await (await fetch(`${url}/metrics`)).text();
-    expect(metrics).toMatch(/steadfast_human_pages_total\{job="llama"\} 1/);
+    // The page follows the refusal on record; wait for it, then check it came once.
+    const metrics = await until('the page counted', async () => (await fetch(`${url}/metrics`)).text(), (text) => /steadfast_human_pages_total\{job="llama"\} \d/.test(text));
+    expect(metrics).toMatch(/steadfast_human_pages_total\{job="llama"\} 1$/m);
   });
 });
 
