@@ -5,31 +5,11 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { QUEUE_NAMES } from '../../core/redis.js';
 import type { Controller } from '../../controller/service.js';
 import { freePort } from '../../sim/processes.js';
-import { TEST_TOKEN, post, startController, testConfig } from '../support/controller.js';
+import { TEST_TOKEN, post, startController, testConfig, xidAlertPayload } from '../support/controller.js';
 import { testRedis } from '../support/redis.js';
 
 const WEBHOOKS = join(import.meta.dirname, '..', 'fixtures', 'realworld', 'alertmanager-webhook');
 
-function xidAlertPayload(overrides: Record<string, unknown> = {}): Record<string, unknown> {
-  return {
-    version: '4',
-    status: 'firing',
-    receiver: 'steadfast-controller',
-    groupLabels: { alertname: 'SteadfastXidFatal' },
-    commonLabels: {},
-    commonAnnotations: {},
-    alerts: [
-      {
-        status: 'firing',
-        labels: { alertname: 'SteadfastXidFatal', node: 'node-3', pci_bus_id: '0000:3a:00', xid: '79', severity: 'critical' },
-        annotations: { summary: 'Fatal Xid' },
-        startsAt: '2026-11-21T10:00:00.000Z',
-        fingerprint: 'abc123',
-      },
-    ],
-    ...overrides,
-  };
-}
 
 describe('controller HTTP intake', () => {
   const store = testRedis();

@@ -5,7 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { AUDIT_TYPES } from '../../core/audit.js';
 import { QUEUE_NAMES } from '../../core/redis.js';
 import type { Controller } from '../../controller/service.js';
-import { TEST_TOKEN, post, startController, testConfig } from '../support/controller.js';
+import { TEST_TOKEN, post, startController, testConfig, xidAlertPayload } from '../support/controller.js';
 import { hostileString } from '../support/hostile.js';
 import { testRedis } from '../support/redis.js';
 import { FuzzReport, budget, fuzz, watchProcess } from './harness.js';
@@ -31,23 +31,7 @@ const KEEP_JOB = {
 };
 const FUZZ_JOB = { ...KEEP_JOB, name: 'fuzz-job', nodes: ['n00', 'n01', 'n02', 'n03'], topology: { tp: 1, pp: 2, dp: 2, order: 'tp-dp-pp' } };
 
-const ALERT = {
-  version: '4',
-  status: 'firing',
-  receiver: 'steadfast-controller',
-  groupLabels: { alertname: 'SteadfastXidFatal' },
-  commonLabels: {},
-  commonAnnotations: {},
-  alerts: [
-    {
-      status: 'firing',
-      labels: { alertname: 'SteadfastXidFatal', node: 'node-3', pci_bus_id: '0000:3a:00', xid: '79', severity: 'critical' },
-      annotations: { summary: 'Fatal Xid' },
-      startsAt: '2026-11-21T10:00:00.000Z',
-      fingerprint: 'abc123',
-    },
-  ],
-};
+const ALERT = xidAlertPayload();
 const FAST_PATH = { kind: 'xid', node: 'n07', gpu: '0000:3b:00', xid: 79, message: 'NVRM: Xid 79', time: '2026-11-21T10:00:00.000Z' };
 const NCCL_TIMEOUT = { kind: 'nccl_timeout', node: 'n01', job: 'fuzz-job', rank: 3, time: '2026-11-21T10:00:00Z' };
 const SHARD = { step: 100, rank: 0, tier: 'host', holder: 'n00' };

@@ -31,3 +31,25 @@ export async function post(url: string, body: unknown, token: string | null = TE
   });
   return { status: response.status, body: (await response.json()) as { error?: string }, headers: response.headers };
 }
+
+/** An Alertmanager webhook (v4) carrying one firing SteadfastXidFatal for node-3's GPU 0000:3a:00. */
+export function xidAlertPayload(overrides: Record<string, unknown> = {}): Record<string, unknown> {
+  return {
+    version: '4',
+    status: 'firing',
+    receiver: 'steadfast-controller',
+    groupLabels: { alertname: 'SteadfastXidFatal' },
+    commonLabels: {},
+    commonAnnotations: {},
+    alerts: [
+      {
+        status: 'firing',
+        labels: { alertname: 'SteadfastXidFatal', node: 'node-3', pci_bus_id: '0000:3a:00', xid: '79', severity: 'critical' },
+        annotations: { summary: 'Fatal Xid' },
+        startsAt: '2026-11-21T10:00:00.000Z',
+        fingerprint: 'abc123',
+      },
+    ],
+    ...overrides,
+  };
+}
