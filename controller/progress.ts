@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import { errorMessage } from '../core/errors.js';
 import type { Keys, Redis } from '../core/redis.js';
+import { instantQuery } from './prometheus-query.js';
 import type { LadderEventJob } from './recovery.js';
 
 /**
@@ -12,11 +13,6 @@ import type { LadderEventJob } from './recovery.js';
 
 const awaitingSchema = z.object({ baseline: z.number().nullable(), since: z.number(), eventId: z.string() });
 
-const queryAnswerSchema = z.object({
-  status: z.literal('success'),
-  data: z.object({ result: z.array(z.object({ value: z.tuple([z.number(), z.string()]) })) }),
-});
-
 export class ProgressWatch {
   constructor(
     private readonly redis: Redis,
@@ -27,12 +23,8 @@ export class ProgressWatch {
 
   /** The job's newest iteration over all its ranks, or null when Prometheus has none. */
   async iteration(job: string): Promise<number | null> {
-    const query = `max(steadfast_training_iteration{job=${JSON.stringify(job)}})`;
-    const response = await fetch(`${this.prometheusUrl}/api/v1/query?query=${encodeURIComponent(query)}`, { signal: AbortSignal.timeout(5000) });
-    if (!response.ok) throw new Error(`Prometheus answered ${response.status}`);
-    const answer = queryAnswerSchema.parse(await response.json());
-    const value = answer.data.result[0]?.value[1];
-    return value === undefined ? null : Number(value);
+    const [sample] = await instantQuery(this.prometheusUrl, `max(steadfast_training_iteration{job=${JSON.stringify(job)}})`);
+    return sample === undefined ? null : sample.value;
   }
 
   /** Starts watching a restart that was just launched. */
