@@ -114,17 +114,20 @@ export function createAnalysisProcessor(deps: AnalysisDeps): (job: Job<AnalysisJ
     let verdict: FailSlowVerdict | undefined;
     let last: StackAggregation | undefined;
     const traceErrors = new Set<string>();
+    // Dumps an agent took but could not tie to a rank (no RANK in the process environment).
+    let unranked = 0;
     for (let round = 0; round < deps.stackRounds; round += 1) {
       if (round > 0) await sleep(deps.stackRoundSeconds * 1000);
       const traces = await traceNodes(agents, spec.nodes);
       const dumps = new Map<number, string>();
       for (const trace of traces) {
         if (trace.error) traceErrors.add(`${trace.node}: ${trace.error}`);
+        unranked += trace.unranked;
         for (const [rank, text] of trace.byRank) if (rank < topology.ranks.length) dumps.set(rank, text);
       }
       if (dumps.size === 0) {
         // No stack at all is the tracer failing, not evidence against every machine.
-        await record(request, `no stack dumps could be taken (${[...traceErrors].join('; ').slice(0, 500) || 'no training processes found'}); nothing to aggregate`, { traceErrors: [...traceErrors] });
+        await record(request, `no stack dumps could be taken (${[...traceErrors].join('; ').slice(0, 500) || unranked > 0 ? `${unranked} dumps without a rank` : 'no training processes found'}); nothing to aggregate`, { traceErrors: [...traceErrors], unranked });
         return [];
       }
       last = aggregateStacks(dumps, topology);
@@ -135,7 +138,7 @@ export function createAnalysisProcessor(deps: AnalysisDeps): (job: Job<AnalysisJ
     const summary = degrader
       ? `${degrader.kind === 'node' ? 'node' : `${degrader.kind.toUpperCase()} group on`} ${degrader.nodes.join(', ')} flagged in ${degrader.flags} of ${verdict?.roundsSeen} rounds; evicting its machines`
       : `no outlier group (${last?.reason ?? 'no rounds'})`;
-    await record(request, summary, { evict, counts: verdict?.counts ?? [], groups: last?.groups.map((group) => ({ signature: group.signature, ranks: group.ranks.length, healthy: group.healthy, top: group.frames[0] })), traceErrors: [...traceErrors] }, evict);
+    await record(request, summary, { evict, counts: verdict?.counts ?? [], groups: last?.groups.map((group) => ({ signature: group.signature, ranks: group.ranks.length, healthy: group.healthy, top: group.frames[0] })), traceErrors: [...traceErrors], unranked }, evict);
     if (evict.length > 0) {
       await deps.feedback({
         job: request.job,
