@@ -3,16 +3,14 @@ import { UnrecoverableError } from 'bullmq';
 import type { ActionRecord, ActionState, Decision } from '../core/action.js';
 import { decisionSchema } from '../core/action.js';
 import type { AuditLog } from '../core/audit.js';
-import { DoNotRetryError, RetryLaterError, errorMessage } from '../core/errors.js';
+import { DoNotRetryError, errorMessage } from '../core/errors.js';
 import { parseJobPayload } from '../core/job-payload.js';
 import type { Logger } from '../core/log.js';
 import type { Keys, Redis } from '../core/redis.js';
+import type { ActionJob } from '../core/queues.js';
 import type { ClusterBackend } from './backend.js';
+import { NodeLeasedError, drainNode, pageOncePerWindow } from './drain-node.js';
 import type { SafetyGates } from './safety.js';
-
-export interface ActionJob {
-  readonly decision: Decision;
-}
 
 export interface DrainResult {
   readonly state: ActionState;
@@ -38,9 +36,9 @@ export interface DrainActuatorDeps {
 const TERMINAL: ReadonlySet<ActionState> = new Set(['done', 'refused']);
 
 /**
- * Carries out a drain decision, reconcile-style: look at the node first, act only if it is not
- * drained yet, and remember the outcome under the decision id so a redelivered job does nothing.
- * Gates in order: pause, budget, lease, then the backend (STYLE.md).
+ * Carries out a drain decision (a node's fault outside any job's ladder): remember the outcome
+ * under the decision id so a redelivered job does nothing, pass the gates in order — pause and
+ * budget here, the node's lease in drainNode — then drain through the backend (drain-node.ts).
  */
 export function createDrainProcessor(deps: DrainActuatorDeps): (job: Job<ActionJob>) => Promise<DrainResult> {
   const { redis, keys, audit, backend, gates, logger } = deps;
@@ -58,19 +56,6 @@ export function createDrainProcessor(deps: DrainActuatorDeps): (job: Job<ActionJ
     return { state, detail };
   }
 
-  async function carryOut(decision: Decision, attempt: number): Promise<DrainResult> {
-    const before = await backend.nodeState(decision.node);
-    if (!before.exists) throw new DoNotRetryError(`node ${decision.node} is unknown to the ${backend.name} backend`);
-    if (before.drained) {
-      return record(decision, 'done', `already out of service (${before.raw}${before.reason ? `: ${before.reason}` : ''}); nothing to do`);
-    }
-    await record(decision, 'running', `draining through ${backend.name}`, attempt);
-    await backend.drain(decision.node, `steadfast: ${decision.reason} audit=${decision.id}`);
-    const after = await backend.nodeState(decision.node);
-    if (!after.drained) throw new RetryLaterError(`${backend.name} still shows ${decision.node} as ${after.raw} after the drain`);
-    return record(decision, 'done', `${after.raw}: ${after.reason ?? decision.reason}`);
-  }
-
   return async (job) => {
     const decision = parseJobPayload(decisionSchema, job.data?.decision, 'action job payload');
     const previous = (await redis.hget(keys.action(decision.id), 'state')) as ActionState | null;
@@ -80,36 +65,31 @@ export function createDrainProcessor(deps: DrainActuatorDeps): (job: Job<ActionJ
     const admitted = await gates.admit(decision.id);
     if (!admitted.ok) {
       const refused = await record(decision, 'refused', admitted.reason);
-      if (deps.onPage && (await gates.claimPage(admitted.gate))) {
-        deps.onPage(admitted.reason);
-        await audit.append(
-          {
-            type: 'action',
-            ref: decision.id,
-            node: decision.node,
-            summary: `page_human: a person is needed: drain ${decision.node} refused (${admitted.reason}); later refusals in this window are audited without paging`,
-            data: { verb: 'page_human', state: 'done', detail: admitted.reason, gate: admitted.gate, node: decision.node },
-          },
-          `action:${decision.id}:page`,
-        );
-      }
+      await pageOncePerWindow(gates, audit, admitted, { ref: decision.id, what: `drain ${decision.node}`, node: decision.node }, deps.onPage);
       return refused;
     }
-
-    const holder = `${decision.id}:${job.id ?? ''}`;
-    const lease = await gates.acquireLease(decision.node, holder);
-    if (!lease.ok) throw new RetryLaterError(lease.reason);
     try {
-      return await carryOut(decision, job.attemptsMade);
+      const outcome = await drainNode(backend, gates, {
+        node: decision.node,
+        holder: `${decision.id}:${job.id ?? ''}`,
+        reason: decision.reason,
+        auditId: decision.id,
+        onDraining: async () => {
+          await record(decision, 'running', `draining through ${backend.name}`, job.attemptsMade);
+        },
+      });
+      const { state } = outcome;
+      if (outcome.already) return await record(decision, 'done', `already out of service (${state.raw}${state.reason ? `: ${state.reason}` : ''}); nothing to do`);
+      return await record(decision, 'done', `${state.raw}: ${state.reason ?? decision.reason}`);
     } catch (error) {
+      // Another actuator is on the node: not a failed drain, only a later try (BullMQ's backoff).
+      if (error instanceof NodeLeasedError) throw error;
       const final = error instanceof DoNotRetryError || job.attemptsMade + 1 >= (job.opts.attempts ?? 1);
       await record(decision, 'failed', `${errorMessage(error)}${final ? '' : '; will retry'}`, job.attemptsMade).catch((auditError: unknown) =>
-        logger.error({ err: errorMessage(auditError) }, 'could not record failed action'),
+        logger.error({ err: auditError }, 'could not record failed action'),
       );
       if (error instanceof DoNotRetryError) throw new UnrecoverableError(error.message);
       throw error;
-    } finally {
-      await gates.releaseLease(decision.node, holder);
     }
   };
 }

@@ -1,5 +1,4 @@
-import { z } from 'zod';
-import { nodeNameSchema } from '../core/names.js';
+import type { CheckpointShard, CheckpointTier } from '../core/checkpoint.js';
 
 /**
  * Restore planning: after evictions, which checkpoint step can the job resume from, and where
@@ -8,23 +7,6 @@ import { nodeNameSchema } from '../core/names.js';
  * evicted — wins (ByteRobust §6.3: local and peer in-memory backups make every-step
  * checkpoints usable without fetching from remote storage).
  */
-
-export const CHECKPOINT_TIERS = ['gpu', 'host', 'disk', 'peer', 'remote'] as const;
-export type CheckpointTier = (typeof CHECKPOINT_TIERS)[number];
-
-export const checkpointShardSchema = z
-  .object({
-    step: z.number().int().min(0),
-    /** The rank whose state this is (its shard). */
-    rank: z.number().int().min(0),
-    tier: z.enum(CHECKPOINT_TIERS),
-    /** The node that holds this copy; not needed for remote copies. */
-    holder: nodeNameSchema.optional(),
-  })
-  .strict()
-  .refine((shard) => shard.tier === 'remote' || shard.holder !== undefined, { message: 'holder is required unless tier is "remote"', path: ['holder'] });
-
-export type CheckpointShard = z.infer<typeof checkpointShardSchema>;
 
 export interface RankSource {
   readonly rank: number;

@@ -2,7 +2,8 @@ import { Queue } from 'bullmq';
 import { Command } from 'commander';
 import { loadConfig } from '../core/config.js';
 import { errorMessage } from '../core/errors.js';
-import { QUEUE_NAMES, workerConnection, type Redis } from '../core/redis.js';
+import { workerConnection, type Redis } from '../core/redis.js';
+import { QUEUE_NAMES } from '../core/queues.js';
 import { runCommand } from './common.js';
 
 /**

@@ -1,18 +1,16 @@
 import type { Job } from 'bullmq';
 import { UnrecoverableError } from 'bullmq';
-import { z } from 'zod';
 import type { AuditLog } from '../core/audit.js';
 import { InputError, errorMessage } from '../core/errors.js';
 import { launchArgv, parseJobSpec } from '../core/job.js';
 import type { Logger } from '../core/log.js';
+import { analysisJobSchema, nothingFound, type AnalysisJob, type LadderEventJob } from '../core/queues.js';
 import { runStopTimeDiagnostics } from '../analyzers/diagnosis.js';
 import { FailSlowRounds, type FailSlowVerdict } from '../analyzers/stack-rounds.js';
 import { aggregateStacks, type StackAggregation } from '../analyzers/stacks.js';
 import { commandReplayRunner, runDualPhaseReplay, type ReplayGroupRunner } from '../actuators/replay-runner.js';
 import { traceNodes, type AgentDirectory } from './agents.js';
 import type { JobStore } from './job-store.js';
-import type { LadderEvent } from './ladder.js';
-import type { LadderEventJob } from './recovery.js';
 
 /**
  * The analysis queue's worker: the analyzers the recovery ladder asks for, run off the recovery
@@ -25,23 +23,6 @@ import type { LadderEventJob } from './recovery.js';
  * - stacks: py-spy dumps from every node's agent, aggregated over several rounds (§5.1, §5.2);
  *   a suspect group comes back as a machine fault naming the machines to over-evict.
  */
-
-export const ANALYSIS_KINDS = ['diagnostics', 'replay', 'stacks'] as const;
-
-export const analysisJobSchema = z.object({
-  kind: z.enum(ANALYSIS_KINDS),
-  job: z.string().min(1).max(128),
-  /** The recovery step that asked, `${transitionId}:${index}`: the analysis' identity. */
-  ref: z.string().min(1).max(256),
-  reason: z.string().max(4096),
-});
-
-export type AnalysisJob = z.infer<typeof analysisJobSchema>;
-
-/** The ladder event for diagnostics or a replay that found no machine. */
-export function nothingFound(kind: 'diagnostics' | 'replay', time: number): LadderEvent {
-  return kind === 'diagnostics' ? { type: 'diagnostics_result', time, suspects: [] } : { type: 'replay_result', time, culprits: [] };
-}
 
 export interface AnalysisDeps {
   readonly jobs: JobStore;

@@ -8,7 +8,7 @@ import { RankSlowdownTracker, median, type ChangePoint } from '../analyzers/slow
 import { initialLadderState, stepLadder, type LadderConfig, type LadderState, type LadderStep } from '../analyzers/failslow-ladder.js';
 import type { MicrobatchBoard } from './microbatches.js';
 import { instantQuery } from './prometheus-query.js';
-import type { LadderEventJob } from './recovery.js';
+import type { LadderEventJob } from '../core/queues.js';
 
 /**
  * Online fail-slow detection and mitigation for every registered job (Greyhound §4–5).

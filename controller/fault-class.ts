@@ -1,8 +1,9 @@
 import type { Signal } from '../core/signal.js';
 import { classifyXid } from '../core/xid.js';
+import type { FaultClass } from '../core/ladder.js';
 
 /**
- * Which kind of fault a Signal reports, so the recovery ladder (controller/ladder.ts) knows which
+ * Which kind of fault a Signal reports, so the recovery ladder (controller/ladder/) knows which
  * rung to start on. A pure function of the signal.
  *
  * The classes follow DeadPool's error classification (003, Table II and §VI-B: transient faults
@@ -12,9 +13,6 @@ import { classifyXid } from '../core/xid.js';
  * while, user-space errors roll the code back, crashes and NaN losses without a culprit go to
  * stop-time checks, performance anomalies to stack aggregation).
  */
-
-export const FAULT_CLASSES = ['machine', 'network', 'user_code', 'crash', 'numerical', 'performance', 'transient'] as const;
-export type FaultClass = (typeof FAULT_CLASSES)[number];
 
 /**
  * A signal the ladder acts on. `node` is the node the signal names: the culprit for `machine` and

@@ -1,27 +1,15 @@
 import { Queue } from 'bullmq';
 import { StoreUnavailableError, errorMessage } from '../core/errors.js';
-import { QUEUE_NAMES, type Redis } from '../core/redis.js';
+import { type Redis } from '../core/redis.js';
+import { QUEUE_JOB_OPTIONS, QUEUE_NAMES, type SignalJob } from '../core/queues.js';
 import type { Signal } from '../core/signal.js';
 
-/** How long finished signal jobs are kept: repeats of a signal within it are dropped at intake. */
-const SIGNAL_RETENTION_SECONDS = 24 * 3600;
 const ENQUEUE_TIMEOUT_MS = 3000;
 
-export interface SignalJob {
-  readonly signal: Signal;
-}
-
 /**
- * The durable front door: a request is answered 2xx only after its signals are in Redis
- * (DESIGN.md §3), so Alertmanager's and the agent's own retries cover every failure.
+ * The durable front door: a request is answered 2xx only after its signals are in Redis, so
+ * Alertmanager's and the agent's own retries cover every failure.
  */
-export const SIGNAL_JOB_OPTIONS = {
-  attempts: 20,
-  backoff: { type: 'exponential', delay: 500 },
-  removeOnComplete: { age: SIGNAL_RETENTION_SECONDS },
-  removeOnFail: { age: 7 * SIGNAL_RETENTION_SECONDS },
-} as const;
-
 export class SignalIntake {
   private queue: Queue<SignalJob> | undefined;
 
@@ -41,7 +29,7 @@ export class SignalIntake {
       this.queue = new Queue<SignalJob>(QUEUE_NAMES.signals, {
         connection: this.connection,
         prefix: this.prefix,
-        defaultJobOptions: SIGNAL_JOB_OPTIONS,
+        defaultJobOptions: QUEUE_JOB_OPTIONS.signals,
       });
       // Redis outages surface on the connection's own listener (service.ts) and as 503s from
       // enqueue; without a listener here Node would also print each one to the console.

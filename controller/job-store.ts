@@ -1,7 +1,7 @@
 import { InputError } from '../core/errors.js';
 import { parseJobSpec, type JobSpec, type JobState } from '../core/job.js';
 import type { Keys, Redis } from '../core/redis.js';
-import { checkpointShardSchema, type CheckpointShard } from '../actuators/restore-plan.js';
+import { checkpointShardSchema, type CheckpointShard } from '../core/checkpoint.js';
 import { z } from 'zod';
 import { parseOrThrow } from '../core/validate.js';
 

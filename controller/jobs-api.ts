@@ -8,7 +8,7 @@ import type { ClusterBackend } from '../actuators/backend.js';
 import { planRestore } from '../actuators/restore-plan.js';
 import { parseJobSpec } from '../core/job.js';
 import { JobExistsError, JobNotFoundError, type JobStore } from './job-store.js';
-import type { RecoveryDispatcher } from './recovery.js';
+import type { RecoveryDispatcher } from './recovery-dispatcher.js';
 import type { StandbyPool } from '../actuators/standby-pool.js';
 import type { MicrobatchBoard } from './microbatches.js';
 

@@ -5,12 +5,11 @@ import type { AuditLog } from '../core/audit.js';
 import { parseJobPayload } from '../core/job-payload.js';
 import type { Keys, Redis } from '../core/redis.js';
 import { signalSchema, stableHash, type Signal } from '../core/signal.js';
-import type { ActionJob } from '../actuators/drain.js';
-import type { SignalJob } from './intake.js';
 import { classifySignal } from './fault-class.js';
 import type { JobStore } from './job-store.js';
-import { faultEventFromSignal } from './ladder.js';
-import type { RecoveryDispatcher } from './recovery.js';
+import { faultEventFromSignal } from './ladder/index.js';
+import type { RecoveryDispatcher } from './recovery-dispatcher.js';
+import type { ActionJob, SignalJob } from '../core/queues.js';
 import { decide } from './policy.js';
 
 export interface PolicyResult {

@@ -2,7 +2,7 @@ import { z } from 'zod';
 import { errorMessage } from '../core/errors.js';
 import type { Keys, Redis } from '../core/redis.js';
 import { instantQuery } from './prometheus-query.js';
-import type { LadderEventJob } from './recovery.js';
+import type { LadderEventJob } from '../core/queues.js';
 
 /**
  * Whether a restarted job trains again: ByteRobust §4.2 judges a restart by whether training

@@ -7,30 +7,32 @@ import type { Config } from '../core/config.js';
 import { resolveToken } from '../core/config.js';
 import { errorMessage } from '../core/errors.js';
 import type { Logger } from '../core/log.js';
-import { Keys, QUEUE_NAMES, intakeConnection, isRedisUp, redactedRedisUrl, workerConnection, type Redis } from '../core/redis.js';
+import { Keys, intakeConnection, isRedisUp, redactedRedisUrl, workerConnection, type Redis } from '../core/redis.js';
+import { QUEUE_JOB_OPTIONS, QUEUE_NAMES, type ActionJob, type AnalysisJob, type RecoveryJob, type SignalJob } from '../core/queues.js';
 import type { ClusterBackend } from '../actuators/backend.js';
 import { DryRunBackend } from '../actuators/dry-run.js';
-import { createDrainProcessor, type ActionJob } from '../actuators/drain.js';
+import { createDrainProcessor } from '../actuators/drain.js';
 import { SafetyGates, drainBudget } from '../actuators/safety.js';
 import { StandbyPool } from '../actuators/standby-pool.js';
 import { SlurmBackend } from '../actuators/slurm.js';
 import { SlurmRestClient } from '../actuators/slurm-rest.js';
 import { kubernetesBackend, type KubernetesConnection } from '../actuators/kubernetes.js';
-import { SignalIntake, type SignalJob } from './intake.js';
+import { SignalIntake } from './intake.js';
 import { GrafanaAnnotator } from './grafana.js';
 import { ControllerMetrics } from './metrics.js';
 import { createPolicyProcessor } from './policy-worker.js';
 import { JobStore } from './job-store.js';
-import { RecoveryDispatcher, type RecoveryJob } from './recovery.js';
+import { RecoveryDispatcher } from './recovery-dispatcher.js';
+import { ladderConfig, type LadderConfig } from './ladder/index.js';
 import { ProgressWatch } from './progress.js';
-import { createRecoveryProcessor } from '../actuators/recovery.js';
+import { createRecoveryProcessor } from '../actuators/recovery/index.js';
 import { jobsRouter } from './jobs-api.js';
 import { MicrobatchBoard } from './microbatches.js';
 import { FailSlowWatch } from './failslow-watch.js';
 import { SuspectWatch } from './suspect-watch.js';
 import { PrometheusFeatureSource } from '../analyzers/multisignal-source.js';
 import { AgentDirectory } from './agents.js';
-import { createAnalysisProcessor, type AnalysisJob } from './analysis.js';
+import { createAnalysisProcessor } from './analysis.js';
 import { createApp } from './server.js';
 
 export interface ControllerOptions {
@@ -96,6 +98,7 @@ export class Controller {
   /** This replica's identity for the analysis leader lease. */
   private readonly replicaId = randomUUID();
   private readonly dispatcher: RecoveryDispatcher;
+  private readonly ladder: LadderConfig;
   private ticker: NodeJS.Timeout | undefined;
   readonly pool: StandbyPool;
   private readonly progress: ProgressWatch | undefined;
@@ -116,12 +119,7 @@ export class Controller {
     this.actionQueue = new Queue<ActionJob>(QUEUE_NAMES.actions, {
       connection: this.workerRedis,
       prefix: config.redis.prefix,
-      defaultJobOptions: {
-        attempts: 5,
-        backoff: { type: 'exponential', delay: 1000 },
-        removeOnComplete: { age: 7 * 24 * 3600 },
-        removeOnFail: { age: 30 * 24 * 3600 },
-      },
+      defaultJobOptions: QUEUE_JOB_OPTIONS.actions,
     });
     this.audit = new AuditLog(this.workerRedis, this.keys, config.controller.auditMaxLength);
     this.backend = createBackend(config, this.workerRedis, this.keys);
@@ -136,13 +134,12 @@ export class Controller {
     this.recoveryQueue = new Queue<RecoveryJob>(QUEUE_NAMES.recovery, {
       connection: this.workerRedis,
       prefix: config.redis.prefix,
-      defaultJobOptions: { attempts: 5, backoff: { type: 'exponential', delay: 1000 }, removeOnComplete: { age: 7 * 24 * 3600 }, removeOnFail: { age: 30 * 24 * 3600 } },
+      defaultJobOptions: QUEUE_JOB_OPTIONS.recovery,
     });
-    // Analyses are retried a few times (an agent restarting); a long diagnosis is one attempt's work.
     this.analysisQueue = new Queue<AnalysisJob>(QUEUE_NAMES.analysis, {
       connection: this.workerRedis,
       prefix: config.redis.prefix,
-      defaultJobOptions: { attempts: 3, backoff: { type: 'exponential', delay: 5000 }, removeOnComplete: { age: 7 * 24 * 3600 }, removeOnFail: { age: 30 * 24 * 3600 } },
+      defaultJobOptions: QUEUE_JOB_OPTIONS.analysis,
     });
     for (const queue of [this.signalQueue, this.actionQueue, this.recoveryQueue, this.analysisQueue]) {
       queue.on('error', (error: Error) => options.logger.warn({ queue: queue.name, err: error.message }, 'queue error'));
@@ -152,7 +149,8 @@ export class Controller {
       ? new ProgressWatch(this.workerRedis, this.keys, config.progress.prometheusUrl, config.progress.timeoutSeconds * 1000)
       : undefined;
     this.pool = new StandbyPool(this.workerRedis, this.keys, this.backend, config.standby);
-    this.dispatcher = new RecoveryDispatcher(this.workerRedis, this.keys, this.jobs, this.audit, this.recoveryQueue);
+    this.ladder = ladderConfig(config.recovery);
+    this.dispatcher = new RecoveryDispatcher(this.workerRedis, this.keys, this.jobs, this.audit, this.recoveryQueue, this.ladder);
     const analysisPrometheus = config.analysis.prometheusUrl ?? config.progress.prometheusUrl;
     this.failSlow = analysisPrometheus
       ? new FailSlowWatch({
@@ -260,6 +258,8 @@ export class Controller {
         jobs: this.jobs,
         logger,
         feedback: (event) => this.dispatcher.apply(event),
+        // One quarantine rule: the ladder's per job, this one across jobs.
+        quarantine: { afterEvictions: this.ladder.quarantineAfterEvictions, windowMs: this.ladder.exclusionWindowMs },
         maxJobEvictionPercent: config.safety.maxJobEvictionPercent,
         pool: this.pool,
         progress: this.progress,
@@ -276,7 +276,7 @@ export class Controller {
       { connection: this.ownConnection(), prefix: config.redis.prefix, concurrency: 1 },
     );
     // The ladder holds restarts back (retry backoff) and lazy updates until a deadline: time
-    // must pass through it (controller/ladder.ts, `tick`).
+    // must pass through it (controller/ladder/, the `tick` event).
     this.ticker = setInterval(() => {
       void this.tickJobs().catch((error: unknown) => logger.warn({ err: errorMessage(error) }, 'recovery tick failed'));
     }, RECOVERY_TICK_MS);

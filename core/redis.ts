@@ -169,8 +169,6 @@ export class Keys {
   }
 }
 
-export const QUEUE_NAMES = { signals: 'signals', actions: 'actions', recovery: 'recovery', analysis: 'analysis' } as const;
-
 /** True when `redis` answers PING within its timeout. */
 export async function isRedisUp(redis: Redis): Promise<boolean> {
   try {

@@ -5,7 +5,8 @@ import { Queue } from 'bullmq';
 import { stringify } from 'yaml';
 import type { Config } from '../core/config.js';
 import { repoRoot } from '../core/paths.js';
-import { QUEUE_NAMES, workerConnection } from '../core/redis.js';
+import { workerConnection } from '../core/redis.js';
+import { QUEUE_NAMES } from '../core/queues.js';
 import { httpOk, waitFor, type ProcessGroup } from './processes.js';
 
 /**

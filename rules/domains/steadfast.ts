@@ -1,4 +1,4 @@
-import { QUEUE_NAMES } from '../../core/redis.js';
+import { QUEUE_NAMES } from '../../core/queues.js';
 import { agentSelector, controllerSelector, humanDuration, indent, newEvents } from '../promql.js';
 import { alert, type DomainRules } from '../spec.js';
 

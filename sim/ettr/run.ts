@@ -1,5 +1,5 @@
-import { DEFAULT_LADDER_CONFIG, advance, initialLadderState, type LadderConfig, type LadderEvent, type LadderState, type LadderStep } from '../../controller/ladder.js';
-import type { FaultClass } from '../../controller/fault-class.js';
+import type { FaultClass, LadderEvent, LadderStep } from '../../core/ladder.js';
+import { DEFAULT_LADDER_CONFIG, advance, initialLadderState, type LadderConfig, type LadderState } from '../../controller/ladder/index.js';
 import { EventQueue } from './events.js';
 import type { Incident, IncidentSource } from './incidents.js';
 import { Ledger, type Cause } from './ledger.js';

@@ -5,7 +5,8 @@ import { AuditLog } from '../../core/audit.js';
 import { RetryLaterError } from '../../core/errors.js';
 import { silentLogger } from '../../core/log.js';
 import type { ClusterBackend, NodeState } from '../../actuators/backend.js';
-import { createDrainProcessor, type ActionJob } from '../../actuators/drain.js';
+import { createDrainProcessor } from '../../actuators/drain.js';
+import type { ActionJob } from '../../core/queues.js';
 import { SafetyGates } from '../../actuators/safety.js';
 import { testRedis } from '../support/redis.js';
 

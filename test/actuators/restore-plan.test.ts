@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { checkpointShardSchema, planRestore, type CheckpointShard } from '../../actuators/restore-plan.js';
+import { checkpointShardSchema, type CheckpointShard } from '../../core/checkpoint.js';
+import { planRestore } from '../../actuators/restore-plan.js';
 
 /** Two ranks on n0 and n1, each backing the other up in host memory, remote every 100 steps. */
 function shardsUpTo(step: number): CheckpointShard[] {

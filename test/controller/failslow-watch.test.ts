@@ -6,7 +6,7 @@ import { parseJobSpec, type JobSpec } from '../../core/job.js';
 import { FailSlowWatch } from '../../controller/failslow-watch.js';
 import { JobStore } from '../../controller/job-store.js';
 import { MicrobatchBoard } from '../../controller/microbatches.js';
-import type { LadderEventJob } from '../../controller/recovery.js';
+import type { LadderEventJob } from '../../core/queues.js';
 import { testRedis } from '../support/redis.js';
 
 const NODES = Array.from({ length: 8 }, (_, index) => `fs${index}`);

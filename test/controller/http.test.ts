@@ -2,7 +2,7 @@ import { readFileSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { Queue } from 'bullmq';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { QUEUE_NAMES } from '../../core/redis.js';
+import { QUEUE_NAMES } from '../../core/queues.js';
 import type { Controller } from '../../controller/service.js';
 import { freePort } from '../../sim/processes.js';
 import { TEST_TOKEN, post, startController, testConfig, xidAlertPayload } from '../support/controller.js';

@@ -3,7 +3,8 @@ import { join } from 'node:path';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import type { Signal } from '../../core/signal.js';
-import { classifySignal, FAULT_CLASSES, type Classification, type FaultClass } from '../../controller/fault-class.js';
+import { FAULT_CLASSES, type FaultClass, type LadderEvent, type LadderStep } from '../../core/ladder.js';
+import { classifySignal, type Classification } from '../../controller/fault-class.js';
 import {
   advance,
   DEFAULT_LADDER_CONFIG,
@@ -11,11 +12,9 @@ import {
   initialLadderState,
   ladderStateSchema,
   type LadderConfig,
-  type LadderEvent,
   type LadderState,
-  type LadderStep,
   type LadderTransition,
-} from '../../controller/ladder.js';
+} from '../../controller/ladder/index.js';
 
 const T0 = Date.parse('2026-03-02T08:00:00.000Z');
 const SECOND = 1000;

@@ -1,7 +1,7 @@
 import { Queue } from 'bullmq';
 import { afterEach, describe, expect, it } from 'vitest';
 import type { AuditEntry } from '../../core/audit.js';
-import { QUEUE_NAMES } from '../../core/redis.js';
+import { QUEUE_NAMES } from '../../core/queues.js';
 import type { Controller } from '../../controller/service.js';
 import { DryRunBackend } from '../../actuators/dry-run.js';
 import { post, startController, testConfig } from '../support/controller.js';

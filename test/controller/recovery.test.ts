@@ -4,13 +4,14 @@ import type { Controller } from '../../controller/service.js';
 import type { Job } from 'bullmq';
 import { DryRunBackend } from '../../actuators/dry-run.js';
 import type { ClusterBackend } from '../../actuators/backend.js';
-import { createRecoveryProcessor } from '../../actuators/recovery.js';
+import { createRecoveryProcessor } from '../../actuators/recovery/index.js';
 import { SafetyGates } from '../../actuators/safety.js';
 import { AuditLog } from '../../core/audit.js';
 import { silentLogger } from '../../core/log.js';
+import { DEFAULT_RECOVERY } from '../../core/config.js';
 import { JobStore } from '../../controller/job-store.js';
-import type { LadderStep } from '../../controller/ladder.js';
-import type { RecoveryJob } from '../../controller/recovery.js';
+import type { LadderStep } from '../../core/ladder.js';
+import type { RecoveryJob } from '../../core/queues.js';
 import { post, startController, testConfig } from '../support/controller.js';
 import { testRedis } from '../support/redis.js';
 import { until } from '../support/until.js';
@@ -196,6 +197,7 @@ function recoveryProcessor(store: ReturnType<typeof testRedis>, backend: Cluster
     logger: silentLogger(),
     feedback: async () => undefined,
     onPage,
+    quarantine: { afterEvictions: DEFAULT_RECOVERY.quarantineAfterEvictions, windowMs: DEFAULT_RECOVERY.quarantineWindowSeconds * 1000 },
   });
 }
 

@@ -1,7 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Queue, type Job } from 'bullmq';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
-import type { ActionJob } from '../../actuators/drain.js';
+import type { ActionJob } from '../../core/queues.js';
 import { createDrainProcessor } from '../../actuators/drain.js';
 import { DryRunBackend } from '../../actuators/dry-run.js';
 import { SafetyGates } from '../../actuators/safety.js';

@@ -3,7 +3,7 @@ import { Queue } from 'bullmq';
 import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { AUDIT_TYPES } from '../../core/audit.js';
-import { QUEUE_NAMES } from '../../core/redis.js';
+import { QUEUE_NAMES } from '../../core/queues.js';
 import type { Controller } from '../../controller/service.js';
 import { TEST_TOKEN, post, startController, testConfig, xidAlertPayload } from '../support/controller.js';
 import { hostileString } from '../support/hostile.js';

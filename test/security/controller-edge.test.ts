@@ -6,7 +6,7 @@ import { Queue } from 'bullmq';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadConfig, resolveToken } from '../../core/config.js';
 import { InputError } from '../../core/errors.js';
-import { QUEUE_NAMES } from '../../core/redis.js';
+import { QUEUE_NAMES } from '../../core/queues.js';
 import type { Controller } from '../../controller/service.js';
 import { TEST_TOKEN, startController, testConfig } from '../support/controller.js';
 import { testRedis } from '../support/redis.js';

@@ -1,33 +1,19 @@
 import type { Queue } from 'bullmq';
-import { z } from 'zod';
 import type { AuditLog } from '../core/audit.js';
 import { StoreUnavailableError, errorMessage } from '../core/errors.js';
 import type { Keys, Redis } from '../core/redis.js';
 import { stableHash } from '../core/signal.js';
 import type { JobStore } from './job-store.js';
-import { DEFAULT_LADDER_CONFIG, advance, ladderStepSchema, initialLadderState, ladderStateSchema, type LadderConfig, type LadderEvent, type LadderState, type LadderStep } from './ladder.js';
+import type { LadderStep } from '../core/ladder.js';
+import type { LadderEventJob, RecoveryJob } from '../core/queues.js';
+import { DEFAULT_LADDER_CONFIG, advance, initialLadderState, ladderStateSchema, type LadderConfig, type LadderState } from './ladder/index.js';
 
 /**
- * Runs a job's recovery ladder (controller/ladder.ts) against its state in Redis and hands the
+ * Runs a job's recovery ladder (controller/ladder/) against its state in Redis and hands the
  * resulting steps to the recovery actuator as ONE job, so they run in order (stop, evict, then
  * restart). Read-modify-write under WATCH: two controller replicas advancing the same job at
  * once retry instead of losing a transition.
  */
-
-export const recoveryJobSchema = z.object({
-  transitionId: z.string().min(1).max(128),
-  job: z.string().min(1).max(128),
-  steps: z.array(ladderStepSchema),
-});
-
-export type RecoveryJob = z.infer<typeof recoveryJobSchema>;
-
-export interface LadderEventJob {
-  readonly job: string;
-  readonly event: LadderEvent;
-  /** Unique per event, for idempotent transitions (a signal id, or a step's id for feedback). */
-  readonly eventId: string;
-}
 
 const MAX_CONFLICT_RETRIES = 8;
 

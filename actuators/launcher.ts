@@ -1,0 +1,51 @@
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
+import { errorMessage } from '../core/errors.js';
+import { launchArgv, type JobSpec } from '../core/job.js';
+import type { ClusterBackend } from './backend.js';
+
+const run = promisify(execFile);
+const LAUNCH_TIMEOUT_MS = 120_000;
+/** What of a launcher's own words goes into the audit and the ladder. */
+const SAID_MAX = 300;
+
+/**
+ * - launched: the scheduler accepted the job (whether it trains is decided later, from progress);
+ * - failed: the launcher refused or broke; `reason` is what it said, for the ladder;
+ * - needs_person: this backend has no way to start the workload.
+ */
+export type LaunchOutcome =
+  | { readonly state: 'launched'; readonly detail: string }
+  | { readonly state: 'failed'; readonly detail: string; readonly reason: string }
+  | { readonly state: 'needs_person'; readonly detail: string };
+
+/**
+ * Starts a registered job again, on the nodes and code version its spec names now:
+ * - Slurm: runs the job's launcher argv (e.g. `sbatch …`) with {job}, {nodes} and {version}
+ *   filled in and checked (launchArgv), never through a shell;
+ * - Kubernetes: deletes the workload's pods so that its own controller recreates them.
+ */
+export async function launchJob(spec: JobSpec, backend: ClusterBackend): Promise<LaunchOutcome> {
+  const launcher = spec.launcher;
+  if (launcher.kind === 'slurm') {
+    try {
+      // Inside the try: a stored value launchArgv refuses is a failed restart on record, not a crashed step.
+      const argv = launchArgv(launcher, { job: spec.name, nodes: spec.nodes, version: spec.codeVersion });
+      const { stdout } = await run(argv[0] as string, argv.slice(1), { timeout: LAUNCH_TIMEOUT_MS, maxBuffer: 1024 * 1024 });
+      return { state: 'launched', detail: `launched ${spec.codeVersion} on ${spec.nodes.join(',')}: ${stdout.trim().slice(0, 200) || 'ok'}` };
+    } catch (error) {
+      const said = ((error as { stderr?: string }).stderr?.trim() || errorMessage(error)).slice(0, SAID_MAX);
+      return { state: 'failed', detail: `launcher failed: ${said}`, reason: said };
+    }
+  }
+  if (!backend.relaunchWorkload) {
+    return { state: 'needs_person', detail: `the ${backend.name} backend cannot relaunch Kubernetes workload ${launcher.workload}; restart it by hand` };
+  }
+  try {
+    const deleted = await backend.relaunchWorkload(launcher.namespace, launcher.podSelector);
+    return { state: 'launched', detail: `relaunched ${launcher.workload} in ${launcher.namespace}: ${deleted} pods deleted for its controller to recreate` };
+  } catch (error) {
+    const said = errorMessage(error).slice(0, SAID_MAX);
+    return { state: 'failed', detail: `relaunch of ${launcher.workload} failed: ${said}`, reason: said };
+  }
+}

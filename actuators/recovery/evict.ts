@@ -1,0 +1,75 @@
+import { DoNotRetryError } from '../../core/errors.js';
+import { drainNode, pageOncePerWindow } from '../drain-node.js';
+import { recordStep, stepRef, type RecoveryActuatorDeps, type StepAt } from './context.js';
+
+/**
+ * The evict step: pass the gates (pause, the job's share, the cluster budget), then for each node
+ * drain it (drain-node.ts), note the eviction in its cross-job history, and put a warm standby in
+ * its place (ByteRobust §6.2). True when the transition may go on to its restart.
+ */
+export async function evict(deps: RecoveryActuatorDeps, at: StepAt): Promise<boolean> {
+  const { step } = at;
+  const { backend, gates, jobs } = deps;
+  const ref = stepRef(at);
+  const jobSize = (await jobs.get(step.job)).spec.nodes.length;
+  const share = await gates.admitJobShare(step.job, ref, step.nodes ?? [], jobSize, deps.maxJobEvictionPercent ?? 100);
+  const admitted = share.ok ? await gates.admit(ref) : share;
+  if (!admitted.ok) {
+    await recordStep(deps, at, 'refused', admitted.reason);
+    const page = { ref, what: 'eviction', node: step.nodes?.[0], job: step.job, backend: backend.name };
+    await pageOncePerWindow(gates, deps.audit, admitted, page, (reason) => deps.onPage?.(step.job, reason));
+    return false;
+  }
+  const quarantined = new Set(await deps.redis.smembers(deps.keys.quarantine));
+  for (const node of step.nodes ?? []) {
+    try {
+      const { already, state } = await drainNode(backend, gates, { node, holder: ref, reason: step.reason, auditId: at.transitionId });
+      await recordStep(deps, at, 'done', already ? `already out of service (${state.raw})` : `drained through ${backend.name}`, node);
+    } catch (error) {
+      if (!(error instanceof DoNotRetryError)) throw error;
+      // A node the scheduler does not know cannot be drained or replaced: a person decides.
+      await recordStep(deps, at, 'failed', error.message, node);
+      deps.onPage?.(step.job, error.message);
+      return false;
+    }
+    await noteExclusion(deps, at, node);
+    await replaceWithStandby(deps, at, node, quarantined);
+  }
+  return true;
+}
+
+async function replaceWithStandby(deps: RecoveryActuatorDeps, at: StepAt, node: string, quarantined: ReadonlySet<string>): Promise<void> {
+  const { step } = at;
+  const standby = deps.pool?.enabled
+    ? await deps.pool.take(step.job)
+    : (await deps.backend.standbys()).find((candidate) => !quarantined.has(candidate));
+  if (!standby) {
+    const reason = `no warm standby left to replace ${node}; provision one (steadfast plan standby sizes the pool)`;
+    await recordStep(deps, at, 'failed', reason, node);
+    deps.onPage?.(step.job, reason);
+    return;
+  }
+  if (!deps.pool?.enabled) await deps.backend.activateStandby(standby, step.job);
+  await deps.jobs.replaceNode(step.job, node, standby);
+  await recordStep(deps, at, 'done', `standby ${standby} activated in place of ${node}`, standby);
+}
+
+/**
+ * Exclusion history across every job (504-GPU report: three nodes caused half of all
+ * exclusions): a node evicted `quarantine.afterEvictions` times within the window is quarantined —
+ * never again a standby, and reported — whichever jobs it served.
+ */
+async function noteExclusion(deps: RecoveryActuatorDeps, at: StepAt, node: string): Promise<void> {
+  const { redis, keys, quarantine } = deps;
+  const key = keys.nodeExclusions(node);
+  const now = Date.now();
+  await redis.zadd(key, String(now), stepRef(at));
+  await redis.zremrangebyscore(key, '-inf', String(now - quarantine.windowMs));
+  await redis.pexpire(key, quarantine.windowMs);
+  const count = await redis.zcard(key);
+  if (count >= quarantine.afterEvictions && (await redis.sadd(keys.quarantine, node)) === 1) {
+    const reason = `${node} was excluded ${count} times within ${Math.round(quarantine.windowMs / 86_400_000)} days; quarantined until an operator returns it`;
+    await recordStep(deps, at, 'done', reason, node);
+    deps.onPage?.(at.step.job, reason);
+  }
+}

@@ -1,0 +1,61 @@
+import { parseJobSpec } from '../../core/job.js';
+import type { CheckpointShard } from '../../core/checkpoint.js';
+import type { LadderEvent } from '../../core/ladder.js';
+import { launchJob } from '../launcher.js';
+import { planRestore } from '../restore-plan.js';
+import { recordStep, stepRef, type RecoveryActuatorDeps, type StepAt } from './context.js';
+
+/**
+ * The restart and reattempt steps: put the restore plan on record, start the job through its
+ * launcher (launcher.ts), and tell the ladder how it went — at once when the launch failed, or
+ * after new iterations when a progress watch judges restarts.
+ */
+export async function restart(deps: RecoveryActuatorDeps, at: StepAt): Promise<void> {
+  const { step } = at;
+  const { spec } = await deps.jobs.get(step.job);
+  await recordRestorePlan(deps, at);
+  const launched = await launchJob(spec, deps.backend);
+  if (launched.state === 'needs_person') {
+    await recordStep(deps, at, 'failed', launched.detail);
+    deps.onPage?.(step.job, 'relaunch needs a person');
+    return;
+  }
+  await recordStep(deps, at, launched.state === 'launched' ? 'done' : 'failed', launched.detail);
+  if (launched.state === 'launched' && deps.progress) {
+    // Launched: whether it trains again is decided later, from Prometheus (the progress watch).
+    await deps.progress.watch(step.job, stepRef(at));
+    return;
+  }
+  // Without a progress watch, the launcher's acceptance is the verdict.
+  const outcome: LadderEvent =
+    launched.state === 'launched' ? { type: 'restart_succeeded', time: Date.now() } : { type: 'restart_failed', time: Date.now(), detail: launched.reason };
+  await deps.feedback({ job: step.job, event: outcome, eventId: `${stepRef(at)}:${outcome.type}` });
+}
+
+/**
+ * Where the restarted job resumes from: the newest checkpoint step every rank can still load
+ * after the evictions, and each rank's cheapest surviving copy (ByteRobust §6.3).
+ */
+async function recordRestorePlan(deps: RecoveryActuatorDeps, at: StepAt): Promise<void> {
+  const { step } = at;
+  const shards = await deps.jobs.checkpoints(step.job);
+  if (shards.length === 0) return;
+  const { topology } = parseJobSpec((await deps.jobs.get(step.job)).spec);
+  const evicted = new Set(await evictedHolders(deps, shards));
+  // The spec already names the standbys, so each rank's node is where it runs after the restart.
+  const plan = planRestore(shards, { ranks: topology.ranks.length, evicted, rankNodes: new Map(topology.ranks.map((rank) => [rank.rank, rank.node])) });
+  const detail = plan
+    ? `restore from step ${plan.step}: ${plan.sources.filter((source) => !source.local).length} of ${plan.sources.length} ranks load from another node or remote storage${plan.skipped.length ? `; newer steps ${plan.skipped.map((skip) => skip.step).join(', ')} lost a shard` : ''}`
+    : 'no checkpoint step survives the evictions: the job restarts from its last persistent checkpoint';
+  await deps.audit.append(
+    { type: 'action', ref: `${stepRef(at)}:restore`, summary: `${step.job}: restore plan: ${detail}`, data: { job: step.job, verb: 'restore_plan', state: 'done', detail, plan } },
+    `action:${stepRef(at)}:restore`,
+  );
+}
+
+/** Holders of the shards that the backend shows out of service (evicted, drained, gone). */
+async function evictedHolders(deps: RecoveryActuatorDeps, shards: readonly CheckpointShard[]): Promise<string[]> {
+  const holders = [...new Set(shards.flatMap((shard) => (shard.holder ? [shard.holder] : [])))];
+  const states = await Promise.all(holders.map(async (holder) => ({ holder, state: await deps.backend.nodeState(holder) })));
+  return states.filter(({ state }) => state.drained || !state.exists).map(({ holder }) => holder);
+}

@@ -1,0 +1,52 @@
+import type { Signal } from '../../core/signal.js';
+import type { FaultEvent, LadderEvent } from '../../core/ladder.js';
+import type { FaultVerdict } from '../fault-class.js';
+import { DEFAULT_LADDER_CONFIG, type LadderConfig } from './config.js';
+import { prune, unique, type Ctx } from './context.js';
+import { onCodeUpdate, onCrash, onDiagnosticsResult, onFault, onReplayResult, onRestartFailed, onRestartSucceeded, onTick } from './transitions.js';
+import type { LadderState, LadderTransition } from './state.js';
+
+/** The ladder's two entry points: a signal becomes an event, an event moves the state. */
+
+/** The ladder event for a classified signal. */
+export function faultEventFromSignal(signal: Signal, verdict: FaultVerdict): FaultEvent {
+  return {
+    type: 'fault',
+    time: Date.parse(signal.time),
+    signalId: signal.id,
+    faultClass: verdict.faultClass,
+    nodes: verdict.node === undefined ? [] : [verdict.node],
+    detail: verdict.reason,
+  };
+}
+
+/** One transition. Never mutates `state`; never throws on a well-typed event. */
+export function advance(state: LadderState, event: LadderEvent, config: LadderConfig = DEFAULT_LADDER_CONFIG): LadderTransition {
+  const ctx: Ctx = { s: structuredClone(state), time: event.time, config, steps: [] };
+  prune(ctx);
+  switch (event.type) {
+    case 'fault':
+      onFault(ctx, event);
+      break;
+    case 'restart_succeeded':
+      onRestartSucceeded(ctx);
+      break;
+    case 'restart_failed':
+      onRestartFailed(ctx, event.detail ?? 'the relaunched job failed');
+      break;
+    case 'diagnostics_result':
+      onDiagnosticsResult(ctx, unique(event.suspects));
+      break;
+    case 'replay_result':
+      onReplayResult(ctx, unique(event.culprits));
+      break;
+    case 'code_update':
+      onCodeUpdate(ctx, event.version, event.urgent);
+      break;
+    case 'tick':
+      onTick(ctx);
+      break;
+  }
+  return { state: ctx.s, steps: ctx.steps };
+}
+

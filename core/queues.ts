@@ -1,0 +1,85 @@
+import type { JobsOptions } from 'bullmq';
+import { z } from 'zod';
+import type { Decision } from './action.js';
+import { ladderStepSchema, type LadderEvent } from './ladder.js';
+import type { Signal } from './signal.js';
+
+/**
+ * The queues on Redis (BullMQ), what each one carries and how its jobs are retried — the contract
+ * between whoever adds a job and the worker that takes it, kept here so that neither side imports
+ * the other:
+ *
+ *   signals   intake (HTTP)          → policy worker       SignalJob
+ *   actions   policy worker          → drain actuator      ActionJob
+ *   recovery  recovery dispatcher    → recovery actuator   RecoveryJob (one ladder transition)
+ *   analysis  recovery actuator      → analysis worker     AnalysisJob
+ *
+ * Results travel back to the ladder as LadderEventJobs (RecoveryDispatcher.apply).
+ */
+
+export const QUEUE_NAMES = { signals: 'signals', actions: 'actions', recovery: 'recovery', analysis: 'analysis' } as const;
+export type QueueName = keyof typeof QUEUE_NAMES;
+
+const DAY_SECONDS = 24 * 3600;
+
+/** Finished work is kept a week (a redelivered job id is recognised), failed work a month for review. */
+const KEEP_FINISHED = { removeOnComplete: { age: 7 * DAY_SECONDS }, removeOnFail: { age: 30 * DAY_SECONDS } } as const;
+
+/**
+ * The retry policy, one entry per queue:
+ * - signals are retried long (an intake answers 2xx only once they are stored, so a signal must
+ *   survive a worker or Redis blip); done ones are kept 24 h, and a repeat of a signal id within
+ *   that time is dropped at intake;
+ * - actions and recovery transitions get five tries: a lease held by another actuator or a
+ *   backend briefly unreachable clears within seconds;
+ * - analyses get three, further apart: an agent restarting, and a long diagnosis is one try's work.
+ */
+export const QUEUE_JOB_OPTIONS = {
+  signals: { attempts: 20, backoff: { type: 'exponential', delay: 500 }, removeOnComplete: { age: DAY_SECONDS }, removeOnFail: { age: 7 * DAY_SECONDS } },
+  actions: { attempts: 5, backoff: { type: 'exponential', delay: 1000 }, ...KEEP_FINISHED },
+  recovery: { attempts: 5, backoff: { type: 'exponential', delay: 1000 }, ...KEEP_FINISHED },
+  analysis: { attempts: 3, backoff: { type: 'exponential', delay: 5000 }, ...KEEP_FINISHED },
+} as const satisfies Record<QueueName, JobsOptions>;
+
+export interface SignalJob {
+  readonly signal: Signal;
+}
+
+export interface ActionJob {
+  readonly decision: Decision;
+}
+
+/** One ladder transition: its steps run in order (stop, evict, then restart), each at most once. */
+export const recoveryJobSchema = z.object({
+  transitionId: z.string().min(1).max(128),
+  job: z.string().min(1).max(128),
+  steps: z.array(ladderStepSchema),
+});
+
+export type RecoveryJob = z.infer<typeof recoveryJobSchema>;
+
+/** An event for a job's ladder, from the policy worker, an actuator, an analyzer or the clock. */
+export interface LadderEventJob {
+  readonly job: string;
+  readonly event: LadderEvent;
+  /** Unique per event, for idempotent transitions (a signal id, or a step's id for feedback). */
+  readonly eventId: string;
+}
+
+export const ANALYSIS_KINDS = ['diagnostics', 'replay', 'stacks'] as const;
+export type AnalysisKind = (typeof ANALYSIS_KINDS)[number];
+
+export const analysisJobSchema = z.object({
+  kind: z.enum(ANALYSIS_KINDS),
+  job: z.string().min(1).max(128),
+  /** The recovery step that asked, `${transitionId}:${index}`: the analysis' identity. */
+  ref: z.string().min(1).max(256),
+  reason: z.string().max(4096),
+});
+
+export type AnalysisJob = z.infer<typeof analysisJobSchema>;
+
+/** The ladder event for diagnostics or a replay that found no machine. */
+export function nothingFound(kind: 'diagnostics' | 'replay', time: number): LadderEvent {
+  return kind === 'diagnostics' ? { type: 'diagnostics_result', time, suspects: [] } : { type: 'replay_result', time, culprits: [] };
+}
