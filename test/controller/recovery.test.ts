@@ -86,20 +86,30 @@ describe('recovery of a registered job on a real Redis', () => {
     expect(decisions.some((summary) => /^llama: rollback to v1/.test(summary))).toBe(true);
   });
 
+  const flap = (startsAt: string): Record<string, unknown> => ({
+    version: '4',
+    status: 'firing',
+    receiver: 'steadfast-controller',
+    alerts: [{ labels: { alertname: 'SteadfastRdmaPortFlapping', node: 'n03', device: 'mlx5_0', port: '1', severity: 'critical', domain: 'network' }, annotations: {}, startsAt }],
+  });
+
   it('tolerates a first NIC flap and evicts the node on the second within five minutes', async () => {
     const { store, controller, url } = await setUp();
-    const flap = (startsAt: string): Record<string, unknown> => ({
-      version: '4',
-      status: 'firing',
-      receiver: 'steadfast-controller',
-      alerts: [{ labels: { alertname: 'SteadfastRdmaPortFlapping', node: 'n03', device: 'mlx5_0', port: '1', severity: 'critical', domain: 'network' }, annotations: {}, startsAt }],
-    });
     await post(`${url}/api/v1/alerts`, flap(new Date(Date.now() - 60_000).toISOString()));
     await until('first flap recorded', () => controller.audit.read({ type: 'decision' }), (entries) => entries.some((entry) => entry.summary.includes('tolerate')));
     expect(await new DryRunBackend(store.redis, store.keys).recorded()).toEqual({});
     await post(`${url}/api/v1/alerts`, flap(new Date().toISOString()));
     await until('node evicted', () => new DryRunBackend(store.redis, store.keys).recorded(), (drained) => 'n03' in drained);
     await until('standby in place', () => controller.jobs.get('llama'), (record) => record.spec.nodes.includes('spare-1') && record.state === 'running');
+  });
+
+  it("evicts on the first NIC flap when the operator's recovery config tolerates none", async () => {
+    const { store, controller, url } = await setUp({ recovery: { networkAlertsBeforeEviction: 1 } });
+    await post(`${url}/api/v1/alerts`, flap(new Date().toISOString()));
+    await until('node evicted', () => new DryRunBackend(store.redis, store.keys).recorded(), (drained) => 'n03' in drained);
+    const decisions = (await controller.audit.read({ type: 'decision', limit: 100 })).map((entry) => entry.summary);
+    expect(decisions.some((summary) => summary.startsWith('llama: tolerate'))).toBe(false);
+    expect(decisions.some((summary) => /^llama: evict n03 — .*1 network alerts within 5 min/.test(summary))).toBe(true);
   });
 
   it('refuses the eviction while paused, says so, and leaves the node in service', async () => {

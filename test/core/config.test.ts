@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { InputError } from '../../core/errors.js';
 import { envOverrides, loadConfig, resolveToken } from '../../core/config.js';
+import { DEFAULT_LADDER_CONFIG, ladderConfig } from '../../controller/ladder/index.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'steadfast-config-'));
 function file(name: string, text: string): string {
@@ -26,6 +27,15 @@ describe('configuration', () => {
     expect(config.controller.port).toBe(9600);
     expect(config.backend.kind).toBe('slurm');
     expect(config.safety.maxDrainsPerWindow).toBe(10);
+  });
+
+  it("takes the recovery ladder's thresholds from the recovery section, in seconds, and refuses a backoff cap below its start", () => {
+    const path = file('recovery.yaml', 'recovery:\n  networkAlertsBeforeEviction: 3\n  retryInitialBackoffSeconds: 10\n');
+    const config = loadConfig({ file: path, env: { STEADFAST_RECOVERY__QUARANTINE_WINDOW_SECONDS: '86400' } });
+    expect(ladderConfig(config.recovery)).toMatchObject({ networkAlertsBeforeEviction: 3, retryInitialBackoffMs: 10_000, exclusionWindowMs: 86_400_000, retryLimit: 6 });
+    expect(ladderConfig(loadConfig({ env: {} }).recovery)).toEqual(DEFAULT_LADDER_CONFIG);
+    const inverted = file('inverted.yaml', 'recovery:\n  retryInitialBackoffSeconds: 120\n  retryMaxBackoffSeconds: 60\n');
+    expect(() => loadConfig({ file: inverted, env: {} })).toThrow(/recovery\.retryMaxBackoffSeconds: must be at least retryInitialBackoffSeconds/);
   });
 
   it('names the bad field when a value has the wrong type', () => {

@@ -10,6 +10,7 @@ export function testConfig(redisUrl: string, prefix: string, overrides: Partial<
     controller: { host: '127.0.0.1', port: 0, token: TEST_TOKEN, ...(overrides.controller ?? {}) },
     backend: { kind: 'dry-run', ...(overrides.backend ?? {}) },
     safety: { ...(overrides.safety ?? {}) },
+    recovery: { ...(overrides.recovery ?? {}) },
     policy: { ...(overrides.policy ?? {}) },
     standby: { ...(overrides.standby ?? {}) },
     progress: { ...(overrides.progress ?? {}) },
