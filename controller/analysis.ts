@@ -144,7 +144,7 @@ export function createAnalysisProcessor(deps: AnalysisDeps): (job: Job<AnalysisJ
           return { evict: await stacks(request) };
       }
     } catch (error) {
-      logger.warn({ job: request.job, kind: request.kind, err: errorMessage(error) }, 'analysis failed');
+      logger.warn({ job: request.job, kind: request.kind, err: error }, 'analysis failed');
       const lastAttempt = job.attemptsMade + 1 >= (job.opts.attempts ?? 1);
       if (!lastAttempt || request.kind === 'stacks') throw error;
       // The ladder waits for this result: after the last attempt, report that nothing was found

@@ -5,7 +5,7 @@ import type { Logger } from '../core/log.js';
 
 /**
  * Posts each finished action to Grafana's annotation API (`POST /api/annotations`), so that every
- * steadfast dashboard shows what steadfast did, when, and to which node (DESIGN.md §6). Best
+ * steadfast dashboard shows what steadfast did, when, and to which node (docs/architecture.md). Best
  * effort by design: the action has already happened and is in the audit log; a Grafana that is
  * down, slow or refusing is logged and counted, and never fails or delays the action.
  */

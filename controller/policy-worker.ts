@@ -47,11 +47,6 @@ function describe(signal: Signal): string {
 }
 
 /**
- * Turns queued signals into decisions. Every report of a fault on a node that is already being
- * drained joins the existing decision instead of making a new one, which is how the agent's fast
- * path and the later Prometheus alert for the same Xid lead to exactly one drain.
- */
-/**
  * A signal about a node of a registered job goes to that job's recovery ladder (ByteRobust §4,
  * DeadPool Table II): classify, advance, and let the recovery actuator carry out the steps.
  */
@@ -78,6 +73,12 @@ async function toLadder(audit: AuditLog, signal: Signal, trainingJob: string, di
   return { outcome: steps.length > 0 ? 'decided' : 'joined' };
 }
 
+/**
+ * Turns queued signals into decisions: a signal about a registered job's node goes to its ladder,
+ * any other to the node policy (policy.ts). Every report of a fault on a node that is already being
+ * drained joins the existing decision instead of making a new one, which is how the agent's fast
+ * path and the later Prometheus alert for the same Xid lead to exactly one drain.
+ */
 export function createPolicyProcessor(deps: PolicyWorkerDeps): (job: Job<SignalJob>) => Promise<PolicyResult> {
   const { redis, keys, audit, actions, dedupeSeconds } = deps;
 

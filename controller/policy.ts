@@ -1,11 +1,12 @@
 import type { Signal } from '../core/signal.js';
 
 /**
- * The policy: what to do about one signal. A pure function; claiming, enqueueing and auditing
- * happen in the worker around it. This is the first rung of ByteRobust's ladder (§4.1): faults
- * with an explicit, high-confidence machine signal — a fatal Xid, a GPU gone from the bus —
- * are evicted at once, without stop-time diagnosis. Later rungs (reattempt, rollback,
- * dual-phase replay) build on the same shape.
+ * The policy for a signal about a node that runs no registered training job: what to do about
+ * it. A pure function; claiming, enqueueing and auditing happen in the worker around it. It
+ * follows ByteRobust's real-time checks (§4.1): a fault with an explicit, high-confidence machine
+ * signal — a fatal Xid, a GPU gone from the bus — drains the node at once; anything else is only
+ * observed. Signals about a registered job's nodes go to that job's recovery ladder instead
+ * (controller/ladder/), which has every rung.
  */
 
 export type PolicyOutcome =

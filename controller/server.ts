@@ -77,7 +77,7 @@ export function createApp(deps: ServerDeps): express.Express {
       await deps.enqueue(signals);
     } catch (error) {
       if (error instanceof StoreUnavailableError) {
-        logger.warn({ endpoint, err: error.message }, 'Redis unavailable; asking the sender to retry');
+        logger.warn({ endpoint, err: error }, 'Redis unavailable; asking the sender to retry');
         reject(res, endpoint, 503, 'store_unavailable', `signals not stored, retry later: ${error.message}`);
         return;
       }
@@ -159,7 +159,7 @@ export function createApp(deps: ServerDeps): express.Express {
     const status = httpStatusOf(error);
     if (res.headersSent) {
       // Too late for an answer: the client sees the connection end instead of a half response.
-      logger.warn({ err: errorMessage(error), path: req.path }, 'request failed after its answer began');
+      logger.warn({ err: error, path: req.path }, 'request failed after its answer began');
       res.destroy();
     } else if (status === 413) {
       reject(res, endpoint, 413, 'too_large', `request body larger than ${deps.bodyLimitBytes} bytes`);
@@ -168,7 +168,7 @@ export function createApp(deps: ServerDeps): express.Express {
     } else if (error instanceof InputError) {
       reject(res, endpoint, 400, 'invalid', error.message);
     } else {
-      logger.error({ err: errorMessage(error), path: req.path }, 'request failed');
+      logger.error({ err: error, path: req.path }, 'request failed');
       reject(res, endpoint, 500, 'internal', 'internal error; see the controller log');
     }
   });

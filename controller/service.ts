@@ -5,7 +5,6 @@ import { Queue, Worker } from 'bullmq';
 import { AuditLog } from '../core/audit.js';
 import type { Config } from '../core/config.js';
 import { resolveToken } from '../core/config.js';
-import { errorMessage } from '../core/errors.js';
 import type { Logger } from '../core/log.js';
 import { Keys, intakeConnection, isRedisUp, redactedRedisUrl, workerConnection, type Redis } from '../core/redis.js';
 import { QUEUE_JOB_OPTIONS, QUEUE_NAMES, type ActionJob, type AnalysisJob, type RecoveryJob, type SignalJob } from '../core/queues.js';
@@ -113,7 +112,7 @@ export class Controller {
     this.intakeRedis = intakeConnection(config.redis);
     this.workerRedis = workerConnection(config.redis);
     for (const [name, connection] of [['intake', this.intakeRedis], ['worker', this.workerRedis]] as const) {
-      connection.on('error', (error: Error) => options.logger.warn({ connection: name, err: error.message }, 'Redis connection error'));
+      connection.on('error', (error: Error) => options.logger.warn({ connection: name, err: error }, 'Redis connection error'));
     }
     this.intake = new SignalIntake(this.intakeRedis, config.redis.prefix);
     this.actionQueue = new Queue<ActionJob>(QUEUE_NAMES.actions, {
@@ -142,7 +141,7 @@ export class Controller {
       defaultJobOptions: QUEUE_JOB_OPTIONS.analysis,
     });
     for (const queue of [this.signalQueue, this.actionQueue, this.recoveryQueue, this.analysisQueue]) {
-      queue.on('error', (error: Error) => options.logger.warn({ queue: queue.name, err: error.message }, 'queue error'));
+      queue.on('error', (error: Error) => options.logger.warn({ queue: queue.name, err: error }, 'queue error'));
     }
     this.agents = new AgentDirectory(config.agents);
     this.progress = config.progress.prometheusUrl
@@ -228,7 +227,7 @@ export class Controller {
 
   private ownConnection(): Redis {
     const connection = workerConnection(this.options.config.redis);
-    connection.on('error', (error: Error) => this.options.logger.warn({ err: error.message }, 'Redis connection error'));
+    connection.on('error', (error: Error) => this.options.logger.warn({ err: error }, 'Redis connection error'));
     this.workerConnections.push(connection);
     return connection;
   }
@@ -278,7 +277,7 @@ export class Controller {
     // The ladder holds restarts back (retry backoff) and lazy updates until a deadline: time
     // must pass through it (controller/ladder/, the `tick` event).
     this.ticker = setInterval(() => {
-      void this.tickJobs().catch((error: unknown) => logger.warn({ err: errorMessage(error) }, 'recovery tick failed'));
+      void this.tickJobs().catch((error: unknown) => logger.warn({ err: error }, 'recovery tick failed'));
     }, RECOVERY_TICK_MS);
     this.ticker.unref();
     const drain = new Worker(
@@ -322,8 +321,8 @@ export class Controller {
       { connection: this.ownConnection(), prefix: config.redis.prefix, concurrency: 4 },
     );
     for (const worker of [policy, drain, recovery, analysis]) {
-      worker.on('failed', (job, error) => logger.warn({ queue: worker.name, job: job?.id, err: error.message }, 'job failed'));
-      worker.on('error', (error) => logger.warn({ queue: worker.name, err: errorMessage(error) }, 'worker error'));
+      worker.on('failed', (job, error) => logger.warn({ queue: worker.name, job: job?.id, err: error }, 'job failed'));
+      worker.on('error', (error) => logger.warn({ queue: worker.name, err: error }, 'worker error'));
       this.workers.push(worker);
     }
   }
@@ -339,11 +338,11 @@ export class Controller {
     if ((this.failSlow || this.suspects) && (await this.leadAnalysis())) {
       const running = records.filter((record) => record.state === 'running').map((record) => record.spec);
       for (const spec of running) {
-        await this.failSlow?.check(spec, now).catch((error: unknown) => this.options.logger.warn({ job: spec.name, err: errorMessage(error) }, 'fail-slow check failed'));
+        await this.failSlow?.check(spec, now).catch((error: unknown) => this.options.logger.warn({ job: spec.name, err: error }, 'fail-slow check failed'));
       }
       if (this.suspects && now - this.lastSuspectRun >= this.options.config.analysis.detectorIntervalSeconds * 1000) {
         this.lastSuspectRun = now;
-        await this.suspects.run(running, now).catch((error: unknown) => this.options.logger.warn({ err: errorMessage(error) }, 'multi-signal detection failed'));
+        await this.suspects.run(running, now).catch((error: unknown) => this.options.logger.warn({ err: error }, 'multi-signal detection failed'));
       }
     }
     // Replenish the warm standby pool up to the P99 of the machines now in use (ByteRobust §6.2).

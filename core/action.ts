@@ -4,7 +4,7 @@ import { nodeNameSchema } from './names.js';
 /**
  * A Decision says what to do, to what and why; an Action is one attempt to carry a decision
  * out. Both carry an idempotency key so that a decision reached twice, or a job delivered
- * twice, acts once (DESIGN.md, Contracts).
+ * twice, acts once (docs/architecture.md, contracts).
  */
 
 export const DECISION_VERBS = ['drain'] as const;

@@ -4,7 +4,7 @@ import type { Keys, Redis } from './redis.js';
 
 /**
  * The audit trail: an append-only Redis stream of every signal, decision and action, each with
- * the reason it exists (DESIGN.md, Contracts). Readable by `steadfast audit`, `GET
+ * the reason it exists (docs/architecture.md, contracts). Readable by `steadfast audit`, `GET
  * /api/v1/audit` and Grafana.
  */
 

@@ -2,7 +2,7 @@ import { z } from 'zod';
 import { nodeNameSchema, PCI_BUS_ID_PATTERN } from './names.js';
 
 /**
- * The agent's fast path (DESIGN.md §1): a fatal event the agent saw itself, POSTed straight to
+ * The agent's fast path (docs/architecture.md): a fatal event the agent saw itself, POSTed straight to
  * the controller's `/api/v1/signals` without waiting for a Prometheus scrape and rule
  * evaluation. The body is one event or an array of up to 100.
  */

@@ -7,7 +7,7 @@ import { parseOrThrow } from './validate.js';
 
 /**
  * A training job as steadfast knows it: where it runs, how its ranks map onto parallel groups,
- * how to restart it, and which code version it runs (DESIGN.md, Contracts).
+ * how to restart it, and which code version it runs (docs/architecture.md, contracts).
  */
 
 export const JOB_NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;

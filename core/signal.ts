@@ -4,7 +4,7 @@ import { nodeNameSchema } from './names.js';
 
 /**
  * A Signal is the normalised form of everything that reaches the controller: an Alertmanager
- * alert, an agent's fast-path event. Policy only ever sees Signals (DESIGN.md, Contracts).
+ * alert, an agent's fast-path event. Policy only ever sees Signals (docs/architecture.md, contracts).
  */
 
 export const SIGNAL_KINDS = ['xid', 'gpu_lost', 'nccl_timeout', 'worker_failed', 'alert', 'suspect_node'] as const;

@@ -8,7 +8,7 @@ import { stringify } from 'yaml';
 import { freePort, httpOk, waitFor, type ProcessGroup } from './processes.js';
 
 /**
- * The real parts (DESIGN.md, "Real parts"): Redis, Prometheus, Alertmanager and slurmctld from
+ * The real parts (docs/architecture.md): Redis, Prometheus, Alertmanager and slurmctld from
  * Debian packages, each started on loopback with its own directory under `root`.
  */
 
