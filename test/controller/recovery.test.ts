@@ -257,6 +257,35 @@ describe('a recovery interrupted half way', () => {
   });
 });
 
+describe('evictions the scheduler cannot carry out', () => {
+  it('records an unknown node as a failed eviction, pages, and stops the transition before its restart', async () => {
+    const store = testRedis();
+    try {
+      const jobs = new JobStore(store.redis, store.keys);
+      await jobs.create(JOB);
+      const backend = new DryRunBackend(store.redis, store.keys);
+      await backend.holdStandby('spare-1');
+      const unknown = Object.assign(Object.create(backend) as DryRunBackend, {
+        nodeState: async (node: string) => ({ ...(await backend.nodeState(node)), exists: node !== 'n01' }),
+      });
+      const pages: string[] = [];
+      const processor = recoveryProcessor(store, unknown, jobs, (_job, reason) => pages.push(reason));
+      const steps = [
+        { verb: 'evict' as const, job: 'llama', nodes: ['n01'], reason: 'machine fault', citation: '§4.1' },
+        { verb: 'restart' as const, job: 'llama', reason: 'relaunch', citation: '§6.2' },
+      ];
+      await expect(processor(recoveryJob('t-unknown', 'llama', steps))).resolves.toEqual({ done: 1 });
+      expect(pages).toEqual(['node n01 is unknown to the dry-run backend']);
+      const actions = (await new AuditLog(store.redis, store.keys).read({ type: 'action' })).map((entry) => entry.summary);
+      expect(actions).toEqual(['llama: evict n01: failed (node n01 is unknown to the dry-run backend)']);
+      expect((await jobs.get('llama')).spec.nodes).toEqual(JOB.nodes);
+      expect(await new DryRunBackend(store.redis, store.keys).recorded()).toEqual({});
+    } finally {
+      await store.cleanup();
+    }
+  });
+});
+
 describe('exclusion history across jobs', () => {
   it('quarantines a node evicted three times within a week, whichever jobs it served', async () => {
     const store = testRedis();
