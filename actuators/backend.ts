@@ -1,6 +1,6 @@
 /**
  * A cluster backend is how actuators touch the scheduler. Slurm, Kubernetes and dry-run share
- * this interface, so dry-run swaps the backend instead of adding `if` branches (STYLE.md).
+ * this interface, so dry-run swaps the backend instead of adding `if` branches.
  */
 
 export interface NodeState {

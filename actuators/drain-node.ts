@@ -6,7 +6,7 @@ import type { GateVerdict, SafetyGates } from './safety.js';
 /**
  * Taking one node out of service, the one way both the drain actuator (a node's fault outside a
  * job's ladder) and the recovery actuator (a ladder's evict step) do it. Reconcile, then act
- * (STYLE.md, Actuators): hold the node's lease, look at it, drain only if it still takes work,
+ * (as Kubernetes controllers do): hold the node's lease, look at it, drain only if it still takes work,
  * and check afterwards that the backend really shows it out of service.
  */
 

@@ -200,7 +200,7 @@ function loadKubeConfig(connection: KubernetesConnection): KubeConfig {
 }
 
 /**
- * Cordons, taints and evicts through the API server (STYLE.md, after node-healthcheck-operator):
+ * Cordons, taints and evicts through the API server (after node-healthcheck-operator):
  * every method reads the Node first and writes only the difference, so a retry or a second
  * worker finds its work done and writes nothing.
  */

@@ -2,7 +2,7 @@ import type { Config } from '../core/config.js';
 import type { Keys, Redis } from '../core/redis.js';
 
 /**
- * The safety gates every actuator passes, in this order (STYLE.md, after the Kubernetes
+ * The safety gates every actuator passes, in this order (after the Kubernetes
  * remediation controllers): pause, budget, per-node lease. A refusal is a value with a reason,
  * not an exception, so the actuator can audit it.
  */

@@ -157,7 +157,7 @@ export function agentCommand(io: Partial<AgentCommandIo> = {}): Command {
     .option('--gpu.poll-interval <seconds>', 'seconds between nvidia-smi polls', '5')
     .option('--controller.url <url>', 'controller base URL for fast-path events (none: no fast path)')
     .option('--controller.token-file <file>', `file holding the controller bearer token (default: $${AGENT_TOKEN_ENV})`)
-    .option('--web.token-file <file>', 'bearer token required on the agent\'s POST endpoints (/api/v1/training, /api/v1/trace)')
+    .option('--web.token-file <file>', 'bearer token required on every POST endpoint of the agent (/api/v1/training, /api/v1/trace, /api/v1/diagnose)')
     .option('--web.rate-limit <per-second>', 'requests per second each client may send to the POST endpoints; more answer 429 (0: no limit)', String(DEFAULT_AGENT_RATE_LIMIT.requestsPerSecond))
     .option('--web.rate-burst <requests>', 'requests a client may send at once before --web.rate-limit applies', String(DEFAULT_AGENT_RATE_LIMIT.burst))
     .option('--once', 'print one scrape to stdout and exit');

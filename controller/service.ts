@@ -69,7 +69,7 @@ export function createBackend(config: Config, redis: Redis, keys: Keys): Cluster
 
 /**
  * The controller's composition root: every connection, queue, worker and metric is made here
- * and passed down; nothing is module-global (STYLE.md).
+ * and passed down; nothing is module-global.
  */
 export class Controller {
   private readonly intakeRedis: Redis;

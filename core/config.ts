@@ -211,11 +211,11 @@ export const configSchema = z
         urlTemplate: z.string().regex(/^https?:\/\/.*\{node\}/, 'must be an http(s) URL containing {node}').default('http://{node}:9401'),
         /** Per-node URLs that override the template (agents on non-default ports, the sim). */
         urls: z.record(nodeNameSchema, z.url({ protocol: /^https?$/ })).default({}),
-        /** Bearer token the agents require on their POST endpoints (their --api-token). */
+        /** Bearer token the agents require on their POST endpoints (the agent's --web.token-file). */
         token: z.string().min(1).optional(),
         tokenFile: z.string().min(1).optional(),
-        /** Longest a stack dump may take per node. */
-        traceTimeoutSeconds: int().min(1).max(600).default(30),
+        /** Longest a stack dump may take per node; the agent takes at most 60 (POST /api/v1/trace). */
+        traceTimeoutSeconds: int().min(1).max(60).default(30),
         /** Longest the stop-time diagnostics may take per node (dcgmi diag -r 2 takes minutes). */
         diagnoseTimeoutSeconds: int().min(1).max(7200).default(900),
       })
@@ -246,7 +246,7 @@ export const configSchema = z
     recovery: recoverySchema.prefault({}),
     safety: z
       .object({
-        /** Eviction budget (STYLE.md, after node-healthcheck-operator's max-unhealthy). */
+        /** Eviction budget (after node-healthcheck-operator's max-unhealthy). */
         maxDrainsPerWindow: int().min(0).default(4),
         windowSeconds: int().min(1).default(3600),
         /** Seconds a per-node lease is held while an actuator works on it. */

@@ -1,5 +1,5 @@
 /**
- * Typed errors the pipeline reacts to with `instanceof`, never by name strings (STYLE.md).
+ * Typed errors the pipeline reacts to with `instanceof`, never by name strings.
  */
 
 /** Input at an edge (HTTP body, file, CLI flag, config, queue payload) is malformed. */

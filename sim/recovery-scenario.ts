@@ -4,7 +4,7 @@ import type { SimEnvironment } from './environment.js';
 import { slurmNode } from './parts.js';
 
 /**
- * The recovery ladder on the real parts (issue: recovery): one registered job on node-1..4 with
+ * The recovery ladder on the real parts: one registered job on node-1..4 with
  * warm standbys held in a Slurm reservation, then four incidents —
  *  0. a worker crash with no culprit → stop-time diagnostics on every node's agent → the node
  *     whose GPU check fails is evicted onto the first standby;

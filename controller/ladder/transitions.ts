@@ -11,7 +11,7 @@ import { emitRestart } from './retry-chain.js';
 
 export function onFault(ctx: Ctx, event: FaultEvent): void {
   const { s } = ctx;
-  // The same signal delivered twice is one fault (STYLE.md, Actuators: recognise work already done).
+  // The same signal delivered twice is one fault (recognise work already done).
   if (s.recentSignals.includes(event.signalId)) return;
   s.recentSignals = [...s.recentSignals, event.signalId].slice(-Math.max(1, ctx.config.rememberedSignals));
   if (s.incident) s.incident.signalIds = [...s.incident.signalIds, event.signalId].slice(-32);

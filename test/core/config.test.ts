@@ -43,6 +43,10 @@ describe('configuration', () => {
     expect(() => loadConfig({ file: path, env: {} })).toThrow(/invalid config: controller\.port: /);
   });
 
+  it('refuses a stack-dump timeout the agents would refuse', () => {
+    expect(() => loadConfig({ env: { STEADFAST_AGENTS__TRACE_TIMEOUT_SECONDS: '120' } })).toThrow(/agents\.traceTimeoutSeconds/);
+  });
+
   it('names an unknown key instead of ignoring a typo', () => {
     const path = file('typo.yaml', 'safety:\n  maxDrainPerWindow: 3\n');
     expect(() => loadConfig({ file: path, env: {} })).toThrow(/safety.*maxDrainPerWindow/);
