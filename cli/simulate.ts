@@ -3,7 +3,6 @@ import { Command, InvalidArgumentError } from 'commander';
 import { InputError, errorMessage } from '../core/errors.js';
 import { compareStrategies, type EttrComparison } from '../sim/ettr/compare.js';
 import { ettrParams, PAPER_JOB, type EttrOptions } from '../sim/ettr/model.js';
-import { ettrPlot } from '../sim/ettr/plot.js';
 import { reportJson, reportText } from '../sim/ettr/report.js';
 import { sensitivity, type Sensitivity } from '../sim/ettr/sensitivity.js';
 import { parsePositiveInt, runCommand } from './common.js';
@@ -79,7 +78,7 @@ export function simulateCommand(): Command {
     .option('--checkpoint-minutes <m>', 'checkpoint interval (default: Daly\'s optimum for the job\'s MTBF)', positiveNumber)
     .option('--standby <k>', 'warm standby machines (default: P99 of the daily machine-failure binomial, §6.2)', wholeNumber)
     .option('--json', 'print one JSON object on stdout instead of the table')
-    .option('--plot <file>', 'write ETTR against standby pool size and checkpoint interval as a PNG (runs the sweep)')
+    .option('--plot <file>', 'write ETTR against standby pool size and checkpoint interval as a PNG, or as SVG when the file ends in .svg (runs the sweep)')
     .option('--sensitivity', 'sweep the standby pool size and the checkpoint interval (5 seeds each)')
     .action(async (flags: EttrFlags) => {
       await runCommand(async () => {
@@ -99,8 +98,13 @@ export function simulateCommand(): Command {
         }
 
         if (flags.plot !== undefined && table !== undefined) {
+          // Loaded only here: every steadfast command (the node agent too) shares this CLI, and
+          // only --plot needs Vega and resvg in memory.
+          const { ettrPlot, plotFormatFor } = await import('../sim/ettr/plot.js');
+          // Drawn before the write so a rendering failure is reported as itself, not as a bad path.
+          const picture = await ettrPlot(table, { format: plotFormatFor(flags.plot) });
           try {
-            writeFileSync(flags.plot, ettrPlot(table));
+            writeFileSync(flags.plot, picture);
           } catch (error) {
             throw new InputError(`cannot write plot file ${flags.plot}: ${errorMessage(error)}`, 'plot');
           }

@@ -20,6 +20,8 @@ command -v slurmrestd >/dev/null || need+=(slurmrestd)
 # The sim's slurmctld accepts JWTs (scontrol token, slurmrestd) besides auth/none.
 compgen -G '/usr/lib/*/slurm-wlm/auth_jwt.so' >/dev/null || need+=(slurm-wlm-jwt-plugin)
 if [ ! -e /usr/sbin/munged ] && ! command -v munged >/dev/null; then need+=(munge); fi
+# The ETTR plot's PNG draws its text with an installed font (sim/ettr/plot.ts, docs/ettr-plot.md).
+[ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
 
 if [ ${#need[@]} -gt 0 ]; then
   mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)

@@ -1,16 +1,20 @@
 import type { FaultClass, LadderEvent, LadderStep } from '../../core/ladder.js';
 import { DEFAULT_LADDER_CONFIG, advance, initialLadderState, type LadderConfig, type LadderState } from '../../controller/ladder/index.js';
+import { faultReports } from './detection.js';
 import { EventQueue } from './events.js';
+import { IncidentClock } from './incident-clock.js';
 import type { Incident, IncidentSource } from './incidents.js';
 import { Ledger, type Cause } from './ledger.js';
+import { JobMembers } from './members.js';
 import { DAY_MS, SIM_START_MS, symptomById, type EttrParams } from './model.js';
+import { resolutionOf, type OpenIncident } from './open-incident.js';
 import { StandbyPool } from './pool.js';
 import { increment, schedulingSummary, type StrategyResult } from './result.js';
 
 /**
  * steadfast on a simulated job: the world (faults, machines, the standby pool, how long each
  * action takes) is simulated; every recovery decision is taken by the real recovery ladder,
- * controller/ladder.ts, fed the events the controller would feed it — classified faults,
+ * controller/ladder/, fed the events the controller would feed it — classified faults,
  * diagnostics and replay results, restart outcomes, code updates and ticks — and its steps carried
  * out by the world. Nothing of the policy is re-implemented here.
  */
@@ -23,18 +27,6 @@ export interface SteadfastRunOptions {
 
 const S = 1000;
 const JOB = 'dense-70b';
-
-interface OpenIncident {
-  /** null: a lazy code update whose 24 h window ran out (§6.1) stopped the job. */
-  readonly incident: Incident | null;
-  readonly symptom: string;
-  readonly detectionSeconds: number;
-  /** The machine at fault, for node-rooted incidents. */
-  readonly culprit: string | null;
-  /** The node a fault without a culprit is reported from. */
-  readonly reporter: string;
-  bugActive: boolean;
-}
 
 export function runSteadfast(params: EttrParams, source: IncidentSource, options: SteadfastRunOptions = {}): StrategyResult {
   return new SteadfastSimulation(params, source, options).run();
@@ -49,11 +41,7 @@ class SteadfastSimulation {
   private now = SIM_START_MS;
   private ladder: LadderState;
 
-  /** The job's machines, in rank order; a replacement takes its predecessor's slot. */
-  private readonly members: string[];
-  /** Where each machine of the job sits in `members`. */
-  private readonly slots = new Map<string, number>();
-  private spares = 0;
+  private readonly members: JobMembers;
   /** When training (re)started, and when it began running slowly; null while the job is down. */
   private training: { since: number; slowSince: number | null } | null = null;
   /** What the downtime is spent on right now. */
@@ -64,11 +52,7 @@ class SteadfastSimulation {
   /** World activities under way (diagnostics, relaunches, …): with none and nothing held by the ladder, nothing would ever happen again. */
   private pending = 0;
 
-  // The incident clock runs in training time (incidents.ts).
-  private nextIncident: Incident;
-  private uptimeLeftMs: number;
-  private clock: { since: number; token: number } | null = null;
-  private clockToken = 0;
+  private readonly clock: IncidentClock;
 
   private readonly pool: StandbyPool;
   private readonly ladderSteps: Record<string, number> = {};
@@ -83,19 +67,17 @@ class SteadfastSimulation {
 
   constructor(
     private readonly params: EttrParams,
-    private readonly source: IncidentSource,
+    source: IncidentSource,
     private readonly options: SteadfastRunOptions,
   ) {
     this.config = options.ladderConfig ?? DEFAULT_LADDER_CONFIG;
     this.t = params.timings;
     this.end = SIM_START_MS + params.days * DAY_MS;
     this.ledger = new Ledger(SIM_START_MS, this.end, params.checkpointIntervalSeconds * S, params.checkpointBlockingSeconds * S);
-    this.members = Array.from({ length: params.nodes }, (_, i) => `node-${String(i + 1).padStart(5, '0')}`);
-    this.members.forEach((node, slot) => this.slots.set(node, slot));
+    this.members = new JobMembers(params.nodes);
     this.pool = new StandbyPool(params.standby, this.t.standbyReplenishSeconds * S, (time, run) => this.queue.schedule(time, run));
     this.ladder = this.history();
-    this.nextIncident = source.next();
-    this.uptimeLeftMs = this.nextIncident.uptimeGapSeconds * S;
+    this.clock = new IncidentClock(source, (time, run) => this.queue.schedule(time, run), (incident) => this.onIncident(incident));
   }
 
   /**
@@ -151,14 +133,14 @@ class SteadfastSimulation {
   private startTraining(): void {
     this.endDowntime();
     this.training = { since: this.now, slowSince: null };
-    if (this.open === null) this.armClock();
+    if (this.open === null) this.clock.resume(this.now);
   }
 
   /** Ends the training stretch; a planned stop saves a checkpoint first and loses nothing. */
   private stopTraining(planned: boolean): void {
     const training = this.training;
     if (training === null) return;
-    this.pauseClock();
+    this.clock.pause(this.now);
     const slow = training.slowSince === null ? undefined : { fromMs: training.slowSince, speed: this.params.slowdownSpeed };
     this.ledger.segment(training.since, this.now, planned ? 'planned' : 'failure', this.open?.symptom ?? 'none', slow);
     this.training = null;
@@ -178,22 +160,6 @@ class SteadfastSimulation {
     this.down = { cause, since: this.now };
   }
 
-  private armClock(): void {
-    if (this.clock !== null || !Number.isFinite(this.uptimeLeftMs)) return;
-    this.clockToken += 1;
-    const token = this.clockToken;
-    this.clock = { since: this.now, token };
-    this.queue.schedule(this.now + this.uptimeLeftMs, () => {
-      if (this.clock?.token === token) this.onIncident();
-    });
-  }
-
-  private pauseClock(): void {
-    if (this.clock === null) return;
-    this.uptimeLeftMs -= this.now - this.clock.since;
-    this.clock = null;
-  }
-
   /** Runs `then` after `seconds` of world time, as an activity the job is waiting on. */
   private after(seconds: number, then: () => void): void {
     this.pending += 1;
@@ -206,16 +172,11 @@ class SteadfastSimulation {
   // -------------------------------------------------------------------------------------------
   // Incidents
 
-  private onIncident(): void {
-    const incident = this.nextIncident;
-    this.clock = null;
-    this.nextIncident = this.source.next();
-    this.uptimeLeftMs = this.nextIncident.uptimeGapSeconds * S;
+  private onIncident(incident: Incident): void {
     this.incidents += 1;
     increment(this.incidentsBySymptom, incident.symptom.id);
 
-    const slot = Math.min(this.members.length - 1, Math.floor(incident.nodePick * this.members.length));
-    const reporter = this.members[slot] as string;
+    const reporter = this.members.pick(incident.nodePick);
     this.open = {
       incident,
       symptom: incident.symptom.id,
@@ -231,43 +192,22 @@ class SteadfastSimulation {
       // A lazy update leaves the job training (§6.1): nothing is open any more.
       if (this.training !== null) {
         this.open = null;
-        this.armClock();
+        this.clock.resume(this.now);
       }
       return;
     }
-    const detect = incident.symptom.detectionSeconds;
     if (incident.signal === 'slowdown') {
       // The job trains on at reduced speed until the decline is seen (§5.1 fail-slow).
       if (this.training !== null) this.training.slowSince = this.now;
-      this.after(detect, () => this.fault('performance', [], 'MFU decline'));
-      return;
+    } else {
+      this.stopTraining(false);
     }
-    this.stopTraining(false);
-    switch (incident.signal) {
-      case 'machine':
-        this.after(detect, () => this.fault('machine', [reporter], `${incident.symptom.name} on ${reporter}`));
-        return;
-      case 'network': {
-        // Table 3: inspected every 30 s; §4.1: the second alert within 5 minutes evicts.
-        this.after(detect, () => this.fault('network', [reporter], `${incident.symptom.name} on ${reporter}`));
-        this.after(detect + this.t.networkAlertIntervalSeconds, () => this.fault('network', [reporter], `${incident.symptom.name} on ${reporter} again`));
-        return;
-      }
-      case 'crash':
-        this.after(detect, () => this.fault('crash', [reporter], `${incident.symptom.name} reported by ${reporter}`));
-        return;
-      case 'numerical':
-        this.after(detect, () => this.fault('numerical', [], 'NaN loss'));
-        return;
-      case 'hang':
-        this.after(detect, () => this.fault('performance', [], 'zero RDMA traffic for 10 minutes'));
-        return;
-    }
+    for (const report of faultReports(incident, reporter, this.t)) this.after(report.afterSeconds, () => this.fault(report.faultClass, report.nodes, report.detail));
   }
 
-  private fault(faultClass: FaultClass, nodes: string[], detail: string): void {
+  private fault(faultClass: FaultClass, nodes: readonly string[], detail: string): void {
     this.signals += 1;
-    this.feed({ type: 'fault', time: this.now, signalId: `sim-${this.signals}`, faultClass, nodes, detail });
+    this.feed({ type: 'fault', time: this.now, signalId: `sim-${this.signals}`, faultClass, nodes: [...nodes], detail });
   }
 
   // -------------------------------------------------------------------------------------------
@@ -351,17 +291,7 @@ class SteadfastSimulation {
 
   /** §6.2: the evicted machines leave the job; standbys (or cold nodes) take their slots. */
   private evict(nodes: readonly string[]): void {
-    let replaced = 0;
-    for (const node of nodes) {
-      const slot = this.slots.get(node);
-      if (slot === undefined) continue;
-      this.spares += 1;
-      const spare = `spare-${String(this.spares).padStart(5, '0')}`;
-      this.members[slot] = spare;
-      this.slots.delete(node);
-      this.slots.set(spare, slot);
-      replaced += 1;
-    }
+    const replaced = this.members.replace(nodes);
     const { cold } = this.pool.replace(replaced, this.now);
     const before = this.evicted ?? { nodes: 0, cold: 0 };
     this.evicted = { nodes: before.nodes + replaced, cold: before.cold + cold };
@@ -390,9 +320,9 @@ class SteadfastSimulation {
   /** The relaunched job reloaded its checkpoint: it trains if its fault is gone, else fails again. */
   private resumed(): void {
     const open = this.open;
-    const fixed = open === null || ((open.culprit === null || !this.slots.has(open.culprit)) && !open.bugActive);
+    const fixed = open === null || ((open.culprit === null || !this.members.has(open.culprit)) && !open.bugActive);
     if (fixed) {
-      increment(this.resolvedBy, this.resolution(open));
+      increment(this.resolvedBy, resolutionOf(open, this.ladder.incident));
       this.endDowntime();
       this.open = null;
       this.startTraining();
@@ -406,27 +336,12 @@ class SteadfastSimulation {
     });
   }
 
-  private resolution(open: OpenIncident | null): string {
-    const incident = this.ladder.incident;
-    if (open === null || open.incident === null || open.incident.signal === 'code_update' || incident === null) return 'hot_update';
-    switch (incident.rung) {
-      case 'evict':
-        if (incident.tried.replay > 0) return 'replay';
-        if (open.incident.signal === 'hang' || open.incident.signal === 'slowdown') return 'analyzer_eviction';
-        return incident.tried.diagnose > 0 ? 'diagnosed_eviction' : 'direct_eviction';
-      case 'update':
-        return 'hot_update';
-      default:
-        return incident.rung;
-    }
-  }
-
   /** §4.2 Diagnose (and §4.3 bit-wise alignment for NaN): names the bad machine if the tests catch it. */
   private diagnose(): void {
     const open = this.open;
     this.setDown('diagnosis');
     const seconds = open?.incident?.signal === 'numerical' ? this.t.nanDiagnosticsSeconds : this.t.diagnosticsSeconds;
-    const found = open !== null && open.culprit !== null && open.incident?.diagnosticsFind === true && this.slots.has(open.culprit);
+    const found = open !== null && open.culprit !== null && open.incident?.diagnosticsFind === true && this.members.has(open.culprit);
     this.after(seconds, () => this.feed({ type: 'diagnostics_result', time: this.now, suspects: found && open.culprit !== null ? [open.culprit] : [] }));
   }
 
@@ -434,7 +349,7 @@ class SteadfastSimulation {
   private replay(): void {
     const culprit = this.open?.culprit ?? null;
     this.setDown('replay');
-    this.after(this.t.replaySeconds, () => this.feed({ type: 'replay_result', time: this.now, culprits: culprit !== null && this.slots.has(culprit) ? [culprit] : [] }));
+    this.after(this.t.replaySeconds, () => this.feed({ type: 'replay_result', time: this.now, culprits: culprit !== null && this.members.has(culprit) ? [culprit] : [] }));
   }
 
   /**
@@ -447,10 +362,7 @@ class SteadfastSimulation {
     if (open === null) return;
     const slowdown = open.incident?.signal === 'slowdown';
     if (!slowdown) this.setDown('diagnosis');
-    const size = Math.max(1, Math.min(this.params.overEvictionGroupSize, this.members.length));
-    const at = this.slots.get(open.reporter) ?? 0;
-    const first = Math.min(this.members.length - size, Math.floor(at / size) * size);
-    const group = this.members.slice(first, first + size);
+    const group = this.members.groupAround(open.reporter, this.params.overEvictionGroupSize);
     const seconds = slowdown ? this.t.slowdownAggregationSeconds : this.t.hangAggregationSeconds;
     this.after(seconds, () => this.fault('machine', group, `stack aggregation isolated ${group.length} machines`));
   }
@@ -462,7 +374,7 @@ class SteadfastSimulation {
       const open = this.open;
       if (open !== null) {
         open.bugActive = false;
-        if (open.culprit !== null && this.slots.has(open.culprit)) this.evict([open.culprit]);
+        if (open.culprit !== null && this.members.has(open.culprit)) this.evict([open.culprit]);
       }
       this.relaunch();
     });

@@ -1,46 +1,120 @@
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { inflateSync } from 'node:zlib';
+import { Resvg } from '@resvg/resvg-js';
 import { afterAll, describe, expect, it } from 'vitest';
+import { compile } from 'vega-lite';
 import { simulateCommand } from '../../cli/simulate.js';
-import { ettrParams } from '../../sim/ettr/model.js';
-import { ettrPlot } from '../../sim/ettr/plot.js';
-import { PNG_SIGNATURE, encodePng, pngSize } from '../../sim/ettr/png.js';
-import { sensitivity } from '../../sim/ettr/sensitivity.js';
+import { ettrPlot, plotFormatFor } from '../../sim/ettr/plot.js';
+import { ettrPlotSpec } from '../../sim/ettr/plot-spec.js';
+import type { Sensitivity } from '../../sim/ettr/sensitivity.js';
 import { runCli, type CliRun } from '../support/cli.js';
 
 const scratch = mkdtempSync(join(tmpdir(), 'steadfast-ettr-'));
 afterAll(() => rmSync(scratch, { recursive: true, force: true }));
 
-describe('the PNG encoder', () => {
-  it('writes the signature, an IHDR of the requested size and the pixels, filter byte 0 per row', () => {
-    const png = encodePng(2, 1, Uint8Array.from([255, 0, 0, 0, 0, 255]));
-    expect(png.subarray(0, 8).equals(PNG_SIGNATURE)).toBe(true);
-    expect(pngSize(png)).toEqual({ width: 2, height: 1 });
-    const idatAt = png.indexOf('IDAT', 0, 'ascii');
-    const length = png.readUInt32BE(idatAt - 4);
-    expect([...inflateSync(png.subarray(idatAt + 4, idatAt + 4 + length))]).toEqual([0, 255, 0, 0, 0, 0, 255]);
-    expect(png.subarray(png.length - 12).toString('ascii', 4, 8)).toBe('IEND');
+const PNG_SIGNATURE = Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]);
+
+/** Width and height from the IHDR chunk, which the PNG format puts first. */
+function pngSize(png: Buffer): { width: number; height: number } {
+  expect(png.subarray(0, 8).equals(PNG_SIGNATURE)).toBe(true);
+  expect(png.toString('ascii', 12, 16)).toBe('IHDR');
+  return { width: png.readUInt32BE(16), height: png.readUInt32BE(20) };
+}
+
+/** RGBA pixels of a PNG, decoded by drawing it as an SVG image: resvg is already here, so no PNG decoder is added for the test. */
+function pngPixels(png: Buffer): Buffer {
+  const { width, height } = pngSize(png);
+  const svg = `<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}"><image width="${width}" height="${height}" href="data:image/png;base64,${png.toString('base64')}"/></svg>`;
+  return new Resvg(svg).render().pixels;
+}
+
+function pixelsNear(pixels: Buffer, [r, g, b]: readonly [number, number, number], tolerance = 24): number {
+  let count = 0;
+  for (let i = 0; i + 3 < pixels.length; i += 4) {
+    if (Math.abs((pixels[i] ?? 0) - r) <= tolerance && Math.abs((pixels[i + 1] ?? 0) - g) <= tolerance && Math.abs((pixels[i + 2] ?? 0) - b) <= tolerance) count += 1;
+  }
+  return count;
+}
+
+/** A table in the sensitivity sweep's shape with values that are easy to recognise in the output. */
+const TABLE: Sensitivity = {
+  seeds: [1, 2],
+  standby: [
+    { standby: 0, steadfast: 0.9701, poolShortEvictions: 12, isDefault: false },
+    { standby: 2, steadfast: 0.9802, poolShortEvictions: 3, isDefault: false },
+    { standby: 4, steadfast: 0.9853, poolShortEvictions: 0, isDefault: true },
+  ],
+  checkpoint: [
+    { minutes: 1.09, steadfast: 0.9854, reschedule: 0.9605, requeue: 0.9611, isDefault: true },
+    { minutes: 30, steadfast: 0.9707, reschedule: 0.9456, requeue: 0.9462, isDefault: false },
+    { minutes: 120, steadfast: 0.9208, reschedule: 0.8993, requeue: 0.8997, isDefault: false },
+  ],
+  baselines: { reschedule: 0.9605, requeue: 0.9611 },
+};
+
+/** The Vega program the chart compiles to: what the renderer draws, data and scales included. */
+function compiled(table: Sensitivity) {
+  return compile(ettrPlotSpec(table, { width: 300, height: 200 })).spec;
+}
+
+describe('the sensitivity chart', () => {
+  it('carries every point of the sensitivity table: three strategies over the checkpoint interval, steadfast over the pool, the baselines as levels', () => {
+    const rows = (compiled(TABLE).data ?? []).flatMap((data) => ('values' in data && Array.isArray(data.values) ? (data.values as unknown[]) : []));
+    const expected = [
+      ...TABLE.checkpoint.flatMap((row) => [
+        { strategy: 'steadfast', x: row.minutes, ettr: row.steadfast },
+        { strategy: 'reschedule', x: row.minutes, ettr: row.reschedule },
+        { strategy: 'requeue', x: row.minutes, ettr: row.requeue },
+      ]),
+      ...TABLE.standby.map((row) => ({ strategy: 'steadfast', x: row.standby, ettr: row.steadfast })),
+      { strategy: 'reschedule', x: 0, ettr: TABLE.baselines.reschedule },
+      { strategy: 'requeue', x: 0, ettr: TABLE.baselines.requeue },
+    ];
+    expect(rows).toHaveLength(expected.length);
+    expect(rows).toEqual(expect.arrayContaining(expected));
   });
 
-  it('refuses a pixel buffer of the wrong size', () => {
-    expect(() => encodePng(2, 2, new Uint8Array(3))).toThrow(RangeError);
+  it('puts the checkpoint interval on a log axis, shares one ETTR axis and dashes requeue only', () => {
+    const scales = compiled(TABLE).scales ?? [];
+    expect(scales.filter((scale) => scale.type === 'log')).toHaveLength(1);
+    expect(scales.filter((scale) => scale.name.endsWith('y'))).toHaveLength(1);
+    const dash = scales.find((scale) => scale.name === 'strokeDash');
+    expect(dash).toMatchObject({ domain: ['steadfast', 'reschedule', 'requeue'], range: [[1, 0], [1, 0], [6, 4]] });
   });
-});
 
-describe('the sensitivity plot', () => {
-  it('is a PNG of the requested size with more than the background in it', () => {
-    const table = sensitivity(ettrParams({ days: 5 }), { seeds: [1], standbySizes: [0, 2, 4], checkpointMinutes: [1, 30] });
-    const png = ettrPlot(table, { width: 640, height: 320 });
-    expect(png.subarray(0, 8).equals(PNG_SIGNATURE)).toBe(true);
-    expect(pngSize(png)).toEqual({ width: 640, height: 320 });
-    const idatAt = png.indexOf('IDAT', 0, 'ascii');
-    const pixels = inflateSync(png.subarray(idatAt + 4, idatAt + 4 + png.readUInt32BE(idatAt - 4)));
-    // The steadfast blue (31, 119, 180) is drawn somewhere.
-    let blue = 0;
-    for (let i = 0; i + 2 < pixels.length; i += 1) if (pixels[i] === 31 && pixels[i + 1] === 119 && pixels[i + 2] === 180) blue += 1;
-    expect(blue).toBeGreaterThan(50);
+  it('writes an SVG of the requested size with the title, both panels, the legend and the dashed requeue line', async () => {
+    const svg = (await ettrPlot(TABLE, { format: 'svg', size: { width: 900, height: 420 } })).toString('utf8');
+    expect(svg).toMatch(/^<svg[^>]* width="900" height="420"/);
+    const texts = [...svg.matchAll(/<text[^>]*>([^<]*)<\/text>/g)].map((match) => match[1]);
+    expect(texts).toEqual(expect.arrayContaining(['steadfast simulate ettr', 'ETTR vs checkpoint interval', 'ETTR vs warm standby pool', 'steadfast', 'reschedule', 'requeue', '30', '120']));
+    expect(svg).toContain('stroke="#d62728" stroke-width="2.5" stroke-dasharray="6,4"');
+  });
+
+  it.each([
+    [1000, 480],
+    [720, 360],
+  ])('writes a %i×%i PNG with all three curves and its labels drawn', async (width, height) => {
+    const png = await ettrPlot(TABLE, { size: { width, height } });
+    expect(pngSize(png)).toEqual({ width, height });
+    const pixels = pngPixels(png);
+    expect(pixelsNear(pixels, [31, 119, 180])).toBeGreaterThan(200);
+    expect(pixelsNear(pixels, [255, 127, 14])).toBeGreaterThan(50);
+    expect(pixelsNear(pixels, [214, 39, 40])).toBeGreaterThan(50);
+    // Text is near-black; without a font resvg would leave it out and only the grey axes remain.
+    expect(pixelsNear(pixels, [0, 0, 0], 40)).toBeGreaterThan(500);
+  });
+
+  it('refuses a size the labels cannot fit in', async () => {
+    await expect(ettrPlot(TABLE, { size: { width: 200, height: 100 } })).rejects.toThrow(RangeError);
+    await expect(ettrPlot(TABLE, { size: { width: 1000.5, height: 480 } })).rejects.toThrow(RangeError);
+  });
+
+  it('picks SVG for a path ending in .svg, in any case, and PNG for anything else', () => {
+    expect(plotFormatFor('docs/ettr.svg')).toBe('svg');
+    expect(plotFormatFor('ETTR.SVG')).toBe('svg');
+    expect(plotFormatFor('docs/ettr.png')).toBe('png');
+    expect(plotFormatFor('plot')).toBe('png');
   });
 });
 
@@ -79,9 +153,17 @@ describe('steadfast simulate ettr (CLI)', () => {
     expect(run.stdout).toContain('checkpoint every 15.00 min; 2 warm standbys');
     expect(run.stdout).toContain('sensitivity (mean over seeds 1, 2, 3, 4, 5)');
     expect(run.stdout).toContain(`plot written to ${file}`);
-    const png = readFileSync(file);
-    expect(png.subarray(0, 8).equals(PNG_SIGNATURE)).toBe(true);
-    expect(pngSize(png)).toEqual({ width: 1000, height: 480 });
+    expect(pngSize(readFileSync(file))).toEqual({ width: 1000, height: 480 });
+  });
+
+  it('writes the plot as SVG when the file ends in .svg', async () => {
+    const file = join(scratch, 'ettr.svg');
+    const run = await simulate('ettr', '--days', '1', '--nodes', '100', '--plot', file);
+    expect(run.exitCode).toBe(0);
+    expect(run.stdout).toContain(`plot written to ${file}`);
+    const svg = readFileSync(file, 'utf8');
+    expect(svg).toMatch(/^<svg[^>]* width="1000" height="480"/);
+    expect(svg).toContain('>ETTR vs warm standby pool</text>');
   });
 
   it.each([
