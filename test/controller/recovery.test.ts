@@ -216,14 +216,20 @@ function recoveryJob(transitionId: string, job: string, steps: LadderStep[]): Jo
   return { id: transitionId, data: { transitionId, job, steps }, attemptsMade: 0, opts: { attempts: 5 } } as unknown as Job<RecoveryJob>;
 }
 
+/** The test job registered on a fresh key prefix, with the dry-run backend holding one standby. */
+async function registeredJobOnDryRun(): Promise<{ store: ReturnType<typeof testRedis>; jobs: JobStore; backend: DryRunBackend }> {
+  const store = testRedis();
+  const jobs = new JobStore(store.redis, store.keys);
+  await jobs.create(JOB);
+  const backend = new DryRunBackend(store.redis, store.keys);
+  await backend.holdStandby('spare-1');
+  return { store, jobs, backend };
+}
+
 describe('a recovery interrupted half way', () => {
   it('resumes after a crash without draining the node a second time', async () => {
-    const store = testRedis();
+    const { store, jobs, backend } = await registeredJobOnDryRun();
     try {
-      const jobs = new JobStore(store.redis, store.keys);
-      await jobs.create(JOB);
-      const backend = new DryRunBackend(store.redis, store.keys);
-      await backend.holdStandby('spare-1');
       let drains = 0;
       let crashes = 1;
       const flaky = Object.assign(Object.create(backend) as DryRunBackend, {
@@ -259,12 +265,8 @@ describe('a recovery interrupted half way', () => {
 
 describe('evictions the scheduler cannot carry out', () => {
   it('records an unknown node as a failed eviction, pages, and stops the transition before its restart', async () => {
-    const store = testRedis();
+    const { store, jobs, backend } = await registeredJobOnDryRun();
     try {
-      const jobs = new JobStore(store.redis, store.keys);
-      await jobs.create(JOB);
-      const backend = new DryRunBackend(store.redis, store.keys);
-      await backend.holdStandby('spare-1');
       const unknown = Object.assign(Object.create(backend) as DryRunBackend, {
         nodeState: async (node: string) => ({ ...(await backend.nodeState(node)), exists: node !== 'n01' }),
       });
