@@ -1,6 +1,6 @@
 import { z } from 'zod';
-import { DoNotRetryError, RetryLaterError, errorMessage } from '../core/errors.js';
 import { nodeNameSchema } from '../core/names.js';
+import { PrometheusQueryRejectedError, PrometheusUnavailableError, instantQuery, type InstantSample, type PrometheusQueryFailure } from '../core/prometheus.js';
 import { parseOrThrow } from '../core/validate.js';
 import { agentSelector, newEvents, type LabelMatcher } from '../rules/promql.js';
 import { DEFAULT_THRESHOLDS, type Thresholds } from '../rules/thresholds.js';
@@ -117,38 +117,12 @@ export function detectorFeatures(features: readonly FeatureQuery[] = DEFAULT_FEA
   return features.map(({ query: _query, ...spec }) => spec);
 }
 
-/** Prometheus could not be reached or could not answer now (down, timed out, 5xx): retry later. */
-export class PrometheusUnavailableError extends RetryLaterError {
-  constructor(
-    message: string,
-    /** The feature queries concerned. */
-    readonly queries: readonly string[],
-    cause?: unknown,
-  ) {
-    super(message, cause);
-    this.name = 'PrometheusUnavailableError';
-  }
-}
-
-/** Prometheus refused a query or answered something that is not a per-node vector: fix the configuration. */
-export class FeatureQueryRejectedError extends DoNotRetryError {
-  constructor(
-    message: string,
-    readonly queries: readonly string[],
-  ) {
-    super(message);
-    this.name = 'FeatureQueryRejectedError';
-  }
-}
-
-export type FeatureQueryFailure = PrometheusUnavailableError | FeatureQueryRejectedError;
-
 export interface FeatureReading {
   readonly matrix: FeatureMatrix;
   /** Features whose query answered (possibly with no series). */
   readonly answered: readonly string[];
   /** Feature queries that gave nothing; the matrix holds the others. */
-  readonly failures: readonly FeatureQueryFailure[];
+  readonly failures: readonly PrometheusQueryFailure[];
   /** Series that were left out (a `node` label that is no node name). */
   readonly warnings: readonly string[];
 }
@@ -173,22 +147,6 @@ const sourceOptionsSchema = z
 
 export type PrometheusSourceOptions = z.input<typeof sourceOptionsSchema>;
 
-const answerSchema = z.discriminatedUnion('status', [
-  z.object({
-    status: z.literal('success'),
-    data: z.object({ resultType: z.string(), result: z.array(z.unknown()) }),
-  }),
-  z.object({ status: z.literal('error'), errorType: z.string().optional(), error: z.string().optional() }),
-]);
-
-const sampleSchema = z.object({
-  metric: z.record(z.string(), z.string()),
-  value: z.tuple([z.number(), z.string()]),
-});
-
-/** errorType values that say the query or its data is wrong, not that Prometheus is unwell. */
-const QUERY_FAULTS = new Set(['bad_data', 'execution', 'not_found', 'not_acceptable']);
-
 export class PrometheusFeatureSource implements FeatureSource {
   readonly features: readonly FeatureQuery[];
   private readonly url: string;
@@ -206,7 +164,7 @@ export class PrometheusFeatureSource implements FeatureSource {
     const settled = await Promise.all(this.features.map((feature) => this.queryFeature(feature, time)));
     const rows = new Map<string, Record<string, number>>();
     const answered: string[] = [];
-    const failures: FeatureQueryFailure[] = [];
+    const failures: PrometheusQueryFailure[] = [];
     const warnings: string[] = [];
     settled.forEach((outcome, index) => {
       const feature = this.features[index] as FeatureQuery;
@@ -229,65 +187,36 @@ export class PrometheusFeatureSource implements FeatureSource {
   async queryFeature(
     feature: FeatureQuery,
     time: number,
-  ): Promise<{ ok: true; values: Map<string, number>; warnings: string[] } | { ok: false; error: FeatureQueryFailure }> {
+  ): Promise<{ ok: true; values: Map<string, number>; warnings: string[] } | { ok: false; error: PrometheusQueryFailure }> {
     const what = `feature ${feature.name} (query: ${feature.query})`;
-    const unavailable = (reason: string, cause?: unknown) => ({ ok: false as const, error: new PrometheusUnavailableError(`${what}: ${reason}`, [feature.query], cause) });
-    const rejected = (reason: string) => ({ ok: false as const, error: new FeatureQueryRejectedError(`${what}: ${reason}`, [feature.query]) });
-
-    const params = new URLSearchParams({ query: feature.query, time: (time / 1000).toFixed(3) });
-    const signal = AbortSignal.timeout(this.timeoutMs);
-    let status: number;
-    let body: string;
+    const rejected = (reason: string) => ({ ok: false as const, error: new PrometheusQueryRejectedError(`${what}: ${reason}`, [feature.query]) });
+    let samples: InstantSample[];
     try {
-      const response = await fetch(`${this.url}/api/v1/query?${params}`, { signal });
-      status = response.status;
-      body = await response.text();
+      samples = await instantQuery(this.url, feature.query, { time, timeoutMs: this.timeoutMs, subject: what });
     } catch (error) {
-      const reason = signal.aborted ? `no answer from ${this.url} within ${this.timeoutMs} ms` : `could not reach Prometheus at ${this.url}: ${errorMessage(error)}`;
-      return unavailable(reason, error);
-    }
-
-    let json: unknown;
-    try {
-      json = JSON.parse(body);
-    } catch {
-      const reason = `Prometheus answered HTTP ${status} with a body that is not JSON: ${JSON.stringify(body.slice(0, 200))}`;
-      return status >= 500 || status === 429 ? unavailable(reason) : rejected(reason);
-    }
-    const answer = answerSchema.safeParse(json);
-    if (!answer.success) return rejected(`Prometheus answered HTTP ${status} with JSON that is not a query answer`);
-    if (answer.data.status === 'error') {
-      const reason = `Prometheus answered HTTP ${status}, ${answer.data.errorType ?? 'error'}: ${answer.data.error ?? '(no message)'}`;
-      const queryFault = status === 400 || status === 422 || QUERY_FAULTS.has(answer.data.errorType ?? '');
-      return queryFault ? rejected(reason) : unavailable(reason);
-    }
-    if (status < 200 || status >= 300) return unavailable(`Prometheus answered HTTP ${status}`);
-    if (answer.data.data.resultType !== 'vector') {
-      return rejected(`the query returns a ${answer.data.data.resultType}, not an instant vector with one series per node`);
+      if (error instanceof PrometheusUnavailableError || error instanceof PrometheusQueryRejectedError) return { ok: false, error };
+      throw error;
     }
 
     const values = new Map<string, number>();
     const warnings: string[] = [];
-    for (const raw of answer.data.data.result) {
-      const sample = sampleSchema.safeParse(raw);
-      if (!sample.success) return rejected('a series of the answer has no [time, "value"] sample');
-      const node = sample.data.metric.node;
-      if (node === undefined) return rejected(`a series has no \`node\` label (${JSON.stringify(sample.data.metric)}); aggregate with \`by (node)\``);
+    for (const sample of samples) {
+      const node = sample.labels.node;
+      if (node === undefined) return rejected(`a series has no \`node\` label (${JSON.stringify(sample.labels)}); aggregate with \`by (node)\``);
       if (!nodeNameSchema.safeParse(node).success) {
         warnings.push(`${what}: left out a series whose node label ${JSON.stringify(node)} is not a node name`);
         continue;
       }
       if (values.has(node)) return rejected(`more than one series for node ${node}; aggregate with \`by (node)\``);
-      const value = Number(sample.data.value[1]);
       // NaN (0/0) and ±Inf carry no comparison with the peers: the node simply lacks the feature.
-      if (Number.isFinite(value)) values.set(node, value);
+      if (Number.isFinite(sample.value)) values.set(node, sample.value);
     }
     return { ok: true, values, warnings };
   }
 }
 
 export interface DetectionRun extends Evaluation {
-  readonly failures: readonly FeatureQueryFailure[];
+  readonly failures: readonly PrometheusQueryFailure[];
   readonly warnings: readonly string[];
 }
 
@@ -295,7 +224,7 @@ export interface DetectionRun extends Evaluation {
  * One evaluation end to end: read the matrix at `time`, score it, apply persistence. Feature
  * queries that fail leave their feature out of this evaluation (reported in `failures`); only
  * when every one failed does it throw, a PrometheusUnavailableError (retry later) if any failure
- * was one, else a FeatureQueryRejectedError (do not retry), each message naming the queries.
+ * was one, else a PrometheusQueryRejectedError (do not retry), each message naming the queries.
  */
 export async function detectSuspects(source: FeatureSource, detector: MultiSignalDetector, time: number = Date.now()): Promise<DetectionRun> {
   const reading = await source.read(time);
@@ -303,7 +232,7 @@ export async function detectSuspects(source: FeatureSource, detector: MultiSigna
     const queries = reading.failures.flatMap((failure) => failure.queries);
     const message = `every feature query failed:\n${reading.failures.map((failure) => `- ${failure.message}`).join('\n')}`;
     if (reading.failures.some((failure) => failure instanceof PrometheusUnavailableError)) throw new PrometheusUnavailableError(message, queries);
-    throw new FeatureQueryRejectedError(message, queries);
+    throw new PrometheusQueryRejectedError(message, queries);
   }
   return { ...detector.evaluate(time, reading.matrix), failures: reading.failures, warnings: reading.warnings };
 }

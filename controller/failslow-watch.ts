@@ -2,12 +2,12 @@ import type { Redis } from 'ioredis';
 import { z } from 'zod';
 import type { AuditLog } from '../core/audit.js';
 import { dataParallelGroups, parseJobSpec, type JobSpec } from '../core/job.js';
+import { instantQuery } from '../core/prometheus.js';
 import type { Keys } from '../core/redis.js';
 import type { Topology } from '../core/topology.js';
 import { RankSlowdownTracker, median, type ChangePoint } from '../analyzers/slowdown-tracker.js';
 import { initialLadderState, stepLadder, type LadderConfig, type LadderState, type LadderStep } from '../analyzers/failslow-ladder.js';
 import type { MicrobatchBoard } from './microbatches.js';
-import { instantQuery } from './prometheus-query.js';
 import type { LadderEventJob } from './recovery.js';
 
 /**

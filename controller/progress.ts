@@ -1,7 +1,7 @@
 import { z } from 'zod';
 import { errorMessage } from '../core/errors.js';
+import { instantQuery } from '../core/prometheus.js';
 import type { Keys, Redis } from '../core/redis.js';
-import { instantQuery } from './prometheus-query.js';
 import type { LadderEventJob } from './recovery.js';
 
 /**
