@@ -1,8 +1,8 @@
 import { z } from 'zod';
 import { nodeNameSchema } from '../core/names.js';
+import { agentSelector, aggregateBy, increase, newEvents, rate, sumBy, type LabelMatchers } from '../core/promql.js';
 import { PrometheusQueryRejectedError, PrometheusUnavailableError, instantQuery, type InstantSample, type PrometheusQueryFailure } from '../core/prometheus.js';
 import { parseOrThrow } from '../core/validate.js';
-import { agentSelector, newEvents, type LabelMatcher } from '../rules/promql.js';
 import { DEFAULT_THRESHOLDS, type Thresholds } from '../rules/thresholds.js';
 import { featureSpecSchema, type Evaluation, type FeatureMatrix, type FeatureSpec, type MultiSignalDetector } from './multisignal.js';
 
@@ -28,36 +28,40 @@ const RDMA_RETRY_COUNTERS = ['retransmits', 'ack_timeouts'] as const;
 
 /** Per-node sum of the rates of several counters; label_replace keeps them apart until the sum. */
 function summedRates(counters: readonly string[], matchers: string, window: string): string {
-  const rates = counters.map((counter) => `label_replace(rate(steadfast_rdma_port_${counter}_total${matchers}[${window}]), "counter", "${counter}", "", "")`);
+  const rates = counters.map((counter) => `label_replace(${rate(`steadfast_rdma_port_${counter}_total${matchers}`, window)}, "counter", "${counter}", "", "")`);
   return `sum by (node) (\n  ${rates.join('\n  or\n  ')}\n)`;
 }
+
+/** One value per node (the label the scrape adds to the agents' series). */
+const NODE = ['node'] as const;
 
 /**
  * The default features, each built from the metric names the agents export (README, Metrics)
  * and the rules' selectors, with the reason it moves before (or with) a GPU failure.
  */
 export function defaultFeatureQueries(thresholds: Thresholds = DEFAULT_THRESHOLDS): FeatureQuery[] {
-  const agent = (matchers: Readonly<Record<string, LabelMatcher>> = {}) => agentSelector(thresholds, matchers);
+  const agent = (matchers: LabelMatchers = {}) => agentSelector(matchers, thresholds.selectors.agentJob);
   const getattr = agent({ operation: 'GETATTR' });
+  const nfsOperations = sumBy(NODE, rate(`steadfast_nfs_operations_total${agent()}`));
   return [
     // A failing fan, a blocked air path or a degrading GPU runs hotter than its peers under the
     // same load, hours before thermal protection or the GPU itself gives up. Hottest GPU.
-    { name: 'gpu_temperature_max_celsius', direction: 'higher', minSpread: 1, query: `max by (node) (steadfast_gpu_temperature_celsius${agent()})` },
+    { name: 'gpu_temperature_max_celsius', direction: 'higher', minSpread: 1, query: aggregateBy('max', NODE, `steadfast_gpu_temperature_celsius${agent()}`) },
     // HBM heat goes with rising correctable ECC rates (002, Fig. 4: the row remapping before a failure).
-    { name: 'gpu_memory_temperature_max_celsius', direction: 'higher', minSpread: 1, query: `max by (node) (steadfast_gpu_memory_temperature_celsius${agent()})` },
+    { name: 'gpu_memory_temperature_max_celsius', direction: 'higher', minSpread: 1, query: aggregateBy('max', NODE, `steadfast_gpu_memory_temperature_celsius${agent()}`) },
     // Under one synchronous load every GPU draws about the same; a GPU drawing less does less
     // work: throttled, stalled or degrading (and near idle once an Xid took it out). Lowest GPU.
-    { name: 'gpu_power_min_watts', direction: 'lower', minSpread: 10, query: `min by (node) (steadfast_gpu_power_watts${agent()})` },
+    { name: 'gpu_power_min_watts', direction: 'lower', minSpread: 10, query: aggregateBy('min', NODE, `steadfast_gpu_power_watts${agent()}`) },
     // SM clocks held down (thermal or power protection) precede and follow hardware trouble.
-    { name: 'gpu_sm_clock_min_hertz', direction: 'lower', minSpread: 15e6, query: `min by (node) (steadfast_gpu_clock_hertz${agent({ clock: 'sm' })})` },
+    { name: 'gpu_sm_clock_min_hertz', direction: 'lower', minSpread: 15e6, query: aggregateBy('min', NODE, `steadfast_gpu_clock_hertz${agent({ clock: 'sm' })}`) },
     // Kernels stop running on a GPU the driver lost or the job left behind.
-    { name: 'gpu_utilization_mean', direction: 'lower', minSpread: 0.02, query: `avg by (node) (steadfast_gpu_utilization_ratio${agent()})` },
+    { name: 'gpu_utilization_mean', direction: 'lower', minSpread: 0.02, query: aggregateBy('avg', NODE, `steadfast_gpu_utilization_ratio${agent()}`) },
     // GPUs held down by hardware protection over the last 5 minutes (sum of shares of time).
     {
       name: 'gpu_hw_slowdown_gpus',
       direction: 'higher',
       minSpread: 0.25,
-      query: `sum by (node) (avg_over_time(steadfast_gpu_throttle_reason${agent({ reason: { oneOf: HARDWARE_SLOWDOWN_REASONS } })}[5m]))`,
+      query: sumBy(NODE, `avg_over_time(steadfast_gpu_throttle_reason${agent({ reason: { oneOf: HARDWARE_SLOWDOWN_REASONS } })}[5m])`),
     },
     // Correctable ECC errors pile up in failing HBM before an uncorrectable one (Xid 48) and row
     // remapping (Xid 63/64) (002, Figs. 3-4).
@@ -65,11 +69,11 @@ export function defaultFeatureQueries(thresholds: Thresholds = DEFAULT_THRESHOLD
       name: 'gpu_ecc_correctable_10m',
       direction: 'higher',
       minSpread: 2,
-      query: `sum by (node) (increase(steadfast_gpu_ecc_errors_total${agent({ scope: 'volatile', type: 'correctable' })}[10m]))`,
+      query: sumBy(NODE, increase(`steadfast_gpu_ecc_errors_total${agent({ scope: 'volatile', type: 'correctable' })}`, '10m')),
     },
-    { name: 'gpu_row_remaps_1h', direction: 'higher', minSpread: 0.5, query: `sum by (node) (increase(steadfast_gpu_remapped_rows_total${agent()}[1h]))` },
+    { name: 'gpu_row_remaps_1h', direction: 'higher', minSpread: 0.5, query: sumBy(NODE, increase(`steadfast_gpu_remapped_rows_total${agent()}`, '1h')) },
     // PCIe replays: the link to the GPU retransmitting, as before the 002 report's NVLink + bus fault (Fig. 2).
-    { name: 'gpu_pcie_replays_per_second', direction: 'higher', minSpread: 0.05, query: `sum by (node) (rate(steadfast_gpu_pcie_replay_errors_total${agent()}[5m]))` },
+    { name: 'gpu_pcie_replays_per_second', direction: 'higher', minSpread: 0.05, query: sumBy(NODE, rate(`steadfast_gpu_pcie_replay_errors_total${agent()}`, '5m')) },
     // The Xid itself: every Xid line in the last 5 minutes, the first of a GPU included (a
     // labelled counter is born at its first increment, so increase() alone would miss it).
     // Nodes whose xid collector works and saw none count 0, not "missing": they are peers.
@@ -87,7 +91,7 @@ export function defaultFeatureQueries(thresholds: Thresholds = DEFAULT_THRESHOLD
       name: 'rdma_transmit_bytes_per_second',
       direction: 'lower',
       minSpread: 1e8,
-      query: `sum by (node) (rate(steadfast_rdma_port_data_transmitted_bytes_total${agent()}[1m]))`,
+      query: sumBy(NODE, rate(`steadfast_rdma_port_data_transmitted_bytes_total${agent()}`, '1m')),
     },
     // Metadata round trips: the 002 report saw GETATTR response time misbehave on the node whose
     // GPU later logged an ECC error (Fig. 3). Mean seconds per GETATTR.
@@ -95,18 +99,18 @@ export function defaultFeatureQueries(thresholds: Thresholds = DEFAULT_THRESHOLD
       name: 'nfs_getattr_rtt_seconds',
       direction: 'higher',
       minSpread: 2e-4,
-      query: `sum by (node) (rate(steadfast_nfs_rtt_seconds_total${getattr}[5m]))\n/\n(sum by (node) (rate(steadfast_nfs_operations_total${getattr}[5m])) > 0)`,
+      query: `${sumBy(NODE, rate(`steadfast_nfs_rtt_seconds_total${getattr}`))}\n/\n(${sumBy(NODE, rate(`steadfast_nfs_operations_total${getattr}`))} > 0)`,
     },
     // RPCs sent more than once (timeouts, reconnects) per completed RPC, over all operations.
     {
       name: 'nfs_retransmissions_per_operation',
       direction: 'higher',
       minSpread: 0.002,
-      query: `(sum by (node) (rate(steadfast_nfs_transmissions_total${agent()}[5m])) - sum by (node) (rate(steadfast_nfs_operations_total${agent()}[5m])))\n/\n(sum by (node) (rate(steadfast_nfs_operations_total${agent()}[5m])) > 0)`,
+      query: `(${sumBy(NODE, rate(`steadfast_nfs_transmissions_total${agent()}`))} - ${nfsOperations})\n/\n(${nfsOperations} > 0)`,
     },
     // The node's slowest rank. Training series carry the training job as `job`, so they are
     // selected by name alone (rules/domains/training.ts).
-    { name: 'training_iteration_seconds', direction: 'higher', minSpread: 0.02, query: 'max by (node) (steadfast_training_iteration_seconds)' },
+    { name: 'training_iteration_seconds', direction: 'higher', minSpread: 0.02, query: aggregateBy('max', NODE, 'steadfast_training_iteration_seconds') },
   ];
 }
 

@@ -3,7 +3,9 @@ import { z } from 'zod';
 import type { AuditLog } from '../core/audit.js';
 import { dataParallelGroups, parseJobSpec, type JobSpec } from '../core/job.js';
 import { instantQuery } from '../core/prometheus.js';
+import { selector } from '../core/promql.js';
 import type { Keys } from '../core/redis.js';
+import { TRAINING_JOB_LABEL } from '../core/scrape.js';
 import type { Topology } from '../core/topology.js';
 import { RankSlowdownTracker, median, type ChangePoint } from '../analyzers/slowdown-tracker.js';
 import { initialLadderState, stepLadder, type LadderConfig, type LadderState, type LadderStep } from '../analyzers/failslow-ladder.js';
@@ -79,10 +81,10 @@ export class FailSlowWatch {
   async check(spec: JobSpec, now = Date.now()): Promise<LadderStep | undefined> {
     const job = spec.name;
     const { topology } = parseJobSpec(spec);
-    const selector = `{job=${JSON.stringify(job)}}`;
+    const ofJob = selector({ [TRAINING_JOB_LABEL]: job });
     const [iterations, seconds] = await Promise.all([
-      instantQuery(this.deps.prometheusUrl, `steadfast_training_iteration${selector}`),
-      instantQuery(this.deps.prometheusUrl, `steadfast_training_iteration_seconds${selector}`),
+      instantQuery(this.deps.prometheusUrl, `steadfast_training_iteration${ofJob}`),
+      instantQuery(this.deps.prometheusUrl, `steadfast_training_iteration_seconds${ofJob}`),
     ]);
     const watch = this.watch(job);
     const secondsByRank = new Map(seconds.map((sample) => [Number(sample.labels.rank), sample.value] as const));

@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { nodeNameSchema, PCI_BUS_ID_PATTERN } from './names.js';
+import { MAX_TRAINING_RANK, nodeNameSchema, PCI_BUS_ID_PATTERN, TRAINING_JOB_PATTERN, TRAINING_JOB_RULE } from './names.js';
 
 /**
  * The agent's fast path (DESIGN.md §1): a fatal event the agent saw itself, POSTed straight to
@@ -18,8 +18,8 @@ export const fastPathEventSchema = z
     /** PCI bus id, `dddd:bb:dd`; required for xid and gpu_lost. */
     gpu: z.string().regex(PCI_BUS_ID_PATTERN, 'must be a PCI bus id like 0000:3b:00').optional(),
     /** Training job and global rank, for nccl_timeout and worker_failed. */
-    job: z.string().regex(/^[A-Za-z0-9._-]{1,128}$/, 'letters, digits, ".", "_" and "-" only').optional(),
-    rank: z.number().int().min(0).max(10_000_000).optional(),
+    job: z.string().regex(TRAINING_JOB_PATTERN, `must be ${TRAINING_JOB_RULE}`).optional(),
+    rank: z.number().int().min(0).max(MAX_TRAINING_RANK).optional(),
     /** Xid code; required when kind is xid. */
     xid: z.number().int().min(0).max(100_000).optional(),
     message: z.string().max(2048).default(''),

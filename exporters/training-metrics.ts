@@ -4,11 +4,6 @@ import { TRAINING_ERROR_KINDS, type TrainingErrorKind } from './megatron-log.js'
 
 /** The training collector's series, shared by the log followers and the push endpoint. */
 
-/** Job names and ranks as the controller's fast path accepts them (core/fast-path.ts). */
-export const JOB_PATTERN = /^[A-Za-z0-9._-]{1,128}$/;
-export const JOB_RULE = '1-128 letters, digits, ".", "_" or "-"';
-export const MAX_RANK = 10_000_000;
-
 /** One reading of a training step, from a log line or a push. */
 export interface StepReading {
   readonly iteration: number;

@@ -1,9 +1,10 @@
 import { z } from 'zod';
 import type { Logger } from '../core/log.js';
+import { MAX_TRAINING_RANK, TRAINING_JOB_PATTERN, TRAINING_JOB_RULE } from '../core/names.js';
 import { describeIssues } from '../core/validate.js';
 import type { AgentRequest, AgentResponse, AgentRoute } from './collector.js';
 import { normaliseLossKey } from './megatron-log.js';
-import { JOB_PATTERN, JOB_RULE, MAX_RANK, type StepReading, type TrainingMetrics } from './training-metrics.js';
+import type { StepReading, TrainingMetrics } from './training-metrics.js';
 
 /**
  * `POST /api/v1/training`: a training loop pushes its own step metrics (one step or an array),
@@ -33,8 +34,8 @@ const lossNameSchema = z.string().max(64).refine((name) => normaliseLossKey(name
 
 export const trainingStepSchema = z
   .object({
-    job: z.string().regex(JOB_PATTERN, `must be ${JOB_RULE}`),
-    rank: z.number().int().min(0).max(MAX_RANK),
+    job: z.string().regex(TRAINING_JOB_PATTERN, `must be ${TRAINING_JOB_RULE}`),
+    rank: z.number().int().min(0).max(MAX_TRAINING_RANK),
     iteration: countSchema,
     iteration_seconds: nonNegativeSchema.optional(),
     loss: z

@@ -1,10 +1,11 @@
 import { stat } from 'node:fs/promises';
 import { InputError, errorMessage } from '../core/errors.js';
 import type { Logger } from '../core/log.js';
+import { MAX_TRAINING_RANK, TRAINING_JOB_PATTERN, TRAINING_JOB_RULE } from '../core/names.js';
 import type { AgentRoute, Collector, CollectorContext, CollectorFactory } from './collector.js';
 import { errnoCode, LogFollower } from './log-follower.js';
 import { parseIterationLine, TrainingErrorParser, type TrainingErrorReport } from './megatron-log.js';
-import { JOB_PATTERN, JOB_RULE, MAX_RANK, TrainingMetrics, type SeriesLabels } from './training-metrics.js';
+import { TrainingMetrics, type SeriesLabels } from './training-metrics.js';
 import { PushedSteps, TRAINING_MAX_JOBS_FLAG, TRAINING_ROUTE_PATH } from './training-push.js';
 
 export { TRAINING_MAX_JOBS_FLAG, TRAINING_ROUTE_PATH, trainingStepSchema, type TrainingStep } from './training-push.js';
@@ -51,8 +52,8 @@ export function parseTrainingLogFlags(value: string | readonly string[] | undefi
     const match = /^([^=:]+)(?::([^=]*))?=(.+)$/.exec(entry);
     if (!match) throw new InputError(`${flag}: expected <job>=<file> or <job>:<rank>=<file>, got "${entry}"`, flag);
     const [, job = '', rank = '0', path = ''] = match;
-    if (!JOB_PATTERN.test(job)) throw new InputError(`${flag}: job "${job}" must be ${JOB_RULE}`, flag);
-    if (!/^\d{1,8}$/.test(rank) || Number(rank) > MAX_RANK) throw new InputError(`${flag}: rank "${rank}" must be a whole number from 0 to ${MAX_RANK}`, flag);
+    if (!TRAINING_JOB_PATTERN.test(job)) throw new InputError(`${flag}: job "${job}" must be ${TRAINING_JOB_RULE}`, flag);
+    if (!/^\d{1,8}$/.test(rank) || Number(rank) > MAX_TRAINING_RANK) throw new InputError(`${flag}: rank "${rank}" must be a whole number from 0 to ${MAX_TRAINING_RANK}`, flag);
     const normalisedRank = String(Number(rank));
     const key = `${job}:${normalisedRank}`;
     if (seen.has(key)) throw new InputError(`${flag}: job ${job} rank ${normalisedRank} is given twice`, flag);

@@ -1,5 +1,5 @@
-import { agentSelector, humanDuration, indent } from '../promql.js';
-import { alert, record, type DomainRules, type RuleGroup } from '../spec.js';
+import { agentSelector, indent } from '../../core/promql.js';
+import { alert, humanDuration, record, type DomainRules, type RuleGroup } from '../spec.js';
 import type { Thresholds } from '../thresholds.js';
 
 /**
@@ -20,7 +20,7 @@ const ERROR_COUNTERS = ['symbol_errors', 'local_link_integrity_errors', 'receive
 const PORT = '{{ $labels.device }}/{{ $labels.port }} on node {{ $labels.node }}';
 
 function groups(t: Thresholds): RuleGroup[] {
-  const ports = agentSelector(t);
+  const ports = agentSelector({}, t.selectors.agentJob);
   const network = t.network;
 
   // One rate per counter, tagged with the counter's name: rate() drops the metric name, so the
@@ -85,7 +85,7 @@ function groups(t: Thresholds): RuleGroup[] {
           expr: [
             `(${RDMA_RECEIVE_RATE} + ${RDMA_TRANSMIT_RATE}) == 0`,
             `and on (node)`,
-            `sum by (node) (steadfast_training_processes${agentSelector(t, { role: 'rank' })}) > 0`,
+            `sum by (node) (steadfast_training_processes${agentSelector({ role: 'rank' }, t.selectors.agentJob)}) > 0`,
           ].join('\n'),
           for: network.zeroTrafficFor,
           severity: 'critical',
