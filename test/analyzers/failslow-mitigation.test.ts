@@ -1,36 +1,36 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import {
-  initialLadderState,
-  stepLadder,
-  type LadderConfig,
-  type LadderObservation,
-  type LadderState,
-  type LadderStep,
-} from '../../analyzers/failslow-ladder.js';
+  initialMitigationState,
+  stepMitigation,
+  type MitigationConfig,
+  type MitigationObservation,
+  type MitigationState,
+  type MitigationStep,
+} from '../../analyzers/failslow-mitigation.js';
 import { planMicrobatches } from '../../analyzers/microbatch.js';
 import { NodeLayout, planCongestedLinkSwaps, planStragglerConsolidation, planTopologyAdjustment } from '../../analyzers/topology-adjust.js';
 import { InputError } from '../../core/errors.js';
 import { Topology } from '../../core/topology.js';
 
 // Hand-computed ski-rental points: healthy 1 s; every cost is a whole number of excess seconds.
-const config: LadderConfig = { costSeconds: { S2: 10, S3: 60, S4: 600 }, microbatches: 16, dpGroups: 4 };
+const config: MitigationConfig = { costSeconds: { S2: 10, S3: 60, S4: 600 }, microbatches: 16, dpGroups: 4 };
 const healthySeconds = 1;
 
 /** Feeds one-iteration observations until the strategy changes; returns how many it took and the step. */
-function runUntilChange(state: LadderState, observation: Omit<LadderObservation, 'iterations' | 'healthySeconds'>, limit = 100_000) {
+function runUntilChange(state: MitigationState, observation: Omit<MitigationObservation, 'iterations' | 'healthySeconds'>, limit = 100_000) {
   let current = state;
   for (let fed = 1; fed <= limit; fed += 1) {
-    const step = stepLadder(current, { iterations: 1, healthySeconds, ...observation }, config);
+    const step = stepMitigation(current, { iterations: 1, healthySeconds, ...observation }, config);
     if (step.strategy !== current.strategy) return { fed, step };
     current = step.state;
   }
   throw new Error(`no change within ${limit} observations`);
 }
 
-describe('stepLadder (Greyhound §5.1, Algorithm 1)', () => {
+describe('stepMitigation (Greyhound §5.1, Algorithm 1)', () => {
   it('escalates S1 → S2 → S3 → S4 exactly when the seconds lost under the current strategy reach the next cost', () => {
-    const s2 = runUntilChange(initialLadderState(config), { iterationSeconds: 1.5, persists: true }); // 0.5 s lost per iteration
+    const s2 = runUntilChange(initialMitigationState(config), { iterationSeconds: 1.5, persists: true }); // 0.5 s lost per iteration
     expect(s2.fed).toBe(20); // 20 × 0.5 = 10 = cost of S2
     expect(s2.step).toMatchObject({ strategy: 'S2', action: 'escalate', lostSeconds: 0, next: { strategy: 'S3', costSeconds: 60 }, restart: false });
     expect(s2.step.citation).toContain('§5.2');
@@ -44,44 +44,44 @@ describe('stepLadder (Greyhound §5.1, Algorithm 1)', () => {
     expect(s4.fed).toBe(4800); // 4800 × 0.125 = 600
     expect(s4.step).toMatchObject({ strategy: 'S4', action: 'escalate', next: null, restart: true });
 
-    const after = stepLadder(s4.step.state, { iterations: 1000, iterationSeconds: 1.5, healthySeconds, persists: true }, config);
+    const after = stepMitigation(s4.step.state, { iterations: 1000, iterationSeconds: 1.5, healthySeconds, persists: true }, config);
     expect(after).toMatchObject({ strategy: 'S4', action: 'none', restart: false });
     expect(after.reason).toContain('last resort');
   });
 
   it('stays one iteration short of each switching point', () => {
-    let state = initialLadderState(config);
-    const step = stepLadder(state, { iterations: 19, iterationSeconds: 1.5, healthySeconds, persists: true }, config);
+    let state = initialMitigationState(config);
+    const step = stepMitigation(state, { iterations: 19, iterationSeconds: 1.5, healthySeconds, persists: true }, config);
     expect(step).toMatchObject({ strategy: 'S1', action: 'none', lostSeconds: 9.5 });
     state = step.state;
-    expect(stepLadder(state, { iterations: 1, iterationSeconds: 1.5, healthySeconds, persists: true }, config).strategy).toBe('S2');
+    expect(stepMitigation(state, { iterations: 1, iterationSeconds: 1.5, healthySeconds, persists: true }, config).strategy).toBe('S2');
   });
 
   it('never leaves a strategy that cures the slow-down', () => {
-    let state = stepLadder(initialLadderState(config), { iterations: 20, iterationSeconds: 1.5, healthySeconds, persists: true }, config).state;
+    let state = stepMitigation(initialMitigationState(config), { iterations: 20, iterationSeconds: 1.5, healthySeconds, persists: true }, config).state;
     expect(state.strategy).toBe('S2');
     for (let i = 0; i < 10_000; i += 1) {
-      state = stepLadder(state, { iterations: 1, iterationSeconds: 1, healthySeconds, persists: true }, config).state;
+      state = stepMitigation(state, { iterations: 1, iterationSeconds: 1, healthySeconds, persists: true }, config).state;
     }
     expect(state).toMatchObject({ strategy: 'S2', lostSeconds: 0, slowIterations: 10_020 });
   });
 
   it('climbs at most one rung per observation, however long it covers', () => {
-    const step = stepLadder(initialLadderState(config), { iterations: 1_000_000, iterationSeconds: 2, healthySeconds, persists: true }, config);
+    const step = stepMitigation(initialMitigationState(config), { iterations: 1_000_000, iterationSeconds: 2, healthySeconds, persists: true }, config);
     expect(step).toMatchObject({ strategy: 'S2', lostSeconds: 0 });
   });
 
   it('resets to S1 with the even split and the original placement when the fail-slow ends, and starts over on the next', () => {
     const topology = Topology.from({ nodes: ['a', 'b', 'c', 'd'], ranksPerNode: 1, dp: 2, pp: 2 });
     const withTopology = { ...config, topology };
-    let state = initialLadderState(withTopology);
-    state = stepLadder(state, { iterations: 20, iterationSeconds: 1.5, healthySeconds, persists: true, dpGroupSeconds: [1, 1, 2, 1] }, withTopology).state;
-    state = stepLadder(state, { iterations: 240, iterationSeconds: 1.25, healthySeconds, persists: true, slowRanks: [0, 3] }, withTopology).state;
+    let state = initialMitigationState(withTopology);
+    state = stepMitigation(state, { iterations: 20, iterationSeconds: 1.5, healthySeconds, persists: true, dpGroupSeconds: [1, 1, 2, 1] }, withTopology).state;
+    state = stepMitigation(state, { iterations: 240, iterationSeconds: 1.25, healthySeconds, persists: true, slowRanks: [0, 3] }, withTopology).state;
     expect(state.strategy).toBe('S3');
     expect(state.microbatches.rebalanced).toBe(true);
     expect(state.topologyPlan?.swaps.length).toBeGreaterThan(0);
 
-    const over = stepLadder(state, { iterations: 1, iterationSeconds: 1, healthySeconds, persists: false }, withTopology);
+    const over = stepMitigation(state, { iterations: 1, iterationSeconds: 1, healthySeconds, persists: false }, withTopology);
     expect(over).toMatchObject({ strategy: 'S1', action: 'reset', lostSeconds: 0, topologyPlan: null, restart: false });
     expect(over.microbatches).toEqual({ assignment: [4, 4, 4, 4], rebalanced: false, predictedSeconds: null });
 
@@ -91,29 +91,29 @@ describe('stepLadder (Greyhound §5.1, Algorithm 1)', () => {
 
   it('serves the exact S2 assignment for the profiled DP groups and re-solves it on a fresh profile', () => {
     const slowGroup = [0.5, 0.5, 1, 0.5];
-    const s2 = stepLadder(initialLadderState(config), { iterations: 20, iterationSeconds: 1.5, healthySeconds, persists: true, dpGroupSeconds: slowGroup }, config);
+    const s2 = stepMitigation(initialMitigationState(config), { iterations: 20, iterationSeconds: 1.5, healthySeconds, persists: true, dpGroupSeconds: slowGroup }, config);
     const exact = planMicrobatches(slowGroup, 16);
     expect(s2.microbatches).toEqual({ assignment: exact.assignment, rebalanced: true, predictedSeconds: 2.5 });
     expect(s2.microbatches.assignment[2]).toBe(2); // the group twice as slow gets the fewest
 
     const recovered = [0.5, 0.5, 0.5, 0.5];
-    const next = stepLadder(s2.state, { iterations: 1, iterationSeconds: 1.1, healthySeconds, persists: true, dpGroupSeconds: recovered }, config);
+    const next = stepMitigation(s2.state, { iterations: 1, iterationSeconds: 1.1, healthySeconds, persists: true, dpGroupSeconds: recovered }, config);
     expect(next).toMatchObject({ strategy: 'S2', action: 'rebalance' });
     expect(next.microbatches.assignment).toEqual([4, 4, 4, 4]);
   });
 
   it('keeps 1F1B counts at multiples of the pipeline depth', () => {
-    const piped: LadderConfig = { ...config, microbatches: 32, pipelineStages: 4 };
-    const step = stepLadder(initialLadderState(piped), { iterations: 20, iterationSeconds: 1.5, healthySeconds, persists: true, dpGroupSeconds: [1, 1, 3, 1] }, piped);
+    const piped: MitigationConfig = { ...config, microbatches: 32, pipelineStages: 4 };
+    const step = stepMitigation(initialMitigationState(piped), { iterations: 20, iterationSeconds: 1.5, healthySeconds, persists: true, dpGroupSeconds: [1, 1, 3, 1] }, piped);
     expect(step.microbatches.assignment.every((count) => count % 4 === 0)).toBe(true);
     expect(step.microbatches.assignment.reduce((sum, count) => sum + count, 0)).toBe(32);
   });
 
   it('skips S2 for a communication fail-slow, where rebalancing has no effect (Table 2)', () => {
-    const state = initialLadderState(config);
-    const at10 = stepLadder(state, { iterations: 20, iterationSeconds: 1.5, healthySeconds, persists: true, rootCause: 'communication' }, config);
+    const state = initialMitigationState(config);
+    const at10 = stepMitigation(state, { iterations: 20, iterationSeconds: 1.5, healthySeconds, persists: true, rootCause: 'communication' }, config);
     expect(at10).toMatchObject({ strategy: 'S1', next: { strategy: 'S3', costSeconds: 60 } });
-    const at60 = stepLadder(at10.state, { iterations: 100, iterationSeconds: 1.5, healthySeconds, persists: true }, config);
+    const at60 = stepMitigation(at10.state, { iterations: 100, iterationSeconds: 1.5, healthySeconds, persists: true }, config);
     expect(at60).toMatchObject({ strategy: 'S3', action: 'escalate' });
   });
 
@@ -124,7 +124,7 @@ describe('stepLadder (Greyhound §5.1, Algorithm 1)', () => {
   ])('rejects $what with an InputError naming $field', ({ observation, field }) => {
     let caught: unknown;
     try {
-      stepLadder(initialLadderState(config), { iterations: 1, iterationSeconds: 1, healthySeconds, persists: true, ...observation }, config);
+      stepMitigation(initialMitigationState(config), { iterations: 1, iterationSeconds: 1, healthySeconds, persists: true, ...observation }, config);
     } catch (error) {
       caught = error;
     }
@@ -133,8 +133,8 @@ describe('stepLadder (Greyhound §5.1, Algorithm 1)', () => {
   });
 
   it('rejects a config whose micro-batches cannot be split over the groups', () => {
-    expect(() => initialLadderState({ ...config, microbatches: 3 })).toThrow(InputError);
-    expect(() => initialLadderState({ ...config, costSeconds: { S2: -1, S3: 1, S4: 1 } })).toThrow(InputError);
+    expect(() => initialMitigationState({ ...config, microbatches: 3 })).toThrow(InputError);
+    expect(() => initialMitigationState({ ...config, costSeconds: { S2: -1, S3: 1, S4: 1 } })).toThrow(InputError);
   });
 });
 

@@ -6,7 +6,7 @@ import { planMicrobatches } from './microbatch.js';
 import { planTopologyAdjustment, type TopologyAdjustment } from './topology-adjust.js';
 
 /**
- * The fail-slow mitigation ladder (Greyhound §5.1, Algorithm 1), as a pure state machine:
+ * Fail-slow mitigation (Greyhound §5.1, Algorithm 1), as a pure state machine that escalates:
  *
  *   S1 ignore → S2 rebalance micro-batches → S3 adjust the topology → S4 checkpoint-and-restart
  *
@@ -17,9 +17,9 @@ import { planTopologyAdjustment, type TopologyAdjustment } from './topology-adju
  * (rent until the rent paid equals the price of the skis). The sum then restarts under the new
  * strategy, so a strategy that cures the slow-down is never replaced, and one that only helps a
  * little is replaced later than S1 was. Algorithm 1 line 3 picks the candidate strategies by root
- * cause: S2 does nothing for a communication fail-slow (Table 2), so that ladder skips it.
+ * cause: S2 does nothing for a communication fail-slow (Table 2), so that root cause skips it.
  *
- * One observation moves the ladder at most one rung: after a switch, the next rung's sum has to
+ * One observation moves at most one rung up: after a switch, the next rung's sum has to
  * be measured under the new strategy. When the detector reports the fail-slow over, everything
  * is undone: the even micro-batch split and the original placement return (Greyhound §7.5
  * reverts the topology as soon as congestion ends) and the next fail-slow starts from S1.
@@ -42,7 +42,7 @@ const SWITCH_RULE = 'Greyhound §5.1, Algorithm 1 (ski rental)';
 
 const positiveSeconds = z.number().finite().positive();
 
-export const ladderConfigSchema = z
+export const mitigationConfigSchema = z
   .object({
     /** Seconds of training lost to apply each strategy once (Table 2's action overhead). */
     costSeconds: z.object({ S2: positiveSeconds, S3: positiveSeconds, S4: positiveSeconds }).strict(),
@@ -57,9 +57,9 @@ export const ladderConfigSchema = z
   })
   .strict();
 
-export type LadderConfig = z.input<typeof ladderConfigSchema>;
+export type MitigationConfig = z.input<typeof mitigationConfigSchema>;
 
-export const ladderObservationSchema = z
+export const mitigationObservationSchema = z
   .object({
     /** Iterations since the previous observation. */
     iterations: z.number().int().positive(),
@@ -79,7 +79,7 @@ export const ladderObservationSchema = z
   })
   .strict();
 
-export type LadderObservation = z.input<typeof ladderObservationSchema>;
+export type MitigationObservation = z.input<typeof mitigationObservationSchema>;
 
 export interface MicrobatchAssignment {
   /** Micro-batches per DP group, in DP-group order: what the training loop fetches. */
@@ -90,7 +90,7 @@ export interface MicrobatchAssignment {
   readonly predictedSeconds: number | null;
 }
 
-export interface LadderState {
+export interface MitigationState {
   readonly strategy: Strategy;
   /** Training seconds lost to the fail-slow since the current strategy took effect. */
   readonly lostSeconds: number;
@@ -101,13 +101,13 @@ export interface LadderState {
   readonly topologyPlan: TopologyAdjustment | null;
 }
 
-export type LadderAction = 'none' | 'escalate' | 'rebalance' | 'reset';
+export type MitigationAction = 'none' | 'escalate' | 'rebalance' | 'reset';
 
-export interface LadderStep {
-  /** Pass this to the next stepLadder call; strategy, lostSeconds, microbatches and topologyPlan mirror it. */
-  readonly state: LadderState;
+export interface MitigationStep {
+  /** Pass this to the next stepMitigation call; strategy, lostSeconds, microbatches and topologyPlan mirror it. */
+  readonly state: MitigationState;
   readonly strategy: Strategy;
-  readonly action: LadderAction;
+  readonly action: MitigationAction;
   readonly reason: string;
   readonly citation: string;
   readonly lostSeconds: number;
@@ -119,9 +119,9 @@ export interface LadderStep {
   readonly restart: boolean;
 }
 
-type ParsedConfig = z.output<typeof ladderConfigSchema>;
+type ParsedConfig = z.output<typeof mitigationConfigSchema>;
 
-export function initialLadderState(config: LadderConfig): LadderState {
+export function initialMitigationState(config: MitigationConfig): MitigationState {
   const parsed = parseConfig(config);
   return { strategy: 'S1', lostSeconds: 0, slowIterations: 0, rootCause: null, microbatches: evenSplit(parsed), topologyPlan: null };
 }
@@ -131,19 +131,19 @@ export function candidateStrategies(rootCause: RootCause): Strategy[] {
   return rootCause === 'communication' ? ['S1', 'S3', 'S4'] : ['S1', 'S2', 'S3', 'S4'];
 }
 
-export function stepLadder(state: LadderState, observation: LadderObservation, config: LadderConfig): LadderStep {
+export function stepMitigation(state: MitigationState, observation: MitigationObservation, config: MitigationConfig): MitigationStep {
   const parsedConfig = parseConfig(config);
-  const seen = parseOrThrow(ladderObservationSchema, observation, 'fail-slow observation');
+  const seen = parseOrThrow(mitigationObservationSchema, observation, 'fail-slow observation');
   if (seen.dpGroupSeconds && seen.dpGroupSeconds.length !== parsedConfig.dpGroups) {
     throw new InputError(`dpGroupSeconds lists ${seen.dpGroupSeconds.length} groups but the job has ${parsedConfig.dpGroups}`, 'dpGroupSeconds');
   }
   if (!seen.persists) return endOfFailSlow(state, parsedConfig);
 
   const rootCause = seen.rootCause ?? state.rootCause ?? 'unknown';
-  const ladder = candidateStrategies(rootCause);
+  const candidates = candidateStrategies(rootCause);
   const costOf = (strategy: Strategy): number => (strategy === 'S1' ? 0 : parsedConfig.costSeconds[strategy]);
-  const rung = rungOf(ladder, state.strategy);
-  const next = ladder[rung + 1];
+  const rung = rungOf(candidates, state.strategy);
+  const next = candidates[rung + 1];
   const lostSeconds = state.lostSeconds + seen.iterations * Math.max(0, seen.iterationSeconds - seen.healthySeconds);
   const slowIterations = state.slowIterations + seen.iterations;
   const carried = { ...state, rootCause, slowIterations };
@@ -152,61 +152,61 @@ export function stepLadder(state: LadderState, observation: LadderObservation, c
     const reason =
       `lost ${lostSeconds.toFixed(3)} s to the fail-slow under ${state.strategy}, reaching ${next}'s cost of ${costOf(next)} s: ` +
       `switch to ${next}`;
-    return escalate({ ...carried, strategy: next, lostSeconds: 0 }, next, reason, seen, parsedConfig, ladder);
+    return escalate({ ...carried, strategy: next, lostSeconds: 0 }, next, reason, seen, parsedConfig, candidates);
   }
 
   const stayed = { ...carried, lostSeconds };
-  const rebalancing = ladder.includes('S2') && rung >= ladder.indexOf('S2') && state.strategy !== 'S4';
+  const rebalancing = candidates.includes('S2') && rung >= candidates.indexOf('S2') && state.strategy !== 'S4';
   if (rebalancing && seen.dpGroupSeconds) {
     const microbatches = rebalance(seen.dpGroupSeconds, parsedConfig);
     const changed = microbatches.assignment.join(',') !== state.microbatches.assignment.join(',');
     const updated = { ...stayed, microbatches };
     const reason = changed ? 'a fresh per-DP-group profile moves the optimal micro-batch assignment' : 'the micro-batch assignment is still optimal';
-    return toStep(updated, changed ? 'rebalance' : 'none', reason, STRATEGY_CITATIONS.S2, ladder, parsedConfig, false);
+    return toStep(updated, changed ? 'rebalance' : 'none', reason, STRATEGY_CITATIONS.S2, candidates, parsedConfig, false);
   }
   const reason =
     next === undefined
       ? `${state.strategy} is the last resort; the fail-slow persists`
       : `lost ${lostSeconds.toFixed(3)} s under ${state.strategy}; ${next} is taken at ${costOf(next)} s`;
-  return toStep(stayed, 'none', reason, `${STRATEGY_CITATIONS[state.strategy]}; ${SWITCH_RULE}`, ladder, parsedConfig, false);
+  return toStep(stayed, 'none', reason, `${STRATEGY_CITATIONS[state.strategy]}; ${SWITCH_RULE}`, candidates, parsedConfig, false);
 }
 
 function escalate(
-  state: LadderState,
+  state: MitigationState,
   strategy: Exclude<Strategy, 'S1'>,
   why: string,
-  seen: z.output<typeof ladderObservationSchema>,
+  seen: z.output<typeof mitigationObservationSchema>,
   config: ParsedConfig,
-  ladder: readonly Strategy[],
-): LadderStep {
+  candidates: readonly Strategy[],
+): MitigationStep {
   const citation = `${STRATEGY_CITATIONS[strategy]}; ${SWITCH_RULE}`;
   switch (strategy) {
     case 'S2': {
       if (!seen.dpGroupSeconds) {
-        return toStep(state, 'escalate', `${why}; no per-DP-group profile yet, so the even split stays until one arrives`, citation, ladder, config, false);
+        return toStep(state, 'escalate', `${why}; no per-DP-group profile yet, so the even split stays until one arrives`, citation, candidates, config, false);
       }
       const microbatches = rebalance(seen.dpGroupSeconds, config);
-      return toStep({ ...state, microbatches }, 'escalate', `${why}: give slow DP groups fewer micro-batches`, citation, ladder, config, false);
+      return toStep({ ...state, microbatches }, 'escalate', `${why}: give slow DP groups fewer micro-batches`, citation, candidates, config, false);
     }
     case 'S3': {
-      const microbatches = seen.dpGroupSeconds && ladder.includes('S2') ? rebalance(seen.dpGroupSeconds, config) : state.microbatches;
+      const microbatches = seen.dpGroupSeconds && candidates.includes('S2') ? rebalance(seen.dpGroupSeconds, config) : state.microbatches;
       if (!config.topology) {
-        return toStep({ ...state, microbatches }, 'escalate', `${why}; no topology known, so there is no exchange to plan`, citation, ladder, config, false);
+        return toStep({ ...state, microbatches }, 'escalate', `${why}; no topology known, so there is no exchange to plan`, citation, candidates, config, false);
       }
       const topologyPlan = planTopologyAdjustment(config.topology, { slowRanks: seen.slowRanks, congestedLinks: seen.congestedLinks });
       const summary = `${topologyPlan.swaps.length} node exchange(s): stragglers into ${topologyPlan.consolidation.stagesAfter.length} PP stage(s), ${topologyPlan.links.links.filter((link) => link.relieved).length} of ${topologyPlan.links.links.length} congested link(s) off DP`;
-      return toStep({ ...state, microbatches, topologyPlan }, 'escalate', `${why}: ${summary}`, citation, ladder, config, false);
+      return toStep({ ...state, microbatches, topologyPlan }, 'escalate', `${why}: ${summary}`, citation, candidates, config, false);
     }
     case 'S4': {
       const restarted = { ...state, microbatches: evenSplit(config), topologyPlan: null };
-      return toStep(restarted, 'escalate', `${why}: checkpoint and restart on healthy nodes`, citation, ladder, config, true);
+      return toStep(restarted, 'escalate', `${why}: checkpoint and restart on healthy nodes`, citation, candidates, config, true);
     }
   }
 }
 
-function endOfFailSlow(state: LadderState, config: ParsedConfig): LadderStep {
+function endOfFailSlow(state: MitigationState, config: ParsedConfig): MitigationStep {
   const idle = state.strategy === 'S1' && state.lostSeconds === 0 && !state.microbatches.rebalanced && state.topologyPlan === null;
-  const reset: LadderState = { strategy: 'S1', lostSeconds: 0, slowIterations: 0, rootCause: null, microbatches: evenSplit(config), topologyPlan: null };
+  const reset: MitigationState = { strategy: 'S1', lostSeconds: 0, slowIterations: 0, rootCause: null, microbatches: evenSplit(config), topologyPlan: null };
   if (idle) return toStep(reset, 'none', 'no fail-slow', STRATEGY_CITATIONS.S1, candidateStrategies('unknown'), config, false);
   return toStep(
     reset,
@@ -220,24 +220,24 @@ function endOfFailSlow(state: LadderState, config: ParsedConfig): LadderStep {
 }
 
 function toStep(
-  state: LadderState,
-  action: LadderAction,
+  state: MitigationState,
+  action: MitigationAction,
   reason: string,
   citation: string,
-  ladder: readonly Strategy[],
+  candidates: readonly Strategy[],
   config: ParsedConfig,
   restart: boolean,
-): LadderStep {
-  const following = ladder[rungOf(ladder, state.strategy) + 1];
+): MitigationStep {
+  const following = candidates[rungOf(candidates, state.strategy) + 1];
   const next = following === undefined || following === 'S1' ? null : { strategy: following, costSeconds: config.costSeconds[following] };
   return { state, strategy: state.strategy, action, reason, citation, lostSeconds: state.lostSeconds, next, microbatches: state.microbatches, topologyPlan: state.topologyPlan, restart };
 }
 
-/** Position on this ladder; a strategy the ladder skips counts as the rung below it. */
-function rungOf(ladder: readonly Strategy[], strategy: Strategy): number {
+/** Position among the candidate strategies; a strategy they skip counts as the rung below it. */
+function rungOf(candidates: readonly Strategy[], strategy: Strategy): number {
   const order: readonly Strategy[] = ['S1', 'S2', 'S3', 'S4'];
   let rung = 0;
-  ladder.forEach((candidate, index) => {
+  candidates.forEach((candidate, index) => {
     if (order.indexOf(candidate) <= order.indexOf(strategy)) rung = index;
   });
   return rung;
@@ -253,8 +253,8 @@ function evenSplit(config: ParsedConfig): MicrobatchAssignment {
   return { assignment: plan.assignment, rebalanced: false, predictedSeconds: null };
 }
 
-function parseConfig(config: LadderConfig): ParsedConfig {
-  const parsed = parseOrThrow(ladderConfigSchema, config, 'fail-slow ladder config');
+function parseConfig(config: MitigationConfig): ParsedConfig {
+  const parsed = parseOrThrow(mitigationConfigSchema, config, 'fail-slow mitigation config');
   if (parsed.microbatches % parsed.pipelineStages !== 0 || parsed.microbatches < parsed.dpGroups * parsed.pipelineStages) {
     throw new InputError(
       `microbatches (${parsed.microbatches}) must be a multiple of pipelineStages (${parsed.pipelineStages}) and at least dpGroups × pipelineStages (${parsed.dpGroups * parsed.pipelineStages})`,
