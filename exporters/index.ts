@@ -1,12 +1,12 @@
 import { InputError } from '../core/errors.js';
 import type { CollectorFactory } from './collector.js';
-import { diagnoseCollectorFactory } from './diagnose.js';
-import { gpuCollectorFactory } from './gpu.js';
-import { nfsCollectorFactory } from './nfs.js';
-import { processCollectorFactory } from './process.js';
-import { rdmaCollectorFactory } from './rdma.js';
-import { trainingCollectorFactory } from './training.js';
-import { xidCollectorFactory } from './xid.js';
+import { diagnoseCollectorFactory } from './collectors/diagnose.js';
+import { gpuCollectorFactory } from './collectors/gpu.js';
+import { nfsCollectorFactory } from './collectors/nfs.js';
+import { processCollectorFactory } from './collectors/process.js';
+import { rdmaCollectorFactory } from './collectors/rdma.js';
+import { trainingCollectorFactory } from './collectors/training.js';
+import { xidCollectorFactory } from './collectors/xid.js';
 
 /** Every collector the agent knows, in the order they appear in `--help`. */
 export const COLLECTOR_FACTORIES: readonly CollectorFactory[] = [gpuCollectorFactory, xidCollectorFactory, rdmaCollectorFactory, nfsCollectorFactory, trainingCollectorFactory, processCollectorFactory, diagnoseCollectorFactory];

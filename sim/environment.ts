@@ -9,7 +9,7 @@ import { AGENT_SCRAPE_JOB } from '../core/scrape.js';
 import { Controller } from '../controller/service.js';
 import { createAgent, type Agent } from '../exporters/agent.js';
 import { enabledFactories } from '../exporters/index.js';
-import { DIAGNOSE_CONFIG_FLAG } from '../exporters/diagnose.js';
+import { DIAGNOSE_CONFIG_FLAG } from '../exporters/collectors/diagnose.js';
 import { RULE_FILES, renderAlertmanagerConfig } from '../rules/index.js';
 import { createSimulatedNodes, type SimulatedNode } from './cluster.js';
 import {

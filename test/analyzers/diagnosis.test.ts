@@ -4,12 +4,12 @@ import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { agentDeadlineSeconds, ringNeighbours, runStopTimeDiagnostics, summarizeDiagnostics, type AgentOutcome } from '../../analyzers/diagnosis.js';
+import { agentDeadlineSeconds, ringNeighbours, runStopTimeDiagnostics, summarizeDiagnostics, type AgentOutcome } from '../../analyzers/stop-time-diagnosis.js';
 import type { CheckReport, DiagnoseReport } from '../../core/diagnostics.js';
 import { InputError } from '../../core/errors.js';
 import { silentLogger } from '../../core/log.js';
 import { createAgent, type Agent } from '../../exporters/agent.js';
-import { DIAGNOSE_CONFIG_FLAG, diagnoseCollectorFactory } from '../../exporters/diagnose.js';
+import { DIAGNOSE_CONFIG_FLAG, diagnoseCollectorFactory } from '../../exporters/collectors/diagnose.js';
 
 const GOOD = 'a'.repeat(64);
 const BAD = 'b'.repeat(64);

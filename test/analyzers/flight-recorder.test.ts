@@ -1,6 +1,6 @@
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
-import { analyzeFlightRecorder, splitRankKeyedDumps, type FlightRecorderAnalysis } from '../../analyzers/flight-recorder.js';
+import { analyzeFlightRecorder, splitRankKeyedDumps, type FlightRecorderAnalysis } from '../../analyzers/flight-recorder-analysis.js';
 
 const DIR = 'test/fixtures/realworld/pytorch-flight-recorder';
 

@@ -6,8 +6,8 @@ import fc from 'fast-check';
 import { afterEach, describe, expect, it } from 'vitest';
 import { InputError } from '../../core/errors.js';
 import { CollectorSet, type Collector } from '../../exporters/collector.js';
-import { parseDcgmExporterText, parseExpositionText, type DcgmGpuSample } from '../../exporters/dcgm.js';
-import { createGpuCollector, gpuCollectorFactory } from '../../exporters/gpu.js';
+import { parseDcgmExporterText, parseExpositionText, type DcgmGpuSample } from '../../exporters/sources/dcgm-exporter.js';
+import { createGpuCollector, gpuCollectorFactory } from '../../exporters/collectors/gpu.js';
 import { EXPECTED, REALWORLD, expectedText, normaliseExposition, promtoolCheckMetrics, seriesValue, testContext, waitFor } from './helpers.js';
 
 const DCGM_SAMPLES = join(REALWORLD, 'dcgm-exporter');

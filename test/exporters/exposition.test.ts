@@ -4,9 +4,9 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../core/log.js';
 import { createAgent } from '../../exporters/agent.js';
 import { CollectorSet, type Collector } from '../../exporters/collector.js';
-import { createGpuCollector } from '../../exporters/gpu.js';
+import { createGpuCollector } from '../../exporters/collectors/gpu.js';
 import { enabledFactories } from '../../exporters/index.js';
-import { createXidCollector } from '../../exporters/xid.js';
+import { createXidCollector } from '../../exporters/collectors/xid.js';
 import { EXPECTED, NVIDIA_SMI_XML, XID_LOGS, expectedText, normaliseExposition, promtoolCheckMetrics, testContext } from './helpers.js';
 
 /**

@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import type { Collector } from '../../exporters/collector.js';
-import { createGpuCollector } from '../../exporters/gpu.js';
+import { createGpuCollector } from '../../exporters/collectors/gpu.js';
 import { FIXTURES, NVIDIA_SMI_XML, seriesValue, testContext, waitFor } from './helpers.js';
 
 const TWO_GPUS = join(FIXTURES, 'exporters', 'two-gpus.xml');

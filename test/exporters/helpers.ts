@@ -3,7 +3,7 @@ import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Registry } from 'prom-client';
-import type { FastPathEvent } from '../../core/fast-path.js';
+import type { FastPathEvent } from '../../core/fast-path-event.js';
 import { silentLogger } from '../../core/log.js';
 import type { CollectorContext, CollectorPaths, CollectorSettings } from '../../exporters/collector.js';
 

@@ -2,7 +2,7 @@ import { readFileSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { normaliseLossKey, parseIterationLine, stripLauncherPrefix, TrainingErrorParser, type TrainingErrorReport } from '../../exporters/megatron-log.js';
+import { normaliseLossKey, parseIterationLine, stripLauncherPrefix, TrainingErrorParser, type TrainingErrorReport } from '../../exporters/sources/megatron-log.js';
 import { REALWORLD } from './helpers.js';
 
 const MEGATRON_LOGS = join(REALWORLD, 'megatron-logs');

@@ -4,8 +4,8 @@ import { join } from 'node:path';
 import fc from 'fast-check';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { CollectorSet, type Collector } from '../../exporters/collector.js';
-import { parseMountstats, type NfsMount } from '../../exporters/mountstats.js';
-import { createNfsCollector, identifyMounts, nfsCollectorFactory } from '../../exporters/nfs.js';
+import { parseMountstats, type NfsMount } from '../../exporters/sources/mountstats.js';
+import { createNfsCollector, identifyMounts, nfsCollectorFactory } from '../../exporters/collectors/nfs.js';
 import { EXPECTED, REALWORLD, expectedText, normaliseExposition, promtoolCheckMetrics, seriesValue, testContext } from './helpers.js';
 
 const MOUNTSTATS = join(REALWORLD, 'procfs-nfs-infiniband', 'mountstats');

@@ -1,12 +1,12 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { parseDcgmExporterText } from '../../exporters/dcgm.js';
-import { parseCounter, parsePortState, parseRate } from '../../exporters/infiniband.js';
-import { KernelLogParser, parseKernelLog } from '../../exporters/kernel-log.js';
-import { TrainingErrorParser, parseIterationLine } from '../../exporters/megatron-log.js';
-import { parseMountstats } from '../../exporters/mountstats.js';
-import { readNvidiaSmiXml } from '../../exporters/nvidia-smi-xml.js';
-import { parseRankEnvironment, parseResidentBytes, parseStatLine } from '../../exporters/proc-tree.js';
+import { parseDcgmExporterText } from '../../exporters/sources/dcgm-exporter.js';
+import { parseCounter, parsePortState, parseRate } from '../../exporters/sources/infiniband.js';
+import { KernelLogParser, parseKernelLog } from '../../exporters/sources/kernel-log.js';
+import { TrainingErrorParser, parseIterationLine } from '../../exporters/sources/megatron-log.js';
+import { parseMountstats } from '../../exporters/sources/mountstats.js';
+import { readNvidiaSmiXml } from '../../exporters/sources/nvidia-smi-xml.js';
+import { parseRankEnvironment, parseResidentBytes, parseStatLine } from '../../exporters/sources/proc-tree.js';
 
 /**
  * Every source the agent parses can hold garbage: a truncated file, a driver bug, a binary

@@ -5,8 +5,8 @@ import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../core/log.js';
 import { createAgent, type Agent } from '../../exporters/agent.js';
 import { CollectorSet, type AgentResponse, type Collector, type CollectorSettings } from '../../exporters/collector.js';
-import { flightRecorderSource } from '../../exporters/flight-recorder.js';
-import { FLIGHT_RECORDER_DIR_FLAG, PY_SPY_FLAG, TRACE_PATH, createProcessCollector, processCollectorFactory } from '../../exporters/process.js';
+import { flightRecorderSource } from '../../exporters/sources/flight-recorder-dumps.js';
+import { FLIGHT_RECORDER_DIR_FLAG, PY_SPY_FLAG, TRACE_PATH, createProcessCollector, processCollectorFactory } from '../../exporters/collectors/process.js';
 import { EXPECTED, FIXTURES, REALWORLD, expectedText, normaliseExposition, promtoolCheckMetrics, testContext } from './helpers.js';
 import { RANK_PIDS, RANK_WITHOUT_ENVIRON, writeTorchrunProcfs } from './fake-procfs.js';
 

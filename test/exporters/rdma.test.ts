@@ -14,8 +14,8 @@ import {
   readInfinibandClass,
   type InfinibandDevice,
   type InfinibandPort,
-} from '../../exporters/infiniband.js';
-import { createRdmaCollector, rdmaCollectorFactory } from '../../exporters/rdma.js';
+} from '../../exporters/sources/infiniband.js';
+import { createRdmaCollector, rdmaCollectorFactory } from '../../exporters/collectors/rdma.js';
 import { EXPECTED, REALWORLD, expectedText, normaliseExposition, promtoolCheckMetrics, seriesValue, testContext } from './helpers.js';
 
 /** Each sample is a directory of `<device>/...` trees, as /sys/class/infiniband holds them. */

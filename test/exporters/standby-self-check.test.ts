@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../core/log.js';
 import { createAgent, type Agent } from '../../exporters/agent.js';
-import { DIAGNOSE_CONFIG_FLAG, diagnoseCollectorFactory } from '../../exporters/diagnose.js';
+import { DIAGNOSE_CONFIG_FLAG, diagnoseCollectorFactory } from '../../exporters/collectors/diagnose.js';
 import { StandbyReporter } from '../../exporters/standby-reporter.js';
 
 const HEALTHY_SCRAPE = 'steadfast_collector_success{collector="gpu"} 1\n';

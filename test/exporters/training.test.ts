@@ -4,7 +4,7 @@ import { basename, join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { InputError } from '../../core/errors.js';
 import { CollectorSet, type AgentResponse, type Collector, type CollectorSettings } from '../../exporters/collector.js';
-import { createTrainingCollector, parseTrainingLogFlags, trainingCollectorFactory, TRAINING_ROUTE_PATH } from '../../exporters/training.js';
+import { createTrainingCollector, parseTrainingLogFlags, trainingCollectorFactory, TRAINING_ROUTE_PATH } from '../../exporters/collectors/training.js';
 import { EXPECTED, REALWORLD, expectedText, normaliseExposition, promtoolCheckMetrics, seriesValue, testContext, waitFor, type TestContext } from './helpers.js';
 
 // Megatron timestamps are read as the node's local time; pin it so the expected files hold everywhere.

@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import type { Collector } from '../../exporters/collector.js';
-import { createXidCollector } from '../../exporters/xid.js';
+import { createXidCollector } from '../../exporters/collectors/xid.js';
 import { seriesValue, testContext, waitFor } from './helpers.js';
 
 const FOLLOW_MS = 20;

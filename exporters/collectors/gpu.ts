@@ -2,10 +2,10 @@ import { execFile } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
 import { promisify } from 'node:util';
 import { Counter, Gauge, type Registry } from 'prom-client';
-import { errorMessage } from '../core/errors.js';
-import type { Collector, CollectorContext, CollectorFactory } from './collector.js';
-import { DCGM_EXPORTER_URL_FLAG, dcgmExporterUrl, fetchDcgmExporterText, parseDcgmExporterText, type DcgmGpuSample } from './dcgm.js';
-import { parseNvidiaSmiXml, type ClockReadings } from './nvidia-smi-xml.js';
+import { errorMessage } from '../../core/errors.js';
+import type { Collector, CollectorContext, CollectorFactory } from '../collector.js';
+import { DCGM_EXPORTER_URL_FLAG, dcgmExporterUrl, fetchDcgmExporterText, parseDcgmExporterText, type DcgmGpuSample } from '../sources/dcgm-exporter.js';
+import { parseNvidiaSmiXml, type ClockReadings } from '../sources/nvidia-smi-xml.js';
 
 /**
  * The `gpu` collector: `nvidia-smi -q -x`, or with --gpu.dcgm-exporter-url a dcgm-exporter

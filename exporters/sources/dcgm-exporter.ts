@@ -1,6 +1,6 @@
 import { z } from 'zod';
-import { InputError } from '../core/errors.js';
-import { normalizePciBusId } from '../core/names.js';
+import { InputError } from '../../core/errors.js';
+import { normalizePciBusId } from '../../core/names.js';
 import type { ClockDomain, EccCount, GpuSample, RemappedRows, RetiredPages } from './nvidia-smi-xml.js';
 
 /**

@@ -2,9 +2,9 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { Counter, Gauge, type Registry } from 'prom-client';
-import { errorMessage } from '../core/errors.js';
-import type { Collector, CollectorContext, CollectorFactory, CollectorSettings } from './collector.js';
-import { NFS_EVENT_NAMES, parseMountstats, type NfsEventName, type NfsMount, type NfsTransport } from './mountstats.js';
+import { errorMessage } from '../../core/errors.js';
+import type { Collector, CollectorContext, CollectorFactory, CollectorSettings } from '../collector.js';
+import { NFS_EVENT_NAMES, parseMountstats, type NfsEventName, type NfsMount, type NfsTransport } from '../sources/mountstats.js';
 
 /**
  * The `nfs` collector: NFS client statistics from `/proc/self/mountstats`, read at scrape time.

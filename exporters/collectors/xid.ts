@@ -1,8 +1,8 @@
 import { Counter } from 'prom-client';
-import { errorMessage } from '../core/errors.js';
-import type { Collector, CollectorContext, CollectorFactory } from './collector.js';
-import { KernelLogParser } from './kernel-log.js';
-import { LogFollower } from './log-follower.js';
+import { errorMessage } from '../../core/errors.js';
+import type { Collector, CollectorContext, CollectorFactory } from '../collector.js';
+import { KernelLogParser } from '../sources/kernel-log.js';
+import { LogFollower } from '../log-follower.js';
 
 /**
  * The `xid` collector: follows the kernel log and counts every `NVRM: Xid` per GPU and code

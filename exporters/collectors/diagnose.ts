@@ -10,11 +10,11 @@ import {
   type CheckReport,
   type CheckResult,
   type DiagnoseReport,
-} from '../core/diagnostics.js';
-import { errorMessage } from '../core/errors.js';
-import { describeIssues } from '../core/validate.js';
-import { runBoundedCommand, type BoundedCommandResult } from './bounded-command.js';
-import type { AgentRequest, AgentResponse, AgentRoute, Collector, CollectorContext, CollectorFactory, CollectorSettings } from './collector.js';
+} from '../../core/diagnostics.js';
+import { errorMessage } from '../../core/errors.js';
+import { describeIssues } from '../../core/validate.js';
+import { runBoundedCommand, type BoundedCommandResult } from '../bounded-command.js';
+import type { AgentRequest, AgentResponse, AgentRoute, Collector, CollectorContext, CollectorFactory, CollectorSettings } from '../collector.js';
 
 /**
  * The `diagnose` collector: stop-time diagnostics on this node (ByteRobust §4.2 Diagnose,

@@ -1,10 +1,10 @@
 import { stat } from 'node:fs/promises';
-import { InputError, errorMessage } from '../core/errors.js';
-import type { Logger } from '../core/log.js';
-import { MAX_TRAINING_RANK, TRAINING_JOB_PATTERN, TRAINING_JOB_RULE } from '../core/names.js';
-import type { AgentRoute, Collector, CollectorContext, CollectorFactory } from './collector.js';
-import { errnoCode, LogFollower } from './log-follower.js';
-import { parseIterationLine, TrainingErrorParser, type TrainingErrorReport } from './megatron-log.js';
+import { InputError, errorMessage } from '../../core/errors.js';
+import type { Logger } from '../../core/log.js';
+import { MAX_TRAINING_RANK, TRAINING_JOB_PATTERN, TRAINING_JOB_RULE } from '../../core/names.js';
+import type { AgentRoute, Collector, CollectorContext, CollectorFactory } from '../collector.js';
+import { errnoCode, LogFollower } from '../log-follower.js';
+import { parseIterationLine, TrainingErrorParser, type TrainingErrorReport } from '../sources/megatron-log.js';
 import { TrainingMetrics, type SeriesLabels } from './training-metrics.js';
 import { PushedSteps, TRAINING_MAX_JOBS_FLAG, TRAINING_ROUTE_PATH } from './training-push.js';
 

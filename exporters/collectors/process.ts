@@ -1,9 +1,9 @@
 import { Counter, Gauge, type Registry } from 'prom-client';
 import { z } from 'zod';
-import { errorMessage } from '../core/errors.js';
-import { describeIssues } from '../core/validate.js';
-import type { AgentRequest, AgentResponse, AgentRoute, Collector, CollectorContext, CollectorFactory, CollectorSettings } from './collector.js';
-import { flightRecorderSource, listFlightRecorderDumps, type FlightRecorderListing, type FlightRecorderSource } from './flight-recorder.js';
+import { errorMessage } from '../../core/errors.js';
+import { describeIssues } from '../../core/validate.js';
+import type { AgentRequest, AgentResponse, AgentRoute, Collector, CollectorContext, CollectorFactory, CollectorSettings } from '../collector.js';
+import { flightRecorderSource, listFlightRecorderDumps, type FlightRecorderListing, type FlightRecorderSource } from '../sources/flight-recorder-dumps.js';
 import {
   CLOCK_TICKS_PER_SECOND,
   PROCESS_ROLES,
@@ -13,15 +13,15 @@ import {
   type ProcessRole,
   type TrainingProcess,
   type TrainingTree,
-} from './proc-tree.js';
-import { PySpyNotFoundError, dumpPythonStacks, locatePySpy, type PySpyTarget } from './pyspy.js';
+} from '../sources/proc-tree.js';
+import { PySpyNotFoundError, dumpPythonStacks, locatePySpy, type PySpyTarget } from '../sources/pyspy-dump.js';
 
 /**
  * The `process` collector: the training job's process tree on this node (launcher, ranks,
- * dataloader workers, checkpoint writers; see proc-tree.ts for how each is recognised), read
- * from procfs at every scrape, and `POST /api/v1/trace`, which takes py-spy dumps of the ranks
- * and returns them with the NCCL flight-recorder dumps found on the node: what an operator
- * wants first when a job hangs.
+ * dataloader workers, checkpoint writers; see exporters/sources/proc-tree.ts for how each is
+ * recognised), read from procfs at every scrape, and `POST /api/v1/trace`, which takes py-spy
+ * dumps of the ranks and returns them with the NCCL flight-recorder dumps found on the node:
+ * what an operator wants first when a job hangs.
  */
 
 export const PY_SPY_FLAG = 'process.py-spy';

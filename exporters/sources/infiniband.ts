@@ -16,7 +16,7 @@ function readAttribute(path: string, buffer: Buffer): string {
   }
 }
 import { join } from 'node:path';
-import { errorMessage } from '../core/errors.js';
+import { errorMessage } from '../../core/errors.js';
 
 /**
  * Reads a `/sys/class/infiniband` tree into typed per-device, per-port data. Pure reading and

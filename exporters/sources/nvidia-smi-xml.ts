@@ -1,6 +1,6 @@
 import { XMLParser } from 'fast-xml-parser';
-import { InputError, errorMessage } from '../core/errors.js';
-import { normalizePciBusId } from '../core/names.js';
+import { InputError, errorMessage } from '../../core/errors.js';
+import { normalizePciBusId } from '../../core/names.js';
 
 /**
  * Pure parser of `nvidia-smi -q -x` output into typed per-GPU samples. The element names come

@@ -2,7 +2,7 @@ import { spawn } from 'node:child_process';
 import { constants } from 'node:fs';
 import { access } from 'node:fs/promises';
 import { delimiter, isAbsolute, join } from 'node:path';
-import { errorMessage } from '../core/errors.js';
+import { errorMessage } from '../../core/errors.js';
 import type { ProcessRole } from './proc-tree.js';
 
 /**

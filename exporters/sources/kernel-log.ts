@@ -1,5 +1,5 @@
-import { normalizePciBusId } from '../core/names.js';
-import { classifyXid, type XidRemedy, type XidSeverity } from '../core/xid.js';
+import { normalizePciBusId } from '../../core/names.js';
+import { classifyXid, type XidRemedy, type XidSeverity } from '../../core/xid.js';
 
 /**
  * Pure parsing of kernel log lines into Xid events. The line format is the one the NVIDIA

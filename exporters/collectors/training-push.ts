@@ -1,9 +1,9 @@
 import { z } from 'zod';
-import type { Logger } from '../core/log.js';
-import { MAX_TRAINING_RANK, TRAINING_JOB_PATTERN, TRAINING_JOB_RULE } from '../core/names.js';
-import { describeIssues } from '../core/validate.js';
-import type { AgentRequest, AgentResponse, AgentRoute } from './collector.js';
-import { normaliseLossKey } from './megatron-log.js';
+import type { Logger } from '../../core/log.js';
+import { MAX_TRAINING_RANK, TRAINING_JOB_PATTERN, TRAINING_JOB_RULE } from '../../core/names.js';
+import { describeIssues } from '../../core/validate.js';
+import type { AgentRequest, AgentResponse, AgentRoute } from '../collector.js';
+import { normaliseLossKey } from '../sources/megatron-log.js';
 import type { StepReading, TrainingMetrics } from './training-metrics.js';
 
 /**

@@ -1,4 +1,4 @@
-import type { FastPathEvent } from '../core/fast-path.js';
+import type { FastPathEvent } from '../core/fast-path-event.js';
 import { classifyXid } from '../core/xid.js';
 import { faultFingerprint, stableHash, type Signal } from '../core/signal.js';
 

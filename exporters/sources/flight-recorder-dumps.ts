@@ -1,7 +1,7 @@
 import { constants } from 'node:fs';
 import { lstat, open, readdir } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
-import { errorMessage } from '../core/errors.js';
+import { errorMessage } from '../../core/errors.js';
 
 /**
  * PyTorch NCCL flight-recorder dumps (TORCH_NCCL_TRACE_BUFFER_SIZE > 0; written on a watchdog

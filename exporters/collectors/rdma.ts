@@ -1,6 +1,6 @@
 import { Counter, Gauge, type Registry } from 'prom-client';
-import type { Logger } from '../core/log.js';
-import type { Collector, CollectorContext, CollectorFactory } from './collector.js';
+import type { Logger } from '../../core/log.js';
+import type { Collector, CollectorContext, CollectorFactory } from '../collector.js';
 import {
   infinibandClassDir,
   packetCount,
@@ -12,7 +12,7 @@ import {
   type InfinibandClass,
   type InfinibandDevice,
   type InfinibandPort,
-} from './infiniband.js';
+} from '../sources/infiniband.js';
 
 /**
  * The `rdma` collector, after node_exporter's infiniband collector: reads
