@@ -1,6 +1,6 @@
 import { Counter, Gauge } from 'prom-client';
 import type { CollectorContext } from '../collector.js';
-import { TRAINING_ERROR_KINDS, type TrainingErrorKind } from '../sources/megatron-log.js';
+import { TRAINING_ERROR_KINDS, type TrainingErrorKind } from '../sources/training-log-failures.js';
 
 /** The training collector's series, shared by the log followers and the push endpoint. */
 

@@ -4,7 +4,8 @@ import type { Logger } from '../../core/log.js';
 import { MAX_TRAINING_RANK, TRAINING_JOB_PATTERN, TRAINING_JOB_RULE } from '../../core/names.js';
 import type { AgentRoute, Collector, CollectorContext, CollectorFactory } from '../collector.js';
 import { errnoCode, LogFollower } from '../log-follower.js';
-import { parseIterationLine, TrainingErrorParser, type TrainingErrorReport } from '../sources/megatron-log.js';
+import { parseIterationLine } from '../sources/megatron-log.js';
+import { TrainingErrorParser, type TrainingErrorReport } from '../sources/training-log-failures.js';
 import { TrainingMetrics, type SeriesLabels } from './training-metrics.js';
 import { PushedSteps, TRAINING_MAX_JOBS_FLAG, TRAINING_ROUTE_PATH } from './training-push.js';
 

@@ -1,5 +1,5 @@
 import { agentSelector, selector } from '../../core/promql.js';
-import type { TrainingErrorKind } from '../../exporters/sources/megatron-log.js';
+import type { TrainingErrorKind } from '../../exporters/sources/training-log-failures.js';
 import { alert, humanDuration, record, type DomainRules, type RuleGroup } from '../spec.js';
 import type { Thresholds } from '../thresholds.js';
 

@@ -1,12 +1,13 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { parseDcgmExporterText } from '../../exporters/sources/dcgm-exporter.js';
-import { parseCounter, parsePortState, parseRate } from '../../exporters/sources/infiniband.js';
-import { KernelLogParser, parseKernelLog } from '../../exporters/sources/kernel-log.js';
-import { TrainingErrorParser, parseIterationLine } from '../../exporters/sources/megatron-log.js';
-import { parseMountstats } from '../../exporters/sources/mountstats.js';
-import { readNvidiaSmiXml } from '../../exporters/sources/nvidia-smi-xml.js';
-import { parseRankEnvironment, parseResidentBytes, parseStatLine } from '../../exporters/sources/proc-tree.js';
+import { parseDcgmExporterText } from '../../../exporters/sources/dcgm-exporter.js';
+import { parseCounter, parsePortState, parseRate } from '../../../exporters/sources/infiniband.js';
+import { KernelLogParser, parseKernelLog } from '../../../exporters/sources/kernel-log.js';
+import { parseIterationLine } from '../../../exporters/sources/megatron-log.js';
+import { TrainingErrorParser } from '../../../exporters/sources/training-log-failures.js';
+import { parseMountstats } from '../../../exporters/sources/mountstats.js';
+import { readNvidiaSmiXml } from '../../../exporters/sources/nvidia-smi-xml.js';
+import { parseRankEnvironment, parseResidentBytes, parseStatLine } from '../../../exporters/sources/proc-tree.js';
 
 /**
  * Every source the agent parses can hold garbage: a truncated file, a driver bug, a binary

@@ -3,7 +3,7 @@ import { planCommand } from '../../cli/plan.js';
 import { runCli, type CliRun } from '../support/cli.js';
 
 /**
- * `steadfast plan replay`, run in process (test/cli.test.ts runs the built dist/, which this
+ * `steadfast plan replay`, run in process (test/cli/main.test.ts runs the built dist/, which this
  * change may not have been built into yet).
  */
 

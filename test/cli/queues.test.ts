@@ -1,9 +1,9 @@
 import { Queue, Worker } from 'bullmq';
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest';
-import { queuesCommand, type QueueSummary } from '../cli/queues.js';
-import { workerConnection } from '../core/redis.js';
-import { testRedis } from './support/redis.js';
-import { runCli, type CliRun } from './support/cli.js';
+import { queuesCommand, type QueueSummary } from '../../cli/queues.js';
+import { workerConnection } from '../../core/redis.js';
+import { testRedis } from '../support/redis.js';
+import { runCli, type CliRun } from '../support/cli.js';
 
 /** Runs `steadfast queues ARGS` in-process. */
 function runQueues(args: string[], env: Record<string, string>): Promise<CliRun> {

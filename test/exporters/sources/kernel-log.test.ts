@@ -1,8 +1,8 @@
 import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { KernelLogParser, parseKernelLog, parseXidLine } from '../../exporters/sources/kernel-log.js';
-import { XID_LOGS } from './helpers.js';
+import { KernelLogParser, parseKernelLog, parseXidLine } from '../../../exporters/sources/kernel-log.js';
+import { XID_LOGS } from '../helpers.js';
 
 const LOG_FILES = readdirSync(XID_LOGS).filter((name) => name !== 'README.md');
 

@@ -1,10 +1,10 @@
-import { copyFileSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { copyFileSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import type { Collector } from '../../exporters/collector.js';
-import { createGpuCollector } from '../../exporters/collectors/gpu.js';
-import { FIXTURES, NVIDIA_SMI_XML, seriesValue, testContext, waitFor } from './helpers.js';
+import type { Collector } from '../../../exporters/collector.js';
+import { createGpuCollector } from '../../../exporters/collectors/gpu.js';
+import { EXPECTED, FIXTURES, NVIDIA_SMI_XML, expectMatchesAndLints, scrapeOne, seriesValue, testContext, waitFor } from '../helpers.js';
 
 const TWO_GPUS = join(FIXTURES, 'exporters', 'two-gpus.xml');
 const ONE_GPU = join(NVIDIA_SMI_XML, 'telegraf_a10g_515.105.01.xml');
@@ -136,5 +136,17 @@ describe('gpu collector', () => {
     collector = createGpuCollector(context);
     await collector.start();
     await expect(collector.update()).rejects.toThrow(/ENOENT/);
+  });
+});
+
+describe('gpu collector exposition', () => {
+  const xmlFiles = readdirSync(NVIDIA_SMI_XML).filter((name) => name.endsWith('.xml'));
+
+  it.each(xmlFiles)('exports %s exactly as the expected file, which promtool accepts', async (name) => {
+    const context = testContext({ nvidiaSmiXml: join(NVIDIA_SMI_XML, name) });
+    collector = createGpuCollector(context);
+    const text = await scrapeOne(context, collector);
+    expect(text).toContain('steadfast_collector_success{collector="gpu"} 1');
+    await expectMatchesAndLints(join(EXPECTED, 'gpu', name.replace(/\.xml$/, '.prom')), text);
   });
 });

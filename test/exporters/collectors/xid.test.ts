@@ -1,10 +1,10 @@
-import { constants, accessSync, appendFileSync, mkdtempSync, renameSync, rmSync, truncateSync, writeFileSync } from 'node:fs';
+import { constants, accessSync, appendFileSync, mkdtempSync, readdirSync, renameSync, rmSync, truncateSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import type { Collector } from '../../exporters/collector.js';
-import { createXidCollector } from '../../exporters/collectors/xid.js';
-import { seriesValue, testContext, waitFor } from './helpers.js';
+import type { Collector } from '../../../exporters/collector.js';
+import { createXidCollector } from '../../../exporters/collectors/xid.js';
+import { EXPECTED, XID_LOGS, expectMatchesAndLints, scrapeOne, seriesValue, testContext, waitFor } from '../helpers.js';
 
 const FOLLOW_MS = 20;
 const XID13 = "[ 100.000001] NVRM: Xid (PCI:0000:38:00): 13, pid='<unknown>', name=<unknown>, Graphics SM Warp Exception\n";
@@ -135,5 +135,17 @@ describe('xid collector on /dev/kmsg', () => {
     await expect(xid.update()).resolves.toBeUndefined();
     await new Promise((resolve) => setTimeout(resolve, FOLLOW_MS * 3));
     await expect(xid.update()).resolves.toBeUndefined();
+  });
+});
+
+describe('xid collector exposition', () => {
+  const logFiles = readdirSync(XID_LOGS).filter((name) => name !== 'README.md');
+
+  it.each(logFiles)('exports %s exactly as the expected file, which promtool accepts', async (name) => {
+    const context = testContext({ kmsg: join(XID_LOGS, name) });
+    collector = createXidCollector(context);
+    const text = await scrapeOne(context, collector);
+    expect(text).toContain('steadfast_collector_success{collector="xid"} 1');
+    await expectMatchesAndLints(join(EXPECTED, 'xid', name.replace(/\.(log|txt)$/, '.prom')), text);
   });
 });

@@ -2,10 +2,10 @@ import { appendFileSync, copyFileSync, mkdirSync, mkdtempSync, readdirSync, rmSy
 import { tmpdir } from 'node:os';
 import { basename, join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { InputError } from '../../core/errors.js';
-import { CollectorSet, type AgentResponse, type Collector, type CollectorSettings } from '../../exporters/collector.js';
-import { createTrainingCollector, parseTrainingLogFlags, trainingCollectorFactory, TRAINING_ROUTE_PATH } from '../../exporters/collectors/training.js';
-import { EXPECTED, REALWORLD, expectedText, normaliseExposition, promtoolCheckMetrics, seriesValue, testContext, waitFor, type TestContext } from './helpers.js';
+import { InputError } from '../../../core/errors.js';
+import type { AgentResponse, Collector, CollectorSettings } from '../../../exporters/collector.js';
+import { createTrainingCollector, parseTrainingLogFlags, trainingCollectorFactory, TRAINING_ROUTE_PATH } from '../../../exporters/collectors/training.js';
+import { EXPECTED, REALWORLD, expectMatchesAndLints, scrapeOne, seriesValue, testContext, waitFor, type TestContext } from '../helpers.js';
 
 // Megatron timestamps are read as the node's local time; pin it so the expected files hold everywhere.
 process.env.TZ = 'UTC';
@@ -88,15 +88,9 @@ describe('training collector exposition', () => {
     copyFileSync(path, log);
     utimesSync(log, WRITTEN, WRITTEN);
     const { collector, context } = training({ 'training.log': [`${job}=${log}`] });
-    const set = new CollectorSet([collector], context.registry, context.logger);
-    await set.start();
-    const text = normaliseExposition(await set.scrape());
+    const text = await scrapeOne(context, collector);
     expect(text).toContain('steadfast_collector_success{collector="training"} 1');
-    const expected = expectedText(join(EXPECTED, 'training', `${job}.prom`), text);
-    expect(text).toBe(expected);
-    const lint = await promtoolCheckMetrics(expected);
-    expect(lint.output).toBe('');
-    expect(lint.code).toBe(0);
+    await expectMatchesAndLints(join(EXPECTED, 'training', `${job}.prom`), text);
     // Failures already in the file at start are counted, never sent on the fast path.
     expect(context.events).toEqual([]);
   });

@@ -3,12 +3,12 @@ import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'no
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { DIAGNOSE_PATH, diagnoseReportSchema, type CheckReport, type DiagnoseReport } from '../../core/diagnostics.js';
-import { CollectorSet, type AgentResponse, type Collector } from '../../exporters/collector.js';
-import { DIAGNOSE_CONFIG_FLAG, createDiagnoseCollector, diagnoseCollectorFactory } from '../../exporters/collectors/diagnose.js';
-import { promtoolCheckMetrics, seriesValue, testContext, waitFor } from './helpers.js';
+import { DIAGNOSE_PATH, diagnoseReportSchema, type CheckReport, type DiagnoseReport } from '../../../core/diagnostics.js';
+import { CollectorSet, type AgentResponse, type Collector } from '../../../exporters/collector.js';
+import { DIAGNOSE_CONFIG_FLAG, createDiagnoseCollector, diagnoseCollectorFactory } from '../../../exporters/collectors/diagnose.js';
+import { promtoolCheckMetrics, seriesValue, testContext, waitFor } from '../helpers.js';
 
-const SAMPLE_CONFIG = resolve(import.meta.dirname, '../../docs/diagnostics.yaml');
+const SAMPLE_CONFIG = resolve(import.meta.dirname, '../../../docs/diagnostics.yaml');
 
 let dir: string;
 const open: Collector[] = [];

@@ -2,10 +2,10 @@ import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { InputError } from '../../core/errors.js';
-import { PCI_BUS_ID_PATTERN } from '../../core/names.js';
-import { parseNvidiaSmiXml, readNvidiaSmiXml, type GpuSample } from '../../exporters/sources/nvidia-smi-xml.js';
-import { NVIDIA_SMI_XML } from './helpers.js';
+import { InputError } from '../../../core/errors.js';
+import { PCI_BUS_ID_PATTERN } from '../../../core/names.js';
+import { parseNvidiaSmiXml, readNvidiaSmiXml, type GpuSample } from '../../../exporters/sources/nvidia-smi-xml.js';
+import { NVIDIA_SMI_XML } from '../helpers.js';
 
 const XML_FILES = readdirSync(NVIDIA_SMI_XML).filter((name) => name.endsWith('.xml'));
 const MiB = 1024 ** 2;

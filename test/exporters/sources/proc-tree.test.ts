@@ -13,8 +13,8 @@ import {
   readProcessTable,
   type ProcessEntry,
   type ProcessRole,
-} from '../../exporters/sources/proc-tree.js';
-import { CHECKPOINT_WRITER_PID, COMPILE_WORKER_PID, LAUNCHER_PID, RANK_PIDS, RANK_WITHOUT_ENVIRON, ZOMBIE_PID, statLine, writeTorchrunProcfs } from './fake-procfs.js';
+} from '../../../exporters/sources/proc-tree.js';
+import { CHECKPOINT_WRITER_PID, COMPILE_WORKER_PID, LAUNCHER_PID, RANK_PIDS, RANK_WITHOUT_ENVIRON, ZOMBIE_PID, statLine, writeTorchrunProcfs } from '../fake-procfs.js';
 
 let dir: string;
 beforeEach(() => {

@@ -2,13 +2,13 @@ import { copyFileSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { silentLogger } from '../../core/log.js';
-import { createAgent, type Agent } from '../../exporters/agent.js';
-import { CollectorSet, type AgentResponse, type Collector, type CollectorSettings } from '../../exporters/collector.js';
-import { flightRecorderSource } from '../../exporters/sources/flight-recorder-dumps.js';
-import { FLIGHT_RECORDER_DIR_FLAG, PY_SPY_FLAG, TRACE_PATH, createProcessCollector, processCollectorFactory } from '../../exporters/collectors/process.js';
-import { EXPECTED, FIXTURES, REALWORLD, expectedText, normaliseExposition, promtoolCheckMetrics, testContext } from './helpers.js';
-import { RANK_PIDS, RANK_WITHOUT_ENVIRON, writeTorchrunProcfs } from './fake-procfs.js';
+import { silentLogger } from '../../../core/log.js';
+import { createAgent, type Agent } from '../../../exporters/agent.js';
+import type { AgentResponse, Collector, CollectorSettings } from '../../../exporters/collector.js';
+import { flightRecorderSource } from '../../../exporters/sources/flight-recorder-dumps.js';
+import { FLIGHT_RECORDER_DIR_FLAG, PY_SPY_FLAG, TRACE_PATH, createProcessCollector, processCollectorFactory } from '../../../exporters/collectors/process.js';
+import { EXPECTED, FIXTURES, REALWORLD, expectMatchesAndLints, scrapeOne, testContext } from '../helpers.js';
+import { RANK_PIDS, RANK_WITHOUT_ENVIRON, writeTorchrunProcfs } from '../fake-procfs.js';
 
 const FAKE_PY_SPY = join(FIXTURES, 'exporters', 'fake-py-spy.sh');
 const HANGING_PY_SPY = join(FIXTURES, 'exporters', 'hanging-py-spy.sh');
@@ -77,9 +77,7 @@ function body(response: AgentResponse): TraceBody {
 describe('process collector exposition', () => {
   it('exports the torchrun node exactly as the expected file, which promtool accepts', async () => {
     const { collector, context } = collectorWith({});
-    const set = new CollectorSet([collector], context.registry, context.logger);
-    await set.start();
-    const text = normaliseExposition(await set.scrape());
+    const text = await scrapeOne(context, collector);
     expect(text).toContain('steadfast_collector_success{collector="process"} 1');
     expect(text).toContain('steadfast_training_processes{role="rank"} 8');
     expect(text).toContain('steadfast_training_processes{role="dataloader"} 16');
@@ -87,11 +85,7 @@ describe('process collector exposition', () => {
     // 8 ranks × (3 600 000 + 120 000) ticks plus 0+100+…+700 at 100 ticks per second.
     expect(text).toContain('steadfast_training_process_cpu_seconds_total{role="rank"} 297628');
     expect(text).toContain(`steadfast_training_process_info{pid="${RANK_WITHOUT_ENVIRON}",role="rank",comm="pt_main_thread"} 1`);
-    const expected = expectedText(join(EXPECTED, 'process', 'torchrun-8-ranks.prom'), text);
-    expect(text).toBe(expected);
-    const lint = await promtoolCheckMetrics(expected);
-    expect(lint.output).toBe('');
-    expect(lint.code).toBe(0);
+    await expectMatchesAndLints(join(EXPECTED, 'process', 'torchrun-8-ranks.prom'), text);
   });
 
   it('fails the scrape, without fake zeros, while procfs cannot be read', async () => {
