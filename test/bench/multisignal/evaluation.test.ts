@@ -1,8 +1,10 @@
 import { describe, expect, it } from 'vitest';
-import { ClusterReplay, FAULT_KINDS, REPLAY_FEATURES, XidCounterBaseline, runReplay, type FaultLabel } from '../../analyzers/multisignal-eval.js';
-import { MultiSignalDetector, type FeatureMatrix } from '../../analyzers/multisignal.js';
-import { DEFAULT_FEATURES, detectorFeatures } from '../../analyzers/multisignal-source.js';
-import { InputError } from '../../core/errors.js';
+import { MultiSignalDetector, type FeatureMatrix } from '../../../analyzers/multisignal.js';
+import { DEFAULT_FEATURES, detectorFeatures } from '../../../analyzers/multisignal-source.js';
+import { ClusterReplay } from '../../../bench/multisignal/cluster-replay.js';
+import { XidCounterBaseline, runReplay } from '../../../bench/multisignal/evaluation.js';
+import { FAULT_KINDS, REPLAY_FEATURES, type FaultLabel } from '../../../bench/multisignal/labels.js';
+import { InputError } from '../../../core/errors.js';
 
 const MINUTE = 60_000;
 

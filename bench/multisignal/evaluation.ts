@@ -1,22 +1,10 @@
 import { performance } from 'node:perf_hooks';
-import type { FeatureMatrix } from './multisignal.js';
-import { REPLAY_FEATURES, type ClusterReplay, type FaultLabel } from './multisignal-replay.js';
-
-export {
-  BENIGN_KINDS,
-  ClusterReplay,
-  DEFAULT_REPLAY,
-  FAULT_KINDS,
-  REPLAY_FEATURES,
-  type BenignKind,
-  type BenignLabel,
-  type FaultKind,
-  type FaultLabel,
-  type ReplayConfig,
-} from './multisignal-replay.js';
+import type { FeatureMatrix } from '../../analyzers/multisignal.js';
+import type { ClusterReplay } from './cluster-replay.js';
+import { REPLAY_FEATURES, type FaultLabel } from './labels.js';
 
 /**
- * The multi-signal detector scored on the labelled replay (analyzers/multisignal-replay.ts) the
+ * The multi-signal detector scored on the labelled replay (cluster-replay.ts) the
  * way the 504-GPU report (002, first finding) scores its detection: faults found (10/10 there),
  * found before their Xid (2/10), and false positives a day (about 0.84 on its 63 nodes). Here a
  * false positive is an episode, not a minute: an operator sees one incident however long it lasts.

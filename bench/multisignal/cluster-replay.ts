@@ -1,14 +1,17 @@
 import { z } from 'zod';
-import { InputError } from '../core/errors.js';
-import { parseOrThrow } from '../core/validate.js';
-import type { FeatureMatrix } from './multisignal.js';
-import { seededUniform } from '../core/random.js';
+import type { FeatureMatrix } from '../../analyzers/multisignal.js';
+import { InputError } from '../../core/errors.js';
+import { parseOrThrow } from '../../core/validate.js';
+import { BENIGN_KINDS, FAULT_KINDS, type BenignKind, type BenignLabel, type FaultKind, type FaultLabel } from './labels.js';
+import { AR_INNOVATION, AR_KEEP, BLIP_KINDS, BLIP_WEIGHTS, NOISE, SLOT, Window, applyBlip, applyFault, neutral, readings, type Blip, type NodeState } from './node-readings.js';
+import { Random } from './replay-random.js';
 
 /**
- * The labelled replay the multi-signal detector is evaluated on (analyzers/multisignal-eval.ts):
+ * The labelled replay the multi-signal detector is evaluated on (evaluation.ts):
  * a seeded 63-node cluster (the 504-GPU report's, 002) over D days at one sample a minute, each
  * sample the node × feature matrix the default Prometheus queries would give
- * (analyzers/multisignal-source.ts), with faults whose onset and Xid time are known.
+ * (analyzers/multisignal-source.ts), with faults whose onset and Xid time are known. What one
+ * node reads at one step is node-readings.ts; the labels are labels.ts.
  *
  * What the generator holds, and why:
  *  - common mode, which peers cancel: diurnal inlet temperature, evaluation phases, job restarts
@@ -32,56 +35,9 @@ import { seededUniform } from '../core/random.js';
  * for statistics; the false-positive rate is measured on the time no fault covers.
  */
 
-export const FAULT_KINDS = ['thermal', 'memory', 'pcie', 'slowdown', 'sudden'] as const;
-export type FaultKind = (typeof FAULT_KINDS)[number];
-export const BENIGN_KINDS = ['nic_flap', 'host_contention'] as const;
-export type BenignKind = (typeof BENIGN_KINDS)[number];
-
 const MINUTE = 60_000;
 const HOUR = 60 * MINUTE;
 const DAY = 24 * HOUR;
-
-/** The features the generator writes; the same names as DEFAULT_FEATURES (a test checks). */
-export const REPLAY_FEATURES = {
-  temp: 'gpu_temperature_max_celsius',
-  memTemp: 'gpu_memory_temperature_max_celsius',
-  power: 'gpu_power_min_watts',
-  clock: 'gpu_sm_clock_min_hertz',
-  util: 'gpu_utilization_mean',
-  slowdown: 'gpu_hw_slowdown_gpus',
-  ecc: 'gpu_ecc_correctable_10m',
-  remaps: 'gpu_row_remaps_1h',
-  pcie: 'gpu_pcie_replays_per_second',
-  xid: 'xid_errors_5m',
-  link: 'rdma_link_errors_per_second',
-  retries: 'rdma_transport_retries_per_second',
-  tx: 'rdma_transmit_bytes_per_second',
-  getattr: 'nfs_getattr_rtt_seconds',
-  retrans: 'nfs_retransmissions_per_operation',
-  iteration: 'training_iteration_seconds',
-} as const;
-const F = REPLAY_FEATURES;
-
-export interface FaultLabel {
-  readonly node: string;
-  readonly kind: FaultKind;
-  /** Start of the precursor (ms); the Xid time for a sudden fault. */
-  readonly onset: number;
-  readonly xid: number;
-  readonly xidCode: number;
-  /** The node leaves the fleet (drained, no series) until `repaired`. */
-  readonly drained: number;
-  readonly repaired: number;
-  /** Precursor strength (1: the full shapes in applyFault), from config.strengthRange. */
-  readonly strength: number;
-}
-
-export interface BenignLabel {
-  readonly node: string;
-  readonly kind: BenignKind;
-  readonly start: number;
-  readonly end: number;
-}
 
 const replayConfigSchema = z
   .object({
@@ -110,135 +66,6 @@ export const DEFAULT_REPLAY: Omit<ReplayConfig, 'seed'> = {
   benignTransientsPerDay: 0.5,
   strengthRange: [0.3, 1.3],
 };
-
-/** Seeded randomness for one replay: mulberry32 (small, fast, the same on every machine) and the draws built on it. */
-class Random {
-  readonly next: () => number;
-  private spare: number | undefined;
-
-  constructor(seed: number) {
-    this.next = seededUniform(seed);
-  }
-
-  uniform(low: number, high: number): number {
-    return low + (high - low) * this.next();
-  }
-
-  /** Standard normal (Marsaglia's polar method; the second value of a pair is kept for the next call). */
-  normal(): number {
-    if (this.spare !== undefined) {
-      const value = this.spare;
-      this.spare = undefined;
-      return value;
-    }
-    for (;;) {
-      const u = 2 * this.next() - 1;
-      const v = 2 * this.next() - 1;
-      const square = u * u + v * v;
-      if (square === 0 || square >= 1) continue;
-      const factor = Math.sqrt((-2 * Math.log(square)) / square);
-      this.spare = v * factor;
-      return u * factor;
-    }
-  }
-
-  poisson(mean: number): number {
-    if (mean <= 0) return 0;
-    if (mean > 30) return Math.max(0, Math.round(mean + Math.sqrt(mean) * this.normal()));
-    const limit = Math.exp(-mean);
-    let count = 0;
-    for (let product = this.next(); product > limit; product *= this.next()) count += 1;
-    return count;
-  }
-
-  /** White noise with rare 4σ outliers, as real gauges have. */
-  noise(sigma: number): number {
-    return sigma * this.normal() * (this.next() < 0.003 ? 4 : 1);
-  }
-}
-
-/** Sliding sum over the last `length` steps: what increase()/rate() over a window sees. */
-class Window {
-  private readonly ring: Float64Array;
-  private next = 0;
-  sum = 0;
-  constructor(length: number) {
-    this.ring = new Float64Array(length);
-  }
-  push(value: number): number {
-    this.sum += value - (this.ring[this.next] as number);
-    this.ring[this.next] = value;
-    this.next = (this.next + 1) % this.ring.length;
-    return Math.max(0, this.sum);
-  }
-  clear(): void {
-    this.ring.fill(0);
-    this.sum = 0;
-  }
-}
-
-/** Per-step changes to one node's readings; neutral unless a blip, transient or fault says otherwise. */
-interface Effects {
-  temp: number;
-  memTemp: number;
-  power: number;
-  clock: number;
-  throttle: number;
-  eccRate: number;
-  remapRate: number;
-  pcieRate: number;
-  linkRate: number;
-  xidEvents: number;
-  retries: number;
-  txFactor: number;
-  getattrFactor: number;
-  iterFactor: number;
-  idle: boolean;
-}
-const neutral = (): Effects => ({
-  temp: 0, memTemp: 0, power: 0, clock: 0, throttle: 0, eccRate: 0, remapRate: 0, pcieRate: 0, linkRate: 0,
-  xidEvents: 0, retries: 0, txFactor: 1, getattrFactor: 1, iterFactor: 1, idle: false,
-});
-
-const BLIP_KINDS = ['temp_spike', 'dataloader', 'power_sag', 'error_burst', 'app_xid'] as const;
-const BLIP_WEIGHTS = [0.3, 0.25, 0.2, 0.2, 0.05];
-interface Blip {
-  readonly node: number;
-  readonly start: number;
-  readonly end: number;
-  readonly kind: (typeof BLIP_KINDS)[number] | BenignKind;
-  readonly size: number;
-}
-
-/** Continuous readings, each with [per-node offset σ, AR(1) drift σ, white σ] at its slot. */
-const SLOT = { temp: 0, memTemp: 1, power: 2, clock: 3, util: 4, retries: 5, tx: 6, getattr: 7, iteration: 8 } as const;
-const NOISE: readonly (readonly [number, number, number])[] = [
-  [2.5, 0.7, 0.3], // temp, °C
-  [2.0, 0.6, 0.3], // memTemp, °C
-  [12, 8, 6], // power, W
-  [8e6, 5e6, 3e6], // clock, Hz
-  [0, 0.005, 0.01], // util
-  [0.15, 0.1, 0.3], // retries: offset relative, drift and white per second
-  [0.01, 0.015, 0.01], // tx, relative
-  [0.05, 0.08, 0.15], // getattr, log scale
-  [0.004, 0.003, 0.006], // iteration, relative
-];
-const AR_KEEP = 0.9;
-const AR_INNOVATION = Math.sqrt(1 - AR_KEEP ** 2);
-
-interface NodeState {
-  readonly name: string;
-  readonly offset: Float64Array;
-  readonly drift: Float64Array;
-  readonly eccBase: number;
-  load: number;
-  readonly ecc: Window;
-  readonly remaps: Window;
-  readonly pcie: Window;
-  readonly xid: Window;
-  readonly link: Window;
-  readonly throttle: Window;
-}
 
 /** A seeded cluster replay; `frames()` yields one matrix a step, in time order. */
 export class ClusterReplay {
@@ -400,99 +227,5 @@ export class ClusterReplay {
       });
       yield { time, matrix: Object.fromEntries(rows) };
     }
-  }
-}
-
-interface Moment {
-  readonly load: number;
-  readonly inCheckpoint: boolean;
-  readonly inRestart: boolean;
-  readonly diurnal: number;
-  readonly dataPhase: number;
-  readonly congestion: number;
-}
-
-/** Offset + drift + white noise of one continuous reading. */
-function wobble(node: NodeState, slot: number, rng: Random): number {
-  return (node.offset[slot] as number) + (node.drift[slot] as number) + rng.noise(NOISE[slot]?.[2] as number);
-}
-
-/** One node's readings at one step, as the default feature queries would return them. */
-function readings(node: NodeState, effects: Effects, at: Moment, rng: Random): Record<string, number | undefined> {
-  const { load, inCheckpoint, inRestart } = at;
-  const row: Record<string, number | undefined> = {};
-  row[F.temp] = 42 + 24 * node.load + at.diurnal + wobble(node, SLOT.temp, rng) + effects.temp;
-  row[F.memTemp] = 48 + 26 * node.load + at.diurnal + wobble(node, SLOT.memTemp, rng) + effects.memTemp;
-  row[F.power] = Math.max(60, 95 + 575 * load + wobble(node, SLOT.power, rng) + effects.power);
-  row[F.clock] = 0.7e9 + 1.16e9 * Math.min(1, 1.25 * load) + wobble(node, SLOT.clock, rng) + effects.clock;
-  row[F.util] = Math.min(1, Math.max(0, 0.97 * load + wobble(node, SLOT.util, rng)));
-  row[F.slowdown] = node.throttle.push(effects.throttle) / 5;
-  row[F.ecc] = node.ecc.push(rng.poisson(node.eccBase + effects.eccRate));
-  row[F.remaps] = node.remaps.push(rng.poisson(effects.remapRate));
-  row[F.pcie] = node.pcie.push(rng.poisson(0.3 + effects.pcieRate)) / 300;
-  row[F.xid] = node.xid.push(effects.xidEvents);
-  row[F.link] = node.link.push(rng.poisson(0.05 + effects.linkRate)) / 300;
-  const congestion = Math.max(0.2, 1.5 + at.congestion) * load * (1 + (node.offset[SLOT.retries] as number));
-  row[F.retries] = Math.max(0, congestion + (node.drift[SLOT.retries] as number) + rng.noise(NOISE[SLOT.retries]?.[2] as number) + effects.retries);
-  row[F.tx] = Math.max(0, 4.2e10 * load * (1 + wobble(node, SLOT.tx, rng)) * effects.txFactor);
-  row[F.getattr] = 6e-4 * (inCheckpoint ? 6 : 1) * Math.exp(wobble(node, SLOT.getattr, rng)) * effects.getattrFactor;
-  row[F.retrans] = Math.max(0, 1e-4 + (inCheckpoint ? 0.003 : 0) + rng.noise(3e-4));
-  row[F.iteration] = effects.idle || inRestart ? undefined : 4.2 * (1 + at.dataPhase) * (inCheckpoint ? 2.5 : 1) * (1 + wobble(node, SLOT.iteration, rng)) * effects.iterFactor;
-  return row;
-}
-
-function applyBlip(effects: Effects, blip: Blip): void {
-  const size = blip.size;
-  switch (blip.kind) {
-    case 'temp_spike': effects.temp += 7 * size; break;
-    case 'dataloader': effects.iterFactor *= 1 + 0.3 * size; effects.getattrFactor *= 1 + 2.5 * size; break;
-    case 'power_sag': effects.power -= 90 * size; effects.clock -= 1e8 * size; break;
-    case 'error_burst': effects.linkRate += 25 * size; break;
-    case 'app_xid': effects.xidEvents += 1; break;
-    case 'nic_flap': effects.linkRate += 20 * size; effects.retries += 8 * size; effects.txFactor *= 1 - 0.4 * size; break;
-    case 'host_contention': effects.iterFactor *= 1 + 0.2 * size; effects.getattrFactor *= 1 + 2 * size; effects.power -= 80 * size; break;
-  }
-}
-
-/** One fault's effect on its node at `time` (before the drain). */
-function applyFault(effects: Effects, fault: FaultLabel, time: number, isXidStep: boolean, rng: Random): void {
-  if (time >= fault.xid) {
-    // The Xid line(s), a few follow-ups, and the job carrying on without this node.
-    effects.xidEvents += isXidStep ? 1 + rng.poisson(0.5) : time < fault.xid + 5 * MINUTE ? rng.poisson(0.3) : 0;
-    effects.idle = true;
-    return;
-  }
-  const q = fault.strength * ((time - fault.onset) / Math.max(MINUTE, fault.xid - fault.onset)) ** 2;
-  const late = Math.max(0, q - 0.5);
-  switch (fault.kind) {
-    case 'thermal':
-      effects.temp += 18 * q;
-      effects.memTemp += 12 * q;
-      effects.throttle += Math.min(1, 2.5 * late);
-      effects.clock -= 2.5e8 * late;
-      effects.power -= 120 * late;
-      effects.iterFactor *= 1 + 0.04 * late;
-      break;
-    case 'memory':
-      effects.eccRate += 3 * q;
-      effects.remapRate += 0.02 * q;
-      effects.memTemp += 3 * q;
-      effects.getattrFactor *= 1 + 1.5 * q;
-      break;
-    case 'pcie':
-      effects.pcieRate += 60 * q;
-      effects.linkRate += 30 * q;
-      effects.retries += 20 * q;
-      effects.txFactor *= 1 - 0.15 * q;
-      effects.iterFactor *= 1 + 0.05 * q;
-      break;
-    case 'slowdown':
-      effects.power -= 100 * q;
-      effects.clock -= 1.5e8 * q;
-      effects.iterFactor *= 1 + 0.08 * q;
-      effects.temp -= 3 * q;
-      break;
-    case 'sudden':
-      break;
   }
 }
