@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { nodeNameSchema } from '../core/names.js';
-import { agentSelector, aggregateBy, increase, newEvents, rate, sumBy, type LabelMatchers } from '../core/promql.js';
+import { agentSelector, aggregateBy, increase, newEvents, rate, sumBy, taggedRate, type LabelMatchers } from '../core/promql.js';
 import { PrometheusQueryRejectedError, PrometheusUnavailableError, instantQuery, type InstantSample, type PrometheusQueryFailure } from '../core/prometheus.js';
 import { parseOrThrow } from '../core/validate.js';
 import { DEFAULT_THRESHOLDS, type Thresholds } from '../rules/thresholds.js';
@@ -26,9 +26,9 @@ const RDMA_LINK_ERROR_COUNTERS = ['symbol_errors', 'local_link_integrity_errors'
 /** hw_counters that count the transport recovering lost packets (present on newer drivers only). */
 const RDMA_RETRY_COUNTERS = ['retransmits', 'ack_timeouts'] as const;
 
-/** Per-node sum of the rates of several counters; label_replace keeps them apart until the sum. */
+/** Per-node sum of the rates of several counters, tagged with their names to keep them apart until the sum. */
 function summedRates(counters: readonly string[], matchers: string, window: string): string {
-  const rates = counters.map((counter) => `label_replace(${rate(`steadfast_rdma_port_${counter}_total${matchers}`, window)}, "counter", "${counter}", "", "")`);
+  const rates = counters.map((counter) => taggedRate(`steadfast_rdma_port_${counter}_total${matchers}`, window, 'counter', counter));
   return `sum by (node) (\n  ${rates.join('\n  or\n  ')}\n)`;
 }
 

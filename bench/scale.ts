@@ -1,7 +1,8 @@
 import { cpus, totalmem } from 'node:os';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { PrometheusFeatureSource } from '../analyzers/multisignal-source.js';
-import { agentSelector } from '../core/promql.js';
+import { agentSelector, equals, series } from '../core/promql.js';
+import { QUEUE_NAMES } from '../core/redis.js';
 import { ScaleCluster, type InjectionResult } from '../sim/scale-cluster.js';
 import { quantile } from './stats.js';
 
@@ -78,7 +79,7 @@ async function measure(nodes: number): Promise<RunFigures> {
     const scrape = (await cluster.query(`scrape_duration_seconds${agentSelector()}`)).sort((a, b) => a - b);
     const ruleGroups = await cluster.ruleGroupSeconds();
     const samples = await cluster.query(`sum(scrape_samples_scraped${agentSelector()})`);
-    const oldest = await cluster.query('max(steadfast_queue_oldest_waiting_seconds{queue="signals"})');
+    const oldest = await cluster.query(`max(${series('steadfast_queue_oldest_waiting_seconds', equals('queue', QUEUE_NAMES.signals))})`);
     const source = new PrometheusFeatureSource({ url: cluster.prometheus.url });
     const featureReadMs = await median(3, async () => void (await source.read(Date.now())));
     const health = await cluster.targetHealth();

@@ -78,6 +78,14 @@ export function increase(selector: string, window: string = RATE_WINDOW): string
   return `increase(${selector}[${window}])`;
 }
 
+/**
+ * rate() of `series` with `label="value"` added: rate() drops the metric name, so the rates of
+ * several counters joined with `or` would otherwise collide on the same labels.
+ */
+export function taggedRate(series: string, window: string, label: string, value: string): string {
+  return `label_replace(${rate(series, window)}, ${quote(label)}, ${quote(value)}, "", "")`;
+}
+
 export function aggregateBy(op: 'sum' | 'min' | 'max' | 'avg' | 'count', labels: readonly string[], expr: string): string {
   return `${op} by (${labels.join(', ')}) (${expr})`;
 }

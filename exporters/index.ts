@@ -8,6 +8,14 @@ import { rdmaCollectorFactory } from './collectors/rdma.js';
 import { trainingCollectorFactory } from './collectors/training.js';
 import { xidCollectorFactory } from './collectors/xid.js';
 
+/**
+ * The node agent's collector registry. The agent itself (HTTP server, exposition, fast-path
+ * client, standby reporter, log follower, bounded commands) sits beside this file;
+ * collectors/ holds one Collector per file, with the parts only it uses (`<name>-*.ts`);
+ * sources/ holds the readers and parsers of what a node offers (nvidia-smi, dcgm-exporter, the
+ * kernel log, sysfs, procfs, training logs, py-spy, flight-recorder dumps), free of metrics.
+ */
+
 /** Every collector the agent knows, in the order they appear in `--help`. */
 export const COLLECTOR_FACTORIES: readonly CollectorFactory[] = [gpuCollectorFactory, xidCollectorFactory, rdmaCollectorFactory, nfsCollectorFactory, trainingCollectorFactory, processCollectorFactory, diagnoseCollectorFactory];
 

@@ -1,6 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { ClusterBackend } from '../actuators/backend.js';
 import { AuditLog, type AuditEntry } from '../core/audit.js';
+import { instantQuery } from '../core/prometheus.js';
 import { Keys, workerConnection, type Redis } from '../core/redis.js';
 import { AGENT_SCRAPE_JOB } from '../core/scrape.js';
 import { createBackend } from '../controller/service.js';
@@ -182,8 +183,8 @@ export class ScaleCluster {
 
   /** One instant query's scalar values (empty when nothing matches). */
   async query(expr: string): Promise<number[]> {
-    const body = (await (await fetch(`${this.prometheus.url}/api/v1/query?query=${encodeURIComponent(expr)}`)).json()) as { data: { result: { value: [number, string] }[] } };
-    return body.data.result.map((series) => Number(series.value[1]));
+    // Generous: a thousand-node scrape keeps a small Prometheus busy, and nothing here is urgent.
+    return (await instantQuery(this.prometheus.url, expr, { timeoutMs: 60_000 })).map((sample) => sample.value);
   }
 
   /**

@@ -1,4 +1,4 @@
-import { agentSelector, indent } from '../../core/promql.js';
+import { agentSelector, indent, taggedRate } from '../../core/promql.js';
 import { alert, humanDuration, record, type DomainRules, type RuleGroup } from '../spec.js';
 import type { Thresholds } from '../thresholds.js';
 
@@ -23,11 +23,9 @@ function groups(t: Thresholds): RuleGroup[] {
   const ports = agentSelector({}, t.selectors.agentJob);
   const network = t.network;
 
-  // One rate per counter, tagged with the counter's name: rate() drops the metric name, so the
-  // three would otherwise collide on the same port labels.
-  const errorRates = ERROR_COUNTERS.map(
-    (counter) =>
-      `label_replace(rate(steadfast_rdma_port_${counter}_total${ports}[${network.errorRateWindow}]), "counter", "${counter}", "", "")`,
+  // One rate per counter, tagged with the counter's name so the three stay apart.
+  const errorRates = ERROR_COUNTERS.map((counter) =>
+    taggedRate(`steadfast_rdma_port_${counter}_total${ports}`, network.errorRateWindow, 'counter', counter),
   ).join('\nor\n');
 
   return [
