@@ -1,9 +1,10 @@
 import { spawn } from 'node:child_process';
-import { cpSync, existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { cpSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Registry } from 'prom-client';
-import { expect } from 'vitest';
+import { afterEach, beforeEach, expect } from 'vitest';
 import type { FastPathEvent } from '../../core/fast-path-event.js';
 import { silentLogger } from '../../core/log.js';
 import { CollectorSet, type Collector, type CollectorContext, type CollectorPaths, type CollectorSettings } from '../../exporters/collector.js';
@@ -86,6 +87,18 @@ export function sampleLines(dir: string, name: string): string[] {
 
 export function dcgmScrape(name: string): string {
   return readFileSync(join(DCGM_SAMPLES, name), 'utf8');
+}
+
+/** A fresh temporary directory for each test of the file, removed after it; call the result for the current one. */
+export function tempDirPerTest(prefix: string): () => string {
+  let dir = '';
+  beforeEach(() => {
+    dir = mkdtempSync(join(tmpdir(), prefix));
+  });
+  afterEach(() => {
+    rmSync(dir, { recursive: true, force: true });
+  });
+  return () => dir;
 }
 
 /** Compares with the expected file, or rewrites it when UPDATE_EXPECTED=1. Returns the expected text. */

@@ -1,8 +1,7 @@
-import { mkdirSync, mkdtempSync, rmSync, symlinkSync, unlinkSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { mkdirSync, rmSync, symlinkSync, unlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { pino } from 'pino';
-import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { CollectorSet } from '../../../exporters/collector.js';
 import { createRdmaCollector, rdmaCollectorFactory } from '../../../exporters/collectors/rdma.js';
 import { infinibandClassDir } from '../../../exporters/sources/infiniband.js';
@@ -14,23 +13,16 @@ import {
   expectMatchesAndLints,
   normaliseExposition,
   seriesValue,
+  tempDirPerTest,
   testContext,
   type InfinibandSample,
 } from '../helpers.js';
 
-let dir: string;
-
-beforeEach(() => {
-  dir = mkdtempSync(join(tmpdir(), 'steadfast-rdma-'));
-});
-
-afterEach(() => {
-  rmSync(dir, { recursive: true, force: true });
-});
+const dir = tempDirPerTest('steadfast-rdma-');
 
 /** A sysfs root whose class/infiniband is the sample itself (read-only use). */
 function linkedSysfs(sample: InfinibandSample): string {
-  const sysfs = join(dir, 'sys');
+  const sysfs = join(dir(), 'sys');
   mkdirSync(join(sysfs, 'class'), { recursive: true });
   symlinkSync(join(INFINIBAND_SAMPLES_ROOT, sample), infinibandClassDir(sysfs));
   return sysfs;
@@ -91,7 +83,7 @@ describe('rdma collector', () => {
   });
 
   it('removes the series of a port and of a device that vanish between scrapes', async () => {
-    const { sysfs, classDir } = copiedInfinibandSysfs(dir, 'procfs_fixtures');
+    const { sysfs, classDir } = copiedInfinibandSysfs(dir(), 'procfs_fixtures');
     const context = testContext({ sysfs });
     const collector = createRdmaCollector(context);
     await collector.update();
@@ -109,7 +101,7 @@ describe('rdma collector', () => {
   });
 
   it('leaves out a counter that reads N/A (no PMA) instead of exporting 0', async () => {
-    const { sysfs, classDir } = copiedInfinibandSysfs(dir, 'procfs_fixtures');
+    const { sysfs, classDir } = copiedInfinibandSysfs(dir(), 'procfs_fixtures');
     writeFileSync(join(classDir, 'hfi1_0', 'ports', '1', 'counters', 'port_xmit_data'), 'N/A (no PMA)\n');
     const text = await scrape(sysfs);
     expect(seriesValue(text, 'steadfast_rdma_port_data_transmitted_bytes_total{device="hfi1_0",port="1"}')).toBeUndefined();
@@ -117,7 +109,7 @@ describe('rdma collector', () => {
   });
 
   it('falls back to unicast plus multicast packets when port_rcv_packets is missing', async () => {
-    const { sysfs, classDir } = copiedInfinibandSysfs(dir, 'procfs_fixtures');
+    const { sysfs, classDir } = copiedInfinibandSysfs(dir(), 'procfs_fixtures');
     unlinkSync(join(classDir, 'mlx5_0', 'ports', '1', 'counters', 'port_rcv_packets'));
     unlinkSync(join(classDir, 'hfi1_0', 'ports', '1', 'counters', 'port_rcv_packets'));
     const text = await scrape(sysfs);
@@ -127,7 +119,7 @@ describe('rdma collector', () => {
   });
 
   it('logs a garbled counter file once at debug and leaves its series out', async () => {
-    const { sysfs, classDir } = copiedInfinibandSysfs(dir, 'procfs_fixtures');
+    const { sysfs, classDir } = copiedInfinibandSysfs(dir(), 'procfs_fixtures');
     const garbled = join(classDir, 'mlx4_0', 'ports', '1', 'counters', 'link_downed');
     writeFileSync(garbled, 'garbage\n');
     const lines: string[] = [];
@@ -144,14 +136,14 @@ describe('rdma collector', () => {
   });
 
   it('succeeds with no series on a node without /sys/class/infiniband', async () => {
-    mkdirSync(join(dir, 'sys', 'class'), { recursive: true });
-    const text = await scrape(join(dir, 'sys'));
+    mkdirSync(join(dir(), 'sys', 'class'), { recursive: true });
+    const text = await scrape(join(dir(), 'sys'));
     expect(text).toContain('steadfast_collector_success{collector="rdma"} 1');
     expect(text).not.toMatch(/^steadfast_rdma_\w+\{/m);
   });
 
   it('fails the collector, with no stale series, when a directory cannot be listed', async () => {
-    const { sysfs, classDir } = copiedInfinibandSysfs(dir, 'procfs_fixtures');
+    const { sysfs, classDir } = copiedInfinibandSysfs(dir(), 'procfs_fixtures');
     const context = testContext({ sysfs });
     const collector = createRdmaCollector(context);
     const set = new CollectorSet([collector], context.registry, context.logger);

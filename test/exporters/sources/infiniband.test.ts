@@ -1,8 +1,7 @@
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import fc from 'fast-check';
-import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import {
   packetCount,
   parseCounter,
@@ -12,17 +11,9 @@ import {
   type InfinibandDevice,
   type InfinibandPort,
 } from '../../../exporters/sources/infiniband.js';
-import { INFINIBAND_SAMPLES, INFINIBAND_SAMPLES_ROOT, INFINIBAND_SAMPLE_NAMES, copiedInfinibandSysfs } from '../helpers.js';
+import { INFINIBAND_SAMPLES, INFINIBAND_SAMPLES_ROOT, INFINIBAND_SAMPLE_NAMES, copiedInfinibandSysfs, tempDirPerTest } from '../helpers.js';
 
-let dir: string;
-
-beforeEach(() => {
-  dir = mkdtempSync(join(tmpdir(), 'steadfast-rdma-'));
-});
-
-afterEach(() => {
-  rmSync(dir, { recursive: true, force: true });
-});
+const dir = tempDirPerTest('steadfast-infiniband-');
 
 function findPort(devices: readonly InfinibandDevice[], device: string, port: string): InfinibandPort {
   const found = devices.find((candidate) => candidate.name === device)?.ports.find((candidate) => candidate.port === port);
@@ -94,7 +85,7 @@ describe('reading /sys/class/infiniband', () => {
   });
 
   it('leaves a counter that reads N/A (no PMA) absent without calling it a problem', async () => {
-    const { classDir } = copiedInfinibandSysfs(dir, 'procfs_fixtures');
+    const { classDir } = copiedInfinibandSysfs(dir(), 'procfs_fixtures');
     writeFileSync(join(classDir, 'mlx4_0', 'ports', '1', 'counters', 'port_rcv_data'), 'N/A (no PMA)\n');
     const reading = await readInfinibandClass(classDir);
     expect(reading.problems).toEqual([]);
@@ -104,7 +95,7 @@ describe('reading /sys/class/infiniband', () => {
   });
 
   it('leaves a garbled counter or state absent and names the file as a problem', async () => {
-    const { classDir } = copiedInfinibandSysfs(dir, 'procfs_fixtures');
+    const { classDir } = copiedInfinibandSysfs(dir(), 'procfs_fixtures');
     const portDir = join(classDir, 'mlx5_0', 'ports', '1');
     writeFileSync(join(portDir, 'counters', 'symbol_error'), '12abc\n');
     writeFileSync(join(portDir, 'state'), 'ACTIVE\n');
@@ -116,8 +107,8 @@ describe('reading /sys/class/infiniband', () => {
   });
 
   it('has no devices when the class directory does not exist, and rejects when it cannot be listed', async () => {
-    await expect(readInfinibandClass(join(dir, 'missing'))).resolves.toEqual({ devices: [], problems: [] });
-    const notADirectory = join(dir, 'infiniband');
+    await expect(readInfinibandClass(join(dir(), 'missing'))).resolves.toEqual({ devices: [], problems: [] });
+    const notADirectory = join(dir(), 'infiniband');
     writeFileSync(notADirectory, '');
     await expect(readInfinibandClass(notADirectory)).rejects.toThrow(/cannot list/);
   });
