@@ -1,8 +1,8 @@
 import { z } from 'zod';
-import { DoNotRetryError, RetryLaterError, errorMessage } from '../core/errors.js';
 import { nodeNameSchema } from '../core/names.js';
+import { agentSelector, aggregateBy, increase, newEvents, rate, sumBy, taggedRate, type LabelMatchers } from '../core/promql.js';
+import { PrometheusQueryRejectedError, PrometheusUnavailableError, instantQuery, type InstantSample, type PrometheusQueryFailure } from '../core/prometheus.js';
 import { parseOrThrow } from '../core/validate.js';
-import { agentSelector, newEvents, type LabelMatcher } from '../rules/promql.js';
 import { DEFAULT_THRESHOLDS, type Thresholds } from '../rules/thresholds.js';
 import { featureSpecSchema, type Evaluation, type FeatureMatrix, type FeatureSpec, type MultiSignalDetector } from './multisignal.js';
 
@@ -26,38 +26,42 @@ const RDMA_LINK_ERROR_COUNTERS = ['symbol_errors', 'local_link_integrity_errors'
 /** hw_counters that count the transport recovering lost packets (present on newer drivers only). */
 const RDMA_RETRY_COUNTERS = ['retransmits', 'ack_timeouts'] as const;
 
-/** Per-node sum of the rates of several counters; label_replace keeps them apart until the sum. */
+/** Per-node sum of the rates of several counters, tagged with their names to keep them apart until the sum. */
 function summedRates(counters: readonly string[], matchers: string, window: string): string {
-  const rates = counters.map((counter) => `label_replace(rate(steadfast_rdma_port_${counter}_total${matchers}[${window}]), "counter", "${counter}", "", "")`);
+  const rates = counters.map((counter) => taggedRate(`steadfast_rdma_port_${counter}_total${matchers}`, window, 'counter', counter));
   return `sum by (node) (\n  ${rates.join('\n  or\n  ')}\n)`;
 }
+
+/** One value per node (the label the scrape adds to the agents' series). */
+const NODE = ['node'] as const;
 
 /**
  * The default features, each built from the metric names the agents export (README, Metrics)
  * and the rules' selectors, with the reason it moves before (or with) a GPU failure.
  */
 export function defaultFeatureQueries(thresholds: Thresholds = DEFAULT_THRESHOLDS): FeatureQuery[] {
-  const agent = (matchers: Readonly<Record<string, LabelMatcher>> = {}) => agentSelector(thresholds, matchers);
+  const agent = (matchers: LabelMatchers = {}) => agentSelector(matchers, thresholds.selectors.agentJob);
   const getattr = agent({ operation: 'GETATTR' });
+  const nfsOperations = sumBy(NODE, rate(`steadfast_nfs_operations_total${agent()}`));
   return [
     // A failing fan, a blocked air path or a degrading GPU runs hotter than its peers under the
     // same load, hours before thermal protection or the GPU itself gives up. Hottest GPU.
-    { name: 'gpu_temperature_max_celsius', direction: 'higher', minSpread: 1, query: `max by (node) (steadfast_gpu_temperature_celsius${agent()})` },
+    { name: 'gpu_temperature_max_celsius', direction: 'higher', minSpread: 1, query: aggregateBy('max', NODE, `steadfast_gpu_temperature_celsius${agent()}`) },
     // HBM heat goes with rising correctable ECC rates (002, Fig. 4: the row remapping before a failure).
-    { name: 'gpu_memory_temperature_max_celsius', direction: 'higher', minSpread: 1, query: `max by (node) (steadfast_gpu_memory_temperature_celsius${agent()})` },
+    { name: 'gpu_memory_temperature_max_celsius', direction: 'higher', minSpread: 1, query: aggregateBy('max', NODE, `steadfast_gpu_memory_temperature_celsius${agent()}`) },
     // Under one synchronous load every GPU draws about the same; a GPU drawing less does less
     // work: throttled, stalled or degrading (and near idle once an Xid took it out). Lowest GPU.
-    { name: 'gpu_power_min_watts', direction: 'lower', minSpread: 10, query: `min by (node) (steadfast_gpu_power_watts${agent()})` },
+    { name: 'gpu_power_min_watts', direction: 'lower', minSpread: 10, query: aggregateBy('min', NODE, `steadfast_gpu_power_watts${agent()}`) },
     // SM clocks held down (thermal or power protection) precede and follow hardware trouble.
-    { name: 'gpu_sm_clock_min_hertz', direction: 'lower', minSpread: 15e6, query: `min by (node) (steadfast_gpu_clock_hertz${agent({ clock: 'sm' })})` },
+    { name: 'gpu_sm_clock_min_hertz', direction: 'lower', minSpread: 15e6, query: aggregateBy('min', NODE, `steadfast_gpu_clock_hertz${agent({ clock: 'sm' })}`) },
     // Kernels stop running on a GPU the driver lost or the job left behind.
-    { name: 'gpu_utilization_mean', direction: 'lower', minSpread: 0.02, query: `avg by (node) (steadfast_gpu_utilization_ratio${agent()})` },
+    { name: 'gpu_utilization_mean', direction: 'lower', minSpread: 0.02, query: aggregateBy('avg', NODE, `steadfast_gpu_utilization_ratio${agent()}`) },
     // GPUs held down by hardware protection over the last 5 minutes (sum of shares of time).
     {
       name: 'gpu_hw_slowdown_gpus',
       direction: 'higher',
       minSpread: 0.25,
-      query: `sum by (node) (avg_over_time(steadfast_gpu_throttle_reason${agent({ reason: { oneOf: HARDWARE_SLOWDOWN_REASONS } })}[5m]))`,
+      query: sumBy(NODE, `avg_over_time(steadfast_gpu_throttle_reason${agent({ reason: { oneOf: HARDWARE_SLOWDOWN_REASONS } })}[5m])`),
     },
     // Correctable ECC errors pile up in failing HBM before an uncorrectable one (Xid 48) and row
     // remapping (Xid 63/64) (002, Figs. 3-4).
@@ -65,11 +69,11 @@ export function defaultFeatureQueries(thresholds: Thresholds = DEFAULT_THRESHOLD
       name: 'gpu_ecc_correctable_10m',
       direction: 'higher',
       minSpread: 2,
-      query: `sum by (node) (increase(steadfast_gpu_ecc_errors_total${agent({ scope: 'volatile', type: 'correctable' })}[10m]))`,
+      query: sumBy(NODE, increase(`steadfast_gpu_ecc_errors_total${agent({ scope: 'volatile', type: 'correctable' })}`, '10m')),
     },
-    { name: 'gpu_row_remaps_1h', direction: 'higher', minSpread: 0.5, query: `sum by (node) (increase(steadfast_gpu_remapped_rows_total${agent()}[1h]))` },
+    { name: 'gpu_row_remaps_1h', direction: 'higher', minSpread: 0.5, query: sumBy(NODE, increase(`steadfast_gpu_remapped_rows_total${agent()}`, '1h')) },
     // PCIe replays: the link to the GPU retransmitting, as before the 002 report's NVLink + bus fault (Fig. 2).
-    { name: 'gpu_pcie_replays_per_second', direction: 'higher', minSpread: 0.05, query: `sum by (node) (rate(steadfast_gpu_pcie_replay_errors_total${agent()}[5m]))` },
+    { name: 'gpu_pcie_replays_per_second', direction: 'higher', minSpread: 0.05, query: sumBy(NODE, rate(`steadfast_gpu_pcie_replay_errors_total${agent()}`, '5m')) },
     // The Xid itself: every Xid line in the last 5 minutes, the first of a GPU included (a
     // labelled counter is born at its first increment, so increase() alone would miss it).
     // Nodes whose xid collector works and saw none count 0, not "missing": they are peers.
@@ -87,7 +91,7 @@ export function defaultFeatureQueries(thresholds: Thresholds = DEFAULT_THRESHOLD
       name: 'rdma_transmit_bytes_per_second',
       direction: 'lower',
       minSpread: 1e8,
-      query: `sum by (node) (rate(steadfast_rdma_port_data_transmitted_bytes_total${agent()}[1m]))`,
+      query: sumBy(NODE, rate(`steadfast_rdma_port_data_transmitted_bytes_total${agent()}`, '1m')),
     },
     // Metadata round trips: the 002 report saw GETATTR response time misbehave on the node whose
     // GPU later logged an ECC error (Fig. 3). Mean seconds per GETATTR.
@@ -95,18 +99,18 @@ export function defaultFeatureQueries(thresholds: Thresholds = DEFAULT_THRESHOLD
       name: 'nfs_getattr_rtt_seconds',
       direction: 'higher',
       minSpread: 2e-4,
-      query: `sum by (node) (rate(steadfast_nfs_rtt_seconds_total${getattr}[5m]))\n/\n(sum by (node) (rate(steadfast_nfs_operations_total${getattr}[5m])) > 0)`,
+      query: `${sumBy(NODE, rate(`steadfast_nfs_rtt_seconds_total${getattr}`))}\n/\n(${sumBy(NODE, rate(`steadfast_nfs_operations_total${getattr}`))} > 0)`,
     },
     // RPCs sent more than once (timeouts, reconnects) per completed RPC, over all operations.
     {
       name: 'nfs_retransmissions_per_operation',
       direction: 'higher',
       minSpread: 0.002,
-      query: `(sum by (node) (rate(steadfast_nfs_transmissions_total${agent()}[5m])) - sum by (node) (rate(steadfast_nfs_operations_total${agent()}[5m])))\n/\n(sum by (node) (rate(steadfast_nfs_operations_total${agent()}[5m])) > 0)`,
+      query: `(${sumBy(NODE, rate(`steadfast_nfs_transmissions_total${agent()}`))} - ${nfsOperations})\n/\n(${nfsOperations} > 0)`,
     },
     // The node's slowest rank. Training series carry the training job as `job`, so they are
     // selected by name alone (rules/domains/training.ts).
-    { name: 'training_iteration_seconds', direction: 'higher', minSpread: 0.02, query: 'max by (node) (steadfast_training_iteration_seconds)' },
+    { name: 'training_iteration_seconds', direction: 'higher', minSpread: 0.02, query: aggregateBy('max', NODE, 'steadfast_training_iteration_seconds') },
   ];
 }
 
@@ -117,38 +121,12 @@ export function detectorFeatures(features: readonly FeatureQuery[] = DEFAULT_FEA
   return features.map(({ query: _query, ...spec }) => spec);
 }
 
-/** Prometheus could not be reached or could not answer now (down, timed out, 5xx): retry later. */
-export class PrometheusUnavailableError extends RetryLaterError {
-  constructor(
-    message: string,
-    /** The feature queries concerned. */
-    readonly queries: readonly string[],
-    cause?: unknown,
-  ) {
-    super(message, cause);
-    this.name = 'PrometheusUnavailableError';
-  }
-}
-
-/** Prometheus refused a query or answered something that is not a per-node vector: fix the configuration. */
-export class FeatureQueryRejectedError extends DoNotRetryError {
-  constructor(
-    message: string,
-    readonly queries: readonly string[],
-  ) {
-    super(message);
-    this.name = 'FeatureQueryRejectedError';
-  }
-}
-
-export type FeatureQueryFailure = PrometheusUnavailableError | FeatureQueryRejectedError;
-
 export interface FeatureReading {
   readonly matrix: FeatureMatrix;
   /** Features whose query answered (possibly with no series). */
   readonly answered: readonly string[];
   /** Feature queries that gave nothing; the matrix holds the others. */
-  readonly failures: readonly FeatureQueryFailure[];
+  readonly failures: readonly PrometheusQueryFailure[];
   /** Series that were left out (a `node` label that is no node name). */
   readonly warnings: readonly string[];
 }
@@ -173,22 +151,6 @@ const sourceOptionsSchema = z
 
 export type PrometheusSourceOptions = z.input<typeof sourceOptionsSchema>;
 
-const answerSchema = z.discriminatedUnion('status', [
-  z.object({
-    status: z.literal('success'),
-    data: z.object({ resultType: z.string(), result: z.array(z.unknown()) }),
-  }),
-  z.object({ status: z.literal('error'), errorType: z.string().optional(), error: z.string().optional() }),
-]);
-
-const sampleSchema = z.object({
-  metric: z.record(z.string(), z.string()),
-  value: z.tuple([z.number(), z.string()]),
-});
-
-/** errorType values that say the query or its data is wrong, not that Prometheus is unwell. */
-const QUERY_FAULTS = new Set(['bad_data', 'execution', 'not_found', 'not_acceptable']);
-
 export class PrometheusFeatureSource implements FeatureSource {
   readonly features: readonly FeatureQuery[];
   private readonly url: string;
@@ -206,7 +168,7 @@ export class PrometheusFeatureSource implements FeatureSource {
     const settled = await Promise.all(this.features.map((feature) => this.queryFeature(feature, time)));
     const rows = new Map<string, Record<string, number>>();
     const answered: string[] = [];
-    const failures: FeatureQueryFailure[] = [];
+    const failures: PrometheusQueryFailure[] = [];
     const warnings: string[] = [];
     settled.forEach((outcome, index) => {
       const feature = this.features[index] as FeatureQuery;
@@ -229,65 +191,36 @@ export class PrometheusFeatureSource implements FeatureSource {
   async queryFeature(
     feature: FeatureQuery,
     time: number,
-  ): Promise<{ ok: true; values: Map<string, number>; warnings: string[] } | { ok: false; error: FeatureQueryFailure }> {
+  ): Promise<{ ok: true; values: Map<string, number>; warnings: string[] } | { ok: false; error: PrometheusQueryFailure }> {
     const what = `feature ${feature.name} (query: ${feature.query})`;
-    const unavailable = (reason: string, cause?: unknown) => ({ ok: false as const, error: new PrometheusUnavailableError(`${what}: ${reason}`, [feature.query], cause) });
-    const rejected = (reason: string) => ({ ok: false as const, error: new FeatureQueryRejectedError(`${what}: ${reason}`, [feature.query]) });
-
-    const params = new URLSearchParams({ query: feature.query, time: (time / 1000).toFixed(3) });
-    const signal = AbortSignal.timeout(this.timeoutMs);
-    let status: number;
-    let body: string;
+    const rejected = (reason: string) => ({ ok: false as const, error: new PrometheusQueryRejectedError(`${what}: ${reason}`, [feature.query]) });
+    let samples: InstantSample[];
     try {
-      const response = await fetch(`${this.url}/api/v1/query?${params}`, { signal });
-      status = response.status;
-      body = await response.text();
+      samples = await instantQuery(this.url, feature.query, { time, timeoutMs: this.timeoutMs, subject: what });
     } catch (error) {
-      const reason = signal.aborted ? `no answer from ${this.url} within ${this.timeoutMs} ms` : `could not reach Prometheus at ${this.url}: ${errorMessage(error)}`;
-      return unavailable(reason, error);
-    }
-
-    let json: unknown;
-    try {
-      json = JSON.parse(body);
-    } catch {
-      const reason = `Prometheus answered HTTP ${status} with a body that is not JSON: ${JSON.stringify(body.slice(0, 200))}`;
-      return status >= 500 || status === 429 ? unavailable(reason) : rejected(reason);
-    }
-    const answer = answerSchema.safeParse(json);
-    if (!answer.success) return rejected(`Prometheus answered HTTP ${status} with JSON that is not a query answer`);
-    if (answer.data.status === 'error') {
-      const reason = `Prometheus answered HTTP ${status}, ${answer.data.errorType ?? 'error'}: ${answer.data.error ?? '(no message)'}`;
-      const queryFault = status === 400 || status === 422 || QUERY_FAULTS.has(answer.data.errorType ?? '');
-      return queryFault ? rejected(reason) : unavailable(reason);
-    }
-    if (status < 200 || status >= 300) return unavailable(`Prometheus answered HTTP ${status}`);
-    if (answer.data.data.resultType !== 'vector') {
-      return rejected(`the query returns a ${answer.data.data.resultType}, not an instant vector with one series per node`);
+      if (error instanceof PrometheusUnavailableError || error instanceof PrometheusQueryRejectedError) return { ok: false, error };
+      throw error;
     }
 
     const values = new Map<string, number>();
     const warnings: string[] = [];
-    for (const raw of answer.data.data.result) {
-      const sample = sampleSchema.safeParse(raw);
-      if (!sample.success) return rejected('a series of the answer has no [time, "value"] sample');
-      const node = sample.data.metric.node;
-      if (node === undefined) return rejected(`a series has no \`node\` label (${JSON.stringify(sample.data.metric)}); aggregate with \`by (node)\``);
+    for (const sample of samples) {
+      const node = sample.labels.node;
+      if (node === undefined) return rejected(`a series has no \`node\` label (${JSON.stringify(sample.labels)}); aggregate with \`by (node)\``);
       if (!nodeNameSchema.safeParse(node).success) {
         warnings.push(`${what}: left out a series whose node label ${JSON.stringify(node)} is not a node name`);
         continue;
       }
       if (values.has(node)) return rejected(`more than one series for node ${node}; aggregate with \`by (node)\``);
-      const value = Number(sample.data.value[1]);
       // NaN (0/0) and ±Inf carry no comparison with the peers: the node simply lacks the feature.
-      if (Number.isFinite(value)) values.set(node, value);
+      if (Number.isFinite(sample.value)) values.set(node, sample.value);
     }
     return { ok: true, values, warnings };
   }
 }
 
 export interface DetectionRun extends Evaluation {
-  readonly failures: readonly FeatureQueryFailure[];
+  readonly failures: readonly PrometheusQueryFailure[];
   readonly warnings: readonly string[];
 }
 
@@ -295,7 +228,7 @@ export interface DetectionRun extends Evaluation {
  * One evaluation end to end: read the matrix at `time`, score it, apply persistence. Feature
  * queries that fail leave their feature out of this evaluation (reported in `failures`); only
  * when every one failed does it throw, a PrometheusUnavailableError (retry later) if any failure
- * was one, else a FeatureQueryRejectedError (do not retry), each message naming the queries.
+ * was one, else a PrometheusQueryRejectedError (do not retry), each message naming the queries.
  */
 export async function detectSuspects(source: FeatureSource, detector: MultiSignalDetector, time: number = Date.now()): Promise<DetectionRun> {
   const reading = await source.read(time);
@@ -303,7 +236,7 @@ export async function detectSuspects(source: FeatureSource, detector: MultiSigna
     const queries = reading.failures.flatMap((failure) => failure.queries);
     const message = `every feature query failed:\n${reading.failures.map((failure) => `- ${failure.message}`).join('\n')}`;
     if (reading.failures.some((failure) => failure instanceof PrometheusUnavailableError)) throw new PrometheusUnavailableError(message, queries);
-    throw new FeatureQueryRejectedError(message, queries);
+    throw new PrometheusQueryRejectedError(message, queries);
   }
   return { ...detector.evaluate(time, reading.matrix), failures: reading.failures, warnings: reading.warnings };
 }

@@ -37,7 +37,7 @@ import { parseOrThrow } from '../core/validate.js';
  * a consecutive count would start over at every dip. At one evaluation a minute the default 7 of 9
  * outlasts blips of up to five minutes and their chance overlap with a late checkpoint writer,
  * forgives two dips, and costs seven minutes of delay. Chosen on the labelled replay's tuning seed
- * (analyzers/multisignal-replay.ts, seed 1, 14 days, 63 nodes): 4 of 6 raised 3.5 false episodes
+ * (bench/multisignal/cluster-replay.ts, seed 1, 14 days, 63 nodes): 4 of 6 raised 3.5 false episodes
  * a day, 5 of 7 1.4, 6 of 8 and 7 of 9 0.51, all of those on labelled benign transients; 8 of 10
  * lost one of the 8 (of 15) faults found before their Xid. 7 rather than 6 of 8 for margin: on
  * an earlier version of the replay 6 of 8 still let through chance overlaps of two benign blips.

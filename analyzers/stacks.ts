@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { PARALLEL_DIMS, type ParallelDim, type RankPlacement, type Topology } from '../core/topology.js';
-import { normaliseFrame, parsePySpyDump, selectTrainingThread, type PySpyFrame } from './pyspy.js';
+import { normaliseFrame, parsePySpyDump, selectTrainingThread, type PySpyFrame } from './pyspy-parse.js';
 
 /**
  * Stack-trace aggregation (ByteRobust §5.1): compare the training thread's stack of every rank,
@@ -9,8 +9,8 @@ import { normaliseFrame, parsePySpyDump, selectTrainingThread, type PySpyFrame }
  * Topology in, a verdict out.
  */
 
-export { normaliseFrame, normaliseModulePath, parsePySpyDump, selectTrainingThread } from './pyspy.js';
-export type { PySpyFrame, PySpyParse, PySpyProcess, PySpyThread, TrainingThread } from './pyspy.js';
+export { normaliseFrame, normaliseModulePath, parsePySpyDump, selectTrainingThread } from './pyspy-parse.js';
+export type { PySpyFrame, PySpyParse, PySpyProcess, PySpyThread, TrainingThread } from './pyspy-parse.js';
 
 export type SuspectKind = ParallelDim | 'node';
 

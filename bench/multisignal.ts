@@ -1,22 +1,15 @@
 import { cpus } from 'node:os';
 import { performance } from 'node:perf_hooks';
-import {
-  ClusterReplay,
-  DEFAULT_REPLAY,
-  REPLAY_FEATURES,
-  ThresholdBaseline,
-  XidCounterBaseline,
-  runReplay,
-  type ReplayReport,
-  type SuspectDetector,
-} from '../analyzers/multisignal-eval.js';
 import { MultiSignalDetector, type FeatureMatrix } from '../analyzers/multisignal.js';
 import { detectorFeatures } from '../analyzers/multisignal-source.js';
 import { DEFAULT_THRESHOLDS } from '../rules/thresholds.js';
+import { ClusterReplay, DEFAULT_REPLAY } from './multisignal/cluster-replay.js';
+import { ThresholdBaseline, XidCounterBaseline, runReplay, type ReplayReport, type SuspectDetector } from './multisignal/evaluation.js';
+import { REPLAY_FEATURES } from './multisignal/labels.js';
 
 /**
  * The multi-signal detector (analyzers/multisignal.ts) on the labelled replay
- * (analyzers/multisignal-eval.ts): 63 nodes, 14 days, one sample a minute, 15 faults per seed
+ * (bench/multisignal/): 63 nodes, 14 days, one sample a minute, 15 faults per seed
  * (three of each kind). Seed 1 is the seed the detector's defaults were tuned on and is shown
  * apart; seeds 2-5 were not looked at while tuning. Two baselines run on the same frames in the
  * same pass: the Xid counter alone, and the SteadfastGpuTemperatureHigh rule's threshold and

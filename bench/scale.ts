@@ -1,6 +1,8 @@
 import { cpus, totalmem } from 'node:os';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { PrometheusFeatureSource } from '../analyzers/multisignal-source.js';
+import { agentSelector, equals, series } from '../core/promql.js';
+import { QUEUE_NAMES } from '../core/queues.js';
 import { ScaleCluster, type InjectionResult } from '../sim/scale-cluster.js';
 import { quantile } from './stats.js';
 
@@ -74,10 +76,10 @@ async function measure(nodes: number): Promise<RunFigures> {
       await sleep(200 + Math.random() * 800);
     }
     const controllerCpu = (cluster.controller.cpuSeconds() - cpuAtStart) / ((performance.now() - wallAtStart) / 1000);
-    const scrape = (await cluster.query('scrape_duration_seconds{job="steadfast-agent"}')).sort((a, b) => a - b);
+    const scrape = (await cluster.query(`scrape_duration_seconds${agentSelector()}`)).sort((a, b) => a - b);
     const ruleGroups = await cluster.ruleGroupSeconds();
-    const samples = await cluster.query('sum(scrape_samples_scraped{job="steadfast-agent"})');
-    const oldest = await cluster.query('max(steadfast_queue_oldest_waiting_seconds{queue="signals"})');
+    const samples = await cluster.query(`sum(scrape_samples_scraped${agentSelector()})`);
+    const oldest = await cluster.query(`max(${series('steadfast_queue_oldest_waiting_seconds', equals('queue', QUEUE_NAMES.signals))})`);
     const source = new PrometheusFeatureSource({ url: cluster.prometheus.url });
     const featureReadMs = await median(3, async () => void (await source.read(Date.now())));
     const health = await cluster.targetHealth();

@@ -3,7 +3,7 @@ import { join } from 'node:path';
 import { Command } from 'commander';
 import { InputError, errorMessage } from '../core/errors.js';
 import { Topology } from '../core/topology.js';
-import { analyzeFlightRecorder, splitRankKeyedDumps, type FlightRecorderAnalysis } from '../analyzers/flight-recorder.js';
+import { analyzeFlightRecorder, splitRankKeyedDumps, type FlightRecorderAnalysis } from '../analyzers/flight-recorder-analysis.js';
 import { aggregateStacks } from '../analyzers/stacks.js';
 import { runCommand } from './common.js';
 

@@ -5,7 +5,7 @@ import { InputError, errorMessage } from '../core/errors.js';
 import { launchArgv, parseJobSpec } from '../core/job.js';
 import type { Logger } from '../core/log.js';
 import { analysisJobSchema, nothingFound, type AnalysisJob, type LadderEventJob } from '../core/queues.js';
-import { runStopTimeDiagnostics } from '../analyzers/diagnosis.js';
+import { runStopTimeDiagnostics } from '../analyzers/stop-time-diagnosis.js';
 import { FailSlowRounds, type FailSlowVerdict } from '../analyzers/stack-rounds.js';
 import { aggregateStacks, type StackAggregation } from '../analyzers/stacks.js';
 import { commandReplayRunner, runDualPhaseReplay, type ReplayGroupRunner } from '../actuators/replay-runner.js';

@@ -2,12 +2,14 @@ import type { Redis } from 'ioredis';
 import { z } from 'zod';
 import type { AuditLog } from '../core/audit.js';
 import { dataParallelGroups, parseJobSpec, type JobSpec } from '../core/job.js';
+import { instantQuery } from '../core/prometheus.js';
+import { selector } from '../core/promql.js';
 import type { Keys } from '../core/redis.js';
+import { TRAINING_JOB_LABEL } from '../core/scrape.js';
 import type { Topology } from '../core/topology.js';
 import { RankSlowdownTracker, median, type ChangePoint } from '../analyzers/slowdown-tracker.js';
-import { initialLadderState, stepLadder, type LadderConfig, type LadderState, type LadderStep } from '../analyzers/failslow-ladder.js';
+import { initialMitigationState, stepMitigation, type MitigationConfig, type MitigationState, type MitigationStep } from '../analyzers/failslow-mitigation.js';
 import type { MicrobatchBoard } from './microbatches.js';
-import { instantQuery } from './prometheus-query.js';
 import type { LadderEventJob } from '../core/queues.js';
 
 /**
@@ -16,7 +18,7 @@ import type { LadderEventJob } from '../core/queues.js';
  * Each check reads every rank's last iteration time and iteration number from Prometheus
  * (`steadfast_training_iteration_seconds` / `steadfast_training_iteration`, the training
  * collector's series) and feeds each new iteration to that rank's BOCD tracker with the 10 %
- * verification. While a verified slow-down persists, the S1–S4 ladder is stepped once per new
+ * verification. While a verified slow-down persists, the S1–S4 mitigation is stepped once per new
  * iteration batch; its actions are carried out here:
  * - S2: the micro-batch assignment it plans is stored for the training loop
  *   (GET /api/v1/jobs/:id/microbatches);
@@ -30,7 +32,7 @@ import type { LadderEventJob } from '../core/queues.js';
  * compute time per iteration (Greyhound §4.3), not the synchronous wall time every rank shares.
  *
  * Trackers live in memory (a restarted controller re-learns in a few dozen iterations); the
- * ladder state lives in Redis. One controller replica runs this (see service.ts, the leader).
+ * mitigation state lives in Redis. One controller replica runs this (see service.ts, the leader).
  */
 
 interface JobWatch {
@@ -39,7 +41,7 @@ interface JobWatch {
   readonly currentSeconds: Map<number, number>;
   /** Each rank's last iteration time divided by its DP group's micro-batches: what the trackers see. */
   readonly perMicrobatch: Map<number, number>;
-  /** The slowest rank's iteration number at the last ladder step. */
+  /** The slowest rank's iteration number at the last mitigation step. */
   steppedAt: number | undefined;
 }
 
@@ -64,7 +66,7 @@ export class FailSlowWatch {
 
   constructor(private readonly deps: FailSlowDeps) {}
 
-  private ladderConfig(spec: JobSpec, topology: Topology): LadderConfig | undefined {
+  private mitigationConfig(spec: JobSpec, topology: Topology): MitigationConfig | undefined {
     if (!spec.microbatches) return undefined;
     return {
       costSeconds: this.deps.costSeconds,
@@ -75,14 +77,14 @@ export class FailSlowWatch {
     };
   }
 
-  /** One check of one job; returns the ladder step taken, if any. */
-  async check(spec: JobSpec, now = Date.now()): Promise<LadderStep | undefined> {
+  /** One check of one job; returns the mitigation step taken, if any. */
+  async check(spec: JobSpec, now = Date.now()): Promise<MitigationStep | undefined> {
     const job = spec.name;
     const { topology } = parseJobSpec(spec);
-    const selector = `{job=${JSON.stringify(job)}}`;
+    const ofJob = selector({ [TRAINING_JOB_LABEL]: job });
     const [iterations, seconds] = await Promise.all([
-      instantQuery(this.deps.prometheusUrl, `steadfast_training_iteration${selector}`),
-      instantQuery(this.deps.prometheusUrl, `steadfast_training_iteration_seconds${selector}`),
+      instantQuery(this.deps.prometheusUrl, `steadfast_training_iteration${ofJob}`),
+      instantQuery(this.deps.prometheusUrl, `steadfast_training_iteration_seconds${ofJob}`),
     ]);
     const watch = this.watch(job);
     const secondsByRank = new Map(seconds.map((sample) => [Number(sample.labels.rank), sample.value] as const));
@@ -102,7 +104,7 @@ export class FailSlowWatch {
       const change = tracker.update(now / 1000, perMicrobatch);
       if (change) await this.recordChange(job, change, now, served === undefined ? 'iteration' : 'micro-batch');
     }
-    return this.stepMitigation(spec, topology, watch, now);
+    return this.mitigate(spec, topology, watch, now);
   }
 
   private watch(job: string): JobWatch {
@@ -127,14 +129,14 @@ export class FailSlowWatch {
     );
   }
 
-  private async loadState(job: string, config: LadderConfig): Promise<LadderState> {
+  private async loadState(job: string, config: MitigationConfig): Promise<MitigationState> {
     const text = await this.deps.redis.get(this.deps.keys.jobFailSlow(job));
-    if (text !== null && storedStateSchema.safeParse(JSON.parse(text)).success) return JSON.parse(text) as LadderState;
-    return initialLadderState(config);
+    if (text !== null && storedStateSchema.safeParse(JSON.parse(text)).success) return JSON.parse(text) as MitigationState;
+    return initialMitigationState(config);
   }
 
-  private async stepMitigation(spec: JobSpec, topology: Topology, watch: JobWatch, now: number): Promise<LadderStep | undefined> {
-    const config = this.ladderConfig(spec, topology);
+  private async mitigate(spec: JobSpec, topology: Topology, watch: JobWatch, now: number): Promise<MitigationStep | undefined> {
+    const config = this.mitigationConfig(spec, topology);
     if (!config || watch.currentSeconds.size === 0) return undefined;
     const job = spec.name;
     const progress = Math.min(...watch.lastIteration.values());
@@ -156,7 +158,7 @@ export class FailSlowWatch {
     const healthyPerMicrobatch = slowRanks.map((rank) => watch.trackers.get(rank)?.healthySeconds).filter((value): value is number => typeof value === 'number');
     const current = [...watch.currentSeconds.values()];
     const healthySeconds = (healthyPerMicrobatch.length > 0 ? median(healthyPerMicrobatch) : median([...watch.perMicrobatch.values()])) * evenShare;
-    const step = stepLadder(
+    const step = stepMitigation(
       state,
       {
         iterations: progress - previous,
@@ -173,7 +175,7 @@ export class FailSlowWatch {
     return step;
   }
 
-  private async carryOut(job: string, topology: Topology, step: LadderStep, slowRanks: number[], dpGroupSeconds: readonly number[], now: number): Promise<void> {
+  private async carryOut(job: string, topology: Topology, step: MitigationStep, slowRanks: number[], dpGroupSeconds: readonly number[], now: number): Promise<void> {
     const ref = `failslow:${job}:${now}`;
     const why = `${step.strategy}: ${step.reason}`;
     const served = await this.deps.board.get(job);

@@ -73,7 +73,7 @@ export class MicrobatchBoard {
     return this.store(job, { assignment: plan.assignment, strategy: 'rebalanced', iterationSeconds: plan.iterationSeconds, reason }, now);
   }
 
-  /** Stores an assignment planned elsewhere (the fail-slow ladder's S2), after checking it fits the job. */
+  /** Stores an assignment planned elsewhere (the fail-slow mitigation's S2), after checking it fits the job. */
   async apply(job: string, assignment: readonly number[], reason: string, iterationSeconds?: number, now = Date.now()): Promise<MicrobatchAssignment> {
     const { microbatches, multipleOf, dpGroups } = await this.shape(job);
     const total = assignment.reduce((sum, m) => sum + m, 0);

@@ -1,7 +1,9 @@
 import { z } from 'zod';
 import { errorMessage } from '../core/errors.js';
+import { instantQuery } from '../core/prometheus.js';
+import { equals, series } from '../core/promql.js';
 import type { Keys, Redis } from '../core/redis.js';
-import { instantQuery } from './prometheus-query.js';
+import { TRAINING_JOB_LABEL } from '../core/scrape.js';
 import type { LadderEventJob } from '../core/queues.js';
 
 /**
@@ -23,7 +25,7 @@ export class ProgressWatch {
 
   /** The job's newest iteration over all its ranks, or null when Prometheus has none. */
   async iteration(job: string): Promise<number | null> {
-    const [sample] = await instantQuery(this.prometheusUrl, `max(steadfast_training_iteration{job=${JSON.stringify(job)}})`);
+    const [sample] = await instantQuery(this.prometheusUrl, `max(${series('steadfast_training_iteration', equals(TRAINING_JOB_LABEL, job))})`);
     return sample === undefined ? null : sample.value;
   }
 

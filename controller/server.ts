@@ -4,13 +4,13 @@ import type { AuditLog } from '../core/audit.js';
 import { auditQuerySchema } from '../core/audit.js';
 import { InputError, StoreUnavailableError, errorMessage } from '../core/errors.js';
 import { ClientRateLimiter, rateLimitMessage, type RateLimitSettings } from '../core/rate-limit.js';
-import { fastPathBodySchema } from '../core/fast-path.js';
+import { fastPathBodySchema } from '../core/fast-path-event.js';
 import type { Logger } from '../core/log.js';
 import type { Signal } from '../core/signal.js';
 import { describeIssues } from '../core/validate.js';
 import { signalsFromWebhook, webhookPayloadSchema } from './alertmanager.js';
 import { bearerAuth } from './auth.js';
-import { signalFromFastPath } from './fast-path.js';
+import { signalFromFastPath } from './fast-path-signal.js';
 import type { ControllerMetrics } from './metrics.js';
 import { mountQueueBoard } from './queue-board.js';
 

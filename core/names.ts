@@ -11,6 +11,17 @@ export const nodeNameSchema = z
   .string()
   .regex(NODE_NAME_PATTERN, 'must be 1-63 characters of letters, digits, ".", "_" or "-", starting with a letter or digit');
 
+/**
+ * A training job as the agents name it on training series and fast-path events: whatever the
+ * launcher called it, so wider than the name of a job registered with the controller
+ * (core/job.ts, JOB_NAME_PATTERN). The agent checks its inputs against these, so it never sends
+ * the controller an event the controller would refuse.
+ */
+export const TRAINING_JOB_PATTERN = /^[A-Za-z0-9._-]{1,128}$/;
+export const TRAINING_JOB_RULE = '1-128 letters, digits, ".", "_" or "-"';
+/** The highest global rank a training series or event may carry. */
+export const MAX_TRAINING_RANK = 10_000_000;
+
 /** PCI bus id of a GPU as the driver logs it: `dddd:bb:dd`, lower case, no function digit. */
 export const PCI_BUS_ID_PATTERN = /^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}$/;
 

@@ -4,23 +4,10 @@
  * One exported function per panel; the GPU and controller panels come from their topic modules.
  */
 import { DashboardLinkBuilder, DashboardLinkType, RowBuilder, type Dashboard } from '@grafana/grafana-foundation-sdk/dashboard';
-import {
-  AGENT_SCRAPE_JOB,
-  aggregateBy,
-  equals,
-  increase,
-  isEqual,
-  matches,
-  mergedTablePanel,
-  nodeSeries,
-  nodeVariable,
-  numberPanels,
-  series,
-  steadfastDashboard,
-  sumBy,
-  tablePanel,
-  unit,
-} from './common.js';
+import { aggregateBy, equals, increase, isEqual, matches, series, sumBy } from '../core/promql.js';
+import { AGENT_SCRAPE_JOB } from '../core/scrape.js';
+import { nodeSeries, nodeVariable, numberPanels, steadfastDashboard } from './frame.js';
+import { mergedTablePanel, tablePanel, unit } from './panels.js';
 import {
   collectorHealthPanel,
   fatalXidsPanel,

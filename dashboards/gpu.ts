@@ -3,23 +3,9 @@
  * temperatures, power, clocks, throttling, memory errors. Used by the fleet overview and the
  * node detail dashboard; every query keeps `node` so the panels read the same on one node or many.
  */
-import {
-  RATE_WINDOW,
-  aggregateBy,
-  equals,
-  increase,
-  isEqual,
-  nodeSeries,
-  notEquals,
-  rate,
-  statPanel,
-  sumBy,
-  tablePanel,
-  thresholdsRedBelow,
-  thresholdsRedFrom,
-  timeseriesPanel,
-  unit,
-} from './common.js';
+import { RATE_WINDOW, aggregateBy, equals, increase, isEqual, notEquals, rate, sumBy } from '../core/promql.js';
+import { nodeSeries } from './frame.js';
+import { statPanel, tablePanel, thresholdsRedBelow, thresholdsRedFrom, timeseriesPanel, unit } from './panels.js';
 
 /** Labels that name one GPU on one node. */
 const GPU = ['node', 'gpu', 'pci_bus_id'] as const;

@@ -5,7 +5,7 @@ import { mkdirSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { stringify } from 'yaml';
 import { InputError } from '../core/errors.js';
-import { STEADFAST_TAG } from './common.js';
+import { STEADFAST_TAG } from './frame.js';
 import { fleetDashboard } from './fleet.js';
 import { networkDashboard } from './network.js';
 import { nodeDashboard } from './node.js';

@@ -4,24 +4,9 @@
  * dashboard reuses the panels for one node.
  */
 import { RowBuilder, type Dashboard } from '@grafana/grafana-foundation-sdk/dashboard';
-import {
-  RATE_WINDOW,
-  aggregateBy,
-  increase,
-  isEqual,
-  mergedTablePanel,
-  nodeSeries,
-  nodeVariable,
-  numberPanels,
-  rate,
-  statPanel,
-  steadfastDashboard,
-  sumBy,
-  thresholdsRedFrom,
-  timeseriesPanel,
-  unit,
-  type Query,
-} from './common.js';
+import { RATE_WINDOW, aggregateBy, increase, isEqual, rate, sumBy } from '../core/promql.js';
+import { nodeSeries, nodeVariable, numberPanels, steadfastDashboard } from './frame.js';
+import { mergedTablePanel, statPanel, thresholdsRedFrom, timeseriesPanel, unit, type Query } from './panels.js';
 
 export const NETWORK_UID = 'steadfast-network';
 export const NETWORK_TITLE = 'steadfast / Network';

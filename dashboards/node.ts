@@ -3,7 +3,7 @@
  * mounts — with the steadfast actions on it as annotations. Panels come from the topic modules.
  */
 import { RowBuilder, type Dashboard } from '@grafana/grafana-foundation-sdk/dashboard';
-import { NODE_VARIABLE, nodeVariable, numberPanels, steadfastDashboard } from './common.js';
+import { NODE_VARIABLE, nodeVariable, numberPanels, steadfastDashboard } from './frame.js';
 import {
   collectorHealthPanel,
   eccErrorsPanel,

@@ -4,26 +4,10 @@
  * One exported function per panel; the fleet overview reuses some of them.
  */
 import { RowBuilder, type Dashboard } from '@grafana/grafana-foundation-sdk/dashboard';
-import {
-  CONTROLLER_SCRAPE_JOB,
-  RATE_WINDOW,
-  equals,
-  histogramQuantile,
-  increase,
-  matches,
-  nodeSeries,
-  nodeVariable,
-  numberPanels,
-  rate,
-  series,
-  statPanel,
-  steadfastDashboard,
-  sumBy,
-  tablePanel,
-  thresholdsRedFrom,
-  timeseriesPanel,
-  unit,
-} from './common.js';
+import { RATE_WINDOW, equals, histogramQuantile, increase, matches, rate, series, sumBy } from '../core/promql.js';
+import { CONTROLLER_SCRAPE_JOB } from '../core/scrape.js';
+import { nodeSeries, nodeVariable, numberPanels, steadfastDashboard } from './frame.js';
+import { statPanel, tablePanel, thresholdsRedFrom, timeseriesPanel, unit } from './panels.js';
 
 export const SELF_UID = 'steadfast-self';
 export const SELF_TITLE = 'steadfast / steadfast itself';

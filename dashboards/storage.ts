@@ -4,23 +4,9 @@
  * checkpoint stalls to a saturated 128-slot table. The node detail dashboard reuses the panels.
  */
 import { RowBuilder, type Dashboard } from '@grafana/grafana-foundation-sdk/dashboard';
-import {
-  RATE_WINDOW,
-  aggregateBy,
-  increase,
-  nodeSeries,
-  nodeVariable,
-  numberPanels,
-  rate,
-  ratioOfRates,
-  statPanel,
-  steadfastDashboard,
-  sumBy,
-  tablePanel,
-  thresholdsRedFrom,
-  timeseriesPanel,
-  unit,
-} from './common.js';
+import { RATE_WINDOW, aggregateBy, increase, rate, ratioOfRates, sumBy } from '../core/promql.js';
+import { nodeSeries, nodeVariable, numberPanels, steadfastDashboard } from './frame.js';
+import { statPanel, tablePanel, thresholdsRedFrom, timeseriesPanel, unit } from './panels.js';
 
 export const STORAGE_UID = 'steadfast-storage';
 export const STORAGE_TITLE = 'steadfast / Storage';

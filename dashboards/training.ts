@@ -5,25 +5,10 @@
  * by. The actions annotation marks the incidents.
  */
 import { RowBuilder, type Dashboard } from '@grafana/grafana-foundation-sdk/dashboard';
-import {
-  RANK_LABEL,
-  RATE_WINDOW,
-  TRAINING_JOB_LABEL,
-  aggregateBy,
-  heatmapPanel,
-  increase,
-  jobSeries,
-  jobVariable,
-  numberPanels,
-  statPanel,
-  stateTimelinePanel,
-  steadfastDashboard,
-  sumBy,
-  thresholdsRedBelow,
-  thresholdsRedFrom,
-  timeseriesPanel,
-  unit,
-} from './common.js';
+import { RATE_WINDOW, aggregateBy, increase, sumBy } from '../core/promql.js';
+import { RANK_LABEL, TRAINING_JOB_LABEL } from '../core/scrape.js';
+import { jobSeries, jobVariable, numberPanels, steadfastDashboard } from './frame.js';
+import { heatmapPanel, stateTimelinePanel, statPanel, thresholdsRedBelow, thresholdsRedFrom, timeseriesPanel, unit } from './panels.js';
 
 export const TRAINING_UID = 'steadfast-training';
 export const TRAINING_TITLE = 'steadfast / Training job';

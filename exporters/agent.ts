@@ -4,7 +4,7 @@ import type { AddressInfo } from 'node:net';
 import { Registry } from 'prom-client';
 import { DIAGNOSE_PATH } from '../core/diagnostics.js';
 import { errorMessage } from '../core/errors.js';
-import type { FastPathEvent } from '../core/fast-path.js';
+import type { FastPathEvent } from '../core/fast-path-event.js';
 import type { Logger } from '../core/log.js';
 import { ClientRateLimiter, rateLimitMessage, type RateLimitSettings } from '../core/rate-limit.js';
 import { CollectorSet, type AgentRoute, type CollectorFactory, type CollectorPaths, type CollectorSettings } from './collector.js';

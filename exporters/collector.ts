@@ -1,6 +1,6 @@
 import { performance } from 'node:perf_hooks';
 import { Gauge, type Registry } from 'prom-client';
-import type { FastPathEvent } from '../core/fast-path.js';
+import type { FastPathEvent } from '../core/fast-path-event.js';
 import { errorMessage } from '../core/errors.js';
 import type { Logger } from '../core/log.js';
 import { encodeExposition } from './exposition.js';

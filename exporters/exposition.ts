@@ -4,7 +4,7 @@ import type { Metric, Registry } from 'prom-client';
  * Prometheus text exposition (format 0.0.4) of a prom-client registry, byte for byte what
  * `registry.metrics()` writes. prom-client keeps the metric state; this only encodes it, without
  * the per-sample label-object allocations that made its encoder a fifth of the agent's scrape
- * CPU (bench/scrape.ts). test/exporters/exposition-encoder.test.ts pins the equality.
+ * CPU (bench/scrape.ts). test/exporters/exposition.test.ts pins the equality.
  */
 
 const NEEDS_ESCAPE = /[\\\n"]/;

@@ -1,11 +1,11 @@
 import { Counter, type Registry } from 'prom-client';
 import { errorMessage } from '../core/errors.js';
-import { fastPathEventSchema, type FastPathEvent } from '../core/fast-path.js';
+import { fastPathEventSchema, type FastPathEvent } from '../core/fast-path-event.js';
 import type { Logger } from '../core/log.js';
 import { describeIssues } from '../core/validate.js';
 
 /**
- * Sends fast-path events (core/fast-path.ts) from the agent to the controller's
+ * Sends fast-path events (core/fast-path-event.ts) from the agent to the controller's
  * `POST /api/v1/signals`. Sending never blocks a collector and never throws into the void:
  * events wait in a bounded queue, a passing failure (network, 5xx, 429) is retried with a
  * growing pause, a refusal (other 4xx) is dropped with a log line.
@@ -31,7 +31,7 @@ export interface FastPathSender {
   close(): Promise<void>;
 }
 
-/** The controller accepts at most 100 events per request (core/fast-path.ts, fastPathBodySchema). */
+/** The controller accepts at most 100 events per request (core/fast-path-event.ts, fastPathBodySchema). */
 const MAX_BATCH = 100;
 const MESSAGE_LIMIT = 2048;
 

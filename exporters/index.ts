@@ -1,12 +1,20 @@
 import { InputError } from '../core/errors.js';
 import type { CollectorFactory } from './collector.js';
-import { diagnoseCollectorFactory } from './diagnose.js';
-import { gpuCollectorFactory } from './gpu.js';
-import { nfsCollectorFactory } from './nfs.js';
-import { processCollectorFactory } from './process.js';
-import { rdmaCollectorFactory } from './rdma.js';
-import { trainingCollectorFactory } from './training.js';
-import { xidCollectorFactory } from './xid.js';
+import { diagnoseCollectorFactory } from './collectors/diagnose.js';
+import { gpuCollectorFactory } from './collectors/gpu.js';
+import { nfsCollectorFactory } from './collectors/nfs.js';
+import { processCollectorFactory } from './collectors/process.js';
+import { rdmaCollectorFactory } from './collectors/rdma.js';
+import { trainingCollectorFactory } from './collectors/training.js';
+import { xidCollectorFactory } from './collectors/xid.js';
+
+/**
+ * The node agent's collector registry. The agent itself (HTTP server, exposition, fast-path
+ * client, standby reporter, log follower, bounded commands) sits beside this file;
+ * collectors/ holds one Collector per file, with the parts only it uses (`<name>-*.ts`);
+ * sources/ holds the readers and parsers of what a node offers (nvidia-smi, dcgm-exporter, the
+ * kernel log, sysfs, procfs, training logs, py-spy, flight-recorder dumps), free of metrics.
+ */
 
 /** Every collector the agent knows, in the order they appear in `--help`. */
 export const COLLECTOR_FACTORIES: readonly CollectorFactory[] = [gpuCollectorFactory, xidCollectorFactory, rdmaCollectorFactory, nfsCollectorFactory, trainingCollectorFactory, processCollectorFactory, diagnoseCollectorFactory];

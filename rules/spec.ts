@@ -60,3 +60,12 @@ export function alert(spec: Omit<AlertRule, 'kind'>): AlertRule {
 export function record(spec: Omit<RecordingRule, 'kind'>): RecordingRule {
   return { kind: 'record', ...spec };
 }
+
+/** `5m` → `5 minutes`, `1h` → `1 hour`, for descriptions; a compound duration stays as written. */
+export function humanDuration(duration: string): string {
+  const match = /^(\d+)(s|m|h|d)$/.exec(duration);
+  if (!match) return duration;
+  const [, amount = '', unit = ''] = match;
+  const word = ({ s: 'second', m: 'minute', h: 'hour', d: 'day' } as Record<string, string>)[unit] ?? unit;
+  return `${amount} ${word}${amount === '1' ? '' : 's'}`;
+}

@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { AGENT_SCRAPE_JOB, CONTROLLER_SCRAPE_JOB } from '../core/scrape.js';
 import { parseOrThrow } from '../core/validate.js';
 
 /**
@@ -119,7 +120,7 @@ export const thresholdsSchema = z
 export type Thresholds = z.output<typeof thresholdsSchema>;
 
 export const DEFAULT_THRESHOLDS: Thresholds = {
-  selectors: { agentJob: 'steadfast-agent', controllerJob: 'steadfast-controller' },
+  selectors: { agentJob: AGENT_SCRAPE_JOB, controllerJob: CONTROLLER_SCRAPE_JOB },
   runbookBaseUrl: 'https://github.com/steadfast-dev/steadfast/blob/main/docs/runbooks/',
   gpu: { lostFor: '10s', temperatureCelsius: 85, temperatureFor: '5m', throttleFor: '5m', remapPendingFor: '10m', eccWindow: '5m' },
   xid: { window: '5m', repeatCount: 3, repeatWindow: '1h' },

@@ -5,10 +5,11 @@ import { join } from 'node:path';
 import type { AuditEntry } from '../core/audit.js';
 import { configSchema, type Config } from '../core/config.js';
 import { createLogger, silentLogger, type Logger } from '../core/log.js';
+import { AGENT_SCRAPE_JOB } from '../core/scrape.js';
 import { Controller } from '../controller/service.js';
 import { createAgent, type Agent } from '../exporters/agent.js';
 import { enabledFactories } from '../exporters/index.js';
-import { DIAGNOSE_CONFIG_FLAG } from '../exporters/diagnose.js';
+import { DIAGNOSE_CONFIG_FLAG } from '../exporters/collectors/diagnose.js';
 import { RULE_FILES, renderAlertmanagerConfig } from '../rules/index.js';
 import { createSimulatedNodes, type SimulatedNode } from './cluster.js';
 import {
@@ -165,7 +166,7 @@ export class SimEnvironment {
       async () => {
         const response = await fetch(`${this.prometheus.url}/api/v1/targets?state=active`);
         const body = (await response.json()) as { data: { activeTargets: { health: string; scrapePool: string }[] } };
-        const targets = body.data.activeTargets.filter((target) => target.scrapePool === 'steadfast-agent');
+        const targets = body.data.activeTargets.filter((target) => target.scrapePool === AGENT_SCRAPE_JOB);
         return targets.length === this.agents.length && targets.every((target) => target.health === 'up');
       },
       30_000,

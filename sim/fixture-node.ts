@@ -7,7 +7,7 @@ import { createSimulatedNodes } from './cluster.js';
  * A whole GPU node as files, built from the real captured samples: 8 GPUs (`nvidia-smi -q -x`),
  * 8 InfiniBand ports (ConnectX-7 sysfs trees), 4 NFS mounts in /proc/self/mountstats (one of
  * them NFSv3 over RDMA with nconnect=16) and a kernel log. The scrape benchmark and the
- * whole-node exposition test run the agent on it; node_exporter reads the same trees.
+ * agent-fixture-node test run the agent on it; node_exporter reads the same trees.
  */
 
 const SAMPLES = join(repoRoot(), 'test', 'fixtures', 'realworld', 'procfs-nfs-infiniband');

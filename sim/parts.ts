@@ -5,6 +5,7 @@ import { hostname } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { stringify } from 'yaml';
+import { AGENT_SCRAPE_JOB, CONTROLLER_SCRAPE_JOB } from '../core/scrape.js';
 import { freePort, httpOk, waitFor, type ProcessGroup } from './processes.js';
 
 /**
@@ -56,7 +57,7 @@ export async function startPrometheus(
     /** More Alertmanagers to send to as well (an HA pair: Prometheus notifies every one). */
     extraAlertmanagerAddresses?: readonly string[];
     intervalSeconds: number;
-    /** The controller's host:port, scraped as job steadfast-controller. */
+    /** The controller's host:port, scraped as job CONTROLLER_SCRAPE_JOB. */
     controllerAddress?: string;
     /** Listen on this port (default: a free one), e.g. when others must know the URL first. */
     port?: number;
@@ -72,14 +73,14 @@ export async function startPrometheus(
     alerting: { alertmanagers: [{ static_configs: [{ targets: [options.alertmanagerAddress, ...(options.extraAlertmanagerAddresses ?? [])] }] }] },
     scrape_configs: [
       {
-        job_name: 'steadfast-agent',
+        job_name: AGENT_SCRAPE_JOB,
         // The training series carry the training job as their own `job` label; honour it
-        // (series without one still get job="steadfast-agent").
+        // (series without one still get the scrape job's name).
         honor_labels: true,
         static_configs: options.targets.map((target) => ({ targets: [target.address], labels: { ...target.labels } })),
       },
       ...(options.controllerAddress
-        ? [{ job_name: 'steadfast-controller', static_configs: [{ targets: [options.controllerAddress] }] }]
+        ? [{ job_name: CONTROLLER_SCRAPE_JOB, static_configs: [{ targets: [options.controllerAddress] }] }]
         : []),
     ],
   };

@@ -1,7 +1,9 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { ClusterBackend } from '../actuators/backend.js';
 import { AuditLog, type AuditEntry } from '../core/audit.js';
+import { instantQuery } from '../core/prometheus.js';
 import { Keys, workerConnection, type Redis } from '../core/redis.js';
+import { AGENT_SCRAPE_JOB } from '../core/scrape.js';
 import { createBackend } from '../controller/service.js';
 import { RULE_FILES, renderAlertmanagerConfig } from '../rules/index.js';
 import { ControlPlane } from './control-plane.js';
@@ -164,7 +166,7 @@ export class ScaleCluster {
   /** Node targets up and down as Prometheus sees them. */
   async targetHealth(): Promise<{ up: number; down: number }> {
     const body = (await (await fetch(`${this.prometheus.url}/api/v1/targets?state=active`)).json()) as { data: { activeTargets: { health: string; scrapePool: string }[] } };
-    const nodes = body.data.activeTargets.filter((target) => target.scrapePool === 'steadfast-agent');
+    const nodes = body.data.activeTargets.filter((target) => target.scrapePool === AGENT_SCRAPE_JOB);
     return { up: nodes.filter((target) => target.health === 'up').length, down: nodes.filter((target) => target.health !== 'up').length };
   }
 
@@ -181,8 +183,8 @@ export class ScaleCluster {
 
   /** One instant query's scalar values (empty when nothing matches). */
   async query(expr: string): Promise<number[]> {
-    const body = (await (await fetch(`${this.prometheus.url}/api/v1/query?query=${encodeURIComponent(expr)}`)).json()) as { data: { result: { value: [number, string] }[] } };
-    return body.data.result.map((series) => Number(series.value[1]));
+    // Generous: a thousand-node scrape keeps a small Prometheus busy, and nothing here is urgent.
+    return (await instantQuery(this.prometheus.url, expr, { timeoutMs: 60_000 })).map((sample) => sample.value);
   }
 
   /**

@@ -5,7 +5,7 @@ import { fileURLToPath } from 'node:url';
 import { afterEach, beforeAll, describe, expect, it, vi } from 'vitest';
 import { dashboardsCommand } from '../cli/dashboards.js';
 import { parse } from 'yaml';
-import { TRAINING_JOB_LABEL } from '../dashboards/common.js';
+import { TRAINING_JOB_LABEL } from '../core/scrape.js';
 import { buildDashboards, writeDashboards } from '../dashboards/index.js';
 import { startPrometheus } from '../sim/parts.js';
 import { ProcessGroup } from '../sim/processes.js';

@@ -1,5 +1,5 @@
-import { agentSelector, humanDuration } from '../promql.js';
-import { alert, type DomainRules } from '../spec.js';
+import { agentSelector } from '../../core/promql.js';
+import { alert, humanDuration, type DomainRules } from '../spec.js';
 
 /**
  * GPU health from the agent's gpu collector (nvidia-smi or dcgm-exporter as the source): a GPU
@@ -26,7 +26,7 @@ export const rules: DomainRules = {
         // (ByteRobust §4.1 detects a lost GPU within 10 s).
         alert({
           alert: 'SteadfastGpuLost',
-          expr: `steadfast_gpu_present${agentSelector(t)} == 0`,
+          expr: `steadfast_gpu_present${agentSelector({}, t.selectors.agentJob)} == 0`,
           for: t.gpu.lostFor,
           severity: 'critical',
           summary: 'A GPU disappeared from its node.',
@@ -38,7 +38,7 @@ export const rules: DomainRules = {
         // DRAM, ...) is summed away: one alert per GPU, the runbook says where to look.
         alert({
           alert: 'SteadfastGpuEccUncorrectable',
-          expr: `sum without (location, scope, type) (increase(steadfast_gpu_ecc_errors_total${agentSelector(t, { scope: 'volatile', type: 'uncorrectable' })}[${t.gpu.eccWindow}])) > 0`,
+          expr: `sum without (location, scope, type) (increase(steadfast_gpu_ecc_errors_total${agentSelector({ scope: 'volatile', type: 'uncorrectable' }, t.selectors.agentJob)}[${t.gpu.eccWindow}])) > 0`,
           for: '0s',
           severity: 'critical',
           summary: 'A GPU counted uncorrectable ECC errors.',
@@ -49,7 +49,7 @@ export const rules: DomainRules = {
         // the GPU is repaired, so one evaluation is enough.
         alert({
           alert: 'SteadfastGpuRowRemapFailed',
-          expr: `steadfast_gpu_remapped_rows_failure${agentSelector(t)} == 1`,
+          expr: `steadfast_gpu_remapped_rows_failure${agentSelector({}, t.selectors.agentJob)} == 1`,
           for: '0s',
           severity: 'critical',
           summary: 'A GPU failed to remap a faulty memory row.',
@@ -59,7 +59,7 @@ export const rules: DomainRules = {
         }),
         alert({
           alert: 'SteadfastGpuRowRemapPending',
-          expr: `steadfast_gpu_remapped_rows_pending${agentSelector(t)} == 1`,
+          expr: `steadfast_gpu_remapped_rows_pending${agentSelector({}, t.selectors.agentJob)} == 1`,
           for: t.gpu.remapPendingFor,
           severity: 'warning',
           summary: 'A GPU has a memory row remap waiting for a GPU reset.',
@@ -68,7 +68,7 @@ export const rules: DomainRules = {
         }),
         alert({
           alert: 'SteadfastGpuTemperatureHigh',
-          expr: `steadfast_gpu_temperature_celsius${agentSelector(t)} > ${t.gpu.temperatureCelsius}`,
+          expr: `steadfast_gpu_temperature_celsius${agentSelector({}, t.selectors.agentJob)} > ${t.gpu.temperatureCelsius}`,
           for: t.gpu.temperatureFor,
           severity: 'warning',
           summary: 'A GPU has run hot for several minutes.',
@@ -77,7 +77,7 @@ export const rules: DomainRules = {
         }),
         alert({
           alert: 'SteadfastGpuHardwareSlowdown',
-          expr: `steadfast_gpu_throttle_reason${agentSelector(t, { reason: { oneOf: HARDWARE_SLOWDOWN_REASONS } })} == 1`,
+          expr: `steadfast_gpu_throttle_reason${agentSelector({ reason: { oneOf: HARDWARE_SLOWDOWN_REASONS } }, t.selectors.agentJob)} == 1`,
           for: t.gpu.throttleFor,
           severity: 'warning',
           summary: 'A GPU has been slowed down by its hardware protection.',

@@ -1,5 +1,5 @@
-import { agentSelector, humanDuration, indent } from '../promql.js';
-import { alert, record, type DomainRules, type RuleGroup } from '../spec.js';
+import { agentSelector, indent, taggedRate } from '../../core/promql.js';
+import { alert, humanDuration, record, type DomainRules, type RuleGroup } from '../spec.js';
 import type { Thresholds } from '../thresholds.js';
 
 /**
@@ -20,14 +20,12 @@ const ERROR_COUNTERS = ['symbol_errors', 'local_link_integrity_errors', 'receive
 const PORT = '{{ $labels.device }}/{{ $labels.port }} on node {{ $labels.node }}';
 
 function groups(t: Thresholds): RuleGroup[] {
-  const ports = agentSelector(t);
+  const ports = agentSelector({}, t.selectors.agentJob);
   const network = t.network;
 
-  // One rate per counter, tagged with the counter's name: rate() drops the metric name, so the
-  // three would otherwise collide on the same port labels.
-  const errorRates = ERROR_COUNTERS.map(
-    (counter) =>
-      `label_replace(rate(steadfast_rdma_port_${counter}_total${ports}[${network.errorRateWindow}]), "counter", "${counter}", "", "")`,
+  // One rate per counter, tagged with the counter's name so the three stay apart.
+  const errorRates = ERROR_COUNTERS.map((counter) =>
+    taggedRate(`steadfast_rdma_port_${counter}_total${ports}`, network.errorRateWindow, 'counter', counter),
   ).join('\nor\n');
 
   return [
@@ -85,7 +83,7 @@ function groups(t: Thresholds): RuleGroup[] {
           expr: [
             `(${RDMA_RECEIVE_RATE} + ${RDMA_TRANSMIT_RATE}) == 0`,
             `and on (node)`,
-            `sum by (node) (steadfast_training_processes${agentSelector(t, { role: 'rank' })}) > 0`,
+            `sum by (node) (steadfast_training_processes${agentSelector({ role: 'rank' }, t.selectors.agentJob)}) > 0`,
           ].join('\n'),
           for: network.zeroTrafficFor,
           severity: 'critical',

@@ -1,6 +1,6 @@
+import { agentSelector, controllerSelector, indent, newEvents } from '../../core/promql.js';
 import { QUEUE_NAMES } from '../../core/queues.js';
-import { agentSelector, controllerSelector, humanDuration, indent, newEvents } from '../promql.js';
-import { alert, type DomainRules } from '../spec.js';
+import { alert, humanDuration, type DomainRules } from '../spec.js';
 
 /**
  * steadfast watching itself: the agents and the controller being scraped, the controller
@@ -16,7 +16,7 @@ export const rules: DomainRules = {
   domain: 'steadfast',
   groups: (t) => {
     const s = t.steadfast;
-    const controllerUp = `up${controllerSelector(t)}`;
+    const controllerUp = `up${controllerSelector({}, t.selectors.controllerJob)}`;
     return [
       {
         name: 'steadfast-self',
@@ -25,7 +25,7 @@ export const rules: DomainRules = {
           // may also be the first sign of the node itself being down.
           alert({
             alert: 'SteadfastAgentDown',
-            expr: `up${agentSelector(t)} == 0`,
+            expr: `up${agentSelector({}, t.selectors.agentJob)} == 0`,
             for: s.agentDownFor,
             severity: 'critical',
             labels: PAGE_HUMANS,
@@ -46,7 +46,7 @@ export const rules: DomainRules = {
           }),
           alert({
             alert: 'SteadfastQueueBacklog',
-            expr: `steadfast_queue_jobs${controllerSelector(t, { state: 'waiting' })} > ${s.queueBacklogJobs}`,
+            expr: `steadfast_queue_jobs${controllerSelector({ state: 'waiting' }, t.selectors.controllerJob)} > ${s.queueBacklogJobs}`,
             for: s.queueBacklogFor,
             severity: 'warning',
             labels: PAGE_HUMANS,
@@ -58,7 +58,7 @@ export const rules: DomainRules = {
           // this far behind the faults they answer.
           alert({
             alert: 'SteadfastDecisionLag',
-            expr: `steadfast_queue_oldest_waiting_seconds${controllerSelector(t, { queue: QUEUE_NAMES.signals })} > ${s.auditLagSeconds}`,
+            expr: `steadfast_queue_oldest_waiting_seconds${controllerSelector({ queue: QUEUE_NAMES.signals }, t.selectors.controllerJob)} > ${s.auditLagSeconds}`,
             for: '0s',
             severity: 'warning',
             labels: PAGE_HUMANS,
@@ -70,7 +70,7 @@ export const rules: DomainRules = {
           // only a person can decide to drain it anyway or to raise the budget.
           alert({
             alert: 'SteadfastActionsRefused',
-            expr: newEvents(`steadfast_actions_total${controllerSelector(t, { state: 'refused' })}`, s.actionWindow),
+            expr: newEvents(`steadfast_actions_total${controllerSelector({ state: 'refused' }, t.selectors.controllerJob)}`, s.actionWindow),
             for: '0s',
             severity: 'critical',
             labels: PAGE_HUMANS,
@@ -81,7 +81,7 @@ export const rules: DomainRules = {
           // A drain is retried on its own; this many failed attempts mean retrying is not helping.
           alert({
             alert: 'SteadfastActionsFailing',
-            expr: ['(', indent(newEvents(`steadfast_actions_total${controllerSelector(t, { state: 'failed' })}`, s.actionWindow)), `) >= ${s.actionFailureCount}`].join('\n'),
+            expr: ['(', indent(newEvents(`steadfast_actions_total${controllerSelector({ state: 'failed' }, t.selectors.controllerJob)}`, s.actionWindow)), `) >= ${s.actionFailureCount}`].join('\n'),
             for: '0s',
             severity: 'critical',
             labels: PAGE_HUMANS,

@@ -1,5 +1,5 @@
-import { agentSelector, humanDuration } from '../promql.js';
-import { alert, record, type DomainRules, type RuleGroup } from '../spec.js';
+import { agentSelector } from '../../core/promql.js';
+import { alert, humanDuration, record, type DomainRules, type RuleGroup } from '../spec.js';
 import type { Thresholds } from '../thresholds.js';
 
 /**
@@ -18,7 +18,7 @@ const percent = (ratio: number) => `${Math.round(ratio * 100)}%`;
 const MOUNT = '{{ $labels.mountpoint }} ({{ $labels.mount }}) on node {{ $labels.node }}';
 
 function groups(t: Thresholds): RuleGroup[] {
-  const agent = agentSelector(t);
+  const agent = agentSelector({}, t.selectors.agentJob);
   const storage = t.storage;
   /** Adds the mount point to a per-mount vector (the info series' value is 1, so values pass through). */
   const withMountpoint = (expr: string) => `(\n  ${expr}\n)\n* on (instance, mount) group_left (mountpoint)\nsteadfast_nfs_mount_info${agent}`;

@@ -1,6 +1,6 @@
-import type { TrainingErrorKind } from '../../exporters/megatron-log.js';
-import { agentSelector, humanDuration, selector } from '../promql.js';
-import { alert, record, type DomainRules, type RuleGroup } from '../spec.js';
+import { agentSelector, selector } from '../../core/promql.js';
+import type { TrainingErrorKind } from '../../exporters/sources/training-log-failures.js';
+import { alert, humanDuration, record, type DomainRules, type RuleGroup } from '../spec.js';
 import type { Thresholds } from '../thresholds.js';
 
 /**
@@ -28,7 +28,7 @@ const percentAbove = (ratio: number) => `${Math.round((ratio - 1) * 100)}%`;
 function groups(t: Thresholds): RuleGroup[] {
   const training = t.training;
   const recentLevel = (metric: string) => `avg_over_time(${metric}[${training.baselineWindow}] offset ${training.baselineOffset})`;
-  const rankProcesses = `steadfast_training_processes${agentSelector(t, { role: 'rank' })}`;
+  const rankProcesses = `steadfast_training_processes${agentSelector({ role: 'rank' }, t.selectors.agentJob)}`;
 
   return [
     {

@@ -1,6 +1,6 @@
+import { agentSelector, indent, newEvents, selector, type LabelMatcher } from '../../core/promql.js';
 import { xidCodesWithRemedy, type XidRemedy } from '../../core/xid.js';
-import { agentSelector, humanDuration, indent, newEvents, selector, type LabelMatcher } from '../promql.js';
-import { alert, record, type DomainRules } from '../spec.js';
+import { alert, humanDuration, record, type DomainRules } from '../spec.js';
 
 /**
  * Xid errors from the NVIDIA driver, counted per GPU and code by the agent's xid collector
@@ -52,8 +52,8 @@ export const rules: DomainRules = {
         // be as short as the scrape interval (1-5 s) so a fatal Xid reaches the controller in seconds.
         name: 'steadfast-xid',
         rules: [
-          record({ record: fatalRecord, expr: newXidsByClass(`steadfast_xid_errors_total${agentSelector(t, { severity: 'fatal' })}`, window) }),
-          record({ record: allRecord, expr: newXidsByClass(`steadfast_xid_errors_total${agentSelector(t)}`, window) }),
+          record({ record: fatalRecord, expr: newXidsByClass(`steadfast_xid_errors_total${agentSelector({ severity: 'fatal' }, t.selectors.agentJob)}`, window) }),
+          record({ record: allRecord, expr: newXidsByClass(`steadfast_xid_errors_total${agentSelector({}, t.selectors.agentJob)}`, window) }),
           // A fatal Xid is an explicit hardware signal: ByteRobust §4 evicts such a machine
           // without further diagnosis, so this fires at once and the controller drains the node.
           alert({
@@ -98,7 +98,7 @@ export const rules: DomainRules = {
             alert: 'SteadfastXidApplicationRepeated',
             expr: [
               'sum without (xid, severity) (',
-              indent(newEvents(`steadfast_xid_errors_total${agentSelector(t, { xid: xidMatcher('restart_app') })}`, t.xid.repeatWindow)),
+              indent(newEvents(`steadfast_xid_errors_total${agentSelector({ xid: xidMatcher('restart_app') }, t.selectors.agentJob)}`, t.xid.repeatWindow)),
               `) >= ${t.xid.repeatCount}`,
             ].join('\n'),
             for: '0s',

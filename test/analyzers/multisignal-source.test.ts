@@ -6,15 +6,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { MultiSignalDetector } from '../../analyzers/multisignal.js';
-import {
-  DEFAULT_FEATURES,
-  FeatureQueryRejectedError,
-  PrometheusFeatureSource,
-  PrometheusUnavailableError,
-  detectSuspects,
-  detectorFeatures,
-  type FeatureQuery,
-} from '../../analyzers/multisignal-source.js';
+import { DEFAULT_FEATURES, PrometheusFeatureSource, detectSuspects, detectorFeatures, type FeatureQuery } from '../../analyzers/multisignal-source.js';
+import { PrometheusQueryRejectedError, PrometheusUnavailableError } from '../../core/prometheus.js';
 import { startPrometheus, type PrometheusPart } from '../../sim/parts.js';
 import { ProcessGroup, freePort } from '../../sim/processes.js';
 import { detectCommand } from '../../cli/detect.js';
@@ -194,7 +187,7 @@ describe('multi-signal features read from a real Prometheus', () => {
     expect(Object.keys(reading.matrix).sort()).toEqual(['n1', 'n2', 'n3', 'n4', 'n5', 'n6']);
     expect(reading.matrix.n6).toEqual({ power: 420 });
     expect(reading.answered).toEqual(['power']);
-    expect(reading.failures.map((failure) => failure instanceof FeatureQueryRejectedError)).toEqual([true, true, true, true]);
+    expect(reading.failures.map((failure) => failure instanceof PrometheusQueryRejectedError)).toEqual([true, true, true, true]);
     const messages = reading.failures.map((failure) => failure.message);
     broken.forEach((feature, index) => expect(messages[index]).toContain(`feature ${feature.name} (query: ${feature.query})`));
     expect(messages[0]).toMatch(/HTTP 400, bad_data/);
@@ -202,7 +195,7 @@ describe('multi-signal features read from a real Prometheus', () => {
     expect(messages[2]).toMatch(/more than one series for node n\d/);
     expect(messages[3]).toMatch(/returns a scalar/);
 
-    await expect(detectSuspects(new PrometheusFeatureSource({ url: prometheus.url, features: broken }), new MultiSignalDetector({ features: detectorFeatures(broken) }))).rejects.toThrow(FeatureQueryRejectedError);
+    await expect(detectSuspects(new PrometheusFeatureSource({ url: prometheus.url, features: broken }), new MultiSignalDetector({ features: detectorFeatures(broken) }))).rejects.toThrow(PrometheusQueryRejectedError);
   });
 
   it('reports Prometheus down, silent or not Prometheus at all as errors naming the query', async () => {
@@ -234,7 +227,7 @@ describe('multi-signal features read from a real Prometheus', () => {
 
     // An exporter's port given by mistake: HTTP 200, but exposition text, not a query answer.
     const notPrometheus = await new PrometheusFeatureSource({ url: `http://${(exporters[0]?.address() as AddressInfo).address}:${(exporters[0]?.address() as AddressInfo).port}`, features }).read(Date.now());
-    expect(notPrometheus.failures[0]).toBeInstanceOf(FeatureQueryRejectedError);
+    expect(notPrometheus.failures[0]).toBeInstanceOf(PrometheusQueryRejectedError);
     expect(notPrometheus.failures[0]?.message).toMatch(/HTTP 200 with a body that is not JSON/);
   });
 

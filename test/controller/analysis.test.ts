@@ -13,7 +13,7 @@ import { createAnalysisProcessor, type AnalysisDeps } from '../../controller/ana
 import { JobStore } from '../../controller/job-store.js';
 import type { AnalysisJob, LadderEventJob } from '../../core/queues.js';
 import { createAgent, type Agent } from '../../exporters/agent.js';
-import { DIAGNOSE_CONFIG_FLAG, diagnoseCollectorFactory } from '../../exporters/diagnose.js';
+import { DIAGNOSE_CONFIG_FLAG, diagnoseCollectorFactory } from '../../exporters/collectors/diagnose.js';
 import { testRedis } from '../support/redis.js';
 
 const NODES = ['a0', 'a1', 'a2', 'a3'];

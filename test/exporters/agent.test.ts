@@ -9,7 +9,7 @@ import { agentCommand } from '../../cli/agent.js';
 import { createAgent, type Agent } from '../../exporters/agent.js';
 import { CollectorSet, type Collector } from '../../exporters/collector.js';
 import { COLLECTOR_FACTORIES, enabledFactories } from '../../exporters/index.js';
-import { NVIDIA_SMI_XML, XID_LOGS, seriesValue, testContext, waitFor } from './helpers.js';
+import { EXPECTED, NVIDIA_SMI_XML, XID_LOGS, expectMatchesAndLints, normaliseExposition, seriesValue, testContext, waitFor } from './helpers.js';
 
 const KMSG = join(XID_LOGS, 'gpud_xid_lines_h100_gb200.txt');
 const XML = join(NVIDIA_SMI_XML, 'telegraf_a10g_515.105.01.xml');
@@ -120,6 +120,13 @@ describe('agent', () => {
     expect(bodies.flat()).toHaveLength(5);
     expect(bodies.flat()[0]).toMatchObject({ kind: 'xid', node: 'node-1', gpu: '0000:9b:00', xid: 119 });
     expect(new Set(authorizations)).toEqual(new Set([`Bearer ${token}`]));
+  });
+});
+
+describe('agent exposition end to end', () => {
+  it('prints one scrape of every default collector on real samples, matching the expected file that promtool accepts', async () => {
+    const text = normaliseExposition(await agent({ pollIntervalSeconds: 5, collectors: enabledFactories({}) }).scrapeOnce());
+    await expectMatchesAndLints(join(EXPECTED, 'agent-once.prom'), text);
   });
 });
 

@@ -2,7 +2,7 @@ import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { Registry } from 'prom-client';
 import { afterEach, describe, expect, it } from 'vitest';
-import type { FastPathEvent } from '../../core/fast-path.js';
+import type { FastPathEvent } from '../../core/fast-path-event.js';
 import { silentLogger } from '../../core/log.js';
 import { createFastPathClient, type FastPathSender } from '../../exporters/fast-path-client.js';
 import { seriesValue, waitFor } from './helpers.js';

@@ -1,11 +1,14 @@
 import { spawn } from 'node:child_process';
-import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
-import { dirname, resolve } from 'node:path';
+import { cpSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Registry } from 'prom-client';
-import type { FastPathEvent } from '../../core/fast-path.js';
+import { afterEach, beforeEach, expect } from 'vitest';
+import type { FastPathEvent } from '../../core/fast-path-event.js';
 import { silentLogger } from '../../core/log.js';
-import type { CollectorContext, CollectorPaths, CollectorSettings } from '../../exporters/collector.js';
+import { CollectorSet, type Collector, type CollectorContext, type CollectorPaths, type CollectorSettings } from '../../exporters/collector.js';
+import { infinibandClassDir } from '../../exporters/sources/infiniband.js';
 
 /** Shared helpers for the exporter tests; not a test file itself. */
 
@@ -16,6 +19,9 @@ export const REALWORLD = resolve(here, '../fixtures/realworld');
 export const XID_LOGS = resolve(REALWORLD, 'xid-kernel-logs');
 export const NVIDIA_SMI_XML = resolve(REALWORLD, 'nvidia-smi-xml');
 export const FIXTURES = resolve(here, '../fixtures');
+/** Captured dcgm-exporter scrapes (`*.prom`), read by the source's and the gpu collector's tests. */
+export const DCGM_SAMPLES = resolve(REALWORLD, 'dcgm-exporter');
+export const DCGM_SCRAPES = readdirSync(DCGM_SAMPLES).filter((name) => name.endsWith('.prom'));
 export const EXPECTED = resolve(FIXTURES, 'expected');
 
 export interface TestContext extends CollectorContext {
@@ -44,6 +50,57 @@ export function normaliseExposition(text: string): string {
   return text.replace(/^((?:steadfast_collector_duration_seconds|steadfast_gpu_last_poll_timestamp_seconds|steadfast_gpu_poll_age_seconds)(?:\{[^}]*\})?) \S+$/gm, '$1 0');
 }
 
+/** Captured training logs: Megatron runs (healthy or cancelled), and PyTorch / NCCL failures. */
+export const MEGATRON_LOGS = resolve(REALWORLD, 'megatron-logs');
+export const MEGATRON_LOG_FILES = readdirSync(MEGATRON_LOGS).filter((name) => name.endsWith('.out') || name.endsWith('.txt'));
+export const NCCL_TORCH_ERRORS = resolve(REALWORLD, 'nccl-torch-errors');
+
+/** Captured /proc/self/mountstats files, read by the parser's and the nfs collector's tests. */
+export const MOUNTSTATS_SAMPLES = resolve(REALWORLD, 'procfs-nfs-infiniband', 'mountstats');
+export const MOUNTSTATS_FILES = readdirSync(MOUNTSTATS_SAMPLES).sort();
+
+export function mountstatsSample(name: string): string {
+  return readFileSync(join(MOUNTSTATS_SAMPLES, name), 'utf8');
+}
+
+/** Captured /sys/class/infiniband trees: each sample is a directory of `<device>/...` trees. */
+export const INFINIBAND_SAMPLES_ROOT = resolve(REALWORLD, 'procfs-nfs-infiniband', 'sys-class-infiniband');
+export const INFINIBAND_SAMPLES = {
+  procfs_fixtures: ['hfi1_0', 'mlx4_0', 'mlx5_0'],
+  gpud_h100_cluster: ['mlx5_0', 'mlx5_1', 'mlx5_bond_0'],
+} as const;
+export type InfinibandSample = keyof typeof INFINIBAND_SAMPLES;
+export const INFINIBAND_SAMPLE_NAMES = Object.keys(INFINIBAND_SAMPLES) as InfinibandSample[];
+
+/** A sysfs root under `dir` holding a writable copy of the sample, for tests that change files. */
+export function copiedInfinibandSysfs(dir: string, sample: InfinibandSample): { sysfs: string; classDir: string } {
+  const sysfs = join(dir, 'sys');
+  const classDir = infinibandClassDir(sysfs);
+  cpSync(join(INFINIBAND_SAMPLES_ROOT, sample), classDir, { recursive: true });
+  return { sysfs, classDir };
+}
+
+/** The lines of one captured sample file. */
+export function sampleLines(dir: string, name: string): string[] {
+  return readFileSync(join(dir, name), 'utf8').split('\n');
+}
+
+export function dcgmScrape(name: string): string {
+  return readFileSync(join(DCGM_SAMPLES, name), 'utf8');
+}
+
+/** A fresh temporary directory for each test of the file, removed after it; call the result for the current one. */
+export function tempDirPerTest(prefix: string): () => string {
+  let dir = '';
+  beforeEach(() => {
+    dir = mkdtempSync(join(tmpdir(), prefix));
+  });
+  afterEach(() => {
+    rmSync(dir, { recursive: true, force: true });
+  });
+  return () => dir;
+}
+
 /** Compares with the expected file, or rewrites it when UPDATE_EXPECTED=1. Returns the expected text. */
 export function expectedText(file: string, actual: string): string {
   if (process.env.UPDATE_EXPECTED === '1') {
@@ -52,6 +109,25 @@ export function expectedText(file: string, actual: string): string {
   }
   if (!existsSync(file)) throw new Error(`expected file ${file} is missing; run the test with UPDATE_EXPECTED=1 to write it`);
   return readFileSync(file, 'utf8');
+}
+
+/** One scrape of a lone collector, normalised for comparison; the caller closes the collector. */
+export async function scrapeOne(context: CollectorContext, collector: Collector): Promise<string> {
+  const set = new CollectorSet([collector], context.registry, context.logger);
+  await set.start();
+  return normaliseExposition(await set.scrape());
+}
+
+/**
+ * The exposition equals its expected file under test/fixtures/expected/ (rewritten with
+ * UPDATE_EXPECTED=1), and `promtool check metrics` accepts it (STYLE.md, Exporters).
+ */
+export async function expectMatchesAndLints(file: string, actual: string): Promise<void> {
+  const expected = expectedText(file, actual);
+  expect(actual).toBe(expected);
+  const lint = await promtoolCheckMetrics(expected);
+  expect(lint.output).toBe('');
+  expect(lint.code).toBe(0);
 }
 
 /** Runs `promtool check metrics` on the text; resolves with its exit status and output. */

@@ -9,9 +9,9 @@ import { agentCommand, agentSettingsFromFlags } from '../../cli/agent.js';
 import { InputError } from '../../core/errors.js';
 import { silentLogger } from '../../core/log.js';
 import { createAgent, type Agent, type AgentOptions } from '../../exporters/agent.js';
-import { DIAGNOSE_CONFIG_FLAG, diagnoseCollectorFactory } from '../../exporters/diagnose.js';
-import { PY_SPY_FLAG, processCollectorFactory } from '../../exporters/process.js';
-import { trainingCollectorFactory } from '../../exporters/training.js';
+import { DIAGNOSE_CONFIG_FLAG, diagnoseCollectorFactory } from '../../exporters/collectors/diagnose.js';
+import { PY_SPY_FLAG, processCollectorFactory } from '../../exporters/collectors/process.js';
+import { trainingCollectorFactory } from '../../exporters/collectors/training.js';
 import { writeTorchrunProcfs } from '../exporters/fake-procfs.js';
 import { FIXTURES } from '../exporters/helpers.js';
 

@@ -8,7 +8,7 @@ import { signalsFromWebhook, webhookPayloadSchema } from '../../controller/alert
 import type { Controller } from '../../controller/service.js';
 import { diagnoseRequestSchema } from '../../core/diagnostics.js';
 import { DoNotRetryError, InputError } from '../../core/errors.js';
-import { fastPathEventSchema } from '../../core/fast-path.js';
+import { fastPathEventSchema } from '../../core/fast-path-event.js';
 import { launchArgv, parseJobSpec, type Launcher } from '../../core/job.js';
 import { nodeNameSchema } from '../../core/names.js';
 import { post, startController, testConfig } from '../support/controller.js';

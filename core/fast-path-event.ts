@@ -1,0 +1,35 @@
+import { z } from 'zod';
+import { MAX_TRAINING_RANK, nodeNameSchema, PCI_BUS_ID_PATTERN, TRAINING_JOB_PATTERN, TRAINING_JOB_RULE } from './names.js';
+
+/**
+ * The agent's fast path (docs/architecture.md): a fatal event the agent saw itself, POSTed straight to
+ * the controller's `/api/v1/signals` without waiting for a Prometheus scrape and rule
+ * evaluation. The body is one event or an array of up to 100.
+ */
+export const FAST_PATH_KINDS = ['xid', 'gpu_lost', 'nccl_timeout', 'worker_failed'] as const;
+
+/** Kinds about one GPU carry its PCI bus id; training kinds carry the job and rank instead. */
+const GPU_KINDS: ReadonlySet<string> = new Set(['xid', 'gpu_lost']);
+
+export const fastPathEventSchema = z
+  .object({
+    kind: z.enum(FAST_PATH_KINDS),
+    node: nodeNameSchema,
+    /** PCI bus id, `dddd:bb:dd`; required for xid and gpu_lost. */
+    gpu: z.string().regex(PCI_BUS_ID_PATTERN, 'must be a PCI bus id like 0000:3b:00').optional(),
+    /** Training job and global rank, for nccl_timeout and worker_failed. */
+    job: z.string().regex(TRAINING_JOB_PATTERN, `must be ${TRAINING_JOB_RULE}`).optional(),
+    rank: z.number().int().min(0).max(MAX_TRAINING_RANK).optional(),
+    /** Xid code; required when kind is xid. */
+    xid: z.number().int().min(0).max(100_000).optional(),
+    message: z.string().max(2048).default(''),
+    /** When the agent saw it, ISO 8601. */
+    time: z.iso.datetime({ offset: true }),
+  })
+  .strict()
+  .refine((event) => event.kind !== 'xid' || event.xid !== undefined, { message: 'xid is required when kind is "xid"', path: ['xid'] })
+  .refine((event) => !GPU_KINDS.has(event.kind) || event.gpu !== undefined, { message: 'gpu is required for xid and gpu_lost events', path: ['gpu'] });
+
+export type FastPathEvent = z.infer<typeof fastPathEventSchema>;
+
+export const fastPathBodySchema = z.union([fastPathEventSchema, z.array(fastPathEventSchema).min(1).max(100)]);

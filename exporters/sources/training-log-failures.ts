@@ -1,0 +1,323 @@
+/**
+ * The failures a distributed PyTorch run writes into its training log, whatever the framework
+ * above it (Megatron, DeepSpeed, plain torchrun): NCCL watchdog timeouts, CUDA and NCCL errors,
+ * and torchrun's `ChildFailedError` summaries and agent `failed (exitcode: …)` lines, each
+ * turned into one error report. No I/O and no clock; the parser keeps only the state a
+ * multi-line summary needs, and never throws.
+ */
+
+/**
+ * Launcher and viewer prefixes in front of a line: a log viewer's `[80746] `, torchrun's
+ * `[default3]:`, srun --label's `3: `, PyTorch ≥ 2.2's `[rank7]:`. Leading blanks after them are kept.
+ */
+const LAUNCHER_PREFIX = /^\s*(?:\[\d+\]\s+)?(?:\[default\d+\]:|\d{1,6}: |\[rank\d+\]:)*/;
+
+export function stripLauncherPrefix(line: string): string {
+  return line.replace(LAUNCHER_PREFIX, '');
+}
+
+export interface NcclTimeoutReport {
+  readonly kind: 'nccl_timeout';
+  /** Global rank that timed out (`[Rank 7]` or the `[rank7]:` prefix). */
+  readonly rank?: number;
+  readonly seqNum?: number;
+  readonly opType?: string;
+  readonly timeoutMs?: number;
+  readonly ranForMs?: number;
+  readonly message: string;
+}
+
+export interface ChildFailure {
+  readonly rank?: number;
+  readonly localRank?: number;
+  readonly exitCode?: number;
+  readonly pid?: number;
+  readonly host?: string;
+  readonly errorFile?: string;
+  readonly traceback?: string;
+}
+
+/** A torchrun worker failure: one `ChildFailedError` summary, or one agent `failed (exitcode: …)` line. */
+export interface ChildFailedReport {
+  readonly kind: 'child_failed';
+  /** Global rank of the root cause (first observed failure), else of the first failure listed. */
+  readonly rank?: number;
+  readonly exitCode?: number;
+  /** Every failed global rank named, root cause first. */
+  readonly ranks: readonly number[];
+  readonly failures: readonly ChildFailure[];
+  readonly message: string;
+}
+
+export interface CudaErrorReport {
+  readonly kind: 'cuda_error';
+  readonly message: string;
+}
+
+export interface NcclErrorReport {
+  readonly kind: 'nccl_error';
+  readonly message: string;
+}
+
+export type TrainingErrorReport = NcclTimeoutReport | ChildFailedReport | CudaErrorReport | NcclErrorReport;
+export type TrainingErrorKind = TrainingErrorReport['kind'];
+export const TRAINING_ERROR_KINDS: readonly TrainingErrorKind[] = ['nccl_timeout', 'nccl_error', 'cuda_error', 'child_failed'];
+
+const BRACKET_RANK = /\[(?:PG [^\]]*?)?Rank (\d+)\]/;
+const PREFIX_RANK = /\[rank(\d+)\]:/;
+const CUDA_ERROR = /\bCUDA error: (.*\S)/;
+const NCCL_ERROR = /\bNCCL error in: (.*\S)/;
+const AGENT_FAILURE = /\bfailed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\) of binary: (\S.*)$/;
+const CHILD_FAILED_START = /(?:^|[\s.])ChildFailedError:/;
+
+function workField(work: string, name: string): string | undefined {
+  const escaped = name.replace(/[()]/g, '\\$&');
+  return new RegExp(`(?:^|[ ,])${escaped}=([^,)]+)`).exec(work)?.[1];
+}
+
+function optionalInt(text: string | undefined): number | undefined {
+  if (text === undefined) return undefined;
+  const value = Number(text);
+  return Number.isSafeInteger(value) ? value : undefined;
+}
+
+function parseNcclTimeout(line: string): NcclTimeoutReport | undefined {
+  const start = line.indexOf('Watchdog caught collective operation timeout: WorkNCCL(');
+  if (start < 0) return undefined;
+  const text = line.slice(start);
+  const match = /^Watchdog caught collective operation timeout: WorkNCCL\((.*)\) ran for (\d+) milliseconds/.exec(text);
+  const work = match?.[1] ?? '';
+  const before = line.slice(0, start);
+  const rank = optionalInt(BRACKET_RANK.exec(before)?.[1] ?? PREFIX_RANK.exec(before)?.[1]);
+  const seqNum = optionalInt(workField(work, 'SeqNum'));
+  const opType = workField(work, 'OpType');
+  const timeoutMs = optionalInt(workField(work, 'Timeout(ms)'));
+  const ranForMs = optionalInt(match?.[2]);
+  const message = (rank === undefined ? '' : `rank ${rank}: `) + text.trim();
+  return {
+    kind: 'nccl_timeout',
+    ...(rank === undefined ? {} : { rank }),
+    ...(seqNum === undefined ? {} : { seqNum }),
+    ...(opType === undefined ? {} : { opType }),
+    ...(timeoutMs === undefined ? {} : { timeoutMs }),
+    ...(ranForMs === undefined ? {} : { ranForMs }),
+    message,
+  };
+}
+
+/** Lines after an agent `failed (exitcode: …)` line within which a ChildFailedError summary is its own report. */
+const AGENT_FAILURE_WINDOW_LINES = 200;
+/** A summary longer than this is cut off and reported as it stands, so one report never holds unbounded memory. */
+const MAX_SUMMARY_LINES = 2000;
+
+interface SummaryState {
+  script?: string;
+  section: 'header' | 'failures' | 'root';
+  /** `=====` rules seen: the first opens the summary, the second closes it. */
+  rules: number;
+  lines: number;
+  failures: ChildFailure[];
+  rootCause: ChildFailure | undefined;
+  current: { -readonly [K in keyof ChildFailure]?: ChildFailure[K] } | undefined;
+  lastField: string | undefined;
+}
+
+interface PendingAgentFailure {
+  readonly failure: ChildFailure;
+  readonly binary: string;
+  linesLeft: number;
+}
+
+function describeFailure(failure: ChildFailure): string {
+  const who = failure.rank !== undefined ? `rank ${failure.rank}` : `local_rank ${failure.localRank ?? '?'}`;
+  const local = failure.rank !== undefined && failure.localRank !== undefined ? ` (local_rank ${failure.localRank})` : '';
+  const code = failure.exitCode !== undefined ? ` exitcode ${failure.exitCode}` : '';
+  const host = failure.host !== undefined ? ` on ${failure.host}` : '';
+  return `${who}${local}${code}${host}`;
+}
+
+function childFailedReport(failures: readonly ChildFailure[], rootCause: ChildFailure | undefined, headline: string, detail?: string): ChildFailedReport {
+  const ordered = rootCause ? [rootCause, ...failures] : [...failures];
+  const ranks = [...new Set(ordered.flatMap((failure) => (failure.rank === undefined ? [] : [failure.rank])))];
+  const first = ordered[0];
+  const parts = [headline];
+  if (rootCause) parts.push(`root cause ${describeFailure(rootCause)}`);
+  if (failures.length > 0) parts.push(`${rootCause ? 'also failed' : 'failed'}: ${failures.map(describeFailure).join(', ')}`);
+  const why = detail ?? first?.traceback;
+  if (why !== undefined) parts.push(why);
+  const rank = first?.rank;
+  const exitCode = first?.exitCode;
+  return {
+    kind: 'child_failed',
+    ...(rank === undefined ? {} : { rank }),
+    ...(exitCode === undefined ? {} : { exitCode }),
+    ranks,
+    failures: ordered,
+    message: parts.join('; '),
+  };
+}
+
+/**
+ * Finds error reports in a stream of log lines. Stateful because a torchrun summary spans many
+ * lines and is folded into one report; `flush()` ends whatever is still open (end of input, or a
+ * pause in the log), `pending` says whether anything is.
+ */
+export class TrainingErrorParser {
+  private summary: SummaryState | undefined;
+  private agentFailures: PendingAgentFailure[] = [];
+
+  get pending(): boolean {
+    return this.summary !== undefined || this.agentFailures.length > 0;
+  }
+
+  push(rawLine: string): TrainingErrorReport[] {
+    const reports: TrainingErrorReport[] = [];
+    const line = stripLauncherPrefix(rawLine);
+    if (this.summary) {
+      if (this.continueSummary(line)) return reports;
+      reports.push(this.endSummary());
+    }
+    this.ageAgentFailures(reports);
+
+    if (CHILD_FAILED_START.test(line)) {
+      // torchrun logs `failed (exitcode: …)` just before it raises the summary: same failure, one report.
+      this.agentFailures = [];
+      this.summary = { section: 'header', rules: 0, lines: 0, failures: [], rootCause: undefined, current: undefined, lastField: undefined };
+      return reports;
+    }
+    const timeout = parseNcclTimeout(line);
+    if (timeout) {
+      reports.push(timeout);
+      return reports;
+    }
+    const agent = AGENT_FAILURE.exec(line);
+    if (agent) {
+      const exitCode = optionalInt(agent[1]);
+      const localRank = optionalInt(agent[2]);
+      const pid = optionalInt(agent[3]);
+      const failure: ChildFailure = {
+        ...(localRank === undefined ? {} : { localRank }),
+        ...(exitCode === undefined ? {} : { exitCode }),
+        ...(pid === undefined ? {} : { pid }),
+      };
+      this.agentFailures.push({ failure, binary: agent[4] ?? '', linesLeft: AGENT_FAILURE_WINDOW_LINES });
+      return reports;
+    }
+    const nccl = NCCL_ERROR.exec(line);
+    if (nccl) {
+      reports.push({ kind: 'nccl_error', message: `NCCL error in: ${nccl[1] ?? ''}` });
+      return reports;
+    }
+    const cuda = CUDA_ERROR.exec(line);
+    if (cuda) reports.push({ kind: 'cuda_error', message: `CUDA error: ${cuda[1] ?? ''}` });
+    return reports;
+  }
+
+  /** Ends every open report: call at the end of input or when the log has gone quiet. */
+  flush(): TrainingErrorReport[] {
+    const reports: TrainingErrorReport[] = [];
+    if (this.summary) reports.push(this.endSummary());
+    for (const pending of this.agentFailures) reports.push(this.agentReport(pending));
+    this.agentFailures = [];
+    return reports;
+  }
+
+  private ageAgentFailures(reports: TrainingErrorReport[]): void {
+    if (this.agentFailures.length === 0) return;
+    const kept: PendingAgentFailure[] = [];
+    for (const pending of this.agentFailures) {
+      pending.linesLeft -= 1;
+      if (pending.linesLeft < 0) reports.push(this.agentReport(pending));
+      else kept.push(pending);
+    }
+    this.agentFailures = kept;
+  }
+
+  private agentReport(pending: PendingAgentFailure): ChildFailedReport {
+    return childFailedReport([pending.failure], undefined, `torchrun worker failed (binary ${pending.binary})`);
+  }
+
+  /** Takes one line of an open summary; false when the line is not part of it (the summary then ends). */
+  private continueSummary(line: string): boolean {
+    const summary = this.summary;
+    if (!summary) return false;
+    summary.lines += 1;
+    if (summary.lines > MAX_SUMMARY_LINES) return false;
+    const text = line.trim();
+    if (/^=+$/.test(text)) {
+      summary.rules += 1;
+      if (summary.rules < 2) return true;
+      this.closeEntry();
+      // The closing rule ends the summary; report it now rather than on the next line.
+      return false;
+    }
+    if (text === '') return false;
+    if (/^-+$/.test(text) || text === 'Failures:' || text === '<NO_OTHER_FAILURES>') {
+      if (text === 'Failures:') summary.section = 'failures';
+      return true;
+    }
+    const failed = /^(\S.*) FAILED$/.exec(text);
+    if (failed && summary.section === 'header') {
+      summary.script = failed[1];
+      return true;
+    }
+    if (/^Root Cause\b/.test(text)) {
+      this.closeEntry();
+      summary.section = 'root';
+      return true;
+    }
+    if (/^\[\d+\]:$/.test(text)) {
+      this.closeEntry();
+      summary.current = {};
+      return true;
+    }
+    const field = /^(time|host|rank|exitcode|error_file|traceback)\s*:\s*(.*)$/.exec(text);
+    if (field && summary.current) {
+      this.setField(summary.current, field[1] ?? '', field[2] ?? '');
+      summary.lastField = field[1];
+      return true;
+    }
+    // A traceback read from the worker's error file continues on indented lines.
+    if (summary.current && summary.lastField === 'traceback' && /^\s/.test(line)) return true;
+    return false;
+  }
+
+  private setField(entry: { -readonly [K in keyof ChildFailure]?: ChildFailure[K] }, name: string, value: string): void {
+    if (name === 'host') entry.host = value;
+    else if (name === 'rank') {
+      const match = /^(-?\d+)(?:\s*\(local_rank:\s*(\d+)\))?/.exec(value);
+      const rank = optionalInt(match?.[1]);
+      const localRank = optionalInt(match?.[2]);
+      if (rank !== undefined) entry.rank = rank;
+      if (localRank !== undefined) entry.localRank = localRank;
+    } else if (name === 'exitcode') {
+      const match = /^(-?\d+)(?:\s*\(pid:\s*(\d+)\))?/.exec(value);
+      const exitCode = optionalInt(match?.[1]);
+      const pid = optionalInt(match?.[2]);
+      if (exitCode !== undefined) entry.exitCode = exitCode;
+      if (pid !== undefined) entry.pid = pid;
+    } else if (name === 'error_file') {
+      if (value !== '<N/A>' && value !== '') entry.errorFile = value;
+    } else if (name === 'traceback') {
+      if (value !== '') entry.traceback = value;
+    }
+  }
+
+  private closeEntry(): void {
+    const summary = this.summary;
+    if (!summary?.current) return;
+    const entry: ChildFailure = { ...summary.current };
+    if (summary.section === 'root') summary.rootCause ??= entry;
+    else summary.failures.push(entry);
+    summary.current = undefined;
+    summary.lastField = undefined;
+  }
+
+  private endSummary(): ChildFailedReport {
+    this.closeEntry();
+    const summary = this.summary;
+    this.summary = undefined;
+    const headline = `ChildFailedError: ${summary?.script ?? 'worker'} failed`;
+    return childFailedReport(summary?.failures ?? [], summary?.rootCause, headline);
+  }
+}

@@ -1,0 +1,135 @@
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { join } from 'node:path';
+import { afterEach, describe, expect, it } from 'vitest';
+import { InputError } from '../../../core/errors.js';
+import type { Collector } from '../../../exporters/collector.js';
+import { createGpuCollector, gpuCollectorFactory } from '../../../exporters/collectors/gpu.js';
+import { DCGM_SCRAPES, EXPECTED, dcgmScrape, expectMatchesAndLints, scrapeOne, seriesValue, testContext, waitFor } from '../helpers.js';
+
+const MiB = 1024 ** 2;
+const URL_FLAG = 'gpu.dcgm-exporter-url';
+const POLL_SECONDS = 0.05;
+
+/** A stand-in dcgm-exporter: serves whatever `reply` holds at the time of each request. */
+interface FakeExporter {
+  readonly url: string;
+  reply: { status: number; body: string };
+  requests: number;
+}
+
+const servers: Server[] = [];
+const open: Collector[] = [];
+
+afterEach(async () => {
+  await Promise.all(open.splice(0).map((collector) => collector.close()));
+  await Promise.all(servers.splice(0).map((server) => new Promise((resolve) => server.close(resolve))));
+});
+
+async function fakeExporter(body: string, status = 200): Promise<FakeExporter> {
+  const server = createServer();
+  servers.push(server);
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address() as AddressInfo;
+  const exporter: FakeExporter = { url: `http://127.0.0.1:${port}/metrics`, reply: { status, body }, requests: 0 };
+  server.on('request', (_request, response) => {
+    exporter.requests += 1;
+    response.writeHead(exporter.reply.status, { 'content-type': 'text/plain; version=0.0.4' });
+    response.end(exporter.reply.body);
+  });
+  return exporter;
+}
+
+function dcgmCollector(url: string, pollIntervalSeconds = 5): { context: ReturnType<typeof testContext>; collector: Collector } {
+  const context = testContext({ nvidiaSmi: '/nonexistent/nvidia-smi' }, pollIntervalSeconds, { [URL_FLAG]: url });
+  const collector = createGpuCollector(context);
+  open.push(collector);
+  return { context, collector };
+}
+
+const L4_SERIES = '{gpu="0",pci_bus_id="0000:31:00"}';
+
+describe('gpu collector on dcgm-exporter', () => {
+  it('declares --gpu.dcgm-exporter-url and refuses a value that is not an http(s) URL, naming the flag', () => {
+    expect(gpuCollectorFactory.flags?.map((flag) => flag.name)).toContain(URL_FLAG);
+    for (const bad of ['localhost:9400', 'file:///etc/passwd', '']) {
+      const context = testContext({}, 5, { [URL_FLAG]: bad });
+      expect(() => createGpuCollector(context)).toThrow(InputError);
+      expect(() => createGpuCollector(context)).toThrow(/--gpu\.dcgm-exporter-url/);
+    }
+  });
+
+  it('polls the endpoint instead of running nvidia-smi and exports the mapped L4 values', async () => {
+    const exporter = await fakeExporter(dcgmScrape('kops_L4_580.105.08_full-scrape.prom'));
+    const { context, collector } = dcgmCollector(exporter.url);
+    await collector.start();
+    await expect(collector.update()).resolves.toBeUndefined();
+    const text = await context.registry.metrics();
+    expect(seriesValue(text, `steadfast_gpu_temperature_celsius${L4_SERIES}`)).toBe(31);
+    expect(seriesValue(text, 'steadfast_gpu_clock_hertz{gpu="0",pci_bus_id="0000:31:00",clock="sm"}')).toBe(210e6);
+    expect(seriesValue(text, `steadfast_gpu_memory_total_bytes${L4_SERIES}`)).toBe(23033 * MiB);
+    expect(seriesValue(text, `steadfast_gpu_memory_temperature_celsius${L4_SERIES}`)).toBeUndefined();
+    expect(seriesValue(text, 'steadfast_gpu_attached')).toBe(1);
+    expect(exporter.requests).toBe(1);
+  });
+
+  it('fails update while the endpoint answers an error status, keeps the last values, and recovers', async () => {
+    const exporter = await fakeExporter(dcgmScrape('kops_L4_580.105.08_full-scrape.prom'));
+    const { context, collector } = dcgmCollector(exporter.url, POLL_SECONDS);
+    await collector.start();
+    exporter.reply = { status: 503, body: 'DCGM not ready' };
+    await waitFor(() => collector.update().then(() => false, () => true));
+    await expect(collector.update()).rejects.toThrow(/cannot read dcgm-exporter at http:\/\/127\.0\.0\.1:\d+\/metrics: HTTP 503/);
+    expect(seriesValue(await context.registry.metrics(), `steadfast_gpu_present${L4_SERIES}`)).toBe(1);
+    exporter.reply = { status: 200, body: dcgmScrape('kops_L4_580.105.08_full-scrape.prom') };
+    await waitFor(() => collector.update().then(() => true, () => false));
+  });
+
+  it('fails, rather than reporting no GPUs, when no series carries a pci_bus_id label', async () => {
+    const exporter = await fakeExporter(dcgmScrape('dcgm_excerpts_from_public_issues.prom').replace(/pci_bus_id="[^"]*",/g, ''));
+    const { context, collector } = dcgmCollector(exporter.url);
+    await collector.start();
+    await expect(collector.update()).rejects.toThrow(/no pci_bus_id label; steadfast needs a dcgm-exporter that sets it/);
+    expect(await context.registry.metrics()).not.toMatch(/^steadfast_gpu_\w+[{ ]/m);
+  });
+
+  it('reports failure while nothing listens at the URL', async () => {
+    const exporter = await fakeExporter('');
+    await new Promise((resolve) => servers.pop()?.close(resolve));
+    const { collector } = dcgmCollector(exporter.url);
+    await collector.start();
+    await expect(collector.update()).rejects.toThrow(/cannot read dcgm-exporter/);
+  });
+
+  it('turns a GPU that drops out of the dcgm-exporter scrape into present 0 with one gpu_lost event', async () => {
+    const l4 = dcgmScrape('kops_L4_580.105.08_full-scrape.prom');
+    const t4 = dcgmScrape('ericsson_T4_590.48.01_no-help-lines.prom');
+    const exporter = await fakeExporter(`${l4}\n${t4}`);
+    const { context, collector } = dcgmCollector(exporter.url, POLL_SECONDS);
+    await collector.start();
+    expect(seriesValue(await context.registry.metrics(), 'steadfast_gpu_attached')).toBe(2);
+    exporter.reply = { status: 200, body: l4 };
+    await waitFor(async () => seriesValue(await context.registry.metrics(), 'steadfast_gpu_present{gpu="0",pci_bus_id="0000:37:00"}') === 0);
+    expect(context.events).toEqual([expect.objectContaining({ kind: 'gpu_lost', gpu: '0000:37:00', message: expect.stringContaining('dcgm-exporter') })]);
+  });
+
+  it('exports the last Xid as a gauge of its code, not as a count', async () => {
+    const series = 'gpu="0",UUID="GPU-x",pci_bus_id="00000000:31:00.0",modelName="NVIDIA L4"';
+    const exporter = await fakeExporter(`DCGM_FI_DEV_XID_ERRORS{${series}} 79\nDCGM_FI_DEV_GPU_TEMP{${series}} 40\n`);
+    const { context, collector } = dcgmCollector(exporter.url);
+    await collector.start();
+    const text = await context.registry.metrics();
+    expect(seriesValue(text, `steadfast_gpu_dcgm_last_xid${L4_SERIES}`)).toBe(79);
+    expect(text).toContain('# TYPE steadfast_gpu_dcgm_last_xid gauge');
+  });
+});
+
+describe('gpu collector exposition on dcgm-exporter samples', () => {
+  it.each(DCGM_SCRAPES)('exports %s exactly as the expected file, which promtool accepts', async (name) => {
+    const exporter = await fakeExporter(dcgmScrape(name));
+    const { context, collector } = dcgmCollector(exporter.url);
+    const text = await scrapeOne(context, collector);
+    expect(text).toContain('steadfast_collector_success{collector="gpu"} 1');
+    await expectMatchesAndLints(join(EXPECTED, 'gpu', `dcgm-${name}`), text);
+  });
+});
