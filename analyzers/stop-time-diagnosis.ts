@@ -23,8 +23,9 @@ import { alignReferenceHashes, type AlignmentVerdict } from './alignment.js';
  *   for another node) or whose checks did not complete is inconclusive: reported, not evicted.
  *
  * The hierarchy of §4.2 (EUD first, then the all-to-all inside the machine, then the
- * all-gather with neighbours) is walked by the caller, one call per stage with `checks`,
- * dropping evicted nodes between stages.
+ * all-gather with neighbours) can be walked one call per stage with `checks`, dropping evicted
+ * nodes between stages; the controller's analysis worker does not do that yet and asks every
+ * agent for every configured check in one call.
  */
 
 export interface FailedCheck {

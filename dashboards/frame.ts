@@ -1,7 +1,7 @@
 /**
  * What every steadfast dashboard shares around its panels: the tag, the datasource, the template
  * variables and the series they select, the actions annotation and the dashboard frame. The
- * PromQL itself is composed with core/promql.ts (STYLE.md, Dashboards); panels are built with
+ * PromQL itself is composed with core/promql.ts; panels are built with
  * dashboards/panels.ts.
  */
 import type { Builder, Dataquery } from '@grafana/grafana-foundation-sdk/cog';

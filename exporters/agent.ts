@@ -120,7 +120,7 @@ class NodeAgent implements Agent {
       const server = createServer((request, response) => {
         // handle() answers its own failures; this is the last line, so nothing becomes an unhandled rejection.
         this.handle(request, response).catch((error: unknown) => {
-          this.options.logger.error({ err: errorMessage(error) }, 'request failed outside its handler');
+          this.options.logger.error({ err: error }, 'request failed outside its handler');
           response.destroy();
         });
       });
@@ -133,7 +133,7 @@ class NodeAgent implements Agent {
           resolve();
         });
       });
-      server.on('error', (error) => this.options.logger.error({ err: errorMessage(error) }, 'HTTP server error'));
+      server.on('error', (error) => this.options.logger.error({ err: error }, 'HTTP server error'));
       this.options.logger.info({ address: server.address(), collectors: this.collectors.names }, 'agent listening');
       const open = this.collectors.routes.filter((route) => route.method === 'POST').map((route) => route.path);
       if (this.options.apiToken === undefined && open.length > 0) {
@@ -164,7 +164,7 @@ class NodeAgent implements Agent {
     if (server) {
       await new Promise<void>((resolve) => {
         server.close((error) => {
-          if (error) this.options.logger.warn({ err: errorMessage(error) }, 'HTTP server did not close cleanly');
+          if (error) this.options.logger.warn({ err: error }, 'HTTP server did not close cleanly');
           resolve();
         });
         // Scrapers keep connections alive; they must not hold the shutdown.
@@ -249,7 +249,7 @@ class NodeAgent implements Agent {
         response.writeHead(404, { 'content-type': 'text/plain' }).end('not found\n');
       }
     } catch (error) {
-      this.options.logger.error({ err: errorMessage(error), path }, 'request failed');
+      this.options.logger.error({ err: error, path }, 'request failed');
       if (response.headersSent) response.destroy();
       else sendJson(response, 500, { error: 'internal error; see the agent log' });
     }

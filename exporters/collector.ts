@@ -1,7 +1,6 @@
 import { performance } from 'node:perf_hooks';
 import { Gauge, type Registry } from 'prom-client';
 import type { FastPathEvent } from '../core/fast-path-event.js';
-import { errorMessage } from '../core/errors.js';
 import type { Logger } from '../core/log.js';
 import { encodeExposition } from './exposition.js';
 
@@ -10,7 +9,7 @@ import { encodeExposition } from './exposition.js';
  * each enabled by name, each reading its source when asked, none able to fail the scrape.
  */
 
-/** Where a collector finds its sources; constructor arguments, never globals (STYLE.md). */
+/** Where a collector finds its sources; constructor arguments, never globals, so tests run in parallel on fixture trees. */
 export interface CollectorPaths {
   /** Root of /sys. */
   readonly sysfs: string;
@@ -135,7 +134,7 @@ export class CollectorSet {
           await collector.start();
         } catch (error) {
           // A collector that cannot start shows as failed at every scrape; the agent keeps running.
-          this.logger.error({ collector: collector.name, err: errorMessage(error) }, 'collector failed to start');
+          this.logger.error({ collector: collector.name, err: error }, 'collector failed to start');
         }
       }),
     );
@@ -151,7 +150,7 @@ export class CollectorSet {
           await collector.update();
         } catch (error) {
           ok = 0;
-          this.logger.warn({ collector: collector.name, err: errorMessage(error) }, 'collector failed');
+          this.logger.warn({ collector: collector.name, err: error }, 'collector failed');
         }
         return { name: collector.name, ok, seconds: (performance.now() - started) / 1000 };
       }),

@@ -131,13 +131,13 @@ class FastPathClient implements FastPathSender {
         if (error instanceof RejectedSendError) {
           this.queue.splice(0, batch.length);
           this.failed.inc({ reason: 'rejected' }, batch.length);
-          this.options.logger.error({ events: batch.length, err: error.message }, 'controller refused fast-path events; dropped');
+          this.options.logger.error({ events: batch.length, err: error }, 'controller refused fast-path events; dropped');
           continue;
         }
         const reason = error instanceof RetryableSendError ? error.reason : 'network';
         if (this.closed) return;
         this.failed.inc({ reason });
-        this.options.logger.warn({ events: batch.length, err: errorMessage(error), retryInMs: backoffMs }, 'fast-path send failed; will retry');
+        this.options.logger.warn({ events: batch.length, err: error, retryInMs: backoffMs }, 'fast-path send failed; will retry');
         await this.sleep(backoffMs);
         backoffMs = Math.min(backoffMs * 2, this.options.maxBackoffMs ?? 30_000);
       }

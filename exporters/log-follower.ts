@@ -2,7 +2,6 @@ import { constants as fsConstants, watch, type FSWatcher } from 'node:fs';
 import { open, stat, type FileHandle } from 'node:fs/promises';
 import type { Stats } from 'node:fs';
 import { StringDecoder } from 'node:string_decoder';
-import { errorMessage } from '../core/errors.js';
 import type { Logger } from '../core/log.js';
 
 /**
@@ -99,12 +98,12 @@ export class LogFollower {
     try {
       this.watcher = watch(this.path, { persistent: false }, () => this.wake());
       this.watcher.on('error', (error) => {
-        this.logger.debug({ path: this.path, err: errorMessage(error) }, `${this.what} watch ended; polling only`);
+        this.logger.debug({ path: this.path, err: error }, `${this.what} watch ended; polling only`);
         this.watcher?.close();
         this.watcher = undefined;
       });
     } catch (error) {
-      this.logger.debug({ path: this.path, err: errorMessage(error) }, `cannot watch ${this.what}; polling only`);
+      this.logger.debug({ path: this.path, err: error }, `cannot watch ${this.what}; polling only`);
     }
   }
 
@@ -129,7 +128,7 @@ export class LogFollower {
     } catch (error) {
       const failure = error instanceof Error ? error : new Error(String(error));
       if (this.lastError?.message !== failure.message) {
-        this.logger.warn({ path: this.path, err: failure.message }, `cannot read ${this.what}`);
+        this.logger.warn({ path: this.path, err: failure }, `cannot read ${this.what}`);
       }
       this.lastError = failure;
       // A missing file starts over from its beginning once it exists.
@@ -180,7 +179,7 @@ export class LogFollower {
       await handle?.close();
     } catch (error) {
       // Nothing left to do with a descriptor that will not close; say so and carry on.
-      this.logger.warn({ path: this.path, err: errorMessage(error) }, `cannot close ${this.what}`);
+      this.logger.warn({ path: this.path, err: error }, `cannot close ${this.what}`);
     }
   }
 

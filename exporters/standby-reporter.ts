@@ -1,5 +1,4 @@
 import { diagnoseReportSchema } from '../core/diagnostics.js';
-import { errorMessage } from '../core/errors.js';
 import type { Logger } from '../core/log.js';
 
 /**
@@ -101,7 +100,7 @@ export class StandbyReporter {
       });
       logger.info({ ok: verdict.ok, detail: verdict.detail }, 'standby self-check reported');
     } catch (error) {
-      logger.debug({ err: errorMessage(error) }, 'standby poll failed; will try again');
+      logger.debug({ err: error }, 'standby poll failed; will try again');
     }
   }
 }

@@ -5,7 +5,7 @@ import { parseOrThrow } from '../core/validate.js';
 /**
  * Every threshold and selector the rules use, in one place, each with where it comes from.
  * Domain modules read them from here; nothing is pasted into an expression twice. A value left
- * out of an override is an error naming it, never a silent default (STYLE.md, Rules).
+ * out of an override is an error naming it, never a silent default.
  */
 
 const duration = z.string().regex(/^(\d+(ms|s|m|h|d|w|y))+$/, 'must be a Prometheus duration like 30s or 5m');

@@ -3,7 +3,7 @@ import type { FaultEvent, LadderEvent } from '../../core/ladder.js';
 import type { FaultVerdict } from '../fault-class.js';
 import { DEFAULT_LADDER_CONFIG, type LadderConfig } from './config.js';
 import { prune, unique, type Ctx } from './context.js';
-import { onCodeUpdate, onCrash, onDiagnosticsResult, onFault, onReplayResult, onRestartFailed, onRestartSucceeded, onTick } from './transitions.js';
+import { onCodeUpdate, onDiagnosticsResult, onFault, onReplayResult, onRestartFailed, onRestartSucceeded, onTick } from './transitions.js';
 import type { LadderState, LadderTransition } from './state.js';
 
 /** The ladder's two entry points: a signal becomes an event, an event moves the state. */

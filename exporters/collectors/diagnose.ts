@@ -221,7 +221,7 @@ class DiagnoseCollector implements Collector {
       const selected = wanted === undefined ? chosen : chosen.filter((check) => wanted.includes(check.name));
       return { status: 200, body: await this.diagnose(selected, timeoutSeconds, peers) };
     } catch (error) {
-      this.context.logger.error({ collector: this.name, err: errorMessage(error) }, 'diagnosis failed');
+      this.context.logger.error({ collector: this.name, err: error }, 'diagnosis failed');
       return { status: 500, body: { error: `diagnosis failed: ${errorMessage(error)}` } };
     } finally {
       this.running = false;

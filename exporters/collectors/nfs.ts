@@ -116,7 +116,7 @@ class NfsCollector implements Collector {
       const slots = Number(readFileSync(path, 'utf8').trim());
       return Number.isInteger(slots) && slots > 0 ? slots : undefined;
     } catch (error) {
-      this.context.logger.debug({ collector: this.name, path, err: errorMessage(error) }, 'no rdma slot table size; rdma slot utilisation not exported');
+      this.context.logger.debug({ collector: this.name, path, err: error }, 'no rdma slot table size; rdma slot utilisation not exported');
       return undefined;
     }
   }

@@ -194,7 +194,7 @@ class ProcessCollector implements Collector {
     try {
       return await this.trace(parsed.data.pids, parsed.data.timeoutSeconds ?? DEFAULT_TRACE_TIMEOUT_SECONDS);
     } catch (error) {
-      this.context.logger.error({ collector: this.name, err: errorMessage(error) }, 'trace failed');
+      this.context.logger.error({ collector: this.name, err: error }, 'trace failed');
       return json(500, { error: `trace failed: ${errorMessage(error)}` });
     } finally {
       this.tracing = false;

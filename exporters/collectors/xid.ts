@@ -6,7 +6,7 @@ import { LogFollower } from '../log-follower.js';
 
 /**
  * The `xid` collector: follows the kernel log and counts every `NVRM: Xid` per GPU and code
- * (a counter, not a last-value gauge, so repeats stay visible; DESIGN.md §1). Fatal ones also
+ * (a counter, not a last-value gauge, so repeats stay visible). Fatal ones also
  * go to the controller on the fast path.
  */
 

@@ -7,7 +7,7 @@ import { normalizePciBusId } from '../../core/names.js';
  * from NVIDIA's DTDs nvsmi_device_v11/v12/v13 as seen in the captures under
  * test/fixtures/realworld/nvidia-smi-xml/ (see its SOURCE.md for what each file pins). A value the
  * hardware does not report (`N/A`, `[Not Supported]`, `Requested functionality has been
- * deprecated`, an absent element) is undefined, never 0 (STYLE.md, Exporters).
+ * deprecated`, an absent element) is undefined, never 0.
  */
 
 export type EccScope = 'volatile' | 'aggregate';

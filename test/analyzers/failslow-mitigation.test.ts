@@ -6,7 +6,6 @@ import {
   type MitigationConfig,
   type MitigationObservation,
   type MitigationState,
-  type MitigationStep,
 } from '../../analyzers/failslow-mitigation.js';
 import { planMicrobatches } from '../../analyzers/microbatch.js';
 import { NodeLayout, planCongestedLinkSwaps, planStragglerConsolidation, planTopologyAdjustment } from '../../analyzers/topology-adjust.js';

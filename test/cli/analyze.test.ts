@@ -1,7 +1,7 @@
 import { copyFileSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, describe, expect, it, vi } from 'vitest';
+import { afterAll, describe, expect, it } from 'vitest';
 import { analyzeCommand } from '../../cli/analyze.js';
 import { GRAD_SYNC, STUCK_ALL_GATHER, STUCK_IRECV, STUCK_ISEND, rankDump } from '../analyzers/pyspy-fixtures.js';
 import { runCli, type CliRun } from '../support/cli.js';

@@ -120,7 +120,7 @@ export async function scrapeOne(context: CollectorContext, collector: Collector)
 
 /**
  * The exposition equals its expected file under test/fixtures/expected/ (rewritten with
- * UPDATE_EXPECTED=1), and `promtool check metrics` accepts it (STYLE.md, Exporters).
+ * UPDATE_EXPECTED=1), and `promtool check metrics` accepts it.
  */
 export async function expectMatchesAndLints(file: string, actual: string): Promise<void> {
   const expected = expectedText(file, actual);

@@ -2,7 +2,7 @@ import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { FAULT_CLASSES, type LadderEvent } from '../../../core/ladder.js';
 import { advance, DEFAULT_LADDER_CONFIG, initialLadderState, ladderStateSchema, type LadderConfig } from '../../../controller/ladder/index.js';
-import { T0, MINUTE, DAY, JOB, NO_BACKOFF, fault, running } from './support.js';
+import { T0, MINUTE, DAY, JOB, NO_BACKOFF } from './support.js';
 
 // Properties
 
