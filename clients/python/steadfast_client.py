@@ -226,9 +226,17 @@ class SteadfastClient:
                 self._plan = body
         return self._plan
 
-    def microbatch_share(self, dp_rank, default):
-        """Micro-batches data-parallel group `dp_rank` runs this iteration (Greyhound §5.2)."""
-        plan = self.microbatches()
+    @property
+    def controller_url(self):
+        """The controller this client reports to, or None."""
+        return self._controller.url
+
+    def microbatch_share(self, dp_rank, default, plan=None):
+        """Micro-batches data-parallel group `dp_rank` runs this iteration (Greyhound §5.2).
+
+        From `plan` when given (the caller just fetched it), else from a fresh `microbatches()`.
+        """
+        plan = plan if plan is not None else self.microbatches()
         try:
             share = int(plan["assignment"][dp_rank]) if plan else int(default)
             return share if share >= 0 else int(default)
