@@ -137,3 +137,27 @@ export function daemonsUsingConf(conf: string): { pid: number; program: string }
   }
   return found;
 }
+
+/**
+ * Every live process of the lab: its daemons (the conf on their command line) and whatever they
+ * started (slurmstepd, the job's tasks inherit `SLURM_CONF=<conf>`). The check that `down`
+ * really left nothing behind.
+ */
+export function labProcesses(conf: string): number[] {
+  const wanted = `SLURM_CONF=${conf}`;
+  const found: number[] = [];
+  for (const entry of readdirSync('/proc')) {
+    const pid = Number(entry);
+    if (!Number.isInteger(pid) || pid <= 0 || pid === process.pid || !isAlive(pid)) continue;
+    if ((processArgs(pid) ?? []).includes(conf) || environment(pid).includes(wanted)) found.push(pid);
+  }
+  return found;
+}
+
+function environment(pid: number): string[] {
+  try {
+    return readFileSync(`/proc/${pid}/environ`, 'utf8').split('\0');
+  } catch {
+    return [];
+  }
+}

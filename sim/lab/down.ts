@@ -1,6 +1,6 @@
 import { InputError } from '../../core/errors.js';
 import { LabError } from './command.js';
-import { daemonsUsingConf, isAlive, runs, stopPid } from './daemons.js';
+import { daemonsUsingConf, isAlive, labProcesses, runs, stopPid } from './daemons.js';
 import { labLayout, ownedByPrefix, type LabLayout, type LabOptionsInput } from './layout.js';
 import { listNetns, netnsPids, removeLabNetwork } from './network.js';
 import { cancelAllJobs } from './slurm.js';
@@ -84,7 +84,7 @@ export async function labDown(input: LabOptionsInput = {}): Promise<LabDownRepor
   }
 
   const network = await removeLabNetwork(layout);
-  const processes = [...stragglers, ...daemonsUsingConf(conf).map((daemon) => daemon.pid)];
+  const processes = [...stragglers, ...labProcesses(conf)];
   const leftovers = { processes: [...new Set(processes)], netns: network.netns, links: network.links };
   if (processes.length === 0 && network.netns.length === 0 && network.links.length === 0) removeLabState(layout.stateFile);
   return { dir: layout.dir, jobsNotCancelled, stopped: dedupe(stopped), leftovers };

@@ -133,6 +133,21 @@ export async function holdStandbys(layout: LabLayout): Promise<void> {
   for (const node of layout.nodes.filter((candidate) => candidate.role === 'standby')) await backend.holdStandby(node.name);
 }
 
+/**
+ * slurmctld shows a node in a maintenance reservation as `maint` only once the reservation has
+ * taken effect, a moment after it is made; `up` waits for it so it returns a settled cluster.
+ */
+export async function waitForStandbysHeld(layout: LabLayout, timeoutMs = 15_000): Promise<void> {
+  const standbys = new Set(layout.nodes.filter((node) => node.role === 'standby').map((node) => node.name));
+  await poll(
+    'the standbys to show as maint',
+    () => sinfoNodes(layout.conf),
+    (nodes) => nodes.filter((node) => standbys.has(node.name)).every((node) => node.state.startsWith('maint')),
+    timeoutMs,
+    (nodes) => (nodes ?? []).filter((node) => standbys.has(node.name)).map((node) => `${node.name} ${node.state}`).join(', '),
+  );
+}
+
 /** The reservation's nodes, expanded; empty when there is none. */
 export async function reservedNodes(layout: LabLayout, conf: string): Promise<string[]> {
   const backend = new SlurmBackend({ scontrol: 'scontrol', sinfo: 'sinfo', env: slurmEnv(conf), timeoutMs: 5000, standbyReservation: layout.options.reservation });

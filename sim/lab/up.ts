@@ -9,7 +9,7 @@ import { labDown } from './down.js';
 import { labLayout, type LabLayout, type LabOptionsInput } from './layout.js';
 import { createBridge, createNodeNetwork, labNetworkLeftovers, subnetUser } from './network.js';
 import { renderHostsFile, renderSlurmConf } from './slurm-conf.js';
-import { holdStandbys, startSlurmctld, startSlurmd, waitForNodesIdle, waitForSlurmctld } from './slurm.js';
+import { holdStandbys, startSlurmctld, startSlurmd, waitForNodesIdle, waitForSlurmctld, waitForStandbysHeld } from './slurm.js';
 import { readLabState, writeLabState, type LabState } from './state.js';
 
 /**
@@ -97,6 +97,7 @@ export async function labUp(input: LabOptionsInput, progress: LabUpProgress = ()
     const standbys = layout.nodes.filter((node) => node.role === 'standby');
     if (standbys.length > 0) {
       await holdStandbys(layout);
+      await waitForStandbysHeld(layout);
       step(`${standbys.map((node) => node.name).join(', ')} held in reservation ${layout.options.reservation}`);
     }
     state.phase = 'up';
