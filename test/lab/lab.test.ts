@@ -43,6 +43,19 @@ describe.skipIf(!isRoot)('steadfast lab: a real Slurm cluster in network namespa
   };
   const lastIteration = (log: string, rank: number): number => Math.max(0, ...[...log.matchAll(new RegExp(`\\[rank ${rank}\\] iteration (\\d+) `, 'g'))].map((match) => Number(match[1])));
 
+  /** Real sbatch of the example from the repository root; its job id. */
+  const submit = async (checkpoints: string, stacks: string, args: readonly string[]): Promise<string> => {
+    const { stdout } = await run('sbatch', ['--parsable', `--job-name=${JOB}`, `--output=${join(dir, 'jobs', '%x-%j.out')}`, 'examples/pytorch/train.sbatch', '--checkpoint-every', '5', '--step-sleep', '0.02', ...args], {
+      cwd: repoRoot(),
+      env: { ...process.env, ...env, STEADFAST_AGENT_URL: agentUrl, STEADFAST_CHECKPOINT_DIR: checkpoints, STEADFAST_STACK_DIR: stacks },
+    });
+    const id = stdout.trim().split(';')[0] ?? '';
+    expect(id).toMatch(/^\d+$/);
+    return id;
+  };
+  // No accounting storage in the lab: scontrol remembers finished jobs for MinJobAge (300 s).
+  const jobState = async (id: string): Promise<string> => (await run('scontrol', ['show', 'job', id], { env: { ...process.env, ...env } })).stdout;
+
   beforeAll(async () => {
     const up = await runCli(labCommand(), ['up', ...lab, '--nodes', '2', '--standbys', '1', '--subnet', subnet]);
     expect(up.stderr).toBe('');
@@ -80,17 +93,14 @@ describe.skipIf(!isRoot)('steadfast lab: a real Slurm cluster in network namespa
     expect(parsed.namespaces.every((ns) => ns.exists && ns.processes === 1)).toBe(true);
   });
 
-  it('runs the PyTorch example with sbatch on the two nodes: iterations in the log and in the agent', async () => {
+  it('runs the PyTorch example with sbatch on the two nodes: iterations in the log and the agent, a stack dump, scancel, resume', async () => {
     const checkpoints = join(root, 'checkpoints');
     const stacks = join(root, 'stacks');
     mkdirSync(stacks);
-    const { stdout } = await run('sbatch', ['--parsable', `--job-name=${JOB}`, `--output=${join(dir, 'jobs', '%x-%j.out')}`, 'examples/pytorch/train.sbatch', '--checkpoint-every', '5', '--step-sleep', '0.02'], {
-      cwd: repoRoot(),
-      env: { ...process.env, ...env, STEADFAST_AGENT_URL: agentUrl, STEADFAST_CHECKPOINT_DIR: checkpoints, STEADFAST_STACK_DIR: stacks },
-    });
-    jobId = stdout.trim().split(';')[0] ?? '';
-    expect(jobId).toMatch(/^\d+$/);
+    jobId = await submit(checkpoints, stacks, []);
 
+    // Alone this takes ~5 s; under a full test run on two cores, importing torch alone can take
+    // several seconds per rank.
     const log = await until('both ranks past iteration 10', async () => jobLog(), (text) => lastIteration(text, 0) >= 10 && lastIteration(text, 1) >= 10, 60_000);
     expect(log).toMatch(/\[rank 0\] pid \d+ on node-1, world 2, master node-1:/);
     expect(log).toMatch(/\[rank 1\] pid \d+ on node-2, world 2, master node-1:/);
@@ -113,10 +123,18 @@ describe.skipIf(!isRoot)('steadfast lab: a real Slurm cluster in network namespa
     expect(dump).toMatch(/File ".*examples\/pytorch\/train\.py", line \d+ in main/);
 
     await run('scancel', [jobId], { env: { ...process.env, ...env } });
-    const state = await until('the job to be cancelled', async () => (await run('scontrol', ['show', 'job', jobId], { env: { ...process.env, ...env } })).stdout, (text) => /JobState=CANCELLED/.test(text), 20_000);
-    expect(state).toMatch(/JobState=CANCELLED/);
-    // Under a full test run on two cores, importing torch alone can take seconds per rank.
-  }, 120_000);
+    await until('the job to be cancelled', () => jobState(jobId), (text) => /JobState=CANCELLED/.test(text), 20_000);
+
+    // Submitted again, it resumes from the newest step both ranks saved, runs 3 more iterations,
+    // and the job's state is the training's (train.sbatch exits with srun's status).
+    const saved = Math.max(...readdirSync(checkpoints).filter((name) => readdirSync(join(checkpoints, name)).length === 2).map((name) => Number(name.slice(5))));
+    jobId = await submit(checkpoints, stacks, ['--iterations', String(saved + 3)]);
+    const finished = await until('the resumed job to complete', () => jobState(jobId), (text) => /JobState=(COMPLETED|FAILED|CANCELLED|TIMEOUT)/.test(text), 60_000);
+    expect(finished).toMatch(/JobState=COMPLETED .*\n(.*\n)*.*ExitCode=0:0/);
+    expect(jobLog()).toContain(`[rank 0] resume: newest complete step on disk → step ${saved}`);
+    expect(jobLog()).toContain(`[rank 1] iteration ${saved + 1} `);
+    expect(jobLog()).toContain(`[rank 1] done after iteration ${saved + 3}`);
+  }, 150_000);
 
   it('lab down leaves no process, namespace, veth or bridge behind, and a second down is harmless', async () => {
     const down = await runCli(labCommand(), ['down', ...lab]);
