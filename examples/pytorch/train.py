@@ -110,6 +110,8 @@ def main():
         source = "restore plan" if plan and chosen == plan["step"] else "newest complete step on disk" if chosen is not None else "nothing"
         start[0] = -1 if chosen is None else chosen
         say("resume: %s%s" % (source, "" if chosen is None else " → step %d" % chosen))
+    # The plan also names, per rank, the cheapest surviving copy of its shard (`sources`); this
+    # example keeps every shard in one shared directory, so the step is all it needs.
     dist.broadcast(start, src=0)
     first = 1
     if start.item() >= 0:

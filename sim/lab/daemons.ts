@@ -139,9 +139,10 @@ export function daemonsUsingConf(conf: string): { pid: number; program: string }
 }
 
 /**
- * Every live process of the lab: its daemons (the conf on their command line) and whatever they
- * started (slurmstepd, the job's tasks inherit `SLURM_CONF=<conf>`). The check that `down`
- * really left nothing behind.
+ * Every live process of the lab: its daemons (the conf on their command line), slurmstepd and
+ * the jobs' tasks (which inherit `SLURM_CONF=<conf>` and, the tasks, a job id). The check that
+ * `down` really left nothing behind. A shell that merely exported SLURM_CONF to use the lab
+ * (or the sudo running `lab down` from it) is not the lab's.
  */
 export function labProcesses(conf: string): number[] {
   const wanted = `SLURM_CONF=${conf}`;
@@ -149,7 +150,14 @@ export function labProcesses(conf: string): number[] {
   for (const entry of readdirSync('/proc')) {
     const pid = Number(entry);
     if (!Number.isInteger(pid) || pid <= 0 || pid === process.pid || !isAlive(pid)) continue;
-    if ((processArgs(pid) ?? []).includes(conf) || environment(pid).includes(wanted)) found.push(pid);
+    const args = processArgs(pid) ?? [];
+    if (args.includes(conf)) {
+      found.push(pid);
+      continue;
+    }
+    const env = environment(pid);
+    if (!env.includes(wanted)) continue;
+    if ((args[0] ?? '').startsWith('slurmstepd') || env.some((variable) => variable.startsWith('SLURM_JOB_ID='))) found.push(pid);
   }
   return found;
 }

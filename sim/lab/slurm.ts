@@ -156,7 +156,11 @@ export async function reservedNodes(layout: LabLayout, conf: string): Promise<st
 
 export async function jobIds(conf: string): Promise<string[]> {
   const out = await run('squeue', ['--noheader', '--format=%i'], { env: slurmEnv(conf), timeoutMs: 5000 });
-  return out.split('\n').map((line) => line.trim()).filter(Boolean);
+  // Only job ids (`12`, an array task `12_3`) go on to scancel's command line.
+  return out
+    .split('\n')
+    .map((line) => line.trim())
+    .filter((id) => /^\d+(_\d+)?$/.test(id));
 }
 
 /**

@@ -44,9 +44,9 @@ export interface LabStatus {
 export async function labStatus(input: LabOptionsInput = {}): Promise<LabStatus> {
   const requested = labLayout(input);
   const state = readLabState(requested.stateFile);
-  const leftovers = await labNetworkLeftovers(requested.options.prefix);
-  if (!state) return { dir: requested.dir, phase: 'none', nodes: [], jobs: [], processes: [], namespaces: [], strays: leftovers };
+  if (!state) return { dir: requested.dir, phase: 'none', nodes: [], jobs: [], processes: [], namespaces: [], strays: await labNetworkLeftovers(requested.options.prefix) };
   const layout = labLayout({ ...state.options, dir: state.dir });
+  const leftovers = await labNetworkLeftovers(layout.options.prefix);
   const existing = new Set(await listNetns());
   const namespaces = await Promise.all(
     layout.nodes.map(async (node) => ({

@@ -57,8 +57,8 @@ function prepareFiles(layout: LabLayout, controllerHost: string, controllerPort:
 }
 
 export async function labUp(input: LabOptionsInput, progress: LabUpProgress = () => undefined): Promise<LabState> {
-  checkMachine();
   const layout = labLayout(input);
+  checkMachine();
   await refuseIfTaken(layout);
   const started = Date.now();
   const step = (what: string): void => progress(what, (Date.now() - started) / 1000);
