@@ -7,6 +7,7 @@ import { dashboardsCommand } from './dashboards.js';
 import { demoCommand } from './demo.js';
 import { detectCommand } from './detect.js';
 import { jobsCommand } from './jobs.js';
+import { labCommand } from './lab.js';
 import { pauseCommands } from './pause.js';
 import { queuesCommand } from './queues.js';
 import { planCommand } from './plan.js';
@@ -30,7 +31,7 @@ function withUsageErrors(command: Command): Command {
   return command;
 }
 
-for (const command of [agentCommand(), controllerCommand(), auditCommand(), jobsCommand(), queuesCommand(), ...pauseCommands(), resumeCommand(), planCommand(), analyzeCommand(), detectCommand(), simulateCommand(), dashboardsCommand(), demoCommand()]) {
+for (const command of [agentCommand(), controllerCommand(), auditCommand(), jobsCommand(), queuesCommand(), ...pauseCommands(), resumeCommand(), planCommand(), analyzeCommand(), detectCommand(), simulateCommand(), dashboardsCommand(), demoCommand(), labCommand()]) {
   program.addCommand(withUsageErrors(command));
 }
 

@@ -17,6 +17,13 @@ command -v slurmctld >/dev/null || need+=(slurmctld)
 command -v scontrol >/dev/null || need+=(slurm-client)
 command -v sinfo >/dev/null || need+=(slurm-client)
 command -v slurmrestd >/dev/null || need+=(slurmrestd)
+# `steadfast lab` (docs/lab.md): a real slurmd per node namespace, made with ip, nsenter, unshare.
+[ -x /usr/sbin/slurmd ] || need+=(slurmd)
+[ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || command -v ip >/dev/null || need+=(iproute2)
+command -v nsenter >/dev/null || need+=(util-linux)
+# The lab's example training (examples/pytorch): Debian's PyTorch, run with /usr/bin/python3.
+[ -x /usr/bin/python3 ] || need+=(python3)
+[ -e /usr/lib/python3/dist-packages/torch/__init__.py ] || need+=(python3-torch)
 # The sim's slurmctld accepts JWTs (scontrol token, slurmrestd) besides auth/none.
 compgen -G '/usr/lib/*/slurm-wlm/auth_jwt.so' >/dev/null || need+=(slurm-wlm-jwt-plugin)
 if [ ! -e /usr/sbin/munged ] && ! command -v munged >/dev/null; then need+=(munge); fi

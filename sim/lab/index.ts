@@ -1,0 +1,10 @@
+/**
+ * The lab: a real Slurm cluster on one machine, one network namespace per node
+ * (docs/lab.md). `up` makes it, `status` reads it back, `down` removes every trace.
+ */
+export { labUp, type LabUpProgress } from './up.js';
+export { labDown, assertClean, type LabDownReport } from './down.js';
+export { labStatus, formatLabStatus, type LabStatus } from './status.js';
+export { labLayout, labOptionsSchema, type LabLayout, type LabOptions, type LabOptionsInput } from './layout.js';
+export { LabError } from './command.js';
+export { slurmEnv, sinfoNodes, jobIds } from './slurm.js';
