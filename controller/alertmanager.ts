@@ -1,18 +1,36 @@
 import { z } from 'zod';
-import { NODE_NAME_PATTERN, normalizePciBusId } from '../core/names.js';
-import { faultFingerprint, stableHash, type Signal, type SignalKind, type SignalSeverity } from '../core/signal.js';
+import { NODE_NAME_PATTERN, TRAINING_JOB_PATTERN, normalizePciBusId } from '../core/names.js';
+import { EVIDENCE_KEY_MAX, EVIDENCE_TEXT_MAX, faultFingerprint, stableHash, type Signal, type SignalKind, type SignalSeverity } from '../core/signal.js';
 
 /**
  * Alertmanager's webhook payload, version 4 (prometheus.io/docs/alerting/latest/configuration,
  * `<webhook_config>`), and its translation into Signals. Older senders omit the per-alert
  * `status` and `fingerprint`; both are optional here.
+ *
+ * Whatever this schema accepts becomes a valid Signal (a property test holds it to that): text
+ * that only describes (annotations, label values, the generator URL) is cut to the evidence's
+ * length, and what a decision rests on (the alert name, the Xid, the label names) is refused here
+ * when it could not be stored whole.
  */
 
-const labelSet = z.record(z.string().max(256), z.string().max(16_384));
+/** `label.<name>` must fit an evidence key. */
+const LABEL_NAME_MAX = EVIDENCE_KEY_MAX - 'label.'.length;
+const ALERTNAME_MAX = 100;
+
+const labelSet = z.record(z.string().max(LABEL_NAME_MAX), z.string().max(16_384));
+const alertLabels = labelSet
+  .refine((labels) => labels.alertname === undefined || labels.alertname.length <= ALERTNAME_MAX, {
+    message: `alertname must be at most ${ALERTNAME_MAX} characters`,
+    path: ['alertname'],
+  })
+  .refine((labels) => labels.alertname !== 'SteadfastXidFatal' || /^\d{1,4}$/.test(labels.xid ?? ''), {
+    message: 'an Xid alert must carry its Xid as a number of 1 to 4 digits',
+    path: ['xid'],
+  });
 
 export const webhookAlertSchema = z.object({
   status: z.enum(['firing', 'resolved']).optional(),
-  labels: labelSet,
+  labels: alertLabels,
   annotations: labelSet.default({}),
   startsAt: z.iso.datetime({ offset: true }),
   endsAt: z.string().max(64).optional(),
@@ -79,14 +97,15 @@ function signalFromAlert(alert: WebhookAlert, groupStatus: 'firing' | 'resolved'
   const evidence: Record<string, string | number | boolean> = {
     alertname,
     status,
-    summary: alert.annotations.summary ?? '',
-    description: alert.annotations.description ?? '',
+    summary: descriptive(alert.annotations.summary ?? ''),
+    description: descriptive(alert.annotations.description ?? ''),
   };
-  if (labels.xid !== undefined && /^\d+$/.test(labels.xid)) evidence.xid = Number(labels.xid);
+  if (labels.xid !== undefined && /^\d{1,6}$/.test(labels.xid)) evidence.xid = Number(labels.xid);
   if (alert.fingerprint) evidence.alertFingerprint = alert.fingerprint;
-  if (alert.generatorURL) evidence.generatorURL = alert.generatorURL;
+  if (alert.generatorURL) evidence.generatorURL = descriptive(alert.generatorURL);
   if (alert.endsAt) evidence.endsAt = alert.endsAt;
-  for (const [name, value] of Object.entries(labels)) evidence[`label.${name}`] = value;
+  for (const [name, value] of Object.entries(labels)) evidence[`label.${name}`] = descriptive(value);
+  const trainingJob = labels.training_job ?? (labels.domain === 'training' ? labels.job : undefined);
   return {
     // Repeated notifications of one alert carry the same identity and startsAt: one id, one job.
     id: 's-' + stableHash(['alertmanager', fingerprint, alert.startsAt, status].join('|')),
@@ -94,7 +113,8 @@ function signalFromAlert(alert: WebhookAlert, groupStatus: 'firing' | 'resolved'
     node,
     gpu,
     // Training series carry the training job as `job` (the agent scrape job honours it).
-    job: labels.training_job ?? (labels.domain === 'training' ? labels.job : undefined),
+    // A name that is not a training job's cannot name one; it stays in the evidence.
+    job: trainingJob !== undefined && TRAINING_JOB_PATTERN.test(trainingJob) ? trainingJob : undefined,
     severity: severityOf(labels.severity),
     time: new Date(alert.startsAt).toISOString(),
     receivedAt: receivedAt.toISOString(),
@@ -102,4 +122,10 @@ function signalFromAlert(alert: WebhookAlert, groupStatus: 'firing' | 'resolved'
     source: 'alertmanager',
     evidence,
   };
+}
+
+/** Text kept only to be read by a person: cut to what the evidence holds, saying so. */
+function descriptive(text: string): string {
+  const marker = '…[truncated]';
+  return text.length <= EVIDENCE_TEXT_MAX ? text : `${text.slice(0, EVIDENCE_TEXT_MAX - marker.length)}${marker}`;
 }

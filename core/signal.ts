@@ -16,7 +16,11 @@ export type SignalSeverity = (typeof SIGNAL_SEVERITIES)[number];
 export const SIGNAL_SOURCES = ['agent', 'alertmanager', 'analyzer'] as const;
 export type SignalSource = (typeof SIGNAL_SOURCES)[number];
 
-const evidenceValue = z.union([z.string().max(4096), z.number(), z.boolean()]);
+/** Longest evidence text and key a signal stores; the intake cuts or refuses to fit them. */
+export const EVIDENCE_TEXT_MAX = 4096;
+export const EVIDENCE_KEY_MAX = 128;
+
+const evidenceValue = z.union([z.string().max(EVIDENCE_TEXT_MAX), z.number(), z.boolean()]);
 
 export const signalSchema = z.object({
   id: z.string().min(1).max(128),
@@ -33,7 +37,7 @@ export const signalSchema = z.object({
   /** Identity of the fault, equal for every report of the same fault whatever its source. */
   fingerprint: z.string().min(1).max(256),
   source: z.enum(SIGNAL_SOURCES),
-  evidence: z.record(z.string().max(128), evidenceValue),
+  evidence: z.record(z.string().max(EVIDENCE_KEY_MAX), evidenceValue),
 });
 
 export type Signal = z.infer<typeof signalSchema>;
