@@ -2,7 +2,7 @@ import type { Queue } from 'bullmq';
 import express, { type NextFunction, type Request, type Response } from 'express';
 import type { AuditLog } from '../core/audit.js';
 import { auditQuerySchema } from '../core/audit.js';
-import { InputError, StoreUnavailableError, errorMessage } from '../core/errors.js';
+import { InputError, RetryLaterError, StoreUnavailableError, errorMessage } from '../core/errors.js';
 import { ClientRateLimiter, rateLimitMessage, type RateLimitSettings } from '../core/rate-limit.js';
 import { fastPathBodySchema } from '../core/fast-path-event.js';
 import type { Logger } from '../core/log.js';
@@ -154,7 +154,7 @@ export function createApp(deps: ServerDeps): express.Express {
     res.status(404).json({ error: 'no such endpoint' });
   });
 
-  app.use((error: unknown, req: Request, res: Response, _next: NextFunction) => {
+  app.use(async (error: unknown, req: Request, res: Response, _next: NextFunction) => {
     const endpoint = endpointLabel(req);
     const status = httpStatusOf(error);
     if (res.headersSent) {
@@ -167,6 +167,10 @@ export function createApp(deps: ServerDeps): express.Express {
       reject(res, endpoint, status, 'unreadable', isJsonSyntaxError(error) ? `request body is not valid JSON: ${errorMessage(error)}` : `unreadable request: ${errorMessage(error)}`);
     } else if (error instanceof InputError) {
       reject(res, endpoint, 400, 'invalid', error.message);
+    } else if (error instanceof RetryLaterError || !(await deps.redisUp())) {
+      // Redis down (or an answer to wait for): the caller's retry will do, not a bug report.
+      logger.warn({ err: error, path: req.path }, 'request failed while the store is unavailable; asking the caller to retry');
+      reject(res, endpoint, 503, 'store_unavailable', 'the store (Redis) is unavailable; retry later');
     } else {
       logger.error({ err: error, path: req.path }, 'request failed');
       reject(res, endpoint, 500, 'internal', 'internal error; see the controller log');

@@ -5,6 +5,7 @@ import { Queue, Worker } from 'bullmq';
 import { AuditLog } from '../core/audit.js';
 import type { Config } from '../core/config.js';
 import { resolveToken } from '../core/config.js';
+import { errorMessage } from '../core/errors.js';
 import type { Logger } from '../core/log.js';
 import { Keys, intakeConnection, isRedisUp, redactedRedisUrl, workerConnection, type Redis } from '../core/redis.js';
 import { QUEUE_JOB_OPTIONS, QUEUE_NAMES, type ActionJob, type AnalysisJob, type RecoveryJob, type SignalJob } from '../core/queues.js';
@@ -41,6 +42,22 @@ export interface ControllerOptions {
   readonly workers?: boolean;
   /** Serve HTTP (default). */
   readonly http?: boolean;
+}
+
+/** How long close() lets workers and queues finish before it cuts their Redis connections. */
+const CLOSE_GRACE_MS = 5000;
+
+/** Whether every promise settled within `ms`. */
+async function settledWithin(promises: readonly Promise<unknown>[], ms: number): Promise<boolean> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<false>((resolve) => {
+    timer = setTimeout(() => resolve(false), ms);
+  });
+  try {
+    return await Promise.race([Promise.allSettled(promises).then(() => true), late]);
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 /** How often time is fed through every job's recovery ladder. */
@@ -203,10 +220,16 @@ export class Controller {
     });
     const server = app.listen(config.controller.port, config.controller.host);
     this.server = server;
-    await new Promise<void>((resolve, reject) => {
-      server.once('listening', resolve);
-      server.once('error', reject);
-    });
+    try {
+      await new Promise<void>((resolve, reject) => {
+        server.once('listening', resolve);
+        server.once('error', reject);
+      });
+    } catch (error) {
+      // A controller that cannot listen must not stay up half alive, its workers acting unseen.
+      await this.close();
+      throw new Error(`cannot listen on ${config.controller.host}:${config.controller.port}: ${errorMessage(error)}`, { cause: error });
+    }
     const port = (server.address() as AddressInfo).port;
     logger.info({ host: config.controller.host, port, backend: this.backend.name }, 'controller listening');
     return { port };
@@ -381,10 +404,17 @@ export class Controller {
         server.closeAllConnections();
       });
     }
-    await Promise.allSettled(this.workers.map((worker) => worker.close()));
+    // Running jobs finish within a grace period. With Redis unreachable, closing would wait for it
+    // for ever: past the grace period the connections are cut instead, and BullMQ hands any job
+    // still held to another worker once its lock expires.
+    const workersStopped = await settledWithin(this.workers.map((worker) => worker.close()), CLOSE_GRACE_MS);
     // Annotations already under way finish (each is bounded by its timeout).
     await this.grafana?.settled();
-    await Promise.allSettled([this.intake.close(), this.actionQueue.close(), this.signalQueue.close(), this.recoveryQueue.close(), this.analysisQueue.close()]);
+    const queuesClosed = await settledWithin(
+      [this.intake.close(), this.actionQueue.close(), this.signalQueue.close(), this.recoveryQueue.close(), this.analysisQueue.close()],
+      CLOSE_GRACE_MS,
+    );
+    if (!workersStopped || !queuesClosed) this.options.logger.warn({ graceMs: CLOSE_GRACE_MS }, 'workers or queues did not close in time (is Redis reachable?); cutting their connections');
     for (const connection of [this.intakeRedis, this.workerRedis, ...this.workerConnections]) connection.disconnect();
   }
 }
