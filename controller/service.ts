@@ -34,6 +34,7 @@ import { PrometheusFeatureSource } from '../analyzers/multisignal-source.js';
 import { AgentDirectory } from './agents.js';
 import { createAnalysisProcessor } from './analysis.js';
 import { createApp } from './server.js';
+import { createLimitedServer } from './connection-limits.js';
 
 export interface ControllerOptions {
   readonly config: Config;
@@ -218,7 +219,11 @@ export class Controller {
       queues: [this.signalQueue, this.actionQueue, this.recoveryQueue, this.analysisQueue],
       routers: [jobsRouter({ jobs: apiJobs, backend: this.backend, dispatcher: this.dispatcher, pool: this.pool, microbatches: new MicrobatchBoard(this.intakeRedis, this.keys, apiJobs) })],
     });
-    const server = app.listen(config.controller.port, config.controller.host);
+    const server = createLimitedServer(app, config.controller.connections, (address, first) => {
+      this.metrics.requestsRejected.inc({ endpoint: 'connection', reason: 'too_many_connections' });
+      if (first) logger.warn({ address, max: config.controller.connections.maxPerClient }, 'refusing connections: too many open from one address');
+    });
+    server.listen(config.controller.port, config.controller.host);
     this.server = server;
     try {
       await new Promise<void>((resolve, reject) => {

@@ -117,6 +117,26 @@ export const configSchema = z
           })
           .strict()
           .prefault({}),
+        /**
+         * Bounds on connections, before any token is checked: a client that sends its headers
+         * slowly, or opens connection after connection, would otherwise hold a file descriptor
+         * each until legitimate requests find none.
+         */
+        connections: z
+          .object({
+            /** Longest a client may take to send a request's headers. */
+            headersTimeoutSeconds: int().min(1).max(300).default(10),
+            /** Longest a whole request, body included, may take to arrive. */
+            requestTimeoutSeconds: int().min(1).max(3600).default(30),
+            /** Connections one client address may hold open at once; more are closed at once. 0: no cap (behind a load balancer). */
+            maxPerClient: int().min(0).max(100_000).default(64),
+          })
+          .strict()
+          .refine((connections) => connections.requestTimeoutSeconds >= connections.headersTimeoutSeconds, {
+            message: 'must be at least headersTimeoutSeconds',
+            path: ['requestTimeoutSeconds'],
+          })
+          .prefault({}),
       })
       .strict()
       .prefault({}),

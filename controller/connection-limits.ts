@@ -1,0 +1,54 @@
+import { createServer, type RequestListener, type Server } from 'node:http';
+import type { Socket } from 'node:net';
+
+export interface ConnectionLimits {
+  readonly headersTimeoutSeconds: number;
+  readonly requestTimeoutSeconds: number;
+  /** 0: no cap. */
+  readonly maxPerClient: number;
+}
+
+/**
+ * The controller's HTTP server, bounding what a client can hold of it before it has shown a
+ * token: slow headers and slow bodies are cut by Node's own timers, and connections beyond the
+ * per-address cap are closed as they open. Behind a load balancer every request comes from its
+ * address: set the cap to 0 there.
+ */
+export function createLimitedServer(
+  handler: RequestListener,
+  limits: ConnectionLimits,
+  /** Called for each refused connection; `first` once per address until its connections drop back under the cap. */
+  onRefused: (address: string, first: boolean) => void,
+): Server {
+  const headersTimeout = limits.headersTimeoutSeconds * 1000;
+  const server = createServer(
+    {
+      headersTimeout,
+      requestTimeout: limits.requestTimeoutSeconds * 1000,
+      // Node checks both timeouts on this interval; its default (30 s) lets a slow client stay far longer.
+      connectionsCheckingInterval: Math.min(1000, headersTimeout),
+    },
+    handler,
+  );
+  if (limits.maxPerClient <= 0) return server;
+  const open = new Map<string, number>();
+  const refusing = new Set<string>();
+  server.on('connection', (socket: Socket) => {
+    const address = socket.remoteAddress ?? 'unknown';
+    const count = (open.get(address) ?? 0) + 1;
+    if (count > limits.maxPerClient) {
+      onRefused(address, !refusing.has(address));
+      refusing.add(address);
+      socket.destroy();
+      return;
+    }
+    open.set(address, count);
+    socket.once('close', () => {
+      const left = (open.get(address) ?? 1) - 1;
+      if (left < limits.maxPerClient) refusing.delete(address);
+      if (left <= 0) open.delete(address);
+      else open.set(address, left);
+    });
+  });
+  return server;
+}
