@@ -94,7 +94,8 @@ export class ScaleCluster {
     const jobNodes = this.names.slice(this.names.length - (this.options.jobNodes ?? 0));
     this.redis = workerConnection(this.plane.redisUrl);
     const config = this.plane.controllerConfig(PREFIX, {
-      controller: { port: controllerPort },
+      // Every simulated node shares 127.0.0.1, as clients behind a load balancer share its address.
+      controller: { port: controllerPort, connections: { maxPerClient: 0 } },
       // With a job: fail-slow and multi-signal detection on it, every 5 s, from this Prometheus.
       ...(jobNodes.length > 0 ? { analysis: { prometheusUrl: `http://127.0.0.1:${prometheusPort}`, detectorIntervalSeconds: 5 } } : {}),
     });
