@@ -316,6 +316,7 @@ export class Controller {
         stackRounds: config.analysis.stackRounds,
         stackRoundSeconds: config.analysis.stackRoundSeconds,
         replayTimeoutSeconds: config.analysis.replayTimeoutSeconds,
+        diagnoseStages: config.analysis.diagnoseStages,
       }),
       // Analyses of different jobs run side by side; each is mostly waiting on agents or replays.
       { connection: this.ownConnection(), prefix: config.redis.prefix, concurrency: 4 },

@@ -38,6 +38,24 @@ describe('configuration', () => {
     expect(() => loadConfig({ file: inverted, env: {} })).toThrow(/recovery\.retryMaxBackoffSeconds: must be at least retryInitialBackoffSeconds/);
   });
 
+  it('reads the stop-time checks\' stages in order, and refuses a check in two stages or a stage named twice', () => {
+    expect(loadConfig({ env: {} }).analysis.diagnoseStages).toEqual([]);
+    const staged = file(
+      'stages.yaml',
+      'analysis:\n  diagnoseStages:\n    - { name: machine, checks: [eud] }\n    - { name: intra-machine, checks: [nccl-all-to-all], timeoutSeconds: 300 }\n',
+    );
+    expect(loadConfig({ file: staged, env: {} }).analysis.diagnoseStages).toEqual([
+      { name: 'machine', checks: ['eud'] },
+      { name: 'intra-machine', checks: ['nccl-all-to-all'], timeoutSeconds: 300 },
+    ]);
+    const twice = file('twice.yaml', 'analysis:\n  diagnoseStages:\n    - { name: a, checks: [eud] }\n    - { name: b, checks: [eud] }\n');
+    expect(() => loadConfig({ file: twice, env: {} })).toThrow(/analysis\.diagnoseStages\.1\.checks: check "eud" is already in stage "a"/);
+    const named = file('named.yaml', 'analysis:\n  diagnoseStages:\n    - { name: a, checks: [eud] }\n    - { name: a, checks: [nccl] }\n');
+    expect(() => loadConfig({ file: named, env: {} })).toThrow(/analysis\.diagnoseStages\.1\.name: stage name "a" is used twice/);
+    const empty = file('empty-stage.yaml', 'analysis:\n  diagnoseStages:\n    - { name: a, checks: [] }\n');
+    expect(() => loadConfig({ file: empty, env: {} })).toThrow(/analysis\.diagnoseStages\.0\.checks/);
+  });
+
   it('names the bad field when a value has the wrong type', () => {
     const path = file('bad-type.yaml', 'controller:\n  port: "ninety"\n');
     expect(() => loadConfig({ file: path, env: {} })).toThrow(/invalid config: controller\.port: /);
