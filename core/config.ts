@@ -4,6 +4,7 @@ import { z } from 'zod';
 import { InputError, errorMessage } from './errors.js';
 import { checkNameSchema } from './diagnostics.js';
 import { nodeNameSchema } from './names.js';
+import { queueTimingSchema } from './queues.js';
 import { parseOrThrow } from './validate.js';
 
 /**
@@ -277,6 +278,8 @@ export const configSchema = z
       .strict()
       .prefault({}),
     recovery: recoverySchema.prefault({}),
+    /** How soon a dead worker's jobs (a killed controller's recovery) go to another worker (core/queues.ts). */
+    queues: queueTimingSchema.prefault({}),
     safety: z
       .object({
         /** Eviction budget (after node-healthcheck-operator's max-unhealthy). */

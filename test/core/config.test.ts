@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { InputError } from '../../core/errors.js';
 import { envOverrides, loadConfig, resolveToken } from '../../core/config.js';
+import { workerTiming } from '../../core/queues.js';
 import { DEFAULT_LADDER_CONFIG, ladderConfig } from '../../controller/ladder/index.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'steadfast-config-'));
@@ -54,6 +55,16 @@ describe('configuration', () => {
     expect(() => loadConfig({ file: named, env: {} })).toThrow(/analysis\.diagnoseStages\.1\.name: stage name "a" is used twice/);
     const empty = file('empty-stage.yaml', 'analysis:\n  diagnoseStages:\n    - { name: a, checks: [] }\n');
     expect(() => loadConfig({ file: empty, env: {} })).toThrow(/analysis\.diagnoseStages\.0\.checks/);
+  });
+
+  it('takes how soon a dead worker\'s jobs move on from the queues section, within bounds, BullMQ\'s 30 s by default', () => {
+    expect(loadConfig({ env: {} }).queues).toEqual({ lockDurationSeconds: 30, stalledIntervalSeconds: 30 });
+    expect(workerTiming(loadConfig({ env: {} }).queues)).toEqual({ lockDuration: 30_000, stalledInterval: 30_000 });
+    const config = loadConfig({ file: file('queues.yaml', 'queues:\n  lockDurationSeconds: 10\n'), env: { STEADFAST_QUEUES__STALLED_INTERVAL_SECONDS: '5' } });
+    expect(workerTiming(config.queues)).toEqual({ lockDuration: 10_000, stalledInterval: 5000 });
+    expect(() => loadConfig({ env: { STEADFAST_QUEUES__LOCK_DURATION_SECONDS: '1' } })).toThrow(/queues\.lockDurationSeconds/);
+    expect(() => loadConfig({ env: { STEADFAST_QUEUES__STALLED_INTERVAL_SECONDS: '0' } })).toThrow(/queues\.stalledIntervalSeconds/);
+    expect(() => loadConfig({ env: { STEADFAST_QUEUES__LOCK_DURATION_SECONDS: '3601' } })).toThrow(/queues\.lockDurationSeconds/);
   });
 
   it('names the bad field when a value has the wrong type', () => {
