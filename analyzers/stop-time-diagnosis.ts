@@ -22,10 +22,11 @@ import { alignReferenceHashes, type AlignmentVerdict } from './alignment.js';
  * - an agent that answers without a usable report (401, 409 busy, 503 not configured, a report
  *   for another node) or whose checks did not complete is inconclusive: reported, not evicted.
  *
- * The hierarchy of §4.2 (EUD first, then the all-to-all inside the machine, then the
- * all-gather with neighbours) can be walked one call per stage with `checks`, dropping evicted
- * nodes between stages; the controller's analysis worker does not do that yet and asks every
- * agent for every configured check in one call.
+ * One call asks every given agent for the same checks (`checks`, or all it has). The hierarchy
+ * of §4.2 (EUD first, then the all-to-all inside the machine, then the all-gather with
+ * neighbours) is walked one call per stage by staged-diagnosis.ts, which the controller's
+ * analysis worker uses: it stops at the first stage that names suspects and takes only the
+ * nodes a stage cleared to the next.
  */
 
 export interface FailedCheck {

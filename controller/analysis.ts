@@ -5,7 +5,8 @@ import { InputError, errorMessage } from '../core/errors.js';
 import { launchArgv, parseJobSpec } from '../core/job.js';
 import type { Logger } from '../core/log.js';
 import { analysisJobSchema, nothingFound, type AnalysisJob, type LadderEventJob } from '../core/queues.js';
-import { runStopTimeDiagnostics } from '../analyzers/stop-time-diagnosis.js';
+import { runStagedDiagnostics } from '../analyzers/staged-diagnosis.js';
+import type { StopTimeDiagnosis } from '../analyzers/stop-time-diagnosis.js';
 import { FailSlowRounds, type FailSlowVerdict } from '../analyzers/stack-rounds.js';
 import { aggregateStacks, type StackAggregation } from '../analyzers/stacks.js';
 import { commandReplayRunner, runDualPhaseReplay, type ReplayGroupRunner } from '../actuators/replay-runner.js';
@@ -18,7 +19,9 @@ import type { JobStore } from './job-store.js';
  * time). Each reports back to the ladder as an event with a stable id, so a redelivered analysis
  * job cannot move the ladder twice.
  *
- * - diagnostics: every node's agent runs its stop-time checks (ByteRobust §4.2, §4.3);
+ * - diagnostics: every node's agent runs its stop-time checks, stage by stage when stages are
+ *   configured (ByteRobust §4.2's hierarchy: machine-local, NCCL within a machine, across
+ *   machines; §4.3), each stage on the audit trail;
  * - replay: dual-phase replay with the job's replay command (§4.2, Algorithm 1);
  * - stacks: py-spy dumps from every node's agent, aggregated over several rounds (§5.1, §5.2);
  *   a suspect group comes back as a machine fault naming the machines to over-evict.
@@ -35,6 +38,8 @@ export interface AnalysisDeps {
   readonly stackRoundSeconds: number;
   /** Longest one replay group may run. */
   readonly replayTimeoutSeconds: number;
+  /** The stop-time checks' stages (config `analysis.diagnoseStages`); none: one call with every check. */
+  readonly diagnoseStages?: readonly { readonly name: string; readonly checks: readonly string[]; readonly timeoutSeconds?: number | undefined }[];
   /** Replaces the job's replay command (tests). */
   readonly replayRunner?: (job: string) => ReplayGroupRunner | undefined;
   readonly sleep?: (ms: number) => Promise<void>;
@@ -44,26 +49,55 @@ export function createAnalysisProcessor(deps: AnalysisDeps): (job: Job<AnalysisJ
   const { jobs, audit, agents, logger } = deps;
   const sleep = deps.sleep ?? ((ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms)));
 
-  async function record(request: AnalysisJob, summary: string, data: Record<string, unknown>, nodes: readonly string[] = []): Promise<void> {
+  /** One audit entry per analysis, or per `part` of one (a diagnosis stage), written once. */
+  async function record(request: AnalysisJob, summary: string, data: Record<string, unknown>, nodes: readonly string[] = [], part?: string): Promise<void> {
     await audit.append(
       { type: 'action', ref: request.ref, node: nodes[0], summary: `${request.job}: ${request.kind}: ${summary}`, data: { job: request.job, verb: `analysis_${request.kind}`, ...data } },
-      `analysis:${request.ref}:${request.kind}`,
+      `analysis:${request.ref}:${request.kind}${part === undefined ? '' : `:${part}`}`,
     );
   }
 
-  async function diagnostics(request: AnalysisJob): Promise<string[]> {
-    const { spec } = await jobs.get(request.job);
-    const result = await runStopTimeDiagnostics(spec.nodes, { agentUrl: (node) => agents.url(node), token: agents.token, timeoutSeconds: agents.diagnoseTimeoutSeconds });
-    const evict = [...result.evict];
-    const said = [
-      evict.length > 0 ? `evict ${evict.join(', ')}` : 'no suspect',
+  /** What one diagnosis call found, for the audit line. */
+  function findings(result: StopTimeDiagnosis): string[] {
+    return [
+      result.evict.length > 0 ? `evict ${result.evict.join(', ')}` : 'no suspect',
       ...result.failed.map((failure) => `${failure.node} failed ${failure.check}: ${failure.reason}`),
       ...result.alignmentOutliers.map((node) => `${node} disagrees with the reference hash`),
       ...result.unreachable.map((problem) => `${problem.node} unreachable: ${problem.reason}`),
       ...result.inconclusive.map((problem) => `${problem.node} inconclusive: ${problem.reason}`),
       ...result.notes,
     ];
-    await record(request, said.join('; ').slice(0, 2000), { evict, failed: result.failed, unreachable: result.unreachable, inconclusive: result.inconclusive }, evict);
+  }
+
+  /** ByteRobust §4.2: the stop-time checks, stage by stage (analyzers/staged-diagnosis.ts). */
+  async function diagnostics(request: AnalysisJob): Promise<string[]> {
+    const { spec } = await jobs.get(request.job);
+    const stages = deps.diagnoseStages ?? [];
+    const walk = await runStagedDiagnostics(spec.nodes, stages, { agentUrl: (node) => agents.url(node), token: agents.token, timeoutSeconds: agents.diagnoseTimeoutSeconds });
+    const evict = [...walk.evict];
+    const failed = walk.stages.flatMap((stage) => stage.diagnosis.failed);
+    const unreachable = walk.stages.flatMap((stage) => stage.diagnosis.unreachable);
+    const inconclusive = walk.stages.flatMap((stage) => stage.diagnosis.inconclusive);
+    if (stages.length > 0) {
+      // Every stage on the record: which nodes it tested, what it found, whom it did not clear.
+      for (const [index, stage] of walk.stages.entries()) {
+        const checks = stages[index]?.checks.join(', ') ?? '';
+        const notCleared = stage.dropped.length > 0 ? [`not cleared, not tested further: ${stage.dropped.join(', ')}`] : [];
+        const summary = [...findings(stage.diagnosis), ...notCleared].join('; ');
+        await record(
+          request,
+          `stage ${index + 1}/${stages.length} ${stage.stage} (${checks}) on ${stage.nodes.length} nodes: ${summary}`.slice(0, 2000),
+          { stage: stage.stage, nodes: stage.nodes, evict: stage.diagnosis.evict, cleared: stage.cleared, dropped: stage.dropped, failed: stage.diagnosis.failed, unreachable: stage.diagnosis.unreachable, inconclusive: stage.diagnosis.inconclusive },
+          stage.diagnosis.evict,
+          `stage:${stage.stage}`,
+        );
+      }
+    }
+    const only = stages.length === 0 ? walk.stages[0] : undefined;
+    const said = only !== undefined ? findings(only.diagnosis) : [evict.length > 0 ? `evict ${evict.join(', ')}` : 'no suspect', ...failed.map((failure) => `${failure.node} failed ${failure.check}: ${failure.reason}`)];
+    const ran = stages.length > 0 ? [`stages run: ${walk.stages.map((stage) => stage.stage).join(', ') || 'none'}`] : [];
+    const skipped = walk.skipped.length > 0 ? [`skipped ${walk.skipped.join(', ')}: ${walk.skipReason ?? ''}`] : [];
+    await record(request, [...said, ...ran, ...skipped].join('; ').slice(0, 2000), { evict, failed, unreachable, inconclusive, stages: walk.stages.map((stage) => stage.stage), skipped: walk.skipped }, evict);
     await deps.feedback({ job: request.job, event: { type: 'diagnostics_result', time: Date.now(), suspects: evict }, eventId: `${request.ref}:diagnostics` });
     return evict;
   }

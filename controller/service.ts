@@ -8,7 +8,7 @@ import { resolveToken } from '../core/config.js';
 import { errorMessage } from '../core/errors.js';
 import type { Logger } from '../core/log.js';
 import { Keys, intakeConnection, isRedisUp, redactedRedisUrl, workerConnection, type Redis } from '../core/redis.js';
-import { QUEUE_JOB_OPTIONS, QUEUE_NAMES, type ActionJob, type AnalysisJob, type RecoveryJob, type SignalJob } from '../core/queues.js';
+import { QUEUE_JOB_OPTIONS, QUEUE_NAMES, workerTiming, type ActionJob, type AnalysisJob, type RecoveryJob, type SignalJob } from '../core/queues.js';
 import type { ClusterBackend } from '../actuators/backend.js';
 import { DryRunBackend } from '../actuators/dry-run.js';
 import { createDrainProcessor } from '../actuators/drain.js';
@@ -262,6 +262,8 @@ export class Controller {
 
   private startWorkers(): void {
     const { config, logger } = this.options;
+    // How soon a job held by a dead worker (a killed replica's recovery) goes to a live one.
+    const timing = workerTiming(config.queues);
     const policy = new Worker(
       QUEUE_NAMES.signals,
       createPolicyProcessor({
@@ -272,7 +274,7 @@ export class Controller {
         dedupeSeconds: config.policy.drainDedupeSeconds,
         recovery: { jobs: this.jobs, dispatcher: this.dispatcher },
       }),
-      { connection: this.ownConnection(), prefix: config.redis.prefix, concurrency: 8 },
+      { connection: this.ownConnection(), prefix: config.redis.prefix, ...timing, concurrency: 8 },
     );
     const recovery = new Worker(
       QUEUE_NAMES.recovery,
@@ -300,7 +302,7 @@ export class Controller {
         },
       }),
       // One transition at a time per worker keeps a job's steps strictly ordered.
-      { connection: this.ownConnection(), prefix: config.redis.prefix, concurrency: 1 },
+      { connection: this.ownConnection(), prefix: config.redis.prefix, ...timing, concurrency: 1 },
     );
     // The ladder holds restarts back (retry backoff) and lazy updates until a deadline: time
     // must pass through it (controller/ladder/, the `tick` event).
@@ -327,7 +329,7 @@ export class Controller {
           logger.warn({ reason }, 'a person is needed');
         },
       }),
-      { connection: this.ownConnection(), prefix: config.redis.prefix, concurrency: 4 },
+      { connection: this.ownConnection(), prefix: config.redis.prefix, ...timing, concurrency: 4 },
     );
     drain.on('completed', (job) => {
       const faultTime = Date.parse(job.data.decision.faultTime);
@@ -344,9 +346,10 @@ export class Controller {
         stackRounds: config.analysis.stackRounds,
         stackRoundSeconds: config.analysis.stackRoundSeconds,
         replayTimeoutSeconds: config.analysis.replayTimeoutSeconds,
+        diagnoseStages: config.analysis.diagnoseStages,
       }),
       // Analyses of different jobs run side by side; each is mostly waiting on agents or replays.
-      { connection: this.ownConnection(), prefix: config.redis.prefix, concurrency: 4 },
+      { connection: this.ownConnection(), prefix: config.redis.prefix, ...timing, concurrency: 4 },
     );
     for (const worker of [policy, drain, recovery, analysis]) {
       worker.on('failed', (job, error) => logger.warn({ queue: worker.name, job: job?.id, err: error }, 'job failed'));

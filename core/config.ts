@@ -2,7 +2,9 @@ import { readFileSync } from 'node:fs';
 import { parse as parseYaml } from 'yaml';
 import { z } from 'zod';
 import { InputError, errorMessage } from './errors.js';
+import { checkNameSchema } from './diagnostics.js';
 import { nodeNameSchema } from './names.js';
+import { queueTimingSchema } from './queues.js';
 import { parseOrThrow } from './validate.js';
 
 /**
@@ -255,6 +257,38 @@ export const configSchema = z
          */
         prometheusUrl: z.url({ protocol: /^https?$/ }).optional(),
         detectorIntervalSeconds: int().min(5).max(3600).default(60),
+        /**
+         * ByteRobust §4.2's hierarchy of stop-time checks, walked one stage per call to the agents
+         * (analyzers/staged-diagnosis.ts): machine-local checks (EUD) first, then NCCL within a
+         * machine, then across machines. Each stage names the agents' checks it runs (the names
+         * in their --diagnose.config). Empty: one call with every configured check.
+         */
+        diagnoseStages: z
+          .array(
+            z
+              .object({
+                name: checkNameSchema,
+                checks: z.array(checkNameSchema).min(1).max(64),
+                /** Per node for this stage; agents.diagnoseTimeoutSeconds when absent. */
+                timeoutSeconds: int().min(1).max(7200).optional(),
+              })
+              .strict(),
+          )
+          .max(8)
+          .default([])
+          .superRefine((stages, context) => {
+            const names = new Set<string>();
+            const checks = new Map<string, string>();
+            for (const [index, stage] of stages.entries()) {
+              if (names.has(stage.name)) context.addIssue({ code: 'custom', message: `stage name "${stage.name}" is used twice`, path: [index, 'name'] });
+              names.add(stage.name);
+              for (const check of stage.checks) {
+                const other = checks.get(check);
+                if (other !== undefined) context.addIssue({ code: 'custom', message: `check "${check}" is already in stage "${other}"`, path: [index, 'checks'] });
+                checks.set(check, stage.name);
+              }
+            }
+          }),
         /** Seconds of training each fail-slow mitigation costs to apply, for the ski-rental switch (Greyhound §5.1). */
         failSlowCostSeconds: z
           .object({ S2: z.coerce.number<unknown>().positive().default(30), S3: z.coerce.number<unknown>().positive().default(600), S4: z.coerce.number<unknown>().positive().default(1800) })
@@ -264,6 +298,8 @@ export const configSchema = z
       .strict()
       .prefault({}),
     recovery: recoverySchema.prefault({}),
+    /** How soon a dead worker's jobs (a killed controller's recovery) go to another worker (core/queues.ts). */
+    queues: queueTimingSchema.prefault({}),
     safety: z
       .object({
         /** Eviction budget (after node-healthcheck-operator's max-unhealthy). */

@@ -73,6 +73,13 @@ export interface FaultEvent {
    */
   nodes?: string[];
   detail: string;
+  /**
+   * What kind of failure this is, without where it happened: the exception type, the Xid, the
+   * NCCL error kind, the alert's name. With the fault class it is the failure's signature, which
+   * tells "the same failure again" from a new one (ByteRobust §4.2 step ⑦: did the eviction
+   * help?). Without it the ladder normalises `detail`.
+   */
+  signature?: string;
 }
 
 /** Every event carries its own time, in Unix epoch milliseconds: the ladder reads no clock. */
@@ -84,5 +91,7 @@ export type LadderEvent =
   | { type: 'diagnostics_result'; time: number; suspects: string[] }
   | { type: 'replay_result'; time: number; culprits: string[] }
   | { type: 'code_update'; time: number; version: string; urgent: boolean }
+  /** A warm standby took an evicted node's place in the job (ByteRobust §6.2); the recovery actuator reports it. */
+  | { type: 'standby_activated'; time: number; replaced: string; by: string }
   /** Time passes: fires held-back restarts and due updates. The controller ticks every few seconds. */
   | { type: 'tick'; time: number };

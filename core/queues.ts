@@ -41,6 +41,29 @@ export const QUEUE_JOB_OPTIONS = {
   analysis: { attempts: 3, backoff: { type: 'exponential', delay: 5000 }, ...KEEP_FINISHED },
 } as const satisfies Record<QueueName, JobsOptions>;
 
+/**
+ * How soon a job held by a dead worker goes to another (config `queues:`). A worker holds a lock
+ * on each job it runs, renewed every half lock; once the lock has lapsed, a stalled-job check
+ * (run every `stalledIntervalSeconds` by any live worker of the queue, at most once per interval
+ * across them) that already saw the job active puts it back on the queue. So a killed
+ * controller's recovery resumes on another worker within about lockDurationSeconds + 2 ×
+ * stalledIntervalSeconds of its death, given a live worker. BullMQ's defaults are 30 s and 30 s.
+ * A short lock resumes sooner but must outlast any stall of the worker's event loop (the
+ * renewal is a timer): a job that loses its lock twice is failed.
+ */
+export const queueTimingSchema = z
+  .object({
+    lockDurationSeconds: z.coerce.number<unknown>().int().min(2).max(600).default(30),
+    stalledIntervalSeconds: z.coerce.number<unknown>().int().min(1).max(600).default(30),
+  })
+  .strict();
+export type QueueTiming = z.output<typeof queueTimingSchema>;
+
+/** The BullMQ Worker options for `timing`, in milliseconds. */
+export function workerTiming(timing: QueueTiming): { lockDuration: number; stalledInterval: number } {
+  return { lockDuration: timing.lockDurationSeconds * 1000, stalledInterval: timing.stalledIntervalSeconds * 1000 };
+}
+
 export interface SignalJob {
   readonly signal: Signal;
 }

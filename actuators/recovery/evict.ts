@@ -52,6 +52,21 @@ async function replaceWithStandby(deps: RecoveryActuatorDeps, at: StepAt, node: 
   if (!deps.pool?.enabled) await deps.backend.activateStandby(standby, step.job);
   await deps.jobs.replaceNode(step.job, node, standby);
   await recordStep(deps, at, 'done', `standby ${standby} activated in place of ${node}`, standby);
+  await reportReplacement(deps, at, node, standby);
+}
+
+/**
+ * Tells the job's ladder which standby took the node's place: a crash on it soon after says the
+ * eviction did not help (ByteRobust §4.2 step ⑦). Best effort: the standby is taken and the job
+ * record changed, so failing the step here would take another standby on the retry; a lost
+ * report only leaves a later crash on this standby to the stop-time checks.
+ */
+async function reportReplacement(deps: RecoveryActuatorDeps, at: StepAt, replaced: string, by: string): Promise<void> {
+  try {
+    await deps.feedback({ job: at.step.job, event: { type: 'standby_activated', time: Date.now(), replaced, by }, eventId: `${stepRef(at)}:standby:${replaced}` });
+  } catch (error) {
+    deps.logger.warn({ job: at.step.job, replaced, by, err: error }, 'could not report the replacement to the ladder');
+  }
 }
 
 /**

@@ -1,8 +1,10 @@
 import type { Signal } from '../../core/signal.js';
 import type { FaultEvent, LadderEvent } from '../../core/ladder.js';
 import type { FaultVerdict } from '../fault-class.js';
+import { failureKind } from '../fault-signature.js';
 import { DEFAULT_LADDER_CONFIG, type LadderConfig } from './config.js';
 import { prune, unique, type Ctx } from './context.js';
+import { failureSignature, onStandbyActivated, pruneReplacements } from './evidence.js';
 import { onCodeUpdate, onDiagnosticsResult, onFault, onReplayResult, onRestartFailed, onRestartSucceeded, onTick } from './transitions.js';
 import type { LadderState, LadderTransition } from './state.js';
 
@@ -17,13 +19,15 @@ export function faultEventFromSignal(signal: Signal, verdict: FaultVerdict): Fau
     faultClass: verdict.faultClass,
     nodes: verdict.node === undefined ? [] : [verdict.node],
     detail: verdict.reason,
+    signature: failureKind(signal),
   };
 }
 
 /** One transition. Never mutates `state`; never throws on a well-typed event. */
 export function advance(state: LadderState, event: LadderEvent, config: LadderConfig = DEFAULT_LADDER_CONFIG): LadderTransition {
-  const ctx: Ctx = { s: structuredClone(state), time: event.time, config, steps: [] };
+  const ctx: Ctx = { s: structuredClone(state), time: event.time, config, steps: [], ...(event.type === 'fault' ? { signature: failureSignature(event) } : {}) };
   prune(ctx);
+  pruneReplacements(ctx);
   switch (event.type) {
     case 'fault':
       onFault(ctx, event);
@@ -45,6 +49,9 @@ export function advance(state: LadderState, event: LadderEvent, config: LadderCo
       break;
     case 'tick':
       onTick(ctx);
+      break;
+    case 'standby_activated':
+      onStandbyActivated(ctx, event.replaced, event.by);
       break;
   }
   return { state: ctx.s, steps: ctx.steps };

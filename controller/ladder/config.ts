@@ -9,7 +9,10 @@ export interface LadderConfig {
   /** Network alerts on one node, within `networkAlertWindowMs`, that get it evicted. */
   readonly networkAlertsBeforeEviction: number;
   readonly networkAlertWindowMs: number;
-  /** A crash this soon after an eviction counts as "the job crashed again after the eviction". */
+  /**
+   * A crash this soon after an eviction that repeats the evicted failure, or strikes a standby
+   * that replaced an evicted node, counts as "the job crashed again after the eviction".
+   */
   readonly crashAfterEvictionWindowMs: number;
   /** Restarts one incident may use before a human is paged. */
   readonly retryLimit: number;
@@ -57,6 +60,8 @@ export const CITE = {
   reattempt: 'ByteRobust §4.2 step ⑤ (all tests pass: assume a transient fault, restart in place)',
   rollbackAfterReattempt: 'ByteRobust §4.2 step ⑥ (restarting did not resolve it: roll the code back)',
   rollbackAfterEviction: 'ByteRobust §4.2 step ⑦ (training crashed again after eviction: roll the code back)',
+  unrelatedAfterEviction:
+    'ByteRobust §4.1 step ③ and §4.2 Diagnose (a crash after an eviction that neither repeats its failure nor strikes a replacement is a new incident; step ⑦ is for crashing again)',
   rollbackAfterUpdate: 'ByteRobust §6.1 and §8.1.2 (hot updates are applied and rolled back automatically)',
   diagnoseAfterEviction: 'ByteRobust §4.1 (restarted training fails again after eviction: enter the stop-time checks)',
   replay: 'ByteRobust §4.2 step ⑧ (restarts fail: dual-phase replay, Algorithm 1)',

@@ -12,6 +12,8 @@ export interface Ctx {
   readonly time: number;
   readonly config: LadderConfig;
   readonly steps: LadderStep[];
+  /** The failure signature of the fault being handled (evidence.ts); absent for other events. */
+  readonly signature?: string;
 }
 
 const MINUTE = 60_000;
@@ -43,6 +45,7 @@ export function leaveRunning(ctx: Ctx, trigger: Incident['trigger'], why: string
     evictedNodes: [],
     rolledBackFrom: null,
     retry: { attempts: 0, nextBackoffMs: 0 },
+    signatures: trigger === 'code_update' || ctx.signature === undefined ? [] : [ctx.signature],
   };
   if (s.phase === 'running') emit(ctx, 'stop', why, STOP_CITATION[trigger]);
   return s.incident;

@@ -13,12 +13,14 @@
  * history (504-GPU report, 002).
  *
  * Read it in this order: advance.ts (the entry points), transitions.ts (where each event leads),
- * rungs.ts (what each rung does), retry-chain.ts (restarts and versions), context.ts (shared
- * bookkeeping), state.ts (the stored state), config.ts (thresholds and citations).
+ * rungs.ts (what each rung does), retry-chain.ts (restarts and versions), evidence.ts (whether
+ * an eviction helped: failure signatures and replacements), context.ts (shared bookkeeping),
+ * state.ts (the stored state), config.ts (thresholds and citations).
  */
 
 export { advance, faultEventFromSignal } from './advance.js';
 export { CITE, DEFAULT_LADDER_CONFIG, ladderConfig, type LadderConfig } from './config.js';
+export { failureSignature } from './evidence.js';
 export {
   LADDER_PHASES,
   LADDER_RUNGS,
@@ -26,10 +28,12 @@ export {
   initialLadderState,
   ladderStateSchema,
   type CodeVersion,
+  type EvictionRecord,
   type Incident,
   type LadderPhase,
   type LadderRung,
   type LadderState,
   type LadderTransition,
+  type Replacement,
   type VersionVerdict,
 } from './state.js';

@@ -1,6 +1,7 @@
 import type { FaultClass } from '../../core/ladder.js';
 import { CITE } from './config.js';
 import { appendTime, emit, emptyTried, enterRung, hours, leaveRunning, pageHuman, rollbackTarget, step, timesOf, unique, type Ctx } from './context.js';
+import { recordEviction } from './evidence.js';
 import { chainExhausted, launch } from './retry-chain.js';
 import type { LadderState } from './state.js';
 
@@ -34,8 +35,8 @@ export function evictAndRestart(ctx: Ctx, nodes: string[], trigger: FaultClass, 
       emit(ctx, 'quarantine', `${node} evicted ${count} times within ${hours(config.exclusionWindowMs)}`, CITE.exclusion, { nodes: [node] });
     }
   }
-  s.lastEvictionAt = time;
   incident.evictedNodes = unique([...incident.evictedNodes, ...targets]);
+  recordEviction(ctx, incident);
   enterRung(ctx, 'evict', 'stopped');
   launch(ctx, [step(ctx, 'restart', `relaunch on warm standbys replacing ${targets.join(', ')}`, CITE.standby)]);
 }

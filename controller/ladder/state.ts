@@ -64,6 +64,28 @@ export interface Incident {
   /** The version a rollback in this incident moved away from. */
   rolledBackFrom: string | null;
   retry: RetryChain;
+  /** Failure signatures (evidence.ts) of the faults folded into this incident, oldest first, each once. */
+  signatures: string[];
+}
+
+/**
+ * The newest eviction and the evidence it acted on, kept after its incident closes: a crash soon
+ * after is compared with it to tell "the eviction did not help" from a new failure (ByteRobust
+ * §4.2 step ⑦).
+ */
+export interface EvictionRecord {
+  at: number;
+  /** Every node the incident evicted. */
+  nodes: string[];
+  /** The failure signatures of the incident that evicted. */
+  signatures: string[];
+}
+
+/** A warm standby that took an evicted node's place (ByteRobust §6.2), as the recovery actuator reported it. */
+export interface Replacement {
+  node: string;
+  replaced: string;
+  at: number;
 }
 
 /** Restart steps held back by the retry chain's backoff until a tick at or after `notBefore`. */
@@ -85,6 +107,10 @@ export interface LadderState {
   incident: Incident | null;
   scheduled: ScheduledRestart | null;
   lastEvictionAt: number | null;
+  /** Null until the first eviction, and in states stored before the evidence was kept. */
+  lastEviction: EvictionRecord | null;
+  /** Standbys that joined the job within `crashAfterEvictionWindowMs`, oldest first. */
+  replacements: Replacement[];
   networkAlerts: NodeTimes[];
   codeVersions: CodeVersion[];
   runningVersion: string | null;
@@ -114,6 +140,8 @@ export function initialLadderState(job: string, options: { readonly time: number
     incident: null,
     scheduled: null,
     lastEvictionAt: null,
+    lastEviction: null,
+    replacements: [],
     networkAlerts: [],
     codeVersions: versions,
     runningVersion: options.version ?? null,
@@ -124,7 +152,8 @@ export function initialLadderState(job: string, options: { readonly time: number
   };
 }
 
-// Validation of a stored state (the controller reads it back from Redis)
+// Validation of a stored state (the controller reads it back from Redis). Fields added after the
+// first release are defaulted, so a state an older controller stored still parses.
 
 const time = z.number().finite();
 const nodeTimes = z.array(z.object({ node: z.string().min(1), times: z.array(time) }));
@@ -152,10 +181,13 @@ export const ladderStateSchema = z.object({
       evictedNodes: z.array(z.string()),
       rolledBackFrom: z.string().nullable(),
       retry: z.object({ attempts: z.number().int().min(0), nextBackoffMs: z.number().min(0) }),
+      signatures: z.array(z.string()).default([]),
     })
     .nullable(),
   scheduled: z.object({ notBefore: time, steps: z.array(ladderStepSchema) }).nullable(),
   lastEvictionAt: time.nullable(),
+  lastEviction: z.object({ at: time, nodes: z.array(z.string()), signatures: z.array(z.string()) }).nullable().default(null),
+  replacements: z.array(z.object({ node: z.string().min(1), replaced: z.string().min(1), at: time })).default([]),
   networkAlerts: nodeTimes,
   codeVersions: z.array(
     z.object({

@@ -2,6 +2,7 @@ import type { FaultClass, FaultEvent } from '../../core/ladder.js';
 import { CITE } from './config.js';
 import { appendTime, emit, hours, leaveRunning, minutes, pageHuman, rollbackTarget, setVerdict, timesOf, unique, type Ctx } from './context.js';
 import { applyUpdateNow, diagnose, escalate, evictAndRestart, reattempt, rollback, stillInJob, type FailedRung } from './rungs.js';
+import { addSignature, evictionDidNotHelp } from './evidence.js';
 import { emitRestart } from './retry-chain.js';
 
 /**
@@ -14,7 +15,10 @@ export function onFault(ctx: Ctx, event: FaultEvent): void {
   // The same signal delivered twice is one fault (recognise work already done).
   if (s.recentSignals.includes(event.signalId)) return;
   s.recentSignals = [...s.recentSignals, event.signalId].slice(-Math.max(1, ctx.config.rememberedSignals));
-  if (s.incident) s.incident.signalIds = [...s.incident.signalIds, event.signalId].slice(-32);
+  if (s.incident) {
+    s.incident.signalIds = [...s.incident.signalIds, event.signalId].slice(-32);
+    addSignature(s.incident, ctx.signature);
+  }
   const nodes = unique(event.nodes ?? []);
   const what = `${event.faultClass} fault: ${event.detail}`;
 
@@ -93,9 +97,16 @@ export function onCrash(ctx: Ctx, what: string, hintNodes: string[], trigger: Fa
   switch (s.phase) {
     case 'running': {
       const sinceEviction = s.lastEvictionAt === null ? Infinity : time - s.lastEvictionAt;
+      const afterEviction = sinceEviction >= 0 && sinceEviction <= config.crashAfterEvictionWindowMs;
+      // ByteRobust §4.2 step ⑦ is "crashed again after eviction": roll back only when the
+      // evidence says the eviction did not help (evidence.ts); any other crash is a new incident.
+      const notHelped = afterEviction ? evictionDidNotHelp(s, ctx.signature, hintNodes) : null;
       leaveRunning(ctx, trigger, what);
-      if (sinceEviction >= 0 && sinceEviction <= config.crashAfterEvictionWindowMs) {
-        escalate(ctx, `${what}; ${minutes(sinceEviction)} after the last eviction`, 'evict');
+      if (notHelped !== null) {
+        escalate(ctx, `${what}; ${minutes(sinceEviction)} after the last eviction, ${notHelped}`, 'evict');
+      } else if (afterEviction) {
+        const unrelated = `${minutes(sinceEviction)} after the last eviction, but a different failure and not on a standby that replaced an evicted node`;
+        diagnose(ctx, `${what}; ${unrelated}`, hintNodes, CITE.unrelatedAfterEviction);
       } else {
         diagnose(ctx, what, hintNodes);
       }

@@ -15,10 +15,20 @@ export interface FaultReport {
   readonly faultClass: FaultClass;
   readonly nodes: readonly string[];
   readonly detail: string;
+  /**
+   * What the classifier would name as the kind of failure (controller/fault-signature.ts: the
+   * exception type, Xid, NCCL error kind): here the Table 1 row, so two incidents of one row
+   * look alike to the ladder and incidents of different rows do not.
+   */
+  readonly signature: string;
 }
 
 /** A code update is not a fault: it reaches the ladder as an update, not through monitoring. */
 export function faultReports(incident: Incident, reporter: string, timings: EttrTimings): FaultReport[] {
+  return reports(incident, reporter, timings).map((report) => ({ ...report, signature: incident.symptom.id }));
+}
+
+function reports(incident: Incident, reporter: string, timings: EttrTimings): Omit<FaultReport, 'signature'>[] {
   const afterSeconds = incident.symptom.detectionSeconds;
   const name = incident.symptom.name;
   switch (incident.signal) {

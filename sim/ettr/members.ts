@@ -24,9 +24,9 @@ export class JobMembers {
     return this.slots.has(node);
   }
 
-  /** Puts a fresh spare into the slot of each named machine still in the job; returns how many were. */
-  replace(nodes: readonly string[]): number {
-    let replaced = 0;
+  /** Puts a fresh spare into the slot of each named machine still in the job; returns who replaced whom. */
+  replace(nodes: readonly string[]): { replaced: string; by: string }[] {
+    const replacements: { replaced: string; by: string }[] = [];
     for (const node of nodes) {
       const slot = this.slots.get(node);
       if (slot === undefined) continue;
@@ -35,9 +35,9 @@ export class JobMembers {
       this.ranks[slot] = spare;
       this.slots.delete(node);
       this.slots.set(spare, slot);
-      replaced += 1;
+      replacements.push({ replaced: node, by: spare });
     }
-    return replaced;
+    return replacements;
   }
 
   /**

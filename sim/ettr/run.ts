@@ -202,12 +202,12 @@ class SteadfastSimulation {
     } else {
       this.stopTraining(false);
     }
-    for (const report of faultReports(incident, reporter, this.t)) this.after(report.afterSeconds, () => this.fault(report.faultClass, report.nodes, report.detail));
+    for (const report of faultReports(incident, reporter, this.t)) this.after(report.afterSeconds, () => this.fault(report.faultClass, report.nodes, report.detail, report.signature));
   }
 
-  private fault(faultClass: FaultClass, nodes: readonly string[], detail: string): void {
+  private fault(faultClass: FaultClass, nodes: readonly string[], detail: string, signature?: string): void {
     this.signals += 1;
-    this.feed({ type: 'fault', time: this.now, signalId: `sim-${this.signals}`, faultClass, nodes: [...nodes], detail });
+    this.feed({ type: 'fault', time: this.now, signalId: `sim-${this.signals}`, faultClass, nodes: [...nodes], detail, ...(signature === undefined ? {} : { signature }) });
   }
 
   // -------------------------------------------------------------------------------------------
@@ -222,6 +222,7 @@ class SteadfastSimulation {
 
   private carryOut(steps: readonly LadderStep[]): void {
     let started = false;
+    const activated: { replaced: string; by: string }[] = [];
     for (const step of steps) {
       increment(this.ladderSteps, step.verb);
       switch (step.verb) {
@@ -234,7 +235,7 @@ class SteadfastSimulation {
           this.stopTraining(this.open.incident === null || this.open.incident.signal === 'code_update');
           break;
         case 'evict':
-          this.evict(step.nodes ?? []);
+          activated.push(...this.evict(step.nodes ?? []));
           break;
         case 'rollback':
           // §4.2 Rollback: the code goes back; a bug in the new code is gone with it.
@@ -269,6 +270,8 @@ class SteadfastSimulation {
       }
     }
     if (!started && this.ladder.scheduled !== null && this.training === null) this.setDown('backoff');
+    // As the recovery actuator does, once the transition's steps are out (actuators/recovery/evict.ts).
+    for (const { replaced, by } of activated) this.feed({ type: 'standby_activated', time: this.now, replaced, by });
   }
 
   /** Held-back restarts and lazy updates fire on a tick at (or after) their time. */
@@ -290,11 +293,12 @@ class SteadfastSimulation {
   // What the steps do in the world
 
   /** §6.2: the evicted machines leave the job; standbys (or cold nodes) take their slots. */
-  private evict(nodes: readonly string[]): void {
-    const replaced = this.members.replace(nodes);
-    const { cold } = this.pool.replace(replaced, this.now);
+  private evict(nodes: readonly string[]): { replaced: string; by: string }[] {
+    const replacements = this.members.replace(nodes);
+    const { cold } = this.pool.replace(replacements.length, this.now);
     const before = this.evicted ?? { nodes: 0, cold: 0 };
-    this.evicted = { nodes: before.nodes + replaced, cold: before.cold + cold };
+    this.evicted = { nodes: before.nodes + replacements.length, cold: before.cold + cold };
+    return replacements;
   }
 
   private relaunch(): void {

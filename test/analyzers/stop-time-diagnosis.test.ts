@@ -5,6 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { agentDeadlineSeconds, ringNeighbours, runStopTimeDiagnostics, summarizeDiagnostics, type AgentOutcome } from '../../analyzers/stop-time-diagnosis.js';
+import { ALL_CHECKS_STAGE, runStagedDiagnostics } from '../../analyzers/staged-diagnosis.js';
 import type { CheckReport, DiagnoseReport } from '../../core/diagnostics.js';
 import { InputError } from '../../core/errors.js';
 import { silentLogger } from '../../core/log.js';
@@ -227,5 +228,62 @@ describe('runStopTimeDiagnostics against real agents', () => {
     await expect(runStopTimeDiagnostics(['node-1', 'node-1'], options)).rejects.toThrow(InputError);
     await expect(runStopTimeDiagnostics(['bad node'], options)).rejects.toThrow(/nodes\.0/);
     await expect(runStopTimeDiagnostics(['node-1'], { ...options, timeoutSeconds: 0 })).rejects.toThrow(/timeoutSeconds/);
+  });
+});
+
+describe('runStagedDiagnostics', () => {
+  /** A stand-in for every agent: answers per stage from `answer(node, checks)`. */
+  type Asked = { node: string; checks: string[] | undefined };
+  function fakeAgents(answer: (node: string, checks: string[]) => { status: number; body: unknown }): { fetch: typeof fetch; asked: Asked[] } {
+    const asked: Asked[] = [];
+    const fake = async (input: string | URL | Request, init?: RequestInit): Promise<Response> => {
+      const node = new URL(String(input)).hostname;
+      const { checks } = JSON.parse(String(init?.body)) as { checks?: string[] };
+      asked.push({ node, checks });
+      const { status, body } = answer(node, checks ?? ['eud', 'all-gather']);
+      return new Response(JSON.stringify(body), { status });
+    };
+    return { fetch: fake as typeof fetch, asked };
+  }
+  const report = (node: string, checks: string[], failing?: string): DiagnoseReport => ({
+    node,
+    startedAt: '2025-01-01T00:00:00.000Z',
+    seconds: 1,
+    checks: checks.map((name) => (name === failing ? { ...passed(name), result: 'failed', ok: false, exitCode: 1 } : passed(name))),
+  });
+  const stages = [
+    { name: 'machine', checks: ['eud'] },
+    { name: 'inter-machine', checks: ['all-gather'] },
+  ];
+  const options = (fake: typeof fetch) => ({ agentUrl: (node: string) => `http://${node}:9401`, timeoutSeconds: 20, fetch: fake });
+
+  it('asks every node for every check in one call when no stages are configured', async () => {
+    const agents = fakeAgents((node, checks) => ({ status: 200, body: report(node, checks, node === 'n2' ? 'eud' : undefined) }));
+    const result = await runStagedDiagnostics(['n1', 'n2'], [], options(agents.fetch));
+    expect(agents.asked).toEqual([
+      { node: 'n1', checks: undefined },
+      { node: 'n2', checks: undefined },
+    ]);
+    expect(result).toMatchObject({ evict: ['n2'], skipped: [] });
+    expect(result.stages.map((stage) => stage.stage)).toEqual([ALL_CHECKS_STAGE.name]);
+  });
+
+  it('stops when no node was cleared, rather than run a multi-machine test on nobody', async () => {
+    const agents = fakeAgents(() => ({ status: 409, body: { error: 'busy' } }));
+    const result = await runStagedDiagnostics(['n1', 'n2', 'n3'], stages, options(agents.fetch));
+    expect(result).toMatchObject({ evict: [], skipped: ['inter-machine'], skipReason: 'no node was cleared by the stage before' });
+    expect(result.stages[0]).toMatchObject({ stage: 'machine', cleared: [], dropped: ['n1', 'n2', 'n3'] });
+    expect(agents.asked.every((entry) => entry.checks?.[0] === 'eud')).toBe(true);
+  });
+
+  it('stops at a stage that evicts a silent node, as it does for a failed check', async () => {
+    const agents = fakeAgents((node, checks) => ({ status: 200, body: report(node, checks) }));
+    const silent = async (input: string | URL | Request, init?: RequestInit): Promise<Response> => {
+      if (new URL(String(input)).hostname === 'n3') throw new TypeError('fetch failed');
+      return agents.fetch(input, init);
+    };
+    const result = await runStagedDiagnostics(['n1', 'n2', 'n3'], stages, options(silent as typeof fetch));
+    // One of three silent: evicted as §4.2 over-eviction allows, and the walk stops there.
+    expect(result).toMatchObject({ evict: ['n3'], skipped: ['inter-machine'], skipReason: 'stage machine found suspects' });
   });
 });

@@ -1,4 +1,4 @@
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -106,13 +106,12 @@ describe('analysis worker', () => {
     return (await audit.read({ limit: 1000 })).filter((entry) => entry.ref === ref).map((entry) => entry.summary);
   }
 
-  it('runs stop-time diagnostics on every node through the real agents and reports the failing node to the ladder', async () => {
-    await jobs.create(jobSpec('diag-job'));
+  /** A real agent per node, each with the diagnostics file `checksOf(node)`; returns their URLs. */
+  async function startAgents(prefix: string, checksOf: (node: string) => unknown[]): Promise<Record<string, string>> {
     const urls: Record<string, string> = {};
     for (const node of NODES) {
-      const file = join(dir, `${node}.json`);
-      // a2's GPU check fails; the others pass.
-      writeFileSync(file, JSON.stringify({ checks: [{ name: 'eud', command: ['sh', '-c', node === 'a2' ? 'echo "GPU 3: fail" >&2; exit 1' : 'exit 0'], timeoutSeconds: 10 }] }));
+      const file = join(dir, `${prefix}-${node}.json`);
+      writeFileSync(file, JSON.stringify({ checks: checksOf(node) }));
       const agent = createAgent({
         node,
         listen: { host: '127.0.0.1', port: 0 },
@@ -125,10 +124,74 @@ describe('analysis worker', () => {
       agents.push(agent);
       urls[node] = `http://127.0.0.1:${(await agent.start()).port}`;
     }
+    return urls;
+  }
+
+  it('runs stop-time diagnostics on every node through the real agents and reports the failing node to the ladder', async () => {
+    await jobs.create(jobSpec('diag-job'));
+    // a2's GPU check fails; the others pass.
+    const urls = await startAgents('diag', (node) => [{ name: 'eud', command: ['sh', '-c', node === 'a2' ? 'echo "GPU 3: fail" >&2; exit 1' : 'exit 0'], timeoutSeconds: 10 }]);
     const evict = await processor(urls)(analysisJob({ kind: 'diagnostics', job: 'diag-job', ref: 't1:0', reason: 'crash without culprit' }));
     expect(evict).toEqual({ evict: ['a2'] });
     expect(feedback).toEqual([{ job: 'diag-job', event: { type: 'diagnostics_result', time: expect.any(Number), suspects: ['a2'] }, eventId: 't1:0:diagnostics' }]);
     expect((await auditSummaries('t1:0'))[0]).toMatch(/^diag-job: diagnostics: evict a2; a2 failed eud: .*GPU 3: fail/);
+  });
+
+  // ByteRobust §4.2's hierarchy: EUD on each machine, NCCL inside it, NCCL with the neighbours.
+  const STAGES = [
+    { name: 'machine', checks: ['eud'] },
+    { name: 'intra-machine', checks: ['nccl-all-to-all'] },
+    { name: 'inter-machine', checks: ['nccl-all-gather-neighbours'] },
+  ];
+  /** A check that leaves a file behind saying it ran, and with which peers; fails on `failOn`. */
+  const marking = (name: string, node: string, failOn?: string): unknown => ({
+    name,
+    command: ['sh', '-c', `echo "$STEADFAST_DIAGNOSE_PEERS" > "$0"; [ "$STEADFAST_NODE" != "${failOn ?? ''}" ] || { echo "${name} broke" >&2; exit 1; }`, join(dir, `ran-${name}-${node}`)],
+    timeoutSeconds: 10,
+  });
+  const ran = (name: string): string[] => NODES.filter((node) => existsSync(join(dir, `ran-${name}-${node}`)));
+  const peersSeen = (name: string, node: string): string => readFileSync(join(dir, `ran-${name}-${node}`), 'utf8').trim();
+
+  it('walks the stages and stops at the first that finds a suspect, with every stage on the audit trail', async () => {
+    await jobs.create(jobSpec('staged-job'));
+    const urls = await startAgents('staged', (node) => [
+      { name: 'eud', command: ['sh', '-c', node === 'a2' ? 'echo "GPU 3: fail" >&2; exit 1' : 'exit 0'], timeoutSeconds: 10 },
+      marking('nccl-all-to-all', node),
+      marking('nccl-all-gather-neighbours', node),
+    ]);
+    const evict = await processor(urls, { diagnoseStages: STAGES })(analysisJob({ kind: 'diagnostics', job: 'staged-job', ref: 't7:0', reason: 'crash without culprit' }));
+    expect(evict).toEqual({ evict: ['a2'] });
+    expect(feedback.map((entry) => entry.event)).toEqual([{ type: 'diagnostics_result', time: expect.any(Number), suspects: ['a2'] }]);
+    // The NCCL stages never ran: EUD had localised the failure.
+    expect(ran('nccl-all-to-all')).toEqual([]);
+    expect(ran('nccl-all-gather-neighbours')).toEqual([]);
+    const summaries = await auditSummaries('t7:0');
+    expect(summaries).toHaveLength(2);
+    expect(summaries[0]).toMatch(/^staged-job: diagnostics: stage 1\/3 machine \(eud\) on 4 nodes: evict a2; a2 failed eud: .*GPU 3: fail/);
+    expect(summaries[1]).toMatch(/^staged-job: diagnostics: evict a2; a2 failed eud: .*; stages run: machine; skipped intra-machine, inter-machine: stage machine found suspects$/);
+  });
+
+  it('takes only the nodes a stage cleared to the next, drawing the neighbour ring over them', async () => {
+    await jobs.create(jobSpec('ring-job'));
+    // a3's agent has no EUD configured: it answers 400, is not cleared and goes no further.
+    // The inter-machine all-gather fails on a1.
+    const urls = await startAgents('ring', (node) => [
+      ...(node === 'a3' ? [] : [{ name: 'eud', command: ['true'], timeoutSeconds: 10 }]),
+      marking('nccl-all-to-all', node),
+      marking('nccl-all-gather-neighbours', node, 'a1'),
+    ]);
+    const evict = await processor(urls, { diagnoseStages: STAGES })(analysisJob({ kind: 'diagnostics', job: 'ring-job', ref: 't8:0', reason: 'crash without culprit' }));
+    expect(evict).toEqual({ evict: ['a1'] });
+    expect(ran('nccl-all-to-all')).toEqual(['a0', 'a1', 'a2']);
+    expect(ran('nccl-all-gather-neighbours')).toEqual(['a0', 'a1', 'a2']);
+    // The ring over a0, a1, a2: the next one first, then the one before; a3 is no one's peer.
+    expect(['a0', 'a1', 'a2'].map((node) => peersSeen('nccl-all-gather-neighbours', node))).toEqual(['a1,a2', 'a2,a0', 'a0,a1']);
+    const summaries = await auditSummaries('t8:0');
+    expect(summaries).toHaveLength(4);
+    expect(summaries[0]).toMatch(/^ring-job: diagnostics: stage 1\/3 machine \(eud\) on 4 nodes: no suspect; a3 inconclusive: agent answered 400: unknown check "eud".*; not cleared, not tested further: a3$/);
+    expect(summaries[1]).toBe('ring-job: diagnostics: stage 2/3 intra-machine (nccl-all-to-all) on 3 nodes: no suspect');
+    expect(summaries[2]).toMatch(/^ring-job: diagnostics: stage 3\/3 inter-machine \(nccl-all-gather-neighbours\) on 3 nodes: evict a1; a1 failed nccl-all-gather-neighbours: .*nccl-all-gather-neighbours broke$/);
+    expect(summaries[3]).toMatch(/^ring-job: diagnostics: evict a1; a1 failed nccl-all-gather-neighbours: .*; stages run: machine, intra-machine, inter-machine$/);
   });
 
   it('runs dual-phase replay with the job\'s replay command and names the one machine in both failing groups', async () => {

@@ -172,6 +172,7 @@ describe('classifySignal', () => {
       faultClass: 'machine',
       nodes: ['node-7'],
       detail: verdict.reason,
+      signature: 'gpu-lost',
     });
   });
 });

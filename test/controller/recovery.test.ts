@@ -11,7 +11,7 @@ import { silentLogger } from '../../core/log.js';
 import { DEFAULT_RECOVERY } from '../../core/config.js';
 import { JobStore } from '../../controller/job-store.js';
 import type { LadderStep } from '../../core/ladder.js';
-import type { RecoveryJob } from '../../core/queues.js';
+import type { LadderEventJob, RecoveryJob } from '../../core/queues.js';
 import { post, startController, testConfig } from '../support/controller.js';
 import { testRedis } from '../support/redis.js';
 import { until } from '../support/until.js';
@@ -84,6 +84,37 @@ describe('recovery of a registered job on a real Redis', () => {
     expect(job.spec.nodes).toEqual(JOB.nodes);
     const decisions = (await controller.audit.read({ type: 'decision', limit: 100 })).map((entry) => entry.summary);
     expect(decisions.some((summary) => /^llama: rollback to v1/.test(summary))).toBe(true);
+  });
+
+  it('rolls back a crash on the standby that replaced an evicted node, but diagnoses an unrelated crash after the same eviction', async () => {
+    const { store, controller, url } = await setUp();
+    await controller.jobs.setState('llama', 'running', 'trained');
+    expect((await post(`${url}/api/v1/jobs/llama/code-updates`, { version: 'v2', urgent: true })).status).toBe(202);
+    await until('v2 running', () => controller.jobs.get('llama'), (record) => record.spec.codeVersion === 'v2' && record.state === 'running');
+    await post(`${url}/api/v1/signals`, { kind: 'xid', node: 'n01', gpu: '0000:18:00', xid: 79, message: 'GPU has fallen off the bus.', time: new Date().toISOString() });
+    await until('n01 replaced by spare-1', () => controller.jobs.get('llama'), (record) => record.state === 'running' && record.spec.nodes.includes('spare-1'));
+    // The recovery actuator told the ladder who took n01's place.
+    const stored = JSON.parse((await store.redis.get(store.keys.jobLadder('llama'))) ?? '{}') as { replacements?: unknown; lastEviction?: unknown };
+    expect(stored.replacements).toEqual([{ node: 'spare-1', replaced: 'n01', at: expect.any(Number) }]);
+    expect(stored.lastEviction).toMatchObject({ nodes: ['n01'], signatures: ['machine:xid:79'] });
+
+    const crash = (node: string): Record<string, unknown> => ({
+      kind: 'worker_failed',
+      node,
+      job: 'llama',
+      message: 'RuntimeError: CUDA error: an illegal memory access was encountered',
+      time: new Date().toISOString(),
+    });
+    expect((await post(`${url}/api/v1/signals`, crash('spare-1'))).status).toBe(202);
+    await until('rolled back to v1', () => controller.jobs.get('llama'), (record) => record.spec.codeVersion === 'v1' && record.state === 'running');
+    const decisions = async (): Promise<string[]> => (await controller.audit.read({ type: 'decision', limit: 200 })).map((entry) => entry.summary);
+    expect((await decisions()).find((summary) => summary.startsWith('llama: rollback to v1'))).toMatch(/on spare-1, the standby that replaced n01/);
+
+    // The same eviction, minutes ago, and a crash elsewhere that is not its failure: a new incident.
+    expect((await post(`${url}/api/v1/signals`, crash('n03'))).status).toBe(202);
+    const diagnosed = await until('stop-time diagnostics asked for', decisions, (summaries) => summaries.some((summary) => summary.startsWith('llama: run_diagnostics')));
+    expect(diagnosed.find((summary) => summary.startsWith('llama: run_diagnostics'))).toMatch(/a different failure and not on a standby that replaced an evicted node/);
+    expect((await controller.jobs.get('llama')).spec.codeVersion).toBe('v1');
   });
 
   const flap = (startsAt: string): Record<string, unknown> => ({
@@ -196,7 +227,13 @@ describe('the job eviction budget', () => {
 });
 
 /** The recovery actuator alone, on the test Redis, with a generous budget and no ladder behind it. */
-function recoveryProcessor(store: ReturnType<typeof testRedis>, backend: ClusterBackend, jobs: JobStore, onPage?: (job: string, reason: string) => void): ReturnType<typeof createRecoveryProcessor> {
+function recoveryProcessor(
+  store: ReturnType<typeof testRedis>,
+  backend: ClusterBackend,
+  jobs: JobStore,
+  onPage?: (job: string, reason: string) => void,
+  feedback: (event: LadderEventJob) => Promise<unknown> = async () => undefined,
+): ReturnType<typeof createRecoveryProcessor> {
   return createRecoveryProcessor({
     redis: store.redis,
     keys: store.keys,
@@ -205,7 +242,7 @@ function recoveryProcessor(store: ReturnType<typeof testRedis>, backend: Cluster
     gates: new SafetyGates(store.redis, store.keys, { maxPerWindow: 10, windowSeconds: 600 }, 30),
     jobs,
     logger: silentLogger(),
-    feedback: async () => undefined,
+    feedback,
     onPage,
     quarantine: { afterEvictions: DEFAULT_RECOVERY.quarantineAfterEvictions, windowMs: DEFAULT_RECOVERY.quarantineWindowSeconds * 1000 },
   });
@@ -257,6 +294,37 @@ describe('a recovery interrupted half way', () => {
       await expect(processor(job)).resolves.toEqual({ done: 2 });
       expect(drains).toBe(1);
       expect((await jobs.get('llama')).spec.nodes).toEqual(['n00', 'spare-1', 'n02', 'n03']);
+    } finally {
+      await store.cleanup();
+    }
+  });
+});
+
+describe('the replacement reported to the ladder', () => {
+  const steps = [{ verb: 'evict' as const, job: 'llama', nodes: ['n01'], reason: 'machine fault', citation: '§4.1' }];
+
+  it('tells the ladder which standby took the evicted node\'s place, once per step', async () => {
+    const { store, jobs, backend } = await registeredJobOnDryRun();
+    try {
+      const events: LadderEventJob[] = [];
+      const processor = recoveryProcessor(store, backend, jobs, undefined, async (event) => events.push(event));
+      await expect(processor(recoveryJob('t-standby', 'llama', steps))).resolves.toEqual({ done: 1 });
+      expect(events).toEqual([{ job: 'llama', event: { type: 'standby_activated', time: expect.any(Number), replaced: 'n01', by: 'spare-1' }, eventId: 't-standby:0:standby:n01' }]);
+    } finally {
+      await store.cleanup();
+    }
+  });
+
+  it('finishes the eviction when the report cannot be delivered, rather than take a second standby on a retry', async () => {
+    const { store, jobs, backend } = await registeredJobOnDryRun();
+    try {
+      await backend.holdStandby('spare-2');
+      const processor = recoveryProcessor(store, backend, jobs, undefined, async () => {
+        throw new Error('Redis went away');
+      });
+      await expect(processor(recoveryJob('t-lost', 'llama', steps))).resolves.toEqual({ done: 1 });
+      expect((await jobs.get('llama')).spec.nodes).toEqual(['n00', 'spare-1', 'n02', 'n03']);
+      expect(await backend.standbys()).toEqual(['spare-2']);
     } finally {
       await store.cleanup();
     }

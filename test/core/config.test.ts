@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { InputError } from '../../core/errors.js';
 import { envOverrides, loadConfig, resolveToken } from '../../core/config.js';
+import { workerTiming } from '../../core/queues.js';
 import { DEFAULT_LADDER_CONFIG, ladderConfig } from '../../controller/ladder/index.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'steadfast-config-'));
@@ -36,6 +37,34 @@ describe('configuration', () => {
     expect(ladderConfig(loadConfig({ env: {} }).recovery)).toEqual(DEFAULT_LADDER_CONFIG);
     const inverted = file('inverted.yaml', 'recovery:\n  retryInitialBackoffSeconds: 120\n  retryMaxBackoffSeconds: 60\n');
     expect(() => loadConfig({ file: inverted, env: {} })).toThrow(/recovery\.retryMaxBackoffSeconds: must be at least retryInitialBackoffSeconds/);
+  });
+
+  it('reads the stop-time checks\' stages in order, and refuses a check in two stages or a stage named twice', () => {
+    expect(loadConfig({ env: {} }).analysis.diagnoseStages).toEqual([]);
+    const staged = file(
+      'stages.yaml',
+      'analysis:\n  diagnoseStages:\n    - { name: machine, checks: [eud] }\n    - { name: intra-machine, checks: [nccl-all-to-all], timeoutSeconds: 300 }\n',
+    );
+    expect(loadConfig({ file: staged, env: {} }).analysis.diagnoseStages).toEqual([
+      { name: 'machine', checks: ['eud'] },
+      { name: 'intra-machine', checks: ['nccl-all-to-all'], timeoutSeconds: 300 },
+    ]);
+    const twice = file('twice.yaml', 'analysis:\n  diagnoseStages:\n    - { name: a, checks: [eud] }\n    - { name: b, checks: [eud] }\n');
+    expect(() => loadConfig({ file: twice, env: {} })).toThrow(/analysis\.diagnoseStages\.1\.checks: check "eud" is already in stage "a"/);
+    const named = file('named.yaml', 'analysis:\n  diagnoseStages:\n    - { name: a, checks: [eud] }\n    - { name: a, checks: [nccl] }\n');
+    expect(() => loadConfig({ file: named, env: {} })).toThrow(/analysis\.diagnoseStages\.1\.name: stage name "a" is used twice/);
+    const empty = file('empty-stage.yaml', 'analysis:\n  diagnoseStages:\n    - { name: a, checks: [] }\n');
+    expect(() => loadConfig({ file: empty, env: {} })).toThrow(/analysis\.diagnoseStages\.0\.checks/);
+  });
+
+  it('takes how soon a dead worker\'s jobs move on from the queues section, within bounds, BullMQ\'s 30 s by default', () => {
+    expect(loadConfig({ env: {} }).queues).toEqual({ lockDurationSeconds: 30, stalledIntervalSeconds: 30 });
+    expect(workerTiming(loadConfig({ env: {} }).queues)).toEqual({ lockDuration: 30_000, stalledInterval: 30_000 });
+    const config = loadConfig({ file: file('queues.yaml', 'queues:\n  lockDurationSeconds: 10\n'), env: { STEADFAST_QUEUES__STALLED_INTERVAL_SECONDS: '5' } });
+    expect(workerTiming(config.queues)).toEqual({ lockDuration: 10_000, stalledInterval: 5000 });
+    expect(() => loadConfig({ env: { STEADFAST_QUEUES__LOCK_DURATION_SECONDS: '1' } })).toThrow(/queues\.lockDurationSeconds/);
+    expect(() => loadConfig({ env: { STEADFAST_QUEUES__STALLED_INTERVAL_SECONDS: '0' } })).toThrow(/queues\.stalledIntervalSeconds/);
+    expect(() => loadConfig({ env: { STEADFAST_QUEUES__LOCK_DURATION_SECONDS: '3601' } })).toThrow(/queues\.lockDurationSeconds/);
   });
 
   it('names the bad field when a value has the wrong type', () => {

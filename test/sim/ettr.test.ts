@@ -125,6 +125,24 @@ describe('steadfast simulate ettr', () => {
     expect(result.resolvedBy).toEqual({ rollback: 1 });
   });
 
+  it('rolls back a crash soon after an eviction only when it repeats the failure or strikes the replacement (§4.2 step ⑦)', () => {
+    const params = ettrParams({ days: 1, standby: 8 });
+    // A bad GPU found by diagnostics and evicted; its slot (nodePick 0.5) goes to a standby.
+    const evicted: ScriptedIncident = { symptom: 'cuda_error', signal: 'crash', root: 'node', gapSeconds: HOUR, diagnosticsFind: true };
+    // Ten minutes of training later, an OOM on another node: a new incident for the stop-time checks.
+    const unrelated = steadfastOn(params, [evicted, { symptom: 'cpu_oom', gapSeconds: 600, nodePick: 0.1 }]);
+    expect(unrelated.ladderSteps).toMatchObject({ run_diagnostics: 2, evict: 1, reattempt: 1 });
+    expect(unrelated.ladderSteps?.rollback).toBeUndefined();
+    expect(unrelated.resolvedBy).toEqual({ diagnosed_eviction: 1, reattempt: 1 });
+    // The same OOM on the standby that took the evicted node's place: the eviction did not help.
+    const onReplacement = steadfastOn(params, [evicted, { symptom: 'cpu_oom', gapSeconds: 600, nodePick: 0.5 }]);
+    expect(onReplacement.ladderSteps).toMatchObject({ run_diagnostics: 1, rollback: 1 });
+    // Another CUDA error elsewhere: the same failure again.
+    const again = steadfastOn(params, [evicted, { symptom: 'cuda_error', signal: 'crash', root: 'transient', gapSeconds: 600, nodePick: 0.1 }]);
+    expect(again.ladderSteps).toMatchObject({ run_diagnostics: 1, rollback: 1 });
+    expect(again.resolvedBy).toEqual({ diagnosed_eviction: 1, rollback: 1 });
+  });
+
   it('runs the real ladder with the configuration it is given: a retry limit of one pages a human instead of rolling back', () => {
     const params = ettrParams({ days: 1 });
     const result = steadfastOn(params, [{ symptom: 'cuda_error', root: 'user_code', gapSeconds: HOUR }], { ...DEFAULT_LADDER_CONFIG, retryLimit: 1 });

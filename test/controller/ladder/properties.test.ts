@@ -15,6 +15,7 @@ const eventBody = fc.oneof(
     faultClass: fc.constantFrom(...FAULT_CLASSES),
     nodes: nodeList,
     detail: fc.string({ maxLength: 20 }),
+    signature: fc.option(fc.constantFrom('xid:79', 'nccl:timeout', 'exit:1'), { nil: undefined }),
   }),
   fc.record({ type: fc.constant('restart_succeeded' as const) }),
   fc.record({ type: fc.constant('restart_failed' as const) }),
@@ -22,6 +23,7 @@ const eventBody = fc.oneof(
   fc.record({ type: fc.constant('replay_result' as const), culprits: nodeList }),
   fc.record({ type: fc.constant('code_update' as const), version: fc.constantFrom('v1', 'v2', 'v3', 'v4'), urgent: fc.boolean() }),
   fc.record({ type: fc.constant('tick' as const) }),
+  fc.record({ type: fc.constant('standby_activated' as const), replaced: fc.constantFrom(...NODES), by: fc.constantFrom('spare-1', 'spare-2', ...NODES) }),
 );
 // Mostly forward in time, sometimes far (windows expire), sometimes backwards (late delivery).
 const delay = fc.oneof(fc.integer({ min: 0, max: 10 * MINUTE }), fc.integer({ min: 0, max: 3 * DAY }), fc.integer({ min: -5 * MINUTE, max: 0 }));

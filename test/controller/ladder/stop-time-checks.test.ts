@@ -69,7 +69,7 @@ describe('ladder: stop-time checks', () => {
     expect(state.phase).toBe('diagnosing');
   });
 
-  it('rolls back when the job crashes soon after an eviction whose restart had succeeded', () => {
+  it('rolls back when the job crashes on the replacement soon after an eviction whose restart had succeeded', () => {
     const recovered = run(jobOnV2(), [
       fault('machine', T0 + 5 * MINUTE, ['node-3']),
       { type: 'restart_failed', time: T0 + 6 * MINUTE },
@@ -77,13 +77,14 @@ describe('ladder: stop-time checks', () => {
       { type: 'code_update', time: T0 + 8 * MINUTE, version: 'v4', urgent: true },
       { type: 'restart_succeeded', time: T0 + 9 * MINUTE },
       fault('machine', T0 + 10 * MINUTE, ['node-8']),
+      { type: 'standby_activated', time: T0 + 10 * MINUTE, replaced: 'node-8', by: 'spare-1' },
       { type: 'restart_succeeded', time: T0 + 11 * MINUTE },
     ]).state;
-    const { state, steps } = run(recovered, [fault('crash', T0 + 20 * MINUTE)]);
+    const { state, steps } = run(recovered, [fault('crash', T0 + 20 * MINUTE, ['spare-1'])]);
     expect(shape(steps)).toEqual([{ verb: 'stop' }, { verb: 'rollback', version: 'v1' }, { verb: 'restart' }]);
     expect(state.phase).toBe('rolling_back');
-    const later = run(recovered, [fault('crash', T0 + 11 * MINUTE + 31 * MINUTE)]);
-    expect(shape(later.steps)).toEqual([{ verb: 'stop' }, { verb: 'run_diagnostics' }]);
+    const later = run(recovered, [fault('crash', T0 + 11 * MINUTE + 31 * MINUTE, ['spare-1'])]);
+    expect(shape(later.steps)).toEqual([{ verb: 'stop' }, { verb: 'run_diagnostics', nodes: ['spare-1'] }]);
   });
 
   it('runs dual-phase replay when the rollback fails', () => {

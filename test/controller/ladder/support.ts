@@ -14,9 +14,9 @@ export const JOB = 'llm-70b';
 export const NO_BACKOFF: LadderConfig = { ...DEFAULT_LADDER_CONFIG, retryInitialBackoffMs: 0 };
 
 let signalCounter = 0;
-export function fault(faultClass: FaultClass, at: number, nodes: string[] = [], detail = 'test fault'): LadderEvent {
+export function fault(faultClass: FaultClass, at: number, nodes: string[] = [], detail = 'test fault', signature?: string): LadderEvent {
   signalCounter += 1;
-  return { type: 'fault', time: at, signalId: `s-${signalCounter}`, faultClass, nodes, detail };
+  return { type: 'fault', time: at, signalId: `s-${signalCounter}`, faultClass, nodes, detail, ...(signature === undefined ? {} : { signature }) };
 }
 
 /** Feeds the events in order and returns the last transition. */
