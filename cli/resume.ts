@@ -4,7 +4,7 @@ import { loadConfig } from '../core/config.js';
 import { nodeNameSchema } from '../core/names.js';
 import { Keys, workerConnection } from '../core/redis.js';
 import { parseOrThrow } from '../core/validate.js';
-import { createBackend } from '../controller/service.js';
+import { createBackend } from '../actuators/backend-from-config.js';
 import { runCommand } from './common.js';
 
 /**

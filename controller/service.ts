@@ -10,13 +10,10 @@ import type { Logger } from '../core/log.js';
 import { Keys, intakeConnection, isRedisUp, redactedRedisUrl, workerConnection, type Redis } from '../core/redis.js';
 import { QUEUE_JOB_OPTIONS, QUEUE_NAMES, workerTiming, type ActionJob, type AnalysisJob, type RecoveryJob, type SignalJob } from '../core/queues.js';
 import type { ClusterBackend } from '../actuators/backend.js';
-import { DryRunBackend } from '../actuators/dry-run.js';
+import { createBackend } from '../actuators/backend-from-config.js';
 import { createDrainProcessor } from '../actuators/drain.js';
 import { SafetyGates, drainBudget } from '../actuators/safety.js';
 import { StandbyPool } from '../actuators/standby-pool.js';
-import { SlurmBackend } from '../actuators/slurm.js';
-import { SlurmRestClient } from '../actuators/slurm-rest.js';
-import { kubernetesBackend, type KubernetesConnection } from '../actuators/kubernetes.js';
 import { SignalIntake } from './intake.js';
 import { GrafanaAnnotator } from './grafana.js';
 import { ControllerMetrics } from './metrics.js';
@@ -63,27 +60,6 @@ async function settledWithin(promises: readonly Promise<unknown>[], ms: number):
 
 /** How often time is fed through every job's recovery ladder. */
 const RECOVERY_TICK_MS = 5000;
-
-export function createBackend(config: Config, redis: Redis, keys: Keys): ClusterBackend {
-  switch (config.backend.kind) {
-    case 'slurm': {
-      const { rest, ...slurm } = config.backend.slurm;
-      return new SlurmBackend({ ...slurm, rest: rest && new SlurmRestClient({ ...rest, timeoutMs: slurm.timeoutMs }) });
-    }
-    case 'kubernetes': {
-      const k8s = config.backend.kubernetes;
-      const connection: KubernetesConnection =
-        k8s.connection === 'token'
-          ? { kind: 'token', server: k8s.server ?? '', token: resolveToken({ tokenFile: k8s.tokenFile }, 'backend.kubernetes'), caFile: k8s.caFile }
-          : k8s.connection === 'kubeconfig'
-            ? { kind: 'kubeconfig', path: k8s.kubeconfig, context: k8s.context }
-            : { kind: 'in-cluster' };
-      return kubernetesBackend({ connection, timeoutMs: k8s.timeoutMs });
-    }
-    case 'dry-run':
-      return new DryRunBackend(redis, keys);
-  }
-}
 
 /**
  * The controller's composition root: every connection, queue, worker and metric is made here

@@ -4,7 +4,7 @@ import { AuditLog, type AuditEntry } from '../core/audit.js';
 import { instantQuery } from '../core/prometheus.js';
 import { Keys, workerConnection, type Redis } from '../core/redis.js';
 import { AGENT_SCRAPE_JOB } from '../core/scrape.js';
-import { createBackend } from '../controller/service.js';
+import { createBackend } from '../actuators/backend-from-config.js';
 import { RULE_FILES, renderAlertmanagerConfig } from '../rules/index.js';
 import { ControlPlane } from './control-plane.js';
 import { ControllerProcess } from './controller-process.js';

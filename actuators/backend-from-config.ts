@@ -1,0 +1,30 @@
+import type { Config } from '../core/config.js';
+import { resolveToken } from '../core/config.js';
+import type { Keys, Redis } from '../core/redis.js';
+import type { ClusterBackend } from './backend.js';
+import { DryRunBackend } from './dry-run.js';
+import { kubernetesBackend, type KubernetesConnection } from './kubernetes.js';
+import { SlurmRestClient } from './slurm-rest.js';
+import { SlurmBackend } from './slurm.js';
+
+/** The cluster backend the config's `backend:` section names, with its credentials read now. */
+export function createBackend(config: Config, redis: Redis, keys: Keys): ClusterBackend {
+  switch (config.backend.kind) {
+    case 'slurm': {
+      const { rest, ...slurm } = config.backend.slurm;
+      return new SlurmBackend({ ...slurm, rest: rest && new SlurmRestClient({ ...rest, timeoutMs: slurm.timeoutMs }) });
+    }
+    case 'kubernetes': {
+      const k8s = config.backend.kubernetes;
+      const connection: KubernetesConnection =
+        k8s.connection === 'token'
+          ? { kind: 'token', server: k8s.server ?? '', token: resolveToken({ tokenFile: k8s.tokenFile }, 'backend.kubernetes'), caFile: k8s.caFile }
+          : k8s.connection === 'kubeconfig'
+            ? { kind: 'kubeconfig', path: k8s.kubeconfig, context: k8s.context }
+            : { kind: 'in-cluster' };
+      return kubernetesBackend({ connection, timeoutMs: k8s.timeoutMs });
+    }
+    case 'dry-run':
+      return new DryRunBackend(redis, keys);
+  }
+}
