@@ -34,7 +34,7 @@ class XidCollector implements Collector {
   private readonly parser = new KernelLogParser();
   private readonly follower: LogFollower;
   private readonly reported: ReportedXids;
-  /** Fatal Xids of the read in progress, judged once it ends (a later line may show they are history). */
+  /** Fatal Xids of a first read of the log, judged once it ends (a later line may show they are history). */
   private pending: XidCandidate[] = [];
   /** Candidates before this index came before a boot banner in the log as it was at start. */
   private beforeBoot = 0;
@@ -91,11 +91,14 @@ class XidCollector implements Collector {
       this.errors.inc({ pci_bus_id: event.pciBusId, xid: String(event.xid), severity: event.severity });
       if (event.severity !== 'fatal') continue;
       this.context.logger.error({ gpu: event.pciBusId, xid: event.xid, message: event.message }, 'fatal Xid');
-      this.pending.push(this.reported.candidate(event, line, position));
+      const candidate = this.reported.candidate(event, line, position);
+      // What the log held when it was opened waits for the end of that read; a new line is news at once.
+      if (position.firstRead) this.pending.push(candidate);
+      else if (this.reported.reportedCount([candidate]) === 0) this.send(candidate);
     }
   }
 
-  /** At the end of each read: the fatal Xids that are news go on the fast path, in log order. */
+  /** At the end of a first read: the fatal Xids that are news go on the fast path, in log order. */
   private judgePending(): void {
     const candidates = this.pending;
     const beforeBoot = this.beforeBoot;
@@ -110,15 +113,17 @@ class XidCollector implements Collector {
         'fatal Xids in the kernel log at start not sent again: reported before the agent restarted, or logged before the last boot',
       );
     }
-    for (const candidate of candidates.slice(skip)) {
-      const { event } = candidate;
-      this.context.fastPath(
-        { kind: 'xid', node: this.context.node, gpu: event.pciBusId, xid: event.xid, message: event.message, time: new Date().toISOString() },
-        (outcome) => {
-          if (outcome === 'delivered') this.reported.delivered(candidate);
-        },
-      );
-    }
+    for (const candidate of candidates.slice(skip)) this.send(candidate);
+  }
+
+  private send(candidate: XidCandidate): void {
+    const { event } = candidate;
+    this.context.fastPath(
+      { kind: 'xid', node: this.context.node, gpu: event.pciBusId, xid: event.xid, message: event.message, time: new Date().toISOString() },
+      (outcome) => {
+        if (outcome === 'delivered') this.reported.delivered(candidate);
+      },
+    );
   }
 }
 
