@@ -4,7 +4,7 @@ import { constants as osConstants } from 'node:os';
 import { join } from 'node:path';
 import { errorMessage } from '../../core/errors.js';
 import { errnoCode } from '../log-follower.js';
-import { parseStatLine, type ProcessEntry } from './proc-tree.js';
+import { CLOCK_TICKS_PER_SECOND, parseStatLine, type ProcessEntry } from './proc-tree.js';
 import type { PySpyDump, PySpyTarget } from './pyspy-dump.js';
 
 /**
@@ -19,8 +19,9 @@ import type { PySpyDump, PySpyTarget } from './pyspy-dump.js';
  * host's /proc mounted into a container names another process there), its
  * /proc/<pid>/status says it catches SIGUSR1 (SigCgt), its dump file exists, and it is still the
  * process the caller classified (same start time, read again right before the signal). The
- * dump file must be a regular file (not a link) owned by the process's user: a file another user
- * planted under the rank's name is never read.
+ * dump file must be a regular file (not a link) owned by the process's user and written since the
+ * process started: a file another user planted under the rank's name is never read, and the file
+ * of an earlier process that had the same pid does not make its successor a target.
  */
 
 export interface FaulthandlerTarget extends PySpyTarget {
@@ -92,8 +93,20 @@ async function readProc(procfs: string, pid: number, file: string): Promise<stri
   }
 }
 
-/** The newest `*-pid<pid>.stacks` that is a regular file owned by `uid`, opened without following links. */
-async function openDumpFile(target: FaulthandlerTarget, uid: number): Promise<{ path: string; handle: FileHandle }> {
+/** Boot time (`btime` of <procfs>/stat, seconds since the epoch), to turn a process's start ticks into a time. */
+export function parseBootTime(stat: string): number | undefined {
+  const seconds = /^btime (\d{1,12})$/m.exec(stat)?.[1];
+  return seconds === undefined ? undefined : Number(seconds);
+}
+
+/** btime is whole seconds: a file written in the process's first second may look a little older. */
+const START_SLACK_MS = 1000;
+
+/**
+ * The newest `*-pid<pid>.stacks` that is a regular file owned by `uid` and modified since the
+ * process started (`startedAtMs`), opened without following links.
+ */
+async function openDumpFile(target: FaulthandlerTarget, uid: number, startedAtMs: number): Promise<{ path: string; handle: FileHandle }> {
   const suffix = FILE_SUFFIX(target.pid);
   let best: { path: string; modified: number } | undefined;
   for (const dir of target.directories) {
@@ -108,22 +121,25 @@ async function openDumpFile(target: FaulthandlerTarget, uid: number): Promise<{ 
       if (!name.endsWith(suffix)) continue;
       const path = join(dir, name);
       const info = await lstat(path).catch(() => undefined);
-      if (info === undefined || !info.isFile() || info.uid !== uid) continue;
+      if (info === undefined || !info.isFile() || info.uid !== uid || info.mtimeMs < startedAtMs - START_SLACK_MS) continue;
       if (best === undefined || info.mtimeMs > best.modified) best = { path, modified: info.mtimeMs };
     }
   }
   if (best === undefined) {
-    throw new TargetError(`no faulthandler dump file *${suffix} of the process's user in ${target.directories.join(', ')}; not signalled`);
+    throw new TargetError(`no faulthandler dump file *${suffix} of the process's user, written since it started, in ${target.directories.join(', ')}; not signalled`);
   }
-  const handle = await open(best.path, fsConstants.O_RDONLY | fsConstants.O_NOFOLLOW).catch((error: unknown) => {
-    throw new TargetError(`cannot open ${best.path}: ${errorMessage(error)}`);
+  const path = best.path;
+  const handle = await open(path, fsConstants.O_RDONLY | fsConstants.O_NOFOLLOW).catch((error: unknown) => {
+    throw new TargetError(`cannot open ${path}: ${errorMessage(error)}`);
   });
-  const info = await handle.stat();
-  if (!info.isFile() || info.uid !== uid) {
-    await handle.close();
-    throw new TargetError(`${best.path} changed while it was opened; not signalled`);
+  try {
+    const info = await handle.stat();
+    if (info.isFile() && info.uid === uid) return { path, handle };
+  } catch {
+    // Treated as changed, below.
   }
-  return { path: best.path, handle };
+  await handle.close();
+  throw new TargetError(`${path} changed while it was opened; not signalled`);
 }
 
 function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
@@ -151,14 +167,15 @@ async function foreignPidNamespace(procfs: string): Promise<string | undefined> 
 }
 
 /** Signals one rank and waits for its dump; throws TargetError with what went wrong. */
-async function dumpOne(target: FaulthandlerTarget, options: FaulthandlerOptions, deadline: number): Promise<string> {
+async function dumpOne(target: FaulthandlerTarget, options: FaulthandlerOptions, deadline: number, bootTime: number): Promise<string> {
   const sigusr1 = osConstants.signals.SIGUSR1;
   const status = parseSignalStatus(await readProc(options.procfs, target.pid, 'status'));
   if (status === undefined) throw new TargetError(`cannot read the signal mask of process ${target.pid}`);
   if (!catches(status.caught, sigusr1)) {
     throw new TargetError(`process ${target.pid} has no SIGUSR1 handler (the training script did not call enable_stack_dumps()); not signalled, as SIGUSR1 would end it`);
   }
-  const { path, handle } = await openDumpFile(target, status.uid);
+  const startedAtMs = (bootTime + target.startTimeTicks / CLOCK_TICKS_PER_SECOND) * 1000;
+  const { path, handle } = await openDumpFile(target, status.uid, startedAtMs);
   try {
     const start = (await handle.stat()).size;
     // The process the caller classified, and no other that took its pid since.
@@ -205,11 +222,16 @@ export async function dumpWithFaulthandler(targets: readonly FaulthandlerTarget[
   const deadline = Date.now() + options.deadlineMs;
   const foreign = await foreignPidNamespace(options.procfs);
   if (foreign !== undefined) return targets.map(({ pid, role, rank }) => ({ pid, role, rank, ok: false, error: foreign }));
+  const bootTime = parseBootTime(await readFile(join(options.procfs, 'stat'), 'utf8').catch(() => ''));
+  if (bootTime === undefined) {
+    const error = `not signalled: no boot time in ${join(options.procfs, 'stat')}, so a dump file cannot be told from an earlier process's`;
+    return targets.map(({ pid, role, rank }) => ({ pid, role, rank, ok: false, error }));
+  }
   return Promise.all(
     targets.map(async (target): Promise<PySpyDump> => {
       const { pid, role, rank } = target;
       try {
-        return { pid, role, rank, ok: true, dump: await dumpOne(target, options, deadline) };
+        return { pid, role, rank, ok: true, dump: await dumpOne(target, options, deadline, bootTime) };
       } catch (error) {
         return { pid, role, rank, ok: false, error: error instanceof TargetError ? error.message : `faulthandler dump failed: ${errorMessage(error)}` };
       }

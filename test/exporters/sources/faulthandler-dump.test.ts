@@ -1,8 +1,8 @@
-import { chownSync, mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, statSync, symlinkSync } from 'node:fs';
+import { chownSync, mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, statSync, symlinkSync, utimesSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { dumpWithFaulthandler, parseSignalStatus, stackDirectories, type FaulthandlerTarget } from '../../../exporters/sources/faulthandler-dump.js';
+import { dumpWithFaulthandler, parseBootTime, parseSignalStatus, stackDirectories, type FaulthandlerTarget } from '../../../exporters/sources/faulthandler-dump.js';
 import { parseStatLine } from '../../../exporters/sources/proc-tree.js';
 import { alive, startRank, stopRanks, type PythonRank, type RankMode } from '../python-ranks.js';
 
@@ -87,6 +87,17 @@ describe('faulthandler dumps of real Python ranks', () => {
     }
   });
 
+  it('takes no file last written before the process started: an earlier process that had the same pid left it', async () => {
+    const python = await rank('collective');
+    const longAgo = new Date(Date.now() - 3600_000);
+    utimesSync(python.file ?? '', longAgo, longAgo);
+    const size = statSync(python.file ?? '').size;
+    const [result] = await dumpWithFaulthandler([target(python.pid)], OPTIONS);
+    expect(result).toMatchObject({ ok: false, error: expect.stringContaining('written since it started') });
+    await new Promise((resolve) => setTimeout(resolve, 150));
+    expect(statSync(python.file ?? '').size).toBe(size);
+  });
+
   it('gives up at the deadline when the handler writes nothing', async () => {
     const python = await rank('silent');
     const started = Date.now();
@@ -101,6 +112,11 @@ describe('faulthandler dumps of real Python ranks', () => {
     const fake = join(dir, 'proc');
     mkdirSync(fake);
     symlinkSync('1', join(fake, 'self'));
+    // The right namespace but no boot time: nothing is signalled either.
+    const own = join(dir, 'own-proc');
+    mkdirSync(own);
+    symlinkSync(String(process.pid), join(own, 'self'));
+    expect((await dumpWithFaulthandler([target(python.pid)], { ...OPTIONS, procfs: own }))[0]).toMatchObject({ ok: false, error: expect.stringContaining('no boot time') });
     const [result] = await dumpWithFaulthandler([target(python.pid)], { ...OPTIONS, procfs: fake });
     expect(result).toMatchObject({ ok: false, error: expect.stringContaining("is not this agent's pid namespace") });
     const [unknown] = await dumpWithFaulthandler([target(python.pid)], { ...OPTIONS, procfs: join(dir, 'nothing') });
@@ -123,5 +139,12 @@ describe('where a rank writes its dumps, and what its status says', () => {
     expect(typeof status?.caught).toBe('bigint');
     expect(parseSignalStatus('SigCgt:\t0000000000000200\nUid:\t1000\t1001\t1000\t1000\n')).toEqual({ caught: 0x200n, uid: 1001 });
     expect(parseSignalStatus('Name:\tpython3\n')).toBeUndefined();
+  });
+
+  it('reads the boot time from a real /proc/stat', () => {
+    const bootTime = parseBootTime(readFileSync('/proc/stat', 'utf8'));
+    expect(bootTime).toBeGreaterThan(1_000_000_000);
+    expect(bootTime).toBeLessThanOrEqual(Date.now() / 1000);
+    expect(parseBootTime('cpu 1 2 3\n')).toBeUndefined();
   });
 });
