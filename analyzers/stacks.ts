@@ -1,6 +1,7 @@
 import { createHash } from 'node:crypto';
 import { PARALLEL_DIMS, type ParallelDim, type RankPlacement, type Topology } from '../core/topology.js';
-import { normaliseFrame, parsePySpyDump, selectTrainingThread, type PySpyFrame } from './pyspy-parse.js';
+import { parseStackDump } from './faulthandler-parse.js';
+import { normaliseFrame, selectTrainingThread, type PySpyFrame } from './pyspy-parse.js';
 
 /**
  * Stack-trace aggregation (ByteRobust §5.1): compare the training thread's stack of every rank,
@@ -10,6 +11,7 @@ import { normaliseFrame, parsePySpyDump, selectTrainingThread, type PySpyFrame }
  */
 
 export { normaliseFrame, normaliseModulePath, parsePySpyDump, selectTrainingThread } from './pyspy-parse.js';
+export { isFaulthandlerDump, parseFaulthandlerDump, parseStackDump } from './faulthandler-parse.js';
 export type { PySpyFrame, PySpyParse, PySpyProcess, PySpyThread, TrainingThread } from './pyspy-parse.js';
 
 export type SuspectKind = ParallelDim | 'node';
@@ -69,7 +71,7 @@ export interface AggregateOptions {
   readonly skippedLines?: number;
 }
 
-/** Step 1 of §5.1 on each rank's py-spy text: pick the training thread, normalise its frames. */
+/** Step 1 of §5.1 on each rank's py-spy or faulthandler text: pick the training thread, normalise its frames. */
 export function stacksFromDumps(dumps: ReadonlyMap<number, string>): RankStacks {
   // The same frames recur on every rank: normalise each distinct (file, function) once, and
   // first try the previous rank's frame at the same depth (a string compare, no hashing).
@@ -80,7 +82,7 @@ export function stacksFromDumps(dumps: ReadonlyMap<number, string>): RankStacks 
   const unreadableRanks: number[] = [];
   let skippedLines = 0;
   for (const [rank, text] of dumps) {
-    const parse = parsePySpyDump(text);
+    const parse = parseStackDump(text);
     skippedLines += parse.skippedLines;
     const raw = selectTrainingThread(parse)?.thread.frames ?? [];
     const normalisedRaw: Array<string | null> = [];
@@ -106,7 +108,7 @@ export function stacksFromDumps(dumps: ReadonlyMap<number, string>): RankStacks 
   return { stacks, unreadableRanks: unreadableRanks.sort((a, b) => a - b), skippedLines };
 }
 
-/** The whole of §5.1 from py-spy text per rank. */
+/** The whole of §5.1 from py-spy or faulthandler text per rank. */
 export function aggregateStacks(
   dumps: ReadonlyMap<number, string>,
   topology: Topology,

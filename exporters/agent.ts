@@ -8,7 +8,7 @@ import type { FastPathEvent } from '../core/fast-path-event.js';
 import type { Logger } from '../core/log.js';
 import { ClientRateLimiter, rateLimitMessage, type RateLimitSettings } from '../core/rate-limit.js';
 import { CollectorSet, type AgentRoute, type CollectorFactory, type CollectorPaths, type CollectorSettings } from './collector.js';
-import { createFastPathClient, type FastPathSender } from './fast-path-client.js';
+import { createFastPathClient, type FastPathOutcomeHandler, type FastPathSender } from './fast-path-client.js';
 import { StandbyReporter } from './standby-reporter.js';
 
 /** How often an agent asks the controller whether its node is a standby waiting for a self-check. */
@@ -83,7 +83,7 @@ class NodeAgent implements Agent {
       paths: options.paths,
       logger: options.logger,
       node: options.node,
-      fastPath: (event: FastPathEvent) => this.fastPath.send(event),
+      fastPath: (event: FastPathEvent, onOutcome?: FastPathOutcomeHandler) => this.fastPath.send(event, onOutcome),
       pollIntervalSeconds: options.pollIntervalSeconds,
       settings: options.settings ?? {},
     };

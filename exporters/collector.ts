@@ -3,6 +3,7 @@ import { Gauge, type Registry } from 'prom-client';
 import type { FastPathEvent } from '../core/fast-path-event.js';
 import type { Logger } from '../core/log.js';
 import { encodeExposition } from './exposition.js';
+import type { FastPathOutcomeHandler } from './fast-path-client.js';
 
 /**
  * The agent's collector framework, after prometheus/node_exporter: one collector per file,
@@ -65,8 +66,11 @@ export interface CollectorContext {
   readonly logger: Logger;
   /** This node's name, as the controller and the cluster backend know it. */
   readonly node: string;
-  /** Sends an event on the fast path to the controller (a no-op when none is configured). */
-  readonly fastPath: (event: FastPathEvent) => void;
+  /**
+   * Sends an event on the fast path to the controller (a no-op when none is configured);
+   * `onOutcome` learns whether the controller took it (see FastPathOutcome).
+   */
+  readonly fastPath: (event: FastPathEvent, onOutcome?: FastPathOutcomeHandler) => void;
   /** Background poll interval for collectors that poll (seconds). */
   readonly pollIntervalSeconds: number;
   /** Values of the collector flags (see CollectorFactory.flags); absent keys mean the default. */

@@ -24,8 +24,19 @@ export interface FastPathClientOptions {
   readonly requestTimeoutMs?: number;
 }
 
+/**
+ * What became of one event: `delivered` (the controller answered 2xx), `refused` (invalid, or a
+ * 4xx other than 429), `dropped` (pushed out of a full queue) or `not_sent` (no controller
+ * configured, or the agent closed first).
+ */
+export type FastPathOutcome = 'delivered' | 'refused' | 'dropped' | 'not_sent';
+
+/** Told once what became of an event; must not throw. */
+export type FastPathOutcomeHandler = (outcome: FastPathOutcome) => void;
+
 export interface FastPathSender {
-  send(event: FastPathEvent): void;
+  /** Queues the event; `onOutcome`, when given, is called once when its fate is known. */
+  send(event: FastPathEvent, onOutcome?: FastPathOutcomeHandler): void;
   /** Resolves once the queue is empty (sent or dropped) or the client is closed. */
   drained(): Promise<void>;
   close(): Promise<void>;
@@ -54,8 +65,13 @@ class RejectedSendError extends Error {
   }
 }
 
+interface QueuedEvent {
+  readonly event: FastPathEvent;
+  readonly onOutcome: FastPathOutcomeHandler | undefined;
+}
+
 class FastPathClient implements FastPathSender {
-  private readonly queue: FastPathEvent[] = [];
+  private readonly queue: QueuedEvent[] = [];
   private readonly sent: Counter;
   private readonly failed: Counter<'reason'>;
   private readonly closing = new AbortController();
@@ -78,24 +94,30 @@ class FastPathClient implements FastPathSender {
     });
   }
 
-  send(event: FastPathEvent): void {
-    if (this.closed) return;
+  send(event: FastPathEvent, onOutcome?: FastPathOutcomeHandler): void {
+    if (this.closed) {
+      tell(onOutcome, 'not_sent', this.options.logger);
+      return;
+    }
     if (!this.endpoint) {
       this.options.logger.debug({ event }, 'no controller configured; fast-path event not sent');
+      tell(onOutcome, 'not_sent', this.options.logger);
       return;
     }
     const checked = fastPathEventSchema.safeParse({ ...event, message: event.message.slice(0, MESSAGE_LIMIT) });
     if (!checked.success) {
       this.failed.inc({ reason: 'invalid' });
       this.options.logger.error({ event, err: describeIssues(checked.error.issues) }, 'invalid fast-path event dropped');
+      tell(onOutcome, 'refused', this.options.logger);
       return;
     }
-    this.queue.push(checked.data);
+    this.queue.push({ event: checked.data, onOutcome });
     const limit = this.options.queueLimit ?? 1000;
     while (this.queue.length > limit) {
       const dropped = this.queue.shift();
       this.failed.inc({ reason: 'queue_full' });
-      this.options.logger.error({ event: dropped }, 'fast-path queue full; oldest event dropped');
+      this.options.logger.error({ event: dropped?.event }, 'fast-path queue full; oldest event dropped');
+      tell(dropped?.onOutcome, 'dropped', this.options.logger);
     }
     this.pump ??= this.run().finally(() => {
       this.pump = undefined;
@@ -113,7 +135,7 @@ class FastPathClient implements FastPathSender {
     await this.pump;
     if (this.queue.length > 0) {
       this.options.logger.warn({ events: this.queue.length }, 'agent closing; unsent fast-path events dropped');
-      this.queue.length = 0;
+      for (const entry of this.queue.splice(0)) tell(entry.onOutcome, 'not_sent', this.options.logger);
     }
   }
 
@@ -123,15 +145,17 @@ class FastPathClient implements FastPathSender {
     while (this.queue.length > 0 && !this.closed) {
       const batch = this.queue.slice(0, MAX_BATCH);
       try {
-        await this.post(batch);
+        await this.post(batch.map((entry) => entry.event));
         this.queue.splice(0, batch.length);
         this.sent.inc(batch.length);
+        for (const entry of batch) tell(entry.onOutcome, 'delivered', this.options.logger);
         backoffMs = this.options.initialBackoffMs ?? 500;
       } catch (error) {
         if (error instanceof RejectedSendError) {
           this.queue.splice(0, batch.length);
           this.failed.inc({ reason: 'rejected' }, batch.length);
           this.options.logger.error({ events: batch.length, err: error }, 'controller refused fast-path events; dropped');
+          for (const entry of batch) tell(entry.onOutcome, 'refused', this.options.logger);
           continue;
         }
         const reason = error instanceof RetryableSendError ? error.reason : 'network';
@@ -182,6 +206,16 @@ class FastPathClient implements FastPathSender {
       const timer = setTimeout(done, ms);
       signal.addEventListener('abort', done, { once: true });
     });
+  }
+}
+
+/** Calls an outcome handler; one that throws is logged, never allowed to stop the send loop. */
+function tell(onOutcome: FastPathOutcomeHandler | undefined, outcome: FastPathOutcome, logger: Logger): void {
+  if (onOutcome === undefined) return;
+  try {
+    onOutcome(outcome);
+  } catch (error) {
+    logger.error({ err: error, outcome }, 'fast-path outcome handler failed');
   }
 }
 

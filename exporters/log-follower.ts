@@ -1,7 +1,6 @@
 import { constants as fsConstants, watch, type FSWatcher } from 'node:fs';
 import { open, stat, type FileHandle } from 'node:fs/promises';
 import type { Stats } from 'node:fs';
-import { StringDecoder } from 'node:string_decoder';
 import type { Logger } from '../core/log.js';
 
 /**
@@ -15,6 +14,30 @@ const KMSG_RECORD_BYTES = 16 * 1024;
 const FILE_SLICE_BYTES = 4 * 1024 * 1024;
 /** Upper bound of records read in one go, so a log flood cannot keep one poll running forever. */
 const MAX_RECORDS_PER_POLL = 100_000;
+
+/**
+ * Where a line was read, so that a reader can tell a line it handled before (in an earlier run of
+ * the agent) from a new one. `firstRead`: the line was already there when the follower opened this
+ * log (or this generation of the file); lines written while it follows have `firstRead: false`.
+ */
+export type LogPosition =
+  | {
+      readonly source: 'kmsg';
+      /** The record's sequence number (kernel Documentation/ABI/testing/dev-kmsg); undefined when the header had none. */
+      readonly sequence: number | undefined;
+      readonly firstRead: boolean;
+    }
+  | {
+      readonly source: 'file';
+      readonly ino: number;
+      /** Counts the times the follower started the file over (rotation, truncation, re-creation), from 0. */
+      readonly generation: number;
+      /** Byte offset just past the line (past its newline, when it has one). */
+      readonly end: number;
+      readonly firstRead: boolean;
+    };
+
+export type LineHandler = (line: string, position: LogPosition) => void;
 
 export function errnoCode(error: unknown): string | undefined {
   return error instanceof Error && 'code' in error && typeof error.code === 'string' ? error.code : undefined;
@@ -37,16 +60,21 @@ export class LogFollower {
   private kmsg: FileHandle | undefined;
   /** Highest /dev/kmsg sequence number handled, so a reopen does not count records twice. */
   private lastSequence = -1;
-  private file: { ino: number; offset: number; partial: string; decoder: StringDecoder } | undefined;
+  /** Records read from /dev/kmsg since it was opened: the first read takes what was there already. */
+  private kmsgReads = 0;
+  private file: FileState | undefined;
+  private generation = -1;
   lastError: Error | undefined;
 
   constructor(
     private readonly path: string,
     private readonly intervalMs: number,
-    private readonly onLine: (line: string) => void,
+    private readonly onLine: LineHandler,
     private readonly logger: Logger,
     /** What the log is, for log messages: `kernel log`, `training log`. */
     private readonly what = 'log',
+    /** Called after every read of the log, once the lines it found were handed to onLine. */
+    private readonly onReadEnd?: () => void,
   ) {}
 
   async start(): Promise<void> {
@@ -134,13 +162,20 @@ export class LogFollower {
       // A missing file starts over from its beginning once it exists.
       if (errnoCode(error) === 'ENOENT') this.file = undefined;
       await this.closeKmsg();
+    } finally {
+      this.onReadEnd?.();
     }
   }
 
   /** /dev/kmsg hands out one record per read(2) (kernel Documentation/ABI/testing/dev-kmsg). */
   private async readKmsg(): Promise<void> {
     // Non-blocking, so that a quiet kernel log never parks a libuv thread-pool thread in read(2).
-    this.kmsg ??= await open(this.path, fsConstants.O_RDONLY | fsConstants.O_NONBLOCK);
+    if (this.kmsg === undefined) {
+      this.kmsg = await open(this.path, fsConstants.O_RDONLY | fsConstants.O_NONBLOCK);
+      this.kmsgReads = 0;
+    }
+    const firstRead = this.kmsgReads === 0;
+    this.kmsgReads += 1;
     const buffer = Buffer.alloc(KMSG_RECORD_BYTES);
     for (let records = 0; records < MAX_RECORDS_PER_POLL && !this.closed; records += 1) {
       let bytesRead: number;
@@ -156,20 +191,22 @@ export class LogFollower {
         throw error;
       }
       if (bytesRead === 0) return;
-      this.handleKmsgRecord(buffer.toString('utf8', 0, bytesRead));
+      this.handleKmsgRecord(buffer.toString('utf8', 0, bytesRead), firstRead);
     }
   }
 
-  private handleKmsgRecord(record: string): void {
+  private handleKmsgRecord(record: string, firstRead: boolean): void {
     // `prio,seq,usec,flags;message\n` then ` KEY=value` dictionary lines, which are not message text.
     const firstLine = record.split('\n', 1)[0] ?? '';
-    const sequence = Number(/^\d+,(\d+),/.exec(firstLine)?.[1] ?? Number.NaN);
-    if (Number.isFinite(sequence)) {
+    const parsed = Number(/^\d+,(\d+),/.exec(firstLine)?.[1] ?? Number.NaN);
+    const sequence = Number.isSafeInteger(parsed) ? parsed : undefined;
+    if (sequence !== undefined) {
       if (sequence <= this.lastSequence) return;
       this.lastSequence = sequence;
     }
+    const position: LogPosition = { source: 'kmsg', sequence, firstRead };
     // The kernel escapes newlines inside a record as `\x0a`; each piece is a log line of its own.
-    for (const line of firstLine.split('\\x0a')) this.onLine(line);
+    for (const line of firstLine.split('\\x0a')) this.onLine(line, position);
   }
 
   private async closeKmsg(): Promise<void> {
@@ -190,41 +227,72 @@ export class LogFollower {
       this.logger.info({ path: this.path, replaced, truncated }, `${this.what} file rotated; reading it from the start`);
     }
     if (!this.file || replaced || truncated) {
-      this.file = { ino: info.ino, offset: 0, partial: '', decoder: new StringDecoder('utf8') };
+      this.generation += 1;
+      this.file = { ino: info.ino, generation: this.generation, offset: 0, partial: [], firstRead: true };
     }
     const state = this.file;
-    if (info.size > state.offset) {
-      const handle = await open(this.path, 'r');
-      try {
-        while (state.offset < info.size && !this.closed) {
-          const length = Math.min(FILE_SLICE_BYTES, info.size - state.offset);
-          const buffer = Buffer.alloc(length);
-          const { bytesRead } = await handle.read(buffer, 0, length, state.offset);
-          if (bytesRead === 0) break;
-          state.offset += bytesRead;
-          this.takeLines(state, state.decoder.write(buffer.subarray(0, bytesRead)));
+    try {
+      if (info.size > state.offset) {
+        const handle = await open(this.path, 'r');
+        try {
+          while (state.offset < info.size && !this.closed) {
+            const length = Math.min(FILE_SLICE_BYTES, info.size - state.offset);
+            const buffer = Buffer.alloc(length);
+            const { bytesRead } = await handle.read(buffer, 0, length, state.offset);
+            if (bytesRead === 0) break;
+            this.takeLines(state, buffer.subarray(0, bytesRead));
+          }
+        } finally {
+          await handle.close();
         }
-      } finally {
-        await handle.close();
+        // Content present at start is complete: a last line without a newline is still a line.
+        if (initial) this.flushPartial(state);
+      } else {
+        // Nothing was appended since the last poll, so a line without its newline will not grow.
+        this.flushPartial(state);
       }
-      // Content present at start is complete: a last line without a newline is still a line.
-      if (initial) this.flushPartial(state);
-    } else {
-      // Nothing was appended since the last poll, so a line without its newline will not grow.
-      this.flushPartial(state);
+    } finally {
+      state.firstRead = false;
     }
   }
 
-  private takeLines(state: { partial: string }, chunk: string): void {
-    const lines = (state.partial + chunk).split('\n');
-    state.partial = lines.pop() ?? '';
-    for (const line of lines) this.onLine(line);
+  /**
+   * Splits at newline bytes, not characters, so that every line's end is its exact byte offset
+   * in the file; each line is decoded on its own (a sequence that is not UTF-8 becomes U+FFFD).
+   */
+  private takeLines(state: FileState, chunk: Buffer): void {
+    let start = 0;
+    for (let newline = chunk.indexOf(10); newline >= 0; newline = chunk.indexOf(10, start)) {
+      const piece = chunk.subarray(start, newline);
+      const bytes = state.partial.length === 0 ? piece : Buffer.concat([...state.partial, piece]);
+      state.partial = [];
+      const end = state.offset + newline + 1;
+      this.emitFileLine(state, bytes, end);
+      start = newline + 1;
+    }
+    if (start < chunk.length) state.partial.push(Buffer.from(chunk.subarray(start)));
+    state.offset += chunk.length;
   }
 
-  private flushPartial(state: { partial: string }): void {
-    if (state.partial === '') return;
-    const line = state.partial;
-    state.partial = '';
-    this.onLine(line);
+  private flushPartial(state: FileState): void {
+    if (state.partial.length === 0) return;
+    const bytes = Buffer.concat(state.partial);
+    state.partial = [];
+    this.emitFileLine(state, bytes, state.offset);
   }
+
+  private emitFileLine(state: FileState, bytes: Buffer, end: number): void {
+    this.onLine(bytes.toString('utf8'), { source: 'file', ino: state.ino, generation: state.generation, end, firstRead: state.firstRead });
+  }
+}
+
+interface FileState {
+  readonly ino: number;
+  readonly generation: number;
+  /** Bytes read so far; the next read starts here. */
+  offset: number;
+  /** The start of a line whose newline has not been read yet. */
+  partial: Buffer[];
+  /** Still in the first read of this generation of the file. */
+  firstRead: boolean;
 }

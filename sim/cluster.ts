@@ -1,11 +1,13 @@
+import { randomUUID } from 'node:crypto';
 import { appendFileSync, mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { repoRoot } from '../core/paths.js';
 
 /**
- * A simulated GPU node is a directory with what a real agent reads on a real node: a kernel log
- * and the output of `nvidia-smi -q -x`. Faults are injected by writing to them, exactly as the
- * kernel and the driver would.
+ * A simulated GPU node is a directory with what a real agent reads on a real node: a kernel log,
+ * the output of `nvidia-smi -q -x` and the boot id (`proc/sys/kernel/random/boot_id`). Faults are
+ * injected by writing to them, exactly as the kernel and the driver would. The agent keeps its
+ * record of the Xids it reported in the node's directory too (`xid-state.json`).
  */
 
 const FIXTURE = join(repoRoot(), 'sim', 'fixtures', 'nvidia-smi-a10g.xml');
@@ -23,6 +25,10 @@ export interface SimulatedGpu {
 export class SimulatedNode {
   readonly kmsgPath: string;
   readonly xmlPath: string;
+  /** The node's procfs root: only the boot id is there. */
+  readonly procfs: string;
+  /** Where the node's agent records the last fatal Xid the controller took (`--xid.state-file`). */
+  readonly xidStateFile: string;
   /** The agent's diagnostics file: one GPU check that fails once failDiagnostics() was called. */
   readonly diagnosticsConfig: string;
   private readonly diagnosticsFlag: string;
@@ -38,6 +44,10 @@ export class SimulatedNode {
     mkdirSync(dir, { recursive: true });
     this.kmsgPath = join(dir, 'kern.log');
     this.xmlPath = join(dir, 'nvidia-smi.xml');
+    this.procfs = join(dir, 'proc');
+    this.xidStateFile = join(dir, 'xid-state.json');
+    mkdirSync(join(this.procfs, 'sys', 'kernel', 'random'), { recursive: true });
+    writeFileSync(join(this.procfs, 'sys', 'kernel', 'random', 'boot_id'), `${randomUUID()}\n`);
     this.gpus = Array.from({ length: gpuCount }, (_, index) => ({
       index,
       pciBusId: `0000:${GPU_BUSES[index % GPU_BUSES.length] ?? '00'}:00`,

@@ -10,6 +10,7 @@ import { Controller } from '../controller/service.js';
 import { createAgent, type Agent } from '../exporters/agent.js';
 import { enabledFactories } from '../exporters/index.js';
 import { DIAGNOSE_CONFIG_FLAG } from '../exporters/collectors/diagnose.js';
+import { XID_STATE_FILE_FLAG } from '../exporters/collectors/xid.js';
 import { RULE_FILES, renderAlertmanagerConfig } from '../rules/index.js';
 import { createSimulatedNodes, type SimulatedNode } from './cluster.js';
 import {
@@ -190,12 +191,12 @@ export class SimEnvironment {
     return createAgent({
       node: node.name,
       listen: { host: '127.0.0.1', port },
-      paths: { sysfs: join(node.dir, 'sys'), procfs: join(node.dir, 'proc'), kmsg: node.kmsgPath, nvidiaSmiXml: node.xmlPath, nvidiaSmi: 'nvidia-smi' },
+      paths: { sysfs: join(node.dir, 'sys'), procfs: node.procfs, kmsg: node.kmsgPath, nvidiaSmiXml: node.xmlPath, nvidiaSmi: 'nvidia-smi' },
       pollIntervalSeconds: (options.intervalSeconds ?? 1) / 2,
       // Simulated nodes have a kernel log and nvidia-smi output but no /sys or /proc trees
       // of their own yet; collectors without a source would only report failure.
       collectors: enabledFactories({ rdma: false, nfs: false, process: false, diagnose: true }),
-      settings: { [DIAGNOSE_CONFIG_FLAG]: node.diagnosticsConfig },
+      settings: { [DIAGNOSE_CONFIG_FLAG]: node.diagnosticsConfig, [XID_STATE_FILE_FLAG]: node.xidStateFile },
       controllerUrl: (options.fastPath ?? true) ? this.controllerUrl : undefined,
       controllerToken: this.token,
       logger: this.logger.child({ node: node.name }),
@@ -204,9 +205,10 @@ export class SimEnvironment {
 
   /**
    * Restarts one node's agent on the same port, as a crash or an upgrade would: its in-process
-   * counters start over. With `rotateKernelLog` the kernel log is replaced by an empty one first
-   * (a reboot, or log rotation), so the Xids seen before are gone for the new agent; `downMs`
-   * keeps it stopped that long, so Prometheus misses scrapes in between.
+   * counters start over, and what it reported on the fast path stays reported (its xid state
+   * file). With `rotateKernelLog` the kernel log is replaced by an empty one first (a reboot, or
+   * log rotation), so the Xids seen before are gone for the new agent; `downMs` keeps it stopped
+   * that long, so Prometheus misses scrapes in between.
    */
   async restartAgent(name: string, options: { rotateKernelLog?: boolean; downMs?: number } = {}): Promise<void> {
     const index = this.nodes.findIndex((candidate) => candidate.name === name);

@@ -14,19 +14,27 @@ import {
   type TrainingProcess,
   type TrainingTree,
 } from '../sources/proc-tree.js';
-import { PySpyNotFoundError, dumpPythonStacks, locatePySpy, type PySpyTarget } from '../sources/pyspy-dump.js';
+import { dumpWithFaulthandler, stackDirectories, type FaulthandlerTarget } from '../sources/faulthandler-dump.js';
+import { PySpyNotFoundError, dumpPythonStacks, locatePySpy, type PySpyDump, type PySpyTarget } from '../sources/pyspy-dump.js';
 
 /**
  * The `process` collector: the training job's process tree on this node (launcher, ranks,
  * dataloader workers, checkpoint writers; see exporters/sources/proc-tree.ts for how each is
- * recognised), read from procfs at every scrape, and `POST /api/v1/trace`, which takes py-spy
- * dumps of the ranks and returns them with the NCCL flight-recorder dumps found on the node:
- * what an operator wants first when a job hangs.
+ * recognised), read from procfs at every scrape, and `POST /api/v1/trace`, which takes the
+ * ranks' Python stacks (py-spy, or the ranks' own faulthandler where py-spy is absent) and
+ * returns them with the NCCL flight-recorder dumps found on the node: what an operator wants
+ * first when a job hangs.
  */
 
 export const PY_SPY_FLAG = 'process.py-spy';
+export const STACK_TOOL_FLAG = 'process.stack-tool';
+export const STACK_DIR_FLAG = 'process.stack-dir';
 export const FLIGHT_RECORDER_DIR_FLAG = 'process.flight-recorder-dir';
 export const TRACE_PATH = '/api/v1/trace';
+
+/** `auto`: py-spy when it is installed, else faulthandler. */
+const StackTool = z.enum(['auto', 'py-spy', 'faulthandler']);
+type StackTool = z.infer<typeof StackTool>;
 
 /** One info series per process; a node with 8 ranks × 2–8 workers stays well under it. */
 const MAX_INFO_SERIES = 256;
@@ -123,6 +131,8 @@ class ProcessCollector implements Collector {
   private readonly metrics: ProcessMetrics;
   private readonly identities = new ProcessIdentityCache();
   private readonly pySpy: string;
+  private readonly stackTool: { tool: StackTool } | { error: string };
+  private readonly stackDir: string | undefined;
   private readonly flightRecorder: FlightRecorderSource | undefined;
   private readonly abort = new AbortController();
   private tracing = false;
@@ -134,6 +144,10 @@ class ProcessCollector implements Collector {
   ) {
     this.metrics = new ProcessMetrics(context.registry);
     this.pySpy = flagValue(context.settings, PY_SPY_FLAG) ?? 'py-spy';
+    const tool = StackTool.safeParse(flagValue(context.settings, STACK_TOOL_FLAG) ?? 'auto');
+    this.stackTool = tool.success ? { tool: tool.data } : { error: `--${STACK_TOOL_FLAG} must be one of ${StackTool.options.join(', ')}` };
+    if ('error' in this.stackTool) context.logger.error({ collector: this.name }, `${this.stackTool.error}; POST ${TRACE_PATH} answers 503`);
+    this.stackDir = flagValue(context.settings, STACK_DIR_FLAG);
     this.flightRecorder = flightRecorderSource(flagValue(context.settings, FLIGHT_RECORDER_DIR_FLAG), options.env ?? process.env);
     this.routes = [{ method: 'POST', path: TRACE_PATH, handle: (request) => this.handleTrace(request) }];
   }
@@ -203,44 +217,70 @@ class ProcessCollector implements Collector {
 
   private async trace(pids: readonly number[] | undefined, timeoutSeconds: number): Promise<AgentResponse> {
     const tree = await this.readTree();
-    let targets: PySpyTarget[];
+    let chosen: TrainingProcess[];
     if (pids === undefined) {
-      targets = tree.processes.filter((node) => node.role === 'rank').map(toTarget);
+      chosen = tree.processes.filter((node) => node.role === 'rank');
     } else {
       const outside = pids.filter((pid) => tree.byPid(pid) === undefined);
       if (outside.length > 0) {
         const named = outside.map((pid) => `pid ${pid}`).join(', ');
         return json(400, { error: `${named} ${outside.length === 1 ? 'is' : 'are'} not part of the training process tree on ${this.context.node}`, field: 'pids' });
       }
-      targets = [...new Set(pids)].map((pid) => toTarget(tree.byPid(pid)!));
+      chosen = [...new Set(pids)].map((pid) => tree.byPid(pid)!);
     }
-    let binary: string;
-    try {
-      binary = await locatePySpy(this.pySpy);
-    } catch (error) {
-      if (error instanceof PySpyNotFoundError) return json(503, { error: error.message });
-      throw error;
-    }
+    const tool = await this.chooseTool();
+    if ('status' in tool) return tool;
     const capturedAt = new Date().toISOString();
     const timeoutMs = timeoutSeconds * 1000;
     const [dumps, flightRecorder] = await Promise.all([
-      dumpPythonStacks(targets, {
-        binary,
-        perProcessTimeoutMs: timeoutMs,
-        deadlineMs: timeoutMs,
-        concurrency: this.options.pySpyConcurrency ?? DEFAULT_PY_SPY_CONCURRENCY,
-        signal: this.abort.signal,
-      }),
+      tool.binary === undefined ? this.faulthandlerDumps(chosen, timeoutMs) : this.pySpyDumps(chosen.map(toTarget), tool.binary, timeoutMs),
       this.listFlightRecorder(),
     ]);
     return json(200, {
       node: this.context.node,
       capturedAt,
+      tool: tool.binary === undefined ? 'faulthandler' : 'py-spy',
       dumps,
       flightRecorder: flightRecorder?.files ?? [],
       flightRecorderDir: flightRecorder?.dir ?? null,
       ...(flightRecorder?.error === undefined ? {} : { flightRecorderError: flightRecorder.error }),
     });
+  }
+
+  /** py-spy's path, or none for faulthandler, or the 503 answer when the configured tool cannot run. */
+  private async chooseTool(): Promise<{ binary: string | undefined } | AgentResponse> {
+    if ('error' in this.stackTool) return json(503, { error: this.stackTool.error });
+    if (this.stackTool.tool === 'faulthandler') return { binary: undefined };
+    try {
+      return { binary: await locatePySpy(this.pySpy) };
+    } catch (error) {
+      if (!(error instanceof PySpyNotFoundError)) throw error;
+      if (this.stackTool.tool === 'auto') return { binary: undefined };
+      return json(503, { error: `${error.message}, or use --${STACK_TOOL_FLAG}=faulthandler` });
+    }
+  }
+
+  private pySpyDumps(targets: readonly PySpyTarget[], binary: string, timeoutMs: number): Promise<PySpyDump[]> {
+    return dumpPythonStacks(targets, {
+      binary,
+      perProcessTimeoutMs: timeoutMs,
+      deadlineMs: timeoutMs,
+      concurrency: this.options.pySpyConcurrency ?? DEFAULT_PY_SPY_CONCURRENCY,
+      signal: this.abort.signal,
+    });
+  }
+
+  /** Only ranks are signalled: a forked worker shares its rank's handler and would write into the rank's file. */
+  private async faulthandlerDumps(chosen: readonly TrainingProcess[], timeoutMs: number): Promise<PySpyDump[]> {
+    const procfs = this.context.paths.procfs;
+    const targets: FaulthandlerTarget[] = chosen
+      .filter((node) => node.role === 'rank')
+      .map((node) => ({ ...toTarget(node), startTimeTicks: node.process.startTimeTicks, directories: stackDirectories(procfs, node.process, this.stackDir) }));
+    const taken = await dumpWithFaulthandler(targets, { procfs, deadlineMs: timeoutMs, signal: this.abort.signal });
+    const byPid = new Map(taken.map((dump) => [dump.pid, dump]));
+    return chosen.map(
+      (node) => byPid.get(node.process.pid) ?? { ...toTarget(node), ok: false, error: `not signalled: faulthandler dumps are taken of training ranks only, not of a ${node.role}` },
+    );
   }
 
   private async listFlightRecorder(): Promise<FlightRecorderListing | undefined> {
@@ -259,9 +299,22 @@ export function createProcessCollector(context: CollectorContext, options: Proce
 export const processCollectorFactory: CollectorFactory = {
   name: 'process',
   defaultEnabled: true,
-  help: 'Training process tree from /proc (launcher, ranks, dataloader workers, checkpoint writers) and POST /api/v1/trace (py-spy dumps + NCCL flight-recorder files).',
+  help: 'Training process tree from /proc (launcher, ranks, dataloader workers, checkpoint writers) and POST /api/v1/trace (py-spy or faulthandler stack dumps + NCCL flight-recorder files).',
   flags: [
     { name: PY_SPY_FLAG, value: '<path>', description: 'py-spy binary used by POST /api/v1/trace (a path, or a name looked up on PATH).', default: 'py-spy' },
+    {
+      name: STACK_TOOL_FLAG,
+      value: '<auto|py-spy|faulthandler>',
+      description:
+        "how POST /api/v1/trace takes stacks: py-spy, or faulthandler (SIGUSR1 to each rank that registered it with the Python client's enable_stack_dumps(), and its dump file read back); auto: py-spy when installed, else faulthandler.",
+      default: 'auto',
+    },
+    {
+      name: STACK_DIR_FLAG,
+      value: '<dir>',
+      description:
+        "where ranks write faulthandler dumps, as the agent sees it (default: each rank's own $STEADFAST_STACK_DIR, else its $TMPDIR/steadfast-stacks, else /tmp/steadfast-stacks, read through <procfs>/<pid>/root).",
+    },
     {
       name: FLIGHT_RECORDER_DIR_FLAG,
       value: '<dir>',

@@ -1,18 +1,29 @@
 import { Counter } from 'prom-client';
 import { errorMessage } from '../../core/errors.js';
-import type { Collector, CollectorContext, CollectorFactory } from '../collector.js';
-import { KernelLogParser } from '../sources/kernel-log.js';
-import { LogFollower } from '../log-follower.js';
+import type { Collector, CollectorContext, CollectorFactory, CollectorSettings } from '../collector.js';
+import { isBootBanner, KernelLogParser } from '../sources/kernel-log.js';
+import { LogFollower, type LogPosition } from '../log-follower.js';
+import { bootIdPath, ReportedXids, type XidCandidate } from './xid-reported.js';
 
 /**
  * The `xid` collector: follows the kernel log and counts every `NVRM: Xid` per GPU and code
- * (a counter, not a last-value gauge, so repeats stay visible). Fatal ones also
- * go to the controller on the fast path.
+ * (a counter, not a last-value gauge, so repeats stay visible). Fatal ones also go to the
+ * controller on the fast path, once per occurrence: the counters start from the whole log at
+ * every agent start (the rules expect that, rules/README.md), but a fatal Xid already reported
+ * before a restart (see xid-reported.ts), or logged before the last boot, is not sent again.
  */
+
+export const XID_STATE_FILE_FLAG = 'xid.state-file';
+export const DEFAULT_XID_STATE_FILE = '/var/lib/steadfast/xid-state.json';
 
 export interface XidCollectorOptions {
   /** How often a plain log file is checked for new data, and /dev/kmsg for new records. */
   readonly followIntervalMs?: number;
+}
+
+function flagValue(settings: CollectorSettings, name: string): string | undefined {
+  const value = settings[name];
+  return typeof value === 'string' ? value : value?.at(-1);
 }
 
 // A stat and a short read ten times a second costs little and keeps the fast path under 250 ms.
@@ -22,6 +33,11 @@ class XidCollector implements Collector {
   private readonly errors: Counter<'pci_bus_id' | 'xid' | 'severity'>;
   private readonly parser = new KernelLogParser();
   private readonly follower: LogFollower;
+  private readonly reported: ReportedXids;
+  /** Fatal Xids of a first read of the log, judged once it ends (a later line may show they are history). */
+  private pending: XidCandidate[] = [];
+  /** Candidates before this index came before a boot banner in the log as it was at start. */
+  private beforeBoot = 0;
   private started = false;
 
   constructor(
@@ -34,18 +50,27 @@ class XidCollector implements Collector {
       labelNames: ['pci_bus_id', 'xid', 'severity'],
       registers: [context.registry],
     });
+    const logger = context.logger.child({ collector: this.name });
+    this.reported = new ReportedXids({
+      statePath: flagValue(context.settings, XID_STATE_FILE_FLAG),
+      bootIdPath: bootIdPath(context.paths.procfs),
+      logPath: context.paths.kmsg,
+      logger,
+    });
     this.follower = new LogFollower(
       context.paths.kmsg,
       options.followIntervalMs ?? DEFAULT_FOLLOW_INTERVAL_MS,
-      (line) => this.handleLine(line),
-      context.logger.child({ collector: this.name }),
+      (line, position) => this.handleLine(line, position),
+      logger,
       'kernel log',
+      () => this.judgePending(),
     );
   }
 
   async start(): Promise<void> {
     if (this.started) return;
     this.started = true;
+    await this.reported.load();
     await this.follower.start();
   }
 
@@ -56,23 +81,49 @@ class XidCollector implements Collector {
 
   async close(): Promise<void> {
     await this.follower.close();
+    await this.reported.close();
   }
 
-  private handleLine(line: string): void {
+  private handleLine(line: string, position: LogPosition): void {
+    // Lines the log held when the agent opened it may span reboots: what precedes the last boot is history.
+    if (position.firstRead && isBootBanner(line)) this.beforeBoot = this.pending.length;
     for (const event of this.parser.push(line)) {
       this.errors.inc({ pci_bus_id: event.pciBusId, xid: String(event.xid), severity: event.severity });
       if (event.severity !== 'fatal') continue;
       this.context.logger.error({ gpu: event.pciBusId, xid: event.xid, message: event.message }, 'fatal Xid');
-      // Fatal Xids already in the log at start are sent too: the controller dedupes by fingerprint.
-      this.context.fastPath({
-        kind: 'xid',
-        node: this.context.node,
-        gpu: event.pciBusId,
-        xid: event.xid,
-        message: event.message,
-        time: new Date().toISOString(),
-      });
+      const candidate = this.reported.candidate(event, line, position);
+      // What the log held when it was opened waits for the end of that read; a new line is news at once.
+      if (position.firstRead) this.pending.push(candidate);
+      else if (this.reported.reportedCount([candidate]) === 0) this.send(candidate);
     }
+  }
+
+  /** At the end of a first read: the fatal Xids that are news go on the fast path, in log order. */
+  private judgePending(): void {
+    const candidates = this.pending;
+    const beforeBoot = this.beforeBoot;
+    this.pending = [];
+    this.beforeBoot = 0;
+    if (candidates.length === 0) return;
+    const reported = this.reported.reportedCount(candidates);
+    const skip = Math.max(beforeBoot, reported);
+    if (skip > 0) {
+      this.context.logger.info(
+        { collector: this.name, skipped: skip, reportedBefore: reported, beforeLastBoot: beforeBoot },
+        'fatal Xids in the kernel log at start not sent again: reported before the agent restarted, or logged before the last boot',
+      );
+    }
+    for (const candidate of candidates.slice(skip)) this.send(candidate);
+  }
+
+  private send(candidate: XidCandidate): void {
+    const { event } = candidate;
+    this.context.fastPath(
+      { kind: 'xid', node: this.context.node, gpu: event.pciBusId, xid: event.xid, message: event.message, time: new Date().toISOString() },
+      (outcome) => {
+        if (outcome === 'delivered') this.reported.delivered(candidate);
+      },
+    );
   }
 }
 
@@ -84,5 +135,14 @@ export const xidCollectorFactory: CollectorFactory = {
   name: 'xid',
   defaultEnabled: true,
   help: 'NVIDIA Xid errors from the kernel log (/dev/kmsg or a log file).',
+  flags: [
+    {
+      name: XID_STATE_FILE_FLAG,
+      value: '<file>',
+      description:
+        'where the agent records the last fatal Xid the controller accepted, so that a restarted agent does not report it again (created with its directory; unreadable or corrupt: logged and treated as empty).',
+      default: DEFAULT_XID_STATE_FILE,
+    },
+  ],
   create: (context) => createXidCollector(context),
 };

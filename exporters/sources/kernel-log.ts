@@ -170,6 +170,18 @@ function fallenOffBusEvent(pciBusId: string): XidEvent {
   return { pciBusId, xid: FALLEN_OFF_XID, message: FALLEN_OFF_MESSAGE, severity: verdict.severity, remedy: verdict.remedy };
 }
 
+/**
+ * The kernel's first message of every boot (init/version.c, `linux_banner`):
+ *   Linux version 6.1.0-28-amd64 (debian-kernel@lists.debian.org) (gcc-12 …) #1 SMP PREEMPT_DYNAMIC …
+ * A log that spans reboots (a syslog kern.log, `journalctl -k` of several boots) holds one per
+ * boot; what comes before the last one belongs to an earlier boot. The sample in
+ * shared/realworld/xid-kernel-logs/ pins it in every prefix the other lines have.
+ */
+export function isBootBanner(line: string): boolean {
+  // Cheap test first: this runs on every kernel log line.
+  return line.includes('Linux version ') && stripLinePrefixes(line).startsWith('Linux version ');
+}
+
 /** Parses a whole log text (a captured file); convenient for tests and one-shot reads. */
 export function parseKernelLog(text: string): XidEvent[] {
   const parser = new KernelLogParser();

@@ -79,15 +79,24 @@ export function parseResidentBytes(status: string): number | undefined {
   return match?.[1] === undefined ? undefined : Number(match[1]) * 1024;
 }
 
-/** Rank identity found in a process's environment. */
+/** Rank identity found in a process's environment, and where the rank writes its stack dumps. */
 export interface RankEnvironment {
   readonly rank?: number | undefined;
   readonly localRank?: number | undefined;
   /** srun sets SLURM_PROCID on every task; it is the global rank when srun starts the ranks. */
   readonly slurmProcId?: number | undefined;
+  /** STEADFAST_STACK_DIR, where the Python client writes faulthandler dumps; absolute paths only. */
+  readonly stackDirectory?: string | undefined;
+  /** TMPDIR, else TEMP, else TMP (Python's tempfile order): the client's default is `<it>/steadfast-stacks`. */
+  readonly tempDirectory?: string | undefined;
 }
 
-/** Reads RANK, LOCAL_RANK and SLURM_PROCID from a NUL-separated /proc/<pid>/environ. */
+/** A directory named in an environment variable: absolute, of sane length, or nothing. */
+function absoluteDirectory(value: string | undefined): string | undefined {
+  return value !== undefined && value.startsWith('/') && value.length <= 4096 ? value : undefined;
+}
+
+/** Reads RANK, LOCAL_RANK, SLURM_PROCID and the stack dump directories from a NUL-separated /proc/<pid>/environ. */
 export function parseRankEnvironment(environ: string): RankEnvironment {
   const values = new Map<string, string>();
   for (const entry of environ.split('\0')) {
@@ -98,7 +107,14 @@ export function parseRankEnvironment(environ: string): RankEnvironment {
     const value = strictInteger(values.get(name));
     return value !== undefined && value >= 0 ? value : undefined;
   };
-  return { rank: read('RANK'), localRank: read('LOCAL_RANK'), slurmProcId: read('SLURM_PROCID') };
+  const temp = ['TMPDIR', 'TEMP', 'TMP'].map((name) => values.get(name)).find((value) => value !== undefined && value !== '');
+  return {
+    rank: read('RANK'),
+    localRank: read('LOCAL_RANK'),
+    slurmProcId: read('SLURM_PROCID'),
+    stackDirectory: absoluteDirectory(values.get('STEADFAST_STACK_DIR') || undefined),
+    tempDirectory: absoluteDirectory(temp),
+  };
 }
 
 export interface ProcessEntry extends ProcStat {

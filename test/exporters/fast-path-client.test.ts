@@ -4,7 +4,7 @@ import { Registry } from 'prom-client';
 import { afterEach, describe, expect, it } from 'vitest';
 import type { FastPathEvent } from '../../core/fast-path-event.js';
 import { silentLogger } from '../../core/log.js';
-import { createFastPathClient, type FastPathSender } from '../../exporters/fast-path-client.js';
+import { createFastPathClient, type FastPathOutcome, type FastPathSender } from '../../exporters/fast-path-client.js';
 import { seriesValue, waitFor } from './helpers.js';
 
 const TOKEN = 'test-token-0123456789';
@@ -129,5 +129,46 @@ describe('fast-path client', () => {
     sender.send(event());
     await sender.drained();
     expect(seriesValue(await registry.metrics(), 'steadfast_agent_fast_path_sent_total')).toBe(0);
+  });
+
+  it('tells each event\'s sender what became of it: delivered after retries, refused, dropped from a full queue, not sent at close', async () => {
+    const outcomes: Array<[number, FastPathOutcome]> = [];
+    const note = (xid: number) => (outcome: FastPathOutcome) => void outcomes.push([xid, outcome]);
+
+    const retried = await controller([503, 202]);
+    const first = client(retried.url).sender;
+    first.send(event(79), note(79));
+    await first.drained();
+    expect(outcomes).toEqual([[79, 'delivered']]);
+
+    const refusing = await controller([400]);
+    const second = client(refusing.url).sender;
+    second.send(event(48), note(48));
+    second.send({ ...event(95), gpu: 'GPU-0' }, note(95));
+    await second.drained();
+    expect(outcomes.slice(1)).toEqual([[95, 'refused'], [48, 'refused']]);
+
+    const down = await controller([202]);
+    await new Promise((resolve) => down.server.close(resolve));
+    const third = client(down.url, 1).sender;
+    third.send(event(13), note(13));
+    third.send(event(31), note(31));
+    await third.close();
+    third.send(event(43), note(43));
+    expect(outcomes.slice(3)).toEqual([[13, 'dropped'], [31, 'not_sent'], [43, 'not_sent']]);
+
+    client(undefined).sender.send(event(61), note(61));
+    expect(outcomes.at(-1)).toEqual([61, 'not_sent']);
+  });
+
+  it('keeps sending when an outcome handler throws', async () => {
+    const stub = await controller([202]);
+    const { sender, registry } = client(stub.url);
+    sender.send(event(79), () => {
+      throw new Error('handler bug');
+    });
+    sender.send(event(48));
+    await sender.drained();
+    expect(seriesValue(await registry.metrics(), 'steadfast_agent_fast_path_sent_total')).toBe(2);
   });
 });

@@ -4,6 +4,7 @@ import { join, relative } from 'node:path';
 import fc from 'fast-check';
 import { afterAll, describe, expect, it } from 'vitest';
 import { selectTrainingThread, normaliseFrame, parsePySpyDump } from '../../analyzers/pyspy-parse.js';
+import { parseStackDump } from '../../analyzers/faulthandler-parse.js';
 import { analyzeFlightRecorder, splitRankKeyedDumps } from '../../analyzers/flight-recorder-analysis.js';
 import { expandHostlist } from '../../actuators/hostlist.js';
 import { parseIterationCsv } from '../../cli/detect.js';
@@ -209,6 +210,20 @@ describe('parsers under fuzzing', () => {
     await fuzz(REPORT, 'analyzers/pyspy-parse', textInputs(samples('py-spy', /\.txt$/), tokens), (text) =>
       outcomeOf(() => {
         const parse = parsePySpyDump(text);
+        selectTrainingThread(parse);
+        for (const process of parse.processes) for (const thread of process.threads) for (const frame of thread.frames) normaliseFrame(frame);
+      }), budget(300, 2));
+  });
+
+  it('faulthandler dumps never throw, nor does picking the training thread and normalising its frames', async () => {
+    const tokens = [
+      'Thread 0x00007fab84efd6c0 (most recent call first):\n', 'Current thread 0x00007fab86bc4040 (most recent call first):\n', 'Stack (most recent call first):\n',
+      '  File "/usr/lib/python3.11/threading.py", line 320 in wait\n', '  File ???, line ??? in ???\n', '  File "', '", line ', ' in ', '  <no Python frame>\n', '  ...\n', '...\n',
+      'Fatal Python error: Segmentation fault\n', '# steadfast: job llama-7b rank 3 pid 2679 node gpu-node-07; one dump per signal 10\n', '\n', '  ', '"',
+    ];
+    await fuzz(REPORT, 'analyzers/faulthandler-parse', textInputs(samples('python-faulthandler', /\.stacks$/), tokens), (text) =>
+      outcomeOf(() => {
+        const parse = parseStackDump(text);
         selectTrainingThread(parse);
         for (const process of parse.processes) for (const thread of process.threads) for (const frame of thread.frames) normaliseFrame(frame);
       }), budget(300, 2));

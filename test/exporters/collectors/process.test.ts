@@ -6,7 +6,7 @@ import { silentLogger } from '../../../core/log.js';
 import { createAgent, type Agent } from '../../../exporters/agent.js';
 import type { AgentResponse, Collector, CollectorSettings } from '../../../exporters/collector.js';
 import { flightRecorderSource } from '../../../exporters/sources/flight-recorder-dumps.js';
-import { FLIGHT_RECORDER_DIR_FLAG, PY_SPY_FLAG, TRACE_PATH, createProcessCollector, processCollectorFactory } from '../../../exporters/collectors/process.js';
+import { FLIGHT_RECORDER_DIR_FLAG, PY_SPY_FLAG, STACK_TOOL_FLAG, TRACE_PATH, createProcessCollector, processCollectorFactory } from '../../../exporters/collectors/process.js';
 import { EXPECTED, FIXTURES, REALWORLD, expectMatchesAndLints, scrapeOne, testContext } from '../helpers.js';
 import { RANK_PIDS, RANK_WITHOUT_ENVIRON, writeTorchrunProcfs } from '../fake-procfs.js';
 
@@ -161,18 +161,26 @@ describe('POST /api/v1/trace', () => {
     expect((response.body as { error: string }).error).toMatch(message);
   });
 
-  it('answers 503 with how to install py-spy when it is missing', async () => {
+  it('answers 503 with how to install py-spy when it is required and missing', async () => {
     const missing = join(dir, 'bin', 'py-spy');
-    const { collector } = collectorWith({ [PY_SPY_FLAG]: missing });
+    const { collector } = collectorWith({ [PY_SPY_FLAG]: missing, [STACK_TOOL_FLAG]: 'py-spy' });
     const response = await trace(collector, {});
-    expect(response).toEqual({ status: 503, body: { error: `py-spy not found at ${missing}; install it with pip install py-spy` } });
+    expect(response).toEqual({ status: 503, body: { error: `py-spy not found at ${missing}; install it with pip install py-spy, or use --process.stack-tool=faulthandler` } });
   });
 
-  it('looks a bare py-spy name up on PATH and answers 503 when it is not there', async () => {
-    const { collector } = collectorWith({ [PY_SPY_FLAG]: 'steadfast-no-such-py-spy' });
+  it('looks a bare py-spy name up on PATH and answers 503 when it is required and not there', async () => {
+    const { collector } = collectorWith({ [PY_SPY_FLAG]: 'steadfast-no-such-py-spy', [STACK_TOOL_FLAG]: 'py-spy' });
     const response = await trace(collector, {});
     expect(response.status).toBe(503);
-    expect((response.body as { error: string }).error).toBe('py-spy not found at steadfast-no-such-py-spy; install it with pip install py-spy');
+    expect((response.body as { error: string }).error).toBe('py-spy not found at steadfast-no-such-py-spy; install it with pip install py-spy, or use --process.stack-tool=faulthandler');
+  });
+
+  it('falls back to faulthandler without py-spy, and signals no pid of a procfs that is not its own pid namespace', async () => {
+    // The fake procfs has no `self`: its pids name nothing on this machine, so nothing may be signalled.
+    const { collector } = collectorWith({ [PY_SPY_FLAG]: join(dir, 'bin', 'py-spy') });
+    const response = await trace(collector, { pids: [101, 204] });
+    expect(response.status).toBe(200);
+    expect(body(response)).toMatchObject({ tool: 'faulthandler', dumps: [{ pid: 101, role: 'rank', ok: false, error: expect.stringContaining("cannot tell whether") }, { pid: 204, role: 'dataloader', ok: false, error: expect.stringContaining('training ranks only') }] });
   });
 
   it('gives up on a py-spy that hangs at the timeout, reports it per pid, and still answers 200 within the deadline', async () => {

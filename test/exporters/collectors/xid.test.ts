@@ -1,9 +1,12 @@
-import { constants, accessSync, appendFileSync, mkdtempSync, readdirSync, renameSync, rmSync, truncateSync, writeFileSync } from 'node:fs';
+import { constants, accessSync, appendFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, renameSync, rmSync, truncateSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { pino } from 'pino';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import type { Collector } from '../../../exporters/collector.js';
-import { createXidCollector } from '../../../exporters/collectors/xid.js';
+import { XID_STATE_FILE_FLAG, createXidCollector } from '../../../exporters/collectors/xid.js';
+import { bootIdPath, readXidState } from '../../../exporters/collectors/xid-reported.js';
+import type { FastPathOutcome } from '../../../exporters/fast-path-client.js';
 import { EXPECTED, XID_LOGS, expectMatchesAndLints, scrapeOne, seriesValue, testContext, waitFor } from '../helpers.js';
 
 const FOLLOW_MS = 20;
@@ -147,5 +150,185 @@ describe('xid collector exposition', () => {
     const text = await scrapeOne(context, collector);
     expect(text).toContain('steadfast_collector_success{collector="xid"} 1');
     await expectMatchesAndLints(join(EXPECTED, 'xid', name.replace(/\.(log|txt)$/, '.prom')), text);
+  });
+});
+
+describe('xid collector reporting each fatal Xid once, across agent restarts', () => {
+  const BOOT_A = '4f1d0c2e-8a7b-4c55-9e61-0d2f3a4b5c6d';
+  const BOOT_B = 'b7e2a1d0-3c4f-4a6b-8d9e-1f2a3b4c5d6e';
+  const XID79_LATER = "[ 300.000001] NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n";
+  const XID48 = "[ 250.000001] NVRM: Xid (PCI:0000:3b:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0.\n";
+  const BANNER = '[    0.000000] Linux version 6.18.44-fc-v669 (builder@sandboxing) (gcc (GCC) 15.3.0, GNU ld (GNU Binutils) 2.46) #1 SMP PREEMPT_DYNAMIC @0\n';
+
+  let procfs: string;
+  let stateFile: string;
+  let log: string;
+
+  beforeEach(() => {
+    procfs = join(dir, 'proc');
+    stateFile = join(dir, 'state', 'xid-state.json');
+    log = join(dir, 'kern.log');
+    boot(BOOT_A);
+  });
+
+  function boot(id: string): void {
+    mkdirSync(join(procfs, 'sys', 'kernel', 'random'), { recursive: true });
+    writeFileSync(bootIdPath(procfs), `${id}\n`);
+  }
+
+  /** One agent run: the collector started on the log, its fast path answering `outcome` to every event. */
+  async function run(outcome: FastPathOutcome = 'delivered'): Promise<{ context: ReturnType<typeof testContext>; xid: Collector; logs: string[] }> {
+    await collector?.close();
+    const logs: string[] = [];
+    const base = testContext({ kmsg: log, procfs }, 5, { [XID_STATE_FILE_FLAG]: stateFile });
+    const context = {
+      ...base,
+      logger: pino({ level: 'info' }, { write: (line: string) => void logs.push(line) }),
+      fastPath: (event: (typeof base.events)[number], onOutcome?: (outcome: FastPathOutcome) => void) => {
+        base.events.push(event);
+        onOutcome?.(outcome);
+      },
+    };
+    collector = createXidCollector(context, { followIntervalMs: FOLLOW_MS });
+    await collector.start();
+    return { context, xid: collector, logs };
+  }
+
+  /** Closes the running collector, so that the state it wrote is on disk. */
+  async function stop(): Promise<void> {
+    await collector?.close();
+    collector = undefined;
+  }
+
+  it('does not send again, after a restart on the same boot, a fatal Xid the controller already took; the counter still counts it', async () => {
+    writeFileSync(log, XID13 + XID79);
+    const first = await run();
+    expect(first.context.events).toHaveLength(1);
+    await stop();
+    const state = await readXidState(stateFile);
+    expect(state).toMatchObject({ state: { version: 1, log, bootId: BOOT_A, xid: 79, gpu: '0000:91:00', last: { source: 'file', occurrence: 1 } } });
+
+    const second = await run();
+    expect(second.context.events).toEqual([]);
+    expect(await value(second.context, SERIES79)).toBe(1);
+    expect(await value(second.context, SERIES13)).toBe(1);
+    expect(second.logs.some((line) => line.includes('not sent again'))).toBe(true);
+  });
+
+  it('sends once a fatal Xid written after the restart, and once one written while the agent was down', async () => {
+    writeFileSync(log, XID79);
+    await run();
+    await stop();
+    appendFileSync(log, XID48);
+    const second = await run();
+    expect(second.context.events).toEqual([expect.objectContaining({ xid: 48, gpu: '0000:3b:00' })]);
+    appendFileSync(log, XID79_LATER);
+    await waitFor(() => second.context.events.length === 2);
+    expect(second.context.events[1]).toMatchObject({ xid: 79, gpu: '0000:91:00' });
+    await stop();
+
+    const third = await run();
+    expect(third.context.events).toEqual([]);
+    expect(await value(third.context, SERIES79)).toBe(2);
+  });
+
+  it('tells apart lines of the same text by their order: the second of two identical lines is still news', async () => {
+    // Lines without a time stamp (a log of bare kernel messages) repeat exactly.
+    const bare = "NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n";
+    writeFileSync(log, bare);
+    await run();
+    await stop();
+    appendFileSync(log, bare);
+    const second = await run();
+    expect(second.context.events).toHaveLength(1);
+    await stop();
+    expect((await run()).context.events).toEqual([]);
+  });
+
+  it('sends again after a restart a fatal Xid the controller never took (refused, or not sent before the agent stopped)', async () => {
+    writeFileSync(log, XID79);
+    await run('not_sent');
+    await stop();
+    expect(existsSync(stateFile)).toBe(false);
+    const second = await run('refused');
+    expect(second.context.events).toHaveLength(1);
+    await stop();
+    const third = await run();
+    expect(third.context.events).toHaveLength(1);
+  });
+
+  it('after a reboot, treats what the log holds from before the boot banner as history, and sends what came after it', async () => {
+    writeFileSync(log, BANNER + XID79);
+    await run();
+    await stop();
+    // The node reboots (a new boot id); syslog appends the new boot to the same file.
+    boot(BOOT_B);
+    appendFileSync(log, XID48 + BANNER + XID79_LATER);
+    const second = await run();
+    expect(second.context.events).toEqual([expect.objectContaining({ xid: 79, message: 'GPU has fallen off the bus.' })]);
+    expect(await value(second.context, SERIES79)).toBe(2);
+  });
+
+  it('without any state, still leaves out what the log holds from before the last boot', async () => {
+    writeFileSync(log, BANNER + XID79 + BANNER + XID48);
+    const { context } = await run();
+    expect(context.events).toEqual([expect.objectContaining({ xid: 48 })]);
+  });
+
+  it('reads a rotated log (the reported Xid moved to kern.log.1) as news', async () => {
+    writeFileSync(log, XID79);
+    await run();
+    await stop();
+    renameSync(log, `${log}.1`);
+    writeFileSync(log, XID79_LATER);
+    const second = await run();
+    expect(second.context.events).toEqual([expect.objectContaining({ xid: 79 })]);
+  });
+
+  it.each([
+    ['not JSON', '{"version":1,'],
+    ['of another shape', JSON.stringify({ version: 2, last: 'yesterday' })],
+    ['empty', ''],
+  ])('logs a state file that is %s and treats it as no state, without failing', async (_what, content) => {
+    writeFileSync(log, XID79);
+    mkdirSync(join(dir, 'state'), { recursive: true });
+    writeFileSync(stateFile, content);
+    const { context, xid, logs } = await run();
+    expect(context.events).toHaveLength(1);
+    await expect(xid.update()).resolves.toBeUndefined();
+    expect(logs.some((line) => line.includes('xid state file ignored'))).toBe(true);
+    await stop();
+    // The next report replaced it with a good one.
+    expect(await readXidState(stateFile)).toMatchObject({ state: { xid: 79 } });
+  });
+
+  it('creates a missing state directory, and keeps reporting when the state cannot be written at all', async () => {
+    writeFileSync(log, XID79);
+    const first = await run();
+    expect(first.context.events).toHaveLength(1);
+    await stop();
+    expect(existsSync(stateFile)).toBe(true);
+
+    // A directory where the file should be: reading and writing fail, the collector goes on.
+    rmSync(join(dir, 'state'), { recursive: true });
+    mkdirSync(stateFile, { recursive: true });
+    const second = await run();
+    expect(second.context.events).toHaveLength(1);
+    await second.xid.update();
+    await stop();
+    expect(second.logs.some((line) => line.includes('xid state file ignored'))).toBe(true);
+    expect(second.logs.some((line) => line.includes('cannot write xid state file'))).toBe(true);
+  });
+
+  it('ignores a state about another kernel log', async () => {
+    writeFileSync(log, XID79);
+    await run();
+    await stop();
+    const other = join(dir, 'other.log');
+    writeFileSync(other, XID79);
+    const state = JSON.parse(readFileSync(stateFile, 'utf8')) as Record<string, unknown>;
+    writeFileSync(stateFile, JSON.stringify({ ...state, log: other }));
+    const second = await run();
+    expect(second.context.events).toHaveLength(1);
   });
 });

@@ -1,13 +1,14 @@
 import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { KernelLogParser, parseKernelLog, parseXidLine } from '../../../exporters/sources/kernel-log.js';
+import { KernelLogParser, isBootBanner, parseKernelLog, parseXidLine } from '../../../exporters/sources/kernel-log.js';
 import { XID_LOGS } from '../helpers.js';
 
 const LOG_FILES = readdirSync(XID_LOGS).filter((name) => name !== 'README.md');
 
 /** `grep -c 'Xid ('` for each sample, pinned so a lost or extra sample line shows up here. */
 const XID_LINE_COUNTS: Record<string, number> = {
+  'boot-banner_firecracker-vm_dmesg-formats.log': 0,
   'gpud_dev-kmsg-raw_nvidia-peermem.log': 0,
   'gpud_dev-kmsg-raw_nvswitch.log': 0,
   'gpud_dmesg-T_xid119_gsp-timeout_h100-xe9680.log': 5,
@@ -76,6 +77,25 @@ describe('kernel log parser on the real samples', () => {
     const events = parseKernelLog(readLog('xid_lines_from_public_reports.txt'));
     expect(events.filter((event) => event.xid === 79).map((event) => event.pciBusId)).toEqual(['0000:b3:00', '0000:44:00', '0000:06:00', '0004:01:00']);
     expect(events.find((event) => event.pciBusId === '0000:b3:00')).toMatchObject({ xid: 79, severity: 'fatal', remedy: 'reboot_node' });
+  });
+});
+
+describe('the boot banner, where a log that spans reboots starts a new boot', () => {
+  const BANNER_SAMPLE = 'boot-banner_firecracker-vm_dmesg-formats.log';
+
+  it('is found in each of the five captured prefix formats (dmesg, -T, --decode iso, -r, raw /dev/kmsg) and nowhere else in that capture', () => {
+    const lines = readLog(BANNER_SAMPLE).split('\n').filter((line) => line !== '');
+    expect(lines.filter((line) => isBootBanner(line))).toHaveLength(5);
+    expect(lines.filter((line) => !isBootBanner(line)).every((line) => !line.includes('Linux version'))).toBe(true);
+  });
+
+  it.each(LOG_FILES.filter((name) => name !== BANNER_SAMPLE))('is not found in %s, which holds no boot', (name) => {
+    expect(readLog(name).split('\n').filter((line) => isBootBanner(line))).toEqual([]);
+  });
+
+  it('is only the kernel message itself, not the words inside another message', () => {
+    expect(isBootBanner('[ 12.3] audit: comm="sh" msg="Linux version 6.1 check"')).toBe(false);
+    expect(isBootBanner('Nov 23 14:37:18 gpu-7 kernel: Linux version 6.1.0-28-amd64 (debian-kernel@lists.debian.org) #1 SMP')).toBe(true);
   });
 });
 

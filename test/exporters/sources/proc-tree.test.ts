@@ -82,6 +82,12 @@ describe('status and environ parsing', () => {
     expect(parseRankEnvironment('PATH=/bin\0RANK=12\0LOCAL_RANK=4\0SLURM_PROCID=12\0')).toEqual({ rank: 12, localRank: 4, slurmProcId: 12 });
     expect(parseRankEnvironment('RANK=\0LOCAL_RANK=-1\0SLURM_PROCID=x\0')).toEqual({ rank: undefined, localRank: undefined, slurmProcId: undefined });
   });
+
+  it('reads where the rank writes its faulthandler dumps: STEADFAST_STACK_DIR, and TMPDIR, TEMP or TMP in that order, absolute paths only', () => {
+    expect(parseRankEnvironment('RANK=0\0STEADFAST_STACK_DIR=/scratch/stacks\0TEMP=/var/tmp\0TMP=/tmp2\0')).toMatchObject({ stackDirectory: '/scratch/stacks', tempDirectory: '/var/tmp' });
+    expect(parseRankEnvironment('TMPDIR=\0TMP=/tmp2\0')).toMatchObject({ stackDirectory: undefined, tempDirectory: '/tmp2' });
+    expect(parseRankEnvironment('STEADFAST_STACK_DIR=stacks\0TMPDIR=../tmp\0')).toMatchObject({ stackDirectory: undefined, tempDirectory: undefined });
+  });
 });
 
 describe('launcher recognition', () => {
