@@ -109,6 +109,8 @@ export class PushedSteps {
       steps.push(parsed.data);
     }
     // All or nothing: a refused batch changes no series.
+    const tooManyNames = this.lossNamesOverCap(steps);
+    if (tooManyNames !== undefined) return { status: 400, body: { error: `invalid training step: loss: ${tooManyNames}` } };
     const now = this.clock();
     const fresh = [...new Set(steps.map((step) => seriesKey(step)).filter((key) => !this.series.has(key)))];
     const room = this.maxSeries - this.series.size;
@@ -130,6 +132,26 @@ export class PushedSteps {
       this.metrics.record(labels, reading, now);
     }
     return { status: 202, body: { accepted: steps.length } };
+  }
+
+  /**
+   * The cap on loss names holds per (job, rank) over its whole life, not per push: otherwise a loop
+   * pushing a new name each step would grow the `loss` label without bound. Says why when a batch
+   * would break it.
+   */
+  private lossNamesOverCap(steps: readonly TrainingStep[]): string | undefined {
+    const after = new Map<string, Set<string>>();
+    for (const step of steps) {
+      const key = seriesKey(step);
+      const names = after.get(key) ?? new Set(this.series.get(key)?.lossNames);
+      for (const name of Object.keys(stepReading(step).losses)) names.add(name);
+      if (names.size > MAX_LOSS_NAMES) {
+        const known = this.series.get(key)?.lossNames.size ?? 0;
+        return `at most ${MAX_LOSS_NAMES} loss names per (job, rank); ${step.job} rank ${step.rank} has ${known} already and this push would make ${names.size}`;
+      }
+      after.set(key, names);
+    }
+    return undefined;
   }
 
   /** Drops up to `wanted` series idle for over an hour, oldest first. */

@@ -254,6 +254,21 @@ describe('POST /api/v1/training', () => {
     expect((await post(collector, [])).status).toBe(400);
   });
 
+  it('holds a (job, rank) to 16 loss names over all its pushes, so 2,000 pushes of new names make 16 series, not 32,000', async () => {
+    const { collector, context } = training({});
+    const answers = [];
+    for (let index = 0; index < 2000; index += 1) answers.push((await post(collector, { job: 'a', rank: 0, iteration: index, loss: { [`l${index}`]: 1, [`m${index}`]: 2 } })).status);
+    expect(answers.slice(0, 8)).toEqual(Array(8).fill(202));
+    expect(answers.slice(8).every((status) => status === 400)).toBe(true);
+    const refused = await post(collector, { job: 'a', rank: 0, iteration: 2001, loss: { fresh: 1 } });
+    expect(JSON.stringify(refused.body)).toContain('at most 16 loss names per (job, rank); a rank 0 has 16 already and this push would make 17');
+    // The names it has keep working; another rank has its own 16.
+    expect((await post(collector, { job: 'a', rank: 0, iteration: 2002, loss: { l0: 0.5 } })).status).toBe(202);
+    expect((await post(collector, { job: 'a', rank: 1, iteration: 1, loss: { fresh: 1 } })).status).toBe(202);
+    const text = await scrapeOne(context, collector);
+    expect(text.split('\n').filter((line) => line.startsWith('steadfast_training_loss{')).length).toBe(17);
+  });
+
   it('answers 429 once --training.max-jobs distinct (job, rank) series have pushed, still takes the known ones, and frees the place of one idle for an hour', async () => {
     let now = NOW;
     const { collector } = training({ 'training.max-jobs': '2' }, () => now);
