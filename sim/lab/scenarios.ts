@@ -81,7 +81,10 @@ const at = (entry: AuditEntry | undefined): number | undefined => (entry === und
 /** What the interrupted run and the relaunched run wrote, compared. */
 interface Resumption {
   readonly resumedFrom: number | null;
+  readonly source: string;
   readonly firstIteration: Iteration | undefined;
+  /** The interrupted run's loss at the relaunched run's first step, when it got that far. */
+  readonly lossBefore: number | undefined;
   readonly lostIterations: number | null;
   readonly problems: string[];
 }
@@ -112,8 +115,8 @@ function judgeResumption(lab: ProtectedLab, interrupted: readonly string[], rela
   }
   const before = interrupted.flatMap((run) => lab.log.iterations(run, 0));
   const lastBefore = Math.max(0, ...before.map((step) => step.iteration));
+  const same = firstIteration === undefined ? undefined : [...before].reverse().find((step) => step.iteration === firstIteration.iteration);
   if (firstIteration !== undefined) {
-    const same = [...before].reverse().find((step) => step.iteration === firstIteration.iteration);
     if (same !== undefined) {
       if (Math.abs(same.loss - firstIteration.loss) > 1e-4 * Math.max(1, Math.abs(same.loss))) {
         problems.push(`step ${firstIteration.iteration} had loss ${same.loss} before and ${firstIteration.loss} after the restart`);
@@ -123,7 +126,14 @@ function judgeResumption(lab: ProtectedLab, interrupted: readonly string[], rela
       if (start !== undefined && firstIteration.loss > start.loss / 2) problems.push(`loss ${firstIteration.loss} after the restart is no better than at the start (${start.loss})`);
     }
   }
-  return { resumedFrom, firstIteration, lostIterations: resumedFrom === null ? null : Math.max(0, lastBefore - resumedFrom), problems };
+  return { resumedFrom, source: resume?.source ?? '', firstIteration, lossBefore: same?.loss, lostIterations: resumedFrom === null ? null : Math.max(0, lastBefore - resumedFrom), problems };
+}
+
+/** The timeline's line for the relaunched run's first step: where it resumed and its loss against the interrupted run's. */
+function firstStep(resumption: Resumption | undefined, run: string | undefined, t0: number): TimelineStep {
+  const first = resumption?.firstIteration;
+  const loss = first === undefined ? '' : `; rank 0 loss ${first.loss}${resumption?.lossBefore === undefined ? '' : ` (the interrupted run had ${resumption.lossBefore} at this step)`}`;
+  return step(`first iteration of run ${run ?? '?'}: step ${first?.iteration ?? '?'}`, first?.seenAt, t0, `resumed from the ${resumption?.source ?? '?'}${loss}`);
 }
 
 /** Waits until the ladder calls the job healthy: running again, on the nodes and version `ok` wants. */
@@ -190,6 +200,8 @@ export async function runMachineFault(lab: ProtectedLab): Promise<ScenarioReport
 
   const entries = entriesSince(await lab.audit(), t0, job);
   const signal = entries.find((entry) => entry.type === 'signal' && entry.node === victim && /xid/i.test(entry.summary));
+  // The alert names the node, which has left the job: look beyond the job's entries for it.
+  const alert = (await lab.audit()).find((entry) => Date.parse(entry.time) >= t0 && entry.type === 'signal' && entry.node === victim && /^alertmanager reports Xid 79/.test(entry.summary));
   const decision = entries.find((entry) => entry.type === 'decision' && entry.summary.startsWith(`${job}: evict`));
   const stopped = entries.find((entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: stop: done`));
   const drained = entries.find((entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: evict ${victim}: done`));
@@ -218,8 +230,9 @@ export async function runMachineFault(lab: ProtectedLab): Promise<ScenarioReport
     step(`${victim} drained`, at(drained), t0, `sinfo: ${sinfo.state} "${sinfo.reason}"`),
     step(`standby ${standby ?? '?'} activated in its place`, at(activated), t0, activated?.summary ?? ''),
     step(`relaunched with sbatch: run ${relaunched ?? '?'} on ${fresh?.nodes ?? '?'}`, at(restarted), t0, restarted?.summary ?? ''),
-    step(`first iteration of run ${relaunched ?? '?'}: step ${resumption?.firstIteration?.iteration ?? '?'}`, resumption?.firstIteration?.seenAt, t0, lab.log.resumedFrom(relaunched ?? '')?.source ?? ''),
+    firstStep(resumption, relaunched, t0),
     step('the ladder saw the iteration counter grow in Prometheus: running', runningAt, t0, `nodes ${record.nodes.join(', ')}`),
+    step(`the Prometheus path: the alert for the same Xid through Alertmanager`, receivedAt(alert), t0, alert?.summary ?? ''),
   ];
   return report('machine-fault', t0, resumption, [before, ...(relaunched === undefined ? [] : [relaunched])], timeline, problems);
 }
@@ -277,7 +290,7 @@ export async function runBadCode(lab: ProtectedLab, badVersion = 'v2'): Promise<
     step(`decided: roll back to ${good}`, at(decision), t0, decision?.summary ?? ''),
     step(`code version set to ${good}`, at(rolledBack), t0, rolledBack?.summary ?? ''),
     step(`relaunched on ${good}: run ${relaunched ?? '?'}`, at(restarted), t0, restarted?.summary ?? ''),
-    step(`first iteration of run ${relaunched ?? '?'}: step ${resumption?.firstIteration?.iteration ?? '?'}`, resumption?.firstIteration?.seenAt, t0, lab.log.resumedFrom(relaunched ?? '')?.source ?? ''),
+    firstStep(resumption, relaunched, t0),
     step(`the ladder saw training progress on ${good}: running`, runningAt, t0, ''),
   ];
   // Recovery is counted from the failure itself, not from the update that brought it.
@@ -327,7 +340,7 @@ export async function runCrash(lab: ProtectedLab, rank = 1): Promise<ScenarioRep
     step('diagnostics on every node of the job', at(diagnosed), t0, diagnosed?.summary ?? ''),
     step('decided: reattempt in place', at(reattempt), t0, reattempt?.summary ?? ''),
     step(`relaunched with sbatch: run ${relaunched ?? '?'}`, at(restarted), t0, restarted?.summary ?? ''),
-    step(`first iteration of run ${relaunched ?? '?'}: step ${resumption?.firstIteration?.iteration ?? '?'}`, resumption?.firstIteration?.seenAt, t0, lab.log.resumedFrom(relaunched ?? '')?.source ?? ''),
+    firstStep(resumption, relaunched, t0),
     step('the ladder saw training progress: running', runningAt, t0, ''),
   ];
   return report('crash', failedLine?.seenAt ?? t0, resumption, [before, ...(relaunched === undefined ? [] : [relaunched])], timeline, problems);
