@@ -31,7 +31,7 @@ export function parseScenarioList(value: string | undefined): ScenarioName[] {
 function describeReport(report: ScenarioReport): string {
   const lines = [
     '',
-    `${report.recovered ? '✓' : '✗'} ${report.name}: ${report.recovered ? `recovered in ${report.recoverySeconds ?? '?'} s` : 'NOT recovered'}; resumed from step ${report.resumedFromStep ?? '?'}, ${report.lostIterations ?? '?'} iterations lost; Slurm runs ${report.slurmJobIds.join(' → ') || '(none)'}`,
+    `${report.recovered ? '✓' : '✗'} ${report.name}: ${report.recovered ? `recovered in ${report.recoverySeconds ?? '?'} s` : 'NOT recovered'}; resumed from step ${report.resumedFromStep ?? '?'}, ${report.lostIterations ?? '?'} iteration${report.lostIterations === 1 ? '' : 's'} lost; Slurm runs ${report.slurmJobIds.join(' → ') || '(none)'}`,
     '  ms after the fault',
   ];
   let previous = 0;

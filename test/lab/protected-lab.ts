@@ -43,7 +43,7 @@ export function protectedLabForTest(second: number, options: ProtectedLabOptions
 /** The report as a person reads it, for the test's output: the measured figures. */
 export function printReport(report: ScenarioReport): void {
   const lines = [
-    `${report.name}: ${report.recovered ? 'recovered' : 'NOT recovered'} in ${report.recoverySeconds ?? '?'} s, resumed from step ${report.resumedFromStep ?? '?'}, ${report.lostIterations ?? '?'} iterations lost, Slurm runs ${report.slurmJobIds.join(' → ')}`,
+    `${report.name}: ${report.recovered ? 'recovered' : 'NOT recovered'} in ${report.recoverySeconds ?? '?'} s, resumed from step ${report.resumedFromStep ?? '?'}, ${report.lostIterations ?? '?'} iteration${report.lostIterations === 1 ? '' : 's'} lost, Slurm runs ${report.slurmJobIds.join(' → ')}`,
     ...report.timeline.map((step) => `  ${step.afterMs === null ? '     —' : String(step.afterMs).padStart(6)} ms  ${step.label}`),
     ...report.problems.map((problem) => `  problem: ${problem}`),
   ];
