@@ -36,4 +36,13 @@ export interface ClusterBackend {
    * controller recreates them). Backends whose jobs are relaunched by a command leave it out.
    */
   relaunchWorkload?(namespace: string, podSelector: string): Promise<number>;
+  /**
+   * Ends every job the scheduler runs under `name`, a registered job's name, and waits until they
+   * are gone, so that a relaunch never meets its predecessor on the nodes (Slurm: the jobs named
+   * `name`, as a launcher with `--job-name={job}` submits them). Resolves to the ids it cancelled.
+   * Backends whose relaunch replaces the workload themselves (Kubernetes) leave it out.
+   */
+  cancelJobs?(name: string): Promise<string[]>;
+  /** Extra environment for the job launcher's commands, so that they reach the same scheduler (Slurm: `backend.slurm.env`). */
+  readonly launchEnv?: Readonly<Record<string, string>>;
 }

@@ -22,7 +22,7 @@ export type LaunchOutcome =
 /**
  * Starts a registered job again, on the nodes and code version its spec names now:
  * - Slurm: runs the job's launcher argv (e.g. `sbatch …`) with {job}, {nodes} and {version}
- *   filled in and checked (launchArgv), never through a shell;
+ *   filled in and checked (launchArgv), never through a shell, in the backend's environment;
  * - Kubernetes: deletes the workload's pods so that its own controller recreates them.
  */
 export async function launchJob(spec: JobSpec, backend: ClusterBackend): Promise<LaunchOutcome> {
@@ -31,7 +31,9 @@ export async function launchJob(spec: JobSpec, backend: ClusterBackend): Promise
     try {
       // Inside the try: a stored value launchArgv refuses is a failed restart on record, not a crashed step.
       const argv = launchArgv(launcher, { job: spec.name, nodes: spec.nodes, version: spec.codeVersion });
-      const { stdout } = await run(argv[0] as string, argv.slice(1), { timeout: LAUNCH_TIMEOUT_MS, maxBuffer: 1024 * 1024 });
+      // The backend's environment (SLURM_CONF) so that sbatch reaches the cluster scontrol drains on.
+      const env = backend.launchEnv ? { ...process.env, ...backend.launchEnv } : undefined;
+      const { stdout } = await run(argv[0] as string, argv.slice(1), { timeout: LAUNCH_TIMEOUT_MS, maxBuffer: 1024 * 1024, env });
       return { state: 'launched', detail: `launched ${spec.codeVersion} on ${spec.nodes.join(',')}: ${stdout.trim().slice(0, 200) || 'ok'}` };
     } catch (error) {
       const said = ((error as { stderr?: string }).stderr?.trim() || errorMessage(error)).slice(0, SAID_MAX);

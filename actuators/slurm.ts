@@ -1,6 +1,8 @@
 import { execFile } from 'node:child_process';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { promisify } from 'node:util';
 import { DoNotRetryError, RetryLaterError, errorMessage } from '../core/errors.js';
+import { JOB_NAME_PATTERN } from '../core/job.js';
 import { NODE_NAME_PATTERN } from '../core/names.js';
 import type { ClusterBackend, NodeState } from './backend.js';
 import { expandHostlist } from './hostlist.js';
@@ -11,6 +13,9 @@ const run = promisify(execFile);
 export interface SlurmOptions {
   readonly scontrol: string;
   readonly sinfo: string;
+  /** squeue and scancel, for stopping a registered job's Slurm jobs (default: by name on PATH). */
+  readonly squeue?: string;
+  readonly scancel?: string;
   /** Added to the environment of every Slurm command (SLURM_CONF, for instance). */
   readonly env: Readonly<Record<string, string>>;
   readonly timeoutMs: number;
@@ -22,9 +27,16 @@ export interface SlurmOptions {
    * everything else stays with scontrol.
    */
   readonly rest?: SlurmRestClient | undefined;
+  /**
+   * How long a cancelled job may take to leave squeue (slurmstepd sends SIGTERM, then SIGKILL
+   * after KillWait, 30 s by default, then runs the epilog) before the stop counts as failed.
+   */
+  readonly cancelWaitMs?: number;
 }
 
 const DEFAULT_STANDBY_RESERVATION = 'steadfast-standby';
+const DEFAULT_CANCEL_WAIT_MS = 120_000;
+const CANCEL_POLL_MS = 250;
 
 /** Slurm states in which a node takes no new jobs (sinfo `%T`, without the `~`/`*` suffixes). */
 const OUT_OF_SERVICE = new Set(['drained', 'draining', 'drain', 'down', 'fail', 'failing', 'maint']);
@@ -46,6 +58,11 @@ export class SlurmBackend implements ClusterBackend {
   readonly name = 'slurm';
 
   constructor(private readonly options: SlurmOptions) {}
+
+  /** sbatch and the other launcher commands reach the same slurmctld as scontrol (SLURM_CONF). */
+  get launchEnv(): Readonly<Record<string, string>> {
+    return this.options.env;
+  }
 
   private async exec(file: string, args: string[]): Promise<string> {
     try {
@@ -157,5 +174,43 @@ export class SlurmBackend implements ClusterBackend {
     this.checkNode(node);
     const current = await this.standbys();
     if (current.includes(node)) await this.setStandbys(current.filter((candidate) => candidate !== node));
+  }
+
+  /** Ids of the jobs squeue lists under `name`: pending, running or completing, of every user. */
+  private async jobsNamed(name: string): Promise<string[]> {
+    // %A: the job id, one per element of a job array (%i would print `12_[1-3]` for pending arrays).
+    const out = await this.exec(this.options.squeue ?? 'squeue', ['--noheader', `--name=${name}`, '--format=%A']);
+    return out
+      .split('\n')
+      .map((line) => line.trim())
+      .filter((id) => /^\d+$/.test(id));
+  }
+
+  /**
+   * The Slurm jobs of a registered job are those named after it (`--job-name={job}` in its
+   * launcher). They are cancelled by id, the ids squeue listed, and awaited until squeue no longer
+   * shows them (slurmstepd has killed the tasks and run the epilog), so the nodes are free for
+   * the relaunch. A job that ended between the listing and scancel is simply gone.
+   */
+  async cancelJobs(name: string): Promise<string[]> {
+    if (!JOB_NAME_PATTERN.test(name)) throw new DoNotRetryError(`refusing to pass invalid job name ${JSON.stringify(name.slice(0, 80))} to Slurm`);
+    const ids = await this.jobsNamed(name);
+    if (ids.length === 0) return [];
+    let refusal = '';
+    try {
+      await this.exec(this.options.scancel ?? 'scancel', ids);
+    } catch (error) {
+      // scancel also fails for a job that completed meanwhile; squeue below is the judge.
+      refusal = errorMessage(error);
+    }
+    const deadline = Date.now() + (this.options.cancelWaitMs ?? DEFAULT_CANCEL_WAIT_MS);
+    for (;;) {
+      const left = (await this.jobsNamed(name)).filter((id) => ids.includes(id));
+      if (left.length === 0) return ids;
+      if (Date.now() >= deadline) {
+        throw new RetryLaterError(`Slurm jobs ${left.join(', ')} named ${name} are still listed after scancel${refusal ? ` (${refusal})` : ''}`);
+      }
+      await sleep(CANCEL_POLL_MS);
+    }
   }
 }

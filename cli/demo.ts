@@ -5,7 +5,9 @@ import { SimEnvironment } from '../sim/environment.js';
 import { runRecoveryScenario } from '../sim/recovery-scenario.js';
 import { runFallenOffBus, type ScenarioResult } from '../sim/scenario.js';
 import { InputError } from '../core/errors.js';
+import { SCENARIO_NAMES } from '../sim/lab/index.js';
 import { EXIT_FAILURE, parsePositiveInt, runCommand } from './common.js';
+import { runTrainingDemo } from './demo-training.js';
 
 /** Writes the dashboards and provisioning for the demo's Prometheus, and says in two lines how to load them. */
 function writeGrafanaFiles(outDir: string, prometheusUrl: string, keepRunning: boolean): void {
@@ -37,7 +39,13 @@ export function demoCommand(): Command {
     .description(
       'Start Redis, Prometheus, Alertmanager, slurmctld, the controller and N simulated nodes on loopback; inject a fatal Xid 79 and show it travel to a Slurm drain.',
     )
-    .option('--scenario <name>', 'spine (a fatal Xid to one Slurm drain) or recovery (the recovery ladder: evict onto standbys, NIC flaps, rollback)', 'spine')
+    .option(
+      '--scenario <name>',
+      'spine (a fatal Xid to one Slurm drain), recovery (the recovery ladder: evict onto standbys, NIC flaps, rollback) or training (a real PyTorch job in the lab, broken and recovered; root)',
+      'spine',
+    )
+    .option('--scenarios <list>', `with --scenario training: which of ${SCENARIO_NAMES.join(', ')} to run, in that order (default: all)`)
+    .option('--json', 'with --scenario training: print {"scenarios": [...]} on stdout, progress on stderr')
     .option('--nodes <count>', 'simulated nodes', parsePositiveInt, 8)
     .option('--node <name>', 'node to break (default: node-3)')
     .option('--gpu <index>', 'GPU index to break', (value) => parsePositiveInt(String(Number(value) + 1)) - 1, 2)
@@ -45,9 +53,14 @@ export function demoCommand(): Command {
     .option('--keep-running', 'leave everything running after the scenario, until Ctrl-C')
     .option('--verbose', 'log the controller and agents to stderr')
     .option('--grafana-out <dir>', 'where to write the Grafana dashboards and provisioning files for the demo', 'steadfast-grafana')
-    .action(async (options: { scenario: string; nodes: number; node?: string; gpu: number; fastPath: boolean; keepRunning?: boolean; verbose?: boolean; grafanaOut: string }) => {
+    .action(async (options: { scenario: string; nodes: number; node?: string; gpu: number; fastPath: boolean; keepRunning?: boolean; verbose?: boolean; grafanaOut: string; scenarios?: string; json?: boolean }) => {
       await runCommand(async () => {
-        if (options.scenario !== 'spine' && options.scenario !== 'recovery') throw new InputError(`--scenario: must be spine or recovery, got "${options.scenario}"`);
+        if (options.scenario === 'training') {
+          await runTrainingDemo({ json: options.json, scenarios: options.scenarios, keepRunning: options.keepRunning, verbose: options.verbose });
+          return;
+        }
+        if (options.scenario !== 'spine' && options.scenario !== 'recovery') throw new InputError(`--scenario: must be spine, recovery or training, got "${options.scenario}"`);
+        if (options.json || options.scenarios !== undefined) throw new InputError('--json and --scenarios go with --scenario training');
         const recovery = options.scenario === 'recovery';
         if (recovery && options.nodes < 7) throw new InputError('--nodes: the recovery scenario needs at least 7 nodes (4 for the job, 3 standbys)');
         const node = options.node ?? `node-${Math.min(3, options.nodes)}`;

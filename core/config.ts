@@ -108,7 +108,10 @@ export const configSchema = z
           .object({
             scontrol: z.string().min(1).default('scontrol'),
             sinfo: z.string().min(1).default('sinfo'),
-            /** Extra environment for the Slurm commands, e.g. SLURM_CONF. */
+            /** For stopping a registered job's Slurm jobs (the ladder's stop step, and before each relaunch). */
+            squeue: z.string().min(1).default('squeue'),
+            scancel: z.string().min(1).default('scancel'),
+            /** Extra environment for the Slurm commands and the job launcher, e.g. SLURM_CONF. */
             env: z.record(z.string(), z.string()).default({}),
             timeoutMs: int().min(100).default(10_000),
             /** Reservation that holds warm standbys. */

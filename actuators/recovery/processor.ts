@@ -5,6 +5,7 @@ import { recoveryJobSchema, nothingFound, type AnalysisKind, type RecoveryJob } 
 import { recordStep, stepRef, type RecoveryActuatorDeps, type StepAt } from './context.js';
 import { evict } from './evict.js';
 import { restart } from './restart.js';
+import { stop } from './stop.js';
 
 /** A finished step's marker outlives any redelivery of its transition. */
 const STEP_DONE_TTL_SECONDS = 7 * 24 * 3600;
@@ -77,6 +78,8 @@ async function runStep(deps: RecoveryActuatorDeps, at: StepAt): Promise<boolean>
       await recordStep(deps, at, 'done', `paged: ${step.reason}`);
       return true;
     case 'stop':
+      await stop(deps, at);
+      return true;
     case 'notify':
     case 'tolerate':
       await recordStep(deps, at, 'done', 'recorded');

@@ -4,23 +4,28 @@ import type { LadderEvent } from '../../core/ladder.js';
 import { launchJob } from '../launcher.js';
 import { planRestore } from '../restore-plan.js';
 import { recordStep, stepRef, type RecoveryActuatorDeps, type StepAt } from './context.js';
+import { describeCancelled, endPreviousRuns } from './stop.js';
 
 /**
- * The restart and reattempt steps: put the restore plan on record, start the job through its
- * launcher (launcher.ts), and tell the ladder how it went — at once when the launch failed, or
+ * The restart and reattempt steps: put the restore plan on record, make sure the job's previous
+ * run is gone (stop.ts), start the job through its launcher (launcher.ts), and tell the ladder how it went — at once when the launch failed, or
  * after new iterations when a progress watch judges restarts.
  */
 export async function restart(deps: RecoveryActuatorDeps, at: StepAt): Promise<void> {
   const { step } = at;
   const { spec } = await deps.jobs.get(step.job);
   await recordRestorePlan(deps, at);
+  // A run still there (no stop step before this restart, or a relaunch judged failed while it
+  // waits or trains) would hold the nodes the relaunch needs.
+  const ended = await endPreviousRuns(deps, spec);
   const launched = await launchJob(spec, deps.backend);
   if (launched.state === 'needs_person') {
     await recordStep(deps, at, 'failed', launched.detail);
     deps.onPage?.(step.job, 'relaunch needs a person');
     return;
   }
-  await recordStep(deps, at, launched.state === 'launched' ? 'done' : 'failed', launched.detail);
+  const previous = ended !== undefined && ended.length > 0 ? `; before it, ${describeCancelled(spec, ended)}` : '';
+  await recordStep(deps, at, launched.state === 'launched' ? 'done' : 'failed', `${launched.detail}${previous}`);
   if (launched.state === 'launched' && deps.progress) {
     // Launched: whether it trains again is decided later, from Prometheus (the progress watch).
     await deps.progress.watch(step.job, stepRef(at));

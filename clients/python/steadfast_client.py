@@ -114,6 +114,7 @@ class SteadfastClient:
         self._closed = False
         self._last_log = {}
         self._plan = None
+        self._no_microbatches = False
         self._stack_file = None
         self._thread = threading.Thread(target=self._send_loop, name="steadfast-client", daemon=True)
         self._thread.start()
@@ -218,9 +219,17 @@ class SteadfastClient:
     def microbatches(self):
         """The job's current micro-batch plan, or the last one seen when the controller is away.
 
-        {job, microbatches, dpGroups, assignment, strategy, revision, ...}; None before any.
+        {job, microbatches, dpGroups, assignment, strategy, revision, ...}; None before any, and
+        for good once the controller answers 400 (the job was registered without `microbatches`):
+        that is an answer, not an outage, so it does not pause the checkpoint reports either.
         """
-        status, body = self._get(self._controller, "/api/v1/jobs/%s/microbatches" % urllib.parse.quote(self.job))
+        if self._no_microbatches:
+            return None
+        status, body = self._get(self._controller, "/api/v1/jobs/%s/microbatches" % urllib.parse.quote(self.job), allow=(400,))
+        if status == 400:
+            self._no_microbatches = True
+            _LOG.info("steadfast: job %s has no micro-batch plan (%s); using the default share", self.job, body.get("error") if isinstance(body, dict) else body)
+            return None
         if status == 200 and isinstance(body, dict) and isinstance(body.get("assignment"), list):
             if self._plan is None or body.get("revision") != self._plan.get("revision"):
                 self._plan = body

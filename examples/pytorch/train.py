@@ -6,8 +6,8 @@ training side of steadfast, through clients/python/steadfast_client.py:
 
   - each rank pushes its step metrics, with its own compute time per iteration, to the agent;
   - every --checkpoint-every iterations each rank saves its shard with torch.save and reports it;
-  - at start it resumes from the controller's restore plan, or, with no controller, from the
-    newest step for which every rank's shard is on disk;
+  - at start it resumes from the controller's restore plan, or from the newest step for which
+    every rank's shard is on disk when that is newer (or there is no controller);
   - it follows the controller's micro-batch plan when the job was registered with one;
   - `kill -USR1 <pid>` writes the rank's Python stacks to a file (faulthandler), no py-spy needed.
 
@@ -106,8 +106,16 @@ def main():
     if rank == 0:
         plan = client.restore_plan()
         disk = newest_complete_step(checkpoint_dir, world)
-        chosen = plan["step"] if plan and os.path.exists(shard_path(checkpoint_dir, plan["step"], 0)) else disk
-        source = "restore plan" if plan and chosen == plan["step"] else "newest complete step on disk" if chosen is not None else "nothing"
+        planned = plan["step"] if plan and os.path.exists(shard_path(checkpoint_dir, plan["step"], 0)) else None
+        # The plan names the newest step every rank can still load after evictions. Every shard
+        # here is in one directory all ranks read, so a newer step every rank saved there loads
+        # too: a run stopped right after saving may not have got its report to the controller.
+        if planned is not None and (disk is None or planned >= disk):
+            chosen, source = planned, "restore plan"
+        elif disk is not None:
+            chosen, source = disk, "newest complete step on disk" + ("" if planned is None else ", newer than the restore plan's %d" % planned)
+        else:
+            chosen, source = None, "nothing"
         start[0] = -1 if chosen is None else chosen
         say("resume: %s%s" % (source, "" if chosen is None else " → step %d" % chosen))
     # The plan also names, per rank, the cheapest surviving copy of its shard (`sources`); this

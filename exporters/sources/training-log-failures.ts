@@ -1,8 +1,9 @@
 /**
  * The failures a distributed PyTorch run writes into its training log, whatever the framework
- * above it (Megatron, DeepSpeed, plain torchrun): NCCL watchdog timeouts, CUDA and NCCL errors,
- * and torchrun's `ChildFailedError` summaries and agent `failed (exitcode: …)` lines, each
- * turned into one error report. No I/O and no clock; the parser keeps only the state a
+ * above it (Megatron, DeepSpeed, plain torchrun or srun): NCCL watchdog timeouts, CUDA and NCCL
+ * errors, torchrun's `ChildFailedError` summaries and agent `failed (exitcode: …)` lines, and
+ * srun's `srun: error: <host>: task <n>: Exited with exit code <c>` for ranks srun started
+ * itself (with the Python exception the rank printed last), each turned into one error report. No I/O and no clock; the parser keeps only the state a
  * multi-line summary needs, and never throws.
  */
 
@@ -15,6 +16,9 @@ const LAUNCHER_PREFIX = /^\s*(?:\[\d+\]\s+)?(?:\[default\d+\]:|\d{1,6}: |\[rank\
 export function stripLauncherPrefix(line: string): string {
   return line.replace(LAUNCHER_PREFIX, '');
 }
+
+/** The same prefixes, but the line's own indentation kept: a Python traceback is read by it. */
+const LAUNCHER_PREFIX_ONLY = /^(?:\[\d+\]\s+)?(?:\[default\d+\]:|\d{1,6}: |\[rank\d+\]:)*/;
 
 export interface NcclTimeoutReport {
   readonly kind: 'nccl_timeout';
@@ -37,7 +41,11 @@ export interface ChildFailure {
   readonly traceback?: string;
 }
 
-/** A torchrun worker failure: one `ChildFailedError` summary, or one agent `failed (exitcode: …)` line. */
+/**
+ * A worker failure: one torchrun `ChildFailedError` summary, one torchrun agent `failed
+ * (exitcode: …)` line, or srun's task failure lines for one step (a task is a rank when srun
+ * starts the ranks itself).
+ */
 export interface ChildFailedReport {
   readonly kind: 'child_failed';
   /** Global rank of the root cause (first observed failure), else of the first failure listed. */
@@ -68,6 +76,17 @@ const PREFIX_RANK = /\[rank(\d+)\]:/;
 const CUDA_ERROR = /\bCUDA error: (.*\S)/;
 const NCCL_ERROR = /\bNCCL error in: (.*\S)/;
 const AGENT_FAILURE = /\bfailed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\) of binary: (\S.*)$/;
+/** srun's line for tasks that ended badly: `srun: error: node-2: task 1: Exited with exit code 1`, `…: tasks 0-3: Killed`. */
+const SRUN_TASK_FAILURE = /^srun: error: (\S+): tasks? ([\d,-]+): (.*\S)\s*$/;
+const SRUN_EXIT_CODE = /^Exited with exit code (\d+)$/;
+/**
+ * How srun reports tasks it, or slurmstepd, ended: the aftermath of another task's failure
+ * (`--kill-on-bad-exit`) or of a cancelled job, never a failure of their own.
+ */
+const SRUN_ENDED_BY_OTHERS = /^(Terminated|Killed)$/;
+const PYTHON_TRACEBACK_START = /^Traceback \(most recent call last\):\s*$/;
+/** The line that ends a Python traceback: `TypeError: …`, `torch.OutOfMemoryError: …`, a bare `KeyboardInterrupt`. */
+const PYTHON_EXCEPTION_LINE = /^([A-Za-z_][\w.]*)(?::(?: .*)?)?$/;
 const CHILD_FAILED_START = /(?:^|[\s.])ChildFailedError:/;
 
 function workField(work: string, name: string): string | undefined {
@@ -107,6 +126,12 @@ function parseNcclTimeout(line: string): NcclTimeoutReport | undefined {
 
 /** Lines after an agent `failed (exitcode: …)` line within which a ChildFailedError summary is its own report. */
 const AGENT_FAILURE_WINDOW_LINES = 200;
+/**
+ * Lines within which srun's failure lines belong to one step's failure (they come in one burst),
+ * within which a Python exception printed before them is the failed rank's, and after a torchrun
+ * report within which srun's line is only torchrun's exit echoed.
+ */
+const SRUN_WINDOW_LINES = 200;
 /** A summary longer than this is cut off and reported as it stands, so one report never holds unbounded memory. */
 const MAX_SUMMARY_LINES = 2000;
 
@@ -126,6 +151,29 @@ interface PendingAgentFailure {
   readonly failure: ChildFailure;
   readonly binary: string;
   linesLeft: number;
+}
+
+/** srun's task failure lines of one step, until the burst is over. */
+interface PendingSrunFailure {
+  /** Tasks that failed on their own (an exit code, a signal other than the kill that ends a step). */
+  readonly failed: ChildFailure[];
+  /** Tasks srun or slurmstepd ended because of them. */
+  readonly ended: { readonly host: string; readonly tasks: string; readonly how: string }[];
+  linesLeft: number;
+}
+
+/** `1`, `0-3`, `0,2-3` → the task ids; undefined when the list is not one srun would print. */
+function taskIds(list: string): number[] | undefined {
+  const ids: number[] = [];
+  for (const part of list.split(',')) {
+    const match = /^(\d+)(?:-(\d+))?$/.exec(part);
+    if (!match) return undefined;
+    const from = Number(match[1]);
+    const to = match[2] === undefined ? from : Number(match[2]);
+    if (to < from || to - from > 4096) return undefined;
+    for (let id = from; id <= to; id += 1) ids.push(id);
+  }
+  return ids;
 }
 
 function describeFailure(failure: ChildFailure): string {
@@ -165,19 +213,41 @@ function childFailedReport(failures: readonly ChildFailure[], rootCause: ChildFa
 export class TrainingErrorParser {
   private summary: SummaryState | undefined;
   private agentFailures: PendingAgentFailure[] = [];
+  private srunFailure: PendingSrunFailure | undefined;
+  /** Inside a Python traceback: waiting for the exception line that ends it. */
+  private inTraceback = false;
+  /** The newest Python exception line, and how many lines ago it was seen. */
+  private lastException: { text: string; linesAgo: number } | undefined;
+  /** Lines since the last torchrun report: srun echoing torchrun's exit is not a second failure. */
+  private linesSinceTorchrunReport = Number.POSITIVE_INFINITY;
 
   get pending(): boolean {
-    return this.summary !== undefined || this.agentFailures.length > 0;
+    return this.summary !== undefined || this.agentFailures.length > 0 || this.srunFailure !== undefined;
   }
 
   push(rawLine: string): TrainingErrorReport[] {
+    const reports = this.pushLine(rawLine);
+    if (reports.some((report) => report.kind === 'child_failed' && !report.message.startsWith('srun'))) this.linesSinceTorchrunReport = 0;
+    return reports;
+  }
+
+  private pushLine(rawLine: string): TrainingErrorReport[] {
     const reports: TrainingErrorReport[] = [];
     const line = stripLauncherPrefix(rawLine);
+    this.linesSinceTorchrunReport += 1;
+    this.notePythonException(rawLine.replace(LAUNCHER_PREFIX_ONLY, ''));
     if (this.summary) {
       if (this.continueSummary(line)) return reports;
       reports.push(this.endSummary());
     }
     this.ageAgentFailures(reports);
+    this.ageSrunFailure(reports);
+
+    const srun = SRUN_TASK_FAILURE.exec(line);
+    if (srun) {
+      this.takeSrunLine(srun[1] ?? '', srun[2] ?? '', srun[3] ?? '');
+      return reports;
+    }
 
     if (CHILD_FAILED_START.test(line)) {
       // torchrun logs `failed (exitcode: …)` just before it raises the summary: same failure, one report.
@@ -219,7 +289,74 @@ export class TrainingErrorParser {
     if (this.summary) reports.push(this.endSummary());
     for (const pending of this.agentFailures) reports.push(this.agentReport(pending));
     this.agentFailures = [];
+    if (reports.length > 0) this.linesSinceTorchrunReport = 0;
+    const srun = this.endSrunFailure();
+    if (srun) reports.push(srun);
     return reports;
+  }
+
+  /** Remembers the exception line that ends a Python traceback (the failed rank's, usually). */
+  private notePythonException(line: string): void {
+    if (this.lastException) this.lastException.linesAgo += 1;
+    if (PYTHON_TRACEBACK_START.test(line)) {
+      this.inTraceback = true;
+      return;
+    }
+    if (!this.inTraceback || line.trim() === '' || /^\s/.test(line)) return;
+    this.inTraceback = false;
+    if (PYTHON_EXCEPTION_LINE.test(line.trim())) this.lastException = { text: line.trim().slice(0, 500), linesAgo: 0 };
+  }
+
+  private takeSrunLine(host: string, tasks: string, how: string): void {
+    // torchrun under srun: the ChildFailedError summary was the report; srun only echoes its exit.
+    if (this.linesSinceTorchrunReport <= SRUN_WINDOW_LINES || this.agentFailures.length > 0) return;
+    const ids = taskIds(tasks);
+    if (ids === undefined) return;
+    this.srunFailure ??= { failed: [], ended: [], linesLeft: SRUN_WINDOW_LINES };
+    const exit = SRUN_EXIT_CODE.exec(how);
+    const exitCode = exit ? Number(exit[1]) : undefined;
+    if (SRUN_ENDED_BY_OTHERS.test(how) || exitCode === 0) {
+      this.srunFailure.ended.push({ host, tasks, how });
+      return;
+    }
+    for (const rank of ids) this.srunFailure.failed.push({ rank, host, ...(exitCode === undefined ? { traceback: how } : { exitCode }) });
+  }
+
+  private ageSrunFailure(reports: TrainingErrorReport[]): void {
+    if (!this.srunFailure) return;
+    this.srunFailure.linesLeft -= 1;
+    if (this.srunFailure.linesLeft >= 0) return;
+    const report = this.endSrunFailure();
+    if (report) reports.push(report);
+  }
+
+  /**
+   * One report per failed step, naming the tasks that failed on their own (the first is the root
+   * cause: srun prints it first) and the Python exception the log showed last. Only tasks ended by
+   * others (a cancelled job, or the kill that `--kill-on-bad-exit` sends) make no report.
+   */
+  private endSrunFailure(): ChildFailedReport | undefined {
+    const pending = this.srunFailure;
+    this.srunFailure = undefined;
+    if (!pending || pending.failed.length === 0) return undefined;
+    const exception = this.lastException && this.lastException.linesAgo <= 2 * SRUN_WINDOW_LINES ? this.lastException.text : undefined;
+    const [root, ...others] = pending.failed;
+    const describe = (failure: ChildFailure): string =>
+      `task ${failure.rank ?? '?'} on ${failure.host ?? '?'} ${failure.exitCode !== undefined ? `exited with exit code ${failure.exitCode}` : `ended: ${failure.traceback ?? '?'}`}`;
+    const parts = [`srun: ${root ? describe(root) : 'a task failed'}`];
+    if (others.length > 0) parts.push(`also failed: ${others.map(describe).join(', ')}`);
+    if (pending.ended.length > 0) parts.push(`ended with it: ${pending.ended.map((entry) => `task${entry.tasks.includes('-') || entry.tasks.includes(',') ? 's' : ''} ${entry.tasks} on ${entry.host} (${entry.how})`).join(', ')}`);
+    if (exception !== undefined) parts.push(exception);
+    const failures = exception !== undefined && root ? [{ ...root, traceback: root.traceback ?? exception }, ...others] : pending.failed;
+    const ranks = [...new Set(failures.flatMap((failure) => (failure.rank === undefined ? [] : [failure.rank])))];
+    return {
+      kind: 'child_failed',
+      ...(root?.rank === undefined ? {} : { rank: root.rank }),
+      ...(root?.exitCode === undefined ? {} : { exitCode: root.exitCode }),
+      ranks,
+      failures,
+      message: parts.join('; '),
+    };
   }
 
   private ageAgentFailures(reports: TrainingErrorReport[]): void {

@@ -22,33 +22,19 @@ export function slurmEnv(conf: string): Record<string, string> {
 const NODE_INIT = 'hostname "$1" && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"';
 
 /**
- * `ip netns exec` would be simpler, but it remounts /sys and hides /sys/fs/cgroup, and slurmd
- * then refuses to start; nsenter only joins the network namespace.
+ * A command run as a process of the node: in its network namespace, with its hostname and hosts
+ * file. `ip netns exec` would be simpler, but it remounts /sys and hides /sys/fs/cgroup, and
+ * slurmd then refuses to start; nsenter only joins the network namespace.
  */
-export function slurmdCommand(layout: LabLayout, node: LabNode): { command: string; args: string[] } {
+export function nodeCommand(layout: LabLayout, node: LabNode, argv: readonly string[]): { command: string; args: string[] } {
   return {
     command: 'nsenter',
-    args: [
-      `--net=/run/netns/${node.netns}`,
-      '--',
-      'unshare',
-      '--uts',
-      '--mount',
-      '--',
-      'sh',
-      '-c',
-      NODE_INIT,
-      'steadfast-lab-node',
-      node.name,
-      layout.hostsFile,
-      'slurmd',
-      '-D',
-      '-N',
-      node.name,
-      '-f',
-      layout.conf,
-    ],
+    args: [`--net=/run/netns/${node.netns}`, '--', 'unshare', '--uts', '--mount', '--', 'sh', '-c', NODE_INIT, 'steadfast-lab-node', node.name, layout.hostsFile, ...argv],
   };
+}
+
+export function slurmdCommand(layout: LabLayout, node: LabNode): { command: string; args: string[] } {
+  return nodeCommand(layout, node, ['slurmd', '-D', '-N', node.name, '-f', layout.conf]);
 }
 
 export function startSlurmctld(layout: LabLayout, daemons: LabDaemons): number {

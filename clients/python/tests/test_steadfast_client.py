@@ -157,6 +157,17 @@ class StandInTest(unittest.TestCase):
         self.assertEqual(self.client.microbatch_share(0, default=2), 6)
         self.assertEqual(self.client.microbatch_share(7, default=2), 2, "a group the plan does not name gets the default")
 
+    def test_a_job_without_a_microbatch_plan_is_asked_once_and_its_checkpoint_reports_go_out_at_once(self):
+        self.server.routes[("GET", "/api/v1/jobs/llama/microbatches")] = lambda r: (400, {"error": "job llama was registered without microbatches.perIteration"})
+        self.assertIsNone(self.client.microbatches())
+        self.assertEqual(self.client.microbatch_share(0, default=4), 4)
+        self.client.report_checkpoint(20, tier="remote")
+        self.assertTrue(self.client.flush(0.5), "a 400 is an answer, not an outage: no pause for the controller")
+        self.assertEqual(self.server.posted("/api/v1/jobs/llama/checkpoints"), [{"step": 20, "rank": 3, "tier": "remote"}])
+        asked = [r for r in self.server.requests if r["path"] == "/api/v1/jobs/llama/microbatches"]
+        self.assertEqual(len(asked), 1)
+        self.assertEqual(self.client.stats["failed"], 0)
+
     def test_a_hung_controller_costs_one_timeout_then_is_left_alone(self):
         self.server.routes[("GET", "/api/v1/jobs/llama/restore-plan")] = lambda r: (200, {"step": 1})
         self.server.hang.set()

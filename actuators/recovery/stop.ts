@@ -1,0 +1,33 @@
+import type { JobSpec } from '../../core/job.js';
+import { recordStep, type RecoveryActuatorDeps, type StepAt } from './context.js';
+
+/**
+ * The stop step (ByteRobust §4.1: the job is halted before anything is done about the fault),
+ * and the same guarantee before every relaunch: the job's previous run must be gone, or the
+ * relaunch would wait for its nodes (or run twice). A Slurm launcher's runs are the Slurm jobs
+ * named after the registered job (`--job-name={job}`), which the backend cancels and awaits.
+ * A Kubernetes relaunch replaces the pods itself, and dry-run touches nothing: there the stop is
+ * recorded only.
+ */
+
+/** The scheduler's job ids that were cancelled (and are gone); undefined when this backend stops nothing for this launcher. */
+export async function endPreviousRuns(deps: RecoveryActuatorDeps, spec: JobSpec): Promise<string[] | undefined> {
+  if (spec.launcher.kind !== 'slurm' || !deps.backend.cancelJobs) return undefined;
+  return deps.backend.cancelJobs(spec.name);
+}
+
+export function describeCancelled(spec: JobSpec, cancelled: readonly string[]): string {
+  return `cancelled Slurm job${cancelled.length === 1 ? '' : 's'} ${cancelled.join(', ')} named ${spec.name}; gone from the queue`;
+}
+
+export async function stop(deps: RecoveryActuatorDeps, at: StepAt): Promise<void> {
+  const { spec } = await deps.jobs.get(at.step.job);
+  const cancelled = await endPreviousRuns(deps, spec);
+  const detail =
+    cancelled === undefined
+      ? `recorded (the ${deps.backend.name} backend stops nothing for a ${spec.launcher.kind} launcher)`
+      : cancelled.length === 0
+        ? `no Slurm job named ${spec.name} was running`
+        : describeCancelled(spec, cancelled);
+  await recordStep(deps, at, 'done', detail);
+}

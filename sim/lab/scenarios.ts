@@ -1,0 +1,369 @@
+import { setTimeout as sleep } from 'node:timers/promises';
+import { expandHostlist } from '../../actuators/hostlist.js';
+import type { AuditEntry } from '../../core/audit.js';
+import { errorMessage } from '../../core/errors.js';
+import type { ProtectedLab } from './protected.js';
+import { triggerRankCrash, writeCodeVersion, type Iteration } from './training.js';
+
+/**
+ * The lab's scenarios: a real PyTorch job under steadfast's protection, broken on purpose, and
+ * judged by what the job itself wrote — which Slurm runs there were, where the relaunched run
+ * resumed, whether its first step is the checkpoint's next one and its loss the one the
+ * interrupted run had there — and by the controller's audit trail for the timeline.
+ *
+ *  - machine-fault: a fatal Xid 79 in one node's kernel log → drained, the job stopped (scancel),
+ *    a warm standby in its place, relaunched with sbatch, resumed from the newest checkpoint;
+ *  - bad-code: an urgent code update whose ranks raise a TypeError → rolled back through
+ *    `{version}`, training goes on;
+ *  - crash: a rank raises a CUDA-style RuntimeError → srun's failure in the job log → stop-time
+ *    diagnostics on every node find nothing → reattempt in place.
+ */
+
+export interface TimelineStep {
+  readonly label: string;
+  /** Milliseconds after the fault was injected; null when it never happened. */
+  readonly afterMs: number | null;
+  readonly detail: string;
+}
+
+export interface ScenarioReport {
+  readonly name: string;
+  readonly recovered: boolean;
+  /** From the fault to the relaunched run's first iteration. */
+  readonly recoverySeconds: number | null;
+  readonly resumedFromStep: number | null;
+  /** Iterations the interrupted run had done past the step it resumed from. */
+  readonly lostIterations: number | null;
+  /** Every Slurm run of the job in the scenario, in order. */
+  readonly slurmJobIds: string[];
+  readonly timeline: TimelineStep[];
+  /** Why it does not count as recovered; empty when it does. */
+  readonly problems: string[];
+}
+
+export const SCENARIO_NAMES = ['machine-fault', 'bad-code', 'crash'] as const;
+export type ScenarioName = (typeof SCENARIO_NAMES)[number];
+
+/** How long a scenario may take from the fault to the ladder calling the job healthy again. */
+const RECOVERY_TIMEOUT_MS = 240_000;
+
+async function until<T>(read: () => Promise<T> | T, ok: (value: T) => boolean, timeoutMs: number, intervalMs = 200): Promise<T | undefined> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    try {
+      const value = await read();
+      if (ok(value)) return value;
+    } catch {
+      // A part answering late (Slurm busy, Redis reconnecting) is asked again.
+    }
+    if (Date.now() >= deadline) return undefined;
+    await sleep(intervalMs);
+  }
+}
+
+/** The run training now: the newest run in the log, once rank 0 has logged `minIteration`. */
+export async function waitForTraining(lab: ProtectedLab, minIteration: number, timeoutMs = 120_000): Promise<{ run: string; iteration: Iteration }> {
+  const found = await until(
+    () => {
+      const run = lab.log.runs().at(-1);
+      const last = run === undefined ? undefined : lab.log.iterations(run, 0).at(-1);
+      return run !== undefined && last !== undefined ? { run, iteration: last } : undefined;
+    },
+    (value) => value !== undefined && value.iteration.iteration >= minIteration,
+    timeoutMs,
+  );
+  if (!found) throw new Error(`the job did not train to iteration ${minIteration} within ${timeoutMs / 1000} s; log tail:\n${lab.log.lines.slice(-20).map((line) => line.text).join('\n')}`);
+  return found;
+}
+
+const at = (entry: AuditEntry | undefined): number | undefined => (entry === undefined ? undefined : Date.parse(entry.time));
+
+/** What the interrupted run and the relaunched run wrote, compared. */
+interface Resumption {
+  readonly resumedFrom: number | null;
+  readonly source: string;
+  readonly firstIteration: Iteration | undefined;
+  /** The interrupted run's loss at the relaunched run's first step, when it got that far. */
+  readonly lossBefore: number | undefined;
+  readonly lostIterations: number | null;
+  readonly problems: string[];
+}
+
+/**
+ * The relaunched run must resume from the newest step every rank of the interrupted run saved,
+ * train the step after it first, and have there the loss the interrupted run had at that step
+ * (the data of a step is seeded by step and rank, and the weights and optimizer come from the
+ * checkpoint, so the same step gives the same loss): the run went on, it did not start over.
+ */
+function judgeResumption(lab: ProtectedLab, interrupted: readonly string[], relaunched: string): Resumption {
+  const problems: string[] = [];
+  const saved = new Map<number, Set<string>>();
+  for (const line of lab.log.lines) {
+    if (!interrupted.includes(line.slurmJob)) continue;
+    const match = /^\[rank (\d+)\] checkpoint step (\d+) saved/.exec(line.text);
+    if (match) saved.set(Number(match[2]), new Set([...(saved.get(Number(match[2])) ?? []), match[1] ?? '']));
+  }
+  const ranks = lab.computeNodes.length;
+  const newestComplete = Math.max(-1, ...[...saved].filter(([, by]) => by.size === ranks).map(([step]) => step));
+  const resume = lab.log.resumedFrom(relaunched);
+  const resumedFrom = resume?.step ?? null;
+  if (resume === undefined) problems.push(`run ${relaunched} never said where it resumed`);
+  else if (newestComplete >= 0 && resumedFrom !== newestComplete) problems.push(`run ${relaunched} resumed from ${resume.source} step ${String(resumedFrom)}, not from the newest complete checkpoint ${newestComplete}`);
+  const firstIteration = lab.log.iterations(relaunched, 0)[0];
+  if (resumedFrom !== null && firstIteration !== undefined && firstIteration.iteration !== resumedFrom + 1) {
+    problems.push(`run ${relaunched} trained step ${firstIteration.iteration} first, not ${resumedFrom + 1}`);
+  }
+  const before = interrupted.flatMap((run) => lab.log.iterations(run, 0));
+  const lastBefore = Math.max(0, ...before.map((step) => step.iteration));
+  const same = firstIteration === undefined ? undefined : [...before].reverse().find((step) => step.iteration === firstIteration.iteration);
+  if (firstIteration !== undefined) {
+    if (same !== undefined) {
+      if (Math.abs(same.loss - firstIteration.loss) > 1e-4 * Math.max(1, Math.abs(same.loss))) {
+        problems.push(`step ${firstIteration.iteration} had loss ${same.loss} before and ${firstIteration.loss} after the restart`);
+      }
+    } else {
+      const start = before[0];
+      if (start !== undefined && firstIteration.loss > start.loss / 2) problems.push(`loss ${firstIteration.loss} after the restart is no better than at the start (${start.loss})`);
+    }
+  }
+  return { resumedFrom, source: resume?.source ?? '', firstIteration, lossBefore: same?.loss, lostIterations: resumedFrom === null ? null : Math.max(0, lastBefore - resumedFrom), problems };
+}
+
+/** The timeline's line for the relaunched run's first step: where it resumed and its loss against the interrupted run's. */
+function firstStep(resumption: Resumption | undefined, run: string | undefined, t0: number): TimelineStep {
+  const first = resumption?.firstIteration;
+  const loss = first === undefined ? '' : `; rank 0 loss ${first.loss}${resumption?.lossBefore === undefined ? '' : ` (the interrupted run had ${resumption.lossBefore} at this step)`}`;
+  return step(`first iteration of run ${run ?? '?'}: step ${first?.iteration ?? '?'}`, first?.seenAt, t0, `resumed from the ${resumption?.source ?? '?'}${loss}`);
+}
+
+/** Waits until the ladder calls the job healthy: running again, on the nodes and version `ok` wants. */
+async function waitForRunning(lab: ProtectedLab, ok: (job: { state: string; nodes: string[]; version: string }) => boolean): Promise<number | undefined> {
+  const seen = await until(() => lab.jobRecord(), (job) => job.state === 'running' && ok(job), RECOVERY_TIMEOUT_MS, 250);
+  return seen === undefined ? undefined : Date.now();
+}
+
+/** A run not among `known`, once its rank 0 logged an iteration. */
+async function waitForNewRun(lab: ProtectedLab, known: readonly string[], timeoutMs = RECOVERY_TIMEOUT_MS): Promise<string | undefined> {
+  return until(
+    () => lab.log.runs().find((run) => !known.includes(run) && lab.log.iterations(run, 0).length > 0),
+    (run) => run !== undefined,
+    timeoutMs,
+    100,
+  );
+}
+
+function step(label: string, time: number | undefined, t0: number, detail = ''): TimelineStep {
+  return { label, afterMs: time === undefined ? null : Math.max(0, time - t0), detail };
+}
+
+function report(name: string, t0: number, resumption: Resumption | undefined, runs: string[], timeline: TimelineStep[], problems: string[]): ScenarioReport {
+  const first = resumption?.firstIteration;
+  const all = [...problems, ...(resumption?.problems ?? [])];
+  return {
+    name,
+    recovered: all.length === 0,
+    recoverySeconds: first === undefined ? null : Math.round((first.seenAt - t0) / 100) / 10,
+    resumedFromStep: resumption?.resumedFrom ?? null,
+    lostIterations: resumption?.lostIterations ?? null,
+    slurmJobIds: runs,
+    timeline,
+    problems: all,
+  };
+}
+
+/** Newer audit entries of this job's recovery, or of its nodes' signals. */
+function entriesSince(entries: AuditEntry[], t0: number, job: string): AuditEntry[] {
+  return entries.filter((entry) => Date.parse(entry.time) >= t0 - 1000 && (entry.summary.startsWith(`${job}:`) || entry.summary.includes(`job ${job}`)));
+}
+
+const receivedAt = (entry: AuditEntry | undefined): number | undefined => {
+  const signal = entry?.data?.signal as { receivedAt?: string } | undefined;
+  return signal?.receivedAt === undefined ? at(entry) : Date.parse(signal.receivedAt);
+};
+
+/** Scenario 1: a fatal Xid on one of the job's nodes. */
+export async function runMachineFault(lab: ProtectedLab): Promise<ScenarioReport> {
+  const problems: string[] = [];
+  const job = lab.job;
+  const { run: before } = await waitForTraining(lab, 2 * (lab.options.checkpointEvery ?? 10) + 3);
+  const known = lab.log.runs();
+  const startRecord = await lab.jobRecord();
+  const victim = startRecord.nodes[0] ?? '';
+  const standbys = await lab.controller.backend.standbys();
+  const pid = Number(lab.log.find(before, new RegExp(`^\\[rank \\d+\\] pid (\\d+) on ${victim},`))?.text.match(/pid (\d+)/)?.[1] ?? Number.NaN);
+  const t0 = lab.injectXid(victim, 79, 'GPU has fallen off the bus.', '0000:3a:00', Number.isNaN(pid) ? undefined : pid);
+
+  const relaunched = await waitForNewRun(lab, known);
+  if (relaunched === undefined) problems.push(`no run trained after the Xid within ${RECOVERY_TIMEOUT_MS / 1000} s`);
+  const runningAt = await waitForRunning(lab, (record) => !record.nodes.includes(victim));
+  if (runningAt === undefined) problems.push('the ladder did not see training progress again');
+
+  const entries = entriesSince(await lab.audit(), t0, job);
+  const signal = entries.find((entry) => entry.type === 'signal' && entry.node === victim && /xid/i.test(entry.summary));
+  // The alert names the node, which has left the job: look beyond the job's entries for it.
+  const alert = (await lab.audit()).find((entry) => Date.parse(entry.time) >= t0 && entry.type === 'signal' && entry.node === victim && /^alertmanager reports Xid 79/.test(entry.summary));
+  const decision = entries.find((entry) => entry.type === 'decision' && entry.summary.startsWith(`${job}: evict`));
+  const stopped = entries.find((entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: stop: done`));
+  const drained = entries.find((entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: evict ${victim}: done`));
+  const activated = entries.find((entry) => entry.type === 'action' && /: evict \S+: done \(standby \S+ activated/.test(entry.summary));
+  const restarted = entries.find((entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: restart: done`));
+  const standby = /standby (\S+) activated/.exec(activated?.summary ?? '')?.[1];
+  const record = await lab.jobRecord();
+  const sinfo = await lab.sinfo(victim);
+  const old = await lab.slurmJob(before).catch(() => ({ state: 'unknown', nodes: '', exitCode: '' }));
+  const fresh = relaunched === undefined ? undefined : await lab.slurmJob(relaunched).catch(() => undefined);
+
+  if (!signal) problems.push(`no Xid signal from ${victim} in the audit`);
+  if (!decision) problems.push('no eviction decision');
+  if (!/^drain/.test(sinfo.state) || !/Xid/.test(sinfo.reason)) problems.push(`${victim} is ${sinfo.state} "${sinfo.reason}" in sinfo, not drained for the Xid`);
+  if (!/CANCELLED/.test(old.state)) problems.push(`the interrupted run ${before} is ${old.state}, not cancelled`);
+  if (standby === undefined || !standbys.includes(standby)) problems.push(`no warm standby from the reservation (${standbys.join(', ')}) was activated`);
+  else if (!record.nodes.includes(standby)) problems.push(`the job runs on ${record.nodes.join(', ')}, without standby ${standby}`);
+  const freshNodes = fresh ? expandHostlist(fresh.nodes) : [];
+  if (fresh && (freshNodes.includes(victim) || (standby !== undefined && !freshNodes.includes(standby)))) problems.push(`run ${relaunched ?? ''} runs on ${fresh.nodes}`);
+  const resumption = relaunched === undefined ? undefined : judgeResumption(lab, [before], relaunched);
+  const timeline = [
+    step(`fatal Xid 79 appended to ${victim}'s kernel log`, t0, t0, `NVRM: Xid (PCI:0000:3a:00): 79, pid=${Number.isNaN(pid) ? '?' : pid}, name=python3, GPU has fallen off the bus.`),
+    step('detected: the agent on the node posted it, the controller stored the signal', receivedAt(signal), t0, signal?.summary ?? ''),
+    step('decided: stop, evict, restart', at(decision), t0, decision?.summary ?? ''),
+    step(`stopped: run ${before} cancelled and gone`, at(stopped), t0, stopped?.summary ?? ''),
+    step(`${victim} drained`, at(drained), t0, `sinfo: ${sinfo.state} "${sinfo.reason}"`),
+    step(`standby ${standby ?? '?'} activated in its place`, at(activated), t0, activated?.summary ?? ''),
+    step(`relaunched with sbatch: run ${relaunched ?? '?'} on ${fresh?.nodes ?? '?'}`, at(restarted), t0, restarted?.summary ?? ''),
+    firstStep(resumption, relaunched, t0),
+    step('the ladder saw the iteration counter grow in Prometheus: running', runningAt, t0, `nodes ${record.nodes.join(', ')}`),
+    step(`the Prometheus path: the alert for the same Xid through Alertmanager`, receivedAt(alert), t0, alert?.summary ?? ''),
+  ];
+  return report('machine-fault', t0, resumption, [before, ...(relaunched === undefined ? [] : [relaunched])], timeline, problems);
+}
+
+/** Scenario 5: an urgent code update whose ranks raise a TypeError at their first step. */
+export async function runBadCode(lab: ProtectedLab, badVersion = 'v2'): Promise<ScenarioReport> {
+  const problems: string[] = [];
+  const job = lab.job;
+  const { run: before } = await waitForTraining(lab, (lab.log.iterations(lab.log.runs().at(-1), 0).at(0)?.iteration ?? 0) + 2 * (lab.options.checkpointEvery ?? 10));
+  const known = lab.log.runs();
+  const good = (await lab.jobRecord()).version;
+  writeCodeVersion(lab.paths, badVersion, "unsupported operand type(s) for *: 'NoneType' and 'float'");
+  const t0 = Date.now();
+  const update = await lab.api(`/api/v1/jobs/${job}/code-updates`, { version: badVersion, urgent: true });
+  if (update.status !== 202) problems.push(`the code update was answered ${update.status}: ${JSON.stringify(update.body)}`);
+
+  // The bad version's run: it fails before its first iteration, so it is found by its header.
+  const badRun = await until(
+    () => lab.log.runs().find((run) => !known.includes(run) && lab.log.find(run, new RegExp(`/code/${badVersion}/train\\.py`)) !== undefined),
+    (run) => run !== undefined,
+    RECOVERY_TIMEOUT_MS,
+    100,
+  );
+  if (badRun === undefined) problems.push(`no run of ${badVersion} started`);
+  const failedLine = badRun === undefined ? undefined : await until(() => lab.log.find(badRun, /^srun: error: .*Exited with exit code/), (line) => line !== undefined, 120_000, 100);
+  if (badRun !== undefined && failedLine === undefined) problems.push(`run ${badRun} of ${badVersion} did not fail`);
+  const relaunched = await waitForNewRun(lab, [...known, ...(badRun === undefined ? [] : [badRun])]);
+  if (relaunched === undefined) problems.push(`no run trained after the rollback within ${RECOVERY_TIMEOUT_MS / 1000} s`);
+  const runningAt = await waitForRunning(lab, (record) => record.version === good);
+  if (runningAt === undefined) problems.push(`the ladder did not see training progress again on ${good}`);
+
+  const entries = entriesSince(await lab.audit(), t0, job);
+  const updateStop = entries.find((entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: stop: done`));
+  const updateLaunch = entries.find((entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: restart: done`) && entry.summary.includes(`launched ${badVersion}`));
+  const signal = entries.find((entry) => entry.type === 'signal' && /worker_failed/.test(entry.summary) && /user_code/.test(entry.summary));
+  const decision = entries.find((entry) => entry.type === 'decision' && entry.summary.startsWith(`${job}: rollback`));
+  const rolledBack = entries.find((entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: rollback: done`));
+  const restarted = entries.find((entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: restart: done`) && entry.summary.includes(`launched ${good}`));
+  const record = await lab.jobRecord();
+  const bad = badRun === undefined ? undefined : await lab.slurmJob(badRun).catch(() => undefined);
+  const exception = badRun === undefined ? undefined : lab.log.find(badRun, /^TypeError: /);
+
+  if (!signal) problems.push('no worker failure classified as user code in the audit');
+  if (!decision) problems.push(`no rollback decision to ${good}`);
+  if (record.version !== good) problems.push(`the job runs ${record.version}, not ${good}`);
+  if (bad && !/FAILED/.test(bad.state)) problems.push(`run ${badRun ?? ''} of ${badVersion} ended ${bad.state}, not FAILED`);
+  const resumption = relaunched === undefined ? undefined : judgeResumption(lab, [before], relaunched);
+  const failedAt = failedLine?.seenAt;
+  const timeline = [
+    step(`urgent code update to ${badVersion} posted`, t0, t0, `POST /api/v1/jobs/${job}/code-updates → ${update.status} ${JSON.stringify(update.body.steps ?? '')}`),
+    step(`stopped: run ${before} cancelled`, at(updateStop), t0, updateStop?.summary ?? ''),
+    step(`relaunched on ${badVersion}: run ${badRun ?? '?'}`, at(updateLaunch), t0, updateLaunch?.summary ?? ''),
+    step(`run ${badRun ?? '?'} failed: ${exception?.text ?? 'TypeError'}`, failedAt, t0, failedLine?.text ?? ''),
+    step("detected: the batch host's agent read srun's failure in the job log", receivedAt(signal), t0, signal?.summary ?? ''),
+    step(`decided: roll back to ${good}`, at(decision), t0, decision?.summary ?? ''),
+    step(`code version set to ${good}`, at(rolledBack), t0, rolledBack?.summary ?? ''),
+    step(`relaunched on ${good}: run ${relaunched ?? '?'}`, at(restarted), t0, restarted?.summary ?? ''),
+    firstStep(resumption, relaunched, t0),
+    step(`the ladder saw training progress on ${good}: running`, runningAt, t0, ''),
+  ];
+  // Recovery is counted from the failure itself, not from the update that brought it.
+  const result = report('bad-code', failedAt ?? t0, resumption, [before, ...(badRun === undefined ? [] : [badRun]), ...(relaunched === undefined ? [] : [relaunched])], timeline, problems);
+  return result;
+}
+
+/** Scenario 2: a rank raises a CUDA-style RuntimeError; nothing names a culprit. */
+export async function runCrash(lab: ProtectedLab, rank = 1): Promise<ScenarioReport> {
+  const problems: string[] = [];
+  const job = lab.job;
+  const { run: before } = await waitForTraining(lab, (lab.log.iterations(lab.log.runs().at(-1), 0).at(0)?.iteration ?? 0) + 2 * (lab.options.checkpointEvery ?? 10));
+  const known = lab.log.runs();
+  const startRecord = await lab.jobRecord();
+  const t0 = Date.now();
+  triggerRankCrash(lab.paths, rank);
+
+  const failedLine = await until(() => lab.log.find(before, /^srun: error: .*Exited with exit code/), (line) => line !== undefined, 60_000, 100);
+  if (failedLine === undefined) problems.push(`run ${before} did not fail after rank ${rank} was made to crash`);
+  const relaunched = await waitForNewRun(lab, known);
+  if (relaunched === undefined) problems.push(`no run trained after the crash within ${RECOVERY_TIMEOUT_MS / 1000} s`);
+  const runningAt = await waitForRunning(lab, () => true);
+  if (runningAt === undefined) problems.push('the ladder did not see training progress again');
+
+  const entries = entriesSince(await lab.audit(), t0, job);
+  const signal = entries.find((entry) => entry.type === 'signal' && /worker_failed/.test(entry.summary));
+  const decision = entries.find((entry) => entry.type === 'decision' && entry.summary.startsWith(`${job}: run_diagnostics`));
+  const diagnosed = entries.find((entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: diagnostics:`));
+  const reattempt = entries.find((entry) => entry.type === 'decision' && entry.summary.startsWith(`${job}: reattempt`));
+  const restarted = entries.find((entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: reattempt: done`));
+  const record = await lab.jobRecord();
+  const crashed = await lab.slurmJob(before).catch(() => undefined);
+
+  if (!signal) problems.push('no worker failure signal in the audit');
+  else if (!/crash fault/.test(signal.summary)) problems.push(`the failure was not classified as a crash: ${signal.summary}`);
+  if (!decision) problems.push('no stop-time diagnostics decision');
+  if (!reattempt) problems.push('no reattempt decision after the diagnostics');
+  if (record.nodes.join(',') !== startRecord.nodes.join(',')) problems.push(`the job moved from ${startRecord.nodes.join(', ')} to ${record.nodes.join(', ')}: a reattempt stays in place`);
+  if (crashed && !/FAILED/.test(crashed.state)) problems.push(`run ${before} ended ${crashed.state}, not FAILED`);
+  const resumption = relaunched === undefined ? undefined : judgeResumption(lab, [before], relaunched);
+  const exception = lab.log.find(before, /^RuntimeError: CUDA error/);
+  const timeline = [
+    step(`rank ${rank} made to raise a CUDA-style RuntimeError at its next step`, t0, t0, ''),
+    step(`run ${before} failed: srun's error in the job log`, failedLine?.seenAt, t0, `${exception?.text ?? ''} | ${failedLine?.text ?? ''}`),
+    step("detected: the batch host's agent read the failure in the job log", receivedAt(signal), t0, signal?.summary ?? ''),
+    step('decided: stop-time diagnostics (no culprit named)', at(decision), t0, decision?.summary ?? ''),
+    step('diagnostics on every node of the job', at(diagnosed), t0, diagnosed?.summary ?? ''),
+    step('decided: reattempt in place', at(reattempt), t0, reattempt?.summary ?? ''),
+    step(`relaunched with sbatch: run ${relaunched ?? '?'}`, at(restarted), t0, restarted?.summary ?? ''),
+    firstStep(resumption, relaunched, t0),
+    step('the ladder saw training progress: running', runningAt, t0, ''),
+  ];
+  return report('crash', failedLine?.seenAt ?? t0, resumption, [before, ...(relaunched === undefined ? [] : [relaunched])], timeline, problems);
+}
+
+export const SCENARIOS: Readonly<Record<ScenarioName, (lab: ProtectedLab) => Promise<ScenarioReport>>> = {
+  'machine-fault': runMachineFault,
+  'bad-code': runBadCode,
+  crash: runCrash,
+};
+
+/** Runs scenarios one after the other on one lab; a scenario that throws is reported as not recovered. */
+export async function runScenarios(lab: ProtectedLab, names: readonly ScenarioName[], onReport: (report: ScenarioReport) => void = () => undefined): Promise<ScenarioReport[]> {
+  const reports: ScenarioReport[] = [];
+  for (const name of names) {
+    let result: ScenarioReport;
+    try {
+      result = await SCENARIOS[name](lab);
+    } catch (error) {
+      result = { name, recovered: false, recoverySeconds: null, resumedFromStep: null, lostIterations: null, slurmJobIds: lab.log.runs(), timeline: [], problems: [errorMessage(error)] };
+    }
+    reports.push(result);
+    onReport(result);
+  }
+  return reports;
+}

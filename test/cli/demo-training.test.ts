@@ -1,0 +1,31 @@
+import { describe, expect, it } from 'vitest';
+import { demoCommand } from '../../cli/demo.js';
+import { parseScenarioList } from '../../cli/demo-training.js';
+import { InputError } from '../../core/errors.js';
+import { runCli } from '../support/cli.js';
+
+/** `steadfast demo --scenario training`: its input, refused before anything starts (test/lab/ runs the scenarios). */
+describe('steadfast demo --scenario training: input', () => {
+  it('runs every scenario by default, or the ones named, in the order given', () => {
+    expect(parseScenarioList(undefined)).toEqual(['machine-fault', 'bad-code', 'crash']);
+    expect(parseScenarioList('crash, machine-fault')).toEqual(['crash', 'machine-fault']);
+  });
+
+  it('refuses an unknown or empty scenario list, naming the choices', () => {
+    expect(() => parseScenarioList('hang')).toThrow(InputError);
+    expect(() => parseScenarioList('hang')).toThrow(/unknown hang; choose from machine-fault, bad-code, crash/);
+    expect(() => parseScenarioList(',')).toThrow(/empty/);
+  });
+
+  it('exits 2 for --scenarios naming no scenario, and for --json or --scenarios without --scenario training', async () => {
+    const unknown = await runCli(demoCommand(), ['--scenario', 'training', '--scenarios', 'fail-slow']);
+    expect(unknown.exitCode).toBe(2);
+    expect(unknown.stderr).toContain('--scenarios: unknown fail-slow');
+    const json = await runCli(demoCommand(), ['--json']);
+    expect(json.exitCode).toBe(2);
+    expect(json.stderr).toContain('--json and --scenarios go with --scenario training');
+    const other = await runCli(demoCommand(), ['--scenario', 'chaos']);
+    expect(other.exitCode).toBe(2);
+    expect(other.stderr).toContain('must be spine, recovery or training');
+  });
+});
