@@ -3,9 +3,14 @@
  * above it (Megatron, DeepSpeed, plain torchrun or srun): NCCL watchdog timeouts, CUDA and NCCL
  * errors, torchrun's `ChildFailedError` summaries and agent `failed (exitcode: …)` lines, and
  * srun's `srun: error: <host>: task <n>: Exited with exit code <c>` for ranks srun started
- * itself (with the Python exception the rank printed last), each turned into one error report. No I/O and no clock; the parser keeps only the state a
- * multi-line summary needs, and never throws.
+ * itself (with the Python exception the rank printed last), each turned into one error report.
+ * No I/O and no clock; the parser keeps only the state a multi-line summary needs, and never
+ * throws.
  */
+
+import { childFailedReport, type ChildFailure, type ChildFailedReport, type NcclTimeoutReport, type TrainingErrorReport } from './training-error-reports.js';
+
+export { TRAINING_ERROR_KINDS, type ChildFailure, type TrainingErrorKind, type TrainingErrorReport } from './training-error-reports.js';
 
 /**
  * Launcher and viewer prefixes in front of a line: a log viewer's `[80746] `, torchrun's
@@ -19,57 +24,6 @@ export function stripLauncherPrefix(line: string): string {
 
 /** The same prefixes, but the line's own indentation kept: a Python traceback is read by it. */
 const LAUNCHER_PREFIX_ONLY = /^(?:\[\d+\]\s+)?(?:\[default\d+\]:|\d{1,6}: |\[rank\d+\]:)*/;
-
-export interface NcclTimeoutReport {
-  readonly kind: 'nccl_timeout';
-  /** Global rank that timed out (`[Rank 7]` or the `[rank7]:` prefix). */
-  readonly rank?: number;
-  readonly seqNum?: number;
-  readonly opType?: string;
-  readonly timeoutMs?: number;
-  readonly ranForMs?: number;
-  readonly message: string;
-}
-
-export interface ChildFailure {
-  readonly rank?: number;
-  readonly localRank?: number;
-  readonly exitCode?: number;
-  readonly pid?: number;
-  readonly host?: string;
-  readonly errorFile?: string;
-  readonly traceback?: string;
-}
-
-/**
- * A worker failure: one torchrun `ChildFailedError` summary, one torchrun agent `failed
- * (exitcode: …)` line, or srun's task failure lines for one step (a task is a rank when srun
- * starts the ranks itself).
- */
-export interface ChildFailedReport {
-  readonly kind: 'child_failed';
-  /** Global rank of the root cause (first observed failure), else of the first failure listed. */
-  readonly rank?: number;
-  readonly exitCode?: number;
-  /** Every failed global rank named, root cause first. */
-  readonly ranks: readonly number[];
-  readonly failures: readonly ChildFailure[];
-  readonly message: string;
-}
-
-export interface CudaErrorReport {
-  readonly kind: 'cuda_error';
-  readonly message: string;
-}
-
-export interface NcclErrorReport {
-  readonly kind: 'nccl_error';
-  readonly message: string;
-}
-
-export type TrainingErrorReport = NcclTimeoutReport | ChildFailedReport | CudaErrorReport | NcclErrorReport;
-export type TrainingErrorKind = TrainingErrorReport['kind'];
-export const TRAINING_ERROR_KINDS: readonly TrainingErrorKind[] = ['nccl_timeout', 'nccl_error', 'cuda_error', 'child_failed'];
 
 const BRACKET_RANK = /\[(?:PG [^\]]*?)?Rank (\d+)\]/;
 const PREFIX_RANK = /\[rank(\d+)\]:/;
@@ -174,35 +128,6 @@ function taskIds(list: string): number[] | undefined {
     for (let id = from; id <= to; id += 1) ids.push(id);
   }
   return ids;
-}
-
-function describeFailure(failure: ChildFailure): string {
-  const who = failure.rank !== undefined ? `rank ${failure.rank}` : `local_rank ${failure.localRank ?? '?'}`;
-  const local = failure.rank !== undefined && failure.localRank !== undefined ? ` (local_rank ${failure.localRank})` : '';
-  const code = failure.exitCode !== undefined ? ` exitcode ${failure.exitCode}` : '';
-  const host = failure.host !== undefined ? ` on ${failure.host}` : '';
-  return `${who}${local}${code}${host}`;
-}
-
-function childFailedReport(failures: readonly ChildFailure[], rootCause: ChildFailure | undefined, headline: string, detail?: string): ChildFailedReport {
-  const ordered = rootCause ? [rootCause, ...failures] : [...failures];
-  const ranks = [...new Set(ordered.flatMap((failure) => (failure.rank === undefined ? [] : [failure.rank])))];
-  const first = ordered[0];
-  const parts = [headline];
-  if (rootCause) parts.push(`root cause ${describeFailure(rootCause)}`);
-  if (failures.length > 0) parts.push(`${rootCause ? 'also failed' : 'failed'}: ${failures.map(describeFailure).join(', ')}`);
-  const why = detail ?? first?.traceback;
-  if (why !== undefined) parts.push(why);
-  const rank = first?.rank;
-  const exitCode = first?.exitCode;
-  return {
-    kind: 'child_failed',
-    ...(rank === undefined ? {} : { rank }),
-    ...(exitCode === undefined ? {} : { exitCode }),
-    ranks,
-    failures: ordered,
-    message: parts.join('; '),
-  };
 }
 
 /**
