@@ -2,23 +2,10 @@ import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import type { Signal } from '../../core/signal.js';
+import { signal } from '../support/signal.js';
 import { classifySignal, type Classification } from '../../controller/fault-class.js';
 import { faultEventFromSignal } from '../../controller/ladder/index.js';
 import { T0 } from './ladder/support.js';
-
-function signal(overrides: Partial<Signal> & Pick<Signal, 'kind'>): Signal {
-  return {
-    id: 's-test',
-    node: 'node-7',
-    severity: 'critical',
-    time: '2026-03-02T08:00:00.000Z',
-    receivedAt: '2026-03-02T08:00:01.000Z',
-    fingerprint: 'fp',
-    source: 'agent',
-    evidence: {},
-    ...overrides,
-  };
-}
 
 function alert(alertname: string, extra: Signal['evidence'] = {}): Signal {
   return signal({ kind: 'alert', source: 'alertmanager', evidence: { alertname, status: 'firing', ...extra } });

@@ -1,20 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import type { Signal } from '../../core/signal.js';
+import { signal } from '../support/signal.js';
 import { failureKind } from '../../controller/fault-signature.js';
-
-function signal(overrides: Partial<Signal> & Pick<Signal, 'kind'>): Signal {
-  return {
-    id: 's-test',
-    node: 'node-7',
-    severity: 'critical',
-    time: '2026-03-02T08:00:00.000Z',
-    receivedAt: '2026-03-02T08:00:01.000Z',
-    fingerprint: 'fp',
-    source: 'agent',
-    evidence: {},
-    ...overrides,
-  };
-}
 
 const worker = (message: string, extra: Signal['evidence'] = {}): Signal => signal({ kind: 'worker_failed', evidence: { message, ...extra } });
 
