@@ -111,7 +111,7 @@ export type JobSpec = z.infer<typeof jobSpecSchema>;
 export function parseJobSpec(value: unknown): { spec: JobSpec; topology: Topology } {
   const spec = parseOrThrow(jobSpecSchema, value, 'job');
   const raw = spec.topology ?? {};
-  const withDefaults = 'ranks' in raw ? raw : { nodes: spec.nodes, ranksPerNode: spec.ranksPerNode, ...raw };
+  const withDefaults = 'ranks' in raw ? raw : { nodes: spec.nodes, ranksPerNode: spec.ranksPerNode, ...withDerivedDp(raw, spec.nodes.length * spec.ranksPerNode) };
   const topology = Topology.from(parseOrThrow(topologySpecSchema, withDefaults, 'job.topology'));
   const unknownNodes = [...new Set(topology.ranks.map((rank) => rank.node))].filter((node) => !spec.nodes.includes(node));
   if (unknownNodes.length > 0) throw new InputError(`job.topology: ranks on nodes not in job.nodes: ${unknownNodes.join(', ')}`, 'topology');
@@ -126,6 +126,20 @@ export function parseJobSpec(value: unknown): { spec: JobSpec; topology: Topolog
     }
   }
   return { spec, topology };
+}
+
+/**
+ * Parallel sizes without `dp` take it from the world size, as Megatron does (world / tp·cp·ep·pp):
+ * no topology at all is a plain data-parallel job (DDP), one replica per rank. A world the other
+ * sizes do not divide is left for the topology check to name.
+ */
+function withDerivedDp(sizes: Record<string, unknown>, world: number): Record<string, unknown> {
+  if ('dp' in sizes) return sizes;
+  const other = ['tp', 'cp', 'ep', 'pp'].reduce((product, name) => {
+    const size = sizes[name];
+    return product * (typeof size === 'number' && Number.isInteger(size) && size > 0 ? size : 1);
+  }, 1);
+  return world % other === 0 ? { ...sizes, dp: world / other } : sizes;
 }
 
 /** Number of data-parallel groups (replicas): the distinct DP coordinates of the topology. */

@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import { dataParallelGroups, parseJobSpec } from '../../core/job.js';
 import { Topology } from '../../core/topology.js';
 
 describe('Topology', () => {
@@ -39,5 +40,21 @@ describe('Topology', () => {
 
   it('names an unknown field instead of ignoring it', () => {
     expect(() => Topology.from({ nodes, ranksPerNode: 2, tp: 8, sizes: { dp: 2 } })).toThrow(/sizes|Unrecognized/);
+  });
+});
+
+describe('a job spec without every parallel size', () => {
+  const job = { name: 'ddp', nodes: ['n0', 'n1', 'n2'], ranksPerNode: 2, launcher: { kind: 'slurm', command: ['sbatch', 'train.sh'] }, codeVersion: 'v1' };
+
+  it('is plain data parallel without a topology: one replica per rank', () => {
+    const { topology } = parseJobSpec(job);
+    expect(topology.ranks).toHaveLength(6);
+    expect(dataParallelGroups(topology)).toBe(6);
+  });
+
+  it('takes dp from the world size and the sizes it names, as Megatron does, and still names a world they do not divide', () => {
+    expect(dataParallelGroups(parseJobSpec({ ...job, topology: { tp: 2 } }).topology)).toBe(3);
+    expect(() => parseJobSpec({ ...job, topology: { tp: 4 } })).toThrow(/tp\*cp\*ep\*dp\*pp = 4 but/);
+    expect(() => parseJobSpec({ ...job, topology: { tp: 2, dp: 2 } })).toThrow(/tp\*cp\*ep\*dp\*pp = 4 but/);
   });
 });
