@@ -47,6 +47,10 @@ const CLIENT_DIRECTORY = 'steadfast-stacks';
 /** A dump of hundreds of threads stays well under it (faulthandler stops at 100 threads × 100 frames). */
 const MAX_DUMP_BYTES = 8 * 1024 * 1024;
 const DEFAULT_SETTLE_MS = 100;
+/** How many settle periods of quiet end a dump that shows no `Current thread` block yet. */
+const INCOMPLETE_QUIET_FACTOR = 10;
+/** faulthandler heads the block of the thread that took the signal `Current thread 0x…`. */
+const CURRENT_THREAD = /^Current thread 0x[0-9a-f]+ /m;
 const DEFAULT_POLL_MS = 20;
 
 /**
@@ -196,7 +200,9 @@ async function dumpOne(target: FaulthandlerTarget, options: FaulthandlerOptions,
         size = current;
         stableSince = now;
       } else if (size > start && now - stableSince >= settleMs) {
-        break;
+        // A rank descheduled mid-dump (a loaded node) pauses between threads: the dump is whole
+        // once it holds the signalled thread's block, or after a long quiet without one.
+        if (now - stableSince >= settleMs * INCOMPLETE_QUIET_FACTOR || (await holdsCurrentThread(handle, start, size))) break;
       }
       if (now >= deadline) break;
       await sleep(Math.min(options.pollMs ?? DEFAULT_POLL_MS, Math.max(1, deadline - now)), options.signal);
@@ -237,4 +243,12 @@ export async function dumpWithFaulthandler(targets: readonly FaulthandlerTarget[
       }
     }),
   );
+}
+
+/** Whether the bytes the file grew by hold the signalled thread's block. */
+async function holdsCurrentThread(handle: FileHandle, start: number, size: number): Promise<boolean> {
+  const length = Math.min(Math.max(0, size - start), MAX_DUMP_BYTES);
+  const buffer = Buffer.alloc(length);
+  const { bytesRead } = await handle.read(buffer, 0, length, start);
+  return CURRENT_THREAD.test(buffer.toString('utf8', 0, bytesRead));
 }
