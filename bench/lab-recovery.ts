@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import { cpus, loadavg, totalmem } from 'node:os';
-import { ProtectedLab, SCENARIO_NAMES, runScenarios, type ScenarioName, type ScenarioReport, type TimelineStep } from '../sim/lab/index.js';
+import { ProtectedLab, runScenarios, type ScenarioName, type ScenarioReport, type TimelineStep } from '../sim/lab/index.js';
 import { quantile } from './stats.js';
 
 /**
@@ -19,6 +19,9 @@ import { quantile } from './stats.js';
  * line in the job log for bad code and the crash (the ranks raised at their step; the update or
  * the trigger that made them is before it), the same origin as the demo's recovery time.
  */
+
+/** The scenarios one 2-node lab runs in a row; the hang needs a 3-node lab of its own (the demo runs it) and is not benched. */
+const BENCHED = ['machine-fault', 'bad-code', 'crash'] as const satisfies readonly ScenarioName[];
 
 const RUNS = ((): number => {
   const at = process.argv.indexOf('--runs');
@@ -104,7 +107,7 @@ async function round(index: number, say: (text: string) => void): Promise<Scenar
     say(`bench: round ${index + 1}/${RUNS}: bringing the protected lab up …\n`);
     await lab.up();
     await lab.startTraining();
-    return await runScenarios(lab, SCENARIO_NAMES, (report) => say(`bench:   ${report.recovered ? '✓' : '✗'} ${report.name}${report.recovered ? ` (${report.recoverySeconds ?? '?'} s)` : `: ${report.problems.join('; ')}`}\n`));
+    return await runScenarios(lab, BENCHED, (report) => say(`bench:   ${report.recovered ? '✓' : '✗'} ${report.name}${report.recovered ? ` (${report.recoverySeconds ?? '?'} s)` : `: ${report.problems.join('; ')}`}\n`));
   } finally {
     process.removeListener('SIGINT', interrupted);
     process.removeListener('SIGTERM', interrupted);
@@ -124,7 +127,7 @@ async function main(): Promise<void> {
   }
   const say = (text: string): void => void process.stderr.write(text);
   const started = performance.now();
-  const reports = new Map<ScenarioName, ScenarioReport[]>(SCENARIO_NAMES.map((name) => [name, []]));
+  const reports = new Map<ScenarioName, ScenarioReport[]>(BENCHED.map((name) => [name, []]));
   let loadSum = 0;
   for (let index = 0; index < RUNS; index += 1) {
     for (const report of await round(index, say)) reports.get(report.name as ScenarioName)?.push(report);
@@ -137,7 +140,7 @@ async function main(): Promise<void> {
   out(`machine: ${cpus().length} × ${cpu}, ${(totalmem() / 2 ** 30).toFixed(0)} GiB, Node ${process.version}; the PyTorch example over gloo on CPU, 2 nodes + 2 standbys; ${((performance.now() - started) / 1000).toFixed(0)} s in all\n`);
   let failed = 0;
   const checks: string[] = [];
-  for (const name of SCENARIO_NAMES) {
+  for (const name of BENCHED) {
     const runs = reports.get(name) ?? [];
     const recovered = runs.filter((report) => report.recovered);
     failed += runs.length - recovered.length;

@@ -24,7 +24,8 @@ import type { JobStore } from './job-store.js';
  *   machines; §4.3), each stage on the audit trail;
  * - replay: dual-phase replay with the job's replay command (§4.2, Algorithm 1);
  * - stacks: py-spy dumps from every node's agent, aggregated over several rounds (§5.1, §5.2);
- *   a suspect group comes back as a machine fault naming the machines to over-evict.
+ *   a suspect group comes back as a machine fault naming the machines to over-evict. One
+ *   aggregation per job at a time: a request while one runs is recorded and joins its verdict.
  */
 
 export interface AnalysisDeps {
@@ -122,7 +123,25 @@ export function createAnalysisProcessor(deps: AnalysisDeps): (job: Job<AnalysisJ
     return culprits;
   }
 
+  /** Jobs whose stacks are being aggregated: a hang stalls every rank, and each rank's alert asks. */
+  const aggregating = new Set<string>();
+
   async function stacks(request: AnalysisJob): Promise<string[]> {
+    if (aggregating.has(request.job)) {
+      // The agents trace one request at a time (409 to the rest): a second aggregation of the
+      // same job would only get refusals, and its verdict is the running one's.
+      await record(request, 'a stack aggregation of this job is already running; its verdict stands for this request too', {});
+      return [];
+    }
+    aggregating.add(request.job);
+    try {
+      return await aggregateJobStacks(request);
+    } finally {
+      aggregating.delete(request.job);
+    }
+  }
+
+  async function aggregateJobStacks(request: AnalysisJob): Promise<string[]> {
     const { spec } = await jobs.get(request.job);
     const { topology } = parseJobSpec(spec);
     const rounds = new FailSlowRounds(deps.stackRounds);
@@ -142,7 +161,7 @@ export function createAnalysisProcessor(deps: AnalysisDeps): (job: Job<AnalysisJ
       }
       if (dumps.size === 0) {
         // No stack at all is the tracer failing, not evidence against every machine.
-        await record(request, `no stack dumps could be taken (${[...traceErrors].join('; ').slice(0, 500) || unranked > 0 ? `${unranked} dumps without a rank` : 'no training processes found'}); nothing to aggregate`, { traceErrors: [...traceErrors], unranked });
+        await record(request, `no stack dumps could be taken (${[...traceErrors].join('; ').slice(0, 500) || (unranked > 0 ? `${unranked} dumps without a rank` : 'no training processes found')}); nothing to aggregate`, { traceErrors: [...traceErrors], unranked });
         return [];
       }
       last = aggregateStacks(dumps, topology);

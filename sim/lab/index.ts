@@ -11,4 +11,4 @@ export { labLayout, labOptionsSchema, type LabLayout, type LabOptions, type LabO
 export { LabError } from './command.js';
 export { slurmEnv, sinfoNodes, jobIds } from './slurm.js';
 export { ProtectedLab, LAB_AGENT_PORT, type ProtectedLabOptions } from './protected.js';
-export { SCENARIO_NAMES, SCENARIOS, runScenarios, runMachineFault, runBadCode, runCrash, waitForTraining, type ScenarioName, type ScenarioReport, type TimelineStep } from './scenarios.js';
+export { SCENARIO_NAMES, SCENARIOS, OWN_LAB, scenarioLabs, runScenarios, runMachineFault, runBadCode, runCrash, runHang, waitForTraining, type ScenarioName, type ScenarioReport, type TimelineStep } from './scenarios.js';

@@ -14,7 +14,9 @@ import type { Logger } from '../../core/log.js';
 import { repoRoot } from '../../core/paths.js';
 import { AGENT_SCRAPE_JOB } from '../../core/scrape.js';
 import { Controller } from '../../controller/service.js';
+import { renderRuleFiles } from '../../rules/build.js';
 import { RULE_FILES, renderAlertmanagerConfig } from '../../rules/index.js';
+import { DEFAULT_THRESHOLDS } from '../../rules/thresholds.js';
 import { startAlertmanager, startPrometheus, startRedis, type AlertmanagerPart, type PrometheusPart, type RedisPart } from '../parts.js';
 import { ProcessGroup, freePort, httpOk, waitFor } from '../processes.js';
 import { LabError } from './command.js';
@@ -51,6 +53,13 @@ export interface ProtectedLabOptions {
   readonly checkpointEvery?: number;
   /** Seconds of stand-in compute per micro-batch (train.py --step-sleep). */
   readonly stepSleep?: number;
+  /**
+   * Seconds without a new iteration before SteadfastTrainingStalled fires (the shipped rules say
+   * 600). Set, Prometheus gets the rules rendered with it under the root instead of the shipped
+   * files; the hang scenario needs it short, the others leave it, since a relaunch importing
+   * PyTorch is a pause of several seconds too.
+   */
+  readonly noProgressSeconds?: number;
   /** Log the controller to stderr instead of to a file under the root. */
   readonly verbose?: boolean;
   /** Keep the root directory (logs, checkpoints, configs) after down. */
@@ -191,10 +200,11 @@ export class ProtectedLab {
       await Promise.all(layout.nodes.map((node) => waitFor(`the agent of ${node.name}`, () => httpOk(`${this.agentUrl(node)}/healthz`), 60_000, 200)));
     });
 
+    const ruleFiles = await this.ruleFiles();
     this.prometheus = await this.step('Prometheus up with the rules, scraping the agents over the bridge', () =>
       startPrometheus(this.processes, root, {
         targets: layout.nodes.map((node) => ({ address: `${node.address}:${LAB_AGENT_PORT}`, labels: { node: node.name } })),
-        ruleFiles: RULE_FILES,
+        ruleFiles,
         alertmanagerAddress: this.alertmanager.address,
         intervalSeconds: 1,
         controllerAddress: `${layout.bridgeAddress}:${controllerPort}`,
@@ -215,6 +225,20 @@ export class ProtectedLab {
       ),
     );
     this.log.start();
+  }
+
+  /** The shipped rule files, or the rules rendered with the lab's stalled-progress bound. */
+  private async ruleFiles(): Promise<readonly string[]> {
+    const noProgressSeconds = this.options.noProgressSeconds;
+    if (noProgressSeconds === undefined) return RULE_FILES;
+    const rendered = await renderRuleFiles({ ...DEFAULT_THRESHOLDS, training: { ...DEFAULT_THRESHOLDS.training, noProgressSeconds } });
+    const dir = join(this.root, 'rules');
+    mkdirSync(dir, { recursive: true });
+    return [...rendered].map(([domain, text]) => {
+      const path = join(dir, `${domain}.yml`);
+      writeFileSync(path, text);
+      return path;
+    });
   }
 
   /** `steadfast agent` as a process of the node: its network, hostname and hosts file. */

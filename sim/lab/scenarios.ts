@@ -2,8 +2,10 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { expandHostlist } from '../../actuators/hostlist.js';
 import type { AuditEntry } from '../../core/audit.js';
 import { errorMessage } from '../../core/errors.js';
-import type { ProtectedLab } from './protected.js';
-import { triggerRankCrash, writeCodeVersion, type Iteration } from './training.js';
+import type { ProtectedLab, ProtectedLabOptions } from './protected.js';
+import { readdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { triggerRankCrash, triggerRankHang, writeCodeVersion, type Iteration } from './training.js';
 
 /**
  * The lab's scenarios: a real PyTorch job under steadfast's protection, broken on purpose, and
@@ -16,7 +18,10 @@ import { triggerRankCrash, writeCodeVersion, type Iteration } from './training.j
  *  - bad-code: an urgent code update whose ranks raise a TypeError → rolled back through
  *    `{version}`, training goes on;
  *  - crash: a rank raises a CUDA-style RuntimeError → srun's failure in the job log → stop-time
- *    diagnostics on every node find nothing → reattempt in place.
+ *    diagnostics on every node find nothing → reattempt in place;
+ *  - hang: a rank stops entering the collectives → progress stalls → SteadfastTrainingStalled
+ *    → stack aggregation over every rank's faulthandler dumps → the odd rank's node over-evicted,
+ *    a standby in its place, relaunched from the newest checkpoint.
  */
 
 export interface TimelineStep {
@@ -41,7 +46,7 @@ export interface ScenarioReport {
   readonly problems: string[];
 }
 
-export const SCENARIO_NAMES = ['machine-fault', 'bad-code', 'crash'] as const;
+export const SCENARIO_NAMES = ['machine-fault', 'bad-code', 'crash', 'hang'] as const;
 export type ScenarioName = (typeof SCENARIO_NAMES)[number];
 
 /** How long a scenario may take from the fault to the ladder calling the job healthy again. */
@@ -346,11 +351,119 @@ export async function runCrash(lab: ProtectedLab, rank = 1): Promise<ScenarioRep
   return report('crash', failedLine?.seenAt ?? t0, resumption, [before, ...(relaunched === undefined ? [] : [relaunched])], timeline, problems);
 }
 
+/** The faulthandler dumps of `rank` under the lab's stack directory, newest last. */
+function stackDumps(lab: ProtectedLab, rank: number): string[] {
+  const prefix = `${lab.job}-rank${rank}-`;
+  try {
+    return readdirSync(lab.paths.stacks)
+      .filter((name) => name.startsWith(prefix))
+      .map((name) => readFileSync(join(lab.paths.stacks, name), 'utf8'));
+  } catch {
+    return [];
+  }
+}
+
+/**
+ * Scenario 3: rank `rank` stops entering the collectives (it sleeps forever in
+ * lab_hang_before_allreduce at its next step); the others block in the gradient all-reduce.
+ * Nothing fails: the stalled progress is the signal (SteadfastTrainingStalled, a performance
+ * fault), stack aggregation over every rank's faulthandler dumps finds the odd rank, and its node
+ * is over-evicted like a machine fault. Needs a lab of at least 3 compute nodes (with 2 ranks the
+ * odd stack is a tie) and a short stalled-progress bound (ProtectedLabOptions.noProgressSeconds).
+ */
+export async function runHang(lab: ProtectedLab, rank = 1): Promise<ScenarioReport> {
+  const problems: string[] = [];
+  const job = lab.job;
+  if (lab.computeNodes.length < 3) problems.push(`the lab has ${lab.computeNodes.length} compute nodes: stack aggregation needs at least 3 ranks to tell the odd one`);
+  if (lab.options.noProgressSeconds === undefined) problems.push('the lab runs the shipped 600 s stalled-progress bound (noProgressSeconds not set)');
+  const { run: before } = await waitForTraining(lab, (lab.log.iterations(lab.log.runs().at(-1), 0).at(0)?.iteration ?? 0) + 2 * (lab.options.checkpointEvery ?? 10));
+  const known = lab.log.runs();
+  const startRecord = await lab.jobRecord();
+  const victim = startRecord.nodes[rank] ?? '';
+  const standbys = await lab.controller.backend.standbys();
+  const t0 = Date.now();
+  triggerRankHang(lab.paths, rank);
+
+  const relaunched = await waitForNewRun(lab, known);
+  if (relaunched === undefined) problems.push(`no run trained after the hang within ${RECOVERY_TIMEOUT_MS / 1000} s`);
+  const runningAt = await waitForRunning(lab, (record) => !record.nodes.includes(victim));
+  if (runningAt === undefined) problems.push('the ladder did not see training progress again');
+
+  const all = await lab.audit();
+  const entries = entriesSince(all, t0, job);
+  const signal = all.find((entry) => Date.parse(entry.time) >= t0 && entry.type === 'signal' && /SteadfastTrainingStalled/.test(entry.summary));
+  const analyze = entries.find((entry) => entry.type === 'decision' && entry.summary.startsWith(`${job}: analyze_stacks`));
+  // Every rank's stalled alert asks for an aggregation; the one running answers for the rest.
+  const aggregations = entries.filter((entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: stacks:`));
+  const aggregated = aggregations.find((entry) => /flagged in/.test(entry.summary)) ?? aggregations[0];
+  const joined = aggregations.filter((entry) => /already running/.test(entry.summary)).length;
+  const decision = entries.find((entry) => entry.type === 'decision' && entry.summary.startsWith(`${job}: evict`));
+  const stopped = entries.find((entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: stop: done`));
+  const drained = entries.find((entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: evict ${victim}: done`));
+  const activated = entries.find((entry) => entry.type === 'action' && /: evict \S+: done \(standby \S+ activated/.test(entry.summary));
+  const restarted = entries.find((entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: restart: done`));
+  const standby = /standby (\S+) activated/.exec(activated?.summary ?? '')?.[1];
+  const record = await lab.jobRecord();
+  const old = await lab.slurmJob(before).catch(() => ({ state: 'unknown', nodes: '', exitCode: '' }));
+  const fresh = relaunched === undefined ? undefined : await lab.slurmJob(relaunched).catch(() => undefined);
+  // The last step every rank of the hung run logged, and when: the stall began after it.
+  const stalledAt = lab.log.iterations(before, 0).at(-1);
+  const hungStack = stackDumps(lab, rank).some((text) => text.includes('lab_hang_before_allreduce'));
+
+  if (!signal) problems.push('no SteadfastTrainingStalled signal in the audit');
+  if (!analyze) problems.push('no stack analysis decision');
+  if (!aggregated) problems.push('no stack aggregation on the record');
+  else if (!aggregated.summary.includes(victim)) problems.push(`the stack aggregation did not name ${victim}: ${aggregated.summary}`);
+  if (!hungStack) problems.push(`no faulthandler dump of rank ${rank} shows lab_hang_before_allreduce`);
+  if (!decision) problems.push('no eviction decision');
+  if (!/CANCELLED/.test(old.state)) problems.push(`the hung run ${before} is ${old.state}, not cancelled`);
+  if (standby === undefined || !standbys.includes(standby)) problems.push(`no warm standby from the reservation (${standbys.join(', ')}) was activated`);
+  else if (!record.nodes.includes(standby)) problems.push(`the job runs on ${record.nodes.join(', ')}, without standby ${standby}`);
+  const freshNodes = fresh ? expandHostlist(fresh.nodes) : [];
+  if (fresh && (freshNodes.includes(victim) || (standby !== undefined && !freshNodes.includes(standby)))) problems.push(`run ${relaunched ?? ''} runs on ${fresh.nodes}`);
+  const resumption = relaunched === undefined ? undefined : judgeResumption(lab, [before], relaunched);
+  const timeline = [
+    step(`rank ${rank} on ${victim} made to hang before its next all-reduce (lab_hang_before_allreduce)`, t0, t0, ''),
+    step(`the last iteration of run ${before}: step ${stalledAt?.iteration ?? '?'}`, stalledAt?.seenAt, t0, 'rank 0 waits in the all-reduce from here'),
+    step('detected: SteadfastTrainingStalled through Alertmanager', receivedAt(signal), t0, signal?.summary ?? ''),
+    step('decided: stack aggregation (performance fault)', at(analyze), t0, analyze?.summary ?? ''),
+    step(`stacks aggregated over rounds: the odd rank's node ${victim}`, at(aggregated), t0, `${aggregated?.summary ?? ''}${joined > 0 ? ` (${joined} more request${joined === 1 ? '' : 's'} joined it)` : ''}`),
+    step('decided: stop, evict, restart', at(decision), t0, decision?.summary ?? ''),
+    step(`stopped: run ${before} cancelled and gone`, at(stopped), t0, stopped?.summary ?? ''),
+    step(`${victim} drained`, at(drained), t0, drained?.summary ?? ''),
+    step(`standby ${standby ?? '?'} activated in its place`, at(activated), t0, activated?.summary ?? ''),
+    step(`relaunched with sbatch: run ${relaunched ?? '?'} on ${fresh?.nodes ?? '?'}`, at(restarted), t0, restarted?.summary ?? ''),
+    firstStep(resumption, relaunched, t0),
+    step('the ladder saw the iteration counter grow in Prometheus: running', runningAt, t0, `nodes ${record.nodes.join(', ')}`),
+  ];
+  return report('hang', t0, resumption, [before, ...(relaunched === undefined ? [] : [relaunched])], timeline, problems);
+}
+
 export const SCENARIOS: Readonly<Record<ScenarioName, (lab: ProtectedLab) => Promise<ScenarioReport>>> = {
   'machine-fault': runMachineFault,
   'bad-code': runBadCode,
   crash: runCrash,
+  hang: runHang,
 };
+
+/**
+ * Scenarios that need a lab of their own: the hang needs 3 ranks (with 2 the odd stack is a tie)
+ * and a short stalled-progress bound, which the others must not have (a relaunch is a pause of
+ * several seconds too).
+ */
+export const OWN_LAB: Readonly<Partial<Record<ScenarioName, ProtectedLabOptions>>> = {
+  hang: { nodes: 3, standbys: 1, noProgressSeconds: 10 },
+};
+
+/**
+ * The labs to run `names` on, in order: the scenarios sharing the default lab (2 nodes, 2
+ * standbys) in the order given, then each that needs a lab of its own (OWN_LAB).
+ */
+export function scenarioLabs(names: readonly ScenarioName[]): { options: ProtectedLabOptions; names: ScenarioName[] }[] {
+  const shared = names.filter((name) => OWN_LAB[name] === undefined);
+  const own = names.filter((name) => OWN_LAB[name] !== undefined);
+  return [...(shared.length > 0 ? [{ options: {}, names: shared }] : []), ...own.map((name) => ({ options: OWN_LAB[name] ?? {}, names: [name] }))];
+}
 
 /** Runs scenarios one after the other on one lab; a scenario that throws is reported as not recovered. */
 export async function runScenarios(lab: ProtectedLab, names: readonly ScenarioName[], onReport: (report: ScenarioReport) => void = () => undefined): Promise<ScenarioReport[]> {

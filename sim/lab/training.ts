@@ -81,13 +81,22 @@ export function launcherCommand(paths: TrainingPaths, options: TrainingOptions):
 /**
  * The lab's faults, in the rank itself since the lab has no GPU to break: a rank whose trigger
  * file exists raises the RuntimeError PyTorch raises for a CUDA fault, at its next optimizer step
- * (the trigger is removed first, so the reattempt trains); a code version with a regression
- * raises a TypeError at its first step.
+ * (the trigger is removed first, so the reattempt trains); a rank whose hang trigger exists stops
+ * at its next optimizer step, before the next iteration's gradient all-reduce, sleeping forever
+ * in `lab_hang_before_allreduce` (the other ranks block in that all-reduce: a hang whose odd
+ * stack names the rank); a code version with a regression raises a TypeError at its first step.
  */
 const LAB_FAULTS_PY = `"""Faults the steadfast lab injects into a training rank (written by sim/lab/training.ts)."""
 import os
+import time
 
 import torch
+
+
+def lab_hang_before_allreduce():
+    """Never returns: this rank stops entering the collectives, the others wait in them."""
+    while True:
+        time.sleep(3600)
 
 
 def install(regression=None):
@@ -103,6 +112,10 @@ def install(regression=None):
                                "CUDA kernel errors might be asynchronously reported at some other API call, "
                                "so the stacktrace below might be incorrect.\\n"
                                "For debugging consider passing CUDA_LAUNCH_BLOCKING=1.")
+        hang = os.path.join(faults, "hang-rank-%d" % rank) if faults else ""
+        if hang and os.path.exists(hang):
+            os.unlink(hang)
+            lab_hang_before_allreduce()
         if regression is not None:
             raise TypeError(regression)
         return original(self, *args, **kwargs)
@@ -254,4 +267,10 @@ export class JobLog {
   find(slurmJob: string | undefined, pattern: RegExp): LogLine | undefined {
     return this.lines.find((line) => (slurmJob === undefined || line.slurmJob === slurmJob) && pattern.test(line.text));
   }
+}
+
+/** Makes `rank` hang at its next step, before the next gradient all-reduce (lab_hang_before_allreduce). */
+export function triggerRankHang(paths: TrainingPaths, rank: number): void {
+  mkdirSync(paths.faults, { recursive: true });
+  writeFileSync(join(paths.faults, `hang-rank-${rank}`), '');
 }

@@ -1,19 +1,29 @@
 import { describe, expect, it } from 'vitest';
 import { demoCommand } from '../../cli/demo.js';
 import { parseScenarioList } from '../../cli/demo-training.js';
+import { scenarioLabs } from '../../sim/lab/scenarios.js';
 import { InputError } from '../../core/errors.js';
 import { runCli } from '../support/cli.js';
 
 /** `steadfast demo --scenario training`: its input, refused before anything starts (test/lab/ runs the scenarios). */
 describe('steadfast demo --scenario training: input', () => {
   it('runs every scenario by default, or the ones named, in the order given', () => {
-    expect(parseScenarioList(undefined)).toEqual(['machine-fault', 'bad-code', 'crash']);
+    expect(parseScenarioList(undefined)).toEqual(['machine-fault', 'bad-code', 'crash', 'hang']);
     expect(parseScenarioList('crash, machine-fault')).toEqual(['crash', 'machine-fault']);
   });
 
+  it('runs the hang last, on a lab of its own: 3 ranks and a 10 s stalled-progress bound', () => {
+    expect(scenarioLabs(['hang', 'crash', 'machine-fault'])).toEqual([
+      { options: {}, names: ['crash', 'machine-fault'] },
+      { options: { nodes: 3, standbys: 1, noProgressSeconds: 10 }, names: ['hang'] },
+    ]);
+    expect(scenarioLabs(['hang'])).toEqual([{ options: { nodes: 3, standbys: 1, noProgressSeconds: 10 }, names: ['hang'] }]);
+    expect(scenarioLabs(['crash'])).toEqual([{ options: {}, names: ['crash'] }]);
+  });
+
   it('refuses an unknown or empty scenario list, naming the choices', () => {
-    expect(() => parseScenarioList('hang')).toThrow(InputError);
-    expect(() => parseScenarioList('hang')).toThrow(/unknown hang; choose from machine-fault, bad-code, crash/);
+    expect(() => parseScenarioList('fail-slow')).toThrow(InputError);
+    expect(() => parseScenarioList('fail-slow')).toThrow(/unknown fail-slow; choose from machine-fault, bad-code, crash, hang/);
     expect(() => parseScenarioList(',')).toThrow(/empty/);
   });
 

@@ -238,6 +238,32 @@ describe('analysis worker', () => {
     expect((await auditSummaries('t4:0'))[0]).toBe('hang-job: stacks: node a3 flagged in 3 of 3 rounds; evicting its machines');
   });
 
+  it('runs one stack aggregation per job at a time: a second request while one runs is recorded, not traced', async () => {
+    await jobs.create(jobSpec('busy-job'));
+    let traces = 0;
+    const urls: Record<string, string> = {};
+    for (const [index, node] of NODES.entries()) {
+      const server = createServer((request, response) => {
+        traces += 1;
+        response.setHeader('content-type', 'application/json');
+        const ranks = [index * 2, index * 2 + 1];
+        const body = JSON.stringify({ node, capturedAt: new Date().toISOString(), dumps: ranks.map((rank) => ({ pid: 1000 + rank, role: 'rank', rank, ok: true, dump: rank >= 6 ? STUCK_STACK(rank) : HEALTHY_STACK(rank) })), flightRecorder: [] });
+        setTimeout(() => response.end(body), 50);
+      });
+      await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+      servers.push(server);
+      urls[node] = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+    }
+    const run = processor(urls);
+    const [first, second] = await Promise.all([run(analysisJob({ kind: 'stacks', job: 'busy-job', ref: 't6:0', reason: 'stalled on a0' })), run(analysisJob({ kind: 'stacks', job: 'busy-job', ref: 't6:1', reason: 'stalled on a1' }))]);
+    expect(first).toEqual({ evict: ['a3'] });
+    expect(second).toEqual({ evict: [] });
+    expect(traces).toBe(NODES.length * 3);
+    expect((await auditSummaries('t6:1'))[0]).toBe('busy-job: stacks: a stack aggregation of this job is already running; its verdict stands for this request too');
+    // Once it has finished, the next request aggregates again.
+    expect(await run(analysisJob({ kind: 'stacks', job: 'busy-job', ref: 't6:2', reason: 'stalled again' }))).toEqual({ evict: ['a3'] });
+  });
+
   it('takes no decision when no agent gives a stack, instead of blaming every machine', async () => {
     await jobs.create(jobSpec('dark-job'));
     const evict = await processor({ a0: 'http://127.0.0.1:9', a1: 'http://127.0.0.1:9', a2: 'http://127.0.0.1:9', a3: 'http://127.0.0.1:9' })(
@@ -246,6 +272,8 @@ describe('analysis worker', () => {
     expect(evict).toEqual({ evict: [] });
     expect(feedback).toEqual([]);
     expect((await auditSummaries('t5:0'))[0]).toContain('no stack dumps could be taken');
+    // The record says why: each agent's trace error, by node.
+    expect((await auditSummaries('t5:0'))[0]).toMatch(/no stack dumps could be taken \(a0: .+; a1: /);
   });
 
   it('reports diagnostics as finding nothing after the last attempt fails, so the ladder is never left waiting', async () => {
