@@ -14,7 +14,7 @@ import { infinibandClassDir } from '../../exporters/sources/infiniband.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 
-/** The real captured samples live beside the repository (/work/shared next to /work/main; CI clones the same way). */
+/** The real captured samples, each folder with a README naming its source. */
 export const REALWORLD = resolve(here, '../fixtures/realworld');
 export const XID_LOGS = resolve(REALWORLD, 'xid-kernel-logs');
 export const NVIDIA_SMI_XML = resolve(REALWORLD, 'nvidia-smi-xml');
