@@ -1,11 +1,12 @@
-import { setTimeout as sleep } from 'node:timers/promises';
 import { expandHostlist } from '../../actuators/hostlist.js';
-import type { AuditEntry } from '../../core/audit.js';
 import { errorMessage } from '../../core/errors.js';
 import type { ProtectedLab, ProtectedLabOptions } from './protected.js';
 import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { triggerRankCrash, triggerRankHang, writeCodeVersion, type Iteration } from './training.js';
+import { triggerRankCrash, triggerRankHang, writeCodeVersion } from './training.js';
+import { RECOVERY_TIMEOUT_MS, at, entriesSince, firstStep, judgeResumption, receivedAt, report, step, until, waitForNewRun, waitForRunning, waitForTraining, type ScenarioReport } from './scenario-support.js';
+
+export { waitForTraining, type ScenarioReport, type TimelineStep } from './scenario-support.js';
 
 /**
  * The lab's scenarios: a real PyTorch job under steadfast's protection, broken on purpose, and
@@ -24,167 +25,8 @@ import { triggerRankCrash, triggerRankHang, writeCodeVersion, type Iteration } f
  *    a standby in its place, relaunched from the newest checkpoint.
  */
 
-export interface TimelineStep {
-  readonly label: string;
-  /** Milliseconds after the fault was injected; null when it never happened. */
-  readonly afterMs: number | null;
-  readonly detail: string;
-}
-
-export interface ScenarioReport {
-  readonly name: string;
-  readonly recovered: boolean;
-  /** From the fault to the relaunched run's first iteration. */
-  readonly recoverySeconds: number | null;
-  readonly resumedFromStep: number | null;
-  /** Iterations the interrupted run had done past the step it resumed from. */
-  readonly lostIterations: number | null;
-  /** Every Slurm run of the job in the scenario, in order. */
-  readonly slurmJobIds: string[];
-  readonly timeline: TimelineStep[];
-  /** Why it does not count as recovered; empty when it does. */
-  readonly problems: string[];
-}
-
 export const SCENARIO_NAMES = ['machine-fault', 'bad-code', 'crash', 'hang'] as const;
 export type ScenarioName = (typeof SCENARIO_NAMES)[number];
-
-/** How long a scenario may take from the fault to the ladder calling the job healthy again. */
-const RECOVERY_TIMEOUT_MS = 240_000;
-
-async function until<T>(read: () => Promise<T> | T, ok: (value: T) => boolean, timeoutMs: number, intervalMs = 200): Promise<T | undefined> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    try {
-      const value = await read();
-      if (ok(value)) return value;
-    } catch {
-      // A part answering late (Slurm busy, Redis reconnecting) is asked again.
-    }
-    if (Date.now() >= deadline) return undefined;
-    await sleep(intervalMs);
-  }
-}
-
-/** The run training now: the newest run in the log, once rank 0 has logged `minIteration`. */
-export async function waitForTraining(lab: ProtectedLab, minIteration: number, timeoutMs = 120_000): Promise<{ run: string; iteration: Iteration }> {
-  const found = await until(
-    () => {
-      const run = lab.log.runs().at(-1);
-      const last = run === undefined ? undefined : lab.log.iterations(run, 0).at(-1);
-      return run !== undefined && last !== undefined ? { run, iteration: last } : undefined;
-    },
-    (value) => value !== undefined && value.iteration.iteration >= minIteration,
-    timeoutMs,
-  );
-  if (!found) throw new Error(`the job did not train to iteration ${minIteration} within ${timeoutMs / 1000} s; log tail:\n${lab.log.lines.slice(-20).map((line) => line.text).join('\n')}`);
-  return found;
-}
-
-const at = (entry: AuditEntry | undefined): number | undefined => (entry === undefined ? undefined : Date.parse(entry.time));
-
-/** What the interrupted run and the relaunched run wrote, compared. */
-interface Resumption {
-  readonly resumedFrom: number | null;
-  readonly source: string;
-  readonly firstIteration: Iteration | undefined;
-  /** The interrupted run's loss at the relaunched run's first step, when it got that far. */
-  readonly lossBefore: number | undefined;
-  readonly lostIterations: number | null;
-  readonly problems: string[];
-}
-
-/**
- * The relaunched run must resume from the newest step every rank of the interrupted run saved,
- * train the step after it first, and have there the loss the interrupted run had at that step
- * (the data of a step is seeded by step and rank, and the weights and optimizer come from the
- * checkpoint, so the same step gives the same loss): the run went on, it did not start over.
- */
-function judgeResumption(lab: ProtectedLab, interrupted: readonly string[], relaunched: string): Resumption {
-  const problems: string[] = [];
-  const saved = new Map<number, Set<string>>();
-  for (const line of lab.log.lines) {
-    if (!interrupted.includes(line.slurmJob)) continue;
-    const match = /^\[rank (\d+)\] checkpoint step (\d+) saved/.exec(line.text);
-    if (match) saved.set(Number(match[2]), new Set([...(saved.get(Number(match[2])) ?? []), match[1] ?? '']));
-  }
-  const ranks = lab.computeNodes.length;
-  const newestComplete = Math.max(-1, ...[...saved].filter(([, by]) => by.size === ranks).map(([step]) => step));
-  const resume = lab.log.resumedFrom(relaunched);
-  const resumedFrom = resume?.step ?? null;
-  if (resume === undefined) problems.push(`run ${relaunched} never said where it resumed`);
-  else if (newestComplete >= 0 && resumedFrom !== newestComplete) problems.push(`run ${relaunched} resumed from ${resume.source} step ${String(resumedFrom)}, not from the newest complete checkpoint ${newestComplete}`);
-  const firstIteration = lab.log.iterations(relaunched, 0)[0];
-  if (resumedFrom !== null && firstIteration !== undefined && firstIteration.iteration !== resumedFrom + 1) {
-    problems.push(`run ${relaunched} trained step ${firstIteration.iteration} first, not ${resumedFrom + 1}`);
-  }
-  const before = interrupted.flatMap((run) => lab.log.iterations(run, 0));
-  const lastBefore = Math.max(0, ...before.map((step) => step.iteration));
-  const same = firstIteration === undefined ? undefined : [...before].reverse().find((step) => step.iteration === firstIteration.iteration);
-  if (firstIteration !== undefined) {
-    if (same !== undefined) {
-      if (Math.abs(same.loss - firstIteration.loss) > 1e-4 * Math.max(1, Math.abs(same.loss))) {
-        problems.push(`step ${firstIteration.iteration} had loss ${same.loss} before and ${firstIteration.loss} after the restart`);
-      }
-    } else {
-      const start = before[0];
-      if (start !== undefined && firstIteration.loss > start.loss / 2) problems.push(`loss ${firstIteration.loss} after the restart is no better than at the start (${start.loss})`);
-    }
-  }
-  return { resumedFrom, source: resume?.source ?? '', firstIteration, lossBefore: same?.loss, lostIterations: resumedFrom === null ? null : Math.max(0, lastBefore - resumedFrom), problems };
-}
-
-/** The timeline's line for the relaunched run's first step: where it resumed and its loss against the interrupted run's. */
-function firstStep(resumption: Resumption | undefined, run: string | undefined, t0: number): TimelineStep {
-  const first = resumption?.firstIteration;
-  const loss = first === undefined ? '' : `; rank 0 loss ${first.loss}${resumption?.lossBefore === undefined ? '' : ` (the interrupted run had ${resumption.lossBefore} at this step)`}`;
-  return step(`first iteration of run ${run ?? '?'}: step ${first?.iteration ?? '?'}`, first?.seenAt, t0, `resumed from the ${resumption?.source ?? '?'}${loss}`);
-}
-
-/** Waits until the ladder calls the job healthy: running again, on the nodes and version `ok` wants. */
-async function waitForRunning(lab: ProtectedLab, ok: (job: { state: string; nodes: string[]; version: string }) => boolean): Promise<number | undefined> {
-  const seen = await until(() => lab.jobRecord(), (job) => job.state === 'running' && ok(job), RECOVERY_TIMEOUT_MS, 250);
-  return seen === undefined ? undefined : Date.now();
-}
-
-/** A run not among `known`, once its rank 0 logged an iteration. */
-async function waitForNewRun(lab: ProtectedLab, known: readonly string[], timeoutMs = RECOVERY_TIMEOUT_MS): Promise<string | undefined> {
-  return until(
-    () => lab.log.runs().find((run) => !known.includes(run) && lab.log.iterations(run, 0).length > 0),
-    (run) => run !== undefined,
-    timeoutMs,
-    100,
-  );
-}
-
-function step(label: string, time: number | undefined, t0: number, detail = ''): TimelineStep {
-  return { label, afterMs: time === undefined ? null : Math.max(0, time - t0), detail };
-}
-
-function report(name: string, t0: number, resumption: Resumption | undefined, runs: string[], timeline: TimelineStep[], problems: string[]): ScenarioReport {
-  const first = resumption?.firstIteration;
-  const all = [...problems, ...(resumption?.problems ?? [])];
-  return {
-    name,
-    recovered: all.length === 0,
-    recoverySeconds: first === undefined ? null : Math.round((first.seenAt - t0) / 100) / 10,
-    resumedFromStep: resumption?.resumedFrom ?? null,
-    lostIterations: resumption?.lostIterations ?? null,
-    slurmJobIds: runs,
-    timeline,
-    problems: all,
-  };
-}
-
-/** Newer audit entries of this job's recovery, or of its nodes' signals. */
-function entriesSince(entries: AuditEntry[], t0: number, job: string): AuditEntry[] {
-  return entries.filter((entry) => Date.parse(entry.time) >= t0 - 1000 && (entry.summary.startsWith(`${job}:`) || entry.summary.includes(`job ${job}`)));
-}
-
-const receivedAt = (entry: AuditEntry | undefined): number | undefined => {
-  const signal = entry?.data?.signal as { receivedAt?: string } | undefined;
-  return signal?.receivedAt === undefined ? at(entry) : Date.parse(signal.receivedAt);
-};
 
 /** Scenario 1: a fatal Xid on one of the job's nodes. */
 export async function runMachineFault(lab: ProtectedLab): Promise<ScenarioReport> {
