@@ -1,4 +1,5 @@
 import { setTimeout as sleep } from 'node:timers/promises';
+import { expandHostlist } from '../../actuators/hostlist.js';
 import type { AuditEntry } from '../../core/audit.js';
 import type { ProtectedLab } from './protected.js';
 import type { Iteration } from './training.js';
@@ -168,3 +169,47 @@ export const receivedAt = (entry: AuditEntry | undefined): number | undefined =>
   return signal?.receivedAt === undefined ? at(entry) : Date.parse(signal.receivedAt);
 };
 
+
+/**
+ * What an eviction onto a warm standby left on the record, and what is wrong with it: the
+ * decision, the stop (the old run cancelled), the drain, a standby from the reservation in the
+ * job and in the relaunched run, the victim not in it, and where the new run resumed.
+ */
+export async function judgeEviction(
+  lab: ProtectedLab,
+  entries: AuditEntry[],
+  scenario: { readonly victim: string; readonly before: string; readonly relaunched: string | undefined; readonly standbys: readonly string[]; readonly what: string },
+  problems: string[],
+): Promise<{
+  decision: AuditEntry | undefined;
+  stopped: AuditEntry | undefined;
+  drained: AuditEntry | undefined;
+  activated: AuditEntry | undefined;
+  restarted: AuditEntry | undefined;
+  standby: string | undefined;
+  record: { state: string; nodes: string[]; version: string };
+  fresh: { state: string; nodes: string; exitCode: string } | undefined;
+  resumption: Resumption | undefined;
+}> {
+  const { victim, before, relaunched, standbys } = scenario;
+  const job = lab.job;
+  const action = (prefix: string): AuditEntry | undefined => entries.find((entry) => entry.type === 'action' && entry.summary.startsWith(prefix));
+  const decision = entries.find((entry) => entry.type === 'decision' && entry.summary.startsWith(`${job}: evict`));
+  const stopped = action(`${job}: stop: done`);
+  const drained = action(`${job}: evict ${victim}: done`);
+  const activated = entries.find((entry) => entry.type === 'action' && /: evict \S+: done \(standby \S+ activated/.test(entry.summary));
+  const restarted = action(`${job}: restart: done`);
+  const standby = /standby (\S+) activated/.exec(activated?.summary ?? '')?.[1];
+  const record = await lab.jobRecord();
+  const old = await lab.slurmJob(before).catch(() => ({ state: 'unknown', nodes: '', exitCode: '' }));
+  const fresh = relaunched === undefined ? undefined : await lab.slurmJob(relaunched).catch(() => undefined);
+
+  if (!decision) problems.push('no eviction decision');
+  if (!/CANCELLED/.test(old.state)) problems.push(`the ${scenario.what} run ${before} is ${old.state}, not cancelled`);
+  if (standby === undefined || !standbys.includes(standby)) problems.push(`no warm standby from the reservation (${standbys.join(', ')}) was activated`);
+  else if (!record.nodes.includes(standby)) problems.push(`the job runs on ${record.nodes.join(', ')}, without standby ${standby}`);
+  const freshNodes = fresh ? expandHostlist(fresh.nodes) : [];
+  if (fresh && (freshNodes.includes(victim) || (standby !== undefined && !freshNodes.includes(standby)))) problems.push(`run ${relaunched ?? ''} runs on ${fresh.nodes}`);
+  const resumption = relaunched === undefined ? undefined : judgeResumption(lab, [before], relaunched);
+  return { decision, stopped, drained, activated, restarted, standby, record, fresh, resumption };
+}

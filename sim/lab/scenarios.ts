@@ -1,10 +1,9 @@
-import { expandHostlist } from '../../actuators/hostlist.js';
 import { errorMessage } from '../../core/errors.js';
 import type { ProtectedLab, ProtectedLabOptions } from './protected.js';
 import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { triggerRankCrash, triggerRankHang, writeCodeVersion } from './training.js';
-import { RECOVERY_TIMEOUT_MS, at, entriesSince, firstStep, judgeResumption, receivedAt, report, step, until, waitForNewRun, waitForRunning, waitForTraining, type ScenarioReport } from './scenario-support.js';
+import { RECOVERY_TIMEOUT_MS, at, entriesSince, firstStep, judgeEviction, judgeResumption, receivedAt, report, step, until, waitForNewRun, waitForRunning, waitForTraining, type ScenarioReport } from './scenario-support.js';
 
 export { waitForTraining, type ScenarioReport, type TimelineStep } from './scenario-support.js';
 
@@ -49,26 +48,11 @@ export async function runMachineFault(lab: ProtectedLab): Promise<ScenarioReport
   const signal = entries.find((entry) => entry.type === 'signal' && entry.node === victim && /xid/i.test(entry.summary));
   // The alert names the node, which has left the job: look beyond the job's entries for it.
   const alert = (await lab.audit()).find((entry) => Date.parse(entry.time) >= t0 && entry.type === 'signal' && entry.node === victim && /^alertmanager reports Xid 79/.test(entry.summary));
-  const decision = entries.find((entry) => entry.type === 'decision' && entry.summary.startsWith(`${job}: evict`));
-  const stopped = entries.find((entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: stop: done`));
-  const drained = entries.find((entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: evict ${victim}: done`));
-  const activated = entries.find((entry) => entry.type === 'action' && /: evict \S+: done \(standby \S+ activated/.test(entry.summary));
-  const restarted = entries.find((entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: restart: done`));
-  const standby = /standby (\S+) activated/.exec(activated?.summary ?? '')?.[1];
-  const record = await lab.jobRecord();
   const sinfo = await lab.sinfo(victim);
-  const old = await lab.slurmJob(before).catch(() => ({ state: 'unknown', nodes: '', exitCode: '' }));
-  const fresh = relaunched === undefined ? undefined : await lab.slurmJob(relaunched).catch(() => undefined);
 
   if (!signal) problems.push(`no Xid signal from ${victim} in the audit`);
-  if (!decision) problems.push('no eviction decision');
   if (!/^drain/.test(sinfo.state) || !/Xid/.test(sinfo.reason)) problems.push(`${victim} is ${sinfo.state} "${sinfo.reason}" in sinfo, not drained for the Xid`);
-  if (!/CANCELLED/.test(old.state)) problems.push(`the interrupted run ${before} is ${old.state}, not cancelled`);
-  if (standby === undefined || !standbys.includes(standby)) problems.push(`no warm standby from the reservation (${standbys.join(', ')}) was activated`);
-  else if (!record.nodes.includes(standby)) problems.push(`the job runs on ${record.nodes.join(', ')}, without standby ${standby}`);
-  const freshNodes = fresh ? expandHostlist(fresh.nodes) : [];
-  if (fresh && (freshNodes.includes(victim) || (standby !== undefined && !freshNodes.includes(standby)))) problems.push(`run ${relaunched ?? ''} runs on ${fresh.nodes}`);
-  const resumption = relaunched === undefined ? undefined : judgeResumption(lab, [before], relaunched);
+  const { decision, stopped, drained, activated, restarted, standby, record, fresh, resumption } = await judgeEviction(lab, entries, { victim, before, relaunched, standbys, what: 'interrupted' }, problems);
   const timeline = [
     step(`fatal Xid 79 appended to ${victim}'s kernel log`, t0, t0, `NVRM: Xid (PCI:0000:3a:00): 79, pid=${Number.isNaN(pid) ? '?' : pid}, name=python3, GPU has fallen off the bus.`),
     step('detected: the agent on the node posted it, the controller stored the signal', receivedAt(signal), t0, signal?.summary ?? ''),
@@ -239,15 +223,6 @@ export async function runHang(lab: ProtectedLab, rank = 1): Promise<ScenarioRepo
   const aggregations = entries.filter((entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: stacks:`));
   const aggregated = aggregations.find((entry) => /flagged in/.test(entry.summary)) ?? aggregations[0];
   const joined = aggregations.filter((entry) => /already running/.test(entry.summary)).length;
-  const decision = entries.find((entry) => entry.type === 'decision' && entry.summary.startsWith(`${job}: evict`));
-  const stopped = entries.find((entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: stop: done`));
-  const drained = entries.find((entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: evict ${victim}: done`));
-  const activated = entries.find((entry) => entry.type === 'action' && /: evict \S+: done \(standby \S+ activated/.test(entry.summary));
-  const restarted = entries.find((entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: restart: done`));
-  const standby = /standby (\S+) activated/.exec(activated?.summary ?? '')?.[1];
-  const record = await lab.jobRecord();
-  const old = await lab.slurmJob(before).catch(() => ({ state: 'unknown', nodes: '', exitCode: '' }));
-  const fresh = relaunched === undefined ? undefined : await lab.slurmJob(relaunched).catch(() => undefined);
   // The last step every rank of the hung run logged, and when: the stall began after it.
   const stalledAt = lab.log.iterations(before, 0).at(-1);
   const hungStack = stackDumps(lab, rank).some((text) => text.includes('lab_hang_before_allreduce'));
@@ -257,13 +232,7 @@ export async function runHang(lab: ProtectedLab, rank = 1): Promise<ScenarioRepo
   if (!aggregated) problems.push('no stack aggregation on the record');
   else if (!aggregated.summary.includes(victim)) problems.push(`the stack aggregation did not name ${victim}: ${aggregated.summary}`);
   if (!hungStack) problems.push(`no faulthandler dump of rank ${rank} shows lab_hang_before_allreduce`);
-  if (!decision) problems.push('no eviction decision');
-  if (!/CANCELLED/.test(old.state)) problems.push(`the hung run ${before} is ${old.state}, not cancelled`);
-  if (standby === undefined || !standbys.includes(standby)) problems.push(`no warm standby from the reservation (${standbys.join(', ')}) was activated`);
-  else if (!record.nodes.includes(standby)) problems.push(`the job runs on ${record.nodes.join(', ')}, without standby ${standby}`);
-  const freshNodes = fresh ? expandHostlist(fresh.nodes) : [];
-  if (fresh && (freshNodes.includes(victim) || (standby !== undefined && !freshNodes.includes(standby)))) problems.push(`run ${relaunched ?? ''} runs on ${fresh.nodes}`);
-  const resumption = relaunched === undefined ? undefined : judgeResumption(lab, [before], relaunched);
+  const { decision, stopped, drained, activated, restarted, standby, record, fresh, resumption } = await judgeEviction(lab, entries, { victim, before, relaunched, standbys, what: 'hung' }, problems);
   const timeline = [
     step(`rank ${rank} on ${victim} made to hang before its next all-reduce (lab_hang_before_allreduce)`, t0, t0, ''),
     step(`the last iteration of run ${before}: step ${stalledAt?.iteration ?? '?'}`, stalledAt?.seenAt, t0, 'rank 0 waits in the all-reduce from here'),
