@@ -52,3 +52,27 @@ export function createLimitedServer(
   });
   return server;
 }
+
+/** Tries to take a port held a moment longer (a restarting predecessor, a client's passing connection) before giving up. */
+const LISTEN_ATTEMPTS = 6;
+const LISTEN_RETRY_MS = 500;
+
+/** Listens on `host:port`; a port in use is tried again for a few seconds, any other failure is thrown at once. */
+export async function listenOn(server: Server, port: number, host: string): Promise<void> {
+  for (let attempt = 1; ; attempt += 1) {
+    try {
+      await new Promise<void>((resolve, reject) => {
+        server.once('error', reject);
+        server.listen(port, host, () => {
+          server.off('error', reject);
+          resolve();
+        });
+      });
+      return;
+    } catch (error) {
+      const inUse = (error as NodeJS.ErrnoException).code === 'EADDRINUSE';
+      if (!inUse || port === 0 || attempt >= LISTEN_ATTEMPTS) throw error;
+      await new Promise((resolve) => setTimeout(resolve, LISTEN_RETRY_MS));
+    }
+  }
+}

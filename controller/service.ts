@@ -31,7 +31,7 @@ import { PrometheusFeatureSource } from '../analyzers/multisignal-source.js';
 import { AgentDirectory } from './agents.js';
 import { createAnalysisProcessor } from './analysis.js';
 import { createApp } from './server.js';
-import { createLimitedServer } from './connection-limits.js';
+import { createLimitedServer, listenOn } from './connection-limits.js';
 
 export interface ControllerOptions {
   readonly config: Config;
@@ -199,13 +199,9 @@ export class Controller {
       this.metrics.requestsRejected.inc({ endpoint: 'connection', reason: 'too_many_connections' });
       if (first) logger.warn({ address, max: config.controller.connections.maxPerClient }, 'refusing connections: too many open from one address');
     });
-    server.listen(config.controller.port, config.controller.host);
     this.server = server;
     try {
-      await new Promise<void>((resolve, reject) => {
-        server.once('listening', resolve);
-        server.once('error', reject);
-      });
+      await listenOn(server, config.controller.port, config.controller.host);
     } catch (error) {
       // A controller that cannot listen must not stay up half alive, its workers acting unseen.
       await this.close();
