@@ -11,6 +11,8 @@ export class ControllerMetrics {
   readonly signalToAction: Histogram<'verb'>;
   readonly grafanaAnnotationsFailed: Counter<'reason'>;
   readonly humanPages: Counter<'job'>;
+  readonly alertsRefused: Counter;
+  readonly alertsTruncated: Counter;
 
   constructor(queues: readonly Queue[], jobs?: JobStore) {
     const registers = [this.registry];
@@ -25,6 +27,16 @@ export class ControllerMetrics {
       name: 'steadfast_requests_rejected_total',
       help: 'Requests answered with an error, by endpoint and reason.',
       labelNames: ['endpoint', 'reason'],
+      registers,
+    });
+    this.alertsRefused = new Counter({
+      name: 'steadfast_alerts_refused_total',
+      help: 'Alerts of accepted webhooks left out because they were invalid (a bad node, xid or time); the answer lists each with its reason.',
+      registers,
+    });
+    this.alertsTruncated = new Counter({
+      name: 'steadfast_alerts_truncated_total',
+      help: 'Alerts Alertmanager reported leaving out of its webhooks (truncatedAlerts, past the receiver\'s max_alerts).',
       registers,
     });
     this.actions = new Counter({

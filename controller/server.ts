@@ -8,15 +8,18 @@ import { fastPathBodySchema } from '../core/fast-path-event.js';
 import type { Logger } from '../core/log.js';
 import type { Signal } from '../core/signal.js';
 import { describeIssues } from '../core/validate.js';
-import { signalsFromWebhook, webhookPayloadSchema } from './alertmanager.js';
+import { signalsFromWebhookAlerts, webhookEnvelopeSchema, type RefusedAlert } from './alertmanager.js';
 import { bearerAuth } from './auth.js';
 import { signalFromFastPath } from './fast-path-signal.js';
 import type { ControllerMetrics } from './metrics.js';
 import { mountQueueBoard } from './queue-board.js';
+import { BodyBudget, jsonBody } from './request-body.js';
 
 export interface ServerDeps {
   readonly token: string;
   readonly bodyLimitBytes: number;
+  /** Request bodies held in memory at once, all requests together; past it, 503 before reading. */
+  readonly inFlightBodyBytes: number;
   /** Per-client limit on every write (POST, PUT, PATCH, DELETE) under /api/v1; absent or 0 per second: none. */
   readonly rateLimit?: RateLimitSettings | undefined;
   readonly enqueue: (signals: readonly Signal[]) => Promise<void>;
@@ -34,11 +37,6 @@ export interface ServerDeps {
 function httpStatusOf(error: unknown): number | undefined {
   const status = typeof error === 'object' && error !== null ? (error as { status?: unknown }).status : undefined;
   return typeof status === 'number' && status >= 400 && status < 600 ? status : undefined;
-}
-
-/** body-parser's name for "the body is not JSON" (its other 4xx are about size, encoding, charset). */
-function isJsonSyntaxError(error: unknown): boolean {
-  return typeof error === 'object' && error !== null && (error as { type?: unknown }).type === 'entity.parse.failed';
 }
 
 /** The API's endpoints by the last fixed word of their path; a metric label must not echo what a client typed. */
@@ -64,7 +62,6 @@ export function createApp(deps: ServerDeps): express.Express {
   const app = express();
   app.disable('x-powered-by');
   const auth = bearerAuth(deps.token, (req) => metrics.requestsRejected.inc({ endpoint: endpointLabel(req), reason: 'unauthorized' }));
-  const json = express.json({ limit: deps.bodyLimitBytes, type: () => true });
 
   function reject(res: Response, endpoint: string, status: number, reason: string, message: string): void {
     metrics.requestsRejected.inc({ endpoint, reason });
@@ -72,7 +69,11 @@ export function createApp(deps: ServerDeps): express.Express {
     res.status(status).json({ error: message });
   }
 
-  async function accept(res: Response, endpoint: string, signals: Signal[]): Promise<void> {
+  const json = jsonBody({ maxBytes: deps.bodyLimitBytes, budget: new BodyBudget(deps.inFlightBodyBytes) }, (req, res, refusal) =>
+    reject(res, endpointLabel(req), refusal.status, refusal.reason, refusal.message),
+  );
+
+  async function accept(res: Response, endpoint: string, signals: Signal[], refused: readonly RefusedAlert[] = []): Promise<void> {
     try {
       await deps.enqueue(signals);
     } catch (error) {
@@ -84,16 +85,12 @@ export function createApp(deps: ServerDeps): express.Express {
       throw error;
     }
     for (const signal of signals) metrics.signalsAccepted.inc({ source: signal.source, kind: signal.kind });
-    res.status(202).json({ accepted: signals.length, ids: signals.map((signal) => signal.id) });
+    res.status(202).json({ accepted: signals.length, ids: signals.map((signal) => signal.id), ...(refused.length > 0 ? { refused } : {}) });
   }
 
   app.get('/healthz', async (_req, res) => {
     const redis = await deps.redisUp();
     res.status(redis ? 200 : 503).json({ status: redis ? 'ok' : 'degraded', redis: redis ? 'up' : 'down' });
-  });
-
-  app.get('/metrics', async (_req, res) => {
-    res.set('Content-Type', metrics.registry.contentType).send(await metrics.registry.metrics());
   });
 
   // Before authentication, so that guessing tokens is throttled as well.
@@ -109,12 +106,23 @@ export function createApp(deps: ServerDeps): express.Express {
   }
 
   app.post('/api/v1/alerts', auth, json, async (req, res) => {
-    const parsed = webhookPayloadSchema.safeParse(req.body);
+    const parsed = webhookEnvelopeSchema.safeParse(req.body);
     if (!parsed.success) {
       reject(res, 'alerts', 400, 'invalid', `invalid Alertmanager webhook payload: ${describeIssues(parsed.error.issues)}`);
       return;
     }
-    await accept(res, 'alerts', signalsFromWebhook(parsed.data, new Date()));
+    if (parsed.data.truncatedAlerts) {
+      metrics.alertsTruncated.inc(parsed.data.truncatedAlerts);
+      logger.warn({ truncatedAlerts: parsed.data.truncatedAlerts, groupKey: parsed.data.groupKey?.slice(0, 200) }, 'Alertmanager left alerts out of a webhook (max_alerts); raise it on the steadfast receiver');
+    }
+    const { signals, refused } = await signalsFromWebhookAlerts(parsed.data, new Date());
+    if (refused.length > 0) metrics.alertsRefused.inc(refused.length);
+    if (signals.length === 0) {
+      const shown = refused.slice(0, 20).map((alert) => alert.reason).join('; ');
+      reject(res, 'alerts', 400, 'invalid', `invalid Alertmanager webhook payload: all ${refused.length} alerts refused: ${shown}${refused.length > 20 ? '; …' : ''}`);
+      return;
+    }
+    await accept(res, 'alerts', signals, refused);
   });
 
   app.post('/api/v1/signals', auth, json, async (req, res) => {
@@ -164,7 +172,7 @@ export function createApp(deps: ServerDeps): express.Express {
     } else if (status === 413) {
       reject(res, endpoint, 413, 'too_large', `request body larger than ${deps.bodyLimitBytes} bytes`);
     } else if (status !== undefined && status < 500) {
-      reject(res, endpoint, status, 'unreadable', isJsonSyntaxError(error) ? `request body is not valid JSON: ${errorMessage(error)}` : `unreadable request: ${errorMessage(error)}`);
+      reject(res, endpoint, status, 'unreadable', `unreadable request: ${errorMessage(error)}`);
     } else if (error instanceof InputError) {
       reject(res, endpoint, 400, 'invalid', error.message);
     } else if (error instanceof RetryLaterError || !(await deps.redisUp())) {

@@ -32,6 +32,7 @@ import { AgentDirectory } from './agents.js';
 import { createAnalysisProcessor } from './analysis.js';
 import { createApp } from './server.js';
 import { createLimitedServer, listenOn } from './connection-limits.js';
+import { metricsHandler } from './metrics-server.js';
 
 export interface ControllerOptions {
   readonly config: Config;
@@ -76,6 +77,7 @@ export class Controller {
   private readonly workers: Worker[] = [];
   private readonly workerConnections: Redis[] = [];
   private server: Server | undefined;
+  private metricsServer: Server | undefined;
   private closed = false;
   readonly metrics: ControllerMetrics;
   readonly audit: AuditLog;
@@ -173,18 +175,19 @@ export class Controller {
         : undefined;
   }
 
-  /** Starts the workers and the HTTP server; resolves with the bound port. */
-  async start(): Promise<{ port: number }> {
+  /** Starts the workers and the HTTP servers; resolves with the bound ports (the API's and /metrics'). */
+  async start(): Promise<{ port: number; metricsPort: number }> {
     const { config, logger } = this.options;
     await this.waitForRedis();
     if (this.options.workers ?? true) this.startWorkers();
-    if (!(this.options.http ?? true)) return { port: 0 };
+    if (!(this.options.http ?? true)) return { port: 0, metricsPort: 0 };
     const token = resolveToken(config.controller, 'controller');
     // The API answers from the fail-fast intake connection: a Redis outage is a 503, not a hang.
     const apiJobs = new JobStore(this.intakeRedis, this.keys);
     const app = createApp({
       token,
       bodyLimitBytes: config.controller.bodyLimitBytes,
+      inFlightBodyBytes: config.controller.inFlightBodyBytes,
       rateLimit: config.controller.rateLimit,
       enqueue: (signals) => this.intake.enqueue(signals),
       audit: new AuditLog(this.intakeRedis, this.keys, config.controller.auditMaxLength),
@@ -195,21 +198,28 @@ export class Controller {
       queues: [this.signalQueue, this.actionQueue, this.recoveryQueue, this.analysisQueue],
       routers: [jobsRouter({ jobs: apiJobs, backend: this.backend, dispatcher: this.dispatcher, pool: this.pool, microbatches: new MicrobatchBoard(this.intakeRedis, this.keys, apiJobs) })],
     });
-    const server = createLimitedServer(app, config.controller.connections, (address, first) => {
+    const onRefused = (address: string, first: boolean): void => {
       this.metrics.requestsRejected.inc({ endpoint: 'connection', reason: 'too_many_connections' });
       if (first) logger.warn({ address, max: config.controller.connections.maxPerClient }, 'refusing connections: too many open from one address');
-    });
+    };
+    const server = createLimitedServer(app, config.controller.connections, onRefused);
     this.server = server;
-    try {
-      await listenOn(server, config.controller.port, config.controller.host);
-    } catch (error) {
-      // A controller that cannot listen must not stay up half alive, its workers acting unseen.
-      await this.close();
-      throw new Error(`cannot listen on ${config.controller.host}:${config.controller.port}: ${errorMessage(error)}`, { cause: error });
+    const metricsServer = createLimitedServer(metricsHandler(this.metrics.registry, logger), config.controller.connections, onRefused);
+    this.metricsServer = metricsServer;
+    const metricsHost = config.controller.metrics.host ?? config.controller.host;
+    for (const [listener, host, port] of [[server, config.controller.host, config.controller.port], [metricsServer, metricsHost, config.controller.metrics.port]] as const) {
+      try {
+        await listenOn(listener, port, host);
+      } catch (error) {
+        // A controller that cannot listen must not stay up half alive, its workers acting unseen.
+        await this.close();
+        throw new Error(`cannot listen on ${host}:${port}: ${errorMessage(error)}`, { cause: error });
+      }
     }
     const port = (server.address() as AddressInfo).port;
-    logger.info({ host: config.controller.host, port, backend: this.backend.name }, 'controller listening');
-    return { port };
+    const metricsPort = (metricsServer.address() as AddressInfo).port;
+    logger.info({ host: config.controller.host, port, metricsHost, metricsPort, backend: this.backend.name }, 'controller listening');
+    return { port, metricsPort };
   }
 
   /** Gives Redis a moment at start-up; if it is down the controller still starts and answers 503. */
@@ -377,8 +387,8 @@ export class Controller {
     if (this.closed) return;
     this.closed = true;
     if (this.ticker) clearInterval(this.ticker);
-    const server = this.server;
-    if (server) {
+    for (const server of [this.server, this.metricsServer]) {
+      if (!server?.listening) continue;
       await new Promise<void>((resolve) => {
         server.close(() => resolve());
         server.closeAllConnections();

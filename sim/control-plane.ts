@@ -77,7 +77,7 @@ export class ControlPlane {
   controllerConfig(prefix: string, overrides: { controller?: object; safety?: object; policy?: object; backend?: object; analysis?: object; progress?: object } = {}): Config {
     return configSchema.parse({
       redis: { url: this.redisUrl, prefix },
-      controller: { host: '127.0.0.1', port: 0, tokenFile: this.tokenFile, ...overrides.controller },
+      controller: { host: '127.0.0.1', port: 0, metrics: { port: 0 }, tokenFile: this.tokenFile, ...overrides.controller },
       backend: { kind: 'slurm', slurm: { env: { ...this.slurm.env } }, ...overrides.backend },
       safety: { maxDrainsPerWindow: 1000, ...overrides.safety },
       policy: { ...overrides.policy },

@@ -121,13 +121,13 @@ export class SimEnvironment {
     // Agent ports are chosen first so the controller knows where each node's agent listens.
     const agentPorts = await Promise.all(names.map(() => freePort()));
     this.agentPorts = agentPorts;
-    const controllerPort = await freePort();
+    const [controllerPort, controllerMetricsPort] = [await freePort(), await freePort()];
     this.controllerUrl = `http://127.0.0.1:${controllerPort}`;
     const tokenFile = join(root, 'token');
     writeFileSync(tokenFile, `${this.token}\n`, { mode: 0o600 });
     this.config = configSchema.parse({
       redis: { url: this.redis.url, prefix: 'steadfast' },
-      controller: { host: '127.0.0.1', port: controllerPort, tokenFile },
+      controller: { host: '127.0.0.1', port: controllerPort, metrics: { port: controllerMetricsPort }, tokenFile },
       backend: { kind: 'slurm', slurm: { env: { ...this.slurm.env }, rest: { url: slurmRest.url, user: slurmRest.user, tokenFile: slurmRest.tokenFile } } },
       safety: { maxDrainsPerWindow: options.maxDrainsPerWindow ?? 4, ...(options.maxJobEvictionPercent === undefined ? {} : { maxJobEvictionPercent: options.maxJobEvictionPercent }) },
       agents: { urls: Object.fromEntries(names.map((name, index) => [name, `http://127.0.0.1:${agentPorts[index]}`])), diagnoseTimeoutSeconds: 30 },
@@ -154,7 +154,7 @@ export class SimEnvironment {
         alertmanagerAddress: this.alertmanager.address,
         extraAlertmanagerAddresses: this.alertmanagers.slice(1).map((part) => part.address),
         intervalSeconds: interval,
-        controllerAddress: this.controllerUrl.replace(/^http:\/\//, ''),
+        controllerMetricsAddress: `127.0.0.1:${controllerMetricsPort}`,
       }),
     );
     await this.step('Prometheus scraping every agent and connected to Alertmanager', () => this.waitForScrapes());

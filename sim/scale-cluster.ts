@@ -89,13 +89,13 @@ export class ScaleCluster {
     const interval = this.options.intervalSeconds ?? 1;
     this.plane = await this.step(`Redis and slurmctld with ${this.names.length} CLOUD nodes`, () => ControlPlane.start({ nodes: this.names, ownRedis: true }));
     // Ports first: the controller's analyzers read Prometheus, the fleet's fast path posts to the controller.
-    const [controllerPort, prometheusPort] = [await freePort(), await freePort()];
+    const [controllerPort, controllerMetricsPort, prometheusPort] = [await freePort(), await freePort(), await freePort()];
     this.controllerUrl = `http://127.0.0.1:${controllerPort}`;
     const jobNodes = this.names.slice(this.names.length - (this.options.jobNodes ?? 0));
     this.redis = workerConnection(this.plane.redisUrl);
     const config = this.plane.controllerConfig(PREFIX, {
       // Every simulated node shares 127.0.0.1, as clients behind a load balancer share its address.
-      controller: { port: controllerPort, connections: { maxPerClient: 0 } },
+      controller: { port: controllerPort, metrics: { port: controllerMetricsPort }, connections: { maxPerClient: 0 } },
       // With a job: fail-slow and multi-signal detection on it, every 5 s, from this Prometheus.
       ...(jobNodes.length > 0 ? { analysis: { prometheusUrl: `http://127.0.0.1:${prometheusPort}`, detectorIntervalSeconds: 5 } } : {}),
     });
@@ -120,7 +120,7 @@ export class ScaleCluster {
         ruleFiles: RULE_FILES,
         alertmanagerAddress: this.alertmanager.address,
         intervalSeconds: interval,
-        controllerAddress: this.controllerUrl.replace(/^http:\/\//, ''),
+        controllerMetricsAddress: `127.0.0.1:${controllerMetricsPort}`,
         port: prometheusPort,
       }),
     );

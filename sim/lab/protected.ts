@@ -170,12 +170,12 @@ export class ProtectedLab {
     );
     this.redis = await this.step('Redis up', () => startRedis(this.processes, root));
 
-    const [controllerPort, prometheusPort] = [await freePort(), await freePort()];
+    const [controllerPort, controllerMetricsPort, prometheusPort] = [await freePort(), await freePort(), await freePort()];
     // On the bridge: the agents' fast path and the ranks' client come from the namespaces.
     this.controllerUrl = `http://${layout.bridgeAddress}:${controllerPort}`;
     this.config = configSchema.parse({
       redis: { url: this.redis.url, prefix: 'steadfast' },
-      controller: { host: layout.bridgeAddress, port: controllerPort, tokenFile: this.tokenFile },
+      controller: { host: layout.bridgeAddress, port: controllerPort, metrics: { port: controllerMetricsPort }, tokenFile: this.tokenFile },
       backend: { kind: 'slurm', slurm: { env: slurmEnv(layout.conf), standbyReservation: layout.options.reservation } },
       safety: { maxDrainsPerWindow: 10, maxJobEvictionPercent: 50 },
       // The lab's incidents come a minute apart, not hours: the ladder's waits are scaled down.
@@ -207,7 +207,7 @@ export class ProtectedLab {
         ruleFiles,
         alertmanagerAddress: this.alertmanager.address,
         intervalSeconds: 1,
-        controllerAddress: `${layout.bridgeAddress}:${controllerPort}`,
+        controllerMetricsAddress: `${layout.bridgeAddress}:${controllerMetricsPort}`,
         port: prometheusPort,
       }),
     );

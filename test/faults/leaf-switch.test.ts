@@ -59,17 +59,17 @@ describe('a leaf-switch failure on the real parts', () => {
   let alertmanager: AlertmanagerPart;
   const jobStore = testRedis();
   const plainStore = testRedis();
-  let withJob: { controller: Controller; url: string };
-  let noJob: { controller: Controller; url: string };
+  let withJob: { controller: Controller; url: string; metricsUrl: string };
+  let noJob: { controller: Controller; url: string; metricsUrl: string };
   let recovery: Queue;
 
   beforeAll(async () => {
     plane = await ControlPlane.start({ nodes: [...RACK_A, ...STANDBYS, ...RACK_B], redisUrl: inject('redisUrl') });
     // Two installations on one Slurm, each with its own key prefix and so its own eviction budget.
-    const start = async (prefix: string): Promise<{ controller: Controller; url: string }> => {
+    const start = async (prefix: string): Promise<{ controller: Controller; url: string; metricsUrl: string }> => {
       const controller = new Controller({ config: plane.controllerConfig(prefix, { safety: { maxDrainsPerWindow: BUDGET, maxJobEvictionPercent: 50 } }), logger: silentLogger() });
-      const { port } = await controller.start();
-      return { controller, url: `http://127.0.0.1:${port}` };
+      const { port, metricsPort } = await controller.start();
+      return { controller, url: `http://127.0.0.1:${port}`, metricsUrl: `http://127.0.0.1:${metricsPort}` };
     };
     withJob = await start(jobStore.prefix);
     recovery = new Queue('recovery', { connection: jobStore.redis, prefix: jobStore.prefix });
@@ -88,7 +88,7 @@ describe('a leaf-switch failure on the real parts', () => {
   });
 
   it('over one job: evicts only as many nodes as the budget allows, refuses the rest with the reason, and pages a person once', async () => {
-    const { controller, url } = withJob;
+    const { controller, url, metricsUrl } = withJob;
     const registered = await post(`${url}/api/v1/jobs`, plane.token, {
       name: 'leaf-job',
       nodes: RACK_A,
@@ -143,12 +143,12 @@ describe('a leaf-switch failure on the real parts', () => {
     const pages = pageEntries(actions);
     expect(pages).toHaveLength(1);
     expect(pages[0]?.summary).toBe(`leaf-job: page_human: a person is needed: eviction refused (eviction budget exhausted: ${BUDGET} drains per 3600 s already used); later refusals in this window are audited without paging`);
-    const metrics = await (await fetch(`${url}/metrics`)).text();
+    const metrics = await (await fetch(`${metricsUrl}/metrics`)).text();
     expect(metrics).toMatch(/^steadfast_human_pages_total\{job="leaf-job"\} 1$/m);
   }, 60_000);
 
   it('over no job: port-down alerts alone drain nothing, and a storm of fatal GPU events drains only the budget, each refusal audited with why', async () => {
-    const { controller, url } = noJob;
+    const { controller, url, metricsUrl } = noJob;
     const now = Date.now();
     const portDown = {
       version: '4',
@@ -183,7 +183,7 @@ describe('a leaf-switch failure on the real parts', () => {
     expect(RACK_B.filter((node) => drains.has(node))).toHaveLength(BUDGET);
     expect(RACK_B.every((node) => (drains.get(node) ?? 0) <= 1)).toBe(true);
     // 28 refusals, one page: the first refusal of the window.
-    const metrics = await (await fetch(`${url}/metrics`)).text();
+    const metrics = await (await fetch(`${metricsUrl}/metrics`)).text();
     expect(metrics).toMatch(/^steadfast_human_pages_total\{job=""\} 1$/m);
   }, 60_000);
 });

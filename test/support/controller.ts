@@ -7,7 +7,7 @@ export const TEST_TOKEN = 'test-token-0123456789abcdef';
 export function testConfig(redisUrl: string, prefix: string, overrides: Partial<Record<keyof Config, object>> = {}): Config {
   return configSchema.parse({
     redis: { url: redisUrl, prefix },
-    controller: { host: '127.0.0.1', port: 0, token: TEST_TOKEN, ...(overrides.controller ?? {}) },
+    controller: { host: '127.0.0.1', port: 0, metrics: { port: 0 }, token: TEST_TOKEN, ...(overrides.controller ?? {}) },
     backend: { kind: 'dry-run', ...(overrides.backend ?? {}) },
     safety: { ...(overrides.safety ?? {}) },
     recovery: { ...(overrides.recovery ?? {}) },
@@ -18,10 +18,11 @@ export function testConfig(redisUrl: string, prefix: string, overrides: Partial<
   });
 }
 
-export async function startController(config: Config, options: { workers?: boolean } = {}): Promise<{ controller: Controller; url: string }> {
+/** Starts a controller; `url` is its API, `metricsUrl` its metrics listener. */
+export async function startController(config: Config, options: { workers?: boolean } = {}): Promise<{ controller: Controller; url: string; metricsUrl: string }> {
   const controller = new Controller({ config, logger: silentLogger(), workers: options.workers ?? true });
-  const { port } = await controller.start();
-  return { controller, url: `http://127.0.0.1:${port}` };
+  const { port, metricsPort } = await controller.start();
+  return { controller, url: `http://127.0.0.1:${port}`, metricsUrl: `http://127.0.0.1:${metricsPort}` };
 }
 
 export async function post(url: string, body: unknown, token: string | null = TEST_TOKEN): Promise<{ status: number; body: { error?: string; accepted?: number; ids?: string[] }; headers: Headers }> {
