@@ -67,7 +67,7 @@ function refuseHeaders(req: Request, maxBytes: number): BodyRefused | undefined 
   }
   const length = Number(req.headers['content-length']);
   if (req.headers['content-length'] !== undefined && length > maxBytes) {
-    return { status: 413, reason: 'too_large', message: `request body is ${length} bytes, larger than the limit of ${maxBytes} bytes` };
+    return { status: 413, reason: 'too_large', message: `request body larger than ${maxBytes} bytes` };
   }
   return undefined;
 }
@@ -80,12 +80,30 @@ function parseBody(bytes: Buffer): { value: unknown } | BodyRefused {
   } catch {
     return { status: 400, reason: 'unreadable', message: 'request body is not valid UTF-8' };
   }
-  if (ESCAPED_NUL.test(text)) return { status: 400, reason: 'unreadable', message: 'request body contains a NUL character (\\u0000), which no field accepts' };
+  let value: unknown;
   try {
-    return { value: JSON.parse(text) as unknown };
+    value = JSON.parse(text) as unknown;
   } catch (error) {
     return { status: 400, reason: 'unreadable', message: `request body is not valid JSON: ${(error as Error).message}` };
   }
+  // The cheap test on the text first: only a body that has one is walked to name the field.
+  if (ESCAPED_NUL.test(text)) {
+    const where = pathOfNul(value, []) ?? [];
+    return { status: 400, reason: 'unreadable', message: `${where.join('.') || '(root)'}: must not contain a NUL character (\\u0000)` };
+  }
+  return { value };
+}
+
+/** Where the first string (a value or a key) holding a NUL is, as a field path. */
+function pathOfNul(value: unknown, path: string[]): string[] | undefined {
+  if (typeof value === 'string') return value.includes('\0') ? path : undefined;
+  if (typeof value !== 'object' || value === null) return undefined;
+  for (const [key, item] of Object.entries(value)) {
+    if (key.includes('\0')) return [...path, JSON.stringify(key)];
+    const found = pathOfNul(item, [...path, key]);
+    if (found) return found;
+  }
+  return undefined;
 }
 
 /**
@@ -131,7 +149,7 @@ export function jsonBody(
       if (received > declared) {
         // A chunked body past the limit, or more bytes than the Content-Length promised.
         chunks.length = 0;
-        finish({ status: 413, reason: 'too_large', message: `request body is larger than the limit of ${maxBytes} bytes` });
+        finish({ status: 413, reason: 'too_large', message: `request body larger than ${maxBytes} bytes` });
         return;
       }
       chunks.push(chunk);
