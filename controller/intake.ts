@@ -5,6 +5,12 @@ import { QUEUE_JOB_OPTIONS, QUEUE_NAMES, type SignalJob } from '../core/queues.j
 import type { Signal } from '../core/signal.js';
 
 const ENQUEUE_TIMEOUT_MS = 3000;
+/**
+ * How long a store still under way is awaited once Redis is late but connected: a big batch
+ * behind others is slow, not lost, and answering 503 while it goes on to be stored would tell
+ * the sender something untrue.
+ */
+const ENQUEUE_SLOW_LIMIT_MS = 30_000;
 
 /**
  * The durable front door: a request is answered 2xx only after its signals are in Redis, so
@@ -47,11 +53,20 @@ export class SignalIntake {
       signals.map((signal) => ({ name: signal.kind, data: { signal }, opts: { jobId: signal.id } })),
     );
     let timer: NodeJS.Timeout | undefined;
-    const timeout = new Promise<never>((_, reject) => {
-      timer = setTimeout(() => reject(new Error(`Redis did not answer within ${ENQUEUE_TIMEOUT_MS} ms`)), ENQUEUE_TIMEOUT_MS);
-    });
+    const late = (ms: number): Promise<never> =>
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new Error(`Redis did not answer within ${ms} ms`)), ms);
+      });
+    const settled = add.then(() => true);
+    // Its failure is read below or, when given up on, deliberately not: never an unhandled rejection.
+    settled.catch(() => undefined);
     try {
-      await Promise.race([add, timeout]);
+      const onTime = await Promise.race([settled, late(ENQUEUE_TIMEOUT_MS).catch(() => false)]);
+      clearTimeout(timer);
+      if (!onTime) {
+        if (this.connection.status !== 'ready') throw new Error(`Redis did not answer within ${ENQUEUE_TIMEOUT_MS} ms and the connection is ${this.connection.status}`);
+        await Promise.race([settled, late(ENQUEUE_SLOW_LIMIT_MS)]);
+      }
     } catch (error) {
       throw new StoreUnavailableError(`could not store signals: ${errorMessage(error)}`, error);
     } finally {

@@ -345,7 +345,7 @@ describe('Alertmanager config', () => {
       expect(webhooks[0]).toMatchObject({
         url: 'http://127.0.0.1:19400/api/v1/alerts',
         send_resolved: true,
-        max_alerts: 0,
+        max_alerts: 1000,
         http_config: { authorization: { type: 'Bearer', credentials_file: tokenFile } },
       });
       const controllerRoutes = config.route.routes.filter((route) => route.receiver === CONTROLLER_RECEIVER);
