@@ -155,7 +155,12 @@ export function jsonBody(
       chunks.push(chunk);
     };
     req.on('data', onData);
-    req.once('end', () => finish(parseBody(Buffer.concat(chunks, received))));
+    req.once('end', () => {
+      const bytes = Buffer.concat(chunks, received);
+      // The chunks would otherwise live as long as the request, beside the parsed body.
+      chunks.length = 0;
+      finish(parseBody(bytes));
+    });
     req.once('error', (error) => finish({ status: 400, reason: 'unreadable', message: `request body could not be read: ${error.message}` }));
   };
 }

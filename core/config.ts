@@ -69,7 +69,7 @@ export const configSchema = z
          * answered 503 with Retry-After before its body is read. Bounds the controller's memory
          * under a burst of big webhooks. At least bodyLimitBytes.
          */
-        inFlightBodyBytes: int().min(1024).max(1024 * 1024 * 1024).default(32 * 1024 * 1024),
+        inFlightBodyBytes: int().min(1024).max(1024 * 1024 * 1024).default(16 * 1024 * 1024),
         /**
          * Where /metrics is served: its own listener, so scrapes (unauthenticated) can be kept to
          * Prometheus by a firewall and never share a port with the intake. Host defaults to

@@ -82,6 +82,14 @@ export class ControllerProcess {
     return (Number(fields[11]) + Number(fields[12])) / CLOCK_TICKS_PER_SECOND;
   }
 
+  /** The most resident memory the process has held so far (VmHWM in /proc, Linux), in bytes. */
+  peakRssBytes(): number {
+    const pid = this.child?.pid;
+    if (pid === undefined) return Number.NaN;
+    const kib = /^VmHWM:\s+(\d+) kB$/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1];
+    return kib === undefined ? Number.NaN : Number(kib) * 1024;
+  }
+
   /** Kills it at once, as the OOM killer or a lost machine would: nothing is flushed or released. */
   async kill(): Promise<void> {
     await this.group.stop(this.options.name, 0, 'SIGKILL');
