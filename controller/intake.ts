@@ -49,9 +49,13 @@ export class SignalIntake {
    * A signal whose id is already queued or recently done is a repeat and is not added again.
    */
   async enqueue(signals: readonly Signal[]): Promise<void> {
-    const add = this.ready().addBulk(
-      signals.map((signal) => ({ name: signal.kind, data: { signal }, opts: { jobId: signal.id } })),
-    );
+    const queue = this.ready();
+    // One signal (most webhooks, every single fast-path event) needs no transaction around it.
+    const [only] = signals;
+    const add =
+      signals.length === 1 && only !== undefined
+        ? queue.add(only.kind, { signal: only }, { jobId: only.id })
+        : queue.addBulk(signals.map((signal) => ({ name: signal.kind, data: { signal }, opts: { jobId: signal.id } })));
     let timer: NodeJS.Timeout | undefined;
     const late = (ms: number): Promise<never> =>
       new Promise<never>((_, reject) => {

@@ -15,6 +15,7 @@ import { createDrainProcessor } from '../actuators/drain.js';
 import { SafetyGates, drainBudget } from '../actuators/safety.js';
 import { StandbyPool } from '../actuators/standby-pool.js';
 import { SignalIntake } from './intake.js';
+import { IntakeBatcher } from './intake-batch.js';
 import { GrafanaAnnotator } from './grafana.js';
 import { ControllerMetrics } from './metrics.js';
 import { createPolicyProcessor } from './policy-worker.js';
@@ -184,12 +185,13 @@ export class Controller {
     const token = resolveToken(config.controller, 'controller');
     // The API answers from the fail-fast intake connection: a Redis outage is a 503, not a hang.
     const apiJobs = new JobStore(this.intakeRedis, this.keys);
+    const batcher = new IntakeBatcher((signals) => this.intake.enqueue(signals));
     const app = createApp({
       token,
       bodyLimitBytes: config.controller.bodyLimitBytes,
       inFlightBodyBytes: config.controller.inFlightBodyBytes,
       rateLimit: config.controller.rateLimit,
-      enqueue: (signals) => this.intake.enqueue(signals),
+      enqueue: (signals) => batcher.enqueue(signals),
       audit: new AuditLog(this.intakeRedis, this.keys, config.controller.auditMaxLength),
       redisUp: () => isRedisUp(this.intakeRedis),
       metrics: this.metrics,
@@ -256,7 +258,7 @@ export class Controller {
         dedupeSeconds: config.policy.drainDedupeSeconds,
         recovery: { jobs: this.jobs, dispatcher: this.dispatcher },
       }),
-      { connection: this.ownConnection(), prefix: config.redis.prefix, ...timing, concurrency: 8 },
+      { connection: this.ownConnection(), prefix: config.redis.prefix, ...timing, concurrency: 32 },
     );
     const recovery = new Worker(
       QUEUE_NAMES.recovery,

@@ -27,6 +27,8 @@ export interface ControllerProcessOptions {
   readonly http?: boolean;
   /** Run the workers (`--no-workers` when false). */
   readonly workers?: boolean;
+  /** Options for node itself, e.g. `--cpu-prof` to profile it. */
+  readonly nodeArgs?: readonly string[];
 }
 
 export class ControllerProcess {
@@ -51,7 +53,7 @@ export class ControllerProcess {
   async start(timeoutMs = 60_000): Promise<void> {
     const { name, http = true, workers = true, config } = this.options;
     if (http && config.controller.port === 0) throw new Error('a controller process serving HTTP needs a fixed port');
-    const args = ['--import', 'tsx', join(repoRoot(), 'cli', 'main.ts'), 'controller', '--config', this.configFile];
+    const args = [...(this.options.nodeArgs ?? []), '--import', 'tsx', join(repoRoot(), 'cli', 'main.ts'), 'controller', '--config', this.configFile];
     if (!http) args.push('--no-http');
     if (!workers) args.push('--no-workers');
     const before = workers ? await this.workerCount() : 0;
