@@ -78,7 +78,7 @@ export const configSchema = z
         metrics: z
           .object({
             host: hostSchema.optional(),
-            port: portSchema.default(9401),
+            port: portSchema.default(9402),
           })
           .strict()
           .prefault({}),
