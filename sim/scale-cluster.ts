@@ -53,6 +53,8 @@ export class ScaleCluster {
   /** The controller runs as its own process, as in production: the fleet's load is not its load. */
   controller!: ControllerProcess;
   controllerUrl = '';
+  /** The controller's metrics listener. */
+  controllerMetricsUrl = '';
   audit!: AuditLog;
   private backend!: ClusterBackend;
   fleet!: SimulatedFleet;
@@ -91,6 +93,7 @@ export class ScaleCluster {
     // Ports first: the controller's analyzers read Prometheus, the fleet's fast path posts to the controller.
     const [controllerPort, controllerMetricsPort, prometheusPort] = [await freePort(), await freePort(), await freePort()];
     this.controllerUrl = `http://127.0.0.1:${controllerPort}`;
+    this.controllerMetricsUrl = `http://127.0.0.1:${controllerMetricsPort}`;
     const jobNodes = this.names.slice(this.names.length - (this.options.jobNodes ?? 0));
     this.redis = workerConnection(this.plane.redisUrl);
     const config = this.plane.controllerConfig(PREFIX, {
