@@ -93,6 +93,8 @@ export class Controller {
   private readonly dispatcher: RecoveryDispatcher;
   private readonly ladder: LadderConfig;
   private ticker: NodeJS.Timeout | undefined;
+  private failSlowTicker: NodeJS.Timeout | undefined;
+  private failSlowBusy = false;
   readonly pool: StandbyPool;
   private readonly progress: ProgressWatch | undefined;
   /** Posts finished actions to Grafana when the config has a `grafana` section. */
@@ -282,6 +284,12 @@ export class Controller {
       void this.tickJobs().catch((error: unknown) => logger.warn({ err: error }, 'recovery tick failed'));
     }, RECOVERY_TICK_MS);
     this.ticker.unref();
+    if (this.failSlow) {
+      this.failSlowTicker = setInterval(() => {
+        void this.tickFailSlow().catch((error: unknown) => logger.warn({ err: error }, 'fail-slow tick failed'));
+      }, config.analysis.failSlowIntervalSeconds * 1000);
+      this.failSlowTicker.unref();
+    }
     const drain = new Worker(
       QUEUE_NAMES.actions,
       createDrainProcessor({
@@ -338,15 +346,11 @@ export class Controller {
       if (decided) await this.dispatcher.apply(decided);
       await this.dispatcher.apply({ job: record.spec.name, event: { type: 'tick', time: now }, eventId: `tick:${now}` });
     }
-    if ((this.failSlow || this.suspects) && (await this.leadAnalysis())) {
+    // The analysis lease is renewed every tick; fail-slow checks run on their own interval (tickFailSlow).
+    if ((this.failSlow || this.suspects) && (await this.leadAnalysis()) && this.suspects && now - this.lastSuspectRun >= this.options.config.analysis.detectorIntervalSeconds * 1000) {
+      this.lastSuspectRun = now;
       const running = records.filter((record) => record.state === 'running').map((record) => record.spec);
-      for (const spec of running) {
-        await this.failSlow?.check(spec, now).catch((error: unknown) => this.options.logger.warn({ job: spec.name, err: error }, 'fail-slow check failed'));
-      }
-      if (this.suspects && now - this.lastSuspectRun >= this.options.config.analysis.detectorIntervalSeconds * 1000) {
-        this.lastSuspectRun = now;
-        await this.suspects.run(running, now).catch((error: unknown) => this.options.logger.warn({ err: error }, 'multi-signal detection failed'));
-      }
+      await this.suspects.run(running, now).catch((error: unknown) => this.options.logger.warn({ err: error }, 'multi-signal detection failed'));
     }
     // Replenish the warm standby pool up to the P99 of the machines now in use (ByteRobust §6.2).
     const inUse = new Set(records.flatMap((record) => record.spec.nodes));
@@ -356,6 +360,25 @@ export class Controller {
         { type: 'action', ref: `standby-${node}-${now}`, node, summary: `standby ${node}: provisioning (held by ${this.backend.name}; waiting for its agent's self-check)`, data: { verb: 'provision_standby', node, state: 'done' } },
         `standby:${node}:${now}`,
       );
+    }
+  }
+
+  /**
+   * One fail-slow check of every running job, every analysis.failSlowIntervalSeconds, by the
+   * analysis leader. A check still under way when the next is due makes that one skip.
+   */
+  private async tickFailSlow(): Promise<void> {
+    if (!this.failSlow || this.failSlowBusy) return;
+    this.failSlowBusy = true;
+    try {
+      if (!(await this.leadAnalysis())) return;
+      const now = Date.now();
+      for (const record of await this.jobs.list()) {
+        if (record.state !== 'running') continue;
+        await this.failSlow.check(record.spec, now).catch((error: unknown) => this.options.logger.warn({ job: record.spec.name, err: error }, 'fail-slow check failed'));
+      }
+    } finally {
+      this.failSlowBusy = false;
     }
   }
 
@@ -377,6 +400,7 @@ export class Controller {
     if (this.closed) return;
     this.closed = true;
     if (this.ticker) clearInterval(this.ticker);
+    if (this.failSlowTicker) clearInterval(this.failSlowTicker);
     const server = this.server;
     if (server) {
       await new Promise<void>((resolve) => {

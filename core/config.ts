@@ -220,6 +220,12 @@ export const configSchema = z
         prometheusUrl: z.url({ protocol: /^https?$/ }).optional(),
         detectorIntervalSeconds: int().min(5).max(3600).default(60),
         /**
+         * Seconds between fail-slow checks: each reads every rank's latest iteration time from
+         * Prometheus and feeds the new ones to its tracker, so detection takes a few checks
+         * (Greyhound §4.2's verification) and the mitigation steps once per check.
+         */
+        failSlowIntervalSeconds: z.coerce.number<unknown>().min(0.5).max(3600).default(5),
+        /**
          * ByteRobust §4.2's hierarchy of stop-time checks, walked one stage per call to the agents
          * (analyzers/staged-diagnosis.ts): machine-local checks (EUD) first, then NCCL within a
          * machine, then across machines. Each stage names the agents' checks it runs (the names
