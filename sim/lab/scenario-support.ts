@@ -111,7 +111,10 @@ export function judgeResumption(lab: ProtectedLab, interrupted: readonly string[
         problems.push(`step ${firstIteration.iteration} had loss ${same.loss} before and ${firstIteration.loss} after the restart`);
       }
     } else {
-      const start = before[0];
+      // Nothing to compare at the same step (the interrupted run stopped right after saving, or
+      // ran another share): the run must at least not have started over. The start is the job's
+      // own first step, not the interrupted run's, which may itself have resumed well trained.
+      const start = lab.log.iterations(undefined, 0).find((step) => step.iteration === 1) ?? before[0];
       if (start !== undefined && firstIteration.loss > start.loss / 2) problems.push(`loss ${firstIteration.loss} after the restart is no better than at the start (${start.loss})`);
     }
   }
