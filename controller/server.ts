@@ -42,7 +42,7 @@ function isJsonSyntaxError(error: unknown): boolean {
 }
 
 /** The API's endpoints by the last fixed word of their path; a metric label must not echo what a client typed. */
-const ENDPOINT_LABELS = new Set(['alerts', 'signals', 'audit', 'jobs', 'checkpoints', 'restore-plan', 'microbatches', 'code-updates', 'standby', 'self-check', 'queues']);
+const ENDPOINT_LABELS = new Set(['alerts', 'signals', 'audit', 'jobs', 'checkpoints', 'restore-plan', 'microbatches', 'code-updates', 'standby', 'self-check', 'queues', 'policy', 'pause', 'holds']);
 
 function endpointLabel(req: Request): string {
   const words = req.originalUrl.split('?')[0]?.split('/') ?? [];

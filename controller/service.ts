@@ -24,6 +24,7 @@ import { ladderConfig, type LadderConfig } from './ladder/index.js';
 import { ProgressWatch } from './progress.js';
 import { createRecoveryProcessor } from '../actuators/recovery/index.js';
 import { jobsRouter } from './jobs-api.js';
+import { operatorRouter } from './operator-api.js';
 import { MicrobatchBoard } from './microbatches.js';
 import { FailSlowWatch } from './failslow-watch.js';
 import { SuspectWatch } from './suspect-watch.js';
@@ -137,7 +138,7 @@ export class Controller {
     for (const queue of [this.signalQueue, this.actionQueue, this.recoveryQueue, this.analysisQueue]) {
       queue.on('error', (error: Error) => options.logger.warn({ queue: queue.name, err: error }, 'queue error'));
     }
-    this.agents = new AgentDirectory(config.agents);
+    this.agents = new AgentDirectory(config.agents, async (node) => (await this.backend.nodeState(node)).exists);
     this.progress = config.progress.prometheusUrl
       ? new ProgressWatch(this.workerRedis, this.keys, config.progress.prometheusUrl, config.progress.timeoutSeconds * 1000)
       : undefined;
@@ -182,18 +183,37 @@ export class Controller {
     const token = resolveToken(config.controller, 'controller');
     // The API answers from the fail-fast intake connection: a Redis outage is a 503, not a hang.
     const apiJobs = new JobStore(this.intakeRedis, this.keys);
+    const apiAudit = new AuditLog(this.intakeRedis, this.keys, config.controller.auditMaxLength);
+    const budget = { maxPerWindow: drainBudget(config.safety), windowSeconds: config.safety.windowSeconds };
     const app = createApp({
       token,
       bodyLimitBytes: config.controller.bodyLimitBytes,
       rateLimit: config.controller.rateLimit,
       enqueue: (signals) => this.intake.enqueue(signals),
-      audit: new AuditLog(this.intakeRedis, this.keys, config.controller.auditMaxLength),
+      audit: apiAudit,
       redisUp: () => isRedisUp(this.intakeRedis),
       metrics: this.metrics,
       logger,
       // The intake connection fails fast when Redis is down; the workers' one would wait.
       queues: [this.signalQueue, this.actionQueue, this.recoveryQueue, this.analysisQueue],
-      routers: [jobsRouter({ jobs: apiJobs, backend: this.backend, dispatcher: this.dispatcher, pool: this.pool, microbatches: new MicrobatchBoard(this.intakeRedis, this.keys, apiJobs) })],
+      routers: [
+        jobsRouter({
+          jobs: apiJobs,
+          backend: this.backend,
+          launchers: config.launchers,
+          audit: apiAudit,
+          dispatcher: this.dispatcher,
+          pool: this.pool,
+          microbatches: new MicrobatchBoard(this.intakeRedis, this.keys, apiJobs),
+        }),
+        operatorRouter({
+          gates: new SafetyGates(this.intakeRedis, this.keys, budget, config.safety.nodeLeaseSeconds),
+          audit: apiAudit,
+          holdDefaultSeconds: config.safety.holdDefaultSeconds,
+          holdMaxSeconds: config.safety.holdMaxSeconds,
+          budget,
+        }),
+      ],
     });
     const server = createLimitedServer(app, config.controller.connections, (address, first) => {
       this.metrics.requestsRejected.inc({ endpoint: 'connection', reason: 'too_many_connections' });
@@ -257,6 +277,7 @@ export class Controller {
         backend: this.backend,
         gates: this.gates,
         jobs: this.jobs,
+        launchers: config.launchers,
         logger,
         feedback: (event) => this.dispatcher.apply(event),
         // One quarantine rule: the ladder's per job, this one across jobs.
@@ -313,6 +334,7 @@ export class Controller {
         jobs: this.jobs,
         audit: this.audit,
         agents: this.agents,
+        launchers: config.launchers,
         feedback: (event) => this.dispatcher.apply(event),
         logger,
         stackRounds: config.analysis.stackRounds,
@@ -332,8 +354,9 @@ export class Controller {
 
   private async tickJobs(): Promise<void> {
     const now = Date.now();
-    const records = await this.jobs.list();
+    const records = (await this.jobs.list()).filter((record) => record.state !== 'finished');
     for (const record of records) {
+      if (record.state === 'running' && (await this.workloadEnded(record.spec.name, now))) continue;
       const decided = await this.progress?.check(record.spec.name, now);
       if (decided) await this.dispatcher.apply(decided);
       await this.dispatcher.apply({ job: record.spec.name, event: { type: 'tick', time: now }, eventId: `tick:${now}` });
@@ -350,13 +373,34 @@ export class Controller {
     }
     // Replenish the warm standby pool up to the P99 of the machines now in use (ByteRobust §6.2).
     const inUse = new Set(records.flatMap((record) => record.spec.nodes));
-    const started = await this.pool.reconcile(inUse.size, inUse, now);
+    // A held node is never provisioned as a standby either (it is left out like one in use).
+    const unavailable = new Set([...inUse, ...(await this.gates.holds(now)).keys()]);
+    const started = await this.pool.reconcile(inUse.size, unavailable, now);
     for (const node of started) {
       await this.audit.append(
         { type: 'action', ref: `standby-${node}-${now}`, node, summary: `standby ${node}: provisioning (held by ${this.backend.name}; waiting for its agent's self-check)`, data: { verb: 'provision_standby', node, state: 'done' } },
         `standby:${node}:${now}`,
       );
     }
+  }
+
+  /**
+   * A job whose workload ended by itself or by a person (completed, cancelled; not failed, which
+   * is recovery's) is finished: its nodes leave its ladder. True when it was marked so now.
+   */
+  private async workloadEnded(job: string, now: number): Promise<boolean> {
+    if (!this.backend.workloadState) return false;
+    const workload = await this.backend.workloadState(job).catch((error: unknown) => {
+      this.options.logger.warn({ job, err: error }, 'cannot read the state of the job\'s workload');
+      return undefined;
+    });
+    if (workload?.state !== 'completed' && workload?.state !== 'cancelled') return false;
+    await this.jobs.finish(job, workload.detail, now);
+    await this.audit.append(
+      { type: 'action', ref: `finished-${job}`, summary: `${job}: finished (${workload.detail}); its nodes leave its recovery ladder`, data: { job, verb: 'finish', state: 'done', detail: workload.detail } },
+      `finished:${job}:${now}`,
+    );
+    return true;
   }
 
   /**
