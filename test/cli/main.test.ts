@@ -178,7 +178,7 @@ describe('steadfast jobs', () => {
     const store = testRedis();
     try {
       const jobs = new JobStore(store.redis, store.keys);
-      await jobs.create({ name: 'gpt-small', nodes: ['n1', 'n2'], ranksPerNode: 8, topology: { tp: 8, dp: 2 }, launcher: { kind: 'slurm', command: ['sbatch', 'train.sh'] }, codeVersion: 'v7' });
+      await jobs.create({ name: 'gpt-small', nodes: ['n1', 'n2'], ranksPerNode: 8, topology: { tp: 8, dp: 2 }, launcher: 'accept', codeVersion: 'v7' });
       const env = { STEADFAST_REDIS__URL: store.url, STEADFAST_REDIS__PREFIX: store.prefix };
       const table = await steadfastWithEnv(env, 'jobs');
       expect(table.code).toBe(0);

@@ -26,7 +26,7 @@ const KEEP_JOB = {
   nodes: ['keep-00', 'keep-01'],
   ranksPerNode: 1,
   topology: { tp: 1, pp: 1, dp: 2, order: 'tp-dp-pp' },
-  launcher: { kind: 'slurm', command: ['sbatch', '--nodelist={nodes}', 'train.sh', '{version}'] },
+  launcher: 'accept',
   codeVersion: 'v1',
 };
 const FUZZ_JOB = { ...KEEP_JOB, name: 'fuzz-job', nodes: ['n00', 'n01', 'n02', 'n03'], topology: { tp: 1, pp: 2, dp: 2, order: 'tp-dp-pp' } };
