@@ -6,6 +6,7 @@ import { controllerCommand } from './controller.js';
 import { dashboardsCommand } from './dashboards.js';
 import { demoCommand } from './demo.js';
 import { detectCommand } from './detect.js';
+import { holdCommands } from './holds.js';
 import { jobsCommand } from './jobs.js';
 import { labCommand } from './lab.js';
 import { pauseCommands } from './pause.js';
@@ -31,7 +32,7 @@ function withUsageErrors(command: Command): Command {
   return command;
 }
 
-for (const command of [agentCommand(), controllerCommand(), auditCommand(), jobsCommand(), queuesCommand(), ...pauseCommands(), resumeCommand(), planCommand(), analyzeCommand(), detectCommand(), simulateCommand(), dashboardsCommand(), demoCommand(), labCommand()]) {
+for (const command of [agentCommand(), controllerCommand(), auditCommand(), jobsCommand(), queuesCommand(), ...pauseCommands(), ...holdCommands(), resumeCommand(), planCommand(), analyzeCommand(), detectCommand(), simulateCommand(), dashboardsCommand(), demoCommand(), labCommand()]) {
   program.addCommand(withUsageErrors(command));
 }
 
