@@ -4,9 +4,6 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
-import { AuditLog } from '../../core/audit.js';
-import { JobStore } from '../../controller/job-store.js';
-import { testRedis } from '../support/redis.js';
 
 const run = promisify(execFile);
 const ROOT = join(import.meta.dirname, '..', '..');
