@@ -34,6 +34,8 @@ export function jobsCommand(): Command {
   const jobs = withControllerOptions(
     new Command('jobs').description('List registered training jobs with their state, code version, nodes, ETTR and policy (over the controller\'s HTTP API).'),
   )
+    // `jobs delete … --token-file F`: the flags after a subcommand are the subcommand's own.
+    .enablePositionalOptions()
     .option('--json', 'print {"jobs": [...]} as JSON')
     .action(async (options: Record<string, unknown>) => {
       await runCommand(async () => {
