@@ -23,6 +23,8 @@ const program = new Command('steadfast')
   .description('Keeps large LLM training jobs running: GPU-node monitoring wired to training-level recovery.')
   .version('0.1.0')
   .showHelpAfterError()
+  // A subcommand's flags stay its own (`jobs delete JOB --token-file F`), not taken by a command above it.
+  .enablePositionalOptions()
   .exitOverride(exitOnUsageError);
 
 /** Applies the usage-error handling to a command and every subcommand below it. */
