@@ -23,6 +23,7 @@ import { RecoveryDispatcher } from './recovery-dispatcher.js';
 import { ladderConfig, type LadderConfig } from './ladder/index.js';
 import { ProgressWatch } from './progress.js';
 import { createRecoveryProcessor } from '../actuators/recovery/index.js';
+import { finishIfWorkloadEnded } from './job-end.js';
 import { jobsRouter } from './jobs-api.js';
 import { operatorRouter } from './operator-api.js';
 import { MicrobatchBoard } from './microbatches.js';
@@ -356,7 +357,8 @@ export class Controller {
     const now = Date.now();
     const records = (await this.jobs.list()).filter((record) => record.state !== 'finished');
     for (const record of records) {
-      if (record.state === 'running' && (await this.workloadEnded(record.spec.name, now))) continue;
+      const ended = record.state === 'running' && (await finishIfWorkloadEnded({ jobs: this.jobs, backend: this.backend, audit: this.audit, logger: this.options.logger }, record.spec.name, now));
+      if (ended) continue;
       const decided = await this.progress?.check(record.spec.name, now);
       if (decided) await this.dispatcher.apply(decided);
       await this.dispatcher.apply({ job: record.spec.name, event: { type: 'tick', time: now }, eventId: `tick:${now}` });
@@ -382,25 +384,6 @@ export class Controller {
         `standby:${node}:${now}`,
       );
     }
-  }
-
-  /**
-   * A job whose workload ended by itself or by a person (completed, cancelled; not failed, which
-   * is recovery's) is finished: its nodes leave its ladder. True when it was marked so now.
-   */
-  private async workloadEnded(job: string, now: number): Promise<boolean> {
-    if (!this.backend.workloadState) return false;
-    const workload = await this.backend.workloadState(job).catch((error: unknown) => {
-      this.options.logger.warn({ job, err: error }, 'cannot read the state of the job\'s workload');
-      return undefined;
-    });
-    if (workload?.state !== 'completed' && workload?.state !== 'cancelled') return false;
-    await this.jobs.finish(job, workload.detail, now);
-    await this.audit.append(
-      { type: 'action', ref: `finished-${job}`, summary: `${job}: finished (${workload.detail}); its nodes leave its recovery ladder`, data: { job, verb: 'finish', state: 'done', detail: workload.detail } },
-      `finished:${job}:${now}`,
-    );
-    return true;
   }
 
   /**
