@@ -4,7 +4,7 @@ import { promisify } from 'node:util';
 import { DoNotRetryError, RetryLaterError, errorMessage } from '../core/errors.js';
 import { JOB_NAME_PATTERN } from '../core/job.js';
 import { NODE_NAME_PATTERN } from '../core/names.js';
-import type { ClusterBackend, NodeState } from './backend.js';
+import type { ClusterBackend, NodeState, WorkloadState } from './backend.js';
 import { expandHostlist } from './hostlist.js';
 import type { SlurmRestClient } from './slurm-rest.js';
 
@@ -33,6 +33,9 @@ export interface SlurmOptions {
    */
   readonly cancelWaitMs?: number;
 }
+
+/** Job states (squeue %T) in which a Slurm job has not ended yet. */
+const JOB_NOT_ENDED = new Set(['PENDING', 'RUNNING', 'CONFIGURING', 'COMPLETING', 'SUSPENDED', 'REQUEUED', 'REQUEUE_HOLD', 'REQUEUE_FED', 'RESIZING', 'SIGNALING', 'STAGE_OUT', 'STOPPED', 'SPECIAL_EXIT']);
 
 const DEFAULT_STANDBY_RESERVATION = 'steadfast-standby';
 const DEFAULT_CANCEL_WAIT_MS = 120_000;
@@ -218,5 +221,25 @@ export class SlurmBackend implements ClusterBackend {
       }
       await sleep(pause);
     }
+  }
+
+  /**
+   * The registered job's Slurm jobs by name, ended ones included while slurmctld remembers them
+   * (MinJobAge): any not ended is `active`; otherwise the newest one's end decides.
+   */
+  async workloadState(name: string): Promise<WorkloadState> {
+    if (!JOB_NAME_PATTERN.test(name)) throw new DoNotRetryError(`refusing to pass invalid job name ${JSON.stringify(name.slice(0, 80))} to Slurm`);
+    const out = await this.exec(this.options.squeue ?? 'squeue', ['--noheader', '--states=all', `--name=${name}`, '--format=%A|%T']);
+    const jobs = out
+      .split('\n')
+      .map((line) => line.trim().split('|'))
+      .filter((fields): fields is [string, string] => fields.length === 2 && /^\d+$/.test(fields[0] ?? ''))
+      .map(([id, state]) => ({ id: Number(id), state: state.toUpperCase() }));
+    if (jobs.length === 0) return { state: 'unknown', detail: `squeue shows no Slurm job named ${name}` };
+    const running = jobs.find((job) => JOB_NOT_ENDED.has(job.state));
+    if (running) return { state: 'active', detail: `Slurm job ${running.id} is ${running.state}` };
+    const newest = jobs.reduce((a, b) => (b.id > a.id ? b : a));
+    const state = newest.state === 'COMPLETED' ? 'completed' : newest.state.startsWith('CANCELLED') ? 'cancelled' : 'failed';
+    return { state, detail: `Slurm job ${newest.id} named ${name} ended ${newest.state}` };
   }
 }

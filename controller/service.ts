@@ -23,7 +23,9 @@ import { RecoveryDispatcher } from './recovery-dispatcher.js';
 import { ladderConfig, type LadderConfig } from './ladder/index.js';
 import { ProgressWatch } from './progress.js';
 import { createRecoveryProcessor } from '../actuators/recovery/index.js';
+import { finishIfWorkloadEnded } from './job-end.js';
 import { jobsRouter } from './jobs-api.js';
+import { operatorRouter } from './operator-api.js';
 import { MicrobatchBoard } from './microbatches.js';
 import { FailSlowWatch } from './failslow-watch.js';
 import { SuspectWatch } from './suspect-watch.js';
@@ -139,7 +141,7 @@ export class Controller {
     for (const queue of [this.signalQueue, this.actionQueue, this.recoveryQueue, this.analysisQueue]) {
       queue.on('error', (error: Error) => options.logger.warn({ queue: queue.name, err: error }, 'queue error'));
     }
-    this.agents = new AgentDirectory(config.agents);
+    this.agents = new AgentDirectory(config.agents, async (node) => (await this.backend.nodeState(node)).exists);
     this.progress = config.progress.prometheusUrl
       ? new ProgressWatch(this.workerRedis, this.keys, config.progress.prometheusUrl, config.progress.timeoutSeconds * 1000)
       : undefined;
@@ -184,18 +186,37 @@ export class Controller {
     const token = resolveToken(config.controller, 'controller');
     // The API answers from the fail-fast intake connection: a Redis outage is a 503, not a hang.
     const apiJobs = new JobStore(this.intakeRedis, this.keys);
+    const apiAudit = new AuditLog(this.intakeRedis, this.keys, config.controller.auditMaxLength);
+    const budget = { maxPerWindow: drainBudget(config.safety), windowSeconds: config.safety.windowSeconds };
     const app = createApp({
       token,
       bodyLimitBytes: config.controller.bodyLimitBytes,
       rateLimit: config.controller.rateLimit,
       enqueue: (signals) => this.intake.enqueue(signals),
-      audit: new AuditLog(this.intakeRedis, this.keys, config.controller.auditMaxLength),
+      audit: apiAudit,
       redisUp: () => isRedisUp(this.intakeRedis),
       metrics: this.metrics,
       logger,
       // The intake connection fails fast when Redis is down; the workers' one would wait.
       queues: [this.signalQueue, this.actionQueue, this.recoveryQueue, this.analysisQueue],
-      routers: [jobsRouter({ jobs: apiJobs, backend: this.backend, dispatcher: this.dispatcher, pool: this.pool, microbatches: new MicrobatchBoard(this.intakeRedis, this.keys, apiJobs) })],
+      routers: [
+        jobsRouter({
+          jobs: apiJobs,
+          backend: this.backend,
+          launchers: config.launchers,
+          audit: apiAudit,
+          dispatcher: this.dispatcher,
+          pool: this.pool,
+          microbatches: new MicrobatchBoard(this.intakeRedis, this.keys, apiJobs),
+        }),
+        operatorRouter({
+          gates: new SafetyGates(this.intakeRedis, this.keys, budget, config.safety.nodeLeaseSeconds),
+          audit: apiAudit,
+          holdDefaultSeconds: config.safety.holdDefaultSeconds,
+          holdMaxSeconds: config.safety.holdMaxSeconds,
+          budget,
+        }),
+      ],
     });
     const server = createLimitedServer(app, config.controller.connections, (address, first) => {
       this.metrics.requestsRejected.inc({ endpoint: 'connection', reason: 'too_many_connections' });
@@ -259,6 +280,7 @@ export class Controller {
         backend: this.backend,
         gates: this.gates,
         jobs: this.jobs,
+        launchers: config.launchers,
         logger,
         feedback: (event) => this.dispatcher.apply(event),
         // One quarantine rule: the ladder's per job, this one across jobs.
@@ -321,6 +343,7 @@ export class Controller {
         jobs: this.jobs,
         audit: this.audit,
         agents: this.agents,
+        launchers: config.launchers,
         feedback: (event) => this.dispatcher.apply(event),
         logger,
         stackRounds: config.analysis.stackRounds,
@@ -340,8 +363,10 @@ export class Controller {
 
   private async tickJobs(): Promise<void> {
     const now = Date.now();
-    const records = await this.jobs.list();
+    const records = (await this.jobs.list()).filter((record) => record.state !== 'finished');
     for (const record of records) {
+      const ended = record.state === 'running' && (await finishIfWorkloadEnded({ jobs: this.jobs, backend: this.backend, audit: this.audit, logger: this.options.logger }, record.spec.name, now));
+      if (ended) continue;
       const decided = await this.progress?.check(record.spec.name, now);
       if (decided) await this.dispatcher.apply(decided);
       await this.dispatcher.apply({ job: record.spec.name, event: { type: 'tick', time: now }, eventId: `tick:${now}` });
@@ -354,7 +379,9 @@ export class Controller {
     }
     // Replenish the warm standby pool up to the P99 of the machines now in use (ByteRobust §6.2).
     const inUse = new Set(records.flatMap((record) => record.spec.nodes));
-    const started = await this.pool.reconcile(inUse.size, inUse, now);
+    // A held node is never provisioned as a standby either (it is left out like one in use).
+    const unavailable = new Set([...inUse, ...(await this.gates.holds(now)).keys()]);
+    const started = await this.pool.reconcile(inUse.size, unavailable, now);
     for (const node of started) {
       await this.audit.append(
         { type: 'action', ref: `standby-${node}-${now}`, node, summary: `standby ${node}: provisioning (held by ${this.backend.name}; waiting for its agent's self-check)`, data: { verb: 'provision_standby', node, state: 'done' } },

@@ -4,6 +4,7 @@ import { z } from 'zod';
 import { InputError, errorMessage } from './errors.js';
 import { checkNameSchema } from './diagnostics.js';
 import { nodeNameSchema } from './names.js';
+import { launcherNameSchema, launcherSchema } from './launcher.js';
 import { queueTimingSchema } from './queues.js';
 import { parseOrThrow } from './validate.js';
 import { recoverySchema } from './recovery-config.js';
@@ -104,6 +105,17 @@ export const configSchema = z
     backend: z
       .object({
         kind: z.enum(['slurm', 'kubernetes', 'dry-run']).default('dry-run'),
+        dryRun: z
+          .object({
+            /**
+             * The nodes the dry-run backend knows (it has no scheduler to ask). A job naming
+             * another is refused, and no agent URL is built for one. Absent: every well-formed
+             * node name is known (a trial against a cluster whose nodes steadfast may reach).
+             */
+            nodes: z.array(nodeNameSchema).max(100_000).optional(),
+          })
+          .strict()
+          .prefault({}),
         slurm: z
           .object({
             scontrol: z.string().min(1).default('scontrol'),
@@ -266,6 +278,11 @@ export const configSchema = z
       .strict()
       .prefault({}),
     recovery: recoverySchema.prefault({}),
+    /**
+     * How registered jobs are (re)started, by name: the operator writes every command here; a
+     * job registration only names one and fills its {job}, {nodes} and {version} placeholders.
+     */
+    launchers: z.record(launcherNameSchema, launcherSchema).default({}),
     /** How soon a dead worker's jobs (a killed controller's recovery) go to another worker (core/queues.ts). */
     queues: queueTimingSchema.prefault({}),
     safety: z
@@ -280,6 +297,9 @@ export const configSchema = z
         maxDrainPercent: z.coerce.number<unknown>().min(0).max(100).optional(),
         /** Most of a job's nodes that may be evicted within windowSeconds, in percent (a min-healthy bound). */
         maxJobEvictionPercent: z.coerce.number<unknown>().min(0).max(100).default(50),
+        /** How long an operator's hold on a node lasts when the request names no end, and the longest one may last. */
+        holdDefaultSeconds: int().min(60).default(86_400),
+        holdMaxSeconds: int().min(60).default(30 * 86_400),
       })
       .strict()
       .prefault({}),

@@ -107,6 +107,10 @@ export class Keys {
   action(decisionId: string): string {
     return `${this.prefix}:action:${decisionId}`;
   }
+  /** Operator holds (maintenance) by node: no actuator acts on a held node until it is released or expires. */
+  get holds(): string {
+    return `${this.prefix}:holds`;
+  }
   nodeLease(node: string): string {
     return `${this.prefix}:lease:node:${node}`;
   }

@@ -16,7 +16,7 @@ const SPEC = {
   nodes: NODES,
   ranksPerNode: 1,
   topology: { tp: 1, pp: 2, dp: 4, order: 'tp-dp-pp' },
-  launcher: { kind: 'slurm', command: ['true'] },
+  launcher: 'accept',
   codeVersion: 'v1',
   microbatches: { perIteration: 16 },
 };
