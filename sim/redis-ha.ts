@@ -93,6 +93,20 @@ export class RedisHa {
     return stdout.split('\n').filter((line) => /^slave\d+:.*state=online/.test(line)).length;
   }
 
+  /** SIGKILLs every replica of the current primary; `restartReplicas` brings them back. */
+  async killReplicas(): Promise<void> {
+    const primary = await this.primaryPort();
+    for (const server of this.servers) if (server.port !== primary) await this.group.stop(server.name, 0, 'SIGKILL');
+  }
+
+  async restartReplicas(timeoutMs = 30_000): Promise<void> {
+    const primary = await this.primaryPort();
+    for (const server of this.servers) {
+      if (server.port !== primary) await startRedis(this.group, this.root, server.name, server.port, ['--replicaof', '127.0.0.1', String(primary)]);
+    }
+    await waitFor('the replicas to be in sync', async () => (await this.syncedReplicas(primary)) === this.servers.length - 1, timeoutMs, 200);
+  }
+
   /**
    * SIGKILLs the primary, waits for the sentinels to promote a replica, then starts the dead
    * server again on its port and data: the sentinels make it a replica of the new primary.

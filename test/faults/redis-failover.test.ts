@@ -138,4 +138,28 @@ describe('the primary Redis killed mid-storm, a replica promoted by the sentinel
     for (const node of VICTIMS) expect(drains.get(node), `Slurm drains of ${node}`).toBe(1);
     for (const node of BYSTANDERS) expect(drains.has(node), `${node} drained`).toBe(false);
   }, 90_000);
+
+  it('answers 503 with Retry-After while no replica confirms a write, and stores the retry once a replica is back', async () => {
+    const event = { kind: 'xid', node: 'g-01', gpu: '0000:18:00', xid: 13, message: 'Graphics Exception', time: new Date().toISOString() };
+    const post = (): Promise<Response> =>
+      fetch(`${url}/api/v1/signals`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${plane.token}` }, body: JSON.stringify(event) });
+    await ha.killReplicas();
+    const refused = await post();
+    expect(refused.status).toBe(503);
+    expect(refused.headers.get('retry-after')).toBe('5');
+    expect(((await refused.json()) as { error: string }).error).toMatch(/0 of the 1 required replicas confirmed the write within 500 ms/);
+
+    await ha.restartReplicas();
+    const accepted = await post();
+    expect(accepted.status).toBe(202);
+    const [id] = ((await accepted.json()) as { ids: string[] }).ids;
+    const audit = new AuditLog(reader, new Keys(PREFIX));
+    const entries = await (async () => {
+      for (const until = Date.now() + 15_000; ; await sleep(200)) {
+        const found = await audit.read({ limit: 100, type: 'signal', ref: id });
+        if (found.length > 0 || Date.now() > until) return found;
+      }
+    })();
+    expect(entries, 'the signal refused, then retried, is audited once').toHaveLength(1);
+  }, 60_000);
 });
