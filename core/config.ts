@@ -62,7 +62,7 @@ export const configSchema = z
         minReplicasAcked: int().min(0).max(16).default(0),
         replicaAckTimeoutMs: int().min(10).max(60_000).default(1000),
         /** Memory steadfast's finished jobs and audit trail may take in Redis, in MiB (docs/limits.md). */
-        retentionBudgetMB: int().min(16).max(1024 * 1024).default(1024),
+        retentionBudgetMB: int().min(1).max(1024 * 1024).default(1024),
       })
       .strict()
       .refine((redis) => (redis.sentinels === undefined) === (redis.name === undefined), {

@@ -6,7 +6,7 @@ export const TEST_TOKEN = 'test-token-0123456789abcdef';
 
 export function testConfig(redisUrl: string, prefix: string, overrides: Partial<Record<keyof Config, object>> = {}): Config {
   return configSchema.parse({
-    redis: { url: redisUrl, prefix },
+    redis: { url: redisUrl, prefix, ...(overrides.redis ?? {}) },
     controller: { host: '127.0.0.1', port: 0, token: TEST_TOKEN, ...(overrides.controller ?? {}) },
     backend: { kind: 'dry-run', ...(overrides.backend ?? {}) },
     safety: { ...(overrides.safety ?? {}) },
