@@ -84,6 +84,7 @@ export class RedisHa {
 
   /** The port of the server the sentinels now name primary. */
   async primaryPort(): Promise<number> {
+    if (this.sentinels.length === 0) return (this.servers[0] as RedisServer).port;
     const { stdout } = await run('redis-cli', ['-p', String(this.sentinels[0]?.port), 'sentinel', 'get-master-addr-by-name', SENTINEL_GROUP]);
     return Number(stdout.trim().split('\n')[1]);
   }
