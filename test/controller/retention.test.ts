@@ -1,7 +1,8 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { AuditLog } from '../../core/audit.js';
 import { QUEUE_NAMES } from '../../core/queues.js';
-import { retentionFromBudget } from '../../core/retention.js';
+import { AUDIT_DATA_MAX_BYTES, AUDIT_SUMMARY_MAX_CHARS, retentionFromBudget } from '../../core/retention.js';
 import type { Controller } from '../../controller/service.js';
 import { post, startController, testConfig } from '../support/controller.js';
 import { testRedis } from '../support/redis.js';
@@ -75,4 +76,18 @@ describe('Redis retention under a stream of alerts beyond its caps', () => {
     expect(await store.redis.zcard(store.keys.auditWritten)).toBe(retention.auditEntries);
     expect(await bytesUnderPrefix()).toBeLessThan(1024 * 1024);
   }, 60_000);
+
+  it('stores an audit entry with oversized data cut to the per-entry cap, saying so', async () => {
+    const audit = new AuditLog(store.redis, store.keys, 1000);
+    const huge = { description: 'é'.repeat(20_000), node: 'node-1' };
+    await audit.append({ type: 'signal', ref: 'big-entry', node: 'node-1', summary: 's'.repeat(2000), data: huge });
+    const [entry] = await audit.read({ ref: 'big-entry' });
+    const rows = await store.redis.xrevrange(store.keys.audit, '+', '-', 'COUNT', 1);
+    const stored = rows[0]?.[1] ?? [];
+    const dataField = stored[stored.indexOf('data') + 1] ?? '';
+    expect(Buffer.byteLength(dataField)).toBeLessThanOrEqual(AUDIT_DATA_MAX_BYTES);
+    expect(entry?.data).toMatchObject({ truncated: true, bytes: Buffer.byteLength(JSON.stringify(huge)) });
+    expect(entry?.summary).toHaveLength(AUDIT_SUMMARY_MAX_CHARS);
+    expect(entry?.summary.endsWith('…[cut]')).toBe(true);
+  });
 });
