@@ -2,7 +2,7 @@ import { Queue } from 'bullmq';
 import { Command } from 'commander';
 import { loadConfig } from '../core/config.js';
 import { errorMessage } from '../core/errors.js';
-import { workerConnection, type Redis } from '../core/redis.js';
+import { describeRedis, workerConnection, type Redis } from '../core/redis.js';
 import { QUEUE_NAMES } from '../core/queues.js';
 import { FAILED_SHOWN, QUEUE_STATES, summarizeQueue as summarize, type QueueSummary } from '../controller/queue-summary.js';
 import { callController, controllerConnection, withControllerOptions } from './controller-client.js';
@@ -76,7 +76,7 @@ async function readQueuesFromRedis(configFile: string | undefined): Promise<Queu
   redis.on('error', () => undefined); // the failed command reports it
   try {
     await redis.ping().catch((error: unknown) => {
-      throw new Error(`Redis at ${redisHost(config.redis.url)} is not reachable: ${errorMessage(error)}`);
+      throw new Error(`Redis at ${config.redis.sentinels ? describeRedis(config.redis) : redisHost(config.redis.url)} is not reachable: ${errorMessage(error)}`);
     });
     const queues: QueueSummary[] = [];
     for (const name of Object.values(QUEUE_NAMES)) queues.push(await summarizeQueue(redis, config.redis.prefix, name));

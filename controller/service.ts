@@ -7,8 +7,9 @@ import type { Config } from '../core/config.js';
 import { resolveToken } from '../core/config.js';
 import { errorMessage } from '../core/errors.js';
 import type { Logger } from '../core/log.js';
-import { Keys, intakeConnection, isRedisUp, redactedRedisUrl, workerConnection, type Redis } from '../core/redis.js';
-import { QUEUE_JOB_OPTIONS, QUEUE_NAMES, workerTiming, type ActionJob, type AnalysisJob, type RecoveryJob, type SignalJob } from '../core/queues.js';
+import { retentionFromBudget } from '../core/retention.js';
+import { Keys, describeRedis, intakeConnection, isRedisUp, workerConnection, type Redis } from '../core/redis.js';
+import { QUEUE_NAMES, queueJobOptions, workerTiming, type ActionJob, type AnalysisJob, type RecoveryJob, type SignalJob } from '../core/queues.js';
 import type { ClusterBackend } from '../actuators/backend.js';
 import { createBackend } from '../actuators/backend-from-config.js';
 import { createDrainProcessor } from '../actuators/drain.js';
@@ -71,6 +72,8 @@ export class Controller {
   private readonly intakeRedis: Redis;
   private readonly workerRedis: Redis;
   private readonly keys: Keys;
+  /** The audit stream's length cap, from the retention budget. */
+  private readonly auditEntries: number;
   private readonly intake: SignalIntake;
   private readonly actionQueue: Queue<ActionJob>;
   /** The signal queue as the workers' side sees it, for queue-depth metrics. */
@@ -112,13 +115,20 @@ export class Controller {
     for (const [name, connection] of [['intake', this.intakeRedis], ['worker', this.workerRedis]] as const) {
       connection.on('error', (error: Error) => options.logger.warn({ connection: name, err: error }, 'Redis connection error'));
     }
-    this.intake = new SignalIntake(this.intakeRedis, config.redis.prefix);
+    const retention = retentionFromBudget(config.redis.retentionBudgetMB, config.controller.auditMaxLength);
+    const jobOptions = queueJobOptions(retention);
+    this.auditEntries = retention.auditEntries;
+    this.intake = new SignalIntake(this.intakeRedis, config.redis.prefix, {
+      jobOptions: jobOptions.signals,
+      replicaAck: { minReplicas: config.redis.minReplicasAcked, timeoutMs: config.redis.replicaAckTimeoutMs },
+      replicaMarker: this.keys.intakeReplicaMarker,
+    });
     this.actionQueue = new Queue<ActionJob>(QUEUE_NAMES.actions, {
       connection: this.workerRedis,
       prefix: config.redis.prefix,
-      defaultJobOptions: QUEUE_JOB_OPTIONS.actions,
+      defaultJobOptions: jobOptions.actions,
     });
-    this.audit = new AuditLog(this.workerRedis, this.keys, config.controller.auditMaxLength);
+    this.audit = new AuditLog(this.workerRedis, this.keys, this.auditEntries);
     this.backend = createBackend(config, this.workerRedis, this.keys);
     this.gates = new SafetyGates(
       this.workerRedis,
@@ -131,12 +141,12 @@ export class Controller {
     this.recoveryQueue = new Queue<RecoveryJob>(QUEUE_NAMES.recovery, {
       connection: this.workerRedis,
       prefix: config.redis.prefix,
-      defaultJobOptions: QUEUE_JOB_OPTIONS.recovery,
+      defaultJobOptions: jobOptions.recovery,
     });
     this.analysisQueue = new Queue<AnalysisJob>(QUEUE_NAMES.analysis, {
       connection: this.workerRedis,
       prefix: config.redis.prefix,
-      defaultJobOptions: QUEUE_JOB_OPTIONS.analysis,
+      defaultJobOptions: jobOptions.analysis,
     });
     for (const queue of [this.signalQueue, this.actionQueue, this.recoveryQueue, this.analysisQueue]) {
       queue.on('error', (error: Error) => options.logger.warn({ queue: queue.name, err: error }, 'queue error'));
@@ -186,7 +196,7 @@ export class Controller {
     const token = resolveToken(config.controller, 'controller');
     // The API answers from the fail-fast intake connection: a Redis outage is a 503, not a hang.
     const apiJobs = new JobStore(this.intakeRedis, this.keys);
-    const apiAudit = new AuditLog(this.intakeRedis, this.keys, config.controller.auditMaxLength);
+    const apiAudit = new AuditLog(this.intakeRedis, this.keys, this.auditEntries);
     const budget = { maxPerWindow: drainBudget(config.safety), windowSeconds: config.safety.windowSeconds };
     const app = createApp({
       token,
@@ -245,7 +255,7 @@ export class Controller {
         resolve(true);
       });
     });
-    if (!ready) this.options.logger.warn({ url: redactedRedisUrl(this.options.config.redis.url) }, 'Redis not reachable yet; intake answers 503 until it is');
+    if (!ready) this.options.logger.warn({ redis: describeRedis(this.options.config.redis) }, 'Redis not reachable yet; intake answers 503 until it is');
   }
 
   private ownConnection(): Redis {

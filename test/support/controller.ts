@@ -12,7 +12,7 @@ export const TEST_LAUNCHERS: Launchers = { [TEST_LAUNCHER]: { kind: 'slurm', com
 export function testConfig(redisUrl: string, prefix: string, overrides: Partial<Record<keyof Config, object>> = {}): Config {
   // Every test controller knows the `accept` launcher; a test adds its own under `launchers`.
   return configSchema.parse({
-    redis: { url: redisUrl, prefix },
+    redis: { url: redisUrl, prefix, ...(overrides.redis ?? {}) },
     controller: { host: '127.0.0.1', port: 0, token: TEST_TOKEN, ...(overrides.controller ?? {}) },
     backend: { kind: 'dry-run', ...(overrides.backend ?? {}) },
     safety: { ...(overrides.safety ?? {}) },
