@@ -25,6 +25,6 @@ export function createBackend(config: Config, redis: Redis, keys: Keys): Cluster
       return kubernetesBackend({ connection, timeoutMs: k8s.timeoutMs });
     }
     case 'dry-run':
-      return new DryRunBackend(redis, keys);
+      return new DryRunBackend(redis, keys, config.backend.dryRun.nodes && new Set(config.backend.dryRun.nodes));
   }
 }

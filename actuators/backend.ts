@@ -15,6 +15,17 @@ export interface NodeState {
   readonly raw: string;
 }
 
+/**
+ * Where a registered job's workload stands, as the scheduler remembers it: `completed` and
+ * `cancelled` mean it ended by itself or by a person (the job is finished); `failed` is a fault,
+ * for recovery; `unknown`: the scheduler shows nothing under the name (never submitted, or
+ * forgotten), from which nothing is concluded.
+ */
+export interface WorkloadState {
+  readonly state: 'active' | 'completed' | 'cancelled' | 'failed' | 'unknown';
+  readonly detail: string;
+}
+
 export interface ClusterBackend {
   readonly name: string;
   nodeState(node: string): Promise<NodeState>;
@@ -43,6 +54,8 @@ export interface ClusterBackend {
    * Backends whose relaunch replaces the workload themselves (Kubernetes) leave it out.
    */
   cancelJobs?(name: string): Promise<string[]>;
+  /** The state of the workload a registered job runs as (Slurm: the jobs named after it). Backends that cannot tell leave it out. */
+  workloadState?(name: string): Promise<WorkloadState>;
   /** Extra environment for the job launcher's commands, so that they reach the same scheduler (Slurm: `backend.slurm.env`). */
   readonly launchEnv?: Readonly<Record<string, string>>;
 }

@@ -37,8 +37,8 @@ const TERMINAL: ReadonlySet<ActionState> = new Set(['done', 'refused']);
 
 /**
  * Carries out a drain decision (a node's fault outside any job's ladder): remember the outcome
- * under the decision id so a redelivered job does nothing, pass the gates in order — pause and
- * budget here, the node's lease in drainNode — then drain through the backend (drain-node.ts).
+ * under the decision id so a redelivered job does nothing, pass the gates in order — pause, the
+ * node's hold and budget here, the node's lease in drainNode — then drain through the backend (drain-node.ts).
  */
 export function createDrainProcessor(deps: DrainActuatorDeps): (job: Job<ActionJob>) => Promise<DrainResult> {
   const { redis, keys, audit, backend, gates, logger } = deps;
@@ -62,7 +62,7 @@ export function createDrainProcessor(deps: DrainActuatorDeps): (job: Job<ActionJ
     if (previous !== null && TERMINAL.has(previous)) {
       return { state: previous, detail: 'already handled; not acting twice' };
     }
-    const admitted = await gates.admit(decision.id);
+    const admitted = await gates.admit(decision.id, [decision.node]);
     if (!admitted.ok) {
       const refused = await record(decision, 'refused', admitted.reason);
       await pageOncePerWindow(gates, audit, admitted, { ref: decision.id, what: `drain ${decision.node}`, node: decision.node }, deps.onPage);

@@ -11,9 +11,12 @@ export class DryRunBackend implements ClusterBackend {
   constructor(
     private readonly redis: Redis,
     private readonly keys: Keys,
+    /** The nodes the operator listed (backend.dryRun.nodes); undefined: every node name is known. */
+    private readonly knownNodes?: ReadonlySet<string>,
   ) {}
 
   async nodeState(node: string): Promise<NodeState> {
+    if (this.knownNodes !== undefined && !this.knownNodes.has(node)) return { node, exists: false, drained: false, raw: 'not in backend.dryRun.nodes' };
     const reason = await this.redis.hget(this.keys.dryRunNodes(), node);
     return reason === null
       ? { node, exists: true, drained: false, raw: 'in service (dry-run)' }

@@ -2,7 +2,8 @@ import { DoNotRetryError } from '../core/errors.js';
 
 /**
  * Expands a Slurm hostlist (`gpu-[01-03,07],login1`) into node names, as `scontrol show
- * hostnames` does, for answers that come over slurmrestd where no scontrol is at hand. Ranges
+ * hostnames` does, for answers that come over slurmrestd and for the standby reservation's list
+ * (one command fewer on the way from a fault to the relaunch). Ranges
  * keep their zero padding; several bracket groups in one name multiply out.
  */
 

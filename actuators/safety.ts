@@ -1,13 +1,19 @@
+import { z } from 'zod';
 import type { Config } from '../core/config.js';
 import type { Keys, Redis } from '../core/redis.js';
 
 /**
  * The safety gates every actuator passes, in this order (after the Kubernetes
- * remediation controllers): pause, budget, per-node lease. A refusal is a value with a reason,
- * not an exception, so the actuator can audit it.
+ * remediation controllers): pause, hold, budget, per-node lease. A refusal is a value with a
+ * reason, not an exception, so the actuator can audit it.
  */
 
-export type GateVerdict = { readonly ok: true } | { readonly ok: false; readonly gate: 'pause' | 'budget' | 'lease'; readonly reason: string };
+export type Gate = 'pause' | 'hold' | 'budget' | 'lease';
+export type GateVerdict = { readonly ok: true } | { readonly ok: false; readonly gate: Gate; readonly reason: string };
+
+/** An operator's hold on a node (maintenance): no actuator acts on it until `until` or its release. */
+export const nodeHoldSchema = z.object({ reason: z.string().min(1).max(500), since: z.string(), until: z.string() }).strict();
+export type NodeHold = z.infer<typeof nodeHoldSchema>;
 
 /** Drains per window: the count, and at most `maxDrainPercent` of the cluster when both are set. */
 export function drainBudget(safety: Config['safety']): number {
@@ -58,15 +64,57 @@ export class SafetyGates {
     await this.redis.del(this.keys.paused);
   }
 
+  /** Holds `node` until `until` (ms since the epoch); a second hold replaces the first. */
+  async hold(node: string, reason: string, until: number, now = Date.now()): Promise<NodeHold> {
+    const hold: NodeHold = { reason, since: new Date(now).toISOString(), until: new Date(until).toISOString() };
+    await this.redis.hset(this.keys.holds, node, JSON.stringify(hold));
+    return hold;
+  }
+
+  /** Releases the node's hold; false when it had none (or it had expired). */
+  async release(node: string, now = Date.now()): Promise<boolean> {
+    const current = (await this.holds(now)).get(node);
+    await this.redis.hdel(this.keys.holds, node);
+    return current !== undefined;
+  }
+
+  /** The holds in force; expired ones are dropped as they are found. */
+  async holds(now = Date.now()): Promise<Map<string, NodeHold>> {
+    const raw = await this.redis.hgetall(this.keys.holds);
+    const holds = new Map<string, NodeHold>();
+    const expired: string[] = [];
+    for (const [node, text] of Object.entries(raw)) {
+      const hold = readHold(text);
+      // A hold that does not read back keeps the node held: acting on a node under maintenance is the worse mistake.
+      if (hold === undefined) holds.set(node, { reason: 'held (unreadable hold record)', since: '', until: '' });
+      else if (Date.parse(hold.until) <= now) expired.push(node);
+      else holds.set(node, hold);
+    }
+    if (expired.length > 0) await this.redis.hdel(this.keys.holds, ...expired);
+    return holds;
+  }
+
+  /** The hold gate: refuses when any of `nodes` is held. */
+  async checkHolds(nodes: readonly string[], now = Date.now()): Promise<GateVerdict> {
+    if (nodes.length === 0) return { ok: true };
+    const holds = await this.holds(now);
+    const held = nodes.filter((node) => holds.has(node));
+    if (held.length === 0) return { ok: true };
+    const described = held.map((node) => `${node} (${holds.get(node)?.reason ?? ''}, until ${holds.get(node)?.until ?? '?'})`).join(', ');
+    return { ok: false, gate: 'hold', reason: `held for maintenance by an operator: ${described}` };
+  }
+
   /** Drains counted in the current window. */
   async budgetUsed(now = Date.now()): Promise<number> {
     return this.redis.zcount(this.keys.drainBudget, now - this.budget.windowSeconds * 1000, '+inf');
   }
 
-  /** Pause, then budget: the checks that decide whether an action may happen at all. */
-  async admit(decisionId: string, now = Date.now()): Promise<GateVerdict> {
+  /** Pause, then the holds on `nodes`, then budget: the checks that decide whether an action may happen at all. */
+  async admit(decisionId: string, nodes: readonly string[] = [], now = Date.now()): Promise<GateVerdict> {
     const pausedReason = await this.paused();
     if (pausedReason !== undefined) return { ok: false, gate: 'pause', reason: `actions are paused: ${pausedReason}` };
+    const holds = await this.checkHolds(nodes, now);
+    if (!holds.ok) return holds;
     const taken = (await this.redis.eval(
       TAKE_BUDGET,
       1,
@@ -91,6 +139,9 @@ export class SafetyGates {
    * min-healthy bound). Counts `nodes` against the job once per `decisionId`.
    */
   async admitJobShare(job: string, decisionId: string, nodes: readonly string[], jobSize: number, percent: number, now = Date.now()): Promise<GateVerdict> {
+    // A held node is refused before it is counted against the job's share.
+    const holds = await this.checkHolds(nodes, now);
+    if (!holds.ok) return holds;
     const key = this.keys.jobEvictions(job);
     const windowMs = this.budget.windowSeconds * 1000;
     await this.redis.zremrangebyscore(key, '-inf', String(now - windowMs));
@@ -118,14 +169,19 @@ export class SafetyGates {
    * budget window does, later ones do not. A storm of refusals (a leaf switch taking 32 nodes
    * down at once) is one incident and wakes someone once; each refusal is still audited.
    */
-  async claimPage(gate: 'pause' | 'budget' | 'lease', now = Date.now()): Promise<boolean> {
+  async claimPage(gate: Gate, now = Date.now()): Promise<boolean> {
     // Under the installation's prefix, next to the budget it guards (core/redis.ts Keys).
     const key = `${this.keys.prefix}:paged:${gate}`;
     return (await this.redis.set(key, String(now), 'PX', this.budget.windowSeconds * 1000, 'NX')) === 'OK';
   }
 
-  /** Takes the node's lease for `holder`; only one actuator works on a node at a time. */
+  /**
+   * Takes the node's lease for `holder`; only one actuator works on a node at a time, and none on
+   * a held one (every drain, eviction and standby activation passes here).
+   */
   async acquireLease(node: string, holder: string): Promise<GateVerdict> {
+    const holds = await this.checkHolds([node]);
+    if (!holds.ok) return holds;
     const taken = await this.redis.set(this.keys.nodeLease(node), holder, 'PX', this.leaseSeconds * 1000, 'NX');
     if (taken === 'OK') return { ok: true };
     const current = await this.redis.get(this.keys.nodeLease(node));
@@ -135,5 +191,14 @@ export class SafetyGates {
 
   async releaseLease(node: string, holder: string): Promise<void> {
     await this.redis.eval(RELEASE_LEASE, 1, this.keys.nodeLease(node), holder);
+  }
+}
+
+function readHold(text: string): NodeHold | undefined {
+  try {
+    const parsed = nodeHoldSchema.safeParse(JSON.parse(text));
+    return parsed.success ? parsed.data : undefined;
+  } catch {
+    return undefined;
   }
 }

@@ -4,7 +4,7 @@ import { promisify } from 'node:util';
 import { DoNotRetryError, RetryLaterError, errorMessage } from '../core/errors.js';
 import { JOB_NAME_PATTERN } from '../core/job.js';
 import { NODE_NAME_PATTERN } from '../core/names.js';
-import type { ClusterBackend, NodeState } from './backend.js';
+import type { ClusterBackend, NodeState, WorkloadState } from './backend.js';
 import { expandHostlist } from './hostlist.js';
 import type { SlurmRestClient } from './slurm-rest.js';
 
@@ -34,9 +34,18 @@ export interface SlurmOptions {
   readonly cancelWaitMs?: number;
 }
 
+/** Job states (squeue %T) in which a Slurm job has not ended yet. */
+const JOB_NOT_ENDED = new Set(['PENDING', 'RUNNING', 'CONFIGURING', 'COMPLETING', 'SUSPENDED', 'REQUEUED', 'REQUEUE_HOLD', 'REQUEUE_FED', 'RESIZING', 'SIGNALING', 'STAGE_OUT', 'STOPPED', 'SPECIAL_EXIT']);
+
 const DEFAULT_STANDBY_RESERVATION = 'steadfast-standby';
 const DEFAULT_CANCEL_WAIT_MS = 120_000;
-const CANCEL_POLL_MS = 250;
+/**
+ * squeue is asked again after 50 ms, then at doubling pauses up to 250 ms: a cancelled job usually
+ * leaves the queue within a few hundred milliseconds, and a fixed 250 ms would spend half a poll,
+ * on average, after it has gone, on the path from the fault to the relaunch.
+ */
+const CANCEL_POLL_FIRST_MS = 50;
+const CANCEL_POLL_MAX_MS = 250;
 
 /** Slurm states in which a node takes no new jobs (sinfo `%T`, without the `~`/`*` suffixes). */
 const OUT_OF_SERVICE = new Set(['drained', 'draining', 'drain', 'down', 'fail', 'failing', 'maint']);
@@ -130,8 +139,9 @@ export class SlurmBackend implements ClusterBackend {
 
   /**
    * Standbys live in one maintenance reservation (ByteRobust §6.2: warm, self-checked, kept
-   * off ordinary work). Slurm prints its node list compressed (`node-[6,8]`); `scontrol show
-   * hostnames` expands it.
+   * off ordinary work). Slurm prints its node list compressed (`node-[6,8]`), expanded here as
+   * `scontrol show hostnames` would (hostlist.ts), without a second command on the way from a
+   * fault to the relaunch.
    */
   async standbys(): Promise<string[]> {
     if (this.options.rest) return expandHostlist((await this.options.rest.reservationNodes(this.reservation)) ?? '');
@@ -144,12 +154,11 @@ export class SlurmBackend implements ClusterBackend {
     }
     const list = /\bNodes=(\S+)/.exec(out)?.[1];
     if (!list || list === '(null)') return [];
-    const expanded = await this.exec(this.options.scontrol, ['show', 'hostnames', list]);
-    return expanded.split('\n').map((line) => line.trim()).filter(Boolean);
+    return expandHostlist(list);
   }
 
-  private async setStandbys(nodes: readonly string[]): Promise<void> {
-    const current = await this.standbys();
+  /** Makes the reservation hold `nodes`; `current` is what standbys() just read. */
+  private async setStandbys(current: readonly string[], nodes: readonly string[]): Promise<void> {
     const exists = current.length > 0;
     if (nodes.length === 0) {
       if (exists) await this.exec(this.options.scontrol, ['delete', `ReservationName=${this.reservation}`]);
@@ -167,13 +176,13 @@ export class SlurmBackend implements ClusterBackend {
   async holdStandby(node: string): Promise<void> {
     this.checkNode(node);
     const current = await this.standbys();
-    if (!current.includes(node)) await this.setStandbys([...current, node]);
+    if (!current.includes(node)) await this.setStandbys(current, [...current, node]);
   }
 
   async activateStandby(node: string, _job: string): Promise<void> {
     this.checkNode(node);
     const current = await this.standbys();
-    if (current.includes(node)) await this.setStandbys(current.filter((candidate) => candidate !== node));
+    if (current.includes(node)) await this.setStandbys(current, current.filter((candidate) => candidate !== node));
   }
 
   /** Ids of the jobs squeue lists under `name`: pending, running or completing, of every user. */
@@ -204,13 +213,33 @@ export class SlurmBackend implements ClusterBackend {
       refusal = errorMessage(error);
     }
     const deadline = Date.now() + (this.options.cancelWaitMs ?? DEFAULT_CANCEL_WAIT_MS);
-    for (;;) {
+    for (let pause = CANCEL_POLL_FIRST_MS; ; pause = Math.min(2 * pause, CANCEL_POLL_MAX_MS)) {
       const left = (await this.jobsNamed(name)).filter((id) => ids.includes(id));
       if (left.length === 0) return ids;
       if (Date.now() >= deadline) {
         throw new RetryLaterError(`Slurm jobs ${left.join(', ')} named ${name} are still listed after scancel${refusal ? ` (${refusal})` : ''}`);
       }
-      await sleep(CANCEL_POLL_MS);
+      await sleep(pause);
     }
+  }
+
+  /**
+   * The registered job's Slurm jobs by name, ended ones included while slurmctld remembers them
+   * (MinJobAge): any not ended is `active`; otherwise the newest one's end decides.
+   */
+  async workloadState(name: string): Promise<WorkloadState> {
+    if (!JOB_NAME_PATTERN.test(name)) throw new DoNotRetryError(`refusing to pass invalid job name ${JSON.stringify(name.slice(0, 80))} to Slurm`);
+    const out = await this.exec(this.options.squeue ?? 'squeue', ['--noheader', '--states=all', `--name=${name}`, '--format=%A|%T']);
+    const jobs = out
+      .split('\n')
+      .map((line) => line.trim().split('|'))
+      .filter((fields): fields is [string, string] => fields.length === 2 && /^\d+$/.test(fields[0] ?? ''))
+      .map(([id, state]) => ({ id: Number(id), state: state.toUpperCase() }));
+    if (jobs.length === 0) return { state: 'unknown', detail: `squeue shows no Slurm job named ${name}` };
+    const running = jobs.find((job) => JOB_NOT_ENDED.has(job.state));
+    if (running) return { state: 'active', detail: `Slurm job ${running.id} is ${running.state}` };
+    const newest = jobs.reduce((a, b) => (b.id > a.id ? b : a));
+    const state = newest.state === 'COMPLETED' ? 'completed' : newest.state.startsWith('CANCELLED') ? 'cancelled' : 'failed';
+    return { state, detail: `Slurm job ${newest.id} named ${name} ended ${newest.state}` };
   }
 }

@@ -101,9 +101,9 @@ export class StandbyPool {
     return this.member(node);
   }
 
-  /** Hands the oldest ready standby to `job`; undefined when none is ready. */
-  async take(job: string, now = Date.now()): Promise<string | undefined> {
-    const ready = (await this.members()).find((member) => member.state === 'ready');
+  /** Hands the oldest ready standby not in `unusable` (held, quarantined) to `job`; undefined when none is ready. */
+  async take(job: string, now = Date.now(), unusable: ReadonlySet<string> = new Set()): Promise<string | undefined> {
+    const ready = (await this.members()).find((member) => member.state === 'ready' && !unusable.has(member.node));
     if (!ready) return undefined;
     await this.backend.activateStandby(ready.node, job);
     await this.set(ready.node, 'active', { job }, now);

@@ -1,33 +1,27 @@
 import { Command } from 'commander';
-import { AuditLog, auditQuerySchema, type AuditEntry } from '../core/audit.js';
-import { loadConfig } from '../core/config.js';
-import { Keys, workerConnection } from '../core/redis.js';
+import { auditQuerySchema, type AuditEntry } from '../core/audit.js';
 import { parseOrThrow } from '../core/validate.js';
+import { callController, controllerConnection, withControllerOptions } from './controller-client.js';
 import { runCommand } from './common.js';
 
 export function formatAuditEntry(entry: AuditEntry): string {
   return `${entry.time}  ${entry.type.padEnd(8)} ${(entry.node ?? '-').padEnd(12)} ${entry.summary}`;
 }
 
+/** `steadfast audit`: the audit trail, read over the controller's API (GET /api/v1/audit). */
 export function auditCommand(): Command {
-  return new Command('audit')
-    .description('Print the audit trail: every signal, decision and action with its reason, oldest first.')
-    .option('-c, --config <file>', 'YAML config file', process.env.STEADFAST_CONFIG)
+  return withControllerOptions(new Command('audit').description('Print the audit trail: every signal, decision and action with its reason, oldest first.'))
     .option('-n, --limit <count>', 'newest entries to show', '50')
     .option('--type <type>', 'only signal, decision or action entries')
     .option('--node <node>', 'only entries about this node')
     .option('--json', 'one JSON object per line')
-    .action(async (options: { config?: string; limit: string; type?: string; node?: string; json?: boolean }) => {
+    .action(async (options: Record<string, unknown>) => {
       await runCommand(async () => {
-        const config = loadConfig({ file: options.config });
+        // Checked here too, so a typo is named before any request leaves.
         const query = parseOrThrow(auditQuerySchema, { limit: options.limit, type: options.type, node: options.node }, 'audit options');
-        const redis = workerConnection(config.redis, { maxRetriesPerRequest: 1, enableOfflineQueue: true });
-        try {
-          const entries = await new AuditLog(redis, new Keys(config.redis.prefix)).read(query);
-          for (const entry of entries) process.stdout.write(`${options.json ? JSON.stringify(entry) : formatAuditEntry(entry)}\n`);
-        } finally {
-          redis.disconnect();
-        }
+        const params = new URLSearchParams(Object.entries(query).flatMap(([key, value]) => (value === undefined ? [] : [[key, String(value)]])));
+        const answer = await callController<{ entries: AuditEntry[] }>(controllerConnection(options), 'GET', `/api/v1/audit?${params.toString()}`);
+        for (const entry of answer.entries) process.stdout.write(`${options.json ? JSON.stringify(entry) : formatAuditEntry(entry)}\n`);
       });
     });
 }

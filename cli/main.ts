@@ -6,6 +6,7 @@ import { controllerCommand } from './controller.js';
 import { dashboardsCommand } from './dashboards.js';
 import { demoCommand } from './demo.js';
 import { detectCommand } from './detect.js';
+import { holdCommands } from './holds.js';
 import { jobsCommand } from './jobs.js';
 import { labCommand } from './lab.js';
 import { pauseCommands } from './pause.js';
@@ -22,6 +23,8 @@ const program = new Command('steadfast')
   .description('Keeps large LLM training jobs running: GPU-node monitoring wired to training-level recovery.')
   .version('0.1.0')
   .showHelpAfterError()
+  // A subcommand's flags stay its own (`jobs delete JOB --token-file F`), not taken by a command above it.
+  .enablePositionalOptions()
   .exitOverride(exitOnUsageError);
 
 /** Applies the usage-error handling to a command and every subcommand below it. */
@@ -31,7 +34,7 @@ function withUsageErrors(command: Command): Command {
   return command;
 }
 
-for (const command of [agentCommand(), controllerCommand(), auditCommand(), jobsCommand(), queuesCommand(), ...pauseCommands(), resumeCommand(), planCommand(), analyzeCommand(), detectCommand(), simulateCommand(), dashboardsCommand(), demoCommand(), labCommand()]) {
+for (const command of [agentCommand(), controllerCommand(), auditCommand(), jobsCommand(), queuesCommand(), ...pauseCommands(), ...holdCommands(), resumeCommand(), planCommand(), analyzeCommand(), detectCommand(), simulateCommand(), dashboardsCommand(), demoCommand(), labCommand()]) {
   program.addCommand(withUsageErrors(command));
 }
 

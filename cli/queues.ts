@@ -2,38 +2,15 @@ import { Queue } from 'bullmq';
 import { Command } from 'commander';
 import { loadConfig } from '../core/config.js';
 import { errorMessage } from '../core/errors.js';
-import { workerConnection, type Redis } from '../core/redis.js';
+import { describeRedis, workerConnection, type Redis } from '../core/redis.js';
 import { QUEUE_NAMES } from '../core/queues.js';
+import { FAILED_SHOWN, QUEUE_STATES, summarizeQueue as summarize, type QueueSummary } from '../controller/queue-summary.js';
+import { callController, controllerConnection, withControllerOptions } from './controller-client.js';
 import { runCommand } from './common.js';
 
-/**
- * Job states counted per queue, in the order printed. BullMQ 6 has no paused list: a paused
- * queue keeps its jobs in `wait`, so here they count as `paused` rather than `waiting`, as
- * they did in older BullMQ, and each job is counted once.
- */
-export const QUEUE_STATES = ['waiting', 'active', 'delayed', 'completed', 'failed', 'paused'] as const;
-export type QueueState = (typeof QUEUE_STATES)[number];
+export { FAILED_SHOWN, QUEUE_STATES, type FailedJobSummary, type QueueState, type QueueSummary } from '../controller/queue-summary.js';
 
-/** Failed jobs listed per queue, newest first. */
-export const FAILED_SHOWN = 5;
-
-export interface FailedJobSummary {
-  readonly id: string | null;
-  readonly name: string;
-  readonly failedReason: string;
-  readonly attemptsMade: number;
-  readonly timestamp: number;
-}
-
-export interface QueueSummary {
-  readonly name: string;
-  /** Whether the queue itself is paused (BullMQ's pause, not `steadfast pause`). */
-  readonly isPaused: boolean;
-  readonly counts: Record<QueueState, number>;
-  readonly failed: FailedJobSummary[];
-}
-
-/** Counts by state and the newest failed jobs of one queue. */
+/** Counts by state and the newest failed jobs of one queue, read straight from Redis (`--redis`). */
 export async function summarizeQueue(connection: Redis, prefix: string, name: string, failedShown = FAILED_SHOWN): Promise<QueueSummary> {
   const queue = new Queue(name, { connection, prefix });
   let queueError: Error | undefined;
@@ -41,30 +18,9 @@ export async function summarizeQueue(connection: Redis, prefix: string, name: st
     queueError = error;
   });
   try {
-    const [raw, isPaused, failedJobs] = await Promise.all([
-      queue.getJobCounts('waiting', 'prioritized', 'active', 'delayed', 'completed', 'failed'),
-      queue.isPaused(),
-      queue.getFailed(0, failedShown - 1),
-    ]);
+    const summary = await summarize(queue, failedShown);
     if (queueError) throw queueError;
-    // Prioritized jobs wait in a set of their own; to a reader they are waiting all the same.
-    const held = (raw.waiting ?? 0) + (raw.prioritized ?? 0);
-    const counts: Record<QueueState, number> = {
-      waiting: isPaused ? 0 : held,
-      active: raw.active ?? 0,
-      delayed: raw.delayed ?? 0,
-      completed: raw.completed ?? 0,
-      failed: raw.failed ?? 0,
-      paused: isPaused ? held : 0,
-    };
-    const failed = failedJobs.map((job) => ({
-      id: job.id ?? null,
-      name: job.name,
-      failedReason: job.failedReason,
-      attemptsMade: job.attemptsMade,
-      timestamp: job.timestamp,
-    }));
-    return { name, isPaused, counts, failed };
+    return summary;
   } finally {
     await queue.close();
   }
@@ -89,32 +45,43 @@ function redisHost(url: string): string {
   }
 }
 
+/**
+ * `steadfast queues`: over the controller's API (GET /api/v1/queues) by default; with `--redis`,
+ * straight from Redis with the config's credentials, for when the controller itself is down.
+ */
 export function queuesCommand(): Command {
-  return new Command('queues')
-    .description(`Show the steadfast queues: jobs by state and the ${FAILED_SHOWN} newest failed jobs with their reasons.`)
-    .option('-c, --config <file>', 'YAML config file', process.env.STEADFAST_CONFIG)
+  return withControllerOptions(new Command('queues').description(`Show the steadfast queues: jobs by state and the ${FAILED_SHOWN} newest failed jobs with their reasons.`))
+    .option('--redis', 'read Redis directly with the config\'s credentials (for when the controller is down)')
+    .option('-c, --config <file>', 'YAML config file, with --redis', process.env.STEADFAST_CONFIG)
     .option('--json', 'one JSON object: {"queues": [{name, isPaused, counts, failed}]}')
-    .action(async (options: { config?: string; json?: boolean }) => {
+    .action(async (options: Record<string, unknown>) => {
       await runCommand(async () => {
-        const config = loadConfig({ file: options.config });
-        // Gives up after a few reconnects: BullMQ otherwise waits for a ready connection forever.
-        const redis = workerConnection(config.redis, {
-          maxRetriesPerRequest: 1,
-          enableOfflineQueue: true,
-          connectTimeout: 2000,
-          retryStrategy: (attempt) => (attempt > 3 ? null : attempt * 200),
-        });
-        redis.on('error', () => undefined); // the failed command reports it
-        try {
-          await redis.ping().catch((error: unknown) => {
-            throw new Error(`Redis at ${redisHost(config.redis.url)} is not reachable: ${errorMessage(error)}`);
-          });
-          const queues: QueueSummary[] = [];
-          for (const name of Object.values(QUEUE_NAMES)) queues.push(await summarizeQueue(redis, config.redis.prefix, name));
-          process.stdout.write(options.json ? `${JSON.stringify({ queues })}\n` : `${queues.map(formatQueueSummary).join('\n')}\n`);
-        } finally {
-          redis.disconnect();
-        }
+        const queues = options.redis
+          ? await readQueuesFromRedis(typeof options.config === 'string' ? options.config : undefined)
+          : (await callController<{ queues: QueueSummary[] }>(controllerConnection(options), 'GET', '/api/v1/queues')).queues;
+        process.stdout.write(options.json ? `${JSON.stringify({ queues })}\n` : `${queues.map(formatQueueSummary).join('\n')}\n`);
       });
     });
+}
+
+async function readQueuesFromRedis(configFile: string | undefined): Promise<QueueSummary[]> {
+  const config = loadConfig({ file: configFile });
+  // Gives up after a few reconnects: BullMQ otherwise waits for a ready connection forever.
+  const redis = workerConnection(config.redis, {
+    maxRetriesPerRequest: 1,
+    enableOfflineQueue: true,
+    connectTimeout: 2000,
+    retryStrategy: (attempt) => (attempt > 3 ? null : attempt * 200),
+  });
+  redis.on('error', () => undefined); // the failed command reports it
+  try {
+    await redis.ping().catch((error: unknown) => {
+      throw new Error(`Redis at ${config.redis.sentinels ? describeRedis(config.redis) : redisHost(config.redis.url)} is not reachable: ${errorMessage(error)}`);
+    });
+    const queues: QueueSummary[] = [];
+    for (const name of Object.values(QUEUE_NAMES)) queues.push(await summarizeQueue(redis, config.redis.prefix, name));
+    return queues;
+  } finally {
+    redis.disconnect();
+  }
 }

@@ -3,6 +3,7 @@ import { AuditLog } from '../core/audit.js';
 import { loadConfig } from '../core/config.js';
 import { nodeNameSchema } from '../core/names.js';
 import { Keys, workerConnection } from '../core/redis.js';
+import { retentionFromBudget } from '../core/retention.js';
 import { parseOrThrow } from '../core/validate.js';
 import { createBackend } from '../actuators/backend-from-config.js';
 import { runCommand } from './common.js';
@@ -33,7 +34,7 @@ export function resumeCommand(): Command {
           await redis.del(keys.nodeDrainClaim(node));
           // An operator returning a node vouches for it: it leaves quarantine too.
           await redis.srem(keys.quarantine, node);
-          await new AuditLog(redis, keys, config.controller.auditMaxLength).append(
+          await new AuditLog(redis, keys, retentionFromBudget(config.redis.retentionBudgetMB, config.controller.auditMaxLength).auditEntries).append(
             {
               type: 'action',
               ref: claim ?? `resume-${node}`,

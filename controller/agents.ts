@@ -11,12 +11,23 @@ import { describeIssues } from '../core/validate.js';
 export class AgentDirectory {
   readonly token: string | undefined;
 
-  constructor(private readonly config: Config['agents']) {
+  constructor(
+    private readonly config: Config['agents'],
+    /** Whether the cluster backend knows the node (ClusterBackend.nodeState): only its agent is contacted. */
+    private readonly knows: (node: string) => Promise<boolean>,
+  ) {
     this.token = config.token !== undefined || config.tokenFile !== undefined ? resolveToken(config, 'agents') : undefined;
   }
 
-  url(node: string): string {
-    return (this.config.urls[node] ?? this.config.urlTemplate.replaceAll('{node}', node)).replace(/\/+$/, '');
+  /**
+   * The agent URLs of those of `nodes` the backend knows; a node it does not know gets none, so
+   * a name that reached the controller from outside never becomes a URL the controller calls.
+   */
+  async urls(nodes: readonly string[]): Promise<Map<string, string>> {
+    const known = await Promise.all(nodes.map(async (node) => ({ node, known: await this.knows(node).catch(() => false) })));
+    return new Map(
+      known.filter((entry) => entry.known).map(({ node }) => [node, (this.config.urls[node] ?? this.config.urlTemplate.replaceAll('{node}', node)).replace(/\/+$/, '')] as const),
+    );
   }
 
   get traceTimeoutSeconds(): number {
@@ -56,10 +67,13 @@ export interface NodeTrace {
  */
 export async function traceNodes(agents: AgentDirectory, nodes: readonly string[], fetchImpl: typeof fetch = fetch): Promise<NodeTrace[]> {
   const timeoutSeconds = agents.traceTimeoutSeconds;
+  const urls = await agents.urls(nodes);
   return Promise.all(
     nodes.map(async (node): Promise<NodeTrace> => {
+      const url = urls.get(node);
+      if (url === undefined) return { node, byRank: new Map(), unranked: 0, error: 'not a node the backend knows; its agent is not contacted' };
       try {
-        const response = await fetchImpl(`${agents.url(node)}/api/v1/trace`, {
+        const response = await fetchImpl(`${url}/api/v1/trace`, {
           method: 'POST',
           headers: { 'content-type': 'application/json', ...(agents.token ? { authorization: `Bearer ${agents.token}` } : {}) },
           body: JSON.stringify({ timeoutSeconds }),

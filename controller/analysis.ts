@@ -3,12 +3,14 @@ import { UnrecoverableError } from 'bullmq';
 import type { AuditLog } from '../core/audit.js';
 import { InputError, errorMessage } from '../core/errors.js';
 import { launchArgv, parseJobSpec } from '../core/job.js';
+import type { Launchers } from '../core/launcher.js';
 import type { Logger } from '../core/log.js';
 import { analysisJobSchema, nothingFound, type AnalysisJob, type LadderEventJob } from '../core/queues.js';
 import { runStagedDiagnostics } from '../analyzers/staged-diagnosis.js';
 import type { StopTimeDiagnosis } from '../analyzers/stop-time-diagnosis.js';
 import { FailSlowRounds, type FailSlowVerdict } from '../analyzers/stack-rounds.js';
 import { aggregateStacks, type StackAggregation } from '../analyzers/stacks.js';
+import { launcherOf } from '../actuators/launcher.js';
 import { commandReplayRunner, runDualPhaseReplay, type ReplayGroupRunner } from '../actuators/replay-runner.js';
 import { traceNodes, type AgentDirectory } from './agents.js';
 import type { JobStore } from './job-store.js';
@@ -32,6 +34,8 @@ export interface AnalysisDeps {
   readonly jobs: JobStore;
   readonly audit: AuditLog;
   readonly agents: AgentDirectory;
+  /** The operator's launchers (config `launchers:`); a Slurm one's `replay` argv runs dual-phase replay. */
+  readonly launchers: Launchers;
   readonly feedback: (event: LadderEventJob) => Promise<unknown>;
   readonly logger: Logger;
   /** Stack aggregation rounds and the pause between them (ByteRobust §5.2: 5 rounds, 10 s). */
@@ -74,7 +78,14 @@ export function createAnalysisProcessor(deps: AnalysisDeps): (job: Job<AnalysisJ
   async function diagnostics(request: AnalysisJob): Promise<string[]> {
     const { spec } = await jobs.get(request.job);
     const stages = deps.diagnoseStages ?? [];
-    const walk = await runStagedDiagnostics(spec.nodes, stages, { agentUrl: (node) => agents.url(node), token: agents.token, timeoutSeconds: agents.diagnoseTimeoutSeconds });
+    // Agent URLs for the nodes the backend knows only; another node counts as unreachable.
+    const urls = await agents.urls(spec.nodes);
+    const agentUrl = (node: string): string => {
+      const url = urls.get(node);
+      if (url === undefined) throw new InputError(`${node} is not a node the backend knows; its agent is not contacted`);
+      return url;
+    };
+    const walk = await runStagedDiagnostics(spec.nodes, stages, { agentUrl, token: agents.token, timeoutSeconds: agents.diagnoseTimeoutSeconds });
     const evict = [...walk.evict];
     const failed = walk.stages.flatMap((stage) => stage.diagnosis.failed);
     const unreachable = walk.stages.flatMap((stage) => stage.diagnosis.unreachable);
@@ -105,15 +116,15 @@ export function createAnalysisProcessor(deps: AnalysisDeps): (job: Job<AnalysisJ
 
   async function replay(request: AnalysisJob): Promise<string[]> {
     const { spec } = await jobs.get(request.job);
-    const launcher = spec.launcher;
+    const launcher = launcherOf(deps.launchers, spec);
     const runner =
       deps.replayRunner?.(request.job) ??
-      (launcher.kind === 'slurm' && launcher.replay
+      (launcher?.kind === 'slurm' && launcher.replay
         ? commandReplayRunner((machines) => launchArgv(launcher, { job: spec.name, nodes: machines, version: spec.codeVersion }, launcher.replay), deps.replayTimeoutSeconds * 1000)
         : undefined);
     let culprits: string[] = [];
     if (!runner) {
-      await record(request, 'no replay command registered for this job (launcher.replay); replay skipped', {});
+      await record(request, `launcher ${JSON.stringify(spec.launcher)} has no replay command (launchers.<name>.replay in the controller's configuration); replay skipped`, {});
     } else {
       const outcome = await runDualPhaseReplay(spec.nodes, runner);
       culprits = outcome.suspects;

@@ -186,7 +186,9 @@ export class FailSlowWatch {
     const servedSeconds = served.strategy === 'rebalanced' ? Math.max(...served.assignment.map((m, group) => m * (dpGroupSeconds[group] ?? 0))) : Number.POSITIVE_INFINITY;
     const gain = servedSeconds / (step.microbatches.predictedSeconds ?? servedSeconds);
     if (step.action === 'rebalance' && (unchanged || gain < REBALANCE_MIN_GAIN)) return;
-    if (step.action === 'reset') await this.deps.board.reset(job, why, now);
+    // S4 restarts the job without the slow machines: the plan that spared them goes with them,
+    // or the relaunched run would start on an assignment made for a straggler it no longer has.
+    if (step.action === 'reset' || step.restart) await this.deps.board.reset(job, why, now);
     else if (step.microbatches.rebalanced && !unchanged) await this.deps.board.apply(job, step.microbatches.assignment, why, step.microbatches.predictedSeconds ?? undefined, now);
     await this.deps.audit.append(
       { type: 'decision', ref, summary: `${job}: fail-slow ${step.action} → ${why}`, data: { job, verb: 'failslow_mitigation', strategy: step.strategy, action: step.action, citation: step.citation, lostSeconds: step.lostSeconds, next: step.next, microbatches: step.microbatches, topologyPlan: step.topologyPlan, slowRanks } },

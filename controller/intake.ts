@@ -1,8 +1,9 @@
-import { Queue } from 'bullmq';
+import { FlowProducer, type JobsOptions } from 'bullmq';
 import { StoreUnavailableError, errorMessage } from '../core/errors.js';
 import { type Redis } from '../core/redis.js';
-import { QUEUE_JOB_OPTIONS, QUEUE_NAMES, type SignalJob } from '../core/queues.js';
+import { QUEUE_NAMES, type SignalJob } from '../core/queues.js';
 import type { Signal } from '../core/signal.js';
+import { ReplicaAcks, type ReplicaAckSettings } from './replica-acks.js';
 
 const ENQUEUE_TIMEOUT_MS = 3000;
 /**
@@ -12,73 +13,100 @@ const ENQUEUE_TIMEOUT_MS = 3000;
  */
 const ENQUEUE_SLOW_LIMIT_MS = 30_000;
 
+export interface IntakeOptions {
+  /** Job options of the signals queue (retries, retention: core/retention.ts). */
+  readonly jobOptions: JobsOptions;
+  /** With minReplicas > 0, a batch is acknowledged only once that many replicas hold it. */
+  readonly replicaAck?: ReplicaAckSettings | undefined;
+  /** The key the replica confirmation writes to (Keys.intakeReplicaMarker). */
+  readonly replicaMarker: string;
+}
+
 /**
  * The durable front door: a request is answered 2xx only after its signals are in Redis, so
  * Alertmanager's and the agent's own retries cover every failure.
+ *
+ * A batch is stored in one MULTI/EXEC transaction, so a failure leaves all of it or none of it.
+ * A failure answered before Redis could reply (the connection dropped after EXEC ran) may have
+ * stored all of it; the sender's retry then adds nothing, because a signal's id is derived from
+ * what it reports (the same alert or event gives the same id) and a queued or recently done id
+ * is not added twice.
  */
 export class SignalIntake {
-  private queue: Queue<SignalJob> | undefined;
+  private producer: FlowProducer | undefined;
+  private readonly replicas: ReplicaAcks | undefined;
 
   /** `connection` fails fast while Redis is unreachable (see intakeConnection). */
   constructor(
     private readonly connection: Redis,
     private readonly prefix: string,
-  ) {}
+    private readonly options: IntakeOptions,
+  ) {
+    const ack = options.replicaAck;
+    this.replicas = ack && ack.minReplicas > 0 ? new ReplicaAcks(connection, options.replicaMarker, ack) : undefined;
+  }
 
-  // BullMQ checks the server version when a queue is made; with a fail-fast connection that
-  // check must wait until Redis is reachable, or the queue would be unusable for good.
-  private ready(): Queue<SignalJob> {
+  // BullMQ checks the server version when a producer is made; with a fail-fast connection that
+  // check must wait until Redis is reachable, or the producer would be unusable for good.
+  private ready(): FlowProducer {
     if (this.connection.status !== 'ready') {
       throw new StoreUnavailableError(`Redis connection is ${this.connection.status}`);
     }
-    if (!this.queue) {
-      this.queue = new Queue<SignalJob>(QUEUE_NAMES.signals, {
-        connection: this.connection,
-        prefix: this.prefix,
-        defaultJobOptions: QUEUE_JOB_OPTIONS.signals,
-      });
+    if (!this.producer) {
+      this.producer = new FlowProducer({ connection: this.connection, prefix: this.prefix });
       // Redis outages surface on the connection's own listener (service.ts) and as 503s from
       // enqueue; without a listener here Node would also print each one to the console.
-      this.queue.on('error', () => undefined);
+      this.producer.on('error', () => undefined);
     }
-    return this.queue;
+    return this.producer;
   }
 
   /**
-   * Enqueues all signals in one Redis transaction: either every one is stored or none is.
-   * A signal whose id is already queued or recently done is a repeat and is not added again.
+   * Stores all signals in one transaction (every one or none) and, when configured, waits for
+   * replicas to confirm them. A signal whose id is already queued or recently done is a repeat
+   * and is not added again. Throws StoreUnavailableError when the batch may not be stored.
    */
   async enqueue(signals: readonly Signal[]): Promise<void> {
-    const queue = this.ready();
-    // One signal (most webhooks, every single fast-path event) needs no transaction around it.
-    const [only] = signals;
-    const add =
-      signals.length === 1 && only !== undefined
-        ? queue.add(only.kind, { signal: only }, { jobId: only.id })
-        : queue.addBulk(signals.map((signal) => ({ name: signal.kind, data: { signal }, opts: { jobId: signal.id } })));
+    if (signals.length === 0) return;
     let timer: NodeJS.Timeout | undefined;
+    const timeoutMs = ENQUEUE_TIMEOUT_MS + (this.replicas ? (this.options.replicaAck?.timeoutMs ?? 0) * 2 : 0);
     const late = (ms: number): Promise<never> =>
       new Promise<never>((_, reject) => {
         timer = setTimeout(() => reject(new Error(`Redis did not answer within ${ms} ms`)), ms);
       });
-    const settled = add.then(() => true);
+    const stored = this.store(signals).then(() => true);
     // Its failure is read below or, when given up on, deliberately not: never an unhandled rejection.
-    settled.catch(() => undefined);
+    stored.catch(() => undefined);
     try {
-      const onTime = await Promise.race([settled, late(ENQUEUE_TIMEOUT_MS).catch(() => false)]);
+      const onTime = await Promise.race([stored, late(timeoutMs).catch(() => false)]);
       clearTimeout(timer);
       if (!onTime) {
-        if (this.connection.status !== 'ready') throw new Error(`Redis did not answer within ${ENQUEUE_TIMEOUT_MS} ms and the connection is ${this.connection.status}`);
-        await Promise.race([settled, late(ENQUEUE_SLOW_LIMIT_MS)]);
+        if (this.connection.status !== 'ready') throw new Error(`Redis did not answer within ${timeoutMs} ms and the connection is ${this.connection.status}`);
+        await Promise.race([stored, late(ENQUEUE_SLOW_LIMIT_MS)]);
       }
     } catch (error) {
+      if (error instanceof StoreUnavailableError) throw error;
       throw new StoreUnavailableError(`could not store signals: ${errorMessage(error)}`, error);
     } finally {
       clearTimeout(timer);
     }
   }
 
+  private async store(signals: readonly Signal[]): Promise<void> {
+    // Jobs without children: FlowProducer.addBulk writes them in one MULTI, where Queue.addBulk
+    // pipelines one script call per job (a dropped connection would keep the first few).
+    await this.ready().addBulk(
+      signals.map((signal) => ({
+        name: signal.kind,
+        queueName: QUEUE_NAMES.signals,
+        data: { signal } satisfies SignalJob,
+        opts: { ...this.options.jobOptions, jobId: signal.id },
+      })),
+    );
+    await this.replicas?.confirm();
+  }
+
   async close(): Promise<void> {
-    await this.queue?.close();
+    await this.producer?.close();
   }
 }

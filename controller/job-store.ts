@@ -1,5 +1,5 @@
 import { InputError } from '../core/errors.js';
-import { parseJobSpec, type JobSpec, type JobState } from '../core/job.js';
+import { DEFAULT_JOB_POLICY, jobPolicySchema, parseJobSpec, type JobPolicy, type JobSpec, type JobState } from '../core/job.js';
 import type { Keys, Redis } from '../core/redis.js';
 import { checkpointShardSchema, type CheckpointShard } from '../core/checkpoint.js';
 import { z } from 'zod';
@@ -31,6 +31,7 @@ export interface JobRecord {
   readonly stateReason: string;
   readonly createdAt: string;
   readonly stateSince: string;
+  readonly policy: JobPolicy;
 }
 
 export interface Ettr {
@@ -76,7 +77,60 @@ export class JobStore {
       stateReason: fields.stateReason ?? '',
       createdAt: new Date(Number(fields.createdAt)).toISOString(),
       stateSince: new Date(Number(fields.stateSince)).toISOString(),
+      policy: readPolicy(fields.policy),
     };
+  }
+
+  async policy(name: string): Promise<JobPolicy> {
+    return (await this.get(name)).policy;
+  }
+
+  /** Changes the operator's policy for the job; fields left out keep their value. */
+  async setPolicy(name: string, change: Partial<JobPolicy>): Promise<JobPolicy> {
+    const policy = { ...(await this.policy(name)), ...change };
+    await this.redis.hset(this.keys.job(name), 'policy', JSON.stringify(policy));
+    return policy;
+  }
+
+  /**
+   * Unregisters the job: its record, ladder, progress watch, checkpoints and eviction history go,
+   * and its nodes no longer point at it. Returns the record it had.
+   */
+  async delete(name: string): Promise<JobRecord> {
+    const record = await this.get(name);
+    const multi = this.redis.multi();
+    multi.del(
+      this.keys.job(name),
+      this.keys.jobTransitions(name),
+      this.keys.jobCheckpoints(name),
+      this.keys.jobAwaitingProgress(name),
+      this.keys.jobEvictions(name),
+      this.keys.jobLadder(name),
+      this.keys.jobMicrobatches(name),
+      this.keys.jobFailSlow(name),
+    );
+    multi.srem(this.keys.jobs, name);
+    await multi.exec();
+    await this.releaseNodes(name, record.spec.nodes);
+    return record;
+  }
+
+  /**
+   * The job's workload ended by itself (completed or cancelled): it is finished, its nodes leave
+   * it (a fault on one no longer feeds its ladder) and no restart is awaited any more.
+   */
+  async finish(name: string, reason: string, now = Date.now()): Promise<void> {
+    const record = await this.get(name);
+    await this.setState(name, 'finished', reason, now);
+    await this.redis.del(this.keys.jobAwaitingProgress(name), this.keys.jobLadder(name));
+    await this.releaseNodes(name, record.spec.nodes);
+  }
+
+  /** Drops node → job entries that still name this job (a node may since serve another). */
+  private async releaseNodes(name: string, nodes: readonly string[]): Promise<void> {
+    const owners = nodes.length > 0 ? await this.redis.mget(...nodes.map((node) => this.keys.nodeJob(node))) : [];
+    const mine = nodes.filter((_, index) => owners[index] === name);
+    if (mine.length > 0) await this.redis.del(...mine.map((node) => this.keys.nodeJob(node)));
   }
 
   async list(): Promise<JobRecord[]> {
@@ -160,6 +214,19 @@ export class JobStore {
     await this.get(name);
     return (await this.redis.zrange(this.keys.jobCheckpoints(name), '0', '-1')).map((text) => checkpointShardSchema.parse(JSON.parse(text)));
   }
+}
+
+function readPolicy(raw: string | undefined): JobPolicy {
+  if (raw === undefined) return DEFAULT_JOB_POLICY;
+  let value: unknown;
+  try {
+    value = JSON.parse(raw);
+  } catch {
+    value = undefined;
+  }
+  const parsed = jobPolicySchema.safeParse(value);
+  // A policy that does not read back is taken as the most careful one: recover nothing.
+  return parsed.success ? parsed.data : { recovery: false, dryRun: true };
 }
 
 /** Share of [from, to] spent productive, from the job's productive/unproductive transitions. */

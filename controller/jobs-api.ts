@@ -1,12 +1,15 @@
 import express, { type Request, type Response } from 'express';
 import { z } from 'zod';
-import { InputError, StoreUnavailableError } from '../core/errors.js';
+import type { AuditLog } from '../core/audit.js';
+import { InputError, RetryLaterError, StoreUnavailableError } from '../core/errors.js';
 import { codeVersionSchema, jobNameSchema } from '../core/job.js';
+import type { Launchers } from '../core/launcher.js';
 import { nodeNameSchema } from '../core/names.js';
 import { parseOrThrow } from '../core/validate.js';
 import type { ClusterBackend } from '../actuators/backend.js';
 import { planRestore } from '../actuators/restore-plan.js';
 import { parseJobSpec } from '../core/job.js';
+import { admitJob } from './job-admission.js';
 import { JobExistsError, JobNotFoundError, type JobStore } from './job-store.js';
 import type { RecoveryDispatcher } from './recovery-dispatcher.js';
 import type { StandbyPool } from '../actuators/standby-pool.js';
@@ -25,9 +28,27 @@ const codeUpdateSchema = z
   })
   .strict();
 
+/** The operator's per-job policy, as `PUT /jobs/:id/policy` takes it: either field, or both. */
+const policyChangeSchema = z
+  .object({ recovery: z.boolean().optional(), dryRun: z.boolean().optional() })
+  .strict()
+  .refine((change) => change.recovery !== undefined || change.dryRun !== undefined, 'give recovery, dryRun or both');
+
 const selfCheckSchema = z.object({ ok: z.boolean(), detail: z.string().max(2048).default('') }).strict();
 
-export function jobsRouter(deps: { jobs: JobStore; backend: ClusterBackend; dispatcher?: RecoveryDispatcher; pool?: StandbyPool; microbatches?: MicrobatchBoard }): express.Router {
+export interface JobsRouterDeps {
+  readonly jobs: JobStore;
+  readonly backend: ClusterBackend;
+  /** The operator's launchers; a registration must name one of them. */
+  readonly launchers: Launchers;
+  /** Where unregistrations and policy changes are recorded. */
+  readonly audit: AuditLog;
+  readonly dispatcher?: RecoveryDispatcher | undefined;
+  readonly pool?: StandbyPool | undefined;
+  readonly microbatches?: MicrobatchBoard | undefined;
+}
+
+export function jobsRouter(deps: JobsRouterDeps): express.Router {
   const { jobs, backend } = deps;
   const router = express.Router();
 
@@ -40,7 +61,7 @@ export function jobsRouter(deps: { jobs: JobStore; backend: ClusterBackend; disp
         if (error instanceof JobNotFoundError) res.status(404).json({ error: error.message });
         else if (error instanceof JobExistsError) res.status(409).json({ error: error.message });
         else if (error instanceof InputError) res.status(400).json({ error: error.message });
-        else if (error instanceof StoreUnavailableError) res.status(503).set('Retry-After', '5').json({ error: error.message });
+        else if (error instanceof RetryLaterError) res.status(503).set('Retry-After', '5').json({ error: error.message });
         else throw error;
       }
     };
@@ -50,7 +71,7 @@ export function jobsRouter(deps: { jobs: JobStore; backend: ClusterBackend; disp
   router.post(
     '/jobs',
     handle(async (req, res) => {
-      const record = await jobs.create(req.body);
+      const record = await jobs.create(await admitJob(req.body, deps));
       // A job is registered while it trains: its version has proven itself, so a later rollback
       // has somewhere to go.
       await deps.dispatcher?.apply({ job: record.spec.name, event: { type: 'restart_succeeded', time: Date.now() }, eventId: 'registered' });
@@ -71,6 +92,35 @@ export function jobsRouter(deps: { jobs: JobStore; backend: ClusterBackend; disp
     handle(async (req, res) => {
       const name = jobName(req);
       res.json({ job: await jobs.get(name), ettr: await jobs.ettr(name) });
+    }),
+  );
+
+  // Unregisters the job: steadfast stops watching and recovering it (the workload itself runs on).
+  router.delete(
+    '/jobs/:id',
+    handle(async (req, res) => {
+      const name = jobName(req);
+      const record = await jobs.delete(name);
+      await deps.audit.append(
+        { type: 'action', ref: `unregister-${name}-${Date.now()}`, summary: `${name}: unregistered by an operator (was ${record.state})`, data: { job: name, verb: 'unregister', state: 'done', previous: record.state } },
+        `unregister:${name}:${record.createdAt}`,
+      );
+      res.json({ deleted: name, was: record.state });
+    }),
+  );
+
+  router.put(
+    '/jobs/:id/policy',
+    handle(async (req, res) => {
+      const name = jobName(req);
+      const change = parseOrThrow(policyChangeSchema, req.body, 'job policy');
+      const policy = await jobs.setPolicy(name, change);
+      const said = `recovery ${policy.recovery ? 'on' : 'off'}, dry-run ${policy.dryRun ? 'on' : 'off'}`;
+      await deps.audit.append(
+        { type: 'action', ref: `policy-${name}-${Date.now()}`, summary: `${name}: job policy set by an operator: ${said}`, data: { job: name, verb: 'set_policy', state: 'done', policy } },
+        `policy:${name}:${Date.now()}:${said}`,
+      );
+      res.json({ job: name, policy });
     }),
   );
 

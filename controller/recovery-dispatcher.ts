@@ -61,6 +61,8 @@ export class RecoveryDispatcher {
     const jobState = state.phase === 'running' ? 'running' : state.phase === 'waiting_for_human' ? 'waiting_for_human' : 'recovering';
     try {
       const current = await this.jobs.get(input.job);
+      // A finished job's ladder acts no more (its nodes have left it); nothing is dispatched.
+      if (current.state === 'finished') return;
       if (current.state !== jobState) {
         await this.jobs.setState(input.job, jobState, `${input.event.type}${steps.length ? `: ${steps.map((step) => step.verb).join(', ')}` : ''}`);
       }

@@ -13,6 +13,7 @@ import { bearerAuth } from './auth.js';
 import { signalFromFastPath } from './fast-path-signal.js';
 import type { ControllerMetrics } from './metrics.js';
 import { mountQueueBoard } from './queue-board.js';
+import { summarizeQueue } from './queue-summary.js';
 import { BodyBudget, jsonBody } from './request-body.js';
 
 export interface ServerDeps {
@@ -40,7 +41,7 @@ function httpStatusOf(error: unknown): number | undefined {
 }
 
 /** The API's endpoints by the last fixed word of their path; a metric label must not echo what a client typed. */
-const ENDPOINT_LABELS = new Set(['alerts', 'signals', 'audit', 'jobs', 'checkpoints', 'restore-plan', 'microbatches', 'code-updates', 'standby', 'self-check', 'queues']);
+const ENDPOINT_LABELS = new Set(['alerts', 'signals', 'audit', 'jobs', 'checkpoints', 'restore-plan', 'microbatches', 'code-updates', 'standby', 'self-check', 'queues', 'policy', 'pause', 'holds']);
 
 function endpointLabel(req: Request): string {
   const words = req.originalUrl.split('?')[0]?.split('/') ?? [];
@@ -151,6 +152,11 @@ export function createApp(deps: ServerDeps): express.Express {
       }
       throw error;
     }
+  });
+
+  // What `steadfast queues` prints: counts by state and the newest failures of each queue.
+  app.get('/api/v1/queues', auth, async (_req, res) => {
+    res.json({ queues: await Promise.all((deps.queues ?? []).map((queue) => summarizeQueue(queue))) });
   });
 
   for (const router of deps.routers ?? []) app.use('/api/v1', auth, json, router);

@@ -7,8 +7,9 @@ import type { Config } from '../core/config.js';
 import { resolveToken } from '../core/config.js';
 import { errorMessage } from '../core/errors.js';
 import type { Logger } from '../core/log.js';
-import { Keys, intakeConnection, isRedisUp, redactedRedisUrl, workerConnection, type Redis } from '../core/redis.js';
-import { QUEUE_JOB_OPTIONS, QUEUE_NAMES, workerTiming, type ActionJob, type AnalysisJob, type RecoveryJob, type SignalJob } from '../core/queues.js';
+import { retentionFromBudget } from '../core/retention.js';
+import { Keys, describeRedis, intakeConnection, isRedisUp, workerConnection, type Redis } from '../core/redis.js';
+import { QUEUE_NAMES, queueJobOptions, workerTiming, type ActionJob, type AnalysisJob, type RecoveryJob, type SignalJob } from '../core/queues.js';
 import type { ClusterBackend } from '../actuators/backend.js';
 import { createBackend } from '../actuators/backend-from-config.js';
 import { createDrainProcessor } from '../actuators/drain.js';
@@ -24,7 +25,9 @@ import { RecoveryDispatcher } from './recovery-dispatcher.js';
 import { ladderConfig, type LadderConfig } from './ladder/index.js';
 import { ProgressWatch } from './progress.js';
 import { createRecoveryProcessor } from '../actuators/recovery/index.js';
+import { finishIfWorkloadEnded } from './job-end.js';
 import { jobsRouter } from './jobs-api.js';
+import { operatorRouter } from './operator-api.js';
 import { MicrobatchBoard } from './microbatches.js';
 import { FailSlowWatch } from './failslow-watch.js';
 import { SuspectWatch } from './suspect-watch.js';
@@ -71,6 +74,8 @@ export class Controller {
   private readonly intakeRedis: Redis;
   private readonly workerRedis: Redis;
   private readonly keys: Keys;
+  /** The audit stream's length cap, from the retention budget. */
+  private readonly auditEntries: number;
   private readonly intake: SignalIntake;
   private readonly actionQueue: Queue<ActionJob>;
   /** The signal queue as the workers' side sees it, for queue-depth metrics. */
@@ -96,6 +101,8 @@ export class Controller {
   private readonly dispatcher: RecoveryDispatcher;
   private readonly ladder: LadderConfig;
   private ticker: NodeJS.Timeout | undefined;
+  private failSlowTicker: NodeJS.Timeout | undefined;
+  private failSlowBusy = false;
   readonly pool: StandbyPool;
   private readonly progress: ProgressWatch | undefined;
   /** Posts finished actions to Grafana when the config has a `grafana` section. */
@@ -111,13 +118,20 @@ export class Controller {
     for (const [name, connection] of [['intake', this.intakeRedis], ['worker', this.workerRedis]] as const) {
       connection.on('error', (error: Error) => options.logger.warn({ connection: name, err: error }, 'Redis connection error'));
     }
-    this.intake = new SignalIntake(this.intakeRedis, config.redis.prefix);
+    const retention = retentionFromBudget(config.redis.retentionBudgetMB, config.controller.auditMaxLength);
+    const jobOptions = queueJobOptions(retention);
+    this.auditEntries = retention.auditEntries;
+    this.intake = new SignalIntake(this.intakeRedis, config.redis.prefix, {
+      jobOptions: jobOptions.signals,
+      replicaAck: { minReplicas: config.redis.minReplicasAcked, timeoutMs: config.redis.replicaAckTimeoutMs },
+      replicaMarker: this.keys.intakeReplicaMarker,
+    });
     this.actionQueue = new Queue<ActionJob>(QUEUE_NAMES.actions, {
       connection: this.workerRedis,
       prefix: config.redis.prefix,
-      defaultJobOptions: QUEUE_JOB_OPTIONS.actions,
+      defaultJobOptions: jobOptions.actions,
     });
-    this.audit = new AuditLog(this.workerRedis, this.keys, config.controller.auditMaxLength);
+    this.audit = new AuditLog(this.workerRedis, this.keys, this.auditEntries);
     this.backend = createBackend(config, this.workerRedis, this.keys);
     this.gates = new SafetyGates(
       this.workerRedis,
@@ -130,17 +144,17 @@ export class Controller {
     this.recoveryQueue = new Queue<RecoveryJob>(QUEUE_NAMES.recovery, {
       connection: this.workerRedis,
       prefix: config.redis.prefix,
-      defaultJobOptions: QUEUE_JOB_OPTIONS.recovery,
+      defaultJobOptions: jobOptions.recovery,
     });
     this.analysisQueue = new Queue<AnalysisJob>(QUEUE_NAMES.analysis, {
       connection: this.workerRedis,
       prefix: config.redis.prefix,
-      defaultJobOptions: QUEUE_JOB_OPTIONS.analysis,
+      defaultJobOptions: jobOptions.analysis,
     });
     for (const queue of [this.signalQueue, this.actionQueue, this.recoveryQueue, this.analysisQueue]) {
       queue.on('error', (error: Error) => options.logger.warn({ queue: queue.name, err: error }, 'queue error'));
     }
-    this.agents = new AgentDirectory(config.agents);
+    this.agents = new AgentDirectory(config.agents, async (node) => (await this.backend.nodeState(node)).exists);
     this.progress = config.progress.prometheusUrl
       ? new ProgressWatch(this.workerRedis, this.keys, config.progress.prometheusUrl, config.progress.timeoutSeconds * 1000)
       : undefined;
@@ -186,19 +200,38 @@ export class Controller {
     // The API answers from the fail-fast intake connection: a Redis outage is a 503, not a hang.
     const apiJobs = new JobStore(this.intakeRedis, this.keys);
     const batcher = new IntakeBatcher((signals) => this.intake.enqueue(signals));
+    const apiAudit = new AuditLog(this.intakeRedis, this.keys, this.auditEntries);
+    const budget = { maxPerWindow: drainBudget(config.safety), windowSeconds: config.safety.windowSeconds };
     const app = createApp({
       token,
       bodyLimitBytes: config.controller.bodyLimitBytes,
       inFlightBodyBytes: config.controller.inFlightBodyBytes,
       rateLimit: config.controller.rateLimit,
       enqueue: (signals) => batcher.enqueue(signals),
-      audit: new AuditLog(this.intakeRedis, this.keys, config.controller.auditMaxLength),
+      audit: apiAudit,
       redisUp: () => isRedisUp(this.intakeRedis),
       metrics: this.metrics,
       logger,
       // The intake connection fails fast when Redis is down; the workers' one would wait.
       queues: [this.signalQueue, this.actionQueue, this.recoveryQueue, this.analysisQueue],
-      routers: [jobsRouter({ jobs: apiJobs, backend: this.backend, dispatcher: this.dispatcher, pool: this.pool, microbatches: new MicrobatchBoard(this.intakeRedis, this.keys, apiJobs) })],
+      routers: [
+        jobsRouter({
+          jobs: apiJobs,
+          backend: this.backend,
+          launchers: config.launchers,
+          audit: apiAudit,
+          dispatcher: this.dispatcher,
+          pool: this.pool,
+          microbatches: new MicrobatchBoard(this.intakeRedis, this.keys, apiJobs),
+        }),
+        operatorRouter({
+          gates: new SafetyGates(this.intakeRedis, this.keys, budget, config.safety.nodeLeaseSeconds),
+          audit: apiAudit,
+          holdDefaultSeconds: config.safety.holdDefaultSeconds,
+          holdMaxSeconds: config.safety.holdMaxSeconds,
+          budget,
+        }),
+      ],
     });
     const onRefused = (address: string, first: boolean): void => {
       this.metrics.requestsRejected.inc({ endpoint: 'connection', reason: 'too_many_connections' });
@@ -234,7 +267,7 @@ export class Controller {
         resolve(true);
       });
     });
-    if (!ready) this.options.logger.warn({ url: redactedRedisUrl(this.options.config.redis.url) }, 'Redis not reachable yet; intake answers 503 until it is');
+    if (!ready) this.options.logger.warn({ redis: describeRedis(this.options.config.redis) }, 'Redis not reachable yet; intake answers 503 until it is');
   }
 
   private ownConnection(): Redis {
@@ -269,6 +302,7 @@ export class Controller {
         backend: this.backend,
         gates: this.gates,
         jobs: this.jobs,
+        launchers: config.launchers,
         logger,
         feedback: (event) => this.dispatcher.apply(event),
         // One quarantine rule: the ladder's per job, this one across jobs.
@@ -294,6 +328,12 @@ export class Controller {
       void this.tickJobs().catch((error: unknown) => logger.warn({ err: error }, 'recovery tick failed'));
     }, RECOVERY_TICK_MS);
     this.ticker.unref();
+    if (this.failSlow) {
+      this.failSlowTicker = setInterval(() => {
+        void this.tickFailSlow().catch((error: unknown) => logger.warn({ err: error }, 'fail-slow tick failed'));
+      }, config.analysis.failSlowIntervalSeconds * 1000);
+      this.failSlowTicker.unref();
+    }
     const drain = new Worker(
       QUEUE_NAMES.actions,
       createDrainProcessor({
@@ -325,6 +365,7 @@ export class Controller {
         jobs: this.jobs,
         audit: this.audit,
         agents: this.agents,
+        launchers: config.launchers,
         feedback: (event) => this.dispatcher.apply(event),
         logger,
         stackRounds: config.analysis.stackRounds,
@@ -344,30 +385,49 @@ export class Controller {
 
   private async tickJobs(): Promise<void> {
     const now = Date.now();
-    const records = await this.jobs.list();
+    const records = (await this.jobs.list()).filter((record) => record.state !== 'finished');
     for (const record of records) {
+      const ended = record.state === 'running' && (await finishIfWorkloadEnded({ jobs: this.jobs, backend: this.backend, audit: this.audit, logger: this.options.logger }, record.spec.name, now));
+      if (ended) continue;
       const decided = await this.progress?.check(record.spec.name, now);
       if (decided) await this.dispatcher.apply(decided);
       await this.dispatcher.apply({ job: record.spec.name, event: { type: 'tick', time: now }, eventId: `tick:${now}` });
     }
-    if ((this.failSlow || this.suspects) && (await this.leadAnalysis())) {
+    // The analysis lease is renewed every tick; fail-slow checks run on their own interval (tickFailSlow).
+    if ((this.failSlow || this.suspects) && (await this.leadAnalysis()) && this.suspects && now - this.lastSuspectRun >= this.options.config.analysis.detectorIntervalSeconds * 1000) {
+      this.lastSuspectRun = now;
       const running = records.filter((record) => record.state === 'running').map((record) => record.spec);
-      for (const spec of running) {
-        await this.failSlow?.check(spec, now).catch((error: unknown) => this.options.logger.warn({ job: spec.name, err: error }, 'fail-slow check failed'));
-      }
-      if (this.suspects && now - this.lastSuspectRun >= this.options.config.analysis.detectorIntervalSeconds * 1000) {
-        this.lastSuspectRun = now;
-        await this.suspects.run(running, now).catch((error: unknown) => this.options.logger.warn({ err: error }, 'multi-signal detection failed'));
-      }
+      await this.suspects.run(running, now).catch((error: unknown) => this.options.logger.warn({ err: error }, 'multi-signal detection failed'));
     }
     // Replenish the warm standby pool up to the P99 of the machines now in use (ByteRobust §6.2).
     const inUse = new Set(records.flatMap((record) => record.spec.nodes));
-    const started = await this.pool.reconcile(inUse.size, inUse, now);
+    // A held node is never provisioned as a standby either (it is left out like one in use).
+    const unavailable = new Set([...inUse, ...(await this.gates.holds(now)).keys()]);
+    const started = await this.pool.reconcile(inUse.size, unavailable, now);
     for (const node of started) {
       await this.audit.append(
         { type: 'action', ref: `standby-${node}-${now}`, node, summary: `standby ${node}: provisioning (held by ${this.backend.name}; waiting for its agent's self-check)`, data: { verb: 'provision_standby', node, state: 'done' } },
         `standby:${node}:${now}`,
       );
+    }
+  }
+
+  /**
+   * One fail-slow check of every running job, every analysis.failSlowIntervalSeconds, by the
+   * analysis leader. A check still under way when the next is due makes that one skip.
+   */
+  private async tickFailSlow(): Promise<void> {
+    if (!this.failSlow || this.failSlowBusy) return;
+    this.failSlowBusy = true;
+    try {
+      if (!(await this.leadAnalysis())) return;
+      const now = Date.now();
+      for (const record of await this.jobs.list()) {
+        if (record.state !== 'running') continue;
+        await this.failSlow.check(record.spec, now).catch((error: unknown) => this.options.logger.warn({ job: record.spec.name, err: error }, 'fail-slow check failed'));
+      }
+    } finally {
+      this.failSlowBusy = false;
     }
   }
 
@@ -389,6 +449,7 @@ export class Controller {
     if (this.closed) return;
     this.closed = true;
     if (this.ticker) clearInterval(this.ticker);
+    if (this.failSlowTicker) clearInterval(this.failSlowTicker);
     for (const server of [this.server, this.metricsServer]) {
       if (!server?.listening) continue;
       await new Promise<void>((resolve) => {

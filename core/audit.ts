@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import { StoreUnavailableError, errorMessage } from './errors.js';
 import type { Keys, Redis } from './redis.js';
+import { AUDIT_DATA_MAX_BYTES, AUDIT_SUMMARY_MAX_CHARS } from './retention.js';
 
 /**
  * The audit trail: an append-only Redis stream of every signal, decision and action, each with
@@ -43,15 +44,35 @@ export const auditQuerySchema = z
 
 export type AuditQuery = z.input<typeof auditQuerySchema>;
 
-// Appends only if the marker key is new, so a retried job never writes the same entry twice.
+// Appends only if the marker is new, so a retried job never writes the same entry twice. The
+// markers are a sorted set by time, kept as long as the stream: the newest maxLength of them.
 const APPEND_ONCE = `
-if redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then
-  return redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'type', ARGV[3], 'ref', ARGV[4], 'node', ARGV[5], 'summary', ARGV[6], 'data', ARGV[7], 'time', ARGV[8])
+if redis.call('ZADD', KEYS[1], 'NX', ARGV[9], ARGV[1]) == 0 then
+  return false
 end
-return false
+local excess = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[2])
+if excess > 0 then
+  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, excess - 1)
+end
+return redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'type', ARGV[3], 'ref', ARGV[4], 'node', ARGV[5], 'summary', ARGV[6], 'data', ARGV[7], 'time', ARGV[8])
 `;
 
-const ONCE_MARKER_TTL_SECONDS = 7 * 24 * 3600;
+const CUT_MARKER = '…[cut]';
+
+/**
+ * The entry's summary and data as stored: within AUDIT_SUMMARY_MAX_CHARS and
+ * AUDIT_DATA_MAX_BYTES, so that the audit's length cap is a byte cap too. Data too large is
+ * replaced by its size and the start of its JSON, saying so.
+ */
+export function boundedAuditFields(entry: Pick<AuditInput, 'summary' | 'data'>): { summary: string; data: string } {
+  const summary = entry.summary.length <= AUDIT_SUMMARY_MAX_CHARS ? entry.summary : `${entry.summary.slice(0, AUDIT_SUMMARY_MAX_CHARS - CUT_MARKER.length)}${CUT_MARKER}`;
+  const data = JSON.stringify(entry.data);
+  const bytes = Buffer.byteLength(data);
+  if (bytes <= AUDIT_DATA_MAX_BYTES) return { summary, data };
+  // Characters may take up to 3 bytes in UTF-8 (4 as surrogate pairs, counted as 2 here).
+  const excerpt = data.slice(0, Math.floor((AUDIT_DATA_MAX_BYTES - 256) / 3));
+  return { summary, data: JSON.stringify({ truncated: true, bytes, excerpt }) };
+}
 
 export class AuditLog {
   constructor(
@@ -61,24 +82,27 @@ export class AuditLog {
   ) {}
 
   /**
-   * Appends an entry unless one with the same `once` marker was already written. Returns the
+   * Appends an entry unless one with the same `once` marker is still in the audit. Returns the
    * stream id, or undefined when the entry already existed.
    */
   async append(entry: AuditInput, once: string = `${entry.type}:${entry.ref}:${entry.summary}`): Promise<string | undefined> {
+    const { summary, data } = boundedAuditFields(entry);
+    const now = Date.now();
     try {
       const id = (await this.redis.eval(
         APPEND_ONCE,
         2,
-        this.keys.auditOnce(once),
+        this.keys.auditWritten,
         this.keys.audit,
-        String(ONCE_MARKER_TTL_SECONDS),
+        once,
         String(this.maxLength),
         entry.type,
         entry.ref,
         entry.node ?? '',
-        entry.summary,
-        JSON.stringify(entry.data),
-        new Date().toISOString(),
+        summary,
+        data,
+        new Date(now).toISOString(),
+        String(now),
       )) as string | null;
       return id ?? undefined;
     } catch (error) {

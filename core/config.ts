@@ -4,6 +4,7 @@ import { z } from 'zod';
 import { InputError, errorMessage } from './errors.js';
 import { checkNameSchema } from './diagnostics.js';
 import { nodeNameSchema } from './names.js';
+import { launcherNameSchema, launcherSchema } from './launcher.js';
 import { queueTimingSchema } from './queues.js';
 import { parseOrThrow } from './validate.js';
 import { recoverySchema } from './recovery-config.js';
@@ -46,8 +47,33 @@ export const configSchema = z
         passwordFile: z.string().min(1).optional(),
         /** TLS settings for a rediss:// URL: the CA bundle (PEM) that signed the server's certificate, when not a public one. */
         tls: z.object({ caFile: z.string().min(1).optional() }).strict().optional(),
+        /**
+         * Redis Sentinel: ask these sentinels which server is the primary of the group `name`, and
+         * follow a failover. The URL then gives only the user, password, database and scheme.
+         */
+        sentinels: z.array(z.object({ host: hostSchema, port: portSchema.refine((port) => port > 0, 'must be a port number') }).strict()).min(1).max(16).optional(),
+        name: z.string().regex(/^[A-Za-z0-9._-]{1,64}$/, 'a sentinel master group name: letters, digits, ".", "_" or "-"').optional(),
+        /** File holding the sentinels' own password (their requirepass), when they have one. */
+        sentinelPasswordFile: z.string().min(1).optional(),
+        /**
+         * Answer 202 only once this many replicas confirm a request's signals (Redis WAIT), so a
+         * failover to a replica loses no acknowledged signal; when they do not within
+         * replicaAckTimeoutMs the answer is 503 and the sender retries. 0: the primary's word suffices.
+         */
+        minReplicasAcked: int().min(0).max(16).default(0),
+        replicaAckTimeoutMs: int().min(10).max(60_000).default(1000),
+        /** Memory steadfast's finished jobs and audit trail may take in Redis, in MiB (docs/limits.md). */
+        retentionBudgetMB: int().min(1).max(1024 * 1024).default(1024),
       })
       .strict()
+      .refine((redis) => (redis.sentinels === undefined) === (redis.name === undefined), {
+        message: 'sentinels and name go together: the sentinels and the master group name they watch',
+        path: ['name'],
+      })
+      .refine((redis) => redis.sentinelPasswordFile === undefined || redis.sentinels !== undefined, {
+        message: 'sentinelPasswordFile needs sentinels',
+        path: ['sentinelPasswordFile'],
+      })
       .refine((redis) => redis.passwordFile === undefined || !urlHasPassword(redis.url), {
         message: 'give the password in the URL or in passwordFile, not both',
         path: ['passwordFile'],
@@ -134,6 +160,17 @@ export const configSchema = z
     backend: z
       .object({
         kind: z.enum(['slurm', 'kubernetes', 'dry-run']).default('dry-run'),
+        dryRun: z
+          .object({
+            /**
+             * The nodes the dry-run backend knows (it has no scheduler to ask). A job naming
+             * another is refused, and no agent URL is built for one. Absent: every well-formed
+             * node name is known (a trial against a cluster whose nodes steadfast may reach).
+             */
+            nodes: z.array(nodeNameSchema).max(100_000).optional(),
+          })
+          .strict()
+          .prefault({}),
         slurm: z
           .object({
             scontrol: z.string().min(1).default('scontrol'),
@@ -250,6 +287,12 @@ export const configSchema = z
         prometheusUrl: z.url({ protocol: /^https?$/ }).optional(),
         detectorIntervalSeconds: int().min(5).max(3600).default(60),
         /**
+         * Seconds between fail-slow checks: each reads every rank's latest iteration time from
+         * Prometheus and feeds the new ones to its tracker, so detection takes a few checks
+         * (Greyhound §4.2's verification) and the mitigation steps once per check.
+         */
+        failSlowIntervalSeconds: z.coerce.number<unknown>().min(0.5).max(3600).default(5),
+        /**
          * ByteRobust §4.2's hierarchy of stop-time checks, walked one stage per call to the agents
          * (analyzers/staged-diagnosis.ts): machine-local checks (EUD) first, then NCCL within a
          * machine, then across machines. Each stage names the agents' checks it runs (the names
@@ -290,6 +333,11 @@ export const configSchema = z
       .strict()
       .prefault({}),
     recovery: recoverySchema.prefault({}),
+    /**
+     * How registered jobs are (re)started, by name: the operator writes every command here; a
+     * job registration only names one and fills its {job}, {nodes} and {version} placeholders.
+     */
+    launchers: z.record(launcherNameSchema, launcherSchema).default({}),
     /** How soon a dead worker's jobs (a killed controller's recovery) go to another worker (core/queues.ts). */
     queues: queueTimingSchema.prefault({}),
     safety: z
@@ -304,6 +352,9 @@ export const configSchema = z
         maxDrainPercent: z.coerce.number<unknown>().min(0).max(100).optional(),
         /** Most of a job's nodes that may be evicted within windowSeconds, in percent (a min-healthy bound). */
         maxJobEvictionPercent: z.coerce.number<unknown>().min(0).max(100).default(50),
+        /** How long an operator's hold on a node lasts when the request names no end, and the longest one may last. */
+        holdDefaultSeconds: int().min(60).default(86_400),
+        holdMaxSeconds: int().min(60).default(30 * 86_400),
       })
       .strict()
       .prefault({}),

@@ -1,13 +1,13 @@
 import { z } from 'zod';
 import { InputError } from './errors.js';
-import { EQUALITY_SELECTOR_RULE, isEqualityLabelSelector, isNamespace } from './kubernetes-names.js';
+import { launcherArgSchema, launcherNameSchema, type SlurmLauncher } from './launcher.js';
 import { nodeNameSchema } from './names.js';
 import { Topology, topologySpecSchema } from './topology.js';
 import { parseOrThrow } from './validate.js';
 
 /**
  * A training job as steadfast knows it: where it runs, how its ranks map onto parallel groups,
- * how to restart it, and which code version it runs (docs/architecture.md, contracts).
+ * which of the operator's launchers restarts it, and which code version it runs (docs/architecture.md, contracts).
  */
 
 export const JOB_NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;
@@ -25,44 +25,6 @@ export const codeVersionSchema = z
   // A version may name a path (release/2.1); it must not climb out of one (as git refuses ".." in ref names).
   .refine((version) => !version.includes('..'), 'must not contain ".."');
 
-/** One argv element as written by the operator: no NUL (execve cannot pass it) and no other control character. */
-const launcherArgSchema = z
-  .string()
-  .min(1)
-  .max(1024)
-  .regex(/^[^\u0000-\u001f\u007f]*$/, 'must not contain control characters (NUL, newline, …)');
-
-/** Placeholders a Slurm launcher's argv may use; each becomes exactly one argument. */
-export const LAUNCHER_PLACEHOLDERS = ['{job}', '{nodes}', '{version}'] as const;
-
-export const launcherSchema = z.discriminatedUnion('kind', [
-  z
-    .object({
-      kind: z.literal('slurm'),
-      /** argv run to (re)start the job, e.g. ["sbatch", "--nodelist={nodes}", "train.sh", "{version}"]; never a shell string. */
-      command: z.array(launcherArgSchema).min(1).max(64),
-      /**
-       * Optional argv that runs a short replay of the job on one group of machines ({nodes})
-       * and exits 0 when it trains correctly there; dual-phase replay (ByteRobust §4.2,
-       * Algorithm 1) runs it on horizontal then vertical groups. Without it, replay is skipped.
-       */
-      replay: z.array(launcherArgSchema).min(1).max(64).optional(),
-    })
-    .strict(),
-  z
-    .object({
-      kind: z.literal('kubernetes'),
-      namespace: z.string().refine(isNamespace, 'must be a Kubernetes namespace name (1-63 lower-case letters, digits or "-")'),
-      /** The workload that runs the job, e.g. `jobs.batch/llama` or `pytorchjobs.kubeflow.org/llama`. */
-      workload: z.string().max(512).regex(/^[a-z0-9.-]+\/[a-z0-9]([-a-z0-9]*[a-z0-9])?$/, 'must be <resource>/<name>'),
-      /** Label selector of the workload's pods; a relaunch deletes them and their controller recreates them. */
-      podSelector: z.string().refine(isEqualityLabelSelector, EQUALITY_SELECTOR_RULE),
-    })
-    .strict(),
-]);
-
-export type Launcher = z.infer<typeof launcherSchema>;
-
 /**
  * A Slurm launcher's argv with its placeholders filled: each stays one argument, never a shell
  * word. The values are checked again here, whatever stored them, so that nothing read back from
@@ -70,7 +32,7 @@ export type Launcher = z.infer<typeof launcherSchema>;
  * anything runs.
  */
 export function launchArgv(
-  launcher: Extract<Launcher, { kind: 'slurm' }>,
+  launcher: SlurmLauncher,
   values: { job: string; nodes: readonly string[]; version: string },
   argv: readonly string[] = launcher.command,
 ): string[] {
@@ -91,7 +53,8 @@ export const jobSpecSchema = z
      * `nodes` and `ranksPerNode` from the job when it leaves them out.
      */
     topology: z.record(z.string(), z.unknown()).optional(),
-    launcher: launcherSchema,
+    /** The name of one of the operator's launchers (the controller's `launchers:` configuration). */
+    launcher: launcherNameSchema,
     codeVersion: codeVersionSchema,
     /**
      * Micro-batches per iteration over all DP groups, for fail-slow rebalancing (Greyhound §5.2,
@@ -148,5 +111,14 @@ export function dataParallelGroups(topology: Topology): number {
 }
 
 /** Whether the job is doing useful work: ETTR counts productive time over wall time (ByteRobust §8.1.3). */
-export const JOB_STATES = ['running', 'recovering', 'stopped', 'waiting_for_human'] as const;
+export const JOB_STATES = ['running', 'recovering', 'stopped', 'waiting_for_human', 'finished'] as const;
 export type JobState = (typeof JOB_STATES)[number];
+
+/**
+ * The operator's per-job policy: `recovery: false` lets the ladder decide but refuses its acting
+ * steps (each refusal audited with the reason); `dryRun: true` runs them against a backend that
+ * records instead of acting, and records the launcher's argv instead of running it.
+ */
+export const jobPolicySchema = z.object({ recovery: z.boolean(), dryRun: z.boolean() }).strict();
+export type JobPolicy = z.infer<typeof jobPolicySchema>;
+export const DEFAULT_JOB_POLICY: JobPolicy = { recovery: true, dryRun: false };

@@ -2,6 +2,7 @@ import type { JobsOptions } from 'bullmq';
 import { z } from 'zod';
 import type { Decision } from './action.js';
 import { ladderStepSchema, type LadderEvent } from './ladder.js';
+import { withRetention, type Retention } from './retention.js';
 import type { Signal } from './signal.js';
 
 /**
@@ -20,26 +21,35 @@ import type { Signal } from './signal.js';
 export const QUEUE_NAMES = { signals: 'signals', actions: 'actions', recovery: 'recovery', analysis: 'analysis' } as const;
 export type QueueName = keyof typeof QUEUE_NAMES;
 
-const DAY_SECONDS = 24 * 3600;
-
-/** Finished work is kept a week (a redelivered job id is recognised), failed work a month for review. */
-const KEEP_FINISHED = { removeOnComplete: { age: 7 * DAY_SECONDS }, removeOnFail: { age: 30 * DAY_SECONDS } } as const;
-
 /**
  * The retry policy, one entry per queue:
  * - signals are retried long (an intake answers 2xx only once they are stored, so a signal must
- *   survive a worker or Redis blip); done ones are kept 24 h, and a repeat of a signal id within
- *   that time is dropped at intake;
+ *   survive a worker or Redis blip);
  * - actions and recovery transitions get five tries: a lease held by another actuator or a
  *   backend briefly unreachable clears within seconds;
  * - analyses get three, further apart: an agent restarting, and a long diagnosis is one try's work.
  */
-export const QUEUE_JOB_OPTIONS = {
-  signals: { attempts: 20, backoff: { type: 'exponential', delay: 500 }, removeOnComplete: { age: DAY_SECONDS }, removeOnFail: { age: 7 * DAY_SECONDS } },
-  actions: { attempts: 5, backoff: { type: 'exponential', delay: 1000 }, ...KEEP_FINISHED },
-  recovery: { attempts: 5, backoff: { type: 'exponential', delay: 1000 }, ...KEEP_FINISHED },
-  analysis: { attempts: 3, backoff: { type: 'exponential', delay: 5000 }, ...KEEP_FINISHED },
+export const QUEUE_RETRIES = {
+  signals: { attempts: 20, backoff: { type: 'exponential', delay: 500 } },
+  actions: { attempts: 5, backoff: { type: 'exponential', delay: 1000 } },
+  recovery: { attempts: 5, backoff: { type: 'exponential', delay: 1000 } },
+  analysis: { attempts: 3, backoff: { type: 'exponential', delay: 5000 } },
 } as const satisfies Record<QueueName, JobsOptions>;
+
+/**
+ * Each queue's job options: its retries, and how long and how many of its finished jobs Redis
+ * keeps (core/retention.ts). A done signal is kept so that a repeat of its id (a retried
+ * webhook, a re-sent event) is dropped at intake; finished work so that a redelivered job id is
+ * recognised, failed work longer for review.
+ */
+export function queueJobOptions(retention: Retention): Record<QueueName, JobsOptions> {
+  return {
+    signals: withRetention(QUEUE_RETRIES.signals, retention.signals),
+    actions: withRetention(QUEUE_RETRIES.actions, retention.work),
+    recovery: withRetention(QUEUE_RETRIES.recovery, retention.work),
+    analysis: withRetention(QUEUE_RETRIES.analysis, retention.work),
+  };
+}
 
 /**
  * How soon a job held by a dead worker goes to another (config `queues:`). A worker holds a lock

@@ -17,6 +17,10 @@ export interface RedisSettings {
   /** File holding the password, instead of one in the URL; a trailing newline is dropped. */
   readonly passwordFile?: string | undefined;
   readonly tls?: { readonly caFile?: string | undefined } | undefined;
+  /** Sentinels to ask for the primary of group `name`; the URL's host and port are then unused. */
+  readonly sentinels?: readonly { readonly host: string; readonly port: number }[] | undefined;
+  readonly name?: string | undefined;
+  readonly sentinelPasswordFile?: string | undefined;
 }
 
 function readSecretFile(path: string, what: string, field: string): string {
@@ -27,27 +31,50 @@ function readSecretFile(path: string, what: string, field: string): string {
   }
 }
 
+function readPassword(path: string, field: string): string {
+  const password = readSecretFile(path, 'password', field).replace(/\r?\n$/, '');
+  if (password === '') throw new InputError(`redis.${field}: ${path} is empty`, `redis.${field}`);
+  return password;
+}
+
 /**
- * What ioredis needs beyond the URL: the password from passwordFile and the CA from tls.caFile.
- * Files are read here, once per connection, so a rotated password is picked up by a restart.
- * Throws InputError naming the field when a file cannot be read or holds no password.
+ * What ioredis needs beyond the URL: the password from passwordFile, the CA from tls.caFile, and
+ * the sentinels with their own password. Files are read here, once per connection, so a rotated
+ * password is picked up by a restart. Throws InputError naming the field when a file cannot be
+ * read or holds no password.
  */
 export function redisConnectionOptions(settings: RedisSettings | string): { url: string; options: RedisOptions } {
-  const { url, passwordFile, tls } = typeof settings === 'string' ? { url: settings, passwordFile: undefined, tls: undefined } : settings;
+  const { url, passwordFile, tls, sentinels, name, sentinelPasswordFile }: RedisSettings = typeof settings === 'string' ? { url: settings } : settings;
   const options: RedisOptions = {};
   let withPassword = url;
   if (passwordFile !== undefined) {
-    const password = readSecretFile(passwordFile, 'password', 'passwordFile').replace(/\r?\n$/, '');
-    if (password === '') throw new InputError(`redis.passwordFile: ${passwordFile} is empty`, 'redis.passwordFile');
     // Into the URL, not the options: ioredis lets the URL's (empty) password win over an option.
     const parsed = new URL(url);
-    parsed.password = encodeURIComponent(password);
+    parsed.password = encodeURIComponent(readPassword(passwordFile, 'passwordFile'));
     withPassword = parsed.href;
   }
   if (tls !== undefined) {
     options.tls = tls.caFile === undefined ? {} : { ca: readSecretFile(tls.caFile, 'CA', 'tls.caFile') };
   }
+  if (sentinels !== undefined && name !== undefined) {
+    options.sentinels = sentinels.map(({ host, port }) => ({ host, port }));
+    options.name = name;
+    // A demoted primary refuses writes; follow the sentinels to the new one instead.
+    options.reconnectOnError = (error) => error.message.startsWith('READONLY');
+    if (sentinelPasswordFile !== undefined) options.sentinelPassword = readPassword(sentinelPasswordFile, 'sentinelPasswordFile');
+    if (url.startsWith('rediss://')) {
+      // TLS to the data nodes and to the sentinels alike, with the same CA.
+      options.enableTLSForSentinelMode = true;
+      options.sentinelTLS = options.tls ?? {};
+    }
+  }
   return { url: withPassword, options };
+}
+
+/** Where the settings point, without secrets: the URL redacted, or the sentinels and group. */
+export function describeRedis(settings: RedisSettings | string): string {
+  if (typeof settings === 'string' || settings.sentinels === undefined) return redactedRedisUrl(typeof settings === 'string' ? settings : settings.url);
+  return `primary of "${settings.name ?? ''}" from sentinels ${settings.sentinels.map(({ host, port }) => `${host}:${port}`).join(', ')}`;
 }
 
 /** The URL with any password replaced, for logs and error messages. */
@@ -66,6 +93,9 @@ export function intakeConnection(settings: RedisSettings | string, extra: RedisO
   return new Redis(url, {
     enableOfflineQueue: false,
     maxRetriesPerRequest: 1,
+    // A command whose answer was lost with the connection fails (the request is answered 503)
+    // and is not sent again after the reconnect, where it would store what the sender retries.
+    autoResendUnfulfilledCommands: false,
     connectTimeout: 2000,
     retryStrategy: (attempt) => Math.min(attempt * 200, 2000),
     ...options,
@@ -95,8 +125,13 @@ export class Keys {
   get drainBudget(): string {
     return `${this.prefix}:budget:drains`;
   }
-  auditOnce(marker: string): string {
-    return `${this.prefix}:audit-once:${marker}`;
+  /** Markers of entries already written (a sorted set by time, trimmed with the audit). */
+  get auditWritten(): string {
+    return `${this.prefix}:audit-written`;
+  }
+  /** Written before each WAIT for replicas, so that the WAIT covers every write before it. */
+  get intakeReplicaMarker(): string {
+    return `${this.prefix}:intake:replica-marker`;
   }
   nodeDrainClaim(node: string): string {
     return `${this.prefix}:claim:drain:${node}`;
@@ -106,6 +141,10 @@ export class Keys {
   }
   action(decisionId: string): string {
     return `${this.prefix}:action:${decisionId}`;
+  }
+  /** Operator holds (maintenance) by node: no actuator acts on a held node until it is released or expires. */
+  get holds(): string {
+    return `${this.prefix}:holds`;
   }
   nodeLease(node: string): string {
     return `${this.prefix}:lease:node:${node}`;

@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v redis-cli >/dev/null || need+=(redis-tools)
+# Redis Sentinel (the failover test, sim/redis-ha.ts) runs as `redis-server --sentinel`: Debian's
+# redis-sentinel package adds only a service for it, so redis-server suffices.
 command -v prometheus >/dev/null || need+=(prometheus)
 command -v promtool >/dev/null || need+=(prometheus)
 command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)

@@ -8,6 +8,9 @@ import { configSchema, type Config } from '../core/config.js';
 import { startRedis, startSlurm, type RedisPart, type SlurmPart } from './parts.js';
 import { ProcessGroup } from './processes.js';
 
+
+/** The launcher a plane's controller is configured with; a job registered there names it. */
+export const SIM_LAUNCHER = 'accept';
 /**
  * The control plane without the nodes: slurmctld with a list of CLOUD nodes, optionally a
  * Redis of its own, and the controller configuration that points at them. The fault and scale
@@ -74,7 +77,7 @@ export class ControlPlane {
    * A controller configuration for this plane: the Slurm backend through scontrol and sinfo,
    * the given key prefix, and whatever the caller overrides (validated like a config file).
    */
-  controllerConfig(prefix: string, overrides: { controller?: object; safety?: object; policy?: object; backend?: object; analysis?: object; progress?: object } = {}): Config {
+  controllerConfig(prefix: string, overrides: { controller?: object; safety?: object; policy?: object; backend?: object; analysis?: object; progress?: object; launchers?: object } = {}): Config {
     return configSchema.parse({
       redis: { url: this.redisUrl, prefix },
       controller: { host: '127.0.0.1', port: 0, metrics: { port: 0 }, tokenFile: this.tokenFile, ...overrides.controller },
@@ -83,6 +86,8 @@ export class ControlPlane {
       policy: { ...overrides.policy },
       analysis: { ...overrides.analysis },
       progress: { ...overrides.progress },
+      // `true` stands in for sbatch: the simulated cluster runs no training of its own.
+      launchers: { [SIM_LAUNCHER]: { kind: 'slurm', command: ['true', '{job}', '{nodes}', '{version}'] }, ...overrides.launchers },
     });
   }
 

@@ -65,7 +65,7 @@ export class ControllerProcess {
 
   /** Workers connected to the signals queue, from every process sharing this Redis and prefix. */
   async workerCount(queue: string = QUEUE_NAMES.signals): Promise<number> {
-    const connection = workerConnection(this.options.config.redis.url);
+    const connection = workerConnection(this.options.config.redis);
     const handle = new Queue(queue, { connection, prefix: this.options.config.redis.prefix });
     try {
       return (await handle.getWorkersCount()) as number;

@@ -27,6 +27,9 @@ import {
 } from './parts.js';
 import { ProcessGroup, freePort, waitFor } from './processes.js';
 
+
+/** The demo controller's launcher, which the demo's job registration names. */
+export const DEMO_LAUNCHER = 'demo-echo';
 /**
  * A whole steadfast installation on loopback: the real Redis, Prometheus, Alertmanager and
  * slurmctld, the controller with its workers, and one real agent per simulated node. The demo,
@@ -133,6 +136,8 @@ export class SimEnvironment {
       agents: { urls: Object.fromEntries(names.map((name, index) => [name, `http://127.0.0.1:${agentPorts[index]}`])), diagnoseTimeoutSeconds: 30 },
       // Short rounds: the demo should not wait 40 s for stack aggregation.
       analysis: { stackRoundSeconds: 1 },
+      // The demo has no real training to submit: its launcher echoes the sbatch it would run.
+      launchers: { [DEMO_LAUNCHER]: { kind: 'slurm', command: ['echo', 'sbatch', '--job-name={job}', '--nodelist={nodes}', 'train.sh', '{version}'] } },
     });
     this.controller = new Controller({ config: this.config, logger: this.logger });
     await this.step('controller and workers up', () => this.controller.start());

@@ -22,11 +22,11 @@ export interface RedisPart {
 }
 
 /** Redis with AOF fsync on every write, so an acknowledged job survives a Redis restart. */
-export async function startRedis(group: ProcessGroup, root: string, name = 'redis', port?: number): Promise<RedisPart> {
+export async function startRedis(group: ProcessGroup, root: string, name = 'redis', port?: number, extraArgs: readonly string[] = []): Promise<RedisPart> {
   const dir = join(root, name);
   mkdirSync(dir, { recursive: true });
   const chosen = port ?? (await freePort());
-  const args = ['--port', String(chosen), '--bind', '127.0.0.1', '--dir', dir, '--appendonly', 'yes', '--appendfsync', 'always', '--save', '', '--daemonize', 'no', '--protected-mode', 'yes'];
+  const args = ['--port', String(chosen), '--bind', '127.0.0.1', '--dir', dir, '--appendonly', 'yes', '--appendfsync', 'always', '--save', '', '--daemonize', 'no', '--protected-mode', 'yes', ...extraArgs];
   group.start(name, 'redis-server', args, join(dir, 'redis.log'));
   await waitFor('redis to answer PING', async () => {
     const { stdout } = await run('redis-cli', ['-p', String(chosen), 'ping']);

@@ -1,6 +1,6 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { AuditEntry } from '../core/audit.js';
-import type { SimEnvironment } from './environment.js';
+import { DEMO_LAUNCHER, type SimEnvironment } from './environment.js';
 import { slurmNode } from './parts.js';
 
 /**
@@ -77,8 +77,8 @@ export async function runRecoveryScenario(env: SimEnvironment): Promise<Recovery
     nodes: [n1, n2, n3, n4],
     ranksPerNode: 1,
     topology: { pp: 2, dp: 2, order: 'tp-dp-pp' },
-    // The demo has no real training to submit: the launcher echoes the sbatch it would run.
-    launcher: { kind: 'slurm', command: ['echo', 'sbatch', '--job-name={job}', '--nodelist={nodes}', 'train.sh', '{version}'] },
+    // The demo has no real training to submit: its launcher echoes the sbatch it would run.
+    launcher: DEMO_LAUNCHER,
     codeVersion: 'v1',
   });
   const shards = [200, 210].flatMap((step) =>

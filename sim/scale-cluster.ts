@@ -6,7 +6,7 @@ import { Keys, workerConnection, type Redis } from '../core/redis.js';
 import { AGENT_SCRAPE_JOB } from '../core/scrape.js';
 import { createBackend } from '../actuators/backend-from-config.js';
 import { RULE_FILES, renderAlertmanagerConfig } from '../rules/index.js';
-import { ControlPlane } from './control-plane.js';
+import { ControlPlane, SIM_LAUNCHER } from './control-plane.js';
 import { ControllerProcess } from './controller-process.js';
 import { SimulatedFleet } from './many-nodes.js';
 import { startAlertmanager, startPrometheus, type AlertmanagerPart, type PrometheusPart } from './parts.js';
@@ -141,7 +141,7 @@ export class ScaleCluster {
         nodes,
         ranksPerNode: 1,
         topology: { pp: 1, dp: nodes.length, order: 'tp-dp-pp' },
-        launcher: { kind: 'slurm', command: ['true', '{job}', '{nodes}', '{version}'] },
+        launcher: SIM_LAUNCHER,
         codeVersion: 'v1',
       }),
     });

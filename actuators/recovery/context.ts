@@ -1,6 +1,7 @@
 import type { AuditLog } from '../../core/audit.js';
 import type { CheckpointShard } from '../../core/checkpoint.js';
-import type { JobSpec } from '../../core/job.js';
+import type { JobPolicy, JobSpec } from '../../core/job.js';
+import type { Launchers } from '../../core/launcher.js';
 import type { LadderStep } from '../../core/ladder.js';
 import type { Logger } from '../../core/log.js';
 import type { AnalysisJob, LadderEventJob } from '../../core/queues.js';
@@ -11,7 +12,7 @@ import type { StandbyPool } from '../standby-pool.js';
 
 /** What the recovery actuator needs of the job registry (the controller's JobStore). */
 export interface RecoveryJobs {
-  get(job: string): Promise<{ readonly spec: JobSpec }>;
+  get(job: string): Promise<{ readonly spec: JobSpec; readonly policy: JobPolicy }>;
   replaceNode(job: string, evicted: string, replacement: string): Promise<void>;
   setVersion(job: string, version: string): Promise<void>;
   checkpoints(job: string): Promise<CheckpointShard[]>;
@@ -35,6 +36,10 @@ export interface RecoveryActuatorDeps {
   readonly backend: ClusterBackend;
   readonly gates: SafetyGates;
   readonly jobs: RecoveryJobs;
+  /** The operator's launchers (config `launchers:`), which a job names. */
+  readonly launchers: Launchers;
+  /** This transition runs for a job in dry-run: the backend records, launches are only described. */
+  readonly dryRun?: boolean;
   readonly logger: Logger;
   /** Feeds a step's outcome back into the job's ladder (RecoveryDispatcher.apply). */
   readonly feedback: (event: LadderEventJob) => Promise<unknown>;

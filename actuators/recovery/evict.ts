@@ -3,7 +3,7 @@ import { drainNode, pageOncePerWindow } from '../drain-node.js';
 import { recordStep, stepRef, type RecoveryActuatorDeps, type StepAt } from './context.js';
 
 /**
- * The evict step: pass the gates (pause, the job's share, the cluster budget), then for each node
+ * The evict step: pass the gates (pause, holds, the job's share, the cluster budget), then for each node
  * drain it (drain-node.ts), note the eviction in its cross-job history, and put a warm standby in
  * its place (ByteRobust §6.2). True when the transition may go on to its restart.
  */
@@ -21,6 +21,8 @@ export async function evict(deps: RecoveryActuatorDeps, at: StepAt): Promise<boo
     return false;
   }
   const quarantined = new Set(await deps.redis.smembers(deps.keys.quarantine));
+  // A held node is not chosen as a standby either (the hold gate, actuators/safety.ts).
+  for (const node of (await gates.holds()).keys()) quarantined.add(node);
   for (const node of step.nodes ?? []) {
     try {
       const { already, state } = await drainNode(backend, gates, { node, holder: ref, reason: step.reason, auditId: at.transitionId });
@@ -38,11 +40,11 @@ export async function evict(deps: RecoveryActuatorDeps, at: StepAt): Promise<boo
   return true;
 }
 
-async function replaceWithStandby(deps: RecoveryActuatorDeps, at: StepAt, node: string, quarantined: ReadonlySet<string>): Promise<void> {
+async function replaceWithStandby(deps: RecoveryActuatorDeps, at: StepAt, node: string, unusable: ReadonlySet<string>): Promise<void> {
   const { step } = at;
   const standby = deps.pool?.enabled
-    ? await deps.pool.take(step.job)
-    : (await deps.backend.standbys()).find((candidate) => !quarantined.has(candidate));
+    ? await deps.pool.take(step.job, Date.now(), unusable)
+    : (await deps.backend.standbys()).find((candidate) => !unusable.has(candidate));
   if (!standby) {
     const reason = `no warm standby left to replace ${node}; provision one (steadfast plan standby sizes the pool)`;
     await recordStep(deps, at, 'failed', reason, node);

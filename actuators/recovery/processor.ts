@@ -1,11 +1,20 @@
 import type { Job } from 'bullmq';
 import { UnrecoverableError } from 'bullmq';
 import { InputError } from '../../core/errors.js';
+import type { StepVerb } from '../../core/ladder.js';
 import { recoveryJobSchema, nothingFound, type AnalysisKind, type RecoveryJob } from '../../core/queues.js';
+import { DryRunBackend } from '../dry-run.js';
 import { recordStep, stepRef, type RecoveryActuatorDeps, type StepAt } from './context.js';
 import { evict } from './evict.js';
 import { restart } from './restart.js';
 import { stop } from './stop.js';
+
+/**
+ * The steps that act on the cluster or the job; a job whose automatic recovery the operator
+ * turned off has these refused (audited with the reason). Notifying, paging, tolerating and
+ * reading stacks still run, so a person hears of the fault.
+ */
+const ACTING_VERBS: ReadonlySet<StepVerb> = new Set(['evict', 'stop', 'restart', 'reattempt', 'rollback', 'apply_update', 'quarantine', 'run_diagnostics', 'run_replay']);
 
 /** A finished step's marker outlives any redelivery of its transition. */
 const STEP_DONE_TTL_SECONDS = 7 * 24 * 3600;
@@ -15,12 +24,20 @@ const STEP_DONE_TTL_SECONDS = 7 * 24 * 3600;
  * Redis survives a crash mid-transition, so a redelivered job resumes where it stopped and
  * evicts nothing twice). Evictions pass the safety gates: pause, budget, per-node lease.
  */
-export function createRecoveryProcessor(deps: RecoveryActuatorDeps): (job: Job<RecoveryJob>) => Promise<{ done: number }> {
-  const { redis, keys, gates, logger } = deps;
+export function createRecoveryProcessor(baseDeps: RecoveryActuatorDeps): (job: Job<RecoveryJob>) => Promise<{ done: number }> {
+  const { redis, keys, gates, logger } = baseDeps;
+  // Dry-run swaps the backend for one that records instead of acting; the same steps run.
+  const dryRunDeps: RecoveryActuatorDeps = { ...baseDeps, backend: new DryRunBackend(redis, keys), pool: undefined, dryRun: true };
   return async (job) => {
     const parsed = recoveryJobSchema.safeParse(job.data);
     if (!parsed.success) throw new UnrecoverableError(new InputError(`invalid recovery job payload: ${parsed.error.message}`).message);
     const { transitionId, steps } = parsed.data;
+    // The operator's per-job policy, read as the transition starts (an unregistered job has none).
+    const policy = await baseDeps.jobs.get(parsed.data.job).then(
+      (record) => record.policy,
+      () => undefined,
+    );
+    const deps = policy?.dryRun ? dryRunDeps : baseDeps;
     const paused = await gates.paused();
     if (paused !== undefined) {
       // Paused: nothing of the transition runs; the refusal is on record and a person is told.
@@ -31,7 +48,10 @@ export function createRecoveryProcessor(deps: RecoveryActuatorDeps): (job: Job<R
     for (const [index, step] of steps.entries()) {
       const marker = keys.recoveryStep(transitionId, index);
       if ((await redis.get(marker)) === 'done') continue;
-      const proceed = await runStep(deps, { transitionId, index, step });
+      const proceed =
+        policy?.recovery === false && ACTING_VERBS.has(step.verb)
+          ? await refuse(deps, { transitionId, index, step }, `automatic recovery is off for job ${step.job} (the operator's job policy); not acting`)
+          : await runStep(deps, { transitionId, index, step });
       await redis.set(marker, 'done', 'EX', STEP_DONE_TTL_SECONDS);
       done += 1;
       if (!proceed) {
@@ -41,6 +61,11 @@ export function createRecoveryProcessor(deps: RecoveryActuatorDeps): (job: Job<R
     }
     return { done };
   };
+}
+
+async function refuse(deps: RecoveryActuatorDeps, at: StepAt, reason: string): Promise<boolean> {
+  await recordStep(deps, at, 'refused', reason);
+  return true;
 }
 
 /** One step; false stops the transition (an eviction refused). */
@@ -70,7 +95,7 @@ async function runStep(deps: RecoveryActuatorDeps, at: StepAt): Promise<boolean>
       await handToAnalysis(deps, at, 'stacks');
       return true;
     case 'quarantine':
-      if (step.nodes?.length) await deps.redis.sadd(deps.keys.quarantine, ...step.nodes);
+      if (step.nodes?.length && !deps.dryRun) await deps.redis.sadd(deps.keys.quarantine, ...step.nodes);
       await recordStep(deps, at, 'done', `quarantined ${step.nodes?.join(',') ?? ''}`);
       return true;
     case 'page_human':

@@ -18,7 +18,7 @@ export async function restart(deps: RecoveryActuatorDeps, at: StepAt): Promise<v
   // A run still there (no stop step before this restart, or a relaunch judged failed while it
   // waits or trains) would hold the nodes the relaunch needs.
   const ended = await endPreviousRuns(deps, spec);
-  const launched = await launchJob(spec, deps.backend);
+  const launched = await launchJob(spec, deps.launchers, deps.backend, { recordOnly: deps.dryRun ?? false });
   if (launched.state === 'needs_person') {
     await recordStep(deps, at, 'failed', launched.detail);
     deps.onPage?.(step.job, 'relaunch needs a person');

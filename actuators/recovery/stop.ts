@@ -1,4 +1,5 @@
 import type { JobSpec } from '../../core/job.js';
+import { launcherOf } from '../launcher.js';
 import { recordStep, type RecoveryActuatorDeps, type StepAt } from './context.js';
 
 /**
@@ -12,7 +13,7 @@ import { recordStep, type RecoveryActuatorDeps, type StepAt } from './context.js
 
 /** The scheduler's job ids that were cancelled (and are gone); undefined when this backend stops nothing for this launcher. */
 export async function endPreviousRuns(deps: RecoveryActuatorDeps, spec: JobSpec): Promise<string[] | undefined> {
-  if (spec.launcher.kind !== 'slurm' || !deps.backend.cancelJobs) return undefined;
+  if (launcherOf(deps.launchers, spec)?.kind !== 'slurm' || !deps.backend.cancelJobs) return undefined;
   return deps.backend.cancelJobs(spec.name);
 }
 
@@ -25,7 +26,7 @@ export async function stop(deps: RecoveryActuatorDeps, at: StepAt): Promise<void
   const cancelled = await endPreviousRuns(deps, spec);
   const detail =
     cancelled === undefined
-      ? `recorded (the ${deps.backend.name} backend stops nothing for a ${spec.launcher.kind} launcher)`
+      ? `recorded (the ${deps.backend.name} backend stops nothing for a ${launcherOf(deps.launchers, spec)?.kind ?? 'missing'} launcher)`
       : cancelled.length === 0
         ? `no Slurm job named ${spec.name} was running`
         : describeCancelled(spec, cancelled);

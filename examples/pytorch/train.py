@@ -129,6 +129,7 @@ def main():
         first = state["iteration"] + 1
 
     for iteration in range(first, args.iterations + 1):
+        iteration_started = time.perf_counter()
         # This rank's share of the iteration's micro-batches: the controller's plan when the
         # job has one (fail-slow mitigation moves work off a straggler), else an even share.
         plan = client.microbatches() if client.controller_url else None
@@ -153,11 +154,13 @@ def main():
         # from the timing above: waiting for the slowest rank would make every rank look as slow.
         (model(torch.zeros(1, 32)).sum() * 0).backward()
         optimizer.step()
+        # The whole synchronous step, all-reduce included: the job's iteration time, the same on every rank.
+        step_seconds = time.perf_counter() - iteration_started
         mean_loss = sum(losses) / len(losses) if losses else float("nan")
         client.push_step(iteration, iteration_seconds=compute, loss=mean_loss,
                          samples_per_second=share * args.micro_batch_size / max(compute, 1e-9))
         if iteration % args.log_every == 0 or iteration == first:
-            say("iteration %d loss %.5f compute %.3fs micro-batches %d/%d" % (iteration, mean_loss, compute, share, total))
+            say("iteration %d loss %.5f compute %.3fs step %.3fs micro-batches %d/%d" % (iteration, mean_loss, compute, step_seconds, share, total))
         if iteration % args.checkpoint_every == 0:
             path = shard_path(checkpoint_dir, iteration, rank)
             os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -9,7 +9,8 @@ import { pino } from 'pino';
 import { stringify } from 'yaml';
 import type { AuditEntry } from '../../core/audit.js';
 import { configSchema, type Config } from '../../core/config.js';
-import { launchArgv, type Launcher } from '../../core/job.js';
+import { launchArgv } from '../../core/job.js';
+import type { SlurmLauncher } from '../../core/launcher.js';
 import type { Logger } from '../../core/log.js';
 import { repoRoot } from '../../core/paths.js';
 import { AGENT_SCRAPE_JOB } from '../../core/scrape.js';
@@ -38,8 +39,14 @@ import { labUp } from './up.js';
 
 const run = promisify(execFile);
 
+/** The name of the lab's launcher in the controller's configuration; the job registration names it. */
+const LAB_LAUNCHER = 'lab-sbatch';
+
 /** Where every node's agent listens, inside its own namespace (so on the node's own address). */
 export const LAB_AGENT_PORT = 9401;
+
+/** train.py's share of micro-batches per rank when there is no plan (--micro-batches). */
+export const LAB_MICROBATCHES_PER_RANK = 4;
 
 export interface ProtectedLabOptions {
   /** Compute nodes the job runs on (default 2) and warm standbys (default 2). */
@@ -60,6 +67,13 @@ export interface ProtectedLabOptions {
    * PyTorch is a pause of several seconds too.
    */
   readonly noProgressSeconds?: number;
+  /**
+   * Fail-slow detection at the lab's pace: seconds between checks and each mitigation's cost
+   * (analysis.failSlowIntervalSeconds, failSlowCostSeconds; shipped 5 s and 30/600/1800 s). Set,
+   * the job is also registered with micro-batches (4 per rank, train.py's own share), so that
+   * S2 has a plan to serve.
+   */
+  readonly failSlow?: { readonly intervalSeconds: number; readonly costSeconds: { readonly S2: number; readonly S3: number; readonly S4: number } };
   /** Log the controller to stderr instead of to a file under the root. */
   readonly verbose?: boolean;
   /** Keep the root directory (logs, checkpoints, configs) after down. */
@@ -186,7 +200,12 @@ export class ProtectedLab {
         tokenFile: this.agentTokenFile,
         diagnoseTimeoutSeconds: 120,
       },
-      analysis: { stackRoundSeconds: 1 },
+      analysis: {
+        stackRoundSeconds: 1,
+        ...(this.options.failSlow === undefined ? {} : { failSlowIntervalSeconds: this.options.failSlow.intervalSeconds, failSlowCostSeconds: this.options.failSlow.costSeconds }),
+      },
+      // The operator's launcher the job names: real sbatch on the lab's slurm.conf.
+      launchers: { [LAB_LAUNCHER]: this.launcher() },
     });
     writeFileSync(join(root, 'controller.yml'), stringify(this.config));
     this.controller = new Controller({ config: this.config, logger: this.logger });
@@ -276,8 +295,8 @@ export class ProtectedLab {
     this.processes.start(`agent-${node.name}`, command, args, join(this.root, 'logs', `agent-${node.name}.log`), { cwd: repoRoot() });
   }
 
-  /** The Slurm launcher the job is registered with. */
-  launcher(): Extract<Launcher, { kind: 'slurm' }> {
+  /** The Slurm launcher the controller is configured with, under LAB_LAUNCHER. */
+  launcher(): SlurmLauncher {
     return {
       kind: 'slurm',
       command: launcherCommand(this.paths, {
@@ -302,7 +321,8 @@ export class ProtectedLab {
     const nodes = this.computeNodes.map((node) => node.name);
     const launcher = this.launcher();
     // Data-parallel only: one rank per node, each a replica.
-    const registered = await this.api('/api/v1/jobs', { name: this.job, nodes, ranksPerNode: 1, topology: { dp: nodes.length }, launcher, codeVersion: 'v1' });
+    const microbatches = this.options.failSlow === undefined ? {} : { microbatches: { perIteration: nodes.length * LAB_MICROBATCHES_PER_RANK } };
+    const registered = await this.api('/api/v1/jobs', { name: this.job, nodes, ranksPerNode: 1, topology: { dp: nodes.length }, launcher: LAB_LAUNCHER, codeVersion: 'v1', ...microbatches });
     if (registered.status !== 201) throw new LabError(`registering ${this.job} failed: ${registered.status} ${JSON.stringify(registered.body)}`);
     const argv = launchArgv(launcher, { job: this.job, nodes, version: 'v1' });
     const { stdout } = await run(argv[0] ?? 'sbatch', argv.slice(1), { env: { ...process.env, ...slurmEnv(this.conf) }, timeout: 30_000 });

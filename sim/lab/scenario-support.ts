@@ -105,16 +105,20 @@ export function judgeResumption(lab: ProtectedLab, interrupted: readonly string[
   const lastBefore = Math.max(0, ...before.map((step) => step.iteration));
   const same = firstIteration === undefined ? undefined : [...before].reverse().find((step) => step.iteration === firstIteration.iteration);
   if (firstIteration !== undefined) {
-    if (same !== undefined) {
+    // A step's loss is its rank's mean over the micro-batches it ran: comparable only at the same share.
+    if (same !== undefined && same.microbatches === firstIteration.microbatches) {
       if (Math.abs(same.loss - firstIteration.loss) > 1e-4 * Math.max(1, Math.abs(same.loss))) {
         problems.push(`step ${firstIteration.iteration} had loss ${same.loss} before and ${firstIteration.loss} after the restart`);
       }
     } else {
-      const start = before[0];
+      // Nothing to compare at the same step (the interrupted run stopped right after saving, or
+      // ran another share): the run must at least not have started over. The start is the job's
+      // own first step, not the interrupted run's, which may itself have resumed well trained.
+      const start = lab.log.iterations(undefined, 0).find((step) => step.iteration === 1) ?? before[0];
       if (start !== undefined && firstIteration.loss > start.loss / 2) problems.push(`loss ${firstIteration.loss} after the restart is no better than at the start (${start.loss})`);
     }
   }
-  return { resumedFrom, source: resume?.source ?? '', firstIteration, lossBefore: same?.loss, lostIterations: resumedFrom === null ? null : Math.max(0, lastBefore - resumedFrom), problems };
+  return { resumedFrom, source: resume?.source ?? '', firstIteration, lossBefore: same !== undefined && same.microbatches === firstIteration?.microbatches ? same.loss : undefined, lostIterations: resumedFrom === null ? null : Math.max(0, lastBefore - resumedFrom), problems };
 }
 
 /** The timeline's line for the relaunched run's first step: where it resumed and its loss against the interrupted run's. */

@@ -3,6 +3,7 @@ import type { ProtectedLab, ProtectedLabOptions } from './protected.js';
 import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { triggerRankCrash, triggerRankHang, writeCodeVersion } from './training.js';
+import { FAIL_SLOW_LAB, runFailSlow } from './scenario-fail-slow.js';
 import { RECOVERY_TIMEOUT_MS, at, entriesSince, firstStep, judgeEviction, judgeResumption, receivedAt, report, step, until, waitForNewRun, waitForRunning, waitForTraining, type ScenarioReport } from './scenario-support.js';
 
 export { waitForTraining, type ScenarioReport, type TimelineStep } from './scenario-support.js';
@@ -21,10 +22,13 @@ export { waitForTraining, type ScenarioReport, type TimelineStep } from './scena
  *    diagnostics on every node find nothing → reattempt in place;
  *  - hang: a rank stops entering the collectives → progress stalls → SteadfastTrainingStalled
  *    → stack aggregation over every rank's faulthandler dumps → the odd rank's node over-evicted,
- *    a standby in its place, relaunched from the newest checkpoint.
+ *    a standby in its place, relaunched from the newest checkpoint;
+ *  - fail-slow: one machine computes slower → its rank's pushed compute times → the online
+ *    fail-slow analyzer → S2 rebalanced micro-batches, then, slower still, S4: evicted onto a
+ *    standby, resumed from the newest checkpoint (scenario-fail-slow.ts).
  */
 
-export const SCENARIO_NAMES = ['machine-fault', 'bad-code', 'crash', 'hang'] as const;
+export const SCENARIO_NAMES = ['machine-fault', 'bad-code', 'crash', 'hang', 'fail-slow'] as const;
 export type ScenarioName = (typeof SCENARIO_NAMES)[number];
 
 /** Scenario 1: a fatal Xid on one of the job's nodes. */
@@ -255,15 +259,19 @@ export const SCENARIOS: Readonly<Record<ScenarioName, (lab: ProtectedLab) => Pro
   'bad-code': runBadCode,
   crash: runCrash,
   hang: runHang,
+  'fail-slow': runFailSlow,
 };
 
 /**
  * Scenarios that need a lab of their own: the hang needs 3 ranks (with 2 the odd stack is a tie)
  * and a short stalled-progress bound, which the others must not have (a relaunch is a pause of
- * several seconds too).
+ * several seconds too); fail-slow needs the job registered with micro-batches and fail-slow
+ * checks and costs at the lab's pace, which would make the others' relaunch pauses look like
+ * slow-downs.
  */
 export const OWN_LAB: Readonly<Partial<Record<ScenarioName, ProtectedLabOptions>>> = {
   hang: { nodes: 3, standbys: 1, noProgressSeconds: 10 },
+  'fail-slow': FAIL_SLOW_LAB,
 };
 
 /**

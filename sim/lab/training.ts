@@ -85,12 +85,29 @@ export function launcherCommand(paths: TrainingPaths, options: TrainingOptions):
  * at its next optimizer step, before the next iteration's gradient all-reduce, sleeping forever
  * in `lab_hang_before_allreduce` (the other ranks block in that all-reduce: a hang whose odd
  * stack names the rank); a code version with a regression raises a TypeError at its first step.
+ * A slow machine: while `slow-<node>` holds a number of seconds, every micro-batch's loss
+ * computed on that node takes that much longer (`lab_slow_machine`), inside the compute train.py
+ * times, and for every run placed there; evicting the node is what cures it.
  */
 const LAB_FAULTS_PY = `"""Faults the steadfast lab injects into a training rank (written by sim/lab/training.ts)."""
 import os
+import socket
 import time
 
 import torch
+
+
+def lab_slow_machine(seconds):
+    """A machine whose compute has become slower: each micro-batch costs this much more."""
+    time.sleep(seconds)
+
+
+def slow_seconds(path):
+    try:
+        with open(path) as handle:
+            return max(0.0, float(handle.read().strip() or 0))
+    except (OSError, ValueError):
+        return 0.0
 
 
 def lab_hang_before_allreduce():
@@ -121,6 +138,18 @@ def install(regression=None):
         return original(self, *args, **kwargs)
 
     torch.optim.SGD.step = step
+
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    slow = os.path.join(faults, "slow-%s" % node) if faults else ""
+    mse_loss = torch.nn.functional.mse_loss
+
+    def slowed_mse_loss(*args, **kwargs):
+        seconds = slow_seconds(slow) if slow else 0.0
+        if seconds > 0:
+            lab_slow_machine(seconds)
+        return mse_loss(*args, **kwargs)
+
+    torch.nn.functional.mse_loss = slowed_mse_loss
 `;
 
 function versionScript(version: string, regression: string | undefined): string {
@@ -169,10 +198,14 @@ export interface Iteration {
   readonly rank: number;
   readonly iteration: number;
   readonly loss: number;
+  /** The rank's own compute and the whole synchronous step, in seconds, and its micro-batch share. */
+  readonly computeSeconds: number;
+  readonly stepSeconds: number;
+  readonly microbatches: number;
 }
 
 const HEADER = /^\[train\.sbatch\] Slurm job (\d+) on (\S+)/;
-const ITERATION = /^\[rank (\d+)\] iteration (\d+) loss (\S+) /;
+const ITERATION = /^\[rank (\d+)\] iteration (\d+) loss (\S+) compute (\S+)s step (\S+)s micro-batches (\d+)\//;
 const RESUME = /^\[rank 0\] resume: (.*?)(?: → step (\d+))?$/;
 
 /**
@@ -243,7 +276,16 @@ export class JobLog {
       if (slurmJob !== undefined && line.slurmJob !== slurmJob) continue;
       const match = ITERATION.exec(line.text);
       if (!match || Number(match[1]) !== rank) continue;
-      found.push({ seenAt: line.seenAt, slurmJob: line.slurmJob, rank, iteration: Number(match[2]), loss: Number(match[3]) });
+      found.push({
+        seenAt: line.seenAt,
+        slurmJob: line.slurmJob,
+        rank,
+        iteration: Number(match[2]),
+        loss: Number(match[3]),
+        computeSeconds: Number(match[4]),
+        stepSeconds: Number(match[5]),
+        microbatches: Number(match[6]),
+      });
     }
     return found;
   }
@@ -267,6 +309,12 @@ export class JobLog {
   find(slurmJob: string | undefined, pattern: RegExp): LogLine | undefined {
     return this.lines.find((line) => (slurmJob === undefined || line.slurmJob === slurmJob) && pattern.test(line.text));
   }
+}
+
+/** Makes every micro-batch computed on `node` take `seconds` longer, from its next one; 0 ends it. */
+export function slowMachine(paths: TrainingPaths, node: string, seconds: number): void {
+  mkdirSync(paths.faults, { recursive: true });
+  writeFileSync(join(paths.faults, `slow-${node}`), `${seconds}\n`);
 }
 
 /** Makes `rank` hang at its next step, before the next gradient all-reduce (lab_hang_before_allreduce). */

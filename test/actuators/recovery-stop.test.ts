@@ -9,6 +9,7 @@ import type { LadderStep } from '../../core/ladder.js';
 import { silentLogger } from '../../core/log.js';
 import type { RecoveryJob } from '../../core/queues.js';
 import { JobStore } from '../../controller/job-store.js';
+import { TEST_LAUNCHERS } from '../support/controller.js';
 import { testRedis } from '../support/redis.js';
 
 /**
@@ -23,7 +24,7 @@ const JOB = {
   nodes: ['n00', 'n01'],
   ranksPerNode: 1,
   topology: { dp: 2 },
-  launcher: { kind: 'slurm', command: ['true', '--job-name={job}', '{nodes}', '{version}'] },
+  launcher: 'accept',
   codeVersion: 'v1',
 };
 
@@ -52,6 +53,7 @@ describe('the recovery stop step', () => {
       backend,
       gates: new SafetyGates(store.redis, store.keys, { maxPerWindow: 10, windowSeconds: 600 }, 30),
       jobs,
+      launchers: TEST_LAUNCHERS,
       logger: silentLogger(),
       feedback: async () => undefined,
       quarantine: { afterEvictions: DEFAULT_RECOVERY.quarantineAfterEvictions, windowMs: DEFAULT_RECOVERY.quarantineWindowSeconds * 1000 },

@@ -58,8 +58,8 @@ describe('Slurm backend: cancelling a registered job and launching it in the bac
   });
 
   it('runs a Slurm launcher with the backend environment, so sbatch reaches the same slurmctld', async () => {
-    const spec = { name: 'llama', nodes: ['cx-1'], ranksPerNode: 1, launcher: { kind: 'slurm' as const, command: ['printenv', 'SLURM_CONF'] }, codeVersion: 'v1' };
-    const launched = await launchJob(spec, backend);
+    const spec = { name: 'llama', nodes: ['cx-1'], ranksPerNode: 1, launcher: 'env', codeVersion: 'v1' };
+    const launched = await launchJob(spec, { env: { kind: 'slurm', command: ['printenv', 'SLURM_CONF'] } }, backend);
     expect(launched).toMatchObject({ state: 'launched' });
     expect(launched.detail).toContain(slurm.conf);
   });

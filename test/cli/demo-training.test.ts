@@ -8,11 +8,11 @@ import { runCli } from '../support/cli.js';
 /** `steadfast demo --scenario training`: its input, refused before anything starts (test/lab/ runs the scenarios). */
 describe('steadfast demo --scenario training: input', () => {
   it('runs every scenario by default, or the ones named, in the order given', () => {
-    expect(parseScenarioList(undefined)).toEqual(['machine-fault', 'bad-code', 'crash', 'hang']);
+    expect(parseScenarioList(undefined)).toEqual(['machine-fault', 'bad-code', 'crash', 'hang', 'fail-slow']);
     expect(parseScenarioList('crash, machine-fault')).toEqual(['crash', 'machine-fault']);
   });
 
-  it('runs the hang last, on a lab of its own: 3 ranks and a 10 s stalled-progress bound', () => {
+  it('runs the hang on a lab of its own: 3 ranks and a 10 s stalled-progress bound', () => {
     expect(scenarioLabs(['hang', 'crash', 'machine-fault'])).toEqual([
       { options: {}, names: ['crash', 'machine-fault'] },
       { options: { nodes: 3, standbys: 1, noProgressSeconds: 10 }, names: ['hang'] },
@@ -21,16 +21,24 @@ describe('steadfast demo --scenario training: input', () => {
     expect(scenarioLabs(['crash'])).toEqual([{ options: {}, names: ['crash'] }]);
   });
 
+  it('runs fail-slow on a lab of its own too: the job with micro-batches, fail-slow checks every second and costs of seconds', () => {
+    expect(scenarioLabs(['fail-slow', 'crash', 'hang'])).toEqual([
+      { options: {}, names: ['crash'] },
+      { options: { nodes: 2, standbys: 1, failSlow: { intervalSeconds: 1, costSeconds: { S2: 2, S3: 5, S4: 8 } } }, names: ['fail-slow'] },
+      { options: { nodes: 3, standbys: 1, noProgressSeconds: 10 }, names: ['hang'] },
+    ]);
+  });
+
   it('refuses an unknown or empty scenario list, naming the choices', () => {
-    expect(() => parseScenarioList('fail-slow')).toThrow(InputError);
-    expect(() => parseScenarioList('fail-slow')).toThrow(/unknown fail-slow; choose from machine-fault, bad-code, crash, hang/);
+    expect(() => parseScenarioList('slow-disk')).toThrow(InputError);
+    expect(() => parseScenarioList('slow-disk')).toThrow(/unknown slow-disk; choose from machine-fault, bad-code, crash, hang, fail-slow/);
     expect(() => parseScenarioList(',')).toThrow(/empty/);
   });
 
   it('exits 2 for --scenarios naming no scenario, and for --json or --scenarios without --scenario training', async () => {
-    const unknown = await runCli(demoCommand(), ['--scenario', 'training', '--scenarios', 'fail-slow']);
+    const unknown = await runCli(demoCommand(), ['--scenario', 'training', '--scenarios', 'slow-disk']);
     expect(unknown.exitCode).toBe(2);
-    expect(unknown.stderr).toContain('--scenarios: unknown fail-slow');
+    expect(unknown.stderr).toContain('--scenarios: unknown slow-disk');
     const json = await runCli(demoCommand(), ['--json']);
     expect(json.exitCode).toBe(2);
     expect(json.stderr).toContain('--json and --scenarios go with --scenario training');

@@ -52,7 +52,7 @@ describe('steadfast queues', () => {
   });
 
   it('--json prints counts by state and the five newest failed jobs per queue', async () => {
-    const { stdout, stderr, exitCode } = await runQueues(['--json'], cliEnv);
+    const { stdout, stderr, exitCode } = await runQueues(['--redis', '--json'], cliEnv);
     expect(stderr).toBe('');
     expect(exitCode).toBe(0);
     expect(stdout.endsWith('\n')).toBe(true);
@@ -76,10 +76,10 @@ describe('steadfast queues', () => {
   it('counts the jobs of a paused queue as paused, not waiting', async () => {
     await signals.pause();
     try {
-      const { stdout } = await runQueues(['--json'], cliEnv);
+      const { stdout } = await runQueues(['--redis', '--json'], cliEnv);
       const [queueSignals] = (JSON.parse(stdout) as { queues: QueueSummary[] }).queues;
       expect(queueSignals).toMatchObject({ name: 'signals', isPaused: true, counts: { waiting: 0, delayed: 1, paused: 1 } });
-      const table = await runQueues([], cliEnv);
+      const table = await runQueues(['--redis'], cliEnv);
       expect(table.stdout.split('\n')[0]).toMatch(/waiting 0 .* paused 1 {2}\(queue paused\)$/);
     } finally {
       await signals.resume();
@@ -87,7 +87,7 @@ describe('steadfast queues', () => {
   });
 
   it('prints a table without --json', async () => {
-    const { stdout, exitCode } = await runQueues([], cliEnv);
+    const { stdout, exitCode } = await runQueues(['--redis'], cliEnv);
     expect(exitCode).toBe(0);
     const lines = stdout.trimEnd().split('\n');
     expect(lines[0]).toMatch(/^signals\s+waiting 1 {2}active 0 {2}delayed 1 {2}completed 0 {2}failed 0 {2}paused 0$/);
@@ -100,7 +100,7 @@ describe('steadfast queues', () => {
   });
 
   it('fails (exit code 1) rather than waiting when Redis is unreachable, without printing its password', async () => {
-    const { stdout, stderr, exitCode } = await runQueues(['--json'], { ...cliEnv, STEADFAST_REDIS__URL: 'redis://user:hunter2@127.0.0.1:1' });
+    const { stdout, stderr, exitCode } = await runQueues(['--redis', '--json'], { ...cliEnv, STEADFAST_REDIS__URL: 'redis://user:hunter2@127.0.0.1:1' });
     expect(exitCode).toBe(1);
     expect(stdout).toBe('');
     expect(stderr).toMatch(/^steadfast: Redis at 127\.0\.0\.1:1 is not reachable/);
@@ -108,7 +108,7 @@ describe('steadfast queues', () => {
   });
 
   it('reports an invalid config as a usage error (exit code 2)', async () => {
-    const { stderr, exitCode } = await runQueues(['--json'], { ...cliEnv, STEADFAST_REDIS__PREFIX: 'not a prefix!' });
+    const { stderr, exitCode } = await runQueues(['--redis', '--json'], { ...cliEnv, STEADFAST_REDIS__PREFIX: 'not a prefix!' });
     expect(exitCode).toBe(2);
     expect(stderr).toMatch(/^steadfast: .*prefix/);
   });

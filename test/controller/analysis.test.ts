@@ -14,18 +14,25 @@ import { JobStore } from '../../controller/job-store.js';
 import type { AnalysisJob, LadderEventJob } from '../../core/queues.js';
 import { createAgent, type Agent } from '../../exporters/agent.js';
 import { DIAGNOSE_CONFIG_FLAG, diagnoseCollectorFactory } from '../../exporters/collectors/diagnose.js';
+import type { Launchers } from '../../core/launcher.js';
 import { testRedis } from '../support/redis.js';
 
 const NODES = ['a0', 'a1', 'a2', 'a3'];
 
 // 4 nodes × 2 ranks: TP 2 inside a node, PP 2, DP 2 (Megatron order tp-dp-pp).
-function jobSpec(name: string, replay?: string[]): unknown {
+/** The operator's launchers: one without a replay, and one whose replay "fails" on any group that contains a1 (its silent data corruption). */
+const LAUNCHERS: Launchers = {
+  accept: { kind: 'slurm', command: ['true'] },
+  'replay-a1': { kind: 'slurm', command: ['true'], replay: ['sh', '-c', 'case ",$0," in *,a1,*) exit 1;; esac', '{nodes}'] },
+};
+
+function jobSpec(name: string, launcher = 'accept'): unknown {
   return {
     name,
     nodes: NODES,
     ranksPerNode: 2,
     topology: { tp: 2, pp: 2, dp: 2, order: 'tp-dp-pp' },
-    launcher: { kind: 'slurm', command: ['true'], ...(replay ? { replay } : {}) },
+    launcher,
     codeVersion: 'v1',
   };
 }
@@ -90,7 +97,9 @@ describe('analysis worker', () => {
     return createAnalysisProcessor({
       jobs,
       audit,
-      agents: new AgentDirectory(config.agents),
+      // The dry-run backend knows every node: the agents of the job's nodes are asked.
+      agents: new AgentDirectory(config.agents, async () => true),
+      launchers: LAUNCHERS,
       feedback: async (event) => {
         feedback.push(event);
       },
@@ -195,8 +204,7 @@ describe('analysis worker', () => {
   });
 
   it('runs dual-phase replay with the job\'s replay command and names the one machine in both failing groups', async () => {
-    // The replay "fails" on any group that contains a1 (its silent data corruption).
-    await jobs.create(jobSpec('replay-job', ['sh', '-c', 'case ",$0," in *,a1,*) exit 1;; esac', '{nodes}']));
+    await jobs.create(jobSpec('replay-job', 'replay-a1'));
     const evict = await processor({})(analysisJob({ kind: 'replay', job: 'replay-job', ref: 't2:0', reason: 'restarts keep failing' }));
     expect(evict).toEqual({ evict: ['a1'] });
     expect(feedback.map((entry) => entry.event)).toEqual([{ type: 'replay_result', time: expect.any(Number), culprits: ['a1'] }]);
@@ -207,7 +215,7 @@ describe('analysis worker', () => {
     await jobs.create(jobSpec('no-replay'));
     await processor({})(analysisJob({ kind: 'replay', job: 'no-replay', ref: 't3:0', reason: 'x' }));
     expect(feedback.map((entry) => entry.event)).toEqual([{ type: 'replay_result', time: expect.any(Number), culprits: [] }]);
-    expect((await auditSummaries('t3:0'))[0]).toContain('no replay command registered');
+    expect((await auditSummaries('t3:0'))[0]).toContain('has no replay command');
   });
 
   it('aggregates stack dumps from every node over the rounds and over-evicts the machines of the group whose ranks are stuck', async () => {

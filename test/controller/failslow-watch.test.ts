@@ -16,7 +16,7 @@ const SPEC = {
   nodes: NODES,
   ranksPerNode: 1,
   topology: { tp: 1, pp: 2, dp: 4, order: 'tp-dp-pp' },
-  launcher: { kind: 'slurm', command: ['true'] },
+  launcher: 'accept',
   codeVersion: 'v1',
   microbatches: { perIteration: 16 },
 };
@@ -109,6 +109,12 @@ describe('online fail-slow detection and mitigation (Greyhound §4-5)', () => {
     expect(dispatched[0]?.event).toMatchObject({ type: 'fault', faultClass: 'machine', nodes: ['fs5'] });
   });
 
+  it('puts the even split back the moment S4 hands the slow machine to the ladder, so the relaunched run does not start on a plan made for a straggler it no longer has', async () => {
+    const served = await board.get('fs-job');
+    expect(served).toMatchObject({ strategy: 'even', assignment: [4, 4, 4, 4] });
+    expect(served.reason).toMatch(/^S4: /);
+  });
+
   it('served the S2 assignment to the training loop while it was in force: the slow group got 3 of 16, the slowest iteration 1.25 s instead of 1.5 s', async () => {
     const entries = (await audit.read({ limit: 1000 })).filter((entry) => entry.data.verb === 'failslow_mitigation' && entry.data.strategy === 'S2');
     const planned = (entries[0]?.data.microbatches as { assignment: number[]; predictedSeconds: number }).assignment;
@@ -116,7 +122,8 @@ describe('online fail-slow detection and mitigation (Greyhound §4-5)', () => {
     expect(planned[1]).toBe(3);
     expect(Math.max(...planned.map((m, group) => m * (group === 1 ? 0.375 : 0.25)))).toBe(1.25);
     const served = await board.get('fs-job');
-    expect(served.revision).toBeGreaterThanOrEqual(1);
+    // The S2 plan, then the even split again at S4.
+    expect(served.revision).toBeGreaterThanOrEqual(2);
   });
 
   it('undoes the mitigation when the slow-down is over', async () => {

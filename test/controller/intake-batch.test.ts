@@ -1,6 +1,7 @@
 import { Queue } from 'bullmq';
 import { afterAll, describe, expect, it } from 'vitest';
-import { QUEUE_NAMES } from '../../core/queues.js';
+import { QUEUE_NAMES, queueJobOptions } from '../../core/queues.js';
+import { retentionFromBudget } from '../../core/retention.js';
 import { intakeConnection } from '../../core/redis.js';
 import type { Signal } from '../../core/signal.js';
 import { IntakeBatcher } from '../../controller/intake-batch.js';
@@ -26,7 +27,7 @@ function signal(index: number): Signal {
 describe('intake batching on a real Redis', () => {
   const store = testRedis();
   const connection = intakeConnection(store.url);
-  const intake = new SignalIntake(connection, store.prefix);
+  const intake = new SignalIntake(connection, store.prefix, { jobOptions: queueJobOptions(retentionFromBudget(64)).signals, replicaMarker: store.keys.intakeReplicaMarker });
   const signals = new Queue(QUEUE_NAMES.signals, { connection: store.redis, prefix: store.prefix });
   afterAll(async () => {
     await signals.close();

@@ -9,7 +9,7 @@ const JOB = {
   nodes: ['n00', 'n01', 'n02', 'n03'],
   ranksPerNode: 1,
   topology: { tp: 1, pp: 2, dp: 2, order: 'tp-dp-pp' },
-  launcher: { kind: 'slurm', command: ['sbatch', '--nodelist={nodes}', 'train.sh', '{version}'] },
+  launcher: 'accept',
   codeVersion: 'v1',
 };
 

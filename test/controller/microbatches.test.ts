@@ -11,7 +11,7 @@ const JOB = {
   nodes: ['m00', 'm01', 'm02', 'm03', 'm04', 'm05', 'm06', 'm07'],
   ranksPerNode: 1,
   topology: { tp: 1, pp: 2, dp: 4, order: 'tp-dp-pp' },
-  launcher: { kind: 'slurm', command: ['sbatch', 'train.sh'] },
+  launcher: 'accept',
   codeVersion: 'v1',
   microbatches: { perIteration: 16, multipleOf: 2 },
 };

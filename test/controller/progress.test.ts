@@ -61,7 +61,7 @@ describe('restarts judged by training progress', () => {
     try {
       const started = await startController(testConfig(store.url, store.prefix, { progress: { prometheusUrl: prometheus.url } }));
       controller = started.controller;
-      await post(`${started.url}/api/v1/jobs`, { name: 'llama', nodes: ['n0', 'n1'], ranksPerNode: 1, topology: { dp: 2 }, launcher: { kind: 'slurm', command: ['true'] }, codeVersion: 'v1' });
+      await post(`${started.url}/api/v1/jobs`, { name: 'llama', nodes: ['n0', 'n1'], ranksPerNode: 1, topology: { dp: 2 }, launcher: 'accept', codeVersion: 'v1' });
       await started.controller.backend.holdStandby('spare');
       await post(`${started.url}/api/v1/signals`, { kind: 'gpu_lost', node: 'n1', gpu: '0000:18:00', message: 'gone', time: new Date().toISOString() });
       await until('restart launched', () => started.controller.jobs.get('llama'), (record) => record.spec.nodes.includes('spare'));

@@ -12,7 +12,7 @@ import { DEFAULT_RECOVERY } from '../../core/config.js';
 import { JobStore } from '../../controller/job-store.js';
 import type { LadderStep } from '../../core/ladder.js';
 import type { LadderEventJob, RecoveryJob } from '../../core/queues.js';
-import { post, startController, testConfig } from '../support/controller.js';
+import { TEST_LAUNCHERS, post, startController, testConfig } from '../support/controller.js';
 import { testRedis } from '../support/redis.js';
 import { until } from '../support/until.js';
 
@@ -22,7 +22,7 @@ const JOB = {
   ranksPerNode: 1,
   topology: { pp: 2, dp: 2, order: 'tp-dp-pp' },
   // `true` stands in for sbatch: the launcher accepts the job.
-  launcher: { kind: 'slurm', command: ['true', '{job}', '{nodes}', '{version}'] },
+  launcher: 'accept',
   codeVersion: 'v1',
 };
 
@@ -188,10 +188,10 @@ describe('recovery of a registered job on a real Redis', () => {
 describe('a job run by Kubernetes', () => {
   it('is relaunched through the backend: its pods deleted for their controller to recreate', async () => {
     const store = testRedis();
-    const { controller, url } = await startController(testConfig(store.url, store.prefix));
+    const launchers = { pytorchjob: { kind: 'kubernetes', namespace: 'train', workload: 'pytorchjobs.kubeflow.org/llama', podSelector: 'training.kubeflow.org/job-name=llama' } };
+    const { controller, url } = await startController(testConfig(store.url, store.prefix, { launchers }));
     try {
-      const launcher = { kind: 'kubernetes', namespace: 'train', workload: 'pytorchjobs.kubeflow.org/llama', podSelector: 'training.kubeflow.org/job-name=llama' };
-      expect((await post(`${url}/api/v1/jobs`, { ...JOB, launcher })).status).toBe(201);
+      expect((await post(`${url}/api/v1/jobs`, { ...JOB, launcher: 'pytorchjob' })).status).toBe(201);
       await controller.backend.holdStandby('spare-1');
       await post(`${url}/api/v1/signals`, { kind: 'gpu_lost', node: 'n03', gpu: '0000:18:00', message: 'gone', time: new Date().toISOString() });
       await until('job running on the standby', () => controller.jobs.get('llama'), (record) => record.state === 'running' && record.spec.nodes.includes('spare-1'));
@@ -241,6 +241,7 @@ function recoveryProcessor(
     backend,
     gates: new SafetyGates(store.redis, store.keys, { maxPerWindow: 10, windowSeconds: 600 }, 30),
     jobs,
+    launchers: TEST_LAUNCHERS,
     logger: silentLogger(),
     feedback,
     onPage,

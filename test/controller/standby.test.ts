@@ -61,7 +61,7 @@ describe('standbys through the controller', () => {
       );
       controller = started.controller;
       const { url } = started;
-      await post(`${url}/api/v1/jobs`, { name: 'job-a', nodes: ['n1', 'n2', 'n3', 'n4'], ranksPerNode: 1, launcher: { kind: 'slurm', command: ['true'] }, codeVersion: 'v1', topology: { dp: 4 } });
+      await post(`${url}/api/v1/jobs`, { name: 'job-a', nodes: ['n1', 'n2', 'n3', 'n4'], ranksPerNode: 1, launcher: 'accept', codeVersion: 'v1', topology: { dp: 4 } });
       await until('standbys provisioned', () => started.controller.pool.members(), (members) => members.length === 2, 20_000);
       const view = await fetch(`${url}/api/v1/standby/s1`, { headers: { authorization: `Bearer ${TEST_TOKEN}` } });
       expect(await view.json()).toEqual({ node: 's1', role: 'standby', state: 'self_check' });

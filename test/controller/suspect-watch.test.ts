@@ -7,7 +7,7 @@ import { SuspectWatch } from '../../controller/suspect-watch.js';
 import type { FeatureReading } from '../../analyzers/multisignal-source.js';
 
 const JOB_NODES = ['g00', 'g01', 'g02', 'g03', 'g04', 'g05', 'g06', 'g07'];
-const job = (name: string, nodes: string[]): JobSpec => ({ name, nodes, ranksPerNode: 8, launcher: { kind: 'slurm', command: ['true'] }, codeVersion: 'v1' }) as JobSpec;
+const job = (name: string, nodes: string[]): JobSpec => ({ name, nodes, ranksPerNode: 8, launcher: 'accept', codeVersion: 'v1' }) as JobSpec;
 
 /** Healthy nodes with small differences; `hot` runs hot, slow and retransmitting. */
 function reading(hot: string | undefined, idle: string[] = []): FeatureReading {

@@ -53,7 +53,7 @@ describe('a controller that cannot serve', () => {
     const redis = await startRedis(processes, root, 'redis-down');
     const { controller, url } = await startController(testConfig(redis.url, 'down'));
     try {
-      const job = { name: 'llama', nodes: ['n00', 'n01'], ranksPerNode: 1, topology: { dp: 2 }, launcher: { kind: 'slurm', command: ['true'] }, codeVersion: 'v1' };
+      const job = { name: 'llama', nodes: ['n00', 'n01'], ranksPerNode: 1, topology: { dp: 2 }, launcher: 'accept', codeVersion: 'v1' };
       expect((await post(`${url}/api/v1/jobs`, job)).status).toBe(201);
       await processes.stop('redis-down');
       const auth = { authorization: `Bearer ${TEST_TOKEN}` };

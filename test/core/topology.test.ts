@@ -44,7 +44,7 @@ describe('Topology', () => {
 });
 
 describe('a job spec without every parallel size', () => {
-  const job = { name: 'ddp', nodes: ['n0', 'n1', 'n2'], ranksPerNode: 2, launcher: { kind: 'slurm', command: ['sbatch', 'train.sh'] }, codeVersion: 'v1' };
+  const job = { name: 'ddp', nodes: ['n0', 'n1', 'n2'], ranksPerNode: 2, launcher: 'accept', codeVersion: 'v1' };
 
   it('is plain data parallel without a topology: one replica per rank', () => {
     const { topology } = parseJobSpec(job);

@@ -75,7 +75,7 @@ describe('a controller killed with SIGKILL mid-recovery', () => {
       nodes: JOB_NODES,
       ranksPerNode: 1,
       topology: { pp: 2, dp: 2, order: 'tp-dp-pp' },
-      launcher: { kind: 'slurm', command: ['true', '{job}', '{nodes}', '{version}'] },
+      launcher: 'accept',
       codeVersion: 'v1',
     });
     expect(registered).toBe(201);

@@ -94,7 +94,7 @@ describe('a leaf-switch failure on the real parts', () => {
       nodes: RACK_A,
       ranksPerNode: 1,
       topology: { pp: 4, dp: 8, order: 'tp-dp-pp' },
-      launcher: { kind: 'slurm', command: ['true', '{job}', '{nodes}', '{version}'] },
+      launcher: 'accept',
       codeVersion: 'v1',
     });
     expect(registered).toBe(201);

@@ -26,7 +26,7 @@ const KEEP_JOB = {
   nodes: ['keep-00', 'keep-01'],
   ranksPerNode: 1,
   topology: { tp: 1, pp: 1, dp: 2, order: 'tp-dp-pp' },
-  launcher: { kind: 'slurm', command: ['sbatch', '--nodelist={nodes}', 'train.sh', '{version}'] },
+  launcher: 'accept',
   codeVersion: 'v1',
 };
 const FUZZ_JOB = { ...KEEP_JOB, name: 'fuzz-job', nodes: ['n00', 'n01', 'n02', 'n03'], topology: { tp: 1, pp: 2, dp: 2, order: 'tp-dp-pp' } };
@@ -52,6 +52,8 @@ function pathParameter(valid: string): fc.Arbitrary<string> {
 
 interface Target {
   readonly name: string;
+  /** POST unless named. */
+  readonly method?: 'PUT' | 'DELETE';
   readonly path: fc.Arbitrary<string>;
   readonly bodies: readonly unknown[];
   readonly allowed: readonly number[];
@@ -79,6 +81,37 @@ const TARGETS: readonly Target[] = [
     bodies: [{ ok: true, detail: '' }, { ok: false, detail: 'gpu 3 missing' }],
     allowed: [200, 400, 404, 413, 415],
   },
+  // keep-job is left alone: it must come through the fuzzing as it was.
+  {
+    name: 'PUT /api/v1/jobs/:id/policy',
+    method: 'PUT',
+    path: pathParameter('fuzz-job').filter((id) => id !== 'keep-job').map((id) => `/api/v1/jobs/${id}/policy`),
+    bodies: [{ recovery: false }, { recovery: true, dryRun: true }, { dryRun: false }],
+    allowed: [200, 400, 404, 413, 415],
+  },
+  {
+    name: 'DELETE /api/v1/jobs/:id',
+    method: 'DELETE',
+    path: pathParameter('fuzz-job').filter((id) => id !== 'keep-job').map((id) => `/api/v1/jobs/${id}`),
+    bodies: [{}],
+    allowed: [200, 400, 404, 413, 415],
+  },
+  {
+    name: 'PUT /api/v1/holds/:node',
+    method: 'PUT',
+    path: pathParameter('n02').map((node) => `/api/v1/holds/${node}`),
+    bodies: [{ reason: 'DIMM swap' }, { reason: 'firmware', durationSeconds: 3600 }, { reason: 'cable', until: '2099-01-01T00:00:00Z' }],
+    // 404: a path such as /holds/.. that names no endpoint.
+    allowed: [200, 400, 404, 413, 415],
+  },
+  {
+    name: 'DELETE /api/v1/holds/:node',
+    method: 'DELETE',
+    path: pathParameter('n02').map((node) => `/api/v1/holds/${node}`),
+    bodies: [{}],
+    allowed: [200, 400, 404, 413, 415],
+  },
+  { name: 'POST /api/v1/pause', path: fc.constant('/api/v1/pause'), bodies: [{ reason: 'fuzzing' }, {}], allowed: [200, 400, 413, 415] },
 ];
 
 /** The edge cases of what the controller takes, each with the answer it must give: the body's encoding, NULs, and content types. */
@@ -116,11 +149,11 @@ function edgeCases(bases: readonly unknown[]): fc.Arbitrary<EdgeCase> {
   );
 }
 
-async function send(url: string, path: string, request: RequestBody): Promise<{ status: number; contentType: string; text: string }> {
+async function send(url: string, path: string, request: RequestBody, method: 'POST' | 'PUT' | 'DELETE' = 'POST'): Promise<{ status: number; contentType: string; text: string }> {
   const headers: Record<string, string> = { authorization: `Bearer ${TEST_TOKEN}` };
   if (request.contentType !== undefined) headers['content-type'] = request.contentType;
   if (request.contentEncoding !== undefined) headers['content-encoding'] = request.contentEncoding;
-  const response = await fetch(`${url}${path}`, { method: 'POST', headers, body: request.body });
+  const response = await fetch(`${url}${path}`, { method, headers, body: request.body });
   return { status: response.status, contentType: response.headers.get('content-type') ?? '', text: await response.text() };
 }
 
@@ -192,7 +225,7 @@ describe('controller HTTP intake under fuzzing', () => {
       REPORT,
       name,
       fc.record({ path: target.path, request: requestBodies(target.bodies) }),
-      async ({ path, request }) => expectWellFormed(await send(url, path, request), target.allowed, { path, ...request, body: String(request.body).slice(0, 300) }),
+      async ({ path, request }) => expectWellFormed(await send(url, path, request, target.method), target.allowed, { path, ...request, body: String(request.body).slice(0, 300) }),
       PER_ENDPOINT,
     );
   });

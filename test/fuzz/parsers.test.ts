@@ -252,7 +252,7 @@ describe('parsers under fuzzing', () => {
   it('job specs throw only InputError', async () => {
     const job = {
       name: 'llama', nodes: ['n00', 'n01'], ranksPerNode: 2, topology: { tp: 2, pp: 1, dp: 2, order: 'tp-dp-pp' },
-      launcher: { kind: 'slurm', command: ['sbatch', '--nodelist={nodes}', 'train.sh', '{version}'], replay: ['srun', 'replay.sh'] }, codeVersion: 'v1', microbatches: { perIteration: 8, multipleOf: 2 },
+      launcher: 'accept', codeVersion: 'v1', microbatches: { perIteration: 8, multipleOf: 2 },
     };
     const kubernetes = { ...job, launcher: { kind: 'kubernetes', namespace: 'ml', workload: 'pytorchjobs.kubeflow.org/llama', podSelector: 'training.kubeflow.org/job-name=llama' } };
     await fuzz(REPORT, 'core/job parseJobSpec', fc.oneof(mutationsOf(job), mutationsOf(kubernetes)), (spec) => outcomeOf(() => parseJobSpec(spec), InputError), budget(400, 2));

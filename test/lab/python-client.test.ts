@@ -35,7 +35,7 @@ describe('the Python training client', () => {
       nodes: ['node-1', 'node-2'],
       ranksPerNode: 1,
       topology: { dp: 2 },
-      launcher: { kind: 'slurm', command: ['sbatch', '--nodelist={nodes}', 'train.sbatch'] },
+      launcher: 'accept',
       codeVersion: 'v1',
       microbatches: { perIteration: 8 },
     });

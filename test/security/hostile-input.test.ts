@@ -9,7 +9,10 @@ import type { Controller } from '../../controller/service.js';
 import { diagnoseRequestSchema } from '../../core/diagnostics.js';
 import { DoNotRetryError, InputError } from '../../core/errors.js';
 import { fastPathEventSchema } from '../../core/fast-path-event.js';
-import { launchArgv, parseJobSpec, type Launcher } from '../../core/job.js';
+import { configSchema } from '../../core/config.js';
+import { launchArgv, parseJobSpec } from '../../core/job.js';
+import type { SlurmLauncher } from '../../core/launcher.js';
+import { parseOrThrow } from '../../core/validate.js';
 import { nodeNameSchema } from '../../core/names.js';
 import { post, startController, testConfig } from '../support/controller.js';
 import { HOSTILE_STRINGS } from '../support/hostile.js';
@@ -28,10 +31,10 @@ const JOB = {
   nodes: ['n00', 'n01'],
   ranksPerNode: 1,
   topology: { dp: 2 },
-  launcher: { kind: 'slurm', command: ['sbatch', '--nodelist={nodes}', 'train.sh', '{version}'] },
+  launcher: 'accept',
   codeVersion: 'v1',
 };
-const SLURM_LAUNCHER: Extract<Launcher, { kind: 'slurm' }> = { kind: 'slurm', command: ['sbatch', '--job-name={job}', '--nodelist={nodes}', 'train.sh', '{version}'] };
+const SLURM_LAUNCHER: SlurmLauncher = { kind: 'slurm', command: ['sbatch', '--job-name={job}', '--nodelist={nodes}', 'train.sh', '{version}'] };
 
 /** Hostile as a code version too: 64 letters only break the 63-character limit of names; a version may have 128. */
 const HOSTILE_VERSIONS = [...HOSTILE_STRINGS.filter((text) => text !== 'a'.repeat(64)), 'a'.repeat(129), 'release/../../etc'];
@@ -64,12 +67,16 @@ describe('names at the edge', () => {
     }
   });
 
-  it('refuses hostile code versions and launcher arguments with control characters in a job spec', () => {
+  it('refuses hostile code versions in a job spec, and launcher arguments with control characters or unknown placeholders in the configuration', () => {
     for (const version of HOSTILE_VERSIONS) expect(() => parseJobSpec({ ...JOB, codeVersion: version }), JSON.stringify(version.slice(0, 40))).toThrow(/codeVersion/);
     for (const version of ['v1', 'v1.2.3', 'release/2.1+cu124', 'sha256:0123abcd', 'main@2026-11-21', 'a'.repeat(128)]) expect(parseJobSpec({ ...JOB, codeVersion: version }).spec.codeVersion).toBe(version);
     for (const arg of ['train.sh\n--wrap=id', 'train\0.sh', 'train.sh\r', '\u007f']) {
-      expect(() => parseJobSpec({ ...JOB, launcher: { kind: 'slurm', command: ['sbatch', arg] } })).toThrow(/launcher\.command\.1: must not contain control characters/);
-      expect(() => parseJobSpec({ ...JOB, launcher: { kind: 'slurm', command: ['sbatch'], replay: ['srun', arg] } })).toThrow(/launcher\.replay\.1/);
+      expect(() => parseOrThrow(configSchema, { launchers: { train: { kind: 'slurm', command: ['sbatch', arg] } } }, 'config')).toThrow(/launchers\.train\.command\.1: must not contain control characters/);
+      expect(() => parseOrThrow(configSchema, { launchers: { train: { kind: 'slurm', command: ['sbatch'], replay: ['srun', arg] } } }, 'config')).toThrow(/launchers\.train\.replay\.1/);
+    }
+    expect(() => parseOrThrow(configSchema, { launchers: { train: { kind: 'slurm', command: ['sbatch', '--uid={user}'] } } }, 'config')).toThrow(/may use only the placeholders \{job\}, \{nodes\}, \{version\}/);
+    for (const launcher of [{ kind: 'slurm', command: ['sbatch', 'train.sh'] }, ['sbatch', 'train.sh'], 'Train!', '../bin/sh']) {
+      expect(() => parseJobSpec({ ...JOB, launcher }), JSON.stringify(launcher)).toThrow(/launcher/);
     }
   });
 

@@ -8,7 +8,7 @@ import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { configSchema, loadConfig } from '../../core/config.js';
 import { InputError } from '../../core/errors.js';
 import { silentLogger } from '../../core/log.js';
-import { intakeConnection, redactedRedisUrl, workerConnection, type RedisSettings } from '../../core/redis.js';
+import { describeRedis, intakeConnection, redactedRedisUrl, redisConnectionOptions, workerConnection, type RedisSettings } from '../../core/redis.js';
 import { Controller } from '../../controller/service.js';
 import { ProcessGroup, freePort, waitFor } from '../../sim/processes.js';
 import { TEST_TOKEN, post } from '../support/controller.js';
@@ -169,11 +169,34 @@ describe('Redis settings', () => {
       prefix: 'steadfast',
       passwordFile: '/etc/steadfast/redis-password',
       tls: { caFile: '/etc/ca.pem' },
+      minReplicasAcked: 0,
+      replicaAckTimeoutMs: 1000,
+      retentionBudgetMB: 1024,
     });
     expect(() => loadConfig({ env: { STEADFAST_REDIS__URL: 'redis://:secret@redis:6379', STEADFAST_REDIS__PASSWORD_FILE: '/x' } })).toThrow(/redis\.passwordFile: give the password in the URL or in passwordFile, not both/);
     expect(() => loadConfig({ env: { STEADFAST_REDIS__TLS__CA_FILE: '/etc/ca.pem' } })).toThrow(/redis\.tls: tls settings need a rediss:\/\/ URL/);
     expect(() => loadConfig({ env: { STEADFAST_REDIS__URL: 'redis://[::1' } })).toThrow(/redis\.url: is not a valid URL/);
     expect(() => loadConfig({ env: { STEADFAST_REDIS__URL: 'http://redis:6379' } })).toThrow(/redis\.url/);
+  });
+
+  it('validates sentinels: they need the master group name, and their password file needs them', () => {
+    const configFile = join(root, 'sentinel.yaml');
+    const write = (redis: object): string => {
+      writeFileSync(configFile, JSON.stringify({ redis }));
+      return configFile;
+    };
+    expect(() => loadConfig({ file: write({ sentinels: [{ host: 'a', port: 26379 }] }), env: {} })).toThrow(/redis\.name: sentinels and name go together/);
+    expect(() => loadConfig({ file: write({ name: 'mymaster' }), env: {} })).toThrow(/redis\.name: sentinels and name go together/);
+    expect(() => loadConfig({ file: write({ sentinelPasswordFile: '/x' }), env: {} })).toThrow(/redis\.sentinelPasswordFile: sentinelPasswordFile needs sentinels/);
+    expect(() => loadConfig({ file: write({ sentinels: [{ host: 'a', port: 0 }], name: 'm' }), env: {} })).toThrow(/redis\.sentinels\.0\.port: must be a port number/);
+    expect(() => loadConfig({ file: write({ sentinels: [], name: 'm' }), env: {} })).toThrow(/redis\.sentinels/);
+    expect(() => loadConfig({ file: write({ minReplicasAcked: -1 }), env: {} })).toThrow(/redis\.minReplicasAcked/);
+
+    const config = loadConfig({ file: write({ sentinels: [{ host: 's1', port: 26379 }, { host: 's2', port: 26380 }], name: 'mymaster', sentinelPasswordFile: secretFile('sentinel.txt', 'sentinel-secret\n') }), env: {} });
+    const { options } = redisConnectionOptions(config.redis);
+    expect(options).toMatchObject({ sentinels: [{ host: 's1', port: 26379 }, { host: 's2', port: 26380 }], name: 'mymaster', sentinelPassword: 'sentinel-secret' });
+    expect(describeRedis(config.redis)).toBe('primary of "mymaster" from sentinels s1:26379, s2:26380');
+    expect(() => redisConnectionOptions({ ...config.redis, sentinelPasswordFile: secretFile('blank.txt', '\n') })).toThrow(/redis\.sentinelPasswordFile: .* is empty/);
   });
 
   it('keeps the password out of what it logs', () => {

@@ -1,12 +1,18 @@
 import { configSchema, type Config } from '../../core/config.js';
+import type { Launchers } from '../../core/launcher.js';
 import { silentLogger } from '../../core/log.js';
 import { Controller } from '../../controller/service.js';
 
 export const TEST_TOKEN = 'test-token-0123456789abcdef';
 
+/** The launcher test controllers are configured with: `true` stands in for sbatch and accepts every job. */
+export const TEST_LAUNCHER = 'accept';
+export const TEST_LAUNCHERS: Launchers = { [TEST_LAUNCHER]: { kind: 'slurm', command: ['true', '{job}', '{nodes}', '{version}'] } };
+
 export function testConfig(redisUrl: string, prefix: string, overrides: Partial<Record<keyof Config, object>> = {}): Config {
+  // Every test controller knows the `accept` launcher; a test adds its own under `launchers`.
   return configSchema.parse({
-    redis: { url: redisUrl, prefix },
+    redis: { url: redisUrl, prefix, ...(overrides.redis ?? {}) },
     controller: { host: '127.0.0.1', port: 0, metrics: { port: 0 }, token: TEST_TOKEN, ...(overrides.controller ?? {}) },
     backend: { kind: 'dry-run', ...(overrides.backend ?? {}) },
     safety: { ...(overrides.safety ?? {}) },
@@ -14,6 +20,8 @@ export function testConfig(redisUrl: string, prefix: string, overrides: Partial<
     policy: { ...(overrides.policy ?? {}) },
     standby: { ...(overrides.standby ?? {}) },
     progress: { ...(overrides.progress ?? {}) },
+    launchers: { ...TEST_LAUNCHERS, ...(overrides.launchers ?? {}) },
+    ...(overrides.agents ? { agents: overrides.agents } : {}),
     ...(overrides.grafana ? { grafana: overrides.grafana } : {}),
   });
 }

@@ -114,7 +114,7 @@ describe('stack aggregation from faulthandler dumps taken through the agent', ()
     // Two nodes of two ranks each; rank 3 waits on its data queue while the others are in a collective.
     const started = await Promise.all([rank('collective', 0), rank('collective', 1), rank('collective', 2), rank('dataloader', 3)]);
     const urls = { 'gpu-node-07': await agentOf('gpu-node-07'), 'gpu-node-08': await agentOf('gpu-node-08') };
-    const directory = new AgentDirectory({ urlTemplate: 'http://{node}:9401', urls, token: TOKEN, traceTimeoutSeconds: 10, diagnoseTimeoutSeconds: 60 });
+    const directory = new AgentDirectory({ urlTemplate: 'http://{node}:9401', urls, token: TOKEN, traceTimeoutSeconds: 10, diagnoseTimeoutSeconds: 60 }, async () => true);
     // Both agents read this machine's /proc: each is given its node's ranks, as it would find them alone there.
     const pidsOf = new Map([
       [urls['gpu-node-07'], started.slice(0, 2).map((python) => python.pid)],

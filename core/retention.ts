@@ -1,0 +1,64 @@
+import type { JobsOptions } from 'bullmq';
+
+/**
+ * How much of Redis steadfast's history may take, turned into counts (docs/limits.md). Redis
+ * holds the queues (BullMQ) and the audit trail; work still to do is never dropped, but finished
+ * jobs and old audit entries are, by count and by age, whichever comes first. The counts come
+ * from a byte budget and the bytes one item takes, measured by bench/redis-memory.ts on Redis 7
+ * (the figures there, rounded up).
+ */
+
+/** A finished signal job: its hash (the signal with evidence), its place in the finished set. */
+export const SIGNAL_JOB_BYTES = 3 * 1024;
+/** A finished action, recovery or analysis job (a decision, steps or a request). */
+export const WORK_JOB_BYTES = 4 * 1024;
+/** Most an audit entry's summary and data may take; AuditLog cuts larger ones to fit. */
+export const AUDIT_SUMMARY_MAX_CHARS = 512;
+export const AUDIT_DATA_MAX_BYTES = 3 * 1024;
+/** An audit entry at its largest, with its stream overhead and its write-once marker. */
+export const AUDIT_ENTRY_BYTES = AUDIT_SUMMARY_MAX_CHARS + AUDIT_DATA_MAX_BYTES + 512;
+
+const DAY_SECONDS = 24 * 3600;
+
+/** The budget's shares: the audit is what people read later, signals what dedupe needs. */
+const SHARE = { audit: 0.45, signals: 0.4, work: 0.15 } as const;
+
+export interface Retention {
+  /** Finished-job retention per queue, for BullMQ's removeOnComplete / removeOnFail. */
+  readonly signals: { readonly completed: KeepJobs; readonly failed: KeepJobs };
+  readonly work: { readonly completed: KeepJobs; readonly failed: KeepJobs };
+  /** Entries the audit stream is trimmed to (approximately, by whole stream nodes). */
+  readonly auditEntries: number;
+}
+
+export interface KeepJobs {
+  readonly age: number;
+  readonly count: number;
+}
+
+/**
+ * The retention for `budgetMB` MiB. `auditMaxEntries` (controller.auditMaxLength) caps the audit
+ * further. Failed jobs get a tenth of their queue's share: they are kept longer, for review.
+ */
+export function retentionFromBudget(budgetMB: number, auditMaxEntries = Number.POSITIVE_INFINITY): Retention {
+  const bytes = budgetMB * 1024 * 1024;
+  const count = (share: number, itemBytes: number): number => Math.max(100, Math.floor((bytes * share) / itemBytes));
+  const signals = count(SHARE.signals, SIGNAL_JOB_BYTES);
+  const work = count(SHARE.work, WORK_JOB_BYTES);
+  return {
+    signals: {
+      completed: { age: DAY_SECONDS, count: Math.ceil(signals * 0.9) },
+      failed: { age: 7 * DAY_SECONDS, count: Math.max(100, Math.floor(signals * 0.1)) },
+    },
+    work: {
+      completed: { age: 7 * DAY_SECONDS, count: Math.ceil(work * 0.9) },
+      failed: { age: 30 * DAY_SECONDS, count: Math.max(100, Math.floor(work * 0.1)) },
+    },
+    auditEntries: Math.min(auditMaxEntries, count(SHARE.audit, AUDIT_ENTRY_BYTES)),
+  };
+}
+
+/** BullMQ job options: `retry` with the retention of the queue's kind. */
+export function withRetention(retry: JobsOptions, keep: Retention['signals']): JobsOptions {
+  return { ...retry, removeOnComplete: { ...keep.completed }, removeOnFail: { ...keep.failed } };
+}

@@ -1,0 +1,165 @@
+import { setTimeout as sleep } from 'node:timers/promises';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { AuditLog } from '../../core/audit.js';
+import type { Config } from '../../core/config.js';
+import { silentLogger } from '../../core/log.js';
+import { Keys, workerConnection, type Redis } from '../../core/redis.js';
+import { Controller } from '../../controller/service.js';
+import { ControlPlane } from '../../sim/control-plane.js';
+import { RedisHa, SENTINEL_GROUP } from '../../sim/redis-ha.js';
+
+/**
+ * The primary Redis dies (SIGKILL) in the middle of a storm of webhooks and fast-path signals;
+ * three sentinels promote its replica, and the controller, pointed at the sentinels, follows.
+ * The controller acknowledges only writes a replica confirmed (WAIT, redis.minReplicasAcked 1),
+ * so every request answered 202 must have all its signals audited and acted on after the
+ * failover. Whatever was not answered 202 was answered 503, and the test's senders retry it as
+ * Alertmanager and the agents do.
+ */
+
+const VICTIMS = Array.from({ length: 20 }, (_, index) => `f-${String(index + 1).padStart(2, '0')}`);
+const BYSTANDERS = Array.from({ length: 10 }, (_, index) => `g-${String(index + 1).padStart(2, '0')}`);
+const PREFIX = 'failover';
+
+interface Sent {
+  readonly url: string;
+  readonly body: unknown;
+}
+
+describe('the primary Redis killed mid-storm, a replica promoted by the sentinels', () => {
+  let plane: ControlPlane;
+  let ha: RedisHa;
+  let controller: Controller;
+  let url: string;
+  let reader: Redis;
+  let redisSettings: Config['redis'];
+
+  beforeAll(async () => {
+    plane = await ControlPlane.start({ nodes: [...VICTIMS, ...BYSTANDERS], redisUrl: 'redis://127.0.0.1:1' });
+    ha = await RedisHa.start(plane.processes, plane.root, { replicas: 1, sentinels: 3, downAfterMs: 1000 });
+    const config = plane.controllerConfig(PREFIX);
+    redisSettings = { ...config.redis, sentinels: ha.sentinels, name: SENTINEL_GROUP, minReplicasAcked: 1, replicaAckTimeoutMs: 500 };
+    controller = new Controller({ config: { ...config, redis: redisSettings }, logger: silentLogger() });
+    url = `http://127.0.0.1:${(await controller.start()).port}`;
+    reader = workerConnection(redisSettings);
+    // It follows the sentinels to the new primary by itself; in between there is nothing to do.
+    reader.on('error', () => undefined);
+  }, 60_000);
+
+  afterAll(async () => {
+    reader?.disconnect();
+    await controller?.close();
+    await plane?.stop();
+  });
+
+  /** Sends until answered 202, like a sender whose retries outlast the failover. */
+  async function deliver(request: Sent, deadline: number): Promise<{ ids: string[]; statuses: (number | string)[] }> {
+    const statuses: (number | string)[] = [];
+    while (Date.now() < deadline) {
+      try {
+        const response = await fetch(request.url, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json', authorization: `Bearer ${plane.token}` },
+          body: JSON.stringify(request.body),
+          signal: AbortSignal.timeout(10_000),
+        });
+        const body = (await response.json()) as { ids?: string[] };
+        statuses.push(response.status);
+        if (response.status === 202) return { ids: body.ids ?? [], statuses };
+      } catch (error) {
+        statuses.push(error instanceof Error ? error.name : 'error');
+      }
+      await sleep(250);
+    }
+    return { ids: [], statuses };
+  }
+
+  it('loses no signal it answered 202 for, answers 503 otherwise, and drains each faulty node once', async () => {
+    const requests: Sent[] = [];
+    const start = Date.now();
+    for (let index = 0; index < 160; index += 1) {
+      const time = new Date(start + index).toISOString();
+      const bystander = BYSTANDERS[index % BYSTANDERS.length] as string;
+      if (index % 8 === 0) {
+        const node = VICTIMS[(index / 8) % VICTIMS.length] as string;
+        requests.push({ url: `${url}/api/v1/signals`, body: { kind: 'xid', node, gpu: '0000:3a:00', xid: 79, message: 'GPU has fallen off the bus.', time } });
+      } else if (index % 2 === 0) {
+        requests.push({ url: `${url}/api/v1/signals`, body: { kind: 'xid', node: bystander, gpu: '0000:18:00', xid: 13, message: 'Graphics Exception', time } });
+      } else {
+        const alerts = [0, 1, 2, 3].map((gpu) => ({
+          status: 'firing',
+          labels: { alertname: 'SteadfastGpuTemperatureHigh', node: bystander, gpu: String(gpu), pci_bus_id: `0000:1${gpu}:00`, severity: 'warning', domain: 'gpu' },
+          annotations: { summary: 'A GPU runs hot.' },
+          startsAt: time,
+        }));
+        requests.push({ url: `${url}/api/v1/alerts`, body: { version: '4', status: 'firing', receiver: 'steadfast-controller', alerts } });
+      }
+    }
+
+    // Six senders work through the storm; the primary is killed a second in.
+    const deadline = Date.now() + 40_000;
+    const queue = [...requests];
+    const results: { ids: string[]; statuses: (number | string)[] }[] = [];
+    const senders = Array.from({ length: 6 }, async () => {
+      for (let request = queue.shift(); request; request = queue.shift()) {
+        results.push(await deliver(request, deadline));
+        await sleep(150);
+      }
+    });
+    await sleep(1000);
+    const answeredBeforeKill = results.length;
+    const { from, to } = await ha.failover();
+    await Promise.all(senders);
+
+    expect(to).not.toBe(from);
+    expect(answeredBeforeKill, 'requests answered before the kill').toBeGreaterThan(0);
+    expect(results).toHaveLength(requests.length);
+    expect(results.every((result) => result.ids.length > 0), 'every request was eventually answered 202').toBe(true);
+    const refusals = results.flatMap((result) => result.statuses.filter((status) => status !== 202));
+    expect(refusals.length, 'requests turned away during the failover').toBeGreaterThan(0);
+    expect(new Set(refusals), 'how requests were turned away').toEqual(new Set([503]));
+
+    const accepted = new Set(results.flatMap((result) => result.ids));
+    const audit = new AuditLog(reader, new Keys(PREFIX));
+    const audited = await (async () => {
+      const until = Date.now() + 30_000;
+      for (;;) {
+        const refs = (await audit.read({ limit: 10_000, type: 'signal' })).map((entry) => entry.ref);
+        const missing = [...accepted].filter((id) => !refs.includes(id));
+        if (missing.length === 0 || Date.now() > until) return { refs, missing };
+        await sleep(250);
+      }
+    })();
+    expect(audited.missing, 'accepted signals that never reached the audit').toEqual([]);
+    expect(new Set(audited.refs).size).toBe(audited.refs.length);
+
+    await sleep(1000);
+    const drains = plane.slurmDrainCounts();
+    for (const node of VICTIMS) expect(drains.get(node), `Slurm drains of ${node}`).toBe(1);
+    for (const node of BYSTANDERS) expect(drains.has(node), `${node} drained`).toBe(false);
+  }, 90_000);
+
+  it('answers 503 with Retry-After while no replica confirms a write, and stores the retry once a replica is back', async () => {
+    const event = { kind: 'xid', node: 'g-01', gpu: '0000:18:00', xid: 13, message: 'Graphics Exception', time: new Date().toISOString() };
+    const post = (): Promise<Response> =>
+      fetch(`${url}/api/v1/signals`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${plane.token}` }, body: JSON.stringify(event) });
+    await ha.killReplicas();
+    const refused = await post();
+    expect(refused.status).toBe(503);
+    expect(refused.headers.get('retry-after')).toBe('5');
+    expect(((await refused.json()) as { error: string }).error).toMatch(/0 of the 1 required replicas confirmed the write within 500 ms/);
+
+    await ha.restartReplicas();
+    const accepted = await post();
+    expect(accepted.status).toBe(202);
+    const [id] = ((await accepted.json()) as { ids: string[] }).ids;
+    const audit = new AuditLog(reader, new Keys(PREFIX));
+    const entries = await (async () => {
+      for (const until = Date.now() + 15_000; ; await sleep(200)) {
+        const found = await audit.read({ limit: 100, type: 'signal', ref: id });
+        if (found.length > 0 || Date.now() > until) return found;
+      }
+    })();
+    expect(entries, 'the signal refused, then retried, is audited once').toHaveLength(1);
+  }, 60_000);
+});
