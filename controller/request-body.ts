@@ -115,8 +115,12 @@ export function jsonBody(
   refuse: (req: Request, res: Response, refusal: BodyRefused) => void,
 ): (req: Request, res: Response, next: NextFunction) => void {
   const { maxBytes, budget } = limits;
+  // One request may pass this middleware more than once (it sits in front of several routers):
+  // the body is read the first time only.
+  const read = new WeakSet<Request>();
   return (req, res, next) => {
-    if (!hasBody(req)) return next();
+    if (read.has(req) || !hasBody(req)) return next();
+    read.add(req);
     const refusedHeaders = refuseHeaders(req, maxBytes);
     if (refusedHeaders) return refuse(req, res, refusedHeaders);
     const declared = req.headers['content-length'] === undefined ? maxBytes : Number(req.headers['content-length']);
