@@ -20,18 +20,18 @@ export function createRecoveryProcessor(deps: RecoveryActuatorDeps): (job: Job<R
   return async (job) => {
     const parsed = recoveryJobSchema.safeParse(job.data);
     if (!parsed.success) throw new UnrecoverableError(new InputError(`invalid recovery job payload: ${parsed.error.message}`).message);
-    const { transitionId, steps } = parsed.data;
+    const { transitionId, steps, origin } = parsed.data;
     const paused = await gates.paused();
     if (paused !== undefined) {
       // Paused: nothing of the transition runs; the refusal is on record and a person is told.
-      for (const [index, step] of steps.entries()) await recordStep(deps, { transitionId, index, step }, 'refused', `actions are paused: ${paused}`);
+      for (const [index, step] of steps.entries()) await recordStep(deps, { transitionId, index, step, origin }, 'refused', `actions are paused: ${paused}`);
       return { done: 0 };
     }
     let done = 0;
     for (const [index, step] of steps.entries()) {
       const marker = keys.recoveryStep(transitionId, index);
       if ((await redis.get(marker)) === 'done') continue;
-      const proceed = await runStep(deps, { transitionId, index, step });
+      const proceed = await runStep(deps, { transitionId, index, step, origin });
       await redis.set(marker, 'done', 'EX', STEP_DONE_TTL_SECONDS);
       done += 1;
       if (!proceed) {

@@ -1,13 +1,26 @@
 import { configSchema, type Config } from '../../core/config.js';
+import { agentTokenFor } from '../../core/credentials.js';
 import { silentLogger } from '../../core/log.js';
 import { Controller } from '../../controller/service.js';
 
+/** The operator's credential: every scope (controller/scopes.ts). */
 export const TEST_TOKEN = 'test-token-0123456789abcdef';
+export const READ_ONLY_TOKEN = 'read-only-token-0123456789';
+export const ALERTMANAGER_TOKEN = 'alertmanager-token-0123456789';
+export const AGENT_SECRET = 'agent-secret-0123456789abcdef0123456789';
+
+/** The node-bound credential of `node`'s agent under AGENT_SECRET. */
+export function agentToken(node: string): string {
+  return agentTokenFor(AGENT_SECRET, node);
+}
+
+/** Every role's credential, as `controller.auth` takes them. */
+export const TEST_AUTH = { operatorToken: TEST_TOKEN, readOnlyToken: READ_ONLY_TOKEN, alertmanagerToken: ALERTMANAGER_TOKEN, agentSecret: AGENT_SECRET };
 
 export function testConfig(redisUrl: string, prefix: string, overrides: Partial<Record<keyof Config, object>> = {}): Config {
   return configSchema.parse({
     redis: { url: redisUrl, prefix },
-    controller: { host: '127.0.0.1', port: 0, token: TEST_TOKEN, ...(overrides.controller ?? {}) },
+    controller: { host: '127.0.0.1', port: 0, auth: TEST_AUTH, ...(overrides.controller ?? {}) },
     backend: { kind: 'dry-run', ...(overrides.backend ?? {}) },
     safety: { ...(overrides.safety ?? {}) },
     recovery: { ...(overrides.recovery ?? {}) },
