@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AuditEntry } from '../../core/audit.js';
 import { agentTokenFor } from '../../core/credentials.js';
 import type { Controller } from '../../controller/service.js';
-import { ALERTMANAGER_TOKEN, READ_ONLY_TOKEN, TEST_TOKEN, agentToken, startController, testConfig, xidAlertPayload } from '../support/controller.js';
+import { ALERTMANAGER_TOKEN, READ_ONLY_TOKEN, TEST_LAUNCHER, TEST_TOKEN, agentToken, startController, testConfig, xidAlertPayload } from '../support/controller.js';
 import { testRedis } from '../support/redis.js';
 import { until } from '../support/until.js';
 
@@ -17,7 +17,7 @@ const JOB = {
   nodes: ['node-1', 'node-2'],
   ranksPerNode: 1,
   topology: { dp: 2 },
-  launcher: { kind: 'slurm', command: ['true'] },
+  launcher: TEST_LAUNCHER,
   codeVersion: 'v1',
 };
 
