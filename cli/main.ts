@@ -14,6 +14,7 @@ import { queuesCommand } from './queues.js';
 import { planCommand } from './plan.js';
 import { resumeCommand } from './resume.js';
 import { simulateCommand } from './simulate.js';
+import { tokenCommand } from './token.js';
 import { EXIT_USAGE } from './common.js';
 
 // commander exits 0 for --help and --version; every usage error (unknown option, bad value) exits 2.
@@ -34,7 +35,7 @@ function withUsageErrors(command: Command): Command {
   return command;
 }
 
-for (const command of [agentCommand(), controllerCommand(), auditCommand(), jobsCommand(), queuesCommand(), ...pauseCommands(), ...holdCommands(), resumeCommand(), planCommand(), analyzeCommand(), detectCommand(), simulateCommand(), dashboardsCommand(), demoCommand(), labCommand()]) {
+for (const command of [agentCommand(), controllerCommand(), auditCommand(), jobsCommand(), queuesCommand(), ...pauseCommands(), ...holdCommands(), resumeCommand(), planCommand(), analyzeCommand(), detectCommand(), simulateCommand(), dashboardsCommand(), demoCommand(), labCommand(), tokenCommand()]) {
   program.addCommand(withUsageErrors(command));
 }
 
