@@ -5,22 +5,21 @@ import type { Logger } from '../core/log.js';
 /**
  * The handler of the controller's metrics listener (config `controller.metrics`), apart from the
  * intake's port so that scrapes, which carry no token, can be kept to Prometheus by a firewall.
- * Rendering reads queue depths and job ratios from Redis; scrapes that arrive within
- * `reuseMs` of a render share it, so a flood of scrapes costs Redis and the event loop one
- * render per interval, not one per request.
+ * Rendering reads queue depths and job ratios from Redis; scrapes that arrive while a rendering
+ * is under way share it, so a flood of scrapes costs Redis one rendering at a time, not one per
+ * request, and a scrape that arrives after the last one finished always gets fresh values.
  */
-export function metricsHandler(registry: Registry, logger: Logger, reuseMs = 1000): (req: IncomingMessage, res: ServerResponse) => void {
-  let latest: { at: number; text: Promise<string> } | undefined;
+export function metricsHandler(registry: Registry, logger: Logger): (req: IncomingMessage, res: ServerResponse) => void {
+  let underWay: Promise<string> | undefined;
 
   function render(): Promise<string> {
-    const now = Date.now();
-    if (latest && now - latest.at < reuseMs) return latest.text;
+    if (underWay) return underWay;
     const text = registry.metrics();
-    latest = { at: now, text };
-    // A failed render is not reused.
-    text.catch(() => {
-      if (latest?.text === text) latest = undefined;
-    });
+    underWay = text;
+    const done = (): void => {
+      if (underWay === text) underWay = undefined;
+    };
+    text.then(done, done);
     return text;
   }
 

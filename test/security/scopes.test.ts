@@ -34,6 +34,7 @@ describe('scoped credentials on the real controller', () => {
   const store = testRedis();
   let controller: Controller;
   let url: string;
+  let metricsUrl: string;
 
   async function call(token: string, method: string, path: string, body?: unknown): Promise<Answer> {
     const response = await fetch(`${url}${path}`, {
@@ -46,7 +47,7 @@ describe('scoped credentials on the real controller', () => {
   }
 
   async function forbiddenCount(): Promise<number> {
-    const text = await (await fetch(`${url}/metrics`)).text();
+    const text = await (await fetch(`${metricsUrl}/metrics`)).text();
     return text
       .split('\n')
       .filter((line) => line.startsWith('steadfast_requests_rejected_total{') && line.includes('reason="forbidden"'))
@@ -56,7 +57,7 @@ describe('scoped credentials on the real controller', () => {
   const accessEntries = (): Promise<AuditEntry[]> => controller.audit.read({ limit: 10_000, type: 'access' });
 
   beforeAll(async () => {
-    ({ controller, url } = await startController(testConfig(store.url, store.prefix)));
+    ({ controller, url, metricsUrl } = await startController(testConfig(store.url, store.prefix)));
     expect((await call(TEST_TOKEN, 'POST', '/api/v1/jobs', JOB)).status).toBe(201);
   });
 
