@@ -88,6 +88,13 @@ async function redisUsedMemory(redis: ReturnType<typeof workerConnection>): Prom
   return Number(/^used_memory:(\d+)/m.exec(info)?.[1] ?? Number.NaN);
 }
 
+/** CPU seconds the Redis server has used (user + system), from INFO cpu. */
+async function redisCpuSeconds(redis: ReturnType<typeof workerConnection>): Promise<number> {
+  const info = await redis.info('cpu');
+  const field = (name: string): number => Number(new RegExp(`^${name}:([\\d.]+)`, 'm').exec(info)?.[1] ?? Number.NaN);
+  return field('used_cpu_user') + field('used_cpu_sys');
+}
+
 async function main(): Promise<void> {
   const root = mkdtempSync(join(tmpdir(), 'steadfast-bench-intake-'));
   const group = new ProcessGroup();
@@ -96,7 +103,7 @@ async function main(): Promise<void> {
     const config = configSchema.parse({
       redis: { url: redisPart.url, prefix: PREFIX },
       // Every sender shares 127.0.0.1 here: the per-client limits would see one client.
-      controller: { port: await freePort(), metrics: { port: 0 }, token: TOKEN, rateLimit: { requestsPerSecond: 0 }, connections: { maxPerClient: 0 } },
+      controller: { port: await freePort(), metrics: { port: 0 }, auth: { alertmanagerToken: TOKEN }, rateLimit: { requestsPerSecond: 0 }, connections: { maxPerClient: 0 } },
       backend: { kind: 'dry-run' },
     });
     const nodeArgs = PROFILE_DIR === undefined ? [] : ['--cpu-prof', `--cpu-prof-dir=${PROFILE_DIR}`];
@@ -118,6 +125,7 @@ async function main(): Promise<void> {
 
     const memoryBefore = await redisUsedMemory(redis);
     const cpuBefore = controller.cpuSeconds();
+    const redisCpuBefore = await redisCpuSeconds(redis);
     const loadBefore = loadavg()[0] ?? 0;
     const results: Sent[] = [];
     const started = performance.now();
@@ -130,6 +138,7 @@ async function main(): Promise<void> {
     const processedAll = await waitForProcessed(signals, warmed + accepted.length);
     const processSeconds = (performance.now() - started) / 1000;
     const cpuSeconds = controller.cpuSeconds() - cpuBefore;
+    const redisCpu = (await redisCpuSeconds(redis)) - redisCpuBefore;
     const loadAfter = loadavg()[0] ?? 0;
     const memoryAfter = await redisUsedMemory(redis);
 
@@ -154,6 +163,7 @@ async function main(): Promise<void> {
     process.stdout.write(`| latency p50 / p99 (ms) | ${quantile(latencies, 0.5).toFixed(1)} / ${quantile(latencies, 0.99).toFixed(1)} |\n`);
     process.stdout.write(`| lost (202 without its signal in Redis) | ${lost} |\n`);
     process.stdout.write(`| controller CPU seconds per 1,000 alerts (intake and policy) | ${((cpuSeconds / accepted.length) * 1000).toFixed(3)} |\n`);
+    process.stdout.write(`| Redis CPU seconds per 1,000 alerts | ${((redisCpu / accepted.length) * 1000).toFixed(3)} |\n`);
     process.stdout.write(`| Redis bytes per alert (job, completed record, audit entry) | ${((memoryAfter - memoryBefore) / accepted.length).toFixed(0)} |\n`);
     agent.destroy();
     await signals.close();
