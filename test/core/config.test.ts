@@ -68,6 +68,16 @@ describe('configuration', () => {
     expect(() => loadConfig({ env: { STEADFAST_QUEUES__LOCK_DURATION_SECONDS: '3601' } })).toThrow(/queues\.lockDurationSeconds/);
   });
 
+  it('sizes the intake for the shipped max_alerts, serves metrics on their own port, and refuses a budget below one body or a metrics port on the API\'s', () => {
+    const { controller } = loadConfig({ env: {} });
+    expect(controller).toMatchObject({ bodyLimitBytes: 4 * 1024 * 1024, inFlightBodyBytes: 16 * 1024 * 1024, metrics: { port: 9402 } });
+    expect(loadConfig({ env: { STEADFAST_CONTROLLER__METRICS__PORT: '9500', STEADFAST_CONTROLLER__METRICS__HOST: '10.0.0.1' } }).controller.metrics).toEqual({ port: 9500, host: '10.0.0.1' });
+    expect(() => loadConfig({ env: { STEADFAST_CONTROLLER__IN_FLIGHT_BODY_BYTES: '65536', STEADFAST_CONTROLLER__BODY_LIMIT_BYTES: '131072' } })).toThrow(/controller\.inFlightBodyBytes: must be at least bodyLimitBytes/);
+    expect(() => loadConfig({ env: { STEADFAST_CONTROLLER__METRICS__PORT: '9400' } })).toThrow(/controller\.metrics\.port: must differ from controller\.port/);
+    // On another address the same port is no clash.
+    expect(loadConfig({ env: { STEADFAST_CONTROLLER__METRICS__PORT: '9400', STEADFAST_CONTROLLER__METRICS__HOST: '10.0.0.1' } }).controller.metrics.port).toBe(9400);
+  });
+
   it('names the bad field when a value has the wrong type', () => {
     const path = file('bad-type.yaml', 'controller:\n  port: "ninety"\n');
     expect(() => loadConfig({ file: path, env: {} })).toThrow(/invalid config: controller\.port: /);
