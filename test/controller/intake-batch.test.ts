@@ -58,6 +58,14 @@ describe('intake batching on a real Redis', () => {
     expect(writes.sort()).toEqual([3, 3, 5]);
   });
 
+  it('stores a signal two requests of one batch both carry once, and answers both (an Alertmanager pair sends each alert twice)', async () => {
+    const batcher = new IntakeBatcher((batch) => intake.enqueue(batch));
+    const before = await signals.count();
+    await Promise.all([batcher.enqueue([signal(300)]), batcher.enqueue([signal(300), signal(301)])]);
+    expect(await signals.count()).toBe(before + 2);
+    expect((await signals.getJob('s-batch-300'))?.data.signal).toEqual(signal(300));
+  });
+
   it('fails every request of a batch whose write fails, so each sender retries', async () => {
     const batcher = new IntakeBatcher(() => Promise.reject(new Error('Redis went away')));
     const answers = await Promise.allSettled([batcher.enqueue([signal(200)]), batcher.enqueue([signal(201)])]);
