@@ -1,5 +1,6 @@
 import { Command, type CommanderError } from 'commander';
 import { agentCommand } from './agent.js';
+import { alertmanagerConfigCommand } from './alertmanager-config.js';
 import { analyzeCommand } from './analyze.js';
 import { auditCommand } from './audit.js';
 import { controllerCommand } from './controller.js';
@@ -13,6 +14,7 @@ import { pauseCommands } from './pause.js';
 import { queuesCommand } from './queues.js';
 import { planCommand } from './plan.js';
 import { resumeCommand } from './resume.js';
+import { rulesCommand } from './rules.js';
 import { simulateCommand } from './simulate.js';
 import { EXIT_USAGE } from './common.js';
 
@@ -34,7 +36,7 @@ function withUsageErrors(command: Command): Command {
   return command;
 }
 
-for (const command of [agentCommand(), controllerCommand(), auditCommand(), jobsCommand(), queuesCommand(), ...pauseCommands(), ...holdCommands(), resumeCommand(), planCommand(), analyzeCommand(), detectCommand(), simulateCommand(), dashboardsCommand(), demoCommand(), labCommand()]) {
+for (const command of [agentCommand(), controllerCommand(), auditCommand(), jobsCommand(), queuesCommand(), ...pauseCommands(), ...holdCommands(), resumeCommand(), planCommand(), analyzeCommand(), detectCommand(), simulateCommand(), dashboardsCommand(), rulesCommand(), alertmanagerConfigCommand(), demoCommand(), labCommand()]) {
   program.addCommand(withUsageErrors(command));
 }
 
