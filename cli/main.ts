@@ -15,6 +15,7 @@ import { queuesCommand } from './queues.js';
 import { planCommand } from './plan.js';
 import { resumeCommand } from './resume.js';
 import { rulesCommand } from './rules.js';
+import { sdCommand } from './sd.js';
 import { simulateCommand } from './simulate.js';
 import { EXIT_USAGE } from './common.js';
 
@@ -36,7 +37,7 @@ function withUsageErrors(command: Command): Command {
   return command;
 }
 
-for (const command of [agentCommand(), controllerCommand(), auditCommand(), jobsCommand(), queuesCommand(), ...pauseCommands(), ...holdCommands(), resumeCommand(), planCommand(), analyzeCommand(), detectCommand(), simulateCommand(), dashboardsCommand(), rulesCommand(), alertmanagerConfigCommand(), demoCommand(), labCommand()]) {
+for (const command of [agentCommand(), controllerCommand(), auditCommand(), jobsCommand(), queuesCommand(), ...pauseCommands(), ...holdCommands(), resumeCommand(), planCommand(), analyzeCommand(), detectCommand(), simulateCommand(), dashboardsCommand(), rulesCommand(), alertmanagerConfigCommand(), sdCommand(), demoCommand(), labCommand()]) {
   program.addCommand(withUsageErrors(command));
 }
 
