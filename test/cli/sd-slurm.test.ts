@@ -92,7 +92,7 @@ describe('Prometheus file_sd targets from the Slurm node list', () => {
     expect(result.stderr).toContain("option '--interval <duration>' argument 'often' is invalid");
   });
 
-  it('passes promtool check config: the Slurm scrape config with these targets, and the Kubernetes one's jobs and relabelling', async () => {
+  it('passes promtool check config: the Slurm scrape config with these targets, and the jobs and relabelling of the Kubernetes one', async () => {
     for (const config of [scrapeConfigCopy('slurm.yml', root, rulesDir, targets), scrapeConfigCopy('kubernetes.yml', root, rulesDir)]) {
       const { stdout } = await run(PROMTOOL, ['check', 'config', config]);
       expect(stdout).toContain('SUCCESS');
