@@ -3,6 +3,7 @@ import { agentCommand } from './agent.js';
 import { alertmanagerConfigCommand } from './alertmanager-config.js';
 import { analyzeCommand } from './analyze.js';
 import { auditCommand } from './audit.js';
+import { checkCommand } from './check.js';
 import { controllerCommand } from './controller.js';
 import { dashboardsCommand } from './dashboards.js';
 import { demoCommand } from './demo.js';
@@ -37,7 +38,7 @@ function withUsageErrors(command: Command): Command {
   return command;
 }
 
-for (const command of [agentCommand(), controllerCommand(), auditCommand(), jobsCommand(), queuesCommand(), ...pauseCommands(), ...holdCommands(), resumeCommand(), planCommand(), analyzeCommand(), detectCommand(), simulateCommand(), dashboardsCommand(), rulesCommand(), alertmanagerConfigCommand(), sdCommand(), demoCommand(), labCommand()]) {
+for (const command of [agentCommand(), controllerCommand(), auditCommand(), jobsCommand(), queuesCommand(), ...pauseCommands(), ...holdCommands(), resumeCommand(), planCommand(), analyzeCommand(), detectCommand(), simulateCommand(), dashboardsCommand(), rulesCommand(), alertmanagerConfigCommand(), sdCommand(), checkCommand(), demoCommand(), labCommand()]) {
   program.addCommand(withUsageErrors(command));
 }
 
