@@ -1,5 +1,6 @@
-import { execFile } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { execFile, spawn } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, rmSync, unlinkSync, writeFileSync } from 'node:fs';
+import { once } from 'node:events';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { promisify } from 'node:util';
@@ -84,6 +85,23 @@ describe('Prometheus file_sd targets from the Slurm node list', () => {
     expect(result.exitCode).toBe(1);
     expect(result.stderr).toContain('no-such-sinfo failed');
     expect(readFileSync(targets, 'utf8')).toBe(before);
+  });
+
+  it('with --interval keeps the file current (here: restores it after it was removed) until SIGTERM, then exits 0', async () => {
+    if (!existsSync(join(ROOT, 'dist', 'cli', 'main.js'))) throw new Error('dist/ is missing: run `npm run build` (npm test does it)');
+    const kept = join(root, 'kept.json');
+    const child = spawn(process.execPath, [join(ROOT, 'bin', 'steadfast.js'), 'sd', 'slurm', '--out', kept, '--slurm-conf', slurm.conf, '--interval', '1s'], { stdio: 'ignore' });
+    const exited = once(child, 'exit');
+    try {
+      await until('the first targets file', async () => existsSync(kept), Boolean);
+      const first = readFileSync(kept, 'utf8');
+      unlinkSync(kept);
+      await until('the targets file written again', async () => existsSync(kept), Boolean);
+      expect(readFileSync(kept, 'utf8')).toBe(first);
+    } finally {
+      child.kill('SIGTERM');
+    }
+    expect(await exited).toEqual([0, null]);
   });
 
   it('refuses an interval that is no duration, naming the flag', async () => {
