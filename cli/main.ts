@@ -18,6 +18,7 @@ import { resumeCommand } from './resume.js';
 import { rulesCommand } from './rules.js';
 import { sdCommand } from './sd.js';
 import { simulateCommand } from './simulate.js';
+import { tokenCommand } from './token.js';
 import { EXIT_USAGE } from './common.js';
 
 // commander exits 0 for --help and --version; every usage error (unknown option, bad value) exits 2.
@@ -38,7 +39,7 @@ function withUsageErrors(command: Command): Command {
   return command;
 }
 
-for (const command of [agentCommand(), controllerCommand(), auditCommand(), jobsCommand(), queuesCommand(), ...pauseCommands(), ...holdCommands(), resumeCommand(), planCommand(), analyzeCommand(), detectCommand(), simulateCommand(), dashboardsCommand(), rulesCommand(), alertmanagerConfigCommand(), sdCommand(), checkCommand(), demoCommand(), labCommand()]) {
+for (const command of [agentCommand(), controllerCommand(), auditCommand(), jobsCommand(), queuesCommand(), ...pauseCommands(), ...holdCommands(), resumeCommand(), planCommand(), analyzeCommand(), detectCommand(), simulateCommand(), dashboardsCommand(), rulesCommand(), alertmanagerConfigCommand(), sdCommand(), checkCommand(), demoCommand(), labCommand(), tokenCommand()]) {
   program.addCommand(withUsageErrors(command));
 }
 

@@ -4,27 +4,24 @@ import { ExpressAdapter } from '@bull-board/express';
 import type { Queue } from 'bullmq';
 import type express from 'express';
 import type { NextFunction, Request, Response } from 'express';
-import { bearerOrBasicAuth } from './auth.js';
 
 export const QUEUE_BOARD_PATH = '/queues';
 
 export interface QueueBoardOptions {
   /** Offer retry, remove, pause, clean and the other writes; off by default (a read-only board). */
   readonly allowActions?: boolean;
-  /** Called for each request turned away for want of a valid token (e.g. to count it). */
-  readonly onReject?: (req: Request) => void;
 }
 
 /**
  * Serves bull-board, the BullMQ web UI, at /queues: the steadfast queues' counts, jobs, their
- * data and failure reasons. It sits behind the API token, given as a bearer header or, since a
- * browser cannot send one, as the HTTP Basic password (any user name; the 401 makes the browser
- * prompt). Read-only unless `allowActions`: the board hides its write buttons, and every
+ * data and failure reasons. It sits behind `guard`, the controller's auth middleware, which takes
+ * a read credential as a bearer header or, since a browser cannot send one, as the HTTP Basic
+ * password (any user name; the 401 makes the browser prompt). Read-only unless `allowActions`: the board hides its write buttons, and every
  * request other than GET or HEAD is refused here as well, before it reaches the board.
  *
  * Mount it before the app's catch-all 404 handler.
  */
-export function mountQueueBoard(app: express.Express, queues: Queue[], token: string, options: QueueBoardOptions = {}): void {
+export function mountQueueBoard(app: express.Express, queues: Queue[], guard: express.RequestHandler, options: QueueBoardOptions = {}): void {
   const allowActions = options.allowActions ?? false;
   const serverAdapter = new ExpressAdapter();
   serverAdapter.setBasePath(QUEUE_BOARD_PATH);
@@ -36,7 +33,7 @@ export function mountQueueBoard(app: express.Express, queues: Queue[], token: st
   // bull-board's adapter is a whole express app, mounted here as a sub-app.
   const board: express.Express = serverAdapter.getRouter();
   board.disable('x-powered-by');
-  app.use(QUEUE_BOARD_PATH, bearerOrBasicAuth(token, options.onReject), allowActions ? sameOriginWrites : readOnly, board);
+  app.use(QUEUE_BOARD_PATH, guard, allowActions ? sameOriginWrites : readOnly, board);
 }
 
 function isRead(req: Request): boolean {

@@ -1,6 +1,7 @@
 import type { Queue } from 'bullmq';
 import express, { type NextFunction, type Request, type Response } from 'express';
 import type { AuditLog } from '../core/audit.js';
+import type { Credentials } from '../core/credentials.js';
 import { auditQuerySchema } from '../core/audit.js';
 import { InputError, RetryLaterError, StoreUnavailableError, errorMessage } from '../core/errors.js';
 import { ClientRateLimiter, rateLimitMessage, type RateLimitSettings } from '../core/rate-limit.js';
@@ -9,14 +10,15 @@ import type { Logger } from '../core/log.js';
 import type { Signal } from '../core/signal.js';
 import { describeIssues } from '../core/validate.js';
 import { signalsFromWebhook, webhookPayloadSchema } from './alertmanager.js';
-import { bearerAuth } from './auth.js';
+import { AccessAudit, ForbiddenError, authorize, identityOf, requireOwnNode, sendForbidden } from './auth.js';
 import { signalFromFastPath } from './fast-path-signal.js';
 import type { ControllerMetrics } from './metrics.js';
 import { mountQueueBoard } from './queue-board.js';
 import { summarizeQueue } from './queue-summary.js';
 
 export interface ServerDeps {
-  readonly token: string;
+  /** Who may call what: controller/scopes.ts. */
+  readonly credentials: Credentials;
   readonly bodyLimitBytes: number;
   /** Per-client limit on every write (POST, PUT, PATCH, DELETE) under /api/v1; absent or 0 per second: none. */
   readonly rateLimit?: RateLimitSettings | undefined;
@@ -27,7 +29,7 @@ export interface ServerDeps {
   readonly logger: Logger;
   /** More authenticated API routes (jobs, standbys). */
   readonly routers?: readonly express.Router[];
-  /** Queues shown read-only on bull-board at /queues (bearer token, or Basic with the token as password). */
+  /** Queues shown read-only on bull-board at /queues (a read credential, as bearer or as the Basic password). */
   readonly queues?: Queue[];
 }
 
@@ -64,7 +66,9 @@ export function createApp(deps: ServerDeps): express.Express {
   const { metrics, logger } = deps;
   const app = express();
   app.disable('x-powered-by');
-  const auth = bearerAuth(deps.token, (req) => metrics.requestsRejected.inc({ endpoint: endpointLabel(req), reason: 'unauthorized' }));
+  const access = new AccessAudit(deps.audit, logger);
+  const onReject = (req: Request, reason: 'unauthorized' | 'forbidden'): void => metrics.requestsRejected.inc({ endpoint: endpointLabel(req), reason });
+  const auth = authorize({ credentials: deps.credentials, access, onReject });
   const json = express.json({ limit: deps.bodyLimitBytes, type: () => true });
 
   function reject(res: Response, endpoint: string, status: number, reason: string, message: string): void {
@@ -109,27 +113,33 @@ export function createApp(deps: ServerDeps): express.Express {
     });
   }
 
-  app.post('/api/v1/alerts', auth, json, async (req, res) => {
+  app.use('/api/v1', auth);
+
+  app.post('/api/v1/alerts', json, async (req, res) => {
     const parsed = webhookPayloadSchema.safeParse(req.body);
     if (!parsed.success) {
       reject(res, 'alerts', 400, 'invalid', `invalid Alertmanager webhook payload: ${describeIssues(parsed.error.issues)}`);
       return;
     }
-    await accept(res, 'alerts', signalsFromWebhook(parsed.data, new Date()));
+    const origin = identityOf(res);
+    await accept(res, 'alerts', signalsFromWebhook(parsed.data, new Date()).map((signal) => ({ ...signal, origin })));
   });
 
-  app.post('/api/v1/signals', auth, json, async (req, res) => {
+  app.post('/api/v1/signals', json, async (req, res) => {
     const parsed = fastPathBodySchema.safeParse(req.body);
     if (!parsed.success) {
       reject(res, 'signals', 400, 'invalid', `invalid fast-path event: ${describeIssues(parsed.error.issues)}`);
       return;
     }
     const events = Array.isArray(parsed.data) ? parsed.data : [parsed.data];
+    const origin = identityOf(res);
+    // An agent speaks for its own node only; none of a batch is stored if one event is not.
+    for (const event of events) requireOwnNode(origin, event.node, 'signals', 'report a fault');
     const now = new Date();
-    await accept(res, 'signals', events.map((event) => signalFromFastPath(event, now)));
+    await accept(res, 'signals', events.map((event) => ({ ...signalFromFastPath(event, now), origin })));
   });
 
-  app.get('/api/v1/audit', auth, async (req, res) => {
+  app.get('/api/v1/audit', async (req, res) => {
     const query = auditQuerySchema.safeParse(req.query);
     if (!query.success) {
       reject(res, 'audit', 400, 'invalid', `invalid audit query: ${describeIssues(query.error.issues)}`);
@@ -147,13 +157,13 @@ export function createApp(deps: ServerDeps): express.Express {
   });
 
   // What `steadfast queues` prints: counts by state and the newest failures of each queue.
-  app.get('/api/v1/queues', auth, async (_req, res) => {
+  app.get('/api/v1/queues', async (_req, res) => {
     res.json({ queues: await Promise.all((deps.queues ?? []).map((queue) => summarizeQueue(queue))) });
   });
 
-  for (const router of deps.routers ?? []) app.use('/api/v1', auth, json, router);
+  for (const router of deps.routers ?? []) app.use('/api/v1', json, router);
   if (deps.queues) {
-    mountQueueBoard(app, deps.queues, deps.token, { onReject: () => metrics.requestsRejected.inc({ endpoint: 'queues', reason: 'unauthorized' }) });
+    mountQueueBoard(app, deps.queues, authorize({ credentials: deps.credentials, access, onReject, basic: true }));
   }
 
   app.use((_req, res) => {
@@ -167,6 +177,8 @@ export function createApp(deps: ServerDeps): express.Express {
       // Too late for an answer: the client sees the connection end instead of a half response.
       logger.warn({ err: error, path: req.path }, 'request failed after its answer began');
       res.destroy();
+    } else if (error instanceof ForbiddenError) {
+      sendForbidden({ access, onReject }, req, res, error.identity, error.scope, error.message);
     } else if (status === 413) {
       reject(res, endpoint, 413, 'too_large', `request body larger than ${deps.bodyLimitBytes} bytes`);
     } else if (status !== undefined && status < 500) {

@@ -5,6 +5,8 @@ import { Queue, Worker } from 'bullmq';
 import { AuditLog } from '../core/audit.js';
 import type { Config } from '../core/config.js';
 import { resolveToken } from '../core/config.js';
+import { resolveCredentials } from '../core/auth-config.js';
+import { CONTROLLER_IDENTITY, Credentials } from '../core/credentials.js';
 import { errorMessage } from '../core/errors.js';
 import type { Logger } from '../core/log.js';
 import { retentionFromBudget } from '../core/retention.js';
@@ -104,11 +106,14 @@ export class Controller {
   private readonly progress: ProgressWatch | undefined;
   /** Posts finished actions to Grafana when the config has a `grafana` section. */
   readonly grafana: GrafanaAnnotator | undefined;
+  /** Who may call the API; read at construction, so a missing credential stops the start. */
+  private readonly credentials: Credentials | undefined;
 
   constructor(private readonly options: ControllerOptions) {
     const { config } = options;
     // Read before any connection opens, so a missing token file leaves nothing to close.
     const grafanaToken = config.grafana ? resolveToken(config.grafana, 'grafana') : undefined;
+    this.credentials = (options.http ?? true) ? new Credentials(resolveCredentials(config.controller.auth)) : undefined;
     this.keys = new Keys(config.redis.prefix);
     this.intakeRedis = intakeConnection(config.redis);
     this.workerRedis = workerConnection(config.redis);
@@ -193,13 +198,14 @@ export class Controller {
     await this.waitForRedis();
     if (this.options.workers ?? true) this.startWorkers();
     if (!(this.options.http ?? true)) return { port: 0 };
-    const token = resolveToken(config.controller, 'controller');
+    const credentials = this.credentials;
+    if (!credentials) throw new Error('the controller was made without HTTP; start() cannot serve it');
     // The API answers from the fail-fast intake connection: a Redis outage is a 503, not a hang.
     const apiJobs = new JobStore(this.intakeRedis, this.keys);
     const apiAudit = new AuditLog(this.intakeRedis, this.keys, this.auditEntries);
     const budget = { maxPerWindow: drainBudget(config.safety), windowSeconds: config.safety.windowSeconds };
     const app = createApp({
-      token,
+      credentials,
       bodyLimitBytes: config.controller.bodyLimitBytes,
       rateLimit: config.controller.rateLimit,
       enqueue: (signals) => this.intake.enqueue(signals),
@@ -394,7 +400,7 @@ export class Controller {
     const started = await this.pool.reconcile(inUse.size, unavailable, now);
     for (const node of started) {
       await this.audit.append(
-        { type: 'action', ref: `standby-${node}-${now}`, node, summary: `standby ${node}: provisioning (held by ${this.backend.name}; waiting for its agent's self-check)`, data: { verb: 'provision_standby', node, state: 'done' } },
+        { type: 'action', ref: `standby-${node}-${now}`, node, summary: `standby ${node}: provisioning (held by ${this.backend.name}; waiting for its agent's self-check)`, data: { verb: 'provision_standby', node, state: 'done' }, actor: CONTROLLER_IDENTITY },
         `standby:${node}:${now}`,
       );
     }

@@ -2,6 +2,7 @@ import { readFileSync } from 'node:fs';
 import { parse as parseYaml } from 'yaml';
 import { z } from 'zod';
 import { InputError, errorMessage } from './errors.js';
+import { authSchema } from './auth-config.js';
 import { checkNameSchema } from './diagnostics.js';
 import { nodeNameSchema } from './names.js';
 import { launcherNameSchema, launcherSchema } from './launcher.js';
@@ -86,9 +87,11 @@ export const configSchema = z
         port: portSchema.default(9400),
         /** Largest request body accepted, in bytes; larger answers 413. */
         bodyLimitBytes: int().min(1024).max(64 * 1024 * 1024).default(1024 * 1024),
-        /** Bearer token required on every write API; give it here, in tokenFile, or both unset to refuse to start. */
-        token: z.string().min(16, 'must be at least 16 characters').optional(),
-        tokenFile: z.string().min(1).optional(),
+        /** One credential per role (core/auth-config.ts); with none the controller refuses to start. */
+        auth: authSchema.prefault({}),
+        /** The single all-powerful token of earlier versions; refused with a pointer to `auth`. */
+        token: z.unknown().optional(),
+        tokenFile: z.unknown().optional(),
         /** Approximate length the audit stream is trimmed to. */
         auditMaxLength: int().min(100).default(100_000),
         /**
@@ -126,6 +129,13 @@ export const configSchema = z
           .prefault({}),
       })
       .strict()
+      .superRefine((controller, context) => {
+        for (const key of ['token', 'tokenFile'] as const) {
+          if (controller[key] !== undefined) {
+            context.addIssue({ code: 'custom', path: [key], message: 'the single controller token is gone: give each role its own credential under controller.auth (operatorTokenFile, readOnlyTokenFile, alertmanagerTokenFile, agentSecretFile)' });
+          }
+        }
+      })
       .prefault({}),
     backend: z
       .object({
@@ -410,7 +420,7 @@ export function loadConfig(options: { file?: string | undefined; env?: NodeJS.Pr
   return parseOrThrow(configSchema, merged, 'config');
 }
 
-/** The controller's bearer token, from the config or the file it names (trailing newline removed). */
+/** A bearer token (Grafana's, the agents'), from the config or the file it names (trailing newline removed). */
 export function resolveToken(config: { token?: string | undefined; tokenFile?: string | undefined }, what: string): string {
   if (config.token) return config.token;
   if (config.tokenFile) {

@@ -1,5 +1,6 @@
 import { createHash, randomUUID } from 'node:crypto';
 import { z } from 'zod';
+import { identitySchema } from './credentials.js';
 import { nodeNameSchema } from './names.js';
 
 /**
@@ -38,6 +39,8 @@ export const signalSchema = z.object({
   fingerprint: z.string().min(1).max(256),
   source: z.enum(SIGNAL_SOURCES),
   evidence: z.record(z.string().max(EVIDENCE_KEY_MAX), evidenceValue),
+  /** The credential that delivered it (an agent of its node, Alertmanager, an operator); absent for the controller's own analyzers. */
+  origin: identitySchema.optional(),
 });
 
 export type Signal = z.infer<typeof signalSchema>;

@@ -103,7 +103,7 @@ export class ScaleCluster {
     await this.step('controller process (HTTP and workers)', () => this.controller.start());
     this.audit = new AuditLog(this.redis, this.keys);
     this.backend = createBackend(config, this.redis, this.keys);
-    this.fleet = new SimulatedFleet({ nodes: this.names, controllerUrl: this.controllerUrl, controllerToken: this.plane.token });
+    this.fleet = new SimulatedFleet({ nodes: this.names, controllerUrl: this.controllerUrl, agentToken: (node) => this.plane.credentials.agentToken(node) });
     await this.fleet.start();
     if (jobNodes.length > 0) await this.registerJob(jobNodes);
 
@@ -111,7 +111,7 @@ export class ScaleCluster {
       startAlertmanager(
         this.plane.processes,
         this.plane.root,
-        renderAlertmanagerConfig({ webhookUrl: `${this.controllerUrl}/api/v1/alerts`, credentialsFile: this.plane.tokenFile, groupWait: '0s', groupInterval: '1s' }),
+        renderAlertmanagerConfig({ webhookUrl: `${this.controllerUrl}/api/v1/alerts`, credentialsFile: this.plane.credentials.alertmanagerTokenFile, groupWait: '0s', groupInterval: '1s' }),
       ),
     );
     this.prometheus = await this.step(`Prometheus scraping ${this.names.length} node targets`, () =>
@@ -132,7 +132,7 @@ export class ScaleCluster {
     this.fleet.runJob('scale-job', nodes);
     const response = await fetch(`${this.controllerUrl}/api/v1/jobs`, {
       method: 'POST',
-      headers: { 'content-type': 'application/json', authorization: `Bearer ${this.plane.token}` },
+      headers: { 'content-type': 'application/json', authorization: `Bearer ${this.plane.credentials.operator}` },
       body: JSON.stringify({
         name: 'scale-job',
         nodes,

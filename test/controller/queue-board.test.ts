@@ -3,8 +3,12 @@ import type { AddressInfo } from 'node:net';
 import { Queue } from 'bullmq';
 import express from 'express';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { AuditLog } from '../../core/audit.js';
+import { Credentials } from '../../core/credentials.js';
+import { silentLogger } from '../../core/log.js';
+import { AccessAudit, authorize } from '../../controller/auth.js';
 import { mountQueueBoard } from '../../controller/queue-board.js';
-import { TEST_TOKEN } from '../support/controller.js';
+import { ALERTMANAGER_TOKEN, READ_ONLY_TOKEN, TEST_TOKEN } from '../support/controller.js';
 import { testRedis } from '../support/redis.js';
 
 interface BoardQueue {
@@ -45,13 +49,15 @@ describe('queue board at /queues', () => {
     await actions.add('drain', { node: 'gpu-1' }, { delay: 60_000 });
     const app = express();
     app.disable('x-powered-by'); // as createApp does; the board's own sub-app must not add it back
-    mountQueueBoard(app, [signals, actions], TEST_TOKEN);
+    const credentials = new Credentials({ operator: TEST_TOKEN, readOnly: READ_ONLY_TOKEN, alertmanager: ALERTMANAGER_TOKEN });
+    const guard = authorize({ credentials, access: new AccessAudit(new AuditLog(env.redis, env.keys), silentLogger()), onReject: () => undefined, basic: true });
+    mountQueueBoard(app, [signals, actions], guard);
     app.use((_req, res) => {
       res.status(404).json({ error: 'no such endpoint' });
     });
     readOnly = await listen(app);
     const writableApp = express();
-    mountQueueBoard(writableApp, [signals, actions], TEST_TOKEN, { allowActions: true });
+    mountQueueBoard(writableApp, [signals, actions], guard, { allowActions: true });
     writable = await listen(writableApp);
   });
 
@@ -83,6 +89,19 @@ describe('queue board at /queues', () => {
       expect(html).toMatch(/<base href="\/queues\/?"/);
       expect(response.headers.get('x-powered-by')).toBeNull();
     }
+  });
+
+  it('shows the board to the read-only credential, refuses Alertmanager\'s with 403, and leaves board writes to the operator', async () => {
+    const page = await fetch(`${readOnly.url}/queues`, { headers: { authorization: basic('viewer', READ_ONLY_TOKEN) } });
+    expect(page.status).toBe(200);
+    await page.body?.cancel();
+    const alertmanager = await fetch(`${readOnly.url}/queues/api/queues`, { headers: { authorization: `Bearer ${ALERTMANAGER_TOKEN}` } });
+    expect(alertmanager.status).toBe(403);
+    expect(((await alertmanager.json()) as { error: string }).error).toBe('role alertmanager may not GET /queues/api/queues: it needs scope "read"');
+    const write = await fetch(`${writable.url}/queues/api/queues/signals/pause`, { method: 'PUT', headers: { authorization: `Bearer ${READ_ONLY_TOKEN}`, origin: writable.url } });
+    expect(write.status).toBe(403);
+    expect(((await write.json()) as { error: string }).error).toMatch(/role read-only .* needs scope "operate"/);
+    expect(await signals.isPaused()).toBe(false);
   });
 
   it('serves the static assets the page links to', async () => {

@@ -3,7 +3,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { InputError } from '../../core/errors.js';
-import { envOverrides, loadConfig, resolveToken } from '../../core/config.js';
+import { envOverrides, loadConfig } from '../../core/config.js';
+import { resolveCredentials } from '../../core/auth-config.js';
 import { workerTiming } from '../../core/queues.js';
 import { DEFAULT_LADDER_CONFIG, ladderConfig } from '../../controller/ladder/index.js';
 
@@ -91,9 +92,9 @@ describe('configuration', () => {
   });
 
   it('keeps a numeric-looking token a string', () => {
-    expect(envOverrides({ STEADFAST_CONTROLLER__TOKEN: '1234567890123456789' })).toEqual({ controller: { token: '1234567890123456789' } });
-    const config = loadConfig({ env: { STEADFAST_CONTROLLER__TOKEN_FILE: file('token', 'abcdefabcdefabcdef\n') } });
-    expect(resolveToken(config.controller, 'controller')).toBe('abcdefabcdefabcdef');
+    expect(envOverrides({ STEADFAST_CONTROLLER__AUTH__OPERATOR_TOKEN: '1234567890123456789' })).toEqual({ controller: { auth: { operatorToken: '1234567890123456789' } } });
+    const config = loadConfig({ env: { STEADFAST_CONTROLLER__AUTH__OPERATOR_TOKEN_FILE: file('token', 'abcdefabcdefabcdef\n') } });
+    expect(resolveCredentials(config.controller.auth).operator).toBe('abcdefabcdefabcdef');
   });
 
   it('accepts the Kubernetes backend and names what a token connection lacks', () => {
@@ -110,7 +111,16 @@ describe('configuration', () => {
     expect(drainBudget(loadConfig({ env: { STEADFAST_SAFETY__CLUSTER_NODES: '1000', STEADFAST_SAFETY__MAX_DRAIN_PERCENT: '5' } }).safety)).toBe(4);
   });
 
-  it('refuses to run without a token', () => {
-    expect(() => resolveToken({}, 'controller')).toThrow(/refusing to run unauthenticated/);
+  it('refuses to run without any credential, and names controller.auth when given the old single token', () => {
+    expect(() => resolveCredentials(loadConfig({ env: {} }).controller.auth)).toThrow(/controller\.auth: no credential configured.*refusing to run unauthenticated/);
+    expect(() => loadConfig({ env: { STEADFAST_CONTROLLER__TOKEN: 'an-old-single-token-0123' } })).toThrow(/controller\.token: the single controller token is gone: .*controller\.auth/);
+  });
+
+  it('refuses two roles sharing one token, and a role given both inline and in a file', () => {
+    expect(() => resolveCredentials({ operatorToken: 'same-token-0123456789', alertmanagerToken: 'same-token-0123456789' })).toThrow(/two roles share one token/);
+    expect(() => loadConfig({ env: { STEADFAST_CONTROLLER__AUTH__READ_ONLY_TOKEN: 'read-only-0123456789', STEADFAST_CONTROLLER__AUTH__READ_ONLY_TOKEN_FILE: '/x' } })).toThrow(
+      /controller\.auth\.readOnlyTokenFile: give readOnlyToken or readOnlyTokenFile, not both/,
+    );
+    expect(() => loadConfig({ env: { STEADFAST_CONTROLLER__AUTH__AGENT_SECRET: 'too-short' } })).toThrow(/controller\.auth\.agentSecret: must be at least 32 characters/);
   });
 });

@@ -77,7 +77,7 @@ describe('a leaf-switch failure on the real parts', () => {
     alertmanager = await startAlertmanager(
       plane.processes,
       plane.root,
-      renderAlertmanagerConfig({ webhookUrl: `${withJob.url}/api/v1/alerts`, credentialsFile: plane.tokenFile, groupWait: '0s', groupInterval: '1s' }),
+      renderAlertmanagerConfig({ webhookUrl: `${withJob.url}/api/v1/alerts`, credentialsFile: plane.credentials.alertmanagerTokenFile, groupWait: '0s', groupInterval: '1s' }),
     );
   }, 60_000);
 
@@ -89,7 +89,7 @@ describe('a leaf-switch failure on the real parts', () => {
 
   it('over one job: evicts only as many nodes as the budget allows, refuses the rest with the reason, and pages a person once', async () => {
     const { controller, url } = withJob;
-    const registered = await post(`${url}/api/v1/jobs`, plane.token, {
+    const registered = await post(`${url}/api/v1/jobs`, plane.credentials.operator, {
       name: 'leaf-job',
       nodes: RACK_A,
       ranksPerNode: 1,
@@ -112,7 +112,7 @@ describe('a leaf-switch failure on the real parts', () => {
       message: `[Rank ${rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=81, OpType=ALLREDUCE) ran for 600000 ms; NET/IB: mlx5_0:1 port down`,
       time: now,
     }));
-    expect(await post(`${url}/api/v1/signals`, plane.token, timeouts)).toBe(202);
+    expect(await post(`${url}/api/v1/signals`, plane.credentials.operator, timeouts)).toBe(202);
     const alerts = RACK_A.map((node) => ({
       labels: { alertname: 'SteadfastRdmaPortDown', node, device: 'mlx5_0', port: '1', severity: 'critical', domain: 'network' },
       annotations: { summary: 'An RDMA port is down.' },
@@ -161,13 +161,13 @@ describe('a leaf-switch failure on the real parts', () => {
         startsAt: new Date(now).toISOString(),
       })),
     };
-    expect(await post(`${url}/api/v1/alerts`, plane.token, portDown)).toBe(202);
+    expect(await post(`${url}/api/v1/alerts`, plane.credentials.alertmanager, portDown)).toBe(202);
     await until('the port-down alerts audited', () => controller.audit.read({ limit: 10_000, type: 'signal' }), (entries) => entries.length >= RACK_B.length);
     expect(await controller.audit.read({ limit: 10_000, type: 'decision' })).toEqual([]);
 
     // A whole rack's GPUs lost at once (e.g. its power shelf): the fast path reports each.
     const lost = RACK_B.map((node) => ({ kind: 'gpu_lost', node, gpu: '0000:18:00', message: 'GPU 0000:18:00 no longer listed', time: new Date(now + 1000).toISOString() }));
-    expect(await post(`${url}/api/v1/signals`, plane.token, lost)).toBe(202);
+    expect(await post(`${url}/api/v1/signals`, plane.credentials.operator, lost)).toBe(202);
     const actions = await until(
       'a verdict on every drain',
       () => controller.audit.read({ limit: 10_000, type: 'action' }),

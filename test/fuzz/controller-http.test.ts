@@ -5,7 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { AUDIT_TYPES } from '../../core/audit.js';
 import { QUEUE_NAMES } from '../../core/queues.js';
 import type { Controller } from '../../controller/service.js';
-import { TEST_TOKEN, post, startController, testConfig, xidAlertPayload } from '../support/controller.js';
+import { ALERTMANAGER_TOKEN, READ_ONLY_TOKEN, TEST_TOKEN, agentToken, post, startController, testConfig, xidAlertPayload } from '../support/controller.js';
 import { hostileString } from '../support/hostile.js';
 import { testRedis } from '../support/redis.js';
 import { FuzzReport, budget, fuzz, watchProcess } from './harness.js';
@@ -225,6 +225,36 @@ describe('controller HTTP intake under fuzzing', () => {
         return String(status);
       },
       budget(150, 2),
+    );
+  });
+
+  it('answers every fuzzed Authorization header with 401 or 403, and a 2xx only to a real credential allowed there', async () => {
+    const genuine = [TEST_TOKEN, READ_ONLY_TOKEN, ALERTMANAGER_TOKEN, agentToken('n07'), agentToken('n01'), agentToken('a.b.c')];
+    const visible = (text: string): string => text.replace(/[^\x20-\x7e]/g, '');
+    const mutated = fc.tuple(fc.constantFrom(...genuine), fc.nat(), fc.constantFrom('drop', 'flip', 'append', 'upper', 'swap-node', 'none')).map(([token, at, edit]) => {
+      const index = at % token.length;
+      if (edit === 'drop') return token.slice(0, index) + token.slice(index + 1);
+      if (edit === 'flip') return token.slice(0, index) + (token[index] === 'a' ? 'b' : 'a') + token.slice(index + 1);
+      if (edit === 'append') return `${token}${token[index] ?? ''}`;
+      if (edit === 'upper') return token.toUpperCase();
+      if (edit === 'swap-node') return `n07.${token.split('.').at(-1) ?? ''}`;
+      return token;
+    });
+    const credential = fc.oneof({ weight: 4, arbitrary: mutated }, { weight: 2, arbitrary: hostileString.map((text) => visible(text.slice(0, 300))) }, { weight: 1, arbitrary: fc.string({ maxLength: 80 }).map(visible) });
+    const header = fc.tuple(fc.constantFrom('Bearer ', 'bearer  ', 'Basic ', 'Token ', '', 'Bearer\t'), credential, fc.boolean()).map(([scheme, token, base64]) => `${scheme}${base64 ? Buffer.from(`user:${token}`).toString('base64') : token}`);
+    const allowedHeaders = new Set([`Bearer ${TEST_TOKEN}`, `bearer  ${TEST_TOKEN}`, `Bearer\t${TEST_TOKEN}`, ...['Bearer ', 'bearer  ', 'Bearer\t'].map((scheme) => `${scheme}${agentToken('n07')}`)]);
+    await fuzz(
+      REPORT,
+      'Authorization headers on POST /api/v1/signals',
+      header,
+      async (authorization) => {
+        const response = await fetch(`${url}/api/v1/signals`, { method: 'POST', headers: { authorization, 'content-type': 'application/json' }, body: JSON.stringify(FAST_PATH) });
+        const answer = { status: response.status, contentType: response.headers.get('content-type') ?? '', text: await response.text() };
+        const outcome = expectWellFormed(answer, [202, 401, 403], authorization);
+        if (answer.status === 202) expect(allowedHeaders.has(authorization.trimEnd()), authorization).toBe(true);
+        return outcome;
+      },
+      budget(300, 4),
     );
   });
 

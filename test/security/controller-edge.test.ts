@@ -4,7 +4,8 @@ import { join } from 'node:path';
 import { gzipSync } from 'node:zlib';
 import { Queue } from 'bullmq';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { loadConfig, resolveToken } from '../../core/config.js';
+import { loadConfig } from '../../core/config.js';
+import { resolveCredentials } from '../../core/auth-config.js';
 import { InputError } from '../../core/errors.js';
 import { QUEUE_NAMES } from '../../core/queues.js';
 import type { Controller } from '../../controller/service.js';
@@ -186,18 +187,18 @@ describe('controller edge: per-client rate limit on writes', () => {
 });
 
 describe('controller tokens', () => {
-  it('reads the token from the environment or from a file, and refuses to run without one or with a short one', () => {
-    const env = { STEADFAST_CONTROLLER__TOKEN: 'from-the-environment-0123' };
-    expect(resolveToken(loadConfig({ env }).controller, 'controller')).toBe('from-the-environment-0123');
+  it('reads each role\'s credential from the environment or from a file, and refuses to run without one or with a short one', () => {
+    const env = { STEADFAST_CONTROLLER__AUTH__OPERATOR_TOKEN: 'from-the-environment-0123' };
+    expect(resolveCredentials(loadConfig({ env }).controller.auth).operator).toBe('from-the-environment-0123');
     const dir = mkdtempSync(join(tmpdir(), 'steadfast-token-'));
     try {
       writeFileSync(join(dir, 'token'), 'from-a-file-0123456789\n');
       writeFileSync(join(dir, 'short'), 'short\n');
-      expect(resolveToken(loadConfig({ env: { STEADFAST_CONTROLLER__TOKEN_FILE: join(dir, 'token') } }).controller, 'controller')).toBe('from-a-file-0123456789');
-      expect(() => resolveToken({ tokenFile: join(dir, 'short') }, 'controller')).toThrow(/at least 16 characters/);
-      expect(() => resolveToken({ tokenFile: join(dir, 'missing') }, 'controller')).toThrow(InputError);
-      expect(() => resolveToken(loadConfig({ env: {} }).controller, 'controller')).toThrow(/refusing to run unauthenticated/);
-      expect(() => loadConfig({ env: { STEADFAST_CONTROLLER__TOKEN: 'short' } })).toThrow(/controller.token/);
+      expect(resolveCredentials(loadConfig({ env: { STEADFAST_CONTROLLER__AUTH__ALERTMANAGER_TOKEN_FILE: join(dir, 'token') } }).controller.auth).alertmanager).toBe('from-a-file-0123456789');
+      expect(() => resolveCredentials({ readOnlyTokenFile: join(dir, 'short') })).toThrow(/controller\.auth\.readOnlyTokenFile: the secret in .* must be at least 16 characters/);
+      expect(() => resolveCredentials({ agentSecretFile: join(dir, 'missing') })).toThrow(InputError);
+      expect(() => resolveCredentials(loadConfig({ env: {} }).controller.auth)).toThrow(/refusing to run unauthenticated/);
+      expect(() => loadConfig({ env: { STEADFAST_CONTROLLER__AUTH__OPERATOR_TOKEN: 'short' } })).toThrow(/controller\.auth\.operatorToken/);
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
