@@ -57,7 +57,7 @@ export function alertmanagerConfigCommand(): Command {
     .description("Render the Alertmanager config: fault alerts to the steadfast controller's webhook, the rest to people (email, Slack, PagerDuty when named).")
     .option('-o, --out <file>', 'write here instead of to stdout')
     .option('--controller-url <url>', 'the controller (or the Service in front of its replicas) as Alertmanager reaches it', DEFAULT_CONTROLLER_URL)
-    .option('--credentials-file <file>', "file with the controller's bearer token, read by Alertmanager at every send", DEFAULT_CREDENTIALS_FILE)
+    .option('--credentials-file <file>', "file with the controller's Alertmanager token (controller.auth.alertmanagerTokenFile), read by Alertmanager at every send", DEFAULT_CREDENTIALS_FILE)
     .option('--email-to <address>', 'email people here (with --email-from and --smarthost)')
     .option('--email-from <address>', 'sender address for that email')
     .option('--smarthost <host:port>', 'SMTP relay for that email')

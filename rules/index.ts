@@ -37,7 +37,7 @@ export const ALERTMANAGER_CONFIG: string = join(RULES_DIRECTORY, 'alertmanager.y
 
 /** Where the shipped config sends to the controller, and the token file it names: a controller on the same host. */
 export const DEFAULT_WEBHOOK_URL = 'http://127.0.0.1:9400/api/v1/alerts';
-export const DEFAULT_CREDENTIALS_FILE = '/etc/steadfast/token';
+export const DEFAULT_CREDENTIALS_FILE = '/etc/steadfast/alertmanager-token';
 
 /** The receiver in ALERTMANAGER_CONFIG that delivers to the steadfast controller's webhook. */
 export const CONTROLLER_RECEIVER = 'steadfast-controller';

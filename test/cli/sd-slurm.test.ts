@@ -12,7 +12,7 @@ import { rulesCommand } from '../../cli/rules.js';
 import { slurmNode, startSlurm, type SlurmPart } from '../../sim/parts.js';
 import { ProcessGroup } from '../../sim/processes.js';
 import { runCli } from '../support/cli.js';
-import { post, startController, testConfig, xidAlertPayload } from '../support/controller.js';
+import { ALERTMANAGER_TOKEN, post, startController, testConfig, xidAlertPayload } from '../support/controller.js';
 import { testRedis } from '../support/redis.js';
 import { until } from '../support/until.js';
 
@@ -122,7 +122,7 @@ describe('Prometheus file_sd targets from the Slurm node list', () => {
     const payload = xidAlertPayload();
     const alerts = payload.alerts as Array<{ labels: Record<string, string> }>;
     alerts[0] = { ...alerts[0], labels: { ...alerts[0]?.labels, node: first?.labels.node ?? '', instance: first?.targets[0] ?? '', job: 'steadfast-agent' } };
-    expect((await post(`${url}/api/v1/alerts`, payload)).status).toBe(202);
+    expect((await post(`${url}/api/v1/alerts`, payload, ALERTMANAGER_TOKEN)).status).toBe(202);
     const drained = await until('gpu-b1 drained', () => slurmNode(slurm, 'gpu-b1'), (node) => node.state.startsWith('drain'));
     expect(drained.reason).toContain('Xid 79');
     expect((await slurmNode(slurm, 'gpu-b2')).state).toBe('idle~');

@@ -92,12 +92,12 @@ describe('the Kubernetes manifests in deploy/kubernetes', () => {
   it('run the controller as two replicas on one Redis with a config the controller accepts', () => {
     const controller = find('Deployment', 'steadfast-controller') as unknown as Workload;
     expect(controller.spec.replicas).toBe(2);
-    const config = parseYaml(find('ConfigMap', 'steadfast-controller').data?.['config.yaml'] ?? '') as { controller: { tokenFile: string }; redis: { passwordFile: string } };
+    const config = parseYaml(find('ConfigMap', 'steadfast-controller').data?.['config.yaml'] ?? '') as { controller: { auth: Record<string, string> }; redis: { passwordFile: string } };
     const parsed = configSchema.safeParse(config);
     expect(parsed.success, JSON.stringify(parsed.error?.issues)).toBe(true);
     const mounts = controller.spec.template.spec.containers[0]?.volumeMounts.map((mount) => mount.mountPath);
-    expect(mounts).toContain('/etc/steadfast/token');
-    expect(config.controller.tokenFile.startsWith('/etc/steadfast/token/')).toBe(true);
+    expect(mounts).toEqual(expect.arrayContaining(['/etc/steadfast/auth', '/etc/steadfast/redis']));
+    for (const file of Object.values(config.controller.auth)) expect(file.startsWith('/etc/steadfast/auth/')).toBe(true);
     expect(config.redis.passwordFile.startsWith('/etc/steadfast/redis/')).toBe(true);
   });
 
@@ -105,7 +105,7 @@ describe('the Kubernetes manifests in deploy/kubernetes', () => {
     const secretNames = manifests()
       .flatMap(({ object }) => (object as unknown as Partial<Workload>).spec?.template?.spec?.volumes ?? [])
       .flatMap((volume) => (volume.secret ? [volume.secret.secretName] : []));
-    expect(new Set(secretNames)).toEqual(new Set(['steadfast-controller-token', 'steadfast-redis']));
+    expect(new Set(secretNames)).toEqual(new Set(['steadfast-controller-auth', 'steadfast-agent-web-token', 'steadfast-agent-tokens', 'steadfast-redis']));
     expect(manifests().some(({ object }) => object.kind === 'Secret')).toBe(false);
   });
 
@@ -116,7 +116,7 @@ describe('the Kubernetes manifests in deploy/kubernetes', () => {
     expect(pod.automountServiceAccountToken).toBe(false);
     const [container] = pod.containers;
     if (!container) throw new Error('the agent DaemonSet has no container');
-    expect(container.args).toContain('--node=$(NODE_NAME)');
+    expect(container.args).toEqual(expect.arrayContaining(['--node=$(NODE_NAME)', '--controller.token-file=/etc/steadfast/agent-tokens/$(NODE_NAME)']));
     expect(container.env.find((variable) => variable.name === 'NODE_NAME')?.valueFrom?.fieldRef?.fieldPath).toBe('spec.nodeName');
     expect(container.securityContext.capabilities).toEqual({ drop: ['ALL'], add: ['SYS_PTRACE'] });
     expect(container.securityContext.privileged).toBeUndefined();
