@@ -25,7 +25,7 @@ async function steadfastWithEnv(extraEnv: Record<string, string>, ...args: strin
 }
 
 describe('the steadfast CLI', () => {
-  it.each(['agent', 'controller', 'audit', 'jobs', 'queues', 'pause', 'unpause', 'resume', 'hold', 'release', 'holds', 'plan', 'dashboards', 'demo'])('documents `steadfast %s` with --help and exits 0', async (command) => {
+  it.each(['agent', 'controller', 'audit', 'jobs', 'queues', 'pause', 'unpause', 'resume', 'hold', 'release', 'holds', 'plan', 'dashboards', 'rules', 'alertmanager-config', 'sd', 'check', 'demo'])('documents `steadfast %s` with --help and exits 0', async (command) => {
     const result = await steadfast(command, '--help');
     expect(result.code).toBe(0);
     expect(result.stdout).toContain(`Usage: steadfast ${command}`);
