@@ -52,9 +52,8 @@ export function series(metric: string, ...matchers: string[]): string {
 }
 
 /**
- * Series the agents expose under their own scrape job. Not the training series: with
- * `honor_labels: true` on the agent scrape job (rules/README.md) their `job` label is the
- * training job's name.
+ * Series the agents expose under their own scrape job, the training series included: those name
+ * their training job in `training_job` (TRAINING_JOB_LABEL), never in `job`.
  */
 export function agentSelector(matchers: LabelMatchers = {}, agentJob: string = AGENT_SCRAPE_JOB): string {
   return selector({ job: agentJob, ...matchers });

@@ -10,12 +10,11 @@ export const AGENT_SCRAPE_JOB = 'steadfast-agent';
 export const CONTROLLER_SCRAPE_JOB = 'steadfast-controller';
 
 /**
- * The label that names the training job on the agent's training series. The agent exports it as
- * `job`; Prometheus keeps that name only when the agent scrape sets `honor_labels: true` (as the
- * README's scrape config does), and otherwise renames it `exported_job` and puts the scrape job in
- * `job`. Switch it here and every training query follows.
+ * The label that names the training job on the agent's training series. It is not `job`: that is
+ * the scrape job Prometheus sets, so the agent scrape needs no `honor_labels: true` and a pushed
+ * step cannot pass itself off as another scrape job's series.
  */
-export const TRAINING_JOB_LABEL = 'job';
+export const TRAINING_JOB_LABEL = 'training_job';
 
 /** The training rank on the agent's training series. */
 export const RANK_LABEL = 'rank';
