@@ -1,3 +1,4 @@
+import { jitteredInterval } from '../core/backoff.js';
 import { diagnoseReportSchema } from '../core/diagnostics.js';
 import type { Logger } from '../core/log.js';
 
@@ -13,7 +14,10 @@ export interface StandbyReporterOptions {
   readonly controllerUrl: string;
   readonly token: string;
   readonly node: string;
+  /** The mean pause between polls; each is jittered (half to one and a half times it). */
   readonly intervalMs: number;
+  /** A number in [0, 1) for the jitter; tests pass a seeded one. */
+  readonly random?: () => number;
   /** One scrape of the agent's own collectors. */
   readonly scrape: () => Promise<string>;
   /**
@@ -45,8 +49,17 @@ export class StandbyReporter {
 
   constructor(private readonly options: StandbyReporterOptions) {}
 
+  /**
+   * The first poll comes within half an interval, at a random point: agents restarted together
+   * (a rolling update, a power event) would otherwise poll, and retry a failed poll, in step.
+   */
   start(): void {
-    this.schedule(0);
+    this.schedule(Math.round((this.options.random ?? Math.random)() * (this.options.intervalMs / 2)));
+  }
+
+  /** The pause before the next poll. */
+  nextDelayMs(): number {
+    return jitteredInterval(this.options.intervalMs, this.options.random);
   }
 
   close(): void {
@@ -57,7 +70,7 @@ export class StandbyReporter {
   private schedule(delayMs: number): void {
     if (this.closed) return;
     this.timer = setTimeout(() => {
-      void this.poll().finally(() => this.schedule(this.options.intervalMs));
+      void this.poll().finally(() => this.schedule(this.nextDelayMs()));
     }, delayMs);
     this.timer.unref();
   }
