@@ -35,8 +35,9 @@ export function selfCheck(exposition: string): { ok: boolean; detail: string } {
   for (const line of exposition.split('\n')) {
     const failing = /^steadfast_collector_success\{collector="([^"]+)"\} 0$/.exec(line);
     if (failing) problems.push(`collector ${failing[1]} failing`);
-    const missing = /^steadfast_gpu_present\{[^}]*pci_bus_id="([^"]+)"[^}]*\} 0$/.exec(line);
-    if (missing) problems.push(`GPU ${missing[1]} missing`);
+    const missing = /^steadfast_gpu_present\{([^}]*)\} 0$/.exec(line)?.[1];
+    // A GPU known by UUID alone (a dcgm-exporter without pci_bus_id) is named by it.
+    if (missing !== undefined) problems.push(`GPU ${/pci_bus_id="([^"]+)"/.exec(missing)?.[1] ?? /UUID="([^"]+)"/.exec(missing)?.[1] ?? '(unnamed)'} missing`);
     const xid = /^steadfast_xid_errors_total\{[^}]*xid="(\d+)"[^}]*severity="fatal"[^}]*\} (\d+)/.exec(line);
     if (xid && Number(xid[2]) > 0) problems.push(`fatal Xid ${xid[1]} seen`);
   }

@@ -87,7 +87,7 @@ describe('agent', () => {
     expect(metrics.headers.get('content-type')).toContain('text/plain');
     const text = await metrics.text();
     expect(seriesValue(text, 'steadfast_xid_errors_total{pci_bus_id="0000:9b:00",xid="119",severity="fatal"}')).toBe(5);
-    expect(seriesValue(text, 'steadfast_gpu_present{gpu="0",pci_bus_id="0000:00:1e"}')).toBe(1);
+    expect(seriesValue(text, 'steadfast_gpu_present{gpu="0",pci_bus_id="0000:00:1e",UUID="GPU-9a9a6c50-2a47-2f51-a902-b82c3b127e94"}')).toBe(1);
     expect(await (await fetch(`${base}/healthz`)).text()).toBe('ok\n');
     expect((await fetch(`${base}/nope`)).status).toBe(404);
     expect((await fetch(`${base}/metrics`, { method: 'POST' })).status).toBe(405);
