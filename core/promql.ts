@@ -104,8 +104,8 @@ export function isEqual(expr: string, value: number): string {
 }
 
 /** Quantile of `histogram` (its name without `_bucket`) over RATE_WINDOW, per `labels`. */
-export function histogramQuantile(quantile: number, histogram: string, labels: readonly string[]): string {
-  return `histogram_quantile(${quantile}, ${sumBy(['le', ...labels], rate(`${histogram}_bucket`))})`;
+export function histogramQuantile(quantile: number, histogram: string, labels: readonly string[], ...matchers: string[]): string {
+  return `histogram_quantile(${quantile}, ${sumBy(['le', ...labels], rate(series(`${histogram}_bucket`, ...matchers)))})`;
 }
 
 /**

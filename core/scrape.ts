@@ -16,5 +16,12 @@ export const CONTROLLER_SCRAPE_JOB = 'steadfast-controller';
  */
 export const TRAINING_JOB_LABEL = 'training_job';
 
+/**
+ * The label that tells clusters apart where one Prometheus (or Thanos, Mimir) holds several: a
+ * target label or an external label the operator sets. The dashboards filter every query by it
+ * and the training recording rules keep it; where no series has it, nothing changes.
+ */
+export const CLUSTER_LABEL = 'cluster';
+
 /** The training rank on the agent's training series. */
 export const RANK_LABEL = 'rank';

@@ -1,5 +1,5 @@
 import { agentSelector } from '../../core/promql.js';
-import { TRAINING_JOB_LABEL } from '../../core/scrape.js';
+import { CLUSTER_LABEL, TRAINING_JOB_LABEL } from '../../core/scrape.js';
 import type { TrainingErrorKind } from '../../exporters/sources/training-log-failures.js';
 import { alert, humanDuration, record, type DomainRules, type RuleGroup } from '../spec.js';
 import type { Thresholds } from '../thresholds.js';
@@ -7,7 +7,8 @@ import type { Thresholds } from '../thresholds.js';
 /**
  * Training progress and numerics, from the agent's training collector: steadfast_training_*
  * {training_job, rank}, scraped under the agents' own scrape job like every other agent series.
- * Recording rules are named after the labels they keep (`training_job:…`).
+ * Recording rules are named after the labels they keep (`training_job:…`); they keep `cluster`
+ * too, where the series have one, so that one Prometheus can hold several clusters' jobs.
  */
 
 export const ITERATION_MEDIAN = `${TRAINING_JOB_LABEL}:steadfast_training_iteration_seconds:median`;
@@ -29,7 +30,8 @@ function groups(t: Thresholds): RuleGroup[] {
   const recentLevel = (metric: string) => `avg_over_time(${metric}[${training.baselineWindow}] offset ${training.baselineOffset})`;
   const agent = (metric: string, matchers: Parameters<typeof agentSelector>[0] = {}) => `${metric}${agentSelector(matchers, t.selectors.agentJob)}`;
   const rankProcesses = agent('steadfast_training_processes', { role: 'rank' });
-  const byJob = `by (${TRAINING_JOB_LABEL})`;
+  const jobLabels = `${CLUSTER_LABEL}, ${TRAINING_JOB_LABEL}`;
+  const byJob = `by (${jobLabels})`;
 
   return [
     {
@@ -43,7 +45,7 @@ function groups(t: Thresholds): RuleGroup[] {
         }),
         record({
           record: ITERATION_RATIO_TO_MEDIAN,
-          expr: `${agent('steadfast_training_iteration_seconds')}\n/ on (${TRAINING_JOB_LABEL}) group_left ()\n${ITERATION_MEDIAN}`,
+          expr: `${agent('steadfast_training_iteration_seconds')}\n/ on (${jobLabels}) group_left ()\n${ITERATION_MEDIAN}`,
         }),
 
         // ETTR (ByteRobust, 000): productive time over wall-clock time. A job is productive while
