@@ -1,5 +1,6 @@
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type { Queue } from 'bullmq';
+import { registerBuildInfo } from '../core/build-info.js';
 import type { JobStore } from './job-store.js';
 
 /** The controller's own metrics, on a registry made by the composition root. */
@@ -15,6 +16,7 @@ export class ControllerMetrics {
   constructor(queues: readonly Queue[], jobs?: JobStore) {
     const registers = [this.registry];
     collectDefaultMetrics({ register: this.registry, prefix: 'steadfast_controller_' });
+    registerBuildInfo(this.registry);
     this.signalsAccepted = new Counter({
       name: 'steadfast_signals_accepted_total',
       help: 'Signals stored durably in Redis, by source and kind.',
