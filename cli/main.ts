@@ -1,7 +1,9 @@
 import { Command, type CommanderError } from 'commander';
 import { agentCommand } from './agent.js';
+import { alertmanagerConfigCommand } from './alertmanager-config.js';
 import { analyzeCommand } from './analyze.js';
 import { auditCommand } from './audit.js';
+import { checkCommand } from './check.js';
 import { controllerCommand } from './controller.js';
 import { dashboardsCommand } from './dashboards.js';
 import { demoCommand } from './demo.js';
@@ -13,6 +15,8 @@ import { pauseCommands } from './pause.js';
 import { queuesCommand } from './queues.js';
 import { planCommand } from './plan.js';
 import { resumeCommand } from './resume.js';
+import { rulesCommand } from './rules.js';
+import { sdCommand } from './sd.js';
 import { simulateCommand } from './simulate.js';
 import { tokenCommand } from './token.js';
 import { EXIT_USAGE } from './common.js';
@@ -35,7 +39,7 @@ function withUsageErrors(command: Command): Command {
   return command;
 }
 
-for (const command of [agentCommand(), controllerCommand(), auditCommand(), jobsCommand(), queuesCommand(), ...pauseCommands(), ...holdCommands(), resumeCommand(), planCommand(), analyzeCommand(), detectCommand(), simulateCommand(), dashboardsCommand(), demoCommand(), labCommand(), tokenCommand()]) {
+for (const command of [agentCommand(), controllerCommand(), auditCommand(), jobsCommand(), queuesCommand(), ...pauseCommands(), ...holdCommands(), resumeCommand(), planCommand(), analyzeCommand(), detectCommand(), simulateCommand(), dashboardsCommand(), rulesCommand(), alertmanagerConfigCommand(), sdCommand(), checkCommand(), demoCommand(), labCommand(), tokenCommand()]) {
   program.addCommand(withUsageErrors(command));
 }
 

@@ -2,6 +2,7 @@ import { setImmediate } from 'node:timers/promises';
 import { z } from 'zod';
 import { NODE_NAME_PATTERN, TRAINING_JOB_PATTERN, normalizePciBusId } from '../core/names.js';
 import { describeIssues } from '../core/validate.js';
+import { AGENT_SCRAPE_JOB, TRAINING_JOB_LABEL } from '../core/scrape.js';
 import { EVIDENCE_KEY_MAX, EVIDENCE_TEXT_MAX, faultFingerprint, reportedTimeSchema, stableHash, type Signal, type SignalKind, type SignalSeverity } from '../core/signal.js';
 
 /**
@@ -166,14 +167,15 @@ function signalFromAlert(alert: WebhookAlert, groupStatus: 'firing' | 'resolved'
   if (alert.generatorURL) evidence.generatorURL = descriptive(alert.generatorURL);
   if (alert.endsAt && alert.endsAt !== UNSET_TIME) evidence.endsAt = alert.endsAt;
   for (const [name, value] of Object.entries(labels)) evidence[`label.${name}`] = descriptive(value);
-  const trainingJob = labels.training_job ?? (labels.domain === 'training' ? labels.job : undefined);
+  // Rule files from before `training_job` named the training job in `job` (with honor_labels);
+  // the agents' own scrape job is never a training job.
+  const trainingJob = labels[TRAINING_JOB_LABEL] ?? (labels.domain === 'training' && labels.job !== AGENT_SCRAPE_JOB ? labels.job : undefined);
   return {
     // Repeated notifications of one alert carry the same identity and startsAt: one id, one job.
     id: 's-' + stableHash(['alertmanager', fingerprint, alert.startsAt, status].join('|')),
     kind,
     node,
     gpu,
-    // Training series carry the training job as `job` (the agent scrape job honours it).
     // A name that is not a training job's cannot name one; it stays in the evidence.
     job: trainingJob !== undefined && TRAINING_JOB_PATTERN.test(trainingJob) ? trainingJob : undefined,
     severity: severityOf(labels.severity),

@@ -321,7 +321,7 @@ export class Controller {
           await this.analysisQueue.add(request.kind, request, { jobId: `${request.kind}:${request.ref}` });
         },
         onPage: (job, reason) => {
-          this.metrics.humanPages.inc({ job });
+          this.metrics.humanPages.inc({ training_job: job });
           logger.warn({ job, reason }, 'a person is needed');
         },
       }),
@@ -355,7 +355,7 @@ export class Controller {
         },
         // Drains outside any registered job: a refused one pages once per budget window.
         onPage: (reason) => {
-          this.metrics.humanPages.inc({ job: '' });
+          this.metrics.humanPages.inc({ training_job: '' });
           logger.warn({ reason }, 'a person is needed');
         },
       }),

@@ -3,6 +3,7 @@ import type { AddressInfo } from 'node:net';
 import { Registry } from 'prom-client';
 import type { Logger } from '../core/log.js';
 import { silentLogger } from '../core/log.js';
+import { TRAINING_JOB_LABEL } from '../core/scrape.js';
 import { createFastPathClient, type FastPathSender } from '../exporters/fast-path-client.js';
 import type { ScrapeTarget } from './parts.js';
 
@@ -190,7 +191,7 @@ export class SimulatedFleet {
     family('steadfast_rdma_port_data_transmitted_bytes_total', 'counter', 'Bytes sent.', portLabels.map((labels, index) => [labels, state.portsUp[index] ? bytes : 0]));
     family('steadfast_rdma_port_data_received_bytes_total', 'counter', 'Bytes received.', portLabels.map((labels, index) => [labels, state.portsUp[index] ? bytes : 0]));
     if (state.training) {
-      const labels = `job="${state.training.job}",rank="${state.training.rank}"`;
+      const labels = `${TRAINING_JOB_LABEL}="${state.training.job}",rank="${state.training.rank}"`;
       family('steadfast_training_iteration', 'gauge', 'Last iteration.', [[labels, Math.floor(seconds / 2)]]);
       family('steadfast_training_iteration_seconds', 'gauge', 'Seconds per iteration.', [[labels, 2]]);
     }

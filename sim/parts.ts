@@ -74,9 +74,6 @@ export async function startPrometheus(
     scrape_configs: [
       {
         job_name: AGENT_SCRAPE_JOB,
-        // The training series carry the training job as their own `job` label; honour it
-        // (series without one still get the scrape job's name).
-        honor_labels: true,
         static_configs: options.targets.map((target) => ({ targets: [target.address], labels: { ...target.labels } })),
       },
       ...(options.controllerMetricsAddress

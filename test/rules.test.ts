@@ -186,8 +186,8 @@ describe('Prometheus rules', () => {
       expect(annotations.summary, `${where} has no summary`).toBeTruthy();
       expect(annotations.summary, `${where}: the summary must be static`).not.toContain('{{');
       // An alert on the agents' series is about a node. Others (the controller, a training job
-      // across nodes) name their instance or job instead.
-      const subject = expr.includes(agentJob) ? /\{\{ \$labels\.node \}\}/ : /\{\{ \$labels\.(node|instance|job) \}\}/;
+      // across nodes) name their instance, scrape job or training job instead.
+      const subject = expr.includes(agentJob) ? /\{\{ \$labels\.node \}\}/ : /\{\{ \$labels\.(node|instance|job|training_job) \}\}/;
       expect(annotations.description ?? '', `${where}: the description must name what the alert is about from its labels`).toMatch(subject);
       const runbook = annotations.runbook_url ?? '';
       expect(runbook.startsWith(RUNBOOK_BASE), `${where}: runbook_url ${runbook} is not under ${RUNBOOK_BASE}`).toBe(true);

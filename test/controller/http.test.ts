@@ -126,6 +126,8 @@ describe('controller HTTP intake', () => {
     expect(metrics).toMatch(/steadfast_signals_accepted_total\{source="alertmanager",kind="xid"\} \d+/);
     expect(metrics).toMatch(/steadfast_requests_rejected_total\{endpoint="alerts",reason="too_large"\} 1/);
     expect(metrics).toMatch(/steadfast_requests_rejected_total\{endpoint="alerts",reason="unauthorized"\} 1/);
+    const { version } = JSON.parse(readFileSync(join(import.meta.dirname, '../../package.json'), 'utf8')) as { version: string };
+    expect(metrics).toContain(`steadfast_build_info{version="${version}",nodejs="${process.versions.node}"} 1`);
   });
 
   it('keeps the audit API behind the token', async () => {

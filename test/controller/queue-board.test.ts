@@ -113,6 +113,28 @@ describe('queue board at /queues', () => {
     await response.body?.cancel();
   });
 
+  it('references nothing outside the controller from its pages or their stylesheets (air-gapped clusters)', async () => {
+    const authorization = `Bearer ${TEST_TOKEN}`;
+    const external = /(?:\b[a-z][a-z0-9+.-]*:)?\/\/[a-z0-9.-]+/gi;
+    for (const page of ['/queues', '/queues/queue/signals']) {
+      const html = await (await fetch(`${readOnly.url}${page}`, { headers: { authorization } })).text();
+      const loaded = [...html.matchAll(/\b(?:href|src)\s*=\s*"([^"]*)"/g)].map((match) => match[1] ?? '');
+      expect(loaded.length, page).toBeGreaterThan(3);
+      expect(loaded.filter((url) => /^(?:[a-z][a-z0-9+.-]*:|\/\/)/i.test(url) && !url.startsWith('data:')), page).toEqual([]);
+      expect(html.match(external), page).toBeNull();
+      const stylesheets = loaded.filter((url) => url.endsWith('.css'));
+      expect(stylesheets.length, page).toBeGreaterThan(0);
+      for (const sheet of stylesheets) {
+        const response = await fetch(`${readOnly.url}/queues/${sheet}`, { headers: { authorization } });
+        expect(response.status, sheet).toBe(200);
+        const css = await response.text();
+        expect(css.length, sheet).toBeGreaterThan(1000);
+        expect(css.match(external), sheet).toBeNull();
+        expect(css, sheet).not.toMatch(/@import/);
+      }
+    }
+  });
+
   it('lists both queues with their counts on the JSON API, read-only', async () => {
     const response = await fetch(`${readOnly.url}/queues/api/queues`, { headers: { authorization: `Bearer ${TEST_TOKEN}` } });
     expect(response.status).toBe(200);

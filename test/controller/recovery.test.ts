@@ -180,8 +180,8 @@ describe('recovery of a registered job on a real Redis', () => {
     expect(refused.find((entry) => entry.data.state === 'refused')?.data.detail).toBe('eviction budget exhausted: 1 drains per 600 s already used');
     expect(Object.keys(await new DryRunBackend(store.redis, store.keys).recorded())).toEqual(['n00']);
     // The page follows the refusal on record; wait for it, then check it came once.
-    const metrics = await until('the page counted', async () => (await fetch(`${metricsUrl}/metrics`)).text(), (text) => /steadfast_human_pages_total\{job="llama"\} \d/.test(text));
-    expect(metrics).toMatch(/steadfast_human_pages_total\{job="llama"\} 1$/m);
+    const metrics = await until('the page counted', async () => (await fetch(`${metricsUrl}/metrics`)).text(), (text) => /steadfast_human_pages_total\{training_job="llama"\} \d/.test(text));
+    expect(metrics).toMatch(/steadfast_human_pages_total\{training_job="llama"\} 1$/m);
   });
 });
 

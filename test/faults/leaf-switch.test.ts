@@ -144,7 +144,7 @@ describe('a leaf-switch failure on the real parts', () => {
     expect(pages).toHaveLength(1);
     expect(pages[0]?.summary).toBe(`leaf-job: page_human: a person is needed: eviction refused (eviction budget exhausted: ${BUDGET} drains per 3600 s already used); later refusals in this window are audited without paging`);
     const metrics = await (await fetch(`${metricsUrl}/metrics`)).text();
-    expect(metrics).toMatch(/^steadfast_human_pages_total\{job="leaf-job"\} 1$/m);
+    expect(metrics).toMatch(/^steadfast_human_pages_total\{training_job="leaf-job"\} 1$/m);
   }, 60_000);
 
   it('over no job: port-down alerts alone drain nothing, and a storm of fatal GPU events drains only the budget, each refusal audited with why', async () => {
@@ -184,7 +184,7 @@ describe('a leaf-switch failure on the real parts', () => {
     expect(RACK_B.every((node) => (drains.get(node) ?? 0) <= 1)).toBe(true);
     // 28 refusals, one page: the first refusal of the window.
     const metrics = await (await fetch(`${metricsUrl}/metrics`)).text();
-    expect(metrics).toMatch(/^steadfast_human_pages_total\{job=""\} 1$/m);
+    expect(metrics).toMatch(/^steadfast_human_pages_total\{training_job=""\} 1$/m);
   }, 60_000);
 });
 

@@ -262,10 +262,10 @@ class RealAgentTest(unittest.TestCase):
         with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
             metrics = response.read().decode()
         for rank, seconds in ((0, "0.5"), (1, "1.5")):
-            self.assertRegex(metrics, r'steadfast_training_iteration\{job="pyclient",rank="%d"\} 7\n' % rank)
-            self.assertRegex(metrics, r'steadfast_training_iteration_seconds\{job="pyclient",rank="%d"\} %s\n' % (rank, re.escape(seconds)))
-            self.assertRegex(metrics, r'steadfast_training_iterations_total\{job="pyclient",rank="%d"\} 7\n' % rank)
-        self.assertRegex(metrics, r'steadfast_training_grad_norm\{job="pyclient",rank="0"\} (?i:nan)\n', "prom-client spells it Nan; Prometheus reads either")
+            self.assertRegex(metrics, r'steadfast_training_iteration\{training_job="pyclient",rank="%d"\} 7\n' % rank)
+            self.assertRegex(metrics, r'steadfast_training_iteration_seconds\{training_job="pyclient",rank="%d"\} %s\n' % (rank, re.escape(seconds)))
+            self.assertRegex(metrics, r'steadfast_training_iterations_total\{training_job="pyclient",rank="%d"\} 7\n' % rank)
+        self.assertRegex(metrics, r'steadfast_training_grad_norm\{training_job="pyclient",rank="0"\} (?i:nan)\n', "prom-client spells it Nan; Prometheus reads either")
 
 
 @unittest.skipUnless(os.environ.get("STEADFAST_TEST_CONTROLLER_URL"), "the real controller: run by test/lab/python-client.test.ts")
