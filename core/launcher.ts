@@ -17,6 +17,14 @@ export const launcherNameSchema = z
 /** Placeholders a Slurm launcher's argv may use; each becomes exactly one argument. */
 export const LAUNCHER_PLACEHOLDERS = ['{job}', '{nodes}', '{version}'] as const;
 
+/**
+ * Left as written, for the job itself to fill on each node: the Python training client replaces
+ * `{node}` in its token files' paths (STEADFAST_TOKEN_FILE, STEADFAST_AGENT_TOKEN_FILE) with
+ * the node it runs on, so one launch serves every node with that node's own token.
+ */
+export const JOB_SIDE_PLACEHOLDERS = ['{node}'] as const;
+const ALLOWED_PLACEHOLDERS: readonly string[] = [...LAUNCHER_PLACEHOLDERS, ...JOB_SIDE_PLACEHOLDERS];
+
 /** One argv element as written by the operator: no NUL (execve cannot pass it) and no other control character. */
 export const launcherArgSchema = z
   .string()
@@ -24,8 +32,8 @@ export const launcherArgSchema = z
   .max(1024)
   .regex(/^[^\u0000-\u001f\u007f]*$/, 'must not contain control characters (NUL, newline, …)')
   .refine(
-    (arg) => (arg.match(/\{[^}]*\}/g) ?? []).every((placeholder) => (LAUNCHER_PLACEHOLDERS as readonly string[]).includes(placeholder)),
-    `may use only the placeholders ${LAUNCHER_PLACEHOLDERS.join(', ')}`,
+    (arg) => (arg.match(/\{[^}]*\}/g) ?? []).every((placeholder) => ALLOWED_PLACEHOLDERS.includes(placeholder)),
+    `may use only the placeholders ${LAUNCHER_PLACEHOLDERS.join(', ')} (filled by the controller) and ${JOB_SIDE_PLACEHOLDERS.join(', ')} (left for the training client)`,
   );
 
 const argvSchema = z.array(launcherArgSchema).min(1).max(64);

@@ -1,6 +1,6 @@
 import { execFile } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
@@ -39,6 +39,8 @@ describe('steadfast lab: a real Slurm cluster in network namespaces', () => {
   const lab = ['--dir', dir, '--prefix', prefix];
   const env = { SLURM_CONF: join(dir, 'slurm.conf') };
   let agentUrl = '';
+  // The agent's POST endpoints are closed by default: the ranks present its web token.
+  const webTokenFile = join(root, 'agent-web-token');
   let jobId = '';
 
   const jobLog = (): string => {
@@ -51,7 +53,7 @@ describe('steadfast lab: a real Slurm cluster in network namespaces', () => {
   const submit = async (checkpoints: string, stacks: string, args: readonly string[]): Promise<string> => {
     const { stdout } = await run('sbatch', ['--parsable', `--job-name=${JOB}`, `--output=${join(dir, 'jobs', '%x-%j.out')}`, 'examples/pytorch/train.sbatch', '--checkpoint-every', '5', '--step-sleep', '0.02', ...args], {
       cwd: repoRoot(),
-      env: { ...process.env, ...env, STEADFAST_AGENT_URL: agentUrl, STEADFAST_CHECKPOINT_DIR: checkpoints, STEADFAST_STACK_DIR: stacks },
+      env: { ...process.env, ...env, STEADFAST_AGENT_URL: agentUrl, STEADFAST_AGENT_TOKEN_FILE: webTokenFile, STEADFAST_CHECKPOINT_DIR: checkpoints, STEADFAST_STACK_DIR: stacks },
     });
     const id = stdout.trim().split(';')[0] ?? '';
     expect(id).toMatch(/^\d+$/);
@@ -68,7 +70,8 @@ describe('steadfast lab: a real Slurm cluster in network namespaces', () => {
     const port = await freePort();
     agentUrl = `http://${subnet}.1:${port}`;
     const off = ['gpu', 'xid', 'rdma', 'nfs', 'process'].map((name) => `--no-collector.${name}`);
-    group.start('agent', process.execPath, ['--import', 'tsx', join(repoRoot(), 'cli', 'main.ts'), 'agent', '--node', 'lab-host', `--web.listen-address=${subnet}.1:${port}`, ...off], join(root, 'agent.log'), {
+    writeFileSync(webTokenFile, `${randomBytes(24).toString('hex')}\n`, { mode: 0o600 });
+    group.start('agent', process.execPath, ['--import', 'tsx', join(repoRoot(), 'cli', 'main.ts'), 'agent', '--node', 'lab-host', `--web.listen-address=${subnet}.1:${port}`, '--web.token-file', webTokenFile, ...off], join(root, 'agent.log'), {
       cwd: repoRoot(),
     });
     await waitFor('the agent to answer /healthz', () => httpOk(`${agentUrl}/healthz`), 30_000, 200);

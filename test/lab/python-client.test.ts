@@ -1,5 +1,5 @@
 import { execFile } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
@@ -8,6 +8,8 @@ import { repoRoot } from '../../core/paths.js';
 import type { Controller } from '../../controller/service.js';
 import { ProcessGroup, freePort, httpOk, waitFor } from '../../sim/processes.js';
 import { TEST_TOKEN, post, startController, testConfig } from '../support/controller.js';
+
+const AGENT_WEB_TOKEN = 'pyclient-agent-web-token-0123456789';
 import { testRedis } from '../support/redis.js';
 
 /**
@@ -45,7 +47,10 @@ describe('the Python training client', () => {
     agentUrl = `http://127.0.0.1:${port}`;
     // Only the training collector: the push endpoint and its series.
     const off = ['gpu', 'xid', 'rdma', 'nfs', 'process'].map((name) => `--no-collector.${name}`);
-    group.start('agent', process.execPath, ['--import', 'tsx', join(repoRoot(), 'cli', 'main.ts'), 'agent', '--node', 'pyclient-node', `--web.listen-address=127.0.0.1:${port}`, ...off], join(root, 'agent.log'), {
+    // The agent's POST endpoints are closed by default: the ranks present its web token.
+    const webTokenFile = join(root, 'agent-web-token');
+    writeFileSync(webTokenFile, `${AGENT_WEB_TOKEN}\n`, { mode: 0o600 });
+    group.start('agent', process.execPath, ['--import', 'tsx', join(repoRoot(), 'cli', 'main.ts'), 'agent', '--node', 'pyclient-node', `--web.listen-address=127.0.0.1:${port}`, '--web.token-file', webTokenFile, ...off], join(root, 'agent.log'), {
       cwd: repoRoot(),
     });
     await waitFor('the agent to answer /healthz', () => httpOk(`${agentUrl}/healthz`), 30_000, 200);
@@ -63,6 +68,7 @@ describe('the Python training client', () => {
       env: {
         ...process.env,
         STEADFAST_TEST_AGENT_URL: agentUrl,
+        STEADFAST_TEST_AGENT_TOKEN: AGENT_WEB_TOKEN,
         STEADFAST_TEST_CONTROLLER_URL: controllerUrl,
         STEADFAST_TEST_CONTROLLER_TOKEN: TEST_TOKEN,
         PYTHONDONTWRITEBYTECODE: '1',

@@ -251,7 +251,8 @@ class DownServersTest(unittest.TestCase):
 class RealAgentTest(unittest.TestCase):
     def test_pushed_steps_become_the_agents_training_series(self):
         url = os.environ["STEADFAST_TEST_AGENT_URL"]
-        clients = [SteadfastClient("pyclient", rank, agent_url=url, controller_url=None) for rank in (0, 1)]
+        token = os.environ.get("STEADFAST_TEST_AGENT_TOKEN")
+        clients = [SteadfastClient("pyclient", rank, agent_url=url, controller_url=None, agent_token=token) for rank in (0, 1)]
         for client in clients:
             for step in range(1, 8):
                 client.push_step(step, iteration_seconds=0.5 + client.rank, loss={"lm loss": 2.0 / step}, grad_norm=float("nan"))
