@@ -1,0 +1,94 @@
+import { execFile } from 'node:child_process';
+import { cpSync, existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { loadConfig } from '../../core/config.js';
+import { ProcessGroup, freePort, httpOk, waitFor } from '../../sim/processes.js';
+
+/**
+ * The Debian package: packaging/debian/build.sh builds it with dpkg-deb; the test reads its
+ * control data and file list, unpacks it into a throwaway root (dpkg -x), verifies the systemd
+ * units there with systemd-analyze, and runs the unpacked agent until it answers a scrape.
+ */
+
+const run = promisify(execFile);
+const ROOT = join(import.meta.dirname, '..', '..');
+const FIXTURES = join(ROOT, 'test', 'fixtures', 'realworld');
+const BUILD_TIMEOUT_MS = 300_000;
+const UNITS = ['/lib/systemd/system/steadfast-agent.service', '/lib/systemd/system/steadfast-controller.service'];
+
+let work = '';
+let deb = '';
+let unpacked = '';
+const processes = new ProcessGroup();
+
+beforeAll(async () => {
+  if (!existsSync(join(ROOT, 'dist', 'cli', 'main.js'))) throw new Error('dist/ is missing: run `npm run build` (npm test does it)');
+  work = mkdtempSync(join(tmpdir(), 'steadfast-deb-'));
+  const { stdout } = await run(join(ROOT, 'packaging', 'debian', 'build.sh'), ['--out', work, '--no-build'], { cwd: ROOT, timeout: BUILD_TIMEOUT_MS, maxBuffer: 16 * 1024 * 1024 });
+  deb = stdout.trim().split('\n').at(-1) ?? '';
+  unpacked = join(work, 'root');
+  await run('dpkg', ['-x', deb, unpacked]);
+}, BUILD_TIMEOUT_MS + 60_000);
+
+afterAll(async () => {
+  await processes.stopAll();
+  if (work) rmSync(work, { recursive: true, force: true });
+});
+
+describe('the Debian package', () => {
+  it('names the package, depends on Node.js 20 or later and keeps /etc/steadfast as conffiles', async () => {
+    const control = (await run('dpkg-deb', ['-f', deb])).stdout;
+    expect(control).toMatch(/^Package: steadfast$/m);
+    expect(control).toMatch(/^Depends: .*nodejs \(>= 20\)/m);
+    const conffiles = (await run('dpkg-deb', ['-I', deb, 'conffiles'])).stdout;
+    expect(conffiles.split('\n').filter(Boolean).sort()).toEqual(['/etc/steadfast/agent.env', '/etc/steadfast/controller.env', '/etc/steadfast/controller.yaml']);
+  });
+
+  it('installs the built tree under /usr/lib/steadfast, a /usr/bin wrapper and both units, and no tests', async () => {
+    const listing = (await run('dpkg-deb', ['-c', deb], { maxBuffer: 64 * 1024 * 1024 })).stdout;
+    const paths = listing.split('\n').map((line) => line.split(/\s+/).at(5) ?? '').filter(Boolean);
+    expect(paths).toEqual(expect.arrayContaining(['./usr/bin/steadfast', './usr/lib/steadfast/bin/steadfast.js', './usr/lib/steadfast/dist/cli/main.js', './usr/lib/steadfast/rules/xid.yml', ...UNITS.map((unit) => `.${unit}`)]));
+    expect(paths.filter((path) => path.startsWith('./usr/lib/steadfast/test/') || path.startsWith('./usr/lib/steadfast/dist/bench/'))).toEqual([]);
+    expect(listing).toMatch(/^-rwxr-xr-x root\/root .* \.\/usr\/bin\/steadfast$/m);
+  });
+
+  it('ships maintainer scripts that parse and create the steadfast system user', async () => {
+    for (const script of ['postinst', 'prerm', 'postrm']) await run('sh', ['-n', join(ROOT, 'packaging', 'debian', script)]);
+    const postinst = (await run('dpkg-deb', ['-I', deb, 'postinst'])).stdout;
+    expect(postinst).toContain('adduser --system --group');
+  });
+
+  it('has systemd units that systemd-analyze verifies without a warning', async () => {
+    // The units' dependencies (network-online.target, multi-user.target, ...) come from this machine.
+    const verifyRoot = join(work, 'verify-root');
+    cpSync(unpacked, verifyRoot, { recursive: true });
+    cpSync('/lib/systemd/system', join(verifyRoot, 'lib', 'systemd', 'system'), { recursive: true, force: false, errorOnExist: false });
+    const { stdout, stderr } = await run('systemd-analyze', ['verify', `--root=${verifyRoot}`, ...UNITS]);
+    expect(`${stdout}${stderr}`).toBe('');
+  });
+
+  it('ships a controller config that the controller accepts', () => {
+    const config = loadConfig({ file: join(unpacked, 'etc', 'steadfast', 'controller.yaml'), env: {} });
+    expect(config.backend.kind).toBe('dry-run');
+    expect(config.controller.tokenFile).toBe('/etc/steadfast/token');
+  });
+
+  it('runs the unpacked agent through /usr/bin/steadfast until it answers a scrape', async () => {
+    const port = await freePort();
+    processes.start(
+      'agent',
+      join(unpacked, 'usr', 'bin', 'steadfast'),
+      ['agent', '--web.listen-address', `127.0.0.1:${port}`, '--node', 'deb-node', '--path.kmsg', join(FIXTURES, 'xid-kernel-logs', 'gpud_xid_lines_h100_gb200.txt'), '--nvidia-smi.xml', join(FIXTURES, 'nvidia-smi-xml', 'telegraf_a10g_515.105.01.xml'), '--xid.state-file', join(work, 'xid-state.json')],
+      join(work, 'agent.log'),
+      { env: { ...process.env, STEADFAST_LOG_LEVEL: 'warn' } },
+    );
+    const url = `http://127.0.0.1:${port}/metrics`;
+    await waitFor('the unpacked agent to serve /metrics', () => httpOk(url), 30_000);
+    const text = await (await fetch(url)).text();
+    expect(text).toContain('steadfast_xid_errors_total{pci_bus_id="0000:91:00",xid="79",severity="fatal"} 1');
+    expect(text).toContain('steadfast_collector_success{collector="gpu"} 1');
+  });
+});
