@@ -22,7 +22,7 @@ const SCRAPES = Number(process.env.STEADFAST_BENCH_RSS_SCRAPES ?? 1000);
 const BIN = join(repoRoot(), 'bin', 'steadfast.js');
 const NODE_EXPORTER = 'prometheus-node-exporter';
 const CLOCK_TICKS_PER_SECOND = 100;
-/** The V8 flags deploy/systemd/steadfast-agent.service gives the agent (NODE_OPTIONS). */
+/** The V8 flags deploy/systemd/steadfast-agent.service gives the agent (STEADFAST_NODE_FLAGS). */
 const UNIT_NODE_FLAGS = ['--lite-mode', '--optimize-for-size', '--max-semi-space-size=1'];
 
 function agentArgs(node: FixtureNode, port: number, stateDir: string, nodeFlags: readonly string[] = []): string[] {

@@ -40,10 +40,12 @@ npm install --global --prefix "$stage/npm" --prefer-offline --omit=dev --no-audi
 install -d "$root/usr/lib" "$root/usr/bin" "$root/lib/systemd/system" "$root/etc/steadfast" "$root/usr/share/doc/steadfast" "$root/DEBIAN"
 mv "$stage/npm/lib/node_modules/steadfast" "$root/usr/lib/steadfast"
 # The wrapper finds the tree relative to itself, so an unpacked copy (dpkg -x) runs too.
+# STEADFAST_NODE_FLAGS: V8 flags for node (the agent unit's), which NODE_OPTIONS does not accept.
 cat >"$root/usr/bin/steadfast" <<'WRAPPER'
 #!/bin/sh
 here=$(dirname "$(readlink -f "$0")")
-exec node "$here/../lib/steadfast/bin/steadfast.js" "$@"
+# shellcheck disable=SC2086 # the flags are words on purpose
+exec node ${STEADFAST_NODE_FLAGS:-} "$here/../lib/steadfast/bin/steadfast.js" "$@"
 WRAPPER
 chmod 0755 "$root/usr/bin/steadfast"
 install -m 0644 deploy/systemd/steadfast-agent.service deploy/systemd/steadfast-controller.service "$root/lib/systemd/system/"

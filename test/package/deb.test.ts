@@ -1,5 +1,5 @@
 import { execFile } from 'node:child_process';
-import { cpSync, existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { cpSync, existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
@@ -31,6 +31,8 @@ beforeAll(async () => {
   deb = stdout.trim().split('\n').at(-1) ?? '';
   unpacked = join(work, 'root');
   await run('dpkg', ['-x', deb, unpacked]);
+  // systemd-analyze --root needs the units ours refer to (network-online.target, ...): this machine's.
+  cpSync('/lib/systemd/system', join(unpacked, 'lib', 'systemd', 'system'), { recursive: true, force: false, errorOnExist: false });
 }, BUILD_TIMEOUT_MS + 60_000);
 
 afterAll(async () => {
@@ -62,10 +64,17 @@ describe('the Debian package', () => {
   });
 
   it('has systemd units that systemd-analyze verifies without a warning', async () => {
-    // The units' dependencies (network-online.target, multi-user.target, ...) come from this machine.
-    cpSync('/lib/systemd/system', join(unpacked, 'lib', 'systemd', 'system'), { recursive: true, force: false, errorOnExist: false });
     const { stdout, stderr } = await run('systemd-analyze', ['verify', `--root=${unpacked}`, ...UNITS]);
     expect(`${stdout}${stderr}`).toBe('');
+  });
+
+  it('confines both units: systemd rates the agent at most 3.0 and the controller at most 2.0 exposed, the agent holding only CAP_SYSLOG and CAP_SYS_PTRACE', async () => {
+    // --threshold is the exposure level times ten; systemd-analyze exits non-zero above it.
+    await run('systemd-analyze', ['security', '--offline=true', '--threshold=30', `--root=${unpacked}`, UNITS[0] as string]);
+    await run('systemd-analyze', ['security', '--offline=true', '--threshold=20', `--root=${unpacked}`, UNITS[1] as string]);
+    const agentUnit = readFileSync(join(unpacked, 'lib', 'systemd', 'system', 'steadfast-agent.service'), 'utf8');
+    expect(agentUnit).toMatch(/^CapabilityBoundingSet=CAP_SYSLOG CAP_SYS_PTRACE$/m);
+    expect(agentUnit).toMatch(/^User=steadfast$/m);
   });
 
   it('ships a controller config that the controller accepts', () => {
@@ -74,17 +83,22 @@ describe('the Debian package', () => {
     expect(config.controller.tokenFile).toBe('/etc/steadfast/token');
   });
 
-  it('runs the unpacked agent through /usr/bin/steadfast until it answers a scrape', async () => {
+  it('runs the unpacked agent through /usr/bin/steadfast, with the V8 flags of its unit, until it answers a scrape', async () => {
+    const unit = readFileSync(join(unpacked, 'lib', 'systemd', 'system', 'steadfast-agent.service'), 'utf8');
+    const nodeFlags = /^Environment="STEADFAST_NODE_FLAGS=([^"]*)"$/m.exec(unit)?.[1];
+    expect(nodeFlags).toContain('--lite-mode');
     const port = await freePort();
-    processes.start(
+    const agent = processes.start(
       'agent',
       join(unpacked, 'usr', 'bin', 'steadfast'),
       ['agent', '--web.listen-address', `127.0.0.1:${port}`, '--node', 'deb-node', '--path.kmsg', join(FIXTURES, 'xid-kernel-logs', 'gpud_xid_lines_h100_gb200.txt'), '--nvidia-smi.xml', join(FIXTURES, 'nvidia-smi-xml', 'telegraf_a10g_515.105.01.xml'), '--xid.state-file', join(work, 'xid-state.json')],
       join(work, 'agent.log'),
-      { env: { ...process.env, STEADFAST_LOG_LEVEL: 'warn' } },
+      { env: { ...process.env, STEADFAST_LOG_LEVEL: 'warn', STEADFAST_NODE_FLAGS: nodeFlags } },
     );
     const url = `http://127.0.0.1:${port}/metrics`;
     await waitFor('the unpacked agent to serve /metrics', () => httpOk(url), 30_000);
+    // The wrapper execs node in its own process, with the unit's flags before the script.
+    expect(readFileSync(`/proc/${agent.pid ?? 0}/cmdline`, 'utf8').split('\0')).toEqual(expect.arrayContaining(['node', ...(nodeFlags ?? '').split(' ')]));
     const text = await (await fetch(url)).text();
     expect(text).toContain('steadfast_xid_errors_total{pci_bus_id="0000:91:00",xid="79",severity="fatal"} 1');
     expect(text).toContain('steadfast_collector_success{collector="gpu"} 1');
