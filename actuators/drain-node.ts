@@ -1,3 +1,4 @@
+import { CONTROLLER_IDENTITY } from '../core/credentials.js';
 import type { AuditLog } from '../core/audit.js';
 import { DoNotRetryError, RetryLaterError } from '../core/errors.js';
 import type { ClusterBackend, NodeState } from './backend.js';
@@ -91,6 +92,7 @@ export async function pageOncePerWindow(
       node: page.node,
       summary: `${page.job === undefined ? '' : `${page.job}: `}page_human: a person is needed: ${page.what} refused (${refusal.reason}); later refusals in this window are audited without paging`,
       data: { job: page.job, verb: 'page_human', state: 'done', detail: refusal.reason, gate: refusal.gate, node: page.node, backend: page.backend },
+      actor: CONTROLLER_IDENTITY,
     },
     `action:${page.ref}:page`,
   );

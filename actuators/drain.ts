@@ -3,6 +3,7 @@ import { UnrecoverableError } from 'bullmq';
 import type { ActionRecord, ActionState, Decision } from '../core/action.js';
 import { decisionSchema } from '../core/action.js';
 import type { AuditLog } from '../core/audit.js';
+import { CONTROLLER_IDENTITY } from '../core/credentials.js';
 import { DoNotRetryError, errorMessage } from '../core/errors.js';
 import { parseJobPayload } from '../core/job-payload.js';
 import type { Logger } from '../core/log.js';
@@ -49,7 +50,7 @@ export function createDrainProcessor(deps: DrainActuatorDeps): (job: Job<ActionJ
     const entry: ActionRecord = { decisionId: decision.id, verb: decision.verb, node: decision.node, state, detail, backend: backend.name, time };
     await redis.hset(keys.action(decision.id), { ...entry });
     await audit.append(
-      { type: 'action', ref: decision.id, node: decision.node, summary: `drain ${decision.node}: ${state} (${detail})`, data: { ...entry } },
+      { type: 'action', ref: decision.id, node: decision.node, summary: `drain ${decision.node}: ${state} (${detail})`, data: { ...entry }, actor: decision.origin ?? CONTROLLER_IDENTITY },
       `action:${decision.id}:${state}:${attempt}`,
     );
     if (TERMINAL.has(state) || state === 'failed') deps.onFinished?.(entry);

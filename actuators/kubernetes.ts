@@ -47,7 +47,7 @@ const MAX_REASON_LENGTH = 1024;
 const MIRROR_POD_ANNOTATION = 'kubernetes.io/config.mirror';
 const SCHEDULE_EFFECTS = new Set(['NoSchedule', 'NoExecute']);
 const FINISHED_PHASES = new Set(['Succeeded', 'Failed']);
-const RBAC_HINT = 'see docs/kubernetes-rbac.yaml';
+const RBAC_HINT = 'see deploy/kubernetes/rbac.yaml';
 
 /** The RBAC rule each call needs, named the way a ClusterRole spells it. */
 type Permission = 'get nodes' | 'list nodes' | 'patch nodes' | 'list pods' | 'create pods/eviction' | 'deletecollection pods';

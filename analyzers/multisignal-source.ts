@@ -108,9 +108,8 @@ export function defaultFeatureQueries(thresholds: Thresholds = DEFAULT_THRESHOLD
       minSpread: 0.002,
       query: `(${sumBy(NODE, rate(`steadfast_nfs_transmissions_total${agent()}`))} - ${nfsOperations})\n/\n(${nfsOperations} > 0)`,
     },
-    // The node's slowest rank. Training series carry the training job as `job`, so they are
-    // selected by name alone (rules/domains/training.ts).
-    { name: 'training_iteration_seconds', direction: 'higher', minSpread: 0.02, query: aggregateBy('max', NODE, 'steadfast_training_iteration_seconds') },
+    // The node's slowest rank, over whichever training jobs the node runs.
+    { name: 'training_iteration_seconds', direction: 'higher', minSpread: 0.02, query: aggregateBy('max', NODE, `steadfast_training_iteration_seconds${agent()}`) },
   ];
 }
 

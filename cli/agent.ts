@@ -2,6 +2,7 @@ import { hostname } from 'node:os';
 import { Command, Option } from 'commander';
 import { z } from 'zod';
 import { resolveToken } from '../core/token.js';
+import { parseAgentToken } from '../core/credentials.js';
 import { InputError } from '../core/errors.js';
 import { createLogger, type Logger } from '../core/log.js';
 import { nodeNameSchema } from '../core/names.js';
@@ -61,6 +62,7 @@ const flagsSchema = z.object({
     .optional(),
   'controller.tokenFile': z.string().min(1, 'must not be empty').optional(),
   'web.tokenFile': z.string().min(1, 'must not be empty').optional(),
+  'web.insecure': z.boolean().default(false),
   'web.rateLimit': z.coerce.number({ message: 'must be a number of requests per second' }).min(0, 'must be at least 0 (0: no limit)').max(100_000, 'must be at most 100000'),
   'web.rateBurst': z.coerce.number({ message: 'must be a whole number' }).int('must be a whole number').min(1, 'must be at least 1').max(100_000, 'must be at most 100000'),
   once: z.boolean().default(false),
@@ -119,6 +121,24 @@ export function agentSettingsFromFlags(
     if (controllerToken.length < 16) {
       throw new InputError(`${AGENT_TOKEN_ENV}: token must be at least 16 characters`, AGENT_TOKEN_ENV);
     }
+    // The controller takes only this node's reports from it; say so now rather than at the first fault.
+    const bound = parseAgentToken(controllerToken);
+    if (!bound) {
+      throw new InputError(`--controller.token-file / ${AGENT_TOKEN_ENV}: not an agent token (NODE.HEX, as \`steadfast token agent --node ${options.node}\` prints it)`, '--controller.token-file');
+    }
+    if (bound.node !== options.node) {
+      throw new InputError(`--controller.token-file / ${AGENT_TOKEN_ENV}: the token is node ${bound.node}'s, but this agent runs as --node ${options.node}`, '--controller.token-file');
+    }
+  }
+  const webTokenFile = options['web.tokenFile'];
+  if (webTokenFile !== undefined && options['web.insecure']) {
+    throw new InputError('--web.insecure: give --web.token-file or --web.insecure, not both', '--web.insecure');
+  }
+  if (webTokenFile === undefined && !options['web.insecure'] && !options.once) {
+    throw new InputError(
+      '--web.token-file: the agent\'s POST endpoints (/api/v1/training, /api/v1/trace, /api/v1/diagnose) need a token; give --web.token-file FILE, or --web.insecure to leave them open on a trusted network',
+      '--web.token-file',
+    );
   }
   return {
     listen: options['web.listenAddress'],
@@ -134,7 +154,7 @@ export function agentSettingsFromFlags(
     collectors: enabledFactories(choices, factories),
     controllerUrl,
     controllerToken,
-    apiToken: options['web.tokenFile'] ? resolveToken({ tokenFile: options['web.tokenFile'] }, '--web.token-file') : undefined,
+    apiToken: webTokenFile ? resolveToken({ tokenFile: webTokenFile }, '--web.token-file') : undefined,
     rateLimit: { requestsPerSecond: options['web.rateLimit'], burst: options['web.rateBurst'] },
     settings: collectorSettings(flags, factories),
     once: options.once,
@@ -156,8 +176,9 @@ export function agentCommand(io: Partial<AgentCommandIo> = {}): Command {
     .option('--nvidia-smi.path <file>', 'nvidia-smi binary', 'nvidia-smi')
     .option('--gpu.poll-interval <seconds>', 'seconds between nvidia-smi polls', '5')
     .option('--controller.url <url>', 'controller base URL for fast-path events (none: no fast path)')
-    .option('--controller.token-file <file>', `file holding the controller bearer token (default: $${AGENT_TOKEN_ENV})`)
-    .option('--web.token-file <file>', 'bearer token required on every POST endpoint of the agent (/api/v1/training, /api/v1/trace, /api/v1/diagnose)')
+    .option('--controller.token-file <file>', `file holding this node's agent token, from \`steadfast token agent\` (default: $${AGENT_TOKEN_ENV})`)
+    .option('--web.token-file <file>', 'bearer token required on every POST endpoint of the agent (/api/v1/training, /api/v1/trace, /api/v1/diagnose); required unless --web.insecure')
+    .option('--web.insecure', 'serve the POST endpoints without a token (a trusted network only)')
     .option('--web.rate-limit <per-second>', 'requests per second each client may send to the POST endpoints; more answer 429 (0: no limit)', String(DEFAULT_AGENT_RATE_LIMIT.requestsPerSecond))
     .option('--web.rate-burst <requests>', 'requests a client may send at once before --web.rate-limit applies', String(DEFAULT_AGENT_RATE_LIMIT.burst))
     .option('--once', 'print one scrape to stdout and exit');

@@ -31,8 +31,13 @@ export const COMMANDS: readonly CommandEntry[] = [
   { name: 'detect', summary: 'Detectors over recorded data: fail-slow iterations, multi-signal suspects.', load: async () => (await import('./detect.js')).detectCommand() },
   { name: 'simulate', summary: "Simulations that put numbers on steadfast's recovery policy.", load: async () => (await import('./simulate.js')).simulateCommand() },
   { name: 'dashboards', summary: 'Write the Grafana dashboards and provisioning files.', load: async () => (await import('./dashboards.js')).dashboardsCommand() },
+  { name: 'rules', summary: 'Render the Prometheus alerting rules with your thresholds, selectors and runbook links.', load: async () => (await import('./rules.js')).rulesCommand() },
+  { name: 'alertmanager-config', summary: "Render the Alertmanager config: faults to the controller's webhook, the rest to people.", load: async () => (await import('./alertmanager-config.js')).alertmanagerConfigCommand() },
+  { name: 'sd', summary: 'Write Prometheus service-discovery targets for the agents.', load: async () => (await import('./sd.js')).sdCommand() },
+  { name: 'check', summary: 'Check this node once for fatal GPU faults (Slurm HealthCheckProgram).', load: async () => (await import('./check.js')).checkCommand() },
   { name: 'demo', summary: 'Run the whole pipeline on loopback and show a fatal Xid travel to a Slurm drain.', load: async () => (await import('./demo.js')).demoCommand() },
   { name: 'lab', summary: 'A real Slurm cluster on this machine, one network namespace per node (root).', load: async () => (await import('./lab.js')).labCommand() },
+  { name: 'token', summary: 'Print credentials for provisioning (agent tokens).', load: async () => (await import('./token.js')).tokenCommand() },
 ];
 
 /** The subcommand an argument list names: its first word that is not an option (`help NAME` names NAME). */

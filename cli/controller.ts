@@ -13,6 +13,7 @@ export function controllerCommand(): Command {
     .option('--no-workers', 'serve HTTP only; run workers elsewhere (steadfast controller --no-http)')
     .option('--no-http', 'run the workers only')
     .action(async (options: { config?: string; port?: number; dryRun?: boolean; workers: boolean; http: boolean }) => {
+      let started = false;
       await runCommand(async () => {
         const config = loadConfig({ file: options.config });
         if (options.port !== undefined) config.controller.port = options.port;
@@ -20,9 +21,13 @@ export function controllerCommand(): Command {
         const logger = createLogger('steadfast-controller');
         const controller = new Controller({ config, logger, workers: options.workers, http: options.http });
         await controller.start();
+        started = true;
         const signal = await untilSignalled();
         logger.info({ signal }, 'shutting down');
         await controller.close();
       });
+      // A controller that could not start may have opened Redis connections that would retry for
+      // ever (a backend that failed after them): it must exit, not stay up unseen and not listening.
+      if (!started && process.exitCode !== undefined && process.exitCode !== 0) process.exit(process.exitCode);
     });
 }

@@ -97,7 +97,7 @@ async function onLab(labOptions: ProtectedLabOptions, names: ScenarioName[], opt
       process.removeListener('SIGINT', interrupted);
       process.removeListener('SIGTERM', interrupted);
       say(
-        `\nStill running (Ctrl-C takes it all down):\n  controller   ${lab.controllerUrl} (token in ${lab.tokenFile})\n  Prometheus   ${lab.prometheus.url}\n  Alertmanager ${lab.alertmanager.url}\n  export SLURM_CONF=${lab.conf}\n  job log      ${lab.paths.logs}\n  files        ${lab.root}\n`,
+        `\nStill running (Ctrl-C takes it all down):\n  controller   ${lab.controllerUrl} (operator token in ${lab.credentials.operatorTokenFile})\n  Prometheus   ${lab.prometheus.url}\n  Alertmanager ${lab.alertmanager.url}\n  export SLURM_CONF=${lab.conf}\n  job log      ${lab.paths.logs}\n  files        ${lab.root}\n`,
       );
       await untilSignalled();
     }

@@ -110,7 +110,7 @@ export function demoCommand(): Command {
           writeGrafanaFiles(resolve(options.grafanaOut), env.prometheus.url, options.keepRunning === true);
           if (options.keepRunning) {
             process.stdout.write(
-              `\nStill running (Ctrl-C stops everything):\n  Prometheus   ${env.prometheus.url}\n  Alertmanager ${env.alertmanager.url}\n  controller   ${env.controllerUrl} (token ${env.token})\n  Redis        ${env.redis.url}\n  SLURM_CONF=${env.slurm.conf}\n  files        ${env.root}\n`,
+              `\nStill running (Ctrl-C stops everything):\n  Prometheus   ${env.prometheus.url}\n  Alertmanager ${env.alertmanager.url}\n  controller   ${env.controllerUrl} (operator token in ${env.credentials.operatorTokenFile})\n  Redis        ${env.redis.url}\n  SLURM_CONF=${env.slurm.conf}\n  files        ${env.root}\n`,
             );
             // The signal handler above stops everything and exits.
             await new Promise<never>(() => undefined);

@@ -1,54 +1,130 @@
-import { createHash, timingSafeEqual } from 'node:crypto';
+import { randomUUID } from 'node:crypto';
 import type { NextFunction, Request, Response } from 'express';
-
-/** Bearer-token check in constant time (digests first, so lengths leak nothing either). */
-export function bearerAuth(token: string, onReject: (req: Request) => void = () => undefined): (req: Request, res: Response, next: NextFunction) => void {
-  const expected = createHash('sha256').update(token).digest();
-  return (req, res, next) => {
-    const header = req.get('authorization') ?? '';
-    const match = /^Bearer\s+(.+)$/i.exec(header);
-    const given = createHash('sha256').update(match?.[1]?.trim() ?? '').digest();
-    if (!match || !timingSafeEqual(given, expected)) {
-      onReject(req);
-      res
-        .status(401)
-        .set('WWW-Authenticate', 'Bearer realm="steadfast"')
-        .json({ error: match ? 'invalid bearer token' : 'missing "Authorization: Bearer <token>" header' });
-      return;
-    }
-    next();
-  };
-}
+import type { AuditLog } from '../core/audit.js';
+import { describeIdentity, presentedToken, type Credentials, type Identity } from '../core/credentials.js';
+import { errorMessage } from '../core/errors.js';
+import type { Logger } from '../core/log.js';
+import { ClientRateLimiter, type RateLimitSettings } from '../core/rate-limit.js';
+import { roleHasScope, scopeFor, type Scope } from './scopes.js';
 
 /**
- * Like bearerAuth, but also takes the token as the password of HTTP Basic auth (any user name),
- * and challenges with Basic so a browser prompts for it: for pages people open in a browser,
- * which cannot send a bearer header. Comparison is constant-time, as in bearerAuth.
+ * Who may call what: every request past the open endpoints (/healthz, /metrics) is identified by
+ * its credential (401 when it has none that the controller knows) and checked against the route
+ * table in scopes.ts (403 naming the role and the scope needed). Refusals of a known credential
+ * are audited, at a bounded rate.
  */
-export function bearerOrBasicAuth(token: string, onReject: (req: Request) => void = () => undefined): (req: Request, res: Response, next: NextFunction) => void {
-  const expected = createHash('sha256').update(token).digest();
-  return (req, res, next) => {
-    const given = presentedToken(req.get('authorization') ?? '');
-    const digest = createHash('sha256').update(given ?? '').digest();
-    if (given === undefined || !timingSafeEqual(digest, expected)) {
-      onReject(req);
-      res
-        .status(401)
-        .set('WWW-Authenticate', 'Basic realm="steadfast"')
-        .json({ error: given === undefined ? 'missing credentials: send "Authorization: Bearer <token>" or the token as the Basic-auth password' : 'invalid token' });
-      return;
-    }
-    next();
-  };
+
+/** A request refused for acting outside its credential, found after the route table (a body naming another node). */
+export class ForbiddenError extends Error {
+  constructor(
+    readonly identity: Identity,
+    readonly scope: Scope,
+    message: string,
+  ) {
+    super(message);
+    this.name = 'ForbiddenError';
+  }
 }
 
-/** The token in an Authorization header: a bearer token, or the password of Basic credentials. */
-function presentedToken(header: string): string | undefined {
-  const bearer = /^Bearer\s+(.+)$/i.exec(header);
-  if (bearer) return bearer[1]?.trim();
-  const basic = /^Basic\s+([A-Za-z0-9+/=]+)\s*$/i.exec(header);
-  if (!basic?.[1]) return undefined;
-  const decoded = Buffer.from(basic[1], 'base64').toString('utf8');
-  const colon = decoded.indexOf(':');
-  return colon === -1 ? undefined : decoded.slice(colon + 1);
+const IDENTITY = 'steadfastIdentity';
+
+/** The identity the auth middleware found for this request. */
+export function identityOf(res: Response): Identity {
+  const identity = res.locals[IDENTITY] as Identity | undefined;
+  if (!identity) throw new Error('identityOf called on a route the auth middleware does not guard');
+  return identity;
+}
+
+/** Throws ForbiddenError when a node-bound identity speaks about another node. */
+export function requireOwnNode(identity: Identity, node: string | undefined, scope: Scope, what: string): void {
+  if (identity.node === undefined) return;
+  if (node !== identity.node) {
+    throw new ForbiddenError(identity, scope, `${describeIdentity(identity)} may not ${what} about ${node === undefined ? 'no node' : `node ${node}`}: its credential is bound to ${identity.node}`);
+  }
+}
+
+/** Refusals audited per identity: a burst, then one a second; the rest are counted in the next entry. */
+const AUDIT_RATE: RateLimitSettings = { requestsPerSecond: 1, burst: 10 };
+/** Across all identities, so that many nodes at once cannot fill the audit either. */
+const AUDIT_RATE_ALL: RateLimitSettings = { requestsPerSecond: 5, burst: 50 };
+const AUDITED_PATH_MAX = 256;
+
+export class AccessAudit {
+  private readonly perIdentity = new ClientRateLimiter(AUDIT_RATE, { maxClients: 1000 });
+  private readonly overall = new ClientRateLimiter(AUDIT_RATE_ALL);
+  private suppressed = 0;
+
+  constructor(
+    private readonly audit: AuditLog,
+    private readonly logger: Logger,
+  ) {}
+
+  /** Writes an audit entry for the refusal unless the rate is exceeded; never throws. */
+  refused(identity: Identity, req: Request, scope: Scope, reason: string): void {
+    const who = describeIdentity(identity);
+    if (!this.perIdentity.take(who).allowed || !this.overall.take('all').allowed) {
+      this.suppressed += 1;
+      return;
+    }
+    const suppressedBefore = this.suppressed;
+    this.suppressed = 0;
+    const path = (req.originalUrl.split('?')[0] ?? '').slice(0, AUDITED_PATH_MAX);
+    const entry = {
+      type: 'access' as const,
+      ref: `denied-${randomUUID()}`,
+      node: identity.node,
+      summary: `refused ${who}: ${req.method} ${path} (${reason})`,
+      actor: identity,
+      data: { method: req.method, path, scope, reason, ...(suppressedBefore > 0 ? { suppressedBefore } : {}) },
+    };
+    this.audit.append(entry, entry.ref).catch((error: unknown) => {
+      this.logger.warn({ err: errorMessage(error), identity: who, path }, 'could not audit a refused request');
+    });
+  }
+}
+
+export interface AuthorizeDeps {
+  readonly credentials: Credentials;
+  readonly access: AccessAudit;
+  /** Counts a refusal (401 or 403) in the rejected-requests metric. */
+  readonly onReject: (req: Request, reason: 'unauthorized' | 'forbidden') => void;
+  /** Take the token as an HTTP Basic password too, and challenge with Basic (pages a browser opens). */
+  readonly basic?: boolean;
+}
+
+/** Sends the 403 for a credential used outside its scope, counted and audited. */
+export function sendForbidden(deps: Pick<AuthorizeDeps, 'access' | 'onReject'>, req: Request, res: Response, identity: Identity, scope: Scope, message: string): void {
+  deps.onReject(req, 'forbidden');
+  deps.access.refused(identity, req, scope, message);
+  res.status(403).json({ error: message, role: identity.role, ...(identity.node ? { node: identity.node } : {}), scope });
+}
+
+export function authorize(deps: AuthorizeDeps): (req: Request, res: Response, next: NextFunction) => void {
+  const challenge = deps.basic ? 'Basic realm="steadfast"' : 'Bearer realm="steadfast"';
+  return (req, res, next) => {
+    const presented = presentedToken(req.get('authorization') ?? '');
+    const usable = presented && (presented.scheme === 'bearer' || deps.basic) ? presented.token : undefined;
+    const identity = usable === undefined ? undefined : deps.credentials.identify(usable);
+    if (!identity) {
+      deps.onReject(req, 'unauthorized');
+      const hint = deps.basic ? 'send "Authorization: Bearer <token>" or the token as the Basic-auth password' : 'send "Authorization: Bearer <token>"';
+      res
+        .status(401)
+        .set('WWW-Authenticate', challenge)
+        .json({ error: usable === undefined ? `missing credentials: ${hint}` : 'invalid bearer token' });
+      return;
+    }
+    const path = req.originalUrl.split('?')[0] ?? '/';
+    const needed = scopeFor(req.method, path);
+    if (identity.role === 'controller' || !roleHasScope(identity.role, needed.scope)) {
+      sendForbidden(deps, req, res, identity, needed.scope, `role ${identity.role} may not ${req.method} ${path}: it needs scope "${needed.scope}"`);
+      return;
+    }
+    if (needed.node !== undefined && identity.node !== undefined && needed.node !== identity.node) {
+      sendForbidden(deps, req, res, identity, needed.scope, `${describeIdentity(identity)} may not ${req.method} about node ${needed.node}: its credential is bound to ${identity.node}`);
+      return;
+    }
+    res.locals[IDENTITY] = identity;
+    next();
+  };
 }

@@ -6,6 +6,12 @@ import type { Signal } from '../core/signal.js';
 import { ReplicaAcks, type ReplicaAckSettings } from './replica-acks.js';
 
 const ENQUEUE_TIMEOUT_MS = 3000;
+/**
+ * How long a store still under way is awaited once Redis is late but connected: a big batch
+ * behind others is slow, not lost, and answering 503 while it goes on to be stored would tell
+ * the sender something untrue.
+ */
+const ENQUEUE_SLOW_LIMIT_MS = 30_000;
 
 export interface IntakeOptions {
   /** Job options of the signals queue (retries, retention: core/retention.ts). */
@@ -64,11 +70,20 @@ export class SignalIntake {
     if (signals.length === 0) return;
     let timer: NodeJS.Timeout | undefined;
     const timeoutMs = ENQUEUE_TIMEOUT_MS + (this.replicas ? (this.options.replicaAck?.timeoutMs ?? 0) * 2 : 0);
-    const timeout = new Promise<never>((_, reject) => {
-      timer = setTimeout(() => reject(new Error(`Redis did not answer within ${timeoutMs} ms`)), timeoutMs);
-    });
+    const late = (ms: number): Promise<never> =>
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new Error(`Redis did not answer within ${ms} ms`)), ms);
+      });
+    const stored = this.store(signals).then(() => true);
+    // Its failure is read below or, when given up on, deliberately not: never an unhandled rejection.
+    stored.catch(() => undefined);
     try {
-      await Promise.race([this.store(signals), timeout]);
+      const onTime = await Promise.race([stored, late(timeoutMs).catch(() => false)]);
+      clearTimeout(timer);
+      if (!onTime) {
+        if (this.connection.status !== 'ready') throw new Error(`Redis did not answer within ${timeoutMs} ms and the connection is ${this.connection.status}`);
+        await Promise.race([stored, late(ENQUEUE_SLOW_LIMIT_MS)]);
+      }
     } catch (error) {
       if (error instanceof StoreUnavailableError) throw error;
       throw new StoreUnavailableError(`could not store signals: ${errorMessage(error)}`, error);

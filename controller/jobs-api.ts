@@ -14,11 +14,13 @@ import { JobExistsError, JobNotFoundError, type JobStore } from './job-store.js'
 import type { RecoveryDispatcher } from './recovery-dispatcher.js';
 import type { StandbyPool } from '../actuators/standby-pool.js';
 import type { MicrobatchBoard } from './microbatches.js';
+import { ForbiddenError, identityOf } from './auth.js';
 
 /**
  * The jobs API: register training jobs, read their state and ETTR, report checkpoint shards and
  * ask for a restore plan; and the standby endpoint a standby node's agent polls to learn its
- * assignment (ByteRobust §6.2). Mounted behind the controller's bearer auth.
+ * assignment (ByteRobust §6.2). Mounted behind the controller's auth (scopes.ts); an agent's
+ * node-bound credential reaches a job's training endpoints only for a job on its node.
  */
 const codeUpdateSchema = z
   .object({
@@ -68,13 +70,23 @@ export function jobsRouter(deps: JobsRouterDeps): express.Router {
 
   const jobName = (req: Request): string => parseOrThrow(jobNameSchema, req.params.id, 'job name');
 
+  /** The job's name, once the caller may act for it: any job for an operator, a job on its node for an agent. */
+  const trainingJob = async (req: Request, res: Response): Promise<string> => {
+    const name = jobName(req);
+    const identity = identityOf(res);
+    if (identity.node !== undefined && !(await jobs.get(name)).spec.nodes.includes(identity.node)) {
+      throw new ForbiddenError(identity, 'training', `agent ${identity.node} may not ${req.method} ${req.originalUrl.split('?')[0] ?? ''}: job ${name} does not run on ${identity.node}`);
+    }
+    return name;
+  };
+
   router.post(
     '/jobs',
     handle(async (req, res) => {
       const record = await jobs.create(await admitJob(req.body, deps));
       // A job is registered while it trains: its version has proven itself, so a later rollback
       // has somewhere to go.
-      await deps.dispatcher?.apply({ job: record.spec.name, event: { type: 'restart_succeeded', time: Date.now() }, eventId: 'registered' });
+      await deps.dispatcher?.apply({ job: record.spec.name, event: { type: 'restart_succeeded', time: Date.now() }, eventId: 'registered', origin: identityOf(res) });
       res.status(201).json({ job: record, ettr: await jobs.ettr(record.spec.name) });
     }),
   );
@@ -127,14 +139,14 @@ export function jobsRouter(deps: JobsRouterDeps): express.Router {
   router.post(
     '/jobs/:id/checkpoints',
     handle(async (req, res) => {
-      res.status(202).json({ accepted: await jobs.addCheckpoints(jobName(req), req.body) });
+      res.status(202).json({ accepted: await jobs.addCheckpoints(await trainingJob(req, res), req.body) });
     }),
   );
 
   router.get(
     '/jobs/:id/restore-plan',
     handle(async (req, res) => {
-      const name = jobName(req);
+      const name = await trainingJob(req, res);
       const record = await jobs.get(name);
       const evictedParam = typeof req.query.evicted === 'string' ? req.query.evicted : '';
       const evicted = new Set(evictedParam.split(',').filter(Boolean).map((node) => parseOrThrow(nodeNameSchema, node, 'evicted')));
@@ -154,7 +166,7 @@ export function jobsRouter(deps: JobsRouterDeps): express.Router {
     '/jobs/:id/microbatches',
     handle(async (req, res) => {
       if (!deps.microbatches) throw new StoreUnavailableError('this controller runs without fail-slow mitigation');
-      res.json(await deps.microbatches.get(jobName(req)));
+      res.json(await deps.microbatches.get(await trainingJob(req, res)));
     }),
   );
 
@@ -169,6 +181,7 @@ export function jobsRouter(deps: JobsRouterDeps): express.Router {
         job: name,
         event: { type: 'code_update', time: Date.now(), version: update.version, urgent: update.urgent },
         eventId: `update:${update.version}:${update.urgent ? 'urgent' : 'lazy'}`,
+        origin: identityOf(res),
       });
       res.status(202).json({ job: name, version: update.version, urgent: update.urgent, steps: steps.map((step) => step.verb) });
     }),

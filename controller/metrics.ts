@@ -1,5 +1,6 @@
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type { Queue } from 'bullmq';
+import { registerBuildInfo } from '../core/build-info.js';
 import type { JobStore } from './job-store.js';
 
 /** The controller's own metrics, on a registry made by the composition root. */
@@ -10,11 +11,14 @@ export class ControllerMetrics {
   readonly actions: Counter<'verb' | 'state' | 'backend'>;
   readonly signalToAction: Histogram<'verb'>;
   readonly grafanaAnnotationsFailed: Counter<'reason'>;
-  readonly humanPages: Counter<'job'>;
+  readonly humanPages: Counter<'training_job'>;
+  readonly alertsRefused: Counter;
+  readonly alertsTruncated: Counter;
 
   constructor(queues: readonly Queue[], jobs?: JobStore) {
     const registers = [this.registry];
     collectDefaultMetrics({ register: this.registry, prefix: 'steadfast_controller_' });
+    registerBuildInfo(this.registry);
     this.signalsAccepted = new Counter({
       name: 'steadfast_signals_accepted_total',
       help: 'Signals stored durably in Redis, by source and kind.',
@@ -27,6 +31,16 @@ export class ControllerMetrics {
       labelNames: ['endpoint', 'reason'],
       registers,
     });
+    this.alertsRefused = new Counter({
+      name: 'steadfast_alerts_refused_total',
+      help: 'Alerts of accepted webhooks left out because they were invalid (a bad node, xid or time); the answer lists each with its reason.',
+      registers,
+    });
+    this.alertsTruncated = new Counter({
+      name: 'steadfast_alerts_truncated_total',
+      help: 'Alerts Alertmanager reported leaving out of its webhooks (truncatedAlerts, past the receiver\'s max_alerts).',
+      registers,
+    });
     this.actions = new Counter({
       name: 'steadfast_actions_total',
       help: 'Actions that reached a final state, by verb, state and backend.',
@@ -36,7 +50,7 @@ export class ControllerMetrics {
     this.humanPages = new Counter({
       name: 'steadfast_human_pages_total',
       help: 'Times a job\'s recovery needed a person: the ladder ran out, an action was refused, no standby was left.',
-      labelNames: ['job'],
+      labelNames: ['training_job'],
       registers,
     });
     this.signalToAction = new Histogram({
@@ -87,7 +101,7 @@ export class ControllerMetrics {
     new Gauge({
       name: 'steadfast_job_ettr_ratio',
       help: 'Effective training time ratio of each registered job: productive time over wall time (ByteRobust §8.1.3), since registration and over the last hour.',
-      labelNames: ['job', 'window'],
+      labelNames: ['training_job', 'window'],
       registers,
       async collect() {
         if (!jobs) return;
@@ -95,8 +109,8 @@ export class ControllerMetrics {
           this.reset();
           for (const record of await jobs.list()) {
             const ettr = await jobs.ettr(record.spec.name);
-            this.set({ job: record.spec.name, window: 'cumulative' }, ettr.cumulative);
-            this.set({ job: record.spec.name, window: '1h' }, ettr.window1h);
+            this.set({ training_job: record.spec.name, window: 'cumulative' }, ettr.cumulative);
+            this.set({ training_job: record.spec.name, window: '1h' }, ettr.window1h);
           }
         } catch {
           // Redis down: no values rather than stale ones; /healthz reports the outage.

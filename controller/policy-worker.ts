@@ -2,6 +2,7 @@ import type { Job, Queue } from 'bullmq';
 import type { Decision } from '../core/action.js';
 import { decisionSchema } from '../core/action.js';
 import type { AuditLog } from '../core/audit.js';
+import { CONTROLLER_IDENTITY } from '../core/credentials.js';
 import { parseJobPayload } from '../core/job-payload.js';
 import type { Keys, Redis } from '../core/redis.js';
 import { signalSchema, stableHash, type Signal } from '../core/signal.js';
@@ -54,7 +55,7 @@ async function toLadder(audit: AuditLog, signal: Signal, trainingJob: string, di
   const verdict = classifySignal(signal);
   if (verdict.verdict === 'ignore') {
     await audit.append(
-      { type: 'signal', ref: signal.id, node: signal.node, summary: `${describe(signal)}; job ${trainingJob}: no action: ${verdict.reason}`, data: { signal, job: trainingJob } },
+      { type: 'signal', ref: signal.id, node: signal.node, summary: `${describe(signal)}; job ${trainingJob}: no action: ${verdict.reason}`, data: { signal, job: trainingJob }, actor: signal.origin ?? CONTROLLER_IDENTITY },
       `signal:${signal.id}`,
     );
     return { outcome: 'observed' };
@@ -66,10 +67,11 @@ async function toLadder(audit: AuditLog, signal: Signal, trainingJob: string, di
       node: signal.node,
       summary: `${describe(signal)}; job ${trainingJob}: ${verdict.faultClass} fault (${verdict.reason})`,
       data: { signal, job: trainingJob, faultClass: verdict.faultClass },
+      actor: signal.origin ?? CONTROLLER_IDENTITY,
     },
     `signal:${signal.id}`,
   );
-  const steps = await dispatcher.apply({ job: trainingJob, event: faultEventFromSignal(signal, verdict), eventId: signal.id });
+  const steps = await dispatcher.apply({ job: trainingJob, event: faultEventFromSignal(signal, verdict), eventId: signal.id, origin: signal.origin });
   return { outcome: steps.length > 0 ? 'decided' : 'joined' };
 }
 
@@ -89,7 +91,7 @@ export function createPolicyProcessor(deps: PolicyWorkerDeps): (job: Job<SignalJ
     const outcome = decide(signal);
     if (outcome.verb === 'observe') {
       await audit.append(
-        { type: 'signal', ref: signal.id, node: signal.node, summary: `${describe(signal)}; no action: ${outcome.reason}`, data: { signal } },
+        { type: 'signal', ref: signal.id, node: signal.node, summary: `${describe(signal)}; no action: ${outcome.reason}`, data: { signal }, actor: signal.origin ?? CONTROLLER_IDENTITY },
         `signal:${signal.id}`,
       );
       return { outcome: 'observed' };
@@ -107,6 +109,7 @@ export function createPolicyProcessor(deps: PolicyWorkerDeps): (job: Job<SignalJ
       fingerprint: signal.fingerprint,
       faultTime: signal.time,
       time: new Date().toISOString(),
+      ...(signal.origin ? { origin: signal.origin } : {}),
     };
     const holder = (await redis.eval(
       CLAIM,
@@ -130,6 +133,7 @@ export function createPolicyProcessor(deps: PolicyWorkerDeps): (job: Job<SignalJ
           node: signal.node,
           summary: `${describe(signal)}; ${relation} decision ${holder}`,
           data: { signal, duplicateOf: holder, sameFault },
+          actor: signal.origin ?? CONTROLLER_IDENTITY,
         },
         `signal:${signal.id}`,
       );
@@ -141,11 +145,11 @@ export function createPolicyProcessor(deps: PolicyWorkerDeps): (job: Job<SignalJ
     const storedParse = storedRaw ? decisionSchema.safeParse(JSON.parse(storedRaw)) : undefined;
     const stored = storedParse?.success ? storedParse.data : decision;
     await audit.append(
-      { type: 'signal', ref: signal.id, node: signal.node, summary: `${describe(signal)}; new decision ${decisionId}`, data: { signal } },
+      { type: 'signal', ref: signal.id, node: signal.node, summary: `${describe(signal)}; new decision ${decisionId}`, data: { signal }, actor: signal.origin ?? CONTROLLER_IDENTITY },
       `signal:${signal.id}`,
     );
     await audit.append(
-      { type: 'decision', ref: decisionId, node: stored.node, summary: `drain ${stored.node}: ${stored.reason}`, data: { decision: stored } },
+      { type: 'decision', ref: decisionId, node: stored.node, summary: `drain ${stored.node}: ${stored.reason}`, data: { decision: stored }, actor: stored.origin ?? CONTROLLER_IDENTITY },
       `decision:${decisionId}`,
     );
     await actions.add('drain', { decision: stored }, { jobId: stored.idempotencyKey });

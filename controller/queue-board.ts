@@ -1,32 +1,30 @@
 import { createBullBoard } from '@bull-board/api';
 import { BullMQAdapter } from '@bull-board/api/bullMQAdapter';
 import { ExpressAdapter } from '@bull-board/express';
+import type { AppViewRoute } from '@bull-board/api/typings/app';
 import type { Queue } from 'bullmq';
 import type express from 'express';
 import type { NextFunction, Request, Response } from 'express';
-import { bearerOrBasicAuth } from './auth.js';
 
 export const QUEUE_BOARD_PATH = '/queues';
 
 export interface QueueBoardOptions {
   /** Offer retry, remove, pause, clean and the other writes; off by default (a read-only board). */
   readonly allowActions?: boolean;
-  /** Called for each request turned away for want of a valid token (e.g. to count it). */
-  readonly onReject?: (req: Request) => void;
 }
 
 /**
  * Serves bull-board, the BullMQ web UI, at /queues: the steadfast queues' counts, jobs, their
- * data and failure reasons. It sits behind the API token, given as a bearer header or, since a
- * browser cannot send one, as the HTTP Basic password (any user name; the 401 makes the browser
- * prompt). Read-only unless `allowActions`: the board hides its write buttons, and every
+ * data and failure reasons. It sits behind `guard`, the controller's auth middleware, which takes
+ * a read credential as a bearer header or, since a browser cannot send one, as the HTTP Basic
+ * password (any user name; the 401 makes the browser prompt). Read-only unless `allowActions`: the board hides its write buttons, and every
  * request other than GET or HEAD is refused here as well, before it reaches the board.
  *
  * Mount it before the app's catch-all 404 handler.
  */
-export function mountQueueBoard(app: express.Express, queues: Queue[], token: string, options: QueueBoardOptions = {}): void {
+export function mountQueueBoard(app: express.Express, queues: Queue[], guard: express.RequestHandler, options: QueueBoardOptions = {}): void {
   const allowActions = options.allowActions ?? false;
-  const serverAdapter = new ExpressAdapter();
+  const serverAdapter = new SelfContainedAdapter();
   serverAdapter.setBasePath(QUEUE_BOARD_PATH);
   createBullBoard({
     queues: queues.map((queue) => new BullMQAdapter(queue, { readOnlyMode: !allowActions, allowRetries: allowActions })),
@@ -36,7 +34,34 @@ export function mountQueueBoard(app: express.Express, queues: Queue[], token: st
   // bull-board's adapter is a whole express app, mounted here as a sub-app.
   const board: express.Express = serverAdapter.getRouter();
   board.disable('x-powered-by');
-  app.use(QUEUE_BOARD_PATH, bearerOrBasicAuth(token, options.onReject), allowActions ? sameOriginWrites : readOnly, board);
+  app.use(QUEUE_BOARD_PATH, guard, allowActions ? sameOriginWrites : readOnly, board);
+}
+
+/**
+ * `<link>` elements that load from another origin. bull-board's page pulls its fonts from Google
+ * Fonts; on an air-gapped cluster that request hangs or fails, and elsewhere it tells a third
+ * party who opens the board. Without the link the page falls back to the system sans-serif and
+ * monospace fonts its CSS names next to IBM Plex.
+ */
+const EXTERNAL_LINK = /<link\b[^>]*\bhref\s*=\s*["']?(?:[a-z][a-z0-9+.-]*:)?\/\/[^>]*>\s*/gi;
+
+/** The page without anything it would load from another origin. */
+export function withoutExternalLinks(html: string): string {
+  return html.replace(EXTERNAL_LINK, '');
+}
+
+/** bull-board's Express adapter, whose page loads nothing from outside the controller. */
+class SelfContainedAdapter extends ExpressAdapter {
+  override setEntryRoute(routeDef: AppViewRoute): ExpressAdapter {
+    this.app[routeDef.method](routeDef.route, (_req: Request, res: Response, next: NextFunction) => {
+      const { name, params } = routeDef.handler({ basePath: this.basePath, uiConfig: this.uiConfig });
+      res.render(name, params, (error: Error | null, html: string) => {
+        if (error) next(error);
+        else res.type('html').send(withoutExternalLinks(html));
+      });
+    });
+    return this;
+  }
 }
 
 function isRead(req: Request): boolean {

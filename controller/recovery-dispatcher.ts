@@ -1,5 +1,6 @@
 import type { Queue } from 'bullmq';
 import type { AuditLog } from '../core/audit.js';
+import { CONTROLLER_IDENTITY } from '../core/credentials.js';
 import { StoreUnavailableError, errorMessage } from '../core/errors.js';
 import type { Keys, Redis } from '../core/redis.js';
 import { stableHash } from '../core/signal.js';
@@ -78,10 +79,11 @@ export class RecoveryDispatcher {
           node: step.nodes?.[0],
           summary: `${input.job}: ${step.verb}${step.nodes?.length ? ` ${step.nodes.join(',')}` : ''}${step.version ? ` to ${step.version}` : ''} — ${step.reason} (${step.citation})`,
           data: { job: input.job, step, event: input.event, phase: state.phase },
+          actor: input.origin ?? CONTROLLER_IDENTITY,
         },
         `decision:${transitionId}:${index}`,
       );
     }
-    await this.actions.add('recovery', { transitionId, job: input.job, steps }, { jobId: transitionId });
+    await this.actions.add('recovery', { transitionId, job: input.job, steps, ...(input.origin ? { origin: input.origin } : {}) }, { jobId: transitionId });
   }
 }

@@ -5,6 +5,8 @@ import { Queue, Worker } from 'bullmq';
 import { AuditLog } from '../core/audit.js';
 import type { Config } from '../core/config.js';
 import { resolveToken } from '../core/config.js';
+import { resolveCredentials } from '../core/auth-config.js';
+import { CONTROLLER_IDENTITY, Credentials } from '../core/credentials.js';
 import { errorMessage } from '../core/errors.js';
 import type { Logger } from '../core/log.js';
 import { retentionFromBudget } from '../core/retention.js';
@@ -16,6 +18,7 @@ import { createDrainProcessor } from '../actuators/drain.js';
 import { SafetyGates, drainBudget } from '../actuators/safety.js';
 import { StandbyPool } from '../actuators/standby-pool.js';
 import { SignalIntake } from './intake.js';
+import { IntakeBatcher } from './intake-batch.js';
 import { GrafanaAnnotator } from './grafana.js';
 import { ControllerMetrics } from './metrics.js';
 import { createPolicyProcessor } from './policy-worker.js';
@@ -35,6 +38,7 @@ import { AgentDirectory } from './agents.js';
 import { createAnalysisProcessor } from './analysis.js';
 import { createApp } from './server.js';
 import { createLimitedServer, listenOn } from './connection-limits.js';
+import { metricsHandler } from './metrics-server.js';
 
 export interface ControllerOptions {
   readonly config: Config;
@@ -81,6 +85,7 @@ export class Controller {
   private readonly workers: Worker[] = [];
   private readonly workerConnections: Redis[] = [];
   private server: Server | undefined;
+  private metricsServer: Server | undefined;
   private closed = false;
   readonly metrics: ControllerMetrics;
   readonly audit: AuditLog;
@@ -104,11 +109,14 @@ export class Controller {
   private readonly progress: ProgressWatch | undefined;
   /** Posts finished actions to Grafana when the config has a `grafana` section. */
   readonly grafana: GrafanaAnnotator | undefined;
+  /** Who may call the API; read at construction, so a missing credential stops the start. */
+  private readonly credentials: Credentials | undefined;
 
   constructor(private readonly options: ControllerOptions) {
     const { config } = options;
     // Read before any connection opens, so a missing token file leaves nothing to close.
     const grafanaToken = config.grafana ? resolveToken(config.grafana, 'grafana') : undefined;
+    this.credentials = (options.http ?? true) ? new Credentials(resolveCredentials(config.controller.auth)) : undefined;
     this.keys = new Keys(config.redis.prefix);
     this.intakeRedis = intakeConnection(config.redis);
     this.workerRedis = workerConnection(config.redis);
@@ -187,22 +195,25 @@ export class Controller {
         : undefined;
   }
 
-  /** Starts the workers and the HTTP server; resolves with the bound port. */
-  async start(): Promise<{ port: number }> {
+  /** Starts the workers and the HTTP servers; resolves with the bound ports (the API's and /metrics'). */
+  async start(): Promise<{ port: number; metricsPort: number }> {
     const { config, logger } = this.options;
     await this.waitForRedis();
     if (this.options.workers ?? true) this.startWorkers();
-    if (!(this.options.http ?? true)) return { port: 0 };
-    const token = resolveToken(config.controller, 'controller');
+    if (!(this.options.http ?? true)) return { port: 0, metricsPort: 0 };
+    const credentials = this.credentials;
+    if (!credentials) throw new Error('the controller was made without HTTP; start() cannot serve it');
     // The API answers from the fail-fast intake connection: a Redis outage is a 503, not a hang.
     const apiJobs = new JobStore(this.intakeRedis, this.keys);
+    const batcher = new IntakeBatcher((signals) => this.intake.enqueue(signals));
     const apiAudit = new AuditLog(this.intakeRedis, this.keys, this.auditEntries);
     const budget = { maxPerWindow: drainBudget(config.safety), windowSeconds: config.safety.windowSeconds };
     const app = createApp({
-      token,
+      credentials,
       bodyLimitBytes: config.controller.bodyLimitBytes,
+      inFlightBodyBytes: config.controller.inFlightBodyBytes,
       rateLimit: config.controller.rateLimit,
-      enqueue: (signals) => this.intake.enqueue(signals),
+      enqueue: (signals) => batcher.enqueue(signals),
       audit: apiAudit,
       redisUp: () => isRedisUp(this.intakeRedis),
       metrics: this.metrics,
@@ -228,21 +239,28 @@ export class Controller {
         }),
       ],
     });
-    const server = createLimitedServer(app, config.controller.connections, (address, first) => {
+    const onRefused = (address: string, first: boolean): void => {
       this.metrics.requestsRejected.inc({ endpoint: 'connection', reason: 'too_many_connections' });
       if (first) logger.warn({ address, max: config.controller.connections.maxPerClient }, 'refusing connections: too many open from one address');
-    });
+    };
+    const server = createLimitedServer(app, config.controller.connections, onRefused);
     this.server = server;
-    try {
-      await listenOn(server, config.controller.port, config.controller.host);
-    } catch (error) {
-      // A controller that cannot listen must not stay up half alive, its workers acting unseen.
-      await this.close();
-      throw new Error(`cannot listen on ${config.controller.host}:${config.controller.port}: ${errorMessage(error)}`, { cause: error });
+    const metricsServer = createLimitedServer(metricsHandler(this.metrics.registry, logger), config.controller.connections, onRefused);
+    this.metricsServer = metricsServer;
+    const metricsHost = config.controller.metrics.host ?? config.controller.host;
+    for (const [listener, host, port] of [[server, config.controller.host, config.controller.port], [metricsServer, metricsHost, config.controller.metrics.port]] as const) {
+      try {
+        await listenOn(listener, port, host);
+      } catch (error) {
+        // A controller that cannot listen must not stay up half alive, its workers acting unseen.
+        await this.close();
+        throw new Error(`cannot listen on ${host}:${port}: ${errorMessage(error)}`, { cause: error });
+      }
     }
     const port = (server.address() as AddressInfo).port;
-    logger.info({ host: config.controller.host, port, backend: this.backend.name }, 'controller listening');
-    return { port };
+    const metricsPort = (metricsServer.address() as AddressInfo).port;
+    logger.info({ host: config.controller.host, port, metricsHost, metricsPort, backend: this.backend.name }, 'controller listening');
+    return { port, metricsPort };
   }
 
   /** Gives Redis a moment at start-up; if it is down the controller still starts and answers 503. */
@@ -279,7 +297,7 @@ export class Controller {
         dedupeSeconds: config.policy.drainDedupeSeconds,
         recovery: { jobs: this.jobs, dispatcher: this.dispatcher },
       }),
-      { connection: this.ownConnection(), prefix: config.redis.prefix, ...timing, concurrency: 8 },
+      { connection: this.ownConnection(), prefix: config.redis.prefix, ...timing, concurrency: 32 },
     );
     const recovery = new Worker(
       QUEUE_NAMES.recovery,
@@ -303,7 +321,7 @@ export class Controller {
           await this.analysisQueue.add(request.kind, request, { jobId: `${request.kind}:${request.ref}` });
         },
         onPage: (job, reason) => {
-          this.metrics.humanPages.inc({ job });
+          this.metrics.humanPages.inc({ training_job: job });
           logger.warn({ job, reason }, 'a person is needed');
         },
       }),
@@ -337,7 +355,7 @@ export class Controller {
         },
         // Drains outside any registered job: a refused one pages once per budget window.
         onPage: (reason) => {
-          this.metrics.humanPages.inc({ job: '' });
+          this.metrics.humanPages.inc({ training_job: '' });
           logger.warn({ reason }, 'a person is needed');
         },
       }),
@@ -394,7 +412,7 @@ export class Controller {
     const started = await this.pool.reconcile(inUse.size, unavailable, now);
     for (const node of started) {
       await this.audit.append(
-        { type: 'action', ref: `standby-${node}-${now}`, node, summary: `standby ${node}: provisioning (held by ${this.backend.name}; waiting for its agent's self-check)`, data: { verb: 'provision_standby', node, state: 'done' } },
+        { type: 'action', ref: `standby-${node}-${now}`, node, summary: `standby ${node}: provisioning (held by ${this.backend.name}; waiting for its agent's self-check)`, data: { verb: 'provision_standby', node, state: 'done' }, actor: CONTROLLER_IDENTITY },
         `standby:${node}:${now}`,
       );
     }
@@ -438,8 +456,8 @@ export class Controller {
     this.closed = true;
     if (this.ticker) clearInterval(this.ticker);
     if (this.failSlowTicker) clearInterval(this.failSlowTicker);
-    const server = this.server;
-    if (server) {
+    for (const server of [this.server, this.metricsServer]) {
+      if (!server?.listening) continue;
       await new Promise<void>((resolve) => {
         server.close(() => resolve());
         server.closeAllConnections();

@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { identitySchema } from './credentials.js';
 import { nodeNameSchema } from './names.js';
 
 /**
@@ -23,6 +24,8 @@ export const decisionSchema = z.object({
   /** When the fault happened (the signal's time), for signal-to-action latency. */
   faultTime: z.iso.datetime({ offset: true }),
   time: z.iso.datetime({ offset: true }),
+  /** Who sent the signal it follows from; the drain's audit entries name it as their actor. */
+  origin: identitySchema.optional(),
 });
 
 export type Decision = z.infer<typeof decisionSchema>;

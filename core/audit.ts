@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { identitySchema, type Identity } from './credentials.js';
 import { StoreUnavailableError, errorMessage } from './errors.js';
 import type { Keys, Redis } from './redis.js';
 import { AUDIT_DATA_MAX_BYTES, AUDIT_SUMMARY_MAX_CHARS } from './retention.js';
@@ -9,7 +10,8 @@ import { AUDIT_DATA_MAX_BYTES, AUDIT_SUMMARY_MAX_CHARS } from './retention.js';
  * /api/v1/audit` and Grafana.
  */
 
-export const AUDIT_TYPES = ['signal', 'decision', 'action'] as const;
+/** `access`: a credential refused for acting outside its scope (controller/auth.ts). */
+export const AUDIT_TYPES = ['signal', 'decision', 'action', 'access'] as const;
 export type AuditType = (typeof AUDIT_TYPES)[number];
 
 export interface AuditInput {
@@ -20,6 +22,12 @@ export interface AuditInput {
   /** One line a human reads in the timeline. */
   readonly summary: string;
   readonly data: Record<string, unknown>;
+  /**
+   * Who caused it: the credential behind the request, or behind the signal a decision or action
+   * followed from; the controller itself for its own timers and analyzers. Absent: not known
+   * (entries written before identities were recorded).
+   */
+  readonly actor?: Identity | undefined;
 }
 
 export interface AuditEntry extends AuditInput {
@@ -54,7 +62,7 @@ local excess = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[2])
 if excess > 0 then
   redis.call('ZREMRANGEBYRANK', KEYS[1], 0, excess - 1)
 end
-return redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'type', ARGV[3], 'ref', ARGV[4], 'node', ARGV[5], 'summary', ARGV[6], 'data', ARGV[7], 'time', ARGV[8])
+return redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'type', ARGV[3], 'ref', ARGV[4], 'node', ARGV[5], 'summary', ARGV[6], 'data', ARGV[7], 'time', ARGV[8], 'actor', ARGV[10])
 `;
 
 const CUT_MARKER = '…[cut]';
@@ -103,6 +111,7 @@ export class AuditLog {
         data,
         new Date(now).toISOString(),
         String(now),
+        entry.actor ? JSON.stringify(entry.actor) : '',
       )) as string | null;
       return id ?? undefined;
     } catch (error) {
@@ -141,6 +150,7 @@ function decode(id: string, fields: string[]): AuditEntry {
     data = { unreadable: map.get('data') };
   }
   const type = map.get('type');
+  const actor = decodeActor(map.get('actor'));
   return {
     id,
     time: map.get('time') ?? new Date(Number(id.split('-')[0])).toISOString(),
@@ -149,5 +159,16 @@ function decode(id: string, fields: string[]): AuditEntry {
     node: map.get('node') || undefined,
     summary: map.get('summary') ?? '',
     data,
+    ...(actor ? { actor } : {}),
   };
+}
+
+function decodeActor(raw: string | undefined): Identity | undefined {
+  if (!raw) return undefined;
+  try {
+    const parsed = identitySchema.safeParse(JSON.parse(raw));
+    return parsed.success ? parsed.data : undefined;
+  } catch {
+    return undefined;
+  }
 }

@@ -2,6 +2,7 @@ import { readFileSync } from 'node:fs';
 import { parse as parseYaml } from 'yaml';
 import { z } from 'zod';
 import { InputError, errorMessage } from './errors.js';
+import { authSchema } from './auth-config.js';
 import { checkNameSchema } from './diagnostics.js';
 import { nodeNameSchema } from './names.js';
 import { launcherNameSchema, launcherSchema } from './launcher.js';
@@ -86,11 +87,35 @@ export const configSchema = z
       .object({
         host: hostSchema.default('127.0.0.1'),
         port: portSchema.default(9400),
-        /** Largest request body accepted, in bytes; larger answers 413. */
-        bodyLimitBytes: int().min(1024).max(64 * 1024 * 1024).default(1024 * 1024),
-        /** Bearer token required on every write API; give it here, in tokenFile, or both unset to refuse to start. */
-        token: z.string().min(16, 'must be at least 16 characters').optional(),
-        tokenFile: z.string().min(1).optional(),
+        /**
+         * Largest request body accepted, in bytes; larger answers 413, which Alertmanager does not
+         * retry. The default holds a webhook of the shipped `max_alerts` (1,000) alerts of up to
+         * 4 KiB each (docs/limits.md, "Webhook size").
+         */
+        bodyLimitBytes: int().min(1024).max(64 * 1024 * 1024).default(4 * 1024 * 1024),
+        /**
+         * Request bodies held in memory at once, all requests together: past it a request is
+         * answered 503 with Retry-After before its body is read. Bounds the controller's memory
+         * under a burst of big webhooks. At least bodyLimitBytes.
+         */
+        inFlightBodyBytes: int().min(1024).max(1024 * 1024 * 1024).default(16 * 1024 * 1024),
+        /**
+         * Where /metrics is served: its own listener, so scrapes (unauthenticated) can be kept to
+         * Prometheus by a firewall and never share a port with the intake. Host defaults to
+         * controller.host; port 0 picks a free one.
+         */
+        metrics: z
+          .object({
+            host: hostSchema.optional(),
+            port: portSchema.default(9402),
+          })
+          .strict()
+          .prefault({}),
+        /** One credential per role (core/auth-config.ts); with none the controller refuses to start. */
+        auth: authSchema.prefault({}),
+        /** The single all-powerful token of earlier versions; refused with a pointer to `auth`. */
+        token: z.unknown().optional(),
+        tokenFile: z.unknown().optional(),
         /** Approximate length the audit stream is trimmed to. */
         auditMaxLength: int().min(100).default(100_000),
         /**
@@ -128,6 +153,21 @@ export const configSchema = z
           .prefault({}),
       })
       .strict()
+      .refine((controller) => controller.inFlightBodyBytes >= controller.bodyLimitBytes, {
+        message: 'must be at least bodyLimitBytes',
+        path: ['inFlightBodyBytes'],
+      })
+      .refine((controller) => controller.port === 0 || controller.metrics.port !== controller.port || (controller.metrics.host ?? controller.host) !== controller.host, {
+        message: 'must differ from controller.port: /metrics has its own listener',
+        path: ['metrics', 'port'],
+      })
+      .superRefine((controller, context) => {
+        for (const key of ['token', 'tokenFile'] as const) {
+          if (controller[key] !== undefined) {
+            context.addIssue({ code: 'custom', path: [key], message: 'the single controller token is gone: give each role its own credential under controller.auth (operatorTokenFile, readOnlyTokenFile, alertmanagerTokenFile, agentSecretFile)' });
+          }
+        }
+      })
       .prefault({}),
     backend: z
       .object({

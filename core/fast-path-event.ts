@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { reportedTimeSchema } from './signal.js';
 import { MAX_TRAINING_RANK, nodeNameSchema, PCI_BUS_ID_PATTERN, TRAINING_JOB_PATTERN, TRAINING_JOB_RULE } from './names.js';
 
 /**
@@ -24,7 +25,7 @@ export const fastPathEventSchema = z
     xid: z.number().int().min(0).max(100_000).optional(),
     message: z.string().max(2048).default(''),
     /** When the agent saw it, ISO 8601. */
-    time: z.iso.datetime({ offset: true }),
+    time: reportedTimeSchema,
   })
   .strict()
   .refine((event) => event.kind !== 'xid' || event.xid !== undefined, { message: 'xid is required when kind is "xid"', path: ['xid'] })

@@ -52,9 +52,8 @@ export function series(metric: string, ...matchers: string[]): string {
 }
 
 /**
- * Series the agents expose under their own scrape job. Not the training series: with
- * `honor_labels: true` on the agent scrape job (rules/README.md) their `job` label is the
- * training job's name.
+ * Series the agents expose under their own scrape job, the training series included: those name
+ * their training job in `training_job` (TRAINING_JOB_LABEL), never in `job`.
  */
 export function agentSelector(matchers: LabelMatchers = {}, agentJob: string = AGENT_SCRAPE_JOB): string {
   return selector({ job: agentJob, ...matchers });
@@ -105,8 +104,8 @@ export function isEqual(expr: string, value: number): string {
 }
 
 /** Quantile of `histogram` (its name without `_bucket`) over RATE_WINDOW, per `labels`. */
-export function histogramQuantile(quantile: number, histogram: string, labels: readonly string[]): string {
-  return `histogram_quantile(${quantile}, ${sumBy(['le', ...labels], rate(`${histogram}_bucket`))})`;
+export function histogramQuantile(quantile: number, histogram: string, labels: readonly string[], ...matchers: string[]): string {
+  return `histogram_quantile(${quantile}, ${sumBy(['le', ...labels], rate(series(`${histogram}_bucket`, ...matchers)))})`;
 }
 
 /**

@@ -1,6 +1,7 @@
 import type { JobsOptions } from 'bullmq';
 import { z } from 'zod';
 import type { Decision } from './action.js';
+import { identitySchema, type Identity } from './credentials.js';
 import { ladderStepSchema, type LadderEvent } from './ladder.js';
 import { withRetention, type Retention } from './retention.js';
 import type { Signal } from './signal.js';
@@ -87,6 +88,8 @@ export const recoveryJobSchema = z.object({
   transitionId: z.string().min(1).max(128),
   job: z.string().min(1).max(128),
   steps: z.array(ladderStepSchema),
+  /** Who caused the transition (LadderEventJob.origin). */
+  origin: identitySchema.optional(),
 });
 
 export type RecoveryJob = z.infer<typeof recoveryJobSchema>;
@@ -97,6 +100,8 @@ export interface LadderEventJob {
   readonly event: LadderEvent;
   /** Unique per event, for idempotent transitions (a signal id, or a step's id for feedback). */
   readonly eventId: string;
+  /** Who caused the event (the signal's sender, the operator's request); the controller itself when absent. */
+  readonly origin?: Identity | undefined;
 }
 
 export const ANALYSIS_KINDS = ['diagnostics', 'replay', 'stacks'] as const;

@@ -10,12 +10,18 @@ export const AGENT_SCRAPE_JOB = 'steadfast-agent';
 export const CONTROLLER_SCRAPE_JOB = 'steadfast-controller';
 
 /**
- * The label that names the training job on the agent's training series. The agent exports it as
- * `job`; Prometheus keeps that name only when the agent scrape sets `honor_labels: true` (as the
- * README's scrape config does), and otherwise renames it `exported_job` and puts the scrape job in
- * `job`. Switch it here and every training query follows.
+ * The label that names the training job on the agent's training series. It is not `job`: that is
+ * the scrape job Prometheus sets, so the agent scrape needs no `honor_labels: true` and a pushed
+ * step cannot pass itself off as another scrape job's series.
  */
-export const TRAINING_JOB_LABEL = 'job';
+export const TRAINING_JOB_LABEL = 'training_job';
+
+/**
+ * The label that tells clusters apart where one Prometheus (or Thanos, Mimir) holds several: a
+ * target label or an external label the operator sets. The dashboards filter every query by it
+ * and the training recording rules keep it; where no series has it, nothing changes.
+ */
+export const CLUSTER_LABEL = 'cluster';
 
 /** The training rank on the agent's training series. */
 export const RANK_LABEL = 'rank';

@@ -1,5 +1,6 @@
 import { createHash, randomUUID } from 'node:crypto';
 import { z } from 'zod';
+import { identitySchema } from './credentials.js';
 import { nodeNameSchema } from './names.js';
 
 /**
@@ -22,6 +23,25 @@ export const EVIDENCE_KEY_MAX = 128;
 
 const evidenceValue = z.union([z.string().max(EVIDENCE_TEXT_MAX), z.number(), z.boolean()]);
 
+/** Earliest fault time taken from a sender; anything older is a broken clock or a made-up value. */
+const EARLIEST_TIME_MS = Date.parse('2000-01-01T00:00:00Z');
+/** How far ahead of the controller's clock a sender's clock may run. */
+const CLOCK_SKEW_MS = 24 * 3600 * 1000;
+
+/** Whether an instant (ms) is one a real report of a fault can carry: from 2000 until a day from now. */
+export function isPlausibleTime(ms: number, now = Date.now()): boolean {
+  return Number.isFinite(ms) && ms >= EARLIEST_TIME_MS && ms <= now + CLOCK_SKEW_MS;
+}
+
+/**
+ * A time a sender reports (an alert's startsAt, an agent's event time): ISO 8601 with an offset,
+ * no earlier than 2000 and no later than a day from now, so a year-9999 time cannot sort a
+ * fault after every other or stretch a window for ever.
+ */
+export const reportedTimeSchema = z.iso
+  .datetime({ offset: true })
+  .refine((text) => isPlausibleTime(Date.parse(text)), { message: 'must be a time between 2000-01-01 and one day from now' });
+
 export const signalSchema = z.object({
   id: z.string().min(1).max(128),
   kind: z.enum(SIGNAL_KINDS),
@@ -38,6 +58,8 @@ export const signalSchema = z.object({
   fingerprint: z.string().min(1).max(256),
   source: z.enum(SIGNAL_SOURCES),
   evidence: z.record(z.string().max(EVIDENCE_KEY_MAX), evidenceValue),
+  /** The credential that delivered it (an agent of its node, Alertmanager, an operator); absent for the controller's own analyzers. */
+  origin: identitySchema.optional(),
 });
 
 export type Signal = z.infer<typeof signalSchema>;

@@ -1,7 +1,7 @@
 import { readFileSync } from 'node:fs';
 import { InputError, errorMessage } from './errors.js';
 
-/** The controller's bearer token, from the config or the file it names (trailing newline removed). */
+/** A bearer token (Grafana's, the agents'), from the config or the file it names (trailing newline removed). */
 export function resolveToken(config: { token?: string | undefined; tokenFile?: string | undefined }, what: string): string {
   if (config.token) return config.token;
   if (config.tokenFile) {

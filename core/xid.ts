@@ -80,8 +80,9 @@ export function classifyXid(code: number, message = ''): XidClass {
   if (code === RECOVERY_ACTION_XID) {
     const to = /changed from .* to (0x[0-9a-fA-F]+) \(([^)]*)\)/.exec(message);
     const target = to?.[2] ?? '';
-    if (/reboot/i.test(target)) return { severity: 'fatal', remedy: 'reboot_node', meaning: `GPU recovery action is now: ${target}` };
-    if (/reset|drain/i.test(target)) return { severity: 'fatal', remedy: 'reset_gpu', meaning: `GPU recovery action is now: ${target}` };
+    // The meaning names the remedy in our words, never the message's: it ends up in drain reasons.
+    if (/reboot/i.test(target)) return { severity: 'fatal', remedy: 'reboot_node', meaning: 'GPU recovery action is now a node reboot' };
+    if (/reset|drain/i.test(target)) return { severity: 'fatal', remedy: 'reset_gpu', meaning: 'GPU recovery action is now a GPU reset' };
     return CATALOGUE.get(RECOVERY_ACTION_XID) ?? UNKNOWN;
   }
   return CATALOGUE.get(code) ?? UNKNOWN;

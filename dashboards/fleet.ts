@@ -4,9 +4,9 @@
  * One exported function per panel; the GPU and controller panels come from their topic modules.
  */
 import { DashboardLinkBuilder, DashboardLinkType, RowBuilder, type Dashboard } from '@grafana/grafana-foundation-sdk/dashboard';
-import { aggregateBy, equals, increase, isEqual, matches, series, sumBy } from '../core/promql.js';
+import { aggregateBy, equals, increase, isEqual, matches, sumBy } from '../core/promql.js';
 import { AGENT_SCRAPE_JOB } from '../core/scrape.js';
-import { nodeSeries, nodeVariable, numberPanels, steadfastDashboard } from './frame.js';
+import { clusterSeries, nodeSeries, nodeVariable, numberPanels, steadfastDashboard } from './frame.js';
 import { mergedTablePanel, tablePanel, unit } from './panels.js';
 import {
   collectorHealthPanel,
@@ -63,7 +63,7 @@ export function firingAlertsTable() {
     title: 'Firing steadfast alerts',
     description: 'steadfast alerts firing now, with their labels.',
     unit: unit.count,
-    queries: [{ expr: series('ALERTS', STEADFAST_ALERTS, equals('alertstate', 'firing')) }],
+    queries: [{ expr: clusterSeries('ALERTS', STEADFAST_ALERTS, equals('alertstate', 'firing')) }],
     width: 24,
   });
 }

@@ -20,11 +20,12 @@ import {
 } from '@grafana/grafana-foundation-sdk/dashboard';
 import { ACTION_ANNOTATION_TAG } from '../core/action.js';
 import { matches, series } from '../core/promql.js';
-import { TRAINING_JOB_LABEL } from '../core/scrape.js';
+import { CLUSTER_LABEL, TRAINING_JOB_LABEL } from '../core/scrape.js';
 
 export const STEADFAST_TAG = 'steadfast';
 
 export const DATASOURCE_VARIABLE = 'datasource';
+export const CLUSTER_VARIABLE = 'cluster';
 export const NODE_VARIABLE = 'node';
 export const JOB_VARIABLE = 'job';
 
@@ -33,20 +34,31 @@ export const datasource: DataSourceRef = { type: 'prometheus', uid: `\${${DATASO
 
 // ---- Selections by the variables -----------------------------------------------------------
 
+/**
+ * Every query's first matcher: the clusters picked in the `cluster` variable. Its "All" is `.*`,
+ * which also matches series without the label, so a Prometheus without one loses nothing.
+ */
+export const clusterMatcher = matches(CLUSTER_LABEL, `$${CLUSTER_VARIABLE}`);
+
 /** The agent-side matcher: series of the nodes picked in the `node` variable. */
 export const nodeMatcher = matches(NODE_VARIABLE, `$${NODE_VARIABLE}`);
 
 /** Training series of the jobs picked in the `job` variable. */
 export const jobMatcher = matches(TRAINING_JOB_LABEL, `$${JOB_VARIABLE}`);
 
+/** A series of the selected clusters (the controller's, ALERTS, up). */
+export function clusterSeries(metric: string, ...matchers: string[]): string {
+  return series(metric, clusterMatcher, ...matchers);
+}
+
 /** A series from the agents on the selected nodes. */
 export function nodeSeries(metric: string, ...matchers: string[]): string {
-  return series(metric, nodeMatcher, ...matchers);
+  return clusterSeries(metric, nodeMatcher, ...matchers);
 }
 
 /** A training series (or a recording rule over them) of the selected jobs. */
 export function jobSeries(metric: string, ...matchers: string[]): string {
-  return series(metric, jobMatcher, ...matchers);
+  return clusterSeries(metric, jobMatcher, ...matchers);
 }
 
 // ---- Variables -----------------------------------------------------------------------------
@@ -66,7 +78,9 @@ interface LabelVariable {
 }
 
 function labelValuesVariable(variable: LabelVariable): QueryVariableBuilder {
-  const query = `label_values(${variable.sourceMetric}, ${variable.sourceLabel})`;
+  // Every variable but the cluster's offers only the values of the selected clusters.
+  const source = variable.name === CLUSTER_VARIABLE ? variable.sourceMetric : clusterSeries(variable.sourceMetric);
+  const query = `label_values(${source}, ${variable.sourceLabel})`;
   const builder = new QueryVariableBuilder(variable.name)
     .label(variable.label)
     .datasource(datasource)
@@ -76,6 +90,11 @@ function labelValuesVariable(variable: LabelVariable): QueryVariableBuilder {
     .sort(VariableSort.NaturalAsc);
   if (variable.multi ?? true) builder.multi(true).includeAll(true).allValue('.*');
   return builder;
+}
+
+/** `cluster` variable listing the clusters Prometheus scrapes; "All" where there is no such label. */
+export function clusterVariable(): QueryVariableBuilder {
+  return labelValuesVariable({ name: CLUSTER_VARIABLE, label: 'Cluster', sourceLabel: CLUSTER_LABEL, sourceMetric: 'up' });
 }
 
 /** `node` variable listing every node whose agent reports `sourceMetric`; multi-value unless `multi` is false. */
@@ -151,7 +170,8 @@ export function steadfastDashboard(frame: DashboardFrame): DashboardBuilder {
         .keepTime(true),
     )
     .annotation(actionsAnnotation())
-    .withVariable(datasourceVariable());
+    .withVariable(datasourceVariable())
+    .withVariable(clusterVariable());
 }
 
 /** Numbers the panels 1..n in layout order; Grafana needs unique ids for links and repeats. */

@@ -24,12 +24,19 @@ export const DEFAULT_PROMETHEUS_URL = 'http://127.0.0.1:9090';
 export const GRAFANA_FOLDER = STEADFAST_TAG;
 export const PROVISIONED_DATASOURCE_UID = 'steadfast-prometheus';
 
+/**
+ * The schema version written into every dashboard: Grafana 10.0's. The SDK writes the newest it
+ * knows (Grafana 12's); Grafana 10 and 11 load a dashboard from a newer schema without running
+ * any migration and without checking it, while from 38 each runs its own migrations forward.
+ */
+export const GRAFANA_SCHEMA_VERSION = 38;
+
 export function buildDashboards(): BuiltDashboard[] {
   return [fleetDashboard(), nodeDashboard(), trainingDashboard(), networkDashboard(), storageDashboard(), selfDashboard()].map((dashboard) => {
     const { uid, title } = dashboard;
     if (!uid || !title) throw new Error('every dashboard needs a uid and a title');
     // A JSON round trip leaves the plain object Grafana reads, without undefined fields.
-    const json = JSON.parse(JSON.stringify(dashboard)) as object;
+    const json = { ...(JSON.parse(JSON.stringify(dashboard)) as object), schemaVersion: GRAFANA_SCHEMA_VERSION };
     return { uid, title, json };
   });
 }

@@ -4,9 +4,9 @@
  * One exported function per panel; the fleet overview reuses some of them.
  */
 import { RowBuilder, type Dashboard } from '@grafana/grafana-foundation-sdk/dashboard';
-import { RATE_WINDOW, equals, histogramQuantile, increase, matches, rate, series, sumBy } from '../core/promql.js';
+import { RATE_WINDOW, equals, histogramQuantile, increase, matches, rate, sumBy } from '../core/promql.js';
 import { CONTROLLER_SCRAPE_JOB } from '../core/scrape.js';
-import { nodeSeries, nodeVariable, numberPanels, steadfastDashboard } from './frame.js';
+import { clusterMatcher, clusterSeries, nodeSeries, nodeVariable, numberPanels, steadfastDashboard } from './frame.js';
 import { statPanel, tablePanel, thresholdsRedFrom, timeseriesPanel, unit } from './panels.js';
 
 export const SELF_UID = 'steadfast-self';
@@ -23,7 +23,7 @@ export function signalsAcceptedPanel() {
     title: 'Signals accepted',
     description: 'Signals the controller stored durably, per second, by source and kind.',
     unit: unit.perSecond,
-    queries: [{ expr: sumBy(['source', 'kind'], rate(series('steadfast_signals_accepted_total'))), legend: '{{source}} {{kind}}' }],
+    queries: [{ expr: sumBy(['source', 'kind'], rate(clusterSeries('steadfast_signals_accepted_total'))), legend: '{{source}} {{kind}}' }],
   });
 }
 
@@ -32,7 +32,7 @@ export function requestsRejectedPanel() {
     title: 'Requests rejected',
     description: 'Requests the controller answered with an error, per second, by endpoint and reason (bad token, invalid body, Redis down, …).',
     unit: unit.perSecond,
-    queries: [{ expr: sumBy(['endpoint', 'reason'], rate(series('steadfast_requests_rejected_total'))), legend: '{{endpoint}} {{reason}}' }],
+    queries: [{ expr: sumBy(['endpoint', 'reason'], rate(clusterSeries('steadfast_requests_rejected_total'))), legend: '{{endpoint}} {{reason}}' }],
   });
 }
 
@@ -55,7 +55,7 @@ export function queueDepthPanel() {
     title: 'Queue depth',
     description: 'Jobs in each steadfast queue, by state.',
     unit: unit.count,
-    queries: [{ expr: sumBy(['queue', 'state'], series('steadfast_queue_jobs')), legend: '{{queue}} {{state}}' }],
+    queries: [{ expr: sumBy(['queue', 'state'], clusterSeries('steadfast_queue_jobs')), legend: '{{queue}} {{state}}' }],
   });
 }
 
@@ -64,7 +64,7 @@ export function oldestWaitingPanel() {
     title: 'Oldest waiting job',
     description: 'Age of the oldest job still waiting in each queue: how far decisions and actions lag behind intake. 0 when nothing waits.',
     unit: unit.seconds,
-    queries: [{ expr: sumBy(['queue'], series('steadfast_queue_oldest_waiting_seconds')), legend: '{{queue}}' }],
+    queries: [{ expr: sumBy(['queue'], clusterSeries('steadfast_queue_oldest_waiting_seconds')), legend: '{{queue}}' }],
   }).thresholds(thresholdsRedFrom(30));
 }
 
@@ -76,9 +76,9 @@ export function signalToActionLatencyPanel() {
     description: 'Time from the fault to its action reaching a final state, by verb.',
     unit: unit.seconds,
     queries: [
-      { expr: histogramQuantile(0.5, SIGNAL_TO_ACTION, ['verb']), legend: 'p50 {{verb}}' },
-      { expr: histogramQuantile(0.95, SIGNAL_TO_ACTION, ['verb']), legend: 'p95 {{verb}}' },
-      { expr: histogramQuantile(0.99, SIGNAL_TO_ACTION, ['verb']), legend: 'p99 {{verb}}' },
+      { expr: histogramQuantile(0.5, SIGNAL_TO_ACTION, ['verb'], clusterMatcher), legend: 'p50 {{verb}}' },
+      { expr: histogramQuantile(0.95, SIGNAL_TO_ACTION, ['verb'], clusterMatcher), legend: 'p95 {{verb}}' },
+      { expr: histogramQuantile(0.99, SIGNAL_TO_ACTION, ['verb'], clusterMatcher), legend: 'p99 {{verb}}' },
     ],
   });
 }
@@ -88,7 +88,7 @@ export function actionsByStatePanel() {
     title: 'Actions by state',
     description: 'Actions that reached a final state in the last hour, by verb and state.',
     unit: unit.count,
-    queries: [{ expr: sumBy(['verb', 'state'], increase(series('steadfast_actions_total'), '1h')), legend: '{{verb}} {{state}}' }],
+    queries: [{ expr: sumBy(['verb', 'state'], increase(clusterSeries('steadfast_actions_total'), '1h')), legend: '{{verb}} {{state}}' }],
   });
 }
 
@@ -97,7 +97,7 @@ export function actionsNotDoneStat() {
     title: 'Actions refused or failed (1 h)',
     description: 'Actions in the last hour that a safety gate refused (pause, eviction budget) or the backend failed to carry out; the audit log says why.',
     unit: unit.count,
-    queries: [{ expr: `sum(${increase(series('steadfast_actions_total', matches('state', 'refused|failed')), '1h')}) or vector(0)`, instant: true }],
+    queries: [{ expr: `sum(${increase(clusterSeries('steadfast_actions_total', matches('state', 'refused|failed')), '1h')}) or vector(0)`, instant: true }],
     width: 6,
   }).thresholds(thresholdsRedFrom(1));
 }
@@ -107,7 +107,7 @@ export function actionsNotDoneTable() {
     title: 'Refused and failed actions by verb, state and backend (1 h)',
     description: 'Where the actions that did not happen came from.',
     unit: unit.count,
-    queries: [{ expr: `${sumBy(['verb', 'state', 'backend'], increase(series('steadfast_actions_total', matches('state', 'refused|failed')), '1h'))} > 0` }],
+    queries: [{ expr: `${sumBy(['verb', 'state', 'backend'], increase(clusterSeries('steadfast_actions_total', matches('state', 'refused|failed')), '1h'))} > 0` }],
     width: 12,
   });
 }
@@ -117,7 +117,7 @@ export function grafanaAnnotationsFailedPanel() {
     title: 'Grafana annotations not posted',
     description: `Action annotations the controller could not post to Grafana over ${RATE_WINDOW} (the action itself is unaffected; the controller log says why).`,
     unit: unit.count,
-    queries: [{ expr: `sum(${increase(series('steadfast_grafana_annotations_failed_total'))})`, legend: 'failed' }],
+    queries: [{ expr: `sum(${increase(clusterSeries('steadfast_grafana_annotations_failed_total'))})`, legend: 'failed' }],
   }).thresholds(thresholdsRedFrom(1));
 }
 
@@ -128,7 +128,7 @@ export function controllerMemoryPanel() {
     title: 'Controller memory',
     description: 'Resident memory of each controller process.',
     unit: unit.bytes,
-    queries: [{ expr: series(`${CONTROLLER_PROCESS}process_resident_memory_bytes`), legend: '{{instance}}' }],
+    queries: [{ expr: clusterSeries(`${CONTROLLER_PROCESS}process_resident_memory_bytes`), legend: '{{instance}}' }],
   });
 }
 
@@ -137,7 +137,7 @@ export function controllerEventLoopPanel() {
     title: 'Controller event-loop lag (p99)',
     description: 'How long ready work waited for the event loop: high values delay intake answers and every worker.',
     unit: unit.seconds,
-    queries: [{ expr: series(`${CONTROLLER_PROCESS}nodejs_eventloop_lag_p99_seconds`), legend: '{{instance}}' }],
+    queries: [{ expr: clusterSeries(`${CONTROLLER_PROCESS}nodejs_eventloop_lag_p99_seconds`), legend: '{{instance}}' }],
   });
 }
 
@@ -146,7 +146,7 @@ export function controllerUpPanel() {
     title: 'Controllers up',
     description: 'Controller replicas Prometheus scrapes successfully.',
     unit: unit.count,
-    queries: [{ expr: `sum(${series('up', equals('job', CONTROLLER_SCRAPE_JOB))})`, instant: true }],
+    queries: [{ expr: `sum(${clusterSeries('up', equals('job', CONTROLLER_SCRAPE_JOB))})`, instant: true }],
     width: 6,
   });
 }

@@ -14,8 +14,8 @@ export const TRAINING_UID = 'steadfast-training';
 export const TRAINING_TITLE = 'steadfast / Training job';
 
 /** Recording rules (rules/training.yml): 1 while the job makes progress, else 0; and its 1-hour mean. */
-export const PRODUCTIVE_RULE = 'job:steadfast_training_productive:bool';
-export const ETTR_1H_RULE = 'job:steadfast_training_ettr:avg1h';
+export const PRODUCTIVE_RULE = `${TRAINING_JOB_LABEL}:steadfast_training_productive:bool`;
+export const ETTR_1H_RULE = `${TRAINING_JOB_LABEL}:steadfast_training_ettr:avg1h`;
 
 const JOB = [TRAINING_JOB_LABEL] as const;
 const JOB_LEGEND = `{{${TRAINING_JOB_LABEL}}}`;

@@ -1,7 +1,8 @@
 import { createHash, timingSafeEqual } from 'node:crypto';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { Registry } from 'prom-client';
+import { Registry, collectDefaultMetrics } from 'prom-client';
+import { registerBuildInfo } from '../core/build-info.js';
 import { DIAGNOSE_PATH } from '../core/diagnostics.js';
 import { errorMessage } from '../core/errors.js';
 import type { FastPathEvent } from '../core/fast-path-event.js';
@@ -60,6 +61,12 @@ export const DEFAULT_AGENT_RATE_LIMIT: RateLimitSettings = { requestsPerSecond: 
 
 class NodeAgent implements Agent {
   readonly registry = new Registry();
+  /**
+   * The agent process itself (memory, CPU, open fds, event loop) and its build, served on
+   * /metrics after the collectors' series. Kept apart so that `scrapeOnce` shows what the node
+   * measures, the same on every run.
+   */
+  private readonly processRegistry = new Registry();
   private readonly fastPath: FastPathSender;
   private readonly collectors: CollectorSet;
   private server: Server | undefined;
@@ -72,6 +79,8 @@ class NodeAgent implements Agent {
     // An empty token would compare equal to a missing header.
     if (options.apiToken !== undefined && options.apiToken.trim() === '') throw new Error('apiToken must not be empty; leave it out to run without one');
     this.limiter = new ClientRateLimiter(options.rateLimit ?? DEFAULT_AGENT_RATE_LIMIT);
+    collectDefaultMetrics({ register: this.processRegistry });
+    registerBuildInfo(this.processRegistry);
     this.fastPath = createFastPathClient({
       controllerUrl: options.controllerUrl,
       token: options.controllerToken,
@@ -239,7 +248,7 @@ class NodeAgent implements Agent {
       } else if (request.method !== 'GET' && request.method !== 'HEAD') {
         response.writeHead(405, { allow: 'GET, HEAD', 'content-type': 'text/plain' }).end('method not allowed\n');
       } else if (path === '/metrics') {
-        const body = await this.collectors.scrape();
+        const body = (await this.collectors.scrape()) + (await this.processRegistry.metrics());
         response.writeHead(200, { 'content-type': this.registry.contentType }).end(body);
       } else if (path === '/healthz') {
         response.writeHead(200, { 'content-type': 'text/plain' }).end('ok\n');

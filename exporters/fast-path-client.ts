@@ -1,4 +1,5 @@
 import { Counter, type Registry } from 'prom-client';
+import { JitteredBackoff } from '../core/backoff.js';
 import { errorMessage } from '../core/errors.js';
 import { fastPathEventSchema, type FastPathEvent } from '../core/fast-path-event.js';
 import type { Logger } from '../core/log.js';
@@ -8,7 +9,7 @@ import { describeIssues } from '../core/validate.js';
  * Sends fast-path events (core/fast-path-event.ts) from the agent to the controller's
  * `POST /api/v1/signals`. Sending never blocks a collector and never throws into the void:
  * events wait in a bounded queue, a passing failure (network, 5xx, 429) is retried with a
- * growing pause, a refusal (other 4xx) is dropped with a log line.
+ * growing, jittered pause (core/backoff.ts) so that many agents do not retry in step, a refusal (other 4xx) is dropped with a log line.
  */
 
 export interface FastPathClientOptions {
@@ -19,8 +20,11 @@ export interface FastPathClientOptions {
   readonly logger: Logger;
   /** Events kept while the controller is unreachable; the oldest go first when full. */
   readonly queueLimit?: number;
+  /** The shortest retry pause; pauses grow from it, jittered, up to maxBackoffMs. */
   readonly initialBackoffMs?: number;
   readonly maxBackoffMs?: number;
+  /** A number in [0, 1) for the jitter; tests pass a seeded one. */
+  readonly random?: () => number;
   readonly requestTimeoutMs?: number;
 }
 
@@ -141,7 +145,7 @@ class FastPathClient implements FastPathSender {
 
   /** Sends batches until the queue is empty; the only loop, so events go out in order. */
   private async run(): Promise<void> {
-    let backoffMs = this.options.initialBackoffMs ?? 500;
+    const backoff = new JitteredBackoff(this.options.initialBackoffMs ?? 500, this.options.maxBackoffMs ?? 30_000, this.options.random);
     while (this.queue.length > 0 && !this.closed) {
       const batch = this.queue.slice(0, MAX_BATCH);
       try {
@@ -149,7 +153,7 @@ class FastPathClient implements FastPathSender {
         this.queue.splice(0, batch.length);
         this.sent.inc(batch.length);
         for (const entry of batch) tell(entry.onOutcome, 'delivered', this.options.logger);
-        backoffMs = this.options.initialBackoffMs ?? 500;
+        backoff.reset();
       } catch (error) {
         if (error instanceof RejectedSendError) {
           this.queue.splice(0, batch.length);
@@ -161,9 +165,9 @@ class FastPathClient implements FastPathSender {
         const reason = error instanceof RetryableSendError ? error.reason : 'network';
         if (this.closed) return;
         this.failed.inc({ reason });
-        this.options.logger.warn({ events: batch.length, err: error, retryInMs: backoffMs }, 'fast-path send failed; will retry');
-        await this.sleep(backoffMs);
-        backoffMs = Math.min(backoffMs * 2, this.options.maxBackoffMs ?? 30_000);
+        const retryInMs = backoff.next();
+        this.options.logger.warn({ events: batch.length, err: error, retryInMs }, 'fast-path send failed; will retry');
+        await this.sleep(retryInMs);
       }
     }
   }

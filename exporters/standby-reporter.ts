@@ -1,3 +1,4 @@
+import { jitteredInterval } from '../core/backoff.js';
 import { diagnoseReportSchema } from '../core/diagnostics.js';
 import type { Logger } from '../core/log.js';
 
@@ -13,7 +14,10 @@ export interface StandbyReporterOptions {
   readonly controllerUrl: string;
   readonly token: string;
   readonly node: string;
+  /** The mean pause between polls; each is jittered (half to one and a half times it). */
   readonly intervalMs: number;
+  /** A number in [0, 1) for the jitter; tests pass a seeded one. */
+  readonly random?: () => number;
   /** One scrape of the agent's own collectors. */
   readonly scrape: () => Promise<string>;
   /**
@@ -31,8 +35,9 @@ export function selfCheck(exposition: string): { ok: boolean; detail: string } {
   for (const line of exposition.split('\n')) {
     const failing = /^steadfast_collector_success\{collector="([^"]+)"\} 0$/.exec(line);
     if (failing) problems.push(`collector ${failing[1]} failing`);
-    const missing = /^steadfast_gpu_present\{[^}]*pci_bus_id="([^"]+)"[^}]*\} 0$/.exec(line);
-    if (missing) problems.push(`GPU ${missing[1]} missing`);
+    const missing = /^steadfast_gpu_present\{([^}]*)\} 0$/.exec(line)?.[1];
+    // A GPU known by UUID alone (a dcgm-exporter without pci_bus_id) is named by it.
+    if (missing !== undefined) problems.push(`GPU ${/pci_bus_id="([^"]+)"/.exec(missing)?.[1] ?? /UUID="([^"]+)"/.exec(missing)?.[1] ?? '(unnamed)'} missing`);
     const xid = /^steadfast_xid_errors_total\{[^}]*xid="(\d+)"[^}]*severity="fatal"[^}]*\} (\d+)/.exec(line);
     if (xid && Number(xid[2]) > 0) problems.push(`fatal Xid ${xid[1]} seen`);
   }
@@ -45,8 +50,17 @@ export class StandbyReporter {
 
   constructor(private readonly options: StandbyReporterOptions) {}
 
+  /**
+   * The first poll comes within half an interval, at a random point: agents restarted together
+   * (a rolling update, a power event) would otherwise poll, and retry a failed poll, in step.
+   */
   start(): void {
-    this.schedule(0);
+    this.schedule(Math.round((this.options.random ?? Math.random)() * (this.options.intervalMs / 2)));
+  }
+
+  /** The pause before the next poll. */
+  nextDelayMs(): number {
+    return jitteredInterval(this.options.intervalMs, this.options.random);
   }
 
   close(): void {
@@ -57,7 +71,7 @@ export class StandbyReporter {
   private schedule(delayMs: number): void {
     if (this.closed) return;
     this.timer = setTimeout(() => {
-      void this.poll().finally(() => this.schedule(this.options.intervalMs));
+      void this.poll().finally(() => this.schedule(this.nextDelayMs()));
     }, delayMs);
     this.timer.unref();
   }

@@ -45,13 +45,14 @@ export async function loadDomains(): Promise<DomainRules[]> {
 /** The labels the renderer owns; a rule setting them in `labels` would be silently overwritten. */
 const RESERVED_LABELS = ['severity', 'domain'] as const;
 
-function renderGroups(domain: Domain, groups: readonly RuleGroup[], config: Thresholds): string {
+/** One domain's rule groups as the plain object Prometheus (and a PrometheusRule's `spec.groups`) reads. */
+function groupsDocument(domain: Domain, groups: readonly RuleGroup[], config: Thresholds): { groups: object[] } {
   for (const rule of groups.flatMap((group) => group.rules)) {
     if (rule.kind !== 'alert') continue;
     const reserved = RESERVED_LABELS.filter((label) => rule.labels?.[label] !== undefined);
     if (reserved.length > 0) throw new Error(`rules/domains/${domain}.ts: ${rule.alert} sets ${reserved.join(', ')} in labels; use its severity / domain fields`);
   }
-  const document = {
+  return {
     groups: groups.map((group) => ({
       name: group.name,
       rules: group.rules.map((rule) =>
@@ -71,6 +72,10 @@ function renderGroups(domain: Domain, groups: readonly RuleGroup[], config: Thre
       ),
     })),
   };
+}
+
+function renderGroups(domain: Domain, groups: readonly RuleGroup[], config: Thresholds): string {
+  const document = groupsDocument(domain, groups, config);
   const header = `# Generated from rules/domains/${domain}.ts and rules/thresholds.ts by \`npm run rules\`; edit those, not this file.\n`;
   return header + stringify(document, { lineWidth: 0 });
 }
@@ -81,6 +86,12 @@ export async function renderRuleFiles(config: Thresholds = DEFAULT_THRESHOLDS): 
   const rendered = new Map<Domain, string>();
   for (const domain of await loadDomains()) rendered.set(domain.domain, renderGroups(domain.domain, domain.groups(valid), valid));
   return rendered;
+}
+
+/** Every domain's rule groups, in DOMAINS order, as objects (for a PrometheusRule). */
+export async function ruleGroups(config: Thresholds = DEFAULT_THRESHOLDS): Promise<object[]> {
+  const valid = validate(config);
+  return (await loadDomains()).flatMap((domain) => groupsDocument(domain.domain, domain.groups(valid), valid).groups);
 }
 
 /** Writes every rule file; returns the paths whose content changed. */

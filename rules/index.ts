@@ -4,6 +4,7 @@ import { fileURLToPath } from 'node:url';
 import { isMap, isSeq, parseDocument, type Document, type YAMLMap } from 'yaml';
 import { z } from 'zod';
 import { parseOrThrow } from '../core/validate.js';
+import { addHumanReceivers, humanReceiversSchema } from './human-receivers.js';
 import { DOMAINS } from './spec.js';
 
 /**
@@ -34,6 +35,10 @@ export const RULE_FILES: readonly string[] = Object.freeze(
 /** The reference Alertmanager config (`alertmanager --config.file=...`). */
 export const ALERTMANAGER_CONFIG: string = join(RULES_DIRECTORY, 'alertmanager.yml');
 
+/** Where the shipped config sends to the controller, and the token file it names: a controller on the same host. */
+export const DEFAULT_WEBHOOK_URL = 'http://127.0.0.1:9400/api/v1/alerts';
+export const DEFAULT_CREDENTIALS_FILE = '/etc/steadfast/alertmanager-token';
+
 /** The receiver in ALERTMANAGER_CONFIG that delivers to the steadfast controller's webhook. */
 export const CONTROLLER_RECEIVER = 'steadfast-controller';
 
@@ -59,6 +64,8 @@ const renderOptionsSchema = z
     groupWait: durationSchema.optional(),
     groupInterval: nonZeroDurationSchema.optional(),
     repeatInterval: nonZeroDurationSchema.optional(),
+    /** Notifiers added to the humans receiver (rules/human-receivers.ts). */
+    humans: humanReceiversSchema.optional(),
   })
   .strict();
 
@@ -66,11 +73,12 @@ export type RenderAlertmanagerOptions = z.input<typeof renderOptionsSchema>;
 
 /**
  * Returns the shipped Alertmanager config (comments kept) with the controller's webhook URL and
- * credentials file replaced, and, where given, the timings of every route to the controller.
+ * credentials file replaced, and, where given, the timings of every route to the controller and
+ * the notifiers of the humans receiver.
  * Throws an InputError naming the field when an option is malformed.
  */
 export function renderAlertmanagerConfig(options: RenderAlertmanagerOptions): string {
-  const { webhookUrl, credentialsFile, groupWait, groupInterval, repeatInterval } = parseOrThrow(
+  const { webhookUrl, credentialsFile, groupWait, groupInterval, repeatInterval, humans } = parseOrThrow(
     renderOptionsSchema,
     options,
     'Alertmanager render options',
@@ -97,6 +105,7 @@ export function renderAlertmanagerConfig(options: RenderAlertmanagerOptions): st
       if (value !== undefined) route.set(key, value);
     }
   }
+  if (humans) addHumanReceivers(document, humans, ALERTMANAGER_CONFIG);
   return document.toString();
 }
 

@@ -1,10 +1,10 @@
 import { execFile } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { configSchema, type Config } from '../core/config.js';
+import { SimCredentials } from './credentials.js';
 import { startRedis, startSlurm, type RedisPart, type SlurmPart } from './parts.js';
 import { ProcessGroup } from './processes.js';
 
@@ -31,8 +31,8 @@ export interface ControlPlaneOptions {
 
 export class ControlPlane {
   readonly processes = new ProcessGroup();
-  readonly token = randomBytes(24).toString('hex');
-  readonly tokenFile: string;
+  /** Every role's credential, in files under the plane's directory. */
+  readonly credentials: SimCredentials;
   slurm!: SlurmPart;
   redis: RedisPart | undefined;
   redisUrl = '';
@@ -42,8 +42,7 @@ export class ControlPlane {
     readonly root: string,
     readonly options: ControlPlaneOptions,
   ) {
-    this.tokenFile = join(root, 'token');
-    writeFileSync(this.tokenFile, `${this.token}\n`, { mode: 0o600 });
+    this.credentials = new SimCredentials(root);
   }
 
   static async start(options: ControlPlaneOptions): Promise<ControlPlane> {
@@ -80,7 +79,7 @@ export class ControlPlane {
   controllerConfig(prefix: string, overrides: { controller?: object; safety?: object; policy?: object; backend?: object; analysis?: object; progress?: object; launchers?: object } = {}): Config {
     return configSchema.parse({
       redis: { url: this.redisUrl, prefix },
-      controller: { host: '127.0.0.1', port: 0, tokenFile: this.tokenFile, ...overrides.controller },
+      controller: { host: '127.0.0.1', port: 0, metrics: { port: 0 }, auth: this.credentials.auth, ...overrides.controller },
       backend: { kind: 'slurm', slurm: { env: { ...this.slurm.env } }, ...overrides.backend },
       safety: { maxDrainsPerWindow: 1000, ...overrides.safety },
       policy: { ...overrides.policy },

@@ -27,6 +27,8 @@ export interface ControllerProcessOptions {
   readonly http?: boolean;
   /** Run the workers (`--no-workers` when false). */
   readonly workers?: boolean;
+  /** Options for node itself, e.g. `--cpu-prof` to profile it. */
+  readonly nodeArgs?: readonly string[];
 }
 
 export class ControllerProcess {
@@ -51,7 +53,7 @@ export class ControllerProcess {
   async start(timeoutMs = 60_000): Promise<void> {
     const { name, http = true, workers = true, config } = this.options;
     if (http && config.controller.port === 0) throw new Error('a controller process serving HTTP needs a fixed port');
-    const args = ['--import', 'tsx', join(repoRoot(), 'cli', 'main.ts'), 'controller', '--config', this.configFile];
+    const args = [...(this.options.nodeArgs ?? []), '--import', 'tsx', join(repoRoot(), 'cli', 'main.ts'), 'controller', '--config', this.configFile];
     if (!http) args.push('--no-http');
     if (!workers) args.push('--no-workers');
     const before = workers ? await this.workerCount() : 0;
@@ -80,6 +82,14 @@ export class ControllerProcess {
     // Fields after the command name: state is field 3, utime 14 and stime 15 (proc(5)).
     const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').replace(/^.*\) /s, '').split(' ');
     return (Number(fields[11]) + Number(fields[12])) / CLOCK_TICKS_PER_SECOND;
+  }
+
+  /** The most resident memory the process has held so far (VmHWM in /proc, Linux), in bytes. */
+  peakRssBytes(): number {
+    const pid = this.child?.pid;
+    if (pid === undefined) return Number.NaN;
+    const kib = /^VmHWM:\s+(\d+) kB$/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1];
+    return kib === undefined ? Number.NaN : Number(kib) * 1024;
   }
 
   /** Kills it at once, as the OOM killer or a lost machine would: nothing is flushed or released. */

@@ -1,4 +1,3 @@
-import { randomBytes } from 'node:crypto';
 import { mkdtempSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -13,6 +12,7 @@ import { DIAGNOSE_CONFIG_FLAG } from '../exporters/collectors/diagnose.js';
 import { XID_STATE_FILE_FLAG } from '../exporters/collectors/xid.js';
 import { RULE_FILES, renderAlertmanagerConfig } from '../rules/index.js';
 import { createSimulatedNodes, type SimulatedNode } from './cluster.js';
+import { SimCredentials } from './credentials.js';
 import {
   startAlertmanager,
   startAlertmanagerPair,
@@ -70,7 +70,8 @@ export class SimEnvironment {
   controller!: Controller;
   controllerUrl = '';
   config!: Config;
-  readonly token = randomBytes(24).toString('hex');
+  /** Every role's credential, in files under root. */
+  readonly credentials: SimCredentials;
   private readonly logger: Logger;
   private agentPorts: number[] = [];
   private stopped = false;
@@ -80,6 +81,7 @@ export class SimEnvironment {
     readonly options: EnvironmentOptions,
   ) {
     this.logger = options.verbose ? createLogger('steadfast-sim') : silentLogger();
+    this.credentials = new SimCredentials(root);
   }
 
   /** Makes an environment without starting anything, so a caller can arrange its cleanup first. */
@@ -124,13 +126,11 @@ export class SimEnvironment {
     // Agent ports are chosen first so the controller knows where each node's agent listens.
     const agentPorts = await Promise.all(names.map(() => freePort()));
     this.agentPorts = agentPorts;
-    const controllerPort = await freePort();
+    const [controllerPort, controllerMetricsPort] = [await freePort(), await freePort()];
     this.controllerUrl = `http://127.0.0.1:${controllerPort}`;
-    const tokenFile = join(root, 'token');
-    writeFileSync(tokenFile, `${this.token}\n`, { mode: 0o600 });
     this.config = configSchema.parse({
       redis: { url: this.redis.url, prefix: 'steadfast' },
-      controller: { host: '127.0.0.1', port: controllerPort, tokenFile },
+      controller: { host: '127.0.0.1', port: controllerPort, metrics: { port: controllerMetricsPort }, auth: this.credentials.auth },
       backend: { kind: 'slurm', slurm: { env: { ...this.slurm.env }, rest: { url: slurmRest.url, user: slurmRest.user, tokenFile: slurmRest.tokenFile } } },
       safety: { maxDrainsPerWindow: options.maxDrainsPerWindow ?? 4, ...(options.maxJobEvictionPercent === undefined ? {} : { maxJobEvictionPercent: options.maxJobEvictionPercent }) },
       agents: { urls: Object.fromEntries(names.map((name, index) => [name, `http://127.0.0.1:${agentPorts[index]}`])), diagnoseTimeoutSeconds: 30 },
@@ -142,7 +142,7 @@ export class SimEnvironment {
     this.controller = new Controller({ config: this.config, logger: this.logger });
     await this.step('controller and workers up', () => this.controller.start());
 
-    const alertmanagerConfig = renderAlertmanagerConfig({ webhookUrl: `${this.controllerUrl}/api/v1/alerts`, credentialsFile: tokenFile, groupWait: '0s', groupInterval: '1s' });
+    const alertmanagerConfig = renderAlertmanagerConfig({ webhookUrl: `${this.controllerUrl}/api/v1/alerts`, credentialsFile: this.credentials.alertmanagerTokenFile, groupWait: '0s', groupInterval: '1s' });
     this.alertmanagers =
       options.alertmanagers === 2
         ? await this.step('Alertmanager HA pair up (gossip on loopback), routing to the controller', () => startAlertmanagerPair(processes, root, alertmanagerConfig))
@@ -159,7 +159,7 @@ export class SimEnvironment {
         alertmanagerAddress: this.alertmanager.address,
         extraAlertmanagerAddresses: this.alertmanagers.slice(1).map((part) => part.address),
         intervalSeconds: interval,
-        controllerAddress: this.controllerUrl.replace(/^http:\/\//, ''),
+        controllerMetricsAddress: `127.0.0.1:${controllerMetricsPort}`,
       }),
     );
     await this.step('Prometheus scraping every agent and connected to Alertmanager', () => this.waitForScrapes());
@@ -203,7 +203,7 @@ export class SimEnvironment {
       collectors: enabledFactories({ rdma: false, nfs: false, process: false, diagnose: true }),
       settings: { [DIAGNOSE_CONFIG_FLAG]: node.diagnosticsConfig, [XID_STATE_FILE_FLAG]: node.xidStateFile },
       controllerUrl: (options.fastPath ?? true) ? this.controllerUrl : undefined,
-      controllerToken: this.token,
+      controllerToken: this.credentials.agentToken(node.name),
       logger: this.logger.child({ node: node.name }),
     });
   }

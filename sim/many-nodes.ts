@@ -3,6 +3,7 @@ import type { AddressInfo } from 'node:net';
 import { Registry } from 'prom-client';
 import type { Logger } from '../core/log.js';
 import { silentLogger } from '../core/log.js';
+import { TRAINING_JOB_LABEL } from '../core/scrape.js';
 import { createFastPathClient, type FastPathSender } from '../exporters/fast-path-client.js';
 import type { ScrapeTarget } from './parts.js';
 
@@ -35,14 +36,16 @@ export interface FleetOptions {
   readonly gpusPerNode?: number;
   /** The controller's base URL for the fast path; without it no event is sent. */
   readonly controllerUrl?: string;
-  readonly controllerToken?: string;
+  /** Each node's agent credential (node-bound: one fast-path client per node). */
+  readonly agentToken?: (node: string) => string;
   readonly logger?: Logger;
 }
 
 export class SimulatedFleet {
   private readonly states = new Map<string, NodeState>();
   private readonly server: Server;
-  private readonly fastPath: FastPathSender;
+  /** One fast-path client per node that reported, each with its node's credential. */
+  private readonly fastPaths = new Map<string, FastPathSender>();
   private readonly started = Date.now();
   private port = 0;
   /** Scrapes served, for the bench. */
@@ -53,12 +56,6 @@ export class SimulatedFleet {
     for (const node of options.nodes) {
       this.states.set(node, { gpusPresent: Array.from({ length: gpus }, () => true), portsUp: PORTS.map(() => true), linkDowned: PORTS.map(() => 0), xids: new Map() });
     }
-    this.fastPath = createFastPathClient({
-      controllerUrl: options.controllerUrl,
-      token: options.controllerToken,
-      registry: new Registry(),
-      logger: options.logger ?? silentLogger(),
-    });
     this.server = createServer((request, response) => {
       const match = /^\/nodes\/([^/]+)\/metrics$/.exec(request.url ?? '');
       const state = match ? this.states.get(decodeURIComponent(match[1] ?? '')) : undefined;
@@ -109,7 +106,7 @@ export class SimulatedFleet {
     const key = `${gpu}|${xid}|fatal`;
     state.xids.set(key, (state.xids.get(key) ?? 0) + 1);
     if (options.fastPath) {
-      this.fastPath.send({ kind: 'xid', node, gpu, xid, message: options.message ?? 'GPU has fallen off the bus.', time: new Date().toISOString() });
+      this.fastPathOf(node).send({ kind: 'xid', node, gpu, xid, message: options.message ?? 'GPU has fallen off the bus.', time: new Date().toISOString() });
     }
   }
 
@@ -123,15 +120,29 @@ export class SimulatedFleet {
 
   /** Resolves once every fast-path event has been sent (or dropped). */
   fastPathDrained(): Promise<void> {
-    return this.fastPath.drained();
+    return Promise.all([...this.fastPaths.values()].map((client) => client.drained())).then(() => undefined);
   }
 
   async close(): Promise<void> {
-    await this.fastPath.close();
+    await Promise.all([...this.fastPaths.values()].map((client) => client.close()));
     await new Promise<void>((resolve) => {
       this.server.close(() => resolve());
       this.server.closeAllConnections();
     });
+  }
+
+  private fastPathOf(node: string): FastPathSender {
+    let client = this.fastPaths.get(node);
+    if (!client) {
+      client = createFastPathClient({
+        controllerUrl: this.options.controllerUrl,
+        token: this.options.agentToken?.(node),
+        registry: new Registry(),
+        logger: this.options.logger ?? silentLogger(),
+      });
+      this.fastPaths.set(node, client);
+    }
+    return client;
   }
 
   private state(node: string): NodeState {
@@ -180,7 +191,7 @@ export class SimulatedFleet {
     family('steadfast_rdma_port_data_transmitted_bytes_total', 'counter', 'Bytes sent.', portLabels.map((labels, index) => [labels, state.portsUp[index] ? bytes : 0]));
     family('steadfast_rdma_port_data_received_bytes_total', 'counter', 'Bytes received.', portLabels.map((labels, index) => [labels, state.portsUp[index] ? bytes : 0]));
     if (state.training) {
-      const labels = `job="${state.training.job}",rank="${state.training.rank}"`;
+      const labels = `${TRAINING_JOB_LABEL}="${state.training.job}",rank="${state.training.rank}"`;
       family('steadfast_training_iteration', 'gauge', 'Last iteration.', [[labels, Math.floor(seconds / 2)]]);
       family('steadfast_training_iteration_seconds', 'gauge', 'Seconds per iteration.', [[labels, 2]]);
     }

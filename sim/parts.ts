@@ -57,8 +57,8 @@ export async function startPrometheus(
     /** More Alertmanagers to send to as well (an HA pair: Prometheus notifies every one). */
     extraAlertmanagerAddresses?: readonly string[];
     intervalSeconds: number;
-    /** The controller's host:port, scraped as job CONTROLLER_SCRAPE_JOB. */
-    controllerAddress?: string;
+    /** The controller's metrics listener, host:port (config controller.metrics), scraped as job CONTROLLER_SCRAPE_JOB. */
+    controllerMetricsAddress?: string;
     /** Listen on this port (default: a free one), e.g. when others must know the URL first. */
     port?: number;
   },
@@ -74,13 +74,10 @@ export async function startPrometheus(
     scrape_configs: [
       {
         job_name: AGENT_SCRAPE_JOB,
-        // The training series carry the training job as their own `job` label; honour it
-        // (series without one still get the scrape job's name).
-        honor_labels: true,
         static_configs: options.targets.map((target) => ({ targets: [target.address], labels: { ...target.labels } })),
       },
-      ...(options.controllerAddress
-        ? [{ job_name: CONTROLLER_SCRAPE_JOB, static_configs: [{ targets: [options.controllerAddress] }] }]
+      ...(options.controllerMetricsAddress
+        ? [{ job_name: CONTROLLER_SCRAPE_JOB, static_configs: [{ targets: [options.controllerMetricsAddress] }] }]
         : []),
     ],
   };

@@ -26,7 +26,7 @@ const JOB = 'llama-demo';
 async function api(env: SimEnvironment, path: string, body?: unknown): Promise<{ status: number; body: Record<string, unknown> }> {
   const response = await fetch(`${env.controllerUrl}${path}`, {
     method: body === undefined ? 'GET' : 'POST',
-    headers: { authorization: `Bearer ${env.token}`, 'content-type': 'application/json' },
+    headers: { authorization: `Bearer ${env.credentials.operator}`, 'content-type': 'application/json' },
     body: body === undefined ? undefined : JSON.stringify(body),
   });
   return { status: response.status, body: (await response.json()) as Record<string, unknown> };

@@ -53,6 +53,8 @@ export class ScaleCluster {
   /** The controller runs as its own process, as in production: the fleet's load is not its load. */
   controller!: ControllerProcess;
   controllerUrl = '';
+  /** The controller's metrics listener. */
+  controllerMetricsUrl = '';
   audit!: AuditLog;
   private backend!: ClusterBackend;
   fleet!: SimulatedFleet;
@@ -89,13 +91,14 @@ export class ScaleCluster {
     const interval = this.options.intervalSeconds ?? 1;
     this.plane = await this.step(`Redis and slurmctld with ${this.names.length} CLOUD nodes`, () => ControlPlane.start({ nodes: this.names, ownRedis: true }));
     // Ports first: the controller's analyzers read Prometheus, the fleet's fast path posts to the controller.
-    const [controllerPort, prometheusPort] = [await freePort(), await freePort()];
+    const [controllerPort, controllerMetricsPort, prometheusPort] = [await freePort(), await freePort(), await freePort()];
     this.controllerUrl = `http://127.0.0.1:${controllerPort}`;
+    this.controllerMetricsUrl = `http://127.0.0.1:${controllerMetricsPort}`;
     const jobNodes = this.names.slice(this.names.length - (this.options.jobNodes ?? 0));
     this.redis = workerConnection(this.plane.redisUrl);
     const config = this.plane.controllerConfig(PREFIX, {
       // Every simulated node shares 127.0.0.1, as clients behind a load balancer share its address.
-      controller: { port: controllerPort, connections: { maxPerClient: 0 } },
+      controller: { port: controllerPort, metrics: { port: controllerMetricsPort }, connections: { maxPerClient: 0 } },
       // With a job: fail-slow and multi-signal detection on it, every 5 s, from this Prometheus.
       ...(jobNodes.length > 0 ? { analysis: { prometheusUrl: `http://127.0.0.1:${prometheusPort}`, detectorIntervalSeconds: 5 } } : {}),
     });
@@ -103,7 +106,7 @@ export class ScaleCluster {
     await this.step('controller process (HTTP and workers)', () => this.controller.start());
     this.audit = new AuditLog(this.redis, this.keys);
     this.backend = createBackend(config, this.redis, this.keys);
-    this.fleet = new SimulatedFleet({ nodes: this.names, controllerUrl: this.controllerUrl, controllerToken: this.plane.token });
+    this.fleet = new SimulatedFleet({ nodes: this.names, controllerUrl: this.controllerUrl, agentToken: (node) => this.plane.credentials.agentToken(node) });
     await this.fleet.start();
     if (jobNodes.length > 0) await this.registerJob(jobNodes);
 
@@ -111,7 +114,7 @@ export class ScaleCluster {
       startAlertmanager(
         this.plane.processes,
         this.plane.root,
-        renderAlertmanagerConfig({ webhookUrl: `${this.controllerUrl}/api/v1/alerts`, credentialsFile: this.plane.tokenFile, groupWait: '0s', groupInterval: '1s' }),
+        renderAlertmanagerConfig({ webhookUrl: `${this.controllerUrl}/api/v1/alerts`, credentialsFile: this.plane.credentials.alertmanagerTokenFile, groupWait: '0s', groupInterval: '1s' }),
       ),
     );
     this.prometheus = await this.step(`Prometheus scraping ${this.names.length} node targets`, () =>
@@ -120,7 +123,7 @@ export class ScaleCluster {
         ruleFiles: RULE_FILES,
         alertmanagerAddress: this.alertmanager.address,
         intervalSeconds: interval,
-        controllerAddress: this.controllerUrl.replace(/^http:\/\//, ''),
+        controllerMetricsAddress: `127.0.0.1:${controllerMetricsPort}`,
         port: prometheusPort,
       }),
     );
@@ -132,7 +135,7 @@ export class ScaleCluster {
     this.fleet.runJob('scale-job', nodes);
     const response = await fetch(`${this.controllerUrl}/api/v1/jobs`, {
       method: 'POST',
-      headers: { 'content-type': 'application/json', authorization: `Bearer ${this.plane.token}` },
+      headers: { 'content-type': 'application/json', authorization: `Bearer ${this.plane.credentials.operator}` },
       body: JSON.stringify({
         name: 'scale-job',
         nodes,

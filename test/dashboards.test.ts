@@ -5,8 +5,8 @@ import { fileURLToPath } from 'node:url';
 import { afterEach, beforeAll, describe, expect, it, vi } from 'vitest';
 import { dashboardsCommand } from '../cli/dashboards.js';
 import { parse } from 'yaml';
-import { TRAINING_JOB_LABEL } from '../core/scrape.js';
-import { buildDashboards, writeDashboards } from '../dashboards/index.js';
+import { CLUSTER_LABEL, TRAINING_JOB_LABEL } from '../core/scrape.js';
+import { GRAFANA_SCHEMA_VERSION, buildDashboards, writeDashboards } from '../dashboards/index.js';
 import { startPrometheus } from '../sim/parts.js';
 import { ProcessGroup } from '../sim/processes.js';
 import { PROMETHEUS_METRICS, agentMetricNames, controllerMetricNames, grafanaExprAsPromql, parsePromql, readRuleFiles } from './support/promql.js';
@@ -74,7 +74,7 @@ describe('dashboards', () => {
   it('offer a multi-value node variable from steadfast_gpu_present', () => {
     const fleet = dashboards.find(({ uid }) => uid === 'steadfast-fleet');
     const node = fleet?.json.templating.list.find((variable) => variable.name === 'node');
-    expect(node).toMatchObject({ type: 'query', multi: true, query: 'label_values(steadfast_gpu_present, node)' });
+    expect(node).toMatchObject({ type: 'query', multi: true, query: 'label_values(steadfast_gpu_present{cluster=~"$cluster"}, node)' });
   });
 
   it('each carry the steadfast actions annotation: Grafana annotations tagged steadfast', () => {
@@ -87,12 +87,80 @@ describe('dashboards', () => {
 
   it('select the node on the node dashboard (one) and the training job on the training dashboard, by the configured label', () => {
     const variable = (uid: string, name: string) => dashboards.find((dashboard) => dashboard.uid === uid)?.json.templating.list.find((entry) => entry.name === name);
-    expect(variable('steadfast-node', 'node')).toMatchObject({ type: 'query', query: 'label_values(steadfast_collector_success, node)' });
+    expect(variable('steadfast-node', 'node')).toMatchObject({ type: 'query', query: 'label_values(steadfast_collector_success{cluster=~"$cluster"}, node)' });
     expect(variable('steadfast-node', 'node')?.multi).not.toBe(true);
-    expect(variable('steadfast-training', 'job')).toMatchObject({ type: 'query', multi: true, query: `label_values(steadfast_training_iteration, ${TRAINING_JOB_LABEL})` });
+    expect(variable('steadfast-training', 'job')).toMatchObject({ type: 'query', multi: true, query: `label_values(steadfast_training_iteration{cluster=~"$cluster"}, ${TRAINING_JOB_LABEL})` });
     const training = dashboards.find(({ uid }) => uid === 'steadfast-training')?.json;
     const heatmap = training?.panels.find((panel) => panel.type === 'heatmap');
-    expect(heatmap?.targets?.[0]?.expr).toBe(`max by (${TRAINING_JOB_LABEL}, rank) (steadfast_training_iteration_seconds{${TRAINING_JOB_LABEL}=~"$job"})`);
+    expect(heatmap?.targets?.[0]?.expr).toBe(`max by (${TRAINING_JOB_LABEL}, rank) (steadfast_training_iteration_seconds{cluster=~"$cluster",${TRAINING_JOB_LABEL}=~"$job"})`);
+  });
+});
+
+/**
+ * What Grafana 10.0 through 11.x know, so that every dashboard imports into either as it is: panel
+ * types both ship, and the options each panel type reads there. Options Grafana added later are
+ * listed apart; an older Grafana keeps and ignores them.
+ */
+const GRAFANA_10_PANEL_OPTIONS: Readonly<Record<string, readonly string[]>> = {
+  row: [],
+  timeseries: ['legend', 'tooltip', 'timezone'],
+  stat: ['reduceOptions', 'orientation', 'text', 'textMode', 'colorMode', 'graphMode', 'justifyMode'],
+  table: ['frameIndex', 'showHeader', 'showTypeIcons', 'footer', 'cellHeight', 'sortBy'],
+  'state-timeline': ['showValue', 'rowHeight', 'mergeValues', 'alignValue', 'legend', 'tooltip', 'timezone'],
+  heatmap: ['calculate', 'calculation', 'color', 'filterValues', 'showValue', 'cellGap', 'cellRadius', 'cellValues', 'yAxis', 'rowsFrame', 'legend', 'tooltip', 'exemplars'],
+};
+/** Added after 10.0: stat's wideLayout (10.2), showPercentChange (10.4), percentChangeColorMode (11.x); state-timeline's perPage and heatmap's selectionMode (11.x). */
+const LATER_PANEL_OPTIONS: Readonly<Record<string, readonly string[]>> = {
+  stat: ['wideLayout', 'showPercentChange', 'percentChangeColorMode'],
+  'state-timeline': ['perPage'],
+  heatmap: ['selectionMode'],
+};
+
+describe('dashboards import into Grafana 10 and 11 as they are', () => {
+  interface GrafanaPanel extends PanelJson {
+    id?: number;
+    gridPos?: { x: number; y: number; w: number; h: number };
+    options?: Record<string, unknown>;
+    panels?: unknown[];
+  }
+  interface Variable {
+    name: string;
+    type: string;
+    query?: unknown;
+    includeAll?: boolean;
+    allValue?: string;
+  }
+
+  it.each(dashboards.map(({ uid, json }) => [uid, json] as const))('%s: schema version 38, panel types and options Grafana 10 and 11 know, sane ids and layout', (_uid, json) => {
+    const dashboard = json as unknown as { schemaVersion: number; panels: GrafanaPanel[] };
+    expect(dashboard.schemaVersion).toBe(GRAFANA_SCHEMA_VERSION);
+    expect(GRAFANA_SCHEMA_VERSION).toBe(38);
+    const ids = dashboard.panels.map((panel) => panel.id);
+    expect(new Set(ids).size).toBe(ids.length);
+    for (const panel of dashboard.panels) {
+      const known = GRAFANA_10_PANEL_OPTIONS[panel.type];
+      expect(known, `${panel.title}: panel type ${panel.type}`).toBeDefined();
+      const unknown = Object.keys(panel.options ?? {}).filter((key) => !known?.includes(key) && !LATER_PANEL_OPTIONS[panel.type]?.includes(key));
+      expect(unknown, `${panel.title} (${panel.type})`).toEqual([]);
+      expect(Number.isInteger(panel.id) && (panel.id ?? 0) > 0, panel.title).toBe(true);
+      const grid = panel.gridPos;
+      expect(grid && grid.x >= 0 && grid.w > 0 && grid.x + grid.w <= 24 && grid.h > 0 && grid.y >= 0, `${panel.title}: ${JSON.stringify(grid)}`).toBe(true);
+      if (panel.type === 'row') expect(panel.panels, panel.title).toEqual([]);
+    }
+  });
+
+  it.each(dashboards.map(({ uid, json }) => [uid, json] as const))('%s: a cluster variable, right after the datasource, that every query and every other variable uses', (uid, json) => {
+    const variables = json.templating.list as Variable[];
+    expect(variables.map((variable) => variable.name).slice(0, 2)).toEqual(['datasource', 'cluster']);
+    expect(variables[1]).toMatchObject({ type: 'query', query: `label_values(up, ${CLUSTER_LABEL})`, includeAll: true, allValue: '.*' });
+    const clusterFilter = `${CLUSTER_LABEL}=~"$cluster"`;
+    for (const { where, expr } of dashboardExprs.filter((entry) => entry.where.startsWith(`${uid} /`))) {
+      if (where.endsWith('variable cluster')) continue;
+      // Each selector of the query, as Prometheus' grammar finds them, not just one of them.
+      const { selectors } = parsePromql(expr);
+      expect(selectors.length, where).toBeGreaterThan(0);
+      for (const selector of selectors) expect(selector, where).toContain(clusterFilter);
+    }
   });
 });
 
@@ -161,7 +229,7 @@ describe('PromQL in the dashboards and the rule files', () => {
     ]);
     expect(parsePromql('count(a{node=~"$node"} == bool 0) or vector(0) unless on (node) b').metrics).toEqual(['a', 'b']);
     expect(parsePromql('label_values(steadfast_gpu_present, node)').metrics).toEqual(['steadfast_gpu_present']);
-    expect(parsePromql('avg_over_time(job:x:bool{job=~"$job"}[$__range])')).toEqual({ metrics: ['job:x:bool'], errors: [], unnamed: [] });
+    expect(parsePromql('avg_over_time(job:x:bool{job=~"$job"}[$__range])')).toEqual({ metrics: ['job:x:bool'], errors: [], unnamed: [], selectors: ['job:x:bool{job=~"$job"}'] });
     expect(parsePromql('sum(rate(x{a="b"[5m]))').errors).not.toEqual([]);
     expect(parsePromql('ratee(x[5m])').errors).not.toEqual([]);
     expect(parsePromql('{__name__="x"}').unnamed).toEqual(['{__name__="x"}']);

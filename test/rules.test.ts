@@ -186,8 +186,8 @@ describe('Prometheus rules', () => {
       expect(annotations.summary, `${where} has no summary`).toBeTruthy();
       expect(annotations.summary, `${where}: the summary must be static`).not.toContain('{{');
       // An alert on the agents' series is about a node. Others (the controller, a training job
-      // across nodes) name their instance or job instead.
-      const subject = expr.includes(agentJob) ? /\{\{ \$labels\.node \}\}/ : /\{\{ \$labels\.(node|instance|job) \}\}/;
+      // across nodes) name their instance, scrape job or training job instead.
+      const subject = expr.includes(agentJob) ? /\{\{ \$labels\.node \}\}/ : /\{\{ \$labels\.(node|instance|job|training_job) \}\}/;
       expect(annotations.description ?? '', `${where}: the description must name what the alert is about from its labels`).toMatch(subject);
       const runbook = annotations.runbook_url ?? '';
       expect(runbook.startsWith(RUNBOOK_BASE), `${where}: runbook_url ${runbook} is not under ${RUNBOOK_BASE}`).toBe(true);
@@ -345,7 +345,7 @@ describe('Alertmanager config', () => {
       expect(webhooks[0]).toMatchObject({
         url: 'http://127.0.0.1:19400/api/v1/alerts',
         send_resolved: true,
-        max_alerts: 0,
+        max_alerts: 1000,
         http_config: { authorization: { type: 'Bearer', credentials_file: tokenFile } },
       });
       const controllerRoutes = config.route.routes.filter((route) => route.receiver === CONTROLLER_RECEIVER);

@@ -1,5 +1,6 @@
 import type { AuditLog } from '../../core/audit.js';
 import type { CheckpointShard } from '../../core/checkpoint.js';
+import { CONTROLLER_IDENTITY, type Identity } from '../../core/credentials.js';
 import type { JobPolicy, JobSpec } from '../../core/job.js';
 import type { Launchers } from '../../core/launcher.js';
 import type { LadderStep } from '../../core/ladder.js';
@@ -61,6 +62,8 @@ export interface StepAt {
   readonly transitionId: string;
   readonly index: number;
   readonly step: LadderStep;
+  /** Who caused the transition; the audit names it as each step's actor. */
+  readonly origin?: Identity | undefined;
 }
 
 export const stepRef = (at: StepAt): string => `${at.transitionId}:${at.index}`;
@@ -77,6 +80,7 @@ export async function recordStep(deps: RecoveryActuatorDeps, at: StepAt, state: 
       node: node ?? step.nodes?.[0],
       summary: `${step.job}: ${step.verb}${node ? ` ${node}` : ''}: ${state} (${detail})`,
       data: { job: step.job, verb: step.verb, state, detail, backend: deps.backend.name, step },
+      actor: at.origin ?? CONTROLLER_IDENTITY,
     },
     `action:${stepRef(at)}:${node ?? ''}:${state}`,
   );

@@ -31,7 +31,7 @@ export function createRecoveryProcessor(baseDeps: RecoveryActuatorDeps): (job: J
   return async (job) => {
     const parsed = recoveryJobSchema.safeParse(job.data);
     if (!parsed.success) throw new UnrecoverableError(new InputError(`invalid recovery job payload: ${parsed.error.message}`).message);
-    const { transitionId, steps } = parsed.data;
+    const { transitionId, steps, origin } = parsed.data;
     // The operator's per-job policy, read as the transition starts (an unregistered job has none).
     const policy = await baseDeps.jobs.get(parsed.data.job).then(
       (record) => record.policy,
@@ -41,7 +41,7 @@ export function createRecoveryProcessor(baseDeps: RecoveryActuatorDeps): (job: J
     const paused = await gates.paused();
     if (paused !== undefined) {
       // Paused: nothing of the transition runs; the refusal is on record and a person is told.
-      for (const [index, step] of steps.entries()) await recordStep(deps, { transitionId, index, step }, 'refused', `actions are paused: ${paused}`);
+      for (const [index, step] of steps.entries()) await recordStep(deps, { transitionId, index, step, origin }, 'refused', `actions are paused: ${paused}`);
       return { done: 0 };
     }
     let done = 0;
@@ -50,8 +50,8 @@ export function createRecoveryProcessor(baseDeps: RecoveryActuatorDeps): (job: J
       if ((await redis.get(marker)) === 'done') continue;
       const proceed =
         policy?.recovery === false && ACTING_VERBS.has(step.verb)
-          ? await refuse(deps, { transitionId, index, step }, `automatic recovery is off for job ${step.job} (the operator's job policy); not acting`)
-          : await runStep(deps, { transitionId, index, step });
+          ? await refuse(deps, { transitionId, index, step, origin }, `automatic recovery is off for job ${step.job} (the operator's job policy); not acting`)
+          : await runStep(deps, { transitionId, index, step, origin });
       await redis.set(marker, 'done', 'EX', STEP_DONE_TTL_SECONDS);
       done += 1;
       if (!proceed) {

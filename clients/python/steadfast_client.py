@@ -125,7 +125,9 @@ class SteadfastClient:
 
         STEADFAST_JOB (else SLURM_JOB_NAME), RANK (else SLURM_PROCID), STEADFAST_AGENT_URL,
         STEADFAST_AGENT_TOKEN_FILE, STEADFAST_CONTROLLER_URL, STEADFAST_TOKEN_FILE (else
-        STEADFAST_TOKEN), STEADFAST_NODE (else SLURMD_NODENAME, else the host name).
+        STEADFAST_TOKEN), STEADFAST_NODE (else SLURMD_NODENAME, else the host name). A token
+        file's path may hold "{node}", replaced by this node's name: the controller token is
+        the node's agent token (`steadfast token agent --node NODE`).
         """
         env = os.environ
         settings = {
@@ -135,9 +137,14 @@ class SteadfastClient:
             "controller_url": env.get("STEADFAST_CONTROLLER_URL") or None,
             "node": env.get("STEADFAST_NODE") or None,
         }
+        # One launch environment serves every node: "{node}" in a token file's path becomes this
+        # node's name, so each rank reads its own node's credential (the controller takes a
+        # node's agent token for jobs on that node only).
+        node = settings["node"] or env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
         for key, variable in (("agent_token", "STEADFAST_AGENT_TOKEN_FILE"), ("controller_token", "STEADFAST_TOKEN_FILE")):
             path = env.get(variable)
             if path:
+                path = path.replace("{node}", node)
                 try:
                     settings[key] = _read_token(path)
                 except OSError as error:

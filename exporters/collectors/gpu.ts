@@ -4,7 +4,7 @@ import { promisify } from 'node:util';
 import { Counter, Gauge, type Registry } from 'prom-client';
 import { errorMessage } from '../../core/errors.js';
 import type { Collector, CollectorContext, CollectorFactory } from '../collector.js';
-import { DCGM_EXPORTER_URL_FLAG, dcgmExporterUrl, fetchDcgmExporterText, parseDcgmExporterText, type DcgmGpuSample } from '../sources/dcgm-exporter.js';
+import { DCGM_EXPORTER_URL_FLAG, dcgmExporterUrl, fetchDcgmExporterText, gpuKey, parseDcgmExporterText, type DcgmGpuSample } from '../sources/dcgm-exporter.js';
 import { parseNvidiaSmiXml, type ClockReadings } from '../sources/nvidia-smi-xml.js';
 
 /**
@@ -29,7 +29,12 @@ const MAX_OUTPUT_BYTES = 64 * 1024 * 1024;
 
 const execFileAsync = promisify(execFile);
 
-type GpuLabel = 'gpu' | 'pci_bus_id';
+/**
+ * Every per-GPU series carries the GPU's `UUID` under dcgm-exporter's own label name, so that a
+ * query relates it to DCGM's series with `on (UUID)`, no label_replace needed. `pci_bus_id` is
+ * steadfast's `dddd:bb:dd` (the kernel log's spelling, which the xid series and the alerts use).
+ */
+type GpuLabel = 'gpu' | 'pci_bus_id' | 'UUID';
 
 /** What one poll of either source yields; a GpuSample from nvidia-smi is a DcgmGpuSample without the DCGM-only fields. */
 interface GpuReport {
@@ -84,7 +89,7 @@ class GpuMetrics {
       new Gauge<L>({ name, help, labelNames, registers });
     const counter = <L extends string>(name: string, help: string, labelNames: readonly L[]): Counter<L> =>
       new Counter<L>({ name, help, labelNames, registers });
-    const gpu = ['gpu', 'pci_bus_id'] as const;
+    const gpu = ['gpu', 'pci_bus_id', 'UUID'] as const;
     this.info = gauge('steadfast_gpu_info', 'GPU identity; always 1.', [...gpu, 'uuid', 'name', 'driver_version']);
     this.present = gauge('steadfast_gpu_present', 'Whether the GPU source (nvidia-smi or dcgm-exporter) lists this GPU (1), or listed it before and no longer does (0).', gpu);
     this.attached = new Gauge({ name: 'steadfast_gpu_attached', help: 'Number of GPUs the GPU source lists.', registers: [] });
@@ -177,7 +182,7 @@ class GpuMetrics {
   }
 }
 
-type GpuLabels = Record<GpuLabel, string>;
+type GpuLabels = Partial<Record<GpuLabel, string>> & { readonly gpu: string };
 
 function setIfDefined(gauge: Gauge<GpuLabel>, labels: GpuLabels, value: number | undefined): void {
   if (value !== undefined) gauge.set(labels, value);
@@ -195,7 +200,7 @@ function writeClocks(gauge: Gauge<GpuLabel | 'clock'>, labels: GpuLabels, readin
 
 /** Writes one GPU's sample. Hardware counters are absolute readings, so reset() + inc(value) sets them. */
 function writeSample(metrics: GpuMetrics, sample: DcgmGpuSample): void {
-  const labels: GpuLabels = { gpu: String(sample.index), pci_bus_id: sample.pciBusId };
+  const labels = gpuLabels(sample);
   const identity: Record<string, string> = { ...labels };
   if (sample.uuid !== undefined) identity.uuid = sample.uuid;
   if (sample.productName !== undefined) identity.name = sample.productName;
@@ -232,6 +237,14 @@ function writeSample(metrics: GpuMetrics, sample: DcgmGpuSample): void {
   setIfDefined(metrics.dcgmLastXid, labels, sample.lastXid);
 }
 
+/** A GPU's labels: each identifier it has, none made up. */
+function gpuLabels(sample: DcgmGpuSample): GpuLabels {
+  const labels: { gpu: string; pci_bus_id?: string; UUID?: string } = { gpu: String(sample.index) };
+  if (sample.pciBusId !== undefined) labels.pci_bus_id = sample.pciBusId;
+  if (sample.uuid !== undefined) labels.UUID = sample.uuid;
+  return labels;
+}
+
 /** `nvidia-smi -q -x`: the binary, or a captured file read at every poll. */
 function nvidiaSmiSource(context: CollectorContext, commandTimeoutMs: number): GpuSource {
   const { nvidiaSmiXml, nvidiaSmi } = context.paths;
@@ -252,8 +265,9 @@ function nvidiaSmiSource(context: CollectorContext, commandTimeoutMs: number): G
 }
 
 /**
- * dcgm-exporter's /metrics. A body with GPU series of which none can be placed (no
- * `pci_bus_id` label: dcgm-exporter before mid-2024, NVIDIA/dcgm-exporter#326) is a failed poll, not a node without GPUs.
+ * dcgm-exporter's /metrics. GPUs are placed by `pci_bus_id`, or by `UUID` where the exporter
+ * sets no `pci_bus_id` (before mid-2024, NVIDIA/dcgm-exporter#326). A body with GPU series of
+ * which none can be placed is a failed poll, not a node without GPUs.
  */
 function dcgmExporterSource(url: URL, httpTimeoutMs: number, logger: CollectorContext['logger']): GpuSource {
   const description = `dcgm-exporter at ${url.href}`;
@@ -264,7 +278,7 @@ function dcgmExporterSource(url: URL, httpTimeoutMs: number, logger: CollectorCo
     async read(signal) {
       const report = parseDcgmExporterText(await fetchDcgmExporterText(url, httpTimeoutMs, signal));
       if (report.gpus.length === 0 && report.unidentifiedSeries > 0) {
-        throw new Error(`${report.unidentifiedSeries} GPU series have no pci_bus_id label; steadfast needs a dcgm-exporter that sets it (mid-2024 or newer)`);
+        throw new Error(`${report.unidentifiedSeries} GPU series have neither a pci_bus_id nor a UUID label; steadfast cannot tell the GPUs apart`);
       }
       if (report.lineErrorCount !== badLines && report.lineErrorCount > 0) {
         logger.warn({ collector: 'gpu', source: description, lines: report.lineErrorCount, first: report.lineErrors[0] }, 'dcgm-exporter sent lines that do not parse; skipped them');
@@ -278,7 +292,7 @@ function dcgmExporterSource(url: URL, httpTimeoutMs: number, logger: CollectorCo
 class GpuCollector implements Collector {
   readonly name = 'gpu';
   private readonly metrics: GpuMetrics;
-  /** Every GPU seen since start, by PCI bus id, with the labels it was last seen under. */
+  /** Every GPU seen since start, by PCI bus id (UUID without one), with the labels it was last seen under. */
   private readonly seen = new Map<string, GpuLabels>();
   /** GPUs missing right now; a fast-path event goes out once per disappearance. */
   private readonly missing = new Set<string>();
@@ -342,21 +356,25 @@ class GpuCollector implements Collector {
   }
 
   private apply(report: GpuReport): void {
-    const listed = new Set(report.gpus.map((gpu) => gpu.pciBusId));
+    const listed = new Set(report.gpus.map(gpuKey));
     this.metrics.resetPerGpu();
     for (const sample of report.gpus) {
       writeSample(this.metrics, sample);
-      this.seen.set(sample.pciBusId, { gpu: String(sample.index), pci_bus_id: sample.pciBusId });
-      if (this.missing.delete(sample.pciBusId)) this.context.logger.info({ gpu: sample.pciBusId }, 'GPU is listed again');
+      const key = gpuKey(sample);
+      this.seen.set(key, gpuLabels(sample));
+      if (this.missing.delete(key)) this.context.logger.info({ gpu: sample.pciBusId ?? sample.uuid }, 'GPU is listed again');
     }
-    for (const [pciBusId, labels] of this.seen) {
-      if (listed.has(pciBusId)) continue;
+    for (const [key, labels] of this.seen) {
+      if (listed.has(key)) continue;
       this.metrics.present.set(labels, 0);
-      if (this.missing.has(pciBusId)) continue;
-      this.missing.add(pciBusId);
-      const message = `GPU ${labels.gpu} (${pciBusId}) is no longer listed by ${this.source.description}`;
-      this.context.logger.error({ gpu: pciBusId }, message);
-      this.context.fastPath({ kind: 'gpu_lost', node: this.context.node, gpu: pciBusId, message, time: new Date().toISOString() });
+      if (this.missing.has(key)) continue;
+      this.missing.add(key);
+      const id = labels.pci_bus_id ?? labels.UUID;
+      const message = `GPU ${labels.gpu} (${id}) is no longer listed by ${this.source.description}`;
+      this.context.logger.error({ gpu: id }, message);
+      // The fast path names a GPU by PCI bus id; one known by UUID alone is reported by the
+      // SteadfastGpuMissing alert on steadfast_gpu_present 0, for its node.
+      if (labels.pci_bus_id !== undefined) this.context.fastPath({ kind: 'gpu_lost', node: this.context.node, gpu: labels.pci_bus_id, message, time: new Date().toISOString() });
     }
     this.metrics.writeTotals(report.gpus.length, Date.now() / 1000);
   }
@@ -384,7 +402,7 @@ export const gpuCollectorFactory: CollectorFactory = {
       name: DCGM_EXPORTER_URL_FLAG,
       value: '<url>',
       description:
-        'poll this dcgm-exporter /metrics endpoint (e.g. http://127.0.0.1:9400/metrics) instead of running nvidia-smi; needs a dcgm-exporter that sets the pci_bus_id label (mid-2024 or newer); takes precedence over --nvidia-smi.xml',
+        'poll this dcgm-exporter /metrics endpoint (e.g. http://127.0.0.1:9400/metrics) instead of running nvidia-smi; GPUs without a pci_bus_id label (dcgm-exporter before mid-2024) are known by UUID; takes precedence over --nvidia-smi.xml',
     },
   ],
   create: (context) => createGpuCollector(context),

@@ -2,12 +2,14 @@ import { Counter, Gauge, type Registry } from 'prom-client';
 import type { Logger } from '../../core/log.js';
 import type { Collector, CollectorContext, CollectorFactory } from '../collector.js';
 import {
+  dataBytes,
   infinibandClassDir,
+  multicastPackets,
   packetCount,
   portUp,
   readInfinibandClass,
   type StableAttributeCache,
-  wordsToBytes,
+  unicastPackets,
   type FileProblem,
   type InfinibandClass,
   type InfinibandDevice,
@@ -37,23 +39,43 @@ interface CounterSpec {
 const COUNTERS: readonly CounterSpec[] = [
   {
     name: 'steadfast_rdma_port_data_received_bytes_total',
-    help: 'Data octets received on the port (port_rcv_data, which counts 4-octet words, times 4).',
-    value: (port) => wordsToBytes(port.counters.port_rcv_data),
+    help: 'Data octets received on the port (counters_ext/port_rcv_data_64 where present, else port_rcv_data; 4-octet words, times 4).',
+    value: (port) => dataBytes(port, 'received'),
   },
   {
     name: 'steadfast_rdma_port_data_transmitted_bytes_total',
-    help: 'Data octets transmitted on the port (port_xmit_data, which counts 4-octet words, times 4).',
-    value: (port) => wordsToBytes(port.counters.port_xmit_data),
+    help: 'Data octets transmitted on the port (counters_ext/port_xmit_data_64 where present, else port_xmit_data; 4-octet words, times 4).',
+    value: (port) => dataBytes(port, 'transmitted'),
   },
   {
     name: 'steadfast_rdma_port_packets_received_total',
-    help: 'Packets received on all VLs, errors included (port_rcv_packets, else unicast_rcv_packets + multicast_rcv_packets).',
+    help: 'Packets received on all VLs, errors included (counters_ext/port_rcv_packets_64, else port_rcv_packets, else unicast + multicast).',
     value: (port) => packetCount(port, 'received'),
   },
   {
+    name: 'steadfast_rdma_port_unicast_packets_received_total',
+    help: 'Unicast packets received (unicast_rcv_packets, or counters_ext/port_unicast_rcv_packets).',
+    value: (port) => unicastPackets(port, 'received'),
+  },
+  {
+    name: 'steadfast_rdma_port_multicast_packets_received_total',
+    help: 'Multicast packets received (multicast_rcv_packets, or counters_ext/port_multicast_rcv_packets).',
+    value: (port) => multicastPackets(port, 'received'),
+  },
+  {
     name: 'steadfast_rdma_port_packets_transmitted_total',
-    help: 'Packets transmitted on all VLs, errors included (port_xmit_packets, else unicast_xmit_packets + multicast_xmit_packets).',
+    help: 'Packets transmitted on all VLs, errors included (counters_ext/port_xmit_packets_64, else port_xmit_packets, else unicast + multicast).',
     value: (port) => packetCount(port, 'transmitted'),
+  },
+  {
+    name: 'steadfast_rdma_port_unicast_packets_transmitted_total',
+    help: 'Unicast packets transmitted (unicast_xmit_packets, or counters_ext/port_unicast_xmit_packets).',
+    value: (port) => unicastPackets(port, 'transmitted'),
+  },
+  {
+    name: 'steadfast_rdma_port_multicast_packets_transmitted_total',
+    help: 'Multicast packets transmitted (multicast_xmit_packets, or counters_ext/port_multicast_xmit_packets).',
+    value: (port) => multicastPackets(port, 'transmitted'),
   },
   {
     name: 'steadfast_rdma_port_link_downed_total',
@@ -84,6 +106,11 @@ const COUNTERS: readonly CounterSpec[] = [
     name: 'steadfast_rdma_port_transmit_discards_total',
     help: 'Outbound packets discarded because the port was down or congested (port_xmit_discards).',
     value: (port) => port.counters.port_xmit_discards,
+  },
+  {
+    name: 'steadfast_rdma_port_receive_discards_total',
+    help: 'Inbound packets discarded for lack of receive buffers or an error in the packet (port_rcv_discards, where the driver has it).',
+    value: (port) => port.counters.port_rcv_discards,
   },
   {
     name: 'steadfast_rdma_port_transmit_wait_total',

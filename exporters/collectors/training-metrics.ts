@@ -1,4 +1,5 @@
 import { Counter, Gauge } from 'prom-client';
+import { RANK_LABEL, TRAINING_JOB_LABEL } from '../../core/scrape.js';
 import type { CollectorContext } from '../collector.js';
 import { TRAINING_ERROR_KINDS, type TrainingErrorKind } from '../sources/training-log-failures.js';
 
@@ -23,7 +24,13 @@ export interface SeriesLabels {
   readonly rank: string;
 }
 
-type Labels = 'job' | 'rank';
+type Labels = typeof TRAINING_JOB_LABEL | typeof RANK_LABEL;
+type LabelValues = Record<Labels, string>;
+
+/** The exported labels of a series: the training job goes out as `training_job`, never `job`. */
+function exported(labels: SeriesLabels): LabelValues {
+  return { [TRAINING_JOB_LABEL]: labels.job, [RANK_LABEL]: labels.rank };
+}
 
 /** Every training series, made once per collector on the agent's registry. */
 export class TrainingMetrics {
@@ -43,7 +50,7 @@ export class TrainingMetrics {
 
   constructor(context: CollectorContext) {
     const registers = [context.registry];
-    const labelNames = ['job', 'rank'] as const;
+    const labelNames = [TRAINING_JOB_LABEL, RANK_LABEL] as const;
     const gauge = (name: string, help: string): Gauge<Labels> => new Gauge({ name, help, labelNames, registers });
     const counter = (name: string, help: string): Counter<Labels> => new Counter({ name, help, labelNames, registers });
     this.iteration = gauge('steadfast_training_iteration', 'Last training iteration reported.');
@@ -66,7 +73,8 @@ export class TrainingMetrics {
     });
   }
 
-  record(labels: SeriesLabels, step: StepReading, time: Date): void {
+  record(series: SeriesLabels, step: StepReading, time: Date): void {
+    const labels = exported(series);
     this.iteration.set(labels, step.iteration);
     this.iterations.inc(labels);
     this.lastIterationTime.set(labels, time.getTime() / 1000);
@@ -86,16 +94,18 @@ export class TrainingMetrics {
    * A followed log has been read, so "no errors yet" is an observation, not a guess; the zero
    * also lets `increase()` see the first error.
    */
-  initialiseErrors(labels: SeriesLabels): void {
+  initialiseErrors(series: SeriesLabels): void {
+    const labels = exported(series);
     for (const kind of TRAINING_ERROR_KINDS) this.errors.inc({ ...labels, kind }, 0);
   }
 
-  countError(labels: SeriesLabels, kind: TrainingErrorKind): void {
-    this.errors.inc({ ...labels, kind });
+  countError(series: SeriesLabels, kind: TrainingErrorKind): void {
+    this.errors.inc({ ...exported(series), kind });
   }
 
   /** Removes a pushed series that went idle, so that its place can go to a new one. */
-  remove(labels: SeriesLabels, lossNames: Iterable<string>): void {
+  remove(series: SeriesLabels, lossNames: Iterable<string>): void {
+    const labels = exported(series);
     for (const metric of [this.iteration, this.iterationSeconds, this.iterations, this.gradNorm, this.lossScale, this.learningRate, this.skipped, this.nan, this.samplesPerSecond, this.tflops, this.lastIterationTime]) {
       metric.remove(labels);
     }
@@ -103,6 +113,6 @@ export class TrainingMetrics {
   }
 }
 
-function setIfGiven(gauge: Gauge<Labels>, labels: SeriesLabels, value: number | undefined): void {
+function setIfGiven(gauge: Gauge<Labels>, labels: LabelValues, value: number | undefined): void {
   if (value !== undefined) gauge.set(labels, value);
 }

@@ -32,7 +32,11 @@ export interface DcgmGpuSample extends GpuSample {
 export interface DcgmReport {
   readonly driverVersion?: string | undefined;
   readonly gpus: readonly DcgmGpuSample[];
-  /** Series with a `gpu` label but no usable `pci_bus_id` (dcgm-exporter before mid-2024, NVIDIA/dcgm-exporter#326). */
+  /**
+   * Series with a `gpu` label but neither a usable `pci_bus_id` nor a `UUID`. Without
+   * `pci_bus_id` (dcgm-exporter before mid-2024, NVIDIA/dcgm-exporter#326, and its default
+   * example output) a GPU is known by its UUID.
+   */
   readonly unidentifiedSeries: number;
   readonly lineErrors: readonly ExpositionLineError[];
   readonly lineErrorCount: number;
@@ -115,7 +119,7 @@ const CLOCK_EVENT_BITS: readonly { readonly bit: number; readonly reason: string
 
 interface GpuSeries {
   readonly index: number;
-  readonly pciBusId: string;
+  readonly pciBusId: string | undefined;
   readonly uuid?: string | undefined;
   readonly productName?: string | undefined;
   readonly driverVersion?: string | undefined;
@@ -214,11 +218,12 @@ function toSample(series: GpuSeries): DcgmGpuSample {
 
 /**
  * Maps parsed dcgm-exporter samples onto one GpuSample per GPU, keyed by PCI bus id (the id the
- * xid collector and nvidia-smi use too). Series without a `gpu` label (NVLink, NVSwitch, CPU
- * families) are not GPU series and are left out; the first series of a field for a GPU wins.
+ * xid collector and nvidia-smi use too), or by UUID where the scrape has no `pci_bus_id`. Series
+ * without a `gpu` label (NVLink, NVSwitch, CPU families) are not GPU series and are left out;
+ * the first series of a field for a GPU wins.
  */
 export function mapDcgmSamples(text: ExpositionText): DcgmReport {
-  const byPci = new Map<string, GpuSeries>();
+  const byKey = new Map<string, GpuSeries>();
   let unidentifiedSeries = 0;
   let driverVersion: string | undefined;
   for (const sample of text.samples) {
@@ -226,29 +231,36 @@ export function mapDcgmSamples(text: ExpositionText): DcgmReport {
     if (gpu === undefined || !/^\d{1,6}$/.test(gpu)) continue;
     const rawPci = label(sample.labels, 'pci_bus_id');
     const pciBusId = rawPci === undefined ? undefined : normalizePciBusId(rawPci);
-    if (pciBusId === undefined) {
+    const uuid = label(sample.labels, 'UUID');
+    const key = pciBusId ?? (uuid === undefined ? undefined : `uuid:${uuid}`);
+    if (key === undefined) {
       unidentifiedSeries += 1;
       continue;
     }
-    let series = byPci.get(pciBusId);
+    let series = byKey.get(key);
     if (series === undefined) {
       series = {
         index: Number(gpu),
         pciBusId,
-        uuid: label(sample.labels, 'UUID'),
+        uuid,
         productName: label(sample.labels, 'modelName'),
         driverVersion: label(sample.labels, 'DCGM_FI_DRIVER_VERSION'),
         values: new Map(),
       };
-      byPci.set(pciBusId, series);
+      byKey.set(key, series);
     }
     driverVersion ??= series.driverVersion;
     if (!KNOWN_FIELDS.has(sample.name) || series.values.has(sample.name) || !reported(sample.value)) continue;
     if (WHOLE_GPU_ONLY.has(sample.name) && label(sample.labels, 'GPU_I_ID') !== undefined) continue;
     series.values.set(sample.name, sample.value);
   }
-  const gpus = [...byPci.values()].map(toSample).sort((a, b) => a.index - b.index || a.pciBusId.localeCompare(b.pciBusId));
+  const gpus = [...byKey.values()].map(toSample).sort((a, b) => a.index - b.index || gpuKey(a).localeCompare(gpuKey(b)));
   return { driverVersion, gpus, unidentifiedSeries, lineErrors: text.errors, lineErrorCount: text.errorCount };
+}
+
+/** What tells one GPU from another in a report: its PCI bus id, or its UUID where there is none. */
+export function gpuKey(sample: { readonly pciBusId: string | undefined; readonly uuid?: string | undefined }): string {
+  return sample.pciBusId ?? `uuid:${sample.uuid ?? ''}`;
 }
 
 /** Parses one dcgm-exporter /metrics body. Never throws. */

@@ -46,9 +46,26 @@ export const PORT_COUNTER_FILES = [
   'port_rcv_errors',
   'port_rcv_remote_physical_errors',
   'port_xmit_discards',
+  'port_rcv_discards',
   'port_xmit_wait',
   'local_link_integrity_errors',
   'excessive_buffer_overrun_errors',
+] as const;
+
+/**
+ * Files under `ports/<n>/counters_ext/` that are read: the 64-bit PortCountersExtended values of
+ * drivers that keep them apart from the 32-bit `counters/` ones (mlx4), which saturate within
+ * seconds at 40 Gb/s and above.
+ */
+export const PORT_EXT_COUNTER_FILES = [
+  'port_rcv_data_64',
+  'port_xmit_data_64',
+  'port_rcv_packets_64',
+  'port_xmit_packets_64',
+  'port_unicast_rcv_packets',
+  'port_unicast_xmit_packets',
+  'port_multicast_rcv_packets',
+  'port_multicast_xmit_packets',
 ] as const;
 
 /** Files under `ports/<n>/hw_counters/` that are read (driver counters; mlx5 names). */
@@ -64,6 +81,7 @@ export const HW_COUNTER_FILES = [
 ] as const;
 
 export type PortCounterName = (typeof PORT_COUNTER_FILES)[number];
+export type PortExtCounterName = (typeof PORT_EXT_COUNTER_FILES)[number];
 export type HwCounterName = (typeof HW_COUNTER_FILES)[number];
 
 /** `state` (`4: ACTIVE`) or `phys_state` (`5: LinkUp`): the numeric code and the kernel's name for it. */
@@ -89,6 +107,8 @@ export interface InfinibandPort {
   readonly linkLayer?: string | undefined;
   /** Raw values as the kernel writes them; `port_rcv_data`/`port_xmit_data` are 4-octet words. */
   readonly counters: Readonly<Partial<Record<PortCounterName, number>>>;
+  /** Absent when the port has no `counters_ext/` directory. */
+  readonly extCounters?: Readonly<Partial<Record<PortExtCounterName, number>>> | undefined;
   /** Absent when the port has no `hw_counters/` directory (only some drivers have one). */
   readonly hwCounters?: Readonly<Partial<Record<HwCounterName, number>>> | undefined;
 }
@@ -160,20 +180,40 @@ export function wordsToBytes(words: number | undefined): number | undefined {
   return words === undefined ? undefined : words * 4;
 }
 
+type Direction = 'received' | 'transmitted';
+
+/** Data octets received or transmitted: the 64-bit `counters_ext/` word count when there is one. */
+export function dataBytes(port: InfinibandPort, direction: Direction): number | undefined {
+  const ext = port.extCounters;
+  return direction === 'received'
+    ? wordsToBytes(ext?.port_rcv_data_64 ?? port.counters.port_rcv_data)
+    : wordsToBytes(ext?.port_xmit_data_64 ?? port.counters.port_xmit_data);
+}
+
+/** Unicast packets, from `counters/` or else the `counters_ext/` spelling. */
+export function unicastPackets(port: InfinibandPort, direction: Direction): number | undefined {
+  const ext = port.extCounters;
+  return direction === 'received' ? (port.counters.unicast_rcv_packets ?? ext?.port_unicast_rcv_packets) : (port.counters.unicast_xmit_packets ?? ext?.port_unicast_xmit_packets);
+}
+
+/** Multicast packets, from `counters/` or else the `counters_ext/` spelling. */
+export function multicastPackets(port: InfinibandPort, direction: Direction): number | undefined {
+  const ext = port.extCounters;
+  return direction === 'received' ? (port.counters.multicast_rcv_packets ?? ext?.port_multicast_rcv_packets) : (port.counters.multicast_xmit_packets ?? ext?.port_multicast_xmit_packets);
+}
+
 /**
- * Packets received or transmitted on all VLs. `port_rcv_packets`/`port_xmit_packets` when the
- * port has them; otherwise the sum of unicast and multicast when both exist (some drivers only
- * have the PortCountersExtended split). A partial sum would undercount, so one of the two alone
- * gives no value.
+ * Packets received or transmitted on all VLs: the 64-bit `counters_ext/` count when there is one,
+ * then `port_rcv_packets`/`port_xmit_packets`, otherwise the sum of unicast and multicast when
+ * both exist (some drivers only have the PortCountersExtended split). A partial sum would
+ * undercount, so one of the two alone gives no value.
  */
-export function packetCount(port: InfinibandPort, direction: 'received' | 'transmitted'): number | undefined {
-  const c = port.counters;
-  if (direction === 'received') {
-    if (c.port_rcv_packets !== undefined) return c.port_rcv_packets;
-    return c.unicast_rcv_packets !== undefined && c.multicast_rcv_packets !== undefined ? c.unicast_rcv_packets + c.multicast_rcv_packets : undefined;
-  }
-  if (c.port_xmit_packets !== undefined) return c.port_xmit_packets;
-  return c.unicast_xmit_packets !== undefined && c.multicast_xmit_packets !== undefined ? c.unicast_xmit_packets + c.multicast_xmit_packets : undefined;
+export function packetCount(port: InfinibandPort, direction: Direction): number | undefined {
+  const all = direction === 'received' ? (port.extCounters?.port_rcv_packets_64 ?? port.counters.port_rcv_packets) : (port.extCounters?.port_xmit_packets_64 ?? port.counters.port_xmit_packets);
+  if (all !== undefined) return all;
+  const unicast = unicastPackets(port, direction);
+  const multicast = multicastPackets(port, direction);
+  return unicast !== undefined && multicast !== undefined ? unicast + multicast : undefined;
 }
 
 /** Whether the port can carry traffic: logically ACTIVE and physically LinkUp. Unknown when either is unknown. */
@@ -276,15 +316,16 @@ class Reader {
 }
 
 async function readPort(reader: Reader, device: string, portDir: string, port: string): Promise<InfinibandPort> {
-  const [state, physicalState, rateBytesPerSecond, linkLayer, counters, hwCounters] = await Promise.all([
+  const [state, physicalState, rateBytesPerSecond, linkLayer, counters, extCounters, hwCounters] = await Promise.all([
     reader.parsed(join(portDir, 'state'), parsePortState, 'port state'),
     reader.parsed(join(portDir, 'phys_state'), parsePortState, 'physical port state'),
     reader.parsed(join(portDir, 'rate'), parseRate, 'rate'),
     reader.stableText(join(portDir, 'link_layer')),
     reader.counters(join(portDir, 'counters'), PORT_COUNTER_FILES),
+    reader.counters(join(portDir, 'counters_ext'), PORT_EXT_COUNTER_FILES),
     reader.counters(join(portDir, 'hw_counters'), HW_COUNTER_FILES),
   ]);
-  return { device, port, state, physicalState, rateBytesPerSecond, linkLayer: linkLayer || undefined, counters: counters ?? {}, hwCounters };
+  return { device, port, state, physicalState, rateBytesPerSecond, linkLayer: linkLayer || undefined, counters: counters ?? {}, extCounters, hwCounters };
 }
 
 async function isDirectory(path: string): Promise<boolean> {

@@ -46,8 +46,11 @@ const LINE_PREFIXES: readonly RegExp[] = [
   /^[a-z]+\s*:[a-z]+\s*:\s*/,
   // ISO 8601 time (`dmesg --time-format=iso`, journalctl -o short-iso, rsyslog).
   /^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\s+/,
-  // BSD syslog / journalctl short time: `Feb 01 14:25:31 `.
-  /^[A-Z][a-z]{2}\s+\d{1,2}\s+\d{2}:\d{2}:\d{2}\s+/,
+  // BSD syslog / journalctl short time, `Feb 01 14:25:31 `. journalctl writes the month in the
+  // locale of whoever runs it: `nov 23` (es, it, fr), `déc. 05` (fr), `Dez 05` (de), `ноя 23`
+  // (ru), `11月 23` (zh, ja), `11월 23` (ko). The day and the time that must follow keep a
+  // word of the message from being taken for a month.
+  /^(?:\p{L}{2,5}\.?|\d{1,2}[月월])\s+\d{1,2}\s+\d{2}:\d{2}:\d{2}\s+/u,
   // `host kernel: ` or `kernel: ` (journalctl, syslog).
   /^(?:[\w.-]+\s+)?kernel(?:\[\d+\])?:\s*/,
 ];

@@ -48,8 +48,11 @@ export type ThrottleReasons = Readonly<Record<string, boolean>>;
 export interface GpuSample {
   /** The minor number (`/dev/nvidiaN`); the position in the report where the driver gives none. */
   readonly index: number;
-  /** `dddd:bb:dd` from `<gpu id="00000000:3B:00.0">`. */
-  readonly pciBusId: string;
+  /**
+   * `dddd:bb:dd` from `<gpu id="00000000:3B:00.0">`. nvidia-smi always gives it; a dcgm-exporter
+   * without the `pci_bus_id` label does not, and its GPUs are known by UUID alone.
+   */
+  readonly pciBusId: string | undefined;
   readonly uuid?: string | undefined;
   readonly productName?: string | undefined;
   readonly driverVersion?: string | undefined;

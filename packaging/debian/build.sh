@@ -39,6 +39,8 @@ npm install --global --prefix "$stage/npm" --prefer-offline --omit=dev --no-audi
 
 install -d "$root/usr/lib" "$root/usr/bin" "$root/lib/systemd/system" "$root/etc/steadfast" "$root/usr/share/doc/steadfast" "$root/DEBIAN"
 mv "$stage/npm/lib/node_modules/steadfast" "$root/usr/lib/steadfast"
+# steadfast_build_info's revision label: the commit built, when built from a git checkout.
+if revision=$(git -C "$repo" rev-parse HEAD 2>/dev/null); then printf '%s\n' "$revision" >"$root/usr/lib/steadfast/REVISION"; fi
 # The wrapper finds the tree relative to itself, so an unpacked copy (dpkg -x) runs too.
 # STEADFAST_NODE_FLAGS: V8 flags for node (the agent unit's), which NODE_OPTIONS does not accept.
 cat >"$root/usr/bin/steadfast" <<'WRAPPER'

@@ -1,26 +1,26 @@
-import { agentSelector, selector } from '../../core/promql.js';
+import { agentSelector } from '../../core/promql.js';
+import { CLUSTER_LABEL, TRAINING_JOB_LABEL } from '../../core/scrape.js';
 import type { TrainingErrorKind } from '../../exporters/sources/training-log-failures.js';
 import { alert, humanDuration, record, type DomainRules, type RuleGroup } from '../spec.js';
 import type { Thresholds } from '../thresholds.js';
 
 /**
  * Training progress and numerics, from the agent's training collector: steadfast_training_*
- * {job, rank}, where `job` is the training job's own name. That needs `honor_labels: true` on the
- * agent scrape job (rules/README.md); without it Prometheus renames the label to `exported_job`
- * and these rules would group every job into one. The training series are therefore selected by
- * name alone: their `job` is not the agents' scrape job.
+ * {training_job, rank}, scraped under the agents' own scrape job like every other agent series.
+ * Recording rules are named after the labels they keep (`training_job:…`); they keep `cluster`
+ * too, where the series have one, so that one Prometheus can hold several clusters' jobs.
  */
 
-export const ITERATION_MEDIAN = 'job:steadfast_training_iteration_seconds:median';
-export const ITERATION_RATIO_TO_MEDIAN = 'job_rank:steadfast_training_iteration_seconds:ratio_to_median';
-export const PRODUCTIVE = 'job:steadfast_training_productive:bool';
-export const ETTR_HOUR = 'job:steadfast_training_ettr:avg1h';
-export const ETTR_MONTH = 'job:steadfast_training_ettr:avg30d';
+export const ITERATION_MEDIAN = `${TRAINING_JOB_LABEL}:steadfast_training_iteration_seconds:median`;
+export const ITERATION_RATIO_TO_MEDIAN = `${TRAINING_JOB_LABEL}_rank:steadfast_training_iteration_seconds:ratio_to_median`;
+export const PRODUCTIVE = `${TRAINING_JOB_LABEL}:steadfast_training_productive:bool`;
+export const ETTR_HOUR = `${TRAINING_JOB_LABEL}:steadfast_training_ettr:avg1h`;
+export const ETTR_MONTH = `${TRAINING_JOB_LABEL}:steadfast_training_ettr:avg30d`;
 
 /** Failures that stop a job outright (a collective timed out, torchrun lost a worker). */
 const WORKER_FAILURES: readonly TrainingErrorKind[] = ['nccl_timeout', 'child_failed'];
 
-const RANK = 'rank {{ $labels.rank }} of training job {{ $labels.job }} on node {{ $labels.node }}';
+const RANK = `rank {{ $labels.rank }} of training job {{ $labels.${TRAINING_JOB_LABEL} }} on node {{ $labels.node }}`;
 const RANK_SENTENCE = `R${RANK.slice(1)}`;
 
 const percentAbove = (ratio: number) => `${Math.round((ratio - 1) * 100)}%`;
@@ -28,7 +28,10 @@ const percentAbove = (ratio: number) => `${Math.round((ratio - 1) * 100)}%`;
 function groups(t: Thresholds): RuleGroup[] {
   const training = t.training;
   const recentLevel = (metric: string) => `avg_over_time(${metric}[${training.baselineWindow}] offset ${training.baselineOffset})`;
-  const rankProcesses = `steadfast_training_processes${agentSelector({ role: 'rank' }, t.selectors.agentJob)}`;
+  const agent = (metric: string, matchers: Parameters<typeof agentSelector>[0] = {}) => `${metric}${agentSelector(matchers, t.selectors.agentJob)}`;
+  const rankProcesses = agent('steadfast_training_processes', { role: 'rank' });
+  const jobLabels = `${CLUSTER_LABEL}, ${TRAINING_JOB_LABEL}`;
+  const byJob = `by (${jobLabels})`;
 
   return [
     {
@@ -38,11 +41,11 @@ function groups(t: Thresholds): RuleGroup[] {
         // the job's pace, and a rank's ratio to it points at a straggler (Greyhound, 004).
         record({
           record: ITERATION_MEDIAN,
-          expr: 'quantile by (job) (0.5, steadfast_training_iteration_seconds)',
+          expr: `quantile ${byJob} (0.5, ${agent('steadfast_training_iteration_seconds')})`,
         }),
         record({
           record: ITERATION_RATIO_TO_MEDIAN,
-          expr: `steadfast_training_iteration_seconds\n/ on (job) group_left ()\n${ITERATION_MEDIAN}`,
+          expr: `${agent('steadfast_training_iteration_seconds')}\n/ on (${jobLabels}) group_left ()\n${ITERATION_MEDIAN}`,
         }),
 
         // ETTR (ByteRobust, 000): productive time over wall-clock time. A job is productive while
@@ -50,7 +53,7 @@ function groups(t: Thresholds): RuleGroup[] {
         // SteadfastTrainingStalled fires; a stall therefore costs ETTR only beyond that bound.
         record({
           record: PRODUCTIVE,
-          expr: `max by (job) (\n  time() - steadfast_training_last_iteration_timestamp_seconds <= bool ${training.noProgressSeconds}\n)`,
+          expr: `max ${byJob} (\n  time() - ${agent('steadfast_training_last_iteration_timestamp_seconds')} <= bool ${training.noProgressSeconds}\n)`,
         }),
         record({
           record: ETTR_HOUR,
@@ -68,7 +71,7 @@ function groups(t: Thresholds): RuleGroup[] {
         // numerical fault (bad data, bad hardware, a bad code change) to roll back from.
         alert({
           alert: 'SteadfastTrainingLossSpike',
-          expr: `steadfast_training_loss > ${training.spikeFactor} * ${recentLevel('steadfast_training_loss')}`,
+          expr: `${agent('steadfast_training_loss')} > ${training.spikeFactor} * ${recentLevel(agent('steadfast_training_loss'))}`,
           for: '0s',
           severity: 'critical',
           summary: 'The training loss jumped far above its recent level.',
@@ -77,7 +80,7 @@ function groups(t: Thresholds): RuleGroup[] {
         }),
         alert({
           alert: 'SteadfastTrainingGradNormSpike',
-          expr: `steadfast_training_grad_norm > ${training.spikeFactor} * ${recentLevel('steadfast_training_grad_norm')}`,
+          expr: `${agent('steadfast_training_grad_norm')} > ${training.spikeFactor} * ${recentLevel(agent('steadfast_training_grad_norm'))}`,
           for: '0s',
           severity: 'critical',
           summary: 'The gradient norm jumped far above its recent level.',
@@ -87,7 +90,7 @@ function groups(t: Thresholds): RuleGroup[] {
         // NaN is the only value not equal to itself.
         alert({
           alert: 'SteadfastTrainingLossNaN',
-          expr: 'steadfast_training_loss != steadfast_training_loss',
+          expr: `${agent('steadfast_training_loss')} != ${agent('steadfast_training_loss')}`,
           for: '0s',
           severity: 'critical',
           summary: 'The training loss is NaN.',
@@ -96,7 +99,7 @@ function groups(t: Thresholds): RuleGroup[] {
         }),
         alert({
           alert: 'SteadfastTrainingNanIterations',
-          expr: `increase(steadfast_training_nan_iterations_total[${training.counterWindow}]) > 0`,
+          expr: `increase(${agent('steadfast_training_nan_iterations_total')}[${training.counterWindow}]) > 0`,
           for: '0s',
           severity: 'critical',
           summary: 'Training iterations produced NaN.',
@@ -107,7 +110,7 @@ function groups(t: Thresholds): RuleGroup[] {
         // an odd skip is normal, skips that go on for skippedFor mean it is not recovering.
         alert({
           alert: 'SteadfastTrainingSkippedIterations',
-          expr: `increase(steadfast_training_skipped_iterations_total[${training.counterWindow}]) > 0`,
+          expr: `increase(${agent('steadfast_training_skipped_iterations_total')}[${training.counterWindow}]) > 0`,
           for: training.skippedFor,
           severity: 'warning',
           summary: 'Training keeps skipping iterations.',
@@ -124,7 +127,7 @@ function groups(t: Thresholds): RuleGroup[] {
           for: training.slowdownFor,
           severity: 'warning',
           summary: 'Training iterations became slower.',
-          description: `Job {{ $labels.job }} takes {{ $value | humanizeDuration }} per iteration (median over its ranks), at least ${percentAbove(training.slowdownRatio)} more than over the ${humanDuration(training.baselineWindow)} before the last ${humanDuration(training.slowdownBaselineOffset)}, for ${humanDuration(training.slowdownFor)}.`,
+          description: `Job {{ $labels.${TRAINING_JOB_LABEL} }} takes {{ $value | humanizeDuration }} per iteration (median over its ranks), at least ${percentAbove(training.slowdownRatio)} more than over the ${humanDuration(training.baselineWindow)} before the last ${humanDuration(training.slowdownBaselineOffset)}, for ${humanDuration(training.slowdownFor)}.`,
           runbook: 'steadfast-training-slowdown.md',
         }),
 
@@ -134,7 +137,7 @@ function groups(t: Thresholds): RuleGroup[] {
         alert({
           alert: 'SteadfastTrainingStalled',
           expr: [
-            `time() - steadfast_training_last_iteration_timestamp_seconds > ${training.noProgressSeconds}`,
+            `time() - ${agent('steadfast_training_last_iteration_timestamp_seconds')} > ${training.noProgressSeconds}`,
             `unless on (node)`,
             `${rankProcesses} == 0`,
           ].join('\n'),
@@ -149,7 +152,7 @@ function groups(t: Thresholds): RuleGroup[] {
         // that survives an agent or controller restart and shows in Alertmanager.
         alert({
           alert: 'SteadfastTrainingWorkerFailed',
-          expr: `increase(steadfast_training_errors_total${selector({ kind: { oneOf: WORKER_FAILURES } })}[${training.counterWindow}]) > 0`,
+          expr: `increase(${agent('steadfast_training_errors_total', { kind: { oneOf: WORKER_FAILURES } })}[${training.counterWindow}]) > 0`,
           for: '0s',
           severity: 'critical',
           summary: 'A training worker failed or a collective timed out.',

@@ -19,6 +19,7 @@ import { renderRuleFiles } from '../../rules/build.js';
 import { RULE_FILES, renderAlertmanagerConfig } from '../../rules/index.js';
 import { DEFAULT_THRESHOLDS } from '../../rules/thresholds.js';
 import { startAlertmanager, startPrometheus, startRedis, type AlertmanagerPart, type PrometheusPart, type RedisPart } from '../parts.js';
+import { SimCredentials } from '../credentials.js';
 import { ProcessGroup, freePort, httpOk, waitFor } from '../processes.js';
 import { LabError } from './command.js';
 import { labDown, type LabDownReport } from './down.js';
@@ -86,9 +87,10 @@ export class ProtectedLab {
   readonly layout: LabLayout;
   readonly paths: TrainingPaths;
   readonly job: string;
-  readonly token = randomBytes(24).toString('hex');
-  readonly tokenFile: string;
-  readonly agentTokenFile: string;
+  /** Every role's credential, each in its own file under the root; each node's agent token too. */
+  readonly credentials: SimCredentials;
+  /** The token the agents require on their POST endpoints (the controller's agents.tokenFile). */
+  readonly agentWebTokenFile: string;
   readonly log: JobLog;
   redis!: RedisPart;
   prometheus!: PrometheusPart;
@@ -113,8 +115,8 @@ export class ProtectedLab {
     });
     this.job = options.job ?? 'lab-train';
     this.paths = { code: join(root, 'code'), logs: join(root, 'logs'), checkpoints: join(root, 'checkpoints'), stacks: join(root, 'stacks'), faults: join(root, 'faults') };
-    this.tokenFile = join(root, 'token');
-    this.agentTokenFile = join(root, 'agent-token');
+    this.credentials = new SimCredentials(root);
+    this.agentWebTokenFile = join(root, 'agent-web-token');
     this.log = new JobLog(this.paths.logs, this.job);
     // The controller runs in this process; its log goes to a file under the root unless asked for.
     this.logger = pino({ name: 'steadfast-controller', level: 'info' }, pino.destination(options.verbose ? { fd: 2, sync: true } : { dest: join(root, 'controller.log'), sync: true }));
@@ -174,8 +176,8 @@ export class ProtectedLab {
       // Empty until the node is a run's batch host; sbatch appends (--open-mode=append).
       writeFileSync(jobLogFile(this.paths, this.job, node.name), '');
     }
-    writeFileSync(this.tokenFile, `${this.token}\n`, { mode: 0o600 });
-    writeFileSync(this.agentTokenFile, `${randomBytes(24).toString('hex')}\n`, { mode: 0o600 });
+    for (const node of layout.nodes) this.credentials.agentTokenFile(node.name);
+    writeFileSync(this.agentWebTokenFile, `${randomBytes(24).toString('hex')}\n`, { mode: 0o600 });
     writeFileSync(join(root, 'diagnostics.yaml'), stringify(DIAGNOSTICS));
 
     this.labStarted = true;
@@ -184,12 +186,12 @@ export class ProtectedLab {
     );
     this.redis = await this.step('Redis up', () => startRedis(this.processes, root));
 
-    const [controllerPort, prometheusPort] = [await freePort(), await freePort()];
+    const [controllerPort, controllerMetricsPort, prometheusPort] = [await freePort(), await freePort(), await freePort()];
     // On the bridge: the agents' fast path and the ranks' client come from the namespaces.
     this.controllerUrl = `http://${layout.bridgeAddress}:${controllerPort}`;
     this.config = configSchema.parse({
       redis: { url: this.redis.url, prefix: 'steadfast' },
-      controller: { host: layout.bridgeAddress, port: controllerPort, tokenFile: this.tokenFile },
+      controller: { host: layout.bridgeAddress, port: controllerPort, metrics: { port: controllerMetricsPort }, auth: this.credentials.auth },
       backend: { kind: 'slurm', slurm: { env: slurmEnv(layout.conf), standbyReservation: layout.options.reservation } },
       safety: { maxDrainsPerWindow: 10, maxJobEvictionPercent: 50 },
       // The lab's incidents come a minute apart, not hours: the ladder's waits are scaled down.
@@ -197,7 +199,7 @@ export class ProtectedLab {
       progress: { prometheusUrl: `http://127.0.0.1:${prometheusPort}`, timeoutSeconds: 180 },
       agents: {
         urls: Object.fromEntries(layout.nodes.map((node) => [node.name, this.agentUrl(node)])),
-        tokenFile: this.agentTokenFile,
+        tokenFile: this.agentWebTokenFile,
         diagnoseTimeoutSeconds: 120,
       },
       analysis: {
@@ -211,7 +213,7 @@ export class ProtectedLab {
     this.controller = new Controller({ config: this.config, logger: this.logger });
     await this.step(`controller on ${this.controllerUrl}, Slurm backend on the lab's slurm.conf`, () => this.controller.start());
 
-    const alertmanagerConfig = renderAlertmanagerConfig({ webhookUrl: `${this.controllerUrl}/api/v1/alerts`, credentialsFile: this.tokenFile, groupWait: '0s', groupInterval: '1s' });
+    const alertmanagerConfig = renderAlertmanagerConfig({ webhookUrl: `${this.controllerUrl}/api/v1/alerts`, credentialsFile: this.credentials.alertmanagerTokenFile, groupWait: '0s', groupInterval: '1s' });
     this.alertmanager = await this.step('Alertmanager up, routing to the controller', () => startAlertmanager(this.processes, root, alertmanagerConfig));
 
     await this.step(`${layout.nodes.length} agents up, each inside its node's namespaces`, async () => {
@@ -226,7 +228,7 @@ export class ProtectedLab {
         ruleFiles,
         alertmanagerAddress: this.alertmanager.address,
         intervalSeconds: 1,
-        controllerAddress: `${layout.bridgeAddress}:${controllerPort}`,
+        controllerMetricsAddress: `${layout.bridgeAddress}:${controllerMetricsPort}`,
         port: prometheusPort,
       }),
     );
@@ -287,9 +289,9 @@ export class ProtectedLab {
       '--controller.url',
       this.controllerUrl,
       '--controller.token-file',
-      this.tokenFile,
+      this.credentials.agentTokenFile(node.name),
       '--web.token-file',
-      this.agentTokenFile,
+      this.agentWebTokenFile,
     ];
     const { command, args } = nodeCommand(this.layout, node, argv);
     this.processes.start(`agent-${node.name}`, command, args, join(this.root, 'logs', `agent-${node.name}.log`), { cwd: repoRoot() });
@@ -305,8 +307,9 @@ export class ProtectedLab {
         checkpointEvery: this.options.checkpointEvery ?? 10,
         stepSleep: this.options.stepSleep ?? 0.02,
         controllerUrl: this.controllerUrl,
-        tokenFile: this.tokenFile,
-        agentTokenFile: this.agentTokenFile,
+        // Each rank reports checkpoints with its own node's agent token (the client fills in {node}).
+        tokenFile: join(this.root, 'agent-token-{node}'),
+        agentTokenFile: this.agentWebTokenFile,
       }),
     };
   }
@@ -333,7 +336,7 @@ export class ProtectedLab {
   async api(path: string, body?: unknown): Promise<{ status: number; body: Record<string, unknown> }> {
     const response = await fetch(`${this.controllerUrl}${path}`, {
       method: body === undefined ? 'GET' : 'POST',
-      headers: { authorization: `Bearer ${this.token}`, 'content-type': 'application/json' },
+      headers: { authorization: `Bearer ${this.credentials.operator}`, 'content-type': 'application/json' },
       body: body === undefined ? undefined : JSON.stringify(body),
       signal: AbortSignal.timeout(10_000),
     });

@@ -84,7 +84,7 @@ function exposition(shape: NodeShape, elapsedSeconds: number): string {
     `steadfast_nfs_operations_total${labels(getattr)} ${operations}`,
     `steadfast_nfs_transmissions_total${labels(getattr)} ${operations * (1 + RETRANSMISSIONS_PER_OPERATION)}`,
     `steadfast_nfs_rtt_seconds_total${labels(getattr)} ${operations * GETATTR_RTT_SECONDS}`,
-    `steadfast_training_iteration_seconds{job="llama",rank="0"} ${shape.iterationSeconds}`,
+    `steadfast_training_iteration_seconds{training_job="llama",rank="0"} ${shape.iterationSeconds}`,
   );
   return `${lines.join('\n')}\n`;
 }

@@ -26,7 +26,7 @@ async function steadfastWithEnv(extraEnv: Record<string, string>, ...args: strin
 }
 
 describe('the steadfast CLI', () => {
-  it.each(['agent', 'controller', 'audit', 'jobs', 'queues', 'pause', 'unpause', 'resume', 'hold', 'release', 'holds', 'plan', 'dashboards', 'demo'])('documents `steadfast %s` with --help and exits 0', async (command) => {
+  it.each(['agent', 'controller', 'audit', 'jobs', 'queues', 'pause', 'unpause', 'resume', 'hold', 'release', 'holds', 'plan', 'dashboards', 'rules', 'alertmanager-config', 'sd', 'check', 'demo'])('documents `steadfast %s` with --help and exits 0', async (command) => {
     const result = await steadfast(command, '--help');
     expect(result.code).toBe(0);
     expect(result.stdout).toContain(`Usage: steadfast ${command}`);
@@ -86,7 +86,7 @@ describe('the steadfast CLI', () => {
     );
     expect(result.code).toBe(0);
     expect(result.stdout).toContain('steadfast_xid_errors_total{pci_bus_id="0000:91:00",xid="79",severity="fatal"} 1');
-    expect(result.stdout).toContain('steadfast_gpu_present{gpu="0",pci_bus_id="0000:00:1e"} 1');
+    expect(result.stdout).toContain('steadfast_gpu_present{gpu="0",pci_bus_id="0000:00:1e",UUID="GPU-9a9a6c50-2a47-2f51-a902-b82c3b127e94"} 1');
     expect(result.stdout).toContain('steadfast_collector_success{collector="xid"} 1');
   });
 });

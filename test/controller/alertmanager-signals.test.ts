@@ -61,6 +61,15 @@ describe('Alertmanager alerts become valid signals', () => {
     expect(signal?.job).toBeUndefined();
     expect(signal?.evidence['label.training_job']).toBe('not a job name!');
   });
+
+  it('takes the training job from training_job, never the agents\' scrape job, and still from a training job named in job', () => {
+    const alert = (labels: Record<string, string>) => ({ labels: { alertname: 'SteadfastTrainingStalled', node: 'node-3', domain: 'training', ...labels }, annotations: {}, startsAt: '2026-11-21T10:00:00Z' });
+    const payload = webhookPayloadSchema.parse({
+      version: '4', status: 'firing', receiver: 'steadfast',
+      alerts: [alert({ job: 'steadfast-agent', training_job: 'llama-70b' }), alert({ job: 'steadfast-agent' }), alert({ job: 'gpt-small' })],
+    });
+    expect(signalsFromWebhook(payload, new Date()).map((signal) => signal.job)).toEqual(['llama-70b', undefined, 'gpt-small']);
+  });
 });
 
 describe('an accepted alert is acted on', () => {

@@ -30,7 +30,7 @@ async function trainingPrometheus(state: { iteration: number; seconds: (rank: nu
     const query = new URL(request.url ?? '/', 'http://x').searchParams.get('query') ?? '';
     const name = query.startsWith('steadfast_training_iteration_seconds') ? 'seconds' : query.startsWith('steadfast_training_iteration{') ? 'iteration' : undefined;
     const result = name
-      ? NODES.map((_, rank) => ({ metric: { __name__: `steadfast_training_${name}`, job: 'fs-job', rank: String(rank) }, value: [Date.now() / 1000, String(name === 'seconds' ? state.seconds(rank) : state.iteration)] }))
+      ? NODES.map((_, rank) => ({ metric: { __name__: `steadfast_training_${name}`, job: 'steadfast-agent', training_job: 'fs-job', rank: String(rank) }, value: [Date.now() / 1000, String(name === 'seconds' ? state.seconds(rank) : state.iteration)] }))
       : [];
     response.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ status: 'success', data: { resultType: 'vector', result } }));
   });

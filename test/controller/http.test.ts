@@ -15,10 +15,11 @@ describe('controller HTTP intake', () => {
   const store = testRedis();
   let controller: Controller;
   let url: string;
+  let metricsUrl: string;
   let signals: Queue;
 
   beforeAll(async () => {
-    ({ controller, url } = await startController(testConfig(store.url, store.prefix, { controller: { bodyLimitBytes: 16_384 } }), { workers: false }));
+    ({ controller, url, metricsUrl } = await startController(testConfig(store.url, store.prefix, { controller: { bodyLimitBytes: 16_384 } }), { workers: false }));
     signals = new Queue(QUEUE_NAMES.signals, { connection: store.redis, prefix: store.prefix });
   });
   afterAll(async () => {
@@ -115,14 +116,18 @@ describe('controller HTTP intake', () => {
     expect(response.body.error).toContain('node:');
   });
 
-  it('serves health and metrics without a token', async () => {
+  it('serves health without a token, and metrics without a token on their own listener only', async () => {
     const health = await fetch(`${url}/healthz`);
     expect(health.status).toBe(200);
     expect(await health.json()).toEqual({ status: 'ok', redis: 'up' });
-    const metrics = await (await fetch(`${url}/metrics`)).text();
+    expect((await fetch(`${url}/metrics`)).status).toBe(404);
+    expect((await fetch(`${metricsUrl}/api/v1/audit`)).status).toBe(404);
+    const metrics = await (await fetch(`${metricsUrl}/metrics`)).text();
     expect(metrics).toMatch(/steadfast_signals_accepted_total\{source="alertmanager",kind="xid"\} \d+/);
     expect(metrics).toMatch(/steadfast_requests_rejected_total\{endpoint="alerts",reason="too_large"\} 1/);
     expect(metrics).toMatch(/steadfast_requests_rejected_total\{endpoint="alerts",reason="unauthorized"\} 1/);
+    const { version } = JSON.parse(readFileSync(join(import.meta.dirname, '../../package.json'), 'utf8')) as { version: string };
+    expect(metrics).toContain(`steadfast_build_info{version="${version}",nodejs="${process.versions.node}"} 1`);
   });
 
   it('keeps the audit API behind the token', async () => {

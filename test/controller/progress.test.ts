@@ -37,7 +37,7 @@ describe('restarts judged by training progress', () => {
     try {
       const watch = new ProgressWatch(store.redis, store.keys, prometheus.url, 60_000);
       await watch.watch('llama', 't-1:2', 1_000);
-      expect(prometheus.queries[0]).toBe('max(steadfast_training_iteration{job="llama"})');
+      expect(prometheus.queries[0]).toBe('max(steadfast_training_iteration{training_job="llama"})');
       expect(await watch.check('llama', 2_000)).toBeUndefined();
       iteration.value = 101;
       expect(await watch.check('llama', 3_000)).toEqual({ job: 'llama', event: { type: 'restart_succeeded', time: 3_000 }, eventId: 't-1:2:progress' });

@@ -3,8 +3,12 @@ import type { AddressInfo } from 'node:net';
 import { Queue } from 'bullmq';
 import express from 'express';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { AuditLog } from '../../core/audit.js';
+import { Credentials } from '../../core/credentials.js';
+import { silentLogger } from '../../core/log.js';
+import { AccessAudit, authorize } from '../../controller/auth.js';
 import { mountQueueBoard } from '../../controller/queue-board.js';
-import { TEST_TOKEN } from '../support/controller.js';
+import { ALERTMANAGER_TOKEN, READ_ONLY_TOKEN, TEST_TOKEN } from '../support/controller.js';
 import { testRedis } from '../support/redis.js';
 
 interface BoardQueue {
@@ -45,13 +49,15 @@ describe('queue board at /queues', () => {
     await actions.add('drain', { node: 'gpu-1' }, { delay: 60_000 });
     const app = express();
     app.disable('x-powered-by'); // as createApp does; the board's own sub-app must not add it back
-    mountQueueBoard(app, [signals, actions], TEST_TOKEN);
+    const credentials = new Credentials({ operator: TEST_TOKEN, readOnly: READ_ONLY_TOKEN, alertmanager: ALERTMANAGER_TOKEN });
+    const guard = authorize({ credentials, access: new AccessAudit(new AuditLog(env.redis, env.keys), silentLogger()), onReject: () => undefined, basic: true });
+    mountQueueBoard(app, [signals, actions], guard);
     app.use((_req, res) => {
       res.status(404).json({ error: 'no such endpoint' });
     });
     readOnly = await listen(app);
     const writableApp = express();
-    mountQueueBoard(writableApp, [signals, actions], TEST_TOKEN, { allowActions: true });
+    mountQueueBoard(writableApp, [signals, actions], guard, { allowActions: true });
     writable = await listen(writableApp);
   });
 
@@ -85,6 +91,19 @@ describe('queue board at /queues', () => {
     }
   });
 
+  it('shows the board to the read-only credential, refuses Alertmanager\'s with 403, and leaves board writes to the operator', async () => {
+    const page = await fetch(`${readOnly.url}/queues`, { headers: { authorization: basic('viewer', READ_ONLY_TOKEN) } });
+    expect(page.status).toBe(200);
+    await page.body?.cancel();
+    const alertmanager = await fetch(`${readOnly.url}/queues/api/queues`, { headers: { authorization: `Bearer ${ALERTMANAGER_TOKEN}` } });
+    expect(alertmanager.status).toBe(403);
+    expect(((await alertmanager.json()) as { error: string }).error).toBe('role alertmanager may not GET /queues/api/queues: it needs scope "read"');
+    const write = await fetch(`${writable.url}/queues/api/queues/signals/pause`, { method: 'PUT', headers: { authorization: `Bearer ${READ_ONLY_TOKEN}`, origin: writable.url } });
+    expect(write.status).toBe(403);
+    expect(((await write.json()) as { error: string }).error).toMatch(/role read-only .* needs scope "operate"/);
+    expect(await signals.isPaused()).toBe(false);
+  });
+
   it('serves the static assets the page links to', async () => {
     const html = await (await fetch(`${readOnly.url}/queues`, { headers: { authorization: `Bearer ${TEST_TOKEN}` } })).text();
     const script = /src="(static\/[^"]+\.js)"/.exec(html)?.[1];
@@ -92,6 +111,28 @@ describe('queue board at /queues', () => {
     const response = await fetch(`${readOnly.url}/queues/${script}`, { headers: { authorization: basic('admin', TEST_TOKEN) } });
     expect(response.status).toBe(200);
     await response.body?.cancel();
+  });
+
+  it('references nothing outside the controller from its pages or their stylesheets (air-gapped clusters)', async () => {
+    const authorization = `Bearer ${TEST_TOKEN}`;
+    const external = /(?:\b[a-z][a-z0-9+.-]*:)?\/\/[a-z0-9.-]+/gi;
+    for (const page of ['/queues', '/queues/queue/signals']) {
+      const html = await (await fetch(`${readOnly.url}${page}`, { headers: { authorization } })).text();
+      const loaded = [...html.matchAll(/\b(?:href|src)\s*=\s*"([^"]*)"/g)].map((match) => match[1] ?? '');
+      expect(loaded.length, page).toBeGreaterThan(3);
+      expect(loaded.filter((url) => /^(?:[a-z][a-z0-9+.-]*:|\/\/)/i.test(url) && !url.startsWith('data:')), page).toEqual([]);
+      expect(html.match(external), page).toBeNull();
+      const stylesheets = loaded.filter((url) => url.endsWith('.css'));
+      expect(stylesheets.length, page).toBeGreaterThan(0);
+      for (const sheet of stylesheets) {
+        const response = await fetch(`${readOnly.url}/queues/${sheet}`, { headers: { authorization } });
+        expect(response.status, sheet).toBe(200);
+        const css = await response.text();
+        expect(css.length, sheet).toBeGreaterThan(1000);
+        expect(css.match(external), sheet).toBeNull();
+        expect(css, sheet).not.toMatch(/@import/);
+      }
+    }
   });
 
   it('lists both queues with their counts on the JSON API, read-only', async () => {

@@ -37,14 +37,14 @@ describe('recovery of a registered job on a real Redis', () => {
     await Promise.all(stores.splice(0).map((store) => store.cleanup()));
   });
 
-  async function setUp(overrides: Parameters<typeof testConfig>[2] = {}): Promise<{ store: ReturnType<typeof testRedis>; controller: Controller; url: string }> {
+  async function setUp(overrides: Parameters<typeof testConfig>[2] = {}): Promise<{ store: ReturnType<typeof testRedis>; controller: Controller; url: string; metricsUrl: string }> {
     const store = testRedis();
     stores.push(store);
-    const { controller, url } = await startController(testConfig(store.url, store.prefix, overrides));
+    const { controller, url, metricsUrl } = await startController(testConfig(store.url, store.prefix, overrides));
     controllers.push(controller);
     expect((await post(`${url}/api/v1/jobs`, JOB)).status).toBe(201);
     await controller.backend.holdStandby('spare-1');
-    return { store, controller, url };
+    return { store, controller, url, metricsUrl };
   }
 
   it('evicts the node of a fatal Xid, activates a warm standby in its place and restarts the job, without diagnostics', async () => {
@@ -170,7 +170,7 @@ describe('recovery of a registered job on a real Redis', () => {
   });
 
   it('refuses the eviction past the budget and pages a person, leaving that node in service', async () => {
-    const { store, controller, url } = await setUp({ safety: { maxDrainsPerWindow: 1, windowSeconds: 600 } });
+    const { store, controller, url, metricsUrl } = await setUp({ safety: { maxDrainsPerWindow: 1, windowSeconds: 600 } });
     await controller.backend.holdStandby('spare-2');
     await post(`${url}/api/v1/signals`, { kind: 'gpu_lost', node: 'n00', gpu: '0000:18:00', message: 'gone', time: new Date().toISOString() });
     await until('first eviction', () => new DryRunBackend(store.redis, store.keys).recorded(), (drained) => 'n00' in drained);
@@ -180,8 +180,8 @@ describe('recovery of a registered job on a real Redis', () => {
     expect(refused.find((entry) => entry.data.state === 'refused')?.data.detail).toBe('eviction budget exhausted: 1 drains per 600 s already used');
     expect(Object.keys(await new DryRunBackend(store.redis, store.keys).recorded())).toEqual(['n00']);
     // The page follows the refusal on record; wait for it, then check it came once.
-    const metrics = await until('the page counted', async () => (await fetch(`${url}/metrics`)).text(), (text) => /steadfast_human_pages_total\{job="llama"\} \d/.test(text));
-    expect(metrics).toMatch(/steadfast_human_pages_total\{job="llama"\} 1$/m);
+    const metrics = await until('the page counted', async () => (await fetch(`${metricsUrl}/metrics`)).text(), (text) => /steadfast_human_pages_total\{training_job="llama"\} \d/.test(text));
+    expect(metrics).toMatch(/steadfast_human_pages_total\{training_job="llama"\} 1$/m);
   });
 });
 

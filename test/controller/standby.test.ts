@@ -45,6 +45,8 @@ describe('the warm standby pool (ByteRobust §6.2)', () => {
     expect(selfCheck('steadfast_collector_success{collector="gpu"} 1\nsteadfast_gpu_present{gpu="0",pci_bus_id="0000:18:00"} 1\n').ok).toBe(true);
     expect(selfCheck('steadfast_collector_success{collector="xid"} 0\n')).toEqual({ ok: false, detail: 'collector xid failing' });
     expect(selfCheck('steadfast_gpu_present{gpu="3",pci_bus_id="0000:5d:00"} 0\n').detail).toBe('GPU 0000:5d:00 missing');
+    expect(selfCheck('steadfast_gpu_present{gpu="3",pci_bus_id="0000:5d:00",UUID="GPU-a9079f15-493e-6c1c-c78c-73ec2b840cba"} 0\n').detail).toBe('GPU 0000:5d:00 missing');
+    expect(selfCheck('steadfast_gpu_present{gpu="2",UUID="GPU-a9079f15-493e-6c1c-c78c-73ec2b840cba"} 0\n').detail).toBe('GPU GPU-a9079f15-493e-6c1c-c78c-73ec2b840cba missing');
     expect(selfCheck('steadfast_xid_errors_total{pci_bus_id="0000:18:00",xid="79",severity="fatal"} 1\n').detail).toBe('fatal Xid 79 seen');
   });
 });

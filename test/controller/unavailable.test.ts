@@ -27,7 +27,7 @@ describe('a controller that cannot serve', () => {
     const store = testRedis();
     try {
       const config = join(root, 'taken.yaml');
-      writeFileSync(config, `redis:\n  url: ${store.url}\n  prefix: ${store.prefix}\ncontroller:\n  host: 127.0.0.1\n  port: ${port}\n  token: ${TEST_TOKEN}\n`);
+      writeFileSync(config, `redis:\n  url: ${store.url}\n  prefix: ${store.prefix}\ncontroller:\n  host: 127.0.0.1\n  port: ${port}\n  auth:\n    operatorToken: ${TEST_TOKEN}\n`);
       const child = spawn(process.execPath, ['--import', 'tsx', join(REPO, 'cli', 'main.ts'), 'controller', '--config', config], { cwd: REPO, stdio: ['ignore', 'ignore', 'pipe'] });
       let stderr = '';
       child.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));

@@ -3,7 +3,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { InputError } from '../../core/errors.js';
-import { envOverrides, loadConfig, resolveToken } from '../../core/config.js';
+import { envOverrides, loadConfig } from '../../core/config.js';
+import { resolveCredentials } from '../../core/auth-config.js';
 import { workerTiming } from '../../core/queues.js';
 import { DEFAULT_LADDER_CONFIG, ladderConfig } from '../../controller/ladder/index.js';
 
@@ -67,6 +68,16 @@ describe('configuration', () => {
     expect(() => loadConfig({ env: { STEADFAST_QUEUES__LOCK_DURATION_SECONDS: '3601' } })).toThrow(/queues\.lockDurationSeconds/);
   });
 
+  it('sizes the intake for the shipped max_alerts, serves metrics on their own port, and refuses a budget below one body or a metrics port on the API\'s', () => {
+    const { controller } = loadConfig({ env: {} });
+    expect(controller).toMatchObject({ bodyLimitBytes: 4 * 1024 * 1024, inFlightBodyBytes: 16 * 1024 * 1024, metrics: { port: 9402 } });
+    expect(loadConfig({ env: { STEADFAST_CONTROLLER__METRICS__PORT: '9500', STEADFAST_CONTROLLER__METRICS__HOST: '10.0.0.1' } }).controller.metrics).toEqual({ port: 9500, host: '10.0.0.1' });
+    expect(() => loadConfig({ env: { STEADFAST_CONTROLLER__IN_FLIGHT_BODY_BYTES: '65536', STEADFAST_CONTROLLER__BODY_LIMIT_BYTES: '131072' } })).toThrow(/controller\.inFlightBodyBytes: must be at least bodyLimitBytes/);
+    expect(() => loadConfig({ env: { STEADFAST_CONTROLLER__METRICS__PORT: '9400' } })).toThrow(/controller\.metrics\.port: must differ from controller\.port/);
+    // On another address the same port is no clash.
+    expect(loadConfig({ env: { STEADFAST_CONTROLLER__METRICS__PORT: '9400', STEADFAST_CONTROLLER__METRICS__HOST: '10.0.0.1' } }).controller.metrics.port).toBe(9400);
+  });
+
   it('names the bad field when a value has the wrong type', () => {
     const path = file('bad-type.yaml', 'controller:\n  port: "ninety"\n');
     expect(() => loadConfig({ file: path, env: {} })).toThrow(/invalid config: controller\.port: /);
@@ -91,9 +102,9 @@ describe('configuration', () => {
   });
 
   it('keeps a numeric-looking token a string', () => {
-    expect(envOverrides({ STEADFAST_CONTROLLER__TOKEN: '1234567890123456789' })).toEqual({ controller: { token: '1234567890123456789' } });
-    const config = loadConfig({ env: { STEADFAST_CONTROLLER__TOKEN_FILE: file('token', 'abcdefabcdefabcdef\n') } });
-    expect(resolveToken(config.controller, 'controller')).toBe('abcdefabcdefabcdef');
+    expect(envOverrides({ STEADFAST_CONTROLLER__AUTH__OPERATOR_TOKEN: '1234567890123456789' })).toEqual({ controller: { auth: { operatorToken: '1234567890123456789' } } });
+    const config = loadConfig({ env: { STEADFAST_CONTROLLER__AUTH__OPERATOR_TOKEN_FILE: file('token', 'abcdefabcdefabcdef\n') } });
+    expect(resolveCredentials(config.controller.auth).operator).toBe('abcdefabcdefabcdef');
   });
 
   it('accepts the Kubernetes backend and names what a token connection lacks', () => {
@@ -110,7 +121,16 @@ describe('configuration', () => {
     expect(drainBudget(loadConfig({ env: { STEADFAST_SAFETY__CLUSTER_NODES: '1000', STEADFAST_SAFETY__MAX_DRAIN_PERCENT: '5' } }).safety)).toBe(4);
   });
 
-  it('refuses to run without a token', () => {
-    expect(() => resolveToken({}, 'controller')).toThrow(/refusing to run unauthenticated/);
+  it('refuses to run without any credential, and names controller.auth when given the old single token', () => {
+    expect(() => resolveCredentials(loadConfig({ env: {} }).controller.auth)).toThrow(/controller\.auth: no credential configured.*refusing to run unauthenticated/);
+    expect(() => loadConfig({ env: { STEADFAST_CONTROLLER__TOKEN: 'an-old-single-token-0123' } })).toThrow(/controller\.token: the single controller token is gone: .*controller\.auth/);
+  });
+
+  it('refuses two roles sharing one token, and a role given both inline and in a file', () => {
+    expect(() => resolveCredentials({ operatorToken: 'same-token-0123456789', alertmanagerToken: 'same-token-0123456789' })).toThrow(/two roles share one token/);
+    expect(() => loadConfig({ env: { STEADFAST_CONTROLLER__AUTH__READ_ONLY_TOKEN: 'read-only-0123456789', STEADFAST_CONTROLLER__AUTH__READ_ONLY_TOKEN_FILE: '/x' } })).toThrow(
+      /controller\.auth\.readOnlyTokenFile: give readOnlyToken or readOnlyTokenFile, not both/,
+    );
+    expect(() => loadConfig({ env: { STEADFAST_CONTROLLER__AUTH__AGENT_SECRET: 'too-short' } })).toThrow(/controller\.auth\.agentSecret: must be at least 32 characters/);
   });
 });

@@ -3,13 +3,14 @@ import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { CommanderError } from 'commander';
 import { afterEach, describe, expect, it } from 'vitest';
+import { readBuildInfo } from '../../core/build-info.js';
 import { InputError } from '../../core/errors.js';
 import { silentLogger } from '../../core/log.js';
 import { agentCommand } from '../../cli/agent.js';
 import { createAgent, type Agent } from '../../exporters/agent.js';
 import { CollectorSet, type Collector } from '../../exporters/collector.js';
 import { COLLECTOR_FACTORIES, enabledFactories } from '../../exporters/index.js';
-import { EXPECTED, NVIDIA_SMI_XML, XID_LOGS, expectMatchesAndLints, normaliseExposition, seriesValue, testContext, waitFor } from './helpers.js';
+import { EXPECTED, NVIDIA_SMI_XML, XID_LOGS, expectMatchesAndLints, normaliseExposition, promtoolCheckMetrics, seriesValue, testContext, waitFor } from './helpers.js';
 
 const KMSG = join(XID_LOGS, 'gpud_xid_lines_h100_gb200.txt');
 const XML = join(NVIDIA_SMI_XML, 'telegraf_a10g_515.105.01.xml');
@@ -86,12 +87,33 @@ describe('agent', () => {
     expect(metrics.headers.get('content-type')).toContain('text/plain');
     const text = await metrics.text();
     expect(seriesValue(text, 'steadfast_xid_errors_total{pci_bus_id="0000:9b:00",xid="119",severity="fatal"}')).toBe(5);
-    expect(seriesValue(text, 'steadfast_gpu_present{gpu="0",pci_bus_id="0000:00:1e"}')).toBe(1);
+    expect(seriesValue(text, 'steadfast_gpu_present{gpu="0",pci_bus_id="0000:00:1e",UUID="GPU-9a9a6c50-2a47-2f51-a902-b82c3b127e94"}')).toBe(1);
     expect(await (await fetch(`${base}/healthz`)).text()).toBe('ok\n');
     expect((await fetch(`${base}/nope`)).status).toBe(404);
     expect((await fetch(`${base}/metrics`, { method: 'POST' })).status).toBe(405);
     await running.close();
     await running.close();
+  });
+
+  it('serves its own process metrics and steadfast_build_info on /metrics, which promtool accepts, and keeps them out of a one-shot scrape', async () => {
+    const running = agent();
+    const { port } = await running.start();
+    const text = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
+    expect(seriesValue(text, 'process_resident_memory_bytes')).toBeGreaterThan(1024 * 1024);
+    expect(seriesValue(text, 'process_cpu_seconds_total')).toBeGreaterThan(0);
+    expect(seriesValue(text, 'process_open_fds')).toBeGreaterThan(0);
+    const { version } = readBuildInfo();
+    expect(version).toMatch(/^\d+\.\d+\.\d+/);
+    expect(seriesValue(text, `steadfast_build_info{version="${version}",nodejs="${process.versions.node}"}`)).toBe(1);
+    expect(seriesValue(text, 'steadfast_collector_success{collector="xid"}')).toBe(1);
+    // promtool parses it all; its only lint complaints are prom-client's three Node.js gauges that
+    // end in _total, kept under the names every Node.js service exports them by.
+    const lint = await promtoolCheckMetrics(text);
+    const complaints = lint.output.split('\n').filter((line) => line !== '');
+    expect(complaints.filter((line) => !/^nodejs_active_(handles|requests|resources)_total non-counter metrics should not have "_total" suffix$/.test(line))).toEqual([]);
+    const once = await running.scrapeOnce();
+    expect(once).not.toContain('process_resident_memory_bytes');
+    expect(once).not.toContain('steadfast_build_info');
   });
 
   it('sends fatal Xids from the kernel log to the controller with the bearer token', async () => {

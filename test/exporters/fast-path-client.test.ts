@@ -1,5 +1,6 @@
 import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { pino } from 'pino';
 import { Registry } from 'prom-client';
 import { afterEach, describe, expect, it } from 'vitest';
 import type { FastPathEvent } from '../../core/fast-path-event.js';
@@ -170,5 +171,38 @@ describe('fast-path client', () => {
     sender.send(event(48));
     await sender.drained();
     expect(seriesValue(await registry.metrics(), 'steadfast_agent_fast_path_sent_total')).toBe(2);
+  });
+
+  it('spreads the retries of 100 agents that fail together instead of retrying in step', async () => {
+    // A controller that is down for everybody at once, as after a restart.
+    const down = await controller([503]);
+    const baseMs = 20;
+    const capMs = 5000;
+    const pauses: number[][] = [];
+    for (let index = 0; index < 100; index += 1) {
+      const mine: number[] = [];
+      pauses.push(mine);
+      const logger = pino({ level: 'warn' }, { write: (line: string) => void mine.push((JSON.parse(line) as { retryInMs: number }).retryInMs) });
+      const sender = createFastPathClient({ controllerUrl: down.url, token: TOKEN, registry: new Registry(), logger, initialBackoffMs: baseMs, maxBackoffMs: capMs });
+      clients.push(sender);
+      sender.send(event());
+    }
+    // A bound on the wait, not a timing: 200 refused requests on a loaded machine take seconds.
+    await waitFor(async () => pauses.every((mine) => mine.length >= 2), 60_000);
+    for (const round of [0, 1]) {
+      const chosen = pauses.map((mine) => mine[round] ?? -1);
+      const highest = round === 0 ? 3 * baseMs : 9 * baseMs;
+      expect(Math.min(...chosen)).toBeGreaterThanOrEqual(baseMs);
+      expect(Math.max(...chosen)).toBeLessThanOrEqual(highest);
+      // Ten equal slices of the possible range: in step, all 100 would share one slice.
+      const slices = new Map<number, number>();
+      for (const pause of chosen) {
+        const slice = Math.min(9, Math.floor(((pause - baseMs) / (highest - baseMs)) * 10));
+        slices.set(slice, (slices.get(slice) ?? 0) + 1);
+      }
+      // Uniform in round 1 (10 expected per slice); in round 2 the lowest slice is the likeliest (about 19).
+      expect(Math.max(...slices.values()), `round ${round + 1}: ${JSON.stringify([...slices])}`).toBeLessThanOrEqual(round === 0 ? 25 : 40);
+      expect(new Set(chosen).size).toBeGreaterThan(20);
+    }
   });
 });

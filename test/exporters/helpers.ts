@@ -68,6 +68,7 @@ export const INFINIBAND_SAMPLES_ROOT = resolve(REALWORLD, 'procfs-nfs-infiniband
 export const INFINIBAND_SAMPLES = {
   procfs_fixtures: ['hfi1_0', 'mlx4_0', 'mlx5_0'],
   gpud_h100_cluster: ['mlx5_0', 'mlx5_1', 'mlx5_bond_0'],
+  node_exporter_fixtures: ['mlx4_0'],
 } as const;
 export type InfinibandSample = keyof typeof INFINIBAND_SAMPLES;
 export const INFINIBAND_SAMPLE_NAMES = Object.keys(INFINIBAND_SAMPLES) as InfinibandSample[];

@@ -95,4 +95,18 @@ describe('a warm standby\'s self-check with the node\'s own diagnostics', () => 
     await reporter(url, undefined).poll();
     expect(reports).toEqual([{ ok: true, detail: 'all collectors working, every GPU present, no fatal Xid' }]);
   });
+
+  it('spreads the polls of 500 agents over half to one and a half intervals, so they do not poll in step', () => {
+    const delays = Array.from({ length: 500 }, () => reporter('http://127.0.0.1:1', undefined).nextDelayMs());
+    expect(Math.min(...delays)).toBeGreaterThanOrEqual(30_000);
+    expect(Math.max(...delays)).toBeLessThanOrEqual(90_000);
+    // Ten 6-second slices hold 50 each on average; in step, one would hold all 500.
+    const slices = new Map<number, number>();
+    for (const delay of delays) {
+      const slice = Math.min(9, Math.floor((delay - 30_000) / 6000));
+      slices.set(slice, (slices.get(slice) ?? 0) + 1);
+    }
+    expect(slices.size).toBe(10);
+    expect(Math.max(...slices.values())).toBeLessThanOrEqual(90);
+  });
 });

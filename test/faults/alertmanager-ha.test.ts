@@ -60,7 +60,7 @@ describe('an Alertmanager HA pair in front of the controller', () => {
   it('drains once when both Alertmanagers of a pair notify the controller of the same alert', async () => {
     // A pair that cannot gossip (a partition, here two unclustered processes): each notifies on
     // its own, every time. The controller's intake must make one signal of the two.
-    const config = renderAlertmanagerConfig({ webhookUrl: `${env.controllerUrl}/api/v1/alerts`, credentialsFile: `${env.root}/token`, groupWait: '0s', groupInterval: '1s' });
+    const config = renderAlertmanagerConfig({ webhookUrl: `${env.controllerUrl}/api/v1/alerts`, credentialsFile: env.credentials.alertmanagerTokenFile, groupWait: '0s', groupInterval: '1s' });
     const pair = [await startAlertmanager(env.processes, env.root, config, { name: 'partitioned-a' }), await startAlertmanager(env.processes, env.root, config, { name: 'partitioned-b' })];
     const alert = [
       {

@@ -64,7 +64,7 @@ describe('a controller killed with SIGKILL mid-recovery', () => {
   });
 
   const api = async (path: string, body: unknown): Promise<number> => {
-    const response = await fetch(`${controller.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${plane.token}` }, body: JSON.stringify(body) });
+    const response = await fetch(`${controller.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${plane.credentials.operator}` }, body: JSON.stringify(body) });
     await response.arrayBuffer();
     return response.status;
   };

@@ -59,17 +59,17 @@ describe('a leaf-switch failure on the real parts', () => {
   let alertmanager: AlertmanagerPart;
   const jobStore = testRedis();
   const plainStore = testRedis();
-  let withJob: { controller: Controller; url: string };
-  let noJob: { controller: Controller; url: string };
+  let withJob: { controller: Controller; url: string; metricsUrl: string };
+  let noJob: { controller: Controller; url: string; metricsUrl: string };
   let recovery: Queue;
 
   beforeAll(async () => {
     plane = await ControlPlane.start({ nodes: [...RACK_A, ...STANDBYS, ...RACK_B], redisUrl: inject('redisUrl') });
     // Two installations on one Slurm, each with its own key prefix and so its own eviction budget.
-    const start = async (prefix: string): Promise<{ controller: Controller; url: string }> => {
+    const start = async (prefix: string): Promise<{ controller: Controller; url: string; metricsUrl: string }> => {
       const controller = new Controller({ config: plane.controllerConfig(prefix, { safety: { maxDrainsPerWindow: BUDGET, maxJobEvictionPercent: 50 } }), logger: silentLogger() });
-      const { port } = await controller.start();
-      return { controller, url: `http://127.0.0.1:${port}` };
+      const { port, metricsPort } = await controller.start();
+      return { controller, url: `http://127.0.0.1:${port}`, metricsUrl: `http://127.0.0.1:${metricsPort}` };
     };
     withJob = await start(jobStore.prefix);
     recovery = new Queue('recovery', { connection: jobStore.redis, prefix: jobStore.prefix });
@@ -77,7 +77,7 @@ describe('a leaf-switch failure on the real parts', () => {
     alertmanager = await startAlertmanager(
       plane.processes,
       plane.root,
-      renderAlertmanagerConfig({ webhookUrl: `${withJob.url}/api/v1/alerts`, credentialsFile: plane.tokenFile, groupWait: '0s', groupInterval: '1s' }),
+      renderAlertmanagerConfig({ webhookUrl: `${withJob.url}/api/v1/alerts`, credentialsFile: plane.credentials.alertmanagerTokenFile, groupWait: '0s', groupInterval: '1s' }),
     );
   }, 60_000);
 
@@ -88,8 +88,8 @@ describe('a leaf-switch failure on the real parts', () => {
   });
 
   it('over one job: evicts only as many nodes as the budget allows, refuses the rest with the reason, and pages a person once', async () => {
-    const { controller, url } = withJob;
-    const registered = await post(`${url}/api/v1/jobs`, plane.token, {
+    const { controller, url, metricsUrl } = withJob;
+    const registered = await post(`${url}/api/v1/jobs`, plane.credentials.operator, {
       name: 'leaf-job',
       nodes: RACK_A,
       ranksPerNode: 1,
@@ -112,7 +112,7 @@ describe('a leaf-switch failure on the real parts', () => {
       message: `[Rank ${rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=81, OpType=ALLREDUCE) ran for 600000 ms; NET/IB: mlx5_0:1 port down`,
       time: now,
     }));
-    expect(await post(`${url}/api/v1/signals`, plane.token, timeouts)).toBe(202);
+    expect(await post(`${url}/api/v1/signals`, plane.credentials.operator, timeouts)).toBe(202);
     const alerts = RACK_A.map((node) => ({
       labels: { alertname: 'SteadfastRdmaPortDown', node, device: 'mlx5_0', port: '1', severity: 'critical', domain: 'network' },
       annotations: { summary: 'An RDMA port is down.' },
@@ -143,12 +143,12 @@ describe('a leaf-switch failure on the real parts', () => {
     const pages = pageEntries(actions);
     expect(pages).toHaveLength(1);
     expect(pages[0]?.summary).toBe(`leaf-job: page_human: a person is needed: eviction refused (eviction budget exhausted: ${BUDGET} drains per 3600 s already used); later refusals in this window are audited without paging`);
-    const metrics = await (await fetch(`${url}/metrics`)).text();
-    expect(metrics).toMatch(/^steadfast_human_pages_total\{job="leaf-job"\} 1$/m);
+    const metrics = await (await fetch(`${metricsUrl}/metrics`)).text();
+    expect(metrics).toMatch(/^steadfast_human_pages_total\{training_job="leaf-job"\} 1$/m);
   }, 60_000);
 
   it('over no job: port-down alerts alone drain nothing, and a storm of fatal GPU events drains only the budget, each refusal audited with why', async () => {
-    const { controller, url } = noJob;
+    const { controller, url, metricsUrl } = noJob;
     const now = Date.now();
     const portDown = {
       version: '4',
@@ -161,13 +161,13 @@ describe('a leaf-switch failure on the real parts', () => {
         startsAt: new Date(now).toISOString(),
       })),
     };
-    expect(await post(`${url}/api/v1/alerts`, plane.token, portDown)).toBe(202);
+    expect(await post(`${url}/api/v1/alerts`, plane.credentials.alertmanager, portDown)).toBe(202);
     await until('the port-down alerts audited', () => controller.audit.read({ limit: 10_000, type: 'signal' }), (entries) => entries.length >= RACK_B.length);
     expect(await controller.audit.read({ limit: 10_000, type: 'decision' })).toEqual([]);
 
     // A whole rack's GPUs lost at once (e.g. its power shelf): the fast path reports each.
     const lost = RACK_B.map((node) => ({ kind: 'gpu_lost', node, gpu: '0000:18:00', message: 'GPU 0000:18:00 no longer listed', time: new Date(now + 1000).toISOString() }));
-    expect(await post(`${url}/api/v1/signals`, plane.token, lost)).toBe(202);
+    expect(await post(`${url}/api/v1/signals`, plane.credentials.operator, lost)).toBe(202);
     const actions = await until(
       'a verdict on every drain',
       () => controller.audit.read({ limit: 10_000, type: 'action' }),
@@ -183,8 +183,8 @@ describe('a leaf-switch failure on the real parts', () => {
     expect(RACK_B.filter((node) => drains.has(node))).toHaveLength(BUDGET);
     expect(RACK_B.every((node) => (drains.get(node) ?? 0) <= 1)).toBe(true);
     // 28 refusals, one page: the first refusal of the window.
-    const metrics = await (await fetch(`${url}/metrics`)).text();
-    expect(metrics).toMatch(/^steadfast_human_pages_total\{job=""\} 1$/m);
+    const metrics = await (await fetch(`${metricsUrl}/metrics`)).text();
+    expect(metrics).toMatch(/^steadfast_human_pages_total\{training_job=""\} 1$/m);
   }, 60_000);
 });
 

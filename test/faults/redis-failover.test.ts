@@ -52,6 +52,12 @@ describe('the primary Redis killed mid-storm, a replica promoted by the sentinel
     await plane?.stop();
   });
 
+  /** Alertmanager's credential for a webhook, the node's own agent token for a fast-path event. */
+  function credentialFor(request: Sent): string {
+    const node = (request.body as { node?: unknown }).node;
+    return typeof node === 'string' ? plane.credentials.agentToken(node) : plane.credentials.alertmanager;
+  }
+
   /** Sends until answered 202, like a sender whose retries outlast the failover. */
   async function deliver(request: Sent, deadline: number): Promise<{ ids: string[]; statuses: (number | string)[] }> {
     const statuses: (number | string)[] = [];
@@ -59,7 +65,7 @@ describe('the primary Redis killed mid-storm, a replica promoted by the sentinel
       try {
         const response = await fetch(request.url, {
           method: 'POST',
-          headers: { 'content-type': 'application/json', authorization: `Bearer ${plane.token}` },
+          headers: { 'content-type': 'application/json', authorization: `Bearer ${credentialFor(request)}` },
           body: JSON.stringify(request.body),
           signal: AbortSignal.timeout(10_000),
         });
@@ -142,7 +148,7 @@ describe('the primary Redis killed mid-storm, a replica promoted by the sentinel
   it('answers 503 with Retry-After while no replica confirms a write, and stores the retry once a replica is back', async () => {
     const event = { kind: 'xid', node: 'g-01', gpu: '0000:18:00', xid: 13, message: 'Graphics Exception', time: new Date().toISOString() };
     const post = (): Promise<Response> =>
-      fetch(`${url}/api/v1/signals`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${plane.token}` }, body: JSON.stringify(event) });
+      fetch(`${url}/api/v1/signals`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${plane.credentials.agentToken(event.node)}` }, body: JSON.stringify(event) });
     await ha.killReplicas();
     const refused = await post();
     expect(refused.status).toBe(503);

@@ -51,7 +51,7 @@ describe('Redis restarted in the middle of an alert storm', () => {
       try {
         const response = await fetch(request.url, {
           method: 'POST',
-          headers: { 'content-type': 'application/json', authorization: `Bearer ${plane.token}` },
+          headers: { 'content-type': 'application/json', authorization: `Bearer ${plane.credentials.operator}` },
           body: JSON.stringify(request.body),
           signal: AbortSignal.timeout(5000),
         });

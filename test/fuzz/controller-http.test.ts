@@ -5,7 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { AUDIT_TYPES } from '../../core/audit.js';
 import { QUEUE_NAMES } from '../../core/queues.js';
 import type { Controller } from '../../controller/service.js';
-import { TEST_TOKEN, post, startController, testConfig, xidAlertPayload } from '../support/controller.js';
+import { ALERTMANAGER_TOKEN, READ_ONLY_TOKEN, TEST_TOKEN, agentToken, post, startController, testConfig, xidAlertPayload } from '../support/controller.js';
 import { hostileString } from '../support/hostile.js';
 import { testRedis } from '../support/redis.js';
 import { FuzzReport, budget, fuzz, watchProcess } from './harness.js';
@@ -114,6 +114,41 @@ const TARGETS: readonly Target[] = [
   { name: 'POST /api/v1/pause', path: fc.constant('/api/v1/pause'), bodies: [{ reason: 'fuzzing' }, {}], allowed: [200, 400, 413, 415] },
 ];
 
+/** The edge cases of what the controller takes, each with the answer it must give: the body's encoding, NULs, and content types. */
+type EdgeCase = { readonly request: RequestBody; readonly status: number; readonly error: RegExp };
+
+/** Just after the opening quote of one of the body's strings (keys included), picked by `at`. */
+function insideAString(body: string, at: number): number {
+  const quotes = [...body.matchAll(/(?<!\\)"/g)].map((match) => match.index);
+  const openings = quotes.filter((_, index) => index % 2 === 0);
+  return (openings[at % openings.length] ?? 0) + 1;
+}
+
+function edgeCases(bases: readonly unknown[]): fc.Arbitrary<EdgeCase> {
+  const text = fc.constantFrom(...bases).map((base) => JSON.stringify(base));
+  // Byte sequences no UTF-8 decoder may accept: a lone continuation byte, an overlong "/", a surrogate, a cut-off sequence, bytes past U+10FFFF.
+  const invalid = fc.constantFrom([0x80], [0xc0, 0xaf], [0xed, 0xa0, 0x80], [0xe2, 0x82], [0xf5, 0x80, 0x80, 0x80], [0xff]);
+  const json = 'application/json';
+  return fc.oneof(
+    fc.tuple(text, invalid, fc.nat()).map(([body, bytes, at]): EdgeCase => {
+      // Inside a string, so only the encoding is wrong.
+      const cut = insideAString(body, at);
+      const encoded = Buffer.concat([Buffer.from(body.slice(0, cut)), Buffer.from(bytes), Buffer.from(body.slice(cut))]);
+      return { request: { body: new Uint8Array(encoded), contentType: json, shape: 'raw' }, status: 400, error: /^request body is not valid UTF-8$/ };
+    }),
+    fc.tuple(text, fc.nat()).map(([body, at]): EdgeCase => {
+      const cut = insideAString(body, at);
+      return { request: { body: `${body.slice(0, cut)}\\u0000${body.slice(cut)}`, contentType: json, shape: 'raw' }, status: 400, error: /must not contain a NUL character/ };
+    }),
+    fc.tuple(text, fc.constantFrom('text/plain', 'application/json; charset=latin1', 'application/json; charset=utf-16', 'application/jsonx', 'application/x-ndjson', 'text/json', 'application/vnd.api+json', '')).map(
+      ([body, type]): EdgeCase => ({ request: { body, contentType: type, shape: 'raw' }, status: 415, error: /^request body must be sent as "Content-Type: application\/json" \(UTF-8\)/ }),
+    ),
+    fc.tuple(text, fc.constantFrom('gzip', 'deflate', 'br', 'x-unknown')).map(
+      ([body, encoding]): EdgeCase => ({ request: { body, contentType: json, contentEncoding: encoding, shape: 'raw' }, status: 415, error: /^request body must not be compressed/ }),
+    ),
+  );
+}
+
 async function send(url: string, path: string, request: RequestBody, method: 'POST' | 'PUT' | 'DELETE' = 'POST'): Promise<{ status: number; contentType: string; text: string }> {
   const headers: Record<string, string> = { authorization: `Bearer ${TEST_TOKEN}` };
   if (request.contentType !== undefined) headers['content-type'] = request.contentType;
@@ -195,6 +230,25 @@ describe('controller HTTP intake under fuzzing', () => {
     );
   });
 
+  it.each(TARGETS.filter((target) => target.name.startsWith('POST /api/v1/alerts') || target.name.startsWith('POST /api/v1/signals')).map((target) => [target.name, target] as const))(
+    'refuses every body of %s that is not UTF-8 JSON, holds a NUL, or comes with another content type or an encoding, with the answer naming why',
+    async (name, target) => {
+      const path = fc.sample(target.path, 1)[0] ?? '';
+      await fuzz(
+        REPORT,
+        `${name} (encodings)`,
+        edgeCases(target.bodies),
+        async ({ request, status, error }) => {
+          const answer = await send(url, path, request);
+          const outcome = expectWellFormed(answer, [status], { ...request, body: String(request.body).slice(0, 300) });
+          expect((JSON.parse(answer.text) as { error: string }).error).toMatch(error);
+          return outcome;
+        },
+        budget(120, 2),
+      );
+    },
+  );
+
   it('answers every fuzzed audit query with 200 or a JSON 400', async () => {
     const value = fc.oneof(fc.string({ maxLength: 40 }), hostileString.map((text) => text.slice(0, 200)), fc.integer().map(String), fc.constantFrom('0', '10001', '-1', '1.5', '1700000000000-0', 'signal', 'action', '1e3'));
     const query = fc.array(fc.tuple(fc.constantFrom('limit', 'after', 'type', 'node', 'ref', 'other', 'limit[]', '__proto__'), value), { maxLength: 4 });
@@ -225,6 +279,36 @@ describe('controller HTTP intake under fuzzing', () => {
         return String(status);
       },
       budget(150, 2),
+    );
+  });
+
+  it('answers every fuzzed Authorization header with 401 or 403, and a 2xx only to a real credential allowed there', async () => {
+    const genuine = [TEST_TOKEN, READ_ONLY_TOKEN, ALERTMANAGER_TOKEN, agentToken('n07'), agentToken('n01'), agentToken('a.b.c')];
+    const visible = (text: string): string => text.replace(/[^\x20-\x7e]/g, '');
+    const mutated = fc.tuple(fc.constantFrom(...genuine), fc.nat(), fc.constantFrom('drop', 'flip', 'append', 'upper', 'swap-node', 'none')).map(([token, at, edit]) => {
+      const index = at % token.length;
+      if (edit === 'drop') return token.slice(0, index) + token.slice(index + 1);
+      if (edit === 'flip') return token.slice(0, index) + (token[index] === 'a' ? 'b' : 'a') + token.slice(index + 1);
+      if (edit === 'append') return `${token}${token[index] ?? ''}`;
+      if (edit === 'upper') return token.toUpperCase();
+      if (edit === 'swap-node') return `n07.${token.split('.').at(-1) ?? ''}`;
+      return token;
+    });
+    const credential = fc.oneof({ weight: 4, arbitrary: mutated }, { weight: 2, arbitrary: hostileString.map((text) => visible(text.slice(0, 300))) }, { weight: 1, arbitrary: fc.string({ maxLength: 80 }).map(visible) });
+    const header = fc.tuple(fc.constantFrom('Bearer ', 'bearer  ', 'Basic ', 'Token ', '', 'Bearer\t'), credential, fc.boolean()).map(([scheme, token, base64]) => `${scheme}${base64 ? Buffer.from(`user:${token}`).toString('base64') : token}`);
+    const allowedHeaders = new Set([`Bearer ${TEST_TOKEN}`, `bearer  ${TEST_TOKEN}`, `Bearer\t${TEST_TOKEN}`, ...['Bearer ', 'bearer  ', 'Bearer\t'].map((scheme) => `${scheme}${agentToken('n07')}`)]);
+    await fuzz(
+      REPORT,
+      'Authorization headers on POST /api/v1/signals',
+      header,
+      async (authorization) => {
+        const response = await fetch(`${url}/api/v1/signals`, { method: 'POST', headers: { authorization, 'content-type': 'application/json' }, body: JSON.stringify(FAST_PATH) });
+        const answer = { status: response.status, contentType: response.headers.get('content-type') ?? '', text: await response.text() };
+        const outcome = expectWellFormed(answer, [202, 401, 403], authorization);
+        if (answer.status === 202) expect(allowedHeaders.has(authorization.trimEnd()), authorization).toBe(true);
+        return outcome;
+      },
+      budget(300, 4),
     );
   });
 

@@ -115,10 +115,10 @@ describe('steadfast lab: a real Slurm cluster in network namespaces', () => {
     const metrics = await until(
       'the agent to have both ranks past iteration 10',
       async () => (await fetch(`${agentUrl}/metrics`)).text(),
-      (text) => [0, 1].every((rank) => Number(new RegExp(`steadfast_training_iteration\\{job="${JOB}",rank="${rank}"\\} (\\d+)`).exec(text)?.[1] ?? 0) >= 10),
+      (text) => [0, 1].every((rank) => Number(new RegExp(`steadfast_training_iteration\\{training_job="${JOB}",rank="${rank}"\\} (\\d+)`).exec(text)?.[1] ?? 0) >= 10),
       10_000,
     );
-    expect(metrics).toMatch(new RegExp(`steadfast_training_iteration_seconds\\{job="${JOB}",rank="1"\\} 0\\.\\d+`));
+    expect(metrics).toMatch(new RegExp(`steadfast_training_iteration_seconds\\{training_job="${JOB}",rank="1"\\} 0\\.\\d+`));
 
     // A stack dump without py-spy: SIGUSR1 to rank 1, its faulthandler writes every thread.
     const pid = Number(/\[rank 1\] pid (\d+)/.exec(log)?.[1]);

@@ -80,7 +80,12 @@ describe('the Debian package', () => {
   it('ships a controller config that the controller accepts', () => {
     const config = loadConfig({ file: join(unpacked, 'etc', 'steadfast', 'controller.yaml'), env: {} });
     expect(config.backend.kind).toBe('dry-run');
-    expect(config.controller.tokenFile).toBe('/etc/steadfast/token');
+    expect(config.controller.auth).toEqual({
+      operatorTokenFile: '/etc/steadfast/operator-token',
+      readOnlyTokenFile: '/etc/steadfast/read-only-token',
+      alertmanagerTokenFile: '/etc/steadfast/alertmanager-token',
+      agentSecretFile: '/etc/steadfast/agent-secret',
+    });
   });
 
   it('runs the unpacked agent through /usr/bin/steadfast, with the V8 flags of its unit, until it answers a scrape', async () => {

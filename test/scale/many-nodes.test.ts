@@ -50,7 +50,7 @@ describe(`a ${NODES}-node simulated cluster on the real parts`, () => {
   }, 60_000);
 
   it('keeps the controller up with its queues and its online analyzers, with no false suspect on a healthy fleet', async () => {
-    const metrics = await (await fetch(`${cluster.controllerUrl}/metrics`)).text();
+    const metrics = await (await fetch(`${cluster.controllerMetricsUrl}/metrics`)).text();
     const oldest = Number(/^steadfast_queue_oldest_waiting_seconds\{queue="signals"\} (\S+)$/m.exec(metrics)?.[1] ?? Number.NaN);
     expect(oldest).toBeLessThan(2);
     const log = readFileSync(cluster.controller.logFile, 'utf8');

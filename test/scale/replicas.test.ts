@@ -86,7 +86,7 @@ describe('two controller replicas and a worker-only process on one Redis', () =>
   });
 
   const post = async (url: string, body: unknown): Promise<number> => {
-    const response = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${plane.token}` }, body: JSON.stringify(body) });
+    const response = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${plane.credentials.operator}` }, body: JSON.stringify(body) });
     await response.arrayBuffer();
     return response.status;
   };
@@ -99,10 +99,10 @@ describe('two controller replicas and a worker-only process on one Redis', () =>
       await queue.close();
     }
     for (const replica of replicas) {
-      const page = await fetch(`${replica.url}/queues`, { headers: { authorization: `Basic ${Buffer.from(`ops:${plane.token}`).toString('base64')}` } });
+      const page = await fetch(`${replica.url}/queues`, { headers: { authorization: `Basic ${Buffer.from(`ops:${plane.credentials.readOnly}`).toString('base64')}` } });
       expect(page.status).toBe(200);
       expect(await page.text()).toContain('steadfast queues');
-      const response = await fetch(`${replica.url}/queues/api/queues`, { headers: { authorization: `Bearer ${plane.token}` } });
+      const response = await fetch(`${replica.url}/queues/api/queues`, { headers: { authorization: `Bearer ${plane.credentials.readOnly}` } });
       expect(response.status).toBe(200);
       const body = (await response.json()) as { queues: { name: string }[] };
       expect(body.queues.map((queue) => queue.name).sort()).toEqual(['actions', 'analysis', 'recovery', 'signals']);

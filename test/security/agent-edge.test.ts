@@ -6,6 +6,7 @@ import { Writable } from 'node:stream';
 import { pino } from 'pino';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { agentCommand, agentSettingsFromFlags } from '../../cli/agent.js';
+import { agentTokenFor } from '../../core/credentials.js';
 import { InputError } from '../../core/errors.js';
 import { silentLogger } from '../../core/log.js';
 import { createAgent, type Agent, type AgentOptions } from '../../exporters/agent.js';
@@ -14,6 +15,7 @@ import { PY_SPY_FLAG, processCollectorFactory } from '../../exporters/collectors
 import { trainingCollectorFactory } from '../../exporters/collectors/training.js';
 import { writeTorchrunProcfs } from '../exporters/fake-procfs.js';
 import { FIXTURES } from '../exporters/helpers.js';
+import { runCli } from '../support/cli.js';
 
 /**
  * The node agent's HTTP edge: its POST endpoints (training push, trace, diagnose) need the
@@ -151,10 +153,45 @@ describe('agent edge', () => {
       command.parseOptions(argv);
       return command.opts();
     };
-    expect(agentSettingsFromFlags(flags([]), {}).rateLimit).toEqual({ requestsPerSecond: 100, burst: 200 });
-    expect(agentSettingsFromFlags(flags(['--web.rate-limit', '2.5', '--web.rate-burst', '7']), {}).rateLimit).toEqual({ requestsPerSecond: 2.5, burst: 7 });
-    expect(agentSettingsFromFlags(flags(['--web.rate-limit', '0']), {}).rateLimit?.requestsPerSecond).toBe(0);
-    expect(() => agentSettingsFromFlags(flags(['--web.rate-burst', '0']), {})).toThrow(InputError);
-    expect(() => agentSettingsFromFlags(flags(['--web.rate-limit', 'lots']), {})).toThrow(/--web\.rate-limit/);
+    expect(agentSettingsFromFlags(flags(['--web.insecure']), {}).rateLimit).toEqual({ requestsPerSecond: 100, burst: 200 });
+    expect(agentSettingsFromFlags(flags(['--web.insecure', '--web.rate-limit', '2.5', '--web.rate-burst', '7']), {}).rateLimit).toEqual({ requestsPerSecond: 2.5, burst: 7 });
+    expect(agentSettingsFromFlags(flags(['--web.insecure', '--web.rate-limit', '0']), {}).rateLimit?.requestsPerSecond).toBe(0);
+    expect(() => agentSettingsFromFlags(flags(['--web.insecure', '--web.rate-burst', '0']), {})).toThrow(InputError);
+    expect(() => agentSettingsFromFlags(flags(['--web.insecure', '--web.rate-limit', 'lots']), {})).toThrow(/--web\.rate-limit/);
+  });
+});
+
+describe('agent credentials', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'steadfast-agent-cred-'));
+  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+  const flags = (argv: string[]): Record<string, unknown> => {
+    const command = agentCommand({ env: {}, logger: silentLogger() });
+    command.parseOptions(argv);
+    return command.opts();
+  };
+  const file = (name: string, text: string): string => {
+    const path = join(dir, name);
+    writeFileSync(path, `${text}\n`);
+    return path;
+  };
+
+  it('refuses to start with its POST endpoints open unless told --web.insecure, naming both flags', async () => {
+    expect(() => agentSettingsFromFlags(flags([]), {})).toThrow(/--web\.token-file: the agent's POST endpoints .* need a token; give --web\.token-file FILE, or --web\.insecure/);
+    const run = await runCli(agentCommand({ env: {}, logger: silentLogger() }), ['--web.listen-address', '127.0.0.1:0', '--no-collector.gpu']);
+    expect(run.exitCode).toBe(2);
+    expect(run.stderr).toMatch(/--web\.token-file: .*--web\.insecure/);
+    expect(agentSettingsFromFlags(flags(['--web.token-file', file('web', TOKEN)]), {}).apiToken).toBe(TOKEN);
+    expect(agentSettingsFromFlags(flags(['--web.insecure']), {}).apiToken).toBeUndefined();
+    expect(() => agentSettingsFromFlags(flags(['--web.insecure', '--web.token-file', file('web2', TOKEN)]), {})).toThrow(/not both/);
+  });
+
+  it("takes only its own node's agent token for the controller, and says whose token it was given", () => {
+    const secret = 'agent-secret-0123456789abcdef0123456789';
+    const own = file('own', agentTokenFor(secret, 'node-1'));
+    const other = file('other', agentTokenFor(secret, 'node-2'));
+    const base = ['--web.insecure', '--node', 'node-1', '--controller.url', 'http://controller:9400'];
+    expect(agentSettingsFromFlags(flags([...base, '--controller.token-file', own]), {}).controllerToken).toBe(agentTokenFor(secret, 'node-1'));
+    expect(() => agentSettingsFromFlags(flags([...base, '--controller.token-file', other]), {})).toThrow(/the token is node node-2's, but this agent runs as --node node-1/);
+    expect(() => agentSettingsFromFlags(flags([...base, '--controller.token-file', file('static', 'an-operator-token-0123456789')]), {})).toThrow(/not an agent token/);
   });
 });

@@ -28,12 +28,13 @@ describe('connections before authentication', () => {
   const store = testRedis();
   let controller: Controller;
   let url = '';
+  let metricsUrl = '';
   let port = 0;
   const sockets: Socket[] = [];
 
   beforeAll(async () => {
     const config = testConfig(store.url, store.prefix, { controller: { connections: { headersTimeoutSeconds: 1, requestTimeoutSeconds: 2, maxPerClient: 8 } } });
-    ({ controller, url } = await startController(config, { workers: false }));
+    ({ controller, url, metricsUrl } = await startController(config, { workers: false }));
     port = Number(new URL(url).port);
   });
 
@@ -61,7 +62,7 @@ describe('connections before authentication', () => {
     expect(await closedWithin(extra, 3000)).toBe('');
     for (const socket of held) socket.destroy();
     await new Promise((resolve) => setTimeout(resolve, 100));
-    const metrics = await (await fetch(`${url}/metrics`)).text();
+    const metrics = await (await fetch(`${metricsUrl}/metrics`)).text();
     expect(metrics).toMatch(/steadfast_requests_rejected_total\{endpoint="connection",reason="too_many_connections"\} [1-9]/);
     const answer = await fetch(`${url}/api/v1/jobs`, { headers: { authorization: `Bearer ${TEST_TOKEN}` } });
     expect(answer.status).toBe(200);

@@ -4,7 +4,8 @@ import { join } from 'node:path';
 import { gzipSync } from 'node:zlib';
 import { Queue } from 'bullmq';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { loadConfig, resolveToken } from '../../core/config.js';
+import { loadConfig } from '../../core/config.js';
+import { resolveCredentials } from '../../core/auth-config.js';
 import { InputError } from '../../core/errors.js';
 import { QUEUE_NAMES } from '../../core/queues.js';
 import type { Controller } from '../../controller/service.js';
@@ -117,7 +118,7 @@ describe('controller edge: authentication and body limits', () => {
     expect(write.status).toBeLessThan(500);
   });
 
-  it('answers a body over the limit with a JSON 413, before and after decompression (a gzip bomb is no way around it)', async () => {
+  it('answers a body over the limit with a JSON 413, and refuses a compressed body with 415 (a gzip bomb is no way around the limit)', async () => {
     const queuedBefore = await signals.count();
     const big = JSON.stringify([{ ...FAST_PATH, message: 'x'.repeat(20_000) }]);
     const plain = await call(url, 'POST', '/api/v1/signals', { auth: `Bearer ${TEST_TOKEN}`, body: big });
@@ -128,7 +129,8 @@ describe('controller edge: authentication and body limits', () => {
     const bomb = new Uint8Array(gzipSync(Buffer.from(`${' '.repeat(16 * 1024 * 1024)}{}`)));
     expect(bomb.length).toBeLessThan(16_384);
     const inflated = await call(url, 'POST', '/api/v1/signals', { auth: `Bearer ${TEST_TOKEN}`, body: bomb, headers: { 'content-encoding': 'gzip' } });
-    expect(inflated.status).toBe(413);
+    expect(inflated.status).toBe(415);
+    expect(inflated.body?.error).toBe('request body must not be compressed; got "Content-Encoding: gzip"');
     expect(await signals.count()).toBe(queuedBefore);
   });
 
@@ -186,18 +188,18 @@ describe('controller edge: per-client rate limit on writes', () => {
 });
 
 describe('controller tokens', () => {
-  it('reads the token from the environment or from a file, and refuses to run without one or with a short one', () => {
-    const env = { STEADFAST_CONTROLLER__TOKEN: 'from-the-environment-0123' };
-    expect(resolveToken(loadConfig({ env }).controller, 'controller')).toBe('from-the-environment-0123');
+  it('reads each role\'s credential from the environment or from a file, and refuses to run without one or with a short one', () => {
+    const env = { STEADFAST_CONTROLLER__AUTH__OPERATOR_TOKEN: 'from-the-environment-0123' };
+    expect(resolveCredentials(loadConfig({ env }).controller.auth).operator).toBe('from-the-environment-0123');
     const dir = mkdtempSync(join(tmpdir(), 'steadfast-token-'));
     try {
       writeFileSync(join(dir, 'token'), 'from-a-file-0123456789\n');
       writeFileSync(join(dir, 'short'), 'short\n');
-      expect(resolveToken(loadConfig({ env: { STEADFAST_CONTROLLER__TOKEN_FILE: join(dir, 'token') } }).controller, 'controller')).toBe('from-a-file-0123456789');
-      expect(() => resolveToken({ tokenFile: join(dir, 'short') }, 'controller')).toThrow(/at least 16 characters/);
-      expect(() => resolveToken({ tokenFile: join(dir, 'missing') }, 'controller')).toThrow(InputError);
-      expect(() => resolveToken(loadConfig({ env: {} }).controller, 'controller')).toThrow(/refusing to run unauthenticated/);
-      expect(() => loadConfig({ env: { STEADFAST_CONTROLLER__TOKEN: 'short' } })).toThrow(/controller.token/);
+      expect(resolveCredentials(loadConfig({ env: { STEADFAST_CONTROLLER__AUTH__ALERTMANAGER_TOKEN_FILE: join(dir, 'token') } }).controller.auth).alertmanager).toBe('from-a-file-0123456789');
+      expect(() => resolveCredentials({ readOnlyTokenFile: join(dir, 'short') })).toThrow(/controller\.auth\.readOnlyTokenFile: the secret in .* must be at least 16 characters/);
+      expect(() => resolveCredentials({ agentSecretFile: join(dir, 'missing') })).toThrow(InputError);
+      expect(() => resolveCredentials(loadConfig({ env: {} }).controller.auth)).toThrow(/refusing to run unauthenticated/);
+      expect(() => loadConfig({ env: { STEADFAST_CONTROLLER__AUTH__OPERATOR_TOKEN: 'short' } })).toThrow(/controller\.auth\.operatorToken/);
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }

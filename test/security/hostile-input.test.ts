@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { kubernetesBackend, type KubernetesBackend } from '../../actuators/kubernetes.js';
 import { SlurmBackend } from '../../actuators/slurm.js';
-import { signalsFromWebhook, webhookPayloadSchema } from '../../controller/alertmanager.js';
+import { signalsFromWebhookAlerts, webhookEnvelopeSchema } from '../../controller/alertmanager.js';
 import type { Controller } from '../../controller/service.js';
 import { diagnoseRequestSchema } from '../../core/diagnostics.js';
 import { DoNotRetryError, InputError } from '../../core/errors.js';
@@ -56,13 +56,14 @@ describe('names at the edge', () => {
     }
   });
 
-  it('drops a hostile node label from an Alertmanager alert instead of passing it on', () => {
+  it('refuses an Alertmanager alert with a hostile node label, naming the field, instead of passing it on or dropping the node', async () => {
     for (const name of HOSTILE_STRINGS.filter((text) => text.length < 1000)) {
-      const payload = webhookPayloadSchema.parse({
-        version: '4', status: 'firing', receiver: 'steadfast',
-        alerts: [{ status: 'firing', labels: { alertname: 'SteadfastXidFatal', node: name, xid: '79' }, annotations: {}, startsAt: '2026-11-21T10:00:00Z' }],
-      });
-      expect(signalsFromWebhook(payload, new Date())[0]?.node, JSON.stringify(name)).toBeUndefined();
+      const good = { status: 'firing', labels: { alertname: 'SteadfastXidFatal', node: 'n01', xid: '79' }, annotations: {}, startsAt: '2026-11-21T10:00:00Z' };
+      const hostile = { ...good, labels: { ...good.labels, node: name } };
+      const envelope = webhookEnvelopeSchema.parse({ version: '4', status: 'firing', receiver: 'steadfast', alerts: [good, hostile] });
+      const { signals, refused } = await signalsFromWebhookAlerts(envelope, new Date());
+      expect(signals.map((signal) => signal.node), JSON.stringify(name)).toEqual(['n01']);
+      expect(refused).toEqual([{ index: 1, reason: expect.stringMatching(/^alerts\.1\.labels\.node: node must be 1-63 characters/) as unknown }]);
     }
   });
 

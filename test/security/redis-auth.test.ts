@@ -103,7 +103,7 @@ describe('Redis with a password', () => {
     const passwordFile = secretFile('controller-redis-password.txt', `${PASSWORD}\n`);
     const config = configSchema.parse({
       redis: { url: `redis://127.0.0.1:${port}`, passwordFile, prefix: 'secured' },
-      controller: { host: '127.0.0.1', port: 0, token: TEST_TOKEN },
+      controller: { host: '127.0.0.1', port: 0, metrics: { port: 0 }, auth: { operatorToken: TEST_TOKEN } },
     });
     const controller = new Controller({ config, logger: silentLogger(), workers: false });
     try {

@@ -1,9 +1,22 @@
 import { configSchema, type Config } from '../../core/config.js';
+import { agentTokenFor } from '../../core/credentials.js';
 import type { Launchers } from '../../core/launcher.js';
 import { silentLogger } from '../../core/log.js';
 import { Controller } from '../../controller/service.js';
 
+/** The operator's credential: every scope (controller/scopes.ts). */
 export const TEST_TOKEN = 'test-token-0123456789abcdef';
+export const READ_ONLY_TOKEN = 'read-only-token-0123456789';
+export const ALERTMANAGER_TOKEN = 'alertmanager-token-0123456789';
+export const AGENT_SECRET = 'agent-secret-0123456789abcdef0123456789';
+
+/** The node-bound credential of `node`'s agent under AGENT_SECRET. */
+export function agentToken(node: string): string {
+  return agentTokenFor(AGENT_SECRET, node);
+}
+
+/** Every role's credential, as `controller.auth` takes them. */
+export const TEST_AUTH = { operatorToken: TEST_TOKEN, readOnlyToken: READ_ONLY_TOKEN, alertmanagerToken: ALERTMANAGER_TOKEN, agentSecret: AGENT_SECRET };
 
 /** The launcher test controllers are configured with: `true` stands in for sbatch and accepts every job. */
 export const TEST_LAUNCHER = 'accept';
@@ -13,7 +26,7 @@ export function testConfig(redisUrl: string, prefix: string, overrides: Partial<
   // Every test controller knows the `accept` launcher; a test adds its own under `launchers`.
   return configSchema.parse({
     redis: { url: redisUrl, prefix, ...(overrides.redis ?? {}) },
-    controller: { host: '127.0.0.1', port: 0, token: TEST_TOKEN, ...(overrides.controller ?? {}) },
+    controller: { host: '127.0.0.1', port: 0, metrics: { port: 0 }, auth: TEST_AUTH, ...(overrides.controller ?? {}) },
     backend: { kind: 'dry-run', ...(overrides.backend ?? {}) },
     safety: { ...(overrides.safety ?? {}) },
     recovery: { ...(overrides.recovery ?? {}) },
@@ -26,10 +39,11 @@ export function testConfig(redisUrl: string, prefix: string, overrides: Partial<
   });
 }
 
-export async function startController(config: Config, options: { workers?: boolean } = {}): Promise<{ controller: Controller; url: string }> {
+/** Starts a controller; `url` is its API, `metricsUrl` its metrics listener. */
+export async function startController(config: Config, options: { workers?: boolean } = {}): Promise<{ controller: Controller; url: string; metricsUrl: string }> {
   const controller = new Controller({ config, logger: silentLogger(), workers: options.workers ?? true });
-  const { port } = await controller.start();
-  return { controller, url: `http://127.0.0.1:${port}` };
+  const { port, metricsPort } = await controller.start();
+  return { controller, url: `http://127.0.0.1:${port}`, metricsUrl: `http://127.0.0.1:${metricsPort}` };
 }
 
 export async function post(url: string, body: unknown, token: string | null = TEST_TOKEN): Promise<{ status: number; body: { error?: string; accepted?: number; ids?: string[] }; headers: Headers }> {

@@ -27,6 +27,8 @@ export interface ParsedPromql {
   errors: string[];
   /** Selectors with no metric name (e.g. only `{__name__=~…}`), which these checks cannot follow. */
   unnamed: string[];
+  /** The text of every vector selector, matchers included. */
+  selectors: string[];
 }
 
 /**
@@ -41,12 +43,13 @@ export function grafanaExprAsPromql(rawExpr: string, variables: Readonly<Record<
 
 export function parsePromql(rawExpr: string): ParsedPromql {
   const expr = grafanaExprAsPromql(rawExpr);
-  const result: ParsedPromql = { metrics: [], errors: [], unnamed: [] };
+  const result: ParsedPromql = { metrics: [], errors: [], unnamed: [], selectors: [] };
   parser.parse(expr).iterate({
     enter: (node) => {
       if (node.type.isError) {
         result.errors.push(`${node.from}: ${JSON.stringify(expr.slice(Math.max(0, node.from - 20), node.to + 20))}`);
       } else if (node.name === 'VectorSelector') {
+        result.selectors.push(expr.slice(node.from, node.to));
         const identifier = node.node.getChild('Identifier');
         if (identifier) result.metrics.push(expr.slice(identifier.from, identifier.to));
         else result.unnamed.push(expr.slice(node.from, node.to));

@@ -226,6 +226,26 @@ class DownServersTest(unittest.TestCase):
             self.assertEqual(client._controller.token, "secret-token-0123456789")
             client.close(0.1)
 
+    def test_from_env_reads_the_token_file_of_its_own_node(self):
+        with tempfile.TemporaryDirectory() as directory:
+            for node in ("node-1", "node-2"):
+                with open(os.path.join(directory, "token-" + node), "w", encoding="utf-8") as handle:
+                    handle.write(node + ".0123456789abcdef\n")
+            env = {"STEADFAST_TOKEN_FILE": os.path.join(directory, "token-{node}"), "STEADFAST_NODE": "node-2",
+                   "STEADFAST_CONTROLLER_URL": "http://10.0.0.2:9400"}
+            saved = {k: os.environ.get(k) for k in env}
+            os.environ.update(env)
+            try:
+                client = SteadfastClient.from_env()
+            finally:
+                for key, value in saved.items():
+                    if value is None:
+                        os.environ.pop(key, None)
+                    else:
+                        os.environ[key] = value
+            self.assertEqual(client._controller.token, "node-2.0123456789abcdef")
+            client.close(0.1)
+
 
 @unittest.skipUnless(os.environ.get("STEADFAST_TEST_AGENT_URL"), "the real agent: run by test/lab/python-client.test.ts")
 class RealAgentTest(unittest.TestCase):
@@ -242,10 +262,10 @@ class RealAgentTest(unittest.TestCase):
         with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
             metrics = response.read().decode()
         for rank, seconds in ((0, "0.5"), (1, "1.5")):
-            self.assertRegex(metrics, r'steadfast_training_iteration\{job="pyclient",rank="%d"\} 7\n' % rank)
-            self.assertRegex(metrics, r'steadfast_training_iteration_seconds\{job="pyclient",rank="%d"\} %s\n' % (rank, re.escape(seconds)))
-            self.assertRegex(metrics, r'steadfast_training_iterations_total\{job="pyclient",rank="%d"\} 7\n' % rank)
-        self.assertRegex(metrics, r'steadfast_training_grad_norm\{job="pyclient",rank="0"\} (?i:nan)\n', "prom-client spells it Nan; Prometheus reads either")
+            self.assertRegex(metrics, r'steadfast_training_iteration\{training_job="pyclient",rank="%d"\} 7\n' % rank)
+            self.assertRegex(metrics, r'steadfast_training_iteration_seconds\{training_job="pyclient",rank="%d"\} %s\n' % (rank, re.escape(seconds)))
+            self.assertRegex(metrics, r'steadfast_training_iterations_total\{training_job="pyclient",rank="%d"\} 7\n' % rank)
+        self.assertRegex(metrics, r'steadfast_training_grad_norm\{training_job="pyclient",rank="0"\} (?i:nan)\n', "prom-client spells it Nan; Prometheus reads either")
 
 
 @unittest.skipUnless(os.environ.get("STEADFAST_TEST_CONTROLLER_URL"), "the real controller: run by test/lab/python-client.test.ts")

@@ -47,7 +47,7 @@ function dcgmCollector(url: string, pollIntervalSeconds = 5): { context: ReturnT
   return { context, collector };
 }
 
-const L4_SERIES = '{gpu="0",pci_bus_id="0000:31:00"}';
+const L4_SERIES = '{gpu="0",pci_bus_id="0000:31:00",UUID="GPU-c2f76b33-7953-256e-8f33-1343419b1a1c"}';
 
 describe('gpu collector on dcgm-exporter', () => {
   it('declares --gpu.dcgm-exporter-url and refuses a value that is not an http(s) URL, naming the flag', () => {
@@ -66,7 +66,7 @@ describe('gpu collector on dcgm-exporter', () => {
     await expect(collector.update()).resolves.toBeUndefined();
     const text = await context.registry.metrics();
     expect(seriesValue(text, `steadfast_gpu_temperature_celsius${L4_SERIES}`)).toBe(31);
-    expect(seriesValue(text, 'steadfast_gpu_clock_hertz{gpu="0",pci_bus_id="0000:31:00",clock="sm"}')).toBe(210e6);
+    expect(seriesValue(text, 'steadfast_gpu_clock_hertz{gpu="0",pci_bus_id="0000:31:00",UUID="GPU-c2f76b33-7953-256e-8f33-1343419b1a1c",clock="sm"}')).toBe(210e6);
     expect(seriesValue(text, `steadfast_gpu_memory_total_bytes${L4_SERIES}`)).toBe(23033 * MiB);
     expect(seriesValue(text, `steadfast_gpu_memory_temperature_celsius${L4_SERIES}`)).toBeUndefined();
     expect(seriesValue(text, 'steadfast_gpu_attached')).toBe(1);
@@ -85,11 +85,31 @@ describe('gpu collector on dcgm-exporter', () => {
     await waitFor(() => collector.update().then(() => true, () => false));
   });
 
-  it('fails, rather than reporting no GPUs, when no series carries a pci_bus_id label', async () => {
-    const exporter = await fakeExporter(dcgmScrape('dcgm_excerpts_from_public_issues.prom').replace(/pci_bus_id="[^"]*",/g, ''));
+  it('places GPUs by UUID in a scrape without pci_bus_id labels, and loses none of them', async () => {
+    // The V100 node of a public issue: a real scrape from a dcgm-exporter that sets no pci_bus_id.
+    const v100 = dcgmScrape('dcgm_excerpts_from_public_issues.prom').split('\n').filter((line) => line.includes('Hostname="r6i3n0"')).join('\n');
+    const exporter = await fakeExporter(`${v100}\n`);
+    const { context, collector } = dcgmCollector(exporter.url, POLL_SECONDS);
+    await collector.start();
+    await expect(collector.update()).resolves.toBeUndefined();
+    const text = await context.registry.metrics();
+    expect(seriesValue(text, 'steadfast_gpu_attached')).toBe(4);
+    expect(seriesValue(text, 'steadfast_gpu_power_limit_watts{gpu="2",UUID="GPU-a9079f15-493e-6c1c-c78c-73ec2b840cba"}')).toBe(300);
+    expect(seriesValue(text, 'steadfast_gpu_pcie_replay_errors_total{gpu="1",UUID="GPU-8d5053b3-9280-7d1a-751b-4fd2fdd547c5"}')).toBe(0);
+    expect(seriesValue(text, 'steadfast_gpu_present{gpu="0",UUID="GPU-a6158b59-2c1e-1e63-0068-9178c4298abd"}')).toBe(1);
+    expect(text).not.toContain('pci_bus_id=');
+    // A GPU that drops out shows as present 0 under its UUID; with no PCI id there is no fast-path event to name it.
+    exporter.reply = { status: 200, body: `${v100.split('\n').filter((line) => !line.includes('GPU-a6158b59')).join('\n')}\n` };
+    await waitFor(async () => seriesValue(await context.registry.metrics(), 'steadfast_gpu_present{gpu="0",UUID="GPU-a6158b59-2c1e-1e63-0068-9178c4298abd"}') === 0);
+    expect(seriesValue(await context.registry.metrics(), 'steadfast_gpu_attached')).toBe(3);
+    expect(context.events).toEqual([]);
+  });
+
+  it('fails, rather than reporting no GPUs, when no series carries a pci_bus_id or a UUID label', async () => {
+    const exporter = await fakeExporter(dcgmScrape('dcgm_excerpts_from_public_issues.prom').replace(/(pci_bus_id|UUID)="[^"]*",/g, ''));
     const { context, collector } = dcgmCollector(exporter.url);
     await collector.start();
-    await expect(collector.update()).rejects.toThrow(/no pci_bus_id label; steadfast needs a dcgm-exporter that sets it/);
+    await expect(collector.update()).rejects.toThrow(/have neither a pci_bus_id nor a UUID label/);
     expect(await context.registry.metrics()).not.toMatch(/^steadfast_gpu_\w+[{ ]/m);
   });
 
@@ -109,7 +129,7 @@ describe('gpu collector on dcgm-exporter', () => {
     await collector.start();
     expect(seriesValue(await context.registry.metrics(), 'steadfast_gpu_attached')).toBe(2);
     exporter.reply = { status: 200, body: l4 };
-    await waitFor(async () => seriesValue(await context.registry.metrics(), 'steadfast_gpu_present{gpu="0",pci_bus_id="0000:37:00"}') === 0);
+    await waitFor(async () => seriesValue(await context.registry.metrics(), 'steadfast_gpu_present{gpu="0",pci_bus_id="0000:37:00",UUID="GPU-6d5c0ac5-74d7-3130-46f1-e93ed57f469a"}') === 0);
     expect(context.events).toEqual([expect.objectContaining({ kind: 'gpu_lost', gpu: '0000:37:00', message: expect.stringContaining('dcgm-exporter') })]);
   });
 
@@ -119,7 +139,7 @@ describe('gpu collector on dcgm-exporter', () => {
     const { context, collector } = dcgmCollector(exporter.url);
     await collector.start();
     const text = await context.registry.metrics();
-    expect(seriesValue(text, `steadfast_gpu_dcgm_last_xid${L4_SERIES}`)).toBe(79);
+    expect(seriesValue(text, 'steadfast_gpu_dcgm_last_xid{gpu="0",pci_bus_id="0000:31:00",UUID="GPU-x"}')).toBe(79);
     expect(text).toContain('# TYPE steadfast_gpu_dcgm_last_xid gauge');
   });
 });

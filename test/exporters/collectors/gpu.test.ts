@@ -8,8 +8,8 @@ import { EXPECTED, FIXTURES, NVIDIA_SMI_XML, expectMatchesAndLints, scrapeOne, s
 
 const TWO_GPUS = join(FIXTURES, 'exporters', 'two-gpus.xml');
 const ONE_GPU = join(NVIDIA_SMI_XML, 'telegraf_a10g_515.105.01.xml');
-const GPU1_PRESENT = 'steadfast_gpu_present{gpu="1",pci_bus_id="0000:00:1f"}';
-const GPU0_PRESENT = 'steadfast_gpu_present{gpu="0",pci_bus_id="0000:00:1e"}';
+const GPU1_PRESENT = 'steadfast_gpu_present{gpu="1",pci_bus_id="0000:00:1f",UUID="GPU-9a9a6c50-2a47-2f51-a902-b82c3b127e95"}';
+const GPU0_PRESENT = 'steadfast_gpu_present{gpu="0",pci_bus_id="0000:00:1e",UUID="GPU-9a9a6c50-2a47-2f51-a902-b82c3b127e94"}';
 /** Fast enough for a test, slow enough not to burn the shared CPUs. */
 const POLL_SECONDS = 0.05;
 
@@ -36,7 +36,7 @@ describe('gpu collector', () => {
     let text = await context.registry.metrics();
     expect(seriesValue(text, GPU1_PRESENT)).toBe(1);
     expect(seriesValue(text, 'steadfast_gpu_attached')).toBe(2);
-    expect(seriesValue(text, 'steadfast_gpu_remapped_rows_total{gpu="1",pci_bus_id="0000:00:1f",type="correctable"}')).toBe(3);
+    expect(seriesValue(text, 'steadfast_gpu_remapped_rows_total{gpu="1",pci_bus_id="0000:00:1f",UUID="GPU-9a9a6c50-2a47-2f51-a902-b82c3b127e95",type="correctable"}')).toBe(3);
 
     copyFileSync(ONE_GPU, xml);
     await waitFor(async () => seriesValue(await context.registry.metrics(), GPU1_PRESENT) === 0);
@@ -46,7 +46,7 @@ describe('gpu collector', () => {
     expect(seriesValue(text, GPU0_PRESENT)).toBe(1);
     expect(seriesValue(text, 'steadfast_gpu_attached')).toBe(1);
     // The lost GPU keeps only its presence series; its readings are gone, not frozen.
-    expect(seriesValue(text, 'steadfast_gpu_temperature_celsius{gpu="1",pci_bus_id="0000:00:1f"}')).toBeUndefined();
+    expect(seriesValue(text, 'steadfast_gpu_temperature_celsius{gpu="1",pci_bus_id="0000:00:1f",UUID="GPU-9a9a6c50-2a47-2f51-a902-b82c3b127e95"}')).toBeUndefined();
     expect(context.events).toEqual([
       expect.objectContaining({ kind: 'gpu_lost', node: 'node-1', gpu: '0000:00:1f', message: expect.stringContaining('no longer listed') }),
     ]);
@@ -99,10 +99,10 @@ describe('gpu collector', () => {
     collector = createGpuCollector(context);
     await collector.start();
     const text = await context.registry.metrics();
-    expect(seriesValue(text, 'steadfast_gpu_clock_hertz{gpu="0",pci_bus_id="0000:00:1e",clock="memory"}')).toBe(405e6);
-    expect(seriesValue(text, 'steadfast_gpu_clock_max_hertz{gpu="0",pci_bus_id="0000:00:1e",clock="sm"}')).toBe(1710e6);
-    expect(seriesValue(text, 'steadfast_gpu_throttle_reason{gpu="0",pci_bus_id="0000:00:1e",reason="gpu_idle"}')).toBe(1);
-    expect(seriesValue(text, 'steadfast_gpu_throttle_reason{gpu="0",pci_bus_id="0000:00:1e",reason="hw_slowdown"}')).toBe(0);
+    expect(seriesValue(text, 'steadfast_gpu_clock_hertz{gpu="0",pci_bus_id="0000:00:1e",UUID="GPU-9a9a6c50-2a47-2f51-a902-b82c3b127e94",clock="memory"}')).toBe(405e6);
+    expect(seriesValue(text, 'steadfast_gpu_clock_max_hertz{gpu="0",pci_bus_id="0000:00:1e",UUID="GPU-9a9a6c50-2a47-2f51-a902-b82c3b127e94",clock="sm"}')).toBe(1710e6);
+    expect(seriesValue(text, 'steadfast_gpu_throttle_reason{gpu="0",pci_bus_id="0000:00:1e",UUID="GPU-9a9a6c50-2a47-2f51-a902-b82c3b127e94",reason="gpu_idle"}')).toBe(1);
+    expect(seriesValue(text, 'steadfast_gpu_throttle_reason{gpu="0",pci_bus_id="0000:00:1e",UUID="GPU-9a9a6c50-2a47-2f51-a902-b82c3b127e94",reason="hw_slowdown"}')).toBe(0);
   });
 
   it('reports failure, and no GPU series, while the captured file does not exist', async () => {

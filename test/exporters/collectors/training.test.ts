@@ -111,18 +111,18 @@ describe('training collector following a log', () => {
     const { collector, context } = training({ 'training.log': `gpt:7=${log}` });
     utimesSync(log, WRITTEN, WRITTEN);
     await collector.start();
-    expect(await value(context, 'steadfast_training_iteration{job="gpt",rank="7"}')).toBe(10);
-    expect(await value(context, 'steadfast_training_loss{job="gpt",rank="7",loss="lm_loss"}')).toBe(2.5);
+    expect(await value(context, 'steadfast_training_iteration{training_job="gpt",rank="7"}')).toBe(10);
+    expect(await value(context, 'steadfast_training_loss{training_job="gpt",rank="7",loss="lm_loss"}')).toBe(2.5);
     // Present at start, the line was written by the file's last change; an appended one arrives now.
-    expect(await value(context, 'steadfast_training_last_iteration_timestamp_seconds{job="gpt",rank="7"}')).toBe(WRITTEN.getTime() / 1000);
+    expect(await value(context, 'steadfast_training_last_iteration_timestamp_seconds{training_job="gpt",rank="7"}')).toBe(WRITTEN.getTime() / 1000);
 
     appendFileSync(log, ITERATION_LINE(20, 'nan'));
-    await waitFor(async () => (await value(context, 'steadfast_training_iteration{job="gpt",rank="7"}')) === 20);
-    expect(await value(context, 'steadfast_training_last_iteration_timestamp_seconds{job="gpt",rank="7"}')).toBe(NOW.getTime() / 1000);
-    expect(await value(context, 'steadfast_training_loss{job="gpt",rank="7",loss="lm_loss"}')).toBeNaN();
-    expect(await value(context, 'steadfast_training_iterations_total{job="gpt",rank="7"}')).toBe(2);
-    expect(await value(context, 'steadfast_training_nan_iterations_total{job="gpt",rank="7"}')).toBe(1);
-    expect(await value(context, 'steadfast_training_iteration_seconds{job="gpt",rank="7"}')).toBe(1.5);
+    await waitFor(async () => (await value(context, 'steadfast_training_iteration{training_job="gpt",rank="7"}')) === 20);
+    expect(await value(context, 'steadfast_training_last_iteration_timestamp_seconds{training_job="gpt",rank="7"}')).toBe(NOW.getTime() / 1000);
+    expect(await value(context, 'steadfast_training_loss{training_job="gpt",rank="7",loss="lm_loss"}')).toBeNaN();
+    expect(await value(context, 'steadfast_training_iterations_total{training_job="gpt",rank="7"}')).toBe(2);
+    expect(await value(context, 'steadfast_training_nan_iterations_total{training_job="gpt",rank="7"}')).toBe(1);
+    expect(await value(context, 'steadfast_training_iteration_seconds{training_job="gpt",rank="7"}')).toBe(1.5);
   });
 
   it('sends appended watchdog timeouts and torchrun summaries once each, but none of those already in the file at start', async () => {
@@ -131,8 +131,8 @@ describe('training collector following a log', () => {
     const { collector, context } = training({ 'training.log': `gpt=${log}` });
     await collector.start();
     expect(context.events).toEqual([]);
-    expect(await value(context, 'steadfast_training_errors_total{job="gpt",rank="0",kind="nccl_timeout"}')).toBe(1);
-    expect(await value(context, 'steadfast_training_errors_total{job="gpt",rank="0",kind="child_failed"}')).toBe(1);
+    expect(await value(context, 'steadfast_training_errors_total{training_job="gpt",rank="0",kind="nccl_timeout"}')).toBe(1);
+    expect(await value(context, 'steadfast_training_errors_total{training_job="gpt",rank="0",kind="child_failed"}')).toBe(1);
 
     appendFileSync(log, WATCHDOG(3));
     await waitFor(() => context.events.length === 1);
@@ -157,8 +157,8 @@ describe('training collector following a log', () => {
     expect(context.events[1]?.message).toBe(
       'ChildFailedError: pretrain_gpt.py failed; root cause rank 10 (local_rank 2) exitcode -6 on gpu-3; also failed: rank 13 (local_rank 5) exitcode -6 on gpu-3; Signal 6 (SIGABRT) received by PID 1998',
     );
-    expect(await value(context, 'steadfast_training_errors_total{job="gpt",rank="0",kind="nccl_timeout"}')).toBe(2);
-    expect(await value(context, 'steadfast_training_errors_total{job="gpt",rank="0",kind="child_failed"}')).toBe(2);
+    expect(await value(context, 'steadfast_training_errors_total{training_job="gpt",rank="0",kind="nccl_timeout"}')).toBe(2);
+    expect(await value(context, 'steadfast_training_errors_total{training_job="gpt",rank="0",kind="child_failed"}')).toBe(2);
   });
 
   it('reports a torchrun agent failure line that no summary follows once the log goes quiet, under the log\'s rank', async () => {
@@ -178,9 +178,9 @@ describe('training collector following a log', () => {
     const { collector, context } = training({ 'training.log': [`a=${notYet}`, `b=${notALog}`] });
     await collector.start();
     await expect(collector.update()).rejects.toThrow(`cannot read training log ${notALog} (job b)`);
-    expect(await context.registry.metrics()).not.toContain('job="a"');
+    expect(await context.registry.metrics()).not.toContain('training_job="a"');
     writeFileSync(notYet, ITERATION_LINE(1, '9.0'));
-    await waitFor(async () => (await value(context, 'steadfast_training_iteration{job="a",rank="0"}')) === 1);
+    await waitFor(async () => (await value(context, 'steadfast_training_iteration{training_job="a",rank="0"}')) === 1);
   });
 });
 
@@ -212,10 +212,10 @@ describe('POST /api/v1/training', () => {
     const { collector, context } = training({});
     expect(await post(collector, step)).toEqual({ status: 202, body: { accepted: 1 } });
     const text = await context.registry.metrics();
-    const labels = '{job="llama",rank="0"}';
+    const labels = '{training_job="llama",rank="0"}';
     expect(seriesValue(text, `steadfast_training_iteration${labels}`)).toBe(100);
     expect(seriesValue(text, `steadfast_training_iteration_seconds${labels}`)).toBe(1.25);
-    expect(seriesValue(text, 'steadfast_training_loss{job="llama",rank="0",loss="loss"}')).toBe(2.5);
+    expect(seriesValue(text, 'steadfast_training_loss{training_job="llama",rank="0",loss="loss"}')).toBe(2.5);
     expect(seriesValue(text, `steadfast_training_grad_norm${labels}`)).toBe(0.75);
     expect(seriesValue(text, `steadfast_training_loss_scale${labels}`)).toBe(65536);
     expect(seriesValue(text, `steadfast_training_learning_rate${labels}`)).toBe(3e-4);
@@ -226,6 +226,14 @@ describe('POST /api/v1/training', () => {
     expect(seriesValue(text, `steadfast_training_last_iteration_timestamp_seconds${labels}`)).toBe(NOW.getTime() / 1000);
   });
 
+  it('names the pushed job in training_job, so that a push named like a scrape job takes no `job` label', async () => {
+    const { collector, context } = training({});
+    expect(await post(collector, { ...step, job: 'steadfast-controller' })).toEqual({ status: 202, body: { accepted: 1 } });
+    const text = await context.registry.metrics();
+    expect(seriesValue(text, 'steadfast_training_iteration{training_job="steadfast-controller",rank="0"}')).toBe(100);
+    expect(text).not.toMatch(/[{,]job="/);
+  });
+
   it('accepts an array of steps, named losses normalised and "nan" as NaN', async () => {
     const { collector, context } = training({});
     const response = await post(collector, [
@@ -233,9 +241,9 @@ describe('POST /api/v1/training', () => {
       { job: 'moe', rank: 3, iteration: 2, loss: { 'lm loss': 'nan' }, nan: 1 },
     ]);
     expect(response).toEqual({ status: 202, body: { accepted: 2 } });
-    expect(await value(context, 'steadfast_training_loss{job="moe",rank="3",loss="lm_loss"}')).toBeNaN();
-    expect(await value(context, 'steadfast_training_loss{job="moe",rank="3",loss="load_balancing_loss"}')).toBe(0.01);
-    expect(await value(context, 'steadfast_training_iterations_total{job="moe",rank="3"}')).toBe(2);
+    expect(await value(context, 'steadfast_training_loss{training_job="moe",rank="3",loss="lm_loss"}')).toBeNaN();
+    expect(await value(context, 'steadfast_training_loss{training_job="moe",rank="3",loss="load_balancing_loss"}')).toBe(0.01);
+    expect(await value(context, 'steadfast_training_iterations_total{training_job="moe",rank="3"}')).toBe(2);
   });
 
   it('answers 400 naming the bad field, and applies nothing of a batch with one bad step', async () => {
@@ -249,7 +257,7 @@ describe('POST /api/v1/training', () => {
     const batch = await post(collector, [step, { ...step, loss: 'low' }]);
     expect(batch.status).toBe(400);
     expect(JSON.stringify(batch.body)).toContain('[1].loss: ');
-    expect(await context.registry.metrics()).not.toContain('job="llama"');
+    expect(await context.registry.metrics()).not.toContain('training_job="llama"');
     expect((await post(collector, undefined)).status).toBe(400);
     expect((await post(collector, [])).status).toBe(400);
   });

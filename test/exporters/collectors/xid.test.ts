@@ -54,6 +54,16 @@ describe('xid collector following a log file', () => {
     ]);
   });
 
+  it('counts the Xids of a journalctl capture in any locale, as with an English one', async () => {
+    const log = join(dir, 'journal.txt');
+    const lines = ['Nov 23', 'nov 23', 'déc. 05', 'Dez 05', 'ноя 23', '11月 23'].map(
+      (date) => `${date} 14:25:31 gpu-7 kernel: NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n`,
+    );
+    writeFileSync(log, lines.join(''));
+    const { context } = await started(log);
+    expect(await value(context, SERIES79)).toBe(6);
+  });
+
   it('counts a last line that has no newline once no more data follows it', async () => {
     const log = join(dir, 'kern.log');
     writeFileSync(log, XID13.trimEnd());

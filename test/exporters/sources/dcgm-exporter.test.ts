@@ -101,16 +101,22 @@ describe('dcgm-exporter samples', () => {
     });
   });
 
-  it('places the GB200 GPUs by their non-zero PCI domains and counts the old-label-set series it cannot place', () => {
+  it('places the GB200 GPUs by their non-zero PCI domains, and the GPUs of scrapes without pci_bus_id by UUID', () => {
     const report = parseDcgmExporterText(dcgmScrape('dcgm_excerpts_from_public_issues.prom'));
-    expect(report.gpus.map((gpu) => [gpu.index, gpu.pciBusId])).toEqual([
-      [0, '0008:01:00'],
-      [1, '0009:01:00'],
-      [2, '0018:01:00'],
-      [3, '0019:01:00'],
+    const placed = report.gpus.map((gpu) => [gpu.index, gpu.pciBusId, gpu.uuid]);
+    expect(placed.filter(([, pci]) => pci !== undefined)).toEqual([
+      [0, '0008:01:00', 'GPU-2e2b6342-3996-51b9-5480-e20df571e09c'],
+      [1, '0009:01:00', 'GPU-67ff7ed1-19b8-1998-84ef-59fc0cbb0f3e'],
+      [2, '0018:01:00', 'GPU-c0c859b5-876c-b6f1-c6d7-bde487c326a1'],
+      [3, '0019:01:00', 'GPU-5679a9d0-6f32-6a97-ff37-fce5fd1a2ac9'],
     ]);
-    // V100, A30 MIG, A800 and T400 excerpts predate the pci_bus_id label.
-    expect(report.unidentifiedSeries).toBe(20);
+    // V100, A30 MIG, A800 and T400 excerpts predate the pci_bus_id label: one GPU per UUID, the
+    // A30's three MIG instances of one GPU included.
+    const byUuid = placed.filter(([, pci]) => pci === undefined);
+    expect(byUuid).toHaveLength(11);
+    expect(new Set(byUuid.map(([, , uuid]) => uuid)).size).toBe(11);
+    expect(byUuid).toContainEqual([2, undefined, 'GPU-3f61f0fb-57f5-fd80-ebb6-54347a8178dd']);
+    expect(report.unidentifiedSeries).toBe(0);
   });
 });
 

@@ -3,7 +3,10 @@ import { join } from 'node:path';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import {
+  dataBytes,
+  multicastPackets,
   packetCount,
+  unicastPackets,
   parseCounter,
   parsePortState,
   parseRate,
@@ -35,7 +38,7 @@ describe('reading /sys/class/infiniband', () => {
         expect(port.physicalState?.code).toBeGreaterThan(0);
         expect(port.rateBytesPerSecond).toBeGreaterThan(0);
         expect(port.linkLayer).toMatch(/^(InfiniBand|Ethernet)$/);
-        expect(port.counters.port_rcv_data).toBeGreaterThan(0);
+        expect(dataBytes(port, 'received')).toBeGreaterThan(0);
       }
     }
   });
@@ -52,6 +55,33 @@ describe('reading /sys/class/infiniband', () => {
     const hfi1 = devices.find((device) => device.name === 'hfi1_0');
     expect(hfi1?.hcaType).toBeUndefined();
     expect(hfi1?.boardId).toBe('HPE 100Gb 1-port OP101 QSFP28 x16 PCIe Gen3 with Intel Omni-Path Adapter');
+  });
+
+  it('reads the 64-bit counters_ext files and port_rcv_discards where the driver writes them (mlx4)', async () => {
+    const { devices } = await readInfinibandClass(join(INFINIBAND_SAMPLES_ROOT, 'node_exporter_fixtures'));
+    const first = findPort(devices, 'mlx4_0', '1');
+    expect(first.extCounters).toEqual({
+      port_rcv_data_64: 4631917,
+      port_xmit_data_64: 3733440,
+      port_rcv_packets_64: 0,
+      port_xmit_packets_64: 0,
+      port_unicast_rcv_packets: 61148,
+      port_unicast_xmit_packets: 61239,
+      port_multicast_rcv_packets: 93,
+      port_multicast_xmit_packets: 16,
+    });
+    expect(first.counters.port_rcv_discards).toBe(0);
+    // Port 2's 32-bit counters read 0; its 64-bit ones are what the port carried.
+    const second = findPort(devices, 'mlx4_0', '2');
+    expect(second.counters.port_rcv_data).toBe(0);
+    expect(dataBytes(second, 'received')).toBe(4631917 * 4);
+    expect(dataBytes(second, 'transmitted')).toBe(3733440 * 4);
+    expect(unicastPackets(second, 'received')).toBe(0);
+    expect(multicastPackets(second, 'transmitted')).toBe(0);
+    // The procfs mlx4 capture has no counters_ext: the 32-bit counters stand.
+    const { devices: older } = await readInfinibandClass(join(INFINIBAND_SAMPLES_ROOT, 'procfs_fixtures'));
+    expect(findPort(older, 'mlx4_0', '2').extCounters).toBeUndefined();
+    expect(dataBytes(findPort(older, 'mlx4_0', '2'), 'received')).toBe(2460436784 * 4);
   });
 
   it('reads files that have no trailing newline, as the gpud capture has them', async () => {
@@ -165,5 +195,9 @@ describe('parsing sysfs values', () => {
     expect(packetCount(port({ unicast_xmit_packets: 5, multicast_xmit_packets: 2 }), 'transmitted')).toBe(7);
     expect(packetCount(port({ unicast_rcv_packets: 7 }), 'received')).toBeUndefined();
     expect(packetCount(port({}), 'transmitted')).toBeUndefined();
+    const extended = (extCounters: InfinibandPort['extCounters'], counters: InfinibandPort['counters'] = {}): InfinibandPort => ({ device: 'mlx4_0', port: '1', counters, extCounters });
+    expect(packetCount(extended({ port_rcv_packets_64: 5_000_000_000 }, { port_rcv_packets: 4_294_967_295 }), 'received')).toBe(5_000_000_000);
+    expect(packetCount(extended({ port_unicast_xmit_packets: 9, port_multicast_xmit_packets: 1 }), 'transmitted')).toBe(10);
+    expect(unicastPackets(extended({ port_unicast_rcv_packets: 9 }, { unicast_rcv_packets: 8 }), 'received')).toBe(8);
   });
 });

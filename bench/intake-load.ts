@@ -1,0 +1,191 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import { Agent, request } from 'node:http';
+import { cpus, loadavg, tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { Queue } from 'bullmq';
+import { configSchema } from '../core/config.js';
+import { QUEUE_NAMES } from '../core/queues.js';
+import { workerConnection } from '../core/redis.js';
+import { ControllerProcess } from '../sim/controller-process.js';
+import { startRedis } from '../sim/parts.js';
+import { ProcessGroup, freePort } from '../sim/processes.js';
+import { quantile } from './stats.js';
+
+/**
+ * Intake under load: single-alert Alertmanager webhooks sent as fast as CONNECTIONS keep-alive
+ * connections allow for SECONDS, against the controller process (dry-run backend, its policy
+ * worker running) and a Redis of its own with the sim's durable settings (AOF, fsync always),
+ * all on loopback. Reports webhooks/s accepted, the rate the policy worker processed them at,
+ * p50/p99 latency, signals lost (a 202 whose signal is not in Redis), controller CPU seconds per
+ * 1,000 alerts and Redis bytes per alert. The load generator shares the machine with both.
+ */
+
+const SECONDS = Number(process.env.STEADFAST_BENCH_LOAD_SECONDS ?? 10);
+const CONNECTIONS = Number(process.env.STEADFAST_BENCH_LOAD_CONNECTIONS ?? 32);
+const TOKEN = 'bench-token-0123456789abcdef';
+const PREFIX = 'bench';
+/** How long the policy worker may take to catch up after the load stops before signals count as unprocessed. */
+const DRAIN_TIMEOUT_MS = 60_000;
+/** Set to a directory to have the controller write a CPU profile there (node --cpu-prof) when it stops. */
+const PROFILE_DIR = process.env.STEADFAST_BENCH_PROFILE_DIR;
+
+/** One firing alert about one node, told apart from every other by its index. */
+function webhookBody(index: number, startsAt: string): string {
+  const node = `gpu-${index % 4096}`;
+  return JSON.stringify({
+    version: '4',
+    groupKey: `{}:{alertname="SteadfastRdmaPortErrors", node="${node}"}`,
+    status: 'firing',
+    receiver: 'steadfast-controller',
+    groupLabels: { alertname: 'SteadfastRdmaPortErrors', node },
+    commonLabels: {},
+    commonAnnotations: {},
+    externalURL: 'http://alertmanager:9093',
+    alerts: [
+      {
+        status: 'firing',
+        labels: { alertname: 'SteadfastRdmaPortErrors', node, device: 'mlx5_0', port: '1', severity: 'warning', domain: 'network' },
+        annotations: { summary: 'RDMA port errors', description: `mlx5_0 port 1 on ${node} counts symbol errors.`, runbook_url: 'https://example.com/runbooks/rdma' },
+        startsAt,
+        endsAt: '0001-01-01T00:00:00Z',
+        generatorURL: 'http://prometheus:9090/graph?g0.expr=rate%28steadfast_rdma_port_errors_total%5B5m%5D%29+%3E+0',
+        fingerprint: index.toString(16).padStart(16, '0'),
+      },
+    ],
+  });
+}
+
+interface Sent {
+  readonly status: number;
+  readonly ms: number;
+  readonly ids: readonly string[];
+}
+
+function post(agent: Agent, port: number, body: string): Promise<Sent> {
+  const started = performance.now();
+  return new Promise((resolve, reject) => {
+    const req = request(
+      { agent, host: '127.0.0.1', port, method: 'POST', path: '/api/v1/alerts', headers: { 'content-type': 'application/json', authorization: `Bearer ${TOKEN}`, 'content-length': Buffer.byteLength(body) } },
+      (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (chunk: Buffer) => chunks.push(chunk));
+        res.on('end', () => {
+          const ms = performance.now() - started;
+          const answer = JSON.parse(Buffer.concat(chunks).toString('utf8')) as { ids?: string[] };
+          resolve({ status: res.statusCode ?? 0, ms, ids: answer.ids ?? [] });
+        });
+        res.on('error', reject);
+      },
+    );
+    req.on('error', reject);
+    req.end(body);
+  });
+}
+
+async function redisUsedMemory(redis: ReturnType<typeof workerConnection>): Promise<number> {
+  const info = await redis.info('memory');
+  return Number(/^used_memory:(\d+)/m.exec(info)?.[1] ?? Number.NaN);
+}
+
+/** CPU seconds the Redis server has used (user + system), from INFO cpu. */
+async function redisCpuSeconds(redis: ReturnType<typeof workerConnection>): Promise<number> {
+  const info = await redis.info('cpu');
+  const field = (name: string): number => Number(new RegExp(`^${name}:([\\d.]+)`, 'm').exec(info)?.[1] ?? Number.NaN);
+  return field('used_cpu_user') + field('used_cpu_sys');
+}
+
+async function main(): Promise<void> {
+  const root = mkdtempSync(join(tmpdir(), 'steadfast-bench-intake-'));
+  const group = new ProcessGroup();
+  try {
+    const redisPart = await startRedis(group, root);
+    const config = configSchema.parse({
+      redis: { url: redisPart.url, prefix: PREFIX },
+      // Every sender shares 127.0.0.1 here: the per-client limits would see one client.
+      controller: { port: await freePort(), metrics: { port: 0 }, auth: { alertmanagerToken: TOKEN }, rateLimit: { requestsPerSecond: 0 }, connections: { maxPerClient: 0 } },
+      backend: { kind: 'dry-run' },
+    });
+    const nodeArgs = PROFILE_DIR === undefined ? [] : ['--cpu-prof', `--cpu-prof-dir=${PROFILE_DIR}`];
+    const controller = new ControllerProcess(group, { name: 'controller', dir: root, config, nodeArgs });
+    await controller.start();
+    const redis = workerConnection(redisPart.url);
+    const signals = new Queue(QUEUE_NAMES.signals, { connection: redis, prefix: PREFIX });
+    const port = config.controller.port;
+    const agent = new Agent({ keepAlive: true, maxSockets: CONNECTIONS });
+
+    // A short warm-up (JIT, connections), not counted.
+    const startsAt = new Date().toISOString();
+    let next = 0;
+    await Promise.all(Array.from({ length: CONNECTIONS }, async () => {
+      for (let round = 0; round < 20; round += 1) await post(agent, port, webhookBody(next++, startsAt));
+    }));
+    await waitForProcessed(signals, next);
+    const warmed = next;
+
+    const memoryBefore = await redisUsedMemory(redis);
+    const cpuBefore = controller.cpuSeconds();
+    const redisCpuBefore = await redisCpuSeconds(redis);
+    const loadBefore = loadavg()[0] ?? 0;
+    const results: Sent[] = [];
+    const started = performance.now();
+    const deadline = started + SECONDS * 1000;
+    await Promise.all(Array.from({ length: CONNECTIONS }, async () => {
+      while (performance.now() < deadline) results.push(await post(agent, port, webhookBody(next++, startsAt)));
+    }));
+    const sendSeconds = (performance.now() - started) / 1000;
+    const accepted = results.filter((result) => result.status === 202);
+    const processedAll = await waitForProcessed(signals, warmed + accepted.length);
+    const processSeconds = (performance.now() - started) / 1000;
+    const cpuSeconds = controller.cpuSeconds() - cpuBefore;
+    const redisCpu = (await redisCpuSeconds(redis)) - redisCpuBefore;
+    const loadAfter = loadavg()[0] ?? 0;
+    const memoryAfter = await redisUsedMemory(redis);
+
+    // Every 202's signal must be in Redis (done by now, or still queued).
+    const ids = accepted.flatMap((result) => result.ids);
+    let lost = 0;
+    for (let start = 0; start < ids.length; start += 1000) {
+      const pipeline = redis.pipeline();
+      for (const id of ids.slice(start, start + 1000)) pipeline.exists(`${PREFIX}:${QUEUE_NAMES.signals}:${id}`);
+      lost += ((await pipeline.exec()) ?? []).filter(([, found]) => found !== 1).length;
+    }
+    const latencies = accepted.map((result) => result.ms).sort((a, b) => a - b);
+    const statuses = new Map<number, number>();
+    for (const result of results) statuses.set(result.status, (statuses.get(result.status) ?? 0) + 1);
+
+    process.stdout.write(`\nIntake load: single-alert webhooks over ${CONNECTIONS} keep-alive connections for ${SECONDS} s (controller process, dry-run backend, policy worker on; Redis AOF fsync always; loopback)\n`);
+    process.stdout.write(`machine: ${cpus().length} × ${cpus()[0]?.model ?? 'unknown CPU'}, Node ${process.version}; load average ${loadBefore.toFixed(2)} before, ${loadAfter.toFixed(2)} after\n\n`);
+    process.stdout.write('| figure | value |\n|---|---|\n');
+    process.stdout.write(`| webhooks accepted (202) | ${accepted.length} of ${results.length} sent (${[...statuses].map(([status, count]) => `${status}×${count}`).join(', ')}) |\n`);
+    process.stdout.write(`| accepted per second | ${(accepted.length / sendSeconds).toFixed(0)} |\n`);
+    process.stdout.write(`| processed per second (policy worker, until the last accepted was done) | ${processedAll ? (accepted.length / processSeconds).toFixed(0) : `not all processed within ${DRAIN_TIMEOUT_MS / 1000} s`} |\n`);
+    process.stdout.write(`| latency p50 / p99 (ms) | ${quantile(latencies, 0.5).toFixed(1)} / ${quantile(latencies, 0.99).toFixed(1)} |\n`);
+    process.stdout.write(`| lost (202 without its signal in Redis) | ${lost} |\n`);
+    process.stdout.write(`| controller CPU seconds per 1,000 alerts (intake and policy) | ${((cpuSeconds / accepted.length) * 1000).toFixed(3)} |\n`);
+    process.stdout.write(`| Redis CPU seconds per 1,000 alerts | ${((redisCpu / accepted.length) * 1000).toFixed(3)} |\n`);
+    process.stdout.write(`| Redis bytes per alert (job, completed record, audit entry) | ${((memoryAfter - memoryBefore) / accepted.length).toFixed(0)} |\n`);
+    agent.destroy();
+    await signals.close();
+    redis.disconnect();
+  } finally {
+    await group.stopAll();
+    rmSync(root, { recursive: true, force: true });
+  }
+}
+
+/** Waits until `total` signals have been processed (completed or failed); false on timeout. */
+async function waitForProcessed(signals: Queue, total: number): Promise<boolean> {
+  const deadline = Date.now() + DRAIN_TIMEOUT_MS;
+  while (Date.now() < deadline) {
+    const counts = await signals.getJobCounts('completed', 'failed');
+    if ((counts.completed ?? 0) + (counts.failed ?? 0) >= total) return true;
+    await sleep(50);
+  }
+  return false;
+}
+
+main().catch((error: unknown) => {
+  process.stderr.write(`bench: ${error instanceof Error ? (error.stack ?? error.message) : String(error)}\n`);
+  process.exitCode = 1;
+});
