@@ -26,7 +26,7 @@ const CLOCK_TICKS_PER_SECOND = 100;
 const UNIT_NODE_FLAGS = ['--lite-mode', '--optimize-for-size', '--max-semi-space-size=1'];
 
 function agentArgs(node: FixtureNode, port: number, stateDir: string, nodeFlags: readonly string[] = []): string[] {
-  return [...nodeFlags, BIN, 'agent', '--web.listen-address', `127.0.0.1:${port}`, '--node', 'fixture-node', '--path.sysfs', node.sysfs, '--path.procfs', node.procfs, '--path.kmsg', node.kmsg, '--nvidia-smi.xml', node.nvidiaSmiXml, '--xid.state-file', join(stateDir, 'xid-state.json')];
+  return [...nodeFlags, BIN, 'agent', '--web.listen-address', `127.0.0.1:${port}`, '--node', 'fixture-node', '--path.sysfs', node.sysfs, '--path.procfs', node.procfs, '--path.kmsg', node.kmsg, '--nvidia-smi.xml', node.nvidiaSmiXml, '--xid.state-file', join(stateDir, 'xid-state.json'), '--web.insecure'];
 }
 
 function exporterArgs(node: FixtureNode, port: number): string[] {

@@ -96,7 +96,7 @@ describe('the Debian package', () => {
     const agent = processes.start(
       'agent',
       join(unpacked, 'usr', 'bin', 'steadfast'),
-      ['agent', '--web.listen-address', `127.0.0.1:${port}`, '--node', 'deb-node', '--path.kmsg', join(FIXTURES, 'xid-kernel-logs', 'gpud_xid_lines_h100_gb200.txt'), '--nvidia-smi.xml', join(FIXTURES, 'nvidia-smi-xml', 'telegraf_a10g_515.105.01.xml'), '--xid.state-file', join(work, 'xid-state.json')],
+      ['agent', '--web.listen-address', `127.0.0.1:${port}`, '--node', 'deb-node', '--path.kmsg', join(FIXTURES, 'xid-kernel-logs', 'gpud_xid_lines_h100_gb200.txt'), '--nvidia-smi.xml', join(FIXTURES, 'nvidia-smi-xml', 'telegraf_a10g_515.105.01.xml'), '--xid.state-file', join(work, 'xid-state.json'), '--web.insecure'],
       join(work, 'agent.log'),
       { env: { ...process.env, STEADFAST_LOG_LEVEL: 'warn', STEADFAST_NODE_FLAGS: nodeFlags } },
     );
@@ -107,5 +107,8 @@ describe('the Debian package', () => {
     const text = await (await fetch(url)).text();
     expect(text).toContain('steadfast_xid_errors_total{pci_bus_id="0000:91:00",xid="79",severity="fatal"} 1');
     expect(text).toContain('steadfast_collector_success{collector="gpu"} 1');
+    // The package records the commit it was built from; the agent labels its build info with it.
+    const revision = (await run('git', ['rev-parse', 'HEAD'], { cwd: ROOT })).stdout.trim();
+    expect(text).toMatch(new RegExp(`^steadfast_build_info\\{[^}]*revision="${revision}"[^}]*\\} 1$`, 'm'));
   });
 });

@@ -79,7 +79,7 @@ describe('the npm package', () => {
       join(work, 'xid-state.json'),
     );
     expect(stdout).toContain('steadfast_xid_errors_total{pci_bus_id="0000:91:00",xid="79",severity="fatal"} 1');
-    expect(stdout).toContain('steadfast_gpu_present{gpu="0",pci_bus_id="0000:00:1e"} 1');
+    expect(stdout).toContain('steadfast_gpu_present{gpu="0",pci_bus_id="0000:00:1e",UUID="GPU-9a9a6c50-2a47-2f51-a902-b82c3b127e94"} 1');
     expect(stdout).toContain('steadfast_collector_success{collector="xid"} 1');
   });
 
