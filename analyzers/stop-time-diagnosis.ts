@@ -116,8 +116,10 @@ export function summarizeDiagnostics(outcomes: readonly AgentOutcome[], options:
 export interface StopTimeDiagnosticsOptions extends SummaryOptions {
   /** Base URL of a node's agent, e.g. `(node) => \`http://${node}:9401\``. */
   readonly agentUrl: (node: string) => string;
-  /** Bearer token for the agents' POST endpoints. */
+  /** Bearer token for the agents' POST endpoints (one for all). */
   readonly token?: string | undefined;
+  /** Bearer token for one node's agent (a token per node); takes precedence over `token`. */
+  readonly tokenFor?: ((node: string) => string | undefined) | undefined;
   /** How long to wait for each agent; the agent is asked to finish a little earlier. */
   readonly timeoutSeconds: number;
   /** Checks to run, by name; every configured check when absent. */
@@ -215,9 +217,10 @@ async function askAgent(node: string, body: DiagnoseRequest, options: StopTimeDi
   let status: number;
   let text: string;
   try {
+    const token = options.tokenFor?.(node) ?? options.token;
     const response = await fetchImpl(url, {
       method: 'POST',
-      headers: { 'content-type': 'application/json', ...(options.token === undefined ? {} : { authorization: `Bearer ${options.token}` }) },
+      headers: { 'content-type': 'application/json', ...(token === undefined ? {} : { authorization: `Bearer ${token}` }) },
       body: JSON.stringify(body),
       signal,
     });

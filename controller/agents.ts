@@ -1,15 +1,18 @@
 import { z } from 'zod';
 import { resolveToken, type Config } from '../core/config.js';
+import { readSecret } from '../core/auth-config.js';
+import { AGENT_SECRET_MIN_LENGTH, agentTokenFor } from '../core/credentials.js';
 import { errorMessage } from '../core/errors.js';
 import { describeIssues } from '../core/validate.js';
 
 /**
  * How the controller reaches node agents: their URL (a template, overridden per node) and the
- * bearer token their POST endpoints require. Used for stack dumps on hangs (ByteRobust §5) and
- * stop-time diagnostics (§4.2).
+ * bearer token their POST endpoints require, derived per node from agents.secretFile (or one
+ * shared token). Used for stack dumps on hangs (ByteRobust §5) and stop-time diagnostics (§4.2).
  */
 export class AgentDirectory {
-  readonly token: string | undefined;
+  private readonly token: string | undefined;
+  private readonly secret: string | undefined;
 
   constructor(
     private readonly config: Config['agents'],
@@ -17,6 +20,12 @@ export class AgentDirectory {
     private readonly knows: (node: string) => Promise<boolean>,
   ) {
     this.token = config.token !== undefined || config.tokenFile !== undefined ? resolveToken(config, 'agents') : undefined;
+    this.secret = config.secretFile === undefined ? undefined : readSecret(undefined, config.secretFile, 'agents.secretFile', AGENT_SECRET_MIN_LENGTH);
+  }
+
+  /** The bearer token `node`'s agent requires on its POST endpoints; none when agents run open. */
+  tokenFor(node: string): string | undefined {
+    return this.secret === undefined ? this.token : agentTokenFor(this.secret, node);
   }
 
   /**
@@ -37,6 +46,10 @@ export class AgentDirectory {
   get diagnoseTimeoutSeconds(): number {
     return this.config.diagnoseTimeoutSeconds;
   }
+}
+
+function authorization(token: string | undefined): Record<string, string> {
+  return token === undefined ? {} : { authorization: `Bearer ${token}` };
 }
 
 const traceAnswerSchema = z.object({
@@ -75,7 +88,7 @@ export async function traceNodes(agents: AgentDirectory, nodes: readonly string[
       try {
         const response = await fetchImpl(`${url}/api/v1/trace`, {
           method: 'POST',
-          headers: { 'content-type': 'application/json', ...(agents.token ? { authorization: `Bearer ${agents.token}` } : {}) },
+          headers: { 'content-type': 'application/json', ...authorization(agents.tokenFor(node)) },
           body: JSON.stringify({ timeoutSeconds }),
           // The agent enforces the limit per process; allow it a little longer to answer.
           signal: AbortSignal.timeout((timeoutSeconds + 5) * 1000),

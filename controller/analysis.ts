@@ -85,7 +85,7 @@ export function createAnalysisProcessor(deps: AnalysisDeps): (job: Job<AnalysisJ
       if (url === undefined) throw new InputError(`${node} is not a node the backend knows; its agent is not contacted`);
       return url;
     };
-    const walk = await runStagedDiagnostics(spec.nodes, stages, { agentUrl, token: agents.token, timeoutSeconds: agents.diagnoseTimeoutSeconds });
+    const walk = await runStagedDiagnostics(spec.nodes, stages, { agentUrl, tokenFor: (node) => agents.tokenFor(node), timeoutSeconds: agents.diagnoseTimeoutSeconds });
     const evict = [...walk.evict];
     const failed = walk.stages.flatMap((stage) => stage.diagnosis.failed);
     const unreachable = walk.stages.flatMap((stage) => stage.diagnosis.unreachable);

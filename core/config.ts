@@ -274,7 +274,13 @@ export const configSchema = z
         urlTemplate: z.string().regex(/^https?:\/\/.*\{node\}/, 'must be an http(s) URL containing {node}').default('http://{node}:9401'),
         /** Per-node URLs that override the template (agents on non-default ports, the sim). */
         urls: z.record(nodeNameSchema, z.url({ protocol: /^https?$/ })).default({}),
-        /** Bearer token the agents require on their POST endpoints (the agent's --web.token-file). */
+        /**
+         * A secret from which each node's web token is derived (`steadfast token agent --node N
+         * --secret-file F` prints it; that node's --web.token-file holds it), so a node that leaks
+         * its token opens no other agent. Preferred over one token for every agent (token, tokenFile).
+         */
+        secretFile: z.string().min(1).optional(),
+        /** One bearer token every agent requires on its POST endpoints (the agent's --web.token-file). */
         token: z.string().min(1).optional(),
         tokenFile: z.string().min(1).optional(),
         /** Longest a stack dump may take per node; the agent takes at most 60 (POST /api/v1/trace). */
@@ -283,6 +289,10 @@ export const configSchema = z
         diagnoseTimeoutSeconds: int().min(1).max(7200).default(900),
       })
       .strict()
+      .refine((agents) => agents.secretFile === undefined || (agents.token === undefined && agents.tokenFile === undefined), {
+        message: 'give secretFile (a token per node) or token/tokenFile (one token for every agent), not both',
+        path: ['secretFile'],
+      })
       .prefault({}),
     analysis: z
       .object({

@@ -13,16 +13,20 @@ export class SimCredentials {
   readonly readOnly = randomBytes(24).toString('hex');
   readonly alertmanager = randomBytes(24).toString('hex');
   private readonly agentSecret = randomBytes(32).toString('hex');
+  /** The controller's agents.secretFile: each agent's web token (its POST endpoints) derives from it. */
+  private readonly agentWebSecret = randomBytes(32).toString('hex');
   readonly operatorTokenFile: string;
   readonly readOnlyTokenFile: string;
   readonly alertmanagerTokenFile: string;
   readonly agentSecretFile: string;
+  readonly agentWebSecretFile: string;
 
   constructor(private readonly dir: string) {
     this.operatorTokenFile = this.write('operator-token', this.operator);
     this.readOnlyTokenFile = this.write('read-only-token', this.readOnly);
     this.alertmanagerTokenFile = this.write('alertmanager-token', this.alertmanager);
     this.agentSecretFile = this.write('agent-secret', this.agentSecret);
+    this.agentWebSecretFile = this.write('agent-web-secret', this.agentWebSecret);
   }
 
   /** `controller.auth` for these files. */
@@ -38,6 +42,11 @@ export class SimCredentials {
   /** Writes `node`'s agent token to its own file (as provisioning puts it on the node); returns the path. */
   agentTokenFile(node: string): string {
     return this.write(`agent-token-${node}`, this.agentToken(node));
+  }
+
+  /** Writes the token `node`'s agent requires on its own POST endpoints (its --web.token-file); returns the path. */
+  agentWebTokenFile(node: string): string {
+    return this.write(`agent-web-token-${node}`, agentTokenFor(this.agentWebSecret, node));
   }
 
   private write(name: string, secret: string): string {

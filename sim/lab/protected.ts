@@ -1,5 +1,4 @@
 import { execFile } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
 import { appendFileSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -89,8 +88,6 @@ export class ProtectedLab {
   readonly job: string;
   /** Every role's credential, each in its own file under the root; each node's agent token too. */
   readonly credentials: SimCredentials;
-  /** The token the agents require on their POST endpoints (the controller's agents.tokenFile). */
-  readonly agentWebTokenFile: string;
   readonly log: JobLog;
   redis!: RedisPart;
   prometheus!: PrometheusPart;
@@ -116,7 +113,6 @@ export class ProtectedLab {
     this.job = options.job ?? 'lab-train';
     this.paths = { code: join(root, 'code'), logs: join(root, 'logs'), checkpoints: join(root, 'checkpoints'), stacks: join(root, 'stacks'), faults: join(root, 'faults') };
     this.credentials = new SimCredentials(root);
-    this.agentWebTokenFile = join(root, 'agent-web-token');
     this.log = new JobLog(this.paths.logs, this.job);
     // The controller runs in this process; its log goes to a file under the root unless asked for.
     this.logger = pino({ name: 'steadfast-controller', level: 'info' }, pino.destination(options.verbose ? { fd: 2, sync: true } : { dest: join(root, 'controller.log'), sync: true }));
@@ -176,8 +172,10 @@ export class ProtectedLab {
       // Empty until the node is a run's batch host; sbatch appends (--open-mode=append).
       writeFileSync(jobLogFile(this.paths, this.job, node.name), '');
     }
-    for (const node of layout.nodes) this.credentials.agentTokenFile(node.name);
-    writeFileSync(this.agentWebTokenFile, `${randomBytes(24).toString('hex')}\n`, { mode: 0o600 });
+    for (const node of layout.nodes) {
+      this.credentials.agentTokenFile(node.name);
+      this.credentials.agentWebTokenFile(node.name);
+    }
     writeFileSync(join(root, 'diagnostics.yaml'), stringify(DIAGNOSTICS));
 
     this.labStarted = true;
@@ -199,7 +197,8 @@ export class ProtectedLab {
       progress: { prometheusUrl: `http://127.0.0.1:${prometheusPort}`, timeoutSeconds: 180 },
       agents: {
         urls: Object.fromEntries(layout.nodes.map((node) => [node.name, this.agentUrl(node)])),
-        tokenFile: this.agentWebTokenFile,
+        // Each agent's web token is its own, derived from this secret: one leaked token opens one agent.
+        secretFile: this.credentials.agentWebSecretFile,
         diagnoseTimeoutSeconds: 120,
       },
       analysis: {
@@ -291,7 +290,7 @@ export class ProtectedLab {
       '--controller.token-file',
       this.credentials.agentTokenFile(node.name),
       '--web.token-file',
-      this.agentWebTokenFile,
+      this.credentials.agentWebTokenFile(node.name),
     ];
     const { command, args } = nodeCommand(this.layout, node, argv);
     this.processes.start(`agent-${node.name}`, command, args, join(this.root, 'logs', `agent-${node.name}.log`), { cwd: repoRoot() });
@@ -309,7 +308,7 @@ export class ProtectedLab {
         controllerUrl: this.controllerUrl,
         // Each rank reports checkpoints with its own node's agent token (the client fills in {node}).
         tokenFile: join(this.root, 'agent-token-{node}'),
-        agentTokenFile: this.agentWebTokenFile,
+        agentTokenFile: join(this.root, 'agent-web-token-{node}'),
       }),
     };
   }

@@ -6,6 +6,9 @@ import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { agentDeadlineSeconds, ringNeighbours, runStopTimeDiagnostics, summarizeDiagnostics, type AgentOutcome } from '../../analyzers/stop-time-diagnosis.js';
 import { ALL_CHECKS_STAGE, runStagedDiagnostics } from '../../analyzers/staged-diagnosis.js';
+import { AgentDirectory } from '../../controller/agents.js';
+import { configSchema } from '../../core/config.js';
+import { agentTokenFor } from '../../core/credentials.js';
 import type { CheckReport, DiagnoseReport } from '../../core/diagnostics.js';
 import { InputError } from '../../core/errors.js';
 import { silentLogger } from '../../core/log.js';
@@ -197,6 +200,23 @@ describe('runStopTimeDiagnostics against real agents', () => {
     // Each agent was told its ring neighbours, next first, for the all-gather.
     const first = result.outcomes[0];
     expect(first?.kind === 'report' ? first.report.checks.find((entry) => entry.name === 'peers')?.outputTail : undefined).toBe('node-b,node-k\n');
+  });
+
+  it('reaches each agent with its own node\'s token from the controller\'s agents.secretFile, and one node\'s token opens no other agent', async () => {
+    const secretFile = join(dir, 'agent-web-secret');
+    writeFileSync(secretFile, `${'s'.repeat(40)}\n`);
+    const directory = new AgentDirectory(configSchema.parse({ agents: { secretFile } }).agents, async () => true);
+    const urls = new Map<string, string>([
+      ['node-a', await agentWith('node-a', healthy, { apiToken: agentTokenFor('s'.repeat(40), 'node-a') })],
+      ['node-b', await agentWith('node-b', healthy, { apiToken: agentTokenFor('s'.repeat(40), 'node-b') })],
+    ]);
+    const agentUrl = (node: string): string => urls.get(node) ?? '';
+    const own = await runStopTimeDiagnostics([...urls.keys()], { agentUrl, tokenFor: (node) => directory.tokenFor(node), timeoutSeconds: 10 });
+    expect(own.outcomes.map((outcome) => outcome.kind)).toEqual(['report', 'report']);
+    // node-a's token, leaked, presented to node-b's agent.
+    const leaked = await runStopTimeDiagnostics([...urls.keys()], { agentUrl, tokenFor: () => directory.tokenFor('node-a'), timeoutSeconds: 10 });
+    expect(leaked.outcomes.map((outcome) => outcome.kind)).toEqual(['report', 'refused']);
+    expect(leaked.inconclusive).toEqual([{ node: 'node-b', reason: expect.stringContaining('agent answered 401') }]);
   });
 
   it('runs only the checks asked for, with at most `concurrency` agents at once', async () => {

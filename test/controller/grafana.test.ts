@@ -209,7 +209,7 @@ describe('the controller with a grafana section', () => {
 });
 
 describe('the grafana config section', () => {
-  const base = { controller: { token: 'x'.repeat(16) } };
+  const base = { controller: { auth: { operatorToken: 'x'.repeat(16) } } };
 
   it('is optional, and takes a URL, a token and a dashboard uid with a default timeout', () => {
     expect(configSchema.parse(base).grafana).toBeUndefined();
