@@ -61,7 +61,7 @@ async function main(): Promise<void> {
     const agent = group.start(
       'agent',
       process.execPath,
-      [join(repoRoot(), 'bin', 'steadfast.js'), 'agent', '--web.listen-address', `127.0.0.1:${agentPort}`, '--node', 'fixture-node', '--path.sysfs', node.sysfs, '--path.procfs', node.procfs, '--path.kmsg', node.kmsg, '--nvidia-smi.xml', node.nvidiaSmiXml],
+      [join(repoRoot(), 'bin', 'steadfast.js'), 'agent', '--web.listen-address', `127.0.0.1:${agentPort}`, '--node', 'fixture-node', '--path.sysfs', node.sysfs, '--path.procfs', node.procfs, '--path.kmsg', node.kmsg, '--nvidia-smi.xml', node.nvidiaSmiXml, '--web.insecure'],
       join(root, 'agent.log'),
       { env: { ...process.env, STEADFAST_LOG_LEVEL: 'warn' } },
     );

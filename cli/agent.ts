@@ -1,7 +1,7 @@
 import { hostname } from 'node:os';
 import { Command, Option } from 'commander';
 import { z } from 'zod';
-import { resolveToken } from '../core/config.js';
+import { resolveToken } from '../core/token.js';
 import { parseAgentToken } from '../core/credentials.js';
 import { InputError } from '../core/errors.js';
 import { createLogger, type Logger } from '../core/log.js';

@@ -1,24 +1,5 @@
 import { Command, type CommanderError } from 'commander';
-import { agentCommand } from './agent.js';
-import { alertmanagerConfigCommand } from './alertmanager-config.js';
-import { analyzeCommand } from './analyze.js';
-import { auditCommand } from './audit.js';
-import { checkCommand } from './check.js';
-import { controllerCommand } from './controller.js';
-import { dashboardsCommand } from './dashboards.js';
-import { demoCommand } from './demo.js';
-import { detectCommand } from './detect.js';
-import { holdCommands } from './holds.js';
-import { jobsCommand } from './jobs.js';
-import { labCommand } from './lab.js';
-import { pauseCommands } from './pause.js';
-import { queuesCommand } from './queues.js';
-import { planCommand } from './plan.js';
-import { resumeCommand } from './resume.js';
-import { rulesCommand } from './rules.js';
-import { sdCommand } from './sd.js';
-import { simulateCommand } from './simulate.js';
-import { tokenCommand } from './token.js';
+import { COMMANDS, chosenCommand, loadCommand } from './commands.js';
 import { EXIT_USAGE } from './common.js';
 
 // commander exits 0 for --help and --version; every usage error (unknown option, bad value) exits 2.
@@ -39,8 +20,11 @@ function withUsageErrors(command: Command): Command {
   return command;
 }
 
-for (const command of [agentCommand(), controllerCommand(), auditCommand(), jobsCommand(), queuesCommand(), ...pauseCommands(), ...holdCommands(), resumeCommand(), planCommand(), analyzeCommand(), detectCommand(), simulateCommand(), dashboardsCommand(), rulesCommand(), alertmanagerConfigCommand(), sdCommand(), checkCommand(), demoCommand(), labCommand(), tokenCommand()]) {
-  program.addCommand(withUsageErrors(command));
+// Only the command being run is loaded; the others are listed by name and summary for --help.
+const chosen = chosenCommand(process.argv.slice(2));
+for (const entry of COMMANDS) {
+  if (entry.name === chosen) program.addCommand(withUsageErrors(await loadCommand(entry)));
+  else program.command(entry.name).summary(entry.summary);
 }
 
 await program.parseAsync(process.argv);

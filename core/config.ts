@@ -8,6 +8,8 @@ import { nodeNameSchema } from './names.js';
 import { launcherNameSchema, launcherSchema } from './launcher.js';
 import { queueTimingSchema } from './queues.js';
 import { parseOrThrow } from './validate.js';
+// resolveToken lives apart so that the agent reads its token without loading the config schema.
+export { resolveToken } from './token.js';
 import { recoverySchema } from './recovery-config.js';
 
 export { DEFAULT_RECOVERY, recoverySchema, type RecoveryConfig } from './recovery-config.js';
@@ -458,20 +460,4 @@ export function loadConfig(options: { file?: string | undefined; env?: NodeJS.Pr
   }
   const merged = deepMerge(fromFile as Record<string, unknown>, envOverrides(options.env ?? process.env));
   return parseOrThrow(configSchema, merged, 'config');
-}
-
-/** A bearer token (Grafana's, the agents'), from the config or the file it names (trailing newline removed). */
-export function resolveToken(config: { token?: string | undefined; tokenFile?: string | undefined }, what: string): string {
-  if (config.token) return config.token;
-  if (config.tokenFile) {
-    let token: string;
-    try {
-      token = readFileSync(config.tokenFile, 'utf8').trim();
-    } catch (error) {
-      throw new InputError(`${what}: cannot read token file ${config.tokenFile}: ${errorMessage(error)}`, 'tokenFile');
-    }
-    if (token.length < 16) throw new InputError(`${what}: token in ${config.tokenFile} must be at least 16 characters`, 'tokenFile');
-    return token;
-  }
-  throw new InputError(`${what}: no token configured (set token or tokenFile); refusing to run unauthenticated`, 'token');
 }

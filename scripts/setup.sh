@@ -15,6 +15,8 @@ command -v promtool >/dev/null || need+=(prometheus)
 command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
 command -v amtool >/dev/null || need+=(prometheus-alertmanager)
 command -v prometheus-node-exporter >/dev/null || need+=(prometheus-node-exporter)  # bench baseline
+# The Debian package test verifies the systemd units (systemd-analyze) of the .deb it builds.
+command -v systemd-analyze >/dev/null || need+=(systemd)
 command -v slurmctld >/dev/null || need+=(slurmctld)
 command -v scontrol >/dev/null || need+=(slurm-client)
 command -v sinfo >/dev/null || need+=(slurm-client)

@@ -1,6 +1,5 @@
 import { readFile } from 'node:fs/promises';
 import { Counter, Gauge, type Registry } from 'prom-client';
-import { parse as parseYaml } from 'yaml';
 import { z } from 'zod';
 import {
   DIAGNOSE_PATH,
@@ -100,6 +99,8 @@ async function loadChecks(file: string | undefined): Promise<Loaded> {
   if (file === undefined) return { ok: false, error: `stop-time diagnostics are not configured on this node: start the agent with --${DIAGNOSE_CONFIG_FLAG} <file>` };
   let parsed: unknown;
   try {
+    // The YAML parser loads only here, on a node that runs diagnostics, not at every agent start.
+    const { parse: parseYaml } = await import('yaml');
     parsed = parseYaml(await readFile(file, 'utf8'));
   } catch (error) {
     return { ok: false, error: `cannot read the diagnostics config ${file}: ${errorMessage(error)}` };

@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
+import { COMMANDS, chosenCommand, loadCommand } from '../../cli/commands.js';
 
 const run = promisify(execFile);
 const ROOT = join(import.meta.dirname, '..', '..');
@@ -31,9 +32,26 @@ describe('the steadfast CLI', () => {
     expect(result.stdout).toContain(`Usage: steadfast ${command}`);
   });
 
-  it('lists every subcommand in the top-level help', async () => {
+  it('lists every subcommand in the top-level help, each with its summary', async () => {
     const result = await steadfast('--help');
     for (const command of ['agent', 'controller', 'audit', 'dashboards', 'demo']) expect(result.stdout).toContain(command);
+    for (const entry of COMMANDS) expect(result.stdout.replace(/\s+/g, ' ')).toContain(`${entry.name} ${entry.summary}`);
+  });
+
+  it('loads, for every listed name, a command of that name from its module', async () => {
+    for (const entry of COMMANDS) expect((await loadCommand(entry)).name()).toBe(entry.name);
+  });
+
+  it('picks the command to load from the first word that is not an option, and from `help NAME`', () => {
+    expect(chosenCommand(['agent', '--once', '--node', 'n1'])).toBe('agent');
+    expect(chosenCommand(['--version'])).toBeUndefined();
+    expect(chosenCommand(['help', 'controller'])).toBe('controller');
+  });
+
+  it('shows a command\'s help through `help NAME`', async () => {
+    const result = await steadfast('help', 'hold');
+    expect(result.code).toBe(0);
+    expect(result.stdout).toContain('Usage: steadfast hold');
   });
 
   it('exits 2 and names the option when an option is unknown', async () => {

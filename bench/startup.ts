@@ -1,0 +1,129 @@
+import { spawn } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { cpus, tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { performance } from 'node:perf_hooks';
+import { repoRoot } from '../core/paths.js';
+import { buildFixtureNode, type FixtureNode } from '../sim/fixture-node.js';
+import { ProcessGroup, freePort, httpOk, waitFor } from '../sim/processes.js';
+import { quantile } from './stats.js';
+
+/**
+ * Start-up time and resident memory of `steadfast` against Debian's prometheus-node-exporter,
+ * in the same run, on the same fixture node (bench/scrape.ts's: 8 GPUs, 8 InfiniBand ports,
+ * 4 NFS mounts). `node -e 0` is printed as the floor any Node.js program starts from.
+ *   --version:   wall time of the whole process, spawn to exit.
+ *   start-up:    spawn to the first 200 from /metrics.
+ *   RSS:         VmRSS after SCRAPES scrapes of /metrics.
+ */
+
+const RUNS = Number(process.env.STEADFAST_BENCH_STARTUP_RUNS ?? 15);
+const SCRAPES = Number(process.env.STEADFAST_BENCH_RSS_SCRAPES ?? 1000);
+const BIN = join(repoRoot(), 'bin', 'steadfast.js');
+const NODE_EXPORTER = 'prometheus-node-exporter';
+const CLOCK_TICKS_PER_SECOND = 100;
+/** The V8 flags deploy/systemd/steadfast-agent.service gives the agent (STEADFAST_NODE_FLAGS). */
+const UNIT_NODE_FLAGS = ['--lite-mode', '--optimize-for-size', '--max-semi-space-size=1'];
+
+function agentArgs(node: FixtureNode, port: number, stateDir: string, nodeFlags: readonly string[] = []): string[] {
+  return [...nodeFlags, BIN, 'agent', '--web.listen-address', `127.0.0.1:${port}`, '--node', 'fixture-node', '--path.sysfs', node.sysfs, '--path.procfs', node.procfs, '--path.kmsg', node.kmsg, '--nvidia-smi.xml', node.nvidiaSmiXml, '--xid.state-file', join(stateDir, 'xid-state.json'), '--web.insecure'];
+}
+
+function exporterArgs(node: FixtureNode, port: number): string[] {
+  return [`--web.listen-address=127.0.0.1:${port}`, `--path.sysfs=${node.sysfs}`, `--path.procfs=${node.procfs}`, '--collector.disable-defaults', '--collector.infiniband', '--collector.mountstats'];
+}
+
+/** Wall milliseconds from spawn to exit; fails on a non-zero exit. */
+function timeToExit(command: string, args: readonly string[]): Promise<number> {
+  const started = performance.now();
+  return new Promise((resolve, reject) => {
+    const child = spawn(command, args, { stdio: 'ignore', env: { ...process.env, STEADFAST_LOG_LEVEL: 'silent' } });
+    child.once('error', reject);
+    child.once('exit', (code) => (code === 0 ? resolve(performance.now() - started) : reject(new Error(`${command} ${args.join(' ')} exited ${code}`))));
+  });
+}
+
+/** Wall milliseconds from spawn to the first answered /metrics; the process is stopped after. */
+async function timeToFirstScrape(group: ProcessGroup, logDir: string, command: string, args: (port: number) => string[]): Promise<number> {
+  const port = await freePort();
+  const started = performance.now();
+  group.start('startup', command, args(port), join(logDir, 'startup.log'), { env: { ...process.env, STEADFAST_LOG_LEVEL: 'warn' } });
+  await waitFor(`${command} to serve /metrics`, () => httpOk(`http://127.0.0.1:${port}/metrics`), 30_000, 2);
+  const elapsed = performance.now() - started;
+  await group.stop('startup');
+  return elapsed;
+}
+
+function rssMegabytes(pid: number): number {
+  const match = /^VmRSS:\s+(\d+) kB$/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+  if (!match) throw new Error(`no VmRSS for process ${pid}`);
+  return Number(match[1]) / 1024;
+}
+
+/** User plus system CPU seconds of a process so far (fields 14 and 15 of /proc/PID/stat). */
+function cpuSeconds(pid: number): number {
+  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  return (Number(fields[11]) + Number(fields[12])) / CLOCK_TICKS_PER_SECOND;
+}
+
+interface Steady {
+  readonly rssMegabytes: number;
+  readonly cpuMsPerScrape: number;
+}
+
+/** VmRSS after SCRAPES sequential scrapes of a long-running exporter, and its CPU per scrape. */
+async function rssAfterScrapes(group: ProcessGroup, logDir: string, name: string, command: string, args: (port: number) => string[]): Promise<Steady> {
+  const port = await freePort();
+  const child = group.start(name, command, args(port), join(logDir, `${name}.log`), { env: { ...process.env, STEADFAST_LOG_LEVEL: 'warn' } });
+  const url = `http://127.0.0.1:${port}/metrics`;
+  await waitFor(`${name} to serve /metrics`, () => httpOk(url), 30_000);
+  const pid = child.pid ?? 0;
+  const cpuStart = cpuSeconds(pid);
+  for (let i = 0; i < SCRAPES; i += 1) {
+    const response = await fetch(url);
+    await response.text();
+    if (!response.ok) throw new Error(`${name} answered ${response.status}`);
+  }
+  const steady = { rssMegabytes: rssMegabytes(pid), cpuMsPerScrape: ((cpuSeconds(pid) - cpuStart) * 1000) / SCRAPES };
+  await group.stop(name);
+  return steady;
+}
+
+const median = (samples: number[]): number => quantile([...samples].sort((a, b) => a - b), 0.5);
+
+async function main(): Promise<void> {
+  const root = mkdtempSync(join(tmpdir(), 'steadfast-bench-startup-'));
+  const group = new ProcessGroup();
+  try {
+    const node = buildFixtureNode(root);
+    const samples = { nodeFloor: [] as number[], version: [] as number[], exporterVersion: [] as number[], agent: [] as number[], exporter: [] as number[] };
+    // Interleaved, so each sees the same machine conditions.
+    for (let run = 0; run < RUNS; run += 1) {
+      samples.nodeFloor.push(await timeToExit(process.execPath, ['-e', '0']));
+      samples.version.push(await timeToExit(process.execPath, [BIN, '--version']));
+      samples.exporterVersion.push(await timeToExit(NODE_EXPORTER, ['--version']));
+      samples.agent.push(await timeToFirstScrape(group, root, process.execPath, (port) => agentArgs(node, port, root)));
+      samples.exporter.push(await timeToFirstScrape(group, root, NODE_EXPORTER, (port) => exporterArgs(node, port)));
+    }
+    const agentRss = await rssAfterScrapes(group, root, 'agent', process.execPath, (port) => agentArgs(node, port, root));
+    const unitAgentRss = await rssAfterScrapes(group, root, 'agent-unit-flags', process.execPath, (port) => agentArgs(node, port, root, UNIT_NODE_FLAGS));
+    const exporterRss = await rssAfterScrapes(group, root, 'node_exporter', NODE_EXPORTER, (port) => exporterArgs(node, port));
+
+    process.stdout.write(`\nStart-up and memory on the fixture node, median of ${RUNS} interleaved runs; RSS after ${SCRAPES} scrapes\n`);
+    process.stdout.write(`machine: ${cpus().length} × ${cpus()[0]?.model ?? 'unknown CPU'}, Node ${process.version}\n\n`);
+    process.stdout.write('| measure | steadfast | node_exporter 1.5 | target |\n|---|---|---|---|\n');
+    process.stdout.write(`| \`--version\`, ms (node -e 0: ${median(samples.nodeFloor).toFixed(0)}) | ${median(samples.version).toFixed(0)} | ${median(samples.exporterVersion).toFixed(0)} | ≤ 150 |\n`);
+    process.stdout.write(`| agent start-up to first /metrics, ms | ${median(samples.agent).toFixed(0)} | ${median(samples.exporter).toFixed(0)} | ≤ 150 |\n`);
+    const unitFlags = UNIT_NODE_FLAGS.join(' ');
+    process.stdout.write(`| RSS after ${SCRAPES} scrapes, MB (Node defaults) | ${agentRss.rssMegabytes.toFixed(1)} | ${exporterRss.rssMegabytes.toFixed(1)} | ≤ 64 |\n`);
+    process.stdout.write(`| RSS after ${SCRAPES} scrapes, MB (the agent unit's ${unitFlags}) | ${unitAgentRss.rssMegabytes.toFixed(1)} | | ≤ 64 |\n`);
+    process.stdout.write(`| CPU ms per scrape (Node defaults) | ${agentRss.cpuMsPerScrape.toFixed(2)} | ${exporterRss.cpuMsPerScrape.toFixed(2)} | |\n`);
+    process.stdout.write(`| CPU ms per scrape (the agent unit's flags) | ${unitAgentRss.cpuMsPerScrape.toFixed(2)} | | |\n`);
+  } finally {
+    await group.stopAll();
+    rmSync(root, { recursive: true, force: true });
+  }
+}
+
+await main();
