@@ -71,7 +71,7 @@ export class KubernetesWorkloads {
     const parsed = workloadSchema.safeParse(body);
     if (!parsed.success) return { state: 'unknown', detail: `${where}: unreadable status (${parsed.error.issues[0]?.message ?? 'invalid'})` };
     const holding = (parsed.data.status?.conditions ?? []).filter((condition) => condition.status === 'True');
-    const failed = holding.find((condition) => kind.failed.includes(condition.type));
+    const failed = kind.failed.map((type) => holding.find((condition) => condition.type === type)).find((condition) => condition !== undefined);
     if (failed) return { state: 'failed', detail: `${where} is ${failed.type}${failed.reason ? ` (${failed.reason})` : ''}` };
     const completed = holding.find((condition) => condition.type === kind.completed);
     if (completed) return { state: 'completed', detail: `${where} is ${completed.type}` };

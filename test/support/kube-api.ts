@@ -42,6 +42,12 @@ export interface KubeApiStandIn {
   readonly token: string;
   /** Serves these exchanges next, after any not yet consumed. */
   load(exchanges: RecordedExchange[]): void;
+  /**
+   * Answers every GET of `path` (with `query`) with `response`, however often it comes, where no
+   * recorded exchange is due: for a controller that polls on its own clock. A later call for the
+   * same request replaces the answer; `verify()` removes them all.
+   */
+  answer(path: string, response: RecordedExchange['response'], query?: Record<string, string>): void;
   /** Throws, listing every unexpected request and unconsumed exchange, then starts clean. */
   verify(): void;
   close(): Promise<void>;
@@ -61,6 +67,7 @@ function requestLine(method: string, path: string, query: Record<string, string>
 export async function startKubeApi(token = 'steadfast-test-token'): Promise<KubeApiStandIn> {
   let pending: RecordedExchange[] = [];
   let problems: string[] = [];
+  let standing = new Map<string, RecordedExchange['response']>();
 
   function mismatch(expected: RecordedExchange | undefined, method: string, path: string, query: Record<string, string>, contentType: string | undefined, body: unknown, auth: string | undefined): string | undefined {
     const got = requestLine(method, path, query);
@@ -87,6 +94,12 @@ export async function startKubeApi(token = 'steadfast-test-token'): Promise<Kube
     }
     const contentType = request.headers['content-type']?.split(';')[0];
     const problem = mismatch(pending[0], method, url.pathname, query, contentType, body, request.headers.authorization);
+    const standingAnswer = standing.get(requestLine(method, url.pathname, query));
+    if (problem !== undefined && standingAnswer !== undefined && request.headers.authorization === `Bearer ${token}`) {
+      response.writeHead(standingAnswer.status, { 'content-type': 'application/json' });
+      response.end(JSON.stringify(standingAnswer.body));
+      return;
+    }
     if (problem !== undefined) {
       problems.push(problem);
       response.writeHead(418, { 'content-type': 'application/json' });
@@ -113,11 +126,15 @@ export async function startKubeApi(token = 'steadfast-test-token'): Promise<Kube
     load(exchanges) {
       pending = [...pending, ...exchanges];
     },
+    answer(path, response, query = {}) {
+      standing.set(requestLine('GET', path, query), response);
+    },
     verify() {
       const left = pending.map((exchange) => `unconsumed exchange ${requestLine(exchange.request.method, exchange.request.path, exchange.request.query ?? {})}`);
       const all = [...problems, ...left];
       pending = [];
       problems = [];
+      standing = new Map();
       if (all.length > 0) throw new Error(`Kubernetes API stand-in:\n  ${all.join('\n  ')}`);
     },
     close: () =>
