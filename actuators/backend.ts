@@ -1,3 +1,5 @@
+import type { Launcher } from '../core/launcher.js';
+
 /**
  * A cluster backend is how actuators touch the scheduler. Slurm, Kubernetes and dry-run share
  * this interface, so dry-run swaps the backend instead of adding `if` branches.
@@ -54,8 +56,11 @@ export interface ClusterBackend {
    * Backends whose relaunch replaces the workload themselves (Kubernetes) leave it out.
    */
   cancelJobs?(name: string): Promise<string[]>;
-  /** The state of the workload a registered job runs as (Slurm: the jobs named after it). Backends that cannot tell leave it out. */
-  workloadState?(name: string): Promise<WorkloadState>;
+  /**
+   * The state of the workload a registered job runs as (Slurm: the jobs named after it;
+   * Kubernetes: the workload its launcher names). Backends that cannot tell leave it out.
+   */
+  workloadState?(name: string, launcher?: Launcher): Promise<WorkloadState>;
   /** Extra environment for the job launcher's commands, so that they reach the same scheduler (Slurm: `backend.slurm.env`). */
   readonly launchEnv?: Readonly<Record<string, string>>;
 }

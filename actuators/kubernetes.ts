@@ -1,6 +1,7 @@
 import {
   ApiException,
   CoreV1Api,
+  CustomObjectsApi,
   KubeConfig,
   PatchStrategy,
   ServerConfiguration,
@@ -12,10 +13,13 @@ import {
   type V1Pod,
   type V1Taint,
 } from '@kubernetes/client-node';
-import { DoNotRetryError, RetryLaterError, errorMessage } from '../core/errors.js';
+import { DoNotRetryError, RetryLaterError } from '../core/errors.js';
 import { EQUALITY_SELECTOR_RULE, isEqualityLabelSelector, isLabelValue, isNamespace } from '../core/kubernetes-names.js';
 import { NODE_NAME_PATTERN } from '../core/names.js';
-import type { ClusterBackend, NodeState } from './backend.js';
+import type { Launcher } from '../core/launcher.js';
+import type { ClusterBackend, NodeState, WorkloadState } from './backend.js';
+import { apiError, serverMessage, statusCode } from './kubernetes-errors.js';
+import { KubernetesWorkloads } from './kubernetes-workload.js';
 
 /** Everything steadfast writes on a Node carries this prefix, so its own marks are told apart from an operator's. */
 export const DRAINED_TAINT = 'steadfast.dev/drained';
@@ -47,10 +51,6 @@ const MAX_REASON_LENGTH = 1024;
 const MIRROR_POD_ANNOTATION = 'kubernetes.io/config.mirror';
 const SCHEDULE_EFFECTS = new Set(['NoSchedule', 'NoExecute']);
 const FINISHED_PHASES = new Set(['Succeeded', 'Failed']);
-const RBAC_HINT = 'see deploy/kubernetes/rbac.yaml';
-
-/** The RBAC rule each call needs, named the way a ClusterRole spells it. */
-type Permission = 'get nodes' | 'list nodes' | 'patch nodes' | 'list pods' | 'create pods/eviction' | 'deletecollection pods';
 
 /** A JSON merge patch (RFC 7386) of a Node: `null` removes a key, lists are replaced whole. */
 interface NodeMergePatch {
@@ -140,39 +140,6 @@ function needsEviction(pod: V1Pod): boolean {
   return !FINISHED_PHASES.has(pod.status?.phase ?? '');
 }
 
-function statusCode(error: unknown): number | undefined {
-  return error instanceof ApiException ? error.code : undefined;
-}
-
-/** The API server's own sentence from a Status body, when the answer carried one. */
-function serverMessage(error: ApiException<unknown>): string {
-  const body: unknown = error.body;
-  if (typeof body === 'string') {
-    try {
-      const status: unknown = JSON.parse(body);
-      if (typeof status === 'object' && status !== null && 'message' in status && typeof status.message === 'string') return status.message;
-    } catch {
-      return body.slice(0, 200);
-    }
-  }
-  return error.message;
-}
-
-/** Maps a failed call onto the pipeline's retry classes, naming what was attempted and what was missing. */
-function apiError(error: unknown, action: string, permission: Permission): Error {
-  if (!(error instanceof ApiException)) {
-    return new RetryLaterError(`Kubernetes API unreachable while trying to ${action}: ${errorMessage(error)}`, error);
-  }
-  const detail = `${action}: HTTP ${error.code}: ${serverMessage(error)}`;
-  if (error.code === 401) return new DoNotRetryError(`Kubernetes API rejected steadfast's credentials (expired or wrong token) trying to ${detail}`);
-  if (error.code === 403) {
-    return new DoNotRetryError(`steadfast lacks the RBAC permission "${permission}" (${RBAC_HINT}); forbidden to ${detail}`);
-  }
-  if (error.code === 409) return new RetryLaterError(`node changed while steadfast was writing it; re-read and retry to ${detail}`, error);
-  if (error.code === 408 || error.code === 429 || error.code >= 500) return new RetryLaterError(`Kubernetes API failed to ${detail}`, error);
-  return new DoNotRetryError(`Kubernetes API refused to ${detail}`);
-}
-
 function loadKubeConfig(connection: KubernetesConnection): KubeConfig {
   const config = new KubeConfig();
   switch (connection.kind) {
@@ -207,7 +174,10 @@ function loadKubeConfig(connection: KubernetesConnection): KubeConfig {
 export class KubernetesBackend implements ClusterBackend {
   readonly name = 'kubernetes';
 
-  constructor(private readonly api: CoreV1Api) {}
+  constructor(
+    private readonly api: CoreV1Api,
+    private readonly workloads: KubernetesWorkloads,
+  ) {}
 
   private checkNode(node: string): void {
     if (!NODE_NAME_PATTERN.test(node) || !KUBERNETES_NODE_NAME.test(node)) {
@@ -367,6 +337,11 @@ export class KubernetesBackend implements ClusterBackend {
     return pods;
   }
 
+  /** The state of the workload the job's Kubernetes launcher names (kubernetes-workload.ts). */
+  async workloadState(name: string, launcher?: Launcher): Promise<WorkloadState> {
+    return this.workloads.state(name, launcher);
+  }
+
   async standbys(): Promise<string[]> {
     try {
       const nodes = await this.api.listNode({ labelSelector: `${ROLE_LABEL}=standby` });
@@ -396,5 +371,5 @@ export function kubernetesBackend(options: KubernetesBackendOptions): Kubernetes
       },
     ],
   });
-  return new KubernetesBackend(new CoreV1Api(configuration));
+  return new KubernetesBackend(new CoreV1Api(configuration), new KubernetesWorkloads(new CustomObjectsApi(configuration)));
 }

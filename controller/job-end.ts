@@ -1,6 +1,9 @@
 import type { AuditLog } from '../core/audit.js';
 import type { Logger } from '../core/log.js';
 import type { ClusterBackend } from '../actuators/backend.js';
+import { launcherOf } from '../actuators/launcher.js';
+import type { JobSpec } from '../core/job.js';
+import type { Launchers } from '../core/launcher.js';
 import type { JobStore } from './job-store.js';
 
 /**
@@ -9,9 +12,14 @@ import type { JobStore } from './job-store.js';
  * `running` jobs only, so a run the ladder itself stopped (the job `recovering`) never counts.
  * True when the job was marked finished now.
  */
-export async function finishIfWorkloadEnded(deps: { jobs: JobStore; backend: ClusterBackend; audit: AuditLog; logger: Logger }, job: string, now: number): Promise<boolean> {
+export async function finishIfWorkloadEnded(
+  deps: { jobs: JobStore; backend: ClusterBackend; launchers: Launchers; audit: AuditLog; logger: Logger },
+  spec: JobSpec,
+  now: number,
+): Promise<boolean> {
   if (!deps.backend.workloadState) return false;
-  const workload = await deps.backend.workloadState(job).catch((error: unknown) => {
+  const job = spec.name;
+  const workload = await deps.backend.workloadState(job, launcherOf(deps.launchers, spec)).catch((error: unknown) => {
     deps.logger.warn({ job, err: error }, "cannot read the state of the job's workload");
     return undefined;
   });

@@ -393,7 +393,7 @@ export class Controller {
     const now = Date.now();
     const records = (await this.jobs.list()).filter((record) => record.state !== 'finished');
     for (const record of records) {
-      const ended = record.state === 'running' && (await finishIfWorkloadEnded({ jobs: this.jobs, backend: this.backend, audit: this.audit, logger: this.options.logger }, record.spec.name, now));
+      const ended = record.state === 'running' && (await finishIfWorkloadEnded({ jobs: this.jobs, backend: this.backend, launchers: this.options.config.launchers, audit: this.audit, logger: this.options.logger }, record.spec, now));
       if (ended) continue;
       const decided = await this.progress?.check(record.spec.name, now);
       if (decided) await this.dispatcher.apply(decided);

@@ -1,5 +1,6 @@
 import { readFileSync } from 'node:fs';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
+import { createServer as createTlsServer } from 'node:https';
 import type { AddressInfo } from 'node:net';
 import { isDeepStrictEqual } from 'node:util';
 import { z } from 'zod';
@@ -42,6 +43,14 @@ export interface KubeApiStandIn {
   readonly token: string;
   /** Serves these exchanges next, after any not yet consumed. */
   load(exchanges: RecordedExchange[]): void;
+  /**
+   * Answers every GET of `path` (with `query`) with `response`, however often it comes, where no
+   * recorded exchange is due: for a controller that polls on its own clock. A later call for the
+   * same request replaces the answer; `verify()` removes them all.
+   */
+  answer(path: string, response: RecordedExchange['response'], query?: Record<string, string>): void;
+  /** How many GETs of `path` the standing answers have served so far. */
+  served(path: string): number;
   /** Throws, listing every unexpected request and unconsumed exchange, then starts clean. */
   verify(): void;
   close(): Promise<void>;
@@ -58,9 +67,12 @@ function requestLine(method: string, path: string, query: Record<string, string>
   return `${method} ${path}${search ? `?${search}` : ''}`;
 }
 
-export async function startKubeApi(token = 'steadfast-test-token'): Promise<KubeApiStandIn> {
+/** `tls`: serve https with this key and certificate (PEM), as a real API server does; plain http otherwise. */
+export async function startKubeApi(token = 'steadfast-test-token', tls?: { key: string; cert: string }): Promise<KubeApiStandIn> {
   let pending: RecordedExchange[] = [];
   let problems: string[] = [];
+  let standing = new Map<string, RecordedExchange['response']>();
+  const servedCount = new Map<string, number>();
 
   function mismatch(expected: RecordedExchange | undefined, method: string, path: string, query: Record<string, string>, contentType: string | undefined, body: unknown, auth: string | undefined): string | undefined {
     const got = requestLine(method, path, query);
@@ -87,6 +99,13 @@ export async function startKubeApi(token = 'steadfast-test-token'): Promise<Kube
     }
     const contentType = request.headers['content-type']?.split(';')[0];
     const problem = mismatch(pending[0], method, url.pathname, query, contentType, body, request.headers.authorization);
+    const standingAnswer = standing.get(requestLine(method, url.pathname, query));
+    if (problem !== undefined && standingAnswer !== undefined && request.headers.authorization === `Bearer ${token}`) {
+      servedCount.set(url.pathname, (servedCount.get(url.pathname) ?? 0) + 1);
+      response.writeHead(standingAnswer.status, { 'content-type': 'application/json' });
+      response.end(JSON.stringify(standingAnswer.body));
+      return;
+    }
     if (problem !== undefined) {
       problems.push(problem);
       response.writeHead(418, { 'content-type': 'application/json' });
@@ -98,26 +117,32 @@ export async function startKubeApi(token = 'steadfast-test-token'): Promise<Kube
     response.end(JSON.stringify(exchange.response.body));
   }
 
-  const server = createServer((request, response) => {
+  const handle = (request: IncomingMessage, response: ServerResponse): void => {
     serve(request, response).catch((error: unknown) => {
       problems.push(`stand-in failed: ${String(error)}`);
       response.destroy();
     });
-  });
+  };
+  const server = tls ? createTlsServer(tls, handle) : createServer(handle);
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
   const { port } = server.address() as AddressInfo;
 
   return {
-    url: `http://127.0.0.1:${port}`,
+    url: `${tls ? 'https' : 'http'}://127.0.0.1:${port}`,
     token,
     load(exchanges) {
       pending = [...pending, ...exchanges];
     },
+    answer(path, response, query = {}) {
+      standing.set(requestLine('GET', path, query), response);
+    },
+    served: (path) => servedCount.get(path) ?? 0,
     verify() {
       const left = pending.map((exchange) => `unconsumed exchange ${requestLine(exchange.request.method, exchange.request.path, exchange.request.query ?? {})}`);
       const all = [...problems, ...left];
       pending = [];
       problems = [];
+      standing = new Map();
       if (all.length > 0) throw new Error(`Kubernetes API stand-in:\n  ${all.join('\n  ')}`);
     },
     close: () =>

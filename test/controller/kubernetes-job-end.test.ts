@@ -1,0 +1,81 @@
+import { execFile } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { Controller } from '../../controller/service.js';
+import { post, startController, testConfig } from '../support/controller.js';
+import { recordedExchanges, startKubeApi, type KubeApiStandIn, type RecordedExchange } from '../support/kube-api.js';
+import { testRedis } from '../support/redis.js';
+import { until } from '../support/until.js';
+
+const run = promisify(execFile);
+const WORKLOAD_PATH = '/apis/kubeflow.org/v1/namespaces/train/pytorchjobs/llama';
+/** Ticks come every 5 s; a read or two of the workload is what the test waits for. */
+const TICKS_MS = 20_000;
+
+/** The recorded PyTorchJob answers (workload-pytorchjob.json): llama's Succeeded, and mistral's Failed served as llama's. */
+function pytorchJobAnswers(): { failed: RecordedExchange['response']; succeeded: RecordedExchange['response'] } {
+  const [, , succeeded, failed] = recordedExchanges('workload-pytorchjob').map((exchange) => exchange.response);
+  if (!succeeded || !failed) throw new Error('workload-pytorchjob.json lacks an answer');
+  return { failed, succeeded };
+}
+
+/**
+ * A controller on the Kubernetes backend, against a stand-in API server that answers its node
+ * reads and its reads of the job's PyTorchJob: a failed PyTorchJob leaves the job to recovery,
+ * a succeeded one marks it finished, its nodes out of its ladder.
+ */
+describe('job end on the Kubernetes backend', () => {
+  const store = testRedis();
+  const root = mkdtempSync(join(tmpdir(), 'steadfast-k8s-job-end-'));
+  let api: KubeApiStandIn;
+  let controller: Controller;
+  let url: string;
+  const launchers = { pytorchjob: { kind: 'kubernetes', namespace: 'train', workload: 'pytorchjobs.kubeflow.org/llama', podSelector: 'training.kubeflow.org/job-name=llama' } };
+  const JOB = { name: 'llama', nodes: ['gpu-a01', 'gpu-b07'], ranksPerNode: 1, topology: { dp: 2 }, launcher: 'pytorchjob', codeVersion: 'v1' };
+
+  beforeAll(async () => {
+    // The controller's configuration has no way to skip TLS verification: the stand-in serves
+    // https with a certificate made for it, named to the controller as backend.kubernetes.caFile.
+    const key = join(root, 'key.pem');
+    const caFile = join(root, 'cert.pem');
+    await run('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', key, '-out', caFile, '-days', '1', '-subj', '/CN=127.0.0.1', '-addext', 'subjectAltName=IP:127.0.0.1']);
+    api = await startKubeApi(undefined, { key: readFileSync(key, 'utf8'), cert: readFileSync(caFile, 'utf8') });
+    const tokenFile = join(root, 'token');
+    writeFileSync(tokenFile, api.token, { mode: 0o600 });
+    const [a01, b07] = recordedExchanges('node-state');
+    if (!a01 || !b07) throw new Error('node-state.json lacks a node');
+    api.answer(a01.request.path, a01.response);
+    api.answer(b07.request.path, b07.response);
+    const backend = { kind: 'kubernetes', kubernetes: { connection: 'token', server: api.url, tokenFile, caFile } };
+    ({ controller, url } = await startController(testConfig(store.url, store.prefix, { backend, launchers })));
+  });
+  afterAll(async () => {
+    await controller.close();
+    await store.cleanup();
+    await api.close();
+    rmSync(root, { recursive: true, force: true });
+  });
+
+  it('leaves a job whose PyTorchJob failed to recovery, and marks it finished once its PyTorchJob succeeded', async () => {
+    const answers = pytorchJobAnswers();
+    api.answer(WORKLOAD_PATH, answers.failed);
+    const registered = await post(`${url}/api/v1/jobs`, JOB);
+    expect(registered.body.error).toBeUndefined();
+    expect(registered.status).toBe(201);
+    // Two reads: the first tick has decided by the time the second one asks.
+    await until('two reads of the failed PyTorchJob', async () => api.served(WORKLOAD_PATH), (count) => count >= 2, TICKS_MS);
+    expect((await controller.jobs.get('llama')).state).toBe('running');
+
+    api.answer(WORKLOAD_PATH, answers.succeeded);
+    const finished = await until('job finished', () => controller.jobs.get('llama'), (record) => record.state === 'finished', TICKS_MS);
+    expect(finished.stateReason).toBe('pytorchjobs.kubeflow.org train/llama is Succeeded');
+    expect(await controller.jobs.jobOnNode('gpu-a01')).toBeUndefined();
+    expect((await controller.audit.read({ limit: 50 })).map((entry) => entry.summary)).toContain(
+      'llama: finished (pytorchjobs.kubeflow.org train/llama is Succeeded); its nodes leave its recovery ladder',
+    );
+    api.verify();
+  }, 60_000);
+});
