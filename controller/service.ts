@@ -11,22 +11,19 @@ import { errorMessage } from '../core/errors.js';
 import type { Logger } from '../core/log.js';
 import { retentionFromBudget } from '../core/retention.js';
 import { Keys, describeRedis, intakeConnection, isRedisUp, workerConnection, type Redis } from '../core/redis.js';
-import { QUEUE_NAMES, queueJobOptions, workerTiming, type ActionJob, type AnalysisJob, type RecoveryJob, type SignalJob } from '../core/queues.js';
+import { QUEUE_NAMES, queueJobOptions, type ActionJob, type AnalysisJob, type RecoveryJob, type SignalJob } from '../core/queues.js';
 import type { ClusterBackend } from '../actuators/backend.js';
 import { createBackend } from '../actuators/backend-from-config.js';
-import { createDrainProcessor } from '../actuators/drain.js';
 import { SafetyGates, drainBudget } from '../actuators/safety.js';
 import { StandbyPool } from '../actuators/standby-pool.js';
 import { SignalIntake } from './intake.js';
 import { IntakeBatcher } from './intake-batch.js';
 import { GrafanaAnnotator } from './grafana.js';
 import { ControllerMetrics } from './metrics.js';
-import { createPolicyProcessor } from './policy-worker.js';
 import { JobStore } from './job-store.js';
 import { RecoveryDispatcher } from './recovery-dispatcher.js';
 import { ladderConfig, type LadderConfig } from './ladder/index.js';
 import { ProgressWatch } from './progress.js';
-import { createRecoveryProcessor } from '../actuators/recovery/index.js';
 import { finishIfWorkloadEnded } from './job-end.js';
 import { jobsRouter } from './jobs-api.js';
 import { operatorRouter } from './operator-api.js';
@@ -35,10 +32,10 @@ import { FailSlowWatch } from './failslow-watch.js';
 import { SuspectWatch } from './suspect-watch.js';
 import { PrometheusFeatureSource } from '../analyzers/multisignal-source.js';
 import { AgentDirectory } from './agents.js';
-import { createAnalysisProcessor } from './analysis.js';
 import { createApp } from './server.js';
 import { createLimitedServer, listenOn } from './connection-limits.js';
 import { metricsHandler } from './metrics-server.js';
+import { startWorkers } from './workers.js';
 
 export interface ControllerOptions {
   readonly config: Config;
@@ -285,48 +282,27 @@ export class Controller {
 
   private startWorkers(): void {
     const { config, logger } = this.options;
-    // How soon a job held by a dead worker (a killed replica's recovery) goes to a live one.
-    const timing = workerTiming(config.queues);
-    const policy = new Worker(
-      QUEUE_NAMES.signals,
-      createPolicyProcessor({
-        redis: this.workerRedis,
-        keys: this.keys,
-        audit: this.audit,
-        actions: this.actionQueue,
-        dedupeSeconds: config.policy.drainDedupeSeconds,
-        recovery: { jobs: this.jobs, dispatcher: this.dispatcher },
-      }),
-      { connection: this.ownConnection(), prefix: config.redis.prefix, ...timing, concurrency: 32 },
-    );
-    const recovery = new Worker(
-      QUEUE_NAMES.recovery,
-      createRecoveryProcessor({
+    this.workers.push(
+      ...startWorkers({
+        config,
+        logger,
+        connection: () => this.ownConnection(),
         redis: this.workerRedis,
         keys: this.keys,
         audit: this.audit,
         backend: this.backend,
         gates: this.gates,
         jobs: this.jobs,
-        launchers: config.launchers,
-        logger,
-        feedback: (event) => this.dispatcher.apply(event),
-        // One quarantine rule: the ladder's per job, this one across jobs.
-        quarantine: { afterEvictions: this.ladder.quarantineAfterEvictions, windowMs: this.ladder.exclusionWindowMs },
-        maxJobEvictionPercent: config.safety.maxJobEvictionPercent,
+        dispatcher: this.dispatcher,
+        ladder: this.ladder,
         pool: this.pool,
         progress: this.progress,
-        // jobId = the asking step: a redelivered recovery job cannot queue the same analysis twice.
-        analyze: async (request) => {
-          await this.analysisQueue.add(request.kind, request, { jobId: `${request.kind}:${request.ref}` });
-        },
-        onPage: (job, reason) => {
-          this.metrics.humanPages.inc({ training_job: job });
-          logger.warn({ job, reason }, 'a person is needed');
-        },
+        agents: this.agents,
+        metrics: this.metrics,
+        grafana: this.grafana,
+        actionQueue: this.actionQueue,
+        analysisQueue: this.analysisQueue,
       }),
-      // One transition at a time per worker keeps a job's steps strictly ordered.
-      { connection: this.ownConnection(), prefix: config.redis.prefix, ...timing, concurrency: 1 },
     );
     // The ladder holds restarts back (retry backoff) and lazy updates until a deadline: time
     // must pass through it (controller/ladder/, the `tick` event).
@@ -339,53 +315,6 @@ export class Controller {
         void this.tickFailSlow().catch((error: unknown) => logger.warn({ err: error }, 'fail-slow tick failed'));
       }, config.analysis.failSlowIntervalSeconds * 1000);
       this.failSlowTicker.unref();
-    }
-    const drain = new Worker(
-      QUEUE_NAMES.actions,
-      createDrainProcessor({
-        redis: this.workerRedis,
-        keys: this.keys,
-        audit: this.audit,
-        backend: this.backend,
-        gates: this.gates,
-        logger,
-        onFinished: (record) => {
-          this.metrics.actions.inc({ verb: record.verb, state: record.state, backend: record.backend });
-          this.grafana?.annotate(record);
-        },
-        // Drains outside any registered job: a refused one pages once per budget window.
-        onPage: (reason) => {
-          this.metrics.humanPages.inc({ training_job: '' });
-          logger.warn({ reason }, 'a person is needed');
-        },
-      }),
-      { connection: this.ownConnection(), prefix: config.redis.prefix, ...timing, concurrency: 4 },
-    );
-    drain.on('completed', (job) => {
-      const faultTime = Date.parse(job.data.decision.faultTime);
-      if (Number.isFinite(faultTime)) this.metrics.signalToAction.observe({ verb: job.data.decision.verb }, (Date.now() - faultTime) / 1000);
-    });
-    const analysis = new Worker(
-      QUEUE_NAMES.analysis,
-      createAnalysisProcessor({
-        jobs: this.jobs,
-        audit: this.audit,
-        agents: this.agents,
-        launchers: config.launchers,
-        feedback: (event) => this.dispatcher.apply(event),
-        logger,
-        stackRounds: config.analysis.stackRounds,
-        stackRoundSeconds: config.analysis.stackRoundSeconds,
-        replayTimeoutSeconds: config.analysis.replayTimeoutSeconds,
-        diagnoseStages: config.analysis.diagnoseStages,
-      }),
-      // Analyses of different jobs run side by side; each is mostly waiting on agents or replays.
-      { connection: this.ownConnection(), prefix: config.redis.prefix, ...timing, concurrency: 4 },
-    );
-    for (const worker of [policy, drain, recovery, analysis]) {
-      worker.on('failed', (job, error) => logger.warn({ queue: worker.name, job: job?.id, err: error }, 'job failed'));
-      worker.on('error', (error) => logger.warn({ queue: worker.name, err: error }, 'worker error'));
-      this.workers.push(worker);
     }
   }
 

@@ -1,0 +1,142 @@
+import { Worker, type Queue } from 'bullmq';
+import type { AuditLog } from '../core/audit.js';
+import type { Config } from '../core/config.js';
+import type { Logger } from '../core/log.js';
+import type { Keys, Redis } from '../core/redis.js';
+import { QUEUE_NAMES, workerTiming, type ActionJob, type AnalysisJob } from '../core/queues.js';
+import type { ClusterBackend } from '../actuators/backend.js';
+import { createDrainProcessor } from '../actuators/drain.js';
+import { createRecoveryProcessor } from '../actuators/recovery/index.js';
+import type { SafetyGates } from '../actuators/safety.js';
+import type { StandbyPool } from '../actuators/standby-pool.js';
+import type { AgentDirectory } from './agents.js';
+import { createAnalysisProcessor } from './analysis.js';
+import type { GrafanaAnnotator } from './grafana.js';
+import type { JobStore } from './job-store.js';
+import type { LadderConfig } from './ladder/index.js';
+import type { ControllerMetrics } from './metrics.js';
+import { createPolicyProcessor } from './policy-worker.js';
+import type { ProgressWatch } from './progress.js';
+import type { RecoveryDispatcher } from './recovery-dispatcher.js';
+
+/** What the controller's workers act with: its connections, stores, gates and watchers. */
+export interface WorkerDeps {
+  readonly config: Config;
+  readonly logger: Logger;
+  /** A Redis connection of the worker's own (BullMQ blocks on it). */
+  readonly connection: () => Redis;
+  readonly redis: Redis;
+  readonly keys: Keys;
+  readonly audit: AuditLog;
+  readonly backend: ClusterBackend;
+  readonly gates: SafetyGates;
+  readonly jobs: JobStore;
+  readonly dispatcher: RecoveryDispatcher;
+  readonly ladder: LadderConfig;
+  readonly pool: StandbyPool;
+  readonly progress: ProgressWatch | undefined;
+  readonly agents: AgentDirectory;
+  readonly metrics: ControllerMetrics;
+  readonly grafana: GrafanaAnnotator | undefined;
+  readonly actionQueue: Queue<ActionJob>;
+  readonly analysisQueue: Queue<AnalysisJob>;
+}
+
+/**
+ * The controller's four BullMQ workers: signals → decisions (policy), drains (actions), the
+ * recovery ladder's transitions (recovery) and the analyses it asks for (analysis).
+ */
+export function startWorkers(deps: WorkerDeps): Worker[] {
+  const { config, logger } = deps;
+  // How soon a job held by a dead worker (a killed replica's recovery) goes to a live one.
+  const timing = workerTiming(config.queues);
+  const policy = new Worker(
+    QUEUE_NAMES.signals,
+    createPolicyProcessor({
+      redis: deps.redis,
+      keys: deps.keys,
+      audit: deps.audit,
+      actions: deps.actionQueue,
+      dedupeSeconds: config.policy.drainDedupeSeconds,
+      recovery: { jobs: deps.jobs, dispatcher: deps.dispatcher },
+    }),
+    { connection: deps.connection(), prefix: config.redis.prefix, ...timing, concurrency: 32 },
+  );
+  const recovery = new Worker(
+    QUEUE_NAMES.recovery,
+    createRecoveryProcessor({
+      redis: deps.redis,
+      keys: deps.keys,
+      audit: deps.audit,
+      backend: deps.backend,
+      gates: deps.gates,
+      jobs: deps.jobs,
+      launchers: config.launchers,
+      logger,
+      feedback: (event) => deps.dispatcher.apply(event),
+      // One quarantine rule: the ladder's per job, this one across jobs.
+      quarantine: { afterEvictions: deps.ladder.quarantineAfterEvictions, windowMs: deps.ladder.exclusionWindowMs },
+      maxJobEvictionPercent: config.safety.maxJobEvictionPercent,
+      pool: deps.pool,
+      progress: deps.progress,
+      // jobId = the asking step: a redelivered recovery job cannot queue the same analysis twice.
+      analyze: async (request) => {
+        await deps.analysisQueue.add(request.kind, request, { jobId: `${request.kind}:${request.ref}` });
+      },
+      onPage: (job, reason) => {
+        deps.metrics.humanPages.inc({ training_job: job });
+        logger.warn({ job, reason }, 'a person is needed');
+      },
+    }),
+    // One transition at a time per worker keeps a job's steps strictly ordered.
+    { connection: deps.connection(), prefix: config.redis.prefix, ...timing, concurrency: 1 },
+  );
+  const drain = new Worker(
+    QUEUE_NAMES.actions,
+    createDrainProcessor({
+      redis: deps.redis,
+      keys: deps.keys,
+      audit: deps.audit,
+      backend: deps.backend,
+      gates: deps.gates,
+      logger,
+      onFinished: (record) => {
+        deps.metrics.actions.inc({ verb: record.verb, state: record.state, backend: record.backend });
+        deps.grafana?.annotate(record);
+      },
+      // Drains outside any registered job: a refused one pages once per budget window.
+      onPage: (reason) => {
+        deps.metrics.humanPages.inc({ training_job: '' });
+        logger.warn({ reason }, 'a person is needed');
+      },
+    }),
+    { connection: deps.connection(), prefix: config.redis.prefix, ...timing, concurrency: 4 },
+  );
+  drain.on('completed', (job) => {
+    const faultTime = Date.parse(job.data.decision.faultTime);
+    if (Number.isFinite(faultTime)) deps.metrics.signalToAction.observe({ verb: job.data.decision.verb }, (Date.now() - faultTime) / 1000);
+  });
+  const analysis = new Worker(
+    QUEUE_NAMES.analysis,
+    createAnalysisProcessor({
+      jobs: deps.jobs,
+      audit: deps.audit,
+      agents: deps.agents,
+      launchers: config.launchers,
+      feedback: (event) => deps.dispatcher.apply(event),
+      logger,
+      stackRounds: config.analysis.stackRounds,
+      stackRoundSeconds: config.analysis.stackRoundSeconds,
+      replayTimeoutSeconds: config.analysis.replayTimeoutSeconds,
+      diagnoseStages: config.analysis.diagnoseStages,
+    }),
+    // Analyses of different jobs run side by side; each is mostly waiting on agents or replays.
+    { connection: deps.connection(), prefix: config.redis.prefix, ...timing, concurrency: 4 },
+  );
+  const workers = [policy, drain, recovery, analysis];
+  for (const worker of workers) {
+    worker.on('failed', (job, error) => logger.warn({ queue: worker.name, job: job?.id, err: error }, 'job failed'));
+    worker.on('error', (error) => logger.warn({ queue: worker.name, err: error }, 'worker error'));
+  }
+  return workers;
+}
