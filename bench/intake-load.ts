@@ -107,7 +107,8 @@ async function main(): Promise<void> {
       backend: { kind: 'dry-run' },
     });
     const nodeArgs = PROFILE_DIR === undefined ? [] : ['--cpu-prof', `--cpu-prof-dir=${PROFILE_DIR}`];
-    const controller = new ControllerProcess(group, { name: 'controller', dir: root, config, nodeArgs });
+    // The compiled controller, as installed: tsx's loader is not what a user runs.
+    const controller = new ControllerProcess(group, { name: 'controller', dir: root, config, nodeArgs, compiled: true });
     await controller.start();
     const redis = workerConnection(redisPart.url);
     const signals = new Queue(QUEUE_NAMES.signals, { connection: redis, prefix: PREFIX });

@@ -29,6 +29,11 @@ export interface ControllerProcessOptions {
   readonly workers?: boolean;
   /** Options for node itself, e.g. `--cpu-prof` to profile it. */
   readonly nodeArgs?: readonly string[];
+  /**
+   * Run the compiled CLI (bin/steadfast.js over dist/, as an installation runs it) rather than
+   * the TypeScript sources through tsx: for benchmarks, where tsx's loader would be measured too.
+   */
+  readonly compiled?: boolean;
 }
 
 export class ControllerProcess {
@@ -53,7 +58,8 @@ export class ControllerProcess {
   async start(timeoutMs = 60_000): Promise<void> {
     const { name, http = true, workers = true, config } = this.options;
     if (http && config.controller.port === 0) throw new Error('a controller process serving HTTP needs a fixed port');
-    const args = [...(this.options.nodeArgs ?? []), '--import', 'tsx', join(repoRoot(), 'cli', 'main.ts'), 'controller', '--config', this.configFile];
+    const entry = this.options.compiled ? [join(repoRoot(), 'bin', 'steadfast.js')] : ['--import', 'tsx', join(repoRoot(), 'cli', 'main.ts')];
+    const args = [...(this.options.nodeArgs ?? []), ...entry, 'controller', '--config', this.configFile];
     if (!http) args.push('--no-http');
     if (!workers) args.push('--no-workers');
     const before = workers ? await this.workerCount() : 0;
