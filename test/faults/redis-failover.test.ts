@@ -6,6 +6,7 @@ import { silentLogger } from '../../core/log.js';
 import { Keys, workerConnection, type Redis } from '../../core/redis.js';
 import { Controller } from '../../controller/service.js';
 import { ControlPlane } from '../../sim/control-plane.js';
+import { deliverUntilAccepted, sendStorm, stormCredential, stormRequests } from '../support/storm.js';
 import { RedisHa, SENTINEL_GROUP } from '../../sim/redis-ha.js';
 
 /**
@@ -21,10 +22,6 @@ const VICTIMS = Array.from({ length: 20 }, (_, index) => `f-${String(index + 1).
 const BYSTANDERS = Array.from({ length: 10 }, (_, index) => `g-${String(index + 1).padStart(2, '0')}`);
 const PREFIX = 'failover';
 
-interface Sent {
-  readonly url: string;
-  readonly body: unknown;
-}
 
 describe('the primary Redis killed mid-storm, a replica promoted by the sentinels', () => {
   let plane: ControlPlane;
@@ -52,70 +49,15 @@ describe('the primary Redis killed mid-storm, a replica promoted by the sentinel
     await plane?.stop();
   });
 
-  /** Alertmanager's credential for a webhook, the node's own agent token for a fast-path event. */
-  function credentialFor(request: Sent): string {
-    const node = (request.body as { node?: unknown }).node;
-    return typeof node === 'string' ? plane.credentials.agentToken(node) : plane.credentials.alertmanager;
-  }
-
-  /** Sends until answered 202, like a sender whose retries outlast the failover. */
-  async function deliver(request: Sent, deadline: number): Promise<{ ids: string[]; statuses: (number | string)[] }> {
-    const statuses: (number | string)[] = [];
-    while (Date.now() < deadline) {
-      try {
-        const response = await fetch(request.url, {
-          method: 'POST',
-          headers: { 'content-type': 'application/json', authorization: `Bearer ${credentialFor(request)}` },
-          body: JSON.stringify(request.body),
-          signal: AbortSignal.timeout(10_000),
-        });
-        const body = (await response.json()) as { ids?: string[] };
-        statuses.push(response.status);
-        if (response.status === 202) return { ids: body.ids ?? [], statuses };
-      } catch (error) {
-        statuses.push(error instanceof Error ? error.name : 'error');
-      }
-      await sleep(250);
-    }
-    return { ids: [], statuses };
-  }
-
   it('loses no signal it answered 202 for, answers 503 otherwise, and drains each faulty node once', async () => {
-    const requests: Sent[] = [];
-    const start = Date.now();
-    for (let index = 0; index < 160; index += 1) {
-      const time = new Date(start + index).toISOString();
-      const bystander = BYSTANDERS[index % BYSTANDERS.length] as string;
-      if (index % 8 === 0) {
-        const node = VICTIMS[(index / 8) % VICTIMS.length] as string;
-        requests.push({ url: `${url}/api/v1/signals`, body: { kind: 'xid', node, gpu: '0000:3a:00', xid: 79, message: 'GPU has fallen off the bus.', time } });
-      } else if (index % 2 === 0) {
-        requests.push({ url: `${url}/api/v1/signals`, body: { kind: 'xid', node: bystander, gpu: '0000:18:00', xid: 13, message: 'Graphics Exception', time } });
-      } else {
-        const alerts = [0, 1, 2, 3].map((gpu) => ({
-          status: 'firing',
-          labels: { alertname: 'SteadfastGpuTemperatureHigh', node: bystander, gpu: String(gpu), pci_bus_id: `0000:1${gpu}:00`, severity: 'warning', domain: 'gpu' },
-          annotations: { summary: 'A GPU runs hot.' },
-          startsAt: time,
-        }));
-        requests.push({ url: `${url}/api/v1/alerts`, body: { version: '4', status: 'firing', receiver: 'steadfast-controller', alerts } });
-      }
-    }
-
+    const requests = stormRequests(url, 160, VICTIMS, BYSTANDERS, 4);
     // Six senders work through the storm; the primary is killed a second in.
     const deadline = Date.now() + 40_000;
-    const queue = [...requests];
-    const results: { ids: string[]; statuses: (number | string)[] }[] = [];
-    const senders = Array.from({ length: 6 }, async () => {
-      for (let request = queue.shift(); request; request = queue.shift()) {
-        results.push(await deliver(request, deadline));
-        await sleep(150);
-      }
-    });
+    const { results, done } = sendStorm(requests, 6, 150, (request) => deliverUntilAccepted(request, stormCredential(plane.credentials, request), deadline, 10_000));
     await sleep(1000);
     const answeredBeforeKill = results.length;
     const { from, to } = await ha.failover();
-    await Promise.all(senders);
+    await done;
 
     expect(to).not.toBe(from);
     expect(answeredBeforeKill, 'requests answered before the kill').toBeGreaterThan(0);

@@ -5,6 +5,7 @@ import { silentLogger } from '../../core/log.js';
 import { Keys, workerConnection, type Redis } from '../../core/redis.js';
 import { Controller } from '../../controller/service.js';
 import { ControlPlane } from '../../sim/control-plane.js';
+import { deliverUntilAccepted, sendStorm, stormCredential, stormRequests } from '../support/storm.js';
 
 /**
  * Redis dies (SIGKILL) and comes back in the middle of an alert storm. It runs with AOF and
@@ -18,10 +19,6 @@ const VICTIMS = Array.from({ length: 30 }, (_, index) => `r-${String(index + 1).
 const BYSTANDERS = Array.from({ length: 10 }, (_, index) => `b-${String(index + 1).padStart(2, '0')}`);
 const PREFIX = 'storm';
 
-interface Sent {
-  readonly url: string;
-  readonly body: unknown;
-}
 
 describe('Redis restarted in the middle of an alert storm', () => {
   let plane: ControlPlane;
@@ -44,64 +41,15 @@ describe('Redis restarted in the middle of an alert storm', () => {
     await plane?.stop();
   });
 
-  /** Sends until answered 202, like a sender whose retries outlast the outage; returns the stored ids and the statuses seen. */
-  async function deliver(request: Sent, deadline: number): Promise<{ ids: string[]; statuses: (number | string)[] }> {
-    const statuses: (number | string)[] = [];
-    while (Date.now() < deadline) {
-      try {
-        const response = await fetch(request.url, {
-          method: 'POST',
-          headers: { 'content-type': 'application/json', authorization: `Bearer ${plane.credentials.operator}` },
-          body: JSON.stringify(request.body),
-          signal: AbortSignal.timeout(5000),
-        });
-        const body = (await response.json()) as { ids?: string[] };
-        statuses.push(response.status);
-        if (response.status === 202) return { ids: body.ids ?? [], statuses };
-      } catch (error) {
-        statuses.push(error instanceof Error ? error.name : 'error');
-      }
-      await sleep(250);
-    }
-    return { ids: [], statuses };
-  }
-
   it('loses no signal it answered 202 for, and drains each faulty node once', async () => {
-    const requests: Sent[] = [];
-    const start = Date.now();
-    for (let index = 0; index < 240; index += 1) {
-      const time = new Date(start + index).toISOString();
-      const bystander = BYSTANDERS[index % BYSTANDERS.length] as string;
-      if (index % 8 === 0) {
-        const node = VICTIMS[(index / 8) % VICTIMS.length] as string;
-        requests.push({ url: `${url}/api/v1/signals`, body: { kind: 'xid', node, gpu: '0000:3a:00', xid: 79, message: 'GPU has fallen off the bus.', time } });
-      } else if (index % 2 === 0) {
-        requests.push({ url: `${url}/api/v1/signals`, body: { kind: 'xid', node: bystander, gpu: '0000:18:00', xid: 13, message: 'Graphics Exception', time } });
-      } else {
-        const alerts = [0, 1].map((gpu) => ({
-          status: 'firing',
-          labels: { alertname: 'SteadfastGpuTemperatureHigh', node: bystander, gpu: String(gpu), pci_bus_id: `0000:1${gpu}:00`, severity: 'warning', domain: 'gpu' },
-          annotations: { summary: 'A GPU runs hot.' },
-          startsAt: time,
-        }));
-        requests.push({ url: `${url}/api/v1/alerts`, body: { version: '4', status: 'firing', receiver: 'steadfast-controller', alerts } });
-      }
-    }
-
+    const requests = stormRequests(url, 240, VICTIMS, BYSTANDERS, 2);
     // Eight senders work through the storm over about six seconds; Redis is killed after two.
     const deadline = Date.now() + 40_000;
-    const queue = [...requests];
-    const results: { ids: string[]; statuses: (number | string)[] }[] = [];
-    const senders = Array.from({ length: 8 }, async () => {
-      for (let request = queue.shift(); request; request = queue.shift()) {
-        results.push(await deliver(request, deadline));
-        await sleep(200);
-      }
-    });
+    const { results, done } = sendStorm(requests, 8, 200, (request) => deliverUntilAccepted(request, stormCredential(plane.credentials, request), deadline, 5000));
     await sleep(2000);
     const sentBeforeCrash = results.length;
     await plane.crashRedis(1000);
-    await Promise.all(senders);
+    await done;
 
     const accepted = new Set(results.flatMap((result) => result.ids));
     const refusedDuringOutage = results.filter((result) => result.statuses.some((status) => status !== 202)).length;
