@@ -23,6 +23,8 @@ import { quantile } from './stats.js';
 
 const SECONDS = Number(process.env.STEADFAST_BENCH_LOAD_SECONDS ?? 10);
 const CONNECTIONS = Number(process.env.STEADFAST_BENCH_LOAD_CONNECTIONS ?? 32);
+/** Intake and workers in separate controller processes (`--no-workers` / `--no-http`). */
+const SPLIT = process.env.STEADFAST_BENCH_LOAD_SPLIT === '1';
 const TOKEN = 'bench-token-0123456789abcdef';
 const PREFIX = 'bench';
 /** How long the policy worker may take to catch up after the load stops before signals count as unprocessed. */
@@ -108,8 +110,13 @@ async function main(): Promise<void> {
     });
     const nodeArgs = PROFILE_DIR === undefined ? [] : ['--cpu-prof', `--cpu-prof-dir=${PROFILE_DIR}`];
     // The compiled controller, as installed: tsx's loader is not what a user runs.
-    const controller = new ControllerProcess(group, { name: 'controller', dir: root, config, nodeArgs, compiled: true });
+    // SPLIT: the intake in one process (--no-workers), the workers in another (--no-http), as a
+    // deployment with spare cores would run them; otherwise one process does both.
+    const controller = new ControllerProcess(group, { name: 'controller', dir: root, config, nodeArgs, compiled: true, workers: !SPLIT });
     await controller.start();
+    const workerProcess = SPLIT ? new ControllerProcess(group, { name: 'workers', dir: root, config, nodeArgs, compiled: true, http: false }) : undefined;
+    await workerProcess?.start();
+    const controllerCpu = (): number => controller.cpuSeconds() + (workerProcess?.cpuSeconds() ?? 0);
     const redis = workerConnection(redisPart.url);
     const signals = new Queue(QUEUE_NAMES.signals, { connection: redis, prefix: PREFIX });
     const port = config.controller.port;
@@ -125,7 +132,7 @@ async function main(): Promise<void> {
     const warmed = next;
 
     const memoryBefore = await redisUsedMemory(redis);
-    const cpuBefore = controller.cpuSeconds();
+    const cpuBefore = controllerCpu();
     const redisCpuBefore = await redisCpuSeconds(redis);
     const loadBefore = loadavg()[0] ?? 0;
     const results: Sent[] = [];
@@ -138,7 +145,7 @@ async function main(): Promise<void> {
     const accepted = results.filter((result) => result.status === 202);
     const processedAll = await waitForProcessed(signals, warmed + accepted.length);
     const processSeconds = (performance.now() - started) / 1000;
-    const cpuSeconds = controller.cpuSeconds() - cpuBefore;
+    const cpuSeconds = controllerCpu() - cpuBefore;
     const redisCpu = (await redisCpuSeconds(redis)) - redisCpuBefore;
     const loadAfter = loadavg()[0] ?? 0;
     const memoryAfter = await redisUsedMemory(redis);
@@ -155,7 +162,7 @@ async function main(): Promise<void> {
     const statuses = new Map<number, number>();
     for (const result of results) statuses.set(result.status, (statuses.get(result.status) ?? 0) + 1);
 
-    process.stdout.write(`\nIntake load: single-alert webhooks over ${CONNECTIONS} keep-alive connections for ${SECONDS} s (controller process, dry-run backend, policy worker on; Redis AOF fsync always; loopback)\n`);
+    process.stdout.write(`\nIntake load: single-alert webhooks over ${CONNECTIONS} keep-alive connections for ${SECONDS} s (${SPLIT ? 'intake and workers in two controller processes' : 'one controller process, intake and policy worker'}, dry-run backend; Redis AOF fsync always; loopback)\n`);
     process.stdout.write(`machine: ${cpus().length} × ${cpus()[0]?.model ?? 'unknown CPU'}, Node ${process.version}; load average ${loadBefore.toFixed(2)} before, ${loadAfter.toFixed(2)} after\n\n`);
     process.stdout.write('| figure | value |\n|---|---|\n');
     process.stdout.write(`| webhooks accepted (202) | ${accepted.length} of ${results.length} sent (${[...statuses].map(([status, count]) => `${status}×${count}`).join(', ')}) |\n`);
