@@ -1,15 +1,13 @@
-import { spawn } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
+import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { startRedis } from '../../sim/parts.js';
 import { ProcessGroup } from '../../sim/processes.js';
 import { TEST_TOKEN, post, startController, testConfig } from '../support/controller.js';
+import { controllerExit } from '../support/controller-exit.js';
 import { testRedis } from '../support/redis.js';
-
-const REPO = resolve(import.meta.dirname, '../..');
 
 /** A controller that cannot do its job says so: it exits when it cannot listen, and answers 503 while Redis is down. */
 describe('a controller that cannot serve', () => {
@@ -28,19 +26,7 @@ describe('a controller that cannot serve', () => {
     try {
       const config = join(root, 'taken.yaml');
       writeFileSync(config, `redis:\n  url: ${store.url}\n  prefix: ${store.prefix}\ncontroller:\n  host: 127.0.0.1\n  port: ${port}\n  auth:\n    operatorToken: ${TEST_TOKEN}\n`);
-      const child = spawn(process.execPath, ['--import', 'tsx', join(REPO, 'cli', 'main.ts'), 'controller', '--config', config], { cwd: REPO, stdio: ['ignore', 'ignore', 'pipe'] });
-      let stderr = '';
-      child.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
-      const code = await new Promise<number | null>((done) => {
-        const timer = setTimeout(() => {
-          child.kill('SIGKILL');
-          done(null);
-        }, 25_000);
-        child.on('exit', (exitCode) => {
-          clearTimeout(timer);
-          done(exitCode);
-        });
-      });
+      const { code, stderr } = await controllerExit(config);
       expect(code).toBe(1);
       expect(stderr).toContain(`steadfast: cannot listen on 127.0.0.1:${port}: listen EADDRINUSE`);
     } finally {

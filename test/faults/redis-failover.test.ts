@@ -6,7 +6,7 @@ import { silentLogger } from '../../core/log.js';
 import { Keys, workerConnection, type Redis } from '../../core/redis.js';
 import { Controller } from '../../controller/service.js';
 import { ControlPlane } from '../../sim/control-plane.js';
-import { deliverUntilAccepted, sendStorm, stormCredential, stormRequests } from '../support/storm.js';
+import { deliverUntilAccepted, sendStorm, stormCredential, stormRequests, waitForAudited } from '../support/storm.js';
 import { RedisHa, SENTINEL_GROUP } from '../../sim/redis-ha.js';
 
 /**
@@ -68,16 +68,7 @@ describe('the primary Redis killed mid-storm, a replica promoted by the sentinel
     expect(new Set(refusals), 'how requests were turned away').toEqual(new Set([503]));
 
     const accepted = new Set(results.flatMap((result) => result.ids));
-    const audit = new AuditLog(reader, new Keys(PREFIX));
-    const audited = await (async () => {
-      const until = Date.now() + 30_000;
-      for (;;) {
-        const refs = (await audit.read({ limit: 10_000, type: 'signal' })).map((entry) => entry.ref);
-        const missing = [...accepted].filter((id) => !refs.includes(id));
-        if (missing.length === 0 || Date.now() > until) return { refs, missing };
-        await sleep(250);
-      }
-    })();
+    const audited = await waitForAudited(reader, PREFIX, accepted, 30_000);
     expect(audited.missing, 'accepted signals that never reached the audit').toEqual([]);
     expect(new Set(audited.refs).size).toBe(audited.refs.length);
 

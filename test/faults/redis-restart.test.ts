@@ -1,11 +1,10 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { AuditLog } from '../../core/audit.js';
 import { silentLogger } from '../../core/log.js';
-import { Keys, workerConnection, type Redis } from '../../core/redis.js';
+import { workerConnection, type Redis } from '../../core/redis.js';
 import { Controller } from '../../controller/service.js';
 import { ControlPlane } from '../../sim/control-plane.js';
-import { deliverUntilAccepted, sendStorm, stormCredential, stormRequests } from '../support/storm.js';
+import { deliverUntilAccepted, sendStorm, stormCredential, stormRequests, waitForAudited } from '../support/storm.js';
 
 /**
  * Redis dies (SIGKILL) and comes back in the middle of an alert storm. It runs with AOF and
@@ -59,16 +58,7 @@ describe('Redis restarted in the middle of an alert storm', () => {
     expect(sentBeforeCrash).toBeGreaterThan(0);
     expect(refusedDuringOutage).toBeGreaterThan(0);
 
-    const audit = new AuditLog(reader, new Keys(PREFIX));
-    const audited = await (async () => {
-      const until = Date.now() + 60_000;
-      for (;;) {
-        const refs = (await audit.read({ limit: 10_000, type: 'signal' })).map((entry) => entry.ref);
-        const missing = [...accepted].filter((id) => !refs.includes(id));
-        if (missing.length === 0 || Date.now() > until) return { refs, missing };
-        await sleep(250);
-      }
-    })();
+    const audited = await waitForAudited(reader, PREFIX, accepted, 60_000);
     expect(audited.missing, 'accepted signals that never reached the audit').toEqual([]);
     expect(new Set(audited.refs).size).toBe(audited.refs.length);
 

@@ -1,4 +1,6 @@
 import { setTimeout as sleep } from 'node:timers/promises';
+import { AuditLog } from '../../core/audit.js';
+import { Keys, type Redis } from '../../core/redis.js';
 
 /**
  * An alert storm for the fault tests: fatal Xids on the victims over the agents' fast path, minor
@@ -87,4 +89,19 @@ export function sendStorm(requests: readonly StormRequest[], senders: number, pa
     }
   });
   return { results, done: Promise.all(workers).then(() => undefined) };
+}
+
+/**
+ * Waits until every accepted signal id is in the audit under `prefix`, or `timeoutMs` passes;
+ * returns the audited signal refs and the accepted ids still missing.
+ */
+export async function waitForAudited(reader: Redis, prefix: string, accepted: ReadonlySet<string>, timeoutMs: number): Promise<{ refs: string[]; missing: string[] }> {
+  const audit = new AuditLog(reader, new Keys(prefix));
+  const until = Date.now() + timeoutMs;
+  for (;;) {
+    const refs = (await audit.read({ limit: 10_000, type: 'signal' })).map((entry) => entry.ref);
+    const missing = [...accepted].filter((id) => !refs.includes(id));
+    if (missing.length === 0 || Date.now() > until) return { refs, missing };
+    await sleep(250);
+  }
 }
