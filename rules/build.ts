@@ -94,21 +94,25 @@ export async function ruleGroups(config: Thresholds = DEFAULT_THRESHOLDS): Promi
   return (await loadDomains()).flatMap((domain) => groupsDocument(domain.domain, domain.groups(valid), valid).groups);
 }
 
+/** Writes `text` to `path` unless the file already holds it; whether it wrote. */
+export function writeIfChanged(path: string, text: string): boolean {
+  let current = '';
+  try {
+    current = readFileSync(path, 'utf8');
+  } catch {
+    current = '';
+  }
+  if (current === text) return false;
+  writeFileSync(path, text);
+  return true;
+}
+
 /** Writes every rule file; returns the paths whose content changed. */
 export async function writeRuleFiles(config: Thresholds = DEFAULT_THRESHOLDS): Promise<string[]> {
   const changed: string[] = [];
   for (const [domain, text] of await renderRuleFiles(config)) {
     const path = ruleFile(domain);
-    let current = '';
-    try {
-      current = readFileSync(path, 'utf8');
-    } catch {
-      current = '';
-    }
-    if (current !== text) {
-      writeFileSync(path, text);
-      changed.push(path);
-    }
+    if (writeIfChanged(path, text)) changed.push(path);
   }
   return changed;
 }

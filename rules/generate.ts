@@ -1,5 +1,4 @@
-import { readFileSync, writeFileSync } from 'node:fs';
-import { writeRuleFiles } from './build.js';
+import { writeIfChanged, writeRuleFiles } from './build.js';
 import { ALERTMANAGER_CONFIG, DEFAULT_CREDENTIALS_FILE, DEFAULT_WEBHOOK_URL, renderAlertmanagerConfig } from './index.js';
 import { DEFAULT_PROMETHEUS_RULE, SHIPPED_PROMETHEUS_RULE, renderPrometheusRule } from './render.js';
 
@@ -10,19 +9,10 @@ import { DEFAULT_PROMETHEUS_RULE, SHIPPED_PROMETHEUS_RULE, renderPrometheusRule 
  */
 const changed = await writeRuleFiles();
 
-function writeIfChanged(path: string, text: string): void {
-  let current = '';
-  try {
-    current = readFileSync(path, 'utf8');
-  } catch {
-    current = '';
-  }
-  if (current !== text) {
-    writeFileSync(path, text);
-    changed.push(path);
-  }
+for (const [path, text] of [
+  [SHIPPED_PROMETHEUS_RULE, await renderPrometheusRule(DEFAULT_PROMETHEUS_RULE)],
+  [ALERTMANAGER_CONFIG, renderAlertmanagerConfig({ webhookUrl: DEFAULT_WEBHOOK_URL, credentialsFile: DEFAULT_CREDENTIALS_FILE })],
+] as const) {
+  if (writeIfChanged(path, text)) changed.push(path);
 }
-
-writeIfChanged(SHIPPED_PROMETHEUS_RULE, await renderPrometheusRule(DEFAULT_PROMETHEUS_RULE));
-writeIfChanged(ALERTMANAGER_CONFIG, renderAlertmanagerConfig({ webhookUrl: DEFAULT_WEBHOOK_URL, credentialsFile: DEFAULT_CREDENTIALS_FILE }));
 process.stdout.write(changed.length === 0 ? 'rules: every file up to date\n' : `rules: wrote ${changed.join(', ')}\n`);
