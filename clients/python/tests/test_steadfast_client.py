@@ -15,6 +15,7 @@ import tempfile
 import threading
 import time
 import unittest
+from unittest import mock
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -211,17 +212,9 @@ class DownServersTest(unittest.TestCase):
             token.flush()
             env = {"STEADFAST_JOB": "gpt", "SLURM_PROCID": "5", "STEADFAST_AGENT_URL": "http://10.0.0.1:9401",
                    "STEADFAST_CONTROLLER_URL": "http://10.0.0.2:9400", "STEADFAST_TOKEN_FILE": token.name, "SLURMD_NODENAME": "node-9"}
-            saved = {k: os.environ.get(k) for k in list(env) + ["RANK"]}
-            os.environ.update(env)
-            os.environ.pop("RANK", None)
-            try:
+            with mock.patch.dict(os.environ, env):
+                os.environ.pop("RANK", None)
                 client = SteadfastClient.from_env()
-            finally:
-                for key, value in saved.items():
-                    if value is None:
-                        os.environ.pop(key, None)
-                    else:
-                        os.environ[key] = value
             self.assertEqual((client.job, client.rank, client.node), ("gpt", 5, "node-9"))
             self.assertEqual(client._controller.token, "secret-token-0123456789")
             client.close(0.1)
@@ -233,16 +226,8 @@ class DownServersTest(unittest.TestCase):
                     handle.write(node + ".0123456789abcdef\n")
             env = {"STEADFAST_TOKEN_FILE": os.path.join(directory, "token-{node}"), "STEADFAST_NODE": "node-2",
                    "STEADFAST_CONTROLLER_URL": "http://10.0.0.2:9400"}
-            saved = {k: os.environ.get(k) for k in env}
-            os.environ.update(env)
-            try:
+            with mock.patch.dict(os.environ, env):
                 client = SteadfastClient.from_env()
-            finally:
-                for key, value in saved.items():
-                    if value is None:
-                        os.environ.pop(key, None)
-                    else:
-                        os.environ[key] = value
             self.assertEqual(client._controller.token, "node-2.0123456789abcdef")
             client.close(0.1)
 
