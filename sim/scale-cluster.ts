@@ -108,7 +108,6 @@ export class ScaleCluster {
     this.backend = createBackend(config, this.redis, this.keys);
     this.fleet = new SimulatedFleet({ nodes: this.names, controllerUrl: this.controllerUrl, agentToken: (node) => this.plane.credentials.agentToken(node) });
     await this.fleet.start();
-    if (jobNodes.length > 0) await this.registerJob(jobNodes);
 
     this.alertmanager = await this.step('Alertmanager', () =>
       startAlertmanager(
@@ -128,6 +127,9 @@ export class ScaleCluster {
       }),
     );
     await this.step('Prometheus scraping every node and connected to Alertmanager', () => this.waitForScrapes());
+    // The job last, once the Prometheus its analyzers read is up: registered earlier, its first
+    // fail-slow and multi-signal checks would find no Prometheus to ask.
+    if (jobNodes.length > 0) await this.registerJob(jobNodes);
   }
 
   /** One training job over `nodes`, one rank each, whose nodes export training progress. */
