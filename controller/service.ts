@@ -120,7 +120,10 @@ export class Controller {
     this.credentials = (options.http ?? true) ? new Credentials(resolveCredentials(config.controller.auth)) : undefined;
     this.keys = new Keys(config.redis.prefix);
     this.intakeRedis = intakeConnection(config.redis);
-    this.workerRedis = workerConnection(config.redis);
+    // The policy worker's many small commands (audit appends, job lookups, BullMQ's scripts) leave
+    // in one socket write per turn of the event loop instead of one each. Nothing blocking runs on
+    // this connection: each BullMQ worker has its own (ownConnection).
+    this.workerRedis = workerConnection(config.redis, { enableAutoPipelining: true });
     for (const [name, connection] of [['intake', this.intakeRedis], ['worker', this.workerRedis]] as const) {
       connection.on('error', (error: Error) => options.logger.warn({ connection: name, err: error }, 'Redis connection error'));
     }
