@@ -21,7 +21,7 @@ import { ProcessGroup, freePort } from '../sim/processes.js';
  */
 
 const SECONDS = Number(process.env.STEADFAST_BENCH_LOAD_SECONDS ?? 10);
-const CONNECTIONS = Number(process.env.STEADFAST_BENCH_LOAD_CONNECTIONS ?? 32);
+const CONNECTIONS = Number(process.env.STEADFAST_BENCH_LOAD_CONNECTIONS ?? 64);
 /** Intake and workers in separate controller processes (`--no-workers` / `--no-http`). */
 const SPLIT = process.env.STEADFAST_BENCH_LOAD_SPLIT === '1';
 const TOKEN = 'bench-token-0123456789abcdef';
