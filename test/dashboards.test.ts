@@ -9,6 +9,7 @@ import { CLUSTER_LABEL, TRAINING_JOB_LABEL } from '../core/scrape.js';
 import { GRAFANA_SCHEMA_VERSION, buildDashboards, writeDashboards } from '../dashboards/index.js';
 import { startPrometheus } from '../sim/parts.js';
 import { ProcessGroup } from '../sim/processes.js';
+import { grafanaSchema, type GrafanaSchema } from './support/grafana-schema.js';
 import { PROMETHEUS_METRICS, agentMetricNames, controllerMetricNames, grafanaExprAsPromql, parsePromql, readRuleFiles } from './support/promql.js';
 
 const RULES_DIR = join(dirname(fileURLToPath(import.meta.url)), '..', 'rules');
@@ -97,30 +98,23 @@ describe('dashboards', () => {
 });
 
 /**
- * What Grafana 10.0 through 11.x know, so that every dashboard imports into either as it is: panel
- * types both ship, and the options each panel type reads there. Options Grafana added later are
- * listed apart; an older Grafana keeps and ignores them.
+ * Grafana's own schema packages, as published with 10.1 (the first 10.x release that declares its
+ * panel configs) and 11.6 (the last 11.x line): what each release's dashboard, panel and panel
+ * configs accept. An option only the later release declares is kept and ignored by the earlier.
  */
-const GRAFANA_10_PANEL_OPTIONS: Readonly<Record<string, readonly string[]>> = {
-  row: [],
-  timeseries: ['legend', 'tooltip', 'timezone'],
-  stat: ['reduceOptions', 'orientation', 'text', 'textMode', 'colorMode', 'graphMode', 'justifyMode'],
-  table: ['frameIndex', 'showHeader', 'showTypeIcons', 'footer', 'cellHeight', 'sortBy'],
-  'state-timeline': ['showValue', 'rowHeight', 'mergeValues', 'alignValue', 'legend', 'tooltip', 'timezone'],
-  heatmap: ['calculate', 'calculation', 'color', 'filterValues', 'showValue', 'cellGap', 'cellRadius', 'cellValues', 'yAxis', 'rowsFrame', 'legend', 'tooltip', 'exemplars'],
-};
-/** Added after 10.0: stat's wideLayout (10.2), showPercentChange (10.4), percentChangeColorMode (11.x); state-timeline's perPage and heatmap's selectionMode (11.x). */
-const LATER_PANEL_OPTIONS: Readonly<Record<string, readonly string[]>> = {
-  stat: ['wideLayout', 'showPercentChange', 'percentChangeColorMode'],
-  'state-timeline': ['perPage'],
-  heatmap: ['selectionMode'],
-};
+const GRAFANA_RELEASES = [grafanaSchema('grafana-schema-10'), grafanaSchema('grafana-schema-11')];
+
+/** The property names of the first release that declares any, joined over the releases. */
+function declared(read: (release: GrafanaSchema) => ReadonlySet<string> | undefined): Set<string> {
+  return new Set(GRAFANA_RELEASES.flatMap((release) => [...(read(release) ?? [])]));
+}
 
 describe('dashboards import into Grafana 10 and 11 as they are', () => {
   interface GrafanaPanel extends PanelJson {
     id?: number;
     gridPos?: { x: number; y: number; w: number; h: number };
     options?: Record<string, unknown>;
+    fieldConfig?: { defaults?: { custom?: Record<string, unknown> } };
     panels?: unknown[];
   }
   interface Variable {
@@ -131,21 +125,33 @@ describe('dashboards import into Grafana 10 and 11 as they are', () => {
     allValue?: string;
   }
 
-  it.each(dashboards.map(({ uid, json }) => [uid, json] as const))('%s: schema version 38, panel types and options Grafana 10 and 11 know, sane ids and layout', (_uid, json) => {
+  it('are checked against the schema packages of Grafana 10 and 11', () => {
+    expect(GRAFANA_RELEASES.map((release) => release.version.split('.')[0])).toEqual(['10', '11']);
+  });
+
+  it.each(dashboards.map(({ uid, json }) => [uid, json] as const))('%s: schema version 38, and only the fields, panel types and options Grafana 10 and 11 declare', (_uid, json) => {
     const dashboard = json as unknown as { schemaVersion: number; panels: GrafanaPanel[] };
     expect(dashboard.schemaVersion).toBe(GRAFANA_SCHEMA_VERSION);
     expect(GRAFANA_SCHEMA_VERSION).toBe(38);
+    const unknownFields = (object: object, known: ReadonlySet<string>): string[] => Object.keys(object).filter((key) => !known.has(key));
+    expect(unknownFields(dashboard, declared((release) => release.dashboardType('Dashboard'))), 'dashboard fields').toEqual([]);
     const ids = dashboard.panels.map((panel) => panel.id);
     expect(new Set(ids).size).toBe(ids.length);
     for (const panel of dashboard.panels) {
-      const known = GRAFANA_10_PANEL_OPTIONS[panel.type];
-      expect(known, `${panel.title}: panel type ${panel.type}`).toBeDefined();
-      const unknown = Object.keys(panel.options ?? {}).filter((key) => !known?.includes(key) && !LATER_PANEL_OPTIONS[panel.type]?.includes(key));
-      expect(unknown, `${panel.title} (${panel.type})`).toEqual([]);
+      if (panel.type === 'row') {
+        expect(unknownFields(panel, declared((release) => release.dashboardType('RowPanel'))), `${panel.title}: row fields`).toEqual([]);
+        expect(panel.panels, panel.title).toEqual([]);
+      } else {
+        for (const release of GRAFANA_RELEASES) expect(release.panel(panel.type), `${panel.title}: panel type ${panel.type} in Grafana ${release.version}`).toBeDefined();
+        expect(unknownFields(panel, declared((release) => release.dashboardType('Panel'))), `${panel.title}: panel fields`).toEqual([]);
+        expect(unknownFields(panel.options ?? {}, declared((release) => release.panel(panel.type)?.options)), `${panel.title} (${panel.type}): options`).toEqual([]);
+        const defaults = panel.fieldConfig?.defaults ?? {};
+        expect(unknownFields(defaults, declared((release) => release.dashboardType('FieldConfig'))), `${panel.title}: field config`).toEqual([]);
+        expect(unknownFields(defaults.custom ?? {}, declared((release) => release.panel(panel.type)?.fieldCustom)), `${panel.title} (${panel.type}): custom field config`).toEqual([]);
+      }
       expect(Number.isInteger(panel.id) && (panel.id ?? 0) > 0, panel.title).toBe(true);
       const grid = panel.gridPos;
       expect(grid && grid.x >= 0 && grid.w > 0 && grid.x + grid.w <= 24 && grid.h > 0 && grid.y >= 0, `${panel.title}: ${JSON.stringify(grid)}`).toBe(true);
-      if (panel.type === 'row') expect(panel.panels, panel.title).toEqual([]);
     }
   });
 
