@@ -362,6 +362,9 @@ function parseDocument(xml: string): NvidiaSmiReport {
     parseAttributeValue: false,
     jPath: true,
     isArray: (_name, jpath) => String(jpath) === 'nvidia_smi_log.gpu',
+    // Every clock pair a GPU supports: half of an H100's document and read by nothing here, so
+    // it is skipped over as text instead of being built into objects.
+    stopNodes: ['nvidia_smi_log.gpu.supported_clocks'],
   });
   // A half-written capture (a simulator rewriting the file, nvidia-smi killed by its timeout)
   // would read as fewer GPUs, which looks exactly like a lost GPU; refuse it instead.
