@@ -1,12 +1,19 @@
-import { applyAgentV8Flags } from './agent-v8.js';
+import { errorMessage } from '../core/errors.js';
+import { agentCommand } from './agent.js';
+import { steadfastProgram, withUsageErrors } from './program.js';
 
 /**
  * `steadfast agent`'s own entry point. npm run build bundles it with what it imports into
- * dist/agent.js, which bin/steadfast.js runs for `steadfast agent`: one file to read and compile
- * instead of some hundred modules, and none of the other commands' code.
+ * dist/agent.cjs (scripts/build-agent.mjs), which bin/steadfast.js runs for `steadfast agent`
+ * through cli/agent-bundle.ts: one file to read and compile instead of some hundred modules, none
+ * of the other commands' code, and V8's code cache for it. The agent's V8 flags are set before
+ * the bundle is compiled (agent-bundle.ts), so its modules load under them too.
  */
 
-applyAgentV8Flags();
-// Loaded after the flags are set, so that the young generation never grows while they load.
-const [{ agentCommand }, { steadfastProgram, withUsageErrors }] = await Promise.all([import('./agent.js'), import('./program.js')]);
-await steadfastProgram().addCommand(withUsageErrors(agentCommand({ setV8Flags: true }))).parseAsync(process.argv);
+steadfastProgram()
+  .addCommand(withUsageErrors(agentCommand({ setV8Flags: true })))
+  .parseAsync(process.argv)
+  .catch((error: unknown) => {
+    process.stderr.write(`steadfast agent: ${errorMessage(error)}\n`);
+    process.exitCode = 1;
+  });

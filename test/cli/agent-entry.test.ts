@@ -7,20 +7,23 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { AGENT_V8_FLAGS, agentV8Flags } from '../../cli/agent-v8.js';
 
 /**
- * `steadfast agent` runs from dist/agent.js, the bundle of cli/agent-main.ts that npm run build
- * makes. It must be the same agent as the module tree's: same flags, same scrape.
+ * `steadfast agent` runs from dist/agent.cjs, the bundle of cli/agent-main.ts that npm run build
+ * makes, with V8's code cache for it (dist/agent.cjs.cache). It must be the same agent as the
+ * module tree's: same flags, same scrape.
  */
 
 const run = promisify(execFile);
 const ROOT = join(import.meta.dirname, '..', '..');
 const FIXTURES = join(ROOT, 'test', 'fixtures', 'realworld');
+const BUNDLE = join(ROOT, 'dist', 'agent.cjs');
+const BIN = join(ROOT, 'bin', 'steadfast.js');
 const work = mkdtempSync(join(tmpdir(), 'steadfast-agent-entry-'));
 
 afterAll(() => rmSync(work, { recursive: true, force: true }));
 
 /** One `agent --once` scrape of the fixture node (no process metrics), from the given script. */
 async function scrape(script: string, name: string): Promise<string> {
-  if (!existsSync(join(ROOT, 'dist', 'agent.js'))) throw new Error('dist/agent.js is missing: run `npm run build` (npm test does it)');
+  if (!existsSync(BUNDLE)) throw new Error('dist/agent.cjs is missing: run `npm run build` (npm test does it)');
   const args = ['agent', '--once', '--node', 'fixture-node', '--path.kmsg', join(FIXTURES, 'xid-kernel-logs', 'gpud_xid_lines_h100_gb200.txt'), '--nvidia-smi.xml', join(FIXTURES, 'nvidia-smi-xml', 'telegraf_a10g_515.105.01.xml'), '--xid.state-file', join(work, `${name}.json`)];
   const { stdout } = await run(process.execPath, [script, ...args], { env: { ...process.env, STEADFAST_LOG_LEVEL: 'silent' } });
   // Durations and poll times differ from run to run; everything else must not.
@@ -29,18 +32,25 @@ async function scrape(script: string, name: string): Promise<string> {
 
 describe('the agent bundle', () => {
   it('prints the same scrape of a fixture node as the module tree does', async () => {
-    const bundled = await scrape(join(ROOT, 'dist', 'agent.js'), 'bundled');
+    const bundled = await scrape(BIN, 'bundled');
     const tree = await scrape(join(ROOT, 'dist', 'cli', 'main.js'), 'tree');
     expect(bundled).toContain('steadfast_gpu_present{gpu="0",pci_bus_id="0000:00:1e",UUID="GPU-9a9a6c50-2a47-2f51-a902-b82c3b127e94"} 1');
     expect(bundled).toBe(tree);
   });
 
   it('answers --version and an unknown flag as the whole CLI does', async () => {
-    const bundle = join(ROOT, 'dist', 'agent.js');
-    expect((await run(process.execPath, [bundle, '--version'])).stdout.trim()).toBe('0.1.0');
-    const failed = await run(process.execPath, [bundle, 'agent', '--no-such-flag']).catch((error: unknown) => error as { code: number; stderr: string });
+    expect((await run(process.execPath, [BUNDLE, '--version'])).stdout.trim()).toBe('0.1.0');
+    const failed = await run(process.execPath, [BIN, 'agent', '--no-such-flag']).catch((error: unknown) => error as { code: number; stderr: string });
     expect(failed).toMatchObject({ code: 2 });
     expect((failed as { stderr: string }).stderr).toContain("unknown option '--no-such-flag'");
+  });
+
+  it("compiles from the code cache the build wrote, under the agent's V8 flags, and not under others", async () => {
+    const check = (nodeFlags: string[]) =>
+      run(process.execPath, [...nodeFlags, '--input-type=module', '-e', `import { applyAgentV8Flags } from ${JSON.stringify(join(ROOT, 'dist', 'cli', 'agent-v8.js'))}; import { compileAgentBundle } from ${JSON.stringify(join(ROOT, 'dist', 'cli', 'agent-bundle.js'))}; applyAgentV8Flags(); process.stdout.write(compileAgentBundle(${JSON.stringify(BUNDLE)}).cache);`]);
+    expect((await check([])).stdout).toBe('used');
+    // An operator's own V8 flags (STEADFAST_NODE_FLAGS) make V8 refuse the cache: compiled as usual.
+    expect((await check(['--opt'])).stdout).toBe('rejected');
   });
 });
 

@@ -52,7 +52,7 @@ describe('the Debian package', () => {
   it('installs the built tree under /usr/lib/steadfast, a /usr/bin wrapper and both units, and no tests', async () => {
     const listing = (await run('dpkg-deb', ['-c', deb], { maxBuffer: 64 * 1024 * 1024 })).stdout;
     const paths = listing.split('\n').map((line) => line.split(/\s+/).at(5) ?? '').filter(Boolean);
-    expect(paths).toEqual(expect.arrayContaining(['./usr/bin/steadfast', './usr/lib/steadfast/bin/steadfast.js', './usr/lib/steadfast/dist/cli/main.js', './usr/lib/steadfast/dist/agent.js', './usr/lib/steadfast/rules/xid.yml', ...UNITS.map((unit) => `.${unit}`)]));
+    expect(paths).toEqual(expect.arrayContaining(['./usr/bin/steadfast', './usr/lib/steadfast/bin/steadfast.js', './usr/lib/steadfast/dist/cli/main.js', './usr/lib/steadfast/dist/agent.cjs', './usr/lib/steadfast/dist/agent.cjs.cache', './usr/lib/steadfast/rules/xid.yml', ...UNITS.map((unit) => `.${unit}`)]));
     expect(paths.filter((path) => path.startsWith('./usr/lib/steadfast/test/') || path.startsWith('./usr/lib/steadfast/dist/bench/'))).toEqual([]);
     expect(listing).toMatch(/^-rwxr-xr-x root\/root .* \.\/usr\/bin\/steadfast$/m);
   });

@@ -48,7 +48,7 @@ afterAll(() => {
 
 describe('the npm package', () => {
   it('carries the compiled CLI, the agent\'s bundle, the rule files and the sim fixture, and no tests, sources, maps or benchmarks', () => {
-    expect(files).toEqual(expect.arrayContaining(['package/bin/steadfast.js', 'package/dist/cli/main.js', 'package/dist/cli/agent.js', 'package/dist/agent.js', 'package/rules/gpu.yml', 'package/rules/alertmanager.yml', 'package/sim/fixtures/nvidia-smi-a10g.xml']));
+    expect(files).toEqual(expect.arrayContaining(['package/bin/steadfast.js', 'package/dist/cli/main.js', 'package/dist/cli/agent.js', 'package/dist/agent.cjs', 'package/dist/agent.cjs.cache', 'package/rules/gpu.yml', 'package/rules/alertmanager.yml', 'package/sim/fixtures/nvidia-smi-a10g.xml']));
     const unwanted = files.filter((file) => /^package\/(test|bench)\//.test(file) || file.startsWith('package/dist/bench/') || file.endsWith('.map') || (file.endsWith('.ts') && !file.endsWith('.d.ts')));
     expect(unwanted).toEqual([]);
     expect(files.length).toBeLessThan(400);
