@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { nodeNameSchema } from '../core/names.js';
-import { agentSelector, aggregateBy, increase, newEvents, rate, sumBy, taggedRate, type LabelMatchers } from '../core/promql.js';
+import { agentSelector, aggregateBy, escapeRegex, increase, newEvents, rate, sumBy, taggedRate, type LabelMatchers } from '../core/promql.js';
 import { PrometheusQueryRejectedError, PrometheusUnavailableError, instantQuery, type InstantSample, type PrometheusQueryFailure } from '../core/prometheus.js';
 import { prometheusLabelNameSchema, scrapeJobSchema } from '../core/detector-labels.js';
 import { TRAINING_JOB_LABEL } from '../core/scrape.js';
@@ -177,6 +177,11 @@ export interface FeatureReading {
   readonly failures: readonly PrometheusQueryFailure[];
   /** Series that were left out (a node label that is no node name). */
   readonly warnings: readonly string[];
+  /**
+   * Nodes left out of the matrix because they no longer report, though a feature over a long
+   * window (an hour's increase) still carried their past values: their silence must count.
+   */
+  readonly stopped?: readonly string[];
 }
 
 /** Whatever supplies the matrix at a time (Prometheus here; a replay in the evaluation). */
@@ -223,7 +228,7 @@ export class PrometheusFeatureSource implements FeatureSource {
 
   /** Every feature at `time` (ms since the epoch). Never throws: what failed is in `failures`. */
   async read(time: number): Promise<FeatureReading> {
-    const settled = await Promise.all(this.features.map((feature) => this.queryFeature(feature, time)));
+    const [live, ...settled] = await Promise.all([this.readLive(time), ...this.features.map((feature) => this.queryFeature(feature, time))]);
     const rows = new Map<string, Record<string, number | number[]>>();
     const answered: string[] = [];
     const empty: string[] = [];
@@ -244,18 +249,63 @@ export class PrometheusFeatureSource implements FeatureSource {
         row[feature.name] = feature.deviceLabel === undefined ? (values[0] as number) : values;
       }
     });
-    return { matrix: Object.fromEntries(rows), answered, empty, failures, warnings };
+    const stopped: string[] = [];
+    if (live === undefined) {
+      warnings.push(`cannot tell which nodes stopped reporting (no steadfast_collector_success or up series of job ${this.labels.agentJob} with a ${this.labels.nodeLabel} label): a node that went quiet is judged on what its longer windows still hold`);
+    } else {
+      for (const node of [...rows.keys()]) {
+        if (live.has(node)) continue;
+        rows.delete(node);
+        stopped.push(node);
+      }
+    }
+    return { matrix: Object.fromEntries(rows), answered, empty, failures, warnings, stopped: stopped.sort() };
+  }
+
+  /**
+   * The nodes whose agent answered its last scrape: what `up` says, or the agent's own
+   * steadfast_collector_success (backfilled data has no `up`). A feature over a long window (an
+   * hour's increase, the Xid count over an hour) still holds values of a node that went quiet
+   * long after it stopped; only these say it is there now. Undefined when neither series carries
+   * the node label (then every node with any feature value counts as present).
+   */
+  async readLive(time: number): Promise<Set<string> | undefined> {
+    const { nodeLabel, agentJob } = this.labels;
+    const job = agentJob.includes('|') ? `job=~${JSON.stringify(agentJob)}` : `job=${JSON.stringify(agentJob)}`;
+    const query = `group by (${nodeLabel}) (steadfast_collector_success{${job}}) or group by (${nodeLabel}) (up{${job}} == 1)`;
+    let samples: InstantSample[];
+    try {
+      samples = await instantQuery(this.url, query, { time, timeoutMs: this.timeoutMs, subject: `the nodes that report (query: ${query})` });
+    } catch {
+      return undefined;
+    }
+    const live = new Set<string>();
+    for (const sample of samples) {
+      const node = sample.labels[nodeLabel];
+      if (node !== undefined && node !== '') live.add(node);
+    }
+    return live.size === 0 ? undefined : live;
   }
 
   /**
    * Peer groups at `time`: node → training job, from every series of the node scrape job that
-   * carried a training-job label in the 10 minutes before (so a node that just went silent is
-   * still a member, and its silence counts). A node in two jobs at once is left ungrouped.
+   * carried a training-job label in the 10 minutes before. A node that stopped reporting (`stopped`,
+   * from read()) stays a member of the job it was in during the half hour before, so that its
+   * silence counts for as long as it lasts. A node in two jobs at once is left ungrouped.
    */
-  async readGroups(time: number): Promise<{ groups: Record<string, string>; conflicts: string[] }> {
+  async readGroups(time: number, stopped: readonly string[] = []): Promise<{ groups: Record<string, string>; conflicts: string[] }> {
+    const recent = await this.trainingJobs(time, '10m');
+    const missing = stopped.filter((node) => recent.groups[node] === undefined && !recent.conflicts.includes(node));
+    if (missing.length === 0) return recent;
+    const earlier = await this.trainingJobs(time, '30m', missing);
+    return { groups: { ...recent.groups, ...earlier.groups }, conflicts: [...new Set([...recent.conflicts, ...earlier.conflicts])].sort() };
+  }
+
+  private async trainingJobs(time: number, window: string, nodes?: readonly string[]): Promise<{ groups: Record<string, string>; conflicts: string[] }> {
     const { nodeLabel, trainingJobLabel, agentJob } = this.labels;
     const job = agentJob.includes('|') ? `job=~${JSON.stringify(agentJob)}` : `job=${JSON.stringify(agentJob)}`;
-    const query = `group by (${nodeLabel}, ${trainingJobLabel}) (last_over_time({${trainingJobLabel}!="", ${job}}[10m]))`;
+    const only = nodes === undefined ? '' : `, ${nodeLabel}=~${JSON.stringify(nodes.map(escapeRegex).join('|'))}`;
+    const query = `group by (${nodeLabel}, ${trainingJobLabel}) (last_over_time({${trainingJobLabel}!="", ${job}${only}}[${window}]))`;
     const samples = await instantQuery(this.url, query, { time, timeoutMs: this.timeoutMs, subject: `training-job groups (query: ${query})` });
     const groups: Record<string, string> = {};
     const conflicts = new Set<string>();

@@ -276,6 +276,9 @@ export class MultiSignalDetector {
       }
     }
 
+    // A member silent since before this detector first saw it (a window that starts after it went
+    // quiet, a controller restarted meanwhile) is as silent as one it saw go.
+    for (const node of silentMembers.keys()) if (!this.history.has(node)) this.history.set(node, emptyHistory(this.settings));
     const suspects: Suspect[] = [];
     for (const [node, history] of this.history) {
       const silent = silentMembers.get(node);
@@ -341,7 +344,7 @@ export class MultiSignalDetector {
   private record(node: string, time: number, verdict: NodeVerdict, raise: boolean): NodeHistory {
     let history = this.history.get(node);
     if (!history) {
-      history = { verdicts: new VerdictRing(Math.max(this.settings.persistence.n, this.settings.episodes.window)), raisedSince: undefined, latest: undefined, silentSince: undefined, silentFor: 0, absentFor: 0, raiseTime: undefined };
+      history = emptyHistory(this.settings);
       this.history.set(node, history);
     }
     if (history.raisedSince === time) history.raisedSince = undefined;
@@ -388,6 +391,10 @@ export class MultiSignalDetector {
     }
     return { scored, ungrouped, silentMembers };
   }
+}
+
+function emptyHistory(settings: MultiSignalSettings): NodeHistory {
+  return { verdicts: new VerdictRing(Math.max(settings.persistence.n, settings.episodes.window)), raisedSince: undefined, latest: undefined, silentSince: undefined, silentFor: 0, absentFor: 0, raiseTime: undefined };
 }
 
 function silenceVerdict(node: string, group: string | undefined, evaluations: number): NodeVerdict {

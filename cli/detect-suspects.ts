@@ -150,6 +150,7 @@ export async function suspectsOverWindow(source: PrometheusFeatureSource, window
   const ungrouped = new Set<string>();
   const conflicts = new Set<string>();
   const silent = new Set<string>();
+  const readWarnings = new Set<string>();
   let phases = 0;
 
   const readAt = async (time: number): Promise<{ reading: FeatureReading; context: EvaluationContext }> => {
@@ -157,12 +158,13 @@ export async function suspectsOverWindow(source: PrometheusFeatureSource, window
     for (const failure of reading.failures) failures.set(failure.message, failure);
     reading.answered.forEach((feature) => everAnswered.add(feature));
     reading.answered.filter((feature) => !reading.empty.includes(feature)).forEach((feature) => everFilled.add(feature));
+    reading.warnings.forEach((warning) => readWarnings.add(warning));
     const matrix = window.only ? Object.fromEntries(Object.entries(reading.matrix).filter(([node]) => window.only?.has(node))) : reading.matrix;
     let context: EvaluationContext = {};
     if (window.only) context = { groups: Object.fromEntries([...window.only].map((node) => [node, 'nodes'])) };
     else if (peers === 'training-job') {
       try {
-        const grouping = await source.readGroups(time);
+        const grouping = await source.readGroups(time, reading.stopped);
         grouping.conflicts.forEach((node) => conflicts.add(node));
         context = { groups: grouping.groups };
       } catch (error) {
@@ -226,6 +228,8 @@ export async function suspectsOverWindow(source: PrometheusFeatureSource, window
     );
   }
   if (missing.length === source.features.length) notes.push('no feature had any data in the window: a healthy-looking answer here means nothing');
+  const shownWarnings = [...readWarnings];
+  notes.push(...shownWarnings.slice(0, 10), ...(shownWarnings.length > 10 ? [`… and ${shownWarnings.length - 10} more warnings about the data`] : []));
   const nodes = [...tally.entries()].map(([node, entry]) => ({ node, ...entry })).sort((a, b) => b.anomalousIn - a.anomalousIn || b.worstScore - a.worstScore);
   return {
     from: new Date(start).toISOString(),

@@ -12,7 +12,7 @@ export function quote(value: string): string {
 }
 
 /** Escapes a literal value for use inside a PromQL (RE2) regular expression. */
-function escapeRegex(value: string): string {
+export function escapeRegex(value: string): string {
   return value.replace(/[\\^$.*+?()[\]{}|]/g, '\\$&');
 }
 
