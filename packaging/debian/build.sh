@@ -50,6 +50,8 @@ here=$(dirname "$(readlink -f "$0")")
 exec node ${STEADFAST_NODE_FLAGS:-} "$here/../lib/steadfast/bin/steadfast.js" "$@"
 WRAPPER
 chmod 0755 "$root/usr/bin/steadfast"
+# The Slurm preflight (docs/deploy-slurm.md): slurm.conf's Prolog= names it where it is installed.
+install -D -m 0755 deploy/slurm/prolog.sh "$root/usr/lib/steadfast/slurm/prolog.sh"
 install -m 0644 deploy/systemd/steadfast-agent.service deploy/systemd/steadfast-controller.service "$root/lib/systemd/system/"
 install -m 0644 "$here/etc/agent.env" "$here/etc/controller.env" "$here/etc/controller.yaml" "$root/etc/steadfast/"
 install -m 0644 docs/install.md docs/configuration.md docs/agent.md docs/security.md "$root/usr/share/doc/steadfast/"

@@ -1,5 +1,5 @@
 import { execFile } from 'node:child_process';
-import { cpSync, existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { cpSync, existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
@@ -52,7 +52,7 @@ describe('the Debian package', () => {
   it('installs the built tree under /usr/lib/steadfast, a /usr/bin wrapper and both units, and no tests', async () => {
     const listing = (await run('dpkg-deb', ['-c', deb], { maxBuffer: 64 * 1024 * 1024 })).stdout;
     const paths = listing.split('\n').map((line) => line.split(/\s+/).at(5) ?? '').filter(Boolean);
-    expect(paths).toEqual(expect.arrayContaining(['./usr/bin/steadfast', './usr/lib/steadfast/bin/steadfast.js', './usr/lib/steadfast/dist/cli/main.js', './usr/lib/steadfast/dist/agent.cjs', './usr/lib/steadfast/dist/agent.cjs.cache', './usr/lib/steadfast/rules/xid.yml', ...UNITS.map((unit) => `.${unit}`)]));
+    expect(paths).toEqual(expect.arrayContaining(['./usr/bin/steadfast', './usr/lib/steadfast/bin/steadfast.js', './usr/lib/steadfast/dist/cli/main.js', './usr/lib/steadfast/dist/agent.cjs', './usr/lib/steadfast/dist/agent.cjs.cache', './usr/lib/steadfast/rules/xid.yml', './usr/lib/steadfast/slurm/prolog.sh', ...UNITS.map((unit) => `.${unit}`)]));
     expect(paths.filter((path) => path.startsWith('./usr/lib/steadfast/test/') || path.startsWith('./usr/lib/steadfast/dist/bench/'))).toEqual([]);
     expect(listing).toMatch(/^-rwxr-xr-x root\/root .* \.\/usr\/bin\/steadfast$/m);
   });
@@ -86,6 +86,24 @@ describe('the Debian package', () => {
       alertmanagerTokenFile: '/etc/steadfast/alertmanager-token',
       agentSecretFile: '/etc/steadfast/agent-secret',
     });
+  });
+
+  it('ships the Slurm prolog, which runs the packaged steadfast check and fails on a fatal Xid', async () => {
+    const prolog = join(unpacked, 'usr', 'lib', 'steadfast', 'slurm', 'prolog.sh');
+    expect(statSync(prolog).mode & 0o111).toBe(0o111);
+    const preflight = (kmsg: string) =>
+      run('sh', [prolog, '--xid.state-file', join(work, `prolog-${kmsg.length}.json`)], {
+        env: { ...process.env, SLURMD_NODENAME: 'deb-node', STEADFAST_BIN: join(unpacked, 'usr', 'bin', 'steadfast'), STEADFAST_PREFLIGHT_ARGS: `--path.kmsg ${kmsg} --nvidia-smi.xml ${join(FIXTURES, 'nvidia-smi-xml', 'telegraf_a10g_515.105.01.xml')}`, STEADFAST_LOG_LEVEL: 'silent' },
+      }).then(
+        () => ({ code: 0, stdout: '' }),
+        (error: { code: number; stdout: string }) => ({ code: error.code, stdout: error.stdout }),
+      );
+    const healthy = join(work, 'healthy-kern.log');
+    writeFileSync(healthy, '[    1.000000] Linux version 6.1.0 (debian-kernel@lists.debian.org)\n');
+    expect(await preflight(healthy)).toEqual({ code: 0, stdout: '' });
+    const fatal = await preflight(join(FIXTURES, 'xid-kernel-logs', 'gpud_xid_lines_h100_gb200.txt'));
+    expect(fatal.code).toBe(1);
+    expect(fatal.stdout).toMatch(/Xid 79/);
   });
 
   it('runs the unpacked agent through /usr/bin/steadfast, which hands node the flags of STEADFAST_NODE_FLAGS, until it answers a scrape', async () => {
