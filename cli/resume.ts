@@ -1,25 +1,54 @@
 import { Command } from 'commander';
 import { AuditLog } from '../core/audit.js';
 import { loadConfig } from '../core/config.js';
+import { errorMessage } from '../core/errors.js';
 import { nodeNameSchema } from '../core/names.js';
 import { Keys, workerConnection } from '../core/redis.js';
 import { retentionFromBudget } from '../core/retention.js';
 import { parseOrThrow } from '../core/validate.js';
 import { createBackend } from '../actuators/backend-from-config.js';
+import { AgentDirectory } from '../controller/agents.js';
+import { selfCheck } from '../exporters/standby-reporter.js';
 import { runCommand } from './common.js';
 
+/** How long the node's agent may take to answer the check's scrape. */
+const CHECK_TIMEOUT_MS = 10_000;
+
 /**
- * `steadfast resume NODE`: an operator returns a repaired node to service. Besides the
- * scheduler's resume it clears steadfast's claim on the node, so the next fault on it is a new
- * decision rather than a report joining the old one.
+ * The node's own checks before it goes back: one scrape of its agent (at the configured agent
+ * URL, for a node the backend knows), judged as a warm standby judges itself — every collector
+ * working, every GPU present, no fatal Xid since the node booted. Says why not, or undefined.
+ */
+async function failedChecks(agents: AgentDirectory, node: string): Promise<string | undefined> {
+  const url = (await agents.urls([node])).get(node);
+  if (url === undefined) return `no agent URL for ${node}`;
+  let text: string;
+  try {
+    const response = await fetch(`${url}/metrics`, { signal: AbortSignal.timeout(CHECK_TIMEOUT_MS) });
+    if (!response.ok) return `its agent at ${url} answered HTTP ${response.status}`;
+    text = await response.text();
+  } catch (error) {
+    return `its agent at ${url} could not be reached (${errorMessage(error)})`;
+  }
+  const verdict = selfCheck(text);
+  return verdict.ok ? undefined : verdict.detail;
+}
+
+/**
+ * `steadfast resume NODE`: an operator returns a repaired node to service. The node must first
+ * pass its own checks (failedChecks); `--force` skips them. Besides the scheduler's resume it
+ * clears steadfast's claim on the node, so the next fault on it is a new decision rather than a
+ * report joining the old one. It works against Redis and the backend directly, with the
+ * controller's config, so it also serves while the controller is down.
  */
 export function resumeCommand(): Command {
   return new Command('resume')
-    .description('Return a drained node to service through the configured backend and forget steadfast\'s open decision for it.')
+    .description("Return a drained node to service through the configured backend, once its agent's checks pass, and forget steadfast's open decision for it.")
     .argument('<node>', 'node name as the scheduler knows it')
     .option('-c, --config <file>', 'YAML config file', process.env.STEADFAST_CONFIG)
     .option('-r, --reason <text>', 'why, recorded in the audit trail', 'repaired by operator')
-    .action(async (nodeArgument: string, options: { config?: string; reason: string }) => {
+    .option('--force', "resume without the node's checks (recorded as forced in the audit)", false)
+    .action(async (nodeArgument: string, options: { config?: string; reason: string; force: boolean }) => {
       await runCommand(async () => {
         const node = parseOrThrow(nodeNameSchema, nodeArgument, 'node');
         const config = loadConfig({ file: options.config });
@@ -27,24 +56,35 @@ export function resumeCommand(): Command {
         try {
           const keys = new Keys(config.redis.prefix);
           const backend = createBackend(config, redis, keys);
+          const audit = new AuditLog(redis, keys, retentionFromBudget(config.redis.retentionBudgetMB, config.controller.auditMaxLength).auditEntries);
           const before = await backend.nodeState(node);
           if (!before.exists) throw new Error(`${backend.name} does not know node ${node}`);
-          await backend.resume(node);
           const claim = await redis.get(keys.nodeDrainClaim(node));
+          const record = (state: 'done' | 'refused', summary: string, detail: string) =>
+            audit.append(
+              {
+                type: 'action',
+                ref: claim ?? `resume-${node}`,
+                node,
+                summary,
+                data: { verb: 'resume', node, state, detail, backend: backend.name, previous: before.raw, decisionId: claim, forced: options.force },
+                actor: { role: 'operator' },
+              },
+              `resume:${node}:${Date.now()}`,
+            );
+          if (!options.force) {
+            const failed = await failedChecks(new AgentDirectory(config.agents, async (name) => (await backend.nodeState(name)).exists), node);
+            if (failed !== undefined) {
+              await record('refused', `resume ${node}: refused (its checks failed: ${failed}; ${options.reason})`, failed);
+              throw new Error(`${node} failed its checks and stays out of service: ${failed}. Repair it, or give --force to resume it anyway.`);
+            }
+          }
+          await backend.resume(node);
           await redis.del(keys.nodeDrainClaim(node));
           // An operator returning a node vouches for it: it leaves quarantine too.
           await redis.srem(keys.quarantine, node);
-          await new AuditLog(redis, keys, retentionFromBudget(config.redis.retentionBudgetMB, config.controller.auditMaxLength).auditEntries).append(
-            {
-              type: 'action',
-              ref: claim ?? `resume-${node}`,
-              node,
-              summary: `resume ${node}: done (${options.reason}; was ${before.raw})`,
-              data: { verb: 'resume', node, state: 'done', detail: options.reason, backend: backend.name, previous: before.raw, decisionId: claim },
-            },
-            `resume:${node}:${Date.now()}`,
-          );
-          process.stdout.write(`${node}: resumed through ${backend.name} (was ${before.raw})${claim ? `; decision ${claim} closed` : ''}\n`);
+          await record('done', `resume ${node}: done (${options.reason}; was ${before.raw}${options.force ? '; without its checks (--force)' : ''})`, options.reason);
+          process.stdout.write(`${node}: resumed through ${backend.name} (was ${before.raw})${options.force ? ', without its checks' : ', its checks passed'}${claim ? `; decision ${claim} closed` : ''}\n`);
         } finally {
           redis.disconnect();
         }
