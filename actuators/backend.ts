@@ -31,6 +31,8 @@ export interface WorkloadState {
 export interface ClusterBackend {
   readonly name: string;
   nodeState(node: string): Promise<NodeState>;
+  /** The nodes of a partition (Slurm), for maintenance windows by partition; empty for a partition it does not know. */
+  partitionNodes?(partition: string): Promise<string[]>;
   /** Stops new work landing on the node, recording `reason` where the scheduler shows it. */
   drain(node: string, reason: string): Promise<void>;
   /** Returns the node to service. */

@@ -1,7 +1,11 @@
 import { z } from 'zod';
 import type { Config } from '../core/config.js';
 import type { MaintenanceWindow } from '../core/remedy-config.js';
+import type { Logger } from '../core/log.js';
 import type { Keys, Redis } from '../core/redis.js';
+
+/** How often the nodes of a maintenance window's partitions are read again from the scheduler. */
+const PARTITION_REFRESH_MS = 60_000;
 
 /**
  * The safety gates every actuator passes, in this order (after the Kubernetes
@@ -52,14 +56,50 @@ export class SafetyGates {
     private readonly leaseSeconds: number,
     /** Scheduled maintenance (remedies.maintenanceWindows): a node in an open window is treated as held. */
     private readonly windows: readonly MaintenanceWindow[] = [],
-  ) {}
+    /** The nodes of a partition, from the scheduler (ClusterBackend.partitionNodes), for windows by partition. */
+    private readonly partitionNodes?: (partition: string) => Promise<string[]>,
+    private readonly logger?: Logger,
+  ) {
+    if (windows.some((window) => window.partitions !== undefined) && partitionNodes === undefined) {
+      throw new Error('remedies.maintenanceWindows names partitions, which only the Slurm backend knows; name the nodes instead');
+    }
+  }
 
-  /** The nodes in a maintenance window open at `now`, each with the window's name and end. */
+  /** Each window's partitions' nodes as last read, and when. */
+  private partitions = new Map<string, string[]>();
+  private partitionsReadAt = Number.NEGATIVE_INFINITY;
+
+  /**
+   * Reads the nodes of every partition a window names, at most once a minute (a node added to a
+   * partition is covered from then on). A partition the scheduler does not list, or a read that
+   * fails, keeps what was read before and is logged: a window is never silently dropped.
+   */
+  async refreshPartitions(): Promise<void> {
+    const now = Date.now();
+    if (this.partitionNodes === undefined || now - this.partitionsReadAt < PARTITION_REFRESH_MS) return;
+    this.partitionsReadAt = now;
+    const names = new Set(this.windows.flatMap((window) => window.partitions ?? []));
+    for (const name of names) {
+      try {
+        const nodes = await this.partitionNodes(name);
+        if (nodes.length === 0) this.logger?.warn({ partition: name }, 'a maintenance window names a partition with no nodes (or one the scheduler does not know)');
+        if (nodes.length > 0 || !this.partitions.has(name)) this.partitions.set(name, nodes);
+      } catch (error) {
+        this.logger?.warn({ partition: name, err: error }, 'could not read the nodes of a maintenance window\'s partition; keeping the last list');
+      }
+    }
+  }
+
+  /**
+   * The nodes in a maintenance window open at `now`, each with the window's name and end. Nodes
+   * named by partition are those of the last refreshPartitions().
+   */
   inMaintenance(now = Date.now()): Map<string, { readonly window: string; readonly end: string }> {
     const nodes = new Map<string, { window: string; end: string }>();
     for (const window of this.windows) {
       if (Date.parse(window.start) > now || Date.parse(window.end) <= now) continue;
-      for (const node of window.nodes) if (!nodes.has(node)) nodes.set(node, { window: window.name, end: window.end });
+      const covered = [...(window.nodes ?? []), ...(window.partitions ?? []).flatMap((partition) => this.partitions.get(partition) ?? [])];
+      for (const node of covered) if (!nodes.has(node)) nodes.set(node, { window: window.name, end: window.end });
     }
     return nodes;
   }
@@ -110,6 +150,7 @@ export class SafetyGates {
   /** The hold gate: refuses when any of `nodes` is held. */
   async checkHolds(nodes: readonly string[], now = Date.now()): Promise<GateVerdict> {
     if (nodes.length === 0) return { ok: true };
+    await this.refreshPartitions();
     const maintenance = this.inMaintenance(now);
     const scheduled = nodes.filter((node) => maintenance.has(node));
     if (scheduled.length > 0) {

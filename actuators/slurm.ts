@@ -4,6 +4,7 @@ import { promisify } from 'node:util';
 import { DoNotRetryError, RetryLaterError, errorMessage } from '../core/errors.js';
 import { JOB_NAME_PATTERN } from '../core/job.js';
 import { NODE_NAME_PATTERN } from '../core/names.js';
+import { SLURM_PARTITION_PATTERN } from '../core/remedy-config.js';
 import type { ClusterBackend, NodeState, WorkloadState } from './backend.js';
 import { expandHostlist } from './hostlist.js';
 import type { SlurmRestClient } from './slurm-rest.js';
@@ -94,6 +95,12 @@ export class SlurmBackend implements ClusterBackend {
 
   private checkNode(node: string): void {
     if (!NODE_NAME_PATTERN.test(node)) throw new DoNotRetryError(`refusing to pass invalid node name ${JSON.stringify(node.slice(0, 80))} to Slurm`);
+  }
+
+  async partitionNodes(partition: string): Promise<string[]> {
+    if (!SLURM_PARTITION_PATTERN.test(partition)) throw new DoNotRetryError(`refusing to pass invalid partition name ${JSON.stringify(partition.slice(0, 80))} to Slurm`);
+    const out = await this.exec(this.options.sinfo, ['--noheader', '--Node', `--partition=${partition}`, '--format=%N']);
+    return [...new Set(out.split('\n').map((line) => line.trim()).filter((node) => NODE_NAME_PATTERN.test(node)))].sort();
   }
 
   async nodeState(node: string): Promise<NodeState> {

@@ -148,6 +148,8 @@ export class Controller {
       { maxPerWindow: drainBudget(config.safety), windowSeconds: config.safety.windowSeconds },
       config.safety.nodeLeaseSeconds,
       config.remedies.maintenanceWindows,
+      this.backend.partitionNodes?.bind(this.backend),
+      options.logger,
     );
     this.signalQueue = new Queue<SignalJob>(QUEUE_NAMES.signals, { connection: this.workerRedis, prefix: config.redis.prefix });
     this.jobs = new JobStore(this.workerRedis, this.keys);
@@ -239,7 +241,7 @@ export class Controller {
           microbatches: new MicrobatchBoard(this.intakeRedis, this.keys, apiJobs),
         }),
         operatorRouter({
-          gates: new SafetyGates(this.intakeRedis, this.keys, budget, config.safety.nodeLeaseSeconds, config.remedies.maintenanceWindows),
+          gates: new SafetyGates(this.intakeRedis, this.keys, budget, config.safety.nodeLeaseSeconds, config.remedies.maintenanceWindows, this.backend.partitionNodes?.bind(this.backend), this.options.logger),
           audit: apiAudit,
           holdDefaultSeconds: config.safety.holdDefaultSeconds,
           holdMaxSeconds: config.safety.holdMaxSeconds,
@@ -350,6 +352,7 @@ export class Controller {
     const inUse = new Set(records.flatMap((record) => record.spec.nodes));
     // A held node is never provisioned as a standby either (it is left out like one in use).
     // So is a node in a maintenance window: it could not stand in for a failed one while the window is open.
+    await this.gates.refreshPartitions();
     const unavailable = new Set([...inUse, ...(await this.gates.holds(now)).keys(), ...this.gates.inMaintenance(now).keys()]);
     const soon = this.gates.inMaintenance(now + MAINTENANCE_LOOKAHEAD_MS);
     const leaving = [...inUse].filter((node) => soon.has(node) || this.gates.inMaintenance(now).has(node)).length;

@@ -9,15 +9,21 @@ const int = () => z.coerce.number<unknown>().int();
  * ladder, how they escalate, where a node that needs hands is handed off, and maintenance
  * windows. Every rung is off by default: a fatal Xid then drains the node, as before.
  */
+/** A Slurm partition name as steadfast passes one to sinfo: never an option, never a list. */
+export const SLURM_PARTITION_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
+
 export const maintenanceWindowSchema = z
   .object({
     name: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/, 'letters, digits, ".", "_" or "-", up to 63'),
     /** The nodes it covers, by name. */
-    nodes: z.array(nodeNameSchema).min(1).max(100_000),
+    nodes: z.array(nodeNameSchema).min(1).max(100_000).optional(),
+    /** The Slurm partitions it covers: their nodes as the scheduler lists them, re-read every minute. */
+    partitions: z.array(z.string().regex(SLURM_PARTITION_PATTERN, 'a Slurm partition name: letters, digits, ".", "_" or "-", up to 64')).min(1).max(1000).optional(),
     start: z.iso.datetime({ offset: true }),
     end: z.iso.datetime({ offset: true }),
   })
   .strict()
+  .refine((window) => window.nodes !== undefined || window.partitions !== undefined, { message: 'must name nodes, partitions or both', path: ['nodes'] })
   .refine((window) => Date.parse(window.end) > Date.parse(window.start), { message: 'must be after start', path: ['end'] });
 export type MaintenanceWindow = z.infer<typeof maintenanceWindowSchema>;
 

@@ -222,7 +222,7 @@ export interface SlurmPart {
  * a daemon behind them, yet take DRAIN and RESUME like real ones. JWT is enabled as the
  * alternative authentication so `scontrol token` works and slurmrestd can be put in front.
  */
-export async function startSlurm(group: ProcessGroup, root: string, nodes: readonly string[]): Promise<SlurmPart> {
+export async function startSlurm(group: ProcessGroup, root: string, nodes: readonly string[], options: { readonly partitions?: Readonly<Record<string, readonly string[]>> } = {}): Promise<SlurmPart> {
   const dir = join(root, 'slurm');
   mkdirSync(join(dir, 'state'), { recursive: true });
   mkdirSync(join(dir, 'spool'), { recursive: true });
@@ -254,13 +254,15 @@ export async function startSlurm(group: ProcessGroup, root: string, nodes: reado
     'SelectType=select/cons_tres',
     ...nodes.map((node) => `NodeName=${node} NodeAddr=127.0.0.1 CPUs=1 State=CLOUD`),
     `PartitionName=gpu Nodes=${nodes.join(',')} Default=YES MaxTime=INFINITE State=UP`,
+    ...Object.entries(options.partitions ?? {}).map(([name, members]) => `PartitionName=${name} Nodes=${members.join(',')} MaxTime=INFINITE State=UP`),
   ];
   writeFileSync(conf, `${lines.join('\n')}\n`);
   const env = { SLURM_CONF: conf };
   group.start('slurmctld', 'slurmctld', ['-D', '-i', '-f', conf], join(dir, 'slurmctld.out'), { env: { ...process.env, ...env } });
   await waitFor('slurmctld to answer sinfo', async () => {
     const { stdout } = await run('sinfo', ['--noheader', '--Node', '--format=%N'], { env: { ...process.env, ...env } });
-    return stdout.split('\n').filter(Boolean).length === nodes.length;
+    // A node in several partitions is listed once for each.
+    return new Set(stdout.split('\n').filter(Boolean)).size === nodes.length;
   });
   return { conf, dir, env };
 }
