@@ -29,7 +29,7 @@ export interface GpuResetter {
 /** Dry-run: reports the reset as done without asking any agent. */
 export class DryRunGpuResetter implements GpuResetter {
   async reset(node: string, gpu: string): Promise<GpuResetReport> {
-    return { node, gpu, index: null, outcome: 'reset', processes: [], reason: 'dry-run: no agent was asked', seconds: 0 };
+    return { node, gpu, index: null, outcome: 'reset', processes: [], stopped: [], reason: 'dry-run: no agent was asked', seconds: 0 };
   }
 }
 
@@ -84,7 +84,7 @@ export function createRemedyProcessor(deps: RemedyActuatorDeps): (job: Job, deci
       try {
         report = await deps.resetter.reset(decision.node, gpu, config.gpuReset.timeoutSeconds);
       } catch (error) {
-        return { node: decision.node, gpu, index: null, outcome: 'failed', processes: [], reason: `agent not reached: ${errorMessage(error)}`, seconds: 0 };
+        return { node: decision.node, gpu, index: null, outcome: 'failed', processes: [], stopped: [], reason: `agent not reached: ${errorMessage(error)}`, seconds: 0 };
       }
       if (report.outcome !== 'refused' || report.processes.length === 0) return report;
     }

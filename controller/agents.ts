@@ -129,7 +129,7 @@ export class AgentGpuResetter implements GpuResetter {
   ) {}
 
   async reset(node: string, gpu: string, timeoutSeconds: number): Promise<GpuResetReport> {
-    const failed = (reason: string): GpuResetReport => ({ node, gpu, index: null, outcome: 'failed', processes: [], reason, seconds: 0 });
+    const failed = (reason: string): GpuResetReport => ({ node, gpu, index: null, outcome: 'failed', processes: [], stopped: [], reason, seconds: 0 });
     const url = (await this.agents.urls([node])).get(node);
     if (url === undefined) return failed('not a node the backend knows; its agent is not contacted');
     try {

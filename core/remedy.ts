@@ -42,6 +42,8 @@ export const gpuResetReportSchema = z.object({
   outcome: z.enum(GPU_RESET_OUTCOMES),
   /** Processes that held the GPU (a refusal's cause). */
   processes: z.array(z.number().int().min(0)).max(1024).default([]),
+  /** Processes the agent stopped on that GPU before resetting it (--gpu-reset.stop-grace-seconds). */
+  stopped: z.array(z.number().int().min(0)).max(1024).default([]),
   reason: z.string().max(2048),
   seconds: z.number().min(0),
 });

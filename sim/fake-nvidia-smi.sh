@@ -21,14 +21,19 @@ case "$1" in
   --query-compute-apps=pid,gpu_bus_id)
     while read -r index bus; do
       [ -e "$dir/gpu-$index-busy" ] || continue
-      while read -r pid; do [ -n "$pid" ] && echo "$pid, 0000$bus.0"; done < "$dir/gpu-$index-busy"
+      # Like the driver, only processes that are still alive hold the GPU.
+      while read -r pid; do [ -n "$pid" ] && [ -d "/proc/$pid" ] && echo "$pid, 0000$bus.0"; done < "$dir/gpu-$index-busy"
     done < "$dir/gpus"
     ;;
   --gpu-reset)
     [ "$2" = "-i" ] || { echo "usage: --gpu-reset -i INDEX" >&2; exit 2; }
     index=$3
     grep -q "^$index " "$dir/gpus" || { echo "No devices were found" >&2; exit 6; }
+    busy=
     if [ -e "$dir/gpu-$index-busy" ]; then
+      while read -r pid; do [ -n "$pid" ] && [ -d "/proc/$pid" ] && busy=1; done < "$dir/gpu-$index-busy"
+    fi
+    if [ -n "$busy" ]; then
       echo "The following GPUs could not be reset:" >&2
       echo "  GPU $index: In use by another client" >&2
       exit 255

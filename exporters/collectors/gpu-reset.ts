@@ -16,6 +16,11 @@ import type { AgentRequest, AgentResponse, Collector, CollectorContext, Collecto
  */
 
 export const GPU_RESET_TIMEOUT_FLAG = 'gpu-reset.timeout-seconds';
+export const GPU_RESET_STOP_GRACE_FLAG = 'gpu-reset.stop-grace-seconds';
+/** How often the GPU's processes are listed again while they are being stopped. */
+const STOP_POLL_MS = 200;
+/** How long processes sent SIGKILL may take to leave the GPU. */
+const KILL_WAIT_MS = 3000;
 const DEFAULT_TIMEOUT_SECONDS = 120;
 const QUERY_LIMIT_MS = 20_000;
 const KILL_GRACE_MS = 5000;
@@ -47,6 +52,8 @@ class GpuResetCollector implements Collector {
   constructor(
     private readonly context: CollectorContext,
     private readonly defaultTimeoutSeconds: number,
+    /** Seconds between SIGTERM and SIGKILL for the processes on the GPU; 0: refuse while any hold it. */
+    private readonly stopGraceSeconds: number,
   ) {
     const registers: Registry[] = [context.registry];
     this.resets = new Counter({ name: 'steadfast_gpu_resets_total', help: 'GPU resets asked of this agent, by outcome (reset, refused, failed).', labelNames: ['outcome'], registers });
@@ -84,6 +91,26 @@ class GpuResetCollector implements Collector {
       .map((fields) => Number(fields[0]));
   }
 
+  /** Stops the processes on `pciBusId` (signalListed); what is still listed afterwards, or why it could not be listed. */
+  private async stopHolders(pciBusId: string): Promise<number[] | string> {
+    const waitUntilGone = async (limitMs: number): Promise<number[] | string> => {
+      const deadline = performance.now() + limitMs;
+      for (;;) {
+        const listed = await this.holders(pciBusId);
+        if (typeof listed === 'string' || listed.length === 0 || performance.now() >= deadline) return listed;
+        await new Promise((resolve) => setTimeout(resolve, STOP_POLL_MS));
+      }
+    };
+    const first = await this.holders(pciBusId);
+    if (typeof first === 'string') return first;
+    this.context.logger.warn({ gpu: pciBusId, pids: first }, 'stopping the processes on a GPU before its reset');
+    await signalListed(first, 'SIGTERM');
+    const left = await waitUntilGone(this.stopGraceSeconds * 1000);
+    if (typeof left === 'string' || left.length === 0) return left;
+    await signalListed(left, 'SIGKILL');
+    return waitUntilGone(KILL_WAIT_MS);
+  }
+
   private async handle(request: AgentRequest): Promise<AgentResponse> {
     const parsed = gpuResetRequestSchema.safeParse(request.body ?? {});
     if (!parsed.success) return { status: 400, body: { error: `invalid gpu-reset request: ${describeIssues(parsed.error.issues)}` } };
@@ -101,13 +128,15 @@ class GpuResetCollector implements Collector {
 
   private async reset(gpu: string, limitMs: number): Promise<GpuResetReport> {
     const started = performance.now();
+    let stopped: number[] = [];
     const report = (outcome: GpuResetReport['outcome'], reason: string, index: number | null, processes: number[] = []): GpuResetReport => ({
       node: this.context.node,
       gpu,
       index,
       outcome,
       processes,
-      reason,
+      stopped,
+      reason: stopped.length > 0 ? `stopped processes ${stopped.join(', ')} on GPU ${index ?? gpu}; ${reason}` : reason,
       seconds: (performance.now() - started) / 1000,
     });
     const listed = await this.listGpus();
@@ -115,8 +144,15 @@ class GpuResetCollector implements Collector {
     const target = listed.find((candidate) => candidate.pciBusId === gpu);
     if (!target) return report('refused', `nvidia-smi does not list GPU ${gpu}: a reset cannot reach it (the node needs a reboot)`, null);
     if (/^enabled$/i.test(target.persistence)) return report('refused', `persistence mode is on for GPU ${target.index}: the persistence daemon holds it open`, target.index);
-    const holders = await this.holders(gpu);
+    let holders = await this.holders(gpu);
     if (typeof holders === 'string') return report('failed', holders, target.index);
+    if (holders.length > 0 && this.stopGraceSeconds > 0) {
+      const before = holders;
+      holders = await this.stopHolders(gpu);
+      if (typeof holders === 'string') return report('failed', holders, target.index);
+      const left = new Set(holders);
+      stopped = before.filter((pid) => !left.has(pid));
+    }
     if (holders.length > 0) return report('refused', `processes ${holders.join(', ')} still use GPU ${target.index}`, target.index, holders);
     // The index is one nvidia-smi itself printed, a small integer: nothing from the request reaches the command line.
     const reset = await this.run(['--gpu-reset', '-i', String(target.index)], limitMs);
@@ -133,6 +169,22 @@ class GpuResetCollector implements Collector {
   }
 }
 
+/**
+ * Stops what nvidia-smi lists on one GPU: SIGTERM, then SIGKILL for what is still listed after the
+ * grace period. Every signal goes to a pid nvidia-smi listed on that GPU in the query just before
+ * it — never any other process, never init or the agent itself. Returns what is still listed.
+ */
+async function signalListed(pids: readonly number[], signal: NodeJS.Signals): Promise<void> {
+  for (const pid of pids) {
+    if (pid <= 1 || pid === process.pid) continue;
+    try {
+      process.kill(pid, signal);
+    } catch {
+      // Gone already, or not ours to signal (then it stays listed and the reset is refused).
+    }
+  }
+}
+
 function lastLine(text: string): string {
   return text.trim().split('\n').at(-1)?.slice(0, 300) ?? '';
 }
@@ -141,11 +193,22 @@ export const gpuResetCollectorFactory: CollectorFactory = {
   name: 'gpu-reset',
   defaultEnabled: false,
   help: 'POST /api/v1/gpu-reset: reset one idle GPU (nvidia-smi --gpu-reset) for the controller\'s reset rung; needs root and the agent\'s token.',
-  flags: [{ name: GPU_RESET_TIMEOUT_FLAG, value: '<seconds>', description: 'longest one GPU reset may take', default: String(DEFAULT_TIMEOUT_SECONDS) }],
+  flags: [
+    { name: GPU_RESET_TIMEOUT_FLAG, value: '<seconds>', description: 'longest one GPU reset may take', default: String(DEFAULT_TIMEOUT_SECONDS) },
+    {
+      name: GPU_RESET_STOP_GRACE_FLAG,
+      value: '<seconds>',
+      description: 'stop the processes nvidia-smi lists on the GPU to be reset (SIGTERM, then SIGKILL after this many seconds) instead of refusing the reset; 0 refuses while any hold it; needs CAP_KILL for other users\' processes',
+      default: '0',
+    },
+  ],
   create(context) {
     const raw = context.settings[GPU_RESET_TIMEOUT_FLAG];
     const seconds = typeof raw === 'string' ? Number(raw) : DEFAULT_TIMEOUT_SECONDS;
     if (!Number.isInteger(seconds) || seconds < 1 || seconds > 600) throw new Error(`--${GPU_RESET_TIMEOUT_FLAG}: must be a whole number of seconds from 1 to 600, got ${String(raw)}`);
-    return new GpuResetCollector(context, seconds);
+    const rawGrace = context.settings[GPU_RESET_STOP_GRACE_FLAG];
+    const grace = typeof rawGrace === 'string' ? Number(rawGrace) : 0;
+    if (!Number.isInteger(grace) || grace < 0 || grace > 300) throw new Error(`--${GPU_RESET_STOP_GRACE_FLAG}: must be a whole number of seconds from 0 to 300, got ${String(rawGrace)}`);
+    return new GpuResetCollector(context, seconds, grace);
   },
 };

@@ -21,7 +21,7 @@ class ScriptedResetter implements GpuResetter {
   async reset(node: string, gpu: string): Promise<GpuResetReport> {
     const outcome = this.outcomes[Math.min(this.calls, this.outcomes.length - 1)] ?? 'reset';
     this.calls += 1;
-    return { node, gpu, index: 2, outcome, processes: outcome === 'refused' ? this.processes : [], reason: outcome === 'reset' ? 'GPU 2 reset and listed again' : 'processes 7 still use GPU 2', seconds: 0.5 };
+    return { node, gpu, index: 2, outcome, processes: outcome === 'refused' ? this.processes : [], stopped: [], reason: outcome === 'reset' ? 'GPU 2 reset and listed again' : 'processes 7 still use GPU 2', seconds: 0.5 };
   }
 }
 

@@ -1,3 +1,4 @@
+import { spawn } from 'node:child_process';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AuditEntry } from '../../core/audit.js';
@@ -68,11 +69,15 @@ describe('remedies short of a drain, end to end', () => {
   it('drains the node instead when processes still hold the GPU, without resetting it', async () => {
     const since = Date.now();
     const node = env.node('node-2');
-    node.holdGpu(3, [4242]);
+    // A live process on GPU 3, as nvidia-smi would list it.
+    const holder = spawn('sleep', ['600'], { stdio: 'ignore' });
+    const pid = holder.pid ?? 0;
+    node.holdGpu(3, [pid]);
     node.needsReset(3, 48, 'An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer.');
     const action = await settled('node-2', 'reset_gpu', since);
     expect(action.data.state).toBe('done');
-    expect(String(action.data.detail)).toBe('GPU reset refused (processes 4242 still use GPU 3); node drained instead');
+    holder.kill('SIGKILL');
+    expect(String(action.data.detail)).toBe(`GPU reset refused (processes ${pid} still use GPU 3); node drained instead`);
     expect(node.resets()).toEqual([]);
     expect((await env.controller.backend.nodeState('node-2')).drained).toBe(true);
     expect((await history('node-2')).map((entry) => `${entry.action} ${entry.outcome}`)).toEqual(['drain done', 'reset_gpu fell_back']);

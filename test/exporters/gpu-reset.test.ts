@@ -1,3 +1,4 @@
+import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -5,7 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../core/log.js';
 import { GPU_RESET_PATH } from '../../core/remedy.js';
 import { createAgent, type Agent } from '../../exporters/agent.js';
-import { gpuResetCollectorFactory, shortPciBusId } from '../../exporters/collectors/gpu-reset.js';
+import { GPU_RESET_STOP_GRACE_FLAG, gpuResetCollectorFactory, shortPciBusId } from '../../exporters/collectors/gpu-reset.js';
 import { createSimulatedNodes, type SimulatedNode } from '../../sim/cluster.js';
 
 /**
@@ -37,6 +38,17 @@ describe('POST /api/v1/gpu-reset on the agent', () => {
     rmSync(root, { recursive: true, force: true });
   });
 
+  const sleepers: ChildProcess[] = [];
+  /** A live process, to be listed on a GPU. */
+  function sleeper(): ChildProcess {
+    const child = spawn('sleep', ['600'], { stdio: 'ignore' });
+    sleepers.push(child);
+    return child;
+  }
+  afterAll(() => {
+    for (const child of sleepers) child.kill('SIGKILL');
+  });
+
   async function reset(body: unknown, bearer = token): Promise<{ status: number; body: Record<string, unknown> }> {
     const response = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${bearer}` }, body: JSON.stringify(body) });
     return { status: response.status, body: (await response.json()) as Record<string, unknown> };
@@ -52,8 +64,11 @@ describe('POST /api/v1/gpu-reset on the agent', () => {
   });
 
   it('refuses while processes use the GPU or persistence mode is on, and for a GPU nvidia-smi does not list', async () => {
-    node.holdGpu(2, [811, 812]);
-    expect(await reset({ gpu: '0000:3a:00' })).toEqual({ status: 409, body: expect.objectContaining({ outcome: 'refused', index: 2, processes: [811, 812], reason: 'processes 811, 812 still use GPU 2' }) });
+    const [a, b] = [sleeper(), sleeper()] as [ChildProcess, ChildProcess];
+    node.holdGpu(2, [a.pid ?? 0, b.pid ?? 0]);
+    expect(await reset({ gpu: '0000:3a:00' })).toEqual({ status: 409, body: expect.objectContaining({ outcome: 'refused', index: 2, processes: [a.pid, b.pid], stopped: [], reason: `processes ${a.pid}, ${b.pid} still use GPU 2` }) });
+    // Without --gpu-reset.stop-grace-seconds the agent signals nothing.
+    expect([a.exitCode, a.signalCode, b.exitCode, b.signalCode]).toEqual([null, null, null, null]);
     node.holdGpu(2, []);
     node.setPersistence(3, true);
     expect((await reset({ gpu: '0000:5d:00' })).body).toMatchObject({ outcome: 'refused', reason: 'persistence mode is on for GPU 3: the persistence daemon holds it open' });
@@ -84,4 +99,58 @@ describe('POST /api/v1/gpu-reset on the agent', () => {
     expect(shortPciBusId('0000:3a:00')).toBe('0000:3a:00');
     expect(shortPciBusId('3a:00.0')).toBeUndefined();
   });
+});
+
+describe('POST /api/v1/gpu-reset with --gpu-reset.stop-grace-seconds', () => {
+  const root = mkdtempSync(join(tmpdir(), 'steadfast-gpu-reset-stop-'));
+  const token = 'node-1.0123456789abcdef0123456789abcdef';
+  const children: ChildProcess[] = [];
+  let node: SimulatedNode;
+  let agent: Agent;
+  let url: string;
+
+  beforeAll(async () => {
+    [node] = createSimulatedNodes(root, 1, 4) as [SimulatedNode];
+    agent = createAgent({
+      node: 'node-1',
+      listen: { host: '127.0.0.1', port: 0 },
+      paths: { sysfs: join(root, 'sys'), procfs: node.procfs, kmsg: node.kmsgPath, nvidiaSmiXml: node.xmlPath, nvidiaSmi: node.nvidiaSmi },
+      pollIntervalSeconds: 1,
+      collectors: [gpuResetCollectorFactory],
+      settings: { [GPU_RESET_STOP_GRACE_FLAG]: '1' },
+      apiToken: token,
+      logger: silentLogger(),
+    });
+    url = `http://127.0.0.1:${(await agent.start()).port}${GPU_RESET_PATH}`;
+  });
+  afterAll(async () => {
+    for (const child of children) child.kill('SIGKILL');
+    await agent.close();
+    rmSync(root, { recursive: true, force: true });
+  });
+
+  /** A live process; `ignoreTerm` makes it one that needs SIGKILL. */
+  function start(ignoreTerm: boolean): { child: ChildProcess; exited: Promise<NodeJS.Signals | null> } {
+    const child = ignoreTerm ? spawn('sh', ['-c', "trap '' TERM; while :; do sleep 1; done"], { stdio: 'ignore' }) : spawn('sleep', ['600'], { stdio: 'ignore' });
+    children.push(child);
+    return { child, exited: new Promise((resolve) => child.once('exit', (_code, signal) => resolve(signal))) };
+  }
+
+  it("stops only the processes on that GPU (SIGTERM, then SIGKILL for one that ignores it), then resets it; another GPU's process lives on", async () => {
+    const polite = start(false);
+    const stubborn = start(true);
+    const elsewhere = start(false);
+    node.holdGpu(1, [polite.child.pid ?? 0, stubborn.child.pid ?? 0]);
+    node.holdGpu(2, [elsewhere.child.pid ?? 0]);
+    node.needsReset(1, 48, 'An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer.');
+    const response = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${token}` }, body: JSON.stringify({ gpu: '0000:2a:00' }) });
+    const body = (await response.json()) as Record<string, unknown>;
+    expect(response.status).toBe(200);
+    expect(body).toMatchObject({ outcome: 'reset', index: 1, stopped: [polite.child.pid, stubborn.child.pid], reason: `stopped processes ${polite.child.pid}, ${stubborn.child.pid} on GPU 1; GPU 1 reset and listed again` });
+    expect(await polite.exited).toBe('SIGTERM');
+    expect(await stubborn.exited).toBe('SIGKILL');
+    expect(elsewhere.child.exitCode).toBeNull();
+    expect(elsewhere.child.signalCode).toBeNull();
+    expect(node.resets()).toEqual([1]);
+  }, 30_000);
 });
