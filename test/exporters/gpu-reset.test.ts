@@ -9,29 +9,37 @@ import { createAgent, type Agent } from '../../exporters/agent.js';
 import { GPU_RESET_STOP_GRACE_FLAG, gpuResetCollectorFactory, shortPciBusId } from '../../exporters/collectors/gpu-reset.js';
 import { createSimulatedNodes, type SimulatedNode } from '../../sim/cluster.js';
 
+const TOKEN = 'node-1.0123456789abcdef0123456789abcdef';
+
+/** A simulated 4-GPU node (sim/fake-nvidia-smi.sh) and an agent serving the gpu-reset endpoint on it. */
+async function resetAgent(root: string, settings: Record<string, string> = {}): Promise<{ node: SimulatedNode; agent: Agent; url: string }> {
+  const [node] = createSimulatedNodes(root, 1, 4) as [SimulatedNode];
+  const agent = createAgent({
+    node: 'node-1',
+    listen: { host: '127.0.0.1', port: 0 },
+    paths: { sysfs: join(root, 'sys'), procfs: node.procfs, kmsg: node.kmsgPath, nvidiaSmiXml: node.xmlPath, nvidiaSmi: node.nvidiaSmi },
+    pollIntervalSeconds: 1,
+    collectors: [gpuResetCollectorFactory],
+    settings,
+    apiToken: TOKEN,
+    logger: silentLogger(),
+  });
+  return { node, agent, url: `http://127.0.0.1:${(await agent.start()).port}${GPU_RESET_PATH}` };
+}
+
 /**
  * The agent's gpu-reset endpoint running a simulated node's nvidia-smi (sim/fake-nvidia-smi.sh):
  * what it resets, what it refuses, and who may ask.
  */
 describe('POST /api/v1/gpu-reset on the agent', () => {
   const root = mkdtempSync(join(tmpdir(), 'steadfast-gpu-reset-'));
-  const token = 'node-1.0123456789abcdef0123456789abcdef';
+  const token = TOKEN;
   let node: SimulatedNode;
   let agent: Agent;
   let url: string;
 
   beforeAll(async () => {
-    [node] = createSimulatedNodes(root, 1, 4) as [SimulatedNode];
-    agent = createAgent({
-      node: 'node-1',
-      listen: { host: '127.0.0.1', port: 0 },
-      paths: { sysfs: join(root, 'sys'), procfs: node.procfs, kmsg: node.kmsgPath, nvidiaSmiXml: node.xmlPath, nvidiaSmi: node.nvidiaSmi },
-      pollIntervalSeconds: 1,
-      collectors: [gpuResetCollectorFactory],
-      apiToken: token,
-      logger: silentLogger(),
-    });
-    url = `http://127.0.0.1:${(await agent.start()).port}${GPU_RESET_PATH}`;
+    ({ node, agent, url } = await resetAgent(root));
   });
   afterAll(async () => {
     await agent.close();
@@ -103,25 +111,14 @@ describe('POST /api/v1/gpu-reset on the agent', () => {
 
 describe('POST /api/v1/gpu-reset with --gpu-reset.stop-grace-seconds', () => {
   const root = mkdtempSync(join(tmpdir(), 'steadfast-gpu-reset-stop-'));
-  const token = 'node-1.0123456789abcdef0123456789abcdef';
+  const token = TOKEN;
   const children: ChildProcess[] = [];
   let node: SimulatedNode;
   let agent: Agent;
   let url: string;
 
   beforeAll(async () => {
-    [node] = createSimulatedNodes(root, 1, 4) as [SimulatedNode];
-    agent = createAgent({
-      node: 'node-1',
-      listen: { host: '127.0.0.1', port: 0 },
-      paths: { sysfs: join(root, 'sys'), procfs: node.procfs, kmsg: node.kmsgPath, nvidiaSmiXml: node.xmlPath, nvidiaSmi: node.nvidiaSmi },
-      pollIntervalSeconds: 1,
-      collectors: [gpuResetCollectorFactory],
-      settings: { [GPU_RESET_STOP_GRACE_FLAG]: '1' },
-      apiToken: token,
-      logger: silentLogger(),
-    });
-    url = `http://127.0.0.1:${(await agent.start()).port}${GPU_RESET_PATH}`;
+    ({ node, agent, url } = await resetAgent(root, { [GPU_RESET_STOP_GRACE_FLAG]: '1' }));
   });
   afterAll(async () => {
     for (const child of children) child.kill('SIGKILL');
