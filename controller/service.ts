@@ -6,7 +6,7 @@ import { AuditLog } from '../core/audit.js';
 import type { Config } from '../core/config.js';
 import { resolveToken } from '../core/config.js';
 import { resolveCredentials } from '../core/auth-config.js';
-import { CONTROLLER_IDENTITY, Credentials } from '../core/credentials.js';
+import { Credentials } from '../core/credentials.js';
 import { errorMessage } from '../core/errors.js';
 import type { Logger } from '../core/log.js';
 import { retentionFromBudget } from '../core/retention.js';
@@ -16,6 +16,7 @@ import type { ClusterBackend } from '../actuators/backend.js';
 import { createBackend } from '../actuators/backend-from-config.js';
 import { SafetyGates, drainBudget } from '../actuators/safety.js';
 import { StandbyPool } from '../actuators/standby-pool.js';
+import { replenishStandbys } from './standby-upkeep.js';
 import { RemediationHistory } from '../actuators/remediation-history.js';
 import { SignalIntake } from './intake.js';
 import { IntakeBatcher } from './intake-batch.js';
@@ -62,9 +63,6 @@ async function settledWithin(promises: readonly Promise<unknown>[], ms: number):
     clearTimeout(timer);
   }
 }
-
-/** How far ahead a maintenance window makes the standby pool hold a replacement for each node it takes. */
-const MAINTENANCE_LOOKAHEAD_MS = 3600_000;
 
 /** How often time is fed through every job's recovery ladder. */
 const RECOVERY_TICK_MS = 5000;
@@ -348,21 +346,7 @@ export class Controller {
       const running = records.filter((record) => record.state === 'running').map((record) => record.spec);
       await this.suspects.run(running, now).catch((error: unknown) => this.options.logger.warn({ err: error }, 'multi-signal detection failed'));
     }
-    // Replenish the warm standby pool up to the P99 of the machines now in use (ByteRobust §6.2).
-    const inUse = new Set(records.flatMap((record) => record.spec.nodes));
-    // A held node is never provisioned as a standby either (it is left out like one in use).
-    // So is a node in a maintenance window: it could not stand in for a failed one while the window is open.
-    await this.gates.refreshPartitions();
-    const unavailable = new Set([...inUse, ...(await this.gates.holds(now)).keys(), ...this.gates.inMaintenance(now).keys()]);
-    const soon = this.gates.inMaintenance(now + MAINTENANCE_LOOKAHEAD_MS);
-    const leaving = [...inUse].filter((node) => soon.has(node) || this.gates.inMaintenance(now).has(node)).length;
-    const started = await this.pool.reconcile(inUse.size, unavailable, now, leaving);
-    for (const node of started) {
-      await this.audit.append(
-        { type: 'action', ref: `standby-${node}-${now}`, node, summary: `standby ${node}: provisioning (held by ${this.backend.name}; waiting for its agent's self-check)`, data: { verb: 'provision_standby', node, state: 'done' }, actor: CONTROLLER_IDENTITY },
-        `standby:${node}:${now}`,
-      );
-    }
+    await replenishStandbys({ gates: this.gates, pool: this.pool, audit: this.audit, backend: this.backend.name }, new Set(records.flatMap((record) => record.spec.nodes)), now);
   }
 
   /**
