@@ -66,7 +66,7 @@ function describe(signal: Signal): string {
  * A signal about a node of a registered job goes to that job's recovery ladder (ByteRobust §4,
  * DeadPool Table II): classify, advance, and let the recovery actuator carry out the steps.
  */
-async function toLadder(audit: AuditLog, signal: Signal, trainingJob: string, dispatcher: RecoveryDispatcher, firstAttempt: boolean): Promise<PolicyResult> {
+async function toLadder(audit: AuditLog, signal: Signal, trainingJob: string, dispatcher: RecoveryDispatcher, firstAttempt: boolean, remedies: PolicyWorkerDeps['remedies']): Promise<PolicyResult> {
   const verdict = classifySignal(signal);
   if (verdict.verdict === 'ignore') {
     await audit.append(
@@ -90,7 +90,11 @@ async function toLadder(audit: AuditLog, signal: Signal, trainingJob: string, di
   // sender's retry stored it again), and advancing the ladder twice would count one fault twice.
   // A retried batch goes on, as its own first attempt may have stopped between the two writes.
   if (written === undefined && firstAttempt) return { outcome: 'repeat' };
-  const steps = await dispatcher.apply({ job: trainingJob, event: faultEventFromSignal(signal, verdict), eventId: signal.id, origin: signal.origin });
+  // A machine fault a GPU reset may cure (the catalogue's remedy, resets on, the node's history
+  // allowing one) is reset in place; escalation past resets leaves it to the ladder's eviction.
+  const remedy = remedies && signal.node && verdict.faultClass === 'machine' ? chooseRemedy(signal, verdict.reason, await remedies.history.read(signal.node), remedies.config, Date.now()) : undefined;
+  const event = faultEventFromSignal(signal, verdict, remedy?.verb === 'reset_gpu' ? remedy.gpu : undefined);
+  const steps = await dispatcher.apply({ job: trainingJob, event, eventId: signal.id, origin: signal.origin });
   return { outcome: steps.length > 0 ? 'decided' : 'joined' };
 }
 
@@ -142,7 +146,7 @@ export function signalProcessor(deps: PolicyWorkerDeps): (signal: Signal, firstA
 
   return async (signal, firstAttempt) => {
     const trainingJob = deps.recovery && signal.node ? await deps.recovery.jobs.jobOnNode(signal.node) : undefined;
-    if (deps.recovery && trainingJob) return toLadder(audit, signal, trainingJob, deps.recovery.dispatcher, firstAttempt);
+    if (deps.recovery && trainingJob) return toLadder(audit, signal, trainingJob, deps.recovery.dispatcher, firstAttempt, deps.remedies);
     const outcome = decide(signal);
     if (outcome.verb === 'observe') {
       await audit.append(

@@ -67,11 +67,12 @@ export function startWorkers(deps: WorkerDeps): Worker[] {
   const handOffWebhook = config.remedies.handOff.webhookUrl;
   // What the drain and remedy actuators both act through.
   const actuator = { redis: deps.redis, keys: deps.keys, audit: deps.audit, backend: deps.backend, gates: deps.gates, logger };
+  // Dry-run swaps the agent's reset for a recorder, as it swaps the backend.
+  const resetter = deps.backend.name === 'dry-run' ? new DryRunGpuResetter() : new AgentGpuResetter(deps.agents);
   const remedy = createRemedyProcessor({
     ...actuator,
     history,
-    // Dry-run swaps the agent's reset for a recorder, as it swaps the backend.
-    resetter: deps.backend.name === 'dry-run' ? new DryRunGpuResetter() : new AgentGpuResetter(deps.agents),
+    resetter,
     handOff: handOffWebhook === undefined ? undefined : new WebhookHandOff({ url: handOffWebhook, timeoutMs: config.remedies.handOff.timeoutMs, attempts: config.remedies.handOff.attempts }),
     config: config.remedies,
     onRemediation: (node, action, outcome) => deps.metrics.remediations.inc({ node, action, outcome }),
@@ -108,6 +109,8 @@ export function startWorkers(deps: WorkerDeps): Worker[] {
       maxJobEvictionPercent: config.safety.maxJobEvictionPercent,
       pool: deps.pool,
       progress: deps.progress,
+      // The reset rung for a job's node (the ladder emits it only with remedies.gpuReset on).
+      gpuReset: { resetter, timeoutSeconds: config.remedies.gpuReset.timeoutSeconds, history },
       // jobId = the asking step: a redelivered recovery job cannot queue the same analysis twice.
       analyze: async (request) => {
         await deps.analysisQueue.add(request.kind, request, { jobId: `${request.kind}:${request.ref}` });

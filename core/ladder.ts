@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { PCI_BUS_ID_PATTERN } from './names.js';
 
 /**
  * What crosses the recovery queue: the classes of fault the recovery ladder knows, the events it
@@ -18,6 +19,11 @@ export const STEP_VERBS = [
   'stop',
   /** Drain the nodes and activate warm standbys in their place (§6.2). */
   'evict',
+  /**
+   * Reset one GPU of one node through its agent, the job stopped, so that the job can restart on
+   * the same nodes; when the reset is refused or fails, the node is evicted as by `evict`.
+   */
+  'reset_gpu',
   /** Relaunch the job on its current node set. */
   'restart',
   /** Relaunch in place on the same nodes, nothing changed (§4.2 Reattempt). */
@@ -48,6 +54,8 @@ export interface LadderStep {
   job: string;
   nodes?: string[];
   version?: string;
+  /** The GPU (PCI bus id) a `reset_gpu` step resets. */
+  gpu?: string;
   reason: string;
   /** The paper section the step follows. */
   citation: string;
@@ -58,6 +66,7 @@ export const ladderStepSchema = z.object({
   job: z.string(),
   nodes: z.array(z.string()).optional(),
   version: z.string().optional(),
+  gpu: z.string().regex(PCI_BUS_ID_PATTERN).optional(),
   reason: z.string(),
   citation: z.string(),
 }) satisfies z.ZodType<LadderStep>;
@@ -80,6 +89,12 @@ export interface FaultEvent {
    * help?). Without it the ladder normalises `detail`.
    */
   signature?: string;
+  /**
+   * The GPU (PCI bus id) whose reset may cure this machine fault in place: the Xid catalogue's
+   * remedy, with GPU resets on and the node's escalation history allowing one
+   * (controller/remedy-policy.ts). Without it a machine fault evicts the node.
+   */
+  resetGpu?: string;
 }
 
 /** Every event carries its own time, in Unix epoch milliseconds: the ladder reads no clock. */

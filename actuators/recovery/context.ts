@@ -9,6 +9,8 @@ import type { AnalysisJob, LadderEventJob } from '../../core/queues.js';
 import type { Keys, Redis } from '../../core/redis.js';
 import type { ClusterBackend } from '../backend.js';
 import type { SafetyGates } from '../safety.js';
+import type { GpuResetter } from '../remedy.js';
+import type { RemediationHistory } from '../remediation-history.js';
 import type { StandbyPool } from '../standby-pool.js';
 
 /** What the recovery actuator needs of the job registry (the controller's JobStore). */
@@ -55,6 +57,8 @@ export interface RecoveryActuatorDeps {
   readonly progress?: RestartWatch;
   /** Hands diagnostics, replay and stack aggregation to the analysis queue. */
   readonly analyze?: (request: AnalysisJob) => Promise<void>;
+  /** GPU resets through the nodes' agents (remedies.gpuReset), for the reset_gpu step; without it that step evicts. */
+  readonly gpuReset?: { readonly resetter: GpuResetter; readonly timeoutSeconds: number; readonly history?: RemediationHistory };
 }
 
 /** One step of one ladder transition: its identity in the audit is `${transitionId}:${index}`. */

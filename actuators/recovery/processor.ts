@@ -6,6 +6,7 @@ import { recoveryJobSchema, nothingFound, type AnalysisKind, type RecoveryJob } 
 import { DryRunBackend } from '../dry-run.js';
 import { recordStep, stepRef, type RecoveryActuatorDeps, type StepAt } from './context.js';
 import { evict } from './evict.js';
+import { resetInPlace } from './reset.js';
 import { restart } from './restart.js';
 import { stop } from './stop.js';
 
@@ -14,7 +15,7 @@ import { stop } from './stop.js';
  * turned off has these refused (audited with the reason). Notifying, paging, tolerating and
  * reading stacks still run, so a person hears of the fault.
  */
-const ACTING_VERBS: ReadonlySet<StepVerb> = new Set(['evict', 'stop', 'restart', 'reattempt', 'rollback', 'apply_update', 'quarantine', 'run_diagnostics', 'run_replay']);
+const ACTING_VERBS: ReadonlySet<StepVerb> = new Set(['evict', 'reset_gpu', 'stop', 'restart', 'reattempt', 'rollback', 'apply_update', 'quarantine', 'run_diagnostics', 'run_replay']);
 
 /** A finished step's marker outlives any redelivery of its transition. */
 const STEP_DONE_TTL_SECONDS = 7 * 24 * 3600;
@@ -74,6 +75,8 @@ async function runStep(deps: RecoveryActuatorDeps, at: StepAt): Promise<boolean>
   switch (step.verb) {
     case 'evict':
       return evict(deps, at);
+    case 'reset_gpu':
+      return resetInPlace(deps, at);
     case 'rollback':
     case 'apply_update':
       // A hot update in place (ByteRobust §6.1): the version changes here, the restart step

@@ -11,7 +11,7 @@ import type { LadderState, LadderTransition } from './state.js';
 /** The ladder's two entry points: a signal becomes an event, an event moves the state. */
 
 /** The ladder event for a classified signal. */
-export function faultEventFromSignal(signal: Signal, verdict: FaultVerdict): FaultEvent {
+export function faultEventFromSignal(signal: Signal, verdict: FaultVerdict, resetGpu?: string): FaultEvent {
   return {
     type: 'fault',
     time: Date.parse(signal.time),
@@ -20,6 +20,7 @@ export function faultEventFromSignal(signal: Signal, verdict: FaultVerdict): Fau
     nodes: verdict.node === undefined ? [] : [verdict.node],
     detail: verdict.reason,
     signature: failureKind(signal),
+    ...(resetGpu !== undefined && verdict.faultClass === 'machine' ? { resetGpu } : {}),
   };
 }
 

@@ -71,6 +71,7 @@ export const CITE = {
   stacks: 'ByteRobust §4.1 and §5.1 (performance anomalies trigger aggregation analysis)',
   transient: 'DeadPool Table II and §VI-B (transient faults: local recovery first, no topology change)',
   standby: 'ByteRobust §6.2 (warm standbys replace evicted machines)',
+  gpuReset: "NVIDIA's Xid catalogue (the remedy is a GPU reset); ByteRobust §4.1 (stop the job before acting on a machine)",
   hotUpdate: 'ByteRobust §6.1 (urgent updates now; others at the next failure or when 24 h expire)',
   retry: '504-GPU report (auto-retry chains)',
   exclusion: '504-GPU report (node exclusion history; the top three nodes caused over half of all exclusions)',

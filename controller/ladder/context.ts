@@ -79,14 +79,15 @@ export function setVerdict(s: LadderState, version: string, verdict: VersionVerd
   entry.verdictAt = time;
 }
 
-export function step(ctx: Ctx, verb: StepVerb, reason: string, citation: string, extra: { nodes?: string[]; version?: string } = {}): LadderStep {
+export function step(ctx: Ctx, verb: StepVerb, reason: string, citation: string, extra: { nodes?: string[]; version?: string; gpu?: string } = {}): LadderStep {
   const out: LadderStep = { verb, job: ctx.s.job, reason, citation };
   if (extra.nodes !== undefined && extra.nodes.length > 0) out.nodes = [...extra.nodes];
   if (extra.version !== undefined) out.version = extra.version;
+  if (extra.gpu !== undefined) out.gpu = extra.gpu;
   return out;
 }
 
-export function emit(ctx: Ctx, verb: StepVerb, reason: string, citation: string, extra: { nodes?: string[]; version?: string } = {}): void {
+export function emit(ctx: Ctx, verb: StepVerb, reason: string, citation: string, extra: { nodes?: string[]; version?: string; gpu?: string } = {}): void {
   ctx.steps.push(step(ctx, verb, reason, citation, extra));
 }
 

@@ -41,6 +41,22 @@ export function evictAndRestart(ctx: Ctx, nodes: string[], trigger: FaultClass, 
   launch(ctx, [step(ctx, 'restart', `relaunch on warm standbys replacing ${targets.join(', ')}`, CITE.standby)]);
 }
 
+/**
+ * A machine fault whose cure is a GPU reset (FaultEvent.resetGpu): the job stops, the recovery
+ * actuator resets that GPU through the node's agent — or, refused or failed, evicts the node as
+ * evictAndRestart would — and the job is relaunched. No standby is used when the reset holds.
+ */
+export function resetAndRestart(ctx: Ctx, node: string, gpu: string, why: string): void {
+  if (stillInJob(ctx.s, [node]).length === 0) {
+    emit(ctx, 'tolerate', `${why}; ${node} already out of the job`, CITE.gpuReset, { nodes: [node] });
+    return;
+  }
+  leaveRunning(ctx, 'machine', why);
+  emit(ctx, 'reset_gpu', `${why}; reset GPU ${gpu} of ${node} in place (evict ${node} if the reset is refused or fails)`, CITE.gpuReset, { nodes: [node], gpu });
+  enterRung(ctx, 'evict', 'stopped');
+  launch(ctx, [step(ctx, 'restart', `relaunch after the reset of GPU ${gpu} on ${node}`, CITE.gpuReset)]);
+}
+
 export function diagnose(ctx: Ctx, why: string, hintNodes: string[], citation: string = CITE.diagnose): void {
   enterRung(ctx, 'diagnose', 'diagnosing');
   emit(ctx, 'run_diagnostics', why, citation, { nodes: hintNodes });

@@ -1,7 +1,7 @@
 import type { FaultClass, FaultEvent } from '../../core/ladder.js';
 import { CITE } from './config.js';
 import { appendTime, emit, hours, leaveRunning, minutes, pageHuman, rollbackTarget, setVerdict, timesOf, unique, type Ctx } from './context.js';
-import { applyUpdateNow, diagnose, escalate, evictAndRestart, reattempt, rollback, stillInJob, type FailedRung } from './rungs.js';
+import { applyUpdateNow, diagnose, escalate, evictAndRestart, reattempt, resetAndRestart, rollback, stillInJob, type FailedRung } from './rungs.js';
 import { addSignature, evictionDidNotHelp } from './evidence.js';
 import { emitRestart } from './retry-chain.js';
 
@@ -29,7 +29,8 @@ export function onFault(ctx: Ctx, event: FaultEvent): void {
   }
   switch (event.faultClass) {
     case 'machine':
-      if (nodes.length > 0) evictAndRestart(ctx, nodes, 'machine', what, CITE.machine);
+      if (event.resetGpu !== undefined && nodes.length === 1) resetAndRestart(ctx, nodes[0] as string, event.resetGpu, what);
+      else if (nodes.length > 0) evictAndRestart(ctx, nodes, 'machine', what, CITE.machine);
       else onCrash(ctx, `${what} (no node named, so no culprit)`, nodes);
       return;
     case 'network':

@@ -62,6 +62,25 @@ describe('recovery of a registered job on a real Redis', () => {
     expect((await controller.jobs.ettr('llama')).cumulative).toBeLessThan(1);
   });
 
+  it('resets the GPU of a fault whose cure is a reset and restarts on the same nodes when GPU resets are on; evicts when they are off', async () => {
+    const { store, controller, url } = await setUp({ remedies: { gpuReset: { enabled: true } } });
+    const dbe = { kind: 'xid', node: 'n01', gpu: '0000:3a:00', xid: 48, message: 'An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer.', time: new Date().toISOString() };
+    expect((await post(`${url}/api/v1/signals`, dbe)).status).toBe(202);
+    await until('the job relaunched', () => controller.audit.read({ limit: 100 }), (entries) => summaries(entries).some((line) => /^decision: llama: restart/.test(line)) && summaries(entries).some((line) => /action: llama: restart/.test(line)));
+    const audit = summaries(await controller.audit.read({ limit: 100 }));
+    expect(audit.filter((line) => line.startsWith('decision:')).map((line) => /^decision: llama: (\S+)/.exec(line)?.[1])).toEqual(['stop', 'reset_gpu', 'restart']);
+    // Dry-run backend: the reset is recorded, no agent asked; the node stays, the standby is not used.
+    expect((await controller.jobs.get('llama')).spec.nodes).toEqual(['n00', 'n01', 'n02', 'n03']);
+    expect(await controller.backend.standbys()).toEqual(['spare-1']);
+    expect(Object.keys(await new DryRunBackend(store.redis, store.keys).recorded())).toEqual([]);
+    expect(audit.some((line) => /action: llama: reset_gpu n01: done \(GPU 0000:3a:00 of n01 reset through its agent/.test(line))).toBe(true);
+
+    // The same fault with resets off (the default) evicts, as before.
+    const off = await setUp();
+    expect((await post(`${off.url}/api/v1/signals`, { ...dbe, time: new Date().toISOString() })).status).toBe(202);
+    await until('job back to running on the standby', () => off.controller.jobs.get('llama'), (record) => record.state === 'running' && record.spec.nodes.includes('spare-1'));
+  });
+
   it('rolls back to the last good version when the job fails with a Python exception after a code update', async () => {
     const { controller, url } = await setUp();
     // v1 ran fine; an urgent update brings v2.

@@ -36,6 +36,7 @@ export function testConfig(redisUrl: string, prefix: string, overrides: Partial<
     launchers: { ...TEST_LAUNCHERS, ...(overrides.launchers ?? {}) },
     ...(overrides.agents ? { agents: overrides.agents } : {}),
     ...(overrides.grafana ? { grafana: overrides.grafana } : {}),
+    ...(overrides.remedies ? { remedies: overrides.remedies } : {}),
   });
 }
 

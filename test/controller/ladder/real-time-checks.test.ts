@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { advance, type LadderConfig } from '../../../controller/ladder/index.js';
+import type { LadderEvent } from '../../../core/ladder.js';
 import { T0, SECOND, MINUTE, JOB, NO_BACKOFF, fault, run, shape, jobOnV2, running } from './support.js';
 
 // Real-time checks (ByteRobust §4.1)
@@ -13,6 +14,19 @@ describe('ladder: real-time checks', () => {
     expect(state.incident).toMatchObject({ trigger: 'machine', rung: 'evict', evictedNodes: ['node-3'], retry: { attempts: 1 } });
     expect(state.lastEvictionAt).toBe(T0);
     expect(state.exclusions).toEqual([{ node: 'node-3', times: [T0] }]);
+  });
+
+  it('resets the GPU in place and restarts on the same nodes for a machine fault a GPU reset may cure', () => {
+    const event = { ...fault('machine', T0, ['node-3'], 'fatal Xid 48', 'xid:48'), resetGpu: '0000:3a:00' } as LadderEvent;
+    const { state, steps } = run(running(), [event]);
+    expect(shape(steps)).toEqual([{ verb: 'stop' }, { verb: 'reset_gpu', nodes: ['node-3'] }, { verb: 'restart' }]);
+    expect(steps[1]?.gpu).toBe('0000:3a:00');
+    expect(state.phase).toBe('stopped');
+    // No standby taken, no exclusion counted: the node stays in the job if the reset holds.
+    expect(state.incident?.evictedNodes).toEqual([]);
+    expect(state.exclusions).toEqual([]);
+    // Without a GPU to reset the same fault evicts, as before.
+    expect(shape(run(running(), [fault('machine', T0, ['node-3'], 'fatal Xid 48', 'xid:48')]).steps).map((step) => step.verb)).toEqual(['stop', 'evict', 'restart']);
   });
 
   it('handles a machine fault that names no node as a crash and runs diagnostics', () => {
