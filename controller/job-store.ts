@@ -121,9 +121,11 @@ export class JobStore {
    */
   async finish(name: string, reason: string, now = Date.now()): Promise<void> {
     const record = await this.get(name);
-    await this.setState(name, 'finished', reason, now);
-    await this.redis.del(this.keys.jobAwaitingProgress(name), this.keys.jobLadder(name));
+    // Its nodes leave it before it reads as finished: whoever sees it finished finds them free,
+    // and a finish cut short here is done again (its workload is still gone) at the next tick.
     await this.releaseNodes(name, record.spec.nodes);
+    await this.redis.del(this.keys.jobAwaitingProgress(name), this.keys.jobLadder(name));
+    await this.setState(name, 'finished', reason, now);
   }
 
   /** Drops node → job entries that still name this job (a node may since serve another). */

