@@ -110,6 +110,15 @@ export function prune(ctx: Ctx): void {
       .filter((entry) => entry.times.length > 0);
   s.networkAlerts = keep(s.networkAlerts, config.networkAlertWindowMs);
   s.exclusions = keep(s.exclusions, config.exclusionWindowMs);
+  s.gpuResets = keep(s.gpuResets, RESET_REJOIN_MS);
+}
+
+/** How long after a GPU reset in place a report of the same fault on the node joins that reset. */
+export const RESET_REJOIN_MS = 10 * MINUTE;
+
+/** The key of a reset in LadderState.gpuResets. */
+export function resetKey(node: string, signature: string | undefined): string {
+  return `${node}|${signature ?? ''}`;
 }
 
 export function unique(values: readonly string[]): string[] {

@@ -1,6 +1,6 @@
 import type { FaultClass } from '../../core/ladder.js';
 import { CITE } from './config.js';
-import { appendTime, emit, emptyTried, enterRung, hours, leaveRunning, pageHuman, rollbackTarget, step, timesOf, unique, type Ctx } from './context.js';
+import { appendTime, emit, emptyTried, enterRung, hours, leaveRunning, pageHuman, resetKey, rollbackTarget, step, timesOf, unique, type Ctx } from './context.js';
 import { recordEviction } from './evidence.js';
 import { chainExhausted, launch } from './retry-chain.js';
 import type { LadderState } from './state.js';
@@ -52,6 +52,7 @@ export function resetAndRestart(ctx: Ctx, node: string, gpu: string, why: string
     return;
   }
   leaveRunning(ctx, 'machine', why);
+  ctx.s.gpuResets = appendTime(ctx.s.gpuResets, resetKey(node, ctx.signature), ctx.time);
   emit(ctx, 'reset_gpu', `${why}; reset GPU ${gpu} of ${node} in place (evict ${node} if the reset is refused or fails)`, CITE.gpuReset, { nodes: [node], gpu });
   enterRung(ctx, 'evict', 'stopped');
   launch(ctx, [step(ctx, 'restart', `relaunch after the reset of GPU ${gpu} on ${node}`, CITE.gpuReset)]);

@@ -121,6 +121,11 @@ export interface LadderState {
   quarantined: string[];
   /** Signal ids already handled, newest last. */
   recentSignals: string[];
+  /**
+   * GPU resets in place within the last RESET_REJOIN_MS, keyed `node|failure signature`: the same
+   * fault reported again (the Prometheus alert after the agent's fast path) joins its reset.
+   */
+  gpuResets: NodeTimes[];
 }
 
 export interface LadderTransition {
@@ -149,6 +154,7 @@ export function initialLadderState(job: string, options: { readonly time: number
     exclusions: [],
     quarantined: [],
     recentSignals: [],
+    gpuResets: [],
   };
 }
 
@@ -204,4 +210,5 @@ export const ladderStateSchema = z.object({
   exclusions: nodeTimes,
   quarantined: z.array(z.string()),
   recentSignals: z.array(z.string()),
+  gpuResets: nodeTimes.default([]),
 }) satisfies z.ZodType<LadderState>;

@@ -1,6 +1,6 @@
 import type { FaultClass, FaultEvent } from '../../core/ladder.js';
 import { CITE } from './config.js';
-import { appendTime, emit, hours, leaveRunning, minutes, pageHuman, rollbackTarget, setVerdict, timesOf, unique, type Ctx } from './context.js';
+import { RESET_REJOIN_MS, appendTime, emit, hours, leaveRunning, minutes, pageHuman, resetKey, rollbackTarget, setVerdict, timesOf, unique, type Ctx } from './context.js';
 import { applyUpdateNow, diagnose, escalate, evictAndRestart, reattempt, resetAndRestart, rollback, stillInJob, type FailedRung } from './rungs.js';
 import { addSignature, evictionDidNotHelp } from './evidence.js';
 import { emitRestart } from './retry-chain.js';
@@ -29,7 +29,9 @@ export function onFault(ctx: Ctx, event: FaultEvent): void {
   }
   switch (event.faultClass) {
     case 'machine':
-      if (event.resetGpu !== undefined && nodes.length === 1) resetAndRestart(ctx, nodes[0] as string, event.resetGpu, what);
+      if (nodes.length === 1 && timesOf(s.gpuResets, resetKey(nodes[0] as string, ctx.signature)).length > 0) {
+        emit(ctx, 'tolerate', `${what}; the same fault on ${nodes[0] as string} was reset in place within ${minutes(RESET_REJOIN_MS)}: this report joins that reset`, CITE.gpuReset, { nodes });
+      } else if (event.resetGpu !== undefined && nodes.length === 1) resetAndRestart(ctx, nodes[0] as string, event.resetGpu, what);
       else if (nodes.length > 0) evictAndRestart(ctx, nodes, 'machine', what, CITE.machine);
       else onCrash(ctx, `${what} (no node named, so no culprit)`, nodes);
       return;

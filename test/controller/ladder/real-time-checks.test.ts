@@ -25,6 +25,12 @@ describe('ladder: real-time checks', () => {
     // No standby taken, no exclusion counted: the node stays in the job if the reset holds.
     expect(state.incident?.evictedNodes).toEqual([]);
     expect(state.exclusions).toEqual([]);
+    // The same fault reported again (the alert after the fast path) joins the reset; another later is a new one.
+    const again = run(state, [{ ...event, signalId: 'alert-copy', time: T0 + 30 * SECOND } as LadderEvent]);
+    expect(shape(again.steps)).toEqual([{ verb: 'tolerate', nodes: ['node-3'] }]);
+    expect(again.steps[0]?.reason).toMatch(/joins that reset/);
+    const later = run({ ...again.state, phase: 'running', incident: null }, [{ ...event, signalId: 'later', time: T0 + 11 * MINUTE } as LadderEvent]);
+    expect(shape(later.steps).map((step) => step.verb)).toEqual(['stop', 'reset_gpu', 'restart']);
     // Without a GPU to reset the same fault evicts, as before.
     expect(shape(run(running(), [fault('machine', T0, ['node-3'], 'fatal Xid 48', 'xid:48')]).steps).map((step) => step.verb)).toEqual(['stop', 'evict', 'restart']);
   });
