@@ -110,7 +110,8 @@ export function agentSettingsFromFlags(
   const options = parsed.data;
   const choices: Record<string, boolean | undefined> = {};
   for (const factory of factories) {
-    const choice = flags[`collector.${factory.name}`];
+    // commander keys `--collector.gpu-reset` as `collector.gpuReset`.
+    const choice = flags[new Option(`--collector.${factory.name}`).attributeName()];
     if (typeof choice === 'boolean') choices[factory.name] = choice;
   }
   const controllerUrl = options['controller.url'];

@@ -18,6 +18,7 @@ import { renderRuleFiles } from '../../rules/build.js';
 import { RULE_FILES, renderAlertmanagerConfig } from '../../rules/index.js';
 import { DEFAULT_THRESHOLDS } from '../../rules/thresholds.js';
 import { startAlertmanager, startPrometheus, startRedis, type AlertmanagerPart, type PrometheusPart, type RedisPart } from '../parts.js';
+import { createSimulatedNodes, type SimulatedNode } from '../cluster.js';
 import { SimCredentials } from '../credentials.js';
 import { ProcessGroup, freePort, httpOk, waitFor } from '../processes.js';
 import { LabError } from './command.js';
@@ -74,6 +75,11 @@ export interface ProtectedLabOptions {
    * S2 has a plan to serve.
    */
   readonly failSlow?: { readonly intervalSeconds: number; readonly costSeconds: { readonly S2: number; readonly S3: number; readonly S4: number } };
+  /**
+   * GPU resets in place (remedies.gpuReset on): each node's agent serves its gpu-reset endpoint on
+   * a simulated nvidia-smi of 8 GPUs (sim/fake-nvidia-smi.sh) — the lab has no GPUs.
+   */
+  readonly gpuReset?: boolean;
   /** Log the controller to stderr instead of to a file under the root. */
   readonly verbose?: boolean;
   /** Keep the root directory (logs, checkpoints, configs) after down. */
@@ -95,6 +101,8 @@ export class ProtectedLab {
   controller!: Controller;
   config!: Config;
   controllerUrl = '';
+  /** The simulated GPUs of each node, with options.gpuReset. */
+  readonly gpus = new Map<string, SimulatedNode>();
   private labStarted = false;
   private stopped = false;
   private readonly logger: Logger;
@@ -207,7 +215,11 @@ export class ProtectedLab {
       },
       // The operator's launcher the job names: real sbatch on the lab's slurm.conf.
       launchers: { [LAB_LAUNCHER]: this.launcher() },
+      ...(this.options.gpuReset ? { remedies: { gpuReset: { enabled: true, timeoutSeconds: 30 } } } : {}),
     });
+    if (this.options.gpuReset) {
+      createSimulatedNodes(join(root, 'gpus'), layout.nodes.length, 8).forEach((gpus, index) => this.gpus.set(layout.nodes[index]?.name ?? '', gpus));
+    }
     writeFileSync(join(root, 'controller.yml'), stringify(this.config));
     this.controller = new Controller({ config: this.config, logger: this.logger });
     await this.step(`controller on ${this.controllerUrl}, Slurm backend on the lab's slurm.conf`, () => this.controller.start());
@@ -291,6 +303,7 @@ export class ProtectedLab {
       this.credentials.agentTokenFile(node.name),
       '--web.token-file',
       this.credentials.agentWebTokenFile(node.name),
+      ...(this.gpus.has(node.name) ? ['--collector.gpu-reset', '--nvidia-smi.path', this.gpus.get(node.name)?.nvidiaSmi ?? ''] : []),
     ];
     const { command, args } = nodeCommand(this.layout, node, argv);
     this.processes.start(`agent-${node.name}`, command, args, join(this.root, 'logs', `agent-${node.name}.log`), { cwd: repoRoot() });

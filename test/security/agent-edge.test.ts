@@ -161,6 +161,23 @@ describe('agent edge', () => {
   });
 });
 
+describe('agent collector flags', () => {
+  const flags = (argv: string[]): Record<string, unknown> => {
+    const command = agentCommand({ env: {}, logger: silentLogger() });
+    command.parseOptions(argv);
+    return command.opts();
+  };
+  const enabled = (argv: string[]): string[] => agentSettingsFromFlags(flags(['--web.insecure', ...argv]), {}).collectors.map((factory) => factory.name);
+
+  it('turns each collector on and off by its flag, a hyphenated name (gpu-reset) included', () => {
+    expect(enabled([])).not.toContain('gpu-reset');
+    expect(enabled(['--collector.gpu-reset'])).toContain('gpu-reset');
+    expect(enabled(['--no-collector.gpu'])).not.toContain('gpu');
+    expect(enabled(['--collector.diagnose', '--no-collector.nvlink'])).toEqual(expect.arrayContaining(['diagnose']));
+    expect(enabled(['--collector.diagnose', '--no-collector.nvlink'])).not.toContain('nvlink');
+  });
+});
+
 describe('agent credentials', () => {
   const dir = mkdtempSync(join(tmpdir(), 'steadfast-agent-cred-'));
   afterAll(() => rmSync(dir, { recursive: true, force: true }));
