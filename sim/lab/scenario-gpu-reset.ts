@@ -1,5 +1,5 @@
 import type { ProtectedLab, ProtectedLabOptions } from './protected.js';
-import { RECOVERY_TIMEOUT_MS, at, entriesSince, firstStep, judgeResumption, receivedAt, report, step, waitForNewRun, waitForRunning, waitForTraining, type ScenarioReport } from './scenario-support.js';
+import { RECOVERY_TIMEOUT_MS, at, beforeNodeFault, entriesSince, firstStep, judgeResumption, receivedAt, report, step, waitForNewRun, waitForRunning, type ScenarioReport } from './scenario-support.js';
 
 /** The lab the scenario needs: GPU resets on, each agent on a simulated nvidia-smi. */
 export const GPU_RESET_LAB: ProtectedLabOptions = { gpuReset: true };
@@ -17,13 +17,9 @@ const GPU_INDEX = 2;
 export async function runGpuReset(lab: ProtectedLab): Promise<ScenarioReport> {
   const problems: string[] = [];
   const job = lab.job;
-  const { run: before } = await waitForTraining(lab, 2 * (lab.options.checkpointEvery ?? 10) + 3);
-  const known = lab.log.runs();
-  const startRecord = await lab.jobRecord();
-  const victim = startRecord.nodes[0] ?? '';
+  const { before, known, startRecord, victim, standbys } = await beforeNodeFault(lab);
   const gpus = lab.gpus.get(victim);
   if (gpus === undefined) throw new Error(`the lab has no simulated GPUs for ${victim}: start it with GPU_RESET_LAB`);
-  const standbys = await lab.controller.backend.standbys();
   gpus.needsReset(GPU_INDEX, 48, 'An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer.');
   const t0 = lab.injectXid(victim, 48, 'An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer.', GPU);
 

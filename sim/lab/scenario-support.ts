@@ -217,3 +217,14 @@ export async function judgeEviction(
   const resumption = relaunched === undefined ? undefined : judgeResumption(lab, [before], relaunched);
   return { decision, stopped, drained, activated, restarted, standby, record, fresh, resumption };
 }
+
+/**
+ * Where a fault on a job's node starts from: the job trained past two checkpoints, the runs seen
+ * so far, the job's record, its first node (the victim) and the standbys held.
+ */
+export async function beforeNodeFault(lab: ProtectedLab): Promise<{ before: string; known: string[]; startRecord: { state: string; nodes: string[]; version: string }; victim: string; standbys: string[] }> {
+  const { run: before } = await waitForTraining(lab, 2 * (lab.options.checkpointEvery ?? 10) + 3);
+  const known = lab.log.runs();
+  const startRecord = await lab.jobRecord();
+  return { before, known, startRecord, victim: startRecord.nodes[0] ?? '', standbys: await lab.controller.backend.standbys() };
+}

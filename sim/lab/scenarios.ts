@@ -4,7 +4,7 @@ import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { triggerRankCrash, triggerRankHang, writeCodeVersion } from './training.js';
 import { FAIL_SLOW_LAB, runFailSlow } from './scenario-fail-slow.js';
-import { RECOVERY_TIMEOUT_MS, at, entriesSince, firstStep, judgeEviction, judgeResumption, receivedAt, report, step, until, waitForNewRun, waitForRunning, waitForTraining, type ScenarioReport } from './scenario-support.js';
+import { RECOVERY_TIMEOUT_MS, at, beforeNodeFault, entriesSince, firstStep, judgeEviction, judgeResumption, receivedAt, report, step, until, waitForNewRun, waitForRunning, waitForTraining, type ScenarioReport } from './scenario-support.js';
 
 export { waitForTraining, type ScenarioReport, type TimelineStep } from './scenario-support.js';
 
@@ -35,11 +35,7 @@ export type ScenarioName = (typeof SCENARIO_NAMES)[number];
 export async function runMachineFault(lab: ProtectedLab): Promise<ScenarioReport> {
   const problems: string[] = [];
   const job = lab.job;
-  const { run: before } = await waitForTraining(lab, 2 * (lab.options.checkpointEvery ?? 10) + 3);
-  const known = lab.log.runs();
-  const startRecord = await lab.jobRecord();
-  const victim = startRecord.nodes[0] ?? '';
-  const standbys = await lab.controller.backend.standbys();
+  const { before, known, victim, standbys } = await beforeNodeFault(lab);
   const pid = Number(lab.log.find(before, new RegExp(`^\\[rank \\d+\\] pid (\\d+) on ${victim},`))?.text.match(/pid (\d+)/)?.[1] ?? Number.NaN);
   const t0 = lab.injectXid(victim, 79, 'GPU has fallen off the bus.', '0000:3a:00', Number.isNaN(pid) ? undefined : pid);
 
