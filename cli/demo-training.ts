@@ -44,6 +44,7 @@ function describeReport(report: ScenarioReport): string {
     if (step.detail) lines.push(`  ${' '.repeat(16)} ${step.detail}`);
   }
   for (const problem of report.problems) lines.push(`  problem: ${problem}`);
+  if (report.context !== undefined) lines.push('  the lab as the scenario was judged:', ...report.context.map((line) => `  | ${line}`));
   return `${lines.join('\n')}\n`;
 }
 

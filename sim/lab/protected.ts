@@ -366,6 +366,11 @@ export class ProtectedLab {
     return now.getTime();
   }
 
+  /** The controller's log file, unless it goes to stderr (options.verbose). */
+  get controllerLogPath(): string | undefined {
+    return this.options.verbose ? undefined : join(this.root, 'controller.log');
+  }
+
   async audit(): Promise<AuditEntry[]> {
     return this.controller.audit.read({ limit: 10_000 });
   }

@@ -1,7 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { AuditEntry } from '../../core/audit.js';
 import { LAB_MICROBATCHES_PER_RANK, type ProtectedLab, type ProtectedLabOptions } from './protected.js';
-import { RECOVERY_TIMEOUT_MS, at, entriesSince, firstStep, judgeEviction, report, step, until, waitForNewRun, waitForRunning, waitForTraining, type ScenarioReport } from './scenario-support.js';
+import { RECOVERY_TIMEOUT_MS, at, recoveryDeadline, timeLeft, entriesSince, firstStep, judgeEviction, report, step, until, waitForNewRun, waitForRunning, waitForTraining, type ScenarioReport } from './scenario-support.js';
 import { slowMachine, type Iteration } from './training.js';
 
 /**
@@ -81,7 +81,7 @@ export async function runFailSlow(lab: ProtectedLab, rank = 1): Promise<FailSlow
   const onPlan = await until(
     () => ofRun(t0).filter((iteration) => iteration.microbatches !== even),
     (iterations) => iterations.length >= MEASURED_ON_PLAN,
-    RECOVERY_TIMEOUT_MS,
+    timeLeft(recoveryDeadline(t0)),
     100,
   );
   if (onPlan === undefined) problems.push(`rank 0 of run ${before} did not train ${MEASURED_ON_PLAN} iterations on a rebalanced plan within ${RECOVERY_TIMEOUT_MS / 1000} s of the slow-down`);
@@ -91,9 +91,10 @@ export async function runFailSlow(lab: ProtectedLab, rank = 1): Promise<FailSlow
   // Part 2: slower than S2 can hide; the lost time pays for S3, then S4.
   const tWorse = Date.now();
   slowMachine(lab.paths, victim, WORSE_SLOWDOWN_SECONDS);
-  const relaunched = await waitForNewRun(lab, known);
-  if (relaunched === undefined) problems.push(`no run trained after the machine got slower within ${RECOVERY_TIMEOUT_MS / 1000} s`);
-  const runningAt = await waitForRunning(lab, (record) => !record.nodes.includes(victim));
+  const deadline = recoveryDeadline(tWorse);
+  const relaunched = await waitForNewRun(lab, known, deadline);
+  if (relaunched === undefined) problems.push(`no run trained after the machine got slower within ${RECOVERY_TIMEOUT_MS / 1000} s of the fault`);
+  const runningAt = await waitForRunning(lab, (record) => !record.nodes.includes(victim), deadline);
   if (runningAt === undefined) problems.push('the ladder did not see training progress again without the slow machine');
 
   const entries = entriesSince(await lab.audit(), t0, job);
@@ -145,6 +146,6 @@ export async function runFailSlow(lab: ProtectedLab, rank = 1): Promise<FailSlow
     step('the ladder saw the iteration counter grow in Prometheus: running', runningAt, t0, `nodes ${record.nodes.join(', ')}`),
   ];
   // Recovery is counted from the slow-down S2 could not hide: the one that needed the restart.
-  const result = report('fail-slow', tWorse, resumption, [before, ...(relaunched === undefined ? [] : [relaunched])], timeline, problems);
+  const result = await report(lab, 'fail-slow', tWorse, resumption, [before, ...(relaunched === undefined ? [] : [relaunched])], timeline, problems, t0);
   return { ...result, iterationSeconds, planned: { slowRank: slowShare, microbatches: total } };
 }

@@ -1,5 +1,5 @@
 import type { ProtectedLab, ProtectedLabOptions } from './protected.js';
-import { RECOVERY_TIMEOUT_MS, at, beforeNodeFault, entriesSince, firstStep, judgeResumption, receivedAt, report, step, waitForNewRun, waitForRunning, type ScenarioReport } from './scenario-support.js';
+import { RECOVERY_TIMEOUT_MS, at, recoveryDeadline, beforeNodeFault, entriesSince, firstStep, judgeResumption, receivedAt, report, step, waitForNewRun, waitForRunning, type ScenarioReport } from './scenario-support.js';
 
 /** The lab the scenario needs: GPU resets on, each agent on a simulated nvidia-smi. */
 export const GPU_RESET_LAB: ProtectedLabOptions = { gpuReset: true };
@@ -22,10 +22,11 @@ export async function runGpuReset(lab: ProtectedLab): Promise<ScenarioReport> {
   if (gpus === undefined) throw new Error(`the lab has no simulated GPUs for ${victim}: start it with GPU_RESET_LAB`);
   gpus.needsReset(GPU_INDEX, 48, 'An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer.');
   const t0 = lab.injectXid(victim, 48, 'An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer.', GPU);
+  const deadline = recoveryDeadline(t0);
 
-  const relaunched = await waitForNewRun(lab, known);
-  if (relaunched === undefined) problems.push(`no run trained after the Xid within ${RECOVERY_TIMEOUT_MS / 1000} s`);
-  const runningAt = await waitForRunning(lab, (record) => record.nodes.join(',') === startRecord.nodes.join(','));
+  const relaunched = await waitForNewRun(lab, known, deadline);
+  if (relaunched === undefined) problems.push(`no run trained after the Xid within ${RECOVERY_TIMEOUT_MS / 1000} s of the fault`);
+  const runningAt = await waitForRunning(lab, (record) => record.nodes.join(',') === startRecord.nodes.join(','), deadline);
   if (runningAt === undefined) problems.push(`the ladder did not see training progress again on ${startRecord.nodes.join(', ')}`);
 
   const entries = entriesSince(await lab.audit(), t0, job);
@@ -58,5 +59,5 @@ export async function runGpuReset(lab: ProtectedLab): Promise<ScenarioReport> {
     firstStep(resumption, relaunched, t0),
     step('the ladder saw the iteration counter grow in Prometheus: running', runningAt, t0, `nodes ${record.nodes.join(', ')}`),
   ];
-  return report('gpu-reset', t0, resumption, [before, ...(relaunched === undefined ? [] : [relaunched])], timeline, problems);
+  return report(lab, 'gpu-reset', t0, resumption, [before, ...(relaunched === undefined ? [] : [relaunched])], timeline, problems);
 }

@@ -1,6 +1,8 @@
+import { readFile } from 'node:fs/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expandHostlist } from '../../actuators/hostlist.js';
 import type { AuditEntry } from '../../core/audit.js';
+import { errorMessage } from '../../core/errors.js';
 import type { ProtectedLab } from './protected.js';
 import type { Iteration } from './training.js';
 
@@ -29,11 +31,27 @@ export interface ScenarioReport {
   readonly timeline: TimelineStep[];
   /** Why it does not count as recovered; empty when it does. */
   readonly problems: string[];
+  /**
+   * When it did not recover: what the lab looked like as it was judged (the job's record and
+   * Slurm queue, the audit since the fault, the job log's tail, the controller's warnings), so
+   * that a failed run says where recovery stopped.
+   */
+  readonly context?: string[];
 }
 
 
-/** How long a scenario may take from the fault to the ladder calling the job healthy again. */
-export const RECOVERY_TIMEOUT_MS = 240_000;
+/**
+ * How long a scenario may take from the fault to the ladder calling the job healthy again: every
+ * wait after the fault shares this one deadline, so a scenario that does not recover is reported,
+ * with its context, before a test's own timeout could cut it short.
+ */
+export const RECOVERY_TIMEOUT_MS = 180_000;
+
+/** The deadline of a scenario whose fault was injected at `t0`. */
+export const recoveryDeadline = (t0: number): number => t0 + RECOVERY_TIMEOUT_MS;
+
+/** Milliseconds left before `deadline`, never negative. */
+export const timeLeft = (deadline: number): number => Math.max(0, deadline - Date.now());
 
 export async function until<T>(read: () => Promise<T> | T, ok: (value: T) => boolean, timeoutMs: number, intervalMs = 200): Promise<T | undefined> {
   const deadline = Date.now() + timeoutMs;
@@ -129,17 +147,17 @@ export function firstStep(resumption: Resumption | undefined, run: string | unde
 }
 
 /** Waits until the ladder calls the job healthy: running again, on the nodes and version `ok` wants. */
-export async function waitForRunning(lab: ProtectedLab, ok: (job: { state: string; nodes: string[]; version: string }) => boolean): Promise<number | undefined> {
-  const seen = await until(() => lab.jobRecord(), (job) => job.state === 'running' && ok(job), RECOVERY_TIMEOUT_MS, 250);
+export async function waitForRunning(lab: ProtectedLab, ok: (job: { state: string; nodes: string[]; version: string }) => boolean, deadline: number): Promise<number | undefined> {
+  const seen = await until(() => lab.jobRecord(), (job) => job.state === 'running' && ok(job), timeLeft(deadline), 250);
   return seen === undefined ? undefined : Date.now();
 }
 
 /** A run not among `known`, once its rank 0 logged an iteration. */
-export async function waitForNewRun(lab: ProtectedLab, known: readonly string[], timeoutMs = RECOVERY_TIMEOUT_MS): Promise<string | undefined> {
+export async function waitForNewRun(lab: ProtectedLab, known: readonly string[], deadline: number): Promise<string | undefined> {
   return until(
     () => lab.log.runs().find((run) => !known.includes(run) && lab.log.iterations(run, 0).length > 0),
     (run) => run !== undefined,
-    timeoutMs,
+    timeLeft(deadline),
     100,
   );
 }
@@ -148,10 +166,14 @@ export function step(label: string, time: number | undefined, t0: number, detail
   return { label, afterMs: time === undefined ? null : Math.max(0, time - t0), detail };
 }
 
-export function report(name: string, t0: number, resumption: Resumption | undefined, runs: string[], timeline: TimelineStep[], problems: string[]): ScenarioReport {
+/**
+ * The scenario's report; one that did not recover carries the lab's context (`since`: when the
+ * scenario injected its fault, `t0` when that is the moment recovery is counted from).
+ */
+export async function report(lab: ProtectedLab, name: string, t0: number, resumption: Resumption | undefined, runs: string[], timeline: TimelineStep[], problems: string[], since = t0): Promise<ScenarioReport> {
   const first = resumption?.firstIteration;
   const all = [...problems, ...(resumption?.problems ?? [])];
-  return {
+  const judged: ScenarioReport = {
     name,
     recovered: all.length === 0,
     recoverySeconds: first === undefined ? null : Math.round((first.seenAt - t0) / 100) / 10,
@@ -161,7 +183,50 @@ export function report(name: string, t0: number, resumption: Resumption | undefi
     timeline,
     problems: all,
   };
+  return judged.recovered ? judged : { ...judged, context: await labContext(lab, since) };
 }
+
+/** What the lab looks like now, for a scenario that did not recover; a part that cannot be read says so. */
+export async function labContext(lab: ProtectedLab, since: number): Promise<string[]> {
+  const lines: string[] = [];
+  const offset = (time: number): string => `+${Math.round(time - since)} ms`;
+  const attempt = async (what: string, read: () => Promise<string[]>): Promise<void> => {
+    try {
+      lines.push(...(await read()));
+    } catch (error) {
+      lines.push(`${what}: could not be read: ${errorMessage(error)}`);
+    }
+  };
+  await attempt('job record', async () => {
+    const record = await lab.jobRecord();
+    return [`job record: ${record.state} on ${record.nodes.join(',')}, version ${record.version}`];
+  });
+  await attempt('Slurm queue', async () => [`Slurm runs queued or running: ${(await lab.queued()).join(', ') || 'none'}`]);
+  await attempt('audit', async () => {
+    const entries = entriesSince(await lab.audit(), since, lab.job).sort((a, b) => Date.parse(a.time) - Date.parse(b.time));
+    return [`audit since the fault (${entries.length} entries, the last ${Math.min(entries.length, CONTEXT_LINES)}):`, ...entries.slice(-CONTEXT_LINES).map((entry) => `  ${offset(Date.parse(entry.time))} ${entry.type}: ${entry.summary.slice(0, 300)}`)];
+  });
+  lines.push(`job log, the last ${CONTEXT_LINES} lines:`, ...lab.log.lines.slice(-CONTEXT_LINES).map((line) => `  [${line.slurmJob}] ${line.text.slice(0, 300)}`));
+  const controllerLog = lab.controllerLogPath;
+  if (controllerLog !== undefined) {
+    await attempt('controller log', async () => {
+      const warnings = (await readFile(controllerLog, 'utf8'))
+        .split('\n')
+        .flatMap((line) => {
+          try {
+            const entry = JSON.parse(line) as { level?: number; time?: number; msg?: string; err?: { message?: string } };
+            return (entry.level ?? 0) >= 40 && (entry.time ?? 0) >= since ? [`  ${offset(entry.time ?? since)} ${entry.msg ?? ''}${entry.err?.message ? `: ${entry.err.message}` : ''}`.slice(0, 300)] : [];
+          } catch {
+            return [];
+          }
+        });
+      return [`controller warnings since the fault (${warnings.length}, the last ${Math.min(warnings.length, CONTEXT_LINES)}):`, ...warnings.slice(-CONTEXT_LINES)];
+    });
+  }
+  return lines;
+}
+
+const CONTEXT_LINES = 20;
 
 /** Newer audit entries of this job's recovery, or of its nodes' signals. */
 export function entriesSince(entries: AuditEntry[], t0: number, job: string): AuditEntry[] {

@@ -4,7 +4,7 @@ import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { triggerRankCrash, triggerRankHang, writeCodeVersion } from './training.js';
 import { FAIL_SLOW_LAB, runFailSlow } from './scenario-fail-slow.js';
-import { RECOVERY_TIMEOUT_MS, at, beforeNodeFault, entriesSince, firstStep, judgeEviction, judgeResumption, receivedAt, report, step, until, waitForNewRun, waitForRunning, waitForTraining, type ScenarioReport } from './scenario-support.js';
+import { RECOVERY_TIMEOUT_MS, at, recoveryDeadline, timeLeft, beforeNodeFault, entriesSince, firstStep, judgeEviction, judgeResumption, receivedAt, report, step, until, waitForNewRun, waitForRunning, waitForTraining, type ScenarioReport } from './scenario-support.js';
 
 export { waitForTraining, type ScenarioReport, type TimelineStep } from './scenario-support.js';
 
@@ -38,10 +38,11 @@ export async function runMachineFault(lab: ProtectedLab): Promise<ScenarioReport
   const { before, known, victim, standbys } = await beforeNodeFault(lab);
   const pid = Number(lab.log.find(before, new RegExp(`^\\[rank \\d+\\] pid (\\d+) on ${victim},`))?.text.match(/pid (\d+)/)?.[1] ?? Number.NaN);
   const t0 = lab.injectXid(victim, 79, 'GPU has fallen off the bus.', '0000:3a:00', Number.isNaN(pid) ? undefined : pid);
+  const deadline = recoveryDeadline(t0);
 
-  const relaunched = await waitForNewRun(lab, known);
-  if (relaunched === undefined) problems.push(`no run trained after the Xid within ${RECOVERY_TIMEOUT_MS / 1000} s`);
-  const runningAt = await waitForRunning(lab, (record) => !record.nodes.includes(victim));
+  const relaunched = await waitForNewRun(lab, known, deadline);
+  if (relaunched === undefined) problems.push(`no run trained after the Xid within ${RECOVERY_TIMEOUT_MS / 1000} s of the fault`);
+  const runningAt = await waitForRunning(lab, (record) => !record.nodes.includes(victim), deadline);
   if (runningAt === undefined) problems.push('the ladder did not see training progress again');
 
   const entries = entriesSince(await lab.audit(), t0, job);
@@ -65,7 +66,7 @@ export async function runMachineFault(lab: ProtectedLab): Promise<ScenarioReport
     step('the ladder saw the iteration counter grow in Prometheus: running', runningAt, t0, `nodes ${record.nodes.join(', ')}`),
     step(`the Prometheus path: the alert for the same Xid through Alertmanager`, receivedAt(alert), t0, alert?.summary ?? ''),
   ];
-  return report('machine-fault', t0, resumption, [before, ...(relaunched === undefined ? [] : [relaunched])], timeline, problems);
+  return report(lab, 'machine-fault', t0, resumption, [before, ...(relaunched === undefined ? [] : [relaunched])], timeline, problems);
 }
 
 /** Scenario 5: an urgent code update whose ranks raise a TypeError at their first step. */
@@ -77,6 +78,7 @@ export async function runBadCode(lab: ProtectedLab, badVersion = 'v2'): Promise<
   const good = (await lab.jobRecord()).version;
   writeCodeVersion(lab.paths, badVersion, "unsupported operand type(s) for *: 'NoneType' and 'float'");
   const t0 = Date.now();
+  const deadline = recoveryDeadline(t0);
   const update = await lab.api(`/api/v1/jobs/${job}/code-updates`, { version: badVersion, urgent: true });
   if (update.status !== 202) problems.push(`the code update was answered ${update.status}: ${JSON.stringify(update.body)}`);
 
@@ -84,15 +86,15 @@ export async function runBadCode(lab: ProtectedLab, badVersion = 'v2'): Promise<
   const badRun = await until(
     () => lab.log.runs().find((run) => !known.includes(run) && lab.log.find(run, new RegExp(`/code/${badVersion}/train\\.py`)) !== undefined),
     (run) => run !== undefined,
-    RECOVERY_TIMEOUT_MS,
+    timeLeft(deadline),
     100,
   );
   if (badRun === undefined) problems.push(`no run of ${badVersion} started`);
-  const failedLine = badRun === undefined ? undefined : await until(() => lab.log.find(badRun, /^srun: error: .*Exited with exit code/), (line) => line !== undefined, 120_000, 100);
+  const failedLine = badRun === undefined ? undefined : await until(() => lab.log.find(badRun, /^srun: error: .*Exited with exit code/), (line) => line !== undefined, timeLeft(deadline), 100);
   if (badRun !== undefined && failedLine === undefined) problems.push(`run ${badRun} of ${badVersion} did not fail`);
-  const relaunched = await waitForNewRun(lab, [...known, ...(badRun === undefined ? [] : [badRun])]);
-  if (relaunched === undefined) problems.push(`no run trained after the rollback within ${RECOVERY_TIMEOUT_MS / 1000} s`);
-  const runningAt = await waitForRunning(lab, (record) => record.version === good);
+  const relaunched = await waitForNewRun(lab, [...known, ...(badRun === undefined ? [] : [badRun])], deadline);
+  if (relaunched === undefined) problems.push(`no run trained after the rollback within ${RECOVERY_TIMEOUT_MS / 1000} s of the fault`);
+  const runningAt = await waitForRunning(lab, (record) => record.version === good, deadline);
   if (runningAt === undefined) problems.push(`the ladder did not see training progress again on ${good}`);
 
   const entries = entriesSince(await lab.audit(), t0, job);
@@ -125,7 +127,7 @@ export async function runBadCode(lab: ProtectedLab, badVersion = 'v2'): Promise<
     step(`the ladder saw training progress on ${good}: running`, runningAt, t0, ''),
   ];
   // Recovery is counted from the failure itself, not from the update that brought it.
-  const result = report('bad-code', failedAt ?? t0, resumption, [before, ...(badRun === undefined ? [] : [badRun]), ...(relaunched === undefined ? [] : [relaunched])], timeline, problems);
+  const result = await report(lab, 'bad-code', failedAt ?? t0, resumption, [before, ...(badRun === undefined ? [] : [badRun]), ...(relaunched === undefined ? [] : [relaunched])], timeline, problems, t0);
   return result;
 }
 
@@ -137,13 +139,14 @@ export async function runCrash(lab: ProtectedLab, rank = 1): Promise<ScenarioRep
   const known = lab.log.runs();
   const startRecord = await lab.jobRecord();
   const t0 = Date.now();
+  const deadline = recoveryDeadline(t0);
   triggerRankCrash(lab.paths, rank);
 
-  const failedLine = await until(() => lab.log.find(before, /^srun: error: .*Exited with exit code/), (line) => line !== undefined, 60_000, 100);
+  const failedLine = await until(() => lab.log.find(before, /^srun: error: .*Exited with exit code/), (line) => line !== undefined, Math.min(60_000, timeLeft(deadline)), 100);
   if (failedLine === undefined) problems.push(`run ${before} did not fail after rank ${rank} was made to crash`);
-  const relaunched = await waitForNewRun(lab, known);
-  if (relaunched === undefined) problems.push(`no run trained after the crash within ${RECOVERY_TIMEOUT_MS / 1000} s`);
-  const runningAt = await waitForRunning(lab, () => true);
+  const relaunched = await waitForNewRun(lab, known, deadline);
+  if (relaunched === undefined) problems.push(`no run trained after the crash within ${RECOVERY_TIMEOUT_MS / 1000} s of the fault`);
+  const runningAt = await waitForRunning(lab, () => true, deadline);
   if (runningAt === undefined) problems.push('the ladder did not see training progress again');
 
   const entries = entriesSince(await lab.audit(), t0, job);
@@ -174,7 +177,7 @@ export async function runCrash(lab: ProtectedLab, rank = 1): Promise<ScenarioRep
     firstStep(resumption, relaunched, t0),
     step('the ladder saw training progress: running', runningAt, t0, ''),
   ];
-  return report('crash', failedLine?.seenAt ?? t0, resumption, [before, ...(relaunched === undefined ? [] : [relaunched])], timeline, problems);
+  return report(lab, 'crash', failedLine?.seenAt ?? t0, resumption, [before, ...(relaunched === undefined ? [] : [relaunched])], timeline, problems, t0);
 }
 
 /** The faulthandler dumps of `rank` under the lab's stack directory, newest last. */
@@ -208,11 +211,12 @@ export async function runHang(lab: ProtectedLab, rank = 1): Promise<ScenarioRepo
   const victim = startRecord.nodes[rank] ?? '';
   const standbys = await lab.controller.backend.standbys();
   const t0 = Date.now();
+  const deadline = recoveryDeadline(t0);
   triggerRankHang(lab.paths, rank);
 
-  const relaunched = await waitForNewRun(lab, known);
-  if (relaunched === undefined) problems.push(`no run trained after the hang within ${RECOVERY_TIMEOUT_MS / 1000} s`);
-  const runningAt = await waitForRunning(lab, (record) => !record.nodes.includes(victim));
+  const relaunched = await waitForNewRun(lab, known, deadline);
+  if (relaunched === undefined) problems.push(`no run trained after the hang within ${RECOVERY_TIMEOUT_MS / 1000} s of the fault`);
+  const runningAt = await waitForRunning(lab, (record) => !record.nodes.includes(victim), deadline);
   if (runningAt === undefined) problems.push('the ladder did not see training progress again');
 
   const all = await lab.audit();
@@ -247,7 +251,7 @@ export async function runHang(lab: ProtectedLab, rank = 1): Promise<ScenarioRepo
     firstStep(resumption, relaunched, t0),
     step('the ladder saw the iteration counter grow in Prometheus: running', runningAt, t0, `nodes ${record.nodes.join(', ')}`),
   ];
-  return report('hang', t0, resumption, [before, ...(relaunched === undefined ? [] : [relaunched])], timeline, problems);
+  return report(lab, 'hang', t0, resumption, [before, ...(relaunched === undefined ? [] : [relaunched])], timeline, problems);
 }
 
 export const SCENARIOS: Readonly<Record<ScenarioName, (lab: ProtectedLab) => Promise<ScenarioReport>>> = {

@@ -46,6 +46,7 @@ export function printReport(report: ScenarioReport): void {
     `${report.name}: ${report.recovered ? 'recovered' : 'NOT recovered'} in ${report.recoverySeconds ?? '?'} s, resumed from step ${report.resumedFromStep ?? '?'}, ${report.lostIterations ?? '?'} iteration${report.lostIterations === 1 ? '' : 's'} lost, Slurm runs ${report.slurmJobIds.join(' → ')}`,
     ...report.timeline.map((step) => `  ${step.afterMs === null ? '     —' : String(step.afterMs).padStart(6)} ms  ${step.label}`),
     ...report.problems.map((problem) => `  problem: ${problem}`),
+    ...(report.context ?? []).map((line) => `  | ${line}`),
   ];
   process.stdout.write(`${lines.join('\n')}\n`);
 }

@@ -22,5 +22,5 @@ describe('lab scenario: bad code from an urgent update', () => {
     expect(await lab().jobRecord()).toMatchObject({ state: 'running', version: 'v1', nodes: ['node-1', 'node-2'] });
     const bad = await lab().slurmJob(report.slurmJobIds[1] ?? '');
     expect(bad.state).toBe('FAILED');
-  }, 300_000);
+  }, 360_000);
 });

@@ -20,5 +20,5 @@ describe('lab scenario: a crash without a culprit', () => {
     expect(report.timeline.map((step) => step.afterMs)).not.toContain(null);
     expect(await lab().jobRecord()).toMatchObject({ state: 'running', version: 'v1', nodes: ['node-1', 'node-2'] });
     expect((await lab().slurmJob(report.slurmJobIds[0] ?? '')).state).toBe('FAILED');
-  }, 300_000);
+  }, 360_000);
 });

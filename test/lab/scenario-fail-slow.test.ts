@@ -33,5 +33,5 @@ describe('lab scenario: fail-slow', () => {
     // The relaunched run, without the slow machine, trains on the even split again.
     const served = await lab().api('/api/v1/jobs/lab-train/microbatches');
     expect(served.body).toMatchObject({ strategy: 'even', assignment: [4, 4] });
-  }, 360_000);
+  }, 540_000);
 });

@@ -22,5 +22,5 @@ describe('lab scenario: a GPU reset in place under a training job', () => {
     expect((report.resumedFromStep ?? 1) % 10).toBe(0);
     expect(report.timeline.map((step) => step.afterMs)).not.toContain(null);
     expect((await lab().jobRecord()).nodes).toEqual(['node-1', 'node-2']);
-  }, 300_000);
+  }, 360_000);
 });

@@ -27,5 +27,5 @@ describe('lab scenario: a machine fault (fatal Xid) under a training job', () =>
     expect(job.nodes).not.toContain('node-1');
     expect(job.nodes.some((node) => node === 'node-3' || node === 'node-4')).toBe(true);
     expect((await lab().sinfo('node-1')).state).toMatch(/^drain/);
-  }, 300_000);
+  }, 360_000);
 });
