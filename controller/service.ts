@@ -334,11 +334,15 @@ export class Controller {
     const now = Date.now();
     const records = (await this.jobs.list()).filter((record) => record.state !== 'finished');
     for (const record of records) {
-      const ended = record.state === 'running' && (await finishIfWorkloadEnded({ jobs: this.jobs, backend: this.backend, launchers: this.options.config.launchers, audit: this.audit, logger: this.options.logger }, record.spec, now));
-      if (ended) continue;
-      const decided = await this.progress?.check(record.spec.name, now);
-      if (decided) await this.dispatcher.apply(decided);
-      await this.dispatcher.apply({ job: record.spec.name, event: { type: 'tick', time: now }, eventId: `tick:${now}` });
+      // Each job on its own, and its tick whatever its checks did: held restarts and lazy updates wait on it.
+      const job = record.spec.name;
+      const ended = await this.tickPart(job, 'finish check', async () => record.state === 'running' && (await finishIfWorkloadEnded({ jobs: this.jobs, backend: this.backend, launchers: this.options.config.launchers, audit: this.audit, logger: this.options.logger }, record.spec, now)));
+      if (ended === true) continue;
+      await this.tickPart(job, 'progress check', async () => {
+        const decided = await this.progress?.check(job, now);
+        if (decided) await this.dispatcher.apply(decided);
+      });
+      await this.tickPart(job, 'tick', () => this.dispatcher.apply({ job, event: { type: 'tick', time: now }, eventId: `tick:${now}` }));
     }
     // The analysis lease is renewed every tick; fail-slow checks run on their own interval (tickFailSlow).
     if ((this.failSlow || this.suspects) && (await this.leadAnalysis()) && this.suspects && now - this.lastSuspectRun >= this.options.config.analysis.detectorIntervalSeconds * 1000) {
@@ -347,6 +351,16 @@ export class Controller {
       await this.suspects.run(running, now).catch((error: unknown) => this.options.logger.warn({ err: error }, 'multi-signal detection failed'));
     }
     await replenishStandbys({ gates: this.gates, pool: this.pool, audit: this.audit, backend: this.backend.name }, new Set(records.flatMap((record) => record.spec.nodes)), now);
+  }
+
+  /** One part of a job's tick; a failure is logged and leaves the job's other parts and the other jobs to run. */
+  private async tickPart<T>(job: string, part: string, work: () => Promise<T>): Promise<T | undefined> {
+    try {
+      return await work();
+    } catch (error) {
+      this.options.logger.warn({ job, part, err: error }, 'recovery tick of a job failed');
+      return undefined;
+    }
   }
 
   /**

@@ -105,6 +105,22 @@ describe('recovery of a registered job on a real Redis', () => {
     expect(decisions.some((summary) => /^llama: rollback to v1/.test(summary))).toBe(true);
   });
 
+  it('releases a held-back rollback on the recovery clock even when the progress check of the same job fails', async () => {
+    // Nothing answers on port 9: the progress check waits for Prometheus, and its record is then made unreadable.
+    const { store, controller, url } = await setUp({ progress: { prometheusUrl: 'http://127.0.0.1:9/', timeoutSeconds: 600 }, recovery: { retryInitialBackoffSeconds: 1 } });
+    await controller.jobs.setState('llama', 'running', 'trained');
+    expect((await post(`${url}/api/v1/jobs/llama/code-updates`, { version: 'v2', urgent: true })).status).toBe(202);
+    await until('v2 relaunched, its progress awaited', () => store.redis.get(store.keys.jobAwaitingProgress('llama')), (raw) => raw !== null);
+    await store.redis.set(store.keys.jobAwaitingProgress('llama'), '{"not": "a progress record"}');
+    const failure = { kind: 'worker_failed', node: 'n02', job: 'llama', rank: 2, message: 'srun: task 2 on n02 exited with exit code 1; TypeError: unsupported operand type(s)', time: new Date().toISOString() };
+    expect((await post(`${url}/api/v1/signals`, failure)).status).toBe(202);
+    const decisions = async (): Promise<string[]> => (await controller.audit.read({ type: 'decision', limit: 100 })).map((entry) => entry.summary);
+    // The update used the incident's first restart; the rollback is the second, held back by the retry chain.
+    await until('the rollback held back', decisions, (summaries) => summaries.some((summary) => /^llama: tolerate — restart 2 of at most \d+ held back/.test(summary)));
+    const rolledBack = await until('the rollback released by a tick', decisions, (summaries) => summaries.some((summary) => summary.startsWith('llama: rollback to v1')), 20_000);
+    expect(rolledBack.some((summary) => summary.startsWith('llama: restart — relaunch on v1'))).toBe(true);
+  });
+
   it('rolls back a crash on the standby that replaced an evicted node, but diagnoses an unrelated crash after the same eviction', async () => {
     const { store, controller, url } = await setUp();
     await controller.jobs.setState('llama', 'running', 'trained');
