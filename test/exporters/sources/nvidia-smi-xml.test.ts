@@ -149,6 +149,18 @@ describe('nvidia-smi -q -x parser on edge cases', () => {
     expect(() => parseNvidiaSmiXml(whole.slice(0, whole.length / 2))).toThrow(InputError);
     expect(() => parseNvidiaSmiXml('NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.')).toThrow(InputError);
   });
+
+  it('refuses a document whose tags do not match rather than read values from the wrong elements', () => {
+    const whole = readFileSync(join(NVIDIA_SMI_XML, 'telegraf_a10g_515.105.01.xml'), 'utf8');
+    const broken = whole.replace('</temperature>', '</gpu_temp>');
+    expect(broken).not.toBe(whole);
+    expect(() => parseNvidiaSmiXml(broken)).toThrow(/does not parse: Unexpected close tag; Line: \d+/);
+  });
+
+  it('reads an element whose text holds XML entities as the text they stand for', () => {
+    const report = parseNvidiaSmiXml(wrap('<gpu id="00000000:3B:00.0"><product_name>NVIDIA A&amp;B &lt;test&gt;</product_name></gpu>'));
+    expect(report.gpus[0]?.productName).toBe('NVIDIA A&B <test>');
+  });
 });
 
 /** Clocks (MHz) and active throttle reasons as each capture states them, read off the XML by hand. */
