@@ -1,13 +1,23 @@
 #!/usr/bin/env node
 // Entry point installed as `steadfast`; the compiled CLI lives in dist/ (npm run build).
-// `steadfast agent` runs the agent's bundle, dist/agent.cjs, with V8's code cache for it
-// (dist/cli/agent-bundle.js): one file instead of the module tree, which is what lets the agent
-// answer its first scrape within its start-up budget (docs/evaluation.md). Without the bundle (a
-// tree built by tsc alone) the agent runs from the module tree, the same code.
-import { existsSync } from 'node:fs';
-import { fileURLToPath } from 'node:url';
+// `steadfast agent` runs the agent's bundle, dist/agent.cjs, with V8's code cache for it, through
+// dist/agent-loader.cjs (cli/agent-bundle.ts, bundled): one file instead of the module tree, which
+// is what lets the agent answer its first scrape within its start-up budget (docs/evaluation.md).
+// This file is CommonJS (bin/package.json), so the agent starts without Node's ES module loader.
+// Without the bundle (a tree built by tsc alone) the agent runs from the module tree, the same code.
+'use strict';
+const { existsSync } = require('node:fs');
+const { join } = require('node:path');
 
 const command = process.argv.slice(2).find((arg) => !arg.startsWith('-'));
-const agentBundle = fileURLToPath(new URL('../dist/agent.cjs', import.meta.url));
-if (command === 'agent' && existsSync(agentBundle)) (await import('../dist/cli/agent-bundle.js')).runAgentBundle(agentBundle);
-else await import('../dist/cli/main.js');
+const dist = join(__dirname, '..', 'dist');
+const agentBundle = join(dist, 'agent.cjs');
+const agentLoader = join(dist, 'agent-loader.cjs');
+if (command === 'agent' && existsSync(agentBundle) && existsSync(agentLoader)) {
+  require(agentLoader).runAgentBundle(agentBundle);
+} else {
+  import('../dist/cli/main.js').catch((error) => {
+    process.stderr.write(`steadfast: ${error instanceof Error ? (error.stack ?? error.message) : String(error)}\n`);
+    process.exitCode = 1;
+  });
+}

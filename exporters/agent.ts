@@ -1,4 +1,4 @@
-import { createHash, timingSafeEqual } from 'node:crypto';
+import { lazyCrypto } from '../core/lazy-crypto.js';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { Registry, collectDefaultMetrics } from 'prom-client';
@@ -189,8 +189,8 @@ class NodeAgent implements Agent {
     const token = this.options.apiToken;
     if (token === undefined) return true;
     const given = /^Bearer\s+(.+)$/i.exec(request.headers.authorization ?? '')?.[1]?.trim() ?? '';
-    const digest = (text: string): Buffer => createHash('sha256').update(text).digest();
-    return timingSafeEqual(digest(given), digest(token));
+    const digest = (text: string): Buffer => lazyCrypto().createHash('sha256').update(text).digest();
+    return lazyCrypto().timingSafeEqual(digest(given), digest(token));
   }
 
   private async serveRoute(route: AgentRoute, request: IncomingMessage, response: ServerResponse, url: URL): Promise<void> {

@@ -1,5 +1,5 @@
 import { spawn, type ChildProcessByStdio } from 'node:child_process';
-import { createHash } from 'node:crypto';
+import { lazyCrypto } from '../core/lazy-crypto.js';
 import { performance } from 'node:perf_hooks';
 import type { Readable } from 'node:stream';
 import { errorMessage } from '../core/errors.js';
@@ -89,7 +89,7 @@ export function runBoundedCommand(options: BoundedCommandOptions): Promise<Bound
       resolve({ exitCode: null, signal: null, seconds: elapsed(), stoppedBy: null, spawnError: describeSpawnError(binary, error), outputTail: '' });
       return;
     }
-    const hash = options.hashStdout ? createHash('sha256') : undefined;
+    const hash = options.hashStdout ? lazyCrypto().createHash('sha256') : undefined;
     let partialLine = '';
     let stoppedBy: 'limit' | 'abort' | null = null;
     let exit: { code: number | null; signal: NodeJS.Signals | null; seconds: number } | undefined;

@@ -1,11 +1,13 @@
 #!/usr/bin/env node
 // Bundles `steadfast agent` into dist/agent.cjs and writes V8's code cache for it,
-// dist/agent.cjs.cache (see cli/agent-bundle.ts). Run by `npm run build`, after tsc.
+// dist/agent.cjs.cache (see cli/agent-bundle.ts), and the loader bin/steadfast.js runs it with,
+// dist/agent-loader.cjs. Run by `npm run build`, after tsc.
 //
 //   node scripts/build-agent.mjs            bundle, then warm and write the code cache
 //   node scripts/build-agent.mjs --warm ... (internal) the run that writes the cache
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -16,11 +18,23 @@ const fixtures = join(root, 'test', 'fixtures', 'realworld');
 
 if (process.argv[2] === '--warm') {
   // The agent's own command line follows; the cache is written when it exits.
-  const { runAgentBundle, codeCachePath } = await import(join(root, 'dist', 'cli', 'agent-bundle.js'));
+  // The loader bin/steadfast.js runs the bundle with, so the cache is made as it will be used.
+  const { runAgentBundle, codeCachePath } = createRequire(import.meta.url)(join(root, 'dist', 'agent-loader.cjs'));
   process.argv.splice(2, 1);
   runAgentBundle(bundle, { writeCache: codeCachePath(bundle) });
 } else {
   const { build } = await import('esbuild');
+  // What bin/steadfast.js (CommonJS) requires to run the bundle: cli/agent-bundle.ts and the V8
+  // flags it sets, as one CommonJS file.
+  await build({
+    entryPoints: [join(root, 'dist', 'cli', 'agent-bundle.js')],
+    outfile: join(root, 'dist', 'agent-loader.cjs'),
+    bundle: true,
+    platform: 'node',
+    format: 'cjs',
+    target: 'node20',
+    logLevel: 'warning',
+  });
   await build({
     entryPoints: [join(root, 'dist', 'cli', 'agent-main.js')],
     outfile: bundle,

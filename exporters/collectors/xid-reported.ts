@@ -1,4 +1,4 @@
-import { createHash } from 'node:crypto';
+import { lazyCrypto } from '../../core/lazy-crypto.js';
 import { mkdir, readFile, rename, writeFile } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { z } from 'zod';
@@ -164,7 +164,7 @@ export class ReportedXids {
       this.countedGeneration = position.generation;
       this.lineCounts = new Map();
     }
-    const lineSha256 = createHash('sha256').update(line).digest('hex');
+    const lineSha256 = lazyCrypto().createHash('sha256').update(line).digest('hex');
     const occurrence = (this.lineCounts.get(lineSha256) ?? 0) + 1;
     this.lineCounts.set(lineSha256, occurrence);
     return { event, position, occurrence: { source: 'file', lineSha256, occurrence } };
