@@ -104,6 +104,8 @@ export class Controller {
   private ticker: NodeJS.Timeout | undefined;
   private failSlowTicker: NodeJS.Timeout | undefined;
   private failSlowBusy = false;
+  /** When the recovery tick pass under way began; null when none is. */
+  private tickSince: number | null = null;
   readonly pool: StandbyPool;
   private readonly progress: ProgressWatch | undefined;
   /** Posts finished actions to Grafana when the config has a `grafana` section. */
@@ -318,8 +320,18 @@ export class Controller {
     );
     // The ladder holds restarts back (retry backoff) and lazy updates until a deadline: time
     // must pass through it (controller/ladder/, the `tick` event).
+    // One pass at a time: passes side by side only fight over each job's ladder state (WATCH
+    // conflicts). A pass still running after many ticks is reported and no longer waited for.
     this.ticker = setInterval(() => {
-      void this.tickJobs().catch((error: unknown) => logger.warn({ err: error }, 'recovery tick failed'));
+      const now = Date.now();
+      if (this.tickSince !== null && now - this.tickSince < RECOVERY_TICK_MS * 12) return;
+      if (this.tickSince !== null) logger.warn({ runningMs: now - this.tickSince }, 'recovery tick still running; starting the next one');
+      this.tickSince = now;
+      void this.tickJobs()
+        .catch((error: unknown) => logger.warn({ err: error }, 'recovery tick failed'))
+        .finally(() => {
+          if (this.tickSince === now) this.tickSince = null;
+        });
     }, RECOVERY_TICK_MS);
     this.ticker.unref();
     if (this.failSlow) {
