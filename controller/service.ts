@@ -38,6 +38,7 @@ import { createApp } from './server.js';
 import { createLimitedServer, listenOn } from './connection-limits.js';
 import { metricsHandler } from './metrics-server.js';
 import { startWorkers } from './workers.js';
+import { startIntervalTask, type IntervalTask } from './interval-task.js';
 
 export interface ControllerOptions {
   readonly config: Config;
@@ -101,11 +102,8 @@ export class Controller {
   private readonly replicaId = randomUUID();
   private readonly dispatcher: RecoveryDispatcher;
   private readonly ladder: LadderConfig;
-  private ticker: NodeJS.Timeout | undefined;
-  private failSlowTicker: NodeJS.Timeout | undefined;
-  private failSlowBusy = false;
-  /** When the recovery tick pass under way began; null when none is. */
-  private tickSince: number | null = null;
+  private ticker: IntervalTask | undefined;
+  private failSlowTicker: IntervalTask | undefined;
   readonly pool: StandbyPool;
   private readonly progress: ProgressWatch | undefined;
   /** Posts finished actions to Grafana when the config has a `grafana` section. */
@@ -320,26 +318,8 @@ export class Controller {
     );
     // The ladder holds restarts back (retry backoff) and lazy updates until a deadline: time
     // must pass through it (controller/ladder/, the `tick` event).
-    // One pass at a time: passes side by side only fight over each job's ladder state (WATCH
-    // conflicts). A pass still running after many ticks is reported and no longer waited for.
-    this.ticker = setInterval(() => {
-      const now = Date.now();
-      if (this.tickSince !== null && now - this.tickSince < RECOVERY_TICK_MS * 12) return;
-      if (this.tickSince !== null) logger.warn({ runningMs: now - this.tickSince }, 'recovery tick still running; starting the next one');
-      this.tickSince = now;
-      void this.tickJobs()
-        .catch((error: unknown) => logger.warn({ err: error }, 'recovery tick failed'))
-        .finally(() => {
-          if (this.tickSince === now) this.tickSince = null;
-        });
-    }, RECOVERY_TICK_MS);
-    this.ticker.unref();
-    if (this.failSlow) {
-      this.failSlowTicker = setInterval(() => {
-        void this.tickFailSlow().catch((error: unknown) => logger.warn({ err: error }, 'fail-slow tick failed'));
-      }, config.analysis.failSlowIntervalSeconds * 1000);
-      this.failSlowTicker.unref();
-    }
+    this.ticker = startIntervalTask('recovery tick', RECOVERY_TICK_MS, () => this.tickJobs(), logger);
+    if (this.failSlow) this.failSlowTicker = startIntervalTask('fail-slow check', config.analysis.failSlowIntervalSeconds * 1000, () => this.tickFailSlow(), logger);
   }
 
   private async tickJobs(): Promise<void> {
@@ -375,22 +355,13 @@ export class Controller {
     }
   }
 
-  /**
-   * One fail-slow check of every running job, every analysis.failSlowIntervalSeconds, by the
-   * analysis leader. A check still under way when the next is due makes that one skip.
-   */
+  /** One fail-slow check of every running job, every analysis.failSlowIntervalSeconds, by the analysis leader. */
   private async tickFailSlow(): Promise<void> {
-    if (!this.failSlow || this.failSlowBusy) return;
-    this.failSlowBusy = true;
-    try {
-      if (!(await this.leadAnalysis())) return;
-      const now = Date.now();
-      for (const record of await this.jobs.list()) {
-        if (record.state !== 'running') continue;
-        await this.failSlow.check(record.spec, now).catch((error: unknown) => this.options.logger.warn({ job: record.spec.name, err: error }, 'fail-slow check failed'));
-      }
-    } finally {
-      this.failSlowBusy = false;
+    if (!this.failSlow || !(await this.leadAnalysis())) return;
+    const now = Date.now();
+    for (const record of await this.jobs.list()) {
+      if (record.state !== 'running') continue;
+      await this.failSlow.check(record.spec, now).catch((error: unknown) => this.options.logger.warn({ job: record.spec.name, err: error }, 'fail-slow check failed'));
     }
   }
 
@@ -411,8 +382,8 @@ export class Controller {
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
-    if (this.ticker) clearInterval(this.ticker);
-    if (this.failSlowTicker) clearInterval(this.failSlowTicker);
+    this.ticker?.stop();
+    this.failSlowTicker?.stop();
     for (const server of [this.server, this.metricsServer]) {
       if (!server?.listening) continue;
       await new Promise<void>((resolve) => {
