@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { repoRoot } from '../core/paths.js';
 import { buildFixtureNode } from '../sim/fixture-node.js';
-import { ProcessGroup, freePort, httpOk, waitFor } from '../sim/processes.js';
+import { ProcessGroup, freePorts, httpOk, waitFor } from '../sim/processes.js';
 import { quantile } from './stats.js';
 
 /**
@@ -51,7 +51,7 @@ async function main(): Promise<void> {
   const group = new ProcessGroup();
   try {
     const node = buildFixtureNode(root);
-    const [agentPort, exporterPort] = [await freePort(), await freePort()];
+    const [agentPort, exporterPort] = await freePorts(2);
     const exporter = group.start(
       'node_exporter',
       'prometheus-node-exporter',

@@ -25,7 +25,7 @@ import {
   type RedisPart,
   type SlurmPart,
 } from './parts.js';
-import { ProcessGroup, freePort, waitFor } from './processes.js';
+import { ProcessGroup, freePorts, waitFor } from './processes.js';
 
 
 /** The demo controller's launcher, which the demo's job registration names. */
@@ -126,9 +126,8 @@ export class SimEnvironment {
     const slurmRest = await this.step('slurmrestd up in front of it (JWT from scontrol token)', () => startSlurmRest(processes, this.slurm));
 
     // Agent ports are chosen first so the controller knows where each node's agent listens.
-    const agentPorts = await Promise.all(names.map(() => freePort()));
+    const [controllerPort = 0, controllerMetricsPort = 0, ...agentPorts] = await freePorts(2 + names.length);
     this.agentPorts = agentPorts;
-    const [controllerPort, controllerMetricsPort] = [await freePort(), await freePort()];
     this.controllerUrl = `http://127.0.0.1:${controllerPort}`;
     this.config = configSchema.parse({
       redis: { url: this.redis.url, prefix: 'steadfast' },

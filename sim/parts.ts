@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { stringify } from 'yaml';
 import { AGENT_SCRAPE_JOB, CONTROLLER_SCRAPE_JOB } from '../core/scrape.js';
-import { freePort, httpOk, waitFor, type ProcessGroup } from './processes.js';
+import { freePort, freePorts, httpOk, waitFor, type ProcessGroup } from './processes.js';
 
 /**
  * The real parts (docs/architecture.md): Redis, Prometheus, Alertmanager and slurmctld from
@@ -191,7 +191,7 @@ export async function startAlertmanagerPair(
   } = {},
 ): Promise<[AlertmanagerPart, AlertmanagerPart]> {
   const prefix = options.namePrefix ?? 'alertmanager';
-  const [gossipA, gossipB] = [await freePort(), await freePort()];
+  const [gossipA, gossipB] = await freePorts(2);
   const cluster = (own: number, other: number) => ({ port: own, peers: [`127.0.0.1:${other}`], peerTimeout: options.peerTimeout ?? '2s' });
   const [first, second] = await Promise.all([
     startAlertmanager(group, root, configText, { name: `${prefix}-a`, cluster: cluster(gossipA, gossipB) }),
@@ -226,7 +226,7 @@ export async function startSlurm(group: ProcessGroup, root: string, nodes: reado
   const dir = join(root, 'slurm');
   mkdirSync(join(dir, 'state'), { recursive: true });
   mkdirSync(join(dir, 'spool'), { recursive: true });
-  const [ctldPort, slurmdPort] = [await freePort(), await freePort()];
+  const [ctldPort, slurmdPort] = await freePorts(2);
   const conf = join(dir, 'slurm.conf');
   const jwtKey = join(dir, 'jwt_hs256.key');
   writeFileSync(jwtKey, randomBytes(32), { mode: 0o600 });

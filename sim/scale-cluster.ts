@@ -10,7 +10,7 @@ import { ControlPlane, SIM_LAUNCHER } from './control-plane.js';
 import { ControllerProcess } from './controller-process.js';
 import { SimulatedFleet } from './many-nodes.js';
 import { startAlertmanager, startPrometheus, type AlertmanagerPart, type PrometheusPart } from './parts.js';
-import { freePort, waitFor } from './processes.js';
+import { freePorts, waitFor } from './processes.js';
 
 /**
  * A large simulated cluster on the real parts: one SimulatedFleet serving every node's
@@ -91,7 +91,7 @@ export class ScaleCluster {
     const interval = this.options.intervalSeconds ?? 1;
     this.plane = await this.step(`Redis and slurmctld with ${this.names.length} CLOUD nodes`, () => ControlPlane.start({ nodes: this.names, ownRedis: true }));
     // Ports first: the controller's analyzers read Prometheus, the fleet's fast path posts to the controller.
-    const [controllerPort, controllerMetricsPort, prometheusPort] = [await freePort(), await freePort(), await freePort()];
+    const [controllerPort, controllerMetricsPort, prometheusPort] = await freePorts(3);
     this.controllerUrl = `http://127.0.0.1:${controllerPort}`;
     this.controllerMetricsUrl = `http://127.0.0.1:${controllerMetricsPort}`;
     const jobNodes = this.names.slice(this.names.length - (this.options.jobNodes ?? 0));

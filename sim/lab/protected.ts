@@ -20,7 +20,7 @@ import { DEFAULT_THRESHOLDS } from '../../rules/thresholds.js';
 import { startAlertmanager, startPrometheus, startRedis, type AlertmanagerPart, type PrometheusPart, type RedisPart } from '../parts.js';
 import { createSimulatedNodes, type SimulatedNode } from '../cluster.js';
 import { SimCredentials } from '../credentials.js';
-import { ProcessGroup, freePort, httpOk, waitFor } from '../processes.js';
+import { ProcessGroup, freePorts, httpOk, waitFor } from '../processes.js';
 import { LabError } from './command.js';
 import { labDown, type LabDownReport } from './down.js';
 import { labLayout, type LabLayout, type LabNode } from './layout.js';
@@ -192,7 +192,7 @@ export class ProtectedLab {
     );
     this.redis = await this.step('Redis up', () => startRedis(this.processes, root));
 
-    const [controllerPort, controllerMetricsPort, prometheusPort] = [await freePort(), await freePort(), await freePort()];
+    const [controllerPort, controllerMetricsPort, prometheusPort] = await freePorts(3);
     // On the bridge: the agents' fast path and the ranks' client come from the namespaces.
     this.controllerUrl = `http://${layout.bridgeAddress}:${controllerPort}`;
     this.config = configSchema.parse({
