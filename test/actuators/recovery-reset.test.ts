@@ -5,20 +5,18 @@ import { join } from 'node:path';
 import type { Job } from 'bullmq';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DryRunBackend } from '../../actuators/dry-run.js';
-import { createRecoveryProcessor } from '../../actuators/recovery/index.js';
 import { RemediationHistory } from '../../actuators/remediation-history.js';
-import { SafetyGates } from '../../actuators/safety.js';
 import { AgentDirectory, AgentGpuResetter } from '../../controller/agents.js';
 import { JobStore } from '../../controller/job-store.js';
 import { AuditLog } from '../../core/audit.js';
-import { configSchema, DEFAULT_RECOVERY } from '../../core/config.js';
+import { configSchema } from '../../core/config.js';
 import type { LadderStep } from '../../core/ladder.js';
 import { silentLogger } from '../../core/log.js';
 import type { RecoveryJob } from '../../core/queues.js';
 import { createAgent, type Agent } from '../../exporters/agent.js';
 import { gpuResetCollectorFactory } from '../../exporters/collectors/gpu-reset.js';
 import { createSimulatedNodes, type SimulatedNode } from '../../sim/cluster.js';
-import { TEST_LAUNCHERS } from '../support/controller.js';
+import { testRecoveryProcessor } from '../support/recovery.js';
 import { testRedis } from '../support/redis.js';
 
 /**
@@ -64,19 +62,7 @@ describe('the reset_gpu step of a job', () => {
     await backend.holdStandby(`spare-${job}`);
     const audit = new AuditLog(store.redis, store.keys);
     const history = new RemediationHistory(store.redis, store.keys, 20);
-    const process = createRecoveryProcessor({
-      redis: store.redis,
-      keys: store.keys,
-      audit,
-      backend,
-      gates: new SafetyGates(store.redis, store.keys, { maxPerWindow: 10, windowSeconds: 600 }, 30),
-      jobs,
-      launchers: TEST_LAUNCHERS,
-      logger: silentLogger(),
-      feedback: async () => undefined,
-      quarantine: { afterEvictions: DEFAULT_RECOVERY.quarantineAfterEvictions, windowMs: DEFAULT_RECOVERY.quarantineWindowSeconds * 1000 },
-      gpuReset: { resetter: new AgentGpuResetter(agents), timeoutSeconds: 30, history },
-    });
+    const process = testRecoveryProcessor(store, { backend, jobs, audit }, { gpuReset: { resetter: new AgentGpuResetter(agents), timeoutSeconds: 30, history } });
     const steps: LadderStep[] = [
       { verb: 'reset_gpu', job, nodes: ['n01'], gpu: '0000:2a:00', reason: 'fatal Xid 48 on n01', citation: 'test' },
       { verb: 'restart', job, reason: 'relaunch after the reset', citation: 'test' },

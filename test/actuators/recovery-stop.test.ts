@@ -1,15 +1,12 @@
 import type { Job } from 'bullmq';
 import { afterEach, describe, expect, it } from 'vitest';
 import { DryRunBackend } from '../../actuators/dry-run.js';
-import { createRecoveryProcessor } from '../../actuators/recovery/index.js';
-import { SafetyGates } from '../../actuators/safety.js';
+import type { createRecoveryProcessor } from '../../actuators/recovery/index.js';
 import { AuditLog } from '../../core/audit.js';
-import { DEFAULT_RECOVERY } from '../../core/config.js';
 import type { LadderStep } from '../../core/ladder.js';
-import { silentLogger } from '../../core/log.js';
 import type { RecoveryJob } from '../../core/queues.js';
 import { JobStore } from '../../controller/job-store.js';
-import { TEST_LAUNCHERS } from '../support/controller.js';
+import { testRecoveryProcessor } from '../support/recovery.js';
 import { testRedis } from '../support/redis.js';
 
 /**
@@ -46,18 +43,7 @@ describe('the recovery stop step', () => {
     const dryRun = new DryRunBackend(store.redis, store.keys);
     const backend = cancel ? Object.assign(Object.create(dryRun) as DryRunBackend, { name: 'slurm', cancelJobs: cancel }) : dryRun;
     const audit = new AuditLog(store.redis, store.keys);
-    const processor = createRecoveryProcessor({
-      redis: store.redis,
-      keys: store.keys,
-      audit,
-      backend,
-      gates: new SafetyGates(store.redis, store.keys, { maxPerWindow: 10, windowSeconds: 600 }, 30),
-      jobs,
-      launchers: TEST_LAUNCHERS,
-      logger: silentLogger(),
-      feedback: async () => undefined,
-      quarantine: { afterEvictions: DEFAULT_RECOVERY.quarantineAfterEvictions, windowMs: DEFAULT_RECOVERY.quarantineWindowSeconds * 1000 },
-    });
+    const processor = testRecoveryProcessor(store, { backend, jobs, audit });
     return { processor, audit };
   }
 

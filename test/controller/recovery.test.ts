@@ -4,15 +4,13 @@ import type { Controller } from '../../controller/service.js';
 import type { Job } from 'bullmq';
 import { DryRunBackend } from '../../actuators/dry-run.js';
 import type { ClusterBackend } from '../../actuators/backend.js';
-import { createRecoveryProcessor } from '../../actuators/recovery/index.js';
-import { SafetyGates } from '../../actuators/safety.js';
+import type { createRecoveryProcessor } from '../../actuators/recovery/index.js';
 import { AuditLog } from '../../core/audit.js';
-import { silentLogger } from '../../core/log.js';
-import { DEFAULT_RECOVERY } from '../../core/config.js';
 import { JobStore } from '../../controller/job-store.js';
 import type { LadderStep } from '../../core/ladder.js';
 import type { LadderEventJob, RecoveryJob } from '../../core/queues.js';
-import { TEST_LAUNCHERS, post, startController, testConfig } from '../support/controller.js';
+import { post, startController, testConfig } from '../support/controller.js';
+import { testRecoveryProcessor } from '../support/recovery.js';
 import { testRedis } from '../support/redis.js';
 import { until } from '../support/until.js';
 
@@ -269,19 +267,7 @@ function recoveryProcessor(
   onPage?: (job: string, reason: string) => void,
   feedback: (event: LadderEventJob) => Promise<unknown> = async () => undefined,
 ): ReturnType<typeof createRecoveryProcessor> {
-  return createRecoveryProcessor({
-    redis: store.redis,
-    keys: store.keys,
-    audit: new AuditLog(store.redis, store.keys),
-    backend,
-    gates: new SafetyGates(store.redis, store.keys, { maxPerWindow: 10, windowSeconds: 600 }, 30),
-    jobs,
-    launchers: TEST_LAUNCHERS,
-    logger: silentLogger(),
-    feedback,
-    onPage,
-    quarantine: { afterEvictions: DEFAULT_RECOVERY.quarantineAfterEvictions, windowMs: DEFAULT_RECOVERY.quarantineWindowSeconds * 1000 },
-  });
+  return testRecoveryProcessor(store, { backend, jobs }, { feedback, onPage });
 }
 
 /** A BullMQ job as the actuator receives it, first delivery. */
