@@ -50,3 +50,15 @@ export function printReport(report: ScenarioReport): void {
   ];
   process.stdout.write(`${lines.join('\n')}\n`);
 }
+
+/**
+ * Prints the report, then holds it to what every scenario must show: no problem found, recovered,
+ * and the job's Slurm runs in it, `runs` of them (the one interrupted, any in between, the one
+ * that trains again).
+ */
+export function expectRecovered(report: ScenarioReport, runs: number): void {
+  printReport(report);
+  expect(report.problems).toEqual([]);
+  expect(report.recovered).toBe(true);
+  expect(report.slurmJobIds).toHaveLength(runs);
+}

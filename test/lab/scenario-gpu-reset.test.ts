@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { GPU_RESET_LAB, runGpuReset } from '../../sim/lab/scenario-gpu-reset.js';
-import { printReport, protectedLabForTest } from './protected-lab.js';
+import { expectRecovered, protectedLabForTest } from './protected-lab.js';
 
 /**
  * The GPU reset rung on the lab, as root: a fatal Xid 48 (its cure a GPU reset) on node-1 while the
@@ -14,10 +14,7 @@ describe('lab scenario: a GPU reset in place under a training job', () => {
 
   it('resets the GPU through the node agent, relaunches on the same nodes and resumes from the newest checkpoint', async () => {
     const report = await runGpuReset(lab());
-    printReport(report);
-    expect(report.problems).toEqual([]);
-    expect(report.recovered).toBe(true);
-    expect(report.slurmJobIds).toHaveLength(2);
+    expectRecovered(report, 2);
     expect(report.resumedFromStep).toBeGreaterThanOrEqual(20);
     expect((report.resumedFromStep ?? 1) % 10).toBe(0);
     expect(report.timeline.map((step) => step.afterMs)).not.toContain(null);
