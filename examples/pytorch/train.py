@@ -17,6 +17,7 @@ WORLD_SIZE). examples/pytorch/train.sbatch does it with srun.
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import time
@@ -65,6 +66,24 @@ def slurm_environment():
     return rank, world
 
 
+# c10d's TCP store gives up when a system call in its connect is interrupted ("Interrupted system
+# call"), and a rank may knock before the master listens: the rendezvous is tried again then.
+RENDEZVOUS_ATTEMPTS = 5
+TRANSIENT_RENDEZVOUS = re.compile(r"Interrupted system call|Connection refused|Connection reset")
+
+
+def rendezvous(dist, rank, world, say):
+    for attempt in range(1, RENDEZVOUS_ATTEMPTS + 1):
+        try:
+            dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
+            return
+        except RuntimeError as error:
+            if attempt == RENDEZVOUS_ATTEMPTS or not TRANSIENT_RENDEZVOUS.search(str(error)):
+                raise
+            say("rendezvous attempt %d of %d failed (%s); trying again" % (attempt, RENDEZVOUS_ATTEMPTS, error))
+            time.sleep(1)
+
+
 def shard_path(directory, step, rank):
     return os.path.join(directory, "step-%08d" % step, "rank-%d.pt" % rank)
 
@@ -94,7 +113,7 @@ def main():
 
     torch.set_num_threads(1)
     say("pid %d on %s, world %d, master %s:%s, stacks on SIGUSR1 to %s" % (os.getpid(), client.node, world, os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"], stacks))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
+    rendezvous(dist, rank, world, say)
 
     torch.manual_seed(0)  # every rank starts from the same weights, as DDP expects
     model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1)))
