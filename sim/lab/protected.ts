@@ -22,6 +22,7 @@ import { createSimulatedNodes, type SimulatedNode } from '../cluster.js';
 import { SimCredentials } from '../credentials.js';
 import { ProcessGroup, freePorts, httpOk, waitFor } from '../processes.js';
 import { LabError } from './command.js';
+import { LAB_DIAGNOSTICS } from './diagnostics.js';
 import { labDown, type LabDownReport } from './down.js';
 import { labLayout, type LabLayout, type LabNode } from './layout.js';
 import { nodeCommand, slurmEnv } from './slurm.js';
@@ -184,7 +185,7 @@ export class ProtectedLab {
       this.credentials.agentTokenFile(node.name);
       this.credentials.agentWebTokenFile(node.name);
     }
-    writeFileSync(join(root, 'diagnostics.yaml'), stringify(DIAGNOSTICS));
+    writeFileSync(join(root, 'diagnostics.yaml'), stringify(LAB_DIAGNOSTICS));
 
     this.labStarted = true;
     await this.step(`lab up: ${this.computeNodes.length} slurmd nodes and ${layout.nodes.length - this.computeNodes.length} standbys in network namespaces`, () =>
@@ -380,9 +381,14 @@ export class ProtectedLab {
     return { state: record.state, nodes: record.spec.nodes, version: record.spec.codeVersion };
   }
 
+  /** A Slurm command against the lab's slurm.conf; its stdout. */
+  private async slurm(command: string, args: string[]): Promise<string> {
+    return (await run(command, args, { env: { ...process.env, ...slurmEnv(this.conf) }, timeout: 10_000 })).stdout;
+  }
+
   /** `scontrol show job` of one Slurm job (the lab keeps finished jobs for MinJobAge, 300 s). */
   async slurmJob(id: string): Promise<{ state: string; nodes: string; exitCode: string }> {
-    const { stdout } = await run('scontrol', ['show', 'job', '--oneliner', id], { env: { ...process.env, ...slurmEnv(this.conf) }, timeout: 10_000 });
+    const stdout = await this.slurm('scontrol', ['show', 'job', '--oneliner', id]);
     return {
       state: /\bJobState=(\S+)/.exec(stdout)?.[1] ?? '',
       nodes: / NodeList=(\S+)/.exec(stdout)?.[1] ?? '',
@@ -392,15 +398,12 @@ export class ProtectedLab {
 
   /** Ids of the job's Slurm runs still queued, running or completing. */
   async queued(): Promise<string[]> {
-    const { stdout } = await run('squeue', ['--noheader', `--name=${this.job}`, '--format=%A'], { env: { ...process.env, ...slurmEnv(this.conf) }, timeout: 10_000 });
-    return stdout
-      .split('\n')
-      .map((line) => line.trim())
-      .filter(Boolean);
+    const stdout = await this.slurm('squeue', ['--noheader', `--name=${this.job}`, '--format=%A']);
+    return stdout.split('\n').map((line) => line.trim()).filter(Boolean);
   }
 
   async sinfo(node: string): Promise<{ state: string; reason: string }> {
-    const { stdout } = await run('sinfo', ['--noheader', '--Node', `--nodes=${node}`, '--format=%T|%E'], { env: { ...process.env, ...slurmEnv(this.conf) }, timeout: 10_000 });
+    const stdout = await this.slurm('sinfo', ['--noheader', '--Node', `--nodes=${node}`, '--format=%T|%E']);
     const [state = '', reason = ''] = (stdout.trim().split('\n')[0] ?? '').split('|');
     return { state, reason };
   }
@@ -425,28 +428,3 @@ export class ProtectedLab {
     return report;
   }
 }
-
-/**
- * The lab's stop-time checks (docs/agent.md, diagnose): a reference computation with the node's
- * PyTorch, and its neighbours reachable on the network (their slurmd port), the lab's stand-ins
- * for the GPU tests and the NCCL all-gather with the neighbour.
- */
-const DIAGNOSTICS = {
-  checks: [
-    {
-      name: 'torch-compute',
-      command: ['/usr/bin/python3', '-c', 'import torch; torch.manual_seed(0); x = torch.randn(256, 256); assert torch.isfinite(x @ x).all(); print("matmul ok")'],
-      timeoutSeconds: 60,
-    },
-    {
-      name: 'peers-reachable',
-      command: [
-        '/usr/bin/python3',
-        '-c',
-        'import os, socket\nfor peer in filter(None, os.environ.get("STEADFAST_DIAGNOSE_PEERS", "").split(",")):\n    socket.create_connection((peer, 6818), timeout=5).close()\n    print(peer, "reachable")',
-      ],
-      timeoutSeconds: 30,
-      standby: false,
-    },
-  ],
-};

@@ -187,7 +187,7 @@ export async function report(lab: ProtectedLab, name: string, t0: number, resump
 }
 
 /** What the lab looks like now, for a scenario that did not recover; a part that cannot be read says so. */
-export async function labContext(lab: ProtectedLab, since: number): Promise<string[]> {
+async function labContext(lab: ProtectedLab, since: number): Promise<string[]> {
   const lines: string[] = [];
   const offset = (time: number): string => `+${Math.round(time - since)} ms`;
   const attempt = async (what: string, read: () => Promise<string[]>): Promise<void> => {
