@@ -54,9 +54,9 @@ fi
 # npm packages: install when missing or when the lock file changed since the last install.
 if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
   echo "steadfast setup: installing npm packages (versions pinned by package-lock.json)"
-  # npm ci refuses a lock file whose optional platform packages (other OSes' prebuilt binaries)
-  # the registry mirror does not carry; npm install then installs the same locked versions.
-  npm ci --no-audit --no-fund --loglevel=error 2>/dev/null || npm install --no-audit --no-fund --loglevel=error
+  # npm ci installs exactly what the lock file says, and fails (naming the package) when the lock
+  # file and package.json disagree, rather than rewriting the lock file as npm install would.
+  npm ci --no-audit --no-fund --loglevel=error
 fi
 
 echo "steadfast setup: building"
