@@ -123,14 +123,16 @@ export function createAnalysisProcessor(deps: AnalysisDeps): (job: Job<AnalysisJ
         ? commandReplayRunner((machines) => launchArgv(launcher, { job: spec.name, nodes: machines, version: spec.codeVersion }, launcher.replay), deps.replayTimeoutSeconds * 1000)
         : undefined);
     let culprits: string[] = [];
+    let unrun: string | undefined;
     if (!runner) {
-      await record(request, `launcher ${JSON.stringify(spec.launcher)} has no replay command (launchers.<name>.replay in the controller's configuration); replay skipped`, {});
+      unrun = `launcher ${JSON.stringify(spec.launcher)} has no replay command (launchers.<name>.replay in the controller's configuration)`;
+      await record(request, `${unrun}; replay skipped`, {});
     } else {
       const outcome = await runDualPhaseReplay(spec.nodes, runner);
       culprits = outcome.suspects;
       await record(request, outcome.detail, { groupSize: outcome.groupSize, horizontal: outcome.horizontal, vertical: outcome.vertical, suspects: culprits }, culprits);
     }
-    await deps.feedback({ job: request.job, event: { type: 'replay_result', time: Date.now(), culprits }, eventId: `${request.ref}:replay` });
+    await deps.feedback({ job: request.job, event: { type: 'replay_result', time: Date.now(), culprits, ...(unrun === undefined ? {} : { unrun }) }, eventId: `${request.ref}:replay` });
     return culprits;
   }
 
@@ -213,8 +215,9 @@ export function createAnalysisProcessor(deps: AnalysisDeps): (job: Job<AnalysisJ
       if (!lastAttempt || request.kind === 'stacks') throw error;
       // The ladder waits for this result: after the last attempt, report that nothing was found
       // (so it moves on, as ByteRobust §4.2 does on clean checks) and say why on the record.
-      await record(request, `failed after ${job.attemptsMade + 1} attempts, reported as finding nothing: ${errorMessage(error)}`, {});
-      await deps.feedback({ job: request.job, event: nothingFound(request.kind, Date.now()), eventId: `${request.ref}:${request.kind}` });
+      const failed = `failed after ${job.attemptsMade + 1} attempts`;
+      await record(request, `${failed}, reported as finding nothing: ${errorMessage(error)}`, {});
+      await deps.feedback({ job: request.job, event: nothingFound(request.kind, Date.now(), `the ${request.kind} analysis ${failed}`), eventId: `${request.ref}:${request.kind}` });
       return { evict: [] };
     }
   };

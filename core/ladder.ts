@@ -103,8 +103,10 @@ export type LadderEvent =
   /** Training progressed after a restart (any restart, a person's included). */
   | { type: 'restart_succeeded'; time: number }
   | { type: 'restart_failed'; time: number; detail?: string }
-  | { type: 'diagnostics_result'; time: number; suspects: string[] }
-  | { type: 'replay_result'; time: number; culprits: string[] }
+  /** `unrun`: why no check ran (none configured, the analysis failed), when none did. */
+  | { type: 'diagnostics_result'; time: number; suspects: string[]; unrun?: string }
+  /** `unrun`: why no replay ran (no replay command, the analysis failed), when none did. */
+  | { type: 'replay_result'; time: number; culprits: string[]; unrun?: string }
   | { type: 'code_update'; time: number; version: string; urgent: boolean }
   /** A warm standby took an evicted node's place in the job (ByteRobust §6.2); the recovery actuator reports it. */
   | { type: 'standby_activated'; time: number; replaced: string; by: string }

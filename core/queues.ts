@@ -130,7 +130,8 @@ export const analysisJobSchema = z.object({
 
 export type AnalysisJob = z.infer<typeof analysisJobSchema>;
 
-/** The ladder event for diagnostics or a replay that found no machine. */
-export function nothingFound(kind: 'diagnostics' | 'replay', time: number): LadderEvent {
-  return kind === 'diagnostics' ? { type: 'diagnostics_result', time, suspects: [] } : { type: 'replay_result', time, culprits: [] };
+/** The ladder event for diagnostics or a replay that found no machine; `unrun` says why none ran, when none did. */
+export function nothingFound(kind: 'diagnostics' | 'replay', time: number, unrun?: string): LadderEvent {
+  const why = unrun === undefined ? {} : { unrun };
+  return kind === 'diagnostics' ? { type: 'diagnostics_result', time, suspects: [], ...why } : { type: 'replay_result', time, culprits: [], ...why };
 }

@@ -131,6 +131,6 @@ async function handToAnalysis(deps: RecoveryActuatorDeps, at: StepAt, kind: Anal
   } else {
     // Without analyzers the ladder goes on as ByteRobust §4.2 does when checks find nothing.
     await recordStep(deps, at, 'done', `this controller runs no analysis worker; ${kind} reported as finding nothing`);
-    await deps.feedback({ job: step.job, event: nothingFound(kind, Date.now()), eventId: `${stepRef(at)}:${kind}` });
+    await deps.feedback({ job: step.job, event: nothingFound(kind, Date.now(), 'this controller runs no analysis worker'), eventId: `${stepRef(at)}:${kind}` });
   }
 }

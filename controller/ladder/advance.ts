@@ -40,10 +40,10 @@ export function advance(state: LadderState, event: LadderEvent, config: LadderCo
       onRestartFailed(ctx, event.detail ?? 'the relaunched job failed');
       break;
     case 'diagnostics_result':
-      onDiagnosticsResult(ctx, unique(event.suspects));
+      onDiagnosticsResult(ctx, unique(event.suspects), event.unrun);
       break;
     case 'replay_result':
-      onReplayResult(ctx, unique(event.culprits));
+      onReplayResult(ctx, unique(event.culprits), event.unrun);
       break;
     case 'code_update':
       onCodeUpdate(ctx, event.version, event.urgent);

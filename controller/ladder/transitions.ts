@@ -143,7 +143,7 @@ export function onRestartFailed(ctx: Ctx, why: string): void {
   escalate(ctx, why, failed);
 }
 
-export function onDiagnosticsResult(ctx: Ctx, suspects: string[]): void {
+export function onDiagnosticsResult(ctx: Ctx, suspects: string[], unrun?: string): void {
   if (ctx.s.phase !== 'diagnosing') {
     emit(ctx, 'tolerate', `diagnostics result ignored: no diagnostics are running (${ctx.s.phase})`, CITE.diagnose, { nodes: suspects });
     return;
@@ -152,10 +152,10 @@ export function onDiagnosticsResult(ctx: Ctx, suspects: string[]): void {
     evictAndRestart(ctx, suspects, 'crash', `diagnostics found ${suspects.join(', ')}`, CITE.diagnosedEvict);
     return;
   }
-  reattempt(ctx, suspects.length === 0 ? 'diagnostics found nothing' : `diagnostics named only nodes already out (${suspects.join(', ')})`);
+  reattempt(ctx, unrun !== undefined ? `no diagnostics ran: ${unrun}` : suspects.length === 0 ? 'diagnostics found nothing' : `diagnostics named only nodes already out (${suspects.join(', ')})`);
 }
 
-export function onReplayResult(ctx: Ctx, culprits: string[]): void {
+export function onReplayResult(ctx: Ctx, culprits: string[], unrun?: string): void {
   if (ctx.s.phase !== 'replaying') {
     emit(ctx, 'tolerate', `replay result ignored: no replay is running (${ctx.s.phase})`, CITE.replay, { nodes: culprits });
     return;
@@ -164,7 +164,8 @@ export function onReplayResult(ctx: Ctx, culprits: string[]): void {
     evictAndRestart(ctx, culprits, 'crash', `dual-phase replay isolated ${culprits.join(', ')}`, CITE.replayEvict);
     return;
   }
-  pageHuman(ctx, culprits.length === 0 ? 'dual-phase replay isolated no machine' : `dual-phase replay named only nodes already out (${culprits.join(', ')})`, CITE.human);
+  const why = unrun !== undefined ? `no dual-phase replay ran: ${unrun}` : culprits.length === 0 ? 'dual-phase replay isolated no machine' : `dual-phase replay named only nodes already out (${culprits.join(', ')})`;
+  pageHuman(ctx, why, CITE.human);
 }
 
 /** Training progressed: the incident is over and the code it runs is good (ByteRobust §4.2). */

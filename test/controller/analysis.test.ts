@@ -214,7 +214,7 @@ describe('analysis worker', () => {
   it('skips replay when the job has no replay command, says so, and lets the ladder go on', async () => {
     await jobs.create(jobSpec('no-replay'));
     await processor({})(analysisJob({ kind: 'replay', job: 'no-replay', ref: 't3:0', reason: 'x' }));
-    expect(feedback.map((entry) => entry.event)).toEqual([{ type: 'replay_result', time: expect.any(Number), culprits: [] }]);
+    expect(feedback.map((entry) => entry.event)).toEqual([{ type: 'replay_result', time: expect.any(Number), culprits: [], unrun: expect.stringContaining('has no replay command') }]);
     expect((await auditSummaries('t3:0'))[0]).toContain('has no replay command');
   });
 
@@ -290,6 +290,6 @@ describe('analysis worker', () => {
     await expect(run(analysisJob(request, 0))).rejects.toThrow(/gone-job/);
     expect(feedback).toEqual([]);
     await expect(run(analysisJob(request, 2))).resolves.toEqual({ evict: [] });
-    expect(feedback.map((entry) => entry.event)).toEqual([{ type: 'diagnostics_result', time: expect.any(Number), suspects: [] }]);
+    expect(feedback.map((entry) => entry.event)).toEqual([{ type: 'diagnostics_result', time: expect.any(Number), suspects: [], unrun: 'the diagnostics analysis failed after 3 attempts' }]);
   });
 });

@@ -337,6 +337,19 @@ describe('the replacement reported to the ladder', () => {
     }
   });
 
+  it('tells the ladder that no replay ran on a controller without an analysis worker, rather than that it isolated no machine', async () => {
+    const { store, jobs, backend } = await registeredJobOnDryRun();
+    try {
+      const events: LadderEventJob[] = [];
+      const processor = recoveryProcessor(store, backend, jobs, undefined, async (event) => events.push(event));
+      const replay = [{ verb: 'run_replay' as const, job: 'llama', reason: 'the reattempt failed', citation: '§4.2' }];
+      await expect(processor(recoveryJob('t-replay', 'llama', replay))).resolves.toEqual({ done: 1 });
+      expect(events).toEqual([{ job: 'llama', event: { type: 'replay_result', time: expect.any(Number), culprits: [], unrun: 'this controller runs no analysis worker' }, eventId: 't-replay:0:replay' }]);
+    } finally {
+      await store.cleanup();
+    }
+  });
+
   it('finishes the eviction when the report cannot be delivered, rather than take a second standby on a retry', async () => {
     const { store, jobs, backend } = await registeredJobOnDryRun();
     try {

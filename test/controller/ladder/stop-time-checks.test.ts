@@ -110,6 +110,22 @@ describe('ladder: stop-time checks', () => {
     expect(state.phase).toBe('waiting_for_human');
   });
 
+  it('says that no replay ran, and why, when it pages a human for a replay that could not run', () => {
+    const replaying = run(jobOnV2(), [fault('user_code', T0 + 5 * MINUTE), { type: 'restart_failed', time: T0 + 6 * MINUTE }]).state;
+    const unrun = 'launcher "srun" has no replay command';
+    const { state, steps } = run(replaying, [{ type: 'replay_result', time: T0 + 30 * MINUTE, culprits: [], unrun }]);
+    expect(shape(steps)).toEqual([{ verb: 'page_human' }]);
+    expect(steps[0]?.reason).toContain(`no dual-phase replay ran: ${unrun}`);
+    expect(steps[0]?.reason).not.toContain('isolated no machine');
+    expect(state.phase).toBe('waiting_for_human');
+  });
+
+  it('says that no diagnostics ran, and why, when it reattempts after diagnostics that could not run', () => {
+    const { steps } = run(diagnosing(), [{ type: 'diagnostics_result', time: T0 + MINUTE, suspects: [], unrun: 'the diagnostics analysis failed after 3 attempts' }]);
+    expect(shape(steps)).toEqual([{ verb: 'reattempt' }]);
+    expect(steps[0]?.reason).toContain('no diagnostics ran: the diagnostics analysis failed after 3 attempts');
+  });
+
   it('pages a human when the restart after replay fails and every rung was tried', () => {
     const afterReplay = run(running(), [
       fault('crash', T0),
