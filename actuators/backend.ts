@@ -72,8 +72,10 @@ export interface ClusterBackend {
   /**
    * The state of the workload a registered job runs as (Slurm: the jobs named after it;
    * Kubernetes: the workload its launcher names). Backends that cannot tell leave it out.
+   * `seenBefore`: the workload was read present before, by this controller or an earlier one
+   * (the job store keeps it); a Kubernetes workload not found then counts as deleted.
    */
-  workloadState?(name: string, launcher?: Launcher): Promise<WorkloadState>;
+  workloadState?(name: string, launcher?: Launcher, seenBefore?: boolean): Promise<WorkloadState>;
   /** Extra environment for the job launcher's commands, so that they reach the same scheduler (Slurm: `backend.slurm.env`). */
   readonly launchEnv?: Readonly<Record<string, string>>;
 }

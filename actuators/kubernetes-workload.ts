@@ -40,16 +40,14 @@ const workloadSchema = z.object({
 
 /**
  * Reads whether the workload a Kubernetes launcher names has ended. A workload that is not found
- * counts as ended (deleted by a person, or by its ttlSecondsAfterFinished) only when this backend
- * saw it earlier: one not found from the start may not have been created yet.
+ * counts as ended (deleted by a person, or by its ttlSecondsAfterFinished) only when it was seen
+ * present before (`seenBefore`, which the caller keeps where a controller restart does not lose
+ * it): one not found from the start may not have been created yet.
  */
 export class KubernetesWorkloads {
-  /** `<namespace>/<resource>/<name>` of workloads seen present, so that a later 404 means "deleted". */
-  private readonly seen = new Set<string>();
-
   constructor(private readonly api: CustomObjectsApi) {}
 
-  async state(job: string, launcher: Launcher | undefined): Promise<WorkloadState> {
+  async state(job: string, launcher: Launcher | undefined, seenBefore = false): Promise<WorkloadState> {
     if (launcher?.kind !== 'kubernetes') return { state: 'unknown', detail: `job ${job} has no Kubernetes launcher naming its workload` };
     const [resource = '', name = ''] = launcher.workload.split('/');
     const kind = Object.hasOwn(WORKLOAD_KINDS, resource) ? WORKLOAD_KINDS[resource] : undefined;
@@ -57,17 +55,15 @@ export class KubernetesWorkloads {
       return { state: 'unknown', detail: `steadfast cannot read the end of ${resource} workloads (it reads ${Object.keys(WORKLOAD_KINDS).join(', ')})` };
     }
     const where = `${resource} ${launcher.namespace}/${name}`;
-    const key = `${launcher.namespace}/${resource}/${name}`;
     let body: unknown;
     try {
       // One untyped read for every kind: the CRDs have no typed client, and only conditions are read.
       body = await this.api.getNamespacedCustomObject({ group: kind.group, version: kind.version, namespace: launcher.namespace, plural: kind.plural, name });
     } catch (error) {
       if (statusCode(error) !== 404) throw apiError(error, `get ${where}`, `get ${resource}`);
-      if (!this.seen.delete(key)) return { state: 'unknown', detail: `${where} not found (not created yet, or deleted before steadfast saw it)` };
+      if (!seenBefore) return { state: 'unknown', detail: `${where} not found (not created yet, or deleted before steadfast saw it)` };
       return { state: 'cancelled', detail: `${where} was deleted` };
     }
-    this.seen.add(key);
     const parsed = workloadSchema.safeParse(body);
     if (!parsed.success) return { state: 'unknown', detail: `${where}: unreadable status (${parsed.error.issues[0]?.message ?? 'invalid'})` };
     const holding = (parsed.data.status?.conditions ?? []).filter((condition) => condition.status === 'True');

@@ -343,8 +343,8 @@ export class KubernetesBackend implements ClusterBackend {
   }
 
   /** The state of the workload the job's Kubernetes launcher names (kubernetes-workload.ts). */
-  async workloadState(name: string, launcher?: Launcher): Promise<WorkloadState> {
-    return this.workloads.state(name, launcher);
+  async workloadState(name: string, launcher?: Launcher, seenBefore = false): Promise<WorkloadState> {
+    return this.workloads.state(name, launcher, seenBefore);
   }
 
   async standbys(): Promise<string[]> {

@@ -19,10 +19,13 @@ export async function finishIfWorkloadEnded(
 ): Promise<boolean> {
   if (!deps.backend.workloadState) return false;
   const job = spec.name;
-  const workload = await deps.backend.workloadState(job, launcherOf(deps.launchers, spec)).catch((error: unknown) => {
+  const seenBefore = await deps.jobs.workloadSeen(job);
+  const workload = await deps.backend.workloadState(job, launcherOf(deps.launchers, spec), seenBefore).catch((error: unknown) => {
     deps.logger.warn({ job, err: error }, "cannot read the state of the job's workload");
     return undefined;
   });
+  // Read present once: from then on, not found means deleted, for this controller and the next.
+  if (!seenBefore && (workload?.state === 'active' || workload?.state === 'failed' || workload?.state === 'completed')) await deps.jobs.markWorkloadSeen(job, now);
   if (workload?.state !== 'completed' && workload?.state !== 'cancelled') return false;
   await deps.jobs.finish(job, workload.detail, now);
   await deps.audit.append(

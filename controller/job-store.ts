@@ -47,6 +47,9 @@ const TRANSITIONS_KEPT = 10_000;
 const HOUR_MS = 3600_000;
 
 const transitionSchema = z.object({ at: z.number(), productive: z.boolean() });
+const WORKLOAD_SEEN_FIELD = 'workloadSeenAt';
+/** HSETNX on a job's hash only while the job is registered (its spec is there), so a deleted job is not half re-created. */
+const SET_FIELD_IF_JOB_EXISTS = "if redis.call('hexists', KEYS[1], 'spec') == 1 then return redis.call('hsetnx', KEYS[1], ARGV[1], ARGV[2]) end return 0";
 
 export class JobStore {
   constructor(
@@ -126,6 +129,16 @@ export class JobStore {
     await this.releaseNodes(name, record.spec.nodes);
     await this.redis.del(this.keys.jobAwaitingProgress(name), this.keys.jobLadder(name));
     await this.setState(name, 'finished', reason, now);
+  }
+
+  /** Whether the job's workload was read present once (job-end.ts); kept with the job, so a controller restart does not forget it. */
+  async workloadSeen(name: string): Promise<boolean> {
+    return (await this.redis.hexists(this.keys.job(name), WORKLOAD_SEEN_FIELD)) === 1;
+  }
+
+  /** Records that the job's workload was read present; nothing when the job was deleted meanwhile. */
+  async markWorkloadSeen(name: string, now = Date.now()): Promise<void> {
+    await this.redis.eval(SET_FIELD_IF_JOB_EXISTS, 1, this.keys.job(name), WORKLOAD_SEEN_FIELD, String(now));
   }
 
   /** Drops node → job entries that still name this job (a node may since serve another). */

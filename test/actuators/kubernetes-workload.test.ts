@@ -53,16 +53,16 @@ describe('reading whether a Kubernetes job\'s workload ended, against recorded A
     });
   });
 
-  it('counts a workload not found as deleted (cancelled) only after it was seen, and says so once', async () => {
+  it('counts a workload not found as deleted (cancelled) only when it was seen present before', async () => {
     api.load(recordedExchanges('workload-deleted'));
     const gemma = launcher('pytorchjobs.kubeflow.org/gemma');
-    expect(await backend.workloadState('gemma', gemma)).toEqual({
+    expect(await backend.workloadState('gemma', gemma, false)).toEqual({
       state: 'unknown',
       detail: 'pytorchjobs.kubeflow.org train/gemma not found (not created yet, or deleted before steadfast saw it)',
     });
-    expect((await backend.workloadState('gemma', gemma)).state).toBe('active');
-    expect(await backend.workloadState('gemma', gemma)).toEqual({ state: 'cancelled', detail: 'pytorchjobs.kubeflow.org train/gemma was deleted' });
-    // Asked again (the job registered anew before its workload is created): not ended twice.
+    expect((await backend.workloadState('gemma', gemma, false)).state).toBe('active');
+    expect(await backend.workloadState('gemma', gemma, true)).toEqual({ state: 'cancelled', detail: 'pytorchjobs.kubeflow.org train/gemma was deleted' });
+    // What was seen is the caller's to keep (the job store): the backend itself remembers nothing.
     expect((await backend.workloadState('gemma', gemma)).state).toBe('unknown');
   });
 

@@ -33,8 +33,20 @@ describe('job end on the Kubernetes backend', () => {
   let api: KubeApiStandIn;
   let controller: Controller;
   let url: string;
-  const launchers = { pytorchjob: { kind: 'kubernetes', namespace: 'train', workload: 'pytorchjobs.kubeflow.org/llama', podSelector: 'training.kubeflow.org/job-name=llama' } };
+  let config: ReturnType<typeof testConfig>;
+  const launchers = {
+    pytorchjob: { kind: 'kubernetes', namespace: 'train', workload: 'pytorchjobs.kubeflow.org/llama', podSelector: 'training.kubeflow.org/job-name=llama' },
+    gemma: { kind: 'kubernetes', namespace: 'train', workload: 'pytorchjobs.kubeflow.org/gemma', podSelector: 'training.kubeflow.org/job-name=gemma' },
+  };
   const JOB = { name: 'llama', nodes: ['gpu-a01', 'gpu-b07'], ranksPerNode: 1, topology: { dp: 2 }, launcher: 'pytorchjob', codeVersion: 'v1' };
+
+  /** The nodes' reads, answered until the next `api.verify()`. */
+  function answerNodeReads(): void {
+    const [a01, b07] = recordedExchanges('node-state');
+    if (!a01 || !b07) throw new Error('node-state.json lacks a node');
+    api.answer(a01.request.path, a01.response);
+    api.answer(b07.request.path, b07.response);
+  }
 
   beforeAll(async () => {
     // The controller's configuration has no way to skip TLS verification: the stand-in serves
@@ -45,12 +57,10 @@ describe('job end on the Kubernetes backend', () => {
     api = await startKubeApi(undefined, { key: readFileSync(key, 'utf8'), cert: readFileSync(caFile, 'utf8') });
     const tokenFile = join(root, 'token');
     writeFileSync(tokenFile, api.token, { mode: 0o600 });
-    const [a01, b07] = recordedExchanges('node-state');
-    if (!a01 || !b07) throw new Error('node-state.json lacks a node');
-    api.answer(a01.request.path, a01.response);
-    api.answer(b07.request.path, b07.response);
+    answerNodeReads();
     const backend = { kind: 'kubernetes', kubernetes: { connection: 'token', server: api.url, tokenFile, caFile } };
-    ({ controller, url } = await startController(testConfig(store.url, store.prefix, { backend, launchers })));
+    config = testConfig(store.url, store.prefix, { backend, launchers });
+    ({ controller, url } = await startController(config));
   });
   afterAll(async () => {
     await controller.close();
@@ -77,5 +87,27 @@ describe('job end on the Kubernetes backend', () => {
       'llama: finished (pytorchjobs.kubeflow.org train/llama is Succeeded); its nodes leave its recovery ladder',
     );
     api.verify();
+  }, 60_000);
+
+  it('marks a job finished when its PyTorchJob, seen by a controller before a restart, is deleted while it is down', async () => {
+    const answers = pytorchJobAnswers();
+    const deleted = recordedExchanges('workload-deleted')[0]?.response;
+    if (!deleted) throw new Error('workload-deleted.json lacks the 404');
+    const path = WORKLOAD_PATH.replace('/llama', '/gemma');
+    answerNodeReads();
+    api.answer(path, answers.failed);
+    const gemma = { ...JOB, name: 'gemma', nodes: ['gpu-a01'], topology: { dp: 1 }, launcher: 'gemma' };
+    const registered = await post(`${url}/api/v1/jobs`, gemma);
+    expect(registered.body.error).toBeUndefined();
+    expect(registered.status).toBe(201);
+    await until('two reads of the PyTorchJob', async () => api.served(path), (count) => count >= 2, TICKS_MS);
+    await controller.close();
+
+    // The workload is deleted while no controller runs; the next one reads 404 on its first look.
+    api.answer(path, deleted);
+    ({ controller, url } = await startController(config));
+    const finished = await until('job finished', () => controller.jobs.get('gemma'), (record) => record.state === 'finished', TICKS_MS);
+    expect(finished.stateReason).toBe('pytorchjobs.kubeflow.org train/gemma was deleted');
+    expect(await controller.jobs.jobOnNode('gpu-a01')).toBeUndefined();
   }, 60_000);
 });
