@@ -357,8 +357,8 @@ export function parseNvidiaSmiXml(xml: string): NvidiaSmiReport {
  * One element as the readers above take it: an element holding only text is its text (trimmed
  * later, per field); any other is a record of its attributes (`@_name`) and its child elements by
  * name, a name seen twice an array. Records have no prototype, so an element named `__proto__` or
- * `constructor` is only data. `supported_clocks` (every clock pair a GPU supports: half of an
- * H100's document, read by nothing here) is left out.
+ * `constructor` is only data. `supported_clocks` (every clock pair a GPU supports) is left out,
+ * where withoutSupportedClocks did not already cut it.
  */
 function element(node: TNode): unknown {
   const attributes = Object.entries(node.attributes);
@@ -380,6 +380,31 @@ function element(node: TNode): unknown {
   return record;
 }
 
+const CLOCKS_OPEN = '<supported_clocks>';
+const CLOCKS_CLOSE = '</supported_clocks>';
+
+/**
+ * The document without its `supported_clocks` elements (half of an H100's document, read by
+ * nothing here), cut out with the string's own search before the parse: parsing them took as long
+ * as the rest. Each cut keeps its line breaks, so a parse error names the line of the original.
+ */
+function withoutSupportedClocks(xml: string): string {
+  let kept = '';
+  let from = 0;
+  for (;;) {
+    const start = xml.indexOf(CLOCKS_OPEN, from);
+    if (start < 0) break;
+    const end = xml.indexOf(CLOCKS_CLOSE, start);
+    // Unclosed: left to the parser, which refuses the document.
+    if (end < 0) break;
+    let lines = 0;
+    for (let at = xml.indexOf('\n', start); at >= 0 && at < end; at = xml.indexOf('\n', at + 1)) lines += 1;
+    kept += xml.slice(from, start) + '\n'.repeat(lines);
+    from = end + CLOCKS_CLOSE.length;
+  }
+  return from === 0 ? xml : kept + xml.slice(from);
+}
+
 function parseDocument(xml: string): NvidiaSmiReport {
   // A half-written capture (a simulator rewriting the file, nvidia-smi killed by its timeout)
   // would read as fewer GPUs, which looks exactly like a lost GPU; refuse it instead.
@@ -389,7 +414,7 @@ function parseDocument(xml: string): NvidiaSmiReport {
     // txml scans with the string's own search functions: several times faster than a parser
     // walking characters, which matters to an agent that starts in well under a second and runs
     // without an optimising compiler. No tag is void in nvidia-smi's documents.
-    const top = parseXml(xml, { selfClosingTags: [], decodeEntities: true });
+    const top = parseXml(withoutSupportedClocks(xml), { selfClosingTags: [], decodeEntities: true });
     const rootNode = top.find((entry): entry is TNode => typeof entry !== 'string' && entry.tagName === 'nvidia_smi_log');
     if (rootNode !== undefined) {
       const value = element(rootNode);

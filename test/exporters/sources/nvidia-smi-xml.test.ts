@@ -157,6 +157,15 @@ describe('nvidia-smi -q -x parser on edge cases', () => {
     expect(() => parseNvidiaSmiXml(broken)).toThrow(/does not parse: Unexpected close tag; Line: \d+/);
   });
 
+  it('names the line of the original document in a parse error after the supported clocks, which it does not parse', () => {
+    const whole = readFileSync(join(NVIDIA_SMI_XML, 'telegraf_a10g_515.105.01.xml'), 'utf8');
+    // txml counts lines from 0; the tag is on the line it counts as (lines before it).
+    const lineOf = (tag: string): number => whole.slice(0, whole.indexOf(tag)).split('\n').length - 1;
+    expect(whole.indexOf('<supported_clocks>')).toBeLessThan(whole.indexOf('</processes>'));
+    expect(() => parseNvidiaSmiXml(whole.replace('</temperature>', '</gpu_temp>'))).toThrow(`Line: ${lineOf('</temperature>')};`);
+    expect(() => parseNvidiaSmiXml(whole.replace('</processes>', '</gpu_procs>'))).toThrow(`Line: ${lineOf('</processes>')};`);
+  });
+
   it('reads an element whose text holds XML entities as the text they stand for', () => {
     const report = parseNvidiaSmiXml(wrap('<gpu id="00000000:3B:00.0"><product_name>NVIDIA A&amp;B &lt;test&gt;</product_name></gpu>'));
     expect(report.gpus[0]?.productName).toBe('NVIDIA A&B <test>');
