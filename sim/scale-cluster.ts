@@ -37,6 +37,8 @@ export interface InjectionResult {
   readonly path: 'fast' | 'prometheus';
   /** Injection → the drain action recorded done (the backend confirmed the node drained). */
   readonly latencyMs: number | undefined;
+  /** Where the first report of the fault that the controller audited came from (the signal's source). */
+  readonly firstReportFrom: string | undefined;
 }
 
 function streamMs(id: string): number {
@@ -205,11 +207,15 @@ export class ScaleCluster {
     this.fleet.injectXid(node, gpuIndex, 79, { fastPath: path === 'fast' });
     const deadline = injectedAt + timeoutMs;
     while (Date.now() < deadline) {
-      const done = (await this.auditAfter(cursor)).find((entry) => entry.type === 'action' && entry.node === node && entry.data.state === 'done');
-      if (done) return { node, path, latencyMs: streamMs(done.id) - injectedAt };
+      const entries = await this.auditAfter(cursor);
+      const done = entries.find((entry) => entry.type === 'action' && entry.node === node && entry.data.state === 'done');
+      if (done) {
+        const first = entries.find((entry) => entry.type === 'signal' && entry.node === node)?.data.signal as { source?: string } | undefined;
+        return { node, path, latencyMs: streamMs(done.id) - injectedAt, firstReportFrom: first?.source };
+      }
       await sleep(10);
     }
-    return { node, path, latencyMs: undefined };
+    return { node, path, latencyMs: undefined, firstReportFrom: undefined };
   }
 
   /** The newest audit entry's id, to read only what comes after it. */

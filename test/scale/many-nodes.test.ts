@@ -42,9 +42,12 @@ describe(`a ${NODES}-node simulated cluster on the real parts`, () => {
       await sleep(200 + Math.random() * 500);
     }
     const latency = (path: string): number[] => results.filter((result) => result.path === path).map((result) => result.latencyMs ?? Number.POSITIVE_INFINITY);
-    // The fast path does not wait for a scrape, a rule and Alertmanager: every one of its drains
-    // comes sooner than any by Prometheus alone (the figures themselves are bench/scale.ts's).
-    expect(Math.max(...latency('fast'))).toBeLessThan(Math.min(...latency('prometheus')));
+    const median = (values: number[]): number => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)] ?? Number.NaN;
+    // Each drain was decided on the first report of its fault: the agent's own on the fast path,
+    // which does not wait for a scrape, a rule and Alertmanager, and so drains sooner (the
+    // figures themselves are bench/scale.ts's).
+    for (const result of results) expect(result.firstReportFrom, `first report of the fault on ${result.node}`).toBe(result.path === 'fast' ? 'agent' : 'alertmanager');
+    expect(median(latency('fast'))).toBeLessThan(median(latency('prometheus')));
     for (const ms of latency('prometheus')) expect(ms).toBeLessThan(30_000);
     const drains = cluster.plane.slurmDrainCounts();
     expect([...drains.keys()].sort()).toEqual(victims);
