@@ -109,6 +109,7 @@ export class JobStore {
       this.keys.jobAwaitingProgress(name),
       this.keys.jobEvictions(name),
       this.keys.jobLadder(name),
+      this.keys.jobLadderUndo(name),
       this.keys.jobMicrobatches(name),
       this.keys.jobFailSlow(name),
     );
@@ -127,7 +128,7 @@ export class JobStore {
     // Its nodes leave it before it reads as finished: whoever sees it finished finds them free,
     // and a finish cut short here is done again (its workload is still gone) at the next tick.
     await this.releaseNodes(name, record.spec.nodes);
-    await this.redis.del(this.keys.jobAwaitingProgress(name), this.keys.jobLadder(name));
+    await this.redis.del(this.keys.jobAwaitingProgress(name), this.keys.jobLadder(name), this.keys.jobLadderUndo(name));
     await this.setState(name, 'finished', reason, now);
   }
 

@@ -49,6 +49,9 @@ export const STEP_VERBS = [
 ] as const;
 export type StepVerb = (typeof STEP_VERBS)[number];
 
+/** The steps that act on the cluster or the job; the safety gates and a job's recovery policy can refuse them. */
+export const ACTING_VERBS: ReadonlySet<StepVerb> = new Set(['evict', 'reset_gpu', 'stop', 'restart', 'reattempt', 'rollback', 'apply_update', 'quarantine', 'run_diagnostics', 'run_replay']);
+
 export interface LadderStep {
   verb: StepVerb;
   job: string;
@@ -108,6 +111,11 @@ export type LadderEvent =
   /** `unrun`: why no replay ran (no replay command, the analysis failed), when none did. */
   | { type: 'replay_result'; time: number; culprits: string[]; unrun?: string }
   | { type: 'code_update'; time: number; version: string; urgent: boolean }
+  /**
+   * The recovery actuator refused an acting step of transition `transitionId` (actions paused,
+   * the job's recovery off, the eviction budget spent): what the ladder decided did not happen.
+   */
+  | { type: 'recovery_refused'; time: number; transitionId: string; detail: string }
   /** A warm standby took an evicted node's place in the job (ByteRobust §6.2); the recovery actuator reports it. */
   | { type: 'standby_activated'; time: number; replaced: string; by: string }
   /** Time passes: fires held-back restarts and due updates. The controller ticks every few seconds. */

@@ -177,6 +177,10 @@ export class Keys {
   jobLadder(name: string): string {
     return `${this.prefix}:job:${name}:ladder`;
   }
+  /** The ladder as it was before its newest acting transition, to put back if the actuator refuses it. */
+  jobLadderUndo(name: string): string {
+    return `${this.prefix}:job:${name}:ladder-undo`;
+  }
   /** The job's current micro-batch assignment (fail-slow S2), served to its training loop. */
   jobMicrobatches(name: string): string {
     return `${this.prefix}:job:${name}:microbatches`;

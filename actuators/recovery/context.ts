@@ -72,6 +72,9 @@ export interface StepAt {
 
 export const stepRef = (at: StepAt): string => `${at.transitionId}:${at.index}`;
 
+/** Why a step stops its transition there (a refusal, or a failure a person must see to); undefined: the transition goes on. */
+export type Halt = string | undefined;
+
 export type StepState = 'done' | 'refused' | 'failed';
 
 /** Puts a step's outcome on the audit, once per step, node and state. */

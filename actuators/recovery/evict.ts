@@ -1,13 +1,13 @@
 import { DoNotRetryError } from '../../core/errors.js';
 import { drainNode, pageOncePerWindow } from '../drain-node.js';
-import { recordStep, stepRef, type RecoveryActuatorDeps, type StepAt } from './context.js';
+import { recordStep, stepRef, type Halt, type RecoveryActuatorDeps, type StepAt } from './context.js';
 
 /**
  * The evict step: pass the gates (pause, holds, the job's share, the cluster budget), then for each node
  * drain it (drain-node.ts), note the eviction in its cross-job history, and put a warm standby in
- * its place (ByteRobust §6.2). True when the transition may go on to its restart.
+ * its place (ByteRobust §6.2). Undefined when the transition may go on to its restart.
  */
-export async function evict(deps: RecoveryActuatorDeps, at: StepAt): Promise<boolean> {
+export async function evict(deps: RecoveryActuatorDeps, at: StepAt): Promise<Halt> {
   const { step } = at;
   const { backend, gates, jobs } = deps;
   const ref = stepRef(at);
@@ -20,7 +20,7 @@ export async function evict(deps: RecoveryActuatorDeps, at: StepAt): Promise<boo
     await recordStep(deps, at, 'refused', admitted.reason);
     const page = { ref, what: 'eviction', node: step.nodes?.[0], job: step.job, backend: backend.name };
     await pageOncePerWindow(gates, deps.audit, admitted, page, (reason) => deps.onPage?.(step.job, reason));
-    return false;
+    return admitted.reason;
   }
   const quarantined = new Set(await deps.redis.smembers(deps.keys.quarantine));
   // A held node is not chosen as a standby either (the hold gate, actuators/safety.ts).
@@ -34,12 +34,12 @@ export async function evict(deps: RecoveryActuatorDeps, at: StepAt): Promise<boo
       // A node the scheduler does not know cannot be drained or replaced: a person decides.
       await recordStep(deps, at, 'failed', error.message, node);
       deps.onPage?.(step.job, error.message);
-      return false;
+      return error.message;
     }
     await noteExclusion(deps, at, node);
     await replaceWithStandby(deps, at, node, quarantined);
   }
-  return true;
+  return undefined;
 }
 
 async function replaceWithStandby(deps: RecoveryActuatorDeps, at: StepAt, node: string, unusable: ReadonlySet<string>): Promise<void> {

@@ -1,21 +1,14 @@
 import type { Job } from 'bullmq';
 import { UnrecoverableError } from 'bullmq';
 import { InputError } from '../../core/errors.js';
-import type { StepVerb } from '../../core/ladder.js';
+import { ACTING_VERBS } from '../../core/ladder.js';
 import { recoveryJobSchema, nothingFound, type AnalysisKind, type RecoveryJob } from '../../core/queues.js';
 import { DryRunBackend } from '../dry-run.js';
-import { recordStep, stepRef, type RecoveryActuatorDeps, type StepAt } from './context.js';
+import { recordStep, stepRef, type Halt, type RecoveryActuatorDeps, type StepAt } from './context.js';
 import { evict } from './evict.js';
 import { resetInPlace } from './reset.js';
 import { restart } from './restart.js';
 import { stop } from './stop.js';
-
-/**
- * The steps that act on the cluster or the job; a job whose automatic recovery the operator
- * turned off has these refused (audited with the reason). Notifying, paging, tolerating and
- * reading stacks still run, so a person hears of the fault.
- */
-const ACTING_VERBS: ReadonlySet<StepVerb> = new Set(['evict', 'reset_gpu', 'stop', 'restart', 'reattempt', 'rollback', 'apply_update', 'quarantine', 'run_diagnostics', 'run_replay']);
 
 /** A finished step's marker outlives any redelivery of its transition. */
 const STEP_DONE_TTL_SECONDS = 7 * 24 * 3600;
@@ -23,7 +16,11 @@ const STEP_DONE_TTL_SECONDS = 7 * 24 * 3600;
 /**
  * Carries out one ladder transition's steps in order, each at most once (a per-step marker in
  * Redis survives a crash mid-transition, so a redelivered job resumes where it stopped and
- * evicts nothing twice). Evictions pass the safety gates: pause, budget, per-node lease.
+ * evicts nothing twice). Evictions pass the safety gates: pause, budget, per-node lease. A job
+ * whose automatic recovery the operator turned off has its acting steps (ACTING_VERBS) refused;
+ * notifying, paging, tolerating and reading stacks still run, so a person hears of the fault.
+ * When an acting step was refused, or stopped the transition, the ladder is told
+ * (`recovery_refused`): it waits for nothing that will not come.
  */
 export function createRecoveryProcessor(baseDeps: RecoveryActuatorDeps): (job: Job<RecoveryJob>) => Promise<{ done: number }> {
   const { redis, keys, gates, logger } = baseDeps;
@@ -40,37 +37,48 @@ export function createRecoveryProcessor(baseDeps: RecoveryActuatorDeps): (job: J
     );
     const deps = policy?.dryRun ? dryRunDeps : baseDeps;
     const paused = await gates.paused();
+    const jobName = parsed.data.job;
     if (paused !== undefined) {
       // Paused: nothing of the transition runs; the refusal is on record and a person is told.
-      for (const [index, step] of steps.entries()) await recordStep(deps, { transitionId, index, step, origin }, 'refused', `actions are paused: ${paused}`);
+      const why = `actions are paused: ${paused}`;
+      for (const [index, step] of steps.entries()) await recordStep(deps, { transitionId, index, step, origin }, 'refused', why);
+      if (steps.some((step) => ACTING_VERBS.has(step.verb))) await tellRefused(deps, jobName, transitionId, why);
       return { done: 0 };
     }
     let done = 0;
+    let refused: Halt;
     for (const [index, step] of steps.entries()) {
       const marker = keys.recoveryStep(transitionId, index);
       if ((await redis.get(marker)) === 'done') continue;
-      const proceed =
-        policy?.recovery === false && ACTING_VERBS.has(step.verb)
-          ? await refuse(deps, { transitionId, index, step, origin }, `automatic recovery is off for job ${step.job} (the operator's job policy); not acting`)
-          : await runStep(deps, { transitionId, index, step, origin });
+      const at = { transitionId, index, step, origin };
+      let halt: Halt;
+      if (policy?.recovery === false && ACTING_VERBS.has(step.verb)) {
+        const why = `automatic recovery is off for job ${step.job} (the operator's job policy); not acting`;
+        await recordStep(deps, at, 'refused', why);
+        refused ??= why;
+      } else {
+        halt = await runStep(deps, at);
+      }
       await redis.set(marker, 'done', 'EX', STEP_DONE_TTL_SECONDS);
       done += 1;
-      if (!proceed) {
-        logger.warn({ transitionId, step: step.verb }, 'recovery stopped: a step was refused');
+      if (halt !== undefined) {
+        logger.warn({ transitionId, step: step.verb, reason: halt }, 'recovery stopped: a step was refused or failed');
+        refused ??= `${step.verb} stopped the transition: ${halt}`;
         break;
       }
     }
+    if (refused !== undefined) await tellRefused(deps, jobName, transitionId, refused);
     return { done };
   };
 }
 
-async function refuse(deps: RecoveryActuatorDeps, at: StepAt, reason: string): Promise<boolean> {
-  await recordStep(deps, at, 'refused', reason);
-  return true;
+/** Tells the ladder that what it decided in `transitionId` was not (all) done, once per transition. */
+async function tellRefused(deps: RecoveryActuatorDeps, job: string, transitionId: string, detail: string): Promise<void> {
+  await deps.feedback({ job, event: { type: 'recovery_refused', time: Date.now(), transitionId, detail: detail.slice(0, 500) }, eventId: `${transitionId}:refused` });
 }
 
-/** One step; false stops the transition (an eviction refused). */
-async function runStep(deps: RecoveryActuatorDeps, at: StepAt): Promise<boolean> {
+/** One step; a Halt stops the transition there (an eviction refused, a node unknown). */
+async function runStep(deps: RecoveryActuatorDeps, at: StepAt): Promise<Halt> {
   const { step } = at;
   switch (step.verb) {
     case 'evict':
@@ -83,35 +91,35 @@ async function runStep(deps: RecoveryActuatorDeps, at: StepAt): Promise<boolean>
       // that follows relaunches on it.
       if (step.version) await deps.jobs.setVersion(step.job, step.version);
       await recordStep(deps, at, 'done', `code version set to ${step.version ?? '(unchanged)'}`);
-      return true;
+      return undefined;
     case 'restart':
     case 'reattempt':
       await restart(deps, at);
-      return true;
+      return undefined;
     case 'run_diagnostics':
       await handToAnalysis(deps, at, 'diagnostics');
-      return true;
+      return undefined;
     case 'run_replay':
       await handToAnalysis(deps, at, 'replay');
-      return true;
+      return undefined;
     case 'analyze_stacks':
       await handToAnalysis(deps, at, 'stacks');
-      return true;
+      return undefined;
     case 'quarantine':
       if (step.nodes?.length && !deps.dryRun) await deps.redis.sadd(deps.keys.quarantine, ...step.nodes);
       await recordStep(deps, at, 'done', `quarantined ${step.nodes?.join(',') ?? ''}`);
-      return true;
+      return undefined;
     case 'page_human':
       deps.onPage?.(step.job, step.reason);
       await recordStep(deps, at, 'done', `paged: ${step.reason}`);
-      return true;
+      return undefined;
     case 'stop':
       await stop(deps, at);
-      return true;
+      return undefined;
     case 'notify':
     case 'tolerate':
       await recordStep(deps, at, 'done', 'recorded');
-      return true;
+      return undefined;
     default:
       throw new UnrecoverableError(`unknown recovery step ${String(step.verb)}`);
   }

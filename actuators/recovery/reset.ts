@@ -1,6 +1,6 @@
 import type { GpuResetReport } from '../../core/remedy.js';
 import { DryRunGpuResetter } from '../remedy.js';
-import { recordStep, stepRef, type RecoveryActuatorDeps, type StepAt } from './context.js';
+import { recordStep, stepRef, type Halt, type RecoveryActuatorDeps, type StepAt } from './context.js';
 import { evict } from './evict.js';
 
 /**
@@ -13,11 +13,11 @@ import { evict } from './evict.js';
  * step an eviction of the node instead (evict.ts: drain, standby), so the job still restarts.
  * Either way the node's remediation history records it. Dry-run asks no agent.
  */
-export async function resetInPlace(deps: RecoveryActuatorDeps, at: StepAt): Promise<boolean> {
+export async function resetInPlace(deps: RecoveryActuatorDeps, at: StepAt): Promise<Halt> {
   const { step } = at;
   const node = step.nodes?.[0];
   const gpu = step.gpu;
-  const asEviction = (): Promise<boolean> => evict(deps, { ...at, step: { ...step, verb: 'evict', nodes: node === undefined ? [] : [node] } });
+  const asEviction = (): Promise<Halt> => evict(deps, { ...at, step: { ...step, verb: 'evict', nodes: node === undefined ? [] : [node] } });
   if (node === undefined || gpu === undefined || deps.gpuReset === undefined) {
     await recordStep(deps, at, 'done', deps.gpuReset === undefined ? 'no GPU reset configured on this controller; evicting the node instead' : 'no node or GPU named; evicting instead', node);
     return asEviction();
@@ -26,7 +26,7 @@ export async function resetInPlace(deps: RecoveryActuatorDeps, at: StepAt): Prom
   const admitted = await deps.gates.admit(ref, [node]);
   if (!admitted.ok) {
     await recordStep(deps, at, 'refused', admitted.reason, node);
-    return false;
+    return admitted.reason;
   }
   const resetter = deps.dryRun ? new DryRunGpuResetter() : deps.gpuReset.resetter;
   const report: GpuResetReport = await resetter.reset(node, gpu, deps.gpuReset.timeoutSeconds);
@@ -38,7 +38,7 @@ export async function resetInPlace(deps: RecoveryActuatorDeps, at: StepAt): Prom
   );
   if (held) {
     await recordStep(deps, at, 'done', `GPU ${gpu} of ${node} reset through its agent (${report.reason}); the job relaunches on the same nodes`, node);
-    return true;
+    return undefined;
   }
   await recordStep(deps, at, report.outcome === 'refused' ? 'refused' : 'failed', `GPU reset ${report.outcome} (${report.reason}); evicting ${node} instead`, node);
   return asEviction();

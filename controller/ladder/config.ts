@@ -74,6 +74,7 @@ export const CITE = {
   gpuReset: "NVIDIA's Xid catalogue (the remedy is a GPU reset); ByteRobust §4.1 (stop the job before acting on a machine)",
   hotUpdate: 'ByteRobust §6.1 (urgent updates now; others at the next failure or when 24 h expire)',
   retry: '504-GPU report (auto-retry chains)',
+  refused: "the operator's safety gates (pause, the job's recovery policy, the eviction budget) have the last word over the ladder",
   exclusion: '504-GPU report (node exclusion history; the top three nodes caused over half of all exclusions)',
 } as const;
 

@@ -168,6 +168,24 @@ export function onReplayResult(ctx: Ctx, culprits: string[], unrun?: string): vo
   pageHuman(ctx, why, CITE.human);
 }
 
+/**
+ * The recovery actuator refused what the ladder decided (actions paused, the job's recovery off,
+ * the eviction budget spent), so nothing it waits for will come: no restart, no test result. The
+ * controller hands this event the ladder as it was before the refused transition when it can
+ * (recovery-dispatcher.ts), and the job is then simply running; otherwise the open incident is
+ * closed here. Either way the next report of a fault starts the ladder again, from its first rung.
+ */
+export function onRecoveryRefused(ctx: Ctx, detail: string): void {
+  const { s } = ctx;
+  const closed = s.phase !== 'running' && s.phase !== 'waiting_for_human' ? ` and the incident opened at ${new Date(s.incident?.openedAt ?? ctx.time).toISOString()} closed` : '';
+  if (closed !== '') {
+    s.phase = 'running';
+    s.incident = null;
+    s.scheduled = null;
+  }
+  emit(ctx, 'notify', `recovery refused (${detail}): nothing was done${closed}; the next report of the fault starts recovery again`, CITE.refused);
+}
+
 /** Training progressed: the incident is over and the code it runs is good (ByteRobust §4.2). */
 export function onRestartSucceeded(ctx: Ctx): void {
   const { s, time } = ctx;

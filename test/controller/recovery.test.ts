@@ -8,6 +8,7 @@ import type { createRecoveryProcessor } from '../../actuators/recovery/index.js'
 import { AuditLog } from '../../core/audit.js';
 import { JobStore } from '../../controller/job-store.js';
 import type { LadderStep } from '../../core/ladder.js';
+import type { LadderState } from '../../controller/ladder/index.js';
 import type { LadderEventJob, RecoveryJob } from '../../core/queues.js';
 import { post, startController, testConfig } from '../support/controller.js';
 import { testRecoveryProcessor } from '../support/recovery.js';
@@ -185,6 +186,27 @@ describe('recovery of a registered job on a real Redis', () => {
     const refused = await until('eviction refusal recorded', () => controller.audit.read({ type: 'action' }), (entries) => entries.some((entry) => entry.data.verb === 'evict' && entry.data.state === 'refused'));
     expect(refused.find((entry) => entry.data.verb === 'evict')?.data.detail).toBe('actions are paused: maintenance');
     expect(await new DryRunBackend(store.redis, store.keys).recorded()).toEqual({});
+  });
+
+  it('undoes the transition refused while paused, and evicts when the fault is reported again after the pause', async () => {
+    const { store, controller, url } = await setUp();
+    await controller.gates.pause('maintenance');
+    const lost = (time: number): object => ({ kind: 'gpu_lost', node: 'n00', gpu: '0000:18:00', message: 'gone', time: new Date(time).toISOString() });
+    await post(`${url}/api/v1/signals`, lost(Date.now()));
+    await until('the refusal told to the ladder', () => controller.audit.read({ type: 'decision' }), (entries) =>
+      entries.some((entry) => entry.summary.startsWith('llama: notify — recovery refused (actions are paused: maintenance): nothing was done;')),
+    );
+    // The ladder stands as before the fault: no incident, no eviction counted against n00.
+    const ladder = JSON.parse((await store.redis.get(store.keys.jobLadder('llama'))) ?? 'null') as LadderState;
+    expect(ladder.phase).toBe('running');
+    expect(ladder.incident).toBeNull();
+    expect(ladder.exclusions).toEqual([]);
+    expect((await controller.jobs.get('llama')).state).toBe('running');
+    expect(await new DryRunBackend(store.redis, store.keys).recorded()).toEqual({});
+
+    await controller.gates.unpause();
+    await post(`${url}/api/v1/signals`, lost(Date.now() + 1000));
+    await until('node evicted after the pause', () => new DryRunBackend(store.redis, store.keys).recorded(), (drained) => 'n00' in drained);
   });
 
   it('restores from the newest step every rank still has after the eviction, and says where ranks load from', async () => {

@@ -24,6 +24,7 @@ const eventBody = fc.oneof(
   fc.record({ type: fc.constant('code_update' as const), version: fc.constantFrom('v1', 'v2', 'v3', 'v4'), urgent: fc.boolean() }),
   fc.record({ type: fc.constant('tick' as const) }),
   fc.record({ type: fc.constant('standby_activated' as const), replaced: fc.constantFrom(...NODES), by: fc.constantFrom('spare-1', 'spare-2', ...NODES) }),
+  fc.record({ type: fc.constant('recovery_refused' as const), transitionId: fc.constantFrom('t-1', 't-2'), detail: fc.string({ maxLength: 20 }) }),
 );
 // Mostly forward in time, sometimes far (windows expire), sometimes backwards (late delivery).
 const delay = fc.oneof(fc.integer({ min: 0, max: 10 * MINUTE }), fc.integer({ min: 0, max: 3 * DAY }), fc.integer({ min: -5 * MINUTE, max: 0 }));
