@@ -52,6 +52,8 @@ export interface FailSlowDeps {
   readonly board: MicrobatchBoard;
   readonly prometheusUrl: string;
   readonly costSeconds: { readonly S2: number; readonly S3: number; readonly S4: number };
+  /** The relative change a rank's time must show to be verified (analysis.failSlowThreshold; Greyhound §4.2: 0.1). */
+  readonly threshold?: number;
   /** Hands S4 to the recovery ladder. */
   readonly dispatch: (event: LadderEventJob) => Promise<unknown>;
 }
@@ -100,7 +102,7 @@ export class FailSlowWatch {
       const perMicrobatch = value / (served?.[topology.placement(rank).coords.dp] ?? 1);
       watch.perMicrobatch.set(rank, perMicrobatch);
       let tracker = watch.trackers.get(rank);
-      if (!tracker) watch.trackers.set(rank, (tracker = new RankSlowdownTracker(rank)));
+      if (!tracker) watch.trackers.set(rank, (tracker = new RankSlowdownTracker(rank, this.deps.threshold === undefined ? {} : { threshold: this.deps.threshold })));
       const change = tracker.update(now / 1000, perMicrobatch);
       if (change) await this.recordChange(job, change, now, served === undefined ? 'iteration' : 'micro-batch');
     }

@@ -180,6 +180,7 @@ export class Controller {
           board: new MicrobatchBoard(this.workerRedis, this.keys, this.jobs),
           prometheusUrl: analysisPrometheus,
           costSeconds: config.analysis.failSlowCostSeconds,
+          threshold: config.analysis.failSlowThreshold,
           dispatch: (event) => this.dispatcher.apply(event),
         })
       : undefined;

@@ -265,6 +265,12 @@ export const configSchema = z
          */
         failSlowIntervalSeconds: z.coerce.number<unknown>().min(0.5).max(3600).default(5),
         /**
+         * How much a rank's time must move, relatively, for a fail-slow change to be verified
+         * (Greyhound §4.2 verifies at 10 %). Raise it where healthy ranks' times move more than
+         * that with each other's load (ranks sharing CPU cores, as in the lab).
+         */
+        failSlowThreshold: z.coerce.number<unknown>().gt(0).lt(1).default(0.1),
+        /**
          * ByteRobust §4.2's hierarchy of stop-time checks, walked one stage per call to the agents
          * (analyzers/staged-diagnosis.ts): machine-local checks (EUD) first, then NCCL within a
          * machine, then across machines. Each stage names the agents' checks it runs (the names

@@ -70,12 +70,12 @@ export interface ProtectedLabOptions {
    */
   readonly noProgressSeconds?: number;
   /**
-   * Fail-slow detection at the lab's pace: seconds between checks and each mitigation's cost
-   * (analysis.failSlowIntervalSeconds, failSlowCostSeconds; shipped 5 s and 30/600/1800 s). Set,
-   * the job is also registered with micro-batches (4 per rank, train.py's own share), so that
-   * S2 has a plan to serve.
+   * Fail-slow detection at the lab's pace: seconds between checks, each mitigation's cost and the
+   * verification threshold (analysis.failSlowIntervalSeconds, failSlowCostSeconds,
+   * failSlowThreshold; shipped 5 s, 30/600/1800 s and 0.1). Set, the job is also registered with
+   * micro-batches (4 per rank, train.py's own share), so that S2 has a plan to serve.
    */
-  readonly failSlow?: { readonly intervalSeconds: number; readonly costSeconds: { readonly S2: number; readonly S3: number; readonly S4: number } };
+  readonly failSlow?: { readonly intervalSeconds: number; readonly costSeconds: { readonly S2: number; readonly S3: number; readonly S4: number }; readonly threshold: number };
   /**
    * GPU resets in place (remedies.gpuReset on): each node's agent serves its gpu-reset endpoint on
    * a simulated nvidia-smi of 8 GPUs (sim/fake-nvidia-smi.sh) — the lab has no GPUs.
@@ -212,7 +212,9 @@ export class ProtectedLab {
       },
       analysis: {
         stackRoundSeconds: 1,
-        ...(this.options.failSlow === undefined ? {} : { failSlowIntervalSeconds: this.options.failSlow.intervalSeconds, failSlowCostSeconds: this.options.failSlow.costSeconds }),
+        ...(this.options.failSlow === undefined
+          ? {}
+          : { failSlowIntervalSeconds: this.options.failSlow.intervalSeconds, failSlowCostSeconds: this.options.failSlow.costSeconds, failSlowThreshold: this.options.failSlow.threshold }),
       },
       // The operator's launcher the job names: real sbatch on the lab's slurm.conf.
       launchers: { [LAB_LAUNCHER]: this.launcher() },

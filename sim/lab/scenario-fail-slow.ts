@@ -26,7 +26,13 @@ import { slowMachine, type Iteration } from './training.js';
  * enough), 1 standby, and the fail-slow settings scaled to the lab: checks every second and
  * mitigation costs of seconds (shipped: 5 s and 30 / 600 / 1800 s).
  */
-export const FAIL_SLOW_LAB: ProtectedLabOptions = { nodes: 2, standbys: 1, failSlow: { intervalSeconds: 1, costSeconds: { S2: 2, S3: 5, S4: 8 } } };
+/**
+ * The lab's ranks share the machine's CPU cores: a healthy rank's compute time moves by up to a
+ * third with the others' load (seen: ×1.31 while rank 1 was slowed), which Greyhound's 10 %
+ * verification takes for a slow-down. The injected slow-down is about ×3, so the lab verifies
+ * at 50 %.
+ */
+export const FAIL_SLOW_LAB: ProtectedLabOptions = { nodes: 2, standbys: 1, failSlow: { intervalSeconds: 1, costSeconds: { S2: 2, S3: 5, S4: 8 }, threshold: 0.5 } };
 
 /** Seconds added to each micro-batch on the slow machine: first what S2 can absorb, then what it cannot. */
 export const SLOWDOWN_SECONDS = 0.04;

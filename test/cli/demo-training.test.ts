@@ -24,7 +24,7 @@ describe('steadfast demo --scenario training: input', () => {
   it('runs fail-slow on a lab of its own too: the job with micro-batches, fail-slow checks every second and costs of seconds', () => {
     expect(scenarioLabs(['fail-slow', 'crash', 'hang'])).toEqual([
       { options: {}, names: ['crash'] },
-      { options: { nodes: 2, standbys: 1, failSlow: { intervalSeconds: 1, costSeconds: { S2: 2, S3: 5, S4: 8 } } }, names: ['fail-slow'] },
+      { options: { nodes: 2, standbys: 1, failSlow: { intervalSeconds: 1, costSeconds: { S2: 2, S3: 5, S4: 8 }, threshold: 0.5 } }, names: ['fail-slow'] },
       { options: { nodes: 3, standbys: 1, noProgressSeconds: 10 }, names: ['hang'] },
     ]);
   });

@@ -135,3 +135,36 @@ describe('online fail-slow detection and mitigation (Greyhound §4-5)', () => {
     expect(parseJobSpec(spec).topology.ranks).toHaveLength(8);
   });
 });
+
+describe('fail-slow verification at the operator\'s threshold (analysis.failSlowThreshold)', () => {
+  const store = testRedis();
+  const state = { iteration: 0, seconds: (_rank: number): number => 1 };
+  let server: Server;
+
+  afterAll(async () => {
+    server?.close();
+    await store.cleanup();
+  });
+
+  it('lets a 50 % slow-down pass at a 60 % threshold, and verifies a doubling', async () => {
+    const prometheus = await trainingPrometheus(state);
+    server = prometheus.server;
+    const jobs = new JobStore(store.redis, store.keys);
+    const spec = (await jobs.create(SPEC)).spec;
+    const audit = new AuditLog(store.redis, store.keys, 100_000);
+    const watch = new FailSlowWatch({ redis: store.redis, keys: store.keys, audit, board: new MicrobatchBoard(store.redis, store.keys, jobs), prometheusUrl: prometheus.url, costSeconds: { S2: 1e6, S3: 2e6, S4: 3e6 }, threshold: 0.6, dispatch: async () => undefined });
+    const changes = async (): Promise<string[]> => (await audit.read({ limit: 1000 })).filter((entry) => entry.data.verb === 'failslow_change').map((entry) => entry.summary);
+    const train = async (iterations: number, factor: number): Promise<void> => {
+      for (let index = 0; index < iterations; index += 1) {
+        state.iteration += 1;
+        state.seconds = (rank) => (rank === 5 ? factor : 1) * (1 + 0.02 * Math.sin(rank * 7 + state.iteration * 3));
+        await watch.check(spec, state.iteration * 1000);
+      }
+    };
+    await train(40, 1);
+    await train(120, 1.5);
+    expect(await changes()).toEqual([]);
+    await train(60, 3);
+    expect(await changes()).toEqual([expect.stringMatching(/^fs-job: rank 5 slowed: .* \(×2\.\d+\)$/)]);
+  });
+});

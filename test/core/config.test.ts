@@ -70,6 +70,12 @@ describe('configuration', () => {
     expect(() => loadConfig({ file: typo, env: {} })).toThrow(/analysis\.labels/);
   });
 
+  it('verifies fail-slow changes at Greyhound\'s 10 % unless told otherwise, and refuses a threshold outside (0, 1), naming the key', () => {
+    expect(loadConfig({ env: {} }).analysis.failSlowThreshold).toBe(0.1);
+    expect(loadConfig({ env: { STEADFAST_ANALYSIS__FAIL_SLOW_THRESHOLD: '0.5' } }).analysis.failSlowThreshold).toBe(0.5);
+    for (const bad of ['0', '1', '-0.1', 'ten']) expect(() => loadConfig({ env: { STEADFAST_ANALYSIS__FAIL_SLOW_THRESHOLD: bad } }), bad).toThrow(/analysis\.failSlowThreshold/);
+  });
+
   it('takes how soon a dead worker\'s jobs move on from the queues section, within bounds, BullMQ\'s 30 s by default', () => {
     expect(loadConfig({ env: {} }).queues).toEqual({ lockDurationSeconds: 30, stalledIntervalSeconds: 30 });
     expect(workerTiming(loadConfig({ env: {} }).queues)).toEqual({ lockDuration: 30_000, stalledInterval: 30_000 });
