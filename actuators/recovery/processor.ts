@@ -49,27 +49,51 @@ export function createRecoveryProcessor(baseDeps: RecoveryActuatorDeps): (job: J
     let refused: Halt;
     for (const [index, step] of steps.entries()) {
       const marker = keys.recoveryStep(transitionId, index);
-      if ((await redis.get(marker)) === 'done') continue;
+      // A step already carried out is not again; how it ended still counts (a redelivery stops where the first delivery stopped).
+      const earlier = parseMarker(await redis.get(marker));
+      if (earlier !== undefined) {
+        refused ??= earlier.refused ?? earlier.halt;
+        if (earlier.halt !== undefined) break;
+        continue;
+      }
       const at = { transitionId, index, step, origin };
       let halt: Halt;
+      let refusal: Halt;
       if (policy?.recovery === false && ACTING_VERBS.has(step.verb)) {
-        const why = `automatic recovery is off for job ${step.job} (the operator's job policy); not acting`;
-        await recordStep(deps, at, 'refused', why);
-        refused ??= why;
+        refusal = `automatic recovery is off for job ${step.job} (the operator's job policy); not acting`;
+        await recordStep(deps, at, 'refused', refusal);
       } else {
         halt = await runStep(deps, at);
+        if (halt !== undefined) halt = `${step.verb} stopped the transition: ${halt}`;
       }
-      await redis.set(marker, 'done', 'EX', STEP_DONE_TTL_SECONDS);
+      await redis.set(marker, markerOf({ halt, refused: refusal }), 'EX', STEP_DONE_TTL_SECONDS);
       done += 1;
+      refused ??= refusal ?? halt;
       if (halt !== undefined) {
         logger.warn({ transitionId, step: step.verb, reason: halt }, 'recovery stopped: a step was refused or failed');
-        refused ??= `${step.verb} stopped the transition: ${halt}`;
         break;
       }
     }
     if (refused !== undefined) await tellRefused(deps, jobName, transitionId, refused);
     return { done };
   };
+}
+
+/** How a step ended, as its marker keeps it: `done`, or `halt:` / `refused:` and why. */
+interface StepEnd {
+  readonly halt?: Halt;
+  readonly refused?: Halt;
+}
+
+function markerOf(end: StepEnd): string {
+  return end.halt !== undefined ? `halt:${end.halt}` : end.refused !== undefined ? `refused:${end.refused}` : 'done';
+}
+
+function parseMarker(value: string | null): StepEnd | undefined {
+  if (value === null) return undefined;
+  if (value.startsWith('halt:')) return { halt: value.slice('halt:'.length) };
+  if (value.startsWith('refused:')) return { refused: value.slice('refused:'.length) };
+  return {};
 }
 
 /** Tells the ladder that what it decided in `transitionId` was not (all) done, once per transition. */

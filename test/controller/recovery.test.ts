@@ -411,6 +411,40 @@ describe('evictions the scheduler cannot carry out', () => {
       await store.cleanup();
     }
   });
+
+  it('stops a redelivered transition where the first delivery stopped, and tells the ladder then if it could not before', async () => {
+    const { store, jobs, backend } = await registeredJobOnDryRun();
+    try {
+      const unknown = Object.assign(Object.create(backend) as DryRunBackend, {
+        nodeState: async (node: string) => ({ ...(await backend.nodeState(node)), exists: node !== 'n01' }),
+      });
+      const told: LadderEventJob[] = [];
+      let reachable = false;
+      const processor = recoveryProcessor(store, unknown, jobs, undefined, async (event) => {
+        if (!reachable) throw new Error('Redis went away');
+        told.push(event);
+      });
+      const steps = [
+        { verb: 'evict' as const, job: 'llama', nodes: ['n01'], reason: 'machine fault', citation: '§4.1' },
+        { verb: 'restart' as const, job: 'llama', reason: 'relaunch', citation: '§6.2' },
+      ];
+      await expect(processor(recoveryJob('t-retold', 'llama', steps))).rejects.toThrow('Redis went away');
+      reachable = true;
+      // The redelivery: the eviction is not tried again, the restart is not run, the refusal is told.
+      await expect(processor(recoveryJob('t-retold', 'llama', steps))).resolves.toEqual({ done: 0 });
+      expect(told).toEqual([
+        {
+          job: 'llama',
+          event: { type: 'recovery_refused', time: expect.any(Number), transitionId: 't-retold', detail: 'evict stopped the transition: node n01 is unknown to the dry-run backend' },
+          eventId: 't-retold:refused',
+        },
+      ]);
+      const actions = (await new AuditLog(store.redis, store.keys).read({ type: 'action' })).map((entry) => entry.summary);
+      expect(actions).toEqual(['llama: evict n01: failed (node n01 is unknown to the dry-run backend)']);
+    } finally {
+      await store.cleanup();
+    }
+  });
 });
 
 describe('exclusion history across jobs', () => {
