@@ -25,7 +25,7 @@ import {
   type RedisPart,
   type SlurmPart,
 } from './parts.js';
-import { ProcessGroup, freePorts, waitFor } from './processes.js';
+import { ProcessGroup, freePorts, timedStep, waitFor, type StepProgress } from './processes.js';
 
 
 /** The demo controller's launcher, which the demo's job registration names. */
@@ -47,7 +47,7 @@ export interface EnvironmentOptions {
   /** Most of one job's nodes evicted per window, in percent (default 50). */
   readonly maxJobEvictionPercent?: number;
   /** Called as each part comes up, for progress output. */
-  readonly progress?: (step: string, seconds: number) => void;
+  readonly progress?: StepProgress;
   /** Log controller and agents to stderr (default: silent). */
   readonly verbose?: boolean;
   /** Keep the working directory after stop (logs, configs). */
@@ -107,11 +107,8 @@ export class SimEnvironment {
     }
   }
 
-  private async step<T>(name: string, work: () => Promise<T>): Promise<T> {
-    const started = performance.now();
-    const result = await work();
-    this.options.progress?.(name, (performance.now() - started) / 1000);
-    return result;
+  private step<T>(name: string, work: () => Promise<T>): Promise<T> {
+    return timedStep(this.options.progress, name, work);
   }
 
   private async bringUp(): Promise<void> {

@@ -93,6 +93,17 @@ export async function freePorts(count: number): Promise<number[]> {
   return ports;
 }
 
+/** Reports how long each set-up step took, for progress output. */
+export type StepProgress = (step: string, seconds: number) => void;
+
+/** Runs one set-up step and reports its seconds to `progress`, when given. */
+export async function timedStep<T>(progress: StepProgress | undefined, name: string, work: () => Promise<T>): Promise<T> {
+  const started = performance.now();
+  const result = await work();
+  progress?.(name, (performance.now() - started) / 1000);
+  return result;
+}
+
 /** Polls `check` until it returns true or `timeoutMs` passes. */
 export async function waitFor(what: string, check: () => Promise<boolean>, timeoutMs = 15_000, intervalMs = 100): Promise<void> {
   const deadline = Date.now() + timeoutMs;

@@ -10,7 +10,7 @@ import { ControlPlane, SIM_LAUNCHER } from './control-plane.js';
 import { ControllerProcess } from './controller-process.js';
 import { SimulatedFleet } from './many-nodes.js';
 import { startAlertmanager, startPrometheus, type AlertmanagerPart, type PrometheusPart } from './parts.js';
-import { freePorts, waitFor } from './processes.js';
+import { freePorts, timedStep, waitFor, type StepProgress } from './processes.js';
 
 /**
  * A large simulated cluster on the real parts: one SimulatedFleet serving every node's
@@ -29,7 +29,7 @@ export interface ScaleClusterOptions {
   readonly intervalSeconds?: number;
   /** Nodes from the end of the list that run one registered training job (default none). */
   readonly jobNodes?: number;
-  readonly progress?: (step: string, seconds: number) => void;
+  readonly progress?: StepProgress;
 }
 
 export interface InjectionResult {
@@ -82,11 +82,8 @@ export class ScaleCluster {
     }
   }
 
-  private async step<T>(name: string, work: () => Promise<T>): Promise<T> {
-    const started = performance.now();
-    const result = await work();
-    this.options.progress?.(name, (performance.now() - started) / 1000);
-    return result;
+  private step<T>(name: string, work: () => Promise<T>): Promise<T> {
+    return timedStep(this.options.progress, name, work);
   }
 
   private async up(): Promise<void> {

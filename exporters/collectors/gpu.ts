@@ -5,6 +5,7 @@ import { errorMessage } from '../../core/errors.js';
 import type { Collector, CollectorContext, CollectorFactory } from '../collector.js';
 import { DCGM_EXPORTER_URL_FLAG, dcgmExporterUrl, fetchDcgmExporterText, gpuKey, parseDcgmExporterText, type DcgmGpuSample } from '../sources/dcgm-exporter.js';
 import { parseNvidiaSmiXml } from '../sources/nvidia-smi-xml.js';
+import { BackgroundPoll } from './background-poll.js';
 import { GpuMetrics, gpuLabels, writeSample, type GpuLabels } from './gpu-metrics.js';
 import { gpuQueryFailures, isTimeout } from './gpu-query-health.js';
 
@@ -98,10 +99,7 @@ class GpuCollector implements Collector {
   private readonly seen = new Map<string, GpuLabels>();
   /** GPUs missing right now; a fast-path event goes out once per disappearance. */
   private readonly missing = new Set<string>();
-  private readonly abort = new AbortController();
-  private timer: NodeJS.Timeout | undefined;
-  private running: Promise<void> | undefined;
-  private closed = false;
+  private readonly poller: BackgroundPoll;
   private polledOnce = false;
   private lastError: Error | undefined;
 
@@ -111,13 +109,11 @@ class GpuCollector implements Collector {
   ) {
     this.metrics = new GpuMetrics(context.registry);
     this.failures = gpuQueryFailures(context.registry);
+    this.poller = new BackgroundPoll(context.pollIntervalSeconds * 1000, () => this.poll());
   }
 
   async start(): Promise<void> {
-    if (this.running || this.closed) return;
-    this.running = this.poll();
-    await this.running;
-    this.schedule();
+    await this.poller.start();
   }
 
   async update(): Promise<void> {
@@ -126,31 +122,19 @@ class GpuCollector implements Collector {
   }
 
   async close(): Promise<void> {
-    this.closed = true;
-    if (this.timer) clearTimeout(this.timer);
-    this.abort.abort();
-    await this.running;
-  }
-
-  private schedule(): void {
-    if (this.closed) return;
-    this.timer = setTimeout(() => {
-      this.running = this.poll().finally(() => this.schedule());
-    }, this.context.pollIntervalSeconds * 1000);
-    // The agent's HTTP server keeps the process alive; this timer alone must not.
-    this.timer.unref();
+    await this.poller.close();
   }
 
   private async poll(): Promise<void> {
     try {
-      const report = await this.source.read(this.abort.signal);
-      if (this.closed) return;
+      const report = await this.source.read(this.poller.signal);
+      if (this.poller.closed) return;
       this.apply(report);
       if (this.lastError) this.context.logger.info({ collector: this.name }, `${this.source.description} readable again`);
       this.lastError = undefined;
       this.polledOnce = true;
     } catch (error) {
-      if (this.closed) return;
+      if (this.poller.closed) return;
       // A query stuck on a sick GPU is a signal, not a gap: counted, and alerted on (SteadfastGpuQueryStuck).
       this.failures.inc({ command: this.source.command, reason: isTimeout(error) ? 'timeout' : 'error' });
       const failure = new Error(`cannot read ${this.source.description}: ${errorMessage(error)}`, { cause: error });

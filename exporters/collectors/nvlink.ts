@@ -4,6 +4,7 @@ import { Counter } from 'prom-client';
 import { errorMessage } from '../../core/errors.js';
 import { errnoCode } from '../log-follower.js';
 import type { Collector, CollectorContext, CollectorFactory } from '../collector.js';
+import { BackgroundPoll } from './background-poll.js';
 import { parseNvlinkErrors, type NvlinkErrorCount } from '../sources/nvlink-errors.js';
 import { gpuQueryFailures, isTimeout } from './gpu-query-health.js';
 
@@ -28,10 +29,7 @@ class NvlinkCollector implements Collector {
   readonly name = 'nvlink';
   private readonly errors: Counter<'gpu' | 'UUID' | 'link' | 'type'>;
   private readonly failures;
-  private readonly abort = new AbortController();
-  private timer: NodeJS.Timeout | undefined;
-  private running: Promise<void> | undefined;
-  private closed = false;
+  private readonly poller: BackgroundPoll;
   private lastError: Error | undefined;
   /** No nvidia-smi on this node, or captured XML instead of the binary: nothing to poll. */
   private absent = false;
@@ -48,13 +46,11 @@ class NvlinkCollector implements Collector {
     });
     this.failures = gpuQueryFailures(context.registry);
     this.absent = context.paths.nvidiaSmiXml !== undefined;
+    this.poller = new BackgroundPoll(context.pollIntervalSeconds * 1000, () => this.poll(), () => !this.absent);
   }
 
   async start(): Promise<void> {
-    if (this.running || this.closed || this.absent) return;
-    this.running = this.poll();
-    await this.running;
-    this.schedule();
+    await this.poller.start();
   }
 
   async update(): Promise<void> {
@@ -62,18 +58,7 @@ class NvlinkCollector implements Collector {
   }
 
   async close(): Promise<void> {
-    this.closed = true;
-    if (this.timer) clearTimeout(this.timer);
-    this.abort.abort();
-    await this.running;
-  }
-
-  private schedule(): void {
-    if (this.closed || this.absent) return;
-    this.timer = setTimeout(() => {
-      this.running = this.poll().finally(() => this.schedule());
-    }, this.context.pollIntervalSeconds * 1000);
-    this.timer.unref();
+    await this.poller.close();
   }
 
   private async poll(): Promise<void> {
@@ -82,14 +67,14 @@ class NvlinkCollector implements Collector {
         timeout: this.commandTimeoutMs,
         killSignal: 'SIGKILL',
         maxBuffer: MAX_OUTPUT_BYTES,
-        signal: this.abort.signal,
+        signal: this.poller.signal,
         encoding: 'utf8',
       });
-      if (this.closed) return;
+      if (this.poller.closed) return;
       this.write(parseNvlinkErrors(stdout));
       this.lastError = undefined;
     } catch (error) {
-      if (this.closed) return;
+      if (this.poller.closed) return;
       if (errnoCode(error) === 'ENOENT') {
         this.context.logger.info({ collector: this.name, binary: this.context.paths.nvidiaSmi }, 'no nvidia-smi on this node; no NVLink counters');
         this.absent = true;

@@ -1,0 +1,51 @@
+/**
+ * A collector's background poll: once at start (awaited, so the first scrape has data), then
+ * every interval, one poll at a time, on a timer that does not keep the process alive (the
+ * agent's HTTP server does). A query that hangs on a sick GPU delays the next poll, never a
+ * scrape. `close()` stops the timer, aborts the poll in flight through `signal` and waits for it.
+ */
+export class BackgroundPoll {
+  private readonly abort = new AbortController();
+  private timer: NodeJS.Timeout | undefined;
+  private running: Promise<void> | undefined;
+  private stopped = false;
+
+  /** `active`: false stops the polling for good (no binary on this node, say). */
+  constructor(
+    private readonly intervalMs: number,
+    private readonly poll: () => Promise<void>,
+    private readonly active: () => boolean = () => true,
+  ) {}
+
+  /** Aborted when the poll is closed: hand it to the command or request a poll runs. */
+  get signal(): AbortSignal {
+    return this.abort.signal;
+  }
+
+  /** True once close() was called: a poll that ends after it writes nothing. */
+  get closed(): boolean {
+    return this.stopped;
+  }
+
+  async start(): Promise<void> {
+    if (this.running || this.stopped || !this.active()) return;
+    this.running = this.poll();
+    await this.running;
+    this.schedule();
+  }
+
+  async close(): Promise<void> {
+    this.stopped = true;
+    if (this.timer) clearTimeout(this.timer);
+    this.abort.abort();
+    await this.running;
+  }
+
+  private schedule(): void {
+    if (this.stopped || !this.active()) return;
+    this.timer = setTimeout(() => {
+      this.running = this.poll().finally(() => this.schedule());
+    }, this.intervalMs);
+    this.timer.unref();
+  }
+}
