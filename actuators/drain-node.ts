@@ -1,5 +1,8 @@
+import type { ActionRecord, ActionState, Decision } from '../core/action.js';
 import { CONTROLLER_IDENTITY } from '../core/credentials.js';
 import type { AuditLog } from '../core/audit.js';
+import type { Logger } from '../core/log.js';
+import type { Keys, Redis } from '../core/redis.js';
 import { DoNotRetryError, RetryLaterError } from '../core/errors.js';
 import type { ClusterBackend, NodeState } from './backend.js';
 import type { GateVerdict, SafetyGates } from './safety.js';
@@ -10,6 +13,47 @@ import type { GateVerdict, SafetyGates } from './safety.js';
  * (as Kubernetes controllers do): hold the node's lease, look at it, drain only if it still takes work,
  * and check afterwards that the backend really shows it out of service.
  */
+
+/** What the drain and the remedy actuators (drain.ts, remedy.ts) both work with. */
+export interface NodeActuatorDeps {
+  readonly redis: Redis;
+  readonly keys: Keys;
+  readonly audit: AuditLog;
+  readonly backend: ClusterBackend;
+  readonly gates: SafetyGates;
+  readonly logger: Logger;
+  /** Called once per finished action (metrics, annotations). */
+  readonly onFinished?: (record: ActionRecord) => void;
+  /**
+   * Pages a person (steadfast_human_pages_total) about a refusal: the first refusal of each gate
+   * in a budget window pages, later ones are only audited (SafetyGates.claimPage).
+   */
+  readonly onPage?: (reason: string) => void;
+}
+
+/** States after which a decision is not acted on again, whatever redelivers it. */
+export const TERMINAL_STATES: ReadonlySet<ActionState> = new Set(['done', 'refused']);
+
+/**
+ * Keeps a decision's action state under its id (what a redelivered job reads first), audits it
+ * once per state and attempt, and reports a finished one.
+ */
+export async function recordAction(
+  deps: NodeActuatorDeps,
+  decision: Decision,
+  change: { readonly state: ActionState; readonly detail: string; readonly attempt?: number },
+  described: { readonly what: string; readonly data?: Record<string, unknown> },
+): Promise<{ state: ActionState; detail: string }> {
+  const { state, detail, attempt = 0 } = change;
+  const entry: ActionRecord = { decisionId: decision.id, verb: decision.verb, node: decision.node, state, detail, backend: deps.backend.name, time: new Date().toISOString() };
+  await deps.redis.hset(deps.keys.action(decision.id), { ...entry });
+  await deps.audit.append(
+    { type: 'action', ref: decision.id, node: decision.node, summary: `${described.what}: ${state} (${detail})`, data: { ...entry, ...described.data }, actor: decision.origin ?? CONTROLLER_IDENTITY },
+    `action:${decision.id}:${state}:${attempt}`,
+  );
+  if (TERMINAL_STATES.has(state) || state === 'failed') deps.onFinished?.(entry);
+  return { state, detail };
+}
 
 /** Another actuator holds the node's lease: try again once it is done (not a failure of the drain). */
 export class NodeLeasedError extends RetryLaterError {

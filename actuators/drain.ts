@@ -1,42 +1,22 @@
 import type { Job } from 'bullmq';
 import { UnrecoverableError } from 'bullmq';
-import type { ActionRecord, ActionState, Decision } from '../core/action.js';
+import type { ActionState, Decision } from '../core/action.js';
 import { decisionSchema } from '../core/action.js';
-import type { AuditLog } from '../core/audit.js';
-import { CONTROLLER_IDENTITY } from '../core/credentials.js';
 import { DoNotRetryError, errorMessage } from '../core/errors.js';
 import { parseJobPayload } from '../core/job-payload.js';
-import type { Logger } from '../core/log.js';
-import type { Keys, Redis } from '../core/redis.js';
 import type { ActionJob } from '../core/queues.js';
-import type { ClusterBackend } from './backend.js';
-import { NodeLeasedError, drainNode, pageOncePerWindow } from './drain-node.js';
-import type { SafetyGates } from './safety.js';
+import { NodeLeasedError, TERMINAL_STATES, drainNode, pageOncePerWindow, recordAction, type NodeActuatorDeps } from './drain-node.js';
 
 export interface DrainResult {
   readonly state: ActionState;
   readonly detail: string;
 }
 
-export interface DrainActuatorDeps {
-  readonly redis: Redis;
-  readonly keys: Keys;
-  readonly audit: AuditLog;
-  readonly backend: ClusterBackend;
-  readonly gates: SafetyGates;
-  readonly logger: Logger;
-  /** Called once per finished action (metrics, annotations). */
-  readonly onFinished?: (record: ActionRecord) => void;
-  /**
-   * Pages a person (steadfast_human_pages_total) about a refused drain: the first refusal of
-   * each gate in a budget window pages, later ones are only audited (SafetyGates.claimPage).
-   */
-  readonly onPage?: (reason: string) => void;
+export interface DrainActuatorDeps extends NodeActuatorDeps {
   /** Carries out the decisions that are remedies short of a drain (remedy.ts); without it they are drained. */
   readonly remedy?: (job: Job<ActionJob>, decision: Decision) => Promise<DrainResult>;
 }
 
-const TERMINAL: ReadonlySet<ActionState> = new Set(['done', 'refused']);
 
 /**
  * Carries out a drain decision (a node's fault outside any job's ladder): remember the outcome
@@ -47,23 +27,15 @@ export function createDrainProcessor(deps: DrainActuatorDeps): (job: Job<ActionJ
   const { redis, keys, audit, backend, gates, logger } = deps;
 
   // `attempt` keeps one audit entry per state per delivery: a retried drain shows each try.
-  async function record(decision: Decision, state: ActionState, detail: string, attempt = 0): Promise<DrainResult> {
-    const time = new Date().toISOString();
-    const entry: ActionRecord = { decisionId: decision.id, verb: decision.verb, node: decision.node, state, detail, backend: backend.name, time };
-    await redis.hset(keys.action(decision.id), { ...entry });
-    await audit.append(
-      { type: 'action', ref: decision.id, node: decision.node, summary: `drain ${decision.node}: ${state} (${detail})`, data: { ...entry }, actor: decision.origin ?? CONTROLLER_IDENTITY },
-      `action:${decision.id}:${state}:${attempt}`,
-    );
-    if (TERMINAL.has(state) || state === 'failed') deps.onFinished?.(entry);
-    return { state, detail };
+  function record(decision: Decision, state: ActionState, detail: string, attempt = 0): Promise<DrainResult> {
+    return recordAction(deps, decision, { state, detail, attempt }, { what: `drain ${decision.node}` });
   }
 
   return async (job) => {
     const decision = parseJobPayload(decisionSchema, job.data?.decision, 'action job payload');
     if (decision.verb !== 'drain' && deps.remedy) return deps.remedy(job, decision);
     const previous = (await redis.hget(keys.action(decision.id), 'state')) as ActionState | null;
-    if (previous !== null && TERMINAL.has(previous)) {
+    if (previous !== null && TERMINAL_STATES.has(previous)) {
       return { state: previous, detail: 'already handled; not acting twice' };
     }
     const admitted = await gates.admit(decision.id, [decision.node]);

@@ -1,19 +1,13 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Job } from 'bullmq';
 import { UnrecoverableError } from 'bullmq';
-import type { ActionRecord, ActionState, Decision } from '../core/action.js';
-import type { AuditLog } from '../core/audit.js';
-import { CONTROLLER_IDENTITY } from '../core/credentials.js';
+import type { ActionState, Decision } from '../core/action.js';
 import { DoNotRetryError, errorMessage } from '../core/errors.js';
-import type { Logger } from '../core/log.js';
-import type { Keys, Redis } from '../core/redis.js';
 import { HANDED_OFF_REASON, type GpuResetReport, type RemedyAction, type RemedyOutcome } from '../core/remedy.js';
 import type { RemediesConfig } from '../core/remedy-config.js';
-import type { ClusterBackend } from './backend.js';
-import { NodeLeasedError, drainNode, pageOncePerWindow } from './drain-node.js';
+import { NodeLeasedError, TERMINAL_STATES, drainNode, pageOncePerWindow, recordAction, type NodeActuatorDeps } from './drain-node.js';
 import type { HandOffNotifier } from './hand-off.js';
 import type { RemediationHistory } from './remediation-history.js';
-import type { SafetyGates } from './safety.js';
 
 /**
  * Carries out the remedies short of a drain (docs/remedies.md): a GPU reset through the node's
@@ -33,42 +27,25 @@ export class DryRunGpuResetter implements GpuResetter {
   }
 }
 
-export interface RemedyActuatorDeps {
-  readonly redis: Redis;
-  readonly keys: Keys;
-  readonly audit: AuditLog;
-  readonly backend: ClusterBackend;
-  readonly gates: SafetyGates;
-  readonly logger: Logger;
+export interface RemedyActuatorDeps extends NodeActuatorDeps {
   readonly history: RemediationHistory;
   readonly resetter: GpuResetter;
   readonly handOff?: HandOffNotifier | undefined;
   readonly config: RemediesConfig;
   /** Counts each remediation by node, action and outcome (steadfast_remediations_total). */
   readonly onRemediation?: (node: string, action: RemedyAction, outcome: RemedyOutcome) => void;
-  readonly onFinished?: (record: ActionRecord) => void;
-  readonly onPage?: (reason: string) => void;
   /** Waits between busy-GPU retries; tests pass a fast one. */
   readonly pause?: (ms: number) => Promise<void>;
 }
 
-const TERMINAL: ReadonlySet<ActionState> = new Set(['done', 'refused']);
 
 export function createRemedyProcessor(deps: RemedyActuatorDeps): (job: Job, decision: Decision) => Promise<{ state: ActionState; detail: string }> {
   const { redis, keys, audit, backend, gates, history, config } = deps;
   const pause = deps.pause ?? ((ms: number) => sleep(ms));
 
-  async function record(decision: Decision, state: ActionState, detail: string, attempt = 0): Promise<{ state: ActionState; detail: string }> {
-    const time = new Date().toISOString();
-    const entry: ActionRecord = { decisionId: decision.id, verb: decision.verb, node: decision.node, state, detail, backend: backend.name, time };
-    await redis.hset(keys.action(decision.id), { ...entry });
+  function record(decision: Decision, state: ActionState, detail: string, attempt = 0): Promise<{ state: ActionState; detail: string }> {
     const what = decision.gpu ? `${decision.verb} ${decision.node} GPU ${decision.gpu}` : `${decision.verb} ${decision.node}`;
-    await audit.append(
-      { type: 'action', ref: decision.id, node: decision.node, summary: `${what}: ${state} (${detail})`, data: { ...entry, gpu: decision.gpu }, actor: decision.origin ?? CONTROLLER_IDENTITY },
-      `action:${decision.id}:${state}:${attempt}`,
-    );
-    if (TERMINAL.has(state) || state === 'failed') deps.onFinished?.(entry);
-    return { state, detail };
+    return recordAction(deps, decision, { state, detail, attempt }, { what, data: { gpu: decision.gpu } });
   }
 
   async function remember(decision: Decision, action: RemedyAction, outcome: RemedyOutcome, detail: string, step: string): Promise<void> {
@@ -186,7 +163,7 @@ export function createRemedyProcessor(deps: RemedyActuatorDeps): (job: Job, deci
 
   return async (job, decision) => {
     const previous = (await redis.hget(keys.action(decision.id), 'state')) as ActionState | null;
-    if (previous !== null && TERMINAL.has(previous)) return { state: previous, detail: 'already handled; not acting twice' };
+    if (previous !== null && TERMINAL_STATES.has(previous)) return { state: previous, detail: 'already handled; not acting twice' };
     const admitted = await gates.admit(decision.id, [decision.node]);
     if (!admitted.ok) {
       const refused = await record(decision, 'refused', admitted.reason);
