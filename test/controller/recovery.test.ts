@@ -298,6 +298,13 @@ function recoveryJob(transitionId: string, job: string, steps: LadderStep[]): Jo
 }
 
 /** The test job registered on a fresh key prefix, with the dry-run backend holding one standby. */
+/** The dry-run backend, but `missing` is a node it does not know. */
+function withUnknownNode(backend: DryRunBackend, missing: string): DryRunBackend {
+  return Object.assign(Object.create(backend) as DryRunBackend, {
+    nodeState: async (node: string) => ({ ...(await backend.nodeState(node)), exists: node !== missing }),
+  });
+}
+
 async function registeredJobOnDryRun(): Promise<{ store: ReturnType<typeof testRedis>; jobs: JobStore; backend: DryRunBackend }> {
   const store = testRedis();
   const jobs = new JobStore(store.redis, store.keys);
@@ -392,9 +399,7 @@ describe('evictions the scheduler cannot carry out', () => {
   it('records an unknown node as a failed eviction, pages, and stops the transition before its restart', async () => {
     const { store, jobs, backend } = await registeredJobOnDryRun();
     try {
-      const unknown = Object.assign(Object.create(backend) as DryRunBackend, {
-        nodeState: async (node: string) => ({ ...(await backend.nodeState(node)), exists: node !== 'n01' }),
-      });
+      const unknown = withUnknownNode(backend, 'n01');
       const pages: string[] = [];
       const processor = recoveryProcessor(store, unknown, jobs, (_job, reason) => pages.push(reason));
       const steps = [
@@ -415,9 +420,7 @@ describe('evictions the scheduler cannot carry out', () => {
   it('stops a redelivered transition where the first delivery stopped, and tells the ladder then if it could not before', async () => {
     const { store, jobs, backend } = await registeredJobOnDryRun();
     try {
-      const unknown = Object.assign(Object.create(backend) as DryRunBackend, {
-        nodeState: async (node: string) => ({ ...(await backend.nodeState(node)), exists: node !== 'n01' }),
-      });
+      const unknown = withUnknownNode(backend, 'n01');
       const told: LadderEventJob[] = [];
       let reachable = false;
       const processor = recoveryProcessor(store, unknown, jobs, undefined, async (event) => {
