@@ -174,16 +174,23 @@ export function onReplayResult(ctx: Ctx, culprits: string[], unrun?: string): vo
  * controller hands this event the ladder as it was before the refused transition when it can
  * (recovery-dispatcher.ts), and the job is then simply running; otherwise the open incident is
  * closed here. Either way the next report of a fault starts the ladder again, from its first rung.
+ * A code update whose time had come waits another lazy-update window (or rides the next restart),
+ * so that a pause does not have the ladder ask for it again at every tick.
  */
 export function onRecoveryRefused(ctx: Ctx, detail: string): void {
-  const { s } = ctx;
-  const closed = s.phase !== 'running' && s.phase !== 'waiting_for_human' ? ` and the incident opened at ${new Date(s.incident?.openedAt ?? ctx.time).toISOString()} closed` : '';
+  const { s, time, config } = ctx;
+  const closed = s.phase !== 'running' && s.phase !== 'waiting_for_human' ? ` and the incident opened at ${new Date(s.incident?.openedAt ?? time).toISOString()} closed` : '';
   if (closed !== '') {
     s.phase = 'running';
     s.incident = null;
     s.scheduled = null;
   }
-  emit(ctx, 'notify', `recovery refused (${detail}): nothing was done${closed}; the next report of the fault starts recovery again`, CITE.refused);
+  let update = '';
+  if (s.pendingUpdate !== null && time >= s.pendingUpdate.deadline) {
+    s.pendingUpdate.deadline = time + config.lazyUpdateWindowMs;
+    update = `; the code update to ${s.pendingUpdate.version} waits for the next restart or ${hours(config.lazyUpdateWindowMs)}`;
+  }
+  emit(ctx, 'notify', `recovery refused (${detail}): nothing was done${closed}; the next report of the fault starts recovery again${update}`, CITE.refused);
 }
 
 /** Training progressed: the incident is over and the code it runs is good (ByteRobust §4.2). */

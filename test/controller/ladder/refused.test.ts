@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import type { LadderEvent } from '../../../core/ladder.js';
-import { T0, SECOND, MINUTE, fault, run, shape, running } from './support.js';
+import { ACTING_VERBS } from '../../../core/ladder.js';
+import { T0, SECOND, MINUTE, HOUR, DAY, fault, run, shape, running } from './support.js';
 
 // What the safety gates refused did not happen: the ladder waits for no outcome of it.
 
@@ -31,5 +32,19 @@ describe('ladder: a transition the recovery actuator refused', () => {
     expect(shape(steps)).toEqual([{ verb: 'notify' }]);
     expect(steps[0]?.reason).toBe('recovery refused (automatic recovery is off for job llm-70b): nothing was done; the next report of the fault starts recovery again');
     expect(state.phase).toBe('running');
+  });
+
+  it('does not ask again at every tick for a code update whose refused transition was undone', () => {
+    // A lazy update whose window ran out: the tick applies it, the actuator refuses (paused), and
+    // the controller hands the refusal the ladder as it stood before that tick.
+    const due = run(running(), [{ type: 'code_update', time: T0, version: 'v2', urgent: false }]).state;
+    const applying = run(due, [{ type: 'tick', time: T0 + DAY + MINUTE }]);
+    expect(applying.steps.some((step) => ACTING_VERBS.has(step.verb))).toBe(true);
+    const undone = run(due, [refused(T0 + DAY + MINUTE + SECOND)]);
+    expect(undone.steps[0]?.reason).toContain('the code update to v2 waits for the next restart or 1 d');
+    for (const later of [5 * SECOND, 10 * SECOND, HOUR]) {
+      expect(run(undone.state, [{ type: 'tick', time: T0 + DAY + MINUTE + later }]).steps).toEqual([]);
+    }
+    expect(undone.state.pendingUpdate?.version).toBe('v2');
   });
 });
