@@ -17,7 +17,6 @@ export interface DrainActuatorDeps extends NodeActuatorDeps {
   readonly remedy?: (job: Job<ActionJob>, decision: Decision) => Promise<DrainResult>;
 }
 
-
 /**
  * Carries out a drain decision (a node's fault outside any job's ladder): remember the outcome
  * under the decision id so a redelivered job does nothing, pass the gates in order — pause, the

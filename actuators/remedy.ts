@@ -38,7 +38,6 @@ export interface RemedyActuatorDeps extends NodeActuatorDeps {
   readonly pause?: (ms: number) => Promise<void>;
 }
 
-
 export function createRemedyProcessor(deps: RemedyActuatorDeps): (job: Job, decision: Decision) => Promise<{ state: ActionState; detail: string }> {
   const { redis, keys, audit, backend, gates, history, config } = deps;
   const pause = deps.pause ?? ((ms: number) => sleep(ms));

@@ -23,14 +23,11 @@ import { slowMachine, type Iteration } from './training.js';
 
 /**
  * The lab for it: 2 ranks (the trackers follow each rank against its own past, so two are
- * enough), 1 standby, and the fail-slow settings scaled to the lab: checks every second and
- * mitigation costs of seconds (shipped: 5 s and 30 / 600 / 1800 s).
- */
-/**
- * The lab's ranks share the machine's CPU cores: a healthy rank's compute time moves by up to a
- * third with the others' load (seen: ×1.31 while rank 1 was slowed), which Greyhound's 10 %
- * verification takes for a slow-down. The injected slow-down is about ×3, so the lab verifies
- * at 50 %.
+ * enough), 1 standby, and the fail-slow settings scaled to the lab: checks every second,
+ * mitigation costs of seconds (shipped: 5 s and 30 / 600 / 1800 s), and verification at 50 %
+ * (shipped: Greyhound's 10 %). The lab's ranks share the machine's CPU cores, so a healthy rank's
+ * compute time moves by up to a third with the others' load (seen: ×1.31 while rank 1 was
+ * slowed); the injected slow-down is about ×3.
  */
 export const FAIL_SLOW_LAB: ProtectedLabOptions = { nodes: 2, standbys: 1, failSlow: { intervalSeconds: 1, costSeconds: { S2: 2, S3: 5, S4: 8 }, threshold: 0.5 } };
 
