@@ -1,6 +1,5 @@
 import { spawn, type ChildProcess, type SpawnOptions } from 'node:child_process';
 import { createWriteStream } from 'node:fs';
-import { createServer, type Server } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 
 /**
@@ -54,44 +53,7 @@ export class ProcessGroup {
   }
 }
 
-/** A free TCP port on loopback (the OS picks; a small race is acceptable for tests and the demo). */
-export async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.once('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const address = server.address();
-      const port = typeof address === 'object' && address !== null ? address.port : 0;
-      server.close(() => resolve(port));
-    });
-  });
-}
-
-/**
- * `count` distinct free loopback ports. Asked one at a time, freePort may hand out the same port
- * twice (the kernel reuses a port closed a moment ago); these are held open together until all
- * are known.
- */
-export async function freePorts(count: 2): Promise<[number, number]>;
-export async function freePorts(count: 3): Promise<[number, number, number]>;
-export async function freePorts(count: number): Promise<number[]>;
-export async function freePorts(count: number): Promise<number[]> {
-  const servers = await Promise.all(
-    Array.from({ length: count }, () =>
-      new Promise<Server>((resolve, reject) => {
-        const server = createServer();
-        server.once('error', reject);
-        server.listen(0, '127.0.0.1', () => resolve(server));
-      }),
-    ),
-  );
-  const ports = servers.map((server) => {
-    const address = server.address();
-    return typeof address === 'object' && address !== null ? address.port : 0;
-  });
-  await Promise.all(servers.map((server) => new Promise<void>((resolve) => server.close(() => resolve()))));
-  return ports;
-}
+export { freePort, freePorts } from './ports.js';
 
 /** Reports how long each set-up step took, for progress output. */
 export type StepProgress = (step: string, seconds: number) => void;
