@@ -1,9 +1,9 @@
-import type { FastPathEvent } from '../core/fast-path-event.js';
+import type { FastPathFault } from '../core/fast-path-event.js';
 import { classifyXid } from '../core/xid.js';
 import { faultFingerprint, stableHash, type Signal } from '../core/signal.js';
 
 /** Turns an agent's fast-path event into a Signal with the same fingerprint its alert will carry. */
-export function signalFromFastPath(event: FastPathEvent, receivedAt: Date): Signal {
+export function signalFromFastPath(event: FastPathFault, receivedAt: Date): Signal {
   const detail = event.kind === 'xid' ? String(event.xid) : event.job !== undefined ? `${event.job}:${event.rank ?? '-'}` : undefined;
   const fingerprint = faultFingerprint({ kind: event.kind, node: event.node, gpu: event.gpu, detail });
   const evidence: Record<string, string | number | boolean> = { message: event.message };

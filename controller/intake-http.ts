@@ -1,7 +1,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Credentials } from '../core/credentials.js';
 import { InputError, RetryLaterError, StoreUnavailableError } from '../core/errors.js';
-import { fastPathBodySchema } from '../core/fast-path-event.js';
+import { fastPathBodySchema, isFastPathFault, isTrainingProgress, type TrainingProgressEvent } from '../core/fast-path-event.js';
 import type { Logger } from '../core/log.js';
 import { rateLimitMessage, type ClientRateLimiter } from '../core/rate-limit.js';
 import type { Signal } from '../core/signal.js';
@@ -28,6 +28,8 @@ export interface IntakeHttpDeps {
   readonly limiter: ClientRateLimiter | undefined;
   readonly body: BodyLimits;
   readonly enqueue: (signals: readonly Signal[]) => Promise<void>;
+  /** Keeps agents' training_progress reports (controller/progress.ts); returns how many were for registered jobs. */
+  readonly recordProgress: (events: readonly TrainingProgressEvent[], receivedAt: number) => Promise<number>;
   readonly redisUp: () => Promise<boolean>;
   readonly metrics: ControllerMetrics;
   readonly logger: Logger;
@@ -82,9 +84,11 @@ export function intakeHandler(deps: IntakeHttpDeps): (req: IncomingMessage, res:
 
   const reject = rejecter(metrics);
 
-  async function store(res: ServerResponse, endpoint: Endpoint, signals: Signal[], refused: readonly RefusedAlert[] = []): Promise<void> {
+  async function store(res: ServerResponse, endpoint: Endpoint, signals: Signal[], refused: readonly RefusedAlert[] = [], progress?: () => Promise<number>): Promise<void> {
+    let progressReports = 0;
     try {
-      await deps.enqueue(signals);
+      if (signals.length > 0) await deps.enqueue(signals);
+      if (progress) progressReports = await progress();
     } catch (error) {
       if (error instanceof StoreUnavailableError) {
         logger.warn({ endpoint, err: error }, 'Redis unavailable; asking the sender to retry');
@@ -94,7 +98,7 @@ export function intakeHandler(deps: IntakeHttpDeps): (req: IncomingMessage, res:
       throw error;
     }
     for (const signal of signals) metrics.signalsAccepted.inc({ source: signal.source, kind: signal.kind });
-    sendJson(res, 202, { accepted: signals.length, ids: signals.map((signal) => signal.id), ...(refused.length > 0 ? { refused } : {}) });
+    sendJson(res, 202, { accepted: signals.length + progressReports, ids: signals.map((signal) => signal.id), ...(refused.length > 0 ? { refused } : {}), ...(progress ? { progress: progressReports } : {}) });
   }
 
   async function alerts(res: ServerResponse, body: unknown, origin: Signal['origin']): Promise<void> {
@@ -125,9 +129,13 @@ export function intakeHandler(deps: IntakeHttpDeps): (req: IncomingMessage, res:
     }
     const events = Array.isArray(parsed.data) ? parsed.data : [parsed.data];
     // An agent speaks for its own node only; none of a batch is stored if one event is not.
-    for (const event of events) requireOwnNode(origin, event.node, 'signals', 'report a fault');
+    for (const event of events) requireOwnNode(origin, event.node, 'signals', isTrainingProgress(event) ? 'report training progress' : 'report a fault');
     const now = new Date();
-    await store(res, 'signals', events.map((event) => ({ ...signalFromFastPath(event, now), origin })));
+    // Progress is no fault: it is kept beside the job for the progress watch, not queued as a signal.
+    const progress = events.filter(isTrainingProgress);
+    const faults = events.filter(isFastPathFault);
+    const recordProgress = progress.length > 0 ? () => deps.recordProgress(progress, now.getTime()) : undefined;
+    await store(res, 'signals', faults.map((event) => ({ ...signalFromFastPath(event, now), origin })), [], recordProgress);
   }
 
   async function serve(req: IncomingMessage, res: ServerResponse, endpoint: Endpoint): Promise<void> {

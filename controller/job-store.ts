@@ -107,6 +107,7 @@ export class JobStore {
       this.keys.jobTransitions(name),
       this.keys.jobCheckpoints(name),
       this.keys.jobAwaitingProgress(name),
+      this.keys.jobProgressReports(name),
       this.keys.jobEvictions(name),
       this.keys.jobLadder(name),
       this.keys.jobLadderUndo(name),

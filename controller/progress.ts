@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import { errorMessage } from '../core/errors.js';
+import type { TrainingProgressEvent } from '../core/fast-path-event.js';
 import { instantQuery } from '../core/prometheus.js';
 import { equals, series } from '../core/promql.js';
 import type { Keys, Redis } from '../core/redis.js';
@@ -8,20 +9,113 @@ import type { LadderEventJob } from '../core/queues.js';
 
 /**
  * Whether a restarted job trains again: ByteRobust §4.2 judges a restart by whether training
- * resumes, so after a relaunch the controller watches the job's newest iteration in Prometheus
- * (`steadfast_training_iteration`, from the agents' training collector) and reports the restart
- * as succeeded once it grows, or as failed when it has not grown within the timeout.
+ * resumes. After a relaunch the controller watches for a new iteration by two roads, whichever
+ * comes first:
+ *
+ * - the agents' fast path: an agent sends `training_progress` when a rank of the job on its node
+ *   records an iteration as a run starts or resumes (exporters/collectors/training-progress.ts).
+ *   The newest report per job and node is kept (TrainingProgressReports); one from a node of the
+ *   job, made after the relaunch, means it trains. This needs no scrape, so a Prometheus that
+ *   is slow, loaded or cannot reach the relaunched nodes does not keep a training job
+ *   `recovering`;
+ * - Prometheus: the job's newest iteration (`steadfast_training_iteration`) grown past what it
+ *   was at the relaunch.
+ *
+ * Neither within the timeout: the restart failed.
  */
 
 const awaitingSchema = z.object({ baseline: z.number().nullable(), since: z.number(), eventId: z.string() });
+const reportSchema = z.object({ time: z.number(), iteration: z.number(), rank: z.number().optional() });
+
+/** How long a job's progress reports are kept after the newest one. */
+const REPORT_TTL_MS = 24 * 3600 * 1000;
+
+// Records a node's report only while the job is registered, so that reports cannot make keys for
+// jobs nobody registered; keeps the newer of two reports from one node.
+const RECORD_IF_JOB_EXISTS = `
+if redis.call('hexists', KEYS[1], 'spec') == 0 then return 0 end
+local old = redis.call('hget', KEYS[2], ARGV[1])
+if old then
+  local ok, decoded = pcall(cjson.decode, old)
+  if ok and type(decoded) == 'table' and tonumber(decoded.time) and tonumber(decoded.time) >= tonumber(ARGV[3]) then return 1 end
+end
+redis.call('hset', KEYS[2], ARGV[1], ARGV[2])
+redis.call('pexpire', KEYS[2], ARGV[4])
+return 1`;
+
+export interface ProgressReport {
+  readonly node: string;
+  /** When the rank recorded the iteration: the agent's time, never later than its arrival. */
+  readonly time: number;
+  readonly iteration: number;
+  readonly rank?: number | undefined;
+}
+
+/** The agents' training_progress reports, newest per job and node, in Redis. */
+export class TrainingProgressReports {
+  constructor(
+    private readonly redis: Redis,
+    private readonly keys: Keys,
+  ) {}
+
+  /**
+   * Records reports from agents (each already checked to speak for its own node). Reports for a
+   * job that is not registered are dropped. Returns how many were recorded.
+   */
+  async record(events: readonly TrainingProgressEvent[], receivedAt: number): Promise<number> {
+    // One write per job and node: the newest of a batch.
+    const newest = new Map<string, TrainingProgressEvent & { at: number }>();
+    for (const event of events) {
+      // An agent's clock running ahead must not date a report after the relaunch it preceded.
+      const at = Math.min(Date.parse(event.time), receivedAt);
+      const key = `${event.job}\u0000${event.node}`;
+      const held = newest.get(key);
+      if (held === undefined || held.at < at) newest.set(key, { ...event, at });
+    }
+    let recorded = 0;
+    for (const event of newest.values()) {
+      const report = { time: event.at, iteration: event.iteration, ...(event.rank === undefined ? {} : { rank: event.rank }) };
+      const kept = await this.redis.eval(RECORD_IF_JOB_EXISTS, 2, this.keys.job(event.job), this.keys.jobProgressReports(event.job), event.node, JSON.stringify(report), String(event.at), String(REPORT_TTL_MS));
+      if (kept === 1) recorded += 1;
+    }
+    return recorded;
+  }
+
+  /** The newest report from any of `nodes` made after `since`, if there is one. */
+  async since(job: string, nodes: readonly string[], since: number): Promise<ProgressReport | undefined> {
+    if (nodes.length === 0) return undefined;
+    const values = await this.redis.hmget(this.keys.jobProgressReports(job), ...nodes);
+    let best: ProgressReport | undefined;
+    values.forEach((raw, index) => {
+      if (raw === null) return;
+      let parsed: z.infer<typeof reportSchema>;
+      try {
+        parsed = reportSchema.parse(JSON.parse(raw));
+      } catch {
+        return; // Not written by record(): ignored, never trusted.
+      }
+      if (parsed.time > since && (best === undefined || parsed.time > best.time)) best = { node: nodes[index] as string, ...parsed };
+    });
+    return best;
+  }
+}
+
+/** A restart judged by the progress watch, with how it was seen. */
+export interface ProgressVerdict extends LadderEventJob {
+  readonly seen: string;
+}
 
 export class ProgressWatch {
+  private readonly reports: TrainingProgressReports;
+
   constructor(
     private readonly redis: Redis,
     private readonly keys: Keys,
     private readonly prometheusUrl: string,
     private readonly timeoutMs: number,
-  ) {}
+  ) {
+    this.reports = new TrainingProgressReports(redis, keys);
+  }
 
   /** The job's newest iteration over all its ranks, or null when Prometheus has none. */
   async iteration(job: string): Promise<number | null> {
@@ -29,34 +123,46 @@ export class ProgressWatch {
     return sample === undefined ? null : sample.value;
   }
 
-  /** Starts watching a restart that was just launched. */
-  async watch(job: string, eventId: string, now = Date.now()): Promise<void> {
+  /** Starts watching a restart launched at `since` (taken before the launch). */
+  async watch(job: string, eventId: string, since = Date.now()): Promise<void> {
     let baseline: number | null = null;
     try {
       baseline = await this.iteration(job);
     } catch {
       baseline = null; // Prometheus unreachable now: any iteration seen later counts as progress.
     }
-    await this.redis.set(this.keys.jobAwaitingProgress(job), JSON.stringify({ baseline, since: now, eventId }));
+    await this.redis.set(this.keys.jobAwaitingProgress(job), JSON.stringify({ baseline, since, eventId }));
   }
 
-  /** Checks a watched restart; returns the ladder event to feed, if it is decided. */
-  async check(job: string, now = Date.now()): Promise<LadderEventJob | undefined> {
+  /**
+   * Checks a watched restart of a job now on `nodes`; returns the ladder event to feed, with how
+   * it was decided, if it is decided.
+   */
+  async check(job: string, nodes: readonly string[], now = Date.now()): Promise<ProgressVerdict | undefined> {
     const raw = await this.redis.get(this.keys.jobAwaitingProgress(job));
     if (raw === null) return undefined;
     const awaiting = awaitingSchema.parse(JSON.parse(raw));
-    let current: number | null = null;
+    let seen: string | undefined;
+    const report = await this.reports.since(job, nodes, awaiting.since);
+    if (report !== undefined) seen = `${report.node}'s agent reported iteration ${report.iteration}${report.rank === undefined ? '' : ` of rank ${report.rank}`} ${Math.round((report.time - awaiting.since) / 100) / 10} s after the relaunch`;
     let detail = '';
-    try {
-      current = await this.iteration(job);
-    } catch (error) {
-      detail = `; Prometheus: ${errorMessage(error)}`;
+    if (seen === undefined) {
+      try {
+        const current = await this.iteration(job);
+        if (current !== null && (awaiting.baseline === null || current > awaiting.baseline)) seen = `Prometheus: the newest iteration is ${current}${awaiting.baseline === null ? '' : `, up from ${awaiting.baseline} at the relaunch`}`;
+      } catch (error) {
+        detail = `; Prometheus: ${errorMessage(error)}`;
+      }
     }
-    const progressed = current !== null && (awaiting.baseline === null || current > awaiting.baseline);
-    if (!progressed && now - awaiting.since < this.timeoutMs) return undefined;
+    if (seen === undefined && now - awaiting.since < this.timeoutMs) return undefined;
     await this.redis.del(this.keys.jobAwaitingProgress(job));
-    return progressed
-      ? { job, event: { type: 'restart_succeeded', time: now }, eventId: `${awaiting.eventId}:progress` }
-      : { job, event: { type: 'restart_failed', time: now, detail: `no new iteration within ${Math.round(this.timeoutMs / 1000)} s of the restart${detail}` }, eventId: `${awaiting.eventId}:no-progress` };
+    return seen !== undefined
+      ? { job, event: { type: 'restart_succeeded', time: now }, eventId: `${awaiting.eventId}:progress`, seen }
+      : {
+          job,
+          event: { type: 'restart_failed', time: now, detail: `no new iteration within ${Math.round(this.timeoutMs / 1000)} s of the restart (no agent of ${nodes.join(', ')} reported one, nor Prometheus)${detail}` },
+          eventId: `${awaiting.eventId}:no-progress`,
+          seen: 'nothing',
+        };
   }
 }

@@ -7,6 +7,7 @@ import { auditQuerySchema } from '../core/audit.js';
 import { InputError, RetryLaterError, StoreUnavailableError, errorMessage } from '../core/errors.js';
 import { ClientRateLimiter, rateLimitMessage, type RateLimitSettings } from '../core/rate-limit.js';
 import type { Logger } from '../core/log.js';
+import type { TrainingProgressEvent } from '../core/fast-path-event.js';
 import type { Signal } from '../core/signal.js';
 import { describeIssues } from '../core/validate.js';
 import { AccessAudit, ForbiddenError, authorize, sendForbidden, type RequestLine } from './auth.js';
@@ -25,6 +26,7 @@ export interface ServerDeps {
   /** Per-client limit on every write (POST, PUT, PATCH, DELETE) under /api/v1; absent or 0 per second: none. */
   readonly rateLimit?: RateLimitSettings | undefined;
   readonly enqueue: (signals: readonly Signal[]) => Promise<void>;
+  readonly recordProgress: (events: readonly TrainingProgressEvent[], receivedAt: number) => Promise<number>;
   readonly audit: AuditLog;
   readonly redisUp: () => Promise<boolean>;
   readonly metrics: ControllerMetrics;
@@ -137,7 +139,7 @@ export function createApp(deps: ServerDeps): (req: IncomingMessage, res: ServerR
     }
   });
 
-  const intake = intakeHandler({ credentials: deps.credentials, access, onReject, limiter, body: bodyLimits, enqueue: deps.enqueue, redisUp: deps.redisUp, metrics, logger });
+  const intake = intakeHandler({ credentials: deps.credentials, access, onReject, limiter, body: bodyLimits, enqueue: deps.enqueue, recordProgress: deps.recordProgress, redisUp: deps.redisUp, metrics, logger });
   return (req, res) => {
     if (!intake(req, res)) app(req, res);
   };

@@ -25,7 +25,7 @@ import { ControllerMetrics } from './metrics.js';
 import { JobStore } from './job-store.js';
 import { RecoveryDispatcher } from './recovery-dispatcher.js';
 import { ladderConfig, type LadderConfig } from './ladder/index.js';
-import { ProgressWatch } from './progress.js';
+import { ProgressWatch, TrainingProgressReports } from './progress.js';
 import { finishIfWorkloadEnded } from './job-end.js';
 import { jobsRouter } from './jobs-api.js';
 import { operatorRouter } from './operator-api.js';
@@ -216,6 +216,7 @@ export class Controller {
     const apiJobs = new JobStore(this.intakeRedis, this.keys);
     const batcher = new IntakeBatcher((signals) => this.intake.enqueue(signals));
     const apiAudit = new AuditLog(this.intakeRedis, this.keys, this.auditEntries);
+    const progressReports = new TrainingProgressReports(this.intakeRedis, this.keys);
     const budget = { maxPerWindow: drainBudget(config.safety), windowSeconds: config.safety.windowSeconds };
     const app = createApp({
       credentials,
@@ -223,6 +224,7 @@ export class Controller {
       inFlightBodyBytes: config.controller.inFlightBodyBytes,
       rateLimit: config.controller.rateLimit,
       enqueue: (signals) => batcher.enqueue(signals),
+      recordProgress: (events, receivedAt) => progressReports.record(events, receivedAt),
       audit: apiAudit,
       redisUp: () => isRedisUp(this.intakeRedis),
       metrics: this.metrics,
@@ -332,8 +334,11 @@ export class Controller {
       const ended = await this.tickPart(job, 'finish check', async () => record.state === 'running' && (await finishIfWorkloadEnded({ jobs: this.jobs, backend: this.backend, launchers: this.options.config.launchers, audit: this.audit, logger: this.options.logger }, record.spec, now)));
       if (ended === true) continue;
       await this.tickPart(job, 'progress check', async () => {
-        const decided = await this.progress?.check(job, now);
-        if (decided) await this.dispatcher.apply(decided);
+        const decided = await this.progress?.check(job, record.spec.nodes, now);
+        if (decided === undefined) return;
+        const { seen, ...verdict } = decided;
+        this.options.logger.info({ job, verdict: verdict.event.type, seen }, 'restart judged by training progress');
+        await this.dispatcher.apply(verdict);
       });
       await this.tickPart(job, 'tick', () => this.dispatcher.apply({ job, event: { type: 'tick', time: now }, eventId: `tick:${now}` }));
     }

@@ -6,8 +6,13 @@ import { MAX_TRAINING_RANK, nodeNameSchema, PCI_BUS_ID_PATTERN, TRAINING_JOB_PAT
  * The agent's fast path (docs/architecture.md): a fatal event the agent saw itself, POSTed straight to
  * the controller's `/api/v1/signals` without waiting for a Prometheus scrape and rule
  * evaluation. The body is one event or an array of up to 100.
+ *
+ * `training_progress` is no fault: a rank of the job on this node recorded a new iteration
+ * (sent when a run starts or resumes, then at most once a minute). The controller keeps the
+ * newest per job and node to judge a relaunch without waiting on Prometheus (controller/progress.ts).
  */
-export const FAST_PATH_KINDS = ['xid', 'gpu_lost', 'nccl_timeout', 'worker_failed'] as const;
+export const FAST_PATH_KINDS = ['xid', 'gpu_lost', 'nccl_timeout', 'worker_failed', 'training_progress'] as const;
+export type FastPathKind = (typeof FAST_PATH_KINDS)[number];
 
 /** Kinds about one GPU carry its PCI bus id; training kinds carry the job and rank instead. */
 const GPU_KINDS: ReadonlySet<string> = new Set(['xid', 'gpu_lost']);
@@ -21,6 +26,8 @@ export const fastPathEventSchema = z
     /** Training job and global rank, for nccl_timeout and worker_failed. */
     job: z.string().regex(TRAINING_JOB_PATTERN, `must be ${TRAINING_JOB_RULE}`).optional(),
     rank: z.number().int().min(0).max(MAX_TRAINING_RANK).optional(),
+    /** The iteration a rank recorded; required when kind is training_progress. */
+    iteration: z.number().int().min(0).max(Number.MAX_SAFE_INTEGER).optional(),
     /** Xid code; required when kind is xid. */
     xid: z.number().int().min(0).max(100_000).optional(),
     message: z.string().max(2048).default(''),
@@ -29,8 +36,24 @@ export const fastPathEventSchema = z
   })
   .strict()
   .refine((event) => event.kind !== 'xid' || event.xid !== undefined, { message: 'xid is required when kind is "xid"', path: ['xid'] })
-  .refine((event) => !GPU_KINDS.has(event.kind) || event.gpu !== undefined, { message: 'gpu is required for xid and gpu_lost events', path: ['gpu'] });
+  .refine((event) => !GPU_KINDS.has(event.kind) || event.gpu !== undefined, { message: 'gpu is required for xid and gpu_lost events', path: ['gpu'] })
+  .refine((event) => event.kind !== 'training_progress' || event.job !== undefined, { message: 'job is required for training_progress events', path: ['job'] })
+  .refine((event) => event.kind !== 'training_progress' || event.iteration !== undefined, { message: 'iteration is required for training_progress events', path: ['iteration'] });
 
 export type FastPathEvent = z.infer<typeof fastPathEventSchema>;
 
 export const fastPathBodySchema = z.union([fastPathEventSchema, z.array(fastPathEventSchema).min(1).max(100)]);
+
+/** A training_progress event, narrowed: the controller records these instead of storing them as signals. */
+export type TrainingProgressEvent = FastPathEvent & { kind: 'training_progress'; job: string; iteration: number };
+
+export function isTrainingProgress(event: FastPathEvent): event is TrainingProgressEvent {
+  return event.kind === 'training_progress' && event.job !== undefined && event.iteration !== undefined;
+}
+
+/** The fault kinds of the fast path: every kind but training_progress becomes a Signal. */
+export type FastPathFault = FastPathEvent & { kind: Exclude<FastPathKind, 'training_progress'> };
+
+export function isFastPathFault(event: FastPathEvent): event is FastPathFault {
+  return event.kind !== 'training_progress';
+}

@@ -171,6 +171,10 @@ export class Keys {
   jobAwaitingProgress(name: string): string {
     return `${this.prefix}:job:${name}:awaiting-progress`;
   }
+  /** The agents' newest training_progress report per node (controller/progress.ts). */
+  jobProgressReports(name: string): string {
+    return `${this.prefix}:job:${name}:progress-reports`;
+  }
   jobEvictions(name: string): string {
     return `${this.prefix}:job:${name}:evictions`;
   }

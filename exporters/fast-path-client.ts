@@ -10,6 +10,7 @@ import { describeIssues } from '../core/validate.js';
  * `POST /api/v1/signals`. Sending never blocks a collector and never throws into the void:
  * events wait in a bounded queue, a passing failure (network, 5xx, 429) is retried with a
  * growing, jittered pause (core/backoff.ts) so that many agents do not retry in step, a refusal (other 4xx) is dropped with a log line.
+ * A full queue drops training progress reports first, then the oldest event.
  */
 
 export interface FastPathClientOptions {
@@ -118,7 +119,9 @@ class FastPathClient implements FastPathSender {
     this.queue.push({ event: checked.data, onOutcome });
     const limit = this.options.queueLimit ?? 1000;
     while (this.queue.length > limit) {
-      const dropped = this.queue.shift();
+      // Progress reports go before faults: the next one says the same, a lost fault is lost.
+      const progress = this.queue.findIndex((queued) => queued.event.kind === 'training_progress');
+      const [dropped] = this.queue.splice(progress === -1 ? 0 : progress, 1);
       this.failed.inc({ reason: 'queue_full' });
       this.options.logger.error({ event: dropped?.event }, 'fast-path queue full; oldest event dropped');
       tell(dropped?.onOutcome, 'dropped', this.options.logger);
@@ -150,16 +153,14 @@ class FastPathClient implements FastPathSender {
       const batch = this.queue.slice(0, MAX_BATCH);
       try {
         await this.post(batch.map((entry) => entry.event));
-        this.queue.splice(0, batch.length);
         this.sent.inc(batch.length);
-        for (const entry of batch) tell(entry.onOutcome, 'delivered', this.options.logger);
+        for (const entry of this.take(batch)) tell(entry.onOutcome, 'delivered', this.options.logger);
         backoff.reset();
       } catch (error) {
         if (error instanceof RejectedSendError) {
-          this.queue.splice(0, batch.length);
           this.failed.inc({ reason: 'rejected' }, batch.length);
           this.options.logger.error({ events: batch.length, err: error }, 'controller refused fast-path events; dropped');
-          for (const entry of batch) tell(entry.onOutcome, 'refused', this.options.logger);
+          for (const entry of this.take(batch)) tell(entry.onOutcome, 'refused', this.options.logger);
           continue;
         }
         const reason = error instanceof RetryableSendError ? error.reason : 'network';
@@ -170,6 +171,21 @@ class FastPathClient implements FastPathSender {
         await this.sleep(retryInMs);
       }
     }
+  }
+
+  /**
+   * Takes a sent batch's entries out of the queue and returns those still there: a full queue may
+   * have dropped some of them while they were on their way (and told their senders so).
+   */
+  private take(batch: readonly QueuedEvent[]): QueuedEvent[] {
+    const taken: QueuedEvent[] = [];
+    for (const entry of batch) {
+      const index = this.queue.indexOf(entry);
+      if (index === -1) continue;
+      this.queue.splice(index, 1);
+      taken.push(entry);
+    }
+    return taken;
   }
 
   private async post(batch: readonly FastPathEvent[]): Promise<void> {

@@ -66,8 +66,11 @@ export async function timedStep<T>(progress: StepProgress | undefined, name: str
   return result;
 }
 
-/** Polls `check` until it returns true or `timeoutMs` passes. */
-export async function waitFor(what: string, check: () => Promise<boolean>, timeoutMs = 15_000, intervalMs = 100): Promise<void> {
+/**
+ * Polls `check` until it returns true or `timeoutMs` passes. On a timeout the error says what
+ * was awaited, the last error `check` threw and, with `seen`, what the world looked like then.
+ */
+export async function waitFor(what: string, check: () => Promise<boolean>, timeoutMs = 15_000, intervalMs = 100, seen?: () => Promise<string>): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   let lastError = '';
   while (Date.now() < deadline) {
@@ -78,7 +81,8 @@ export async function waitFor(what: string, check: () => Promise<boolean>, timeo
     }
     await sleep(intervalMs);
   }
-  throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${lastError ? ` (last error: ${lastError})` : ''}`);
+  const observed = seen ? await seen().catch((error: unknown) => `(could not tell: ${error instanceof Error ? error.message : String(error)})`) : '';
+  throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${lastError ? ` (last error: ${lastError})` : ''}${observed ? `; seen: ${observed}` : ''}`);
 }
 
 /** GET `url` and return true on a 2xx answer. */

@@ -23,7 +23,8 @@ export interface RecoveryJobs {
 
 /** Judges a restart by training progress (the controller's ProgressWatch): waits for new iterations. */
 export interface RestartWatch {
-  watch(job: string, eventId: string): Promise<void>;
+  /** `since`: when the relaunch began; only iterations recorded after it count. */
+  watch(job: string, eventId: string, since?: number): Promise<void>;
 }
 
 /** When a node evicted again and again leaves every pool (504-GPU report: exclusion history). */

@@ -18,6 +18,8 @@ export async function restart(deps: RecoveryActuatorDeps, at: StepAt): Promise<v
   // A run still there (no stop step before this restart, or a relaunch judged failed while it
   // waits or trains) would hold the nodes the relaunch needs.
   const ended = await endPreviousRuns(deps, spec);
+  // Iterations recorded from here on are the relaunched run's: the previous one has ended.
+  const launchedFrom = Date.now();
   const launched = await launchJob(spec, deps.launchers, deps.backend, { recordOnly: deps.dryRun ?? false });
   if (launched.state === 'needs_person') {
     await recordStep(deps, at, 'failed', launched.detail);
@@ -27,8 +29,8 @@ export async function restart(deps: RecoveryActuatorDeps, at: StepAt): Promise<v
   const previous = ended !== undefined && ended.length > 0 ? `; before it, ${describeCancelled(spec, ended)}` : '';
   await recordStep(deps, at, launched.state === 'launched' ? 'done' : 'failed', `${launched.detail}${previous}`);
   if (launched.state === 'launched' && deps.progress) {
-    // Launched: whether it trains again is decided later, from Prometheus (the progress watch).
-    await deps.progress.watch(step.job, stepRef(at));
+    // Launched: whether it trains again is decided later, from the agents' progress reports or Prometheus (the progress watch).
+    await deps.progress.watch(step.job, stepRef(at), launchedFrom);
     return;
   }
   // Without a progress watch, the launcher's acceptance is the verdict.

@@ -5,6 +5,7 @@ import { describeIssues } from '../../core/validate.js';
 import type { AgentRequest, AgentResponse, AgentRoute } from '../collector.js';
 import { normaliseLossKey } from '../sources/megatron-log.js';
 import type { StepReading, TrainingMetrics } from './training-metrics.js';
+import type { TrainingProgressReporter } from './training-progress.js';
 
 /**
  * `POST /api/v1/training`: a training loop pushes its own step metrics (one step or an array),
@@ -83,6 +84,7 @@ export class PushedSteps {
 
   constructor(
     private readonly metrics: TrainingMetrics,
+    private readonly progress: TrainingProgressReporter,
     private readonly maxSeries: number,
     private readonly clock: () => Date,
     private readonly logger: Logger,
@@ -130,6 +132,7 @@ export class PushedSteps {
       for (const name of Object.keys(reading.losses)) entry.lossNames.add(name);
       this.series.set(key, entry);
       this.metrics.record(labels, reading, now);
+      this.progress.observe(step.job, step.rank, step.iteration, now);
     }
     return { status: 202, body: { accepted: steps.length } };
   }

@@ -7,6 +7,7 @@ import { errnoCode, LogFollower } from '../log-follower.js';
 import { parseIterationLine } from '../sources/megatron-log.js';
 import { TrainingErrorParser, type TrainingErrorReport } from '../sources/training-log-failures.js';
 import { TrainingMetrics, type SeriesLabels } from './training-metrics.js';
+import { TrainingProgressReporter } from './training-progress.js';
 import { PushedSteps, TRAINING_MAX_JOBS_FLAG, TRAINING_ROUTE_PATH } from './training-push.js';
 
 export { TRAINING_MAX_JOBS_FLAG, TRAINING_ROUTE_PATH, trainingStepSchema, type TrainingStep } from './training-push.js';
@@ -98,6 +99,7 @@ class FollowedLog {
     readonly source: TrainingLogSource,
     private readonly context: CollectorContext,
     private readonly metrics: TrainingMetrics,
+    private readonly progress: TrainingProgressReporter,
     private readonly options: Required<TrainingCollectorOptions>,
   ) {
     this.labels = { job: source.job, rank: source.rank };
@@ -138,6 +140,8 @@ class FollowedLog {
     this.initialiseErrors();
     const step = parseIterationLine(line);
     if (step) this.metrics.record(this.labels, step, step.timestamp ?? (this.replaying ? this.replayTime : undefined) ?? this.options.clock());
+    // Lines read at start are history: only a line written since says the job trains now.
+    if (step && !this.replaying) this.progress.observe(this.source.job, Number(this.source.rank), step.iteration, this.options.clock());
     for (const report of this.errors.push(line)) this.handleReport(report);
     if (!this.replaying) this.armQuietTimer();
   }
@@ -182,8 +186,9 @@ class TrainingCollector implements Collector {
     const sources = parseTrainingLogFlags(context.settings[TRAINING_LOG_FLAG]);
     const maxJobs = parseMaxJobsFlag(context.settings[TRAINING_MAX_JOBS_FLAG]);
     const metrics = new TrainingMetrics(context);
-    this.logs = sources.map((source) => new FollowedLog(source, context, metrics, options));
-    const pushed = new PushedSteps(metrics, maxJobs, options.clock, context.logger.child({ collector: this.name }));
+    const progress = new TrainingProgressReporter({ node: context.node, send: (event) => context.fastPath(event) });
+    this.logs = sources.map((source) => new FollowedLog(source, context, metrics, progress, options));
+    const pushed = new PushedSteps(metrics, progress, maxJobs, options.clock, context.logger.child({ collector: this.name }));
     this.routes = [pushed.route];
   }
 

@@ -146,7 +146,7 @@ export async function runFailSlow(lab: ProtectedLab, rank = 1): Promise<FailSlow
     step(`standby ${standby ?? '?'} activated in its place`, at(activated), t0, activated?.summary ?? ''),
     step(`relaunched with sbatch: run ${relaunched ?? '?'} on ${fresh?.nodes ?? '?'}`, at(restarted), t0, restarted?.summary ?? ''),
     firstStep(resumption, relaunched, t0),
-    step('the ladder saw the iteration counter grow in Prometheus: running', runningAt, t0, `nodes ${record.nodes.join(', ')}`),
+    step('the ladder saw training progress: running', runningAt, t0, `nodes ${record.nodes.join(', ')}`),
   ];
   // Recovery is counted from the slow-down S2 could not hide: the one that needed the restart.
   const result = await report(lab, 'fail-slow', tWorse, resumption, [before, ...(relaunched === undefined ? [] : [relaunched])], timeline, problems, t0);

@@ -57,7 +57,7 @@ export async function runGpuReset(lab: ProtectedLab): Promise<ScenarioReport> {
     step(`GPU ${GPU} reset through ${victim}'s agent`, at(reset), t0, reset?.summary ?? ''),
     step(`relaunched with sbatch on the same nodes: run ${relaunched ?? '?'}`, at(restarted), t0, restarted?.summary ?? ''),
     firstStep(resumption, relaunched, t0),
-    step('the ladder saw the iteration counter grow in Prometheus: running', runningAt, t0, `nodes ${record.nodes.join(', ')}`),
+    step('the ladder saw training progress: running', runningAt, t0, `nodes ${record.nodes.join(', ')}`),
   ];
   return report(lab, 'gpu-reset', t0, resumption, [before, ...(relaunched === undefined ? [] : [relaunched])], timeline, problems);
 }

@@ -206,6 +206,15 @@ async function labContext(lab: ProtectedLab, since: number): Promise<string[]> {
     const entries = entriesSince(await lab.audit(), since, lab.job).sort((a, b) => Date.parse(a.time) - Date.parse(b.time));
     return [`audit since the fault (${entries.length} entries, the last ${Math.min(entries.length, CONTEXT_LINES)}):`, ...entries.slice(-CONTEXT_LINES).map((entry) => `  ${offset(Date.parse(entry.time))} ${entry.type}: ${entry.summary.slice(0, 300)}`)];
   });
+  // A scrape that fails or times out hides a node's series (the progress check then waits on the fast path alone).
+  await attempt('Prometheus targets', async () => {
+    const response = await fetch(`${lab.prometheus.url}/api/v1/targets?state=active`, { signal: AbortSignal.timeout(5000) });
+    const body = (await response.json()) as { data: { activeTargets: { labels: Record<string, string>; health: string; lastError: string; lastScrapeDuration: number }[] } };
+    return [
+      'Prometheus targets:',
+      ...body.data.activeTargets.map((target) => `  ${target.labels.job ?? '?'} ${target.labels.node ?? target.labels.instance ?? '?'}: ${target.health}, last scrape ${Math.round(target.lastScrapeDuration * 1000)} ms${target.lastError ? `, ${target.lastError.slice(0, 200)}` : ''}`),
+    ];
+  });
   lines.push(`job log, the last ${CONTEXT_LINES} lines:`, ...lab.log.lines.slice(-CONTEXT_LINES).map((line) => `  [${line.slurmJob}] ${line.text.slice(0, 300)}`));
   const controllerLog = lab.controllerLogPath;
   if (controllerLog !== undefined) {

@@ -63,7 +63,7 @@ export async function runMachineFault(lab: ProtectedLab): Promise<ScenarioReport
     step(`standby ${standby ?? '?'} activated in its place`, at(activated), t0, activated?.summary ?? ''),
     step(`relaunched with sbatch: run ${relaunched ?? '?'} on ${fresh?.nodes ?? '?'}`, at(restarted), t0, restarted?.summary ?? ''),
     firstStep(resumption, relaunched, t0),
-    step('the ladder saw the iteration counter grow in Prometheus: running', runningAt, t0, `nodes ${record.nodes.join(', ')}`),
+    step('the ladder saw training progress: running', runningAt, t0, `nodes ${record.nodes.join(', ')}`),
     step(`the Prometheus path: the alert for the same Xid through Alertmanager`, receivedAt(alert), t0, alert?.summary ?? ''),
   ];
   return report(lab, 'machine-fault', t0, resumption, [before, ...(relaunched === undefined ? [] : [relaunched])], timeline, problems);
@@ -249,7 +249,7 @@ export async function runHang(lab: ProtectedLab, rank = 1): Promise<ScenarioRepo
     step(`standby ${standby ?? '?'} activated in its place`, at(activated), t0, activated?.summary ?? ''),
     step(`relaunched with sbatch: run ${relaunched ?? '?'} on ${fresh?.nodes ?? '?'}`, at(restarted), t0, restarted?.summary ?? ''),
     firstStep(resumption, relaunched, t0),
-    step('the ladder saw the iteration counter grow in Prometheus: running', runningAt, t0, `nodes ${record.nodes.join(', ')}`),
+    step('the ladder saw training progress: running', runningAt, t0, `nodes ${record.nodes.join(', ')}`),
   ];
   return report(lab, 'hang', t0, resumption, [before, ...(relaunched === undefined ? [] : [relaunched])], timeline, problems);
 }

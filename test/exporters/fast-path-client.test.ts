@@ -162,6 +162,21 @@ describe('fast-path client', () => {
     expect(outcomes.at(-1)).toEqual([61, 'not_sent']);
   });
 
+  it('drops training progress reports before faults when its queue is full, and tells each sender once', async () => {
+    const outcomes: Array<[string, FastPathOutcome]> = [];
+    const down = await controller([202]);
+    await new Promise((resolve) => down.server.close(resolve));
+    const { sender, registry } = client(down.url, 2);
+    const progress: FastPathEvent = { kind: 'training_progress', node: 'node-1', job: 'llama', rank: 0, iteration: 7, message: '', time: new Date().toISOString() };
+    sender.send(event(79), (outcome) => void outcomes.push(['xid 79', outcome]));
+    sender.send(progress, (outcome) => void outcomes.push(['progress', outcome]));
+    sender.send(event(48), (outcome) => void outcomes.push(['xid 48', outcome]));
+    expect(outcomes).toEqual([['progress', 'dropped']]);
+    expect(seriesValue(await registry.metrics(), 'steadfast_agent_fast_path_failed_total{reason="queue_full"}')).toBe(1);
+    await sender.close();
+    expect(outcomes.slice(1)).toEqual([['xid 79', 'not_sent'], ['xid 48', 'not_sent']]);
+  });
+
   it('keeps sending when an outcome handler throws', async () => {
     const stub = await controller([202]);
     const { sender, registry } = client(stub.url);

@@ -1,4 +1,5 @@
 import { setTimeout as sleep } from 'node:timers/promises';
+import { waitFor } from '../../sim/processes.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { AuditLog } from '../../core/audit.js';
 import type { Config } from '../../core/config.js';
@@ -51,10 +52,11 @@ describe('the primary Redis killed mid-storm, a replica promoted by the sentinel
 
   it('loses no signal it answered 202 for, answers 503 otherwise, and drains each faulty node once', async () => {
     const requests = stormRequests(url, 160, VICTIMS, BYSTANDERS, 4);
-    // Six senders work through the storm; the primary is killed a second in.
-    const deadline = Date.now() + 40_000;
+    // Six senders work through the storm; the primary is killed once the first requests are in. They retry for as
+    // long as the sentinels may take to promote a replica and bring the old primary back.
+    const deadline = Date.now() + ha.promotionDeadlineMs + ha.rejoinDeadlineMs;
     const { results, done } = sendStorm(requests, 6, 150, (request) => deliverUntilAccepted(request, stormCredential(plane.credentials, request), deadline, 10_000));
-    await sleep(1000);
+    await waitFor('the first requests of the storm to be answered', () => Promise.resolve(results.length >= 6), 30_000, 20);
     const answeredBeforeKill = results.length;
     const { from, to } = await ha.failover();
     await done;
@@ -72,11 +74,15 @@ describe('the primary Redis killed mid-storm, a replica promoted by the sentinel
     expect(audited.missing, 'accepted signals that never reached the audit').toEqual([]);
     expect(new Set(audited.refs).size).toBe(audited.refs.length);
 
-    await sleep(1000);
+    // Every victim's drain done (a second drain of one would be counted below).
+    await waitFor('every faulty node to be drained', () => Promise.resolve(VICTIMS.every((node) => plane.slurmDrainCounts().has(node))), 30_000, 100, () =>
+      Promise.resolve(`drained: ${[...plane.slurmDrainCounts().keys()].join(', ') || 'none'}`),
+    );
     const drains = plane.slurmDrainCounts();
     for (const node of VICTIMS) expect(drains.get(node), `Slurm drains of ${node}`).toBe(1);
     for (const node of BYSTANDERS) expect(drains.has(node), `${node} drained`).toBe(false);
-  }, 90_000);
+    // A backstop only: every wait above has its own deadline, taken from the sentinels' settings.
+  }, 180_000);
 
   it('answers 503 with Retry-After while no replica confirms a write, and stores the retry once a replica is back', async () => {
     const event = { kind: 'xid', node: 'g-01', gpu: '0000:18:00', xid: 13, message: 'Graphics Exception', time: new Date().toISOString() };

@@ -295,3 +295,49 @@ describe('POST /api/v1/training', () => {
     expect((await post(collector, { job: 'c', rank: 0, iteration: 1 })).status).toBe(429);
   });
 });
+
+describe('training progress on the fast path', () => {
+  const progressEvents = (context: TestContext): unknown[] => context.events.filter((event) => event.kind === 'training_progress');
+
+  it('tells the controller when a rank starts or resumes training, then at most once a minute while it trains', async () => {
+    let now = NOW.getTime();
+    const { collector, context } = training({}, () => new Date(now));
+    const push = async (rank: number, iteration: number): Promise<void> => {
+      expect((await post(collector, { job: 'llama', rank, iteration })).status).toBe(202);
+    };
+    await push(0, 100);
+    // Another rank of the same relaunch a moment later: the first report speaks for both.
+    now += 200;
+    await push(1, 100);
+    expect(progressEvents(context)).toEqual([{ kind: 'training_progress', node: 'node-1', job: 'llama', rank: 0, iteration: 100, message: 'rank 0 trains at iteration 100', time: NOW.toISOString() }]);
+    // An iteration a second: the next report a minute after the first.
+    for (let iteration = 101; iteration <= 159; iteration += 1) {
+      now += 1000;
+      await push(0, iteration);
+    }
+    expect(progressEvents(context)).toHaveLength(1);
+    now += 1000;
+    await push(0, 160);
+    expect(progressEvents(context)).toHaveLength(2);
+    expect(progressEvents(context)[1]).toMatchObject({ rank: 0, iteration: 160, message: 'rank 0 at iteration 160' });
+    // Relaunched from the checkpoint at 150: the iteration goes back, reported at once.
+    now += 5_000;
+    await push(0, 151);
+    expect(progressEvents(context)[2]).toMatchObject({ rank: 0, iteration: 151, message: 'rank 0 resumed at iteration 151', time: new Date(now).toISOString() });
+    // Stalled 10 s or more, then on again (a relaunch resumed from the newest step): at once too.
+    now += 12_000;
+    await push(0, 152);
+    expect(progressEvents(context)).toHaveLength(4);
+  });
+
+  it('reports an iteration line appended to a followed log, but none of the lines already there at start', async () => {
+    const log = join(dir, 'train.log');
+    writeFileSync(log, ITERATION_LINE(10, '2.5') + ITERATION_LINE(20, '2.4'));
+    const { collector, context } = training({ 'training.log': `gpt:3=${log}` });
+    await collector.start();
+    expect(progressEvents(context)).toEqual([]);
+    appendFileSync(log, ITERATION_LINE(21, '2.3'));
+    await waitFor(() => progressEvents(context).length === 1);
+    expect(progressEvents(context)[0]).toMatchObject({ kind: 'training_progress', job: 'gpt', rank: 3, iteration: 21 });
+  });
+});
