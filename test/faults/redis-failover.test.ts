@@ -1,5 +1,4 @@
 import { setTimeout as sleep } from 'node:timers/promises';
-import { waitFor } from '../../sim/processes.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { AuditLog } from '../../core/audit.js';
 import type { Config } from '../../core/config.js';
@@ -7,7 +6,7 @@ import { silentLogger } from '../../core/log.js';
 import { Keys, workerConnection, type Redis } from '../../core/redis.js';
 import { Controller } from '../../controller/service.js';
 import { ControlPlane } from '../../sim/control-plane.js';
-import { deliverUntilAccepted, sendStorm, stormCredential, stormRequests, waitForAudited } from '../support/storm.js';
+import { deliverUntilAccepted, sendStorm, stormCredential, stormRequests, waitForAnswered, waitForAudited, waitForDrains } from '../support/storm.js';
 import { RedisHa, SENTINEL_GROUP } from '../../sim/redis-ha.js';
 
 /**
@@ -56,7 +55,7 @@ describe('the primary Redis killed mid-storm, a replica promoted by the sentinel
     // long as the sentinels may take to promote a replica and bring the old primary back.
     const deadline = Date.now() + ha.promotionDeadlineMs + ha.rejoinDeadlineMs;
     const { results, done } = sendStorm(requests, 6, 150, (request) => deliverUntilAccepted(request, stormCredential(plane.credentials, request), deadline, 10_000));
-    await waitFor('the first requests of the storm to be answered', () => Promise.resolve(results.length >= 6), 30_000, 20);
+    await waitForAnswered(results, 6);
     const answeredBeforeKill = results.length;
     const { from, to } = await ha.failover();
     await done;
@@ -74,11 +73,7 @@ describe('the primary Redis killed mid-storm, a replica promoted by the sentinel
     expect(audited.missing, 'accepted signals that never reached the audit').toEqual([]);
     expect(new Set(audited.refs).size).toBe(audited.refs.length);
 
-    // Every victim's drain done (a second drain of one would be counted below).
-    await waitFor('every faulty node to be drained', () => Promise.resolve(VICTIMS.every((node) => plane.slurmDrainCounts().has(node))), 30_000, 100, () =>
-      Promise.resolve(`drained: ${[...plane.slurmDrainCounts().keys()].join(', ') || 'none'}`),
-    );
-    const drains = plane.slurmDrainCounts();
+    const drains = await waitForDrains(() => plane.slurmDrainCounts(), VICTIMS);
     for (const node of VICTIMS) expect(drains.get(node), `Slurm drains of ${node}`).toBe(1);
     for (const node of BYSTANDERS) expect(drains.has(node), `${node} drained`).toBe(false);
     // A backstop only: every wait above has its own deadline, taken from the sentinels' settings.

@@ -1,10 +1,9 @@
-import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../core/log.js';
 import { workerConnection, type Redis } from '../../core/redis.js';
 import { Controller } from '../../controller/service.js';
 import { ControlPlane } from '../../sim/control-plane.js';
-import { deliverUntilAccepted, sendStorm, stormCredential, stormRequests, waitForAudited } from '../support/storm.js';
+import { deliverUntilAccepted, sendStorm, stormCredential, stormRequests, waitForAnswered, waitForAudited, waitForDrains } from '../support/storm.js';
 
 /**
  * Redis dies (SIGKILL) and comes back in the middle of an alert storm. It runs with AOF and
@@ -42,10 +41,10 @@ describe('Redis restarted in the middle of an alert storm', () => {
 
   it('loses no signal it answered 202 for, and drains each faulty node once', async () => {
     const requests = stormRequests(url, 240, VICTIMS, BYSTANDERS, 2);
-    // Eight senders work through the storm over about six seconds; Redis is killed after two.
+    // Eight senders work through the storm over about six seconds; Redis is killed once the first are answered.
     const deadline = Date.now() + 40_000;
     const { results, done } = sendStorm(requests, 8, 200, (request) => deliverUntilAccepted(request, stormCredential(plane.credentials, request), deadline, 5000));
-    await sleep(2000);
+    await waitForAnswered(results, 8);
     const sentBeforeCrash = results.length;
     await plane.crashRedis(1000);
     await done;
@@ -62,8 +61,7 @@ describe('Redis restarted in the middle of an alert storm', () => {
     expect(audited.missing, 'accepted signals that never reached the audit').toEqual([]);
     expect(new Set(audited.refs).size).toBe(audited.refs.length);
 
-    await sleep(1000);
-    const drains = plane.slurmDrainCounts();
+    const drains = await waitForDrains(() => plane.slurmDrainCounts(), VICTIMS);
     for (const node of VICTIMS) expect(drains.get(node), `Slurm drains of ${node}`).toBe(1);
     for (const node of BYSTANDERS) expect(drains.has(node), `${node} drained`).toBe(false);
   }, 120_000);

@@ -2,7 +2,6 @@ import { execFile } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { setTimeout as sleep } from 'node:timers/promises';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { repoRoot } from '../../core/paths.js';
@@ -43,6 +42,12 @@ async function everyAgentScraped(env: SimEnvironment, after: number): Promise<bo
   return agents.length === env.agents.length && agents.every((target) => target.health === 'up' && Date.parse(target.lastScrape) > after);
 }
 
+/** Whether Prometheus has evaluated every rule group since `after`. */
+async function rulesEvaluatedSince(env: SimEnvironment, after: number): Promise<boolean> {
+  const body = (await (await fetch(`${env.prometheus.url}/api/v1/rules`)).json()) as { data: { groups: { lastEvaluation: string }[] } };
+  return body.data.groups.length > 0 && body.data.groups.every((group) => Date.parse(group.lastEvaluation) > after);
+}
+
 describe('restarts of Prometheus, Alertmanager and the agents', () => {
   let env: SimEnvironment;
 
@@ -81,8 +86,9 @@ describe('restarts of Prometheus, Alertmanager and the agents', () => {
     await Promise.all([env.restartAgent('node-3', { downMs: 3000 }), env.restartAgent('node-4', { rotateKernelLog: true, downMs: 3000 })]);
     const backAt = Date.now();
     await waitFor('Prometheus to scrape the restarted agents', () => everyAgentScraped(env, backAt), 20_000, 200);
-    // Several scrape and evaluation rounds (1 s each) for a false alert to show and reach the controller.
-    await sleep(6000);
+    // Several scrape and evaluation rounds (1 s each) for a false alert to show and reach the
+    // controller: every rule group evaluated again five intervals after the agents were back.
+    await waitFor('five more rule evaluations after the agents came back', () => rulesEvaluatedSince(env, backAt + 5000), 30_000, 200);
 
     // node-3's agent read the same kernel log again: the same count. node-4's log is gone: no series, no alert.
     expect(await xidCounter(env, 'node-3')).toEqual(before.node3);

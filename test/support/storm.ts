@@ -1,6 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { AuditLog } from '../../core/audit.js';
 import { Keys, type Redis } from '../../core/redis.js';
+import { waitFor } from '../../sim/processes.js';
 
 /**
  * An alert storm for the fault tests: fatal Xids on the victims over the agents' fast path, minor
@@ -104,4 +105,21 @@ export async function waitForAudited(reader: Redis, prefix: string, accepted: Re
     if (missing.length === 0 || Date.now() > until) return { refs, missing };
     await sleep(250);
   }
+}
+
+/** Waits until `count` requests of a storm have been answered (202 or given up on), so that a fault injected next falls inside it. */
+export async function waitForAnswered(results: readonly Delivery[], count: number, timeoutMs = 30_000): Promise<void> {
+  await waitFor(`${count} requests of the storm to be answered`, () => Promise.resolve(results.length >= count), timeoutMs, 20, () => Promise.resolve(`${results.length} answered`));
+}
+
+/**
+ * Waits until slurmctld logged a drain of every one of `nodes`; returns the drain count per node
+ * then, so that a test can hold each to one (a second drain comes from the same decisions, which
+ * are all made by the time the signals are audited).
+ */
+export async function waitForDrains(drainCounts: () => Map<string, number>, nodes: readonly string[], timeoutMs = 30_000): Promise<Map<string, number>> {
+  await waitFor('every faulty node to be drained', () => Promise.resolve(nodes.every((node) => drainCounts().has(node))), timeoutMs, 100, () =>
+    Promise.resolve(`drained: ${[...drainCounts().keys()].join(', ') || 'none'}`),
+  );
+  return drainCounts();
 }
