@@ -55,6 +55,18 @@ export async function recordAction(
   return { state, detail };
 }
 
+const DELETE_IF_HELD_BY = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0";
+
+/**
+ * A decision the safety gates refused (a hold, a pause, the budget) gives up the node's claim
+ * it took in the policy worker, so that the next fault on the node, once the gate opens, is
+ * decided and acted on at once instead of joining a decision that never acted. A claim since
+ * taken by another decision is left alone.
+ */
+export async function releaseRefusedClaim(deps: Pick<NodeActuatorDeps, 'redis' | 'keys'>, decision: Decision): Promise<void> {
+  await deps.redis.eval(DELETE_IF_HELD_BY, 1, deps.keys.nodeDrainClaim(decision.node), decision.id);
+}
+
 /** Another actuator holds the node's lease: try again once it is done (not a failure of the drain). */
 export class NodeLeasedError extends RetryLaterError {
   constructor(message: string) {

@@ -5,7 +5,7 @@ import { decisionSchema } from '../core/action.js';
 import { DoNotRetryError, errorMessage } from '../core/errors.js';
 import { parseJobPayload } from '../core/job-payload.js';
 import type { ActionJob } from '../core/queues.js';
-import { NodeLeasedError, TERMINAL_STATES, drainNode, pageOncePerWindow, recordAction, type NodeActuatorDeps } from './drain-node.js';
+import { NodeLeasedError, TERMINAL_STATES, drainNode, pageOncePerWindow, recordAction, releaseRefusedClaim, type NodeActuatorDeps } from './drain-node.js';
 
 export interface DrainResult {
   readonly state: ActionState;
@@ -40,6 +40,7 @@ export function createDrainProcessor(deps: DrainActuatorDeps): (job: Job<ActionJ
     const admitted = await gates.admit(decision.id, [decision.node]);
     if (!admitted.ok) {
       const refused = await record(decision, 'refused', admitted.reason);
+      await releaseRefusedClaim(deps, decision);
       await pageOncePerWindow(gates, audit, admitted, { ref: decision.id, what: `drain ${decision.node}`, node: decision.node }, deps.onPage);
       return refused;
     }

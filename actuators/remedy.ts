@@ -5,7 +5,7 @@ import type { ActionState, Decision } from '../core/action.js';
 import { DoNotRetryError, errorMessage } from '../core/errors.js';
 import { HANDED_OFF_REASON, type GpuResetReport, type RemedyAction, type RemedyOutcome } from '../core/remedy.js';
 import type { RemediesConfig } from '../core/remedy-config.js';
-import { NodeLeasedError, TERMINAL_STATES, drainNode, pageOncePerWindow, recordAction, type NodeActuatorDeps } from './drain-node.js';
+import { NodeLeasedError, TERMINAL_STATES, drainNode, pageOncePerWindow, recordAction, releaseRefusedClaim, type NodeActuatorDeps } from './drain-node.js';
 import type { HandOffNotifier } from './hand-off.js';
 import type { RemediationHistory } from './remediation-history.js';
 
@@ -166,6 +166,7 @@ export function createRemedyProcessor(deps: RemedyActuatorDeps): (job: Job, deci
     const admitted = await gates.admit(decision.id, [decision.node]);
     if (!admitted.ok) {
       const refused = await record(decision, 'refused', admitted.reason);
+      await releaseRefusedClaim(deps, decision);
       await remember(decision, decision.verb, 'refused', admitted.reason, 'refused');
       await pageOncePerWindow(gates, audit, admitted, { ref: decision.id, what: `${decision.verb} ${decision.node}`, node: decision.node }, deps.onPage);
       return refused;

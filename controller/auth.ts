@@ -5,13 +5,13 @@ import { describeIdentity, presentedToken, type Credentials, type Identity } fro
 import { errorMessage } from '../core/errors.js';
 import type { Logger } from '../core/log.js';
 import { ClientRateLimiter, type RateLimitSettings } from '../core/rate-limit.js';
-import { roleHasScope, scopeFor, type Scope } from './scopes.js';
+import { roleHasScope, type RouteScope, type Scope } from './scopes.js';
 
 /**
  * Who may call what: every request past the open endpoints (/healthz, /metrics) is identified by
- * its credential (401 when it has none that the controller knows) and checked against the route
- * table in scopes.ts (403 naming the role and the scope needed). Refusals of a known credential
- * are audited, at a bounded rate.
+ * its credential (401 when it has none that the controller knows); the route that serves it then
+ * checks that credential against its own scope (routes.ts, scopes.ts; 403 naming the role and
+ * the scope needed). Refusals of a known credential are audited, at a bounded rate.
  */
 
 /** A request refused for acting outside its credential, found after the route table (a body naming another node). */
@@ -119,11 +119,10 @@ export function sendForbidden(deps: Pick<AuthorizeDeps, 'access' | 'onReject'>, 
 }
 
 /**
- * Who sent the request (its Authorization header) and whether that identity may make it:
- * the identity, or the refusal to answer (already counted, and audited when it is a 403).
- * Shared by the Express middleware below and the intake's own request handler.
+ * Who sent the request (its Authorization header): the identity, or the 401 to answer (already
+ * counted). Shared by the Express middleware below and the intake's own request handler.
  */
-export function authenticate(deps: AuthorizeDeps, req: RequestLine, authorization: string | undefined): { identity: Identity } | Refusal {
+export function identify(deps: AuthorizeDeps, req: RequestLine, authorization: string | undefined): { identity: Identity } | Refusal {
   const presented = presentedToken(authorization ?? '');
   const usable = presented && (presented.scheme === 'bearer' || deps.basic) ? presented.token : undefined;
   const identity = usable === undefined ? undefined : deps.credentials.identify(usable);
@@ -136,20 +135,28 @@ export function authenticate(deps: AuthorizeDeps, req: RequestLine, authorizatio
       body: { error: usable === undefined ? `missing credentials: ${hint}` : 'invalid bearer token' },
     };
   }
-  const path = req.url.split('?')[0] ?? '/';
-  const needed = scopeFor(req.method, path);
-  if (identity.role === 'controller' || !roleHasScope(identity.role, needed.scope)) {
-    return forbidden(deps, req, identity, needed.scope, `role ${identity.role} may not ${req.method} ${path}: it needs scope "${needed.scope}"`);
-  }
-  if (needed.node !== undefined && identity.node !== undefined && needed.node !== identity.node) {
-    return forbidden(deps, req, identity, needed.scope, `${describeIdentity(identity)} may not ${req.method} about node ${needed.node}: its credential is bound to ${identity.node}`);
+  return { identity };
+}
+
+/**
+ * The caller's identity, when it holds the scope of `route` (a route without a node parameter):
+ * else the refusal to answer, counted, and audited when it is a 403. For the intake's own
+ * request handler, which serves exactly the routes it is given.
+ */
+export function authenticate(deps: AuthorizeDeps, req: RequestLine, authorization: string | undefined, route: RouteScope): { identity: Identity } | Refusal {
+  const verdict = identify(deps, req, authorization);
+  if ('status' in verdict) return verdict;
+  const { identity } = verdict;
+  if (identity.role === 'controller' || !roleHasScope(identity.role, route.scope)) {
+    return forbidden(deps, req, identity, route.scope, `role ${identity.role} may not ${route.method} ${route.path}: it needs scope "${route.scope}"`);
   }
   return { identity };
 }
 
+/** Express middleware: identifies the caller (401 otherwise); each route then checks its own scope (routes.ts). */
 export function authorize(deps: AuthorizeDeps): (req: Request, res: Response, next: NextFunction) => void {
   return (req, res, next) => {
-    const verdict = authenticate(deps, { method: req.method, url: req.originalUrl }, req.get('authorization'));
+    const verdict = identify(deps, { method: req.method, url: req.originalUrl }, req.get('authorization'));
     if ('status' in verdict) {
       res.status(verdict.status).set(verdict.headers).json(verdict.body);
       return;

@@ -8,6 +8,7 @@ import type { Signal } from '../core/signal.js';
 import { describeIssues } from '../core/validate.js';
 import { signalsFromWebhookAlerts, webhookEnvelopeSchema, type RefusedAlert } from './alertmanager.js';
 import { ForbiddenError, authenticate, forbidden, requireOwnNode, type AccessAudit, type RequestLine } from './auth.js';
+import { routeScope, type RouteScope } from './scopes.js';
 import { signalFromFastPath } from './fast-path-signal.js';
 import type { ControllerMetrics } from './metrics.js';
 import { readJsonBody, type BodyLimits } from './request-body.js';
@@ -64,6 +65,9 @@ export function rejecter(metrics: Pick<ControllerMetrics, 'requestsRejected'>): 
 }
 
 type Endpoint = 'alerts' | 'signals';
+
+/** The two routes served here, with their scopes from the one table (scopes.ts). */
+const INTAKE_ROUTES: Readonly<Record<Endpoint, RouteScope>> = { alerts: routeScope('POST', '/api/v1/alerts'), signals: routeScope('POST', '/api/v1/signals') };
 
 /** The endpoint a request is for, when it is one of the two: exact path, optional trailing slash, any query. */
 function intakeEndpoint(req: IncomingMessage): Endpoint | undefined {
@@ -148,7 +152,7 @@ export function intakeHandler(deps: IntakeHttpDeps): (req: IncomingMessage, res:
         return;
       }
     }
-    const verdict = authenticate(deps, line, req.headers.authorization);
+    const verdict = authenticate(deps, line, req.headers.authorization, INTAKE_ROUTES[endpoint]);
     if ('status' in verdict) {
       sendJson(res, verdict.status, verdict.body, verdict.headers);
       return;

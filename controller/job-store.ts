@@ -18,6 +18,21 @@ export class JobExistsError extends InputError {
   }
 }
 
+/** A registration naming nodes that belong to another registered job, which is not finished. */
+export class NodesBusyError extends InputError {
+  constructor(
+    name: string,
+    readonly busy: ReadonlyMap<string, string>,
+  ) {
+    const owners = [...new Set(busy.values())];
+    super(
+      `job ${name} cannot be registered: ${[...busy].map(([node, job]) => `${node} belongs to job ${job}`).join(', ')}; a node joins another job only once ${owners.length === 1 ? 'that job finished or was' : 'those jobs finished or were'} unregistered`,
+      'nodes',
+    );
+    this.name = 'NodesBusyError';
+  }
+}
+
 export class JobNotFoundError extends InputError {
   constructor(name: string) {
     super(`no job named ${name}`, 'name');
@@ -48,6 +63,29 @@ const HOUR_MS = 3600_000;
 
 const transitionSchema = z.object({ at: z.number(), productive: z.boolean() });
 const WORKLOAD_SEEN_FIELD = 'workloadSeenAt';
+/**
+ * Registers a job in one step, or nothing: refused when the name is taken, or when one of its
+ * nodes points at another registered job that has not finished (a node of a running job is never
+ * taken from it). KEYS: the job's hash, the job set, its transitions, then each node's node→job
+ * key; ARGV: the job-hash key prefix, the spec, the time, the first transition, then the node names.
+ */
+const REGISTER_JOB = `
+if redis.call('hexists', KEYS[1], 'spec') == 1 then return {'exists'} end
+local busy = {'busy'}
+for i = 4, #KEYS do
+  local owner = redis.call('get', KEYS[i])
+  if owner and redis.call('hexists', ARGV[1] .. owner, 'spec') == 1 and redis.call('hget', ARGV[1] .. owner, 'state') ~= 'finished' then
+    table.insert(busy, ARGV[i + 1])
+    table.insert(busy, owner)
+  end
+end
+if #busy > 1 then return busy end
+redis.call('hset', KEYS[1], 'spec', ARGV[2], 'state', 'running', 'stateReason', 'registered', 'createdAt', ARGV[3], 'stateSince', ARGV[3], 'productiveMs', '0')
+redis.call('sadd', KEYS[2], cjson.decode(ARGV[2]).name)
+redis.call('rpush', KEYS[3], ARGV[4])
+for i = 4, #KEYS do redis.call('set', KEYS[i], cjson.decode(ARGV[2]).name) end
+return {'ok'}`;
+
 /** HSETNX on a job's hash only while the job is registered (its spec is there), so a deleted job is not half re-created. */
 const SET_FIELD_IF_JOB_EXISTS = "if redis.call('hexists', KEYS[1], 'spec') == 1 then return redis.call('hsetnx', KEYS[1], ARGV[1], ARGV[2]) end return 0";
 
@@ -57,17 +95,20 @@ export class JobStore {
     private readonly keys: Keys,
   ) {}
 
-  /** Registers a job; it starts `running`. Throws JobExistsError when the name is taken. */
+  /**
+   * Registers a job; it starts `running`. Throws JobExistsError when the name is taken, and
+   * NodesBusyError when a node belongs to another job that is registered and not finished.
+   */
   async create(body: unknown, now = Date.now()): Promise<JobRecord> {
     const { spec } = parseJobSpec(body);
-    const created = await this.redis.hsetnx(this.keys.job(spec.name), 'spec', JSON.stringify(spec));
-    if (created === 0) throw new JobExistsError(spec.name);
-    const multi = this.redis.multi();
-    multi.hset(this.keys.job(spec.name), { state: 'running', stateReason: 'registered', createdAt: String(now), stateSince: String(now), productiveMs: '0' });
-    multi.sadd(this.keys.jobs, spec.name);
-    multi.rpush(this.keys.jobTransitions(spec.name), JSON.stringify({ at: now, productive: true }));
-    for (const node of spec.nodes) multi.set(this.keys.nodeJob(node), spec.name);
-    await multi.exec();
+    const keys = [this.keys.job(spec.name), this.keys.jobs, this.keys.jobTransitions(spec.name), ...spec.nodes.map((node) => this.keys.nodeJob(node))];
+    const answer = (await this.redis.eval(REGISTER_JOB, keys.length, ...keys, this.keys.job(''), JSON.stringify(spec), String(now), JSON.stringify({ at: now, productive: true }), ...spec.nodes)) as string[];
+    if (answer[0] === 'exists') throw new JobExistsError(spec.name);
+    if (answer[0] === 'busy') {
+      const busy = new Map<string, string>();
+      for (let index = 1; index + 1 < answer.length; index += 2) busy.set(answer[index] as string, answer[index + 1] as string);
+      throw new NodesBusyError(spec.name, busy);
+    }
     return this.get(spec.name);
   }
 

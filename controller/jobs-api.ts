@@ -10,11 +10,12 @@ import type { ClusterBackend } from '../actuators/backend.js';
 import { planRestore } from '../actuators/restore-plan.js';
 import { parseJobSpec } from '../core/job.js';
 import { admitJob } from './job-admission.js';
-import { JobExistsError, JobNotFoundError, type JobStore } from './job-store.js';
+import { JobExistsError, JobNotFoundError, NodesBusyError, type JobStore } from './job-store.js';
 import type { RecoveryDispatcher } from './recovery-dispatcher.js';
 import type { StandbyPool } from '../actuators/standby-pool.js';
 import type { MicrobatchBoard } from './microbatches.js';
 import { ForbiddenError, identityOf } from './auth.js';
+import { apiRoute } from './routes.js';
 
 /**
  * The jobs API: register training jobs, read their state and ETTR, report checkpoint shards and
@@ -61,7 +62,7 @@ export function jobsRouter(deps: JobsRouterDeps): express.Router {
         await work(req, res);
       } catch (error) {
         if (error instanceof JobNotFoundError) res.status(404).json({ error: error.message });
-        else if (error instanceof JobExistsError) res.status(409).json({ error: error.message });
+        else if (error instanceof JobExistsError || error instanceof NodesBusyError) res.status(409).json({ error: error.message });
         else if (error instanceof InputError) res.status(400).json({ error: error.message });
         else if (error instanceof RetryLaterError) res.status(503).set('Retry-After', '5').json({ error: error.message });
         else throw error;
@@ -80,10 +81,17 @@ export function jobsRouter(deps: JobsRouterDeps): express.Router {
     return name;
   };
 
-  router.post(
+  apiRoute(
+    router,
+    'post',
     '/jobs',
     handle(async (req, res) => {
       const record = await jobs.create(await admitJob(req.body, deps));
+      const actor = identityOf(res);
+      await deps.audit.append(
+        { type: 'action', ref: `register-${record.spec.name}-${Date.parse(record.createdAt)}`, summary: `${record.spec.name}: registered on ${record.spec.nodes.join(', ')}, version ${record.spec.codeVersion}`, actor, data: { job: record.spec.name, verb: 'register', state: 'done', nodes: record.spec.nodes, codeVersion: record.spec.codeVersion } },
+        `register:${record.spec.name}:${record.createdAt}`,
+      );
       // A job is registered while it trains: its version has proven itself, so a later rollback
       // has somewhere to go.
       await deps.dispatcher?.apply({ job: record.spec.name, event: { type: 'restart_succeeded', time: Date.now() }, eventId: 'registered', origin: identityOf(res) });
@@ -91,7 +99,9 @@ export function jobsRouter(deps: JobsRouterDeps): express.Router {
     }),
   );
 
-  router.get(
+  apiRoute(
+    router,
+    'get',
     '/jobs',
     handle(async (_req, res) => {
       const records = await jobs.list();
@@ -99,7 +109,9 @@ export function jobsRouter(deps: JobsRouterDeps): express.Router {
     }),
   );
 
-  router.get(
+  apiRoute(
+    router,
+    'get',
     '/jobs/:id',
     handle(async (req, res) => {
       const name = jobName(req);
@@ -108,20 +120,24 @@ export function jobsRouter(deps: JobsRouterDeps): express.Router {
   );
 
   // Unregisters the job: steadfast stops watching and recovering it (the workload itself runs on).
-  router.delete(
+  apiRoute(
+    router,
+    'delete',
     '/jobs/:id',
     handle(async (req, res) => {
       const name = jobName(req);
       const record = await jobs.delete(name);
       await deps.audit.append(
-        { type: 'action', ref: `unregister-${name}-${Date.now()}`, summary: `${name}: unregistered by an operator (was ${record.state})`, data: { job: name, verb: 'unregister', state: 'done', previous: record.state } },
+        { type: 'action', ref: `unregister-${name}-${Date.now()}`, summary: `${name}: unregistered by an operator (was ${record.state}); ${record.spec.nodes.join(', ')} no longer belong to it`, actor: identityOf(res), data: { job: name, verb: 'unregister', state: 'done', previous: record.state, nodes: record.spec.nodes } },
         `unregister:${name}:${record.createdAt}`,
       );
       res.json({ deleted: name, was: record.state });
     }),
   );
 
-  router.put(
+  apiRoute(
+    router,
+    'put',
     '/jobs/:id/policy',
     handle(async (req, res) => {
       const name = jobName(req);
@@ -136,14 +152,18 @@ export function jobsRouter(deps: JobsRouterDeps): express.Router {
     }),
   );
 
-  router.post(
+  apiRoute(
+    router,
+    'post',
     '/jobs/:id/checkpoints',
     handle(async (req, res) => {
       res.status(202).json({ accepted: await jobs.addCheckpoints(await trainingJob(req, res), req.body) });
     }),
   );
 
-  router.get(
+  apiRoute(
+    router,
+    'get',
     '/jobs/:id/restore-plan',
     handle(async (req, res) => {
       const name = await trainingJob(req, res);
@@ -162,7 +182,9 @@ export function jobsRouter(deps: JobsRouterDeps): express.Router {
   );
 
   // The training loop polls this before each iteration and applies a new revision once (Greyhound §5.2, S2).
-  router.get(
+  apiRoute(
+    router,
+    'get',
     '/jobs/:id/microbatches',
     handle(async (req, res) => {
       if (!deps.microbatches) throw new StoreUnavailableError('this controller runs without fail-slow mitigation');
@@ -170,7 +192,9 @@ export function jobsRouter(deps: JobsRouterDeps): express.Router {
     }),
   );
 
-  router.post(
+  apiRoute(
+    router,
+    'post',
     '/jobs/:id/code-updates',
     handle(async (req, res) => {
       const name = jobName(req);
@@ -187,7 +211,9 @@ export function jobsRouter(deps: JobsRouterDeps): express.Router {
     }),
   );
 
-  router.get(
+  apiRoute(
+    router,
+    'get',
     '/standby/:node',
     handle(async (req, res) => {
       const node = parseOrThrow(nodeNameSchema, req.params.node, 'node');
@@ -198,7 +224,9 @@ export function jobsRouter(deps: JobsRouterDeps): express.Router {
   );
 
   // A standby's agent reports its self-check; a healthy one becomes ready for evictions.
-  router.post(
+  apiRoute(
+    router,
+    'post',
     '/standby/:node/self-check',
     handle(async (req, res) => {
       const node = parseOrThrow(nodeNameSchema, req.params.node, 'node');

@@ -6,6 +6,7 @@ import { nodeNameSchema } from '../core/names.js';
 import { parseOrThrow } from '../core/validate.js';
 import type { RemediationHistory } from '../actuators/remediation-history.js';
 import type { SafetyGates } from '../actuators/safety.js';
+import { apiRoute } from './routes.js';
 
 /**
  * The operator's cluster-wide controls over HTTP: pause and unpause every actuator, and hold
@@ -63,9 +64,11 @@ export function operatorRouter(deps: OperatorRouterDeps): express.Router {
     return { paused: reason !== undefined, reason, drainsInWindow: await gates.budgetUsed(), ...deps.budget };
   };
 
-  router.get('/pause', handle(async (_req, res) => void res.json(await pauseState())));
+  apiRoute(router, 'get', '/pause', handle(async (_req, res) => void res.json(await pauseState())));
 
-  router.post(
+  apiRoute(
+    router,
+    'post',
     '/pause',
     handle(async (req, res) => {
       const { reason } = parseOrThrow(pauseSchema, req.body ?? {}, 'pause');
@@ -75,7 +78,9 @@ export function operatorRouter(deps: OperatorRouterDeps): express.Router {
     }),
   );
 
-  router.delete(
+  apiRoute(
+    router,
+    'delete',
     '/pause',
     handle(async (_req, res) => {
       await gates.unpause();
@@ -84,14 +89,18 @@ export function operatorRouter(deps: OperatorRouterDeps): express.Router {
     }),
   );
 
-  router.get(
+  apiRoute(
+    router,
+    'get',
     '/holds',
     handle(async (_req, res) => {
       res.json({ holds: [...(await gates.holds()).entries()].sort(([a], [b]) => a.localeCompare(b)).map(([node, hold]) => ({ node, ...hold })) });
     }),
   );
 
-  router.put(
+  apiRoute(
+    router,
+    'put',
     '/holds/:node',
     handle(async (req, res) => {
       const node = parseOrThrow(nodeNameSchema, req.params.node, 'node');
@@ -106,7 +115,9 @@ export function operatorRouter(deps: OperatorRouterDeps): express.Router {
     }),
   );
 
-  router.delete(
+  apiRoute(
+    router,
+    'delete',
     '/holds/:node',
     handle(async (req, res) => {
       const node = parseOrThrow(nodeNameSchema, req.params.node, 'node');
@@ -119,7 +130,9 @@ export function operatorRouter(deps: OperatorRouterDeps): express.Router {
     }),
   );
 
-  router.get(
+  apiRoute(
+    router,
+    'get',
     '/nodes/:node/remediations',
     handle(async (req, res) => {
       const node = parseOrThrow(nodeNameSchema, req.params.node, 'node');

@@ -5,6 +5,8 @@ import type { AppViewRoute } from '@bull-board/api/typings/app';
 import type { Queue } from 'bullmq';
 import type express from 'express';
 import type { NextFunction, Request, Response } from 'express';
+import { requireScope } from './routes.js';
+import { QUEUE_BOARD_SCOPE } from './scopes.js';
 
 export const QUEUE_BOARD_PATH = '/queues';
 
@@ -15,8 +17,8 @@ export interface QueueBoardOptions {
 
 /**
  * Serves bull-board, the BullMQ web UI, at /queues: the steadfast queues' counts, jobs, their
- * data and failure reasons. It sits behind `guard`, the controller's auth middleware, which takes
- * a read credential as a bearer header or, since a browser cannot send one, as the HTTP Basic
+ * data and failure reasons. It sits behind `guard`, the controller's auth middleware, and the
+ * board's own scope check (reads `read`, writes `operate`); the guard takes a credential as a bearer header or, since a browser cannot send one, as the HTTP Basic
  * password (any user name; the 401 makes the browser prompt). Read-only unless `allowActions`: the board hides its write buttons, and every
  * request other than GET or HEAD is refused here as well, before it reaches the board.
  *
@@ -34,7 +36,13 @@ export function mountQueueBoard(app: express.Express, queues: Queue[], guard: ex
   // bull-board's adapter is a whole express app, mounted here as a sub-app.
   const board: express.Express = serverAdapter.getRouter();
   board.disable('x-powered-by');
-  app.use(QUEUE_BOARD_PATH, guard, allowActions ? sameOriginWrites : readOnly, board);
+  app.use(QUEUE_BOARD_PATH, guard, boardScope, allowActions ? sameOriginWrites : readOnly, board);
+}
+
+/** The board's reads need the `read` scope, its writes (where allowed) `operate`. */
+function boardScope(req: Request, res: Response, next: NextFunction): void {
+  const scope = req.method === 'GET' || req.method === 'HEAD' ? QUEUE_BOARD_SCOPE : 'operate';
+  requireScope({ method: req.method, path: QUEUE_BOARD_PATH, scope })(req, res, next);
 }
 
 /**

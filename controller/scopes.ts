@@ -1,10 +1,8 @@
 import type { Role } from '../core/credentials.js';
 
 /**
- * What each credential may do, in one place: every route of the controller's API maps to one
- * scope by method and path pattern, and each role holds a set of scopes. A route added later
- * gets its scope here, or by default the safe one: `operate` for a write, `read` for a read.
- * docs/security.md explains the choices.
+ * What each credential may do, in one place: every route of the controller's API has one scope,
+ * and each role holds a set of scopes. docs/security.md explains the choices.
  */
 
 export const SCOPES = ['read', 'operate', 'alerts', 'signals', 'node', 'training'] as const;
@@ -28,8 +26,8 @@ export const ROLE_SCOPES: Readonly<Record<Role, readonly Scope[]>> = {
 };
 
 export interface RouteScope {
-  readonly method: string;
-  /** Path under the controller's root; `:name` matches one path segment, a trailing `*` the rest. */
+  readonly method: 'GET' | 'POST' | 'PUT' | 'DELETE';
+  /** The route's path from the controller's root, as the router matches it; `:name` is one path segment. */
   readonly path: string;
   readonly scope: Scope;
   /**
@@ -39,7 +37,12 @@ export interface RouteScope {
   readonly nodeParam?: string;
 }
 
-/** Matched top to bottom; the first match wins. */
+/**
+ * Every route of the API with its scope. A route is registered through `apiRoute` (routes.ts),
+ * which takes its scope from here by the route's own pattern and checks it in the route's own
+ * middleware, on the parameters the router matched: the scope enforced is always that of the
+ * handler that runs. A route missing here cannot be registered (the controller does not start).
+ */
 export const ROUTE_SCOPES: readonly RouteScope[] = [
   { method: 'POST', path: '/api/v1/alerts', scope: 'alerts' },
   { method: 'POST', path: '/api/v1/signals', scope: 'signals' },
@@ -49,57 +52,33 @@ export const ROUTE_SCOPES: readonly RouteScope[] = [
   { method: 'GET', path: '/api/v1/jobs/:id/microbatches', scope: 'training' },
   { method: 'GET', path: '/api/v1/jobs/:id/restore-plan', scope: 'training' },
   { method: 'GET', path: '/api/v1/audit', scope: 'read' },
+  { method: 'GET', path: '/api/v1/queues', scope: 'read' },
   { method: 'GET', path: '/api/v1/jobs', scope: 'read' },
   { method: 'GET', path: '/api/v1/jobs/:id', scope: 'read' },
-  { method: 'GET', path: '/queues/*', scope: 'read' },
-  { method: 'HEAD', path: '/queues/*', scope: 'read' },
+  { method: 'POST', path: '/api/v1/jobs', scope: 'operate' },
+  { method: 'DELETE', path: '/api/v1/jobs/:id', scope: 'operate' },
+  { method: 'PUT', path: '/api/v1/jobs/:id/policy', scope: 'operate' },
+  { method: 'POST', path: '/api/v1/jobs/:id/code-updates', scope: 'operate' },
+  { method: 'GET', path: '/api/v1/pause', scope: 'read' },
+  { method: 'POST', path: '/api/v1/pause', scope: 'operate' },
+  { method: 'DELETE', path: '/api/v1/pause', scope: 'operate' },
+  { method: 'GET', path: '/api/v1/holds', scope: 'read' },
+  { method: 'PUT', path: '/api/v1/holds/:node', scope: 'operate' },
+  { method: 'DELETE', path: '/api/v1/holds/:node', scope: 'operate' },
+  { method: 'GET', path: '/api/v1/nodes/:node/remediations', scope: 'read' },
 ];
 
-const READS = new Set(['GET', 'HEAD', 'OPTIONS']);
+/** The board at /queues (bull-board, a sub-application): reads only, with a read credential. */
+export const QUEUE_BOARD_SCOPE: Scope = 'read';
 
-export interface ScopeMatch {
-  readonly scope: Scope;
-  /** The node the request is about, by the route's nodeParam; undefined when the route names none. */
-  readonly node?: string | undefined;
-}
-
-/** The scope a request needs: its route's, else `read` for a read and `operate` for anything else. */
-export function scopeFor(method: string, path: string): ScopeMatch {
+/** The table's entry for a route being registered. Throws when the route has none: every route needs its scope. */
+export function routeScope(method: string, path: string): RouteScope {
   const upper = method.toUpperCase();
-  const segments = splitPath(path);
-  for (const route of ROUTE_SCOPES) {
-    if (route.method !== upper) continue;
-    const params = matchPath(splitPath(route.path), segments);
-    if (params) return { scope: route.scope, node: route.nodeParam === undefined ? undefined : params.get(route.nodeParam) };
-  }
-  return { scope: READS.has(upper) ? 'read' : 'operate' };
+  const route = ROUTE_SCOPES.find((entry) => entry.method === upper && entry.path === path);
+  if (!route) throw new Error(`route ${upper} ${path} has no scope: add it to ROUTE_SCOPES (controller/scopes.ts)`);
+  return route;
 }
 
 export function roleHasScope(role: Role, scope: Scope): boolean {
   return ROLE_SCOPES[role].includes(scope);
-}
-
-function splitPath(path: string): string[] {
-  return path.split('/').filter((segment) => segment !== '');
-}
-
-function matchPath(pattern: readonly string[], segments: readonly string[]): Map<string, string> | undefined {
-  const params = new Map<string, string>();
-  for (const [index, part] of pattern.entries()) {
-    if (part === '*') return params;
-    const segment = segments[index];
-    if (segment === undefined) return undefined;
-    if (part.startsWith(':')) {
-      let decoded: string;
-      try {
-        decoded = decodeURIComponent(segment);
-      } catch {
-        return undefined;
-      }
-      params.set(part.slice(1), decoded);
-    } else if (part !== segment) {
-      return undefined;
-    }
-  }
-  return segments.length === pattern.length ? params : undefined;
 }

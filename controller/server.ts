@@ -14,6 +14,8 @@ import { AccessAudit, ForbiddenError, authorize, sendForbidden, type RequestLine
 import { endpointLabel, intakeHandler, rejecter } from './intake-http.js';
 import type { ControllerMetrics } from './metrics.js';
 import { mountQueueBoard } from './queue-board.js';
+import { requestTargetProblem } from './request-target.js';
+import { API_ROOT, apiRoute } from './routes.js';
 import { summarizeQueue } from './queue-summary.js';
 import { BodyBudget, jsonBody } from './request-body.js';
 
@@ -81,9 +83,11 @@ export function createApp(deps: ServerDeps): (req: IncomingMessage, res: ServerR
     });
   }
 
-  app.use('/api/v1', auth);
+  app.use(API_ROOT, auth);
 
-  app.get('/api/v1/audit', async (req, res) => {
+  // The API's own routes live on a router mounted at API_ROOT, as the other routers do.
+  const api = express.Router();
+  apiRoute(api, 'get', '/audit', async (req, res) => {
     const query = auditQuerySchema.safeParse(req.query);
     if (!query.success) {
       reject(res, 'audit', 400, 'invalid', `invalid audit query: ${describeIssues(query.error.issues)}`);
@@ -101,11 +105,12 @@ export function createApp(deps: ServerDeps): (req: IncomingMessage, res: ServerR
   });
 
   // What `steadfast queues` prints: counts by state and the newest failures of each queue.
-  app.get('/api/v1/queues', async (_req, res) => {
+  apiRoute(api, 'get', '/queues', async (_req, res) => {
     res.json({ queues: await Promise.all((deps.queues ?? []).map((queue) => summarizeQueue(queue))) });
   });
 
-  for (const router of deps.routers ?? []) app.use('/api/v1', json, router);
+  app.use(API_ROOT, api);
+  for (const router of deps.routers ?? []) app.use(API_ROOT, json, router);
   if (deps.queues) {
     mountQueueBoard(app, deps.queues, authorize({ credentials: deps.credentials, access, onReject, basic: true }));
   }
@@ -141,6 +146,12 @@ export function createApp(deps: ServerDeps): (req: IncomingMessage, res: ServerR
 
   const intake = intakeHandler({ credentials: deps.credentials, access, onReject, limiter, body: bodyLimits, enqueue: deps.enqueue, recordProgress: deps.recordProgress, redisUp: deps.redisUp, metrics, logger });
   return (req, res) => {
+    // Before anything else: a target the router could read otherwise than it was sent is refused.
+    const problem = requestTargetProblem(req.url ?? '');
+    if (problem !== undefined) {
+      reject(res, 'other', 400, 'bad_target', `${problem}; send a plain path`);
+      return;
+    }
     if (!intake(req, res)) app(req, res);
   };
 }

@@ -54,9 +54,10 @@ describe('the reset_gpu step of a job', () => {
     await store.cleanup();
   });
 
-  /** A fresh job on a fresh prefix, the dry-run backend holding one standby, and the processor with the agent's reset. */
+  /** A fresh job (the one before it on these nodes finished), the dry-run backend holding one standby, and the processor with the agent's reset. */
   async function setUp(job: string) {
     const jobs = new JobStore(store.redis, store.keys);
+    for (const record of await jobs.list()) if (record.state !== 'finished') await jobs.finish(record.spec.name, 'the next test takes its nodes');
     await jobs.create({ name: job, nodes: ['n00', 'n01', 'n02', 'n03'], ranksPerNode: 1, launcher: 'accept', codeVersion: 'v1' });
     const backend = new DryRunBackend(store.redis, store.keys);
     await backend.holdStandby(`spare-${job}`);

@@ -136,8 +136,14 @@ describe('analysis worker', () => {
     return urls;
   }
 
+  /** Registers a job on the test's machines, once the job before it there has finished (a node serves one job at a time). */
+  async function registerAlone(spec: unknown): Promise<void> {
+    for (const record of await jobs.list()) if (record.state !== 'finished') await jobs.finish(record.spec.name, 'the next test\'s job takes its machines');
+    await jobs.create(spec);
+  }
+
   it('runs stop-time diagnostics on every node through the real agents and reports the failing node to the ladder', async () => {
-    await jobs.create(jobSpec('diag-job'));
+    await registerAlone(jobSpec('diag-job'));
     // a2's GPU check fails; the others pass.
     const urls = await startAgents('diag', (node) => [{ name: 'eud', command: ['sh', '-c', node === 'a2' ? 'echo "GPU 3: fail" >&2; exit 1' : 'exit 0'], timeoutSeconds: 10 }]);
     const evict = await processor(urls)(analysisJob({ kind: 'diagnostics', job: 'diag-job', ref: 't1:0', reason: 'crash without culprit' }));
@@ -162,7 +168,7 @@ describe('analysis worker', () => {
   const peersSeen = (name: string, node: string): string => readFileSync(join(dir, `ran-${name}-${node}`), 'utf8').trim();
 
   it('walks the stages and stops at the first that finds a suspect, with every stage on the audit trail', async () => {
-    await jobs.create(jobSpec('staged-job'));
+    await registerAlone(jobSpec('staged-job'));
     const urls = await startAgents('staged', (node) => [
       { name: 'eud', command: ['sh', '-c', node === 'a2' ? 'echo "GPU 3: fail" >&2; exit 1' : 'exit 0'], timeoutSeconds: 10 },
       marking('nccl-all-to-all', node),
@@ -181,7 +187,7 @@ describe('analysis worker', () => {
   });
 
   it('takes only the nodes a stage cleared to the next, drawing the neighbour ring over them', async () => {
-    await jobs.create(jobSpec('ring-job'));
+    await registerAlone(jobSpec('ring-job'));
     // a3's agent has no EUD configured: it answers 400, is not cleared and goes no further.
     // The inter-machine all-gather fails on a1.
     const urls = await startAgents('ring', (node) => [
@@ -204,7 +210,7 @@ describe('analysis worker', () => {
   });
 
   it('runs dual-phase replay with the job\'s replay command and names the one machine in both failing groups', async () => {
-    await jobs.create(jobSpec('replay-job', 'replay-a1'));
+    await registerAlone(jobSpec('replay-job', 'replay-a1'));
     const evict = await processor({})(analysisJob({ kind: 'replay', job: 'replay-job', ref: 't2:0', reason: 'restarts keep failing' }));
     expect(evict).toEqual({ evict: ['a1'] });
     expect(feedback.map((entry) => entry.event)).toEqual([{ type: 'replay_result', time: expect.any(Number), culprits: ['a1'] }]);
@@ -212,14 +218,14 @@ describe('analysis worker', () => {
   });
 
   it('skips replay when the job has no replay command, says so, and lets the ladder go on', async () => {
-    await jobs.create(jobSpec('no-replay'));
+    await registerAlone(jobSpec('no-replay'));
     await processor({})(analysisJob({ kind: 'replay', job: 'no-replay', ref: 't3:0', reason: 'x' }));
     expect(feedback.map((entry) => entry.event)).toEqual([{ type: 'replay_result', time: expect.any(Number), culprits: [], unrun: expect.stringContaining('has no replay command') }]);
     expect((await auditSummaries('t3:0'))[0]).toContain('has no replay command');
   });
 
   it('aggregates stack dumps from every node over the rounds and over-evicts the machines of the group whose ranks are stuck', async () => {
-    await jobs.create(jobSpec('hang-job'));
+    await registerAlone(jobSpec('hang-job'));
     // Ranks 6 and 7 (one TP group, on a3) wait in a pipeline receive; the other six in all-reduce.
     const urls: Record<string, string> = {};
     for (const [index, node] of NODES.entries()) {
@@ -247,7 +253,7 @@ describe('analysis worker', () => {
   });
 
   it('runs one stack aggregation per job at a time: a second request while one runs is recorded, not traced', async () => {
-    await jobs.create(jobSpec('busy-job'));
+    await registerAlone(jobSpec('busy-job'));
     let traces = 0;
     const urls: Record<string, string> = {};
     for (const [index, node] of NODES.entries()) {
@@ -273,7 +279,7 @@ describe('analysis worker', () => {
   });
 
   it('takes no decision when no agent gives a stack, instead of blaming every machine', async () => {
-    await jobs.create(jobSpec('dark-job'));
+    await registerAlone(jobSpec('dark-job'));
     const evict = await processor({ a0: 'http://127.0.0.1:9', a1: 'http://127.0.0.1:9', a2: 'http://127.0.0.1:9', a3: 'http://127.0.0.1:9' })(
       analysisJob({ kind: 'stacks', job: 'dark-job', ref: 't5:0', reason: 'no progress' }),
     );

@@ -86,6 +86,41 @@ describe('jobs API', () => {
     expect((await get(`${url}/api/v1/standby/other`)).body).toEqual({ node: 'other', role: 'unassigned' });
   });
 
+  it('refuses with 409 a job that names a node of a running job, keeps that node with its job, and takes it once that job is unregistered', async () => {
+    const first = { name: 'first', nodes: ['m00', 'm01'], ranksPerNode: 1, launcher: 'accept', codeVersion: 'v1' };
+    const second = { name: 'second', nodes: ['m01', 'm02'], ranksPerNode: 1, launcher: 'accept', codeVersion: 'v1' };
+    expect((await post(`${url}/api/v1/jobs`, first)).status).toBe(201);
+    const taken = await post(`${url}/api/v1/jobs`, second);
+    expect(taken.status).toBe(409);
+    expect(taken.body.error).toBe('job second cannot be registered: m01 belongs to job first; a node joins another job only once that job finished or was unregistered');
+    // Nothing of the refused job was written, and the node still answers for the job it runs.
+    expect((await get(`${url}/api/v1/jobs/second`)).status).toBe(404);
+    expect(await controller.jobs.jobOnNode('m01')).toBe('first');
+    expect(await controller.jobs.jobOnNode('m02')).toBeUndefined();
+    expect((await get(`${url}/api/v1/standby/m01`)).body).toMatchObject({ role: 'active', job: 'first' });
+
+    const deleted = await fetch(`${url}/api/v1/jobs/first`, { method: 'DELETE', headers: { authorization: `Bearer ${TEST_TOKEN}` } });
+    expect(deleted.status).toBe(200);
+    expect((await post(`${url}/api/v1/jobs`, second)).status).toBe(201);
+    expect(await controller.jobs.jobOnNode('m01')).toBe('second');
+    // Both changes of the node map are on record, with who made them.
+    const audit = await controller.audit.read({ limit: 100 });
+    const summaries = audit.filter((entry) => entry.data.verb === 'register' || entry.data.verb === 'unregister').map((entry) => `${entry.summary} [${entry.actor?.role ?? '-'}]`);
+    expect(summaries).toEqual(
+      expect.arrayContaining([
+        'first: registered on m00, m01, version v1 [operator]',
+        'first: unregistered by an operator (was running); m00, m01 no longer belong to it [operator]',
+        'second: registered on m01, m02, version v1 [operator]',
+      ]),
+    );
+  });
+
+  it('lets a finished job\'s nodes join another job', async () => {
+    expect((await post(`${url}/api/v1/jobs`, { name: 'done-soon', nodes: ['k00'], ranksPerNode: 1, launcher: 'accept', codeVersion: 'v1' })).status).toBe(201);
+    await controller.jobs.finish('done-soon', 'its workload ended');
+    expect((await post(`${url}/api/v1/jobs`, { name: 'next', nodes: ['k00'], ranksPerNode: 1, launcher: 'accept', codeVersion: 'v1' })).status).toBe(201);
+  });
+
   it('keeps the jobs API behind the token', async () => {
     expect((await fetch(`${url}/api/v1/jobs`)).status).toBe(401);
   });

@@ -1,7 +1,6 @@
 import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { DryRunBackend } from '../../actuators/dry-run.js';
 import { SafetyGates } from '../../actuators/safety.js';
@@ -92,15 +91,16 @@ describe('operator controls on a running controller', () => {
     expect((await call(url, 'GET', '/api/v1/jobs/llama')).status).toBe(404);
     expect(await controller.jobs.jobOnNode('n01')).toBeUndefined();
     expect(await store.redis.exists(store.keys.jobLadder('llama'))).toBe(0);
-    expect((await controller.audit.read({ limit: 50 })).map((entry) => entry.summary)).toContain('llama: unregistered by an operator (was running)');
+    expect((await controller.audit.read({ limit: 50 })).map((entry) => entry.summary)).toContain('llama: unregistered by an operator (was running); n00, n01, n02, n03 no longer belong to it');
     expect((await call(url, 'DELETE', '/api/v1/jobs/llama')).status).toBe(404);
     // A fault on its former node is now a plain drain, not a recovery of the job.
     expect((await post(`${url}/api/v1/signals`, xid('n01'))).status).toBe(202);
     await until('the drain', () => new DryRunBackend(store.redis, store.keys).recorded(), (recorded) => 'n01' in recorded);
   });
 
-  it('records signals about a held node but never drains it; once released, the next fault is acted on', async () => {
-    const { store, controller, url } = await setUp({ policy: { drainDedupeSeconds: 1 } });
+  it('records signals about a held node but never drains it; once released, the next fault is acted on at once, within the dedupe window', async () => {
+    // The default 15-minute dedupe window: the refused decision must not hold the node's claim through it.
+    const { store, controller, url } = await setUp();
     const held = await call(url, 'PUT', '/api/v1/holds/lone-1', { reason: 'DIMM swap', durationSeconds: 3600 });
     expect(held.status).toBe(200);
     expect(held.body).toMatchObject({ node: 'lone-1', reason: 'DIMM swap' });
@@ -113,10 +113,22 @@ describe('operator controls on a running controller', () => {
 
     expect((await call(url, 'DELETE', '/api/v1/holds/lone-1')).status).toBe(200);
     expect((await call(url, 'DELETE', '/api/v1/holds/lone-1')).status).toBe(404);
-    // Past the dedupe window, the next fault is a new decision.
-    await sleep(1100);
-    expect((await post(`${url}/api/v1/signals`, xid('lone-1'))).status).toBe(202);
+    // A fatal Xid on another GPU of the node: a new decision, acted on now.
+    expect((await post(`${url}/api/v1/signals`, { ...xid('lone-1'), gpu: '0000:3b:00' })).status).toBe(202);
     await until('the drain after the release', () => new DryRunBackend(store.redis, store.keys).recorded(), (recorded) => 'lone-1' in recorded);
+  });
+
+  it('refuses every drain while paused; once unpaused, the next fault on a node refused meanwhile is acted on at once', async () => {
+    const { store, controller, url } = await setUp();
+    expect((await call(url, 'POST', '/api/v1/pause', { reason: 'switch firmware' })).status).toBe(200);
+    expect((await post(`${url}/api/v1/signals`, xid('lone-1'))).status).toBe(202);
+    const refused = await until('the refusal', () => controller.audit.read({ limit: 100 }), (entries) => actions(entries).some((entry) => entry.data.state === 'refused'));
+    expect(actions(refused).find((entry) => entry.data.state === 'refused')?.data.detail).toMatch(/paused/);
+    expect((await call(url, 'DELETE', '/api/v1/pause')).status).toBe(200);
+    expect((await post(`${url}/api/v1/signals`, { ...xid('lone-1'), gpu: '0000:3b:00' })).status).toBe(202);
+    await until('the drain after the pause', () => new DryRunBackend(store.redis, store.keys).recorded(), (recorded) => 'lone-1' in recorded);
+    const joined = (await controller.audit.read({ limit: 100 })).filter((entry) => entry.type === 'signal' && /already being drained/.test(entry.summary));
+    expect(joined).toEqual([]);
   });
 
   it('refuses to evict a held node of a job, and never takes a held node as its standby', async () => {

@@ -1,12 +1,12 @@
 import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { Queue } from 'bullmq';
-import express from 'express';
+import express, { type NextFunction, type Request, type Response } from 'express';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { AuditLog } from '../../core/audit.js';
 import { Credentials } from '../../core/credentials.js';
 import { silentLogger } from '../../core/log.js';
-import { AccessAudit, authorize } from '../../controller/auth.js';
+import { AccessAudit, ForbiddenError, authorize, sendForbidden } from '../../controller/auth.js';
 import { mountQueueBoard } from '../../controller/queue-board.js';
 import { ALERTMANAGER_TOKEN, READ_ONLY_TOKEN, TEST_TOKEN } from '../support/controller.js';
 import { testRedis } from '../support/redis.js';
@@ -50,14 +50,22 @@ describe('queue board at /queues', () => {
     const app = express();
     app.disable('x-powered-by'); // as createApp does; the board's own sub-app must not add it back
     const credentials = new Credentials({ operator: TEST_TOKEN, readOnly: READ_ONLY_TOKEN, alertmanager: ALERTMANAGER_TOKEN });
-    const guard = authorize({ credentials, access: new AccessAudit(new AuditLog(env.redis, env.keys), silentLogger()), onReject: () => undefined, basic: true });
+    const access = new AccessAudit(new AuditLog(env.redis, env.keys), silentLogger());
+    const guard = authorize({ credentials, access, onReject: () => undefined, basic: true });
+    // As createApp does: a refusal by a route's scope check becomes the audited 403.
+    const forbiddenAs403 = (error: unknown, req: Request, res: Response, next: NextFunction): void => {
+      if (error instanceof ForbiddenError) sendForbidden({ access, onReject: () => undefined }, req, res, error.identity, error.scope, error.message);
+      else next(error);
+    };
     mountQueueBoard(app, [signals, actions], guard);
     app.use((_req, res) => {
       res.status(404).json({ error: 'no such endpoint' });
     });
+    app.use(forbiddenAs403);
     readOnly = await listen(app);
     const writableApp = express();
     mountQueueBoard(writableApp, [signals, actions], guard, { allowActions: true });
+    writableApp.use(forbiddenAs403);
     writable = await listen(writableApp);
   });
 

@@ -462,6 +462,8 @@ describe('exclusion history across jobs', () => {
         await jobs.create({ ...JOB, name, nodes: ['flaky', `x${round}`, `y${round}`, `z${round}`] });
         const steps = [{ verb: 'evict' as const, job: name, nodes: ['flaky'], reason: 'machine fault', citation: '§4.1' }];
         await processor(recoveryJob(`t-${round}`, name, steps));
+        // The job ends; the repaired node serves the next one.
+        await jobs.finish(name, 'done');
         await backend.resume('flaky');
       }
       expect(await store.redis.smembers(store.keys.quarantine)).toEqual(['flaky']);

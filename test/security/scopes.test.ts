@@ -99,7 +99,6 @@ describe('scoped credentials on the real controller', () => {
       [agentToken('node-1'), 'agent', 'POST', '/api/v1/alerts', xidAlertPayload(), 'alerts'],
       [agentToken('node-1'), 'agent', 'GET', '/api/v1/audit', undefined, 'read'],
       [agentToken('node-1'), 'agent', 'POST', '/api/v1/jobs/scoped/code-updates', { version: 'v3' }, 'operate'],
-      // A route nobody listed: a write needs the operator.
       [agentToken('node-1'), 'agent', 'DELETE', '/api/v1/jobs/scoped', undefined, 'operate'],
     ];
     for (const [token, role, method, path, body, scope] of refused) {

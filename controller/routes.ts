@@ -1,0 +1,41 @@
+import type { IRouter, NextFunction, Request, RequestHandler, Response } from 'express';
+import { describeIdentity } from '../core/credentials.js';
+import { ForbiddenError, identityOf } from './auth.js';
+import { roleHasScope, routeScope, type RouteScope } from './scopes.js';
+
+/**
+ * Registers the API's routes with their scope (scopes.ts) as part of the route itself: the
+ * route's first handler checks the caller's credential against the scope of this route, and a
+ * node-bound credential against the node parameter the router matched. Whatever request target
+ * reached the handler, the scope checked is the one of the handler that runs. Every route of the
+ * API is registered here; one that scopes.ts does not list fails at start.
+ */
+
+export const API_ROOT = '/api/v1';
+
+type Method = 'get' | 'post' | 'put' | 'delete';
+
+/** `router.<method>(path, …handlers)` behind the scope check of `API_ROOT + path`. */
+export function apiRoute(router: IRouter, method: Method, path: string, ...handlers: RequestHandler[]): void {
+  const route = routeScope(method, `${API_ROOT}${path}`);
+  router[method](path, requireScope(route), ...handlers);
+}
+
+/** The middleware that holds a request to `route`'s scope; refusals go to the app's ForbiddenError handler (403, audited). */
+export function requireScope(route: Pick<RouteScope, 'path' | 'scope' | 'nodeParam'> & { readonly method: string }): RequestHandler {
+  return (req: Request, res: Response, next: NextFunction) => {
+    const identity = identityOf(res);
+    // The path as sent: a plain path by now (request-target.ts), so the one the router matched.
+    const what = `${req.method} ${req.originalUrl.split('?')[0] ?? ''}`;
+    if (identity.role === 'controller' || !roleHasScope(identity.role, route.scope)) {
+      next(new ForbiddenError(identity, route.scope, `role ${identity.role} may not ${what}: it needs scope "${route.scope}"`));
+      return;
+    }
+    const node = route.nodeParam === undefined ? undefined : req.params[route.nodeParam];
+    if (node !== undefined && identity.node !== undefined && node !== identity.node) {
+      next(new ForbiddenError(identity, route.scope, `${describeIdentity(identity)} may not ${req.method} about node ${String(node)}: its credential is bound to ${identity.node}`));
+      return;
+    }
+    next();
+  };
+}
