@@ -3,10 +3,10 @@ import { auditQuerySchema, type AuditEntry } from '../core/audit.js';
 import { describeIdentity } from '../core/credentials.js';
 import { parseOrThrow } from '../core/validate.js';
 import { callController, controllerConnection, withControllerOptions } from './controller-client.js';
-import { runCommand } from './common.js';
+import { printable, runCommand } from './common.js';
 
 export function formatAuditEntry(entry: AuditEntry): string {
-  return `${entry.time}  ${entry.type.padEnd(8)} ${(entry.node ?? '-').padEnd(12)} ${entry.summary}${entry.actor ? `  [by ${describeIdentity(entry.actor)}]` : ''}`;
+  return printable(`${entry.time}  ${entry.type.padEnd(8)} ${(entry.node ?? '-').padEnd(12)} ${entry.summary}${entry.actor ? `  [by ${describeIdentity(entry.actor)}]` : ''}`);
 }
 
 /** `steadfast audit`: the audit trail, read over the controller's API (GET /api/v1/audit). */

@@ -34,3 +34,19 @@ export function untilSignalled(): Promise<NodeJS.Signals> {
     process.once('SIGTERM', () => resolve('SIGTERM'));
   });
 }
+
+// C0 and C1 controls, DEL, and the bidirectional overrides and isolates.
+const UNPRINTABLE = /[\u0000-\u001f\u007f-\u009f\u202a-\u202e\u2066-\u2069]/g;
+
+/**
+ * Text from the controller (an alert's summary, a hold's reason, a job's failure) as it may be
+ * written to a terminal: control characters, which could move the cursor, clear the screen or
+ * retitle the window, and bidirectional overrides, which could reorder what is shown, are
+ * written as `\xNN` / `\uNNNN` escapes instead.
+ */
+export function printable(text: string): string {
+  return text.replace(UNPRINTABLE, (char) => {
+    const code = char.charCodeAt(0);
+    return code <= 0xff ? `\\x${code.toString(16).padStart(2, '0')}` : `\\u${code.toString(16).padStart(4, '0')}`;
+  });
+}

@@ -2,7 +2,7 @@ import { Command } from 'commander';
 import { nodeNameSchema } from '../core/names.js';
 import { parseOrThrow } from '../core/validate.js';
 import { callController, controllerConnection, withControllerOptions } from './controller-client.js';
-import { parsePositiveInt, runCommand } from './common.js';
+import { parsePositiveInt, printable, runCommand } from './common.js';
 
 interface HoldView {
   readonly node: string;
@@ -27,7 +27,7 @@ export function holdCommands(): Command[] {
         const node = parseOrThrow(nodeNameSchema, nodeArgument, 'node');
         const body = { reason: options.reason, ...(options.for === undefined ? {} : { durationSeconds: options.for }), ...(options.until === undefined ? {} : { until: options.until }) };
         const answer = await callController<HoldView>(controllerConnection(options), 'PUT', `/api/v1/holds/${node}`, body);
-        process.stdout.write(`${answer.node}: held until ${answer.until} (${answer.reason})\n`);
+        process.stdout.write(`${printable(`${answer.node}: held until ${answer.until} (${answer.reason})`)}\n`);
       });
     });
   const release = withControllerOptions(new Command('release').description('Release a node\'s hold: steadfast may act on it again.'))
@@ -48,7 +48,7 @@ export function holdCommands(): Command[] {
           process.stdout.write(`${JSON.stringify(answer)}\n`);
           return;
         }
-        for (const held of answer.holds) process.stdout.write(`${held.node.padEnd(24)} until ${held.until}  ${held.reason}\n`);
+        for (const held of answer.holds) process.stdout.write(`${printable(`${held.node.padEnd(24)} until ${held.until}  ${held.reason}`)}\n`);
       });
     });
   return [hold, release, list];

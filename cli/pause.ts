@@ -1,6 +1,6 @@
 import { Command } from 'commander';
 import { callController, controllerConnection, withControllerOptions } from './controller-client.js';
-import { runCommand } from './common.js';
+import { printable, runCommand } from './common.js';
 
 interface PauseAnswer {
   readonly paused: boolean;
@@ -17,7 +17,7 @@ export function pauseCommands(): Command[] {
     .action(async (options: Record<string, unknown>) => {
       await runCommand(async () => {
         const answer = await callController<PauseAnswer>(controllerConnection(options), 'POST', '/api/v1/pause', { reason: options.reason });
-        process.stdout.write(`paused: ${answer.reason ?? ''}\n`);
+        process.stdout.write(`paused: ${printable(answer.reason ?? '')}\n`);
       });
     });
   const unpause = withControllerOptions(new Command('unpause').description('Let actuators act again; shows the eviction budget used in the current window.')).action(

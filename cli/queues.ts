@@ -6,7 +6,7 @@ import { describeRedis, workerConnection, type Redis } from '../core/redis.js';
 import { QUEUE_NAMES } from '../core/queues.js';
 import { FAILED_SHOWN, QUEUE_STATES, summarizeQueue as summarize, type QueueSummary } from '../controller/queue-summary.js';
 import { callController, controllerConnection, withControllerOptions } from './controller-client.js';
-import { runCommand } from './common.js';
+import { printable, runCommand } from './common.js';
 
 export { FAILED_SHOWN, QUEUE_STATES, type FailedJobSummary, type QueueState, type QueueSummary } from '../controller/queue-summary.js';
 
@@ -33,7 +33,7 @@ export function formatQueueSummary(summary: QueueSummary): string {
     const reason = job.failedReason.split('\n')[0] ?? '';
     lines.push(`  failed ${new Date(job.timestamp).toISOString()}  ${job.id ?? '-'}  ${job.name}  attempts ${job.attemptsMade}  ${reason}`);
   }
-  return lines.join('\n');
+  return lines.map(printable).join('\n');
 }
 
 /** host:port of a Redis URL, leaving out any password it carries. */

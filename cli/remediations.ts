@@ -3,7 +3,7 @@ import { nodeNameSchema } from '../core/names.js';
 import type { RemediationEntry } from '../core/remedy.js';
 import { parseOrThrow } from '../core/validate.js';
 import { callController, controllerConnection, withControllerOptions } from './controller-client.js';
-import { parsePositiveInt, runCommand } from './common.js';
+import { parsePositiveInt, printable, runCommand } from './common.js';
 
 interface RemediationsView {
   readonly node: string;
@@ -28,12 +28,12 @@ export function remediationsCommand(): Command {
           process.stdout.write(`${JSON.stringify(answer)}\n`);
           return;
         }
-        if (answer.held) process.stdout.write(`${node}: held until ${answer.held.until} (${answer.held.reason})\n`);
+        if (answer.held) process.stdout.write(`${printable(`${node}: held until ${answer.held.until} (${answer.held.reason})`)}\n`);
         if (answer.remediations.length === 0) process.stdout.write(`${node}: no remediations recorded\n`);
         for (const entry of answer.remediations) {
           const actor = entry.actor ? ` by ${entry.actor.role}${entry.actor.node ? ` ${entry.actor.node}` : ''}` : '';
           const gpu = entry.gpu ? ` GPU ${entry.gpu}` : '';
-          process.stdout.write(`${entry.time}  ${`${entry.action}${gpu}`.padEnd(26)} ${entry.outcome.padEnd(9)} ${entry.decisionId}${actor}: ${entry.detail}\n`);
+          process.stdout.write(`${printable(`${entry.time}  ${`${entry.action}${gpu}`.padEnd(26)} ${entry.outcome.padEnd(9)} ${entry.decisionId}${actor}: ${entry.detail}`)}\n`);
         }
       });
     });

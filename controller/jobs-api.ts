@@ -145,7 +145,7 @@ export function jobsRouter(deps: JobsRouterDeps): express.Router {
       const policy = await jobs.setPolicy(name, change);
       const said = `recovery ${policy.recovery ? 'on' : 'off'}, dry-run ${policy.dryRun ? 'on' : 'off'}`;
       await deps.audit.append(
-        { type: 'action', ref: `policy-${name}-${Date.now()}`, summary: `${name}: job policy set by an operator: ${said}`, data: { job: name, verb: 'set_policy', state: 'done', policy } },
+        { type: 'action', ref: `policy-${name}-${Date.now()}`, summary: `${name}: job policy set by an operator: ${said}`, data: { job: name, verb: 'set_policy', state: 'done', policy }, actor: identityOf(res) },
         `policy:${name}:${Date.now()}:${said}`,
       );
       res.json({ job: name, policy });

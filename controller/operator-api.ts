@@ -6,6 +6,7 @@ import { nodeNameSchema } from '../core/names.js';
 import { parseOrThrow } from '../core/validate.js';
 import type { RemediationHistory } from '../actuators/remediation-history.js';
 import type { SafetyGates } from '../actuators/safety.js';
+import { identityOf } from './auth.js';
 import { apiRoute } from './routes.js';
 
 /**
@@ -55,8 +56,9 @@ export function operatorRouter(deps: OperatorRouterDeps): express.Router {
       }
     };
 
-  const record = async (ref: string, summary: string, data: Record<string, unknown>, node?: string): Promise<void> => {
-    await audit.append({ type: 'action', ref, node, summary, data: { state: 'done', ...data } }, `${ref}:${Date.now()}`);
+  /** Audits an operator's change with the credential that made it. */
+  const record = async (res: Response, ref: string, summary: string, data: Record<string, unknown>, node?: string): Promise<void> => {
+    await audit.append({ type: 'action', ref, node, summary, data: { state: 'done', ...data }, actor: identityOf(res) }, `${ref}:${Date.now()}`);
   };
 
   const pauseState = async (): Promise<Record<string, unknown>> => {
@@ -73,7 +75,7 @@ export function operatorRouter(deps: OperatorRouterDeps): express.Router {
     handle(async (req, res) => {
       const { reason } = parseOrThrow(pauseSchema, req.body ?? {}, 'pause');
       await gates.pause(reason);
-      await record('pause', `pause: every actuator paused by an operator (${reason})`, { verb: 'pause', reason });
+      await record(res, 'pause', `pause: every actuator paused by an operator (${reason})`, { verb: 'pause', reason });
       res.json(await pauseState());
     }),
   );
@@ -84,7 +86,7 @@ export function operatorRouter(deps: OperatorRouterDeps): express.Router {
     '/pause',
     handle(async (_req, res) => {
       await gates.unpause();
-      await record('unpause', 'unpause: actuators may act again', { verb: 'unpause' });
+      await record(res, 'unpause', 'unpause: actuators may act again', { verb: 'unpause' });
       res.json(await pauseState());
     }),
   );
@@ -110,7 +112,7 @@ export function operatorRouter(deps: OperatorRouterDeps): express.Router {
       if (until <= now) throw new InputError('hold.until: must be in the future', 'until');
       if (until - now > deps.holdMaxSeconds * 1000) throw new InputError(`hold.until: at most ${deps.holdMaxSeconds} s ahead (safety.holdMaxSeconds)`, 'until');
       const hold = await gates.hold(node, body.reason, until, now);
-      await record(`hold-${node}`, `hold ${node}: no action on it until ${hold.until} (${body.reason})`, { verb: 'hold', node, ...hold }, node);
+      await record(res, `hold-${node}`, `hold ${node}: no action on it until ${hold.until} (${body.reason})`, { verb: 'hold', node, ...hold }, node);
       res.json({ node, ...hold });
     }),
   );
@@ -125,7 +127,7 @@ export function operatorRouter(deps: OperatorRouterDeps): express.Router {
         res.status(404).json({ error: `${node} is not held` });
         return;
       }
-      await record(`hold-${node}`, `release ${node}: hold lifted by an operator`, { verb: 'release_hold', node }, node);
+      await record(res, `hold-${node}`, `release ${node}: hold lifted by an operator`, { verb: 'release_hold', node }, node);
       res.json({ node, released: true });
     }),
   );

@@ -46,6 +46,8 @@ function httpStatusOf(error: unknown): number | undefined {
 }
 
 const READ_METHODS = new Set(['GET', 'HEAD', 'OPTIONS']);
+/** How long GET /api/v1/queues waits for Redis before answering 503. */
+const QUEUES_ANSWER_MS = 5000;
 
 /**
  * The controller's HTTP surface: the intake endpoints (intake-http.ts) and, behind them, every
@@ -105,8 +107,18 @@ export function createApp(deps: ServerDeps): (req: IncomingMessage, res: ServerR
   });
 
   // What `steadfast queues` prints: counts by state and the newest failures of each queue.
+  // The queues sit on the workers' connection, which waits for Redis rather than fail: the
+  // answer is 503 while Redis is down, and when it does not come within QUEUES_ANSWER_MS.
   apiRoute(api, 'get', '/queues', async (_req, res) => {
-    res.json({ queues: await Promise.all((deps.queues ?? []).map((queue) => summarizeQueue(queue))) });
+    const unavailable = (why: string): void => reject(res, 'queues', 503, 'store_unavailable', `queues cannot be read: ${why}; retry later`);
+    if (!(await deps.redisUp())) return unavailable('Redis is unreachable');
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<'late'>((resolve) => (timer = setTimeout(() => resolve('late'), QUEUES_ANSWER_MS)));
+    const summaries = Promise.all((deps.queues ?? []).map((queue) => summarizeQueue(queue)));
+    summaries.catch(() => undefined);
+    const answer = await Promise.race([summaries, late]).finally(() => clearTimeout(timer));
+    if (answer === 'late') return unavailable(`Redis did not answer within ${QUEUES_ANSWER_MS} ms`);
+    res.json({ queues: answer });
   });
 
   app.use(API_ROOT, api);

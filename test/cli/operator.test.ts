@@ -91,12 +91,26 @@ describe('the operator CLI against a running controller', () => {
 
   it('prints the audit trail, filtered by node, and as JSON lines', async () => {
     const lines = (await runCli(auditCommand(), ['--node', 'n2', ...flags])).stdout.trim().split('\n');
-    expect(lines.at(-1)).toMatch(/action +n2 +release n2: hold lifted by an operator$/);
+    expect(lines.at(-1)).toMatch(/action +n2 +release n2: hold lifted by an operator {2}\[by operator\]$/);
     const json = await runCli(auditCommand(), ['--json', '--limit', '1', ...flags]);
     expect(JSON.parse(json.stdout.trim())).toMatchObject({ type: 'action' });
     const bad = await runCli(auditCommand(), ['--type', 'gossip', ...flags]);
     expect(bad.exitCode).toBe(2);
     expect(bad.stderr).toContain('type');
+  });
+
+  it('writes control characters and bidirectional overrides from the controller as escapes, so a reason cannot rewrite the terminal', async () => {
+    const [hold, release, holds] = holdCommands() as [ReturnType<typeof holdCommands>[0], ReturnType<typeof holdCommands>[0], ReturnType<typeof holdCommands>[0]];
+    const hostile = 'fan\u001b]0;pwned\u0007\u001b[2J\u202eswap';
+    expect((await runCli(hold, ['n1', '--reason', hostile, ...flags])).exitCode).toBe(0);
+    const printed = [(await runCli(holds, flags)).stdout, (await runCli(auditCommand(), ['--node', 'n1', ...flags])).stdout];
+    for (const text of printed) {
+      expect(text).not.toMatch(/[\u0000-\u0009\u000b-\u001f\u007f-\u009f\u202a-\u202e]/);
+      expect(text).toContain('fan\\x1b]0;pwned\\x07\\x1b[2J\\u202eswap');
+    }
+    // --json keeps the text as it is, escaped by JSON itself.
+    expect(JSON.parse((await runCli(auditCommand(), ['--node', 'n1', '--json', '--limit', '1', ...flags])).stdout.trim()).summary).toContain(hostile);
+    expect((await runCli(release, ['n1', ...flags])).exitCode).toBe(0);
   });
 
   it('shows the queues over HTTP', async () => {

@@ -43,7 +43,7 @@ describe('a controller that cannot serve', () => {
       expect((await post(`${url}/api/v1/jobs`, job)).status).toBe(201);
       await processes.stop('redis-down');
       const auth = { authorization: `Bearer ${TEST_TOKEN}` };
-      for (const path of ['/api/v1/jobs', '/api/v1/jobs/llama', '/api/v1/jobs/llama/microbatches', '/api/v1/standby/n00']) {
+      for (const path of ['/api/v1/jobs', '/api/v1/jobs/llama', '/api/v1/jobs/llama/microbatches', '/api/v1/standby/n00', '/api/v1/queues']) {
         const response = await fetch(`${url}${path}`, { headers: auth, signal: AbortSignal.timeout(5000) });
         expect(response.status, path).toBe(503);
         expect(response.headers.get('retry-after'), path).toBe('5');
