@@ -10,7 +10,8 @@ import type { Logger } from '../core/log.js';
 import type { TrainingProgressEvent } from '../core/fast-path-event.js';
 import type { Signal } from '../core/signal.js';
 import { describeIssues } from '../core/validate.js';
-import { AccessAudit, ForbiddenError, authorize, sendForbidden, type RequestLine } from './auth.js';
+import { AccessAudit, ForbiddenError, authorize, identityOf, sendForbidden, type RequestLine } from './auth.js';
+import { ReadLimit } from './read-limit.js';
 import { endpointLabel, intakeHandler, rejecter } from './intake-http.js';
 import type { ControllerMetrics } from './metrics.js';
 import { mountQueueBoard } from './queue-board.js';
@@ -89,7 +90,24 @@ export function createApp(deps: ServerDeps): (req: IncomingMessage, res: ServerR
 
   // The API's own routes live on a router mounted at API_ROOT, as the other routers do.
   const api = express.Router();
-  apiRoute(api, 'get', '/audit', async (req, res) => {
+  // Costly reads run a few at a time (read-limit.ts); past that, 429 at once.
+  const reads = new ReadLimit();
+  const limited =
+    (endpoint: string, read: (req: Request, res: Response) => Promise<void>) =>
+    async (req: Request, res: Response): Promise<void> => {
+      const release = reads.take(identityOf(res));
+      if (!release) {
+        reject(res, endpoint, 429, 'too_many_reads', `too many ${endpoint} reads at once for this credential (at most ${reads.perCredential}, ${reads.overall} in all); retry in a second`, { 'Retry-After': '1' });
+        return;
+      }
+      try {
+        await read(req, res);
+      } finally {
+        release();
+      }
+    };
+
+  apiRoute(api, 'get', '/audit', limited('audit', async (req, res) => {
     const query = auditQuerySchema.safeParse(req.query);
     if (!query.success) {
       reject(res, 'audit', 400, 'invalid', `invalid audit query: ${describeIssues(query.error.issues)}`);
@@ -104,12 +122,12 @@ export function createApp(deps: ServerDeps): (req: IncomingMessage, res: ServerR
       }
       throw error;
     }
-  });
+  }));
 
   // What `steadfast queues` prints: counts by state and the newest failures of each queue.
   // The queues sit on the workers' connection, which waits for Redis rather than fail: the
   // answer is 503 while Redis is down, and when it does not come within QUEUES_ANSWER_MS.
-  apiRoute(api, 'get', '/queues', async (_req, res) => {
+  apiRoute(api, 'get', '/queues', limited('queues', async (_req, res) => {
     const unavailable = (why: string): void => reject(res, 'queues', 503, 'store_unavailable', `queues cannot be read: ${why}; retry later`);
     if (!(await deps.redisUp())) return unavailable('Redis is unreachable');
     let timer: NodeJS.Timeout | undefined;
@@ -119,7 +137,7 @@ export function createApp(deps: ServerDeps): (req: IncomingMessage, res: ServerR
     const answer = await Promise.race([summaries, late]).finally(() => clearTimeout(timer));
     if (answer === 'late') return unavailable(`Redis did not answer within ${QUEUES_ANSWER_MS} ms`);
     res.json({ queues: answer });
-  });
+  }));
 
   app.use(API_ROOT, api);
   for (const router of deps.routers ?? []) app.use(API_ROOT, json, router);

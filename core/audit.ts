@@ -36,9 +36,12 @@ export interface AuditEntry extends AuditInput {
   readonly time: string;
 }
 
+/** The most entries one read returns; page on with `after` (the last id seen). */
+export const AUDIT_PAGE_MAX = 1000;
+
 export const auditQuerySchema = z
   .object({
-    limit: z.coerce.number().int().min(1).max(10_000).default(100),
+    limit: z.coerce.number().int().min(1).max(AUDIT_PAGE_MAX).default(100),
     /** Only entries after this stream id, for tailing. */
     after: z
       .string()
@@ -50,7 +53,10 @@ export const auditQuerySchema = z
   })
   .strict();
 
-export type AuditQuery = z.input<typeof auditQuerySchema>;
+/** In-process readers (the controller's own checks, the tests, the lab) may take bigger pages. */
+const auditReadSchema = auditQuerySchema.extend({ limit: z.coerce.number().int().min(1).max(100_000).default(100) });
+
+export type AuditQuery = z.input<typeof auditReadSchema>;
 
 // Appends only if the marker is new, so a retried job never writes the same entry twice. The
 // markers are a sorted set by time, kept as long as the stream: the newest maxLength of them.
@@ -121,25 +127,46 @@ export class AuditLog {
     }
   }
 
-  /** Newest-last list of entries matching the query. */
+  /**
+   * Newest-last list of entries matching the query: the newest `limit` of them, or with `after`
+   * the first `limit` after that id. A filter (type, node, ref) walks the whole stream if it must,
+   * in chunks of READ_CHUNK entries, keeping only the matches: an entry deep in the stream is
+   * found, and no read holds more than one chunk besides its answer nor blocks the event loop for
+   * longer than one chunk takes to decode.
+   */
   async read(query: AuditQuery = {}): Promise<AuditEntry[]> {
-    const parsed = auditQuerySchema.parse(query);
-    const filtered = (entry: AuditEntry): boolean =>
+    const parsed = auditReadSchema.parse(query);
+    const matches = (entry: AuditEntry): boolean =>
       (!parsed.type || entry.type === parsed.type) &&
       (!parsed.node || entry.node === parsed.node) &&
       (!parsed.ref || entry.ref === parsed.ref);
-    let rows: [string, string[]][];
-    try {
-      rows = parsed.after
-        ? await this.redis.xrange(this.keys.audit, `(${parsed.after}`, '+', 'COUNT', Math.max(parsed.limit * 10, 1000))
-        : (await this.redis.xrevrange(this.keys.audit, '+', '-', 'COUNT', Math.max(parsed.limit * 10, 1000))).reverse();
-    } catch (error) {
-      throw new StoreUnavailableError(`audit read failed: ${errorMessage(error)}`, error);
+    const forward = parsed.after !== undefined;
+    const found: AuditEntry[] = [];
+    // Exclusive bounds (`(id`) from the second chunk on: Redis 6.2 and later.
+    let bound = forward ? `(${parsed.after}` : '+';
+    for (;;) {
+      const chunk = Math.min(READ_CHUNK, parsed.type || parsed.node || parsed.ref ? READ_CHUNK : parsed.limit - found.length);
+      let rows: [string, string[]][];
+      try {
+        rows = forward ? await this.redis.xrange(this.keys.audit, bound, '+', 'COUNT', chunk) : await this.redis.xrevrange(this.keys.audit, bound, '-', 'COUNT', chunk);
+      } catch (error) {
+        throw new StoreUnavailableError(`audit read failed: ${errorMessage(error)}`, error);
+      }
+      for (const [id, fields] of rows) {
+        const entry = decode(id, fields);
+        if (matches(entry)) found.push(entry);
+        if (found.length >= parsed.limit) break;
+      }
+      const last = rows.at(-1);
+      if (found.length >= parsed.limit || rows.length < chunk || last === undefined) break;
+      bound = `(${last[0]}`;
     }
-    const entries = rows.map(([id, fields]) => decode(id, fields)).filter(filtered);
-    return parsed.after ? entries.slice(0, parsed.limit) : entries.slice(-parsed.limit);
+    return forward ? found : found.reverse();
   }
 }
+
+/** Stream entries fetched and decoded at a time by a read. */
+const READ_CHUNK = 1000;
 
 function decode(id: string, fields: string[]): AuditEntry {
   const map = new Map<string, string>();
