@@ -1,5 +1,5 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import type { Credentials } from '../core/credentials.js';
+import { describeIdentity, type Credentials } from '../core/credentials.js';
 import { InputError, RetryLaterError, StoreUnavailableError } from '../core/errors.js';
 import { fastPathBodySchema, isFastPathFault, isTrainingProgress, type TrainingProgressEvent } from '../core/fast-path-event.js';
 import type { Logger } from '../core/log.js';
@@ -157,7 +157,7 @@ export function intakeHandler(deps: IntakeHttpDeps): (req: IncomingMessage, res:
       sendJson(res, verdict.status, verdict.body, verdict.headers);
       return;
     }
-    const read = await readJsonBody(req, res, deps.body);
+    const read = await readJsonBody(req, res, deps.body, describeIdentity(verdict.identity));
     if (read !== undefined && !('value' in read)) {
       reject(res, endpoint, read.status, read.reason, read.message);
       return;

@@ -2,7 +2,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Queue } from 'bullmq';
 import express, { type NextFunction, type Request, type Response } from 'express';
 import type { AuditLog } from '../core/audit.js';
-import type { Credentials } from '../core/credentials.js';
+import { describeIdentity, type Credentials } from '../core/credentials.js';
 import { auditQuerySchema } from '../core/audit.js';
 import { InputError, RetryLaterError, StoreUnavailableError, errorMessage } from '../core/errors.js';
 import { ClientRateLimiter, rateLimitMessage, type RateLimitSettings } from '../core/rate-limit.js';
@@ -67,8 +67,13 @@ export function createApp(deps: ServerDeps): (req: IncomingMessage, res: ServerR
 
   const reject = rejecter(metrics);
 
-  const bodyLimits = { maxBytes: deps.bodyLimitBytes, budget: new BodyBudget(deps.inFlightBodyBytes) };
-  const json = jsonBody(bodyLimits, (req, res, refusal) => reject(res, endpointLabel(req.originalUrl), refusal.status, refusal.reason, refusal.message));
+  // Each credential's bodies may take a quarter of the budget (at least one body of the largest size).
+  const bodyLimits = { maxBytes: deps.bodyLimitBytes, budget: new BodyBudget(deps.inFlightBodyBytes, Math.max(deps.bodyLimitBytes, Math.floor(deps.inFlightBodyBytes / 4))) };
+  const json = jsonBody(
+    bodyLimits,
+    (req, res, refusal) => reject(res, endpointLabel(req.originalUrl), refusal.status, refusal.reason, refusal.message),
+    (res) => describeIdentity(identityOf(res)),
+  );
 
   app.get('/healthz', async (_req, res) => {
     const redis = await deps.redisUp();
