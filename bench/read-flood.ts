@@ -1,18 +1,24 @@
+import { execFile } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { AuditLog } from '../core/audit.js';
 import { configSchema } from '../core/config.js';
-import { silentLogger } from '../core/log.js';
-import { Controller } from '../controller/service.js';
+import { Keys, workerConnection } from '../core/redis.js';
+import { ControllerProcess } from '../sim/controller-process.js';
 import { startRedis } from '../sim/parts.js';
-import { ProcessGroup } from '../sim/processes.js';
+import { freePorts, ProcessGroup } from '../sim/processes.js';
 import { quantile } from './stats.js';
+
+const run = promisify(execFile);
 
 /**
  * What a flood of big reads costs everyone else: /healthz latency while 16 clients with the
  * read-only token ask for 1,000-entry pages of a 20,000-entry audit trail as fast as they are
  * answered, against the same probe with no flood, in the same run; and the controller's RSS
- * before and after.
+ * (its peak resident set, from /proc) before and after. The controller runs as its own process
+ * (the installed CLI over dist/), the probe as another, the clients in this one.
  */
 
 const ENTRIES = Number(process.env.STEADFAST_BENCH_AUDIT_ENTRIES ?? 20_000);
@@ -20,16 +26,23 @@ const READERS = 16;
 const PROBES = Number(process.env.STEADFAST_BENCH_PROBES ?? 300);
 const READ_ONLY = 'bench-read-only-0123456789';
 
+// The probe runs in a process of its own, so that the flood's clients (in this one) do not delay it.
+const PROBE_SCRIPT = `
+const [url, count] = process.argv.slice(1);
+const latencies = [];
+for (let index = 0; index < Number(count); index += 1) {
+  const started = performance.now();
+  const response = await fetch(url + '/healthz');
+  await response.arrayBuffer();
+  latencies.push(performance.now() - started);
+  await new Promise((resolve) => setTimeout(resolve, 10));
+}
+console.log(JSON.stringify(latencies));
+`;
+
 async function probe(url: string, count: number): Promise<number[]> {
-  const latencies: number[] = [];
-  for (let index = 0; index < count; index += 1) {
-    const started = performance.now();
-    const response = await fetch(`${url}/healthz`);
-    await response.arrayBuffer();
-    latencies.push(performance.now() - started);
-    await new Promise((resolve) => setTimeout(resolve, 10));
-  }
-  return latencies.sort((a, b) => a - b);
+  const { stdout } = await run(process.execPath, ['--input-type=module', '-e', PROBE_SCRIPT, url, String(count)]);
+  return (JSON.parse(stdout) as number[]).sort((a, b) => a - b);
 }
 
 function describe(name: string, latencies: number[]): string {
@@ -41,18 +54,23 @@ async function main(): Promise<void> {
   const processes = new ProcessGroup();
   try {
     const redis = await startRedis(processes, root);
+    const writer = workerConnection(redis.url);
+    const audit = new AuditLog(writer, new Keys('bench'));
+    for (let index = 0; index < ENTRIES; index += 1) {
+      await audit.append({ type: 'signal', ref: `bench-${index}`, node: `node-${index % 64}`, summary: `bench entry ${index} ${'x'.repeat(300)}`, data: { index } });
+    }
+    writer.disconnect();
+    const [port, metricsPort] = await freePorts(2);
     const config = configSchema.parse({
       redis: { url: redis.url, prefix: 'bench' },
-      controller: { host: '127.0.0.1', port: 0, metrics: { port: 0 }, auth: { operatorToken: 'bench-operator-0123456789', readOnlyToken: READ_ONLY }, rateLimit: { requestsPerSecond: 0 } },
+      controller: { host: '127.0.0.1', port, metrics: { port: metricsPort }, auth: { operatorToken: 'bench-operator-0123456789', readOnlyToken: READ_ONLY }, rateLimit: { requestsPerSecond: 0 } },
       backend: { kind: 'dry-run' },
     });
-    const controller = new Controller({ config, logger: silentLogger(), workers: false });
-    const url = `http://127.0.0.1:${(await controller.start()).port}`;
-    for (let index = 0; index < ENTRIES; index += 1) {
-      await controller.audit.append({ type: 'signal', ref: `bench-${index}`, node: `node-${index % 64}`, summary: `bench entry ${index} ${'x'.repeat(300)}`, data: { index } });
-    }
+    const controller = new ControllerProcess(processes, { name: 'controller', dir: root, config, workers: false, compiled: true });
+    await controller.start();
+    const url = controller.url;
     const quiet = await probe(url, PROBES);
-    const rssBefore = process.memoryUsage().rss;
+    const rssBefore = controller.peakRssBytes();
     let stop = false;
     let served = 0;
     let refused = 0;
@@ -68,18 +86,18 @@ async function main(): Promise<void> {
     const flooded = await probe(url, PROBES);
     stop = true;
     await Promise.all(readers);
-    const rssAfter = process.memoryUsage().rss;
+    const rssAfter = controller.peakRssBytes();
     process.stdout.write(
       [
         `read flood: ${READERS} read-only clients asking for 1,000-entry pages of ${ENTRIES} audit entries; ${PROBES} /healthz probes each way`,
         describe('no flood', quiet),
         describe('during the flood', flooded),
         `  ratio (flood / none)  p50 ×${(quantile(flooded, 0.5) / quantile(quiet, 0.5)).toFixed(1)}  p99 ×${(quantile(flooded, 0.99) / quantile(quiet, 0.99)).toFixed(1)}`,
-        `  pages served ${served}, answered 429 ${refused}; RSS (this process: bench and controller) ${(rssBefore / 2 ** 20).toFixed(0)} → ${(rssAfter / 2 ** 20).toFixed(0)} MB`,
+        `  pages served ${served}, answered 429 ${refused}; controller peak RSS ${(rssBefore / 2 ** 20).toFixed(0)} → ${(rssAfter / 2 ** 20).toFixed(0)} MB`,
         '',
       ].join('\n'),
     );
-    await controller.close();
+    await controller.stop();
   } finally {
     await processes.stopAll();
     rmSync(root, { recursive: true, force: true });
