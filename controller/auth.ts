@@ -147,10 +147,14 @@ export function authenticate(deps: AuthorizeDeps, req: RequestLine, authorizatio
   const verdict = identify(deps, req, authorization);
   if ('status' in verdict) return verdict;
   const { identity } = verdict;
-  if (identity.role === 'controller' || !roleHasScope(identity.role, route.scope)) {
-    return forbidden(deps, req, identity, route.scope, `role ${identity.role} may not ${route.method} ${route.path}: it needs scope "${route.scope}"`);
-  }
-  return { identity };
+  const refusal = scopeRefusal(identity, route.scope, `${req.method} ${req.url.split('?')[0] ?? ''}`);
+  return refusal === undefined ? { identity } : forbidden(deps, req, identity, route.scope, refusal);
+}
+
+/** Why `identity` may not do `what` (method and path) that needs `scope`; undefined when it may. */
+export function scopeRefusal(identity: Identity, scope: Scope, what: string): string | undefined {
+  if (identity.role !== 'controller' && roleHasScope(identity.role, scope)) return undefined;
+  return `role ${identity.role} may not ${what}: it needs scope "${scope}"`;
 }
 
 /** Express middleware: identifies the caller (401 otherwise); each route then checks its own scope (routes.ts). */

@@ -94,7 +94,7 @@ export function jobsRouter(deps: JobsRouterDeps): express.Router {
       );
       // A job is registered while it trains: its version has proven itself, so a later rollback
       // has somewhere to go.
-      await deps.dispatcher?.apply({ job: record.spec.name, event: { type: 'restart_succeeded', time: Date.now() }, eventId: 'registered', origin: identityOf(res) });
+      await deps.dispatcher?.apply({ job: record.spec.name, event: { type: 'restart_succeeded', time: Date.now() }, eventId: 'registered', origin: actor });
       res.status(201).json({ job: record, ettr: await jobs.ettr(record.spec.name) });
     }),
   );

@@ -18,9 +18,11 @@ export interface QueueBoardOptions {
 /**
  * Serves bull-board, the BullMQ web UI, at /queues: the steadfast queues' counts, jobs, their
  * data and failure reasons. It sits behind `guard`, the controller's auth middleware, and the
- * board's own scope check (reads `read`, writes `operate`); the guard takes a credential as a bearer header or, since a browser cannot send one, as the HTTP Basic
- * password (any user name; the 401 makes the browser prompt). Read-only unless `allowActions`: the board hides its write buttons, and every
- * request other than GET or HEAD is refused here as well, before it reaches the board.
+ * board's own scope check (reads `read`, writes `operate`). The guard takes a credential as a
+ * bearer header or, since a browser cannot send one, as the HTTP Basic password (any user name;
+ * the 401 makes the browser prompt). Read-only unless `allowActions`: the board hides its write
+ * buttons, and every request other than GET or HEAD is refused here as well, before it reaches
+ * the board.
  *
  * Mount it before the app's catch-all 404 handler.
  */

@@ -1,7 +1,6 @@
 import type { IRouter, NextFunction, Request, RequestHandler, Response } from 'express';
-import { describeIdentity } from '../core/credentials.js';
-import { ForbiddenError, identityOf } from './auth.js';
-import { roleHasScope, routeScope, type RouteScope } from './scopes.js';
+import { ForbiddenError, identityOf, requireOwnNode, scopeRefusal } from './auth.js';
+import { routeScope, type RouteScope } from './scopes.js';
 
 /**
  * Registers the API's routes with their scope (scopes.ts) as part of the route itself: the
@@ -26,14 +25,16 @@ export function requireScope(route: Pick<RouteScope, 'path' | 'scope' | 'nodePar
   return (req: Request, res: Response, next: NextFunction) => {
     const identity = identityOf(res);
     // The path as sent: a plain path by now (request-target.ts), so the one the router matched.
-    const what = `${req.method} ${req.originalUrl.split('?')[0] ?? ''}`;
-    if (identity.role === 'controller' || !roleHasScope(identity.role, route.scope)) {
-      next(new ForbiddenError(identity, route.scope, `role ${identity.role} may not ${what}: it needs scope "${route.scope}"`));
+    const refusal = scopeRefusal(identity, route.scope, `${req.method} ${req.originalUrl.split('?')[0] ?? ''}`);
+    if (refusal !== undefined) {
+      next(new ForbiddenError(identity, route.scope, refusal));
       return;
     }
     const node = route.nodeParam === undefined ? undefined : req.params[route.nodeParam];
-    if (node !== undefined && identity.node !== undefined && node !== identity.node) {
-      next(new ForbiddenError(identity, route.scope, `${describeIdentity(identity)} may not ${req.method} about node ${String(node)}: its credential is bound to ${identity.node}`));
+    try {
+      if (node !== undefined) requireOwnNode(identity, String(node), route.scope, req.method);
+    } catch (error) {
+      next(error);
       return;
     }
     next();

@@ -141,11 +141,13 @@ export class AuditLog {
       (!parsed.node || entry.node === parsed.node) &&
       (!parsed.ref || entry.ref === parsed.ref);
     const forward = parsed.after !== undefined;
+    // Unfiltered, every entry is a match: fetch no more than the answer needs.
+    const filtered = Boolean(parsed.type || parsed.node || parsed.ref);
     const found: AuditEntry[] = [];
     // Exclusive bounds (`(id`) from the second chunk on: Redis 6.2 and later.
     let bound = forward ? `(${parsed.after}` : '+';
     for (;;) {
-      const chunk = Math.min(READ_CHUNK, parsed.type || parsed.node || parsed.ref ? READ_CHUNK : parsed.limit - found.length);
+      const chunk = filtered ? READ_CHUNK : Math.min(READ_CHUNK, parsed.limit - found.length);
       let rows: [string, string[]][];
       try {
         rows = forward ? await this.redis.xrange(this.keys.audit, bound, '+', 'COUNT', chunk) : await this.redis.xrevrange(this.keys.audit, bound, '-', 'COUNT', chunk);

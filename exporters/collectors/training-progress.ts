@@ -4,15 +4,16 @@ import type { FastPathEvent } from '../../core/fast-path-event.js';
  * Tells the controller, on the fast path, that a job trains on this node: a `training_progress`
  * event when a rank of the job records an iteration as its run starts or resumes — the first
  * iteration this agent sees of the rank, an iteration lower than the last (a relaunch resumed
- * from a checkpoint), or one after a pause — and otherwise at most once per `intervalMs` per job
+ * from a checkpoint), or one after a pause — and otherwise at most once a minute per job
  * while iterations grow. The controller judges a relaunch by it (controller/progress.ts) without
  * waiting for a Prometheus scrape; between relaunches it costs one small event a minute per job
  * and node.
  */
 
 /** An iteration after this long without one starts a report at once: the run resumed. */
-const DEFAULT_PAUSE_MS = 10_000;
-const DEFAULT_INTERVAL_MS = 60_000;
+const PAUSE_MS = 10_000;
+/** While a job trains on, one report a minute. */
+const INTERVAL_MS = 60_000;
 /** The ranks of one relaunch start within moments of each other: one report speaks for them. */
 const START_BURST_MS = 1000;
 /** Ranks not heard from this long are forgotten, so that the table cannot grow without bound. */
@@ -31,20 +32,13 @@ interface JobSeen {
 export interface ProgressReporterOptions {
   readonly node: string;
   readonly send: (event: FastPathEvent) => void;
-  readonly intervalMs?: number;
-  readonly pauseMs?: number;
 }
 
 export class TrainingProgressReporter {
   private readonly jobs = new Map<string, JobSeen>();
-  private readonly intervalMs: number;
-  private readonly pauseMs: number;
   private lastSweep = 0;
 
-  constructor(private readonly options: ProgressReporterOptions) {
-    this.intervalMs = options.intervalMs ?? DEFAULT_INTERVAL_MS;
-    this.pauseMs = options.pauseMs ?? DEFAULT_PAUSE_MS;
-  }
+  constructor(private readonly options: ProgressReporterOptions) {}
 
   /** A rank of `job` recorded `iteration` now (not a line replayed from before the agent started). */
   observe(job: string, rank: number, iteration: number, now: Date): void {
@@ -57,9 +51,9 @@ export class TrainingProgressReporter {
     }
     const before = seen.ranks.get(rank);
     seen.ranks.set(rank, { iteration, at });
-    const started = before === undefined || iteration < before.iteration || at - before.at >= this.pauseMs;
+    const started = before === undefined || iteration < before.iteration || at - before.at >= PAUSE_MS;
     const grew = before !== undefined && iteration > before.iteration;
-    const due = started ? at - seen.lastReport >= START_BURST_MS : grew && at - seen.lastReport >= this.intervalMs;
+    const due = started ? at - seen.lastReport >= START_BURST_MS : grew && at - seen.lastReport >= INTERVAL_MS;
     if (!due) return;
     seen.lastReport = at;
     this.options.send({
