@@ -1,8 +1,8 @@
 #!/usr/bin/env node
 // Entry point installed as `steadfast`; the compiled CLI lives in dist/ (npm run build).
-// `steadfast agent` runs the agent's bundle, dist/agent.cjs, with V8's code cache for it, through
-// dist/agent-loader.cjs (cli/agent-bundle.ts, bundled): one file instead of the module tree, which
-// is what lets the agent answer its first scrape within its start-up budget (docs/evaluation.md).
+// `steadfast agent` runs the agent's bundle, dist/agent.cjs, through dist/agent-loader.cjs
+// (cli/agent-bundle.ts, bundled): one file instead of the module tree, compiled from this node's
+// own code cache when root made one (`steadfast agent --write-code-cache`, docs/agent.md).
 // This file is CommonJS (bin/package.json), so the agent starts without Node's ES module loader.
 // Without the bundle (a tree built by tsc alone) the agent runs from the module tree, the same code.
 'use strict';
@@ -14,7 +14,7 @@ const dist = join(__dirname, '..', 'dist');
 const agentBundle = join(dist, 'agent.cjs');
 const agentLoader = join(dist, 'agent-loader.cjs');
 if (command === 'agent' && existsSync(agentBundle) && existsSync(agentLoader)) {
-  require(agentLoader).runAgentBundle(agentBundle);
+  require(agentLoader).agentEntry(agentBundle, 'steadfast');
 } else {
   import('../dist/cli/main.js').catch((error) => {
     process.stderr.write(`steadfast: ${error instanceof Error ? (error.stack ?? error.message) : String(error)}\n`);

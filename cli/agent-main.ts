@@ -1,19 +1,37 @@
+import { Command } from 'commander';
 import { errorMessage } from '../core/errors.js';
 import { agentCommand } from './agent.js';
+import { checkCommand } from './check.js';
 import { steadfastProgram, withUsageErrors } from './program.js';
 
 /**
- * `steadfast agent`'s own entry point. npm run build bundles it with what it imports into
- * dist/agent.cjs (scripts/build-agent.mjs), which bin/steadfast.js runs for `steadfast agent`
- * through cli/agent-bundle.ts: one file to read and compile instead of some hundred modules, none
- * of the other commands' code, and V8's code cache for it. The agent's V8 flags are set before
- * the bundle is compiled (agent-bundle.ts), so its modules load under them too.
+ * The agent's own entry point. npm run build bundles it with what it imports into dist/agent.cjs
+ * (scripts/build-agent.mjs): one file to read and compile instead of some hundred modules, and
+ * none of the controller's code or dependencies. The loader (cli/agent-bundle.ts) compiles the
+ * bundle after setting the agent's V8 flags and calls runAgentCli:
+ *   - from the full CLI, `steadfast agent ...` (bin/steadfast.js);
+ *   - standalone, as `steadfast-agent` (the agent-only package): the agent is the default
+ *     command, so `steadfast-agent --once` is `steadfast agent --once`, and `steadfast-agent
+ *     check` is the Slurm preflight, `steadfast check`, which GPU nodes run without the controller.
  */
 
-steadfastProgram()
-  .addCommand(withUsageErrors(agentCommand({ setV8Flags: true })))
-  .parseAsync(process.argv)
-  .catch((error: unknown) => {
-    process.stderr.write(`steadfast agent: ${errorMessage(error)}\n`);
-    process.exitCode = 1;
-  });
+export type AgentEntry = 'steadfast' | 'steadfast-agent';
+
+function agentProgram(entry: AgentEntry): Command {
+  const program = steadfastProgram(entry);
+  const agent = withUsageErrors(agentCommand({ setV8Flags: true }));
+  if (entry === 'steadfast') return program.addCommand(agent);
+  return program.addCommand(agent, { isDefault: true }).addCommand(withUsageErrors(checkCommand()));
+}
+
+export function runAgentCli(argv: readonly string[], entry: AgentEntry): Promise<void> {
+  return agentProgram(entry)
+    .parseAsync([...argv])
+    .then(
+      () => undefined,
+      (error: unknown) => {
+        process.stderr.write(`${entry === 'steadfast' ? 'steadfast agent' : entry}: ${errorMessage(error)}\n`);
+        process.exitCode = 1;
+      },
+    );
+}

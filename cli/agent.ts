@@ -8,6 +8,7 @@ import { createLogger, type Logger } from '../core/log.js';
 import { nodeNameSchema } from '../core/names.js';
 import type { CollectorFactory, CollectorFlag, CollectorSettings } from '../exporters/collector.js';
 import { DEFAULT_AGENT_RATE_LIMIT, createAgent, type AgentOptions } from '../exporters/agent.js';
+import { DEFAULT_CODE_CACHE_DIR } from './agent-bundle.js';
 import { applyAgentV8Flags } from './agent-v8.js';
 import { EXIT_USAGE } from './common.js';
 import { COLLECTOR_FACTORIES, enabledFactories } from '../exporters/index.js';
@@ -188,7 +189,10 @@ export function agentCommand(io: Partial<AgentCommandIo> = {}): Command {
     .option('--web.insecure', 'serve the POST endpoints without a token (a trusted network only)')
     .option('--web.rate-limit <per-second>', 'requests per second each client may send to the POST endpoints; more answer 429 (0: no limit)', String(DEFAULT_AGENT_RATE_LIMIT.requestsPerSecond))
     .option('--web.rate-burst <requests>', 'requests a client may send at once before --web.rate-limit applies', String(DEFAULT_AGENT_RATE_LIMIT.burst))
-    .option('--once', 'print one scrape to stdout and exit');
+    .option('--once', 'print one scrape to stdout and exit')
+    // Handled by the loader before this command runs (cli/agent-bundle.ts); listed for --help.
+    .option('--write-code-cache', `(root) write V8's code cache of the agent for this Node.js build into $STEADFAST_AGENT_CODE_CACHE_DIR (default ${DEFAULT_CODE_CACHE_DIR}) and exit; later starts compile from it`)
+    .option('--code-cache-status', 'print whether a start would compile from a code cache, and which file, and exit');
   for (const factory of factories) {
     command.option(`--collector.${factory.name}`, `enable the ${factory.name} collector: ${factory.help} (default: ${factory.defaultEnabled ? 'enabled' : 'disabled'})`);
     command.option(`--no-collector.${factory.name}`, `disable the ${factory.name} collector`);
@@ -200,6 +204,9 @@ export function agentCommand(io: Partial<AgentCommandIo> = {}): Command {
     }
   }
   command.action(async function (this: Command) {
+    if (this.opts().writeCodeCache || this.opts().codeCacheStatus) {
+      this.error('error: --write-code-cache and --code-cache-status work on the agent bundle (dist/agent.cjs, made by npm run build), which this agent does not run from', { exitCode: EXIT_USAGE, code: 'steadfast.invalidFlag' });
+    }
     let settings: AgentSettings;
     try {
       settings = agentSettingsFromFlags(this.opts(), env, factories);

@@ -11,9 +11,9 @@ export const VERSION = '0.1.0';
 // commander exits 0 for --help and --version; every usage error (unknown option, bad value) exits 2.
 const exitOnUsageError = (error: CommanderError): never => process.exit(error.exitCode === 0 ? 0 : EXIT_USAGE);
 
-export function steadfastProgram(): Command {
+export function steadfastProgram(name = 'steadfast'): Command {
   return (
-    new Command('steadfast')
+    new Command(name)
       .description('Keeps large LLM training jobs running: GPU-node monitoring wired to training-level recovery.')
       .version(VERSION)
       .showHelpAfterError()

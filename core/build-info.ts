@@ -1,7 +1,7 @@
-import { readFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { existsSync, readFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { Gauge, type Registry } from 'prom-client';
-import { repoRoot } from './paths.js';
 
 /**
  * What build of steadfast is running, for `steadfast_build_info` on the agent's and the
@@ -15,8 +15,31 @@ export interface BuildInfo {
 }
 
 const REVISION_PATTERN = /^[0-9a-f]{7,64}$/;
+const PACKAGE_NAMES = new Set(['steadfast', 'steadfast-agent']);
 
-export function readBuildInfo(root: string = repoRoot(import.meta.url)): BuildInfo {
+/**
+ * The installed package's root: the nearest directory above the running code whose package.json
+ * is steadfast's or the agent-only package's. A repository checkout, the npm packages, the Debian
+ * packages and the images all have one; nothing else of the repository's layout is needed.
+ */
+export function packageRoot(moduleUrl: string = import.meta.url): string {
+  let dir = dirname(fileURLToPath(moduleUrl));
+  for (;;) {
+    const manifest = join(dir, 'package.json');
+    if (existsSync(manifest)) {
+      try {
+        if (PACKAGE_NAMES.has((JSON.parse(readFileSync(manifest, 'utf8')) as { name?: unknown }).name as string)) return dir;
+      } catch {
+        // Not ours, or not JSON: go on up.
+      }
+    }
+    const parent = dirname(dir);
+    if (parent === dir) throw new Error(`cannot find steadfast's package.json above ${fileURLToPath(moduleUrl)}`);
+    dir = parent;
+  }
+}
+
+export function readBuildInfo(root: string = packageRoot(import.meta.url)): BuildInfo {
   const manifest = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { version?: unknown };
   const version = typeof manifest.version === 'string' ? manifest.version : 'unknown';
   let revision: string | undefined;

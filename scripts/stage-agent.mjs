@@ -1,0 +1,57 @@
+#!/usr/bin/env node
+// Lays out the agent-only package in DIR, from the build (npm run build):
+//   DIR/package.json             steadfast-agent: no dependencies but Node.js itself
+//   DIR/bin/steadfast-agent.cjs  the command (packaging/agent/steadfast-agent.cjs)
+//   DIR/dist/agent.cjs           the agent and the Slurm preflight, bundled with what they import
+//   DIR/dist/agent-loader.cjs    the loader (V8 flags, this node's code cache)
+//   DIR/README.md
+// `npm pack DIR` makes the npm package; packaging/debian and packaging/image install DIR as it is.
+// Usage: node scripts/stage-agent.mjs DIR   (DIR is emptied first)
+import { execFileSync } from 'node:child_process';
+import { chmodSync, copyFileSync, existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const root = join(dirname(fileURLToPath(import.meta.url)), '..');
+const [target] = process.argv.slice(2);
+if (!target) {
+  process.stderr.write('usage: node scripts/stage-agent.mjs DIR\n');
+  process.exit(2);
+}
+const out = resolve(target);
+for (const built of ['agent.cjs', 'agent-loader.cjs']) {
+  if (!existsSync(join(root, 'dist', built))) {
+    process.stderr.write(`stage-agent: dist/${built} is missing: run npm run build first\n`);
+    process.exit(1);
+  }
+}
+
+const main = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8'));
+rmSync(out, { recursive: true, force: true });
+mkdirSync(join(out, 'bin'), { recursive: true });
+mkdirSync(join(out, 'dist'), { recursive: true });
+copyFileSync(join(root, 'packaging', 'agent', 'steadfast-agent.cjs'), join(out, 'bin', 'steadfast-agent.cjs'));
+chmodSync(join(out, 'bin', 'steadfast-agent.cjs'), 0o755);
+for (const built of ['agent.cjs', 'agent-loader.cjs']) copyFileSync(join(root, 'dist', built), join(out, 'dist', built));
+copyFileSync(join(root, 'packaging', 'agent', 'README.md'), join(out, 'README.md'));
+const manifest = {
+  name: 'steadfast-agent',
+  version: main.version,
+  description: 'The steadfast GPU-node agent alone: a Prometheus exporter of GPU, Xid, InfiniBand, NFS and training health, with a fast path of fatal events to the steadfast controller.',
+  license: main.license,
+  type: 'commonjs',
+  engines: main.engines,
+  bin: { 'steadfast-agent': 'bin/steadfast-agent.cjs' },
+  files: ['bin/', 'dist/'],
+};
+writeFileSync(join(out, 'package.json'), `${JSON.stringify(manifest, null, 2)}\n`);
+// steadfast_build_info's revision label: the commit built, when built from a git checkout.
+try {
+  const revision = execFileSync('git', ['rev-parse', 'HEAD'], { cwd: root, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim();
+  writeFileSync(join(out, 'REVISION'), `${revision}\n`);
+  manifest.files.push('REVISION');
+  writeFileSync(join(out, 'package.json'), `${JSON.stringify(manifest, null, 2)}\n`);
+} catch {
+  // Not a git checkout: no revision label.
+}
+process.stdout.write(`${out}\n`);
