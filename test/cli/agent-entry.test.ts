@@ -1,5 +1,6 @@
 import { execFile } from 'node:child_process';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { randomBytes } from 'node:crypto';
+import { chmodSync, existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
@@ -8,8 +9,8 @@ import { AGENT_V8_FLAGS, agentV8Flags } from '../../cli/agent-v8.js';
 
 /**
  * `steadfast agent` runs from dist/agent.cjs, the bundle of cli/agent-main.ts that npm run build
- * makes, with V8's code cache for it (dist/agent.cjs.cache). It must be the same agent as the
- * module tree's: same flags, same scrape.
+ * makes, with the node's own V8 code cache for it when root wrote one. It must be the same agent
+ * as the module tree's: same flags, same scrape.
  */
 
 const run = promisify(execFile);
@@ -22,10 +23,10 @@ const work = mkdtempSync(join(tmpdir(), 'steadfast-agent-entry-'));
 afterAll(() => rmSync(work, { recursive: true, force: true }));
 
 /** One `agent --once` scrape of the fixture node (no process metrics), from the given script. */
-async function scrape(script: string, name: string): Promise<string> {
+async function scrape(script: string, name: string, env: NodeJS.ProcessEnv = process.env): Promise<string> {
   if (!existsSync(BUNDLE)) throw new Error('dist/agent.cjs is missing: run `npm run build` (npm test does it)');
   const args = ['agent', '--once', '--node', 'fixture-node', '--no-collector.process', '--path.kmsg', join(FIXTURES, 'xid-kernel-logs', 'gpud_xid_lines_h100_gb200.txt'), '--nvidia-smi.xml', join(FIXTURES, 'nvidia-smi-xml', 'telegraf_a10g_515.105.01.xml'), '--xid.state-file', join(work, `${name}.json`)];
-  const { stdout } = await run(process.execPath, [script, ...args], { env: { ...process.env, STEADFAST_LOG_LEVEL: 'silent' } });
+  const { stdout } = await run(process.execPath, [script, ...args], { env: { ...env, STEADFAST_LOG_LEVEL: 'silent' } });
   // Durations and poll times differ from run to run; everything else must not. The process
   // collector, which reads whatever training processes this machine runs, is left out.
   return stdout.replace(/^((?:steadfast_collector_duration_seconds|steadfast_gpu_last_poll_timestamp_seconds|steadfast_gpu_poll_age_seconds)(?:\{[^}]*\})?) .*$/gm, '$1 T');
@@ -40,18 +41,30 @@ describe('the agent bundle', () => {
   });
 
   it('answers --version and an unknown flag as the whole CLI does', async () => {
-    expect((await run(process.execPath, [BUNDLE, '--version'])).stdout.trim()).toBe('0.1.0');
+    expect((await run(process.execPath, [BIN, '--version'])).stdout.trim()).toBe('0.1.0');
     const failed = await run(process.execPath, [BIN, 'agent', '--no-such-flag']).catch((error: unknown) => error as { code: number; stderr: string });
     expect(failed).toMatchObject({ code: 2 });
     expect((failed as { stderr: string }).stderr).toContain("unknown option '--no-such-flag'");
   });
 
-  it("compiles from the code cache the build wrote, under the agent's V8 flags, and not under others", async () => {
-    const check = (nodeFlags: string[]) =>
-      run(process.execPath, [...nodeFlags, '--input-type=module', '-e', `import { applyAgentV8Flags } from ${JSON.stringify(join(ROOT, 'dist', 'cli', 'agent-v8.js'))}; import { compileAgentBundle } from ${JSON.stringify(join(ROOT, 'dist', 'cli', 'agent-bundle.js'))}; applyAgentV8Flags(); process.stdout.write(compileAgentBundle(${JSON.stringify(BUNDLE)}).cache);`]);
-    expect((await check([])).stdout).toBe('used');
-    // An operator's own V8 flags (STEADFAST_NODE_FLAGS) make V8 refuse the cache: compiled as usual.
-    expect((await check(['--opt'])).stdout).toBe('rejected');
+  it('compiles from a code cache only when root alone may write it and its directory', async () => {
+    const dir = join(work, 'code-cache');
+    const env = { ...process.env, STEADFAST_AGENT_CODE_CACHE_DIR: dir };
+    const status = async () => JSON.parse((await run(process.execPath, [BIN, 'agent', '--code-cache-status'], { env })).stdout) as { state: string; file: string };
+    expect((await status()).state).toBe('none');
+    const written = (await run(process.execPath, [BIN, 'agent', '--write-code-cache'], { env })).stdout.trim();
+    expect(await status()).toEqual({ state: 'used', file: written });
+    // A cache another user could have planted is not read.
+    chmodSync(written, 0o666);
+    expect((await status()).state).toBe('untrusted');
+    chmodSync(written, 0o644);
+    chmodSync(dir, 0o777);
+    expect((await status()).state).toBe('untrusted');
+    chmodSync(dir, 0o755);
+    // A cache file V8 refuses (another bundle's, say) is compiled around, not run.
+    writeFileSync(written, randomBytes(4096), { mode: 0o644 });
+    expect((await status()).state).toBe('rejected');
+    expect((await scrape(BIN, 'rejected-cache', env)).length).toBeGreaterThan(0);
   });
 });
 
