@@ -14,17 +14,21 @@ export function createBackend(config: Config, redis: Redis, keys: Keys): Cluster
       const { rest, ...slurm } = config.backend.slurm;
       return new SlurmBackend({ ...slurm, rest: rest && new SlurmRestClient({ ...rest, timeoutMs: slurm.timeoutMs }) });
     }
-    case 'kubernetes': {
-      const k8s = config.backend.kubernetes;
-      const connection: KubernetesConnection =
-        k8s.connection === 'token'
-          ? { kind: 'token', server: k8s.server ?? '', token: resolveToken({ tokenFile: k8s.tokenFile }, 'backend.kubernetes'), caFile: k8s.caFile }
-          : k8s.connection === 'kubeconfig'
-            ? { kind: 'kubeconfig', path: k8s.kubeconfig, context: k8s.context }
-            : { kind: 'in-cluster' };
-      return kubernetesBackend({ connection, timeoutMs: k8s.timeoutMs });
-    }
+    case 'kubernetes':
+      return kubernetesBackend({ connection: kubernetesConnection(config.backend.kubernetes), timeoutMs: config.backend.kubernetes.timeoutMs });
     case 'dry-run':
       return new DryRunBackend(redis, keys, config.backend.dryRun.nodes && new Set(config.backend.dryRun.nodes));
+  }
+}
+
+/** How `backend.kubernetes` reaches the API server, its token read now (also the agents' token reviews, controller/kubernetes-agents.ts). */
+export function kubernetesConnection(k8s: Config['backend']['kubernetes']): KubernetesConnection {
+  switch (k8s.connection) {
+    case 'token':
+      return { kind: 'token', server: k8s.server ?? '', token: resolveToken({ tokenFile: k8s.tokenFile }, 'backend.kubernetes'), caFile: k8s.caFile };
+    case 'kubeconfig':
+      return { kind: 'kubeconfig', path: k8s.kubeconfig, context: k8s.context };
+    case 'in-cluster':
+      return { kind: 'in-cluster' };
   }
 }

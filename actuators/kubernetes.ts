@@ -7,6 +7,7 @@ import {
   ServerConfiguration,
   createConfiguration,
   setHeaderOptions,
+  type Configuration,
   type ConfigurationOptions,
   type V1Eviction,
   type V1Node,
@@ -357,13 +358,19 @@ export class KubernetesBackend implements ClusterBackend {
   }
 }
 
-/** Builds the backend from its connection; the only place a KubeConfig is read. */
+/** Builds the backend from its connection. */
 export function kubernetesBackend(options: KubernetesBackendOptions): KubernetesBackend {
+  const configuration = kubernetesApiConfiguration(options);
+  return new KubernetesBackend(new CoreV1Api(configuration), new KubernetesWorkloads(new CustomObjectsApi(configuration)));
+}
+
+/** The API clients' configuration for a connection, each request bounded by timeoutMs; the only place a KubeConfig is read. */
+export function kubernetesApiConfiguration(options: KubernetesBackendOptions): Configuration {
   const config = loadKubeConfig(options.connection);
   const cluster = config.getCurrentCluster();
   if (!cluster) throw new DoNotRetryError(`no current cluster in the ${options.connection.kind} Kubernetes configuration`);
   const timeoutMs = options.timeoutMs;
-  const configuration = createConfiguration({
+  return createConfiguration({
     baseServer: new ServerConfiguration(cluster.server, {}),
     authMethods: { default: config },
     promiseMiddleware: [
@@ -376,5 +383,4 @@ export function kubernetesBackend(options: KubernetesBackendOptions): Kubernetes
       },
     ],
   });
-  return new KubernetesBackend(new CoreV1Api(configuration), new KubernetesWorkloads(new CustomObjectsApi(configuration)));
 }

@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import type { NextFunction, Request, Response } from 'express';
 import type { AuditLog } from '../core/audit.js';
-import { describeIdentity, presentedToken, type Credentials, type Identity } from '../core/credentials.js';
+import { ReviewUnavailableError, TokenRefusedError, describeIdentity, presentedToken, type Credentials, type Identity } from '../core/credentials.js';
 import { errorMessage } from '../core/errors.js';
 import type { Logger } from '../core/log.js';
 import { ClientRateLimiter, type RateLimitSettings } from '../core/rate-limit.js';
@@ -98,9 +98,13 @@ export interface RequestLine {
   readonly url: string;
 }
 
-/** The answer to a request refused by authentication or authorization: status, headers and JSON body. */
+/**
+ * The answer to a request refused by authentication or authorization: status, headers and JSON
+ * body. 503: the credential could not be checked now (the Kubernetes API server did not answer a
+ * token review); refused all the same, with Retry-After so that the sender tries again.
+ */
 export interface Refusal {
-  readonly status: 401 | 403;
+  readonly status: 401 | 403 | 503;
   readonly headers: Readonly<Record<string, string>>;
   readonly body: Readonly<Record<string, unknown>>;
 }
@@ -118,24 +122,42 @@ export function sendForbidden(deps: Pick<AuthorizeDeps, 'access' | 'onReject'>, 
   res.status(refusal.status).json(refusal.body);
 }
 
+/** Seconds a sender waits before retrying a request whose token could not be reviewed. */
+const REVIEW_RETRY_AFTER_SECONDS = 5;
+
 /**
- * Who sent the request (its Authorization header): the identity, or the 401 to answer (already
- * counted). Shared by the Express middleware below and the intake's own request handler.
+ * Who sent the request (its Authorization header): the identity, or the refusal to answer
+ * (already counted). A token the controller does not know itself goes to the credentials'
+ * reviewer when it has that reviewer's form; an error there refuses the request, never lets it
+ * pass. Shared by the Express middleware below and the intake's own request handler.
  */
-export function identify(deps: AuthorizeDeps, req: RequestLine, authorization: string | undefined): { identity: Identity } | Refusal {
+export async function identify(deps: AuthorizeDeps, req: RequestLine, authorization: string | undefined): Promise<{ identity: Identity } | Refusal> {
   const presented = presentedToken(authorization ?? '');
   const usable = presented && (presented.scheme === 'bearer' || deps.basic) ? presented.token : undefined;
-  const identity = usable === undefined ? undefined : deps.credentials.identify(usable);
-  if (!identity) {
+  const known = usable === undefined ? undefined : deps.credentials.identify(usable);
+  if (known) return { identity: known };
+  const reviewer = deps.credentials.reviewer;
+  let refusedBecause: string | undefined;
+  if (usable !== undefined && reviewer?.accepts(usable)) {
+    try {
+      return { identity: await reviewer.review(usable) };
+    } catch (error) {
+      deps.onReject(req, 'unauthorized');
+      if (error instanceof ReviewUnavailableError) {
+        return { status: 503, headers: { 'Retry-After': String(REVIEW_RETRY_AFTER_SECONDS) }, body: { error: `credentials not checked, retry later: ${error.message}` } };
+      }
+      if (!(error instanceof TokenRefusedError)) throw error;
+      refusedBecause = error.message;
+    }
+  } else {
     deps.onReject(req, 'unauthorized');
-    const hint = deps.basic ? 'send "Authorization: Bearer <token>" or the token as the Basic-auth password' : 'send "Authorization: Bearer <token>"';
-    return {
-      status: 401,
-      headers: { 'WWW-Authenticate': deps.basic ? 'Basic realm="steadfast"' : 'Bearer realm="steadfast"' },
-      body: { error: usable === undefined ? `missing credentials: ${hint}` : 'invalid bearer token' },
-    };
   }
-  return { identity };
+  const hint = deps.basic ? 'send "Authorization: Bearer <token>" or the token as the Basic-auth password' : 'send "Authorization: Bearer <token>"';
+  return {
+    status: 401,
+    headers: { 'WWW-Authenticate': deps.basic ? 'Basic realm="steadfast"' : 'Bearer realm="steadfast"' },
+    body: { error: usable === undefined ? `missing credentials: ${hint}` : (refusedBecause ?? 'invalid bearer token') },
+  };
 }
 
 /**
@@ -143,8 +165,8 @@ export function identify(deps: AuthorizeDeps, req: RequestLine, authorization: s
  * else the refusal to answer, counted, and audited when it is a 403. For the intake's own
  * request handler, which serves exactly the routes it is given.
  */
-export function authenticate(deps: AuthorizeDeps, req: RequestLine, authorization: string | undefined, route: RouteScope): { identity: Identity } | Refusal {
-  const verdict = identify(deps, req, authorization);
+export async function authenticate(deps: AuthorizeDeps, req: RequestLine, authorization: string | undefined, route: RouteScope): Promise<{ identity: Identity } | Refusal> {
+  const verdict = await identify(deps, req, authorization);
   if ('status' in verdict) return verdict;
   const { identity } = verdict;
   const refusal = scopeRefusal(identity, route.scope, `${req.method} ${req.url.split('?')[0] ?? ''}`);
@@ -160,12 +182,13 @@ export function scopeRefusal(identity: Identity, scope: Scope, what: string): st
 /** Express middleware: identifies the caller (401 otherwise); each route then checks its own scope (routes.ts). */
 export function authorize(deps: AuthorizeDeps): (req: Request, res: Response, next: NextFunction) => void {
   return (req, res, next) => {
-    const verdict = identify(deps, { method: req.method, url: req.originalUrl }, req.get('authorization'));
-    if ('status' in verdict) {
-      res.status(verdict.status).set(verdict.headers).json(verdict.body);
-      return;
-    }
-    res.locals[IDENTITY] = verdict.identity;
-    next();
+    identify(deps, { method: req.method, url: req.originalUrl }, req.get('authorization')).then((verdict) => {
+      if ('status' in verdict) {
+        res.status(verdict.status).set(verdict.headers).json(verdict.body);
+        return;
+      }
+      res.locals[IDENTITY] = verdict.identity;
+      next();
+    }, next);
   };
 }

@@ -152,7 +152,7 @@ export function intakeHandler(deps: IntakeHttpDeps): (req: IncomingMessage, res:
         return;
       }
     }
-    const verdict = authenticate(deps, line, req.headers.authorization, INTAKE_ROUTES[endpoint]);
+    const verdict = await authenticate(deps, line, req.headers.authorization, INTAKE_ROUTES[endpoint]);
     if ('status' in verdict) {
       sendJson(res, verdict.status, verdict.body, verdict.headers);
       return;

@@ -35,6 +35,7 @@ import { SuspectWatch } from './suspect-watch.js';
 import { PrometheusFeatureSource } from '../analyzers/multisignal-source.js';
 import { AgentDirectory } from './agents.js';
 import { createApp } from './server.js';
+import { configuredAgentTokens } from './kubernetes-agents.js';
 import { createLimitedServer, listenOn } from './connection-limits.js';
 import { metricsHandler } from './metrics-server.js';
 import { startWorkers } from './workers.js';
@@ -115,7 +116,7 @@ export class Controller {
     const { config } = options;
     // Read before any connection opens, so a missing token file leaves nothing to close.
     const grafanaToken = config.grafana ? resolveToken(config.grafana, 'grafana') : undefined;
-    this.credentials = (options.http ?? true) ? new Credentials(resolveCredentials(config.controller.auth)) : undefined;
+    this.credentials = (options.http ?? true) ? new Credentials(resolveCredentials(config.controller.auth), configuredAgentTokens(config)) : undefined;
     this.keys = new Keys(config.redis.prefix);
     this.intakeRedis = intakeConnection(config.redis);
     // The policy worker's many small commands (audit appends, job lookups, BullMQ's scripts) leave

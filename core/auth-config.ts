@@ -2,6 +2,7 @@ import { readFileSync } from 'node:fs';
 import { z } from 'zod';
 import { AGENT_SECRET_MIN_LENGTH, type CredentialSecrets } from './credentials.js';
 import { InputError, errorMessage } from './errors.js';
+import { isNamespace } from './kubernetes-names.js';
 
 /**
  * The controller's credentials, one per role (docs/configuration.md, `controller.auth`). Each is
@@ -12,6 +13,32 @@ import { InputError, errorMessage } from './errors.js';
 const TOKEN_MIN = 16;
 const token = () => z.string().min(TOKEN_MIN, `must be at least ${TOKEN_MIN} characters`).optional();
 const file = () => z.string().min(1).optional();
+
+/** A service account's name: a DNS subdomain (apimachinery's IsDNS1123Subdomain). */
+const DNS_SUBDOMAIN = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
+
+/**
+ * Agents that present their pod's projected service-account token instead of a token derived
+ * from agentSecret (controller/kubernetes-agents.ts): the controller asks the API server
+ * (TokenReview) whose token it is and on which node its pod runs. The API server is the one
+ * `backend.kubernetes` names, whatever backend.kind is.
+ */
+export const kubernetesAgentsSchema = z
+  .object({
+    /** The audience the agents' projected token is made for (the volume's `audience`). */
+    audience: z.string().min(1).max(253).default('steadfast-controller'),
+    /** Where the agents' pods run. */
+    namespace: z.string().refine(isNamespace, 'must be a namespace name (lower-case letters, digits and "-", at most 63)').default('steadfast'),
+    /** The agents' service account; tokens of any other are refused. */
+    serviceAccount: z.string().max(253).regex(DNS_SUBDOMAIN, 'must be a service account name (lower-case DNS subdomain)').default('steadfast-agent'),
+    /** How long a token found good is trusted without asking again (never past the token's own expiry). */
+    cacheSeconds: z.coerce.number<unknown>().int().min(0).max(300).default(60),
+    /** Most tokens remembered at once; the oldest go first (one per node in a steady state). */
+    cacheEntries: z.coerce.number<unknown>().int().min(1).max(1_000_000).default(20_000),
+  })
+  .strict();
+
+export type KubernetesAgentsConfig = z.output<typeof kubernetesAgentsSchema>;
 
 export const authSchema = z
   .object({
@@ -27,6 +54,8 @@ export const authSchema = z
     /** The secret every agent's node-bound token derives from (`steadfast token agent`). */
     agentSecret: z.string().min(AGENT_SECRET_MIN_LENGTH, `must be at least ${AGENT_SECRET_MIN_LENGTH} characters`).optional(),
     agentSecretFile: file(),
+    /** Agents on Kubernetes: their pod's service-account token, checked by a TokenReview. */
+    kubernetesAgents: kubernetesAgentsSchema.optional(),
   })
   .strict()
   .superRefine((auth, context) => {
@@ -61,9 +90,9 @@ export function resolveCredentials(auth: AuthConfig): CredentialSecrets {
     alertmanager: readSecret(auth.alertmanagerToken, auth.alertmanagerTokenFile, 'controller.auth.alertmanagerTokenFile', TOKEN_MIN),
     agentSecret: readSecret(auth.agentSecret, auth.agentSecretFile, 'controller.auth.agentSecretFile', AGENT_SECRET_MIN_LENGTH),
   };
-  if (Object.values(secrets).every((secret) => secret === undefined)) {
+  if (Object.values(secrets).every((secret) => secret === undefined) && auth.kubernetesAgents === undefined) {
     throw new InputError(
-      'controller.auth: no credential configured (operatorTokenFile, readOnlyTokenFile, alertmanagerTokenFile, agentSecretFile); refusing to run unauthenticated',
+      'controller.auth: no credential configured (operatorTokenFile, readOnlyTokenFile, alertmanagerTokenFile, agentSecretFile, kubernetesAgents); refusing to run unauthenticated',
       'controller.auth',
     );
   }

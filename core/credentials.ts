@@ -1,5 +1,6 @@
 import { createHash, createHmac, timingSafeEqual } from 'node:crypto';
 import { z } from 'zod';
+import { RetryLaterError } from './errors.js';
 import { NODE_NAME_PATTERN } from './names.js';
 
 /**
@@ -89,6 +90,33 @@ export interface CredentialSecrets {
 }
 
 /**
+ * A credential another party vouches for, asked per token: a Kubernetes service-account token,
+ * reviewed by the API server (controller/kubernetes-agents.ts). Only tokens of its form go to it.
+ */
+export interface TokenReviewer {
+  /** Whether the token has this reviewer's form (a JWT); others are not sent anywhere. */
+  accepts(token: string): boolean;
+  /** The holder; throws TokenRefusedError when the token is not good, ReviewUnavailableError when nobody could say. */
+  review(token: string): Promise<Identity>;
+}
+
+/** A reviewed token is not good for this controller; the message says why (answered 401). */
+export class TokenRefusedError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'TokenRefusedError';
+  }
+}
+
+/** A token could not be reviewed now (the API server unreachable); refused, and the sender should retry (503). */
+export class ReviewUnavailableError extends RetryLaterError {
+  constructor(message: string, cause?: unknown) {
+    super(message, cause);
+    this.name = 'ReviewUnavailableError';
+  }
+}
+
+/**
  * Tells who holds a presented token, in constant time per comparison (digests compared, so
  * lengths leak nothing; every static token is compared, so the order leaks nothing either).
  */
@@ -96,7 +124,11 @@ export class Credentials {
   private readonly statics: { role: Role; digest: Buffer }[];
   private readonly agentSecret: string | undefined;
 
-  constructor(secrets: CredentialSecrets) {
+  constructor(
+    secrets: CredentialSecrets,
+    /** Agents' tokens checked elsewhere (Kubernetes service-account tokens), besides agentSecret's. */
+    readonly reviewer?: TokenReviewer,
+  ) {
     const statics: { role: Role; digest: Buffer }[] = [];
     if (secrets.operator) statics.push({ role: 'operator', digest: digest(secrets.operator) });
     if (secrets.readOnly) statics.push({ role: 'read-only', digest: digest(secrets.readOnly) });
@@ -109,12 +141,12 @@ export class Credentials {
     }
     this.statics = statics;
     this.agentSecret = secrets.agentSecret || undefined;
-    if (this.statics.length === 0 && this.agentSecret === undefined) throw new RangeError('no credential configured');
+    if (this.statics.length === 0 && this.agentSecret === undefined && reviewer === undefined) throw new RangeError('no credential configured');
   }
 
   /** The roles that have a credential. */
   get roles(): Role[] {
-    return [...this.statics.map((entry) => entry.role), ...(this.agentSecret ? (['agent'] as const) : [])];
+    return [...this.statics.map((entry) => entry.role), ...(this.agentSecret || this.reviewer ? (['agent'] as const) : [])];
   }
 
   identify(token: string): Identity | undefined {

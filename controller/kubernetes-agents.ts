@@ -1,0 +1,203 @@
+import { createHash } from 'node:crypto';
+import { ApiException, AuthenticationV1Api, CoreV1Api, type Configuration, type V1TokenReviewStatus } from '@kubernetes/client-node';
+import type { KubernetesAgentsConfig } from '../core/auth-config.js';
+import type { Config } from '../core/config.js';
+import { ReviewUnavailableError, TokenRefusedError, type Identity, type TokenReviewer } from '../core/credentials.js';
+import { errorMessage } from '../core/errors.js';
+import { NODE_NAME_PATTERN } from '../core/names.js';
+import { kubernetesConnection } from '../actuators/backend-from-config.js';
+import { kubernetesApiConfiguration } from '../actuators/kubernetes.js';
+import { serverMessage } from '../actuators/kubernetes-errors.js';
+
+/**
+ * Agents on Kubernetes prove who they are with their pod's projected service-account token
+ * (deploy/kubernetes/agent.yaml: a `serviceAccountToken` volume with the controller's audience),
+ * which the kubelet rotates and binds to the pod. The controller asks the API server about each
+ * token it has not seen lately (a TokenReview, authentication.k8s.io/v1) and accepts it when
+ *   - the API server authenticated it for the controller's audience,
+ *   - it is the agents' service account's (`system:serviceaccount:<namespace>:<name>`), and
+ *   - it is bound to a pod, whose node is the node the identity speaks for: the review's
+ *     `authentication.kubernetes.io/node-name` (Kubernetes 1.30 and later put it there), else the
+ *     `spec.nodeName` of the pod the review names, read and matched by its uid.
+ * The identity is bound to that node like an agentSecret token (auth.ts, requireOwnNode), so each
+ * pod's credential speaks for its own node only, and no Secret holds every node's token.
+ *
+ * A token found good is remembered until the sooner of cacheSeconds and its own expiry; errors
+ * are never remembered, and a review that cannot be made refuses the request (503, retried by the
+ * sender), never lets it through.
+ */
+
+const EXTRA_NODE_NAME = 'authentication.kubernetes.io/node-name';
+const EXTRA_POD_NAME = 'authentication.kubernetes.io/pod-name';
+const EXTRA_POD_UID = 'authentication.kubernetes.io/pod-uid';
+/** A projected service-account token is about a kilobyte; a longer one is not sent anywhere. */
+const MAX_TOKEN_LENGTH = 16 * 1024;
+const JWT_FORM = /^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$/;
+/** Reviews in flight at once (a burst of agents after a controller restart); past it, 503. */
+const MAX_REVIEWS_IN_FLIGHT = 256;
+
+export interface KubernetesAgentTokensOptions extends KubernetesAgentsConfig {
+  /** The milliseconds clock; tests pass their own. */
+  readonly now?: () => number;
+}
+
+interface Remembered {
+  readonly identity: Identity;
+  readonly until: number;
+}
+
+/** The claims read from a token before its review, only to skip hopeless reviews and to bound the cache; never to accept it. */
+interface UnverifiedClaims {
+  readonly audiences: readonly string[];
+  readonly expiresAt: number | undefined;
+}
+
+function unverifiedClaims(token: string): UnverifiedClaims | undefined {
+  try {
+    const payload: unknown = JSON.parse(Buffer.from(token.split('.')[1] ?? '', 'base64url').toString('utf8'));
+    if (typeof payload !== 'object' || payload === null) return undefined;
+    const { aud, exp } = payload as { aud?: unknown; exp?: unknown };
+    const audiences = typeof aud === 'string' ? [aud] : Array.isArray(aud) ? aud.filter((entry): entry is string => typeof entry === 'string') : [];
+    return { audiences, expiresAt: typeof exp === 'number' ? exp * 1000 : undefined };
+  } catch {
+    return undefined;
+  }
+}
+
+function firstExtra(status: V1TokenReviewStatus, key: string): string | undefined {
+  return status.user?.extra?.[key]?.[0];
+}
+
+function tokenKey(token: string): string {
+  return createHash('sha256').update(token).digest('hex');
+}
+
+export class KubernetesAgentTokens implements TokenReviewer {
+  private readonly remembered = new Map<string, Remembered>();
+  private readonly inFlight = new Map<string, Promise<Identity>>();
+  private readonly username: string;
+  private readonly now: () => number;
+
+  constructor(
+    private readonly authentication: AuthenticationV1Api,
+    private readonly core: CoreV1Api,
+    private readonly options: KubernetesAgentTokensOptions,
+  ) {
+    this.username = `system:serviceaccount:${options.namespace}:${options.serviceAccount}`;
+    this.now = options.now ?? Date.now;
+  }
+
+  /** Tokens remembered now; never more than cacheEntries. */
+  get cached(): number {
+    return this.remembered.size;
+  }
+
+  accepts(token: string): boolean {
+    return token.length <= MAX_TOKEN_LENGTH && JWT_FORM.test(token);
+  }
+
+  async review(token: string): Promise<Identity> {
+    const key = tokenKey(token);
+    const now = this.now();
+    const known = this.remembered.get(key);
+    if (known && known.until > now) return known.identity;
+    if (known) this.remembered.delete(key);
+    const pending = this.inFlight.get(key);
+    if (pending) return pending;
+    if (this.inFlight.size >= MAX_REVIEWS_IN_FLIGHT) throw new ReviewUnavailableError(`${MAX_REVIEWS_IN_FLIGHT} Kubernetes token reviews are already in progress`);
+    const claims = unverifiedClaims(token);
+    if (!claims) throw new TokenRefusedError('not a Kubernetes service-account token (its payload is not a JSON object)');
+    if (!claims.audiences.includes(this.options.audience)) {
+      throw new TokenRefusedError(`the Kubernetes service-account token is for audience ${JSON.stringify(claims.audiences.join(','))}, not this controller's "${this.options.audience}" (the projected volume's audience)`);
+    }
+    const review = this.check(token).finally(() => this.inFlight.delete(key));
+    this.inFlight.set(key, review);
+    const identity = await review;
+    this.remember(key, identity, claims.expiresAt);
+    return identity;
+  }
+
+  private remember(key: string, identity: Identity, expiresAt: number | undefined): void {
+    const now = this.now();
+    const until = Math.min(now + this.options.cacheSeconds * 1000, expiresAt ?? Number.POSITIVE_INFINITY);
+    if (until <= now) return;
+    if (this.remembered.size >= this.options.cacheEntries) {
+      for (const [stale, entry] of this.remembered) if (entry.until <= now) this.remembered.delete(stale);
+    }
+    // Oldest first: a Map iterates in insertion order.
+    while (this.remembered.size >= this.options.cacheEntries) {
+      const oldest = this.remembered.keys().next().value;
+      if (oldest === undefined) break;
+      this.remembered.delete(oldest);
+    }
+    this.remembered.set(key, { identity, until });
+  }
+
+  private async check(token: string): Promise<Identity> {
+    let status: V1TokenReviewStatus;
+    try {
+      const answer = await this.authentication.createTokenReview({
+        body: { apiVersion: 'authentication.k8s.io/v1', kind: 'TokenReview', spec: { token, audiences: [this.options.audience] } },
+      });
+      status = answer.status ?? {};
+    } catch (error) {
+      throw unavailable(error, 'review the token', 'create tokenreviews.authentication.k8s.io');
+    }
+    if (!status.authenticated) {
+      throw new TokenRefusedError(`the Kubernetes API server did not authenticate the service-account token${status.error ? `: ${status.error}` : ''}`);
+    }
+    // An API server that ignores spec.audiences answers without them; its "yes" is for itself, not for us.
+    if (!(status.audiences ?? []).includes(this.options.audience)) {
+      throw new TokenRefusedError(`the Kubernetes API server authenticated the token but not for audience "${this.options.audience}"`);
+    }
+    const username = status.user?.username ?? '';
+    if (username !== this.username) {
+      throw new TokenRefusedError(`the token is ${JSON.stringify(username)}'s; agents present the service account ${this.username}'s`);
+    }
+    const node = firstExtra(status, EXTRA_NODE_NAME) ?? (await this.podNode(status));
+    if (!NODE_NAME_PATTERN.test(node)) throw new TokenRefusedError(`the agent's node name ${JSON.stringify(node.slice(0, 80))} is not one steadfast can act on (letters, digits, ".", "_", "-", at most 63)`);
+    return { role: 'agent', node };
+  }
+
+  /** Before Kubernetes 1.30 a review names the token's pod, not its node: the pod says where it runs. */
+  private async podNode(status: V1TokenReviewStatus): Promise<string> {
+    const name = firstExtra(status, EXTRA_POD_NAME);
+    const uid = firstExtra(status, EXTRA_POD_UID);
+    if (name === undefined || uid === undefined) {
+      throw new TokenRefusedError('the service-account token is not bound to a pod: mount it as a projected serviceAccountToken volume (deploy/kubernetes/agent.yaml)');
+    }
+    let pod;
+    try {
+      pod = await this.core.readNamespacedPod({ name, namespace: this.options.namespace });
+    } catch (error) {
+      if (error instanceof ApiException && error.code === 404) throw new TokenRefusedError(`the token's pod ${this.options.namespace}/${name} no longer exists`);
+      throw unavailable(error, `read pod ${this.options.namespace}/${name}`, 'get pods');
+    }
+    if (pod.metadata?.uid !== uid) throw new TokenRefusedError(`the token's pod ${this.options.namespace}/${name} was replaced (uid ${uid} is gone)`);
+    const node = pod.spec?.nodeName;
+    if (!node) throw new TokenRefusedError(`the token's pod ${this.options.namespace}/${name} is not on a node`);
+    return node;
+  }
+}
+
+/** A failed call to the API server: nobody could say whether the token is good. */
+function unavailable(error: unknown, action: string, permission: string): ReviewUnavailableError {
+  if (!(error instanceof ApiException)) return new ReviewUnavailableError(`the Kubernetes API server is unreachable, cannot ${action}: ${errorMessage(error)}`, error);
+  const detail = `HTTP ${error.code}: ${serverMessage(error)}`;
+  if (error.code === 403) return new ReviewUnavailableError(`the controller may not ${action}: it lacks the RBAC permission "${permission}" (deploy/kubernetes/rbac.yaml); ${detail}`, error);
+  if (error.code === 401) return new ReviewUnavailableError(`the Kubernetes API server rejected the controller's own credentials trying to ${action}; ${detail}`, error);
+  return new ReviewUnavailableError(`the Kubernetes API server failed to ${action}; ${detail}`, error);
+}
+
+/** The reviewer for controller.auth.kubernetesAgents, on the API server the configuration reaches. */
+export function kubernetesAgentTokens(configuration: Configuration, options: KubernetesAgentTokensOptions): KubernetesAgentTokens {
+  return new KubernetesAgentTokens(new AuthenticationV1Api(configuration), new CoreV1Api(configuration), options);
+}
+
+/** The config's reviewer of agents' service-account tokens, asking the API server `backend.kubernetes` names; none without controller.auth.kubernetesAgents. */
+export function configuredAgentTokens(config: Config): KubernetesAgentTokens | undefined {
+  const agents = config.controller.auth.kubernetesAgents;
+  if (!agents) return undefined;
+  const k8s = config.backend.kubernetes;
+  return kubernetesAgentTokens(kubernetesApiConfiguration({ connection: kubernetesConnection(k8s), timeoutMs: k8s.timeoutMs }), agents);
+}
