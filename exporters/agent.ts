@@ -8,7 +8,7 @@ import { errorMessage } from '../core/errors.js';
 import type { FastPathEvent } from '../core/fast-path-event.js';
 import type { Logger } from '../core/log.js';
 import { ClientRateLimiter, rateLimitMessage, type RateLimitSettings } from '../core/rate-limit.js';
-import { CollectorSet, type AgentRoute, type CollectorFactory, type CollectorPaths, type CollectorSettings } from './collector.js';
+import { CollectorSet, type AgentRoute, type CollectorFactory, type CollectorPaths, type CollectorSettings, type CollectorStartOptions } from './collector.js';
 import { createFastPathClient, type FastPathOutcomeHandler, type FastPathSender } from './fast-path-client.js';
 import { StandbyReporter } from './standby-reporter.js';
 
@@ -112,7 +112,8 @@ class NodeAgent implements Agent {
 
   async start(): Promise<AddressInfo> {
     if (this.closing) throw new Error('agent is closed');
-    await this.startCollectors();
+    // Serving does not wait for the GPU's first poll: scrapes answer with what is read so far.
+    await this.startCollectors({ waitForFirstRead: false });
     if (this.options.controllerUrl && this.options.controllerToken && !this.standby) {
       this.standby = new StandbyReporter({
         controllerUrl: this.options.controllerUrl,
@@ -153,7 +154,7 @@ class NodeAgent implements Agent {
   }
 
   async scrapeOnce(): Promise<string> {
-    await this.startCollectors();
+    await this.startCollectors({ waitForFirstRead: true });
     return this.collectors.scrape();
   }
 
@@ -162,8 +163,8 @@ class NodeAgent implements Agent {
     return this.closing;
   }
 
-  private startCollectors(): Promise<void> {
-    this.collectorsStarted ??= this.collectors.start();
+  private startCollectors(options: CollectorStartOptions): Promise<void> {
+    this.collectorsStarted ??= this.collectors.start(options);
     return this.collectorsStarted;
   }
 

@@ -77,10 +77,18 @@ export interface CollectorContext {
   readonly settings: CollectorSettings;
 }
 
+export interface CollectorStartOptions {
+  /**
+   * Whether start() waits for a background poll's first read (`--once`), or leaves it running so
+   * that the agent serves scrapes at once (a first nvidia-smi costs 0.1 s and more on real GPUs).
+   */
+  readonly waitForFirstRead: boolean;
+}
+
 export interface Collector {
   readonly name: string;
-  /** Starts background work (a poll loop, a file follower). Resolves once the first read is done. */
-  start(): Promise<void>;
+  /** Starts background work (a poll loop, a file follower). Resolves once the first read is done, or started (see options). */
+  start(options?: CollectorStartOptions): Promise<void>;
   /** Brings the collector's metrics up to date for a scrape. Throws when its source cannot be read. */
   update(): Promise<void>;
   /** Stops background work. Safe to call more than once. */
@@ -131,11 +139,11 @@ export class CollectorSet {
     return this.collectors.map((collector) => collector.name);
   }
 
-  async start(): Promise<void> {
+  async start(options: CollectorStartOptions = { waitForFirstRead: true }): Promise<void> {
     await Promise.all(
       this.collectors.map(async (collector) => {
         try {
-          await collector.start();
+          await collector.start(options);
         } catch (error) {
           // A collector that cannot start shows as failed at every scrape; the agent keeps running.
           this.logger.error({ collector: collector.name, err: error }, 'collector failed to start');

@@ -32,6 +32,8 @@ export interface StandbyReporterOptions {
 /** A node is healthy when no collector fails, no GPU is missing and no fatal Xid was counted. */
 export function selfCheck(exposition: string): { ok: boolean; detail: string } {
   const problems: string[] = [];
+  // A serving agent answers before its first GPU poll is done: not yet read is not yet ready.
+  if (/^steadfast_collector_success\{collector="gpu"\} 1$/m.test(exposition) && !/^steadfast_gpu_last_poll_timestamp_seconds /m.test(exposition)) problems.push('GPUs not read yet');
   for (const line of exposition.split('\n')) {
     const failing = /^steadfast_collector_success\{collector="([^"]+)"\} 0$/.exec(line);
     if (failing) problems.push(`collector ${failing[1]} failing`);

@@ -1,5 +1,6 @@
 /**
- * A collector's background poll: once at start (awaited, so the first scrape has data), then
+ * A collector's background poll: once at start (awaited by `--once`, so its scrape has data; not
+ * by the serving agent, which answers scrapes while the first poll runs), then
  * every interval, one poll at a time, on a timer that does not keep the process alive (the
  * agent's HTTP server does). A query that hangs on a sick GPU delays the next poll, never a
  * scrape. `close()` stops the timer, aborts the poll in flight through `signal` and waits for it.
@@ -27,11 +28,12 @@ export class BackgroundPoll {
     return this.stopped;
   }
 
-  async start(): Promise<void> {
+  /** Runs the first poll; resolves when it is done, or at once with `waitForFirstRead` false. */
+  async start(waitForFirstRead = true): Promise<void> {
     if (this.running || this.stopped || !this.active()) return;
     this.running = this.poll();
-    await this.running;
-    this.schedule();
+    const first = this.running.then(() => this.schedule());
+    if (waitForFirstRead) await first;
   }
 
   async close(): Promise<void> {

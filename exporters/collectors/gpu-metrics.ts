@@ -47,7 +47,8 @@ export class GpuMetrics {
   private readonly lastPoll: Gauge;
   private readonly pollAge: Gauge;
   private totalsRegistered = false;
-  /** Unix time (seconds) of the last good poll. */
+  private pollAgeRegistered = false;
+  /** Unix time (seconds) of the last good poll (before the first: of the start of polling). */
   private polledAt = 0;
 
   constructor(private readonly registry: Registry) {
@@ -112,12 +113,26 @@ export class GpuMetrics {
     });
   }
 
+  /**
+   * Exports steadfast_gpu_poll_age_seconds from the start of polling, before any read: a node
+   * whose first nvidia-smi hangs shows a growing age, not nothing.
+   */
+  pollingSince(startedAt: number): void {
+    if (this.polledAt !== 0 || this.pollAgeRegistered) return;
+    this.polledAt = startedAt;
+    this.registry.registerMetric(this.pollAge);
+    this.pollAgeRegistered = true;
+  }
+
   /** Exports the node-wide series once there is a real value for them. */
   writeTotals(attached: number, polledAt: number): void {
     if (!this.totalsRegistered) {
+      // The age, exported since polling started, moves behind the other two (a stable exposition).
+      if (this.pollAgeRegistered) this.registry.removeSingleMetric('steadfast_gpu_poll_age_seconds');
       this.registry.registerMetric(this.attached);
       this.registry.registerMetric(this.lastPoll);
       this.registry.registerMetric(this.pollAge);
+      this.pollAgeRegistered = true;
       this.totalsRegistered = true;
     }
     this.attached.set(attached);

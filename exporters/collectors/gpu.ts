@@ -2,7 +2,7 @@ import { execFile } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
 import { promisify } from 'node:util';
 import { errorMessage } from '../../core/errors.js';
-import type { Collector, CollectorContext, CollectorFactory } from '../collector.js';
+import type { Collector, CollectorContext, CollectorFactory, CollectorStartOptions } from '../collector.js';
 import { DCGM_EXPORTER_URL_FLAG, dcgmExporterUrl, fetchDcgmExporterText, gpuKey, parseDcgmExporterText, type DcgmGpuSample } from '../sources/dcgm-exporter.js';
 import { parseNvidiaSmiXml } from '../sources/nvidia-smi-xml.js';
 import { BackgroundPoll } from './background-poll.js';
@@ -100,7 +100,6 @@ class GpuCollector implements Collector {
   /** GPUs missing right now; a fast-path event goes out once per disappearance. */
   private readonly missing = new Set<string>();
   private readonly poller: BackgroundPoll;
-  private polledOnce = false;
   private lastError: Error | undefined;
 
   constructor(
@@ -112,13 +111,15 @@ class GpuCollector implements Collector {
     this.poller = new BackgroundPoll(context.pollIntervalSeconds * 1000, () => this.poll());
   }
 
-  async start(): Promise<void> {
-    await this.poller.start();
+  async start(options?: CollectorStartOptions): Promise<void> {
+    // Until the first read, scrapes carry steadfast_gpu_poll_age_seconds counted from here.
+    this.metrics.pollingSince(Date.now() / 1000);
+    await this.poller.start(options?.waitForFirstRead);
   }
 
+  /** Fails when the last poll failed; while the first one runs there is nothing to fail on, only an age. */
   async update(): Promise<void> {
     if (this.lastError) throw this.lastError;
-    if (!this.polledOnce) throw new Error(`${this.source.description} has not been read yet`);
   }
 
   async close(): Promise<void> {
@@ -132,7 +133,6 @@ class GpuCollector implements Collector {
       this.apply(report);
       if (this.lastError) this.context.logger.info({ collector: this.name }, `${this.source.description} readable again`);
       this.lastError = undefined;
-      this.polledOnce = true;
     } catch (error) {
       if (this.poller.closed) return;
       // A query stuck on a sick GPU is a signal, not a gap: counted, and alerted on (SteadfastGpuQueryStuck).

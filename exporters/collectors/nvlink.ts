@@ -3,7 +3,7 @@ import { promisify } from 'node:util';
 import { Counter } from 'prom-client';
 import { errorMessage } from '../../core/errors.js';
 import { errnoCode } from '../log-follower.js';
-import type { Collector, CollectorContext, CollectorFactory } from '../collector.js';
+import type { Collector, CollectorContext, CollectorFactory, CollectorStartOptions } from '../collector.js';
 import { BackgroundPoll } from './background-poll.js';
 import { parseNvlinkErrors, type NvlinkErrorCount } from '../sources/nvlink-errors.js';
 import { gpuQueryFailures, isTimeout } from './gpu-query-health.js';
@@ -49,8 +49,8 @@ class NvlinkCollector implements Collector {
     this.poller = new BackgroundPoll(context.pollIntervalSeconds * 1000, () => this.poll(), () => !this.absent);
   }
 
-  async start(): Promise<void> {
-    await this.poller.start();
+  async start(options?: CollectorStartOptions): Promise<void> {
+    await this.poller.start(options?.waitForFirstRead);
   }
 
   async update(): Promise<void> {

@@ -41,8 +41,10 @@ describe('the warm standby pool (ByteRobust §6.2)', () => {
     expect(await standby.reconcile(4, new Set(['s1']))).toEqual(['s3']);
   });
 
-  it('judges an agent healthy only with every collector working, every GPU present and no fatal Xid', () => {
-    expect(selfCheck('steadfast_collector_success{collector="gpu"} 1\nsteadfast_gpu_present{gpu="0",pci_bus_id="0000:18:00"} 1\n').ok).toBe(true);
+  it('judges an agent healthy only with every collector working, its GPUs read and all present, and no fatal Xid', () => {
+    expect(selfCheck('steadfast_collector_success{collector="gpu"} 1\nsteadfast_gpu_present{gpu="0",pci_bus_id="0000:18:00"} 1\nsteadfast_gpu_last_poll_timestamp_seconds 1795870000\n').ok).toBe(true);
+    // An agent that serves before its first GPU poll is done is not ready yet.
+    expect(selfCheck('steadfast_collector_success{collector="gpu"} 1\nsteadfast_gpu_poll_age_seconds 0.1\n')).toEqual({ ok: false, detail: 'GPUs not read yet' });
     expect(selfCheck('steadfast_collector_success{collector="xid"} 0\n')).toEqual({ ok: false, detail: 'collector xid failing' });
     expect(selfCheck('steadfast_gpu_present{gpu="3",pci_bus_id="0000:5d:00"} 0\n').detail).toBe('GPU 0000:5d:00 missing');
     expect(selfCheck('steadfast_gpu_present{gpu="3",pci_bus_id="0000:5d:00",UUID="GPU-a9079f15-493e-6c1c-c78c-73ec2b840cba"} 0\n').detail).toBe('GPU 0000:5d:00 missing');

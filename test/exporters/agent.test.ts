@@ -1,5 +1,7 @@
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { CommanderError } from 'commander';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -114,6 +116,27 @@ describe('agent', () => {
     const once = await running.scrapeOnce();
     expect(once).not.toContain('process_resident_memory_bytes');
     expect(once).not.toContain('steadfast_build_info');
+  });
+
+  it('answers /metrics before the first GPU poll is done, with the poll age and no GPU series, then with the GPUs', async () => {
+    // An nvidia-smi that answers only once the test lets it: a first query slow as on a real node.
+    const dir = mkdtempSync(join(tmpdir(), 'steadfast-slow-smi-'));
+    const release = join(dir, 'release');
+    const smi = join(dir, 'nvidia-smi');
+    writeFileSync(smi, `#!/bin/sh\n[ "$1" = "-q" ] || exit 0\ni=0\nwhile [ ! -e ${release} ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done\nexec cat ${XML}\n`, { mode: 0o755 });
+    try {
+      const served = agent({ paths: { ...PATHS, nvidiaSmiXml: undefined, nvidiaSmi: smi } });
+      const { port } = await served.start();
+      const first = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
+      expect(seriesValue(first, 'steadfast_gpu_poll_age_seconds')).toBeGreaterThanOrEqual(0);
+      expect(first).not.toMatch(/^steadfast_gpu_(present|attached|last_poll_timestamp_seconds)\b/m);
+      // Not read yet is not a failed read.
+      expect(seriesValue(first, 'steadfast_collector_success{collector="gpu"}')).toBe(1);
+      writeFileSync(release, '');
+      await waitFor(async () => seriesValue(await (await fetch(`http://127.0.0.1:${port}/metrics`)).text(), 'steadfast_gpu_attached') === 1);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   it('sends fatal Xids from the kernel log to the controller with the bearer token', async () => {

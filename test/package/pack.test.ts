@@ -187,6 +187,8 @@ describe.each(NODE_RELEASES)('under the official Node.js %s', (release) => {
     processes.start(`agent-${release}`, node, [agentScript(), '--web.listen-address', `127.0.0.1:${port}`, '--web.insecure', ...fixtureArgs(join(cache, 'state.json'))], join(cache, 'agent.log'), { env: env(cache) });
     const url = `http://127.0.0.1:${port}/metrics`;
     await waitFor(`the agent under Node.js ${release} to serve /metrics`, () => httpOk(url), 30_000, 100, async () => readFileSync(join(cache, 'agent.log'), 'utf8'));
+    // It serves before its first GPU poll is done; the GPUs come with the next scrapes.
+    await waitFor('the GPUs on /metrics', async () => (await (await fetch(url)).text()).includes('steadfast_gpu_attached 1'), 30_000);
     const text = await (await fetch(url)).text();
     expectFixtureScrape(text);
     expect(text).toMatch(new RegExp(`^steadfast_build_info\\{[^}]*nodejs="${release.replace(/\./g, '\\.')}"[^}]*\\} 1$`, 'm'));
