@@ -94,6 +94,41 @@ export async function ruleGroups(config: Thresholds = DEFAULT_THRESHOLDS): Promi
   return (await loadDomains()).flatMap((domain) => groupsDocument(domain.domain, domain.groups(valid), valid).groups);
 }
 
+/** Where docs/alerts.md holds the table of rule files that `npm run rules` writes. */
+export const RULE_TABLE_DOC = join(repoRoot(), 'docs', 'alerts.md');
+const TABLE_BEGIN = '<!-- rule-files: written by `npm run rules` from rules/domains; do not edit -->';
+const TABLE_END = '<!-- /rule-files -->';
+
+/** The docs' summary of the rule files: how many, their groups, alerts and recording rules. */
+export async function renderRuleTable(config: Thresholds = DEFAULT_THRESHOLDS): Promise<string> {
+  const valid = validate(config);
+  const rows = (await loadDomains()).map((domain) => {
+    const groups = domain.groups(valid);
+    const rules = groups.flatMap((group) => group.rules);
+    return { file: `rules/${domain.domain}.yml`, groups: groups.map((group) => `\`${group.name}\``).join(', '), alerts: rules.filter((rule) => rule.kind === 'alert').length, records: rules.filter((rule) => rule.kind === 'record').length };
+  });
+  const total = (key: 'alerts' | 'records'): number => rows.reduce((sum, row) => sum + row[key], 0);
+  const groupCount = rows.reduce((sum, row) => sum + row.groups.split(', ').length, 0);
+  const count = (n: number): string => (n === 0 ? '—' : String(n));
+  return [
+    TABLE_BEGIN,
+    `${rows.length} files, ${groupCount} rule groups, ${total('alerts')} alerts and ${total('records')} recording rules in all:`,
+    '',
+    '| file | groups | alerts | recording rules |',
+    '|---|---|---|---|',
+    ...rows.map((row) => `| \`${row.file}\` | ${row.groups} | ${count(row.alerts)} | ${count(row.records)} |`),
+    TABLE_END,
+  ].join('\n');
+}
+
+/** `doc` with its rule-file table replaced by `table`; throws when the doc has no such table. */
+export function withRuleTable(doc: string, table: string): string {
+  const begin = doc.indexOf(TABLE_BEGIN);
+  const end = doc.indexOf(TABLE_END);
+  if (begin < 0 || end < begin) throw new Error(`${RULE_TABLE_DOC} has no rule-file table (between ${TABLE_BEGIN} and ${TABLE_END})`);
+  return doc.slice(0, begin) + table + doc.slice(end + TABLE_END.length);
+}
+
 /** Writes `text` to `path` unless the file already holds it; whether it wrote. */
 export function writeIfChanged(path: string, text: string): boolean {
   let current = '';

@@ -9,7 +9,7 @@ import { z } from 'zod';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { InputError } from '../core/errors.js';
 import { classifyXid, xidCodesWithRemedy } from '../core/xid.js';
-import { renderRuleFiles, ruleFile } from '../rules/build.js';
+import { RULE_TABLE_DOC, renderRuleFiles, renderRuleTable, ruleFile, withRuleTable } from '../rules/build.js';
 import {
   ALERTMANAGER_CONFIG,
   CONTROLLER_RECEIVER,
@@ -133,6 +133,13 @@ describe('Prometheus rules', () => {
       expect(committed, `rules/${domain}.yml differs from rules/domains/${domain}.ts: run npm run rules`).toBe(text);
     }
     expect([...RULE_FILES].sort(), 'a rules/<domain>.yml without a rules/domains/<domain>.ts module').toEqual([...rendered.keys()].map(ruleFile).sort());
+  });
+
+  it("docs/alerts.md counts the rule files, groups, alerts and recording rules as rendered, and its prometheus.yml lists every file", async () => {
+    const doc = readFileSync(RULE_TABLE_DOC, 'utf8');
+    expect(doc, 'docs/alerts.md is out of date: run npm run rules').toBe(withRuleTable(doc, await renderRuleTable()));
+    const listed = [...doc.matchAll(/^ {2}- \/path\/to\/steadfast\/(rules\/\w+\.yml)/gm)].map((match) => match[1]);
+    expect(listed.sort()).toEqual(RULE_FILES.map((file) => `rules/${basename(file)}`).sort());
   });
 
   it('the Xid remedy alerts select exactly the codes the agent classifies with that remedy, whatever the message', async () => {
