@@ -6,19 +6,24 @@
 //   DIR/dist/agent-loader.cjs    the loader (V8 flags, this node's code cache)
 //   DIR/README.md
 // `npm pack DIR` makes the npm package; packaging/debian and packaging/image install DIR as it is.
-// Usage: node scripts/stage-agent.mjs DIR   (DIR is emptied first)
+// Usage: node scripts/stage-agent.mjs DIR           lay the tree out in DIR (emptied first)
+//        node scripts/stage-agent.mjs --pack OUT    and pack it: OUT/steadfast-agent-VERSION.tgz
+//                                                   (npm run pack:agent, into the current directory)
 import { execFileSync } from 'node:child_process';
-import { chmodSync, copyFileSync, existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
-const [target] = process.argv.slice(2);
-if (!target) {
-  process.stderr.write('usage: node scripts/stage-agent.mjs DIR\n');
+const args = process.argv.slice(2);
+const pack = args[0] === '--pack';
+const target = pack ? args[1] : args[0];
+if (!target || args.length !== (pack ? 2 : 1)) {
+  process.stderr.write('usage: node scripts/stage-agent.mjs DIR | --pack OUT\n');
   process.exit(2);
 }
-const out = resolve(target);
+const out = pack ? mkdtempSync(join(tmpdir(), 'steadfast-agent-package-')) : resolve(target);
 for (const built of ['agent.cjs', 'agent-loader.cjs']) {
   if (!existsSync(join(root, 'dist', built))) {
     process.stderr.write(`stage-agent: dist/${built} is missing: run npm run build first\n`);
@@ -54,4 +59,13 @@ try {
 } catch {
   // Not a git checkout: no revision label.
 }
-process.stdout.write(`${out}\n`);
+if (pack) {
+  try {
+    const tarball = execFileSync('npm', ['pack', out, '--pack-destination', resolve(target), '--silent'], { encoding: 'utf8' }).trim();
+    process.stdout.write(`${join(resolve(target), tarball)}\n`);
+  } finally {
+    rmSync(out, { recursive: true, force: true });
+  }
+} else {
+  process.stdout.write(`${out}\n`);
+}
