@@ -31,6 +31,10 @@ command -v nsenter >/dev/null || need+=(util-linux)
 # The sim's slurmctld accepts JWTs (scontrol token, slurmrestd) besides auth/none.
 compgen -G '/usr/lib/*/slurm-wlm/auth_jwt.so' >/dev/null || need+=(slurm-wlm-jwt-plugin)
 if [ ! -e /usr/sbin/munged ] && ! command -v munged >/dev/null; then need+=(munge); fi
+# The container images (packaging/image/build.sh, test/package/image.test.ts): a Debian root by
+# mmdebstrap, the OCI archives by buildah.
+command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
+command -v buildah >/dev/null || need+=(buildah)
 # The ETTR plot's PNG draws its text with an installed font (sim/ettr/plot.ts, docs/ettr-plot.md).
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
 
