@@ -8,6 +8,7 @@ import { createLogger, type Logger } from '../core/log.js';
 import { nodeNameSchema } from '../core/names.js';
 import type { CollectorFactory, CollectorFlag, CollectorSettings } from '../exporters/collector.js';
 import { DEFAULT_AGENT_RATE_LIMIT, createAgent, type AgentOptions } from '../exporters/agent.js';
+import type { TokenSource } from '../exporters/fast-path-client.js';
 import { DEFAULT_CODE_CACHE_DIR } from './agent-bundle.js';
 import { applyAgentV8Flags } from './agent-v8.js';
 import { EXIT_USAGE } from './common.js';
@@ -68,6 +69,7 @@ const flagsSchema = z.object({
     .url({ protocol: /^https?$/, message: 'must be an http:// or https:// URL' })
     .optional(),
   'controller.tokenFile': z.string().min(1, 'must not be empty').optional(),
+  'controller.kubernetesTokenFile': z.string().min(1, 'must not be empty').optional(),
   'web.tokenFile': z.string().min(1, 'must not be empty').optional(),
   'web.insecure': z.boolean().default(false),
   'web.rateLimit': z.coerce.number({ message: 'must be a number of requests per second' }).min(0, 'must be at least 0 (0: no limit)').max(100_000, 'must be at most 100000'),
@@ -116,8 +118,17 @@ export function agentSettingsFromFlags(
     if (typeof choice === 'boolean') choices[factory.name] = choice;
   }
   const controllerUrl = options['controller.url'];
-  let controllerToken: string | undefined;
-  if (controllerUrl !== undefined) {
+  let controllerToken: TokenSource | undefined;
+  const kubernetesTokenFile = options['controller.kubernetesTokenFile'];
+  if (kubernetesTokenFile !== undefined && options['controller.tokenFile'] !== undefined) {
+    throw new InputError('--controller.kubernetes-token-file: give it or --controller.token-file, not both', '--controller.kubernetes-token-file');
+  }
+  if (controllerUrl !== undefined && kubernetesTokenFile !== undefined) {
+    // The kubelet rotates a projected token in place: read it at every request, and once now so
+    // that a missing volume stops the start instead of the first fault.
+    controllerToken = () => resolveToken({ tokenFile: kubernetesTokenFile }, '--controller.kubernetes-token-file');
+    controllerToken();
+  } else if (controllerUrl !== undefined) {
     const tokenFile = options['controller.tokenFile'];
     try {
       // The file named on the command line wins over the environment.
@@ -185,6 +196,7 @@ export function agentCommand(io: Partial<AgentCommandIo> = {}): Command {
     .option('--gpu.poll-interval <seconds>', 'seconds between nvidia-smi polls', '5')
     .option('--controller.url <url>', 'controller base URL for fast-path events (none: no fast path)')
     .option('--controller.token-file <file>', `file holding this node's agent token, from \`steadfast token agent\` (default: $${AGENT_TOKEN_ENV})`)
+    .option('--controller.kubernetes-token-file <file>', "instead: the pod's projected service-account token for the controller's audience (controller.auth.kubernetesAgents), read at every request")
     .option('--web.token-file <file>', 'bearer token required on every POST endpoint of the agent (/api/v1/training, /api/v1/trace, /api/v1/diagnose); required unless --web.insecure')
     .option('--web.insecure', 'serve the POST endpoints without a token (a trusted network only)')
     .option('--web.rate-limit <per-second>', 'requests per second each client may send to the POST endpoints; more answer 429 (0: no limit)', String(DEFAULT_AGENT_RATE_LIMIT.requestsPerSecond))

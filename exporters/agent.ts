@@ -9,7 +9,7 @@ import type { FastPathEvent } from '../core/fast-path-event.js';
 import type { Logger } from '../core/log.js';
 import { ClientRateLimiter, rateLimitMessage, type RateLimitSettings } from '../core/rate-limit.js';
 import { CollectorSet, type AgentRoute, type CollectorFactory, type CollectorPaths, type CollectorSettings, type CollectorStartOptions } from './collector.js';
-import { createFastPathClient, type FastPathOutcomeHandler, type FastPathSender } from './fast-path-client.js';
+import { createFastPathClient, type FastPathOutcomeHandler, type FastPathSender, type TokenSource } from './fast-path-client.js';
 import { StandbyReporter } from './standby-reporter.js';
 
 /** How often an agent asks the controller whether its node is a standby waiting for a self-check. */
@@ -31,7 +31,7 @@ export interface AgentOptions {
   /** The enabled collectors (see enabledFactories in exporters/index.ts). */
   readonly collectors: readonly CollectorFactory[];
   readonly controllerUrl?: string | undefined;
-  readonly controllerToken?: string | undefined;
+  readonly controllerToken?: TokenSource | undefined;
   /** Collector flag values (`training.log` → file); see CollectorFactory.flags. */
   readonly settings?: CollectorSettings | undefined;
   /** Bearer token required on the agent's POST endpoints; none: they are open (bind to a trusted network). */

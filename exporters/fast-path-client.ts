@@ -13,10 +13,17 @@ import { describeIssues } from '../core/validate.js';
  * A full queue drops training progress reports first, then the oldest event.
  */
 
+/** A bearer token, or where to read it at each request: a Kubernetes service-account token rotates under the agent. */
+export type TokenSource = string | (() => string);
+
+export function currentToken(source: TokenSource): string {
+  return typeof source === 'function' ? source() : source;
+}
+
 export interface FastPathClientOptions {
   /** Base URL of the controller; without one the client drops every event (no fast path). */
   readonly controllerUrl?: string | undefined;
-  readonly token?: string | undefined;
+  readonly token?: TokenSource | undefined;
   readonly registry: Registry;
   readonly logger: Logger;
   /** Events kept while the controller is unreachable; the oldest go first when full. */
@@ -190,7 +197,7 @@ class FastPathClient implements FastPathSender {
 
   private async post(batch: readonly FastPathEvent[]): Promise<void> {
     const headers: Record<string, string> = { 'content-type': 'application/json' };
-    if (this.options.token) headers.authorization = `Bearer ${this.options.token}`;
+    if (this.options.token) headers.authorization = `Bearer ${currentToken(this.options.token)}`;
     let response: Response;
     try {
       response = await fetch(this.endpoint ?? '', {

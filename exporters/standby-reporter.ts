@@ -1,6 +1,7 @@
 import { jitteredInterval } from '../core/backoff.js';
 import { diagnoseReportSchema } from '../core/diagnostics.js';
 import type { Logger } from '../core/log.js';
+import { currentToken, type TokenSource } from './fast-path-client.js';
 
 /**
  * The agent's side of the warm standby pool (ByteRobust §6.2, §7 "each agent queries the
@@ -12,7 +13,7 @@ import type { Logger } from '../core/log.js';
 
 export interface StandbyReporterOptions {
   readonly controllerUrl: string;
-  readonly token: string;
+  readonly token: TokenSource;
   readonly node: string;
   /** The mean pause between polls; each is jittered (half to one and a half times it). */
   readonly intervalMs: number;
@@ -100,8 +101,8 @@ export class StandbyReporter {
   /** One round: ask for the node's standby state, and self-check when asked to. Never throws. */
   async poll(): Promise<void> {
     const { controllerUrl, token, node, logger } = this.options;
-    const headers = { authorization: `Bearer ${token}`, 'content-type': 'application/json' };
     try {
+      const headers = { authorization: `Bearer ${currentToken(token)}`, 'content-type': 'application/json' };
       const response = await fetch(`${controllerUrl}/api/v1/standby/${encodeURIComponent(node)}`, { headers, signal: AbortSignal.timeout(5000) });
       if (!response.ok) return;
       const body = (await response.json()) as { state?: string };

@@ -1,14 +1,21 @@
 import { execFile } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
+import { Registry } from 'prom-client';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { agentCommand, agentSettingsFromFlags } from '../../cli/agent.js';
 import { kubernetesApiConfiguration } from '../../actuators/kubernetes.js';
 import { kubernetesAgentsSchema } from '../../core/auth-config.js';
 import { configSchema } from '../../core/config.js';
 import { ReviewUnavailableError, TokenRefusedError } from '../../core/credentials.js';
+import { InputError } from '../../core/errors.js';
+import { silentLogger } from '../../core/log.js';
+import { createFastPathClient, type TokenSource } from '../../exporters/fast-path-client.js';
 import { KubernetesAgentTokens, kubernetesAgentTokens } from '../../controller/kubernetes-agents.js';
 import type { Controller } from '../../controller/service.js';
 import { TEST_TOKEN, post, startController, testConfig } from '../support/controller.js';
@@ -280,5 +287,56 @@ describe('the controller intake with agents on Kubernetes', () => {
     const refused = await post(`${url}/api/v1/signals`, xid('gpu-a01'), projectedToken({ audiences: ['vault'] }));
     expect(refused.status).toBe(401);
     expect(refused.body.error).toMatch(/is for audience "vault", not this controller's "steadfast-controller"/);
+  });
+});
+
+/** The agent's side: --controller.kubernetes-token-file is read at every request, as the kubelet rotates the token under it. */
+describe('an agent with --controller.kubernetes-token-file', () => {
+  const root = mkdtempSync(join(tmpdir(), 'steadfast-k8s-agent-token-'));
+  afterAll(() => rmSync(root, { recursive: true, force: true }));
+
+  function settings(argv: string[]): ReturnType<typeof agentSettingsFromFlags> {
+    const command = agentCommand({ env: {}, logger: silentLogger() });
+    command.parseOptions(['--web.insecure', '--node', 'gpu-a01', '--controller.url', 'http://controller:9400', ...argv]);
+    return agentSettingsFromFlags(command.opts(), {});
+  }
+
+  it('sends the token the file holds at each request, and refuses to start without the file or beside --controller.token-file', async () => {
+    const file = join(root, 'token');
+    // The kubelet swaps the projected volume's files atomically; a rename does the same.
+    const rotate = (token: string): void => {
+      writeFileSync(`${file}.new`, token);
+      renameSync(`${file}.new`, file);
+    };
+    const first = projectedToken({ bound: { node: 'gpu-a01' } });
+    rotate(first);
+    const token = settings([`--controller.kubernetes-token-file=${file}`]).controllerToken as TokenSource;
+    expect(typeof token).toBe('function');
+
+    const seen: string[] = [];
+    const server = createServer((request, response) => {
+      seen.push(request.headers.authorization ?? '');
+      request.resume();
+      request.on('end', () => response.writeHead(202, { 'content-type': 'application/json' }).end('{"accepted":1}'));
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const client = createFastPathClient({ controllerUrl: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, token, registry: new Registry(), logger: silentLogger() });
+    try {
+      const xid = { kind: 'xid' as const, node: 'gpu-a01', gpu: '0000:3b:00', xid: 79, message: 'NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.', time: new Date().toISOString() };
+      client.send(xid);
+      await client.drained();
+      const second = projectedToken({ bound: { node: 'gpu-a01' } });
+      rotate(second);
+      client.send({ ...xid, xid: 48 });
+      await client.drained();
+      expect(seen).toEqual([`Bearer ${first}`, `Bearer ${second}`]);
+    } finally {
+      await client.close();
+      server.close();
+    }
+
+    expect(() => settings([`--controller.kubernetes-token-file=${join(root, 'missing')}`])).toThrow(/--controller.kubernetes-token-file: cannot read token file/);
+    expect(() => settings([`--controller.kubernetes-token-file=${file}`, `--controller.token-file=${file}`])).toThrow(InputError);
+    expect(() => settings([`--controller.kubernetes-token-file=${file}`, `--controller.token-file=${file}`])).toThrow('--controller.kubernetes-token-file: give it or --controller.token-file, not both');
   });
 });
