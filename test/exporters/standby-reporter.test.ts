@@ -9,7 +9,8 @@ import { createAgent, type Agent } from '../../exporters/agent.js';
 import { DIAGNOSE_CONFIG_FLAG, diagnoseCollectorFactory } from '../../exporters/collectors/diagnose.js';
 import { StandbyReporter } from '../../exporters/standby-reporter.js';
 
-const HEALTHY_SCRAPE = 'steadfast_collector_success{collector="gpu"} 1\n';
+/** A scrape of an agent whose GPUs were read: every collector working. */
+const HEALTHY_SCRAPE = 'steadfast_collector_success{collector="gpu"} 1\nsteadfast_gpu_last_poll_timestamp_seconds 1795870000\n';
 
 describe('a warm standby\'s self-check with the node\'s own diagnostics', () => {
   const dir = mkdtempSync(join(tmpdir(), 'steadfast-standby-check-'));
