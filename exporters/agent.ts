@@ -8,6 +8,7 @@ import { errorMessage } from '../core/errors.js';
 import type { FastPathEvent } from '../core/fast-path-event.js';
 import type { Logger } from '../core/log.js';
 import { ClientRateLimiter, rateLimitMessage, type RateLimitSettings } from '../core/rate-limit.js';
+import { GpuProcessBoard } from './gpu-processes.js';
 import { CollectorSet, type AgentRoute, type CollectorFactory, type CollectorPaths, type CollectorSettings, type CollectorStartOptions } from './collector.js';
 import { createFastPathClient, type FastPathOutcomeHandler, type FastPathSender, type TokenSource } from './fast-path-client.js';
 import { StandbyReporter } from './standby-reporter.js';
@@ -95,6 +96,7 @@ class NodeAgent implements Agent {
       fastPath: (event: FastPathEvent, onOutcome?: FastPathOutcomeHandler) => this.fastPath.send(event, onOutcome),
       pollIntervalSeconds: options.pollIntervalSeconds,
       settings: options.settings ?? {},
+      gpuProcesses: new GpuProcessBoard(),
     };
     this.collectors = new CollectorSet(
       options.collectors.map((factory) => factory.create(context)),

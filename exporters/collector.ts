@@ -4,6 +4,7 @@ import type { FastPathEvent } from '../core/fast-path-event.js';
 import type { Logger } from '../core/log.js';
 import { encodeExposition } from './exposition.js';
 import type { FastPathOutcomeHandler } from './fast-path-client.js';
+import type { GpuProcessBoard } from './gpu-processes.js';
 
 /**
  * The agent's collector framework, after prometheus/node_exporter: one collector per file,
@@ -73,6 +74,8 @@ export interface CollectorContext {
   readonly fastPath: (event: FastPathEvent, onOutcome?: FastPathOutcomeHandler) => void;
   /** Background poll interval for collectors that poll (seconds). */
   readonly pollIntervalSeconds: number;
+  /** Which processes hold which GPU, written by the gpu collector, read by the process collector. */
+  readonly gpuProcesses?: GpuProcessBoard | undefined;
   /** Values of the collector flags (see CollectorFactory.flags); absent keys mean the default. */
   readonly settings: CollectorSettings;
 }

@@ -1,4 +1,5 @@
 import { Counter, Gauge, type Registry } from 'prom-client';
+import type { GpuProcessHolding } from '../gpu-processes.js';
 import type { DcgmGpuSample } from '../sources/dcgm-exporter.js';
 import type { ClockReadings } from '../sources/nvidia-smi-xml.js';
 import { gpuHealthAction } from './gpu-health-action.js';
@@ -11,6 +12,9 @@ import { gpuHealthAction } from './gpu-health-action.js';
  * steadfast's `dddd:bb:dd` (the kernel log's spelling, which the xid series and the alerts use).
  */
 export type GpuLabel = 'gpu' | 'pci_bus_id' | 'UUID';
+
+/** Series of steadfast_gpu_process_info a poll writes at most (8 GPUs × 8 ranks and some to spare). */
+export const MAX_GPU_PROCESS_SERIES = 256;
 
 /** Every series the collector exports; made once per collector on the agent's registry. */
 export class GpuMetrics {
@@ -39,6 +43,8 @@ export class GpuMetrics {
   readonly fabricState;
   readonly fabricHealthy;
   readonly healthAction;
+  readonly processInfo;
+  readonly processMemory;
   /**
    * Label-less gauges start at 0 in prom-client; these are registered at the first good poll
    * instead, so that no fake 0 is exported before the source has answered.
@@ -97,6 +103,13 @@ export class GpuMetrics {
       'What this GPU needs now, from its memory and clock state, 1 for the one that applies: action drain (now), reset_gpu (at the next idle moment), watch, none; reason names the cause.',
       [...gpu, 'action', 'reason'],
     );
+    // Pids change with every job: the series are rewritten at each poll (resetPerGpu).
+    this.processInfo = gauge(
+      'steadfast_gpu_process_info',
+      `A process holding a context on the GPU, as nvidia-smi lists it (at most ${MAX_GPU_PROCESS_SERIES}): pid in the agent's pid namespace, type C (compute), G (graphics) or C+G, and the process name; always 1.`,
+      [...gpu, 'pid', 'type', 'name'],
+    );
+    this.processMemory = gauge('steadfast_gpu_process_used_memory_bytes', 'GPU memory the process holds on the GPU.', [...gpu, 'pid']);
     this.lastPoll = new Gauge({
       name: 'steadfast_gpu_last_poll_timestamp_seconds',
       help: 'When the GPU source was last read successfully (Unix time).',
@@ -168,6 +181,8 @@ export class GpuMetrics {
       this.fabricState,
       this.fabricHealthy,
       this.healthAction,
+      this.processInfo,
+      this.processMemory,
     ]) {
       metric.reset();
     }
@@ -187,6 +202,17 @@ function asNumber(value: boolean | undefined): number | undefined {
 function writeClocks(gauge: Gauge<GpuLabel | 'clock'>, labels: GpuLabels, readings: ClockReadings | undefined): void {
   for (const [clock, hertz] of Object.entries(readings ?? {})) {
     if (hertz !== undefined) gauge.set({ ...labels, clock }, hertz);
+  }
+}
+
+/** The processes on the GPUs, at most MAX_GPU_PROCESS_SERIES of them (compute ones first); call after resetPerGpu. */
+export function writeProcesses(metrics: GpuMetrics, holdings: readonly GpuProcessHolding[]): void {
+  const ordered = [...holdings].sort((a, b) => Number(!(a.type ?? 'C').includes('C')) - Number(!(b.type ?? 'C').includes('C')));
+  for (const holding of ordered.slice(0, MAX_GPU_PROCESS_SERIES)) {
+    const labels: GpuLabels = { gpu: holding.gpu, ...(holding.pciBusId === undefined ? {} : { pci_bus_id: holding.pciBusId }), ...(holding.uuid === undefined ? {} : { UUID: holding.uuid }) };
+    const pid = String(holding.pid);
+    metrics.processInfo.set({ ...labels, pid, type: holding.type ?? '', name: (holding.name ?? '').slice(0, 128) }, 1);
+    if (holding.usedMemoryBytes !== undefined) metrics.processMemory.set({ ...labels, pid }, holding.usedMemoryBytes);
   }
 }
 

@@ -2,11 +2,14 @@ import { execFile } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
 import { promisify } from 'node:util';
 import { errorMessage } from '../../core/errors.js';
+import { errnoCode } from '../log-follower.js';
 import type { Collector, CollectorContext, CollectorFactory, CollectorStartOptions } from '../collector.js';
 import { DCGM_EXPORTER_URL_FLAG, dcgmExporterUrl, fetchDcgmExporterText, gpuKey, parseDcgmExporterText, type DcgmGpuSample } from '../sources/dcgm-exporter.js';
 import { parseNvidiaSmiXml } from '../sources/nvidia-smi-xml.js';
 import { BackgroundPoll } from './background-poll.js';
-import { GpuMetrics, gpuLabels, writeSample, type GpuLabels } from './gpu-metrics.js';
+import type { GpuProcessHolding } from '../gpu-processes.js';
+import { COMPUTE_APPS_QUERY, parseComputeApps, type ComputeApp } from '../sources/nvidia-smi-compute-apps.js';
+import { GpuMetrics, gpuLabels, writeProcesses, writeSample, type GpuLabels } from './gpu-metrics.js';
 import { gpuQueryFailures, isTimeout } from './gpu-query-health.js';
 
 /**
@@ -34,6 +37,8 @@ const execFileAsync = promisify(execFile);
 /** What one poll of either source yields; a GpuSample from nvidia-smi is a DcgmGpuSample without the DCGM-only fields. */
 interface GpuReport {
   readonly gpus: readonly DcgmGpuSample[];
+  /** Compute processes from `nvidia-smi --query-compute-apps`, where the GPUs' own report lists none. */
+  readonly computeApps?: readonly ComputeApp[] | undefined;
 }
 
 /** Where the GPU readings come from: nvidia-smi or dcgm-exporter. */
@@ -70,10 +75,12 @@ function nvidiaSmiSource(context: CollectorContext, commandTimeoutMs: number): G
  * sets no `pci_bus_id` (before mid-2024, NVIDIA/dcgm-exporter#326). A body with GPU series of
  * which none can be placed is a failed poll, not a node without GPUs.
  */
-function dcgmExporterSource(url: URL, httpTimeoutMs: number, logger: CollectorContext['logger']): GpuSource {
+function dcgmExporterSource(url: URL, httpTimeoutMs: number, context: CollectorContext, commandTimeoutMs: number): GpuSource {
+  const { logger } = context;
   const description = `dcgm-exporter at ${url.href}`;
   // Logged when the number of bad lines changes, not at every poll.
   let badLines = 0;
+  const computeApps = computeAppsReader(context, commandTimeoutMs);
   return {
     description,
     command: 'dcgm-exporter',
@@ -86,8 +93,35 @@ function dcgmExporterSource(url: URL, httpTimeoutMs: number, logger: CollectorCo
         logger.warn({ collector: 'gpu', source: description, lines: report.lineErrorCount, first: report.lineErrors[0] }, 'dcgm-exporter sent lines that do not parse; skipped them');
       }
       badLines = report.lineErrorCount;
-      return report;
+      return { gpus: report.gpus, computeApps: await computeApps(signal) };
     },
+  };
+}
+
+/**
+ * dcgm-exporter names no pids; `nvidia-smi --query-compute-apps` does, where nvidia-smi is
+ * installed beside it. Its failure never fails the poll: the processes are then unknown. A node
+ * without nvidia-smi is not asked again.
+ */
+function computeAppsReader(context: CollectorContext, commandTimeoutMs: number): (signal: AbortSignal) => Promise<readonly ComputeApp[] | undefined> {
+  let absent = false;
+  let lastError: string | undefined;
+  return async (signal) => {
+    if (absent || context.gpuProcesses === undefined) return undefined;
+    try {
+      const { stdout } = await execFileAsync(context.paths.nvidiaSmi, COMPUTE_APPS_QUERY, { timeout: commandTimeoutMs, killSignal: 'SIGKILL', maxBuffer: MAX_OUTPUT_BYTES, signal, encoding: 'utf8' });
+      lastError = undefined;
+      return parseComputeApps(stdout);
+    } catch (error) {
+      if (errnoCode(error) === 'ENOENT') {
+        absent = true;
+        context.logger.info({ collector: 'gpu', binary: context.paths.nvidiaSmi }, 'no nvidia-smi beside dcgm-exporter; GPU processes are not listed');
+      } else if (errorMessage(error) !== lastError) {
+        lastError = errorMessage(error);
+        context.logger.warn({ collector: 'gpu', err: lastError }, 'nvidia-smi --query-compute-apps failed; GPU processes are not listed');
+      }
+      return undefined;
+    }
   };
 }
 
@@ -166,7 +200,27 @@ class GpuCollector implements Collector {
       if (labels.pci_bus_id !== undefined) this.context.fastPath({ kind: 'gpu_lost', node: this.context.node, gpu: labels.pci_bus_id, message, time: new Date().toISOString() });
     }
     this.metrics.writeTotals(report.gpus.length, Date.now() / 1000);
+    const holdings = gpuHoldings(report);
+    writeProcesses(this.metrics, holdings ?? []);
+    this.context.gpuProcesses?.update(holdings);
   }
+}
+
+/** Which process holds which GPU, from the GPUs' own lists or from the compute-apps query. */
+function gpuHoldings(report: GpuReport): GpuProcessHolding[] | undefined {
+  const listed = report.gpus.some((sample) => sample.processes !== undefined);
+  if (!listed && report.computeApps === undefined) return undefined;
+  const holdings: GpuProcessHolding[] = [];
+  for (const sample of report.gpus) {
+    const labels = gpuLabels(sample);
+    const where = { gpu: labels.gpu, pciBusId: sample.pciBusId, uuid: sample.uuid };
+    for (const process of sample.processes ?? []) holdings.push({ ...process, ...where });
+    for (const app of report.computeApps ?? []) {
+      const same = (app.uuid !== undefined && app.uuid === sample.uuid) || (app.pciBusId !== undefined && app.pciBusId === sample.pciBusId);
+      if (same) holdings.push({ pid: app.pid, type: 'C', name: app.name, usedMemoryBytes: app.usedMemoryBytes, ...where });
+    }
+  }
+  return holdings;
 }
 
 /**
@@ -178,7 +232,7 @@ export function createGpuCollector(context: CollectorContext, options: GpuCollec
   const source =
     url === undefined
       ? nvidiaSmiSource(context, options.commandTimeoutMs ?? DEFAULT_COMMAND_TIMEOUT_MS)
-      : dcgmExporterSource(url, options.httpTimeoutMs ?? DEFAULT_HTTP_TIMEOUT_MS, context.logger);
+      : dcgmExporterSource(url, options.httpTimeoutMs ?? DEFAULT_HTTP_TIMEOUT_MS, context, options.commandTimeoutMs ?? DEFAULT_COMMAND_TIMEOUT_MS);
   return new GpuCollector(context, source);
 }
 

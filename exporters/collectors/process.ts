@@ -73,8 +73,8 @@ class ProcessMetrics {
     });
     this.info = new Gauge({
       name: 'steadfast_training_process_info',
-      help: `One series per training process (at most ${MAX_INFO_SERIES}); always 1.`,
-      labelNames: ['pid', 'role', 'rank', 'comm'],
+      help: `One series per training process (at most ${MAX_INFO_SERIES}), with the GPUs it holds (their indices, where nvidia-smi lists it); always 1.`,
+      labelNames: ['pid', 'role', 'rank', 'comm', 'gpu'],
       registers,
     });
     this.cpuSeconds = new Counter({
@@ -165,7 +165,7 @@ class ProcessCollector implements Collector {
   }
 
   private async readTree(): Promise<TrainingTree> {
-    return classifyTrainingTree(await readProcessTable(this.context.paths.procfs, this.identities));
+    return classifyTrainingTree(await readProcessTable(this.context.paths.procfs, this.identities), this.context.gpuProcesses?.computePids());
   }
 
   private write(tree: TrainingTree): void {
@@ -196,7 +196,8 @@ class ProcessCollector implements Collector {
       this.context.logger.warn({ collector: this.name, processes: listed.length, max: MAX_INFO_SERIES }, 'too many training processes; info series capped');
     }
     for (const { process: entry, role, rank } of listed.slice(0, MAX_INFO_SERIES)) {
-      info.set({ pid: String(entry.pid), role, ...(rank === undefined ? {} : { rank: String(rank) }), comm: entry.comm }, 1);
+      const gpus = [...new Set((this.context.gpuProcesses?.gpusOf(entry.pid) ?? []).map((holding) => holding.gpu))].join(',');
+      info.set({ pid: String(entry.pid), role, ...(rank === undefined ? {} : { rank: String(rank) }), comm: entry.comm, ...(gpus === '' ? {} : { gpu: gpus }) }, 1);
     }
   }
 
@@ -240,11 +241,18 @@ class ProcessCollector implements Collector {
       node: this.context.node,
       capturedAt,
       tool: tool.binary === undefined ? 'faulthandler' : 'py-spy',
-      dumps,
+      dumps: dumps.map((dump) => this.withGpus(dump)),
       flightRecorder: flightRecorder?.files ?? [],
       flightRecorderDir: flightRecorder?.dir ?? null,
       ...(flightRecorder?.error === undefined ? {} : { flightRecorderError: flightRecorder.error }),
     });
+  }
+
+  /** A dump with the GPUs its process holds (index, PCI bus id, UUID), where nvidia-smi lists them. */
+  private withGpus(dump: PySpyDump): PySpyDump & { gpus?: { gpu: string; pciBusId?: string; uuid?: string }[] } {
+    const held = this.context.gpuProcesses?.gpusOf(dump.pid) ?? [];
+    if (held.length === 0) return dump;
+    return { ...dump, gpus: held.map((holding) => ({ gpu: holding.gpu, ...(holding.pciBusId === undefined ? {} : { pciBusId: holding.pciBusId }), ...(holding.uuid === undefined ? {} : { uuid: holding.uuid }) })) };
   }
 
   /** py-spy's path, or none for faulthandler, or the 503 answer when the configured tool cannot run. */

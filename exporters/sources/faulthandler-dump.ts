@@ -70,12 +70,17 @@ export function stackDirectories(procfs: string, entry: Pick<ProcessEntry, 'pid'
   return dirs.includes(fallback) ? dirs : [...dirs, fallback];
 }
 
-/** What /proc/<pid>/status says about signals and the user: SigCgt (a hex mask) and the effective uid. */
-export function parseSignalStatus(status: string): { caught: bigint; uid: number } | undefined {
+/**
+ * What /proc/<pid>/status says about signals and the user: SigCgt (a hex mask), the effective
+ * uid, and `NSpid`'s last field, the pid the process has in its own pid namespace (a rank in a
+ * container knows itself by it, and names its dump file with it).
+ */
+export function parseSignalStatus(status: string): { caught: bigint; uid: number; namespacePid?: number } | undefined {
   const caught = /^SigCgt:\s*([0-9a-fA-F]{1,16})\s*$/m.exec(status)?.[1];
   const uid = /^Uid:\s*\d+\s+(\d+)/m.exec(status)?.[1];
   if (caught === undefined || uid === undefined) return undefined;
-  return { caught: BigInt(`0x${caught}`), uid: Number(uid) };
+  const namespacePid = /^NSpid:((?:\s+\d{1,10})+)\s*$/m.exec(status)?.[1]?.trim().split(/\s+/).at(-1);
+  return { caught: BigInt(`0x${caught}`), uid: Number(uid), ...(namespacePid === undefined ? {} : { namespacePid: Number(namespacePid) }) };
 }
 
 function catches(caught: bigint, signal: number): boolean {
@@ -110,8 +115,10 @@ const START_SLACK_MS = 1000;
  * The newest `*-pid<pid>.stacks` that is a regular file owned by `uid` and modified since the
  * process started (`startedAtMs`), opened without following links.
  */
-async function openDumpFile(target: FaulthandlerTarget, uid: number, startedAtMs: number): Promise<{ path: string; handle: FileHandle }> {
-  const suffix = FILE_SUFFIX(target.pid);
+async function openDumpFile(target: FaulthandlerTarget, uid: number, startedAtMs: number, namespacePid: number | undefined): Promise<{ path: string; handle: FileHandle }> {
+  // The rank names its file with its pid as it sees it: in a container, not the agent's.
+  const suffixes = [...new Set([FILE_SUFFIX(target.pid), FILE_SUFFIX(namespacePid ?? target.pid)])];
+  const suffix = suffixes.join(' or *');
   let best: { path: string; modified: number } | undefined;
   for (const dir of target.directories) {
     let names: string[];
@@ -122,7 +129,7 @@ async function openDumpFile(target: FaulthandlerTarget, uid: number, startedAtMs
       continue;
     }
     for (const name of names) {
-      if (!name.endsWith(suffix)) continue;
+      if (!suffixes.some((candidate) => name.endsWith(candidate))) continue;
       const path = join(dir, name);
       const info = await lstat(path).catch(() => undefined);
       if (info === undefined || !info.isFile() || info.uid !== uid || info.mtimeMs < startedAtMs - START_SLACK_MS) continue;
@@ -179,7 +186,7 @@ async function dumpOne(target: FaulthandlerTarget, options: FaulthandlerOptions,
     throw new TargetError(`process ${target.pid} has no SIGUSR1 handler (the training script did not call enable_stack_dumps()); not signalled, as SIGUSR1 would end it`);
   }
   const startedAtMs = (bootTime + target.startTimeTicks / CLOCK_TICKS_PER_SECOND) * 1000;
-  const { path, handle } = await openDumpFile(target, status.uid, startedAtMs);
+  const { path, handle } = await openDumpFile(target, status.uid, startedAtMs, status.namespacePid);
   try {
     const start = (await handle.stat()).size;
     // The process the caller classified, and no other that took its pid since.

@@ -94,6 +94,27 @@ export interface GpuSample {
    */
   readonly throttleReasons?: ThrottleReasons | undefined;
   readonly fabric?: FabricState | undefined;
+  /** Processes with a context on the GPU (`<processes>`); undefined where the report has no list. */
+  readonly processes?: readonly GpuProcess[] | undefined;
+}
+
+/**
+ * A process holding a context on a GPU, as nvidia-smi lists it: the pid in the pid namespace
+ * nvidia-smi runs in, `C` compute (CUDA), `G` graphics, `C+G` both.
+ */
+export interface GpuProcess {
+  readonly pid: number;
+  readonly type?: string | undefined;
+  readonly name?: string | undefined;
+  readonly usedMemoryBytes?: number | undefined;
+  /** MIG attribution, where the GPU is partitioned. */
+  readonly gpuInstance?: number | undefined;
+  readonly computeInstance?: number | undefined;
+}
+
+/** Whether a GPU process runs CUDA work (a compute context), as training ranks do. */
+export function isComputeProcess(process: GpuProcess): boolean {
+  return process.type === undefined || process.type.includes('C');
 }
 
 export interface NvidiaSmiReport {
@@ -287,6 +308,28 @@ function parseFabric(gpu: XmlNode): FabricState | undefined {
   return state === undefined && success === undefined ? undefined : { state, success };
 }
 
+/** `<processes><process_info>…</process_info></processes>`: one entry or a list; `N/A` or empty: none. */
+function parseProcesses(gpu: XmlNode): GpuProcess[] | undefined {
+  const block = gpu.processes;
+  if (block === undefined) return undefined;
+  const entries = child(block, 'process_info');
+  const list = Array.isArray(entries) ? entries : entries === undefined ? [] : [entries];
+  const processes: GpuProcess[] = [];
+  for (const entry of list) {
+    const pid = quantity(entry, 'pid');
+    if (pid === undefined || !Number.isSafeInteger(pid) || pid <= 0) continue;
+    processes.push({
+      pid,
+      type: text(entry, 'type'),
+      name: text(entry, 'process_name'),
+      usedMemoryBytes: quantity(entry, 'used_memory'),
+      gpuInstance: quantity(entry, 'gpu_instance_id'),
+      computeInstance: quantity(entry, 'compute_instance_id'),
+    });
+  }
+  return processes;
+}
+
 function parseGpu(gpu: XmlNode, position: number, driverVersion: string | undefined): GpuSample {
   const id = typeof gpu['@_id'] === 'string' ? gpu['@_id'] : text(gpu, 'pci', 'pci_bus_id');
   const pciBusId = id === undefined ? undefined : normalizePciBusId(id);
@@ -328,6 +371,7 @@ function parseGpu(gpu: XmlNode, position: number, driverVersion: string | undefi
     maxClocks: parseClocks(gpu, 'max_clocks'),
     throttleReasons: parseThrottleReasons(gpu),
     fabric: parseFabric(gpu),
+    processes: parseProcesses(gpu),
   };
 }
 

@@ -12,9 +12,12 @@ import { basename, join } from 'node:path';
  *   imported torch is `pt_main_thread`, so the comm says nothing). A Python process started by
  *   slurmstepd is a launcher when it matches those, a rank otherwise (`srun python train.py`,
  *   one task per GPU).
- * - rank: a child of a launcher; else a Python process whose environ names RANK, LOCAL_RANK or
- *   SLURM_PROCID (reading environ needs the agent to run as the job's user or root; an
- *   unreadable environ means "unknown", not "no").
+ * - rank: a child of a launcher; a process with a compute context on a GPU (nvidia-smi lists
+ *   it), whatever its environment (`python3 train.py` started with no rank variables); else a
+ *   Python process whose environ names RANK, LOCAL_RANK or SLURM_PROCID (reading environ needs
+ *   the agent to run as the job's user or root; an unreadable environ means "unknown", not "no").
+ * - launcher, too: a Python process that holds no GPU itself but whose children do (a script
+ *   that starts its ranks with torch.multiprocessing.spawn).
  * - dataloader: a child of a rank whose comm is `pt_data_worker` (PyTorch names its workers so),
  *   whose command line is the rank's own (forked workers), or a multiprocessing spawn/forkserver
  *   child.
@@ -295,21 +298,37 @@ function hasRankEnvironment(entry: ProcessEntry): boolean {
   return environment?.rank !== undefined || environment?.localRank !== undefined;
 }
 
+/** Which processes hold a GPU, and which have children that do. */
+interface GpuHolders {
+  readonly holders: ReadonlySet<number>;
+  readonly parents: ReadonlySet<number>;
+}
+
 /** The role of a process given its parent's classification, or undefined when it is not part of training. */
-function roleOf(entry: ProcessEntry, parent: ProcessEntry | undefined, parentRole: ProcessRole | undefined): ProcessRole | undefined {
+function roleOf(entry: ProcessEntry, parent: ProcessEntry | undefined, parentRole: ProcessRole | undefined, gpus: GpuHolders): ProcessRole | undefined {
   if (parentRole === 'rank' && parent !== undefined) return childOfRankRole(entry, parent);
   if (parentRole === 'dataloader' || parentRole === 'checkpoint_writer') return undefined;
   if (isLauncher(entry)) return 'launcher';
-  if (parentRole === 'launcher') return 'rank';
+  if (gpus.holders.has(entry.pid)) return 'rank';
+  // Every child of torchrun is a rank; of a launcher known only by its ranks' GPUs, those ranks
+  // (and any with rank variables), not its helpers (multiprocessing's resource tracker).
+  if (parentRole === 'launcher') return parent !== undefined && !isLauncher(parent) && !hasRankEnvironment(entry) ? undefined : 'rank';
   if (!isPython(entry)) return undefined;
+  if (gpus.parents.has(entry.pid)) return 'launcher';
   if (hasRankEnvironment(entry)) return 'rank';
   if (parent?.comm === 'slurmstepd') return 'rank';
   return undefined;
 }
 
-/** Classifies a process table, walking down from the processes whose parent is not in it. */
-export function classifyTrainingTree(table: readonly ProcessEntry[]): TrainingTree {
+/**
+ * Classifies a process table, walking down from the processes whose parent is not in it.
+ * `gpuPids`: the processes with a compute context on a GPU (GpuProcessBoard.computePids), pids of
+ * the same namespace as the table.
+ */
+export function classifyTrainingTree(table: readonly ProcessEntry[], gpuPids: ReadonlySet<number> = new Set()): TrainingTree {
   const byPid = new Map(table.map((entry) => [entry.pid, entry]));
+  const holders = new Set([...gpuPids].filter((pid) => byPid.has(pid)));
+  const gpus: GpuHolders = { holders, parents: new Set([...holders].map((pid) => byPid.get(pid)?.ppid ?? 0).filter((ppid) => !holders.has(ppid))) };
   const children = new Map<number, ProcessEntry[]>();
   for (const entry of table) {
     if (entry.ppid === entry.pid) continue;
@@ -334,7 +353,7 @@ export function classifyTrainingTree(table: readonly ProcessEntry[]): TrainingTr
     const { entry, parentEntry, parent, insideTraining } = stack.pop()!;
     if (visited.has(entry.pid)) continue;
     visited.add(entry.pid);
-    const role = insideTraining && parent === undefined ? undefined : roleOf(entry, parentEntry, parent?.role);
+    const role = insideTraining && parent === undefined ? undefined : roleOf(entry, parentEntry, parent?.role, gpus);
     let node: TrainingProcess | undefined;
     if (role !== undefined) {
       const rank = role === 'launcher' ? undefined : role === 'rank' ? rankOf(entry) : parent?.rank;

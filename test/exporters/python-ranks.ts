@@ -1,4 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { createInterface } from 'node:readline';
 import { join } from 'node:path';
 import { FIXTURES } from './helpers.js';
@@ -14,7 +15,10 @@ const SCRIPT = join(FIXTURES, 'exporters', 'faulthandler-rank.py');
 export type RankMode = 'collective' | 'dataloader' | 'unregistered' | 'silent';
 
 export interface PythonRank {
+  /** As this test (the agent's pid namespace) sees it. */
   readonly pid: number;
+  /** As the rank sees itself, in its own pid namespace (`pidNamespace`); its dump file is named with it. */
+  readonly namespacePid?: number;
   /** The dump file the client opened; null when it registered nothing. */
   readonly file: string | null;
   /** The forked worker's pid, when asked for one. */
@@ -22,9 +26,15 @@ export interface PythonRank {
   readonly child: ChildProcess;
 }
 
-/** Starts a rank and resolves once it has registered its handler and printed its pid. */
-export async function startRank(mode: RankMode, env: Readonly<Record<string, string>>, options: { worker?: boolean } = {}): Promise<PythonRank> {
-  const child = spawn(PYTHON, [SCRIPT, mode, ...(options.worker ? ['worker'] : [])], { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'inherit'] });
+/**
+ * Starts a rank and resolves once it has registered its handler and printed its pid. With
+ * `pidNamespace` (root only), the rank runs in a pid namespace of its own, as in a container:
+ * `unshare --pid --fork` starts it as that namespace's pid 1.
+ */
+export async function startRank(mode: RankMode, env: Readonly<Record<string, string>>, options: { worker?: boolean; pidNamespace?: boolean } = {}): Promise<PythonRank> {
+  const command = [PYTHON, SCRIPT, mode, ...(options.worker ? ['worker'] : [])];
+  const [program, ...args] = options.pidNamespace ? ['unshare', '--pid', '--fork', '--kill-child', ...command] : command;
+  const child = spawn(program as string, args, { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'inherit'] });
   const lines = createInterface({ input: child.stdout! });
   const first = await new Promise<string>((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`${SCRIPT} ${mode} printed nothing within 10 s`)), 10_000);
@@ -35,7 +45,11 @@ export async function startRank(mode: RankMode, env: Readonly<Record<string, str
     child.once('exit', (code) => reject(new Error(`${SCRIPT} ${mode} exited with ${code} before it was ready`)));
   });
   const info = JSON.parse(first) as { pid: number; file: string | null; worker?: number };
-  return { ...info, child };
+  if (!options.pidNamespace) return { ...info, child };
+  // The rank is unshare's only child; /proc names it by the pid this namespace gives it.
+  const [hostPid] = readFileSync(`/proc/${child.pid}/task/${child.pid}/children`, 'utf8').trim().split(/\s+/).map(Number);
+  if (hostPid === undefined || !Number.isInteger(hostPid)) throw new Error(`cannot find the rank under unshare (pid ${child.pid})`);
+  return { ...info, pid: hostPid, namespacePid: info.pid, child };
 }
 
 /** Whether the process is still alive (signal 0 checks without sending anything). */

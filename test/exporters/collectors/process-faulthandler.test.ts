@@ -1,4 +1,4 @@
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
@@ -9,7 +9,8 @@ import { AgentDirectory, traceNodes } from '../../../controller/agents.js';
 import { createAgent, type Agent } from '../../../exporters/agent.js';
 import type { AgentResponse, Collector, CollectorSettings } from '../../../exporters/collector.js';
 import { PY_SPY_FLAG, STACK_DIR_FLAG, STACK_TOOL_FLAG, TRACE_PATH, createProcessCollector, processCollectorFactory } from '../../../exporters/collectors/process.js';
-import { testContext } from '../helpers.js';
+import { gpuCollectorFactory } from '../../../exporters/collectors/gpu.js';
+import { NVIDIA_SMI_XML, testContext, waitFor } from '../helpers.js';
 import { alive, startRank, stopRanks, type PythonRank, type RankMode } from '../python-ranks.js';
 
 /**
@@ -23,6 +24,7 @@ const TOKEN = 'trace-test-token-0123456789';
 let dir: string;
 const ranks: PythonRank[] = [];
 const collectors: Collector[] = [];
+const ownAgents: Agent[] = [];
 
 beforeEach(() => {
   dir = mkdtempSync(join(tmpdir(), 'steadfast-trace-fh-'));
@@ -30,6 +32,7 @@ beforeEach(() => {
 
 afterEach(async () => {
   await Promise.all(collectors.splice(0).map((collector) => collector.close()));
+  await Promise.all(ownAgents.splice(0).map((agent) => agent.close()));
   await stopRanks(ranks);
   rmSync(dir, { recursive: true, force: true });
 });
@@ -85,6 +88,44 @@ describe('POST /api/v1/trace with faulthandler', () => {
     expect(required).toEqual({ status: 503, body: { error: `py-spy not found at ${NO_PY_SPY}; install it with pip install py-spy, or use --process.stack-tool=faulthandler` } });
     const unknown = await trace(collector({ [STACK_TOOL_FLAG]: 'gdb' }), { pids: [python.pid] });
     expect(unknown).toEqual({ status: 503, body: { error: '--process.stack-tool must be one of auto, py-spy, faulthandler' } });
+  });
+});
+
+describe('a rank started with no rank variables', () => {
+  it('is found by the GPU nvidia-smi lists it on, traced with faulthandler, and shown with its GPU', async () => {
+    // `python3 train.py` by hand: no RANK, LOCAL_RANK or SLURM_PROCID.
+    const python = await startRank('collective', { STEADFAST_STACK_DIR: dir });
+    ranks.push(python);
+    expect(readFileSync(`/proc/${python.pid}/environ`, 'utf8').split('\0').filter((entry) => /^(RANK|LOCAL_RANK|SLURM_PROCID)=/.test(entry))).toEqual([]);
+    // A stand-in nvidia-smi answering with a real capture (a Tesla T4 with a Python compute
+    // process, pid 5762) in which that process is this one.
+    const xml = join(dir, 'nvidia-smi.xml');
+    writeFileSync(xml, readFileSync(join(NVIDIA_SMI_XML, 'telegraf_tesla-t4_515.105.01.xml'), 'utf8').replace('<pid>5762</pid>', `<pid>${python.pid}</pid>`));
+    const smi = join(dir, 'nvidia-smi');
+    writeFileSync(smi, `#!/bin/sh\n[ "$1" = "-q" ] && [ "$2" = "-x" ] && exec cat ${xml}\nexit 2\n`, { mode: 0o755 });
+    const agent = createAgent({
+      node: 'node-1',
+      listen: { host: '127.0.0.1', port: 0 },
+      paths: { sysfs: '/nonexistent/sys', procfs: '/proc', kmsg: '/nonexistent/kmsg', nvidiaSmi: smi },
+      pollIntervalSeconds: 60,
+      collectors: [gpuCollectorFactory, processCollectorFactory],
+      settings: { [PY_SPY_FLAG]: NO_PY_SPY },
+      apiToken: TOKEN,
+      logger: silentLogger(),
+    });
+    ownAgents.push(agent);
+    const { port } = await agent.start();
+    const scrape = async (): Promise<string> => (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
+    await waitFor(async () => (await scrape()).includes(`pid="${python.pid}",type="C"`));
+    const text = await scrape();
+    expect(text).toContain(`steadfast_gpu_process_info{gpu="0",pci_bus_id="0000:00:1e",UUID="GPU-d37e67a5-91dd-3774-a5cb-99096249601a",pid="${python.pid}",type="C",name="python"} 1`);
+    expect(text).toMatch(new RegExp(`^steadfast_training_process_info\\{pid="${python.pid}",role="rank",comm="python3",gpu="0"\\} 1$`, 'm'));
+    const response = await fetch(`http://127.0.0.1:${port}${TRACE_PATH}`, { method: 'POST', headers: { authorization: `Bearer ${TOKEN}`, 'content-type': 'application/json' }, body: JSON.stringify({ pids: [python.pid], timeoutSeconds: 5 }) });
+    expect(response.status).toBe(200);
+    const answer = (await response.json()) as Answer & { dumps: Array<{ gpus?: unknown }> };
+    expect(answer.tool).toBe('faulthandler');
+    expect(answer.dumps[0]).toMatchObject({ pid: python.pid, role: 'rank', rank: null, ok: true, gpus: [{ gpu: '0', pciBusId: '0000:00:1e', uuid: 'GPU-d37e67a5-91dd-3774-a5cb-99096249601a' }] });
+    expect(answer.dumps[0]?.dump).toContain(' in all_reduce\n');
   });
 });
 

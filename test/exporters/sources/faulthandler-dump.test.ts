@@ -52,6 +52,17 @@ describe('faulthandler dumps of real Python ranks', () => {
     expect(alive(python.pid)).toBe(true);
   });
 
+  it('finds the dump file of a rank in a pid namespace of its own (a container), which names it by the pid it knows itself by', async () => {
+    const python = await startRank('collective', { RANK: '0', STEADFAST_STACK_DIR: dir }, { pidNamespace: true });
+    ranks.push(python);
+    expect(python.namespacePid).toBe(1);
+    expect(python.file).toMatch(/-pid1\.stacks$/);
+    expect(parseSignalStatus(readFileSync(`/proc/${python.pid}/status`, 'utf8'))?.namespacePid).toBe(1);
+    const [result] = await dumpWithFaulthandler([target(python.pid)], OPTIONS);
+    expect(result).toMatchObject({ pid: python.pid, ok: true });
+    expect(result?.ok ? result.dump : '').toContain(' in all_reduce\n');
+  });
+
   it('never signals a process without a SIGUSR1 handler, which the signal would end', async () => {
     const python = await rank('unregistered');
     const [result] = await dumpWithFaulthandler([target(python.pid)], OPTIONS);
@@ -138,6 +149,8 @@ describe('where a rank writes its dumps, and what its status says', () => {
     expect(status?.uid).toBe(process.geteuid?.());
     expect(typeof status?.caught).toBe('bigint');
     expect(parseSignalStatus('SigCgt:\t0000000000000200\nUid:\t1000\t1001\t1000\t1000\n')).toEqual({ caught: 0x200n, uid: 1001 });
+    // A process in a container: the host's pid, then the container's.
+    expect(parseSignalStatus('SigCgt:\t0000000000000200\nUid:\t0\t0\t0\t0\nNSpid:\t48213\t7\n')).toEqual({ caught: 0x200n, uid: 0, namespacePid: 7 });
     expect(parseSignalStatus('Name:\tpython3\n')).toBeUndefined();
   });
 

@@ -28,8 +28,8 @@ function entry(pid: number, ppid: number, argv: string[], extra: Partial<Process
   return { pid, ppid, comm: 'python3', state: 'S', utimeTicks: 0, stimeTicks: 0, numThreads: 1, startTimeTicks: pid, argv, ...extra };
 }
 
-function roles(table: readonly ProcessEntry[]): Record<number, [ProcessRole, number | undefined]> {
-  return Object.fromEntries(classifyTrainingTree(table).processes.map((node) => [node.process.pid, [node.role, node.rank]]));
+function roles(table: readonly ProcessEntry[], gpuPids?: ReadonlySet<number>): Record<number, [ProcessRole, number | undefined]> {
+  return Object.fromEntries(classifyTrainingTree(table, gpuPids).processes.map((node) => [node.process.pid, [node.role, node.rank]]));
 }
 
 describe('parseStatLine', () => {
@@ -186,5 +186,31 @@ describe('readProcessTable', () => {
 
   it('fails when the procfs root cannot be listed', async () => {
     await expect(readProcessTable(join(dir, 'missing'))).rejects.toThrow(/ENOENT/);
+  });
+});
+
+describe('ranks found by the GPU they hold', () => {
+  const plain = (pid: number, ppid: number, argv: string[]) => entry(pid, ppid, argv, { environment: {} });
+
+  it('takes a process with a compute context for a rank, whatever its environment, and nothing else on the node', () => {
+    const table = [entry(100, 1, ['/bin/bash'], { comm: 'bash', environment: {} }), plain(200, 100, ['python3', 'train.py']), plain(300, 100, ['python3', 'other.py']), entry(400, 1, ['./gpu_burn'], { comm: 'gpu_burn', environment: {} })];
+    expect(roles(table)).toEqual({});
+    expect(roles(table, new Set([200]))).toEqual({ 200: ['rank', undefined] });
+    // Not Python, and still on a GPU: what holds a GPU is accounted for.
+    expect(roles(table, new Set([200, 400]))).toEqual({ 200: ['rank', undefined], 400: ['rank', undefined] });
+  });
+
+  it('takes a Python parent of GPU holders that holds none itself for their launcher (torch.multiprocessing.spawn)', () => {
+    const spawnChild = (pid: number) => plain(pid, 200, ['python3', '-c', 'from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, pipe_handle=9)', '--multiprocessing-fork']);
+    const table = [plain(200, 1, ['python3', 'launch.py']), spawnChild(201), spawnChild(202), plain(203, 200, ['python3', '-c', 'from multiprocessing.resource_tracker import main;main(4)'])];
+    // Its other children (multiprocessing's resource tracker) are not ranks.
+    expect(roles(table, new Set([201, 202]))).toEqual({ 200: ['launcher', undefined], 201: ['rank', undefined], 202: ['rank', undefined] });
+    // A pid nvidia-smi lists that is not in this table (another pid namespace) changes nothing.
+    expect(roles(table, new Set([999]))).toEqual({});
+  });
+
+  it('keeps the roles the rank variables give, and a rank\'s own children its workers', () => {
+    const table = [entry(200, 1, ['python3', 'train.py'], { environment: { rank: 3 } }), entry(201, 200, ['python3', 'train.py'], { comm: 'pt_data_worker', environment: { rank: 3 } })];
+    expect(roles(table, new Set([200]))).toEqual({ 200: ['rank', 3], 201: ['dataloader', 3] });
   });
 });
