@@ -1,7 +1,7 @@
 import { Counter, type Registry } from 'prom-client';
 import type { CollectorContext } from '../collector.js';
 import type { LogPosition } from '../log-follower.js';
-import { HostKernelParser, type HostKernelEvent } from '../sources/host-kernel-log.js';
+import { HostKernelParser, type HostKernelEvent, type HostKernelParse } from '../sources/host-kernel-log.js';
 
 /**
  * The host side of the kernel log, counted by the xid collector from the same lines it reads for
@@ -64,7 +64,10 @@ export class HostKernelCounters {
 
   /** Counts one kernel log line's host events. */
   handle(line: string, position: LogPosition): void {
-    const { events, sxids } = this.parser.push(line);
+    this.count(this.parser.push(line), position.firstRead);
+  }
+
+  private count({ events, sxids }: HostKernelParse, firstRead: boolean): void {
     for (const sxid of sxids) this.sxid.inc({ nvswitch: sxid.nvswitch, sxid: String(sxid.sxid), severity: sxid.fatal ? 'fatal' : 'nonfatal' });
     for (const event of events) {
       if (HOST_EVENT_KINDS.has(event.kind)) this.events.inc({ kind: event.kind });
@@ -73,7 +76,7 @@ export class HostKernelCounters {
       else if (event.device !== undefined && (event.kind === 'gpu_init_failed' || event.kind === 'gpu_reset_needed')) {
         this.gpuDriver.inc({ pci_bus_id: event.device, event: event.kind === 'gpu_init_failed' ? 'init_failed' : 'reset_needed' });
         if (event.kind !== 'gpu_init_failed') continue;
-        if (position.firstRead) this.pending.push(event);
+        if (firstRead) this.pending.push(event);
         else this.sendGpuLost(event);
       }
     }
@@ -84,8 +87,13 @@ export class HostKernelCounters {
     this.pending = [];
   }
 
-  /** End of the first read: GPUs that failed to initialise in this boot go on the fast path. */
-  firstReadEnded(): void {
+  /**
+   * End of a read of the log: the reports the parser still holds open (an AER headline waiting for
+   * its detail lines) are counted, so that a quiet log shows them at once; after the first read,
+   * GPUs that failed to initialise in this boot go on the fast path.
+   */
+  readEnded(): void {
+    this.count(this.parser.flush(), false);
     const pending = this.pending;
     this.pending = [];
     for (const event of pending) this.sendGpuLost(event);

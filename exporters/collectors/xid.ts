@@ -107,9 +107,9 @@ class XidCollector implements Collector {
     }
   }
 
-  /** At the end of a first read: the fatal Xids that are news go on the fast path, in log order. */
+  /** At the end of every read; after a first read, the fatal Xids that are news go on the fast path, in log order. */
   private judgePending(): void {
-    this.host.firstReadEnded();
+    this.host.readEnded();
     const candidates = this.pending;
     const beforeBoot = this.beforeBoot;
     this.pending = [];

@@ -57,11 +57,11 @@ describe('xid collector following a log file', () => {
   it('counts the Xids of a journalctl capture in any locale, as with an English one', async () => {
     const log = join(dir, 'journal.txt');
     const lines = ['Nov 23', 'nov 23', 'déc. 05', 'Dez 05', 'ноя 23', '11月 23'].map(
-      (date) => `${date} 14:25:31 gpu-7 kernel: NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n`,
+      (date) => `${date} 14:25:31 gpu-7 kernel: NVRM: Xid (PCI:0000:38:00): 13, pid='<unknown>', name=<unknown>, Graphics SM Warp Exception\n`,
     );
     writeFileSync(log, lines.join(''));
     const { context } = await started(log);
-    expect(await value(context, SERIES79)).toBe(6);
+    expect(await value(context, SERIES13)).toBe(6);
   });
 
   it('counts a last line that has no newline once no more data follows it', async () => {
@@ -167,6 +167,8 @@ describe('xid collector reporting each fatal Xid once, across agent restarts', (
   const BOOT_A = '4f1d0c2e-8a7b-4c55-9e61-0d2f3a4b5c6d';
   const BOOT_B = 'b7e2a1d0-3c4f-4a6b-8d9e-1f2a3b4c5d6e';
   const XID79_LATER = "[ 300.000001] NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n";
+  const XID79_OTHER_GPU = "[ 300.000001] NVRM: Xid (PCI:0000:5d:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n";
+  const SERIES79_OTHER_GPU = 'steadfast_xid_errors_total{pci_bus_id="0000:5d:00",xid="79",severity="fatal"}';
   const XID48 = "[ 250.000001] NVRM: Xid (PCI:0000:3b:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0.\n";
   const BANNER = '[    0.000000] Linux version 6.18.44-fc-v669 (builder@sandboxing) (gcc (GCC) 15.3.0, GNU ld (GNU Binutils) 2.46) #1 SMP PREEMPT_DYNAMIC @0\n';
 
@@ -232,19 +234,29 @@ describe('xid collector reporting each fatal Xid once, across agent restarts', (
     appendFileSync(log, XID48);
     const second = await run();
     expect(second.context.events).toEqual([expect.objectContaining({ xid: 48, gpu: '0000:3b:00' })]);
-    appendFileSync(log, XID79_LATER);
+    appendFileSync(log, XID79_OTHER_GPU);
     await waitFor(() => second.context.events.length === 2);
-    expect(second.context.events[1]).toMatchObject({ xid: 79, gpu: '0000:91:00' });
+    expect(second.context.events[1]).toMatchObject({ xid: 79, gpu: '0000:5d:00' });
     await stop();
 
     const third = await run();
     expect(third.context.events).toEqual([]);
-    expect(await value(third.context, SERIES79)).toBe(2);
+    expect(await value(third.context, SERIES79)).toBe(1);
+    expect(await value(third.context, SERIES79_OTHER_GPU)).toBe(1);
+  });
+
+  it('takes a second report of the same GPU off the bus in the same boot for the same fall: neither counted nor sent again', async () => {
+    writeFileSync(log, XID79);
+    const first = await run();
+    appendFileSync(log, XID79_LATER);
+    await new Promise((resolve) => setTimeout(resolve, FOLLOW_MS * 5));
+    expect(first.context.events).toHaveLength(1);
+    expect(await value(first.context, SERIES79)).toBe(1);
   });
 
   it('tells apart lines of the same text by their order: the second of two identical lines is still news', async () => {
     // Lines without a time stamp (a log of bare kernel messages) repeat exactly.
-    const bare = "NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n";
+    const bare = "NVRM: Xid (PCI:0000:3b:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0.\n";
     writeFileSync(log, bare);
     await run();
     await stop();

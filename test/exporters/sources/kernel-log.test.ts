@@ -169,7 +169,11 @@ describe('kernel log parser on single lines', () => {
     expect(lines.flatMap((line) => parser.push(line))).toEqual([]);
   });
 
-  it('leaves the runtime "GPU has fallen off the bus" notice alone, because the driver logs Xid 79 beside it', () => {
-    expect(parseKernelLog('NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.\n')).toEqual([]);
+  it('reads the runtime "GPU has fallen off the bus" notice alone as Xid 79, and beside its Xid line as the same fall', () => {
+    expect(parseKernelLog('NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.\n')).toEqual([
+      expect.objectContaining({ pciBusId: '0000:3b:00', xid: 79, severity: 'fatal', message: 'GPU has fallen off the bus (reported without an Xid line)' }),
+    ]);
+    const both = "NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\nNVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.\n";
+    expect(parseKernelLog(both)).toEqual([expect.objectContaining({ pciBusId: '0000:3b:00', xid: 79, message: 'GPU has fallen off the bus.' })]);
   });
 });
