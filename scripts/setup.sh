@@ -15,8 +15,16 @@ command -v promtool >/dev/null || need+=(prometheus)
 command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
 command -v amtool >/dev/null || need+=(prometheus-alertmanager)
 command -v prometheus-node-exporter >/dev/null || need+=(prometheus-node-exporter)  # bench baseline
-# The Debian package test verifies the systemd units (systemd-analyze) of the .deb it builds.
+# The Debian package test verifies the systemd units (systemd-analyze) of the .debs it builds.
 command -v systemd-analyze >/dev/null || need+=(systemd)
+# packaging/debian/build.sh (dpkg-parsechangelog, dpkg-shlibdeps; strip and readelf for the
+# controller's native objects) and its test: lintian, and a Debian root to install into.
+command -v dpkg-parsechangelog >/dev/null || need+=(dpkg-dev)
+command -v dpkg-shlibdeps >/dev/null || need+=(dpkg-dev)
+command -v strip >/dev/null || need+=(binutils)
+command -v readelf >/dev/null || need+=(binutils)
+command -v lintian >/dev/null || need+=(lintian)
+command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
 command -v slurmctld >/dev/null || need+=(slurmctld)
 command -v scontrol >/dev/null || need+=(slurm-client)
 command -v sinfo >/dev/null || need+=(slurm-client)

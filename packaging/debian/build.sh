@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
-# Builds the steadfast Debian package with dpkg-deb:
-#   /usr/lib/steadfast        the npm package, installed with its production dependencies
-#   /usr/bin/steadfast        a wrapper that runs it with the system's node
-#   /lib/systemd/system       steadfast-agent.service, steadfast-controller.service
-#   /etc/steadfast            agent.env, controller.env, controller.yaml (conffiles)
+# Builds steadfast's two Debian packages with dpkg-deb:
+#   steadfast-agent (all)   the node agent alone, for GPU nodes: the bundled agent
+#                           (scripts/stage-agent.mjs) in /usr/lib/steadfast-agent, the
+#                           steadfast-agent command, the agent unit, /etc/steadfast/agent.env and
+#                           the Slurm prolog; no npm dependencies, no native code
+#   steadfast (this arch)   the controller and the full command line: the npm package with its
+#                           production dependencies in /usr/lib/steadfast, the steadfast command,
+#                           the controller unit, /etc/steadfast/controller.{env,yaml}
+# Both may be installed on one machine; no file is in both. The version is the top entry of
+# packaging/debian/changelog, whose upstream part must be package.json's version.
 # Usage: packaging/debian/build.sh [--out DIR] [--no-build]
-#   --out DIR    where to write steadfast_VERSION_ARCH.deb (default: the current directory)
+#   --out DIR    where to write the .deb files (default: the current directory)
 #   --no-build   pack the dist/ already built instead of running `npm run build` first
-# Dependencies come from the npm cache first (--prefer-offline), the registry for what it lacks.
+# Prints the paths of the two .deb files, one per line, as its last lines.
+# npm dependencies come from the npm cache first (--prefer-offline), the registry for what it lacks.
 set -euo pipefail
+umask 022
 
 out=$PWD
 build=1
@@ -25,57 +32,212 @@ out=$(cd "$out" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 cd "$repo"
-version=$(node -p 'require("./package.json").version')
+upstream=$(node -p 'require("./package.json").version')
+version=$(dpkg-parsechangelog -l "$here/changelog" -S Version)
+if [ "${version%-*}" != "$upstream" ]; then
+  echo "build.sh: packaging/debian/changelog is at $version, package.json at $upstream: add a changelog entry (dch -v $upstream-1)" >&2
+  exit 1
+fi
+# The changelog's date, not the clock: the same tree builds the same packages.
+changelog_date=$(dpkg-parsechangelog -l "$here/changelog" -S Date)
+man_date=$(date -u -d "$changelog_date" '+%B %Y')
 arch=$(dpkg --print-architecture)
+revision=$(git -C "$repo" rev-parse HEAD 2>/dev/null || true)
 
 stage=$(mktemp -d "${TMPDIR:-/tmp}/steadfast-deb-XXXXXX")
 trap 'rm -rf "$stage"' EXIT
-root=$stage/root
 
 if [ "$build" -eq 1 ]; then npm run --silent build; fi
-[ -f dist/cli/main.js ] || { echo "build.sh: dist/ is missing: run npm run build, or drop --no-build" >&2; exit 1; }
-npm pack --ignore-scripts --silent --pack-destination "$stage" >/dev/null
-npm install --global --prefix "$stage/npm" --prefer-offline --omit=dev --no-audit --no-fund --loglevel=error "$stage/steadfast-$version.tgz"
+for built in dist/cli/main.js dist/agent.cjs dist/agent-loader.cjs; do
+  [ -f "$built" ] || { echo "build.sh: $built is missing: run npm run build, or drop --no-build" >&2; exit 1; }
+done
 
-install -d "$root/usr/lib" "$root/usr/bin" "$root/lib/systemd/system" "$root/etc/steadfast" "$root/usr/share/doc/steadfast" "$root/DEBIAN"
-mv "$stage/npm/lib/node_modules/steadfast" "$root/usr/lib/steadfast"
-# steadfast_build_info's revision label: the commit built, when built from a git checkout.
-if revision=$(git -C "$repo" rev-parse HEAD 2>/dev/null); then printf '%s\n' "$revision" >"$root/usr/lib/steadfast/REVISION"; fi
-# The wrapper finds the tree relative to itself, so an unpacked copy (dpkg -x) runs too.
-# STEADFAST_NODE_FLAGS: V8 flags for node (the agent unit's), which NODE_OPTIONS does not accept.
-cat >"$root/usr/bin/steadfast" <<'WRAPPER'
+# What every package has: its copyright file, changelog, manual page, lintian overrides and docs.
+# Arguments: the package, its root, then the docs to install.
+add_docs() {
+  local package=$1 root=$2
+  shift 2
+  local doc=$root/usr/share/doc/$package
+  install -d "$doc" "$root/usr/share/man/man1"
+  gzip -9n <"$here/changelog" >"$doc/changelog.Debian.gz"
+  sed -e "s/@VERSION@/$upstream/" -e "s/@DATE@/$man_date/" "$here/$package/$package.1" | gzip -9n >"$root/usr/share/man/man1/$package.1.gz"
+  if [ -f "$here/$package/lintian-overrides" ]; then
+    install -D -m 0644 "$here/$package/lintian-overrides" "$root/usr/share/lintian/overrides/$package"
+  fi
+  local file
+  for file in "$@"; do [ ! -f "$file" ] || install -m 0644 "$file" "$doc/"; done
+}
+
+# The control area: the maintainer scripts in packaging/debian/PACKAGE/, conffiles (every file
+# under /etc), md5sums, and the control file from stdin with Installed-Size added.
+finish() {
+  local package=$1 root=$2 deb_arch=$3
+  install -d "$root/DEBIAN"
+  local script
+  for script in postinst prerm postrm; do install -m 0755 "$here/$package/$script" "$root/DEBIAN/"; done
+  if [ -f "$here/$package/triggers" ]; then install -m 0644 "$here/$package/triggers" "$root/DEBIAN/"; fi
+  (cd "$root" && find etc -type f -printf '/%p\n' | sort) >"$root/DEBIAN/conffiles"
+  (cd "$root" && find . -path ./DEBIAN -prune -o -path ./etc -prune -o -type f -printf '%P\0' | sort -z | xargs -0 md5sum) >"$root/DEBIAN/md5sums"
+  {
+    cat
+    echo "Installed-Size: $(du -sk --apparent-size --exclude=DEBIAN "$root" | cut -f1)"
+  } >"$root/DEBIAN/control"
+  local deb=$out/${package}_${version}_${deb_arch}.deb
+  dpkg-deb --root-owner-group -Zgzip --build "$root" "$deb" >/dev/null
+  debs+=("$deb")
+}
+
+# The npm dependencies as npm installs them carry what the controller never loads: tests,
+# examples, docs, TypeScript sources and declarations, source maps, lint and CI settings, C
+# sources, and prebuilt binaries for other systems. They go; licence files stay.
+prune_node_modules() {
+  local modules=$1
+  rm -rf "$modules/.bin" "$modules/.package-lock.json"
+  local dir dirs=()
+  while IFS= read -r -d '' dir; do
+    # Only a package's own top-level folder: a `docs` or `test` deeper down may be code.
+    if [ -f "$(dirname "$dir")/package.json" ]; then dirs+=("$dir"); fi
+  done < <(find "$modules" -type d \( -name test -o -name tests -o -name __tests__ -o -name example -o -name examples \
+    -o -name benchmark -o -name benchmarks -o -name docs -o -name coverage -o -name .github -o -name .husky -o -name .idea \
+    -o -name .claude -o -name .vscode \) -print0)
+  [ ${#dirs[@]} -eq 0 ] || rm -rf "${dirs[@]}"
+  find "$modules" -type f \( -name '*.map' -o -name '*.ts' -o -name '*.mts' -o -name '*.cts' -o -name '*.tsbuildinfo' \
+    -o -name '*.flow' -o -name '*.md' -o -name '*.markdown' -o -name '*.html' -o -name '*.sh' \
+    -o -name '*.c' -o -name '*.cc' -o -name '*.cpp' -o -name '*.h' -o -name '*.hpp' -o -name binding.gyp -o -name CMakeLists.txt -o -name Makefile \
+    -o -name '.npmignore' -o -name '.gitattributes' -o -name '.gitignore' -o -name '.gitkeep' -o -name '.eslintrc*' -o -name '.eslintignore' \
+    -o -name 'eslint.config.*' -o -name '.prettierrc*' -o -name '.prettierignore' -o -name '.editorconfig' -o -name '.travis.yml' \
+    -o -name '.nycrc*' -o -name '.taprc' -o -name '.nvmrc' -o -name '.jshintrc' -o -name '.jsbeautifyrc' -o -name '.codeclimate.yml' \
+    -o -name '.mailmap' -o -name '.checkbuild' -o -name '.nojekyll' -o -name 'tsconfig*.json' \) \
+    ! -iname 'licen[cs]e*' ! -iname 'copying*' ! -iname 'notice*' -delete
+  # Native objects: only this machine's glibc builds are loaded. The bare-* packages' addons are
+  # for the Bare runtime (under Node.js, tar-fs uses Node's own fs); musl, macOS, Windows, Android
+  # and other architectures' builds are never loaded here. What stays is stripped, as dh_strip
+  # would, and not executable (node loads it with dlopen).
+  local machine object
+  machine=$(readelf -h "$(command -v node)" | sed -n 's/^ *Machine: *//p')
+  while IFS= read -r -d '' object; do
+    if [[ "$object" == *.node ]] && [ "$(head -c 4 "$object" | od -An -tx1 | tr -d ' ')" = 7f454c46 ] &&
+      [ "$(readelf -h "$object" | sed -n 's/^ *Machine: *//p')" = "$machine" ] &&
+      readelf -d "$object" | grep -q 'Shared library: \[libc\.so\.6\]'; then
+      strip --strip-unneeded --remove-section=.comment --remove-section=.note "$object"
+      chmod 0644 "$object"
+    else
+      rm -f "$object"
+    fi
+  done < <(find "$modules" -type f \( -name '*.node' -o -name '*.bare' -o -name '*.so' -o -name '*.so.*' -o -name '*.dylib' -o -name '*.dll' -o -name '*.exe' \) -print0)
+  find "$modules" -type d -name prebuilds -empty -delete
+  find "$modules" -depth -type d -empty -delete
+  # Executable: what has a #! line (the packages' own commands); nothing else.
+  find "$modules" -type d -exec chmod 0755 {} +
+  find "$modules" -type f -exec chmod 0644 {} +
+  find "$modules" -type f -exec awk 'FNR == 1 && /^#!/ { print FILENAME } { nextfile }' {} + | xargs -d '\n' -r chmod 0755
+}
+
+# dpkg-shlibdeps' Depends for native objects (it wants a debian/control to read; any will do).
+shlib_depends() {
+  local work=$stage/shlibdeps
+  install -d "$work/debian"
+  printf 'Source: steadfast\n\nPackage: steadfast\nArchitecture: any\n' >"$work/debian/control"
+  (cd "$work" && dpkg-shlibdeps -O "$@" 2>/dev/null) | sed -n 's/^shlibs:Depends=//p'
+}
+
+debs=()
+
+# ---- steadfast-agent ------------------------------------------------------------------------
+agent=$stage/steadfast-agent
+node scripts/stage-agent.mjs "$stage/agent-tree" >/dev/null
+install -d "$agent/usr/lib" "$agent/usr/bin" "$agent/usr/lib/systemd/system" "$agent/etc/steadfast"
+mv "$stage/agent-tree" "$agent/usr/lib/steadfast-agent"
+agent_readme=$stage/README.md
+mv "$agent/usr/lib/steadfast-agent/README.md" "$agent_readme"
+if [ -n "$revision" ] && [ ! -f "$agent/usr/lib/steadfast-agent/REVISION" ]; then printf '%s\n' "$revision" >"$agent/usr/lib/steadfast-agent/REVISION"; fi
+# STEADFAST_NODE_FLAGS: Node.js options for node (agent.env's), which NODE_OPTIONS does not all accept.
+cat >"$agent/usr/bin/steadfast-agent" <<'WRAPPER'
 #!/bin/sh
-here=$(dirname "$(readlink -f "$0")")
 # shellcheck disable=SC2086 # the flags are words on purpose
-exec node ${STEADFAST_NODE_FLAGS:-} "$here/../lib/steadfast/bin/steadfast.js" "$@"
+exec node ${STEADFAST_NODE_FLAGS:-} /usr/lib/steadfast-agent/bin/steadfast-agent.cjs "$@"
 WRAPPER
-chmod 0755 "$root/usr/bin/steadfast"
+chmod 0755 "$agent/usr/bin/steadfast-agent"
 # The Slurm preflight (docs/deploy-slurm.md): slurm.conf's Prolog= names it where it is installed.
-install -D -m 0755 deploy/slurm/prolog.sh "$root/usr/lib/steadfast/slurm/prolog.sh"
-install -m 0644 deploy/systemd/steadfast-agent.service deploy/systemd/steadfast-controller.service "$root/lib/systemd/system/"
-install -m 0644 "$here/etc/agent.env" "$here/etc/controller.env" "$here/etc/controller.yaml" "$root/etc/steadfast/"
-install -m 0644 docs/install.md docs/configuration.md docs/agent.md docs/security.md "$root/usr/share/doc/steadfast/"
+install -D -m 0755 deploy/slurm/prolog.sh "$agent/usr/lib/steadfast-agent/slurm/prolog.sh"
+install -m 0644 deploy/systemd/steadfast-agent.service "$agent/usr/lib/systemd/system/"
+install -m 0644 "$here/etc/agent.env" "$agent/etc/steadfast/"
+add_docs steadfast-agent "$agent" "$agent_readme" docs/agent.md docs/install-debian.md docs/deploy-slurm.md
+node "$here/copyright.mjs" --bundle usr/lib/steadfast-agent/dist/agent.cjs=dist/cli/agent-main.js >"$agent/usr/share/doc/steadfast-agent/copyright"
+finish steadfast-agent "$agent" all <<CONTROL
+Package: steadfast-agent
+Version: $version
+Architecture: all
+Maintainer: steadfast maintainers <maintainers@steadfast.dev>
+Depends: nodejs (>= 20.10), adduser
+Section: admin
+Priority: optional
+Description: GPU node agent of steadfast, which keeps LLM training jobs running
+ A Prometheus exporter for GPU nodes: GPU health from nvidia-smi or
+ dcgm-exporter, NVIDIA Xid errors and host kernel events from the kernel
+ log, InfiniBand and RoCE ports, NFS client statistics, training progress
+ and the training process tree. Fatal faults (a fatal Xid, a lost GPU, a
+ failed training worker) go straight to the steadfast controller, which
+ drains the node or recovers the job; the agent also takes stack dumps and
+ runs stop-time diagnostics when the controller asks.
+ .
+ This package holds the agent alone, one bundled script run by Node.js, its
+ systemd unit and the Slurm prolog that checks a node before each job. The
+ controller is in the package steadfast.
+CONTROL
 
-installed_kb=$(du -sk --exclude=DEBIAN "$root" | cut -f1)
-cat >"$root/DEBIAN/control" <<CONTROL
+# ---- steadfast --------------------------------------------------------------------------------
+controller=$stage/steadfast
+lib=$controller/usr/lib/steadfast
+npm pack --ignore-scripts --silent --pack-destination "$stage" >/dev/null
+npm install --global --prefix "$stage/npm" --prefer-offline --omit=dev --no-audit --no-fund --loglevel=error "$stage/steadfast-$upstream.tgz" >/dev/null
+install -d "$controller/usr/lib" "$controller/usr/bin" "$controller/usr/lib/systemd/system" "$controller/etc/steadfast"
+mv "$stage/npm/lib/node_modules/steadfast" "$lib"
+# steadfast_build_info's revision label: the commit built, when built from a git checkout.
+if [ -n "$revision" ]; then printf '%s\n' "$revision" >"$lib/REVISION"; fi
+# Not for /usr/lib: the README (a doc), the units and the prolog (installed where systemd and the
+# agent's package want them) and a V8 code cache (each node makes its own).
+controller_readme=$stage/steadfast-README.md
+mv "$lib/README.md" "$controller_readme"
+rm -rf "$lib/deploy" "$lib/dist/agent.cjs.cache"
+prune_node_modules "$lib/node_modules"
+cat >"$controller/usr/bin/steadfast" <<'WRAPPER'
+#!/bin/sh
+# STEADFAST_NODE_FLAGS: Node.js options for node, which NODE_OPTIONS does not all accept.
+# shellcheck disable=SC2086 # the flags are words on purpose
+exec node ${STEADFAST_NODE_FLAGS:-} /usr/lib/steadfast/bin/steadfast.js "$@"
+WRAPPER
+chmod 0755 "$controller/usr/bin/steadfast"
+install -m 0644 deploy/systemd/steadfast-controller.service "$controller/usr/lib/systemd/system/"
+install -m 0644 "$here/etc/controller.env" "$here/etc/controller.yaml" "$controller/etc/steadfast/"
+add_docs steadfast "$controller" "$controller_readme" docs/install.md docs/install-debian.md docs/configuration.md docs/security.md
+node "$here/copyright.mjs" --node-modules "usr/lib/steadfast/node_modules=$lib/node_modules" --bundle usr/lib/steadfast/dist/agent.cjs=dist/cli/agent-main.js >"$controller/usr/share/doc/steadfast/copyright"
+mapfile -d '' objects < <(find "$lib" -type f -name '*.node' -print0)
+shlibs=''
+if [ ${#objects[@]} -gt 0 ]; then shlibs=$(shlib_depends "${objects[@]}"); fi
+finish steadfast "$controller" "$arch" <<CONTROL
 Package: steadfast
 Version: $version
 Architecture: $arch
-Maintainer: steadfast maintainers <steadfast@localhost>
-Depends: nodejs (>= 20), adduser
-Recommends: prometheus-node-exporter
-Suggests: redis-server, slurm-client
+Maintainer: steadfast maintainers <maintainers@steadfast.dev>
+Depends: nodejs (>= 20.10), adduser${shlibs:+, $shlibs}
+Recommends: redis-server
+Suggests: steadfast-agent, slurm-client
 Section: admin
 Priority: optional
-Installed-Size: $installed_kb
-Description: keeps large LLM training jobs running
- GPU-node agent (a Prometheus exporter for GPU, Xid, InfiniBand and NFS
- health, with a fast path of fatal events) and the controller that turns
- alerts into training-level recovery through Slurm or Kubernetes.
+Description: keeps large LLM training jobs running: controller and command line
+ steadfast turns GPU node faults into decisions. A node outside any
+ registered training job that loses a GPU or logs a fatal Xid is drained
+ once; a registered job climbs a recovery ladder (evict onto a warm standby,
+ diagnose, reattempt, roll the code back, replay) before a person is called.
+ Faults come from the steadfast agents' fast path and from Alertmanager;
+ drains go through Slurm or Kubernetes, behind a pause switch, budgets and
+ node leases. Every signal, decision and action is written to an audit trail
+ in Redis.
+ .
+ This package holds the controller, its systemd unit and configuration, and
+ the steadfast command line (rules, dashboards, Alertmanager configuration,
+ operator commands). The GPU node agent is in the package steadfast-agent.
 CONTROL
-printf '/etc/steadfast/agent.env\n/etc/steadfast/controller.env\n/etc/steadfast/controller.yaml\n' >"$root/DEBIAN/conffiles"
-install -m 0755 "$here/postinst" "$here/prerm" "$here/postrm" "$root/DEBIAN/"
 
-deb=$out/steadfast_${version}_${arch}.deb
-dpkg-deb --root-owner-group -Zgzip --build "$root" "$deb" >/dev/null
-echo "$deb"
+printf '%s\n' "${debs[@]}"
