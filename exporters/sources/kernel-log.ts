@@ -45,8 +45,11 @@ const LEADING_BLANKS = /^[ \t]+/;
 const SYSLOG_PRIORITY = /^<\d{1,3}>(?:1 )?/;
 // kernel Documentation/ABI/testing/dev-kmsg.
 const KMSG_HEADER = /^\d+,\d+,\d+,[^;]*;/;
-/** `host kernel:`, `kernel[123]:`, or RFC 5424's `host kernel - - -` (app name, proc id, msg id, structured data). */
-const SYSLOG_TAG_TEXT = String.raw`(?:\S+\s+)?kernel(?:\[\d+\])?(?::|\s+\S+\s+\S+\s+(?:-|\[[^\]]*\]))`;
+/**
+ * `host kernel:`, `kernel[123]:`, or RFC 5424's `host kernel - - -` (app name, proc id, msg id,
+ * structured data). A host name holds no colon or bracket, so `audit: kernel:` is message text.
+ */
+const SYSLOG_TAG_TEXT = String.raw`(?:[^\s:\[\]]+\s+)?kernel(?:\[\d+\])?(?::|\s+\S+\s+\S+\s+(?:-|\[[^\]]*\]))`;
 const SYSLOG_TAG = new RegExp(String.raw`^${SYSLOG_TAG_TEXT}\s*`);
 const ISO_TIME = /^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\s+/;
 /**

@@ -72,4 +72,28 @@ describe('host kernel counters in the xid collector', () => {
     await collector.start();
     expect(after.events).toEqual([expect.objectContaining({ kind: 'gpu_lost', gpu: '0000:04:01' })]);
   });
+
+  it('counts an AER report as soon as its lines are read, its detail lines not again when they come in a later read', async () => {
+    const block = readFileSync(join(HOST_LOGS, 'aer_reports_from_public_reports.txt'), 'utf8').split('### ').find((text) => text.includes('kwizart')) ?? '';
+    const [headline = '', ...rest] = block.split('\n').slice(1).filter((line) => line !== '');
+    const series = 'steadfast_pcie_aer_errors_total{pci_address="0000:01:00.0",severity="uncorrected_nonfatal"}';
+    const log = join(dir, 'kern.log');
+    writeFileSync(log, BOOT);
+    const context = testContext({ kmsg: log });
+    collector = createXidCollector(context, { followIntervalMs: 20 });
+    await collector.start();
+    appendFileSync(log, `${headline}\n`);
+    await waitFor(async () => seriesValue(await context.registry.metrics(), series) === 1);
+    appendFileSync(log, `${rest.join('\n')}\n`);
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    expect(seriesValue(await context.registry.metrics(), series)).toBe(1);
+  });
+
+  it('counts each host event kind of the new samples once per event', async () => {
+    const context = testContext({ kmsg: join(HOST_LOGS, 'oom_soft-lockup_kmsg-record_from_public_reports.txt') });
+    collector = createXidCollector(context);
+    const text = await scrapeOne(context, collector);
+    expect(seriesValue(text, 'steadfast_kernel_events_total{kind="oom_kill"}')).toBe(6);
+    expect(seriesValue(text, 'steadfast_kernel_events_total{kind="soft_lockup"}')).toBe(2);
+  });
 });

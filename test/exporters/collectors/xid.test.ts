@@ -120,6 +120,22 @@ describe('xid collector following a log file', () => {
     expect(context.events).toEqual([expect.objectContaining({ kind: 'xid', gpu: '0000:b3:00', xid: 79 })]);
   });
 
+  it('sends a GPU off the bus once, told by Xid 79 and the NVRM notice beside it, and once when told by the notice alone', async () => {
+    const sample = readFileSync(join(XID_LOGS, 'nvrm_fallen-off-bus_forms_and_dmesg-T_from_public_reports.txt'), 'utf8').split('### ');
+    const block = (needle: string): string => (sample.find((text) => text.includes(needle)) ?? '').split('\n').slice(1).join('\n');
+    const log = join(dir, 'kern.log');
+    writeFileSync(log, block('gpud @4a8de33a3f02'));
+    const { context } = await started(log);
+    expect(context.events).toEqual([expect.objectContaining({ kind: 'xid', gpu: '0000:91:00', xid: 79, message: 'GPU has fallen off the bus.' })]);
+    appendFileSync(log, block('Bumblebee/issues/554'));
+    await waitFor(() => context.events.length === 2);
+    expect(context.events[1]).toMatchObject({ kind: 'xid', gpu: '0000:01:00', xid: 79, message: 'GPU has fallen off the bus (reported without an Xid line)' });
+    await new Promise((resolve) => setTimeout(resolve, FOLLOW_MS * 5));
+    expect(context.events).toHaveLength(2);
+    expect(await value(context, SERIES79)).toBe(1);
+    expect(await value(context, 'steadfast_xid_errors_total{pci_bus_id="0000:01:00",xid="79",severity="fatal"}')).toBe(1);
+  });
+
   it('stops following when closed, and can be closed twice', async () => {
     const log = join(dir, 'kern.log');
     writeFileSync(log, '');

@@ -6,16 +6,23 @@ import { XID_LOGS } from '../helpers.js';
 
 const LOG_FILES = readdirSync(XID_LOGS).filter((name) => name !== 'README.md');
 
-/** `grep -c 'Xid ('` for each sample, pinned so a lost or extra sample line shows up here. */
-const XID_LINE_COUNTS: Record<string, number> = {
-  'boot-banner_firecracker-vm_dmesg-formats.log': 0,
-  'gpud_dev-kmsg-raw_nvidia-peermem.log': 0,
-  'gpud_dev-kmsg-raw_nvswitch.log': 0,
-  'gpud_dmesg-T_xid119_gsp-timeout_h100-xe9680.log': 5,
-  'gpud_dmesg-decode-iso_libnccl-segfault.log': 0,
-  'gpud_dmesg-decode-iso_xid13_xid43_oom.log': 17,
-  'gpud_xid_lines_h100_gb200.txt': 46,
-  'xid_lines_from_public_reports.txt': 31,
+/**
+ * `grep -cw 'Xid ('` for each sample (SXid lines are not Xid lines), and the events a whole-file read gives: one per Xid line, but
+ * a GPU's fall off the bus once per boot whichever of its reports are there (Xid 79, the NVRM
+ * notices, the probe report). Pinned so a lost or extra sample line shows up here.
+ */
+const SAMPLE_COUNTS: Record<string, { xidLines: number; events: number }> = {
+  'boot-banner_firecracker-vm_dmesg-formats.log': { xidLines: 0, events: 0 },
+  'gpud_dev-kmsg-raw_nvidia-peermem.log': { xidLines: 0, events: 0 },
+  'gpud_dev-kmsg-raw_nvswitch.log': { xidLines: 0, events: 0 },
+  'gpud_dmesg-T_xid119_gsp-timeout_h100-xe9680.log': { xidLines: 5, events: 5 },
+  'gpud_dmesg-decode-iso_libnccl-segfault.log': { xidLines: 0, events: 0 },
+  'gpud_dmesg-decode-iso_xid13_xid43_oom.log': { xidLines: 17, events: 17 },
+  'gpud_xid_lines_h100_gb200.txt': { xidLines: 46, events: 46 },
+  // Plus the probe report without an Xid line.
+  'xid_lines_from_public_reports.txt': { xidLines: 31, events: 32 },
+  // Its blocks are unrelated machines, three of them with a GPU at 0000:01:00: read as one boot, one fall.
+  'nvrm_fallen-off-bus_forms_and_dmesg-T_from_public_reports.txt': { xidLines: 6, events: 6 },
 };
 
 function readLog(name: string): string {
@@ -24,19 +31,15 @@ function readLog(name: string): string {
 
 describe('kernel log parser on the real samples', () => {
   it('knows every sample file, so a new sample cannot go untested', () => {
-    expect(LOG_FILES.sort()).toEqual(Object.keys(XID_LINE_COUNTS).sort());
+    expect(LOG_FILES.sort()).toEqual(Object.keys(SAMPLE_COUNTS).sort());
   });
 
-  it.each(LOG_FILES)('turns every Xid line of %s into exactly one event', (name) => {
+  it.each(LOG_FILES)('reads every Xid line of %s, and gives the pinned number of events for the whole file', (name) => {
     const text = readLog(name);
-    const xidLines = text.split('\n').filter((line) => line.includes('Xid ('));
-    expect(xidLines.length).toBe(XID_LINE_COUNTS[name]);
-    const fromXidLines = xidLines.map((line) => parseXidLine(line));
-    expect(fromXidLines.every((event) => event !== undefined)).toBe(true);
-    // The whole-file parse adds only the probe-time "fallen off the bus" report, which has no Xid line.
-    const events = parseKernelLog(text);
-    const probeReports = events.filter((event) => event.message.includes('without an Xid line'));
-    expect(events.length - probeReports.length).toBe(xidLines.length);
+    const xidLines = text.split('\n').filter((line) => /\bXid \(/.test(line));
+    expect(xidLines.length).toBe(SAMPLE_COUNTS[name]?.xidLines);
+    expect(xidLines.every((line) => parseXidLine(line) !== undefined)).toBe(true);
+    expect(parseKernelLog(text)).toHaveLength(SAMPLE_COUNTS[name]?.events ?? -1);
   });
 
   it('reads the GSP timeout excerpt as five Xid 119 events and nothing from the RPC history, stack trace or rate-limit lines', () => {
@@ -77,6 +80,48 @@ describe('kernel log parser on the real samples', () => {
     const events = parseKernelLog(readLog('xid_lines_from_public_reports.txt'));
     expect(events.filter((event) => event.xid === 79).map((event) => event.pciBusId)).toEqual(['0000:b3:00', '0000:44:00', '0000:06:00', '0004:01:00']);
     expect(events.find((event) => event.pciBusId === '0000:b3:00')).toMatchObject({ xid: 79, severity: 'fatal', remedy: 'reboot_node' });
+  });
+});
+
+/** The blocks of a sample under its `### source` lines, each read as a log of its own. */
+function blocks(name: string): { source: string; text: string }[] {
+  return readLog(name)
+    .split(/^### /m)
+    .slice(1)
+    .map((block) => ({ source: block.slice(0, block.indexOf('\n')), text: block.slice(block.indexOf('\n') + 1) }));
+}
+
+describe('a GPU off the bus, one event per GPU per boot whichever way the driver reports it', () => {
+  const SAMPLE = 'nvrm_fallen-off-bus_forms_and_dmesg-T_from_public_reports.txt';
+
+  it('reads each real report as exactly one Xid 79 for its GPU: Xid line with notice, notice alone twice, probe report', () => {
+    const perBlock = blocks(SAMPLE).map(({ text }) => parseKernelLog(text).filter((event) => event.xid === 79));
+    expect(perBlock.map((events) => events.map((event) => [event.pciBusId, event.message]))).toEqual([
+      [['0000:91:00', 'GPU has fallen off the bus.']],
+      [['0000:01:00', 'GPU has fallen off the bus.']],
+      [['0000:01:00', 'GPU has fallen off the bus (reported without an Xid line)']],
+      [['0000:01:00', 'GPU has fallen off the bus (reported at probe, without an Xid line)']],
+      [],
+    ]);
+    expect(perBlock.flat().every((event) => event.severity === 'fatal' && event.remedy === 'reboot_node')).toBe(true);
+  });
+
+  it('reads the real dmesg -T lines as their Xids', () => {
+    const dmesgT = blocks(SAMPLE).at(-1)?.text ?? '';
+    expect(parseKernelLog(dmesgT).map((event) => [event.pciBusId, event.xid])).toEqual([
+      ['0000:00:05', 43],
+      ['0000:00:05', 43],
+      ['0000:00:07', 31],
+      ['0000:00:08', 94],
+    ]);
+  });
+
+  it('counts the same GPU falling again only after a boot banner, and another GPU at once', () => {
+    const [xidAndNotice = ''] = blocks(SAMPLE).map(({ text }) => text);
+    const banner = readLog('boot-banner_firecracker-vm_dmesg-formats.log').split('\n')[0] ?? '';
+    const other = xidAndNotice.replaceAll('0000:91:00', '0000:5d:00');
+    const events = parseKernelLog([xidAndNotice, xidAndNotice, other, banner, xidAndNotice].join('\n'));
+    expect(events.filter((event) => event.xid === 79).map((event) => event.pciBusId)).toEqual(['0000:91:00', '0000:5d:00', '0000:91:00']);
   });
 });
 
