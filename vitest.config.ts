@@ -4,11 +4,12 @@ import { defineConfig, type TestProjectInlineConfiguration } from 'vitest/config
  * Files that start many real processes and kill or wait on them: the lab (real slurmd, PyTorch
  * ranks), the fault tests (Redis failover and restarts, controller crashes), the end-to-end spine
  * and the 256-node scale test; and the container image build (a Debian root, two images
- * compressed), which would slow every file beside it. They run one at a time, after the rest,
+ * compressed) and the Debian packages' test (built, linted, installed into a Debian root), which
+ * would slow every file beside them. They run one at a time, after the rest,
  * with nothing beside them: on two cores their deadlines are then set by what they wait for, not
  * by whichever file shares the machine with them.
  */
-const ALONE = ['test/lab/**/*.test.ts', 'test/faults/**/*.test.ts', 'test/e2e/**/*.test.ts', 'test/scale/**/*.test.ts', 'test/package/image.test.ts'];
+const ALONE = ['test/lab/**/*.test.ts', 'test/faults/**/*.test.ts', 'test/e2e/**/*.test.ts', 'test/scale/**/*.test.ts', 'test/package/image.test.ts', 'test/package/deb.test.ts'];
 
 const shared = {
   globalSetup: ['test/support/global-redis.ts'],

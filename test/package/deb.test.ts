@@ -1,83 +1,394 @@
-import { execFile } from 'node:child_process';
-import { cpSync, existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { execFile, type ChildProcess } from 'node:child_process';
+import { chmodSync, copyFileSync, cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, readlinkSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadConfig } from '../../core/config.js';
+import { startRedis } from '../../sim/parts.js';
 import { ProcessGroup, freePort, httpOk, waitFor } from '../../sim/processes.js';
 
 /**
- * The Debian package: packaging/debian/build.sh builds it with dpkg-deb; the test reads its
- * control data and file list, unpacks it into a throwaway root (dpkg -x), verifies the systemd
- * units there with systemd-analyze, and runs the unpacked agent until it answers a scrape.
+ * The Debian packages as an operator gets them. packaging/debian/build.sh builds steadfast-agent
+ * and steadfast; lintian checks both; they are installed with `apt install ./x.deb` into a Debian
+ * trixie root whose Node.js is Debian's (scripts/debian-root.sh, cached as a tarball in the temp
+ * area). systemd is not PID 1 there, so each unit's ExecStart is run the way systemd would run it:
+ * as its User= and Group=, with its capabilities, no new privileges, its umask, its
+ * StateDirectory= made, and its Environment= and EnvironmentFile= read. Then `apt purge` of both
+ * must leave the root as it was but for the system user and the package manager's own records.
  */
 
 const run = promisify(execFile);
-const ROOT = join(import.meta.dirname, '..', '..');
-const FIXTURES = join(ROOT, 'test', 'fixtures', 'realworld');
+const REPO = join(import.meta.dirname, '..', '..');
+const FIXTURES = join(REPO, 'test', 'fixtures', 'realworld');
+const SUITE = 'trixie';
+/** Installed before the packages, so that apt resolves their Depends and Recommends offline. */
+const ROOT_PACKAGES = ['nodejs', 'adduser', 'redis-server'];
 const BUILD_TIMEOUT_MS = 300_000;
-const UNITS = ['/lib/systemd/system/steadfast-agent.service', '/lib/systemd/system/steadfast-controller.service'];
+const ROOT_TIMEOUT_MS = 600_000;
+const COMMAND_TIMEOUT_MS = 60_000;
+const AGENT_MAX_INSTALLED_KIB = 8 * 1024;
+const UNIT_DIR = '/usr/lib/systemd/system';
+const AGENT_UNIT = `${UNIT_DIR}/steadfast-agent.service`;
+const CONTROLLER_UNIT = `${UNIT_DIR}/steadfast-controller.service`;
+/** Where a purge may leave new files: the package manager's records and the kept user's backups. */
+const BOOKKEEPING = [/^var\/lib\/dpkg\//, /^var\/lib\/apt\//, /^var\/log\//, /^var\/cache\/apt\//, /^var\/cache\/debconf\//, /^var\/cache\/ldconfig\//, /^etc\/(passwd|group|shadow|gshadow|subuid|subgid)-$/];
 
 let work = '';
-let deb = '';
+let root = '';
 let unpacked = '';
+let agentDeb = '';
+let controllerDeb = '';
+let filesBefore = new Set<string>();
+let installLog = '';
 const processes = new ProcessGroup();
 
+interface Result {
+  code: number;
+  stdout: string;
+  stderr: string;
+}
+
+async function settle(promise: Promise<{ stdout: string; stderr: string }>): Promise<Result> {
+  try {
+    const { stdout, stderr } = await promise;
+    return { code: 0, stdout, stderr };
+  } catch (error) {
+    const failed = error as { code?: number | string; stdout?: string; stderr?: string };
+    return { code: typeof failed.code === 'number' ? failed.code : -1, stdout: failed.stdout ?? '', stderr: failed.stderr ?? String(error) };
+  }
+}
+
+/** A clean environment for commands in the root, as a root shell there would have it. */
+const ROOT_ENV = ['PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin', 'LANG=C.UTF-8', 'HOME=/root', 'DEBIAN_FRONTEND=noninteractive'];
+
+/** `argv` inside the root: its own mount and PID namespaces (a /proc of its own), then chroot. */
+function inRootArgs(argv: readonly string[]): string[] {
+  return ['--mount', '--pid', '--fork', '--kill-child', `--mount-proc=${join(root, 'proc')}`, 'chroot', root, '/usr/bin/env', '-i', ...ROOT_ENV, ...argv];
+}
+
+function inRoot(argv: readonly string[], timeout = COMMAND_TIMEOUT_MS): Promise<Result> {
+  return settle(run('unshare', inRootArgs(argv), { timeout, maxBuffer: 64 * 1024 * 1024 }));
+}
+
+async function inRootOk(argv: readonly string[], timeout = COMMAND_TIMEOUT_MS): Promise<string> {
+  const result = await inRoot(argv, timeout);
+  if (result.code !== 0) throw new Error(`${argv.join(' ')} exited ${result.code}: ${result.stderr}${result.stdout}`);
+  return result.stdout;
+}
+
+/** Every path in the root but the kernel's, the devices and /tmp (where the test keeps its files). */
+function rootFiles(): Set<string> {
+  const paths = readdirSync(root, { recursive: true, encoding: 'utf8' }).filter((path) => !/^(proc|dev|sys|run|tmp)(\/|$)/.test(path));
+  return new Set(paths);
+}
+
+/** `KEY=value` lines as systemd reads an EnvironmentFile= (comments, quotes). */
+function parseEnvironmentFile(text: string): Map<string, string> {
+  const env = new Map<string, string>();
+  for (const line of text.split('\n')) {
+    const match = line.trim().match(/^([A-Za-z_][A-Za-z0-9_]*)=(.*)$/);
+    if (!match) continue;
+    const [, key, raw] = match as unknown as [string, string, string];
+    const value = raw.match(/^"(.*)"$/)?.[1] ?? raw.match(/^'(.*)'$/)?.[1] ?? raw;
+    env.set(key, value);
+  }
+  return env;
+}
+
+interface Unit {
+  readonly service: Map<string, string[]>;
+  one(key: string): string;
+}
+
+function readUnit(path: string): Unit {
+  const service = new Map<string, string[]>();
+  let section = '';
+  for (const line of readFileSync(path, 'utf8').split('\n')) {
+    const header = line.match(/^\[(\w+)\]$/);
+    if (header) section = header[1] as string;
+    const entry = line.match(/^(\w+)=(.*)$/);
+    if (section === 'Service' && entry) service.set(entry[1] as string, [...(service.get(entry[1] as string) ?? []), entry[2] as string]);
+  }
+  return {
+    service,
+    one(key) {
+      const values = service.get(key);
+      if (values?.length !== 1) throw new Error(`${path}: expected one ${key}=, found ${values?.length ?? 0}`);
+      return values[0] as string;
+    },
+  };
+}
+
+/** CAP_SYSLOG CAP_SYS_PTRACE → ['syslog', 'sys_ptrace'], as setpriv names them. */
+function capabilities(value: string | undefined): string[] {
+  return (value ?? '').split(/\s+/).filter(Boolean).map((cap) => cap.replace(/^CAP_/, '').toLowerCase());
+}
+
+/**
+ * The command systemd would run for `unitPath` in the root: ExecStart with $VAR and ${VAR}
+ * expanded from the unit's environment, under setpriv with the unit's user, groups and
+ * capabilities, and the unit's umask. Makes the unit's StateDirectory= as systemd does.
+ * `command`, when given, runs instead of ExecStart in the same environment and confinement.
+ */
+async function unitCommand(unitPath: string, command?: readonly string[]): Promise<string[]> {
+  const unit = readUnit(join(root, unitPath));
+  const user = unit.one('User');
+  const group = unit.one('Group');
+  const passwd = readFileSync(join(root, 'etc', 'passwd'), 'utf8').split('\n').find((line) => line.startsWith(`${user}:`));
+  if (!passwd) throw new Error(`the root has no user ${user}`);
+  const [, , uid, gid, , home, shell] = passwd.split(':') as [string, string, string, string, string, string, string];
+  const env = new Map<string, string>([
+    ['PATH', '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin'],
+    ['LANG', 'C.UTF-8'],
+    ['HOME', home],
+    ['USER', user],
+    ['LOGNAME', user],
+    ['SHELL', shell],
+  ]);
+  for (const state of unit.service.get('StateDirectory') ?? []) {
+    const dir = join(root, 'var', 'lib', state);
+    mkdirSync(dir, { recursive: true });
+    await run('chown', [`${uid}:${gid}`, dir]);
+    chmodSync(dir, Number.parseInt(unit.service.get('StateDirectoryMode')?.[0] ?? '0755', 8));
+    env.set('STATE_DIRECTORY', `/var/lib/${state}`);
+  }
+  for (const assignment of unit.service.get('Environment') ?? []) {
+    const [key, ...value] = assignment.replace(/^"|"$/g, '').split('=');
+    env.set(key as string, value.join('='));
+  }
+  for (const file of unit.service.get('EnvironmentFile') ?? []) {
+    const path = join(root, file.replace(/^-/, ''));
+    if (existsSync(path)) for (const [key, value] of parseEnvironmentFile(readFileSync(path, 'utf8'))) env.set(key, value);
+    else if (!file.startsWith('-')) throw new Error(`${unitPath}: EnvironmentFile ${file} is missing`);
+  }
+  const execStart = unit.one('ExecStart');
+  if (/^[-@+!:]/.test(execStart)) throw new Error(`${unitPath}: ExecStart prefixes are not emulated: ${execStart}`);
+  const argv = execStart.split(/\s+/).flatMap((word) => {
+    const whole = word.match(/^\$([A-Za-z_]\w*)$/);
+    if (whole) return (env.get(whole[1] as string) ?? '').split(/\s+/).filter(Boolean);
+    return [word.replace(/\$\{([A-Za-z_]\w*)\}/g, (_, name: string) => env.get(name) ?? '')];
+  });
+  const bounding = capabilities(unit.service.get('CapabilityBoundingSet')?.at(-1));
+  const ambient = capabilities(unit.service.get('AmbientCapabilities')?.at(-1));
+  const caps = (names: string[]) => ['-all', ...names.map((name) => `+${name}`)].join(',');
+  return [
+    'setpriv',
+    `--reuid=${user}`,
+    `--regid=${group}`,
+    '--init-groups',
+    `--bounding-set=${caps(bounding)}`,
+    `--inh-caps=${caps(ambient)}`,
+    `--ambient-caps=${caps(ambient)}`,
+    ...(unit.service.get('NoNewPrivileges')?.[0] === 'yes' ? ['--no-new-privs'] : []),
+    '--',
+    '/bin/sh',
+    '-c',
+    `umask ${unit.service.get('UMask')?.[0] ?? '0022'} && exec "$@"`,
+    unitPath,
+    '/usr/bin/env',
+    '-i',
+    ...[...env].map(([key, value]) => `${key}=${value}`),
+    ...(command ?? argv),
+  ];
+}
+
+const units = new Map<string, ChildProcess>();
+
+/** Starts what a unit runs, in the root, as a child of this test. */
+async function startUnit(name: string, unitPath: string): Promise<ChildProcess> {
+  const child = processes.start(name, 'unshare', inRootArgs(await unitCommand(unitPath)), join(work, `${name}.log`));
+  units.set(name, child);
+  return child;
+}
+
+/** The pid, as this machine sees it, of the process a started unit runs (PID 1 of its namespace). */
+function unitPid(child: ChildProcess): number {
+  const children = readFileSync(`/proc/${child.pid}/task/${child.pid}/children`, 'utf8').trim().split(/\s+/);
+  return Number(children[0]);
+}
+
+/**
+ * Stops a started unit. setpriv's change of user clears the parent-death signal that unshare's
+ * --kill-child set, so the unit's process, PID 1 of its namespace, is killed itself; the
+ * namespace, and unshare with it, end.
+ */
+async function stopUnit(name: string): Promise<void> {
+  const child = units.get(name);
+  units.delete(name);
+  if (!child || child.exitCode !== null || child.signalCode !== null) return;
+  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
+  try {
+    process.kill(unitPid(child), 'SIGKILL');
+  } catch {
+    // Gone already, or never started: unshare is stopped below either way.
+  }
+  await Promise.race([exited, new Promise((resolve) => setTimeout(resolve, 5_000))]);
+  await processes.stop(name, 0, 'SIGKILL');
+}
+
+/** Processes whose root directory is the Debian root (none may run while it is purged). */
+function processesInRoot(): string[] {
+  return readdirSync('/proc')
+    .filter((pid) => /^\d+$/.test(pid))
+    .filter((pid) => {
+      try {
+        return readlinkSync(`/proc/${pid}/root`) === root;
+      } catch {
+        return false;
+      }
+    })
+    .map((pid) => `${pid} ${readFileSync(`/proc/${pid}/cmdline`, 'utf8').replaceAll('\0', ' ').trim()}`);
+}
+
+/** Replaces `KEY=...` in one of the root's env files, as an operator edits a conffile. */
+function setEnvironment(file: string, key: string, value: string): void {
+  const path = join(root, file);
+  const lines = readFileSync(path, 'utf8').split('\n').filter((line) => !line.startsWith(`${key}=`));
+  writeFileSync(path, `${lines.join('\n').trimEnd()}\n${key}="${value}"\n`);
+}
+
+function rootRead(path: string): string {
+  return readFileSync(join(root, path), 'utf8');
+}
+
+/** What the agent started from its unit must show: a scrape of the fixtures, its confinement, its token. */
+async function checkAgent(agent: ChildProcess, port: number): Promise<void> {
+  const url = `http://127.0.0.1:${port}`;
+  await waitFor('the installed agent to serve /metrics', () => httpOk(`${url}/metrics`), 30_000, 100, async () => readFileSync(join(work, 'agent.log'), 'utf8'));
+  const text = await (await fetch(`${url}/metrics`)).text();
+  expect(text).toContain('steadfast_xid_errors_total{pci_bus_id="0000:91:00",xid="79",severity="fatal"} 1');
+  expect(text).toContain('steadfast_collector_success{collector="gpu"} 1');
+  // The package records the commit it was built from; the agent labels its build info with it.
+  const revision = rootRead('usr/lib/steadfast-agent/REVISION').trim();
+  await run('git', ['cat-file', '-e', `${revision}^{commit}`], { cwd: REPO });
+  expect(text).toMatch(new RegExp(`^steadfast_build_info\\{[^}]*revision="${revision}"[^}]*\\} 1$`, 'm'));
+
+  // What ran is what the unit describes: user steadfast, CAP_SYSLOG and CAP_SYS_PTRACE only.
+  const status = readFileSync(`/proc/${unitPid(agent)}/status`, 'utf8');
+  const uid = (await inRootOk(['id', '-u', 'steadfast'])).trim();
+  const capMask = ((1n << 34n) | (1n << 19n)).toString(16).padStart(16, '0');
+  expect(status).toMatch(new RegExp(`^Uid:\\s+${uid}\\s+${uid}\\s`, 'm'));
+  expect(status).toMatch(new RegExp(`^CapEff:\\s+${capMask}$`, 'm'));
+  expect(status).toMatch(new RegExp(`^CapBnd:\\s+${capMask}$`, 'm'));
+  expect(status).toMatch(/^NoNewPrivs:\s+1$/m);
+
+  const post = (token?: string) => fetch(`${url}/api/v1/training`, { method: 'POST', headers: { 'content-type': 'application/json', ...(token ? { authorization: `Bearer ${token}` } : {}) }, body: '{}' });
+  expect((await post()).status).toBe(401);
+  expect((await post('not-the-token')).status).toBe(401);
+  expect([400, 422]).toContain((await post(rootRead('etc/steadfast/agent-web-token'))).status);
+}
+
 beforeAll(async () => {
-  if (!existsSync(join(ROOT, 'dist', 'cli', 'main.js'))) throw new Error('dist/ is missing: run `npm run build` (npm test does it)');
+  if (!existsSync(join(REPO, 'dist', 'cli', 'main.js'))) throw new Error('dist/ is missing: run `npm run build` (npm test does it)');
   work = mkdtempSync(join(tmpdir(), 'steadfast-deb-'));
-  const { stdout } = await run(join(ROOT, 'packaging', 'debian', 'build.sh'), ['--out', work, '--no-build'], { cwd: ROOT, timeout: BUILD_TIMEOUT_MS, maxBuffer: 16 * 1024 * 1024 });
-  deb = stdout.trim().split('\n').at(-1) ?? '';
-  unpacked = join(work, 'root');
-  await run('dpkg', ['-x', deb, unpacked]);
-  // systemd-analyze --root needs the units ours refer to (network-online.target, ...): this machine's.
-  cpSync('/lib/systemd/system', join(unpacked, 'lib', 'systemd', 'system'), { recursive: true, force: false, errorOnExist: false });
-}, BUILD_TIMEOUT_MS + 60_000);
+  root = join(work, 'root');
+  const building = run(join(REPO, 'packaging', 'debian', 'build.sh'), ['--out', join(work, 'debs'), '--no-build'], { cwd: REPO, timeout: BUILD_TIMEOUT_MS, maxBuffer: 16 * 1024 * 1024 });
+  // The root is made (or unpacked from its cached tarball) while the packages build.
+  const rooting = run(join(REPO, 'scripts', 'debian-root.sh'), [SUITE, root, ...ROOT_PACKAGES], { timeout: ROOT_TIMEOUT_MS, maxBuffer: 16 * 1024 * 1024 });
+  const [{ stdout }] = await Promise.all([building, rooting]);
+  [agentDeb, controllerDeb] = stdout.trim().split('\n').slice(-2) as [string, string];
+  unpacked = join(work, 'unpacked');
+  for (const deb of [agentDeb, controllerDeb]) await run('dpkg', ['-x', deb, unpacked]);
+
+  filesBefore = rootFiles();
+  mkdirSync(join(root, 'tmp', 'debs'), { recursive: true });
+  mkdirSync(join(root, 'tmp', 'fixtures'), { recursive: true });
+  for (const deb of [agentDeb, controllerDeb]) copyFileSync(deb, join(root, 'tmp', 'debs', deb.split('/').at(-1) as string));
+  copyFileSync(join(FIXTURES, 'xid-kernel-logs', 'gpud_xid_lines_h100_gb200.txt'), join(root, 'tmp', 'fixtures', 'fatal-kern.log'));
+  copyFileSync(join(FIXTURES, 'nvidia-smi-xml', 'telegraf_a10g_515.105.01.xml'), join(root, 'tmp', 'fixtures', 'nvidia-smi.xml'));
+  writeFileSync(join(root, 'tmp', 'fixtures', 'healthy-kern.log'), '[    1.000000] Linux version 6.1.0 (debian-kernel@lists.debian.org)\n');
+  for (const dir of ['debs', 'fixtures']) {
+    chmodSync(join(root, 'tmp', dir), 0o755);
+    for (const file of readdirSync(join(root, 'tmp', dir))) chmodSync(join(root, 'tmp', dir, file), 0o644);
+  }
+  // As an operator does: the agent's package on a node, the controller's beside it here.
+  for (const deb of [agentDeb, controllerDeb]) installLog += await inRootOk(['apt', 'install', '--yes', `/tmp/debs/${deb.split('/').at(-1)}`], 180_000);
+}, BUILD_TIMEOUT_MS + ROOT_TIMEOUT_MS + 240_000);
 
 afterAll(async () => {
+  for (const name of [...units.keys()]) await stopUnit(name);
   await processes.stopAll();
   if (work) rmSync(work, { recursive: true, force: true });
 });
 
-describe('the Debian package', () => {
-  it('names the package, depends on Node.js 20 or later and keeps /etc/steadfast as conffiles', async () => {
-    const control = (await run('dpkg-deb', ['-f', deb])).stdout;
-    expect(control).toMatch(/^Package: steadfast$/m);
-    expect(control).toMatch(/^Depends: .*nodejs \(>= 20\)/m);
-    const conffiles = (await run('dpkg-deb', ['-I', deb, 'conffiles'])).stdout;
-    expect(conffiles.split('\n').filter(Boolean).sort()).toEqual(['/etc/steadfast/agent.env', '/etc/steadfast/controller.env', '/etc/steadfast/controller.yaml']);
+describe('the Debian packages', () => {
+  it('builds steadfast-agent for every architecture and steadfast for this one, both on Node.js 20.10 or later, with no file in both', async () => {
+    const agent = (await run('dpkg-deb', ['-f', agentDeb])).stdout;
+    expect(agent).toMatch(/^Package: steadfast-agent$/m);
+    expect(agent).toMatch(/^Architecture: all$/m);
+    expect(agent).toMatch(/^Depends: nodejs \(>= 20\.10\), adduser$/m);
+    const controller = (await run('dpkg-deb', ['-f', controllerDeb])).stdout;
+    const arch = (await run('dpkg', ['--print-architecture'])).stdout.trim();
+    expect(controller).toMatch(/^Package: steadfast$/m);
+    expect(controller).toMatch(new RegExp(`^Architecture: ${arch}$`, 'm'));
+    expect(controller).toMatch(/^Depends: nodejs \(>= 20\.10\), adduser, libc6 /m);
+    // A controller host is seldom a GPU node: the agent is only suggested.
+    expect(controller).toMatch(/^Suggests: .*steadfast-agent/m);
+    expect(controller).not.toMatch(/^(Depends|Recommends): .*steadfast-agent/m);
+    expect(agent).toMatch(/^Maintainer: steadfast maintainers <maintainers@steadfast\.dev>$/m);
+
+    const conffiles = async (deb: string) => (await run('dpkg-deb', ['-I', deb, 'conffiles'])).stdout.split('\n').filter(Boolean).sort();
+    expect(await conffiles(agentDeb)).toEqual(['/etc/steadfast/agent.env']);
+    expect(await conffiles(controllerDeb)).toEqual(['/etc/steadfast/controller.env', '/etc/steadfast/controller.yaml']);
+
+    const files = async (deb: string) =>
+      (await run('dpkg-deb', ['-c', deb], { maxBuffer: 64 * 1024 * 1024 })).stdout
+        .split('\n')
+        .filter((line) => line.startsWith('-') || line.startsWith('l'))
+        .map((line) => line.split(/\s+/).at(5) as string);
+    const agentFiles = await files(agentDeb);
+    const controllerFiles = await files(controllerDeb);
+    expect(agentFiles.filter((path) => controllerFiles.includes(path))).toEqual([]);
+    expect(agentFiles).toEqual(expect.arrayContaining(['./usr/bin/steadfast-agent', './usr/lib/steadfast-agent/bin/steadfast-agent.cjs', './usr/lib/steadfast-agent/dist/agent.cjs', './usr/lib/steadfast-agent/slurm/prolog.sh', `.${AGENT_UNIT}`, './usr/share/doc/steadfast-agent/copyright', './usr/share/doc/steadfast-agent/changelog.Debian.gz', './usr/share/man/man1/steadfast-agent.1.gz']));
+    expect(controllerFiles).toEqual(expect.arrayContaining(['./usr/bin/steadfast', './usr/lib/steadfast/bin/steadfast.js', './usr/lib/steadfast/dist/cli/main.js', './usr/lib/steadfast/rules/xid.yml', `.${CONTROLLER_UNIT}`, './usr/share/doc/steadfast/copyright', './usr/share/man/man1/steadfast.1.gz']));
+    // No shipped V8 code cache (each node makes its own), no tests, no source maps, no units in /lib.
+    expect([...agentFiles, ...controllerFiles].filter((path) => /\.cache$|\.map$|^\.\/lib\/|\/dist\/bench\/|^\.\/usr\/lib\/steadfast\/test\//.test(path))).toEqual([]);
   });
 
-  it('installs the built tree under /usr/lib/steadfast, a /usr/bin wrapper and both units, and no tests', async () => {
-    const listing = (await run('dpkg-deb', ['-c', deb], { maxBuffer: 64 * 1024 * 1024 })).stdout;
-    const paths = listing.split('\n').map((line) => line.split(/\s+/).at(5) ?? '').filter(Boolean);
-    expect(paths).toEqual(expect.arrayContaining(['./usr/bin/steadfast', './usr/lib/steadfast/bin/steadfast.js', './usr/lib/steadfast/dist/cli/main.js', './usr/lib/steadfast/dist/agent.cjs', './usr/lib/steadfast/dist/agent.cjs.cache', './usr/lib/steadfast/rules/xid.yml', './usr/lib/steadfast/slurm/prolog.sh', ...UNITS.map((unit) => `.${unit}`)]));
-    expect(paths.filter((path) => path.startsWith('./usr/lib/steadfast/test/') || path.startsWith('./usr/lib/steadfast/dist/bench/'))).toEqual([]);
-    expect(listing).toMatch(/^-rwxr-xr-x root\/root .* \.\/usr\/bin\/steadfast$/m);
+  it('keeps the agent package at most 8 MB installed, with no native code', async () => {
+    const installedKib = Number((await run('dpkg-deb', ['-f', agentDeb, 'Installed-Size'])).stdout.trim());
+    expect(installedKib).toBeGreaterThan(0);
+    expect(installedKib).toBeLessThanOrEqual(AGENT_MAX_INSTALLED_KIB);
+    const listing = (await run('dpkg-deb', ['-c', agentDeb])).stdout;
+    expect(listing).not.toMatch(/\.(node|so|bare)$/m);
   });
 
-  it('ships maintainer scripts that parse and create the steadfast system user', async () => {
-    for (const script of ['postinst', 'prerm', 'postrm']) await run('sh', ['-n', join(ROOT, 'packaging', 'debian', script)]);
-    const postinst = (await run('dpkg-deb', ['-I', deb, 'postinst'])).stdout;
-    expect(postinst).toContain('adduser --system --group');
-  });
+  it('passes lintian with no error and no warning that is not overridden, each override justified by a comment', async () => {
+    const { stdout, stderr } = await settle(run('lintian', ['--show-overrides', agentDeb, controllerDeb], { timeout: 180_000, maxBuffer: 64 * 1024 * 1024 }));
+    const lines = `${stdout}\n${stderr}`.split('\n');
+    expect(lines.filter((line) => /^[EW]: /.test(line))).toEqual([]);
+    for (const pkg of ['steadfast', 'steadfast-agent']) {
+      const overrides = readFileSync(join(REPO, 'packaging', 'debian', pkg, 'lintian-overrides'), 'utf8').split('\n');
+      overrides.forEach((line, index) => {
+        if (line.startsWith(`${pkg}: `)) expect(overrides[index - 1], `override without a justification: ${line}`).toMatch(/^#/);
+      });
+    }
+  }, 200_000);
 
   it('has systemd units that systemd-analyze verifies without a warning', async () => {
-    const { stdout, stderr } = await run('systemd-analyze', ['verify', `--root=${unpacked}`, ...UNITS]);
+    // The units refer to this machine's (network-online.target, ...) and to their manual pages.
+    const units = join(unpacked, 'usr', 'lib', 'systemd', 'system');
+    cpSync('/usr/lib/systemd/system', units, { recursive: true, force: false, errorOnExist: false });
+    const { stdout, stderr } = await run('systemd-analyze', ['verify', `--root=${unpacked}`, AGENT_UNIT, CONTROLLER_UNIT], { env: { ...process.env, MANPATH: join(unpacked, 'usr', 'share', 'man') } });
     expect(`${stdout}${stderr}`).toBe('');
   });
 
   it('confines both units: systemd rates the agent at most 3.0 and the controller at most 2.0 exposed, the agent holding only CAP_SYSLOG and CAP_SYS_PTRACE', async () => {
     // --threshold is the exposure level times ten; systemd-analyze exits non-zero above it.
-    await run('systemd-analyze', ['security', '--offline=true', '--threshold=30', `--root=${unpacked}`, UNITS[0] as string]);
-    await run('systemd-analyze', ['security', '--offline=true', '--threshold=20', `--root=${unpacked}`, UNITS[1] as string]);
-    const agentUnit = readFileSync(join(unpacked, 'lib', 'systemd', 'system', 'steadfast-agent.service'), 'utf8');
+    await run('systemd-analyze', ['security', '--offline=true', '--threshold=30', `--root=${unpacked}`, AGENT_UNIT]);
+    await run('systemd-analyze', ['security', '--offline=true', '--threshold=20', `--root=${unpacked}`, CONTROLLER_UNIT]);
+    const agentUnit = readFileSync(join(unpacked, AGENT_UNIT), 'utf8');
     expect(agentUnit).toMatch(/^CapabilityBoundingSet=CAP_SYSLOG CAP_SYS_PTRACE$/m);
     expect(agentUnit).toMatch(/^User=steadfast$/m);
+    expect(agentUnit).toMatch(/^ExecStart=\/usr\/bin\/steadfast-agent \$STEADFAST_AGENT_ARGS$/m);
+    // The code cache must stay root's: a CacheDirectory= would hand it to the agent's user.
+    expect(agentUnit).not.toMatch(/^CacheDirectory=/m);
+    // The agent sets its own V8 flags; the unit passes none, and an operator's come from agent.env.
+    expect(agentUnit).not.toMatch(/^Environment="?STEADFAST_NODE_FLAGS=/m);
   });
 
-  it('ships a controller config that the controller accepts', () => {
+  it('ships a controller config that the controller accepts, naming the credentials the package makes', () => {
     const config = loadConfig({ file: join(unpacked, 'etc', 'steadfast', 'controller.yaml'), env: {} });
     expect(config.backend.kind).toBe('dry-run');
     expect(config.controller.auth).toEqual({
@@ -86,48 +397,134 @@ describe('the Debian package', () => {
       alertmanagerTokenFile: '/etc/steadfast/alertmanager-token',
       agentSecretFile: '/etc/steadfast/agent-secret',
     });
+    expect(config.agents.secretFile).toBe('/etc/steadfast/agent-web-secret');
   });
 
-  it('ships the Slurm prolog, which runs the packaged steadfast check and fails on a fatal Xid', async () => {
-    const prolog = join(unpacked, 'usr', 'lib', 'steadfast', 'slurm', 'prolog.sh');
-    expect(statSync(prolog).mode & 0o111).toBe(0o111);
-    const preflight = (kmsg: string) =>
-      run('sh', [prolog, '--xid.state-file', join(work, `prolog-${kmsg.length}.json`)], {
-        env: { ...process.env, SLURMD_NODENAME: 'deb-node', STEADFAST_BIN: join(unpacked, 'usr', 'bin', 'steadfast'), STEADFAST_PREFLIGHT_ARGS: `--path.kmsg ${kmsg} --nvidia-smi.xml ${join(FIXTURES, 'nvidia-smi-xml', 'telegraf_a10g_515.105.01.xml')}`, STEADFAST_LOG_LEVEL: 'silent' },
-      }).then(
-        () => ({ code: 0, stdout: '' }),
-        (error: { code: number; stdout: string }) => ({ code: error.code, stdout: error.stdout }),
-      );
-    const healthy = join(work, 'healthy-kern.log');
-    writeFileSync(healthy, '[    1.000000] Linux version 6.1.0 (debian-kernel@lists.debian.org)\n');
-    expect(await preflight(healthy)).toEqual({ code: 0, stdout: '' });
-    const fatal = await preflight(join(FIXTURES, 'xid-kernel-logs', 'gpud_xid_lines_h100_gb200.txt'));
+  it('installs with apt into a Debian root with its own Node.js, making the user, the credentials (root:steadfast 0640), and the agent code cache for that Node.js', async () => {
+    expect(installLog).toMatch(/Setting up steadfast-agent \(/);
+    expect(installLog).toMatch(/Setting up steadfast \(/);
+    expect(await inRootOk(['node', '--version'])).toMatch(/^v(2[1-9]|20\.(1\d|[2-9]\d))\./);
+    const group = (await inRootOk(['getent', 'group', 'steadfast'])).split(':')[2];
+    for (const secret of ['agent-web-token', 'operator-token', 'read-only-token', 'alertmanager-token', 'agent-secret', 'agent-web-secret']) {
+      const stats = statSync(join(root, 'etc', 'steadfast', secret));
+      expect({ secret, mode: (stats.mode & 0o777).toString(8), uid: stats.uid, gid: String(stats.gid) }).toEqual({ secret, mode: '640', uid: 0, gid: group });
+      expect(rootRead(`etc/steadfast/${secret}`)).toMatch(/^[0-9a-f]{64}$/);
+    }
+    // Enabled for the next boot, as Debian does for a daemon (no systemd runs here to start it).
+    // (deb-systemd-helper names the unit by /lib, which is /usr/lib's alias on merged-/usr systems.)
+    for (const unit of ['steadfast-agent.service', 'steadfast-controller.service']) {
+      expect(readlinkSync(join(root, 'etc', 'systemd', 'system', 'multi-user.target.wants', unit))).toMatch(new RegExp(`^(/usr)?/lib/systemd/system/${unit}$`));
+    }
+    // The agent, started as its unit starts it, compiles from the cache the postinst wrote.
+    const status = await inRootOk(await unitCommand(AGENT_UNIT, ['/usr/bin/steadfast-agent', '--code-cache-status']));
+    expect(JSON.parse(status)).toMatchObject({ state: 'used', file: expect.stringMatching(/^\/var\/cache\/steadfast-agent\/agent-.*\.cache$/) });
+  });
+
+  it('runs the agent as its unit does, with the flags of agent.env, until it answers a scrape; its POST endpoints take only the generated token', async () => {
+    const port = await freePort();
+    // The operator's edit of the conffile: this node's name, and the test's kernel log and GPUs.
+    setEnvironment('etc/steadfast/agent.env', 'STEADFAST_AGENT_ARGS', `--web.listen-address=127.0.0.1:${port} --web.token-file=/etc/steadfast/agent-web-token --node deb-node --path.kmsg=/tmp/fixtures/fatal-kern.log --nvidia-smi.xml=/tmp/fixtures/nvidia-smi.xml`);
+    const agent = await startUnit('agent', AGENT_UNIT);
+    try {
+      await checkAgent(agent, port);
+    } finally {
+      await stopUnit('agent');
+    }
+  });
+
+  it('runs the controller as its unit does against Redis, answering /healthz and the operator token the package made', async () => {
+    const redis = await startRedis(processes, work);
+    const [port, metricsPort] = [await freePort(), await freePort()];
+    setEnvironment('etc/steadfast/controller.env', 'STEADFAST_REDIS__URL', redis.url);
+    setEnvironment('etc/steadfast/controller.env', 'STEADFAST_CONTROLLER__PORT', String(port));
+    setEnvironment('etc/steadfast/controller.env', 'STEADFAST_CONTROLLER__METRICS__PORT', String(metricsPort));
+    await startUnit('controller', CONTROLLER_UNIT);
+    try {
+      const url = `http://127.0.0.1:${port}`;
+      await waitFor('the installed controller to answer /healthz', () => httpOk(`${url}/healthz`), 30_000, 100, async () => readFileSync(join(work, 'controller.log'), 'utf8'));
+      expect((await fetch(`${url}/api/v1/holds`)).status).toBe(401);
+      const answer = await fetch(`${url}/api/v1/holds`, { headers: { authorization: `Bearer ${rootRead('etc/steadfast/operator-token')}` } });
+      expect(answer.status).toBe(200);
+      expect(await httpOk(`http://127.0.0.1:${metricsPort}/metrics`)).toBe(true);
+    } finally {
+      await stopUnit('controller');
+      await processes.stop('redis');
+    }
+  });
+
+  it('stops the controller with one line naming a credential file that is missing, exit 2, which the unit does not restart', async () => {
+    const token = join(root, 'etc', 'steadfast', 'read-only-token');
+    const kept = readFileSync(token);
+    rmSync(token);
+    try {
+      const result = await inRoot(await unitCommand(CONTROLLER_UNIT));
+      expect(result.code).toBe(2);
+      expect(result.stderr.trim()).toMatch(/^steadfast: controller\.auth\.readOnlyTokenFile: cannot read \/etc\/steadfast\/read-only-token: ENOENT[^\n]*$/);
+    } finally {
+      writeFileSync(token, kept);
+      await run('chgrp', ['-h', String(statSync(join(root, 'etc', 'steadfast', 'operator-token')).gid), token]);
+      chmodSync(token, 0o640);
+    }
+    expect(readFileSync(join(unpacked, CONTROLLER_UNIT), 'utf8')).toMatch(/^RestartPreventExitStatus=2$/m);
+  });
+
+  it('runs the Slurm prolog with steadfast-agent, or the steadfast that STEADFAST_BIN names: exit 0 on a healthy kernel log, 1 naming Xid 79 on a fatal one', async () => {
+    const prolog = '/usr/lib/steadfast-agent/slurm/prolog.sh';
+    expect(statSync(join(root, prolog)).mode & 0o777).toBe(0o755);
+    const preflight = (kmsg: string, bin?: string) =>
+      inRoot(['SLURMD_NODENAME=deb-node', 'STEADFAST_LOG_LEVEL=silent', ...(bin ? [`STEADFAST_BIN=${bin}`] : []), `STEADFAST_PREFLIGHT_ARGS=--path.kmsg ${kmsg} --nvidia-smi.xml /tmp/fixtures/nvidia-smi.xml`, prolog, '--xid.state-file', `/tmp/prolog-${bin ?? 'default'}-${kmsg.length}.json`]);
+    const healthy = await preflight('/tmp/fixtures/healthy-kern.log');
+    expect(healthy.code).toBe(0);
+    expect(healthy.stdout).not.toMatch(/Xid/);
+    const fatal = await preflight('/tmp/fixtures/fatal-kern.log');
     expect(fatal.code).toBe(1);
     expect(fatal.stdout).toMatch(/Xid 79/);
+    const viaFullPackage = await preflight('/tmp/fixtures/fatal-kern.log', 'steadfast');
+    expect(viaFullPackage.code).toBe(1);
+    expect(viaFullPackage.stdout).toMatch(/Xid 79/);
   });
 
-  it('runs the unpacked agent through /usr/bin/steadfast, which hands node the flags of STEADFAST_NODE_FLAGS, until it answers a scrape', async () => {
-    // The agent sets its own V8 flags; the unit passes none, and an operator's come from agent.env.
-    const unit = readFileSync(join(unpacked, 'lib', 'systemd', 'system', 'steadfast-agent.service'), 'utf8');
-    expect(unit).not.toMatch(/^Environment="STEADFAST_NODE_FLAGS=/m);
-    const nodeFlags = '--max-semi-space-size=2 --stack-size=900';
-    const port = await freePort();
-    const agent = processes.start(
-      'agent',
-      join(unpacked, 'usr', 'bin', 'steadfast'),
-      ['agent', '--web.listen-address', `127.0.0.1:${port}`, '--node', 'deb-node', '--path.kmsg', join(FIXTURES, 'xid-kernel-logs', 'gpud_xid_lines_h100_gb200.txt'), '--nvidia-smi.xml', join(FIXTURES, 'nvidia-smi-xml', 'telegraf_a10g_515.105.01.xml'), '--xid.state-file', join(work, 'xid-state.json'), '--web.insecure'],
-      join(work, 'agent.log'),
-      { env: { ...process.env, STEADFAST_LOG_LEVEL: 'warn', STEADFAST_NODE_FLAGS: nodeFlags } },
-    );
-    const url = `http://127.0.0.1:${port}/metrics`;
-    await waitFor('the unpacked agent to serve /metrics', () => httpOk(url), 30_000);
-    // The wrapper execs node in its own process, with the operator's flags before the script.
-    expect(readFileSync(`/proc/${agent.pid ?? 0}/cmdline`, 'utf8').split('\0').slice(0, 3)).toEqual(['node', ...nodeFlags.split(' ')]);
-    const text = await (await fetch(url)).text();
-    expect(text).toContain('steadfast_xid_errors_total{pci_bus_id="0000:91:00",xid="79",severity="fatal"} 1');
-    expect(text).toContain('steadfast_collector_success{collector="gpu"} 1');
-    // The package records the commit it was built from; the agent labels its build info with it.
-    const revision = (await run('git', ['rev-parse', 'HEAD'], { cwd: ROOT })).stdout.trim();
-    expect(text).toMatch(new RegExp(`^steadfast_build_info\\{[^}]*revision="${revision}"[^}]*\\} 1$`, 'm'));
+  it('writes the code cache again when /usr/bin/node changes (the dpkg file trigger)', async () => {
+    const cache = join(root, 'var', 'cache', 'steadfast-agent');
+    for (const file of readdirSync(cache)) rmSync(join(cache, file));
+    await inRootOk(['dpkg-trigger', '--no-await', '/usr/bin/node']);
+    expect(await inRootOk(['dpkg', '--triggers-only', '--pending'])).toMatch(/Processing triggers for steadfast-agent/);
+    expect(readdirSync(cache)).toEqual([expect.stringMatching(/^agent-v[\d.]+-[0-9a-f]+\.cache$/)]);
+    expect(statSync(cache).uid).toBe(0);
   });
+
+  it("loads every npm dependency of the controller from the installed tree, its stripped native objects included", async () => {
+    const script = [
+      "import { readFileSync } from 'node:fs';",
+      "import { createRequire } from 'node:module';",
+      "const dependencies = Object.keys(JSON.parse(readFileSync('package.json', 'utf8')).dependencies);",
+      // A package with no main entry point (only subpaths) is loaded by `steadfast dashboards` below.
+      "for (const name of dependencies) await import(name).catch((error) => { if (error.code !== 'ERR_PACKAGE_PATH_NOT_EXPORTED') throw error; });",
+      "const { Resvg } = await import('@resvg/resvg-js');",
+      "const png = new Resvg('<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"2\" height=\"2\"/>').render().asPng();",
+      "const msgpackr = createRequire(`${process.cwd()}/node_modules/msgpackr/package.json`)('msgpackr-extract');",
+      "console.log(JSON.stringify({ count: dependencies.length, png: png.subarray(1, 4).toString(), extract: typeof msgpackr.extractStrings }));",
+    ].join('\n');
+    const result = JSON.parse(await inRootOk(['sh', '-c', 'cd /usr/lib/steadfast && exec node --input-type=module -e "$1"', 'sh', script]));
+    expect(result).toMatchObject({ png: 'PNG', extract: 'function' });
+    expect(result.count).toBeGreaterThan(10);
+    await inRootOk(['steadfast', 'dashboards', '--out', '/tmp/dashboards']);
+    expect(readdirSync(join(root, 'tmp', 'dashboards', 'dashboards')).length).toBeGreaterThan(0);
+  });
+
+  it('purges both packages leaving no file of theirs: /etc/steadfast, the state, the cache and the credentials go; the system user stays', async () => {
+    const owned = (await inRootOk(['dpkg', '-L', 'steadfast-agent', 'steadfast'])).split('\n').filter(Boolean);
+    expect(owned.length).toBeGreaterThan(100);
+    // No process of the root may hold its files while it is purged.
+    await waitFor('the processes started in the root to end', async () => processesInRoot().length === 0, 10_000, 100, async () => processesInRoot().join('; '));
+    const purge = await inRootOk(['apt', 'purge', '--yes', 'steadfast-agent', 'steadfast'], 120_000);
+    expect(purge).toMatch(/Purging configuration files for steadfast-agent/);
+    expect(purge).toMatch(/Purging configuration files for steadfast /);
+    for (const path of ['etc/steadfast', 'var/lib/steadfast', 'var/cache/steadfast-agent', 'usr/lib/steadfast', 'usr/lib/steadfast-agent']) expect(existsSync(join(root, path)), path).toBe(false);
+    expect(owned.filter((path) => path !== '/.' && !statSync(join(root, path), { throwIfNoEntry: false })?.isDirectory() && existsSync(join(root, path)))).toEqual([]);
+    const left = [...rootFiles()].filter((path) => !filesBefore.has(path) && !BOOKKEEPING.some((pattern) => pattern.test(path)));
+    expect(left).toEqual([]);
+    // Debian's practice: the system user stays, since files elsewhere may still be its.
+    expect(await inRootOk(['getent', 'passwd', 'steadfast'])).toMatch(/^steadfast:/);
+  }, 150_000);
 });
