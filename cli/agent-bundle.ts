@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { lstatSync, mkdirSync, readFileSync, readdirSync, renameSync, rmSync, statSync, writeFileSync, type Stats } from 'node:fs';
+import { closeSync, fstatSync, lstatSync, mkdirSync, openSync, readFileSync, readSync, readdirSync, renameSync, rmSync, statSync, writeFileSync, type Stats } from 'node:fs';
 import { createRequire, Module } from 'node:module';
 import { arch, platform } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -17,9 +17,11 @@ import { applyAgentV8Flags } from './agent-v8.js';
  * as root, with `steadfast-agent --write-code-cache` (the Debian package's postinst and the
  * container image's build run it), and the agent reads one only when
  *   - its name carries the hash of everything that shapes the compiled code: the Node.js version
- *     and build (process.versions, process.config, the binary's inode, size and mtime), the
- *     platform, the V8 flags in force and the bundle's own bytes; a node upgrade or another binary
- *     looks for another file and compiles as usual;
+ *     and build (process.versions, process.config, the binary's size and the hash of its first
+ *     and last MiB), the platform, the V8 flags in force and the bundle's own bytes; a node
+ *     upgrade or another binary looks for another file and compiles as usual. Nothing of where
+ *     the binary lies (inode, mtime) is in it: an image's layers unpacked on another machine
+ *     keep their cache;
  *   - it and its directory belong to root and no one else may write them: the agent (user
  *     steadfast) reads the cache but cannot plant code in it for its next start.
  * What it buys: the bundle's module set-up is neither parsed nor compiled (docs/evaluation.md).
@@ -52,18 +54,37 @@ export function codeCacheDir(env: NodeJS.ProcessEnv = process.env): string {
  * the agent's V8 flags are set (runAgentBundle does): they are part of the name.
  */
 export function codeCacheFile(source: string, dir: string, v8Flags: readonly string[]): string {
-  const binary = statSync(process.execPath);
   const build = {
     versions: process.versions,
     config: process.config,
     platform: platform(),
     arch: arch(),
-    binary: { path: process.execPath, dev: binary.dev, ino: binary.ino, size: binary.size, mtimeMs: binary.mtimeMs },
+    binary: binaryFingerprint(process.execPath),
     flags: [...process.execArgv, process.env.NODE_OPTIONS ?? '', ...v8Flags],
     bundle: createHash('sha256').update(source).digest('hex'),
   };
   const key = createHash('sha256').update(JSON.stringify(build)).digest('hex').slice(0, 32);
   return join(dir, `agent-${process.version}-${key}.cache`);
+}
+
+/** Bytes hashed at each end of the node binary: its ELF headers, sections and build notes. */
+const FINGERPRINT_BYTES = 1024 * 1024;
+
+/** The binary's size and a hash of its first and last MiB: another build differs there (a few ms to read). */
+function binaryFingerprint(path: string): { size: number; ends: string } {
+  const fd = openSync(path, 'r');
+  try {
+    const { size } = fstatSync(fd);
+    const hash = createHash('sha256');
+    const chunk = Buffer.alloc(Math.min(FINGERPRINT_BYTES, size));
+    for (const position of new Set([0, Math.max(0, size - chunk.length)])) {
+      const read = readSync(fd, chunk, 0, chunk.length, position);
+      hash.update(chunk.subarray(0, read));
+    }
+    return { size, ends: hash.digest('hex') };
+  } finally {
+    closeSync(fd);
+  }
 }
 
 /** Root's, and writable by root alone: the only files the agent takes code from besides its own tree. */

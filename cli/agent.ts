@@ -190,7 +190,7 @@ export function agentCommand(io: Partial<AgentCommandIo> = {}): Command {
     .option('--node <name>', 'this node as the scheduler names it', hostname())
     .option('--path.sysfs <dir>', 'sysfs mount point', '/sys')
     .option('--path.procfs <dir>', 'procfs mount point', '/proc')
-    .option('--path.kmsg <file>', 'kernel log: /dev/kmsg, or a log file to follow', '/dev/kmsg')
+    .option('--path.kmsg <file>', 'kernel log: /dev/kmsg, or a log file to follow (another character device or a FIFO is read in bounded passes: 8 MiB or 2 s)', '/dev/kmsg')
     .option('--nvidia-smi.xml <file>', 'read this captured `nvidia-smi -q -x` file at every poll instead of running nvidia-smi')
     .option('--nvidia-smi.path <file>', 'nvidia-smi binary', 'nvidia-smi')
     .option('--gpu.poll-interval <seconds>', 'seconds between nvidia-smi polls', '5')

@@ -37,7 +37,7 @@ export function checkCommand(): Command {
     .option('--node <name>', 'this node as Slurm names it', hostname().split('.')[0])
     .option('--path.sysfs <dir>', 'sysfs mount point', '/sys')
     .option('--path.procfs <dir>', 'procfs mount point', '/proc')
-    .option('--path.kmsg <file>', 'kernel log: /dev/kmsg, or a log file', '/dev/kmsg')
+    .option('--path.kmsg <file>', 'kernel log: /dev/kmsg, or a log file (another character device or a FIFO: at most 8 MiB or 2 s of it)', '/dev/kmsg')
     .option('--nvidia-smi.path <file>', 'nvidia-smi binary', 'nvidia-smi')
     .option('--nvidia-smi.xml <file>', 'read this captured `nvidia-smi -q -x` file instead of running nvidia-smi')
     .option('--xid.state-file <file>', 'where the fatal Xids this check reported are remembered (not the agent\'s file)', DEFAULT_CHECK_XID_STATE_FILE)

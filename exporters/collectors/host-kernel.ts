@@ -44,7 +44,7 @@ export class HostKernelCounters {
     });
     this.aer = new Counter({
       name: 'steadfast_pcie_aer_errors_total',
-      help: 'PCIe AER errors in the kernel log, by reporting device (dddd:bb:dd.f) and severity: corrected, uncorrected_nonfatal, fatal.',
+      help: 'PCIe AER error reports in the kernel log, one per report, by the device it names (dddd:bb:dd.f) and severity: corrected, uncorrected_nonfatal, fatal.',
       labelNames: ['pci_address', 'severity'],
       registers,
     });
