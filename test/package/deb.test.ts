@@ -49,6 +49,7 @@ interface Result {
   stderr: string;
 }
 
+/** A command's exit status and output, whether it succeeded or not. */
 async function settle(promise: Promise<{ stdout: string; stderr: string }>): Promise<Result> {
   try {
     const { stdout, stderr } = await promise;
@@ -267,7 +268,8 @@ async function checkAgent(agent: ChildProcess, port: number): Promise<void> {
   // What ran is what the unit describes: user steadfast, CAP_SYSLOG and CAP_SYS_PTRACE only.
   const status = readFileSync(`/proc/${unitPid(agent)}/status`, 'utf8');
   const uid = (await inRootOk(['id', '-u', 'steadfast'])).trim();
-  const capMask = ((1n << 34n) | (1n << 19n)).toString(16).padStart(16, '0');
+  const [CAP_SYS_PTRACE, CAP_SYSLOG] = [19n, 34n];
+  const capMask = ((1n << CAP_SYSLOG) | (1n << CAP_SYS_PTRACE)).toString(16).padStart(16, '0');
   expect(status).toMatch(new RegExp(`^Uid:\\s+${uid}\\s+${uid}\\s`, 'm'));
   expect(status).toMatch(new RegExp(`^CapEff:\\s+${capMask}$`, 'm'));
   expect(status).toMatch(new RegExp(`^CapBnd:\\s+${capMask}$`, 'm'));
@@ -303,7 +305,11 @@ beforeAll(async () => {
     for (const file of readdirSync(join(root, 'tmp', dir))) chmodSync(join(root, 'tmp', dir, file), 0o644);
   }
   // As an operator does: the agent's package on a node, the controller's beside it here.
-  for (const deb of [agentDeb, controllerDeb]) installLog += await inRootOk(['apt', 'install', '--yes', `/tmp/debs/${deb.split('/').at(-1)}`], 180_000);
+  for (const deb of [agentDeb, controllerDeb]) {
+    const installed = await inRoot(['apt', 'install', '--yes', `/tmp/debs/${deb.split('/').at(-1)}`], 180_000);
+    if (installed.code !== 0) throw new Error(`apt install ${deb} exited ${installed.code}: ${installed.stderr}${installed.stdout}`);
+    installLog += `${installed.stdout}${installed.stderr}`;
+  }
 }, BUILD_TIMEOUT_MS + ROOT_TIMEOUT_MS + 240_000);
 
 afterAll(async () => {
@@ -403,6 +409,8 @@ describe('the Debian packages', () => {
   it('installs with apt into a Debian root with its own Node.js, making the user, the credentials (root:steadfast 0640), and the agent code cache for that Node.js', async () => {
     expect(installLog).toMatch(/Setting up steadfast-agent \(/);
     expect(installLog).toMatch(/Setting up steadfast \(/);
+    // The code cache was written: the postinst warns when it cannot.
+    expect(installLog).not.toMatch(/steadfast-agent: warning/);
     expect(await inRootOk(['node', '--version'])).toMatch(/^v(2[1-9]|20\.(1\d|[2-9]\d))\./);
     const group = (await inRootOk(['getent', 'group', 'steadfast'])).split(':')[2];
     for (const secret of ['agent-web-token', 'operator-token', 'read-only-token', 'alertmanager-token', 'agent-secret', 'agent-web-secret']) {
