@@ -28,6 +28,8 @@ const BUILD_TIMEOUT_MS = 300_000;
 const ROOT_TIMEOUT_MS = 600_000;
 const COMMAND_TIMEOUT_MS = 60_000;
 const AGENT_MAX_INSTALLED_KIB = 8 * 1024;
+/** Node.js flags an operator sets in agent.env (STEADFAST_NODE_FLAGS); the agent sets its own V8 flags besides. */
+const NODE_FLAGS = '--max-semi-space-size=2 --stack-size=900';
 const UNIT_DIR = '/usr/lib/systemd/system';
 const AGENT_UNIT = `${UNIT_DIR}/steadfast-agent.service`;
 const CONTROLLER_UNIT = `${UNIT_DIR}/steadfast-controller.service`;
@@ -428,13 +430,16 @@ describe('the Debian packages', () => {
     expect(JSON.parse(status)).toMatchObject({ state: 'used', file: expect.stringMatching(/^\/var\/cache\/steadfast-agent\/agent-.*\.cache$/) });
   });
 
-  it('runs the agent as its unit does, with the flags of agent.env, until it answers a scrape; its POST endpoints take only the generated token', async () => {
+  it('runs the agent as its unit does, with the options and node flags of agent.env, until it answers a scrape; its POST endpoints take only the generated token', async () => {
     const port = await freePort();
     // The operator's edit of the conffile: this node's name, and the test's kernel log and GPUs.
     setEnvironment('etc/steadfast/agent.env', 'STEADFAST_AGENT_ARGS', `--web.listen-address=127.0.0.1:${port} --web.token-file=/etc/steadfast/agent-web-token --node deb-node --path.kmsg=/tmp/fixtures/fatal-kern.log --nvidia-smi.xml=/tmp/fixtures/nvidia-smi.xml`);
+    setEnvironment('etc/steadfast/agent.env', 'STEADFAST_NODE_FLAGS', NODE_FLAGS);
     const agent = await startUnit('agent', AGENT_UNIT);
     try {
       await checkAgent(agent, port);
+      // /usr/bin/steadfast-agent execs node in its own process, with the operator's flags first.
+      expect(readFileSync(`/proc/${unitPid(agent)}/cmdline`, 'utf8').split('\0').slice(0, 4)).toEqual(['node', ...NODE_FLAGS.split(' '), '/usr/lib/steadfast-agent/bin/steadfast-agent.cjs']);
     } finally {
       await stopUnit('agent');
     }
@@ -499,6 +504,9 @@ describe('the Debian packages', () => {
     expect(await inRootOk(['dpkg', '--triggers-only', '--pending'])).toMatch(/Processing triggers for steadfast-agent/);
     expect(readdirSync(cache)).toEqual([expect.stringMatching(/^agent-v[\d.]+-[0-9a-f]+\.cache$/)]);
     expect(statSync(cache).uid).toBe(0);
+    // Made with agent.env's STEADFAST_NODE_FLAGS (set by the agent's test above), as the unit runs the agent.
+    expect(rootRead('etc/steadfast/agent.env')).toContain(`STEADFAST_NODE_FLAGS="${NODE_FLAGS}"`);
+    expect(JSON.parse(await inRootOk(await unitCommand(AGENT_UNIT, ['/usr/bin/steadfast-agent', '--code-cache-status'])))).toMatchObject({ state: 'used' });
   });
 
   it("loads every npm dependency of the controller from the installed tree, its stripped native objects included", async () => {
