@@ -1,7 +1,16 @@
 import { ApiException } from '@kubernetes/client-node';
 import { DoNotRetryError, RetryLaterError, errorMessage } from '../core/errors.js';
 
-const RBAC_HINT = 'see deploy/kubernetes/rbac.yaml';
+/**
+ * Where the rule is granted: the ClusterRole (rbac.yaml) for nodes, pod lists and evictions; the
+ * Role of each training namespace (rbac-training.yaml) for deleting a workload's pods and reading
+ * the workload.
+ */
+function rbacHint(permission: Permission): string {
+  return permission === 'deletecollection pods' || (permission.startsWith('get ') && permission !== 'get nodes')
+    ? "see deploy/kubernetes/rbac-training.yaml, applied in the workload's namespace"
+    : 'see deploy/kubernetes/rbac.yaml';
+}
 
 /** The RBAC rule each call needs, named the way a ClusterRole spells it (`get <resource>.<group>` for workloads). */
 export type Permission = 'get nodes' | 'list nodes' | 'patch nodes' | 'list pods' | 'create pods/eviction' | 'deletecollection pods' | `get ${string}`;
@@ -32,7 +41,7 @@ export function apiError(error: unknown, action: string, permission: Permission)
   const detail = `${action}: HTTP ${error.code}: ${serverMessage(error)}`;
   if (error.code === 401) return new DoNotRetryError(`Kubernetes API rejected steadfast's credentials (expired or wrong token) trying to ${detail}`);
   if (error.code === 403) {
-    return new DoNotRetryError(`steadfast lacks the RBAC permission "${permission}" (${RBAC_HINT}); forbidden to ${detail}`);
+    return new DoNotRetryError(`steadfast lacks the RBAC permission "${permission}" (${rbacHint(permission)}); forbidden to ${detail}`);
   }
   if (error.code === 409) return new RetryLaterError(`node changed while steadfast was writing it; re-read and retry to ${detail}`, error);
   if (error.code === 408 || error.code === 429 || error.code >= 500) return new RetryLaterError(`Kubernetes API failed to ${detail}`, error);

@@ -18,7 +18,8 @@ import { applyAgentV8Flags } from './agent-v8.js';
  * container image's build run it), and the agent reads one only when
  *   - its name carries the hash of everything that shapes the compiled code: the Node.js version
  *     and build (process.versions, process.config, the binary's size and the hash of its first
- *     and last MiB), the platform, the V8 flags in force and the bundle's own bytes; a node
+ *     and last MiB, where its ELF headers and GNU build id are, which any rebuild changes), the
+ *     platform, the V8 flags in force and the bundle's own bytes; a node
  *     upgrade or another binary looks for another file and compiles as usual. Nothing of where
  *     the binary lies (inode, mtime) is in it: an image's layers unpacked on another machine
  *     keep their cache;

@@ -82,14 +82,14 @@ describe('reading whether a Kubernetes job\'s workload ended, against recorded A
       (reason: unknown) => reason,
     );
     expect(error).toBeInstanceOf(DoNotRetryError);
-    expect((error as Error).message).toMatch(/^steadfast lacks the RBAC permission "get jobs\.batch" \(see deploy\/kubernetes\/rbac\.yaml\); forbidden to get jobs\.batch train\/llama: HTTP 403: /);
+    expect((error as Error).message).toMatch(/^steadfast lacks the RBAC permission "get jobs\.batch" \(see deploy\/kubernetes\/rbac-training\.yaml, applied in the workload's namespace\); forbidden to get jobs\.batch train\/llama: HTTP 403: /);
   });
 });
 
-describe('the controller\'s ClusterRole', () => {
+describe("the controller's Role in a training namespace", () => {
   it('grants get, and only get, on every workload kind whose end steadfast reads', () => {
-    const documents = parseAllDocuments(readFileSync(new URL('../../deploy/kubernetes/rbac.yaml', import.meta.url), 'utf8')).map((document) => document.toJS() as Record<string, unknown>);
-    const role = documents.find((document) => document.kind === 'ClusterRole') as { rules: { apiGroups: string[]; resources: string[]; verbs: string[] }[] };
+    const documents = parseAllDocuments(readFileSync(new URL('../../deploy/kubernetes/rbac-training.yaml', import.meta.url), 'utf8')).map((document) => document.toJS() as Record<string, unknown>);
+    const role = documents.find((document) => document.kind === 'Role') as { rules: { apiGroups: string[]; resources: string[]; verbs: string[] }[] };
     for (const [resource, kind] of Object.entries(WORKLOAD_KINDS)) {
       const rules = role.rules.filter((rule) => rule.apiGroups.includes(kind.group) && rule.resources.includes(kind.plural));
       expect(rules.map((rule) => rule.verbs), resource).toEqual([['get']]);
