@@ -9,6 +9,8 @@ import { labCommand } from '../../cli/lab.js';
 import { repoRoot } from '../../core/paths.js';
 import { labProcesses } from '../../sim/lab/daemons.js';
 import { labDown, type LabStatus } from '../../sim/lab/index.js';
+import { labLayout } from '../../sim/lab/layout.js';
+import { nodeCommand } from '../../sim/lab/slurm.js';
 import { listLinks, listNetns } from '../../sim/lab/network.js';
 import { ProcessGroup, freePort, httpOk, waitFor } from '../../sim/processes.js';
 import { runCli } from '../support/cli.js';
@@ -18,7 +20,9 @@ import { until } from '../support/until.js';
  * The lab end to end, as root: `steadfast lab up` (2 nodes and a standby, each a network
  * namespace with a real slurmd), the PyTorch example submitted with real sbatch onto the two
  * nodes, its iterations seen in the job's log and in the series a real agent got from the ranks'
- * pushes, a stack dump taken with SIGUSR1, scancel, `steadfast lab down`, and nothing left.
+ * pushes, a stack dump taken with SIGUSR1, scancel, a rank started by hand without rank variables
+ * found by the GPU a stand-in nvidia-smi lists it on and traced, `steadfast lab down`, and
+ * nothing left.
  */
 
 const run = promisify(execFile);
@@ -144,6 +148,48 @@ describe('steadfast lab: a real Slurm cluster in network namespaces', () => {
     expect(jobLog()).toContain(`[rank 1] iteration ${saved + 1} `);
     expect(jobLog()).toContain(`[rank 1] done after iteration ${saved + 3}`);
   }, 150_000);
+
+  it('finds a PyTorch rank started by hand with no rank variables by the GPU nvidia-smi lists it on, traces it and shows its GPU', async () => {
+    // `python3 train.py` on node-1, as someone would start it there: no RANK, LOCAL_RANK or
+    // SLURM_PROCID, no launcher; a world of one.
+    const layout = labLayout({ dir, nodes: 2, standbys: 1, prefix, subnet });
+    const node = layout.nodes[0];
+    if (node === undefined) throw new Error('the lab has no node-1');
+    const stacks = join(root, 'plain-stacks');
+    mkdirSync(stacks);
+    const rankLog = join(root, 'plain-rank.log');
+    const train = ['/usr/bin/python3', 'examples/pytorch/train.py', '--job', 'plain', '--iterations', '1000000', '--checkpoint-every', '1000000', '--checkpoint-dir', join(root, 'plain-checkpoints'), '--step-sleep', '0.05'];
+    const { command, args } = nodeCommand(layout, node, train);
+    const rank = group.start('plain-rank', command, args, rankLog, { cwd: repoRoot(), env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: root, PYTHONUNBUFFERED: '1', STEADFAST_STACK_DIR: stacks } });
+    // nsenter, unshare and sh each exec the next: the pid is the rank's.
+    const pid = rank.pid ?? 0;
+    await until('the hand-started rank to train', async () => (existsSync(rankLog) ? readFileSync(rankLog, 'utf8') : ''), (text) => /\[rank 0\] iteration \d+ /.test(text), 90_000);
+    expect(readFileSync(`/proc/${pid}/environ`, 'utf8').split('\0').filter((entry) => /^(RANK|LOCAL_RANK|SLURM_PROCID)=/.test(entry))).toEqual([]);
+
+    // A stand-in nvidia-smi: a real capture (a Tesla T4 with one Python compute process) in which
+    // that process is the rank.
+    const xml = join(root, 'nvidia-smi.xml');
+    writeFileSync(xml, readFileSync(join(repoRoot(), 'test', 'fixtures', 'realworld', 'nvidia-smi-xml', 'telegraf_tesla-t4_515.105.01.xml'), 'utf8').replace('<pid>5762</pid>', `<pid>${pid}</pid>`));
+    const smi = join(root, 'nvidia-smi');
+    writeFileSync(smi, `#!/bin/sh\n[ "$1" = "-q" ] && [ "$2" = "-x" ] && exec cat ${xml}\nexit 2\n`, { mode: 0o755 });
+    const port = await freePort();
+    const url = `http://127.0.0.1:${port}`;
+    const off = ['xid', 'rdma', 'nfs', 'nvlink', 'training'].map((name) => `--no-collector.${name}`);
+    group.start('gpu-agent', process.execPath, ['--import', 'tsx', join(repoRoot(), 'cli', 'main.ts'), 'agent', '--node', 'node-1', `--web.listen-address=127.0.0.1:${port}`, '--web.token-file', webTokenFile, '--nvidia-smi.path', smi, '--process.stack-tool', 'faulthandler', ...off], join(root, 'gpu-agent.log'), { cwd: repoRoot() });
+    const metrics = await until('the agent to show the rank with its GPU', async () => ((await httpOk(`${url}/healthz`).catch(() => false)) ? (await fetch(`${url}/metrics`)).text() : ''), (text) => text.includes(`steadfast_training_process_info{pid="${pid}",role="rank"`), 60_000);
+    expect(metrics).toMatch(new RegExp(`^steadfast_training_process_info\\{pid="${pid}",role="rank",comm="[^"]+",gpu="0"\\} 1$`, 'm'));
+    expect(metrics).toContain(`steadfast_gpu_process_info{gpu="0",pci_bus_id="0000:00:1e",UUID="GPU-d37e67a5-91dd-3774-a5cb-99096249601a",pid="${pid}",type="C",name="python"} 1`);
+
+    const response = await fetch(`${url}/api/v1/trace`, { method: 'POST', headers: { authorization: `Bearer ${readFileSync(webTokenFile, 'utf8').trim()}`, 'content-type': 'application/json' }, body: JSON.stringify({ timeoutSeconds: 15 }) });
+    expect(response.status).toBe(200);
+    const answer = (await response.json()) as { tool: string; dumps: Array<{ pid: number; role: string; ok: boolean; dump?: string; error?: string; gpus?: unknown }> };
+    expect(answer.tool).toBe('faulthandler');
+    const dump = answer.dumps.find((entry) => entry.pid === pid);
+    expect(dump).toMatchObject({ role: 'rank', ok: true, gpus: [{ gpu: '0', pciBusId: '0000:00:1e', uuid: 'GPU-d37e67a5-91dd-3774-a5cb-99096249601a' }] });
+    expect(dump?.dump).toMatch(/File ".*examples\/pytorch\/train\.py", line \d+ in main/);
+    await group.stop('gpu-agent');
+    await group.stop('plain-rank');
+  }, 180_000);
 
   it('lab down leaves no process, namespace, veth or bridge behind, and a second down is harmless', async () => {
     const down = await runCli(labCommand(), ['down', ...lab]);
