@@ -1,11 +1,9 @@
-import { execFile } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { promisify } from 'node:util';
 import { Registry } from 'prom-client';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { agentCommand, agentSettingsFromFlags } from '../../cli/agent.js';
@@ -19,10 +17,9 @@ import { createFastPathClient, type TokenSource } from '../../exporters/fast-pat
 import { KubernetesAgentTokens, kubernetesAgentTokens } from '../../controller/kubernetes-agents.js';
 import type { Controller } from '../../controller/service.js';
 import { TEST_TOKEN, post, startController, testConfig } from '../support/controller.js';
-import { startKubeApi, type KubeApiStandIn, type RecordedExchange } from '../support/kube-api.js';
+import { startKubeApi, startKubeApiOverTls, type KubeApiStandIn, type RecordedExchange } from '../support/kube-api.js';
 import { testRedis } from '../support/redis.js';
 
-const run = promisify(execFile);
 const AUDIENCE = 'steadfast-controller';
 const AGENT_USER = 'system:serviceaccount:steadfast:steadfast-agent';
 /** The tests' clock starts now, whole seconds, as the tokens' own times are. */
@@ -246,13 +243,9 @@ describe('the controller intake with agents on Kubernetes', () => {
   let url: string;
 
   beforeAll(async () => {
-    // The configuration cannot skip TLS verification: the stand-in serves https with its own certificate.
-    const key = join(root, 'key.pem');
-    const caFile = join(root, 'cert.pem');
-    await run('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', key, '-out', caFile, '-days', '1', '-subj', '/CN=127.0.0.1', '-addext', 'subjectAltName=IP:127.0.0.1']);
-    api = await startKubeApi(undefined, { key: readFileSync(key, 'utf8'), cert: readFileSync(caFile, 'utf8') });
-    const tokenFile = join(root, 'token');
-    writeFileSync(tokenFile, api.token, { mode: 0o600 });
+    const served = await startKubeApiOverTls(root);
+    api = served.api;
+    const { caFile, tokenFile } = served;
     const config = testConfig(store.url, store.prefix, {
       controller: { auth: { operatorToken: TEST_TOKEN, kubernetesAgents: {} } },
       backend: { kind: 'dry-run', kubernetes: { connection: 'token', server: api.url, tokenFile, caFile } },

@@ -1,16 +1,13 @@
-import { execFile } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Controller } from '../../controller/service.js';
 import { post, startController, testConfig } from '../support/controller.js';
-import { recordedExchanges, startKubeApi, type KubeApiStandIn, type RecordedExchange } from '../support/kube-api.js';
+import { recordedExchanges, startKubeApiOverTls, type KubeApiStandIn, type RecordedExchange } from '../support/kube-api.js';
 import { testRedis } from '../support/redis.js';
 import { until } from '../support/until.js';
 
-const run = promisify(execFile);
 const WORKLOAD_PATH = '/apis/kubeflow.org/v1/namespaces/train/pytorchjobs/llama';
 /** Ticks come every 5 s; a read or two of the workload is what the test waits for. */
 const TICKS_MS = 20_000;
@@ -49,14 +46,9 @@ describe('job end on the Kubernetes backend', () => {
   }
 
   beforeAll(async () => {
-    // The controller's configuration has no way to skip TLS verification: the stand-in serves
-    // https with a certificate made for it, named to the controller as backend.kubernetes.caFile.
-    const key = join(root, 'key.pem');
-    const caFile = join(root, 'cert.pem');
-    await run('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', key, '-out', caFile, '-days', '1', '-subj', '/CN=127.0.0.1', '-addext', 'subjectAltName=IP:127.0.0.1']);
-    api = await startKubeApi(undefined, { key: readFileSync(key, 'utf8'), cert: readFileSync(caFile, 'utf8') });
-    const tokenFile = join(root, 'token');
-    writeFileSync(tokenFile, api.token, { mode: 0o600 });
+    const served = await startKubeApiOverTls(root);
+    api = served.api;
+    const { caFile, tokenFile } = served;
     answerNodeReads();
     const backend = { kind: 'kubernetes', kubernetes: { connection: 'token', server: api.url, tokenFile, caFile } };
     config = testConfig(store.url, store.prefix, { backend, launchers });

@@ -1,8 +1,10 @@
-import { readFileSync } from 'node:fs';
+import { execFile } from 'node:child_process';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import { createServer as createTlsServer } from 'node:https';
 import type { AddressInfo } from 'node:net';
-import { isDeepStrictEqual } from 'node:util';
+import { join } from 'node:path';
+import { isDeepStrictEqual, promisify } from 'node:util';
 import { z } from 'zod';
 
 /**
@@ -151,4 +153,19 @@ export async function startKubeApi(token = 'steadfast-test-token', tls?: { key: 
         server.close((error) => (error ? reject(error) : resolve()));
       }),
   };
+}
+
+/**
+ * The stand-in over https, as the controller's configuration must reach it (it cannot skip TLS
+ * verification): a certificate made for 127.0.0.1 in `dir`, named as `caFile`, and the stand-in's
+ * bearer token in `tokenFile`, for backend.kubernetes's `connection: token`.
+ */
+export async function startKubeApiOverTls(dir: string): Promise<{ api: KubeApiStandIn; caFile: string; tokenFile: string }> {
+  const key = join(dir, 'key.pem');
+  const caFile = join(dir, 'cert.pem');
+  await promisify(execFile)('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', key, '-out', caFile, '-days', '1', '-subj', '/CN=127.0.0.1', '-addext', 'subjectAltName=IP:127.0.0.1']);
+  const api = await startKubeApi(undefined, { key: readFileSync(key, 'utf8'), cert: readFileSync(caFile, 'utf8') });
+  const tokenFile = join(dir, 'token');
+  writeFileSync(tokenFile, api.token, { mode: 0o600 });
+  return { api, caFile, tokenFile };
 }
