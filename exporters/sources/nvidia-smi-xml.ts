@@ -1,6 +1,6 @@
-import { parse as parseXml, type TNode } from 'txml/txml';
 import { InputError, errorMessage } from '../../core/errors.js';
 import { normalizePciBusId } from '../../core/names.js';
+import { readXmlRoot, type XmlNode } from './nvidia-smi-xml-tree.js';
 
 /**
  * Pure parser of `nvidia-smi -q -x` output into typed per-GPU samples. The element names come
@@ -124,8 +124,6 @@ export interface NvidiaSmiReport {
   readonly attachedGpus?: number | undefined;
   readonly gpus: readonly GpuSample[];
 }
-
-type XmlNode = Record<string, unknown>;
 
 function isNode(value: unknown): value is XmlNode {
   return typeof value === 'object' && value !== null && !Array.isArray(value);
@@ -397,83 +395,21 @@ export function parseNvidiaSmiXml(xml: string): NvidiaSmiReport {
   return result.report;
 }
 
-/**
- * One element as the readers above take it: an element holding only text is its text (trimmed
- * later, per field); any other is a record of its attributes (`@_name`) and its child elements by
- * name, a name seen twice an array. Records have no prototype, so an element named `__proto__` or
- * `constructor` is only data. `supported_clocks` (every clock pair a GPU supports) is left out,
- * where withoutSupportedClocks did not already cut it.
- */
-function element(node: TNode): unknown {
-  const attributes = Object.entries(node.attributes);
-  if (attributes.length === 0 && node.children.every((entry) => typeof entry === 'string')) return node.children.join('');
-  const record: XmlNode = Object.create(null) as XmlNode;
-  for (const [name, value] of attributes) record[`@_${name}`] = value ?? '';
-  const texts: string[] = [];
-  for (const entry of node.children) {
-    if (typeof entry === 'string') {
-      texts.push(entry);
-      continue;
-    }
-    if (entry.tagName === 'supported_clocks') continue;
-    const value = element(entry);
-    const before = Object.hasOwn(record, entry.tagName) ? record[entry.tagName] : undefined;
-    record[entry.tagName] = before === undefined ? value : Array.isArray(before) ? [...(before as unknown[]), value] : [before, value];
-  }
-  if (texts.length > 0) record['#text'] = texts.join('');
-  return record;
-}
-
-const CLOCKS_OPEN = '<supported_clocks>';
-const CLOCKS_CLOSE = '</supported_clocks>';
-
-/**
- * The document without its `supported_clocks` elements (half of an H100's document, read by
- * nothing here), cut out with the string's own search before the parse: parsing them took as long
- * as the rest. Each cut keeps its line breaks, so a parse error names the line of the original.
- */
-function withoutSupportedClocks(xml: string): string {
-  let kept = '';
-  let from = 0;
-  for (;;) {
-    const start = xml.indexOf(CLOCKS_OPEN, from);
-    if (start < 0) break;
-    const end = xml.indexOf(CLOCKS_CLOSE, start);
-    // Unclosed: left to the parser, which refuses the document.
-    if (end < 0) break;
-    let lines = 0;
-    for (let at = xml.indexOf('\n', start); at >= 0 && at < end; at = xml.indexOf('\n', at + 1)) lines += 1;
-    kept += xml.slice(from, start) + '\n'.repeat(lines);
-    from = end + CLOCKS_CLOSE.length;
-  }
-  return from === 0 ? xml : kept + xml.slice(from);
-}
-
 function parseDocument(xml: string): NvidiaSmiReport {
   // A half-written capture (a simulator rewriting the file, nvidia-smi killed by its timeout)
   // would read as fewer GPUs, which looks exactly like a lost GPU; refuse it instead.
   if (!/<\/nvidia_smi_log>\s*$/.test(xml)) throw new InputError('nvidia-smi XML is incomplete: no closing </nvidia_smi_log>');
-  const document: XmlNode = Object.create(null) as XmlNode;
+  let root: unknown;
   try {
-    // txml scans with the string's own search functions: several times faster than a parser
-    // walking characters, which matters to an agent that starts in well under a second and runs
-    // without an optimising compiler. No tag is void in nvidia-smi's documents.
-    const top = parseXml(withoutSupportedClocks(xml), { selfClosingTags: [], decodeEntities: true });
-    const rootNode = top.find((entry): entry is TNode => typeof entry !== 'string' && entry.tagName === 'nvidia_smi_log');
-    if (rootNode !== undefined) {
-      const value = element(rootNode);
-      // Every <gpu> is a list entry, one GPU or eight.
-      if (isNode(value) && value.gpu !== undefined && !Array.isArray(value.gpu)) value.gpu = [value.gpu];
-      document.nvidia_smi_log = value;
-    }
+    root = readXmlRoot(xml, 'nvidia_smi_log');
   } catch (error) {
     // Mismatched tags and the like; nesting too deep to follow ends here too.
     throw new InputError(`nvidia-smi XML does not parse: ${errorMessage(error).replace(/\s*\n\s*/g, '; ')}`);
   }
-  const root = child(document, 'nvidia_smi_log');
   if (!isNode(root)) throw new InputError('nvidia-smi XML: no <nvidia_smi_log> element');
   const driverVersion = text(root, 'driver_version');
-  const gpuNodes = Array.isArray(root.gpu) ? root.gpu.filter(isNode) : [];
+  // Every <gpu> is a list entry, one GPU or eight.
+  const gpuNodes = (Array.isArray(root.gpu) ? root.gpu : [root.gpu]).filter(isNode);
   return {
     driverVersion,
     cudaVersion: text(root, 'cuda_version'),
