@@ -1,4 +1,4 @@
-import type { GpuProcess } from './sources/nvidia-smi-xml.js';
+import { isComputeProcess, type GpuProcess } from './sources/nvidia-smi-xml.js';
 
 /**
  * Which processes hold a context on which GPU, as the gpu collector's last poll listed them
@@ -31,7 +31,7 @@ export class GpuProcessBoard {
 
   /** Pids with a compute (CUDA) context on some GPU; empty while unknown. */
   computePids(): ReadonlySet<number> {
-    return new Set((this.holdings ?? []).filter((holding) => holding.type === undefined || holding.type.includes('C')).map((holding) => holding.pid));
+    return new Set((this.holdings ?? []).filter(isComputeProcess).map((holding) => holding.pid));
   }
 
   /** The GPUs one pid holds. */

@@ -1,7 +1,7 @@
 import { Counter, Gauge, type Registry } from 'prom-client';
 import type { GpuProcessHolding } from '../gpu-processes.js';
 import type { DcgmGpuSample } from '../sources/dcgm-exporter.js';
-import type { ClockReadings } from '../sources/nvidia-smi-xml.js';
+import { isComputeProcess, type ClockReadings } from '../sources/nvidia-smi-xml.js';
 import { gpuHealthAction } from './gpu-health-action.js';
 
 /** The gpu collector's series, and how one GPU sample is written into them. */
@@ -207,7 +207,7 @@ function writeClocks(gauge: Gauge<GpuLabel | 'clock'>, labels: GpuLabels, readin
 
 /** The processes on the GPUs, at most MAX_GPU_PROCESS_SERIES of them (compute ones first); call after resetPerGpu. */
 export function writeProcesses(metrics: GpuMetrics, holdings: readonly GpuProcessHolding[]): void {
-  const ordered = [...holdings].sort((a, b) => Number(!(a.type ?? 'C').includes('C')) - Number(!(b.type ?? 'C').includes('C')));
+  const ordered = [...holdings].sort((a, b) => Number(isComputeProcess(b)) - Number(isComputeProcess(a)));
   for (const holding of ordered.slice(0, MAX_GPU_PROCESS_SERIES)) {
     const labels: GpuLabels = { gpu: holding.gpu, ...(holding.pciBusId === undefined ? {} : { pci_bus_id: holding.pciBusId }), ...(holding.uuid === undefined ? {} : { UUID: holding.uuid }) };
     const pid = String(holding.pid);
