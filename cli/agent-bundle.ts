@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { closeSync, fstatSync, lstatSync, mkdirSync, openSync, readFileSync, readSync, readdirSync, renameSync, rmSync, statSync, writeFileSync, type Stats } from 'node:fs';
+import { closeSync, existsSync, fstatSync, lstatSync, mkdirSync, openSync, readFileSync, readSync, readdirSync, renameSync, rmSync, statSync, writeFileSync, type Stats } from 'node:fs';
 import { createRequire, Module } from 'node:module';
 import { arch, platform } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -43,7 +43,8 @@ export type CodeCacheState =
 
 export interface CodeCacheReport {
   readonly state: CodeCacheState;
-  readonly file: string;
+  /** The cache file this build would use; left unnamed where the cache directory does not exist. */
+  readonly file?: string;
 }
 
 export function codeCacheDir(env: NodeJS.ProcessEnv = process.env): string {
@@ -122,28 +123,38 @@ function evaluate(script: Script, bundle: string): BundleExports {
 }
 
 /**
+ * The bundle's source and this build's cache for it. Naming the cache file reads 2 MiB of the
+ * node binary and hashes the bundle: skipped, unless `always`, where the cache directory does not
+ * exist (an install no one wrote a cache for).
+ */
+function findCodeCache(bundle: string, always: boolean): { source: string; file?: string; cache: ReturnType<typeof readTrusted> } {
+  const flags = applyAgentV8Flags();
+  const source = readFileSync(bundle, 'utf8');
+  const dir = codeCacheDir();
+  if (!always && !existsSync(dir)) return { source, cache: { state: 'none' } };
+  const file = codeCacheFile(source, dir, flags);
+  return { source, file, cache: readTrusted(file) };
+}
+
+function stateOf(script: Script, cache: ReturnType<typeof readTrusted>): CodeCacheState {
+  return cache.data === undefined ? cache.state : script.cachedDataRejected ? 'rejected' : 'used';
+}
+
+/**
  * Sets the agent's V8 flags, compiles the bundle (from this build's code cache when there is a
  * trusted one) and runs the agent's command line, process.argv, as `entry`.
  */
 export function runAgentBundle(bundle: string, entry: AgentEntry): CodeCacheReport {
-  const flags = applyAgentV8Flags();
-  const source = readFileSync(bundle, 'utf8');
-  const file = codeCacheFile(source, codeCacheDir(), flags);
-  const cache = readTrusted(file);
+  const { source, file, cache } = findCodeCache(bundle, false);
   const script = compile(bundle, source, cache.data);
-  const state: CodeCacheState = cache.data === undefined ? cache.state : script.cachedDataRejected ? 'rejected' : 'used';
   void evaluate(script, bundle).runAgentCli(process.argv, entry);
-  return { state, file };
+  return { state: stateOf(script, cache), ...(file === undefined ? {} : { file }) };
 }
 
 /** What runAgentBundle would find for this build, without running the agent: `--code-cache-status`. */
 export function codeCacheStatus(bundle: string): CodeCacheReport {
-  const flags = applyAgentV8Flags();
-  const source = readFileSync(bundle, 'utf8');
-  const file = codeCacheFile(source, codeCacheDir(), flags);
-  const cache = readTrusted(file);
-  if (cache.data === undefined) return { state: cache.state, file };
-  return { state: compile(bundle, source, cache.data).cachedDataRejected ? 'rejected' : 'used', file };
+  const { source, file, cache } = findCodeCache(bundle, true);
+  return { state: cache.data === undefined ? cache.state : stateOf(compile(bundle, source, cache.data), cache), ...(file === undefined ? {} : { file }) };
 }
 
 /**
