@@ -1,0 +1,540 @@
+/*
+ * A stand-in libnvidia-ml.so.1 for machines without an NVIDIA driver: the functions steadfast's
+ * NVML source calls, with the signatures and struct layouts of NVIDIA's nvml.h, answering from a
+ * scripted GPU state. It lets the agent's FFI path run for real (dlopen, calls on koffi's worker
+ * threads, out-parameters, structs, events) in tests and benchmarks.
+ *
+ * The state lives beside the library: <dir>/state, re-read when it changes (at nvmlInit_v2 and
+ * nvmlDeviceGetCount_v2, the start of every poll). One setting per line:
+ *
+ *   <key> <value>          a system-wide value     driver 580.159.04
+ *   <gpu> <key> <value>    a value of GPU <gpu>    0 temp 37
+ *
+ * A key that is absent answers NVML_ERROR_NOT_SUPPORTED. `<gpu> fail.<key> <code>` makes the
+ * call for that key return <code>; `<gpu> hang.<key> 1` makes it block until <dir>/release
+ * exists (a hung driver). A key may repeat (processes). Xid events come from <dir>/events, one
+ * `xid <gpu> <code>` per line, each delivered once, in order, by nvmlEventSetWait_v2.
+ *
+ * Built by sim/nvml/stand-in.ts with the system's C compiler; not part of any package.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <libgen.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef int nvmlReturn_t;
+enum {
+  OK = 0, UNINITIALIZED = 1, INVALID_ARGUMENT = 2, NOT_SUPPORTED = 3, NOT_FOUND = 6,
+  INSUFFICIENT_SIZE = 7, TIMEOUT = 10, GPU_IS_LOST = 15, ARGUMENT_VERSION_MISMATCH = 25, UNKNOWN = 999
+};
+
+#define MAX_GPUS 16
+#define MAX_ENTRIES 8192
+#define MAX_LINKS 18
+
+struct device { int index; };
+struct entry { int gpu; char key[64]; char value[192]; };
+
+static struct device devices[MAX_GPUS];
+static struct entry entries[MAX_ENTRIES];
+static int entry_count;
+static int initialized;
+static char dir[4096];
+static struct timespec state_mtime;
+static off_t state_size = -1;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static __thread char value_buffer[192];
+
+static void path_of(char *out, size_t size, const char *name) { snprintf(out, size, "%s/%s", dir, name); }
+
+static void find_dir(void) {
+  Dl_info info;
+  if (dir[0] != '\0' || dladdr((void *)find_dir, &info) == 0 || info.dli_fname == NULL) return;
+  char copy[4096];
+  snprintf(copy, sizeof copy, "%s", info.dli_fname);
+  snprintf(dir, sizeof dir, "%s", dirname(copy));
+}
+
+/* Re-reads <dir>/state when its size or time stamp changed. Call with the lock held. */
+static void reload(void) {
+  char path[4200];
+  struct stat st;
+  path_of(path, sizeof path, "state");
+  if (stat(path, &st) != 0) { entry_count = 0; state_size = -1; return; }
+  if (st.st_size == state_size && st.st_mtim.tv_sec == state_mtime.tv_sec && st.st_mtim.tv_nsec == state_mtime.tv_nsec) return;
+  FILE *file = fopen(path, "r");
+  if (file == NULL) return;
+  state_size = st.st_size;
+  state_mtime = st.st_mtim;
+  entry_count = 0;
+  char line[512];
+  while (fgets(line, sizeof line, file) != NULL && entry_count < MAX_ENTRIES) {
+    line[strcspn(line, "\n")] = '\0';
+    if (line[0] == '\0' || line[0] == '#') continue;
+    struct entry *e = &entries[entry_count];
+    char *rest = line;
+    e->gpu = -1;
+    if (line[0] >= '0' && line[0] <= '9') {
+      e->gpu = (int)strtol(line, &rest, 10);
+      while (*rest == ' ') rest++;
+    }
+    char *space = strchr(rest, ' ');
+    if (space == NULL) continue;
+    *space = '\0';
+    snprintf(e->key, sizeof e->key, "%s", rest);
+    snprintf(e->value, sizeof e->value, "%s", space + 1);
+    entry_count++;
+  }
+  fclose(file);
+}
+
+/* The n-th value of a key (a copy, valid until the next call on this thread), or NULL. */
+static const char *nth(int gpu, const char *key, int n) {
+  const char *found = NULL;
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < entry_count; i++) {
+    if (entries[i].gpu == gpu && strcmp(entries[i].key, key) == 0 && n-- == 0) {
+      snprintf(value_buffer, sizeof value_buffer, "%s", entries[i].value);
+      found = value_buffer;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&lock);
+  return found;
+}
+
+static const char *get(int gpu, const char *key) { return nth(gpu, key, 0); }
+
+static int file_exists(const char *name) {
+  char path[4200];
+  path_of(path, sizeof path, name);
+  return access(path, F_OK) == 0;
+}
+
+/* What the call for a key answers before its value: a scripted hang, then a scripted failure. */
+static nvmlReturn_t scripted(int gpu, const char *key) {
+  char name[80];
+  snprintf(name, sizeof name, "hang.%s", key);
+  if (get(gpu, name) != NULL) {
+    struct timespec step = {0, 5 * 1000 * 1000};
+    while (!file_exists("release")) nanosleep(&step, NULL);
+  }
+  snprintf(name, sizeof name, "fail.%s", key);
+  const char *code = get(gpu, name);
+  return code == NULL ? OK : (nvmlReturn_t)atoi(code);
+}
+
+static int gpu_of(const void *handle) {
+  const struct device *d = handle;
+  if (d < devices || d >= devices + MAX_GPUS) return -1;
+  return d->index;
+}
+
+/* Looks a GPU's key up: the scripted answer, NOT_SUPPORTED when absent, else OK with *value set. */
+static nvmlReturn_t lookup(const void *handle, const char *key, const char **value) {
+  int gpu = gpu_of(handle);
+  if (!initialized) return UNINITIALIZED;
+  if (gpu < 0) return INVALID_ARGUMENT;
+  nvmlReturn_t r = scripted(gpu, key);
+  if (r != OK) return r;
+  *value = get(gpu, key);
+  return *value == NULL ? NOT_SUPPORTED : OK;
+}
+
+static nvmlReturn_t uint_value(const void *handle, const char *key, unsigned int *out) {
+  const char *v;
+  nvmlReturn_t r = lookup(handle, key, &v);
+  if (r == OK) *out = (unsigned int)strtoul(v, NULL, 0);
+  return r;
+}
+
+static nvmlReturn_t ull_value(const void *handle, const char *key, unsigned long long *out) {
+  const char *v;
+  nvmlReturn_t r = lookup(handle, key, &v);
+  if (r == OK) *out = strtoull(v, NULL, 0);
+  return r;
+}
+
+static nvmlReturn_t string_value(const void *handle, const char *key, char *out, unsigned int length) {
+  const char *v;
+  nvmlReturn_t r = lookup(handle, key, &v);
+  if (r != OK) return r;
+  if (strlen(v) + 1 > length) return INSUFFICIENT_SIZE;
+  snprintf(out, length, "%s", v);
+  return OK;
+}
+
+/* ---- library ---- */
+
+nvmlReturn_t nvmlInit_v2(void) {
+  find_dir();
+  pthread_mutex_lock(&lock);
+  reload();
+  pthread_mutex_unlock(&lock);
+  const char *code = get(-1, "fail.init");
+  if (code != NULL) return (nvmlReturn_t)atoi(code);
+  for (int i = 0; i < MAX_GPUS; i++) devices[i].index = i;
+  initialized = 1;
+  return OK;
+}
+
+nvmlReturn_t nvmlShutdown(void) {
+  if (!initialized) return UNINITIALIZED;
+  initialized = 0;
+  return OK;
+}
+
+const char *nvmlErrorString(nvmlReturn_t r) {
+  switch (r) {
+    case OK: return "Success";
+    case UNINITIALIZED: return "Uninitialized";
+    case INVALID_ARGUMENT: return "Invalid Argument";
+    case NOT_SUPPORTED: return "Not Supported";
+    case NOT_FOUND: return "Not Found";
+    case INSUFFICIENT_SIZE: return "Insufficient Size";
+    case 9: return "Driver Not Loaded";
+    case TIMEOUT: return "Timeout";
+    case GPU_IS_LOST: return "GPU is lost";
+    default: return "Unknown Error";
+  }
+}
+
+static nvmlReturn_t system_string(const char *key, char *out, unsigned int length) {
+  if (!initialized) return UNINITIALIZED;
+  const char *v = get(-1, key);
+  if (v == NULL) return NOT_SUPPORTED;
+  if (strlen(v) + 1 > length) return INSUFFICIENT_SIZE;
+  snprintf(out, length, "%s", v);
+  return OK;
+}
+
+nvmlReturn_t nvmlSystemGetDriverVersion(char *out, unsigned int length) { return system_string("driver", out, length); }
+nvmlReturn_t nvmlSystemGetNVMLVersion(char *out, unsigned int length) { return system_string("nvml", out, length); }
+
+nvmlReturn_t nvmlSystemGetProcessName(unsigned int pid, char *out, unsigned int length) {
+  char key[40];
+  snprintf(key, sizeof key, "procname.%u", pid);
+  nvmlReturn_t r = system_string(key, out, length);
+  return r == NOT_SUPPORTED ? NOT_FOUND : r;
+}
+
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
+  if (!initialized) return UNINITIALIZED;
+  pthread_mutex_lock(&lock);
+  reload();
+  pthread_mutex_unlock(&lock);
+  nvmlReturn_t r = scripted(-1, "gpus");
+  if (r != OK) return r;
+  const char *v = get(-1, "gpus");
+  *count = v == NULL ? 0 : (unsigned int)atoi(v);
+  return OK;
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, void **device) {
+  if (!initialized) return UNINITIALIZED;
+  if (index >= MAX_GPUS) return INVALID_ARGUMENT;
+  nvmlReturn_t r = scripted((int)index, "handle");
+  if (r != OK) return r;
+  *device = &devices[index];
+  return OK;
+}
+
+/* ---- identity ---- */
+
+typedef struct {
+  char busIdLegacy[16];
+  unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+  char busId[32];
+} nvmlPciInfo_t;
+
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(void *device, nvmlPciInfo_t *pci) {
+  const char *v;
+  nvmlReturn_t r = lookup(device, "pci", &v);
+  if (r != OK) return r;
+  memset(pci, 0, sizeof *pci);
+  snprintf(pci->busId, sizeof pci->busId, "%s", v);
+  snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%s", strlen(v) > 4 ? v + 4 : v);
+  unsigned int domain = 0, bus = 0, dev = 0;
+  sscanf(v, "%x:%x:%x", &domain, &bus, &dev);
+  pci->domain = domain;
+  pci->bus = bus;
+  pci->device = dev;
+  return OK;
+}
+
+nvmlReturn_t nvmlDeviceGetUUID(void *device, char *out, unsigned int length) { return string_value(device, "uuid", out, length); }
+nvmlReturn_t nvmlDeviceGetName(void *device, char *out, unsigned int length) { return string_value(device, "name", out, length); }
+nvmlReturn_t nvmlDeviceGetMinorNumber(void *device, unsigned int *minor) { return uint_value(device, "minor", minor); }
+
+static nvmlReturn_t uint_pair(void *device, const char *key, unsigned int *a, unsigned int *b) {
+  const char *v;
+  nvmlReturn_t r = lookup(device, key, &v);
+  if (r == OK && sscanf(v, "%u %u", a, b) != 2) return UNKNOWN;
+  return r;
+}
+
+nvmlReturn_t nvmlDeviceGetMigMode(void *device, unsigned int *current, unsigned int *pending) { return uint_pair(device, "mig", current, pending); }
+
+/* ---- health readings ---- */
+
+nvmlReturn_t nvmlDeviceGetTemperature(void *device, int sensor, unsigned int *temp) {
+  return sensor == 0 ? uint_value(device, "temp", temp) : INVALID_ARGUMENT;
+}
+
+typedef struct {
+  unsigned int fieldId;
+  unsigned int scopeId;
+  long long timestamp;
+  long long latencyUsec;
+  int valueType;
+  nvmlReturn_t nvmlReturn;
+  unsigned long long value;
+} nvmlFieldValue_t;
+
+nvmlReturn_t nvmlDeviceGetFieldValues(void *device, int count, nvmlFieldValue_t *values) {
+  if (!initialized) return UNINITIALIZED;
+  if (gpu_of(device) < 0 || count < 0) return INVALID_ARGUMENT;
+  for (int i = 0; i < count; i++) {
+    char key[32];
+    snprintf(key, sizeof key, "field.%u", values[i].fieldId);
+    values[i].valueType = 3; /* unsigned long long */
+    values[i].nvmlReturn = ull_value(device, key, &values[i].value);
+  }
+  return OK;
+}
+
+nvmlReturn_t nvmlDeviceGetPowerUsage(void *device, unsigned int *milliwatts) { return uint_value(device, "power", milliwatts); }
+nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(void *device, unsigned int *milliwatts) { return uint_value(device, "power.limit", milliwatts); }
+
+typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
+
+nvmlReturn_t nvmlDeviceGetUtilizationRates(void *device, nvmlUtilization_t *utilization) {
+  return uint_pair(device, "util", &utilization->gpu, &utilization->memory);
+}
+
+typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
+typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
+
+/* "memory <total> <reserved> <used> <free>" in bytes, as nvidia-smi's fb_memory_usage lists them. */
+static nvmlReturn_t memory(void *device, unsigned long long *total, unsigned long long *reserved, unsigned long long *used, unsigned long long *free_) {
+  const char *v;
+  nvmlReturn_t r = lookup(device, "memory", &v);
+  if (r == OK && sscanf(v, "%llu %llu %llu %llu", total, reserved, used, free_) != 4) return UNKNOWN;
+  return r;
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(void *device, nvmlMemory_v2_t *out) {
+  if (out->version != (unsigned int)(sizeof(nvmlMemory_v2_t) | (2u << 24))) return ARGUMENT_VERSION_MISMATCH;
+  return memory(device, &out->total, &out->reserved, &out->used, &out->free);
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo(void *device, nvmlMemory_t *out) {
+  unsigned long long reserved;
+  nvmlReturn_t r = memory(device, &out->total, &reserved, &out->used, &out->free);
+  if (r == OK) out->used += reserved;
+  return r;
+}
+
+/* errorType 0 corrected / 1 uncorrected; counterType 0 volatile / 1 aggregate; location as nvml.h numbers them. */
+nvmlReturn_t nvmlDeviceGetMemoryErrorCounter(void *device, int errorType, int counterType, int location, unsigned long long *count) {
+  char key[48];
+  snprintf(key, sizeof key, "ecc.%d.%d.%d", errorType, counterType, location);
+  return ull_value(device, key, count);
+}
+
+nvmlReturn_t nvmlDeviceGetRemappedRows(void *device, unsigned int *corrected, unsigned int *uncorrected, unsigned int *pending, unsigned int *failure) {
+  const char *v;
+  nvmlReturn_t r = lookup(device, "remapped", &v);
+  if (r == OK && sscanf(v, "%u %u %u %u", corrected, uncorrected, pending, failure) != 4) return UNKNOWN;
+  return r;
+}
+
+nvmlReturn_t nvmlDeviceGetRetiredPages(void *device, int cause, unsigned int *pageCount, unsigned long long *addresses) {
+  char key[32];
+  unsigned int count;
+  snprintf(key, sizeof key, "retired.%d", cause);
+  nvmlReturn_t r = uint_value(device, key, &count);
+  if (r != OK) return r;
+  unsigned int room = *pageCount;
+  *pageCount = count;
+  if (count > room) return INSUFFICIENT_SIZE;
+  for (unsigned int i = 0; i < count && addresses != NULL; i++) addresses[i] = 0x1000ull * (i + 1);
+  return OK;
+}
+
+nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(void *device, unsigned int *pending) { return uint_value(device, "retired.pending", pending); }
+nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(void *device, unsigned int *gen) { return uint_value(device, "pcie.gen", gen); }
+nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(void *device, unsigned int *width) { return uint_value(device, "pcie.width", width); }
+nvmlReturn_t nvmlDeviceGetPcieReplayCounter(void *device, unsigned int *count) { return uint_value(device, "pcie.replays", count); }
+
+nvmlReturn_t nvmlDeviceGetClockInfo(void *device, int type, unsigned int *mhz) {
+  char key[24];
+  snprintf(key, sizeof key, "clock.%d", type);
+  return uint_value(device, key, mhz);
+}
+
+nvmlReturn_t nvmlDeviceGetMaxClockInfo(void *device, int type, unsigned int *mhz) {
+  char key[24];
+  snprintf(key, sizeof key, "maxclock.%d", type);
+  return uint_value(device, key, mhz);
+}
+
+nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(void *device, unsigned long long *reasons) { return ull_value(device, "clock.reasons", reasons); }
+nvmlReturn_t nvmlDeviceGetSupportedClocksEventReasons(void *device, unsigned long long *reasons) { return ull_value(device, "clock.reasons.supported", reasons); }
+
+typedef struct {
+  unsigned char clusterUuid[16];
+  nvmlReturn_t status;
+  unsigned int cliqueId;
+  unsigned char state;
+} nvmlGpuFabricInfo_t;
+
+/* "fabric <state> <status>": state 0 not supported, 1 not started, 2 in progress, 3 completed. */
+nvmlReturn_t nvmlDeviceGetGpuFabricInfo(void *device, nvmlGpuFabricInfo_t *info) {
+  const char *v;
+  nvmlReturn_t r = lookup(device, "fabric", &v);
+  if (r != OK) return r;
+  unsigned int state = 0;
+  int status = 0;
+  if (sscanf(v, "%u %d", &state, &status) != 2) return UNKNOWN;
+  memset(info, 0, sizeof *info);
+  info->state = (unsigned char)state;
+  info->status = status;
+  return OK;
+}
+
+/* ---- processes ---- */
+
+typedef struct {
+  unsigned int pid;
+  unsigned long long usedGpuMemory;
+  unsigned int gpuInstanceId;
+  unsigned int computeInstanceId;
+} nvmlProcessInfo_t;
+
+/* "proc.<kind> <pid> <bytes>", one line per process. */
+static nvmlReturn_t processes(void *device, const char *kind, unsigned int *count, nvmlProcessInfo_t *infos) {
+  int gpu = gpu_of(device);
+  if (!initialized) return UNINITIALIZED;
+  if (gpu < 0) return INVALID_ARGUMENT;
+  char key[32];
+  snprintf(key, sizeof key, "proc.%s", kind);
+  nvmlReturn_t r = scripted(gpu, key);
+  if (r != OK) return r;
+  unsigned int n = 0;
+  while (nth(gpu, key, (int)n) != NULL) n++;
+  unsigned int room = *count;
+  *count = n;
+  if (n > room) return INSUFFICIENT_SIZE;
+  for (unsigned int i = 0; i < n; i++) {
+    unsigned int pid = 0;
+    unsigned long long bytes = 0;
+    sscanf(nth(gpu, key, (int)i), "%u %llu", &pid, &bytes);
+    infos[i].pid = pid;
+    infos[i].usedGpuMemory = bytes;
+    infos[i].gpuInstanceId = 0xFFFFFFFFu;
+    infos[i].computeInstanceId = 0xFFFFFFFFu;
+  }
+  return OK;
+}
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(void *device, unsigned int *count, nvmlProcessInfo_t *infos) { return processes(device, "compute", count, infos); }
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(void *device, unsigned int *count, nvmlProcessInfo_t *infos) { return processes(device, "graphics", count, infos); }
+
+/* ---- NVLink ---- */
+
+nvmlReturn_t nvmlDeviceGetNvLinkState(void *device, unsigned int link, unsigned int *active) {
+  char key[24];
+  if (link >= MAX_LINKS) return INVALID_ARGUMENT;
+  snprintf(key, sizeof key, "nvlink.%u", link);
+  return uint_value(device, key, active);
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(void *device, unsigned int link, int counter, unsigned long long *value) {
+  char key[32];
+  if (link >= MAX_LINKS) return INVALID_ARGUMENT;
+  snprintf(key, sizeof key, "nvlink.%u.%d", link, counter);
+  return ull_value(device, key, value);
+}
+
+/* ---- events ---- */
+
+typedef struct {
+  void *device;
+  unsigned long long eventType;
+  unsigned long long eventData;
+  unsigned int gpuInstanceId;
+  unsigned int computeInstanceId;
+} nvmlEventData_t;
+
+struct event_set { unsigned long long registered[MAX_GPUS]; long delivered; };
+
+nvmlReturn_t nvmlEventSetCreate(struct event_set **set) {
+  if (!initialized) return UNINITIALIZED;
+  nvmlReturn_t r = scripted(-1, "eventset");
+  if (r != OK) return r;
+  *set = calloc(1, sizeof **set);
+  return *set == NULL ? UNKNOWN : OK;
+}
+
+nvmlReturn_t nvmlEventSetFree(struct event_set *set) {
+  free(set);
+  return OK;
+}
+
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(void *device, unsigned long long *types) { return ull_value(device, "events", types); }
+
+nvmlReturn_t nvmlDeviceRegisterEvents(void *device, unsigned long long types, struct event_set *set) {
+  unsigned long long supported;
+  nvmlReturn_t r = ull_value(device, "events", &supported);
+  if (r != OK) return r;
+  if ((types & ~supported) != 0) return NOT_SUPPORTED;
+  set->registered[gpu_of(device)] |= types;
+  return OK;
+}
+
+/* The next undelivered line of <dir>/events for a registered GPU, or 0 when none. */
+static int next_event(struct event_set *set, nvmlEventData_t *data) {
+  char path[4200], line[128];
+  path_of(path, sizeof path, "events");
+  FILE *file = fopen(path, "r");
+  if (file == NULL) return 0;
+  long index = 0;
+  int found = 0;
+  while (fgets(line, sizeof line, file) != NULL) {
+    if (index++ < set->delivered) continue;
+    set->delivered = index;
+    int gpu = -1;
+    unsigned long long code = 0;
+    if (sscanf(line, "xid %d %llu", &gpu, &code) != 2 || gpu < 0 || gpu >= MAX_GPUS) continue;
+    if ((set->registered[gpu] & 0x8ull) == 0) continue;
+    data->device = &devices[gpu];
+    data->eventType = 0x8ull; /* nvmlEventTypeXidCriticalError */
+    data->eventData = code;
+    data->gpuInstanceId = 0xFFFFFFFFu;
+    data->computeInstanceId = 0xFFFFFFFFu;
+    found = 1;
+    break;
+  }
+  fclose(file);
+  return found;
+}
+
+nvmlReturn_t nvmlEventSetWait_v2(struct event_set *set, nvmlEventData_t *data, unsigned int timeoutms) {
+  if (!initialized) return UNINITIALIZED;
+  nvmlReturn_t r = scripted(-1, "wait");
+  if (r != OK) return r;
+  struct timespec step = {0, 5 * 1000 * 1000};
+  for (unsigned int waited = 0;; waited += 5) {
+    if (next_event(set, data)) return OK;
+    if (waited >= timeoutms) return TIMEOUT;
+    nanosleep(&step, NULL);
+  }
+}

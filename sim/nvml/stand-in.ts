@@ -1,0 +1,81 @@
+import { execFile } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { existsSync } from 'node:fs';
+import { appendFile, copyFile, mkdir, readFile, rename, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+
+/**
+ * The stand-in libnvidia-ml.so.1 (stand-in.c) for machines without an NVIDIA driver: compiled
+ * once per source with the system's C compiler (Debian's gcc), cached in the temp directory, and
+ * copied into a directory of its own per simulated node, where its scripted state lives (one
+ * library copy per directory: the dynamic loader would share one path between callers).
+ */
+
+const execFileAsync = promisify(execFile);
+export const STAND_IN_LIBRARY = 'libnvidia-ml.so.1';
+
+/** stand-in.c beside this file, or (from dist/sim/nvml) in the source tree. */
+function sourcePath(): string {
+  const here = dirname(fileURLToPath(import.meta.url));
+  const candidates = [join(here, 'stand-in.c'), join(here, '..', '..', '..', 'sim', 'nvml', 'stand-in.c')];
+  const found = candidates.find((candidate) => existsSync(candidate));
+  if (found === undefined) throw new Error(`stand-in.c not found (looked in ${candidates.join(', ')})`);
+  return found;
+}
+
+let built: Promise<string> | undefined;
+
+/** The compiled stand-in (built on first use, then cached by the source's hash). */
+export function buildStandInNvml(): Promise<string> {
+  built ??= (async () => {
+    const source = sourcePath();
+    const hash = createHash('sha256').update(await readFile(source)).digest('hex').slice(0, 16);
+    const cache = join(tmpdir(), 'steadfast-nvml-stand-in', hash);
+    const library = join(cache, STAND_IN_LIBRARY);
+    if (existsSync(library)) return library;
+    await mkdir(cache, { recursive: true });
+    const partial = `${library}.${process.pid}.tmp`;
+    await execFileAsync('cc', ['-shared', '-fPIC', '-O2', '-Wall', '-Werror', '-o', partial, source, '-lpthread', '-ldl']);
+    await rename(partial, library);
+    return library;
+  })();
+  return built;
+}
+
+/** A node's stand-in: its directory holds the library, `state`, `events` and (to end hangs) `release`. */
+export class StandInNvml {
+  private constructor(readonly dir: string) {}
+
+  /** Copies the built library into `dir` (made if missing) and writes the first state. */
+  static async create(dir: string, state: string): Promise<StandInNvml> {
+    await mkdir(dir, { recursive: true });
+    await copyFile(await buildStandInNvml(), join(dir, STAND_IN_LIBRARY));
+    const standIn = new StandInNvml(dir);
+    await standIn.setState(state);
+    return standIn;
+  }
+
+  get library(): string {
+    return join(this.dir, STAND_IN_LIBRARY);
+  }
+
+  /** Replaces the scripted state whole (written aside, then renamed: never read half-written). */
+  async setState(state: string): Promise<void> {
+    const partial = join(this.dir, 'state.tmp');
+    await writeFile(partial, state);
+    await rename(partial, join(this.dir, 'state'));
+  }
+
+  /** Makes the driver raise Xid `code` on GPU `gpu` (an NVML XidCriticalError event). */
+  async raiseXid(gpu: number, code: number): Promise<void> {
+    await appendFile(join(this.dir, 'events'), `xid ${gpu} ${code}\n`);
+  }
+
+  /** Ends every scripted hang. */
+  async release(): Promise<void> {
+    await writeFile(join(this.dir, 'release'), '');
+  }
+}
