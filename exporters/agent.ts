@@ -9,6 +9,8 @@ import type { FastPathEvent } from '../core/fast-path-event.js';
 import type { Logger } from '../core/log.js';
 import { ClientRateLimiter, rateLimitMessage, type RateLimitSettings } from '../core/rate-limit.js';
 import { GpuProcessBoard } from './gpu-processes.js';
+import { GpuSourceChoice } from './gpu-source.js';
+import { XidLedger } from './xid-ledger.js';
 import { CollectorSet, type AgentRoute, type CollectorFactory, type CollectorPaths, type CollectorSettings, type CollectorStartOptions } from './collector.js';
 import { createFastPathClient, type FastPathOutcomeHandler, type FastPathSender, type TokenSource } from './fast-path-client.js';
 import { StandbyReporter } from './standby-reporter.js';
@@ -97,6 +99,8 @@ class NodeAgent implements Agent {
       pollIntervalSeconds: options.pollIntervalSeconds,
       settings: options.settings ?? {},
       gpuProcesses: new GpuProcessBoard(),
+      gpuSource: new GpuSourceChoice({ settings: options.settings ?? {}, paths: options.paths, logger: options.logger, registry: this.registry }),
+      xids: new XidLedger(this.registry),
     };
     this.collectors = new CollectorSet(
       options.collectors.map((factory) => factory.create(context)),

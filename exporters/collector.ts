@@ -5,6 +5,8 @@ import type { Logger } from '../core/log.js';
 import { encodeExposition } from './exposition.js';
 import type { FastPathOutcomeHandler } from './fast-path-client.js';
 import type { GpuProcessBoard } from './gpu-processes.js';
+import type { GpuSourceChoice } from './gpu-source.js';
+import type { XidLedger } from './xid-ledger.js';
 
 /**
  * The agent's collector framework, after prometheus/node_exporter: one collector per file,
@@ -76,6 +78,10 @@ export interface CollectorContext {
   readonly pollIntervalSeconds: number;
   /** Which processes hold which GPU, written by the gpu collector, read by the process collector. */
   readonly gpuProcesses?: GpuProcessBoard | undefined;
+  /** Where the gpu and nvlink collectors read the GPUs (--gpu.source); made from the settings where absent. */
+  readonly gpuSource?: GpuSourceChoice | undefined;
+  /** Xids counted once across the kernel log and NVML events; each collector makes its own where absent. */
+  readonly xids?: XidLedger | undefined;
   /** Values of the collector flags (see CollectorFactory.flags); absent keys mean the default. */
   readonly settings: CollectorSettings;
 }

@@ -4,7 +4,9 @@ import { promisify } from 'node:util';
 import { errorMessage } from '../../core/errors.js';
 import { errnoCode } from '../log-follower.js';
 import type { Collector, CollectorContext, CollectorFactory, CollectorStartOptions } from '../collector.js';
-import { DCGM_EXPORTER_URL_FLAG, dcgmExporterUrl, fetchDcgmExporterText, gpuKey, parseDcgmExporterText, type DcgmGpuSample } from '../sources/dcgm-exporter.js';
+import { DCGM_EXPORTER_URL_FLAG, fetchDcgmExporterText, gpuKey, parseDcgmExporterText, type DcgmGpuSample } from '../sources/dcgm-exporter.js';
+import { GPU_SOURCE_FLAG, GpuSourceChoice, NVML_LIBRARY_FLAG, DEFAULT_NVML_LIBRARY, type ResolvedGpuSource } from '../gpu-source.js';
+import { nvmlGpuSource } from './gpu-nvml.js';
 import { parseNvidiaSmiXml } from '../sources/nvidia-smi-xml.js';
 import { BackgroundPoll } from './background-poll.js';
 import type { GpuProcessHolding } from '../gpu-processes.js';
@@ -13,9 +15,9 @@ import { GpuMetrics, gpuLabels, writeProcesses, writeSample, type GpuLabels } fr
 import { gpuQueryFailures, isTimeout } from './gpu-query-health.js';
 
 /**
- * The `gpu` collector: `nvidia-smi -q -x`, or with --gpu.dcgm-exporter-url a dcgm-exporter
- * endpoint, polled in the background so that a scrape never waits on it (nvidia-smi can hang
- * for tens of seconds on a sick GPU). A GPU that was listed once and is missing from a later
+ * The `gpu` collector: NVML in-process (gpu-nvml.ts), `nvidia-smi -q -x`, or a dcgm-exporter
+ * endpoint, as --gpu.source chooses (gpu-source.ts), polled in the background so that a scrape
+ * never waits on it (nvidia-smi can hang for tens of seconds on a sick GPU). A GPU that was listed once and is missing from a later
  * poll keeps `steadfast_gpu_present 0`: that is how a lost GPU (Xid 79 and friends) shows up
  * even when the kernel log says nothing.
  */
@@ -25,9 +27,12 @@ export interface GpuCollectorOptions {
   readonly commandTimeoutMs?: number;
   /** Longest a dcgm-exporter request may take before the poll is counted as failed. */
   readonly httpTimeoutMs?: number;
+  /** Longest an NVML poll may take (normally milliseconds) before it is counted as timed out. */
+  readonly nvmlTimeoutMs?: number;
 }
 
 const DEFAULT_COMMAND_TIMEOUT_MS = 30_000;
+const DEFAULT_NVML_TIMEOUT_MS = 10_000;
 const DEFAULT_HTTP_TIMEOUT_MS = 10_000;
 /** nvidia-smi -q -x is about 20 KB per GPU (more with MIG and process lists). */
 const MAX_OUTPUT_BYTES = 64 * 1024 * 1024;
@@ -41,13 +46,23 @@ interface GpuReport {
   readonly computeApps?: readonly ComputeApp[] | undefined;
 }
 
-/** Where the GPU readings come from: nvidia-smi or dcgm-exporter. */
+/** Where the GPU readings come from: NVML, nvidia-smi or dcgm-exporter. */
 interface GpuSource {
   /** Names the source in errors and logs: `nvidia-smi`, `dcgm-exporter at http://…`. */
   readonly description: string;
   /** The `command` label of steadfast_gpu_query_failures_total. */
   readonly command: string;
   read(signal: AbortSignal): Promise<GpuReport>;
+  close?(): Promise<void>;
+}
+
+/** `--gpu.source=nvml` with a library that does not load: every poll fails, saying why. */
+function unavailableSource(reason: string): GpuSource {
+  return {
+    description: 'NVML',
+    command: 'nvml',
+    read: () => Promise.reject(new Error(reason)),
+  };
 }
 
 /** `nvidia-smi -q -x`: the binary, or a captured file read at every poll. */
@@ -135,10 +150,13 @@ class GpuCollector implements Collector {
   private readonly missing = new Set<string>();
   private readonly poller: BackgroundPoll;
   private lastError: Error | undefined;
+  private source: GpuSource | undefined;
+  private acquired = false;
 
   constructor(
     private readonly context: CollectorContext,
-    private readonly source: GpuSource,
+    private readonly choice: GpuSourceChoice,
+    private readonly makeSource: (resolved: ResolvedGpuSource) => GpuSource,
   ) {
     this.metrics = new GpuMetrics(context.registry);
     this.failures = gpuQueryFailures(context.registry);
@@ -148,6 +166,10 @@ class GpuCollector implements Collector {
   async start(options?: CollectorStartOptions): Promise<void> {
     // Until the first read, scrapes carry steadfast_gpu_poll_age_seconds counted from here.
     this.metrics.pollingSince(Date.now() / 1000);
+    if (this.source === undefined) {
+      this.acquired = true;
+      this.source = this.makeSource(await this.choice.acquire());
+    }
     await this.poller.start(options?.waitForFirstRead);
   }
 
@@ -158,20 +180,27 @@ class GpuCollector implements Collector {
 
   async close(): Promise<void> {
     await this.poller.close();
+    await this.source?.close?.();
+    if (this.acquired) {
+      this.acquired = false;
+      await this.choice.release();
+    }
   }
 
   private async poll(): Promise<void> {
+    const source = this.source;
+    if (source === undefined) return;
     try {
-      const report = await this.source.read(this.poller.signal);
+      const report = await source.read(this.poller.signal);
       if (this.poller.closed) return;
       this.apply(report);
-      if (this.lastError) this.context.logger.info({ collector: this.name }, `${this.source.description} readable again`);
+      if (this.lastError) this.context.logger.info({ collector: this.name }, `${source.description} readable again`);
       this.lastError = undefined;
     } catch (error) {
       if (this.poller.closed) return;
       // A query stuck on a sick GPU is a signal, not a gap: counted, and alerted on (SteadfastGpuQueryStuck).
-      this.failures.inc({ command: this.source.command, reason: isTimeout(error) ? 'timeout' : 'error' });
-      const failure = new Error(`cannot read ${this.source.description}: ${errorMessage(error)}`, { cause: error });
+      this.failures.inc({ command: source.command, reason: isTimeout(error) ? 'timeout' : 'error' });
+      const failure = new Error(`cannot read ${source.description}: ${errorMessage(error)}`, { cause: error });
       if (this.lastError?.message !== failure.message) this.context.logger.warn({ collector: this.name, err: failure.message }, 'gpu poll failed');
       // The values of the last good poll stay exported; steadfast_gpu_poll_age_seconds shows their age.
       this.lastError = failure;
@@ -193,7 +222,7 @@ class GpuCollector implements Collector {
       if (this.missing.has(key)) continue;
       this.missing.add(key);
       const id = labels.pci_bus_id ?? labels.UUID;
-      const message = `GPU ${labels.gpu} (${id}) is no longer listed by ${this.source.description}`;
+      const message = `GPU ${labels.gpu} (${id}) is no longer listed by ${this.source?.description ?? 'the GPU source'}`;
       this.context.logger.error({ gpu: id }, message);
       // The fast path names a GPU by PCI bus id; one known by UUID alone is reported by the
       // SteadfastGpuMissing alert on steadfast_gpu_present 0, for its node.
@@ -224,23 +253,44 @@ function gpuHoldings(report: GpuReport): GpuProcessHolding[] | undefined {
 }
 
 /**
- * The gpu collector on the source its settings name: dcgm-exporter when `gpu.dcgm-exporter-url`
- * is set, nvidia-smi otherwise. Throws InputError naming the flag when its value is not a URL.
+ * The gpu collector on the source its settings name (gpu-source.ts). Throws InputError naming
+ * the flag when a value is wrong (an unknown source, a URL that is not one).
  */
 export function createGpuCollector(context: CollectorContext, options: GpuCollectorOptions = {}): Collector {
-  const url = dcgmExporterUrl(context.settings[DCGM_EXPORTER_URL_FLAG]);
-  const source =
-    url === undefined
-      ? nvidiaSmiSource(context, options.commandTimeoutMs ?? DEFAULT_COMMAND_TIMEOUT_MS)
-      : dcgmExporterSource(url, options.httpTimeoutMs ?? DEFAULT_HTTP_TIMEOUT_MS, context, options.commandTimeoutMs ?? DEFAULT_COMMAND_TIMEOUT_MS);
-  return new GpuCollector(context, source);
+  const choice = context.gpuSource ?? new GpuSourceChoice(context);
+  const commandTimeoutMs = options.commandTimeoutMs ?? DEFAULT_COMMAND_TIMEOUT_MS;
+  return new GpuCollector(context, choice, (resolved) => {
+    switch (resolved.kind) {
+      case 'nvml':
+        return nvmlGpuSource(context, resolved.nvml, choice, options.nvmlTimeoutMs ?? DEFAULT_NVML_TIMEOUT_MS);
+      case 'nvml-unavailable':
+        return unavailableSource(resolved.reason);
+      case 'dcgm-exporter':
+        return dcgmExporterSource(resolved.url, options.httpTimeoutMs ?? DEFAULT_HTTP_TIMEOUT_MS, context, commandTimeoutMs);
+      case 'nvidia-smi':
+        return nvidiaSmiSource(context, commandTimeoutMs);
+    }
+  });
 }
 
 export const gpuCollectorFactory: CollectorFactory = {
   name: 'gpu',
   defaultEnabled: true,
-  help: 'GPU health from nvidia-smi -q -x or dcgm-exporter: temperature, power, clocks, throttle reasons, memory, ECC, remapped rows, retired pages, PCIe, presence.',
+  help: 'GPU health from NVML (in-process), nvidia-smi -q -x or dcgm-exporter: temperature, power, clocks, throttle reasons, memory, ECC, remapped rows, retired pages, PCIe, fabric, processes, presence; Xid events from NVML.',
   flags: [
+    {
+      name: GPU_SOURCE_FLAG,
+      value: '<source>',
+      description:
+        'where to read the GPUs: nvml (libnvidia-ml in-process, microseconds a value), nvidia-smi (runs nvidia-smi -q -x at every poll), dcgm-exporter (needs --gpu.dcgm-exporter-url), or auto: dcgm-exporter or nvidia-smi where their flags are given, else NVML when the library loads, else nvidia-smi',
+      default: 'auto',
+    },
+    {
+      name: NVML_LIBRARY_FLAG,
+      value: '<file>',
+      description: 'the NVML library to load (a name the dynamic loader looks up, or a path)',
+      default: DEFAULT_NVML_LIBRARY,
+    },
     {
       name: DCGM_EXPORTER_URL_FLAG,
       value: '<url>',

@@ -7,9 +7,13 @@ import type { Collector, CollectorContext, CollectorFactory, CollectorStartOptio
 import { BackgroundPoll } from './background-poll.js';
 import { parseNvlinkErrors, type NvlinkErrorCount } from '../sources/nvlink-errors.js';
 import { gpuQueryFailures, isTimeout } from './gpu-query-health.js';
+import { GpuSourceChoice, type ResolvedGpuSource } from '../gpu-source.js';
+import { readNvmlNvlink } from '../sources/nvml/read.js';
+import { withNvmlDeadline } from './gpu-nvml.js';
 
 /**
- * The `nvlink` collector: per-link NVLink error counters from `nvidia-smi nvlink -e`, polled in
+ * The `nvlink` collector: per-link NVLink error counters from NVML where the GPUs are read
+ * through it (--gpu.source, gpu-source.ts), else from `nvidia-smi nvlink -e`, polled in
  * the background under a time limit (a query stuck on a sick GPU is counted in
  * steadfast_gpu_query_failures_total, never waited on by a scrape). The rules drain a node whose
  * link errors climb past a threshold (rules/domains/gpu-fabric.ts). A node without the binary
@@ -23,7 +27,10 @@ const execFileAsync = promisify(execFile);
 
 export interface NvlinkCollectorOptions {
   readonly commandTimeoutMs?: number;
+  readonly nvmlTimeoutMs?: number;
 }
+
+const DEFAULT_NVML_TIMEOUT_MS = 10_000;
 
 class NvlinkCollector implements Collector {
   readonly name = 'nvlink';
@@ -33,10 +40,13 @@ class NvlinkCollector implements Collector {
   private lastError: Error | undefined;
   /** No nvidia-smi on this node, or captured XML instead of the binary: nothing to poll. */
   private absent = false;
+  private source: ResolvedGpuSource | undefined;
 
   constructor(
     private readonly context: CollectorContext,
+    private readonly choice: GpuSourceChoice,
     private readonly commandTimeoutMs: number,
+    private readonly nvmlTimeoutMs: number,
   ) {
     this.errors = new Counter({
       name: 'steadfast_gpu_nvlink_errors_total',
@@ -50,6 +60,11 @@ class NvlinkCollector implements Collector {
   }
 
   async start(options?: CollectorStartOptions): Promise<void> {
+    if (this.source === undefined) {
+      this.source = await this.choice.acquire();
+      // dcgm-exporter has no per-link counters: nvidia-smi beside it, as before.
+      if (this.source.kind === 'nvml' || this.source.kind === 'nvml-unavailable') this.absent = false;
+    }
     await this.poller.start(options?.waitForFirstRead);
   }
 
@@ -59,9 +74,17 @@ class NvlinkCollector implements Collector {
 
   async close(): Promise<void> {
     await this.poller.close();
+    if (this.source !== undefined) {
+      this.source = undefined;
+      await this.choice.release();
+    }
   }
 
   private async poll(): Promise<void> {
+    if (this.source?.kind === 'nvml' || this.source?.kind === 'nvml-unavailable') {
+      await this.pollNvml(this.source);
+      return;
+    }
     try {
       const { stdout } = await execFileAsync(this.context.paths.nvidiaSmi, ['nvlink', '-e'], {
         timeout: this.commandTimeoutMs,
@@ -89,6 +112,23 @@ class NvlinkCollector implements Collector {
     }
   }
 
+  private async pollNvml(source: Extract<ResolvedGpuSource, { kind: 'nvml' | 'nvml-unavailable' }>): Promise<void> {
+    try {
+      if (source.kind === 'nvml-unavailable') throw new Error(source.reason);
+      const { nvml } = source;
+      const counts = await withNvmlDeadline(nvml, this.nvmlTimeoutMs, () => readNvmlNvlink(nvml, (name, code) => this.choice.nvmlFailed(name, code)));
+      if (this.poller.closed) return;
+      this.write(counts);
+      this.lastError = undefined;
+    } catch (error) {
+      if (this.poller.closed) return;
+      this.failures.inc({ command: 'nvml', reason: isTimeout(error) ? 'timeout' : 'error' });
+      const failure = new Error(`cannot read NVLink counters through NVML: ${errorMessage(error)}`);
+      if (this.lastError?.message !== failure.message) this.context.logger.warn({ collector: this.name, err: failure.message }, 'nvlink poll failed');
+      this.lastError = failure;
+    }
+  }
+
   /** The GPU keeps the counts: reset() + inc(value) sets each to its reading. */
   private write(counts: readonly NvlinkErrorCount[]): void {
     this.errors.reset();
@@ -100,12 +140,12 @@ class NvlinkCollector implements Collector {
 }
 
 export function createNvlinkCollector(context: CollectorContext, options: NvlinkCollectorOptions = {}): Collector {
-  return new NvlinkCollector(context, options.commandTimeoutMs ?? DEFAULT_COMMAND_TIMEOUT_MS);
+  return new NvlinkCollector(context, context.gpuSource ?? new GpuSourceChoice(context), options.commandTimeoutMs ?? DEFAULT_COMMAND_TIMEOUT_MS, options.nvmlTimeoutMs ?? DEFAULT_NVML_TIMEOUT_MS);
 }
 
 export const nvlinkCollectorFactory: CollectorFactory = {
   name: 'nvlink',
   defaultEnabled: true,
-  help: 'Per-link NVLink error counters (replay, recovery, CRC) from nvidia-smi nvlink -e; none on a node without nvidia-smi or with --nvidia-smi.xml.',
+  help: 'Per-link NVLink error counters (replay, recovery, CRC) from NVML, or nvidia-smi nvlink -e where the GPUs are not read through NVML; none on a node without either or with --nvidia-smi.xml.',
   create: (context) => createNvlinkCollector(context),
 };

@@ -1,14 +1,15 @@
-import { Counter } from 'prom-client';
 import { errorMessage } from '../../core/errors.js';
 import type { Collector, CollectorContext, CollectorFactory, CollectorSettings } from '../collector.js';
 import { isBootBanner, KernelLogParser } from '../sources/kernel-log.js';
 import { LogFollower, type LogPosition } from '../log-follower.js';
 import { HostKernelCounters } from './host-kernel.js';
 import { bootIdPath, ReportedXids, type XidCandidate } from './xid-reported.js';
+import { XidLedger, type XidOccurrence } from '../xid-ledger.js';
 
 /**
  * The `xid` collector: follows the kernel log and counts every `NVRM: Xid` per GPU and code
- * (a counter, not a last-value gauge, so repeats stay visible). Fatal ones also go to the
+ * (a counter, not a last-value gauge, so repeats stay visible), once with the NVML event of the
+ * same Xid where the gpu collector reads NVML (xid-ledger.ts). Fatal ones also go to the
  * controller on the fast path, once per occurrence: the counters start from the whole log at
  * every agent start (the rules expect that, rules/README.md), but a fatal Xid already reported
  * before a restart (see xid-reported.ts), or logged before the last boot, is not sent again.
@@ -33,7 +34,7 @@ function flagValue(settings: CollectorSettings, name: string): string | undefine
 const DEFAULT_FOLLOW_INTERVAL_MS = 100;
 class XidCollector implements Collector {
   readonly name = 'xid';
-  private readonly errors: Counter<'pci_bus_id' | 'xid' | 'severity'>;
+  private readonly ledger: XidLedger;
   private readonly parser = new KernelLogParser();
   private readonly follower: LogFollower;
   private readonly reported: ReportedXids;
@@ -48,12 +49,9 @@ class XidCollector implements Collector {
     private readonly context: CollectorContext,
     options: XidCollectorOptions,
   ) {
-    this.errors = new Counter({
-      name: 'steadfast_xid_errors_total',
-      help: 'NVIDIA Xid errors seen in the kernel log, by GPU, Xid code and severity.',
-      labelNames: ['pci_bus_id', 'xid', 'severity'],
-      registers: [context.registry],
-    });
+    // Shared with the gpu collector's NVML events: one count per Xid whichever reports it first.
+    this.ledger = context.xids ?? new XidLedger(context.registry);
+    void this.ledger.counter;
     this.host = new HostKernelCounters(context.registry, context);
     const logger = context.logger.child({ collector: this.name });
     this.reported = new ReportedXids({
@@ -97,13 +95,24 @@ class XidCollector implements Collector {
     }
     this.host.handle(line, position);
     for (const event of this.parser.push(line)) {
-      this.errors.inc({ pci_bus_id: event.pciBusId, xid: String(event.xid), severity: event.severity });
+      if (position.firstRead) {
+        this.ledger.countHistory(event);
+        if (event.severity !== 'fatal') continue;
+        this.context.logger.error({ gpu: event.pciBusId, xid: event.xid, message: event.message }, 'fatal Xid');
+        // What the log held when it was opened waits for the end of that read.
+        this.pending.push(this.reported.candidate(event, line, position));
+        continue;
+      }
+      const { news, occurrence } = this.ledger.observe('kernel-log', event);
       if (event.severity !== 'fatal') continue;
-      this.context.logger.error({ gpu: event.pciBusId, xid: event.xid, message: event.message }, 'fatal Xid');
       const candidate = this.reported.candidate(event, line, position);
-      // What the log held when it was opened waits for the end of that read; a new line is news at once.
-      if (position.firstRead) this.pending.push(candidate);
-      else if (this.reported.reportedCount([candidate]) === 0) this.send(candidate);
+      if (news || occurrence.sentAs !== 'fatal') {
+        this.context.logger.error({ gpu: event.pciBusId, xid: event.xid, message: event.message }, 'fatal Xid');
+        if (this.reported.reportedCount([candidate]) === 0) this.send(candidate, occurrence);
+      } else {
+        // NVML reported it first and sent it: the state file still records this line as reported.
+        occurrence.whenDelivered(() => this.reported.delivered(candidate));
+      }
     }
   }
 
@@ -126,12 +135,15 @@ class XidCollector implements Collector {
     for (const candidate of candidates.slice(skip)) this.send(candidate);
   }
 
-  private send(candidate: XidCandidate): void {
+  private send(candidate: XidCandidate, occurrence?: XidOccurrence): void {
     const { event } = candidate;
+    if (occurrence) occurrence.sentAs = 'fatal';
     this.context.fastPath(
       { kind: 'xid', node: this.context.node, gpu: event.pciBusId, xid: event.xid, message: event.message, time: new Date().toISOString() },
       (outcome) => {
-        if (outcome === 'delivered') this.reported.delivered(candidate);
+        if (outcome !== 'delivered') return;
+        this.reported.delivered(candidate);
+        occurrence?.markDelivered();
       },
     );
   }

@@ -385,3 +385,26 @@ async function readMemory(reads: DeviceReads, nvml: NvmlLibrary): Promise<{ tota
   if (!(await reads.ok('nvmlDeviceGetMemoryInfo', memory))) return undefined;
   return { total: Number(memory.readBigUInt64LE(0)), used: Number(memory.readBigUInt64LE(16)) };
 }
+
+/**
+ * The NVLink error counters of every GPU, alone (the nvlink collector): the GPU's index is its
+ * minor number, as `nvidia-smi nvlink -e` numbers GPUs, and its UUID.
+ */
+export async function readNvmlNvlink(nvml: NvmlLibrary, failed: NvmlReadOptions['failed']): Promise<NvlinkErrorCount[]> {
+  const count = [0];
+  const code = await nvml.call('reads', 'nvmlDeviceGetCount_v2', count);
+  if (code !== NVML.SUCCESS) throw nvml.error('nvmlDeviceGetCount_v2', code);
+  const counts: NvlinkErrorCount[] = [];
+  for (let index = 0; index < Number(count[0]); index++) {
+    const handle: unknown[] = [null];
+    const handleCode = await nvml.call('reads', 'nvmlDeviceGetHandleByIndex_v2', index, handle);
+    if (handleCode !== NVML.SUCCESS) {
+      failed('nvmlDeviceGetHandleByIndex_v2', handleCode);
+      continue;
+    }
+    const reads = new DeviceReads(nvml, handle[0] as NvmlDevice, { failed });
+    const minor = await reads.uint('nvmlDeviceGetMinorNumber');
+    counts.push(...(await readNvlink(reads, minor ?? index, await reads.text('nvmlDeviceGetUUID', 96))));
+  }
+  return counts;
+}

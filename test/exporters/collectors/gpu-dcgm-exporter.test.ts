@@ -112,7 +112,7 @@ describe('gpu collector on dcgm-exporter', () => {
     await expect(collector.update()).rejects.toThrow(/have neither a pci_bus_id nor a UUID label/);
     const text = await context.registry.metrics();
     // No GPU series; only the count of the failed query.
-    expect(text).not.toMatch(/^steadfast_gpu_(?!query_failures_total|poll_age_seconds)\w+[{ ]/m);
+    expect(text).not.toMatch(/^steadfast_gpu_(?!query_failures_total|poll_age_seconds|source_info)\w+[{ ]/m);
     // The age counts from the start of polling: nothing was ever read.
     expect(seriesValue(text, 'steadfast_gpu_poll_age_seconds')).toBeGreaterThanOrEqual(0);
     expect(seriesValue(text, 'steadfast_gpu_query_failures_total{command="dcgm-exporter",reason="error"}')).toBe(1);

@@ -111,8 +111,8 @@ describe('gpu collector', () => {
     await collector.start();
     await expect(collector.update()).rejects.toThrow(/cannot read nvidia-smi/);
     const text = await context.registry.metrics();
-    // Only the count of the failed query itself.
-    expect(text).not.toMatch(/^steadfast_gpu_(?!query_failures_total|poll_age_seconds)\w+[{ ]/m);
+    // Only the count of the failed query itself, and which source was chosen.
+    expect(text).not.toMatch(/^steadfast_gpu_(?!query_failures_total|poll_age_seconds|source_info)\w+[{ ]/m);
     // The age counts from the start of polling: nothing was ever read.
     expect(seriesValue(text, 'steadfast_gpu_poll_age_seconds')).toBeGreaterThanOrEqual(0);
     expect(seriesValue(text, 'steadfast_gpu_query_failures_total{command="nvidia-smi -q -x",reason="error"}')).toBe(1);

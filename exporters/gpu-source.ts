@@ -1,0 +1,146 @@
+import { Counter, Gauge, type Registry } from 'prom-client';
+import { InputError, errorMessage } from '../core/errors.js';
+import type { Logger } from '../core/log.js';
+import type { CollectorPaths, CollectorSettings } from './collector.js';
+import { DCGM_EXPORTER_URL_FLAG, dcgmExporterUrl } from './sources/dcgm-exporter.js';
+import { NvmlLibrary, NvmlUnavailableError, nvmlErrorName, type NvmlFunction } from './sources/nvml/library.js';
+
+/**
+ * Where the agent reads its GPUs, chosen once per agent and shared by the collectors that read
+ * them (gpu, nvlink): `--gpu.source auto|nvml|nvidia-smi|dcgm-exporter`. `auto` reads NVML
+ * in-process when libnvidia-ml.so.1 loads (through koffi), else runs nvidia-smi; a
+ * `--gpu.dcgm-exporter-url`, `--nvidia-smi.xml` or `--nvidia-smi.path` other than the default
+ * given with `auto` picks that source, as before the flag existed. The library is loaded once, initialised at the first poll that can (a driver
+ * loaded after the agent started is picked up), and shut down when the last collector using it
+ * closes.
+ */
+
+export const GPU_SOURCE_FLAG = 'gpu.source';
+export const NVML_LIBRARY_FLAG = 'gpu.nvml-library';
+export const DEFAULT_NVML_LIBRARY = 'libnvidia-ml.so.1';
+/** `--nvidia-smi.path`'s default: any other path, given with `auto`, is an nvidia-smi the operator chose. */
+export const DEFAULT_NVIDIA_SMI = 'nvidia-smi';
+export const GPU_SOURCES = ['auto', 'nvml', 'nvidia-smi', 'dcgm-exporter'] as const;
+export type GpuSourceSetting = (typeof GPU_SOURCES)[number];
+
+export type ResolvedGpuSource =
+  | { readonly kind: 'nvml'; readonly nvml: NvmlLibrary }
+  /** `nvml` asked for and the library cannot be loaded: every poll fails with this reason. */
+  | { readonly kind: 'nvml-unavailable'; readonly reason: string }
+  | { readonly kind: 'nvidia-smi' }
+  | { readonly kind: 'dcgm-exporter'; readonly url: URL };
+
+function single(settings: CollectorSettings, name: string): string | undefined {
+  const value = settings[name];
+  if (value === undefined || typeof value === 'string') return value;
+  if (value.length > 1) throw new InputError(`--${name}: give it once`, `--${name}`);
+  return value[0];
+}
+
+/** The settings' choice, checked: an unknown source, or dcgm-exporter without its URL, is an InputError naming the flag. */
+export function gpuSourceSetting(settings: CollectorSettings): { source: GpuSourceSetting; url: URL | undefined; library: string } {
+  const raw = single(settings, GPU_SOURCE_FLAG) ?? 'auto';
+  if (!(GPU_SOURCES as readonly string[]).includes(raw)) {
+    throw new InputError(`--${GPU_SOURCE_FLAG}: must be one of ${GPU_SOURCES.join(', ')}, got "${raw}"`, `--${GPU_SOURCE_FLAG}`);
+  }
+  const source = raw as GpuSourceSetting;
+  const url = dcgmExporterUrl(settings[DCGM_EXPORTER_URL_FLAG]);
+  if (source === 'dcgm-exporter' && url === undefined) {
+    throw new InputError(`--${GPU_SOURCE_FLAG}=dcgm-exporter needs --${DCGM_EXPORTER_URL_FLAG}`, `--${DCGM_EXPORTER_URL_FLAG}`);
+  }
+  const library = single(settings, NVML_LIBRARY_FLAG) ?? DEFAULT_NVML_LIBRARY;
+  if (library.trim() === '' || library.includes('\0')) throw new InputError(`--${NVML_LIBRARY_FLAG}: must be a library name or path`, `--${NVML_LIBRARY_FLAG}`);
+  return { source, url, library };
+}
+
+export interface GpuSourceOptions {
+  readonly settings: CollectorSettings;
+  readonly paths: CollectorPaths;
+  readonly logger: Logger;
+  readonly registry: Registry;
+}
+
+/** Shared by the collectors of one agent (CollectorContext.gpuSource). */
+export class GpuSourceChoice {
+  private readonly setting;
+  private resolved: Promise<ResolvedGpuSource> | undefined;
+  private users = 0;
+  private nvmlErrors: Counter<'function' | 'error'> | undefined;
+
+  constructor(private readonly options: GpuSourceOptions) {
+    this.setting = gpuSourceSetting(options.settings);
+  }
+
+  /** The source, resolved at the first call; each caller that gets NVML must release() it when it closes. */
+  acquire(): Promise<ResolvedGpuSource> {
+    this.users++;
+    this.resolved ??= this.resolve();
+    return this.resolved;
+  }
+
+  /** The last user's release shuts NVML down. */
+  async release(): Promise<void> {
+    this.users = Math.max(0, this.users - 1);
+    if (this.users > 0 || this.resolved === undefined) return;
+    const resolved = await this.resolved;
+    if (resolved.kind === 'nvml') await resolved.nvml.close();
+  }
+
+  /** Counts an NVML call that failed (not "not supported"): steadfast_gpu_nvml_errors_total. */
+  nvmlFailed(name: NvmlFunction, code: number): void {
+    this.nvmlErrors ??= nvmlErrorCounter(this.options.registry);
+    this.nvmlErrors.inc({ function: name, error: nvmlErrorName(code) });
+  }
+
+  private async resolve(): Promise<ResolvedGpuSource> {
+    const { source, url, library } = this.setting;
+    const { logger, paths } = this.options;
+    let resolved: ResolvedGpuSource;
+    if (source === 'dcgm-exporter' || (source === 'auto' && url !== undefined)) resolved = { kind: 'dcgm-exporter', url: url as URL };
+    else if (source === 'nvidia-smi' || (source === 'auto' && (paths.nvidiaSmiXml !== undefined || paths.nvidiaSmi !== DEFAULT_NVIDIA_SMI))) resolved = { kind: 'nvidia-smi' };
+    else {
+      try {
+        resolved = { kind: 'nvml', nvml: await NvmlLibrary.load(library) };
+      } catch (error) {
+        const reason = error instanceof NvmlUnavailableError ? error.message : `cannot load ${library}: ${errorMessage(error)}`;
+        if (source === 'nvml') {
+          logger.error({ collector: 'gpu', library, err: reason }, 'NVML cannot be loaded; GPU polls fail until the agent is restarted with a library that loads');
+          resolved = { kind: 'nvml-unavailable', reason };
+        } else {
+          logger.info({ collector: 'gpu', library, reason }, 'NVML not available; reading the GPUs with nvidia-smi');
+          resolved = { kind: 'nvidia-smi' };
+        }
+      }
+    }
+    if (resolved.kind === 'nvml') logger.info({ collector: 'gpu', library }, 'reading the GPUs through NVML');
+    this.exportChoice(resolved);
+    return resolved;
+  }
+
+  private exportChoice(resolved: ResolvedGpuSource): void {
+    const existing = this.options.registry.getSingleMetric(GPU_SOURCE_INFO);
+    const gauge =
+      existing instanceof Gauge
+        ? (existing as Gauge<'source'>)
+        : new Gauge({
+            name: GPU_SOURCE_INFO,
+            help: 'Where the agent reads its GPUs (--gpu.source): nvml (in-process), nvidia-smi, or dcgm-exporter; always 1.',
+            labelNames: ['source'],
+            registers: [this.options.registry],
+          });
+    gauge.set({ source: resolved.kind === 'nvml-unavailable' ? 'nvml' : resolved.kind }, 1);
+  }
+}
+
+export const GPU_SOURCE_INFO = 'steadfast_gpu_source_info';
+
+function nvmlErrorCounter(registry: Registry): Counter<'function' | 'error'> {
+  const existing = registry.getSingleMetric('steadfast_gpu_nvml_errors_total');
+  if (existing instanceof Counter) return existing as Counter<'function' | 'error'>;
+  return new Counter({
+    name: 'steadfast_gpu_nvml_errors_total',
+    help: 'NVML calls that failed, by function and error (gpu_is_lost, timeout, unknown, …); a value the GPU does not support is not counted.',
+    labelNames: ['function', 'error'],
+    registers: [registry],
+  });
+}
