@@ -114,7 +114,7 @@ export function nvmlGpuSource(context: CollectorContext, nvml: NvmlLibrary, choi
     async read() {
       const fresh = new Map<number, string | undefined>();
       const previous = names;
-      const result = await pollNvml(nvml, choice, timeoutMs, { processes: context.gpuProcesses !== undefined }, previous);
+      const result = await pollNvml(nvml, choice, timeoutMs, { processes: true }, previous);
       for (const sample of result.gpus) for (const process of sample.processes ?? []) fresh.set(process.pid, previous.get(process.pid) ?? process.name);
       names = fresh;
       if (events === undefined && !closed && result.devices.length > 0) {

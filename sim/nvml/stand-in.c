@@ -49,6 +49,7 @@ static int initialized;
 static char dir[4096];
 static struct timespec state_mtime;
 static off_t state_size = -1;
+static ino_t state_inode;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread char value_buffer[192];
 
@@ -62,15 +63,19 @@ static void find_dir(void) {
   snprintf(dir, sizeof dir, "%s", dirname(copy));
 }
 
-/* Re-reads <dir>/state when its size or time stamp changed. Call with the lock held. */
+/*
+ * Re-reads <dir>/state when it changed: a new inode (it is replaced by a rename), size or time
+ * stamp (file times tick coarsely: two writes within a few ms can share one). Call with the lock held.
+ */
 static void reload(void) {
   char path[4200];
   struct stat st;
   path_of(path, sizeof path, "state");
   if (stat(path, &st) != 0) { entry_count = 0; state_size = -1; return; }
-  if (st.st_size == state_size && st.st_mtim.tv_sec == state_mtime.tv_sec && st.st_mtim.tv_nsec == state_mtime.tv_nsec) return;
+  if (st.st_ino == state_inode && st.st_size == state_size && st.st_mtim.tv_sec == state_mtime.tv_sec && st.st_mtim.tv_nsec == state_mtime.tv_nsec) return;
   FILE *file = fopen(path, "r");
   if (file == NULL) return;
+  state_inode = st.st_ino;
   state_size = st.st_size;
   state_mtime = st.st_mtim;
   entry_count = 0;

@@ -1,7 +1,7 @@
 import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { existsSync } from 'node:fs';
-import { appendFile, copyFile, mkdir, readFile, rename, writeFile } from 'node:fs/promises';
+import { existsSync, mkdirSync, rmSync } from 'node:fs';
+import { appendFile, copyFile, link, mkdir, readFile, rename, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -27,6 +27,24 @@ function sourcePath(): string {
 }
 
 let built: Promise<string> | undefined;
+let held: { dir: string; count: number } | undefined;
+
+/**
+ * Keeps a hard link to every copy until this process exits. The dynamic loader knows a library
+ * by its device and inode: a test's copy deleted while still mapped (koffi unloads lazily) frees
+ * its inode, a later copy may get the same number, and dlopen would then hand back the old
+ * library, reading the old directory's state.
+ */
+async function holdUntilExit(library: string): Promise<void> {
+  if (held === undefined) {
+    const dir = join(tmpdir(), 'steadfast-nvml-stand-in', `held-${process.pid}`);
+    rmSync(dir, { recursive: true, force: true });
+    mkdirSync(dir, { recursive: true });
+    held = { dir, count: 0 };
+    process.once('exit', () => rmSync(dir, { recursive: true, force: true }));
+  }
+  await link(library, join(held.dir, String(held.count++)));
+}
 
 /** The compiled stand-in (built on first use, then cached by the source's hash). */
 export function buildStandInNvml(): Promise<string> {
@@ -53,6 +71,7 @@ export class StandInNvml {
   static async create(dir: string, state: string): Promise<StandInNvml> {
     await mkdir(dir, { recursive: true });
     await copyFile(await buildStandInNvml(), join(dir, STAND_IN_LIBRARY));
+    await holdUntilExit(join(dir, STAND_IN_LIBRARY));
     const standIn = new StandInNvml(dir);
     await standIn.setState(state);
     return standIn;

@@ -127,15 +127,23 @@ async function readEcc(reads: DeviceReads): Promise<EccCount[]> {
   };
   // A GPU that knows SRAM as a location reports the v12 pair; an older one its memory units.
   const modern = (await count('correctable', 'volatile', LOCATION_SRAM)) !== undefined;
+  // In the XML's order: modern GPUs by location then type (sram_correctable, sram_uncorrectable,
+  // dram_…), older ones by type then memory unit (single_bit/<unit>, double_bit/<unit>).
   for (const scope of ['volatile', 'aggregate'] as const) {
+    if (modern) {
+      for (const [location, name] of [
+        [LOCATION_SRAM, 'sram'],
+        [LOCATION_DRAM, 'dram'],
+      ] as const) {
+        for (const type of ['correctable', 'uncorrectable'] as const) {
+          const value = await count(type, scope, location);
+          if (value !== undefined) counts.push({ scope, type, location: name, count: value });
+        }
+      }
+      continue;
+    }
     for (const type of ['correctable', 'uncorrectable'] as const) {
-      const locations = modern
-        ? [
-            { location: LOCATION_SRAM, name: 'sram' },
-            { location: LOCATION_DRAM, name: 'dram' },
-          ]
-        : OLD_LOCATIONS;
-      for (const { location, name } of locations) {
+      for (const { location, name } of OLD_LOCATIONS) {
         const value = await count(type, scope, location);
         if (value !== undefined) counts.push({ scope, type, location: name, count: value });
       }
