@@ -2,8 +2,10 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import type { Collector, CollectorSettings } from '../../../exporters/collector.js';
-import { createGpuCollector } from '../../../exporters/collectors/gpu.js';
-import { createNvlinkCollector } from '../../../exporters/collectors/nvlink.js';
+import { createAgent } from '../../../exporters/agent.js';
+import { createGpuCollector, gpuCollectorFactory } from '../../../exporters/collectors/gpu.js';
+import { createNvlinkCollector, nvlinkCollectorFactory } from '../../../exporters/collectors/nvlink.js';
+import { silentLogger } from '../../../core/log.js';
 import { GpuProcessBoard } from '../../../exporters/gpu-processes.js';
 import { GpuSourceChoice } from '../../../exporters/gpu-source.js';
 import { StandInNvml } from '../../../sim/nvml/stand-in.js';
@@ -171,5 +173,31 @@ describe('gpu collector on NVML', () => {
     expect(seriesValue(text, `steadfast_gpu_nvlink_errors_total{gpu="0",UUID="${uuid}",link="2",type="recovery"}`)).toBe(1);
     // Link 1 is down: no counters, as nvidia-smi lists only the active links' counts.
     expect(text).not.toContain('link="1"');
+  });
+
+  it('keeps answering /metrics while an NVML call hangs in the driver, then exports the GPU once it returns', async () => {
+    const standIn = await StandInNvml.create(join(dir(), 'nvml'), `${state('h200_580.159.04.state')}0 hang.temp 1\n`);
+    const agent = createAgent({
+      node: 'node-1',
+      listen: { host: '127.0.0.1', port: 0 },
+      paths: { sysfs: '/nonexistent/sys', procfs: '/nonexistent/proc', kmsg: '/nonexistent/kmsg', nvidiaSmi: 'nvidia-smi' },
+      pollIntervalSeconds: POLL_SECONDS,
+      collectors: [gpuCollectorFactory, nvlinkCollectorFactory],
+      settings: nvmlSettings(standIn),
+      logger: silentLogger(),
+    });
+    try {
+      const { port } = await agent.start();
+      const scrape = async (): Promise<string> => (await fetch(`http://127.0.0.1:${port}/metrics`, { signal: AbortSignal.timeout(5_000) })).text();
+      for (let attempt = 0; attempt < 3; attempt++) {
+        const text = await scrape();
+        expect(seriesValue(text, 'steadfast_gpu_poll_age_seconds')).toBeGreaterThanOrEqual(0);
+        expect(seriesValue(text, H200)).toBeUndefined();
+      }
+      await standIn.release();
+      await waitFor(async () => seriesValue(await scrape(), H200) === 37, 10_000);
+    } finally {
+      await agent.close();
+    }
   });
 });
