@@ -1,4 +1,5 @@
 import { hostname } from 'node:os';
+import { gpuSourceSetting } from '../exporters/gpu-source.js';
 import { Command, Option } from 'commander';
 import { z } from 'zod';
 import { resolveToken } from '../core/token.js';
@@ -159,6 +160,9 @@ export function agentSettingsFromFlags(
       '--web.token-file',
     );
   }
+  const settings = collectorSettings(flags, factories);
+  // The GPU source's flags (--gpu.source, --gpu.dcgm-exporter-url, --gpu.nvml-library), checked before anything starts.
+  gpuSourceSetting(settings);
   return {
     listen: options['web.listenAddress'],
     node: options.node,
@@ -175,7 +179,7 @@ export function agentSettingsFromFlags(
     controllerToken,
     apiToken: webTokenFile ? resolveToken({ tokenFile: webTokenFile }, '--web.token-file') : undefined,
     rateLimit: { requestsPerSecond: options['web.rateLimit'], burst: options['web.rateBurst'] },
-    settings: collectorSettings(flags, factories),
+    settings,
     once: options.once,
   };
 }
@@ -228,7 +232,14 @@ export function agentCommand(io: Partial<AgentCommandIo> = {}): Command {
     }
     if (io.setV8Flags) applyAgentV8Flags();
     const logger = io.logger ?? createLogger('steadfast-agent');
-    const agent = createAgent({ ...settings, logger });
+    let agent: ReturnType<typeof createAgent>;
+    try {
+      agent = createAgent({ ...settings, logger });
+    } catch (error) {
+      // A collector that refuses its settings (a value only it can judge) is a usage error too.
+      if (error instanceof InputError) this.error(`error: ${error.message}`, { exitCode: EXIT_USAGE, code: 'steadfast.invalidFlag' });
+      throw error;
+    }
     if (settings.once) {
       try {
         (io.stdout ?? ((text: string) => process.stdout.write(text)))(await agent.scrapeOnce());

@@ -203,6 +203,9 @@ describe('steadfast agent command', () => {
     [['--node', '-rf /'], '--node'],
     [['--controller.url', 'ftp://controller'], '--controller.url'],
     [['--controller.url', 'http://controller:9400'], '--controller.token-file'],
+    [['--gpu.source', 'gpud'], '--gpu.source: must be one of auto, nvml, nvidia-smi, dcgm-exporter'],
+    [['--gpu.source', 'dcgm-exporter'], '--gpu.dcgm-exporter-url'],
+    [['--gpu.dcgm-exporter-url', 'ftp://dcgm:9400/metrics'], '--gpu.dcgm-exporter-url: must be an http:// or https:// URL'],
   ])('rejects %j with exit code 2 and a message naming %s', async (args, flag) => {
     const stderr: string[] = [];
     const error = await command([], stderr)
@@ -220,7 +223,7 @@ describe('steadfast agent command', () => {
       .then(() => undefined, (caught: unknown) => caught);
     expect((error as CommanderError).exitCode).toBe(0);
     const help = stdout.join('');
-    for (const flag of ['--web.listen-address', '--path.kmsg', '--nvidia-smi.xml', '--collector.xid', '--no-collector.gpu', '--controller.token-file', '--once']) {
+    for (const flag of ['--web.listen-address', '--path.kmsg', '--nvidia-smi.xml', '--gpu.source', '--gpu.nvml-library', '--collector.xid', '--no-collector.gpu', '--controller.token-file', '--once']) {
       expect(help).toContain(flag);
     }
     expect(help).toContain('Run the node agent');
