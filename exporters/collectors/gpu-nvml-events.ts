@@ -7,8 +7,11 @@ import { XidLedger } from '../xid-ledger.js';
 
 /**
  * Xid events from NVML: an event set with nvmlEventTypeXidCriticalError registered on every GPU
- * that supports it, and a loop of nvmlEventSetWait_v2 calls with a short timeout, each on a
- * worker thread in the library's `events` lane (never on the event loop, never behind a poll).
+ * that supports it, checked every 100 ms (the kernel log's follow interval) with
+ * nvmlEventSetWait_v2 and no timeout, on a libuv pool thread in the library's `events` lane (never on
+ * the event loop, never behind a poll). A wait that blocked would hold one of libuv's four pool
+ * threads, which the agent's file reads share, for as long as it waited; a check that returns at
+ * once holds it for microseconds.
  * Each Xid goes to the ledger shared with the kernel log (xid-ledger.ts): counted once in
  * steadfast_xid_errors_total and, when fatal, sent on the fast path once, whichever source
  * reports it first. NVML gives the code and the GPU, not the driver's message: a code whose
@@ -18,8 +21,8 @@ import { XidLedger } from '../xid-ledger.js';
 
 /** nvmlEventTypeXidCriticalError. */
 const XID_CRITICAL_ERROR = 0x8n;
-/** How long one wait blocks; bounds how long close() waits for the loop. */
-const WAIT_MS = 200;
+/** Between checks that found no event; events that did arrive are drained at once. */
+const CHECK_EVERY_MS = 100;
 /** After a failed wait, the loop pauses this long before the next (a lost GPU fails every wait). */
 const RETRY_MS = 1_000;
 
@@ -32,6 +35,7 @@ export class NvmlXidEvents {
   private loop: Promise<void> | undefined;
   private stopped = false;
   private lastFailure: string | undefined;
+  private wake: (() => void) | undefined;
 
   constructor(
     private readonly context: CollectorContext,
@@ -50,6 +54,7 @@ export class NvmlXidEvents {
 
   async close(): Promise<void> {
     this.stopped = true;
+    this.wake?.();
     await this.loop;
   }
 
@@ -80,11 +85,13 @@ export class NvmlXidEvents {
       void this.ledger.counter;
       const data = Buffer.alloc(EVENT_DATA_SIZE);
       while (!this.stopped) {
-        const code = await this.nvml.call('events', 'nvmlEventSetWait_v2', this.set, data, WAIT_MS);
+        const code = await this.nvml.call('events', 'nvmlEventSetWait_v2', this.set, data, 0);
         if (code === NVML.SUCCESS) {
           this.lastFailure = undefined;
           this.handle(data, byHandle);
-        } else if (code !== NVML.ERROR_TIMEOUT) {
+        } else if (code === NVML.ERROR_TIMEOUT) {
+          await this.pause(CHECK_EVERY_MS);
+        } else {
           this.failed('nvmlEventSetWait_v2', code, 'NVML event wait failed');
           await this.pause(RETRY_MS);
         }
@@ -119,10 +126,19 @@ export class NvmlXidEvents {
     this.context.logger.warn({ collector: 'gpu', function: name, error: nvmlErrorName(code), detail: this.nvml.describe(code) }, message);
   }
 
+  /** Waits `ms`, or until close(): the timer keeps nothing alive, and close() never waits on it. */
   private pause(ms: number): Promise<void> {
     return new Promise((resolve) => {
-      const timer = setTimeout(resolve, ms);
+      const timer = setTimeout(() => {
+        this.wake = undefined;
+        resolve();
+      }, ms);
       timer.unref();
+      this.wake = () => {
+        clearTimeout(timer);
+        this.wake = undefined;
+        resolve();
+      };
     });
   }
 }

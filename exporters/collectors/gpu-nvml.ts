@@ -10,7 +10,7 @@ import { NvmlXidEvents } from './gpu-nvml-events.js';
  * The gpu collector's NVML source: one poll reads every GPU through the library in-process (a
  * few hundred calls of microseconds each, against nvidia-smi's 0.1 s and 70 ms of CPU per run),
  * under a time limit. A call stuck in the driver fails the poll as a timeout and holds no more
- * than its own worker thread; later polls fail at once, without queueing behind it, until it
+ * than its own pool thread; later polls fail at once, without queueing behind it, until it
  * returns. After the first good poll the source also listens for Xid events (gpu-nvml-events.ts).
  */
 

@@ -3,10 +3,11 @@ import { errorMessage } from '../../../core/errors.js';
 /**
  * NVIDIA's management library (libnvidia-ml.so.1, the library nvidia-smi, DCGM and gpud read)
  * called in-process through koffi, an FFI library with prebuilt binaries, so a node needs no
- * compiler. Signatures and struct layouts are those of nvml.h (CUDA 12/13). Every call runs on
- * one of koffi's worker threads, never on the event loop, and one at a time per lane: a call that
- * hangs in the driver holds its lane's one thread and nothing else, so `/metrics` keeps
- * answering while the poll that made it is counted as timed out.
+ * compiler. Signatures and struct layouts are those of nvml.h (CUDA 12/13). Every call is a koffi
+ * asynchronous call, run on a thread of Node's libuv pool, never on the event loop, and one at a
+ * time per lane: a call that hangs in the driver holds its lane's one pool thread (of four, shared
+ * with file reads) and nothing else, so `/metrics` keeps answering while the poll that made it is
+ * counted as timed out.
  *
  * Structs go through Buffers laid out by hand (offsets noted beside each reader), not koffi type
  * registrations, so that several libraries may be loaded in one process (tests) and a field
@@ -259,7 +260,7 @@ export class NvmlLibrary {
   }
 
   /**
-   * Calls a function on a worker thread, in the lane's turn; resolves with its nvmlReturn_t.
+   * Calls a function on a libuv pool thread, in the lane's turn; resolves with its nvmlReturn_t.
    * A function the library lacks answers ERROR_FUNCTION_NOT_FOUND without a call.
    */
   call(lane: NvmlLaneName, name: NvmlFunction, ...args: unknown[]): Promise<number> {

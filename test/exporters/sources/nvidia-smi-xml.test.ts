@@ -22,8 +22,29 @@ function ecc(sample: GpuSample, scope: string, type: string, location: string): 
 }
 
 describe('nvidia-smi -q -x parser on the real captures', () => {
-  it('finds the six captures the README lists', () => {
-    expect(XML_FILES).toHaveLength(6);
+  it('finds the seven captures the README lists', () => {
+    expect(XML_FILES).toHaveLength(7);
+  });
+
+  it('reads the real H200 (v13, driver 580) as NVML read the same GPU on that machine', () => {
+    // The values held against NVML when the capture was taken (SOURCE.md).
+    expect(onlyGpu('h200_580.159.04_v13.xml')).toMatchObject({
+      pciBusId: '0000:00:06',
+      productName: 'NVIDIA H200',
+      driverVersion: '580.159.04',
+      migEnabled: false,
+      temperatureCelsius: 37,
+      memoryTemperatureCelsius: 41,
+      powerDrawWatts: 81.16,
+      powerLimitWatts: 700,
+      memoryTotalBytes: 143771 * MiB,
+      remappedRows: { correctable: 0, uncorrectable: 0, pending: false, failure: false },
+      retiredPages: undefined,
+      pcieLinkGeneration: 5,
+      pcieLinkWidth: 16,
+      pcieReplayErrors: 2,
+      fabric: undefined,
+    });
   });
 
   it.each(XML_FILES)('reads %s into one GPU with identity, a normalised PCI bus id and no NaN anywhere', (name) => {
@@ -196,6 +217,12 @@ const CLOCK_CASES = [
     file: 'telegraf_a10g_515.105.01.xml',
     clocks: { graphics: 210, sm: 210, memory: 405, video: 555 },
     max: { graphics: 1710, sm: 1710, memory: 6251, video: 1500 },
+    active: ['gpu_idle'],
+  },
+  {
+    file: 'h200_580.159.04_v13.xml',
+    clocks: { graphics: 345, sm: 345, memory: 3201, video: 765 },
+    max: { graphics: 1980, sm: 1980, memory: 3201, video: 1545 },
     active: ['gpu_idle'],
   },
   {
