@@ -43,6 +43,10 @@ if [ ! -e /usr/sbin/munged ] && ! command -v munged >/dev/null; then need+=(mung
 # mmdebstrap, the OCI archives by buildah.
 command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
 command -v buildah >/dev/null || need+=(buildah)
+# The stand-in libnvidia-ml.so.1 (sim/nvml/stand-in.c) that the NVML tests and the packaging tests
+# read through koffi: built with cc (gcc) against glibc's headers.
+command -v cc >/dev/null || need+=(gcc)
+[ -e /usr/include/stdio.h ] || need+=(libc6-dev)
 # The ETTR plot's PNG draws its text with an installed font (sim/ettr/plot.ts, docs/ettr-plot.md).
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds steadfast's two Debian packages with dpkg-deb:
-#   steadfast-agent (all)   the node agent alone, for GPU nodes: the bundled agent
-#                           (scripts/stage-agent.mjs) in /usr/lib/steadfast-agent, the
-#                           steadfast-agent command, the agent unit, /etc/steadfast/agent.env and
-#                           the Slurm prolog; no npm dependencies, no native code
+#   steadfast-agent (this arch)  the node agent alone, for GPU nodes: the bundled agent
+#                           (scripts/stage-agent.mjs) in /usr/lib/steadfast-agent with its one npm
+#                           dependency, koffi, and koffi's glibc binary for this architecture (the
+#                           FFI library NVML is read through), the steadfast-agent command, the
+#                           agent unit, /etc/steadfast/agent.env and the Slurm prolog
 #   steadfast (this arch)   the controller and the full command line: the npm package with its
 #                           production dependencies in /usr/lib/steadfast, the steadfast command,
 #                           the controller unit, /etc/steadfast/controller.{env,yaml}
@@ -87,51 +88,9 @@ finish() {
   debs+=("$deb")
 }
 
-# The npm dependencies as npm installs them carry what the controller never loads: tests,
-# examples, docs, TypeScript sources and declarations, source maps, lint and CI settings, C
-# sources, and prebuilt binaries for other systems. They go; licence files stay.
-prune_node_modules() {
-  local modules=$1
-  rm -rf "$modules/.bin" "$modules/.package-lock.json"
-  local dir dirs=()
-  while IFS= read -r -d '' dir; do
-    # Only a package's own top-level folder: a `docs` or `test` deeper down may be code.
-    if [ -f "$(dirname "$dir")/package.json" ]; then dirs+=("$dir"); fi
-  done < <(find "$modules" -type d \( -name test -o -name tests -o -name __tests__ -o -name example -o -name examples \
-    -o -name benchmark -o -name benchmarks -o -name docs -o -name coverage -o -name .github -o -name .husky -o -name .idea \
-    -o -name .claude -o -name .vscode \) -print0)
-  [ ${#dirs[@]} -eq 0 ] || rm -rf "${dirs[@]}"
-  find "$modules" -type f \( -name '*.map' -o -name '*.ts' -o -name '*.mts' -o -name '*.cts' -o -name '*.tsbuildinfo' \
-    -o -name '*.flow' -o -name '*.md' -o -name '*.markdown' -o -name '*.html' -o -name '*.sh' \
-    -o -name '*.c' -o -name '*.cc' -o -name '*.cpp' -o -name '*.h' -o -name '*.hpp' -o -name binding.gyp -o -name CMakeLists.txt -o -name Makefile \
-    -o -name '.npmignore' -o -name '.gitattributes' -o -name '.gitignore' -o -name '.gitkeep' -o -name '.eslintrc*' -o -name '.eslintignore' \
-    -o -name 'eslint.config.*' -o -name '.prettierrc*' -o -name '.prettierignore' -o -name '.editorconfig' -o -name '.travis.yml' \
-    -o -name '.nycrc*' -o -name '.taprc' -o -name '.nvmrc' -o -name '.jshintrc' -o -name '.jsbeautifyrc' -o -name '.codeclimate.yml' \
-    -o -name '.mailmap' -o -name '.checkbuild' -o -name '.nojekyll' -o -name 'tsconfig*.json' \) \
-    ! -iname 'licen[cs]e*' ! -iname 'copying*' ! -iname 'notice*' -delete
-  # Native objects: only this machine's glibc builds are loaded. The bare-* packages' addons are
-  # for the Bare runtime (under Node.js, tar-fs uses Node's own fs); musl, macOS, Windows, Android
-  # and other architectures' builds are never loaded here. What stays is stripped, as dh_strip
-  # would, and not executable (node loads it with dlopen).
-  local machine object
-  machine=$(readelf -h "$(command -v node)" | sed -n 's/^ *Machine: *//p')
-  while IFS= read -r -d '' object; do
-    if [[ "$object" == *.node ]] && [ "$(head -c 4 "$object" | od -An -tx1 | tr -d ' ')" = 7f454c46 ] &&
-      [ "$(readelf -h "$object" | sed -n 's/^ *Machine: *//p')" = "$machine" ] &&
-      readelf -d "$object" | grep -q 'Shared library: \[libc\.so\.6\]'; then
-      strip --strip-unneeded --remove-section=.comment --remove-section=.note "$object"
-      chmod 0644 "$object"
-    else
-      rm -f "$object"
-    fi
-  done < <(find "$modules" -type f \( -name '*.node' -o -name '*.bare' -o -name '*.so' -o -name '*.so.*' -o -name '*.dylib' -o -name '*.dll' -o -name '*.exe' \) -print0)
-  find "$modules" -type d -name prebuilds -empty -delete
-  find "$modules" -depth -type d -empty -delete
-  # Executable: what has a #! line (the packages' own commands); nothing else.
-  find "$modules" -type d -exec chmod 0755 {} +
-  find "$modules" -type f -exec chmod 0644 {} +
-  find "$modules" -type f -exec awk 'FNR == 1 && /^#!/ { print FILENAME } { nextfile }' {} + | xargs -d '\n' -r chmod 0755
-}
+# The npm trees are pruned to what this machine's Node.js loads (packaging/prune-node-modules.sh:
+# no tests, docs or sources; of the native objects only this machine's glibc builds, stripped).
+prune_node_modules() { "$repo/packaging/prune-node-modules.sh" "$1"; }
 
 # dpkg-shlibdeps' Depends for native objects (it wants a debian/control to read; any will do).
 shlib_depends() {
@@ -163,27 +122,35 @@ install -D -m 0755 deploy/slurm/prolog.sh "$agent/usr/lib/steadfast-agent/slurm/
 install -m 0644 deploy/systemd/steadfast-agent.service "$agent/usr/lib/systemd/system/"
 install -m 0644 "$here/etc/agent.env" "$agent/etc/steadfast/"
 add_docs steadfast-agent "$agent" "$agent_readme" docs/agent.md docs/install-debian.md docs/deploy-slurm.md
-node "$here/copyright.mjs" --bundle usr/lib/steadfast-agent/dist/agent.cjs=dist/cli/agent-main.js >"$agent/usr/share/doc/steadfast-agent/copyright"
-finish steadfast-agent "$agent" all <<CONTROL
+# koffi, as stage-agent.mjs copied it from node_modules: this machine's glibc binary alone stays.
+prune_node_modules "$agent/usr/lib/steadfast-agent/node_modules"
+node "$here/copyright.mjs" --node-modules "usr/lib/steadfast-agent/node_modules=$agent/usr/lib/steadfast-agent/node_modules" \
+  --bundle usr/lib/steadfast-agent/dist/agent.cjs=dist/cli/agent-main.js >"$agent/usr/share/doc/steadfast-agent/copyright"
+mapfile -d '' objects < <(find "$agent/usr/lib/steadfast-agent" -type f -name '*.node' -print0)
+[ ${#objects[@]} -gt 0 ] || { echo "build.sh: no koffi binary for $arch in node_modules (npm ci installs this machine's)" >&2; exit 1; }
+agent_shlibs=$(shlib_depends "${objects[@]}")
+finish steadfast-agent "$agent" "$arch" <<CONTROL
 Package: steadfast-agent
 Version: $version
-Architecture: all
+Architecture: $arch
 Maintainer: steadfast maintainers <maintainers@steadfast.dev>
-Depends: nodejs (>= 20.10), adduser
+Depends: nodejs (>= 20.10), adduser${agent_shlibs:+, $agent_shlibs}
 Section: admin
 Priority: optional
 Description: GPU node agent of steadfast, which keeps LLM training jobs running
- A Prometheus exporter for GPU nodes: GPU health from nvidia-smi or
- dcgm-exporter, NVIDIA Xid errors and host kernel events from the kernel
- log, InfiniBand and RoCE ports, NFS client statistics, training progress
- and the training process tree. Fatal faults (a fatal Xid, a lost GPU, a
- failed training worker) go straight to the steadfast controller, which
- drains the node or recovers the job; the agent also takes stack dumps and
- runs stop-time diagnostics when the controller asks.
+ A Prometheus exporter for GPU nodes: GPU health from NVIDIA's management
+ library (NVML, in-process), nvidia-smi or dcgm-exporter, NVIDIA Xid errors
+ and host kernel events from the kernel log, InfiniBand and RoCE ports, NFS
+ client statistics, training progress and the training process tree.
+ Fatal faults (a fatal Xid, a lost GPU, a failed training worker) go
+ straight to the steadfast controller, which drains the node or recovers
+ the job; the agent also takes stack dumps and runs stop-time diagnostics
+ when the controller asks.
  .
- This package holds the agent alone, one bundled script run by Node.js, its
- systemd unit and the Slurm prolog that checks a node before each job. The
- controller is in the package steadfast.
+ This package holds the agent alone, one bundled script run by Node.js with
+ koffi, the FFI library it reads NVML through, its systemd unit and the
+ Slurm prolog that checks a node before each job. The controller is in the
+ package steadfast.
 CONTROL
 
 # ---- steadfast --------------------------------------------------------------------------------

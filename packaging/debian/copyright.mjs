@@ -10,7 +10,8 @@
 //                            paragraph per npm package found under DIR
 //   --bundle PATH=ENTRY      PATH (usr/lib/steadfast-agent/dist/agent.cjs) is esbuild's bundle of
 //                            ENTRY (dist/cli/agent-main.js, in this checkout): one paragraph for
-//                            PATH naming every npm package esbuild takes into it
+//                            PATH naming every npm package esbuild takes into it (not koffi,
+//                            which scripts/build-agent.mjs leaves out: it is under node_modules)
 //
 // A licence that is neither in /usr/share/common-licenses nor in packaging/debian/licenses/ is
 // copied from the first package that ships its text; a licence the script cannot name fails the
@@ -18,6 +19,7 @@
 import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import { dirname, join, relative, sep } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { AGENT_EXTERNALS } from '../../scripts/agent-dependencies.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const repo = join(here, '..', '..');
@@ -88,10 +90,10 @@ function packagesUnder(dir) {
   return found;
 }
 
-/** The npm packages esbuild takes into the bundle of `entry`. */
+/** The npm packages esbuild takes into the bundle of `entry`, with build-agent.mjs's externals left out. */
 async function packagesBundled(entry) {
   const { build } = await import('esbuild');
-  const result = await build({ entryPoints: [join(repo, entry)], bundle: true, platform: 'node', format: 'cjs', write: false, metafile: true, logLevel: 'error', outfile: 'bundle.cjs', absWorkingDir: repo });
+  const result = await build({ entryPoints: [join(repo, entry)], bundle: true, platform: 'node', format: 'cjs', write: false, metafile: true, logLevel: 'error', outfile: 'bundle.cjs', absWorkingDir: repo, external: AGENT_EXTERNALS });
   const dirs = new Set();
   for (const input of Object.keys(result.metafile.inputs)) {
     const match = input.match(/^(.*node_modules\/(?:@[^/]+\/)?[^/]+)\//);

@@ -6,7 +6,9 @@ import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadConfig } from '../../core/config.js';
 import { startRedis } from '../../sim/parts.js';
+import { StandInNvml } from '../../sim/nvml/stand-in.js';
 import { ProcessGroup, freePort, httpOk, waitFor } from '../../sim/processes.js';
+import { DebianRoot, settle, type Result } from './debian-root.js';
 
 /**
  * The Debian packages as an operator gets them. packaging/debian/build.sh builds steadfast-agent
@@ -14,8 +16,10 @@ import { ProcessGroup, freePort, httpOk, waitFor } from '../../sim/processes.js'
  * trixie root whose Node.js is Debian's (scripts/debian-root.sh, cached as a tarball in the temp
  * area). systemd is not PID 1 there, so each unit's ExecStart is run the way systemd would run it:
  * as its User= and Group=, with its capabilities, no new privileges, its umask, its
- * StateDirectory= made, and its Environment= and EnvironmentFile= read. Then `apt purge` of both
- * must leave the root as it was but for the system user and the package manager's own records.
+ * StateDirectory= made, and its Environment= and EnvironmentFile= read (test/package/debian-root.ts).
+ * The installed agent reads a stand-in libnvidia-ml.so.1 (sim/nvml/stand-in.c, built on this
+ * machine with cc; it needs only glibc) through koffi. Then `apt purge` of both must leave the root
+ * as it was but for the system user and the package manager's own records.
  */
 
 const run = promisify(execFile);
@@ -26,8 +30,12 @@ const SUITE = 'trixie';
 const ROOT_PACKAGES = ['nodejs', 'adduser', 'redis-server'];
 const BUILD_TIMEOUT_MS = 300_000;
 const ROOT_TIMEOUT_MS = 600_000;
-const COMMAND_TIMEOUT_MS = 60_000;
-const AGENT_MAX_INSTALLED_KIB = 8 * 1024;
+/** The bundle (about 1 MB) and koffi with its one binary (about 1.3 MB). */
+const AGENT_MAX_INSTALLED_KIB = 3 * 1024;
+/** koffi's binary for this machine's glibc, the one native object either package keeps of koffi's. */
+const KOFFI_BINARY = `node_modules/@koromix/koffi-linux-${process.arch}/linux_${process.arch}/koffi.node`;
+/** One H200 as the stand-in NVML reports it. */
+const NVML_STATE = ['driver 580.159.04', 'gpus 1', '0 pci 00000000:00:06.0', '0 minor 0', '0 uuid GPU-00000000-0000-0000-0000-000000000000', '0 name NVIDIA H200', '0 temp 37', '0 power 81160', ''].join('\n');
 /** Node.js flags an operator sets in agent.env (STEADFAST_NODE_FLAGS); the agent sets its own V8 flags besides. */
 const NODE_FLAGS = '--max-semi-space-size=2 --stack-size=900';
 const UNIT_DIR = '/usr/lib/systemd/system';
@@ -45,156 +53,13 @@ let filesBefore = new Set<string>();
 let installLog = '';
 const processes = new ProcessGroup();
 
-interface Result {
-  code: number;
-  stdout: string;
-  stderr: string;
-}
-
-/** A command's exit status and output, whether it succeeded or not. */
-async function settle(promise: Promise<{ stdout: string; stderr: string }>): Promise<Result> {
-  try {
-    const { stdout, stderr } = await promise;
-    return { code: 0, stdout, stderr };
-  } catch (error) {
-    const failed = error as { code?: number | string; stdout?: string; stderr?: string };
-    return { code: typeof failed.code === 'number' ? failed.code : -1, stdout: failed.stdout ?? '', stderr: failed.stderr ?? String(error) };
-  }
-}
-
-/** A clean environment for commands in the root, as a root shell there would have it. */
-const ROOT_ENV = ['PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin', 'LANG=C.UTF-8', 'HOME=/root', 'DEBIAN_FRONTEND=noninteractive'];
-
-/** `argv` inside the root: its own mount and PID namespaces (a /proc of its own), then chroot. */
-function inRootArgs(argv: readonly string[]): string[] {
-  return ['--mount', '--pid', '--fork', '--kill-child', `--mount-proc=${join(root, 'proc')}`, 'chroot', root, '/usr/bin/env', '-i', ...ROOT_ENV, ...argv];
-}
-
-function inRoot(argv: readonly string[], timeout = COMMAND_TIMEOUT_MS): Promise<Result> {
-  return settle(run('unshare', inRootArgs(argv), { timeout, maxBuffer: 64 * 1024 * 1024 }));
-}
-
-async function inRootOk(argv: readonly string[], timeout = COMMAND_TIMEOUT_MS): Promise<string> {
-  const result = await inRoot(argv, timeout);
-  if (result.code !== 0) throw new Error(`${argv.join(' ')} exited ${result.code}: ${result.stderr}${result.stdout}`);
-  return result.stdout;
-}
-
-/** Every path in the root but the kernel's, the devices and /tmp (where the test keeps its files). */
-function rootFiles(): Set<string> {
-  const paths = readdirSync(root, { recursive: true, encoding: 'utf8' }).filter((path) => !/^(proc|dev|sys|run|tmp)(\/|$)/.test(path));
-  return new Set(paths);
-}
-
-/** `KEY=value` lines as systemd reads an EnvironmentFile= (comments, quotes). */
-function parseEnvironmentFile(text: string): Map<string, string> {
-  const env = new Map<string, string>();
-  for (const line of text.split('\n')) {
-    const match = line.trim().match(/^([A-Za-z_][A-Za-z0-9_]*)=(.*)$/);
-    if (!match) continue;
-    const [, key, raw] = match as unknown as [string, string, string];
-    const value = raw.match(/^"(.*)"$/)?.[1] ?? raw.match(/^'(.*)'$/)?.[1] ?? raw;
-    env.set(key, value);
-  }
-  return env;
-}
-
-interface Unit {
-  readonly service: Map<string, string[]>;
-  one(key: string): string;
-}
-
-function readUnit(path: string): Unit {
-  const service = new Map<string, string[]>();
-  let section = '';
-  for (const line of readFileSync(path, 'utf8').split('\n')) {
-    const header = line.match(/^\[(\w+)\]$/);
-    if (header) section = header[1] as string;
-    const entry = line.match(/^(\w+)=(.*)$/);
-    if (section === 'Service' && entry) service.set(entry[1] as string, [...(service.get(entry[1] as string) ?? []), entry[2] as string]);
-  }
-  return {
-    service,
-    one(key) {
-      const values = service.get(key);
-      if (values?.length !== 1) throw new Error(`${path}: expected one ${key}=, found ${values?.length ?? 0}`);
-      return values[0] as string;
-    },
-  };
-}
-
-/** CAP_SYSLOG CAP_SYS_PTRACE → ['syslog', 'sys_ptrace'], as setpriv names them. */
-function capabilities(value: string | undefined): string[] {
-  return (value ?? '').split(/\s+/).filter(Boolean).map((cap) => cap.replace(/^CAP_/, '').toLowerCase());
-}
-
-/**
- * The command systemd would run for `unitPath` in the root: ExecStart with $VAR and ${VAR}
- * expanded from the unit's environment, under setpriv with the unit's user, groups and
- * capabilities, and the unit's umask. Makes the unit's StateDirectory= as systemd does.
- * `command`, when given, runs instead of ExecStart in the same environment and confinement.
- */
-async function unitCommand(unitPath: string, command?: readonly string[]): Promise<string[]> {
-  const unit = readUnit(join(root, unitPath));
-  const user = unit.one('User');
-  const group = unit.one('Group');
-  const passwd = readFileSync(join(root, 'etc', 'passwd'), 'utf8').split('\n').find((line) => line.startsWith(`${user}:`));
-  if (!passwd) throw new Error(`the root has no user ${user}`);
-  const [, , uid, gid, , home, shell] = passwd.split(':') as [string, string, string, string, string, string, string];
-  const env = new Map<string, string>([
-    ['PATH', '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin'],
-    ['LANG', 'C.UTF-8'],
-    ['HOME', home],
-    ['USER', user],
-    ['LOGNAME', user],
-    ['SHELL', shell],
-  ]);
-  for (const state of unit.service.get('StateDirectory') ?? []) {
-    const dir = join(root, 'var', 'lib', state);
-    mkdirSync(dir, { recursive: true });
-    await run('chown', [`${uid}:${gid}`, dir]);
-    chmodSync(dir, Number.parseInt(unit.service.get('StateDirectoryMode')?.[0] ?? '0755', 8));
-    env.set('STATE_DIRECTORY', `/var/lib/${state}`);
-  }
-  for (const assignment of unit.service.get('Environment') ?? []) {
-    const [key, ...value] = assignment.replace(/^"|"$/g, '').split('=');
-    env.set(key as string, value.join('='));
-  }
-  for (const file of unit.service.get('EnvironmentFile') ?? []) {
-    const path = join(root, file.replace(/^-/, ''));
-    if (existsSync(path)) for (const [key, value] of parseEnvironmentFile(readFileSync(path, 'utf8'))) env.set(key, value);
-    else if (!file.startsWith('-')) throw new Error(`${unitPath}: EnvironmentFile ${file} is missing`);
-  }
-  const execStart = unit.one('ExecStart');
-  if (/^[-@+!:]/.test(execStart)) throw new Error(`${unitPath}: ExecStart prefixes are not emulated: ${execStart}`);
-  const argv = execStart.split(/\s+/).flatMap((word) => {
-    const whole = word.match(/^\$([A-Za-z_]\w*)$/);
-    if (whole) return (env.get(whole[1] as string) ?? '').split(/\s+/).filter(Boolean);
-    return [word.replace(/\$\{([A-Za-z_]\w*)\}/g, (_, name: string) => env.get(name) ?? '')];
-  });
-  const bounding = capabilities(unit.service.get('CapabilityBoundingSet')?.at(-1));
-  const ambient = capabilities(unit.service.get('AmbientCapabilities')?.at(-1));
-  const caps = (names: string[]) => ['-all', ...names.map((name) => `+${name}`)].join(',');
-  return [
-    'setpriv',
-    `--reuid=${user}`,
-    `--regid=${group}`,
-    '--init-groups',
-    `--bounding-set=${caps(bounding)}`,
-    `--inh-caps=${caps(ambient)}`,
-    `--ambient-caps=${caps(ambient)}`,
-    ...(unit.service.get('NoNewPrivileges')?.[0] === 'yes' ? ['--no-new-privs'] : []),
-    '--',
-    '/bin/sh',
-    '-c',
-    `umask ${unit.service.get('UMask')?.[0] ?? '0022'} && exec "$@"`,
-    unitPath,
-    '/usr/bin/env',
-    '-i',
-    ...[...env].map(([key, value]) => `${key}=${value}`),
-    ...(command ?? argv),
-  ];
-}
+let debian: DebianRoot;
+const inRootArgs = (argv: readonly string[]): string[] => debian.args(argv);
+const inRoot = (argv: readonly string[], timeout?: number): Promise<Result> => debian.run(argv, timeout);
+const inRootOk = (argv: readonly string[], timeout?: number): Promise<string> => debian.ok(argv, timeout);
+const rootFiles = (): Set<string> => debian.files();
+const unitCommand = (unitPath: string, command?: readonly string[]): Promise<string[]> => debian.unitCommand(unitPath, command);
+const processesInRoot = (): string[] => debian.processes();
 
 const units = new Map<string, ChildProcess>();
 
@@ -228,20 +93,6 @@ async function stopUnit(name: string): Promise<void> {
   }
   await Promise.race([exited, new Promise((resolve) => setTimeout(resolve, 5_000))]);
   await processes.stop(name, 0, 'SIGKILL');
-}
-
-/** Processes whose root directory is the Debian root (none may run while it is purged). */
-function processesInRoot(): string[] {
-  return readdirSync('/proc')
-    .filter((pid) => /^\d+$/.test(pid))
-    .filter((pid) => {
-      try {
-        return readlinkSync(`/proc/${pid}/root`) === root;
-      } catch {
-        return false;
-      }
-    })
-    .map((pid) => `${pid} ${readFileSync(`/proc/${pid}/cmdline`, 'utf8').replaceAll('\0', ' ').trim()}`);
 }
 
 /** Replaces `KEY=...` in one of the root's env files, as an operator edits a conffile. */
@@ -287,6 +138,7 @@ beforeAll(async () => {
   if (!existsSync(join(REPO, 'dist', 'cli', 'main.js'))) throw new Error('dist/ is missing: run `npm run build` (npm test does it)');
   work = mkdtempSync(join(tmpdir(), 'steadfast-deb-'));
   root = join(work, 'root');
+  debian = new DebianRoot(root);
   const building = run(join(REPO, 'packaging', 'debian', 'build.sh'), ['--out', join(work, 'debs'), '--no-build'], { cwd: REPO, timeout: BUILD_TIMEOUT_MS, maxBuffer: 16 * 1024 * 1024 });
   // The root is made (or unpacked from its cached tarball) while the packages build.
   const rooting = run(join(REPO, 'scripts', 'debian-root.sh'), [SUITE, root, ...ROOT_PACKAGES], { timeout: ROOT_TIMEOUT_MS, maxBuffer: 16 * 1024 * 1024 });
@@ -321,13 +173,13 @@ afterAll(async () => {
 });
 
 describe('the Debian packages', () => {
-  it('builds steadfast-agent for every architecture and steadfast for this one, both on Node.js 20.10 or later, with no file in both', async () => {
+  it('builds steadfast-agent and steadfast for this architecture (both carry koffi\'s binary), both on Node.js 20.10 or later, with no file in both', async () => {
     const agent = (await run('dpkg-deb', ['-f', agentDeb])).stdout;
-    expect(agent).toMatch(/^Package: steadfast-agent$/m);
-    expect(agent).toMatch(/^Architecture: all$/m);
-    expect(agent).toMatch(/^Depends: nodejs \(>= 20\.10\), adduser$/m);
-    const controller = (await run('dpkg-deb', ['-f', controllerDeb])).stdout;
     const arch = (await run('dpkg', ['--print-architecture'])).stdout.trim();
+    expect(agent).toMatch(/^Package: steadfast-agent$/m);
+    expect(agent).toMatch(new RegExp(`^Architecture: ${arch}$`, 'm'));
+    expect(agent).toMatch(/^Depends: nodejs \(>= 20\.10\), adduser, libc6 /m);
+    const controller = (await run('dpkg-deb', ['-f', controllerDeb])).stdout;
     expect(controller).toMatch(/^Package: steadfast$/m);
     expect(controller).toMatch(new RegExp(`^Architecture: ${arch}$`, 'm'));
     expect(controller).toMatch(/^Depends: nodejs \(>= 20\.10\), adduser, libc6 /m);
@@ -354,12 +206,18 @@ describe('the Debian packages', () => {
     expect([...agentFiles, ...controllerFiles].filter((path) => /\.cache$|\.map$|^\.\/lib\/|\/dist\/bench\/|^\.\/usr\/lib\/steadfast\/test\//.test(path))).toEqual([]);
   });
 
-  it('keeps the agent package at most 8 MB installed, with no native code', async () => {
+  it("keeps the agent package at most 3 MB installed, its one native object koffi's glibc build for this architecture, stripped; the controller keeps the same of koffi's", async () => {
     const installedKib = Number((await run('dpkg-deb', ['-f', agentDeb, 'Installed-Size'])).stdout.trim());
     expect(installedKib).toBeGreaterThan(0);
     expect(installedKib).toBeLessThanOrEqual(AGENT_MAX_INSTALLED_KIB);
-    const listing = (await run('dpkg-deb', ['-c', agentDeb])).stdout;
-    expect(listing).not.toMatch(/\.(node|so|bare)$/m);
+    const natives = async (deb: string) => (await run('dpkg-deb', ['-c', deb], { maxBuffer: 64 * 1024 * 1024 })).stdout.split('\n').map((line) => line.split(/\s+/).at(5) ?? '').filter((path) => /\.(node|so|bare)$|musl|darwin|win32/.test(path));
+    expect(await natives(agentDeb)).toEqual([`./usr/lib/steadfast-agent/${KOFFI_BINARY}`]);
+    expect((await natives(controllerDeb)).filter((path) => path.includes('koffi'))).toEqual([`./usr/lib/steadfast/${KOFFI_BINARY}`]);
+    expect((await run('readelf', ['-S', join(unpacked, 'usr', 'lib', 'steadfast-agent', KOFFI_BINARY)])).stdout).not.toMatch(/\.symtab|\.comment/);
+    // koffi's MIT licence, in the copyright file's paragraph for its files.
+    const copyright = readFileSync(join(unpacked, 'usr', 'share', 'doc', 'steadfast-agent', 'copyright'), 'utf8');
+    expect(copyright).toMatch(/^Files: usr\/lib\/steadfast-agent\/node_modules\/koffi\/\*\nCopyright: [^\n]*Niels Martignène[^\n]*\nLicense: Expat$/m);
+    expect(copyright).toMatch(/^License: Expat\n Permission is hereby granted/m);
   });
 
   it('passes lintian with no error and no warning that is not overridden, each override justified by a comment', async () => {
@@ -442,6 +300,18 @@ describe('the Debian packages', () => {
       expect(readFileSync(`/proc/${unitPid(agent)}/cmdline`, 'utf8').split('\0').slice(0, 4)).toEqual(['node', ...NODE_FLAGS.split(' '), '/usr/lib/steadfast-agent/bin/steadfast-agent.cjs']);
     } finally {
       await stopUnit('agent');
+    }
+  });
+
+  it('reads the GPUs through NVML with the koffi each package carries: the agent as its unit runs it, and `steadfast agent`', async () => {
+    const nvml = await StandInNvml.create(join(root, 'tmp', 'nvml'), NVML_STATE);
+    await run('chmod', ['-R', 'a+rX', nvml.dir]);
+    const args = ['--once', '--node', 'deb-node', '--path.kmsg', '/tmp/fixtures/fatal-kern.log', '--gpu.source', 'nvml', '--gpu.nvml-library', '/tmp/nvml/libnvidia-ml.so.1'];
+    const agent = await inRootOk(await unitCommand(AGENT_UNIT, ['/usr/bin/steadfast-agent', ...args, '--xid.state-file', '/tmp/nvml-agent-xid.json']));
+    const full = await inRootOk(['steadfast', 'agent', ...args, '--xid.state-file', '/tmp/nvml-full-xid.json']);
+    for (const text of [agent, full]) {
+      expect(text).toContain('steadfast_gpu_temperature_celsius{gpu="0",pci_bus_id="0000:00:06",UUID="GPU-00000000-0000-0000-0000-000000000000"} 37');
+      expect(text).toMatch(/^steadfast_gpu_source_info\{source="nvml"\} 1$/m);
     }
   });
 
