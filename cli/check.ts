@@ -5,6 +5,7 @@ import { createLogger } from '../core/log.js';
 import { nodeNameSchema } from '../core/names.js';
 import { parseOrThrow } from '../core/validate.js';
 import { checkNodeHealth } from '../exporters/health-check.js';
+import { DEFAULT_NVML_LIBRARY, GPU_SOURCE_FLAG, NVML_LIBRARY_FLAG, gpuSourceSetting } from '../exporters/gpu-source.js';
 import { EXIT_FAILURE, parsePositiveInt, runCommand } from './common.js';
 
 /**
@@ -24,6 +25,8 @@ interface CheckOptions {
   'path.kmsg': string;
   'nvidiaSmi.path': string;
   'nvidiaSmi.xml'?: string;
+  'gpu.source': string;
+  'gpu.nvmlLibrary': string;
   'xid.stateFile': string;
   expectGpus?: number;
   drain?: boolean;
@@ -40,6 +43,8 @@ export function checkCommand(): Command {
     .option('--path.kmsg <file>', 'kernel log: /dev/kmsg, or a log file (another character device or a FIFO: at most 8 MiB or 2 s of it)', '/dev/kmsg')
     .option('--nvidia-smi.path <file>', 'nvidia-smi binary', 'nvidia-smi')
     .option('--nvidia-smi.xml <file>', 'read this captured `nvidia-smi -q -x` file instead of running nvidia-smi')
+    .option('--gpu.source <source>', 'where to read the GPUs: auto, nvml, nvidia-smi (as the agent\'s --gpu.source)', 'auto')
+    .option('--gpu.nvml-library <file>', 'the NVML library to load', DEFAULT_NVML_LIBRARY)
     .option('--xid.state-file <file>', 'where the fatal Xids this check reported are remembered (not the agent\'s file)', DEFAULT_CHECK_XID_STATE_FILE)
     .option('--expect-gpus <count>', 'GPUs this node has; fewer listed (or none readable) is a fault', parsePositiveInt)
     .option('--drain', 'drain this node in Slurm with the faults as the reason (scontrol update ... State=DRAIN)')
@@ -48,6 +53,8 @@ export function checkCommand(): Command {
     .action(async (options: CheckOptions) => {
       await runCommand(async () => {
         const node = parseOrThrow(nodeNameSchema, options.node, '--node');
+        const gpuSettings = { [GPU_SOURCE_FLAG]: options['gpu.source'], [NVML_LIBRARY_FLAG]: options['gpu.nvmlLibrary'] };
+        gpuSourceSetting(gpuSettings);
         const logger = createLogger('steadfast-check', process.env.STEADFAST_LOG_LEVEL ?? 'warn');
         const verdict = await checkNodeHealth({
           node,
@@ -59,6 +66,7 @@ export function checkCommand(): Command {
             nvidiaSmiXml: options['nvidiaSmi.xml'],
           },
           xidStateFile: options['xid.stateFile'],
+          gpuSettings,
           expectGpus: options.expectGpus,
           logger,
           report: async (faults) => {

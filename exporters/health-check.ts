@@ -25,6 +25,8 @@ export interface HealthCheckOptions {
   readonly paths: CollectorPaths;
   /** Where reported fatal Xids are remembered; keep it apart from the agent's own. */
   readonly xidStateFile: string;
+  /** The gpu collector's source settings (`gpu.source`, `gpu.nvml-library`); auto where absent. */
+  readonly gpuSettings?: CollectorSettings | undefined;
   /** GPUs the node has; none: the GPU count is not checked. */
   readonly expectGpus?: number | undefined;
   readonly logger: Logger;
@@ -50,7 +52,7 @@ async function gaugeValue(registry: Registry, name: string): Promise<number | un
 export async function checkNodeHealth(options: HealthCheckOptions): Promise<HealthVerdict> {
   const registry = new Registry();
   const events: Array<{ event: FastPathEvent; onOutcome: FastPathOutcomeHandler | undefined }> = [];
-  const settings: CollectorSettings = { [XID_STATE_FILE_FLAG]: options.xidStateFile };
+  const settings: CollectorSettings = { ...options.gpuSettings, [XID_STATE_FILE_FLAG]: options.xidStateFile };
   const context: CollectorContext = {
     registry,
     paths: options.paths,

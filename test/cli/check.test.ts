@@ -6,6 +6,7 @@ import { checkCommand } from '../../cli/check.js';
 import { buildFixtureNode, type FixtureNode } from '../../sim/fixture-node.js';
 import { slurmNode, startSlurm, type SlurmPart } from '../../sim/parts.js';
 import { ProcessGroup } from '../../sim/processes.js';
+import { StandInNvml } from '../../sim/nvml/stand-in.js';
 import { runCli } from '../support/cli.js';
 
 const FATAL_XID = "[ 2001.000000] NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n";
@@ -71,6 +72,20 @@ describe('steadfast check on a fixture node', () => {
     const retried = await check();
     expect(retried.exitCode).toBe(1);
     expect(retried.stdout).toContain('fatal Xid 48 on GPU 0000:18:00');
+  });
+
+  it('reads the GPUs through NVML with --gpu.source nvml, and names a GPU NVML cannot reach', async () => {
+    const gpus = Array.from({ length: 2 }, (_, index) => `${index} pci 00000000:${(0x18 + index).toString(16)}:00.0\n${index} minor ${index}\n${index} temp 40\n`).join('');
+    const nvml = await StandInNvml.create(join(root, 'nvml'), `driver 580.159.04\ngpus 2\n${gpus}`);
+    const args = ['--node', NODE, '--path.procfs', node.procfs, '--path.kmsg', node.kmsg, '--xid.state-file', state, '--gpu.source', 'nvml', '--gpu.nvml-library', nvml.library];
+    expect(await runCli(checkCommand(), [...args, '--expect-gpus', '2'])).toMatchObject({ exitCode: 0, stdout: `${NODE}: healthy\n` });
+    await nvml.setState(`driver 580.159.04\ngpus 2\n${gpus}1 fail.handle 15\n`);
+    const lost = await runCli(checkCommand(), [...args, '--expect-gpus', '2']);
+    expect(lost.exitCode).toBe(1);
+    expect(lost.stdout).toBe(`${NODE}: steadfast check: GPU lost: 1 of 2 GPUs listed\n`);
+    const wrong = await runCli(checkCommand(), [...args, '--gpu.source', 'dcgm']);
+    expect(wrong.exitCode).toBe(2);
+    expect(wrong.stderr).toContain('--gpu.source: must be one of');
   });
 
   it('refuses a node name that could become an option or a second argument to scontrol, naming the flag', async () => {
