@@ -1,7 +1,7 @@
 import type { CollectorContext } from '../collector.js';
 import type { GpuSourceChoice } from '../gpu-source.js';
-import { NVML, type NvmlDevice, type NvmlLibrary } from '../sources/nvml/library.js';
-import { readNvmlDevice, type NvmlReadOptions } from '../sources/nvml/read.js';
+import { cString, NVML, NvmlError, type NvmlDevice, type NvmlLibrary } from '../sources/nvml/library.js';
+import { nvmlDeviceHandles, readNvmlDevice, type NvmlReadOptions } from '../sources/nvml/read.js';
 import type { NvlinkErrorCount } from '../sources/nvlink-errors.js';
 import type { GpuSample } from '../sources/nvidia-smi-xml.js';
 import { NvmlXidEvents } from './gpu-nvml-events.js';
@@ -42,28 +42,20 @@ export async function pollNvml(
 ): Promise<NvmlPollResult> {
   const failed = (name: Parameters<NvmlReadOptions['failed']>[0], code: number): void => choice?.nvmlFailed(name, code);
   const work = async (): Promise<NvmlPollResult> => {
-    const count = [0];
-    const code = await nvml.call('reads', 'nvmlDeviceGetCount_v2', count);
-    if (code !== NVML.SUCCESS) throw nvml.error('nvmlDeviceGetCount_v2', code);
+    const handles = await nvmlDeviceHandles(nvml, failed);
     const buffer = Buffer.alloc(81);
     const driverCode = await nvml.call('reads', 'nvmlSystemGetDriverVersion', buffer, 80);
-    const driverVersion = driverCode === NVML.SUCCESS ? buffer.toString('utf8', 0, Math.max(0, buffer.indexOf(0))) : undefined;
+    const driverVersion = driverCode === NVML.SUCCESS ? cString(buffer) : undefined;
     const devices: { device: NvmlDevice; sample: GpuSample }[] = [];
     const nvlink: NvlinkErrorCount[] = [];
-    for (let index = 0; index < Number(count[0]); index++) {
-      const handle: unknown[] = [null];
-      const handleCode = await nvml.call('reads', 'nvmlDeviceGetHandleByIndex_v2', index, handle);
-      if (handleCode !== NVML.SUCCESS) {
-        failed('nvmlDeviceGetHandleByIndex_v2', handleCode);
-        continue;
-      }
-      const device = handle[0] as NvmlDevice;
+    for (const { index, device } of handles) {
       try {
         const reading = await readNvmlDevice(nvml, device, index, driverVersion, { ...read, failed }, processNames);
         devices.push({ device, sample: reading.sample });
         nvlink.push(...reading.nvlink);
       } catch (error) {
-        if (error instanceof Error && 'code' in error && typeof error.code === 'number') failed('nvmlDeviceGetPciInfo_v3', error.code);
+        // Its PCI bus id cannot be read (or is not one): the GPU cannot be told apart, so it is left out.
+        failed('nvmlDeviceGetPciInfo_v3', error instanceof NvmlError ? error.code : NVML.ERROR_UNKNOWN);
       }
     }
     return { driverVersion, gpus: devices.map(({ sample }) => sample), nvlink, devices };

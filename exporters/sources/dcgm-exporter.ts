@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { CLOCK_EVENT_BITS } from './clock-event-reasons.js';
 import { InputError } from '../../core/errors.js';
 import { normalizePciBusId } from '../../core/names.js';
 import { parseExpositionText, type ExpositionLineError, type ExpositionText } from './exposition-text.js';
@@ -104,18 +105,6 @@ function reported(value: number): boolean {
 const MIB = 1024 ** 2;
 const MHZ = 1e6;
 
-/** DCGM_CLOCKS_EVENT_REASON_* bits (dcgm_fields.h), named as nvidia-smi's XML names them. */
-const CLOCK_EVENT_BITS: readonly { readonly bit: number; readonly reason: string }[] = [
-  { bit: 0x1, reason: 'gpu_idle' },
-  { bit: 0x2, reason: 'applications_clocks_setting' },
-  { bit: 0x4, reason: 'sw_power_cap' },
-  { bit: 0x8, reason: 'hw_slowdown' },
-  { bit: 0x10, reason: 'sync_boost' },
-  { bit: 0x20, reason: 'sw_thermal_slowdown' },
-  { bit: 0x40, reason: 'hw_thermal_slowdown' },
-  { bit: 0x80, reason: 'hw_power_brake_slowdown' },
-  { bit: 0x100, reason: 'display_clocks_setting' },
-];
 
 interface GpuSeries {
   readonly index: number;

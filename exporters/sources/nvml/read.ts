@@ -1,4 +1,5 @@
 import { normalizePciBusId } from '../../../core/names.js';
+import { CLOCK_EVENT_BITS, XML_REASON_ORDER } from '../clock-event-reasons.js';
 import type { NvlinkErrorCount } from '../nvlink-errors.js';
 import type { ClockDomain, ClockReadings, EccCount, EccScope, EccType, FabricState, GpuProcess, GpuSample, RemappedRows, RetiredPages } from '../nvidia-smi-xml.js';
 import { cString, NVML, type NvmlDevice, type NvmlFunction, type NvmlLibrary } from './library.js';
@@ -43,18 +44,11 @@ const CLOCKS: readonly { readonly type: number; readonly domain: ClockDomain }[]
   { type: 3, domain: 'video' },
 ];
 
-/** nvmlClocksEventReasons bits, by the name `<clocks_event_reasons>` gives each (clocks_event_reason_<name>). */
-const CLOCK_REASONS: readonly { readonly bit: bigint; readonly name: string }[] = [
-  { bit: 0x1n, name: 'gpu_idle' },
-  { bit: 0x2n, name: 'applications_clocks_setting' },
-  { bit: 0x4n, name: 'sw_power_cap' },
-  { bit: 0x8n, name: 'hw_slowdown' },
-  { bit: 0x40n, name: 'hw_thermal_slowdown' },
-  { bit: 0x80n, name: 'hw_power_brake_slowdown' },
-  { bit: 0x10n, name: 'sync_boost' },
-  { bit: 0x20n, name: 'sw_thermal_slowdown' },
-  { bit: 0x100n, name: 'display_clocks_setting' },
-];
+/** The reasons by bit, in the order the XML lists them. */
+const CLOCK_REASONS = XML_REASON_ORDER.map((reason) => {
+  const entry = CLOCK_EVENT_BITS.find((candidate) => candidate.reason === reason);
+  return { bit: BigInt(entry?.bit ?? 0), name: reason };
+});
 
 /** nvmlMemoryLocation_t. Ampere and later count ECC in two places, SRAM and DRAM, as the v12+ XML does. */
 const LOCATION_SRAM = 7;
@@ -399,20 +393,29 @@ async function readMemory(reads: DeviceReads, nvml: NvmlLibrary): Promise<{ tota
  * minor number, as `nvidia-smi nvlink -e` numbers GPUs, and its UUID.
  */
 export async function readNvmlNvlink(nvml: NvmlLibrary, failed: NvmlReadOptions['failed']): Promise<NvlinkErrorCount[]> {
-  const count = [0];
-  const code = await nvml.call('reads', 'nvmlDeviceGetCount_v2', count);
-  if (code !== NVML.SUCCESS) throw nvml.error('nvmlDeviceGetCount_v2', code);
   const counts: NvlinkErrorCount[] = [];
-  for (let index = 0; index < Number(count[0]); index++) {
-    const handle: unknown[] = [null];
-    const handleCode = await nvml.call('reads', 'nvmlDeviceGetHandleByIndex_v2', index, handle);
-    if (handleCode !== NVML.SUCCESS) {
-      failed('nvmlDeviceGetHandleByIndex_v2', handleCode);
-      continue;
-    }
-    const reads = new DeviceReads(nvml, handle[0] as NvmlDevice, { failed });
+  for (const { index, device } of await nvmlDeviceHandles(nvml, failed)) {
+    const reads = new DeviceReads(nvml, device, { failed });
     const minor = await reads.uint('nvmlDeviceGetMinorNumber');
     counts.push(...(await readNvlink(reads, minor ?? index, await reads.text('nvmlDeviceGetUUID', 96))));
   }
   return counts;
+}
+
+/**
+ * Every GPU's handle, by index. Throws when the GPUs cannot be counted; a handle NVML cannot
+ * give (a GPU lost, `gpu_is_lost`) is counted and left out, so that GPU shows as not present.
+ */
+export async function nvmlDeviceHandles(nvml: NvmlLibrary, failed: NvmlReadOptions['failed']): Promise<{ index: number; device: NvmlDevice }[]> {
+  const count = [0];
+  const code = await nvml.call('reads', 'nvmlDeviceGetCount_v2', count);
+  if (code !== NVML.SUCCESS) throw nvml.error('nvmlDeviceGetCount_v2', code);
+  const handles: { index: number; device: NvmlDevice }[] = [];
+  for (let index = 0; index < Number(count[0]); index++) {
+    const handle: unknown[] = [null];
+    const handleCode = await nvml.call('reads', 'nvmlDeviceGetHandleByIndex_v2', index, handle);
+    if (handleCode === NVML.SUCCESS) handles.push({ index, device: handle[0] as NvmlDevice });
+    else failed('nvmlDeviceGetHandleByIndex_v2', handleCode);
+  }
+  return handles;
 }
