@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the steadfast container images with buildah, from Debian's archive, into OCI archives:
 #   steadfast-agent-VERSION.oci.tar       Node.js from Debian and the agent alone
-#                                         (/usr/lib/steadfast-agent, scripts/stage-agent.mjs),
-#                                         with V8's code cache its own node made; user 65532
+#                                         (/usr/lib/steadfast-agent, scripts/stage-agent.mjs) with
+#                                         koffi and its glibc binary for this architecture (NVML
+#                                         in-process), V8's code cache its own node made; user 65532
 #   steadfast-controller-VERSION.oci.tar  Node.js from Debian and the npm package with its
 #                                         production dependencies (/usr/lib/steadfast); user 65532
 # Both have two layers: the Node.js runtime (runtime-root.sh: node, its libraries, CA
@@ -11,7 +12,8 @@
 #   --out DIR     where to write the archives (default: the current directory)
 #   --no-build    use the dist/ already built instead of running `npm run build` first
 #   --only WHICH  build one image
-# Prints the path of each archive written. Needs root, buildah, mmdebstrap (the Debian root
+# Prints the path of each archive written. Needs root, buildah, binutils (the agent's koffi binary
+# is stripped, packaging/prune-node-modules.sh), mmdebstrap (the Debian root
 # comes from scripts/debian-root.sh, cached under ${TMPDIR:-/tmp}/steadfast-debian-roots) and
 # npm (the controller's dependencies, from the npm cache first). Nothing is left in buildah's
 # storage: it lives in a temporary directory, removed at exit.
@@ -32,6 +34,7 @@ while [ $# -gt 0 ]; do
 done
 [ "$(id -u)" -eq 0 ] || { echo "build.sh: run as root (the Debian root, the chroot that writes the code cache, buildah's storage)" >&2; exit 1; }
 command -v buildah >/dev/null || { echo "build.sh: buildah is missing: apt-get install buildah" >&2; exit 1; }
+command -v strip >/dev/null && command -v readelf >/dev/null || { echo "build.sh: strip and readelf are missing: apt-get install binutils" >&2; exit 1; }
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 
@@ -87,12 +90,16 @@ commit() {
 }
 
 if [ "$only" != controller ]; then
-  # The agent tree, then V8's code cache for it, made by the image's own node in a chroot of the
+  # The agent tree with koffi (this machine's glibc binary alone, stripped: the image's node is
+  # Debian's), then V8's code cache for it, made by the image's own node in a chroot of the
   # image's root as it will be (the cache is only read by the build that made it: cli/agent-bundle.ts).
   root=$stage/agent-root
   cp -a "$stage/runtime" "$root"
   node scripts/stage-agent.mjs "$root/usr/lib/steadfast-agent" >/dev/null
+  packaging/prune-node-modules.sh "$root/usr/lib/steadfast-agent/node_modules"
   chown -R 0:0 "$root/usr/lib/steadfast-agent"
+  # koffi's binary must load with the runtime layer's libraries alone (libstdc++, libgcc_s, libc).
+  chroot "$root" /usr/bin/node -e 'require("/usr/lib/steadfast-agent/node_modules/koffi")'
   install -d -m 0755 "$root/var/cache/steadfast-agent"
   chroot "$root" /usr/bin/node /usr/lib/steadfast-agent/bin/steadfast-agent.cjs --write-code-cache >/dev/null
   agent=$(buildah_ from steadfast-node-runtime)
@@ -102,7 +109,7 @@ if [ "$only" != controller ]; then
   buildah_ config \
     --entrypoint '["/usr/bin/node", "/usr/lib/steadfast-agent/bin/steadfast-agent.cjs"]' --cmd '' \
     --user 65532:65532 --workingdir / --port 9401/tcp --env PATH=/usr/local/bin:/usr/bin:/bin \
-    --created-by "packaging/image/build.sh: /usr/lib/steadfast-agent (scripts/stage-agent.mjs), its code cache" \
+    --created-by "packaging/image/build.sh: /usr/lib/steadfast-agent (scripts/stage-agent.mjs, koffi), its code cache" \
     --label "org.opencontainers.image.title=steadfast-agent" \
     --label "org.opencontainers.image.description=The steadfast GPU-node agent: GPU, Xid, InfiniBand, NFS and training health on :9401/metrics, fatal events to the controller" \
     "${labels[@]}" "$agent"

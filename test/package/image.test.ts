@@ -5,6 +5,7 @@ import { join, relative } from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildFixtureNode } from '../../sim/fixture-node.js';
+import { StandInNvml } from '../../sim/nvml/stand-in.js';
 import { ProcessGroup, freePort, httpOk, waitFor } from '../../sim/processes.js';
 
 /**
@@ -12,7 +13,10 @@ import { ProcessGroup, freePort, httpOk, waitFor } from '../../sim/processes.js'
  * No container runtime can start one here (crun may not set the rlimits it wants), so the test
  * does what a runtime does: reads the archive's index, manifest and config, unpacks the layers
  * in order into a directory, and starts the config's Entrypoint + Cmd there in a chroot, as the
- * config's User, with its Env and WorkingDir. The agent then answers a scrape of a fixture node.
+ * config's User, with its Env and WorkingDir. The agent then answers a scrape of a fixture node,
+ * and reads a stand-in libnvidia-ml.so.1 (sim/nvml/stand-in.c, built here with cc; glibc is all
+ * it needs) copied into the image's root, through the koffi the image carries, as it reads the
+ * driver's library that the NVIDIA container toolkit or a hostPath mounts into a pod.
  */
 
 const run = promisify(execFile);
@@ -23,6 +27,8 @@ const BUILD_TIMEOUT_MS = 480_000;
 const CHROOT = '/usr/sbin/chroot';
 /** The agent image, compressed as a registry stores it: Node.js with its libraries (ICU's data is most of it) and the agent. */
 const AGENT_IMAGE_MAX_BYTES = 60 * 1024 * 1024;
+/** One H200 as the stand-in NVML reports it. */
+const NVML_STATE = ['driver 580.159.04', 'gpus 1', '0 pci 00000000:00:06.0', '0 minor 0', '0 uuid GPU-00000000-0000-0000-0000-000000000000', '0 name NVIDIA H200', '0 temp 37', '0 power 81160', ''].join('\n');
 
 interface Descriptor {
   readonly digest: string;
@@ -139,6 +145,30 @@ describe('the agent image', () => {
     }
     expect(readdirSync(join(agent.root, 'usr', 'bin'))).toEqual(['node']);
     expect(readFileSync(join(agent.root, 'usr', 'share', 'doc', 'nodejs', 'copyright'), 'utf8')).toMatch(/Node\.js|nodejs/i);
+  });
+
+  it("carries koffi with its glibc binary for this architecture alone, and reads the GPUs through NVML from a libnvidia-ml.so.1 mounted into it", async () => {
+    const modules = join(agent.root, 'usr', 'lib', 'steadfast-agent', 'node_modules');
+    const natives = readdirSync(modules, { recursive: true, encoding: 'utf8' }).filter((path) => /\.node$|musl/.test(path));
+    expect(natives).toEqual([`@koromix/koffi-linux-${process.arch}/linux_${process.arch}/koffi.node`]);
+    expect(existsSync(join(modules, 'koffi', 'LICENSE.txt'))).toBe(true);
+    const node = buildFixtureNode(join(agent.root, 'nvml-node'));
+    await StandInNvml.create(join(agent.root, 'nvml'), NVML_STATE);
+    copyFileSync(join(FIXTURES, 'xid-kernel-logs', 'gpud_xid_lines_h100_gb200.txt'), join(agent.root, 'nvml-node', 'kern.log'));
+    await run('chmod', ['-R', 'a+rX', join(agent.root, 'nvml'), join(agent.root, 'nvml-node')]);
+    const inImage = (path: string): string => `/${relative(agent.root, path)}`;
+    const text = await runImage(agent, [
+      '--once',
+      '--node=image-node',
+      `--path.sysfs=${inImage(node.sysfs)}`,
+      `--path.procfs=${inImage(node.procfs)}`,
+      '--path.kmsg=/nvml-node/kern.log',
+      '--xid.state-file=/tmp/nvml-xid-state.json',
+      '--gpu.source=nvml',
+      '--gpu.nvml-library=/nvml/libnvidia-ml.so.1',
+    ]);
+    expect(text).toContain('steadfast_gpu_temperature_celsius{gpu="0",pci_bus_id="0000:00:06",UUID="GPU-00000000-0000-0000-0000-000000000000"} 37');
+    expect(text).toMatch(/^steadfast_gpu_source_info\{source="nvml"\} 1$/m);
   });
 
   it('carries the V8 code cache its own node made for the agent bundle, root-owned and read-only to others, and uses it where unpacked', async () => {
