@@ -2,6 +2,7 @@ import { randomUUID } from 'node:crypto';
 import { appendFileSync, existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { repoRoot } from '../core/paths.js';
+import { StandInNvml } from './nvml/stand-in.js';
 
 /**
  * A simulated GPU node is a directory with what a real agent reads on a real node: a kernel log,
@@ -36,6 +37,8 @@ export class SimulatedNode {
   readonly nvidiaSmi: string;
   private readonly diagnosticsFlag: string;
   readonly gpus: SimulatedGpu[];
+  /** The node's NVML (a stand-in libnvidia-ml.so.1), once useNvml() made one; the agent then reads it. */
+  nvml: StandInNvml | undefined;
   private bootSeconds = 1000 + Math.random() * 1000;
 
   constructor(
@@ -122,27 +125,69 @@ export class SimulatedNode {
     appendFileSync(this.kmsgPath, `[${this.bootSeconds.toFixed(6).padStart(13)}] ${message}\n`);
   }
 
-  /** Writes an Xid line the way the NVIDIA driver logs it. */
-  injectXid(gpuIndex: number, xid: number, message: string): void {
-    this.kernel(`NVRM: Xid (PCI:${this.gpu(gpuIndex).pciBusId}): ${xid}, pid='<unknown>', name=<unknown>, ${message}`);
+  /**
+   * Gives the node an NVML library (sim/nvml/stand-in.c) listing the same GPUs as its nvidia-smi
+   * output, for an agent that reads its GPUs and Xid events through NVML.
+   */
+  async useNvml(): Promise<void> {
+    this.nvml = await StandInNvml.create(join(this.dir, 'nvml'), this.nvmlState());
+  }
+
+  /**
+   * An Xid as the driver reports it: a line in the kernel log and, on a node with NVML, an Xid
+   * event. `via: 'nvml'` leaves the kernel log out, as an agent without kernel-log rights sees it.
+   */
+  injectXid(gpuIndex: number, xid: number, message: string, options: { via?: 'both' | 'nvml' } = {}): void {
+    if (options.via !== 'nvml') this.kernel(`NVRM: Xid (PCI:${this.gpu(gpuIndex).pciBusId}): ${xid}, pid='<unknown>', name=<unknown>, ${message}`);
+    const listed = this.gpus.filter((gpu) => gpu.present).findIndex((gpu) => gpu.index === gpuIndex);
+    if (this.nvml && listed !== -1) this.nvml.raiseXidSync(listed, xid);
+    else if (options.via === 'nvml') throw new Error(`${this.name} has no NVML to raise Xid ${xid} on GPU ${gpuIndex}`);
   }
 
   /** The GPU drops off the bus: Xid 79 in the kernel log, and nvidia-smi no longer lists it. */
-  fallOffBus(gpuIndex: number): void {
-    this.injectXid(gpuIndex, 79, 'GPU has fallen off the bus.');
+  fallOffBus(gpuIndex: number, options: { via?: 'both' | 'nvml' } = {}): void {
+    this.injectXid(gpuIndex, 79, 'GPU has fallen off the bus.', options);
     this.gpu(gpuIndex).present = false;
     this.writeXml();
   }
 
+  /** The listed GPUs as NVML answers for them: identity, a few readings, Xid events. */
+  private nvmlState(): string {
+    const lines = ['driver 515.105.01', `gpus ${this.gpus.filter((gpu) => gpu.present).length}`];
+    this.gpus
+      .filter((gpu) => gpu.present)
+      .forEach((gpu, position) => {
+        const [domain = '0000', bus = '00', device = '00'] = gpu.pciBusId.split(':');
+        for (const [key, value] of [
+          ['pci', `0000${domain}:${bus.toUpperCase()}:${device}.0`],
+          ['minor', String(gpu.index)],
+          ['uuid', this.uuid(gpu.index)],
+          ['name', 'NVIDIA A10G'],
+          ['temp', '33'],
+          ['power', '60000'],
+          ['power.limit', '300000'],
+          ['events', '0x8'],
+        ]) {
+          lines.push(`${position} ${key} ${value}`);
+        }
+      });
+    return `${lines.join('\n')}\n`;
+  }
+
+  private uuid(index: number): string {
+    const nodeHash = [...this.name].reduce((sum, char) => (sum * 31 + char.charCodeAt(0)) % 0xffff, 7);
+    return `GPU-5eadfa57-${nodeHash.toString(16).padStart(4, '0')}-0000-0000-00000000000${index}`;
+  }
+
   private writeXml(): void {
+    this.nvml?.setStateSync(this.nvmlState());
     const listed = this.gpus.filter((gpu) => gpu.present);
     const blocks = listed.map((gpu) => {
       const [domain = '0000', bus = '00', device = '00'] = gpu.pciBusId.split(':');
-      const nodeHash = [...this.name].reduce((sum, char) => (sum * 31 + char.charCodeAt(0)) % 0xffff, 7);
       return this.template.gpu
         .replace(/<gpu id="[^"]*">/, `<gpu id="0000${domain}:${bus.toUpperCase()}:${device}.0">`)
         .replace(/<minor_number>\d+<\/minor_number>/, `<minor_number>${gpu.index}</minor_number>`)
-        .replace(/<uuid>[^<]*<\/uuid>/, `<uuid>GPU-5eadfa57-${nodeHash.toString(16).padStart(4, '0')}-0000-0000-00000000000${gpu.index}</uuid>`)
+        .replace(/<uuid>[^<]*<\/uuid>/, `<uuid>${this.uuid(gpu.index)}</uuid>`)
         .replace(/<pci_bus>[0-9A-Fa-f]+<\/pci_bus>/, `<pci_bus>${bus.toUpperCase()}</pci_bus>`)
         .replace(/<pci_bus_id>[^<]*<\/pci_bus_id>/, `<pci_bus_id>0000${domain}:${bus.toUpperCase()}:${device}.0</pci_bus_id>`);
     });

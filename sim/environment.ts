@@ -10,6 +10,7 @@ import { createAgent, type Agent } from '../exporters/agent.js';
 import { enabledFactories } from '../exporters/index.js';
 import { DIAGNOSE_CONFIG_FLAG } from '../exporters/collectors/diagnose.js';
 import { XID_STATE_FILE_FLAG } from '../exporters/collectors/xid.js';
+import { GPU_SOURCE_FLAG, NVML_LIBRARY_FLAG } from '../exporters/gpu-source.js';
 import { RULE_FILES, renderAlertmanagerConfig } from '../rules/index.js';
 import { createSimulatedNodes, type SimulatedNode } from './cluster.js';
 import { SimCredentials } from './credentials.js';
@@ -56,6 +57,8 @@ export interface EnvironmentOptions {
   readonly alertmanagers?: 1 | 2;
   /** The controller's `remedies:` section (core/remedy-config.ts); absent: every rung off. */
   readonly remedies?: Record<string, unknown>;
+  /** `nvml`: each node gets a stand-in NVML library and its agent reads GPUs and Xid events through it (default: captured nvidia-smi XML). */
+  readonly gpuSource?: 'nvidia-smi' | 'nvml';
 }
 
 export class SimEnvironment {
@@ -117,6 +120,9 @@ export class SimEnvironment {
     this.nodes = await this.step(`created ${options.nodes} simulated nodes`, async () =>
       createSimulatedNodes(root, options.nodes, options.gpusPerNode ?? 8),
     );
+    if (options.gpuSource === 'nvml') {
+      await this.step('an NVML library on every node', () => Promise.all(this.nodes.map((node) => node.useNvml())));
+    }
     const names = this.nodes.map((node) => node.name);
     this.redis = await this.step('Redis up (AOF, fsync always)', () => startRedis(processes, root));
     this.slurm = await this.step(`slurmctld up with ${names.length} CLOUD nodes`, () => startSlurm(processes, root, names));
@@ -201,7 +207,11 @@ export class SimEnvironment {
       // Simulated nodes have a kernel log and nvidia-smi output but no /sys or /proc trees
       // of their own yet; collectors without a source would only report failure.
       collectors: enabledFactories({ rdma: false, nfs: false, process: false, diagnose: true, 'gpu-reset': true }),
-      settings: { [DIAGNOSE_CONFIG_FLAG]: node.diagnosticsConfig, [XID_STATE_FILE_FLAG]: node.xidStateFile },
+      settings: {
+        [DIAGNOSE_CONFIG_FLAG]: node.diagnosticsConfig,
+        [XID_STATE_FILE_FLAG]: node.xidStateFile,
+        ...(node.nvml ? { [GPU_SOURCE_FLAG]: 'nvml', [NVML_LIBRARY_FLAG]: node.nvml.library } : {}),
+      },
       controllerUrl: (options.fastPath ?? true) ? this.controllerUrl : undefined,
       controllerToken: this.credentials.agentToken(node.name),
       apiToken: readFileSync(this.credentials.agentWebTokenFile(node.name), 'utf8').trim(),

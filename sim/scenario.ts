@@ -51,14 +51,14 @@ export function countSlurmDrains(env: SimEnvironment, node: string): number {
  */
 export async function runFallenOffBus(
   env: SimEnvironment,
-  options: { node: string; gpuIndex: number; timeoutMs?: number; waitForAlert?: boolean },
+  options: { node: string; gpuIndex: number; timeoutMs?: number; waitForAlert?: boolean; via?: 'both' | 'nvml' },
 ): Promise<ScenarioResult> {
   const simNode = env.node(options.node);
   const gpu = simNode.gpu(options.gpuIndex).pciBusId;
   const timeoutMs = options.timeoutMs ?? 30_000;
   const waitForAlert = options.waitForAlert ?? true;
   const injectedAt = Date.now();
-  simNode.injectXid(options.gpuIndex, 79, 'GPU has fallen off the bus.');
+  simNode.injectXid(options.gpuIndex, 79, 'GPU has fallen off the bus.', { via: options.via });
 
   let drainedAt: number | undefined;
   let slurm = { state: '', reason: '' };
@@ -87,7 +87,7 @@ export async function runFallenOffBus(
   const slurmDrains = countSlurmDrains(env, options.node);
 
   const timeline: TimelineStep[] = [
-    { label: `injected Xid 79 on ${options.node} GPU ${gpu}`, afterMs: 0, detail: 'NVRM: Xid line written to the node\'s kernel log' },
+    { label: `injected Xid 79 on ${options.node} GPU ${gpu}`, afterMs: 0, detail: options.via === 'nvml' ? 'an NVML Xid event, nothing in the kernel log' : simNode.nvml ? 'NVRM: Xid line in the kernel log and an NVML Xid event' : 'NVRM: Xid line written to the node\'s kernel log' },
     { label: 'signal from the agent fast path', afterMs: at(fastPath), detail: fastPath?.summary ?? 'not seen' },
     { label: 'decision', afterMs: at(decision), detail: decision?.summary ?? 'not seen' },
     { label: 'action done', afterMs: at(done), detail: done?.summary ?? 'not seen' },

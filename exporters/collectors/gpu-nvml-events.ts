@@ -106,11 +106,12 @@ export class NvmlXidEvents {
     const sample = byHandle.get(data.readBigUInt64LE(0));
     const xid = Number(data.readBigUInt64LE(16));
     if (sample?.pciBusId === undefined || !Number.isSafeInteger(xid)) return;
-    const { severity } = classifyXid(xid);
+    const { severity, meaning } = classifyXid(xid);
     const report = { pciBusId: sample.pciBusId, xid, severity };
     const { news, occurrence } = this.ledger.observe('nvml', report);
     if (!news || severity !== 'fatal') return;
-    const message = `Xid ${xid} reported by NVML for GPU ${sample.index}`;
+    // NVML gives no driver text: the catalogue's words for the code, and where the report came from.
+    const message = `${meaning} (NVML event, GPU ${sample.index})`;
     this.context.logger.error({ gpu: sample.pciBusId, xid, source: 'nvml' }, 'fatal Xid');
     occurrence.sentAs = 'fatal';
     this.context.fastPath({ kind: 'xid', node: this.context.node, gpu: sample.pciBusId, xid, message, time: new Date().toISOString() }, (outcome) => {

@@ -1,7 +1,7 @@
 import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { existsSync, mkdirSync, rmSync } from 'node:fs';
-import { appendFile, copyFile, link, mkdir, readFile, rename, writeFile } from 'node:fs/promises';
+import { appendFileSync, existsSync, mkdirSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { appendFile, copyFile, link, mkdir, readFile, rename, writeFile as writeFileAsync } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -84,8 +84,20 @@ export class StandInNvml {
   /** Replaces the scripted state whole (written aside, then renamed: never read half-written). */
   async setState(state: string): Promise<void> {
     const partial = join(this.dir, 'state.tmp');
-    await writeFile(partial, state);
+    await writeFileAsync(partial, state);
     await rename(partial, join(this.dir, 'state'));
+  }
+
+  /** setState, for callers that cannot wait (a simulated node rewriting its GPUs). */
+  setStateSync(state: string): void {
+    const partial = join(this.dir, 'state.tmp');
+    writeFileSync(partial, state);
+    renameSync(partial, join(this.dir, 'state'));
+  }
+
+  /** raiseXid, for callers that cannot wait. */
+  raiseXidSync(gpu: number, code: number): void {
+    appendFileSync(join(this.dir, 'events'), `xid ${gpu} ${code}\n`);
   }
 
   /** Makes the driver raise Xid `code` on GPU `gpu` (an NVML XidCriticalError event). */
@@ -95,6 +107,6 @@ export class StandInNvml {
 
   /** Ends every scripted hang. */
   async release(): Promise<void> {
-    await writeFile(join(this.dir, 'release'), '');
+    await writeFileAsync(join(this.dir, 'release'), '');
   }
 }

@@ -59,3 +59,31 @@ describe('without the agent fast path', () => {
     expect(result.slurmDrains).toBe(1);
   }, 60_000);
 });
+
+describe('agents reading their GPUs through NVML', () => {
+  let env: SimEnvironment;
+
+  beforeAll(async () => {
+    env = await SimEnvironment.start({ nodes: 2, gpuSource: 'nvml' });
+  }, 90_000);
+  afterAll(async () => {
+    await env?.stop();
+  });
+
+  it('drains the node once for an Xid that only NVML reports (an agent without kernel-log rights), and the alert matches it', async () => {
+    const result = await runFallenOffBus(env, { node: 'node-1', gpuIndex: 0, timeoutMs: 40_000, via: 'nvml' });
+    expect(result.problems).toEqual([]);
+    // Nothing was written to the kernel log: the drain came from the NVML event.
+    expect(result.slurmReason).toMatch(/^steadfast: fatal Xid 79 \(GPU has fallen off the bus\) on GPU 0000:18:00 audit=d-[0-9a-f]{24}$/);
+    const sources = await (await fetch(`${env.prometheus.url}/api/v1/query?query=${encodeURIComponent('steadfast_gpu_source_info')}`)).json();
+    expect(JSON.stringify(sources)).toContain('"source":"nvml"');
+  }, 60_000);
+
+  it('drains once for an Xid both the kernel log and NVML report, counting it once', async () => {
+    const result = await runFallenOffBus(env, { node: 'node-2', gpuIndex: 3, timeoutMs: 40_000 });
+    expect(result.problems).toEqual([]);
+    const query = encodeURIComponent('sum(steadfast_xid_errors_total{node="node-2",xid="79"})');
+    const body = (await (await fetch(`${env.prometheus.url}/api/v1/query?query=${query}`)).json()) as { data: { result: { value: [number, string] }[] } };
+    expect(body.data.result[0]?.value[1]).toBe('1');
+  }, 60_000);
+});
