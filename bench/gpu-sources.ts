@@ -8,12 +8,11 @@ import { Registry } from 'prom-client';
 import { silentLogger } from '../core/log.js';
 import type { Collector, CollectorContext, CollectorPaths, CollectorSettings } from '../exporters/collector.js';
 import { gpuCollectorFactory } from '../exporters/collectors/gpu.js';
-import { pollNvml } from '../exporters/collectors/gpu-nvml.js';
 import { nvlinkCollectorFactory } from '../exporters/collectors/nvlink.js';
 import { GpuProcessBoard } from '../exporters/gpu-processes.js';
 import { DEFAULT_NVML_LIBRARY, GPU_SOURCE_FLAG, GpuSourceChoice, NVML_LIBRARY_FLAG } from '../exporters/gpu-source.js';
 import { NvmlLibrary } from '../exporters/sources/nvml/library.js';
-import { readNvmlNvlink } from '../exporters/sources/nvml/read.js';
+import { readNvmlNvlink, readNvmlPoll } from '../exporters/sources/nvml/poll.js';
 import { parseNvidiaSmiXml } from '../exporters/sources/nvidia-smi-xml.js';
 import { parseNvlinkErrors } from '../exporters/sources/nvlink-errors.js';
 import { XidLedger } from '../exporters/xid-ledger.js';
@@ -32,7 +31,7 @@ import { quantile } from './stats.js';
  *               own poll() (what its BackgroundPoll timer calls) called alone, so that each one
  *               is timed by itself; POLLS of each collector per source, in interleaved blocks,
  *               each block with its own collectors. Wall time per poll; CPU as user+sys of this
- *               process (process.cpuUsage(): every thread, so koffi's worker threads and the GC
+ *               process (process.cpuUsage(): every thread, so the agent's NVML thread and the GC
  *               too) plus that of its reaped child processes (nvidia-smi; cutime+cstime of
  *               /proc/self/stat, in 10 ms ticks, summed over the polls).
  *   serving:    the agent as a process of its own (bench/gpu-sources/serving.ts: the module
@@ -227,18 +226,18 @@ async function compareValues(setup: Setup): Promise<ValueComparison> {
     return [result, calls - from];
   };
   try {
-    await nvml.init();
+    nvml.init();
     const names = new Map<number, string | undefined>();
     const before = parseNvidiaSmiXml(await smi()).gpus;
-    const read = await pollNvml(nvml, undefined, 10_000, { processes: true, nvlink: true }, names);
+    const read = await readNvmlPoll(nvml, { nvlink: true, failed: () => undefined }, names);
     const after = parseNvidiaSmiXml(await smi()).gpus;
     const links = parseNvlinkErrors((await execFileAsync(setup.nvidiaSmi, ['nvlink', '-e'], { maxBuffer: 8 * 1024 * 1024, encoding: 'utf8' })).stdout);
     // What the gpu collector's poll asks (processes, no NVLink), and the nvlink collector's.
-    const [, gpu] = await counted(() => pollNvml(nvml, undefined, 10_000, { processes: true }, names));
+    const [, gpu] = await counted(() => readNvmlPoll(nvml, { failed: () => undefined }, names));
     const [, nvlink] = await counted(() => readNvmlNvlink(nvml, () => undefined));
     return { rows: compareGpuValues(before, read.gpus, after), nvlink: compareNvlink(links, read.nvlink), calls: { gpu, nvlink }, driver: read.driverVersion, products: read.gpus.map((sample) => sample.productName ?? 'unnamed') };
   } finally {
-    await nvml.close();
+    nvml.close();
   }
 }
 
@@ -256,7 +255,7 @@ async function standInSetup(root: string): Promise<Setup> {
     description: [
       `GPUs: a stand-in HGX H200 node (bench/gpu-sources/node.ts): ${GPU_COUNT} GPUs under training load, one process each, ${NVLINKS} active NVLinks each (${GPU_COUNT * NVLINKS * 3} counters)`,
       `nvidia-smi: a shell script that cats a ${(xmlBytes / 1024).toFixed(0)} KB \`-q -x\` report (the real H200 capture's <gpu> element × ${GPU_COUNT}) or the \`nvlink -e\` text: a fork and an exec, none of the real binary's driver work`,
-      'NVML: sim/nvml/stand-in.c, scripted values from a state file, called through koffi on worker threads as the real library is; no Xid events offered (the stand-in waits for them by re-reading a file every 5 ms)',
+      'NVML: sim/nvml/stand-in.c, scripted values from a state file, called through koffi on the agent\'s NVML thread as the real library is; no Xid events offered (the stand-in waits for them by re-reading a file every 5 ms)',
     ],
   };
 }
@@ -272,7 +271,7 @@ async function realSetup(): Promise<Setup> {
   const nvml = await NvmlLibrary.load(nvmlLibrary).catch((error: unknown) => {
     throw new Error(`--real: cannot load ${nvmlLibrary} (${error instanceof Error ? error.message : String(error)}); give --nvml-library PATH`);
   });
-  await nvml.close();
+  nvml.close();
   return {
     nvidiaSmi,
     nvmlLibrary,
@@ -316,7 +315,7 @@ function printPolls(polls: Record<Source['label'], SourcePolls>, calls: ValueCom
   }
   const microseconds = (figures: PollFigures, count: number): string => fixed((1000 * figures.selfMs) / Math.max(1, figures.polls) / Math.max(1, count), 1);
   process.stdout.write(
-    `\nNVML calls per poll: gpu ${calls.gpu}, nvlink ${calls.nvlink} (each on a koffi worker thread); the agent's CPU per call: ${microseconds(nvml.gpu, calls.gpu)} µs (gpu), ${microseconds(nvml.nvlink, calls.nvlink)} µs (nvlink)\n`,
+    `\nNVML calls per poll: gpu ${calls.gpu}, nvlink ${calls.nvlink} (synchronous koffi calls on the agent's NVML thread, one message each way per poll); the agent's CPU per call: ${microseconds(nvml.gpu, calls.gpu)} µs (gpu), ${microseconds(nvml.nvlink, calls.nvlink)} µs (nvlink)\n`,
   );
 }
 

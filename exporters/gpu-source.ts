@@ -3,7 +3,8 @@ import { InputError, errorMessage } from '../core/errors.js';
 import type { Logger } from '../core/log.js';
 import type { CollectorPaths, CollectorSettings } from './collector.js';
 import { DCGM_EXPORTER_URL_FLAG, dcgmExporterUrl } from './sources/dcgm-exporter.js';
-import { NvmlLibrary, NvmlUnavailableError, nvmlErrorName, type NvmlFunction } from './sources/nvml/library.js';
+import { NvmlUnavailableError, nvmlErrorName, type NvmlFunction } from './sources/nvml/library.js';
+import { NvmlClient } from './sources/nvml/client.js';
 
 /**
  * Where the agent reads its GPUs, chosen once per agent and shared by the collectors that read
@@ -24,7 +25,7 @@ export const GPU_SOURCES = ['auto', 'nvml', 'nvidia-smi', 'dcgm-exporter'] as co
 export type GpuSourceSetting = (typeof GPU_SOURCES)[number];
 
 export type ResolvedGpuSource =
-  | { readonly kind: 'nvml'; readonly nvml: NvmlLibrary }
+  | { readonly kind: 'nvml'; readonly nvml: NvmlClient }
   /** `nvml` asked for and the library cannot be loaded: every poll fails with this reason. */
   | { readonly kind: 'nvml-unavailable'; readonly reason: string }
   | { readonly kind: 'nvidia-smi' }
@@ -100,7 +101,11 @@ export class GpuSourceChoice {
     else if (source === 'nvidia-smi' || (source === 'auto' && (paths.nvidiaSmiXml !== undefined || paths.nvidiaSmi !== DEFAULT_NVIDIA_SMI))) resolved = { kind: 'nvidia-smi' };
     else {
       try {
-        resolved = { kind: 'nvml', nvml: await NvmlLibrary.load(library) };
+        const nvml = await NvmlClient.start(library);
+        nvml.on('failures', (failures) => {
+          for (const [name, code] of failures) this.nvmlFailed(name, code);
+        });
+        resolved = { kind: 'nvml', nvml };
       } catch (error) {
         const reason = error instanceof NvmlUnavailableError ? error.message : `cannot load ${library}: ${errorMessage(error)}`;
         if (source === 'nvml') {

@@ -262,7 +262,7 @@ export function createGpuCollector(context: CollectorContext, options: GpuCollec
   return new GpuCollector(context, choice, (resolved) => {
     switch (resolved.kind) {
       case 'nvml':
-        return nvmlGpuSource(context, resolved.nvml, choice, options.nvmlTimeoutMs ?? DEFAULT_NVML_TIMEOUT_MS);
+        return nvmlGpuSource(context, resolved.nvml, options.nvmlTimeoutMs ?? DEFAULT_NVML_TIMEOUT_MS);
       case 'nvml-unavailable':
         return unavailableSource(resolved.reason);
       case 'dcgm-exporter':

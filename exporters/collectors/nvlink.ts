@@ -8,8 +8,6 @@ import { BackgroundPoll } from './background-poll.js';
 import { parseNvlinkErrors, type NvlinkErrorCount } from '../sources/nvlink-errors.js';
 import { gpuQueryFailures, isTimeout } from './gpu-query-health.js';
 import { GpuSourceChoice, type ResolvedGpuSource } from '../gpu-source.js';
-import { readNvmlNvlink } from '../sources/nvml/read.js';
-import { withNvmlDeadline } from './gpu-nvml.js';
 
 /**
  * The `nvlink` collector: per-link NVLink error counters from NVML where the GPUs are read
@@ -115,8 +113,7 @@ class NvlinkCollector implements Collector {
   private async pollNvml(source: Extract<ResolvedGpuSource, { kind: 'nvml' | 'nvml-unavailable' }>): Promise<void> {
     try {
       if (source.kind === 'nvml-unavailable') throw new Error(source.reason);
-      const { nvml } = source;
-      const counts = await withNvmlDeadline(nvml, this.nvmlTimeoutMs, () => readNvmlNvlink(nvml, (name, code) => this.choice.nvmlFailed(name, code)));
+      const counts = await source.nvml.nvlink(this.nvmlTimeoutMs);
       if (this.poller.closed) return;
       this.write(counts);
       this.lastError = undefined;

@@ -40,11 +40,20 @@ enum {
 #define MAX_LINKS 18
 
 struct device { int index; };
-struct entry { int gpu; char key[64]; char value[192]; };
+struct entry { int gpu; char key[64]; char value[192]; int next; };
 
 static struct device devices[MAX_GPUS];
 static struct entry entries[MAX_ENTRIES];
 static int entry_count;
+/* Chained hash of (gpu, key) -> first entry; entries of one key chain through `next` in file order. */
+#define BUCKETS 4096
+static int buckets[BUCKETS];
+
+static unsigned int hash_of(int gpu, const char *key) {
+  unsigned int h = 2166136261u ^ (unsigned int)(gpu + 1);
+  for (; *key != '\0'; key++) h = (h ^ (unsigned char)*key) * 16777619u;
+  return h % BUCKETS;
+}
 static int initialized;
 static char dir[4096];
 static struct timespec state_mtime;
@@ -79,6 +88,7 @@ static void reload(void) {
   state_size = st.st_size;
   state_mtime = st.st_mtim;
   entry_count = 0;
+  for (int i = 0; i < BUCKETS; i++) buckets[i] = -1;
   char line[512];
   while (fgets(line, sizeof line, file) != NULL && entry_count < MAX_ENTRIES) {
     line[strcspn(line, "\n")] = '\0';
@@ -95,6 +105,11 @@ static void reload(void) {
     *space = '\0';
     snprintf(e->key, sizeof e->key, "%s", rest);
     snprintf(e->value, sizeof e->value, "%s", space + 1);
+    /* Appended at the end of its chain, so that repeated keys keep the file's order. */
+    e->next = -1;
+    int *link = &buckets[hash_of(e->gpu, e->key)];
+    while (*link != -1) link = &entries[*link].next;
+    *link = entry_count;
     entry_count++;
   }
   fclose(file);
@@ -104,7 +119,7 @@ static void reload(void) {
 static const char *nth(int gpu, const char *key, int n) {
   const char *found = NULL;
   pthread_mutex_lock(&lock);
-  for (int i = 0; i < entry_count; i++) {
+  for (int i = entry_count == 0 ? -1 : buckets[hash_of(gpu, key)]; i != -1; i = entries[i].next) {
     if (entries[i].gpu == gpu && strcmp(entries[i].key, key) == 0 && n-- == 0) {
       snprintf(value_buffer, sizeof value_buffer, "%s", entries[i].value);
       found = value_buffer;

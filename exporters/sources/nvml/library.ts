@@ -3,11 +3,10 @@ import { errorMessage } from '../../../core/errors.js';
 /**
  * NVIDIA's management library (libnvidia-ml.so.1, the library nvidia-smi, DCGM and gpud read)
  * called in-process through koffi, an FFI library with prebuilt binaries, so a node needs no
- * compiler. Signatures and struct layouts are those of nvml.h (CUDA 12/13). Every call is a koffi
- * asynchronous call, run on a thread of Node's libuv pool, never on the event loop, and one at a
- * time per lane: a call that hangs in the driver holds its lane's one pool thread (of four, shared
- * with file reads) and nothing else, so `/metrics` keeps answering while the poll that made it is
- * counted as timed out.
+ * compiler. Signatures and struct layouts are those of nvml.h (CUDA 12/13). Calls are
+ * synchronous, a microsecond or two each on top of the driver's own time: this class is used on
+ * the agent's NVML worker thread (worker.ts), never on the event loop, so a call that hangs in
+ * the driver holds that thread alone and `/metrics` keeps answering.
  *
  * Structs go through Buffers laid out by hand (offsets noted beside each reader), not koffi type
  * registrations, so that several libraries may be loaded in one process (tests) and a field
@@ -140,7 +139,7 @@ const DECLARATIONS = {
 
 export type NvmlFunction = keyof typeof DECLARATIONS;
 
-type Bound = ((...args: unknown[]) => unknown) & { async: (...args: unknown[]) => void };
+type Bound = (...args: unknown[]) => unknown;
 
 interface KoffiModule {
   load(path: string): { func(declaration: string): Bound; unload(): void };
@@ -163,45 +162,15 @@ export function cString(buffer: Buffer): string {
   return buffer.toString('utf8', 0, end === -1 ? buffer.length : end);
 }
 
-/**
- * One call at a time, in order. Holds what runs now and since when, so that a poll can tell a
- * call stuck in the driver from a slow one and not queue more behind it.
- */
-class Lane {
-  private tail: Promise<unknown> = Promise.resolve();
-  private current: { name: string; since: number } | undefined;
+/** The functions in a fixed order, so that a call in progress can be named by its index (worker.ts). */
+export const NVML_FUNCTIONS = Object.keys(DECLARATIONS) as NvmlFunction[];
 
-  /** The call running now, if any, and since when (ms, performance-free wall clock). */
-  get running(): { readonly name: string; readonly since: number } | undefined {
-    return this.current;
-  }
-
-  run<T>(name: string, work: () => Promise<T>): Promise<T> {
-    const next = this.tail.then(async () => {
-      this.current = { name, since: Date.now() };
-      try {
-        return await work();
-      } finally {
-        this.current = undefined;
-      }
-    });
-    this.tail = next.catch(() => undefined);
-    return next;
-  }
-
-  /** Resolves when every call queued so far has returned. */
-  drained(): Promise<void> {
-    return this.tail.then(() => undefined);
-  }
-}
-
-export type NvmlLaneName = 'reads' | 'events';
-
-/** An initialised NVML. */
+/** A loaded NVML. */
 export class NvmlLibrary {
-  private readonly lanes: Record<NvmlLaneName, Lane> = { reads: new Lane(), events: new Lane() };
   private closed = false;
   private initialized = false;
+  /** Told the index (in NVML_FUNCTIONS) of each call before it is made, and -1 after. */
+  onCall: ((index: number) => void) | undefined;
 
   private constructor(
     readonly path: string,
@@ -238,13 +207,13 @@ export class NvmlLibrary {
   }
 
   /**
-   * nvmlInit_v2, off the event loop (it can take a second on a node with eight GPUs and
-   * persistence mode off), until it has once succeeded. Throws NvmlError (driver not loaded, no
-   * permission) so that a poll fails and the next one tries again.
+   * nvmlInit_v2 (it can take a second on a node with eight GPUs and persistence mode off), until
+   * it has once succeeded. Throws NvmlError (driver not loaded, no permission) so that a poll
+   * fails and the next one tries again.
    */
-  async init(): Promise<void> {
+  init(): void {
     if (this.initialized) return;
-    const code = await this.call('reads', 'nvmlInit_v2');
+    const code = this.call('nvmlInit_v2');
     if (code !== NVML.SUCCESS) throw this.error('nvmlInit_v2', code);
     this.initialized = true;
   }
@@ -254,32 +223,23 @@ export class NvmlLibrary {
     return this.functions[name] !== undefined;
   }
 
-  /** The call a lane is in right now, and since when (Unix ms). */
-  running(lane: NvmlLaneName): { readonly name: string; readonly since: number } | undefined {
-    return this.lanes[lane].running;
-  }
-
   /**
-   * Calls a function on a libuv pool thread, in the lane's turn; resolves with its nvmlReturn_t.
-   * A function the library lacks answers ERROR_FUNCTION_NOT_FOUND without a call.
+   * Calls a function; answers its nvmlReturn_t. A function the library lacks answers
+   * ERROR_FUNCTION_NOT_FOUND without a call.
    */
-  call(lane: NvmlLaneName, name: NvmlFunction, ...args: unknown[]): Promise<number> {
+  call(name: NvmlFunction, ...args: unknown[]): number {
     const bound = this.functions[name];
-    if (bound === undefined) return Promise.resolve(NVML.ERROR_FUNCTION_NOT_FOUND);
-    if (this.closed) return Promise.reject(new Error(`NVML ${this.path} is shut down`));
-    return this.lanes[lane].run(
-      name,
-      () =>
-        new Promise<number>((resolve, reject) => {
-          bound.async(...args, (error: unknown, result: unknown) => {
-            if (error) reject(error instanceof Error ? error : new Error(String(error)));
-            else resolve(Number(result));
-          });
-        }),
-    );
+    if (bound === undefined) return NVML.ERROR_FUNCTION_NOT_FOUND;
+    if (this.closed) throw new Error(`NVML ${this.path} is shut down`);
+    this.onCall?.(NVML_FUNCTIONS.indexOf(name));
+    try {
+      return Number(bound(...args));
+    } finally {
+      this.onCall?.(-1);
+    }
   }
 
-  /** nvmlErrorString's text for a code (a static string in the library: read on the main thread). */
+  /** nvmlErrorString's text for a code. */
   describe(code: number): string {
     const bound = this.functions.nvmlErrorString;
     try {
@@ -294,25 +254,10 @@ export class NvmlLibrary {
     return new NvmlError(name, code, this.describe(code));
   }
 
-  /**
-   * Waits for the calls in flight (at most `waitMs`), then nvmlShutdown and unload. A call stuck
-   * in the driver is left behind: the library then stays loaded, which is harmless.
-   */
-  async close(waitMs = 2_000): Promise<void> {
+  /** nvmlShutdown (after a successful init) and unload. */
+  close(): void {
     if (this.closed) return;
-    const drained = Promise.all([this.lanes.reads.drained(), this.lanes.events.drained()]).then(() => true);
-    let timer: NodeJS.Timeout | undefined;
-    const gaveUp = new Promise<boolean>((resolve) => {
-      timer = setTimeout(() => resolve(false), waitMs);
-      timer.unref();
-    });
-    const done = await Promise.race([drained, gaveUp]);
-    clearTimeout(timer);
-    if (!done) {
-      this.closed = true;
-      return;
-    }
-    if (this.initialized) await this.call('reads', 'nvmlShutdown').catch(() => undefined);
+    if (this.initialized) this.call('nvmlShutdown');
     this.closed = true;
     this.library.unload();
   }

@@ -84,7 +84,7 @@ class DeviceReads {
 
   /** Calls `name`; the result code is success, or counted (not-supported is not a failure). */
   async ok(name: NvmlFunction, ...args: unknown[]): Promise<boolean> {
-    const code = await this.nvml.call('reads', name, this.device, ...args);
+    const code = await this.nvml.call(name, this.device, ...args);
     if (code === NVML.SUCCESS) return true;
     if (code !== NVML.ERROR_NOT_SUPPORTED && code !== NVML.ERROR_FUNCTION_NOT_FOUND) this.options.failed(name, code);
     return false;
@@ -92,7 +92,7 @@ class DeviceReads {
 
   /** Calls `name` and answers its code; codes other than success and `usual` are counted. */
   async nvmlCode(name: NvmlFunction, usual: readonly number[], ...args: unknown[]): Promise<number> {
-    const code = await this.nvml.call('reads', name, this.device, ...args);
+    const code = await this.nvml.call(name, this.device, ...args);
     if (code !== NVML.SUCCESS && code !== NVML.ERROR_NOT_SUPPORTED && code !== NVML.ERROR_FUNCTION_NOT_FOUND && !usual.includes(code)) this.options.failed(name, code);
     return code;
   }
@@ -255,7 +255,7 @@ async function readProcesses(reads: DeviceReads, nvml: NvmlLibrary, names: Map<n
   for (const process of byPid.values()) {
     if (!names.has(process.pid)) {
       const buffer = Buffer.alloc(256);
-      const code = await nvml.call('reads', 'nvmlSystemGetProcessName', process.pid, buffer, buffer.length);
+      const code = await nvml.call('nvmlSystemGetProcessName', process.pid, buffer, buffer.length);
       names.set(process.pid, code === NVML.SUCCESS ? cString(buffer) : undefined);
     }
     processes.push({ ...process, name: names.get(process.pid) });
@@ -299,7 +299,7 @@ export async function readNvmlDevice(
 ): Promise<NvmlDeviceReading> {
   const reads = new DeviceReads(nvml, device, options);
   const pci = Buffer.alloc(68); // nvmlPciInfo_t: busIdLegacy[16], domain, bus, device, pciDeviceId, pciSubSystemId, busId[32] @36
-  const pciCode = await nvml.call('reads', 'nvmlDeviceGetPciInfo_v3', device, pci);
+  const pciCode = await nvml.call('nvmlDeviceGetPciInfo_v3', device, pci);
   if (pciCode !== NVML.SUCCESS) throw nvml.error('nvmlDeviceGetPciInfo_v3', pciCode);
   const pciBusId = normalizePciBusId(cString(pci.subarray(36, 68)));
   if (pciBusId === undefined) throw new Error(`NVML device #${position} has no valid PCI bus id ("${cString(pci.subarray(36, 68))}")`);
@@ -389,33 +389,11 @@ async function readMemory(reads: DeviceReads, nvml: NvmlLibrary): Promise<{ tota
 }
 
 /**
- * The NVLink error counters of every GPU, alone (the nvlink collector): the GPU's index is its
- * minor number, as `nvidia-smi nvlink -e` numbers GPUs, and its UUID.
+ * One GPU's NVLink error counters, alone (the nvlink collector): the GPU's index is its minor
+ * number, as `nvidia-smi nvlink -e` numbers GPUs, and its UUID.
  */
-export async function readNvmlNvlink(nvml: NvmlLibrary, failed: NvmlReadOptions['failed']): Promise<NvlinkErrorCount[]> {
-  const counts: NvlinkErrorCount[] = [];
-  for (const { index, device } of await nvmlDeviceHandles(nvml, failed)) {
-    const reads = new DeviceReads(nvml, device, { failed });
-    const minor = await reads.uint('nvmlDeviceGetMinorNumber');
-    counts.push(...(await readNvlink(reads, minor ?? index, await reads.text('nvmlDeviceGetUUID', 96))));
-  }
-  return counts;
-}
-
-/**
- * Every GPU's handle, by index. Throws when the GPUs cannot be counted; a handle NVML cannot
- * give (a GPU lost, `gpu_is_lost`) is counted and left out, so that GPU shows as not present.
- */
-export async function nvmlDeviceHandles(nvml: NvmlLibrary, failed: NvmlReadOptions['failed']): Promise<{ index: number; device: NvmlDevice }[]> {
-  const count = [0];
-  const code = await nvml.call('reads', 'nvmlDeviceGetCount_v2', count);
-  if (code !== NVML.SUCCESS) throw nvml.error('nvmlDeviceGetCount_v2', code);
-  const handles: { index: number; device: NvmlDevice }[] = [];
-  for (let index = 0; index < Number(count[0]); index++) {
-    const handle: unknown[] = [null];
-    const handleCode = await nvml.call('reads', 'nvmlDeviceGetHandleByIndex_v2', index, handle);
-    if (handleCode === NVML.SUCCESS) handles.push({ index, device: handle[0] as NvmlDevice });
-    else failed('nvmlDeviceGetHandleByIndex_v2', handleCode);
-  }
-  return handles;
+export async function readDeviceNvlink(nvml: NvmlLibrary, device: NvmlDevice, position: number, failed: NvmlReadOptions['failed']): Promise<NvlinkErrorCount[]> {
+  const reads = new DeviceReads(nvml, device, { failed });
+  const minor = await reads.uint('nvmlDeviceGetMinorNumber');
+  return readNvlink(reads, minor ?? position, await reads.text('nvmlDeviceGetUUID', 96));
 }
