@@ -1,7 +1,10 @@
-import { cpus, totalmem } from 'node:os';
+import { Queue } from 'bullmq';
+import { cpus, loadavg, totalmem } from 'node:os';
 import { setTimeout as sleep } from 'node:timers/promises';
+import type { AuditEntry } from '../core/audit.js';
+import { QUEUE_NAMES, type SignalJob } from '../core/queues.js';
 import { SimEnvironment } from '../sim/environment.js';
-import { runFallenOffBus } from '../sim/scenario.js';
+import { runFallenOffBus, type ScenarioResult } from '../sim/scenario.js';
 import { quantile } from './stats.js';
 
 /**
@@ -12,18 +15,84 @@ import { quantile } from './stats.js';
 
 const INJECTIONS = Number(process.env.STEADFAST_BENCH_INJECTIONS ?? 12);
 
+/**
+ * The fast path's phases, each the time after the injection it was reached, from what the parts
+ * already record: the agent's event time (taken as it read the line), the controller's receipt
+ * time (signal.receivedAt), the signal batch's BullMQ job (created as the intake stores it,
+ * processedOn as the policy worker takes it), and the audit entries' stream ids. Only the POST's
+ * start has no record of its own: the agents run in this process, so their fetch is watched.
+ */
+const PHASES = [
+  ['read', 'agent read the kernel-log line (event time)'],
+  ['sent', 'fast-path POST sent (agent fetch)'],
+  ['received', 'controller received it (signal.receivedAt)'],
+  ['stored', 'intake stores it (signal batch job created)'],
+  ['taken', 'policy worker took the batch (job processedOn)'],
+  ['audited', 'signal audited'],
+  ['decided', 'decision audited'],
+  ['started', 'drain command started (action running)'],
+  ['done', 'drain done and verified (action done)'],
+  ['seen', 'Slurm shows the node drained (bench poll, every 25 ms)'],
+] as const;
+type Phase = (typeof PHASES)[number][0];
+type PhaseTimes = Partial<Record<Phase, number>>;
+
+/** When the agents' fast-path POSTs started, with their bodies, to match them to injections. */
+const fastPathPosts: { at: number; body: string }[] = [];
+
+function watchFastPathPosts(): void {
+  const fetchBefore = globalThis.fetch;
+  globalThis.fetch = (input, init) => {
+    const url = typeof input === 'string' ? input : input instanceof URL ? input.href : input.url;
+    if (init?.method === 'POST' && url.endsWith('/api/v1/signals')) fastPathPosts.push({ at: Date.now(), body: typeof init.body === 'string' ? init.body : '' });
+    return fetchBefore(input, init);
+  };
+}
 
 interface PathFigures {
   readonly name: string;
   readonly samples: number[];
   readonly failures: number;
+  /** Per injection, the fast path's phases (empty for the Prometheus path). */
+  readonly phases: PhaseTimes[];
+}
+
+function streamMs(entry: AuditEntry): number {
+  return Number(entry.id.split('-')[0]);
+}
+
+async function phasesOf(result: ScenarioResult, signals: Queue<SignalJob>): Promise<PhaseTimes> {
+  const since = (ms: number | undefined): number | undefined => (ms === undefined || !Number.isFinite(ms) ? undefined : ms - result.injectedAt);
+  const first = (predicate: (entry: AuditEntry) => boolean): AuditEntry | undefined => result.audit.find(predicate);
+  const signalEntry = first((entry) => entry.type === 'signal' && (entry.data.signal as { source?: string } | undefined)?.source === 'agent');
+  const signal = signalEntry?.data.signal as { id?: string; time?: string; receivedAt?: string } | undefined;
+  const decision = first((entry) => entry.type === 'decision');
+  const running = first((entry) => entry.type === 'action' && entry.data.state === 'running');
+  const done = first((entry) => entry.type === 'action' && entry.data.state === 'done');
+  const post = fastPathPosts.find((candidate) => candidate.at >= result.injectedAt - 5 && candidate.body.includes(`"node":"${result.node}"`));
+  const jobs = signal?.id === undefined ? [] : await signals.getJobs(['completed', 'active', 'failed'], 0, 1000);
+  const job = jobs.find((candidate) => candidate.data.signals.some((stored) => stored.id === signal?.id));
+  return {
+    read: since(Date.parse(signal?.time ?? '')),
+    sent: since(post?.at),
+    received: since(Date.parse(signal?.receivedAt ?? '')),
+    stored: since(job?.timestamp),
+    taken: since(job?.processedOn),
+    audited: since(signalEntry && streamMs(signalEntry)),
+    decided: since(decision && streamMs(decision)),
+    started: since(running && streamMs(running)),
+    done: since(done && streamMs(done)),
+    seen: result.timeline.find((step) => step.label === 'Slurm shows the node drained')?.afterMs,
+  };
 }
 
 async function measure(name: string, fastPath: boolean): Promise<PathFigures> {
   process.stderr.write(`bench: starting ${INJECTIONS}-node environment for the ${name} …\n`);
   const env = await SimEnvironment.start({ nodes: INJECTIONS, fastPath, intervalSeconds: 1, maxDrainsPerWindow: INJECTIONS * 2 });
   const samples: number[] = [];
+  const phases: PhaseTimes[] = [];
   let failures = 0;
+  const signals = new Queue<SignalJob>(QUEUE_NAMES.signals, { connection: { url: env.redis.url }, prefix: env.config.redis.prefix });
   try {
     for (const [index, node] of env.nodes.entries()) {
       const result = await runFallenOffBus(env, { node: node.name, gpuIndex: index % 8, waitForAlert: false, timeoutMs: 30_000 });
@@ -33,15 +102,39 @@ async function measure(name: string, fastPath: boolean): Promise<PathFigures> {
         process.stderr.write(`bench: ${node.name}: ${result.problems.join('; ')}\n`);
       } else {
         samples.push(done);
+        if (fastPath) phases.push(await phasesOf(result, signals));
         process.stderr.write(`bench: ${name} ${node.name}: ${done} ms\n`);
       }
       // Spread injections over scrape phases instead of locking onto one.
       await sleep(150 + Math.random() * 700);
     }
   } finally {
+    await signals.close();
     await env.stop();
   }
-  return { name, samples: samples.sort((a, b) => a - b), failures };
+  return { name, samples: samples.sort((a, b) => a - b), failures, phases };
+}
+
+function ascending(values: readonly (number | undefined)[]): number[] {
+  return values.filter((value): value is number => value !== undefined).sort((a, b) => a - b);
+}
+
+/** Each phase's median and p90: reached after the injection, and taken since the phase before. */
+function phaseTable(phases: readonly PhaseTimes[]): string {
+  const lines = ['| phase | reached p50 | reached p90 | step p50 | step p90 |', '|---|---|---|---|---|'];
+  let previous: Phase | undefined;
+  for (const [phase, label] of PHASES) {
+    const reached = ascending(phases.map((times) => times[phase]));
+    const step = ascending(phases.map((times) => {
+      const at = times[phase];
+      const before = previous === undefined ? 0 : times[previous];
+      return at === undefined || before === undefined ? undefined : at - before;
+    }));
+    const ms = (sorted: number[], q: number): string => (sorted.length === 0 ? '–' : quantile(sorted, q).toFixed(0));
+    lines.push(`| ${label} | ${ms(reached, 0.5)} | ${ms(reached, 0.9)} | ${ms(step, 0.5)} | ${ms(step, 0.9)} |`);
+    previous = phase;
+  }
+  return `${lines.join('\n')}\n`;
 }
 
 function row(figures: PathFigures, target: number): string {
@@ -52,13 +145,17 @@ function row(figures: PathFigures, target: number): string {
 }
 
 async function main(): Promise<void> {
+  watchFastPathPosts();
+  const loadBefore = loadavg();
   const fast = await measure('fast path (agent → controller)', true);
   const prometheus = await measure('Prometheus path (scrape → rule → Alertmanager → webhook)', false);
   const cpu = cpus()[0]?.model ?? 'unknown CPU';
   process.stdout.write(`\nFault → drain latency in ms (Xid 79 written to the kernel log → Slurm drain done), ${INJECTIONS} injections per path\n`);
-  process.stdout.write(`machine: ${cpus().length} × ${cpu}, ${(totalmem() / 2 ** 30).toFixed(0)} GiB, Node ${process.version}\n\n`);
+  const load = (values: number[]): string => values.map((value) => value.toFixed(2)).join(' ');
+  process.stdout.write(`machine: ${cpus().length} × ${cpu}, ${(totalmem() / 2 ** 30).toFixed(0)} GiB, Node ${process.version}; load average (1, 5, 15 min) ${load(loadBefore)} before, ${load(loadavg())} after\n\n`);
   process.stdout.write('| path | n | p50 | p95 | range | target | failed |\n|---|---|---|---|---|---|---|\n');
   process.stdout.write(`${row(fast, 250)}\n${row(prometheus, 3000)}\n`);
+  process.stdout.write(`\nFast path by phase, ms after the injection (${fast.phases.length} injections; a step is the time since the phase above):\n\n${phaseTable(fast.phases)}`);
   const ratio = quantile(prometheus.samples, 0.5) / quantile(fast.samples, 0.5);
   process.stdout.write(`\nPrometheus path p50 / fast path p50 = ${ratio.toFixed(1)}×; ByteRobust reports ~10 s to detect a lost GPU, ${(10_000 / quantile(fast.samples, 0.5)).toFixed(0)}× the fast-path p50.\n`);
   if (fast.failures + prometheus.failures > 0) process.exitCode = 1;

@@ -20,6 +20,10 @@ export interface TimelineStep {
 export interface ScenarioResult {
   readonly node: string;
   readonly gpu: string;
+  /** When the Xid was written (ms since the epoch); the timeline counts from here. */
+  readonly injectedAt: number;
+  /** The node's audit entries from the injection on, as last read. */
+  readonly audit: readonly AuditEntry[];
   readonly timeline: TimelineStep[];
   /** Times slurmctld recorded a drain reason for the node (from its own log). */
   readonly slurmDrains: number;
@@ -103,5 +107,5 @@ export async function runFallenOffBus(
   if (fastPath && alert && alert.data.sameFault !== true) {
     problems.push('the Prometheus alert was not recognised as the fault already handled');
   }
-  return { node: options.node, gpu, timeline, slurmDrains, backendDrains, slurmState: slurm.state, slurmReason: slurm.reason, ok: problems.length === 0, problems };
+  return { node: options.node, gpu, injectedAt, audit: entries, timeline, slurmDrains, backendDrains, slurmState: slurm.state, slurmReason: slurm.reason, ok: problems.length === 0, problems };
 }
