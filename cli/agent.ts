@@ -1,5 +1,6 @@
 import { hostname } from 'node:os';
 import { gpuSourceSetting } from '../exporters/gpu-source.js';
+import { exitIfNvmlStuck } from '../exporters/sources/nvml/client.js';
 import { Command, Option } from 'commander';
 import { z } from 'zod';
 import { resolveToken } from '../core/token.js';
@@ -246,19 +247,23 @@ export function agentCommand(io: Partial<AgentCommandIo> = {}): Command {
       } finally {
         await agent.close();
       }
+      await exitIfNvmlStuck((message) => logger.warn(message));
       return;
     }
     const address = await agent.start();
     logger.info({ address: `${address.address}:${address.port}`, node: settings.node }, 'steadfast agent started');
     const stop = (signal: NodeJS.Signals): void => {
       logger.info({ signal }, 'stopping');
-      agent.close().then(
-        () => logger.info('stopped'),
-        (error: unknown) => {
-          logger.error({ err: error instanceof Error ? error.message : String(error) }, 'error while stopping');
-          process.exitCode = 1;
-        },
-      );
+      agent
+        .close()
+        .then(
+          () => logger.info('stopped'),
+          (error: unknown) => {
+            logger.error({ err: error instanceof Error ? error.message : String(error) }, 'error while stopping');
+            process.exitCode = 1;
+          },
+        )
+        .then(() => exitIfNvmlStuck((message) => logger.warn(message)));
     };
     process.once('SIGINT', stop);
     process.once('SIGTERM', stop);

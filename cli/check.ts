@@ -6,6 +6,7 @@ import { nodeNameSchema } from '../core/names.js';
 import { parseOrThrow } from '../core/validate.js';
 import { checkNodeHealth } from '../exporters/health-check.js';
 import { DEFAULT_NVML_LIBRARY, GPU_SOURCE_FLAG, NVML_LIBRARY_FLAG, gpuSourceSetting } from '../exporters/gpu-source.js';
+import { exitIfNvmlStuck } from '../exporters/sources/nvml/client.js';
 import { EXIT_FAILURE, parsePositiveInt, runCommand } from './common.js';
 
 /**
@@ -80,6 +81,8 @@ export function checkCommand(): Command {
         });
         if (!verdict.healthy) process.exitCode = EXIT_FAILURE;
         else process.stdout.write(`${node}: healthy\n`);
+        // A driver hung in an NVML call must not hold a prolog or HealthCheckProgram past its verdict.
+        await exitIfNvmlStuck((message) => logger.warn(message));
       });
     });
 }

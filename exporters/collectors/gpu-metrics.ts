@@ -65,7 +65,7 @@ export class GpuMetrics {
       new Counter<L>({ name, help, labelNames, registers });
     const gpu = ['gpu', 'pci_bus_id', 'UUID'] as const;
     this.info = gauge('steadfast_gpu_info', 'GPU identity; always 1.', [...gpu, 'uuid', 'name', 'driver_version']);
-    this.present = gauge('steadfast_gpu_present', 'Whether the GPU source (nvidia-smi or dcgm-exporter) lists this GPU (1), or listed it before and no longer does (0).', gpu);
+    this.present = gauge('steadfast_gpu_present', 'Whether the GPU source (NVML, nvidia-smi or dcgm-exporter) lists this GPU (1), or listed it before and no longer does (0).', gpu);
     this.attached = new Gauge({ name: 'steadfast_gpu_attached', help: 'Number of GPUs the GPU source lists.', registers: [] });
     this.temperature = gauge('steadfast_gpu_temperature_celsius', 'GPU core temperature.', gpu);
     this.memoryTemperature = gauge('steadfast_gpu_memory_temperature_celsius', 'GPU memory (HBM) temperature.', gpu);
@@ -106,7 +106,7 @@ export class GpuMetrics {
     // Pids change with every job: the series are rewritten at each poll (resetPerGpu).
     this.processInfo = gauge(
       'steadfast_gpu_process_info',
-      `A process holding a context on the GPU, as nvidia-smi lists it (at most ${MAX_GPU_PROCESS_SERIES}): pid in the agent's pid namespace, type C (compute), G (graphics) or C+G, and the process name; always 1.`,
+      `A process holding a context on the GPU, as the GPU source lists it (at most ${MAX_GPU_PROCESS_SERIES}): pid in the agent's pid namespace, type C (compute), G (graphics) or C+G, and the process name; always 1.`,
       [...gpu, 'pid', 'type', 'name'],
     );
     this.processMemory = gauge('steadfast_gpu_process_used_memory_bytes', 'GPU memory the process holds on the GPU.', [...gpu, 'pid']);

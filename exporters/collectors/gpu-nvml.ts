@@ -14,7 +14,7 @@ import { NvmlXidEvents } from './gpu-nvml-events.js';
 export interface NvmlGpuSource {
   readonly description: string;
   readonly command: string;
-  read(): Promise<{ gpus: readonly GpuSample[] }>;
+  read(signal: AbortSignal): Promise<{ gpus: readonly GpuSample[] }>;
   close(): Promise<void>;
 }
 
@@ -24,8 +24,8 @@ export function nvmlGpuSource(context: CollectorContext, nvml: NvmlClient, timeo
   return {
     description: `NVML (${nvml.library})`,
     command: 'nvml',
-    async read() {
-      const result = await nvml.poll(timeoutMs);
+    async read(signal) {
+      const result = await nvml.poll(timeoutMs, signal);
       if (events === undefined && !closed && result.gpus.length > 0) {
         events = new NvmlXidEvents(context, nvml);
         events.start(timeoutMs);

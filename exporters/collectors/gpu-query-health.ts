@@ -16,7 +16,7 @@ export function gpuQueryFailures(registry: Registry): Counter<'command' | 'reaso
   if (existing instanceof Counter) return existing as Counter<'command' | 'reason'>;
   return new Counter({
     name: GPU_QUERY_FAILURES,
-    help: 'GPU queries that did not answer, by command (nvidia-smi -q -x, nvidia-smi nvlink -e, dcgm-exporter) and reason: timeout (killed at its time limit; a hung driver) or error.',
+    help: 'GPU queries that did not answer, by command (nvidia-smi -q -x, nvidia-smi nvlink -e, nvml, dcgm-exporter) and reason: timeout (past its time limit; a hung driver) or error.',
     labelNames: ['command', 'reason'],
     registers: [registry],
   });

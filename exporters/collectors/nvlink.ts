@@ -113,7 +113,7 @@ class NvlinkCollector implements Collector {
   private async pollNvml(source: Extract<ResolvedGpuSource, { kind: 'nvml' | 'nvml-unavailable' }>): Promise<void> {
     try {
       if (source.kind === 'nvml-unavailable') throw new Error(source.reason);
-      const counts = await source.nvml.nvlink(this.nvmlTimeoutMs);
+      const counts = await source.nvml.nvlink(this.nvmlTimeoutMs, this.poller.signal);
       if (this.poller.closed) return;
       this.write(counts);
       this.lastError = undefined;

@@ -3,7 +3,7 @@ import { rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { Worker } from 'node:worker_threads';
-import { NvmlError, NvmlUnavailableError, NVML_FUNCTIONS, type NvmlFunction } from './library.js';
+import { loadKoffi, NvmlError, NvmlUnavailableError, NVML_FUNCTIONS, type NvmlFunction } from './library.js';
 import { NVML_WORKER_ROLE, type NvmlFailure, type NvmlMessage, type NvmlPollValue, type NvmlWorkerData } from './worker.js';
 import type { NvlinkErrorCount } from '../nvlink-errors.js';
 
@@ -62,6 +62,31 @@ async function workerScript(): Promise<URL> {
 
 let sourceWorker: Promise<URL> | undefined;
 
+/**
+ * NVML threads that close() left stuck in the driver. While one is, the process cannot end on its
+ * own: at exit Node joins every thread, and that one never returns (a stuck koffi call on libuv's
+ * pool would hold the exit the same way).
+ */
+let stuckThreads = 0;
+
+/**
+ * Ends the process now, with `process.exitCode`, when an NVML thread is stuck in the driver
+ * (libc's _exit, through koffi: no thread is joined); otherwise returns, and the process ends
+ * as usual. For the agent's shutdown, `--once` and `steadfast check`, so that a hung driver
+ * cannot hold them past their work. Standard output and error are written synchronously on Linux.
+ */
+export async function exitIfNvmlStuck(log: (message: string) => void): Promise<void> {
+  if (stuckThreads === 0) return;
+  log('an NVML call is stuck in the driver: ending the process without waiting for it');
+  const code = typeof process.exitCode === 'number' ? process.exitCode : 0;
+  try {
+    const koffi = await loadKoffi();
+    koffi.load('libc.so.6').func('void _exit(int status)')(code);
+  } catch {
+    process.kill(process.pid, 'SIGKILL');
+  }
+}
+
 export class NvmlClient extends EventEmitter<{ xid: [NvmlXidReport]; failures: [readonly NvmlFailure[]] }> {
   private nextId = 1;
   private readonly pending = new Map<number, Pending>();
@@ -109,13 +134,13 @@ export class NvmlClient extends EventEmitter<{ xid: [NvmlXidReport]; failures: [
   }
 
   /** Reads every GPU (and with `nvlink` their link counters). */
-  poll(timeoutMs: number, nvlink = false): Promise<NvmlPollValue> {
-    return this.request({ kind: 'poll', nvlink }, timeoutMs) as Promise<NvmlPollValue>;
+  poll(timeoutMs: number, signal?: AbortSignal): Promise<NvmlPollValue> {
+    return this.request({ kind: 'poll', nvlink: false }, timeoutMs, signal) as Promise<NvmlPollValue>;
   }
 
   /** The NVLink error counters of every GPU. */
-  nvlink(timeoutMs: number): Promise<NvlinkErrorCount[]> {
-    return this.request({ kind: 'nvlink' }, timeoutMs) as Promise<NvlinkErrorCount[]>;
+  nvlink(timeoutMs: number, signal?: AbortSignal): Promise<NvlinkErrorCount[]> {
+    return this.request({ kind: 'nvlink' }, timeoutMs, signal) as Promise<NvlinkErrorCount[]>;
   }
 
   /** Starts the Xid events on the GPUs of the last poll (`xid` events); answers how many GPUs offer them. */
@@ -128,8 +153,12 @@ export class NvmlClient extends EventEmitter<{ xid: [NvmlXidReport]; failures: [
     if (this.exited) return;
     try {
       await this.request({ kind: 'close' }, timeoutMs);
-    } catch {
+    } catch (error) {
       // Stuck, or already gone: terminate() below ends it when it comes back.
+      if (error instanceof Error && error.name === 'TimeoutError' && !this.exited) {
+        stuckThreads++;
+        this.worker.once('exit', () => stuckThreads--);
+      }
     }
     this.exited ??= new Error('the NVML thread is closed');
     // A thread stuck in the driver cannot end until the call returns; it must not hold the agent.
@@ -143,8 +172,10 @@ export class NvmlClient extends EventEmitter<{ xid: [NvmlXidReport]; failures: [
     return NVML_FUNCTIONS[index];
   }
 
-  private request(body: { kind: 'poll'; nvlink: boolean } | { kind: 'nvlink' } | { kind: 'events' } | { kind: 'close' }, timeoutMs: number): Promise<unknown> {
+  /** `signal`: stop waiting (the collector is closing); the thread's answer, when it comes, is dropped. */
+  private request(body: { kind: 'poll'; nvlink: boolean } | { kind: 'nvlink' } | { kind: 'events' } | { kind: 'close' }, timeoutMs: number, signal?: AbortSignal): Promise<unknown> {
     if (this.exited) return Promise.reject(this.exited);
+    if (signal?.aborted) return Promise.reject(new Error('NVML request aborted'));
     const oldest = Math.min(...[...this.pending.values()].map((pending) => pending.since));
     if (Number.isFinite(oldest) && Date.now() - oldest > timeoutMs) {
       const call = this.runningCall();
@@ -158,8 +189,11 @@ export class NvmlClient extends EventEmitter<{ xid: [NvmlXidReport]; failures: [
         reject(timeoutError(`NVML did not answer within ${timeoutMs} ms${call ? ` (stuck in ${call})` : ''}`));
       }, timeoutMs);
       timer.unref();
+      const onAbort = (): void => reject(new Error('NVML request aborted'));
+      signal?.addEventListener('abort', onAbort, { once: true });
       const settle = (action: () => void): void => {
         clearTimeout(timer);
+        signal?.removeEventListener('abort', onAbort);
         action();
       };
       this.pending.set(id, {

@@ -141,13 +141,12 @@ export type NvmlFunction = keyof typeof DECLARATIONS;
 
 type Bound = (...args: unknown[]) => unknown;
 
-interface KoffiModule {
+export interface KoffiModule {
   load(path: string): { func(declaration: string): Bound; unload(): void };
-  decode(pointer: unknown, type: string): unknown;
 }
 
 /** koffi, loaded on first use: a node without its prebuilt binary still runs on nvidia-smi. */
-async function loadKoffi(): Promise<KoffiModule> {
+export async function loadKoffi(): Promise<KoffiModule> {
   try {
     const module = (await import('koffi')) as unknown as { default?: KoffiModule } & KoffiModule;
     return module.default ?? module;
