@@ -1,7 +1,7 @@
 #!/usr/bin/env node
-// Bundles the agent (cli/agent-main.ts) into dist/agent.cjs, and the loader that bin/steadfast.js
-// and the agent-only package's steadfast-agent run it with (cli/agent-bundle.ts) into
-// dist/agent-loader.cjs. Run by `npm run build`, after tsc. No code cache is made here: V8's cache
+// Bundles the agent (cli/agent-main.ts) into dist/agent.cjs, its NVML thread into
+// dist/nvml-worker.cjs, and the loader that bin/steadfast.js and the agent-only package's
+// steadfast-agent run it with (cli/agent-bundle.ts) into dist/agent-loader.cjs. Run by `npm run build`, after tsc. No code cache is made here: V8's cache
 // is only safe for the Node.js build that made it, so each node makes its own
 // (`steadfast-agent --write-code-cache`, cli/agent-bundle.ts). koffi (scripts/agent-dependencies.mjs)
 // stays out of the bundle: it loads its .node file from its own package, so the bundle requires
@@ -12,6 +12,22 @@ import { fileURLToPath } from 'node:url';
 import { AGENT_EXTERNALS } from './agent-dependencies.mjs';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
+
+// The agent's NVML thread (exporters/sources/nvml/worker.ts) runs a bundle of its own beside the
+// agent's, so that the thread loads the NVML code alone, not the whole agent (about 13 MB of
+// memory less).
+await build({
+  entryPoints: [join(root, 'dist', 'exporters', 'sources', 'nvml', 'worker.js')],
+  outfile: join(root, 'dist', 'nvml-worker.cjs'),
+  bundle: true,
+  minify: true,
+  platform: 'node',
+  format: 'cjs',
+  target: 'node20',
+  logLevel: 'warning',
+  external: AGENT_EXTERNALS,
+  supported: { 'dynamic-import': false },
+});
 
 // CommonJS, so that bin/steadfast.js (CommonJS) requires it without Node's ES module loader.
 await build({

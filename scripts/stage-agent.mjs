@@ -6,6 +6,7 @@
 //   DIR/dist/agent.cjs           the agent and the Slurm preflight, bundled with what they import
 //                                but koffi
 //   DIR/dist/agent-loader.cjs    the loader (V8 flags, this node's code cache)
+//   DIR/dist/nvml-worker.cjs     the agent's NVML thread
 //   DIR/node_modules/            koffi and this machine's koffi binary package, copied from the
 //                                node_modules `npm ci` installed (not with --pack: npm installs them)
 //   DIR/README.md
@@ -27,7 +28,7 @@ if (!target || args.length !== (pack ? 2 : 1)) {
   process.exit(2);
 }
 const out = pack ? mkdtempSync(join(tmpdir(), 'steadfast-agent-package-')) : resolve(target);
-for (const built of ['agent.cjs', 'agent-loader.cjs']) {
+for (const built of ['agent.cjs', 'agent-loader.cjs', 'nvml-worker.cjs']) {
   if (!existsSync(join(root, 'dist', built))) {
     process.stderr.write(`stage-agent: dist/${built} is missing: run npm run build first\n`);
     process.exit(1);
@@ -40,7 +41,7 @@ mkdirSync(join(out, 'bin'), { recursive: true });
 mkdirSync(join(out, 'dist'), { recursive: true });
 copyFileSync(join(root, 'packaging', 'agent', 'steadfast-agent.cjs'), join(out, 'bin', 'steadfast-agent.cjs'));
 chmodSync(join(out, 'bin', 'steadfast-agent.cjs'), 0o755);
-for (const built of ['agent.cjs', 'agent-loader.cjs']) copyFileSync(join(root, 'dist', built), join(out, 'dist', built));
+for (const built of ['agent.cjs', 'agent-loader.cjs', 'nvml-worker.cjs']) copyFileSync(join(root, 'dist', built), join(out, 'dist', built));
 copyFileSync(join(root, 'packaging', 'agent', 'README.md'), join(out, 'README.md'));
 const manifest = {
   name: 'steadfast-agent',

@@ -49,7 +49,7 @@ stage=$(mktemp -d "${TMPDIR:-/tmp}/steadfast-deb-XXXXXX")
 trap 'rm -rf "$stage"' EXIT
 
 if [ "$build" -eq 1 ]; then npm run --silent build; fi
-for built in dist/cli/main.js dist/agent.cjs dist/agent-loader.cjs; do
+for built in dist/cli/main.js dist/agent.cjs dist/agent-loader.cjs dist/nvml-worker.cjs; do
   [ -f "$built" ] || { echo "build.sh: $built is missing: run npm run build, or drop --no-build" >&2; exit 1; }
 done
 

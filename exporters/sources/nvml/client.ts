@@ -1,5 +1,5 @@
 import { EventEmitter } from 'node:events';
-import { rmSync } from 'node:fs';
+import { existsSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { Worker } from 'node:worker_threads';
@@ -38,14 +38,18 @@ function timeoutError(message: string): Error {
 }
 
 /**
- * The worker's script: the bundle itself, or worker.js beside this file. Running from the
+ * The worker's script: nvml-worker.cjs beside the agent's bundle (scripts/build-agent.mjs), the
+ * bundle itself where that is missing, or worker.js beside this file. Running from the
  * TypeScript sources (tests, tsx), where a worker thread has no TypeScript loader, worker.ts is
  * bundled once with esbuild (a development dependency) into node_modules/.cache, where koffi
  * resolves.
  */
 async function workerScript(): Promise<URL> {
   const here = import.meta.url;
-  if (here.endsWith('.cjs')) return new URL(here);
+  if (here.endsWith('.cjs')) {
+    const own = new URL('./nvml-worker.cjs', here);
+    return existsSync(own) ? own : new URL(here);
+  }
   if (!here.endsWith('.ts')) return new URL('./worker.js', here);
   sourceWorker ??= (async () => {
     // Named through a variable, so that the agent's bundle does not take esbuild in with it.

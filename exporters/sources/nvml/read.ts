@@ -1,4 +1,4 @@
-import { normalizePciBusId } from '../../../core/names.js';
+import { normalizePciBusId } from '../../../core/pci.js';
 import { CLOCK_EVENT_BITS, XML_REASON_ORDER } from '../clock-event-reasons.js';
 import type { NvlinkErrorCount } from '../nvlink-errors.js';
 import type { ClockDomain, ClockReadings, EccCount, EccScope, EccType, FabricState, GpuProcess, GpuSample, RemappedRows, RetiredPages } from '../nvidia-smi-xml.js';
