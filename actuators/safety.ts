@@ -171,9 +171,13 @@ export class SafetyGates {
 
   /** Pause, then the holds on `nodes`, then budget: the checks that decide whether an action may happen at all. */
   async admit(decisionId: string, nodes: readonly string[] = [], now = Date.now()): Promise<GateVerdict> {
+    // Both reads go out together (one wait for Redis, not two); the pause is still judged first,
+    // and while paused the holds' answer, or failure, is not looked at.
+    const holdsRead = this.checkHolds(nodes, now);
+    holdsRead.catch(() => undefined);
     const pausedReason = await this.paused();
     if (pausedReason !== undefined) return { ok: false, gate: 'pause', reason: `actions are paused: ${pausedReason}` };
-    const holds = await this.checkHolds(nodes, now);
+    const holds = await holdsRead;
     if (!holds.ok) return holds;
     const taken = (await this.redis.eval(
       TAKE_BUDGET,

@@ -16,7 +16,7 @@ import { describeIssues } from '../core/validate.js';
 import { decide } from './policy.js';
 import type { RemediationHistory } from '../actuators/remediation-history.js';
 import type { RemediesConfig } from '../core/remedy-config.js';
-import { chooseRemedy } from './remedy-policy.js';
+import { chooseRemedyReading } from './remedy-policy.js';
 
 export interface PolicyResult {
   readonly outcome: 'observed' | 'decided' | 'joined' | 'repeat';
@@ -92,7 +92,8 @@ async function toLadder(audit: AuditLog, signal: Signal, trainingJob: string, di
   if (written === undefined && firstAttempt) return { outcome: 'repeat' };
   // A machine fault a GPU reset may cure (the catalogue's remedy, resets on, the node's history
   // allowing one) is reset in place; escalation past resets leaves it to the ladder's eviction.
-  const remedy = remedies && signal.node && verdict.faultClass === 'machine' ? chooseRemedy(signal, verdict.reason, await remedies.history.read(signal.node), remedies.config, Date.now()) : undefined;
+  const node = signal.node;
+  const remedy = remedies && node && verdict.faultClass === 'machine' ? await chooseRemedyReading(signal, verdict.reason, () => remedies.history.read(node), remedies.config) : undefined;
   const event = faultEventFromSignal(signal, verdict, remedy?.verb === 'reset_gpu' ? remedy.gpu : undefined);
   const steps = await dispatcher.apply({ job: trainingJob, event, eventId: signal.id, origin: signal.origin });
   return { outcome: steps.length > 0 ? 'decided' : 'joined' };
@@ -156,8 +157,10 @@ export function signalProcessor(deps: PolicyWorkerDeps): (signal: Signal, firstA
       return { outcome: 'observed' };
     }
 
-    const remedy = deps.remedies
-      ? chooseRemedy(signal, outcome.reason, await deps.remedies.history.read(outcome.node), deps.remedies.config, Date.now())
+    // The node's remediation history is read only when a remedy rung could use it (all off: a drain).
+    const remedies = deps.remedies;
+    const remedy = remedies
+      ? await chooseRemedyReading(signal, outcome.reason, () => remedies.history.read(outcome.node), remedies.config)
       : { verb: 'drain' as const, reason: outcome.reason, gpu: undefined };
     // A drain keeps the id it always had (`drain|…`), so a fault decided before an upgrade is recognised after it.
     const decisionId = `d-${stableHash(`${remedy.verb}|${signal.id}`)}`;

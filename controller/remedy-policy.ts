@@ -35,6 +35,29 @@ function catalogueRemedy(signal: Signal): 'reset_gpu' | 'reboot_node' | undefine
   return remedy === 'reset_gpu' || remedy === 'reboot_node' ? remedy : undefined;
 }
 
+/**
+ * Whether chooseRemedy looks at the node's history for this signal: only when the rung the
+ * catalogue names for it is on. Otherwise (every rung off, the default) the choice is a drain
+ * whatever the history holds, and the fault's way to its drain need not wait for a read of it.
+ */
+export function remedyNeedsHistory(signal: Signal, config: RemediesConfig): boolean {
+  const remedy = catalogueRemedy(signal);
+  if (remedy === 'reset_gpu') return config.gpuReset.enabled && signal.gpu !== undefined && PCI_BUS_ID_PATTERN.test(signal.gpu);
+  return remedy === 'reboot_node' && config.reboot.enabled;
+}
+
+/** chooseRemedy, reading the node's history only when the choice depends on it (remedyNeedsHistory). */
+export async function chooseRemedyReading(
+  signal: Signal,
+  drainReason: string,
+  readHistory: () => Promise<readonly RemediationEntry[]>,
+  config: RemediesConfig,
+  now: () => number = Date.now,
+): Promise<RemedyChoice> {
+  const history = remedyNeedsHistory(signal, config) ? await readHistory() : [];
+  return chooseRemedy(signal, drainReason, history, config, now());
+}
+
 export function chooseRemedy(signal: Signal, drainReason: string, history: readonly RemediationEntry[], config: RemediesConfig, now: number): RemedyChoice {
   const since = now - config.escalation.windowSeconds * 1000;
   const windowText = `${config.escalation.windowSeconds} s`;

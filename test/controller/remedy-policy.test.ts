@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import type { RemediationEntry } from '../../core/remedy.js';
 import { remediesSchema } from '../../core/remedy-config.js';
-import { chooseRemedy } from '../../controller/remedy-policy.js';
+import { chooseRemedy, chooseRemedyReading, remedyNeedsHistory } from '../../controller/remedy-policy.js';
 import { signal } from '../support/signal.js';
 
 const NOW = Date.parse('2026-11-20T12:00:00Z');
@@ -44,5 +44,33 @@ describe('choosing a remedy for a fault that would drain a node', () => {
     const noReboot = remediesSchema.parse({ gpuReset: { enabled: true }, escalation: { resetsBeforeReboot: 1 } });
     expect(chooseRemedy(xid(48), 'fatal Xid 48', [past('reset_gpu', 10, '0000:3a:00')], noReboot, NOW).verb).toBe('hand_off');
     expect(chooseRemedy(xid(79), 'fatal Xid 79', [], noReboot, NOW).verb).toBe('drain');
+  });
+
+  it('reads the history only when the choice depends on it, and chooses the same either way', async () => {
+    const configs = [
+      remediesSchema.parse({}),
+      ON,
+      remediesSchema.parse({ gpuReset: { enabled: true }, escalation: { resetsBeforeReboot: 1 } }),
+      remediesSchema.parse({ reboot: { enabled: true }, escalation: { rebootsBeforeHandOff: 1 } }),
+    ];
+    const signals = [xid(48), xid(79), xid(13), xid(48, 'not-a-bus-id'), signal({ kind: 'gpu_lost', node: 'node-1', gpu: '0000:3a:00' }), signal({ kind: 'alert', node: 'node-1', evidence: { alertname: 'NodeDown' } })];
+    const histories = [[], [past('reset_gpu', 10, '0000:3a:00'), past('reset_gpu', 20, '0000:3a:00')], [past('reboot', 30)], [past('reset_gpu', 10, '0000:18:00')]];
+    let reads = 0;
+    for (const config of configs) {
+      for (const fault of signals) {
+        const needs = remedyNeedsHistory(fault, config);
+        for (const history of histories) {
+          const direct = chooseRemedy(fault, 'reason', history, config, NOW);
+          if (!needs) expect(direct).toEqual(chooseRemedy(fault, 'reason', [], config, NOW));
+          const before = reads;
+          const lazy = await chooseRemedyReading(fault, 'reason', async () => ((reads += 1), history), config, () => NOW);
+          expect(lazy).toEqual(direct);
+          expect(reads - before).toBe(needs ? 1 : 0);
+        }
+      }
+    }
+    // Every rung off (the default): no fault reads the history.
+    expect(signals.some((fault) => remedyNeedsHistory(fault, configs[0] as typeof ON))).toBe(false);
+    expect(reads).toBeGreaterThan(0);
   });
 });
