@@ -122,7 +122,7 @@ afterAll(async () => {
 
 describe('the npm package', () => {
   it("carries the compiled CLI, the agent's bundle, the rule files and the sim fixture, and no code cache, tests, sources, maps or benchmarks", () => {
-    expect(files).toEqual(expect.arrayContaining(['package/bin/steadfast.js', 'package/dist/cli/main.js', 'package/dist/cli/agent.js', 'package/dist/agent.cjs', 'package/dist/agent-loader.cjs', 'package/rules/gpu.yml', 'package/rules/alertmanager.yml', 'package/sim/fixtures/nvidia-smi-a10g.xml']));
+    expect(files).toEqual(expect.arrayContaining(['package/bin/steadfast.js', 'package/dist/cli/main.js', 'package/dist/cli/agent.js', 'package/dist/agent.cjs', 'package/dist/agent-loader.cjs', 'package/dist/nvml-worker.cjs', 'package/rules/gpu.yml', 'package/rules/alertmanager.yml', 'package/sim/fixtures/nvidia-smi-a10g.xml']));
     const unwanted = files.filter((file) => /^package\/(test|bench)\//.test(file) || file.startsWith('package/dist/bench/') || file.endsWith('.map') || file.endsWith('.cache') || (file.endsWith('.ts') && !file.endsWith('.d.ts')));
     expect(unwanted).toEqual([]);
     expect(files.length).toBeLessThan(400);
@@ -152,9 +152,9 @@ describe('the npm package', () => {
 });
 
 describe('the agent-only npm package', () => {
-  it('holds the command, the bundle and its loader, and depends on koffi alone, at the version the full package pins', () => {
+  it('holds the command, the bundle, its NVML thread's bundle and its loader, and depends on koffi alone, at the version the full package pins', () => {
     // REVISION: the commit built (a git checkout, as here), for steadfast_build_info.
-    expect(agentFiles.sort()).toEqual(['package/README.md', 'package/REVISION', 'package/bin/steadfast-agent.cjs', 'package/dist/agent-loader.cjs', 'package/dist/agent.cjs', 'package/package.json']);
+    expect(agentFiles.sort()).toEqual(['package/README.md', 'package/REVISION', 'package/bin/steadfast-agent.cjs', 'package/dist/agent-loader.cjs', 'package/dist/agent.cjs', 'package/dist/nvml-worker.cjs', 'package/package.json']);
     const tree = join(work, 'agent-prefix', 'lib', 'node_modules', 'steadfast-agent');
     const installedManifest = JSON.parse(readFileSync(join(tree, 'package.json'), 'utf8')) as Record<string, unknown>;
     expect(installedManifest).toMatchObject({ name: 'steadfast-agent', version, engines: manifest.engines });
