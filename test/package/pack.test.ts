@@ -152,7 +152,7 @@ describe('the npm package', () => {
 });
 
 describe('the agent-only npm package', () => {
-  it('holds the command, the bundle, its NVML thread's bundle and its loader, and depends on koffi alone, at the version the full package pins', () => {
+  it('holds the command, the bundle, the NVML thread bundle and its loader, and depends on koffi alone, at the version the full package pins', () => {
     // REVISION: the commit built (a git checkout, as here), for steadfast_build_info.
     expect(agentFiles.sort()).toEqual(['package/README.md', 'package/REVISION', 'package/bin/steadfast-agent.cjs', 'package/dist/agent-loader.cjs', 'package/dist/agent.cjs', 'package/dist/nvml-worker.cjs', 'package/package.json']);
     const tree = join(work, 'agent-prefix', 'lib', 'node_modules', 'steadfast-agent');
