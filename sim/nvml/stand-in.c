@@ -15,34 +15,12 @@
  * exists (a hung driver). A key may repeat (processes). Xid events come from <dir>/events, one
  * `xid <gpu> <code>` per line, each delivered once, in order, by nvmlEventSetWait_v2.
  *
- * Built by sim/nvml/stand-in.ts with the system's C compiler; not part of any package.
+ * Built with stand-in-events.c (processes, NVLink, events) by sim/nvml/stand-in.ts with the
+ * system's C compiler; not part of any package.
  */
-#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <errno.h>
-#include <libgen.h>
-#include <pthread.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/stat.h>
-#include <time.h>
-#include <unistd.h>
+#include "stand-in.h"
 
-typedef int nvmlReturn_t;
-enum {
-  OK = 0, UNINITIALIZED = 1, INVALID_ARGUMENT = 2, NOT_SUPPORTED = 3, NOT_FOUND = 6,
-  INSUFFICIENT_SIZE = 7, TIMEOUT = 10, GPU_IS_LOST = 15, ARGUMENT_VERSION_MISMATCH = 25, UNKNOWN = 999
-};
-
-#define MAX_GPUS 16
-#define MAX_ENTRIES 8192
-#define MAX_LINKS 18
-
-struct device { int index; };
-struct entry { int gpu; char key[64]; char value[192]; int next; };
-
-static struct device devices[MAX_GPUS];
+HIDDEN struct device devices[MAX_GPUS];
 static struct entry entries[MAX_ENTRIES];
 static int entry_count;
 /* Chained hash of (gpu, key) -> first entry; entries of one key chain through `next` in file order. */
@@ -54,7 +32,7 @@ static unsigned int hash_of(int gpu, const char *key) {
   for (; *key != '\0'; key++) h = (h ^ (unsigned char)*key) * 16777619u;
   return h % BUCKETS;
 }
-static int initialized;
+HIDDEN int initialized;
 static char dir[4096];
 static struct timespec state_mtime;
 static off_t state_size = -1;
@@ -62,7 +40,7 @@ static ino_t state_inode;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread char value_buffer[192];
 
-static void path_of(char *out, size_t size, const char *name) { snprintf(out, size, "%s/%s", dir, name); }
+HIDDEN void path_of(char *out, size_t size, const char *name) { snprintf(out, size, "%s/%s", dir, name); }
 
 static void find_dir(void) {
   Dl_info info;
@@ -116,7 +94,7 @@ static void reload(void) {
 }
 
 /* The n-th value of a key (a copy, valid until the next call on this thread), or NULL. */
-static const char *nth(int gpu, const char *key, int n) {
+HIDDEN const char *nth(int gpu, const char *key, int n) {
   const char *found = NULL;
   pthread_mutex_lock(&lock);
   for (int i = entry_count == 0 ? -1 : buckets[hash_of(gpu, key)]; i != -1; i = entries[i].next) {
@@ -130,16 +108,16 @@ static const char *nth(int gpu, const char *key, int n) {
   return found;
 }
 
-static const char *get(int gpu, const char *key) { return nth(gpu, key, 0); }
+HIDDEN const char *get(int gpu, const char *key) { return nth(gpu, key, 0); }
 
-static int file_exists(const char *name) {
+HIDDEN int file_exists(const char *name) {
   char path[4200];
   path_of(path, sizeof path, name);
   return access(path, F_OK) == 0;
 }
 
 /* What the call for a key answers before its value: a scripted hang, then a scripted failure. */
-static nvmlReturn_t scripted(int gpu, const char *key) {
+HIDDEN nvmlReturn_t scripted(int gpu, const char *key) {
   char name[80];
   snprintf(name, sizeof name, "hang.%s", key);
   if (get(gpu, name) != NULL) {
@@ -151,14 +129,14 @@ static nvmlReturn_t scripted(int gpu, const char *key) {
   return code == NULL ? OK : (nvmlReturn_t)atoi(code);
 }
 
-static int gpu_of(const void *handle) {
+HIDDEN int gpu_of(const void *handle) {
   const struct device *d = handle;
   if (d < devices || d >= devices + MAX_GPUS) return -1;
   return d->index;
 }
 
 /* Looks a GPU's key up: the scripted answer, NOT_SUPPORTED when absent, else OK with *value set. */
-static nvmlReturn_t lookup(const void *handle, const char *key, const char **value) {
+HIDDEN nvmlReturn_t lookup(const void *handle, const char *key, const char **value) {
   int gpu = gpu_of(handle);
   if (!initialized) return UNINITIALIZED;
   if (gpu < 0) return INVALID_ARGUMENT;
@@ -168,21 +146,21 @@ static nvmlReturn_t lookup(const void *handle, const char *key, const char **val
   return *value == NULL ? NOT_SUPPORTED : OK;
 }
 
-static nvmlReturn_t uint_value(const void *handle, const char *key, unsigned int *out) {
+HIDDEN nvmlReturn_t uint_value(const void *handle, const char *key, unsigned int *out) {
   const char *v;
   nvmlReturn_t r = lookup(handle, key, &v);
   if (r == OK) *out = (unsigned int)strtoul(v, NULL, 0);
   return r;
 }
 
-static nvmlReturn_t ull_value(const void *handle, const char *key, unsigned long long *out) {
+HIDDEN nvmlReturn_t ull_value(const void *handle, const char *key, unsigned long long *out) {
   const char *v;
   nvmlReturn_t r = lookup(handle, key, &v);
   if (r == OK) *out = strtoull(v, NULL, 0);
   return r;
 }
 
-static nvmlReturn_t string_value(const void *handle, const char *key, char *out, unsigned int length) {
+HIDDEN nvmlReturn_t string_value(const void *handle, const char *key, char *out, unsigned int length) {
   const char *v;
   nvmlReturn_t r = lookup(handle, key, &v);
   if (r != OK) return r;
@@ -430,131 +408,3 @@ nvmlReturn_t nvmlDeviceGetGpuFabricInfo(void *device, nvmlGpuFabricInfo_t *info)
   return OK;
 }
 
-/* ---- processes ---- */
-
-typedef struct {
-  unsigned int pid;
-  unsigned long long usedGpuMemory;
-  unsigned int gpuInstanceId;
-  unsigned int computeInstanceId;
-} nvmlProcessInfo_t;
-
-/* "proc.<kind> <pid> <bytes>", one line per process. */
-static nvmlReturn_t processes(void *device, const char *kind, unsigned int *count, nvmlProcessInfo_t *infos) {
-  int gpu = gpu_of(device);
-  if (!initialized) return UNINITIALIZED;
-  if (gpu < 0) return INVALID_ARGUMENT;
-  char key[32];
-  snprintf(key, sizeof key, "proc.%s", kind);
-  nvmlReturn_t r = scripted(gpu, key);
-  if (r != OK) return r;
-  unsigned int n = 0;
-  while (nth(gpu, key, (int)n) != NULL) n++;
-  unsigned int room = *count;
-  *count = n;
-  if (n > room) return INSUFFICIENT_SIZE;
-  for (unsigned int i = 0; i < n; i++) {
-    unsigned int pid = 0;
-    unsigned long long bytes = 0;
-    sscanf(nth(gpu, key, (int)i), "%u %llu", &pid, &bytes);
-    infos[i].pid = pid;
-    infos[i].usedGpuMemory = bytes;
-    infos[i].gpuInstanceId = 0xFFFFFFFFu;
-    infos[i].computeInstanceId = 0xFFFFFFFFu;
-  }
-  return OK;
-}
-
-nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(void *device, unsigned int *count, nvmlProcessInfo_t *infos) { return processes(device, "compute", count, infos); }
-nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(void *device, unsigned int *count, nvmlProcessInfo_t *infos) { return processes(device, "graphics", count, infos); }
-
-/* ---- NVLink ---- */
-
-nvmlReturn_t nvmlDeviceGetNvLinkState(void *device, unsigned int link, unsigned int *active) {
-  char key[24];
-  if (link >= MAX_LINKS) return INVALID_ARGUMENT;
-  snprintf(key, sizeof key, "nvlink.%u", link);
-  return uint_value(device, key, active);
-}
-
-nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(void *device, unsigned int link, int counter, unsigned long long *value) {
-  char key[32];
-  if (link >= MAX_LINKS) return INVALID_ARGUMENT;
-  snprintf(key, sizeof key, "nvlink.%u.%d", link, counter);
-  return ull_value(device, key, value);
-}
-
-/* ---- events ---- */
-
-typedef struct {
-  void *device;
-  unsigned long long eventType;
-  unsigned long long eventData;
-  unsigned int gpuInstanceId;
-  unsigned int computeInstanceId;
-} nvmlEventData_t;
-
-struct event_set { unsigned long long registered[MAX_GPUS]; long delivered; };
-
-nvmlReturn_t nvmlEventSetCreate(struct event_set **set) {
-  if (!initialized) return UNINITIALIZED;
-  nvmlReturn_t r = scripted(-1, "eventset");
-  if (r != OK) return r;
-  *set = calloc(1, sizeof **set);
-  return *set == NULL ? UNKNOWN : OK;
-}
-
-nvmlReturn_t nvmlEventSetFree(struct event_set *set) {
-  free(set);
-  return OK;
-}
-
-nvmlReturn_t nvmlDeviceGetSupportedEventTypes(void *device, unsigned long long *types) { return ull_value(device, "events", types); }
-
-nvmlReturn_t nvmlDeviceRegisterEvents(void *device, unsigned long long types, struct event_set *set) {
-  unsigned long long supported;
-  nvmlReturn_t r = ull_value(device, "events", &supported);
-  if (r != OK) return r;
-  if ((types & ~supported) != 0) return NOT_SUPPORTED;
-  set->registered[gpu_of(device)] |= types;
-  return OK;
-}
-
-/* The next undelivered line of <dir>/events for a registered GPU, or 0 when none. */
-static int next_event(struct event_set *set, nvmlEventData_t *data) {
-  char path[4200], line[128];
-  path_of(path, sizeof path, "events");
-  FILE *file = fopen(path, "r");
-  if (file == NULL) return 0;
-  long index = 0;
-  int found = 0;
-  while (fgets(line, sizeof line, file) != NULL) {
-    if (index++ < set->delivered) continue;
-    set->delivered = index;
-    int gpu = -1;
-    unsigned long long code = 0;
-    if (sscanf(line, "xid %d %llu", &gpu, &code) != 2 || gpu < 0 || gpu >= MAX_GPUS) continue;
-    if ((set->registered[gpu] & 0x8ull) == 0) continue;
-    data->device = &devices[gpu];
-    data->eventType = 0x8ull; /* nvmlEventTypeXidCriticalError */
-    data->eventData = code;
-    data->gpuInstanceId = 0xFFFFFFFFu;
-    data->computeInstanceId = 0xFFFFFFFFu;
-    found = 1;
-    break;
-  }
-  fclose(file);
-  return found;
-}
-
-nvmlReturn_t nvmlEventSetWait_v2(struct event_set *set, nvmlEventData_t *data, unsigned int timeoutms) {
-  if (!initialized) return UNINITIALIZED;
-  nvmlReturn_t r = scripted(-1, "wait");
-  if (r != OK) return r;
-  struct timespec step = {0, 5 * 1000 * 1000};
-  for (unsigned int waited = 0;; waited += 5) {
-    if (next_event(set, data)) return OK;
-    if (waited >= timeoutms) return TIMEOUT;
-    nanosleep(&step, NULL);
-  }
-}

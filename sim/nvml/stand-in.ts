@@ -17,11 +17,13 @@ import { promisify } from 'node:util';
 const execFileAsync = promisify(execFile);
 export const STAND_IN_LIBRARY = 'libnvidia-ml.so.1';
 
-/** stand-in.c beside this file, or (from dist/sim/nvml) in the source tree. */
-function sourcePath(): string {
+const SOURCES = ['stand-in.c', 'stand-in-events.c', 'stand-in.h'];
+
+/** The directory of stand-in.c and its companions: beside this file, or (from dist/sim/nvml) in the source tree. */
+function sourceDir(): string {
   const here = dirname(fileURLToPath(import.meta.url));
-  const candidates = [join(here, 'stand-in.c'), join(here, '..', '..', '..', 'sim', 'nvml', 'stand-in.c')];
-  const found = candidates.find((candidate) => existsSync(candidate));
+  const candidates = [here, join(here, '..', '..', '..', 'sim', 'nvml')];
+  const found = candidates.find((candidate) => existsSync(join(candidate, 'stand-in.c')));
   if (found === undefined) throw new Error(`stand-in.c not found (looked in ${candidates.join(', ')})`);
   return found;
 }
@@ -49,14 +51,17 @@ async function holdUntilExit(library: string): Promise<void> {
 /** The compiled stand-in (built on first use, then cached by the source's hash). */
 export function buildStandInNvml(): Promise<string> {
   built ??= (async () => {
-    const source = sourcePath();
-    const hash = createHash('sha256').update(await readFile(source)).digest('hex').slice(0, 16);
+    const dir = sourceDir();
+    const digest = createHash('sha256');
+    for (const name of SOURCES) digest.update(name).update(await readFile(join(dir, name)));
+    const hash = digest.digest('hex').slice(0, 16);
     const cache = join(tmpdir(), 'steadfast-nvml-stand-in', hash);
     const library = join(cache, STAND_IN_LIBRARY);
     if (existsSync(library)) return library;
     await mkdir(cache, { recursive: true });
     const partial = `${library}.${process.pid}.tmp`;
-    await execFileAsync('cc', ['-shared', '-fPIC', '-O2', '-Wall', '-Werror', '-o', partial, source, '-lpthread', '-ldl']);
+    const units = SOURCES.filter((name) => name.endsWith('.c')).map((name) => join(dir, name));
+    await execFileAsync('cc', ['-shared', '-fPIC', '-O2', '-Wall', '-Werror', '-o', partial, ...units, '-lpthread', '-ldl']);
     await rename(partial, library);
     return library;
   })();
