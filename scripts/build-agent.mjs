@@ -13,48 +13,34 @@ import { AGENT_EXTERNALS } from './agent-dependencies.mjs';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 
+// CommonJS, so that bin/steadfast.js (CommonJS) requires it without Node's ES module loader.
+const commonjs = { bundle: true, platform: 'node', format: 'cjs', target: 'node20', logLevel: 'warning' };
+// The agent's code: minified, koffi left out, and `import('koffi')` made require('koffi') (the
+// loader runs the agent's bundle as a vm.Script, where import() has no module loader:
+// ERR_VM_DYNAMIC_IMPORT_CALLBACK_MISSING under Node.js 20).
+const agentCode = { ...commonjs, minify: true, external: AGENT_EXTERNALS, supported: { 'dynamic-import': false } };
+
 // The agent's NVML thread (exporters/sources/nvml/worker.ts) runs a bundle of its own beside the
 // agent's, so that the thread loads the NVML code alone, not the whole agent (about 13 MB of
 // memory less).
 await build({
   entryPoints: [join(root, 'dist', 'exporters', 'sources', 'nvml', 'worker.js')],
   outfile: join(root, 'dist', 'nvml-worker.cjs'),
-  bundle: true,
-  minify: true,
-  platform: 'node',
-  format: 'cjs',
-  target: 'node20',
-  logLevel: 'warning',
-  external: AGENT_EXTERNALS,
-  supported: { 'dynamic-import': false },
+  ...agentCode,
 });
 
-// CommonJS, so that bin/steadfast.js (CommonJS) requires it without Node's ES module loader.
 await build({
   entryPoints: [join(root, 'dist', 'cli', 'agent-bundle.js')],
   outfile: join(root, 'dist', 'agent-loader.cjs'),
-  bundle: true,
-  platform: 'node',
-  format: 'cjs',
-  target: 'node20',
-  logLevel: 'warning',
+  ...commonjs,
 });
 await build({
   entryPoints: [join(root, 'dist', 'cli', 'agent-main.js')],
   outfile: join(root, 'dist', 'agent.cjs'),
-  bundle: true,
-  minify: true,
-  platform: 'node',
-  format: 'cjs',
-  target: 'node20',
-  logLevel: 'warning',
+  ...agentCode,
   // The bundle is CommonJS (V8's code cache is for scripts); the modules' import.meta.url is the bundle's.
   banner: { js: "const __bundle_url = require('node:url').pathToFileURL(__filename).href;" },
   define: { 'import.meta.url': '__bundle_url' },
-  external: AGENT_EXTERNALS,
-  // `import('koffi')` becomes require('koffi'): the loader runs the bundle as a vm.Script, where
-  // import() has no module loader (ERR_VM_DYNAMIC_IMPORT_CALLBACK_MISSING under Node.js 20).
-  supported: { 'dynamic-import': false },
   plugins: [
     {
       // prom-client's Pushgateway pulls in the HTTPS client and TLS at load; the agent is scraped, never pushes.
