@@ -220,21 +220,21 @@ async function compareValues(setup: Setup): Promise<ValueComparison> {
     calls++;
     return call(...args);
   };
-  const counted = async <T>(work: () => Promise<T>): Promise<[T, number]> => {
+  const counted = <T>(work: () => T): [T, number] => {
     const from = calls;
-    const result = await work();
+    const result = work();
     return [result, calls - from];
   };
   try {
     nvml.init();
     const names = new Map<number, string | undefined>();
     const before = parseNvidiaSmiXml(await smi()).gpus;
-    const read = await readNvmlPoll(nvml, { nvlink: true, failed: () => undefined }, names);
+    const read = readNvmlPoll(nvml, { nvlink: true, failed: () => undefined }, names);
     const after = parseNvidiaSmiXml(await smi()).gpus;
     const links = parseNvlinkErrors((await execFileAsync(setup.nvidiaSmi, ['nvlink', '-e'], { maxBuffer: 8 * 1024 * 1024, encoding: 'utf8' })).stdout);
     // What the gpu collector's poll asks (processes, no NVLink), and the nvlink collector's.
-    const [, gpu] = await counted(() => readNvmlPoll(nvml, { failed: () => undefined }, names));
-    const [, nvlink] = await counted(() => readNvmlNvlink(nvml, () => undefined));
+    const [, gpu] = counted(() => readNvmlPoll(nvml, { failed: () => undefined }, names));
+    const [, nvlink] = counted(() => readNvmlNvlink(nvml, () => undefined));
     return { rows: compareGpuValues(before, read.gpus, after), nvlink: compareNvlink(links, read.nvlink), calls: { gpu, nvlink }, driver: read.driverVersion, products: read.gpus.map((sample) => sample.productName ?? 'unnamed') };
   } finally {
     nvml.close();

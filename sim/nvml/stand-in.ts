@@ -33,9 +33,9 @@ let held: { dir: string; count: number } | undefined;
 
 /**
  * Keeps a hard link to every copy until this process exits. The dynamic loader knows a library
- * by its device and inode: a test's copy deleted while still mapped (koffi unloads lazily) frees
- * its inode, a later copy may get the same number, and dlopen would then hand back the old
- * library, reading the old directory's state.
+ * by its device and inode: a test's copy deleted while still mapped (a library whose NVML thread
+ * was left stuck is never unloaded) frees its inode, a later copy may get the same number, and
+ * dlopen would then hand back the old library, reading the old directory's state.
  */
 async function holdUntilExit(library: string): Promise<void> {
   if (held === undefined) {

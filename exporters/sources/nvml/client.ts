@@ -217,7 +217,7 @@ export class NvmlClient extends EventEmitter<{ xid: [NvmlXidReport]; failures: [
       this.emit('xid', { pciBusId: message.pciBusId, index: message.index, xid: message.xid });
       return;
     }
-    if (message.kind === 'events') {
+    if (message.kind === 'failures') {
       this.emit('failures', message.failures);
       return;
     }

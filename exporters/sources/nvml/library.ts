@@ -16,15 +16,10 @@ import { errorMessage } from '../../../core/errors.js';
 /** The nvmlReturn_t codes steadfast tells apart; the rest are named by nvmlErrorString. */
 export const NVML = {
   SUCCESS: 0,
-  ERROR_UNINITIALIZED: 1,
   ERROR_INVALID_ARGUMENT: 2,
   ERROR_NOT_SUPPORTED: 3,
-  ERROR_NO_PERMISSION: 4,
-  ERROR_NOT_FOUND: 6,
   ERROR_INSUFFICIENT_SIZE: 7,
-  ERROR_DRIVER_NOT_LOADED: 9,
   ERROR_TIMEOUT: 10,
-  ERROR_GPU_IS_LOST: 15,
   ERROR_FUNCTION_NOT_FOUND: 13,
   ERROR_UNKNOWN: 999,
 } as const;
@@ -163,6 +158,7 @@ export function cString(buffer: Buffer): string {
 
 /** The functions in a fixed order, so that a call in progress can be named by its index (worker.ts). */
 export const NVML_FUNCTIONS = Object.keys(DECLARATIONS) as NvmlFunction[];
+const FUNCTION_INDEX = new Map(NVML_FUNCTIONS.map((name, index) => [name, index]));
 
 /** A loaded NVML. */
 export class NvmlLibrary {
@@ -230,7 +226,7 @@ export class NvmlLibrary {
     const bound = this.functions[name];
     if (bound === undefined) return NVML.ERROR_FUNCTION_NOT_FOUND;
     if (this.closed) throw new Error(`NVML ${this.path} is shut down`);
-    this.onCall?.(NVML_FUNCTIONS.indexOf(name));
+    this.onCall?.(FUNCTION_INDEX.get(name) ?? -1);
     try {
       return Number(bound(...args));
     } finally {

@@ -15,7 +15,7 @@ export interface NvmlPollValue {
  * Every GPU's handle, by index. Throws when the GPUs cannot be counted; a handle NVML cannot
  * give (a GPU lost, `gpu_is_lost`) is counted and left out, so that GPU shows as not present.
  */
-export async function nvmlDeviceHandles(nvml: NvmlLibrary, failed: NvmlReadOptions['failed']): Promise<{ index: number; device: NvmlDevice }[]> {
+export function nvmlDeviceHandles(nvml: NvmlLibrary, failed: NvmlReadOptions['failed']): { index: number; device: NvmlDevice }[] {
   const count = [0];
   const code = nvml.call('nvmlDeviceGetCount_v2', count);
   if (code !== NVML.SUCCESS) throw nvml.error('nvmlDeviceGetCount_v2', code);
@@ -33,12 +33,12 @@ export async function nvmlDeviceHandles(nvml: NvmlLibrary, failed: NvmlReadOptio
  * One poll: every GPU that can be told apart, and the handles of those read (for the Xid
  * events). `names` keeps process names across polls; it is left holding the current pids' only.
  */
-export async function readNvmlPoll(
+export function readNvmlPoll(
   nvml: NvmlLibrary,
   options: NvmlReadOptions,
   names: Map<number, string | undefined>,
-): Promise<NvmlPollValue & { devices: Map<bigint, GpuSample> }> {
-  const handles = await nvmlDeviceHandles(nvml, options.failed);
+): NvmlPollValue & { devices: Map<bigint, GpuSample> } {
+  const handles = nvmlDeviceHandles(nvml, options.failed);
   const buffer = Buffer.alloc(81);
   const driverVersion = nvml.call('nvmlSystemGetDriverVersion', buffer, 80) === NVML.SUCCESS ? cString(buffer) : undefined;
   const gpus: GpuSample[] = [];
@@ -47,7 +47,7 @@ export async function readNvmlPoll(
   const current = new Set<number>();
   for (const { index, device } of handles) {
     try {
-      const reading = await readNvmlDevice(nvml, device, index, driverVersion, { processes: true, ...options }, names);
+      const reading = readNvmlDevice(nvml, device, index, driverVersion, { processes: true, ...options }, names);
       gpus.push(reading.sample);
       counts.push(...reading.nvlink);
       devices.set(BigInt(device), reading.sample);
@@ -62,8 +62,8 @@ export async function readNvmlPoll(
 }
 
 /** The NVLink error counters of every GPU, alone (the nvlink collector). */
-export async function readNvmlNvlink(nvml: NvmlLibrary, failed: NvmlReadOptions['failed']): Promise<NvlinkErrorCount[]> {
+export function readNvmlNvlink(nvml: NvmlLibrary, failed: NvmlReadOptions['failed']): NvlinkErrorCount[] {
   const counts: NvlinkErrorCount[] = [];
-  for (const { index, device } of await nvmlDeviceHandles(nvml, failed)) counts.push(...(await readDeviceNvlink(nvml, device, index, failed)));
+  for (const { index, device } of nvmlDeviceHandles(nvml, failed)) counts.push(...(readDeviceNvlink(nvml, device, index, failed)));
   return counts;
 }

@@ -13,13 +13,6 @@ import { cString, NVML, type NvmlDevice, type NvmlFunction, type NvmlLibrary } f
  * and is handed to `failed`, which counts it.
  */
 
-export interface NvmlReport {
-  readonly driverVersion?: string | undefined;
-  readonly gpus: readonly GpuSample[];
-  /** Per-link NVLink error counters, when asked for (`nvlink`). */
-  readonly nvlink?: readonly NvlinkErrorCount[] | undefined;
-}
-
 export interface NvmlReadOptions {
   /** Reads the NVLink error counters too (the nvlink collector's series). */
   readonly nvlink?: boolean | undefined;
@@ -82,45 +75,48 @@ class DeviceReads {
     private readonly options: NvmlReadOptions,
   ) {}
 
-  /** Calls `name`; the result code is success, or counted (not-supported is not a failure). */
-  async ok(name: NvmlFunction, ...args: unknown[]): Promise<boolean> {
-    const code = await this.nvml.call(name, this.device, ...args);
-    if (code === NVML.SUCCESS) return true;
-    if (code !== NVML.ERROR_NOT_SUPPORTED && code !== NVML.ERROR_FUNCTION_NOT_FOUND) this.options.failed(name, code);
-    return false;
+  /** Calls `name`; whether it succeeded (a failure other than "not supported" is counted). */
+  ok(name: NvmlFunction, ...args: unknown[]): boolean {
+    return this.nvmlCode(name, [], ...args) === NVML.SUCCESS;
   }
 
-  /** Calls `name` and answers its code; codes other than success and `usual` are counted. */
-  async nvmlCode(name: NvmlFunction, usual: readonly number[], ...args: unknown[]): Promise<number> {
-    const code = await this.nvml.call(name, this.device, ...args);
+  /** Calls `name` and answers its code; codes other than success, "not supported" and `usual` are counted. */
+  nvmlCode(name: NvmlFunction, usual: readonly number[], ...args: unknown[]): number {
+    const code = this.nvml.call(name, this.device, ...args);
     if (code !== NVML.SUCCESS && code !== NVML.ERROR_NOT_SUPPORTED && code !== NVML.ERROR_FUNCTION_NOT_FOUND && !usual.includes(code)) this.options.failed(name, code);
     return code;
   }
 
-  async uint(name: NvmlFunction, ...args: unknown[]): Promise<number | undefined> {
+  uint(name: NvmlFunction, ...args: unknown[]): number | undefined {
     const out = [0];
-    return (await this.ok(name, ...args, out)) ? Number(out[0]) : undefined;
+    return (this.ok(name, ...args, out)) ? Number(out[0]) : undefined;
   }
 
-  async ull(name: NvmlFunction, ...args: unknown[]): Promise<bigint | undefined> {
+  ull(name: NvmlFunction, ...args: unknown[]): bigint | undefined {
     const out: unknown[] = [0n];
-    return (await this.ok(name, ...args, out)) ? BigInt(out[0] as bigint | number) : undefined;
+    return (this.ok(name, ...args, out)) ? BigInt(out[0] as bigint | number) : undefined;
   }
 
-  async text(name: NvmlFunction, length: number): Promise<string | undefined> {
+  text(name: NvmlFunction, length: number): string | undefined {
     const buffer = Buffer.alloc(length);
-    return (await this.ok(name, buffer, length)) ? cString(buffer) : undefined;
+    return (this.ok(name, buffer, length)) ? cString(buffer) : undefined;
   }
 }
 
-async function readEcc(reads: DeviceReads): Promise<EccCount[]> {
+function readEcc(reads: DeviceReads): EccCount[] {
   const counts: EccCount[] = [];
-  const count = async (type: EccType, scope: EccScope, location: number): Promise<number | undefined> => {
-    const value = await reads.ull('nvmlDeviceGetMemoryErrorCounter', type === 'correctable' ? 0 : 1, scope === 'volatile' ? 0 : 1, location);
-    return value === undefined ? undefined : Number(value);
+  // Each counter read once: the probe below is the first of the loop's reads on a modern GPU.
+  const read = new Map<string, number | undefined>();
+  const count = (type: EccType, scope: EccScope, location: number): number | undefined => {
+    const key = `${type}/${scope}/${location}`;
+    if (!read.has(key)) {
+      const value = reads.ull('nvmlDeviceGetMemoryErrorCounter', type === 'correctable' ? 0 : 1, scope === 'volatile' ? 0 : 1, location);
+      read.set(key, value === undefined ? undefined : Number(value));
+    }
+    return read.get(key);
   };
   // A GPU that knows SRAM as a location reports the v12 pair; an older one its memory units.
-  const modern = (await count('correctable', 'volatile', LOCATION_SRAM)) !== undefined;
+  const modern = (count('correctable', 'volatile', LOCATION_SRAM)) !== undefined;
   // In the XML's order: modern GPUs by location then type (sram_correctable, sram_uncorrectable,
   // dram_…), older ones by type then memory unit (single_bit/<unit>, double_bit/<unit>).
   for (const scope of ['volatile', 'aggregate'] as const) {
@@ -130,7 +126,7 @@ async function readEcc(reads: DeviceReads): Promise<EccCount[]> {
         [LOCATION_DRAM, 'dram'],
       ] as const) {
         for (const type of ['correctable', 'uncorrectable'] as const) {
-          const value = await count(type, scope, location);
+          const value = count(type, scope, location);
           if (value !== undefined) counts.push({ scope, type, location: name, count: value });
         }
       }
@@ -138,7 +134,7 @@ async function readEcc(reads: DeviceReads): Promise<EccCount[]> {
     }
     for (const type of ['correctable', 'uncorrectable'] as const) {
       for (const { location, name } of OLD_LOCATIONS) {
-        const value = await count(type, scope, location);
+        const value = count(type, scope, location);
         if (value !== undefined) counts.push({ scope, type, location: name, count: value });
       }
     }
@@ -146,46 +142,46 @@ async function readEcc(reads: DeviceReads): Promise<EccCount[]> {
   return counts;
 }
 
-async function readRemappedRows(reads: DeviceReads): Promise<RemappedRows | undefined> {
+function readRemappedRows(reads: DeviceReads): RemappedRows | undefined {
   const corrected = [0];
   const uncorrected = [0];
   const pending = [0];
   const failure = [0];
-  if (!(await reads.ok('nvmlDeviceGetRemappedRows', corrected, uncorrected, pending, failure))) return undefined;
+  if (!(reads.ok('nvmlDeviceGetRemappedRows', corrected, uncorrected, pending, failure))) return undefined;
   return { correctable: Number(corrected[0]), uncorrectable: Number(uncorrected[0]), pending: pending[0] !== 0, failure: failure[0] !== 0 };
 }
 
-async function readRetiredPages(reads: DeviceReads): Promise<RetiredPages | undefined> {
-  const retired = async (cause: number): Promise<number | undefined> => {
+function readRetiredPages(reads: DeviceReads): RetiredPages | undefined {
+  const retired = (cause: number): number | undefined => {
     // A zero-sized query: the count comes back with INSUFFICIENT_SIZE when there are pages.
     const count = [0];
-    const code = await reads.nvmlCode('nvmlDeviceGetRetiredPages', [NVML.ERROR_INSUFFICIENT_SIZE], cause, count, null);
+    const code = reads.nvmlCode('nvmlDeviceGetRetiredPages', [NVML.ERROR_INSUFFICIENT_SIZE], cause, count, null);
     return code === NVML.SUCCESS || code === NVML.ERROR_INSUFFICIENT_SIZE ? Number(count[0]) : undefined;
   };
-  const pendingFlag = await reads.uint('nvmlDeviceGetRetiredPagesPendingStatus');
+  const pendingFlag = reads.uint('nvmlDeviceGetRetiredPagesPendingStatus');
   const pages: RetiredPages = {
-    singleBit: await retired(0),
-    doubleBit: await retired(1),
+    singleBit: retired(0),
+    doubleBit: retired(1),
     pending: pendingFlag === undefined ? undefined : pendingFlag !== 0,
   };
   return Object.values(pages).every((value) => value === undefined) ? undefined : pages;
 }
 
-async function readClocks(reads: DeviceReads, name: 'nvmlDeviceGetClockInfo' | 'nvmlDeviceGetMaxClockInfo'): Promise<ClockReadings | undefined> {
+function readClocks(reads: DeviceReads, name: 'nvmlDeviceGetClockInfo' | 'nvmlDeviceGetMaxClockInfo'): ClockReadings | undefined {
   const readings: Partial<Record<ClockDomain, number>> = {};
   for (const { type, domain } of CLOCKS) {
-    const mhz = await reads.uint(name, type);
+    const mhz = reads.uint(name, type);
     if (mhz !== undefined) readings[domain] = mhz * 1e6;
   }
   return Object.keys(readings).length === 0 ? undefined : readings;
 }
 
 /** The reasons the GPU supports, each active or not; nvidia-smi prints N/A for the rest. */
-async function readClockReasons(reads: DeviceReads, nvml: NvmlLibrary): Promise<Record<string, boolean> | undefined> {
+function readClockReasons(reads: DeviceReads, nvml: NvmlLibrary): Record<string, boolean> | undefined {
   const newNames = nvml.has('nvmlDeviceGetCurrentClocksEventReasons');
-  const current = await reads.ull(newNames ? 'nvmlDeviceGetCurrentClocksEventReasons' : 'nvmlDeviceGetCurrentClocksThrottleReasons');
+  const current = reads.ull(newNames ? 'nvmlDeviceGetCurrentClocksEventReasons' : 'nvmlDeviceGetCurrentClocksThrottleReasons');
   if (current === undefined) return undefined;
-  const supported = await reads.ull(newNames ? 'nvmlDeviceGetSupportedClocksEventReasons' : 'nvmlDeviceGetSupportedClocksThrottleReasons');
+  const supported = reads.ull(newNames ? 'nvmlDeviceGetSupportedClocksEventReasons' : 'nvmlDeviceGetSupportedClocksThrottleReasons');
   const reasons: Record<string, boolean> = {};
   for (const { bit, name } of CLOCK_REASONS) {
     if (supported === undefined || (supported & bit) !== 0n) reasons[name] = (current & bit) !== 0n;
@@ -194,9 +190,9 @@ async function readClockReasons(reads: DeviceReads, nvml: NvmlLibrary): Promise<
 }
 
 /** nvmlGpuFabricInfo_t: clusterUuid[16] @0, status (nvmlReturn_t) @16, cliqueId @20, state (uint8) @24; 28 bytes. */
-async function readFabric(reads: DeviceReads): Promise<FabricState | undefined> {
+function readFabric(reads: DeviceReads): FabricState | undefined {
   const info = Buffer.alloc(32);
-  if (!(await reads.ok('nvmlDeviceGetGpuFabricInfo', info))) return undefined;
+  if (!(reads.ok('nvmlDeviceGetGpuFabricInfo', info))) return undefined;
   const state = FABRIC_STATES[info.readUInt8(24)];
   if (state === undefined) return undefined;
   // The status is the fabric manager's verdict once registration has ended.
@@ -206,12 +202,12 @@ async function readFabric(reads: DeviceReads): Promise<FabricState | undefined> 
 /** nvmlProcessInfo_t: pid @0, usedGpuMemory (u64) @8, gpuInstanceId @16, computeInstanceId @20; 24 bytes. */
 const PROCESS_INFO_SIZE = 24;
 
-async function readProcessList(reads: DeviceReads, name: 'nvmlDeviceGetComputeRunningProcesses_v3' | 'nvmlDeviceGetGraphicsRunningProcesses_v3'): Promise<GpuProcess[] | undefined> {
+function readProcessList(reads: DeviceReads, name: 'nvmlDeviceGetComputeRunningProcesses_v3' | 'nvmlDeviceGetGraphicsRunningProcesses_v3'): GpuProcess[] | undefined {
   let room = 64;
   for (let attempt = 0; attempt < 3; attempt++) {
     const count = [room];
     const infos = Buffer.alloc(room * PROCESS_INFO_SIZE);
-    const code = await reads.nvmlCode(name, [NVML.ERROR_INSUFFICIENT_SIZE], count, infos);
+    const code = reads.nvmlCode(name, [NVML.ERROR_INSUFFICIENT_SIZE], count, infos);
     if (code === NVML.ERROR_INSUFFICIENT_SIZE) {
       // Processes started between the calls: make room for them and a few more.
       room = Number(count[0]) + 16;
@@ -237,9 +233,9 @@ async function readProcessList(reads: DeviceReads, name: 'nvmlDeviceGetComputeRu
 }
 
 /** Compute (C) and graphics (G) processes merged by pid (C+G), named as nvidia-smi names them. */
-async function readProcesses(reads: DeviceReads, nvml: NvmlLibrary, names: Map<number, string | undefined>): Promise<GpuProcess[] | undefined> {
-  const compute = await readProcessList(reads, 'nvmlDeviceGetComputeRunningProcesses_v3');
-  const graphics = await readProcessList(reads, 'nvmlDeviceGetGraphicsRunningProcesses_v3');
+function readProcesses(reads: DeviceReads, nvml: NvmlLibrary, names: Map<number, string | undefined>): GpuProcess[] | undefined {
+  const compute = readProcessList(reads, 'nvmlDeviceGetComputeRunningProcesses_v3');
+  const graphics = readProcessList(reads, 'nvmlDeviceGetGraphicsRunningProcesses_v3');
   if (compute === undefined && graphics === undefined) return undefined;
   const byPid = new Map<number, GpuProcess>();
   for (const [list, type] of [
@@ -255,7 +251,7 @@ async function readProcesses(reads: DeviceReads, nvml: NvmlLibrary, names: Map<n
   for (const process of byPid.values()) {
     if (!names.has(process.pid)) {
       const buffer = Buffer.alloc(256);
-      const code = await nvml.call('nvmlSystemGetProcessName', process.pid, buffer, buffer.length);
+      const code = nvml.call('nvmlSystemGetProcessName', process.pid, buffer, buffer.length);
       names.set(process.pid, code === NVML.SUCCESS ? cString(buffer) : undefined);
     }
     processes.push({ ...process, name: names.get(process.pid) });
@@ -264,16 +260,16 @@ async function readProcesses(reads: DeviceReads, nvml: NvmlLibrary, names: Map<n
 }
 
 /** NVLink error counters of the active links. */
-async function readNvlink(reads: DeviceReads, gpu: number, uuid: string | undefined): Promise<NvlinkErrorCount[]> {
+function readNvlink(reads: DeviceReads, gpu: number, uuid: string | undefined): NvlinkErrorCount[] {
   const counts: NvlinkErrorCount[] = [];
   for (let link = 0; link < NVLINK_MAX_LINKS; link++) {
     const active = [0];
-    const code = await reads.nvmlCode('nvmlDeviceGetNvLinkState', [NVML.ERROR_INVALID_ARGUMENT], link, active);
+    const code = reads.nvmlCode('nvmlDeviceGetNvLinkState', [NVML.ERROR_INVALID_ARGUMENT], link, active);
     // INVALID_ARGUMENT: past the GPU's last link; NOT_SUPPORTED: no NVLink at all.
     if (code === NVML.ERROR_INVALID_ARGUMENT || code === NVML.ERROR_NOT_SUPPORTED) break;
     if (code !== NVML.SUCCESS || active[0] === 0) continue;
     for (const { counter, type } of NVLINK_COUNTERS) {
-      const value = await reads.ull('nvmlDeviceGetNvLinkErrorCounter', link, counter);
+      const value = reads.ull('nvmlDeviceGetNvLinkErrorCounter', link, counter);
       if (value !== undefined) counts.push({ gpu, uuid, link, type, count: Number(value) });
     }
   }
@@ -289,65 +285,65 @@ export interface NvmlDeviceReading {
  * One device. Throws when it cannot be told apart (no PCI bus id): such a GPU is left out of the
  * poll, as nvidia-smi leaves out a GPU it cannot reach, and shows as not present.
  */
-export async function readNvmlDevice(
+export function readNvmlDevice(
   nvml: NvmlLibrary,
   device: NvmlDevice,
   position: number,
   driverVersion: string | undefined,
   options: NvmlReadOptions,
   processNames: Map<number, string | undefined>,
-): Promise<NvmlDeviceReading> {
+): NvmlDeviceReading {
   const reads = new DeviceReads(nvml, device, options);
   const pci = Buffer.alloc(68); // nvmlPciInfo_t: busIdLegacy[16], domain, bus, device, pciDeviceId, pciSubSystemId, busId[32] @36
-  const pciCode = await nvml.call('nvmlDeviceGetPciInfo_v3', device, pci);
+  const pciCode = nvml.call('nvmlDeviceGetPciInfo_v3', device, pci);
   if (pciCode !== NVML.SUCCESS) throw nvml.error('nvmlDeviceGetPciInfo_v3', pciCode);
   const pciBusId = normalizePciBusId(cString(pci.subarray(36, 68)));
   if (pciBusId === undefined) throw new Error(`NVML device #${position} has no valid PCI bus id ("${cString(pci.subarray(36, 68))}")`);
-  const minor = await reads.uint('nvmlDeviceGetMinorNumber');
-  const uuid = await reads.text('nvmlDeviceGetUUID', 96);
+  const minor = reads.uint('nvmlDeviceGetMinorNumber');
+  const uuid = reads.text('nvmlDeviceGetUUID', 96);
   const migCurrent = [0];
-  const migKnown = await reads.ok('nvmlDeviceGetMigMode', migCurrent, [0]);
-  const memoryTemp = await readField(reads, FIELD_MEMORY_TEMP);
-  const power = await reads.uint('nvmlDeviceGetPowerUsage');
-  const powerLimit = await reads.uint('nvmlDeviceGetEnforcedPowerLimit');
+  const migKnown = reads.ok('nvmlDeviceGetMigMode', migCurrent, [0]);
+  const memoryTemp = readField(reads, FIELD_MEMORY_TEMP);
+  const power = reads.uint('nvmlDeviceGetPowerUsage');
+  const powerLimit = reads.uint('nvmlDeviceGetEnforcedPowerLimit');
   const utilization = Buffer.alloc(8);
-  const utilizationKnown = await reads.ok('nvmlDeviceGetUtilizationRates', utilization);
-  const memory = await readMemory(reads, nvml);
+  const utilizationKnown = reads.ok('nvmlDeviceGetUtilizationRates', utilization);
+  const memory = readMemory(reads, nvml);
   const sample: GpuSample = {
     index: minor ?? position,
     pciBusId,
     uuid,
-    productName: await reads.text('nvmlDeviceGetName', 96),
+    productName: reads.text('nvmlDeviceGetName', 96),
     driverVersion,
     migEnabled: migKnown ? migCurrent[0] === 1 : undefined,
-    temperatureCelsius: await reads.uint('nvmlDeviceGetTemperature', 0),
+    temperatureCelsius: reads.uint('nvmlDeviceGetTemperature', 0),
     memoryTemperatureCelsius: memoryTemp,
     powerDrawWatts: power === undefined ? undefined : power / 1000,
     powerLimitWatts: powerLimit === undefined ? undefined : powerLimit / 1000,
     utilizationRatio: utilizationKnown ? utilization.readUInt32LE(0) / 100 : undefined,
     memoryUsedBytes: memory?.used,
     memoryTotalBytes: memory?.total,
-    ecc: await readEcc(reads),
-    remappedRows: await readRemappedRows(reads),
-    retiredPages: await readRetiredPages(reads),
-    pcieLinkGeneration: await reads.uint('nvmlDeviceGetCurrPcieLinkGeneration'),
-    pcieLinkWidth: await reads.uint('nvmlDeviceGetCurrPcieLinkWidth'),
-    pcieReplayErrors: await reads.uint('nvmlDeviceGetPcieReplayCounter'),
-    clocks: await readClocks(reads, 'nvmlDeviceGetClockInfo'),
-    maxClocks: await readClocks(reads, 'nvmlDeviceGetMaxClockInfo'),
-    throttleReasons: await readClockReasons(reads, nvml),
-    fabric: await readFabric(reads),
-    processes: options.processes ? await readProcesses(reads, nvml, processNames) : undefined,
+    ecc: readEcc(reads),
+    remappedRows: readRemappedRows(reads),
+    retiredPages: readRetiredPages(reads),
+    pcieLinkGeneration: reads.uint('nvmlDeviceGetCurrPcieLinkGeneration'),
+    pcieLinkWidth: reads.uint('nvmlDeviceGetCurrPcieLinkWidth'),
+    pcieReplayErrors: reads.uint('nvmlDeviceGetPcieReplayCounter'),
+    clocks: readClocks(reads, 'nvmlDeviceGetClockInfo'),
+    maxClocks: readClocks(reads, 'nvmlDeviceGetMaxClockInfo'),
+    throttleReasons: readClockReasons(reads, nvml),
+    fabric: readFabric(reads),
+    processes: options.processes ? readProcesses(reads, nvml, processNames) : undefined,
   };
-  const nvlink = options.nvlink ? await readNvlink(reads, sample.index, uuid) : [];
+  const nvlink = options.nvlink ? readNvlink(reads, sample.index, uuid) : [];
   return { sample, nvlink };
 }
 
 /** nvmlFieldValue_t: fieldId @0, scopeId @4, timestamp @8, latencyUsec @16, valueType @24, nvmlReturn @28, value @32; 40 bytes. */
-async function readField(reads: DeviceReads, fieldId: number): Promise<number | undefined> {
+function readField(reads: DeviceReads, fieldId: number): number | undefined {
   const field = Buffer.alloc(40);
   field.writeUInt32LE(fieldId, 0);
-  if (!(await reads.ok('nvmlDeviceGetFieldValues', 1, field))) return undefined;
+  if (!(reads.ok('nvmlDeviceGetFieldValues', 1, field))) return undefined;
   if (field.readInt32LE(28) !== NVML.SUCCESS) return undefined;
   // nvmlValueType_t: 0 double, 1 uint, 2 ulong, 3 ulonglong, 4 longlong, 5 int, 6 ushort.
   switch (field.readInt32LE(24)) {
@@ -374,17 +370,17 @@ async function readField(reads: DeviceReads, fieldId: number): Promise<number | 
  * without the driver's reservation, as `<fb_memory_usage><used>` shows it since driver 510.
  * Drivers without it: nvmlMemory_t (total @0, free @8, used @16), whose used includes it.
  */
-async function readMemory(reads: DeviceReads, nvml: NvmlLibrary): Promise<{ total: number; used: number } | undefined> {
+function readMemory(reads: DeviceReads, nvml: NvmlLibrary): { total: number; used: number } | undefined {
   if (nvml.has('nvmlDeviceGetMemoryInfo_v2')) {
     const memory = Buffer.alloc(40);
     memory.writeUInt32LE(40 | (2 << 24), 0);
-    if (await reads.ok('nvmlDeviceGetMemoryInfo_v2', memory)) {
+    if (reads.ok('nvmlDeviceGetMemoryInfo_v2', memory)) {
       return { total: Number(memory.readBigUInt64LE(8)), used: Number(memory.readBigUInt64LE(32)) };
     }
     return undefined;
   }
   const memory = Buffer.alloc(24);
-  if (!(await reads.ok('nvmlDeviceGetMemoryInfo', memory))) return undefined;
+  if (!(reads.ok('nvmlDeviceGetMemoryInfo', memory))) return undefined;
   return { total: Number(memory.readBigUInt64LE(0)), used: Number(memory.readBigUInt64LE(16)) };
 }
 
@@ -392,8 +388,8 @@ async function readMemory(reads: DeviceReads, nvml: NvmlLibrary): Promise<{ tota
  * One GPU's NVLink error counters, alone (the nvlink collector): the GPU's index is its minor
  * number, as `nvidia-smi nvlink -e` numbers GPUs, and its UUID.
  */
-export async function readDeviceNvlink(nvml: NvmlLibrary, device: NvmlDevice, position: number, failed: NvmlReadOptions['failed']): Promise<NvlinkErrorCount[]> {
+export function readDeviceNvlink(nvml: NvmlLibrary, device: NvmlDevice, position: number, failed: NvmlReadOptions['failed']): NvlinkErrorCount[] {
   const reads = new DeviceReads(nvml, device, { failed });
-  const minor = await reads.uint('nvmlDeviceGetMinorNumber');
-  return readNvlink(reads, minor ?? position, await reads.text('nvmlDeviceGetUUID', 96));
+  const minor = reads.uint('nvmlDeviceGetMinorNumber');
+  return readNvlink(reads, minor ?? position, reads.text('nvmlDeviceGetUUID', 96));
 }

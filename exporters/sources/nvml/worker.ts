@@ -42,7 +42,8 @@ export type NvmlMessage =
   | { readonly kind: 'unavailable'; readonly message: string }
   | { readonly kind: 'reply'; readonly id: number; readonly value?: unknown; readonly error?: { readonly message: string; readonly functionName?: string; readonly code?: number }; readonly failures: readonly NvmlFailure[] }
   | { readonly kind: 'xid'; readonly pciBusId: string; readonly index: number; readonly xid: number }
-  | { readonly kind: 'events'; readonly registered: number; readonly failures: readonly NvmlFailure[] };
+  /** Calls that failed outside a request (the Xid event checks). */
+  | { readonly kind: 'failures'; readonly failures: readonly NvmlFailure[] };
 
 /** nvmlEventTypeXidCriticalError. */
 const XID_CRITICAL_ERROR = 0x8n;
@@ -63,15 +64,15 @@ class NvmlThread {
     private readonly post: (message: NvmlMessage) => void,
   ) {}
 
-  async handle(request: NvmlRequest): Promise<void> {
+  handle(request: NvmlRequest): void {
     const failures: NvmlFailure[] = [];
     const failed = (name: NvmlFunction, code: number): void => {
       failures.push([name, code]);
     };
     try {
       let value: unknown;
-      if (request.kind === 'poll') value = await this.poll(request.nvlink, failed);
-      else if (request.kind === 'nvlink') value = await this.nvlink(failed);
+      if (request.kind === 'poll') value = this.poll(request.nvlink, failed);
+      else if (request.kind === 'nvlink') value = this.nvlink(failed);
       else if (request.kind === 'events') value = this.watchEvents(failed);
       else value = this.close();
       this.post({ kind: 'reply', id: request.id, value, failures });
@@ -81,14 +82,14 @@ class NvmlThread {
     }
   }
 
-  private async poll(nvlink: boolean, failed: (name: NvmlFunction, code: number) => void): Promise<NvmlPollValue> {
+  private poll(nvlink: boolean, failed: (name: NvmlFunction, code: number) => void): NvmlPollValue {
     this.nvml.init();
-    const { devices, ...value } = await readNvmlPoll(this.nvml, { nvlink, failed }, this.names);
+    const { devices, ...value } = readNvmlPoll(this.nvml, { nvlink, failed }, this.names);
     this.devices = devices;
     return value;
   }
 
-  private async nvlink(failed: (name: NvmlFunction, code: number) => void): Promise<NvlinkErrorCount[]> {
+  private nvlink(failed: (name: NvmlFunction, code: number) => void): NvlinkErrorCount[] {
     this.nvml.init();
     return readNvmlNvlink(this.nvml, failed);
   }
@@ -123,7 +124,7 @@ class NvmlThread {
       const code = this.nvml.call('nvmlEventSetWait_v2', this.eventSet, data, 0);
       if (code === NVML.ERROR_TIMEOUT) return;
       if (code !== NVML.SUCCESS) {
-        this.post({ kind: 'events', registered: -1, failures: [['nvmlEventSetWait_v2', code]] });
+        this.post({ kind: 'failures', failures: [['nvmlEventSetWait_v2', code]] });
         return;
       }
       if ((data.readBigUInt64LE(8) & XID_CRITICAL_ERROR) === 0n) continue;
@@ -158,11 +159,10 @@ async function runNvmlThread(data: NvmlWorkerData): Promise<void> {
   const progress = new Int32Array(data.progress);
   nvml.onCall = (index) => Atomics.store(progress, 0, index + 1);
   const thread = new NvmlThread(nvml, post);
-  // One request at a time, in arrival order: each is synchronous calls, and the next waits.
-  let queue = Promise.resolve();
+  // Each request is answered synchronously, so they are answered one at a time, in arrival order.
   port.on('message', (request: NvmlRequest) => {
-    queue = queue.then(() => thread.handle(request));
-    if (request.kind === 'close') void queue.then(() => port.close());
+    thread.handle(request);
+    if (request.kind === 'close') port.close();
   });
   post({ kind: 'ready' });
 }
