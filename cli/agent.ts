@@ -251,7 +251,6 @@ export function agentCommand(io: Partial<AgentCommandIo> = {}): Command {
       return;
     }
     const address = await agent.start();
-    logger.info({ address: `${address.address}:${address.port}`, node: settings.node }, 'steadfast agent started');
     const stop = (signal: NodeJS.Signals): void => {
       logger.info({ signal }, 'stopping');
       agent
@@ -267,6 +266,8 @@ export function agentCommand(io: Partial<AgentCommandIo> = {}): Command {
     };
     process.once('SIGINT', stop);
     process.once('SIGTERM', stop);
+    // Said once a SIGTERM would be handled: a supervisor that reads this line may stop the agent at once.
+    logger.info({ address: `${address.address}:${address.port}`, node: settings.node }, 'steadfast agent started');
   });
   return command;
 }
