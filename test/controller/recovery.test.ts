@@ -116,8 +116,9 @@ describe('recovery of a registered job on a real Redis', () => {
     const decisions = async (): Promise<string[]> => (await controller.audit.read({ type: 'decision', limit: 100 })).map((entry) => entry.summary);
     // The update used the incident's first restart; the rollback is the second, held back by the retry chain.
     await until('the rollback held back', decisions, (summaries) => summaries.some((summary) => /^llama: tolerate — restart 2 of at most \d+ held back/.test(summary)));
-    const rolledBack = await until('the rollback released by a tick', decisions, (summaries) => summaries.some((summary) => summary.startsWith('llama: rollback to v1')), 20_000);
-    expect(rolledBack.some((summary) => summary.startsWith('llama: restart — relaunch on v1'))).toBe(true);
+    // The rollback decision is recorded first, its relaunch on v1 next: wait for both.
+    const rolledBack = await until('the rollback released by a tick and relaunched on v1', decisions, (summaries) => summaries.some((summary) => summary.startsWith('llama: rollback to v1')) && summaries.some((summary) => summary.startsWith('llama: restart — relaunch on v1')), 20_000);
+    expect(rolledBack.findIndex((summary) => summary.startsWith('llama: restart — relaunch on v1'))).toBeGreaterThan(rolledBack.findIndex((summary) => summary.startsWith('llama: rollback to v1')));
   });
 
   it('rolls back a crash on the standby that replaced an evicted node, but diagnoses an unrelated crash after the same eviction', async () => {
