@@ -8,7 +8,7 @@ import { jobSpecSchema, type JobSpec } from '../core/job.js';
 import type { Signal } from '../core/signal.js';
 import { instantQuery } from '../core/prometheus.js';
 import { agentSelector, newEvents } from '../core/promql.js';
-import { SuspectWatch } from '../controller/suspect-watch.js';
+import { SuspectWatch } from '../analyzers/workers/suspect-watch.js';
 import { ProcessGroup } from '../sim/processes.js';
 import { backfillFleet, startPrometheusOn } from './heldout/backfill.js';
 import { DAY, DEFAULT_SHAPE, HOUR, MINUTE, jobsAt, planFleet, type FaultLabel, type FleetPlan } from './heldout/fleet.js';

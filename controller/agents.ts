@@ -48,6 +48,11 @@ export class AgentDirectory {
   get diagnoseTimeoutSeconds(): number {
     return this.config.diagnoseTimeoutSeconds;
   }
+
+  /** py-spy dumps of the training processes on `nodes` (traceNodes): what stack aggregation reads (analyzers/workers/analysis.ts). */
+  trace(nodes: readonly string[]): Promise<NodeTrace[]> {
+    return traceNodes(this, nodes);
+  }
 }
 
 function authorization(token: string | undefined): Record<string, string> {

@@ -31,7 +31,7 @@ export interface IntakeOptions {
  * the write) may have stored all of it; the sender's retry then stores it again in another batch,
  * and the policy worker acts on each signal once: a signal's id is derived from what it reports
  * (the same alert or event gives the same id), and the worker passes over a signal whose id it
- * has already audited (policy-worker.ts).
+ * has already audited (policy/policy-worker.ts).
  */
 export class SignalIntake {
   private queue: Queue<SignalJob> | undefined;

@@ -19,7 +19,7 @@ import { serverMessage } from '../actuators/kubernetes-errors.js';
  *   - it is bound to a pod, whose node is the node the identity speaks for: the review's
  *     `authentication.kubernetes.io/node-name` (Kubernetes 1.30 and later put it there), else the
  *     `spec.nodeName` of the pod the review names, read and matched by its uid.
- * The identity is bound to that node like an agentSecret token (auth.ts, requireOwnNode), so each
+ * The identity is bound to that node like an agentSecret token (intake/auth.ts, requireOwnNode), so each
  * pod's credential speaks for its own node only, and no Secret holds every node's token.
  *
  * A token found good is remembered until the sooner of cacheSeconds and its own expiry; errors

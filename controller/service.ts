@@ -23,21 +23,21 @@ import { IntakeBatcher } from './intake-batch.js';
 import { GrafanaAnnotator } from './grafana.js';
 import { ControllerMetrics } from './metrics.js';
 import { JobStore } from './job-store.js';
-import { RecoveryDispatcher } from './recovery-dispatcher.js';
-import { ladderConfig, type LadderConfig } from './ladder/index.js';
+import { RecoveryDispatcher } from './policy/recovery-dispatcher.js';
+import { ladderConfig, type LadderConfig } from './policy/ladder/index.js';
 import { ProgressWatch, TrainingProgressReports } from './progress.js';
 import { finishIfWorkloadEnded } from './job-end.js';
-import { jobsRouter } from './jobs-api.js';
-import { operatorRouter } from './operator-api.js';
+import { jobsRouter } from './intake/jobs-api.js';
+import { operatorRouter } from './intake/operator-api.js';
 import { MicrobatchBoard } from './microbatches.js';
-import { FailSlowWatch } from './failslow-watch.js';
-import { SuspectWatch } from './suspect-watch.js';
+import { FailSlowWatch } from '../analyzers/workers/failslow-watch.js';
+import { SuspectWatch } from '../analyzers/workers/suspect-watch.js';
 import { PrometheusFeatureSource } from '../analyzers/multisignal-source.js';
 import { AgentDirectory } from './agents.js';
-import { createApp } from './server.js';
+import { createApp } from './intake/server.js';
 import { configuredAgentTokens } from './kubernetes-agents.js';
-import { createLimitedServer, listenOn } from './connection-limits.js';
-import { metricsHandler } from './metrics-server.js';
+import { createLimitedServer, listenOn } from './intake/connection-limits.js';
+import { metricsHandler } from './intake/metrics-server.js';
 import { startWorkers } from './workers.js';
 import { startIntervalTask, type IntervalTask } from './interval-task.js';
 
@@ -321,7 +321,7 @@ export class Controller {
       }),
     );
     // The ladder holds restarts back (retry backoff) and lazy updates until a deadline: time
-    // must pass through it (controller/ladder/, the `tick` event).
+    // must pass through it (controller/policy/ladder/, the `tick` event).
     this.ticker = startIntervalTask('recovery tick', RECOVERY_TICK_MS, () => this.tickJobs(), logger);
     if (this.failSlow) this.failSlowTicker = startIntervalTask('fail-slow check', config.analysis.failSlowIntervalSeconds * 1000, () => this.tickFailSlow(), logger);
   }

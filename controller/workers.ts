@@ -2,6 +2,8 @@ import { Worker, type Queue } from 'bullmq';
 import type { ActionRecord } from '../core/action.js';
 import type { AuditLog } from '../core/audit.js';
 import type { Config } from '../core/config.js';
+import { launchArgv } from '../core/job.js';
+import type { Launchers } from '../core/launcher.js';
 import type { Logger } from '../core/log.js';
 import type { Keys, Redis } from '../core/redis.js';
 import { QUEUE_NAMES, workerTiming, type ActionJob, type AnalysisJob } from '../core/queues.js';
@@ -11,17 +13,18 @@ import { WebhookHandOff } from '../actuators/hand-off.js';
 import { RemediationHistory } from '../actuators/remediation-history.js';
 import { DryRunGpuResetter, createRemedyProcessor } from '../actuators/remedy.js';
 import { createRecoveryProcessor } from '../actuators/recovery/index.js';
+import { launcherOf } from '../actuators/launcher.js';
 import type { SafetyGates } from '../actuators/safety.js';
 import type { StandbyPool } from '../actuators/standby-pool.js';
 import { AgentGpuResetter, type AgentDirectory } from './agents.js';
-import { createAnalysisProcessor } from './analysis.js';
+import { createAnalysisProcessor, type AnalysisDeps } from '../analyzers/workers/analysis.js';
 import type { GrafanaAnnotator } from './grafana.js';
 import type { JobStore } from './job-store.js';
-import type { LadderConfig } from './ladder/index.js';
+import type { LadderConfig } from './policy/ladder/index.js';
 import type { ControllerMetrics } from './metrics.js';
-import { createPolicyProcessor } from './policy-worker.js';
+import { createPolicyProcessor } from './policy/policy-worker.js';
 import type { ProgressWatch } from './progress.js';
-import type { RecoveryDispatcher } from './recovery-dispatcher.js';
+import type { RecoveryDispatcher } from './policy/recovery-dispatcher.js';
 
 /** What the controller's workers act with: its connections, stores, gates and watchers. */
 export interface WorkerDeps {
@@ -50,6 +53,20 @@ export interface WorkerDeps {
  * The controller's four BullMQ workers: signals → decisions (policy), drains (actions), the
  * recovery ladder's transitions (recovery) and the analyses it asks for (analysis).
  */
+/**
+ * The replay command of the launcher a job names, for the analysis worker: a Slurm launcher's
+ * `replay` argv with {job}, {nodes} (the group's machines) and {version} filled in and checked
+ * (launchArgv); undefined for a launcher without one, or one gone from the configuration.
+ */
+export function replayCommandOf(launchers: Launchers): AnalysisDeps['replayCommand'] {
+  return (spec) => {
+    const launcher = launcherOf(launchers, spec);
+    if (launcher?.kind !== 'slurm' || !launcher.replay) return undefined;
+    const replay = launcher.replay;
+    return (machines) => launchArgv(launcher, { job: spec.name, nodes: machines, version: spec.codeVersion }, replay);
+  };
+}
+
 export function startWorkers(deps: WorkerDeps): Worker[] {
   const { config, logger } = deps;
   // How soon a job held by a dead worker (a killed replica's recovery) goes to a live one.
@@ -143,7 +160,7 @@ export function startWorkers(deps: WorkerDeps): Worker[] {
       jobs: deps.jobs,
       audit: deps.audit,
       agents: deps.agents,
-      launchers: config.launchers,
+      replayCommand: replayCommandOf(config.launchers),
       feedback: (event) => deps.dispatcher.apply(event),
       logger,
       stackRounds: config.analysis.stackRounds,

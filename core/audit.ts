@@ -10,7 +10,7 @@ import { AUDIT_DATA_MAX_BYTES, AUDIT_SUMMARY_MAX_CHARS } from './retention.js';
  * /api/v1/audit` and Grafana.
  */
 
-/** `access`: a credential refused for acting outside its scope (controller/auth.ts). */
+/** `access`: a credential refused for acting outside its scope (controller/intake/auth.ts). */
 export const AUDIT_TYPES = ['signal', 'decision', 'action', 'access'] as const;
 export type AuditType = (typeof AUDIT_TYPES)[number];
 

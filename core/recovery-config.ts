@@ -4,7 +4,7 @@ import { z } from 'zod';
 const int = () => z.coerce.number<unknown>().int();
 
 /**
- * The recovery ladder's thresholds (controller/ladder/), and the cross-job quarantine the recovery
+ * The recovery ladder's thresholds (controller/policy/ladder/), and the cross-job quarantine the recovery
  * actuator keeps. Every default cites where it comes from.
  */
 export const recoverySchema = z

@@ -1,4 +1,4 @@
-import type { LadderConfig } from '../../controller/ladder/index.js';
+import type { LadderConfig } from '../../controller/policy/ladder/index.js';
 import { runBaseline } from './baselines.js';
 import { IncidentStream, type IncidentSource } from './incidents.js';
 import { FIG12, type EttrParams } from './model.js';

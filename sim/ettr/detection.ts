@@ -16,7 +16,7 @@ export interface FaultReport {
   readonly nodes: readonly string[];
   readonly detail: string;
   /**
-   * What the classifier would name as the kind of failure (controller/fault-signature.ts: the
+   * What the classifier would name as the kind of failure (controller/policy/fault-signature.ts: the
    * exception type, Xid, NCCL error kind): here the Table 1 row, so two incidents of one row
    * look alike to the ladder and incidents of different rows do not.
    */

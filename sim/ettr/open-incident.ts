@@ -1,4 +1,4 @@
-import type { Incident as LadderIncident } from '../../controller/ladder/index.js';
+import type { Incident as LadderIncident } from '../../controller/policy/ladder/index.js';
 import type { Incident } from './incidents.js';
 
 /** The incident the simulated job is being recovered from, as the world knows it (the ladder does not). */

@@ -29,7 +29,7 @@ export interface StrategyResult extends LedgerSummary {
   readonly incidentsBySymptom: Record<string, number>;
   readonly replacementScheduling: ReplacementScheduling;
   readonly standby?: StandbyUsage;
-  /** Steps the recovery ladder (controller/ladder/) emitted, by verb. */
+  /** Steps the recovery ladder (controller/policy/ladder/) emitted, by verb. */
   readonly ladderSteps?: Record<string, number>;
   /** How each closed incident was finally resolved (compare ByteRobust §4.2 Lesson and Table 4). */
   readonly resolvedBy?: Record<string, number>;

@@ -1,5 +1,5 @@
 import type { FaultClass, LadderEvent, LadderStep } from '../../core/ladder.js';
-import { DEFAULT_LADDER_CONFIG, advance, initialLadderState, type LadderConfig, type LadderState } from '../../controller/ladder/index.js';
+import { DEFAULT_LADDER_CONFIG, advance, initialLadderState, type LadderConfig, type LadderState } from '../../controller/policy/ladder/index.js';
 import { faultReports } from './detection.js';
 import { EventQueue } from './events.js';
 import { IncidentClock } from './incident-clock.js';
@@ -14,7 +14,7 @@ import { increment, schedulingSummary, type StrategyResult } from './result.js';
 /**
  * steadfast on a simulated job: the world (faults, machines, the standby pool, how long each
  * action takes) is simulated; every recovery decision is taken by the real recovery ladder,
- * controller/ladder/, fed the events the controller would feed it — classified faults,
+ * controller/policy/ladder/, fed the events the controller would feed it — classified faults,
  * diagnostics and replay results, restart outcomes, code updates and ticks — and its steps carried
  * out by the world. Nothing of the policy is re-implemented here.
  */

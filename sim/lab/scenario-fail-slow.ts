@@ -7,7 +7,7 @@ import { slowMachine, type Iteration } from './training.js';
 /**
  * The fail-slow scenario: one machine of the job computes slower, nothing fails. The slow rank's
  * own compute times, pushed to its node's agent and scraped by Prometheus, are all steadfast
- * sees; the controller's online fail-slow analyzer (controller/failslow-watch.ts) verifies the
+ * sees; the controller's online fail-slow analyzer (analyzers/workers/failslow-watch.ts) verifies the
  * slow-down (BOCD, ≥ 10 %, Greyhound §4.2) and climbs the S1–S4 ladder as the training time it
  * costs pays for each rung (§5.1):
  *

@@ -7,7 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { PrometheusFeatureSource } from '../../analyzers/multisignal-source.js';
 import { detectCommand } from '../../cli/detect.js';
 import type { SuspectsReport } from '../../cli/detect-suspects.js';
-import { SuspectWatch } from '../../controller/suspect-watch.js';
+import { SuspectWatch } from '../../analyzers/workers/suspect-watch.js';
 import { jobSpecSchema } from '../../core/job.js';
 import type { Signal } from '../../core/signal.js';
 import { startPrometheus, type PrometheusPart } from '../../sim/parts.js';

@@ -29,11 +29,11 @@ describe('the import rules between folders', () => {
   it('report an actuator that imports the controller, and core importing another folder, by file and specifier', () => {
     const root = tree({
       'actuators/recovery.ts': "import type { JobStore } from '../controller/job-store.js';\nexport type X = JobStore;\n",
-      'core/queues.ts': "export { ladder } from '../controller/ladder/index.js';\nconst later = () => import('../analyzers/stacks.js');\n",
+      'core/queues.ts': "export { ladder } from '../controller/policy/ladder/index.js';\nconst later = () => import('../analyzers/stacks.js');\n",
       'controller/job-store.ts': "import { z } from 'zod';\nimport { Keys } from '../core/redis.js';\n",
     });
     expect(importViolations(root)).toEqual([
-      { file: 'core/queues.ts', specifier: '../controller/ladder/index.js', target: 'controller' },
+      { file: 'core/queues.ts', specifier: '../controller/policy/ladder/index.js', target: 'controller' },
       { file: 'core/queues.ts', specifier: '../analyzers/stacks.js', target: 'analyzers' },
       { file: 'actuators/recovery.ts', specifier: '../controller/job-store.js', target: 'controller' },
     ]);

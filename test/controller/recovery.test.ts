@@ -8,7 +8,7 @@ import type { createRecoveryProcessor } from '../../actuators/recovery/index.js'
 import { AuditLog } from '../../core/audit.js';
 import { JobStore } from '../../controller/job-store.js';
 import type { LadderStep } from '../../core/ladder.js';
-import type { LadderState } from '../../controller/ladder/index.js';
+import type { LadderState } from '../../controller/policy/ladder/index.js';
 import type { LadderEventJob, RecoveryJob } from '../../core/queues.js';
 import { post, startController, testConfig } from '../support/controller.js';
 import { testRecoveryProcessor } from '../support/recovery.js';

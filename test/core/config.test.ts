@@ -6,7 +6,7 @@ import { InputError } from '../../core/errors.js';
 import { envOverrides, loadConfig } from '../../core/config.js';
 import { resolveCredentials } from '../../core/auth-config.js';
 import { workerTiming } from '../../core/queues.js';
-import { DEFAULT_LADDER_CONFIG, ladderConfig } from '../../controller/ladder/index.js';
+import { DEFAULT_LADDER_CONFIG, ladderConfig } from '../../controller/policy/ladder/index.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'steadfast-config-'));
 function file(name: string, text: string): string {

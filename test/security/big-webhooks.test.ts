@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { Queue } from 'bullmq';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { QUEUE_NAMES } from '../../core/queues.js';
-import { signalsFromWebhookAlerts, webhookEnvelopeSchema } from '../../controller/alertmanager.js';
+import { signalsFromWebhookAlerts, webhookEnvelopeSchema } from '../../controller/intake/alertmanager.js';
 import { ControllerProcess } from '../../sim/controller-process.js';
 import { ProcessGroup, freePort } from '../../sim/processes.js';
 import { TEST_TOKEN, testConfig } from '../support/controller.js';

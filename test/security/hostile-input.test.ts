@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { kubernetesBackend, type KubernetesBackend } from '../../actuators/kubernetes.js';
 import { SlurmBackend } from '../../actuators/slurm.js';
-import { signalsFromWebhookAlerts, webhookEnvelopeSchema } from '../../controller/alertmanager.js';
+import { signalsFromWebhookAlerts, webhookEnvelopeSchema } from '../../controller/intake/alertmanager.js';
 import type { Controller } from '../../controller/service.js';
 import { diagnoseRequestSchema } from '../../core/diagnostics.js';
 import { DoNotRetryError, InputError } from '../../core/errors.js';

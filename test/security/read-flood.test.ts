@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { AUDIT_PAGE_MAX } from '../../core/audit.js';
-import { ReadLimit } from '../../controller/read-limit.js';
+import { ReadLimit } from '../../controller/intake/read-limit.js';
 import type { Controller } from '../../controller/service.js';
 import { READ_ONLY_TOKEN, TEST_TOKEN, startController, testConfig } from '../support/controller.js';
 import { testRedis } from '../support/redis.js';

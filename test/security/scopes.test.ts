@@ -7,7 +7,7 @@ import { testRedis } from '../support/redis.js';
 import { until } from '../support/until.js';
 
 /**
- * Each credential does what its role is for and nothing more (controller/scopes.ts): outside its
+ * Each credential does what its role is for and nothing more (controller/intake/scopes.ts): outside its
  * scope it gets 403 naming its role and the scope needed, counted and audited; an agent's
  * credential speaks for its own node only; the audit names who caused each drain.
  */

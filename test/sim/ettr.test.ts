@@ -1,6 +1,6 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { DEFAULT_LADDER_CONFIG } from '../../controller/ladder/index.js';
+import { DEFAULT_LADDER_CONFIG } from '../../controller/policy/ladder/index.js';
 import { runBaseline } from '../../sim/ettr/baselines.js';
 import { compareStrategies } from '../../sim/ettr/compare.js';
 import { IncidentStream, ScriptedIncidents, type ScriptedIncident } from '../../sim/ettr/incidents.js';

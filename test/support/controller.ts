@@ -4,7 +4,7 @@ import type { Launchers } from '../../core/launcher.js';
 import { silentLogger } from '../../core/log.js';
 import { Controller } from '../../controller/service.js';
 
-/** The operator's credential: every scope (controller/scopes.ts). */
+/** The operator's credential: every scope (controller/intake/scopes.ts). */
 export const TEST_TOKEN = 'test-token-0123456789abcdef';
 export const READ_ONLY_TOKEN = 'read-only-token-0123456789';
 export const ALERTMANAGER_TOKEN = 'alertmanager-token-0123456789';

@@ -1,0 +1,88 @@
+import type { JobSpec } from '../../core/job.js';
+import { faultFingerprint, newSignalId, type Signal } from '../../core/signal.js';
+import { MultiSignalDetector, type Evidence, type FeatureMatrix, type Suspect } from '../multisignal.js';
+import { detectorFeatures, type FeatureReading, type FeatureSource } from '../multisignal-source.js';
+
+/**
+ * Multi-signal detection online (the 504-GPU report): every run reads all nodes' features from
+ * Prometheus once, then scores each registered job's nodes against each other — peers doing the
+ * same synchronous work, which is what makes "unlike its peers" mean something (an idle node is
+ * unlike a busy one for no fault of its own). A node that stays unlike its peers becomes a
+ * `suspect_node` signal for the policy: the job's recovery ladder hands it to stack aggregation,
+ * which evicts only on evidence (ByteRobust §5). A node is raised at most once per hold-off.
+ */
+
+/** A node raised once is not raised again for this long while it stays suspect. */
+const RAISE_HOLD_OFF_MS = 3600_000;
+
+export interface SuspectWatchDeps {
+  readonly source: FeatureSource;
+  readonly enqueue: (signals: readonly Signal[]) => Promise<void>;
+}
+
+export class SuspectWatch {
+  private readonly detectors = new Map<string, MultiSignalDetector>();
+  private readonly raised = new Map<string, number>();
+
+  constructor(private readonly deps: SuspectWatchDeps) {}
+
+  private detector(job: string): MultiSignalDetector {
+    let detector = this.detectors.get(job);
+    if (!detector) this.detectors.set(job, (detector = new MultiSignalDetector({ features: detectorFeatures() })));
+    return detector;
+  }
+
+  /** One run over the given jobs; returns the signals raised. */
+  async run(jobs: readonly JobSpec[], now = Date.now()): Promise<Signal[]> {
+    const reading: FeatureReading = await this.deps.source.read(now);
+    const signals: Signal[] = [];
+    for (const spec of jobs) {
+      const matrix: Record<string, FeatureMatrix[string]> = {};
+      for (const node of spec.nodes) {
+        const row = reading.matrix[node];
+        if (row) matrix[node] = row;
+      }
+      // The job's nodes are its members: one of them that stops reporting while the others
+      // report is raised for its silence.
+      const groups = Object.fromEntries(spec.nodes.map((node) => [node, spec.name]));
+      const evaluation = this.detector(spec.name).evaluate(now, matrix, { groups });
+      for (const suspect of evaluation.suspects) {
+        const last = this.raised.get(`${spec.name}/${suspect.node}`);
+        if (last !== undefined && now - last < RAISE_HOLD_OFF_MS) continue;
+        this.raised.set(`${spec.name}/${suspect.node}`, now);
+        signals.push(suspectSignal(spec.name, suspect, now));
+      }
+    }
+    // Jobs that are gone take their history with them.
+    for (const job of this.detectors.keys()) if (!jobs.some((spec) => spec.name === job)) this.detectors.delete(job);
+    if (signals.length > 0) await this.deps.enqueue(signals);
+    return signals;
+  }
+}
+
+function suspectSignal(job: string, suspect: Suspect, now: number): Signal {
+  const time = new Date(now).toISOString();
+  const evidence: Record<string, string | number> = { score: Number(suspect.score.toFixed(2)), anomalousIn: suspect.anomalousIn, since: new Date(suspect.since).toISOString(), reason: suspect.reason };
+  for (const item of suspect.evidence.slice(0, 8)) evidence[`feature.${item.feature}`] = describeEvidence(item);
+  return {
+    id: newSignalId(),
+    kind: 'suspect_node',
+    node: suspect.node,
+    job,
+    severity: 'warning',
+    time,
+    receivedAt: time,
+    // One fault per node and hold-off window: repeats of the same suspicion collapse.
+    fingerprint: faultFingerprint({ kind: 'suspect_node', node: suspect.node, detail: String(Math.floor(now / RAISE_HOLD_OFF_MS)) }),
+    source: 'analyzer',
+    evidence,
+  };
+}
+
+/** One line of evidence for a signal: the value, and against what it stood out. */
+export function describeEvidence(item: Evidence): string {
+  const device = item.device === undefined ? '' : ` on device ${item.device}`;
+  if (item.kind === 'silence') return `no readings for ${item.value} evaluation(s) while the job's other nodes reported`;
+  if (item.kind === 'alarm' || item.kind === 'raise') return `${item.value}${device} (at its ${item.kind === 'raise' ? 'raise' : 'alarm'} level)`;
+  return `${item.value}${device} (peers ${item.peerMedian}, z ${item.robustZ.toFixed(1)})`;
+}

@@ -1,0 +1,34 @@
+import type { FastPathFault } from '../../core/fast-path-event.js';
+import { classifyXid } from '../../core/xid.js';
+import { faultFingerprint, stableHash, type Signal } from '../../core/signal.js';
+
+/** Turns an agent's fast-path event into a Signal with the same fingerprint its alert will carry. */
+export function signalFromFastPath(event: FastPathFault, receivedAt: Date): Signal {
+  const detail = event.kind === 'xid' ? String(event.xid) : event.job !== undefined ? `${event.job}:${event.rank ?? '-'}` : undefined;
+  const fingerprint = faultFingerprint({ kind: event.kind, node: event.node, gpu: event.gpu, detail });
+  const evidence: Record<string, string | number | boolean> = { message: event.message };
+  if (event.rank !== undefined) evidence.rank = event.rank;
+  let severity: Signal['severity'] = 'critical';
+  if (event.kind === 'xid' && event.xid !== undefined) {
+    // The controller classifies again rather than trusting the sender's verdict.
+    const xidClass = classifyXid(event.xid, event.message);
+    severity = xidClass.severity === 'fatal' ? 'critical' : xidClass.severity;
+    evidence.xid = event.xid;
+    evidence.xidSeverity = xidClass.severity;
+    evidence.remedy = xidClass.remedy;
+    evidence.meaning = xidClass.meaning;
+  }
+  return {
+    id: 's-' + stableHash(['agent', fingerprint, event.time].join('|')),
+    kind: event.kind,
+    node: event.node,
+    gpu: event.gpu,
+    job: event.job,
+    severity,
+    time: new Date(event.time).toISOString(),
+    receivedAt: receivedAt.toISOString(),
+    fingerprint,
+    source: 'agent',
+    evidence,
+  };
+}

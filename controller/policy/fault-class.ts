@@ -1,0 +1,222 @@
+import type { Signal } from '../../core/signal.js';
+import { classifyXid } from '../../core/xid.js';
+import type { FaultClass } from '../../core/ladder.js';
+
+/**
+ * Which kind of fault a Signal reports, so the recovery ladder (controller/policy/ladder/) knows which
+ * rung to start on. A pure function of the signal.
+ *
+ * The classes follow DeadPool's error classification (003, Table II and §VI-B: transient faults
+ * are recovered locally, device / host / persistent network faults replace the node, software
+ * bugs and unknown failures go to an external fallback) refined by ByteRobust's real-time checks
+ * (000, §4.1: high-confidence machine events are evicted at once, network alerts are tolerated a
+ * while, user-space errors roll the code back, crashes and NaN losses without a culprit go to
+ * stop-time checks, performance anomalies to stack aggregation).
+ */
+
+/**
+ * A signal the ladder acts on. `node` is the node the signal names: the culprit for `machine` and
+ * `network`, only a hint (the node that saw it) for every other class.
+ */
+export interface FaultVerdict {
+  readonly verdict: 'fault';
+  readonly faultClass: FaultClass;
+  readonly node?: string;
+  readonly reason: string;
+  readonly citation: string;
+}
+
+/** A signal that is not a training job's fault: a resolved alert, steadfast watching itself. */
+export interface IgnoreVerdict {
+  readonly verdict: 'ignore';
+  readonly reason: string;
+}
+
+export type Classification = FaultVerdict | IgnoreVerdict;
+
+export interface ClassifyOptions {
+  /** Exit codes the job declares as its own errors (a training script's `sys.exit(3)` on bad config). */
+  readonly userErrorExitCodes?: readonly number[];
+}
+
+const CITE_MACHINE = 'ByteRobust §4.1 (GPU unavailable, disk fault: high-confidence, evict without diagnosis); DeadPool Table II (GPU memory / host faults: node replacement)';
+const CITE_NETWORK = 'ByteRobust §4.1 (network alerts are tolerated, e.g. twice within 5 minutes, before eviction); DeadPool §VI-B';
+const CITE_USER = 'ByteRobust §4.1 step ② (user-space errors such as TypeError or IndexError trigger a code rollback)';
+const CITE_CRASH = 'ByteRobust §4.1 step ③ (a crash without a clear culprit goes to stop-time checks)';
+const CITE_NUMERICAL = 'ByteRobust §4.1 (5x loss / grad-norm increase or NaN) and §4.3 (NaN loss diagnosis)';
+const CITE_PERFORMANCE = 'ByteRobust §4.1 (zero RDMA traffic, low utilisation) and §5 (aggregation analysis for hangs and MFU decline)';
+const CITE_TRANSIENT = 'DeadPool Table II / §VI-B (transient faults: local recovery first)';
+
+/**
+ * Python exception types that point at the job's own code. Deliberately not RuntimeError or
+ * OSError: PyTorch raises those for CUDA, NCCL and storage failures too.
+ */
+const USER_EXCEPTIONS = [
+  'TypeError',
+  'IndexError',
+  'KeyError',
+  'AttributeError',
+  'ValueError',
+  'AssertionError',
+  'ImportError',
+  'ModuleNotFoundError',
+  'SyntaxError',
+  'IndentationError',
+  'NameError',
+  'UnboundLocalError',
+  'ZeroDivisionError',
+  'NotImplementedError',
+  'RecursionError',
+] as const;
+
+// Python prints `TypeError: message` (or a bare `TypeError` at the end of a line); a dotted prefix
+// (`torch._dynamo.exc.TypeError`) still names the type.
+const USER_EXCEPTION_PATTERN = new RegExp(`(?:^|[\\s.:;(])(${USER_EXCEPTIONS.join('|')})(?::|\\s*$)`, 'm');
+
+/** An RDMA device name as NCCL and the kernel print it (`mlx5_3`, `mlx5_3:1`, `bnxt_re0`). */
+const RDMA_PORT_PATTERN = /\b((?:mlx[45]|bnxt_re|hfi1|irdma|efa|qedr|rocep\d+s\d+f)_?\d+(?::\d+)?)\b/;
+
+const EXIT_CODE_PATTERN = /\bexit ?code:? ?(-?\d+)\b/i;
+
+/** The alerts steadfast's rules raise (rules/*.yml), by what they mean for a training job. */
+const ALERT_CLASSES: Readonly<Record<string, { readonly faultClass: FaultClass; readonly citation: string }>> = {
+  SteadfastGpuLost: { faultClass: 'machine', citation: CITE_MACHINE },
+  SteadfastGpuEccUncorrectable: { faultClass: 'machine', citation: CITE_MACHINE },
+  SteadfastGpuRowRemapFailed: { faultClass: 'machine', citation: CITE_MACHINE },
+  SteadfastXidNodeRebootRequired: { faultClass: 'machine', citation: CITE_MACHINE },
+  // A pending remap takes effect at the next GPU reset; nothing is broken yet.
+  SteadfastGpuRowRemapPending: { faultClass: 'transient', citation: CITE_TRANSIENT },
+  // Node-health alerts (rules/domains/gpu-node.ts): each names hardware that cannot carry the job.
+  SteadfastGpuDrainRequired: { faultClass: 'machine', citation: CITE_MACHINE },
+  SteadfastNvswitchFatal: { faultClass: 'machine', citation: CITE_MACHINE },
+  SteadfastNvlinkLinkFailing: { faultClass: 'machine', citation: CITE_MACHINE },
+  SteadfastGpuFabricNotReady: { faultClass: 'machine', citation: CITE_MACHINE },
+  SteadfastGpuDriverHung: { faultClass: 'machine', citation: CITE_MACHINE },
+  SteadfastPcieAerFatal: { faultClass: 'machine', citation: CITE_MACHINE },
+  // A reset is due at the next idle moment (a pending remap, retired pages); the GPU still works.
+  SteadfastGpuResetRequired: { faultClass: 'transient', citation: CITE_TRANSIENT },
+  // Precursors to watch: the multi-signal detector weighs them; alone they move no job.
+  SteadfastGpuCorrectableErrorsHigh: { faultClass: 'transient', citation: CITE_TRANSIENT },
+  // The agent cannot read the GPUs: a wedged driver or an overloaded node; look before moving.
+  SteadfastGpuQueryStuck: { faultClass: 'performance', citation: CITE_PERFORMANCE },
+  SteadfastRdmaPortDown: { faultClass: 'network', citation: CITE_NETWORK },
+  SteadfastRdmaPortFlapping: { faultClass: 'network', citation: CITE_NETWORK },
+  SteadfastRdmaPortErrors: { faultClass: 'network', citation: CITE_NETWORK },
+  SteadfastRdmaZeroTraffic: { faultClass: 'performance', citation: CITE_PERFORMANCE },
+  SteadfastGpuTemperatureHigh: { faultClass: 'performance', citation: CITE_PERFORMANCE },
+  SteadfastGpuHardwareSlowdown: { faultClass: 'performance', citation: CITE_PERFORMANCE },
+  SteadfastTrainingSlowdown: { faultClass: 'performance', citation: CITE_PERFORMANCE },
+  SteadfastTrainingStalled: { faultClass: 'performance', citation: CITE_PERFORMANCE },
+  SteadfastTrainingLossNaN: { faultClass: 'numerical', citation: CITE_NUMERICAL },
+  SteadfastTrainingNanIterations: { faultClass: 'numerical', citation: CITE_NUMERICAL },
+  SteadfastTrainingLossSpike: { faultClass: 'numerical', citation: CITE_NUMERICAL },
+  SteadfastTrainingGradNormSpike: { faultClass: 'numerical', citation: CITE_NUMERICAL },
+  // fp16 loss-scale overflows skip steps by design; the NaN and spike alerts are the numerical triggers.
+  SteadfastTrainingSkippedIterations: { faultClass: 'transient', citation: CITE_TRANSIENT },
+  // The alert carries no log text, so no exception type: a crash until diagnosis says more.
+  SteadfastTrainingWorkerFailed: { faultClass: 'crash', citation: CITE_CRASH },
+  // Application-class Xids repeating on one GPU: the code or the GPU. Not traceable to a code
+  // module, so no direct rollback; stop-time checks test the GPU and the ladder reaches rollback after.
+  SteadfastXidApplicationRepeated: { faultClass: 'crash', citation: CITE_CRASH },
+  // Shared-storage pressure slows checkpoints (504-GPU report, NFS RPC slots) but is no node's fault.
+  SteadfastNfsRpcSlotsSaturated: { faultClass: 'transient', citation: '504-GPU report (NFS RPC slot saturation is a shared-storage bottleneck)' },
+  SteadfastNfsRpcBacklog: { faultClass: 'transient', citation: '504-GPU report (NFS RPC slot saturation is a shared-storage bottleneck)' },
+  SteadfastNfsMajorTimeouts: { faultClass: 'transient', citation: CITE_TRANSIENT },
+};
+
+/** steadfast's own health alerts: they concern the control plane, never a job's recovery. */
+const SELF_MONITORING_ALERTS: ReadonlySet<string> = new Set([
+  'SteadfastAgentDown',
+  'SteadfastControllerDown',
+  'SteadfastQueueBacklog',
+  'SteadfastDecisionLag',
+  'SteadfastActionsRefused',
+  'SteadfastActionsFailing',
+  'SteadfastNodeHandedOff',
+]);
+
+function text(value: string | number | boolean | undefined): string {
+  return typeof value === 'string' ? value : '';
+}
+
+function fault(faultClass: FaultClass, node: string | undefined, reason: string, citation: string): FaultVerdict {
+  return node === undefined ? { verdict: 'fault', faultClass, reason, citation } : { verdict: 'fault', faultClass, node, reason, citation };
+}
+
+/** Machine and network verdicts must name their culprit; without one the fault is a crash to diagnose. */
+function culpritOrCrash(faultClass: 'machine' | 'network', node: string | undefined, reason: string, citation: string): FaultVerdict {
+  if (node !== undefined) return fault(faultClass, node, reason, citation);
+  return fault('crash', undefined, `${reason}, but the signal names no node`, CITE_CRASH);
+}
+
+export function classifySignal(signal: Signal, options: ClassifyOptions = {}): Classification {
+  if (signal.evidence.status === 'resolved') return { verdict: 'ignore', reason: 'the alert resolved' };
+  switch (signal.kind) {
+    case 'xid':
+      return classifyXidSignal(signal);
+    case 'gpu_lost':
+      return culpritOrCrash('machine', signal.node, `GPU ${signal.gpu ?? 'unknown'} fell off the bus`, CITE_MACHINE);
+    case 'nccl_timeout':
+      return classifyNcclTimeout(signal);
+    case 'worker_failed':
+      return classifyWorkerFailure(signal, options);
+    case 'alert':
+      return classifyAlert(signal);
+    case 'suspect_node':
+      // A precursor, not a failure: the job keeps training while its stacks are looked at.
+      return fault('performance', signal.node, `multi-signal detection: ${signal.node ?? 'a node'} unlike its peers (score ${String(signal.evidence.score)})`, CITE_PERFORMANCE);
+  }
+}
+
+function classifyXidSignal(signal: Signal): FaultVerdict {
+  const code = signal.evidence.xid;
+  const message = text(signal.evidence.message);
+  const xidClass = typeof code === 'number' ? classifyXid(code, message) : undefined;
+  // The agent classifies NVLink5 and Xid 154 from the message, which an alert does not carry;
+  // its verdict reaches us as the signal's severity (or the alert's xid_severity label).
+  const fatal = xidClass?.severity === 'fatal' || signal.severity === 'critical' || signal.evidence['label.xid_severity'] === 'fatal';
+  const what = `Xid ${typeof code === 'number' ? code : '?'} (${xidClass?.meaning ?? 'unclassified'})`;
+  if (fatal) return culpritOrCrash('machine', signal.node, `fatal ${what}`, CITE_MACHINE);
+  return fault('transient', signal.node, `non-fatal ${what}`, CITE_TRANSIENT);
+}
+
+function classifyNcclTimeout(signal: Signal): FaultVerdict {
+  const port = text(signal.evidence['label.device']) || RDMA_PORT_PATTERN.exec(text(signal.evidence.message))?.[1];
+  if (port) return culpritOrCrash('network', signal.node, `NCCL timeout naming RDMA port ${port}`, CITE_NETWORK);
+  // Every rank waiting on the faulty one times out: the reporting node is a witness, not the culprit.
+  return fault('crash', signal.node, 'NCCL collective timed out without naming a port', CITE_CRASH);
+}
+
+function exitCodeOf(signal: Signal): number | undefined {
+  const direct = signal.evidence.exitCode;
+  if (typeof direct === 'number') return direct;
+  const found = EXIT_CODE_PATTERN.exec(text(signal.evidence.message))?.[1];
+  return found === undefined ? undefined : Number(found);
+}
+
+function classifyWorkerFailure(signal: Signal, options: ClassifyOptions): FaultVerdict {
+  const exception = USER_EXCEPTION_PATTERN.exec(text(signal.evidence.message))?.[1];
+  if (exception !== undefined) return fault('user_code', signal.node, `worker raised ${exception}`, CITE_USER);
+  const exitCode = exitCodeOf(signal);
+  if (exitCode !== undefined && (options.userErrorExitCodes ?? []).includes(exitCode)) {
+    return fault('user_code', signal.node, `worker exited with ${exitCode}, which the job declares a user error`, CITE_USER);
+  }
+  const how = exitCode === undefined ? '' : ` with exit code ${exitCode}`;
+  return fault('crash', signal.node, `worker failed${how} without a user-code exception`, CITE_CRASH);
+}
+
+function classifyAlert(signal: Signal): Classification {
+  const alertname = text(signal.evidence.alertname);
+  if (SELF_MONITORING_ALERTS.has(alertname)) return { verdict: 'ignore', reason: `${alertname} concerns steadfast itself, not a training job` };
+  // Alertmanager maps these two to their own kinds, but a renamed route may not.
+  if (alertname === 'SteadfastXidFatal') return classifyXidSignal({ ...signal, severity: 'critical' });
+  if (alertname === 'SteadfastXidGpuResetRequired') {
+    // Fatal codes need the node out; the warning ones (38, 63) wait for the next reset.
+    return classifyXidSignal({ ...signal, severity: 'warning' });
+  }
+  const entry = ALERT_CLASSES[alertname];
+  if (entry === undefined) return { verdict: 'ignore', reason: `no recovery rule for alert ${alertname || '(unnamed)'}` };
+  const reason = `${alertname}${signal.node === undefined ? '' : ` on ${signal.node}`}`;
+  if (entry.faultClass === 'machine' || entry.faultClass === 'network') return culpritOrCrash(entry.faultClass, signal.node, reason, entry.citation);
+  return fault(entry.faultClass, signal.node, reason, entry.citation);
+}
