@@ -5,7 +5,7 @@ import { AGENT_SECRET_MIN_LENGTH, agentTokenFor } from '../core/credentials.js';
 import { errorMessage } from '../core/errors.js';
 import { describeIssues } from '../core/validate.js';
 import { GPU_RESET_PATH, gpuResetReportSchema, type GpuResetReport } from '../core/remedy.js';
-import type { GpuResetter } from '../actuators/remedy.js';
+import type { GpuResetter } from '../actuators/steps/gpu-resetter.js';
 
 /**
  * How the controller reaches node agents: their URL (a template, overridden per node) and the
@@ -125,7 +125,7 @@ export async function traceNodes(agents: AgentDirectory, nodes: readonly string[
 /**
  * Resets one GPU through its node's agent (POST /api/v1/gpu-reset, core/remedy.ts), with that
  * node's own token. Only a node the backend knows is contacted. Never throws for the agent's
- * answer: a failure is a `failed` report, which the remedy actuator turns into a drain.
+ * answer: a failure is a `failed` report, which the reset_gpu step turns into a drain or an eviction.
  */
 export class AgentGpuResetter implements GpuResetter {
   constructor(

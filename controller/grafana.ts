@@ -1,5 +1,5 @@
 import type { Counter } from 'prom-client';
-import { ACTION_ANNOTATION_TAG, type ActionRecord } from '../core/action.js';
+import { ACTION_ANNOTATION_TAG, type StepRecord } from '../core/steps.js';
 import { errorMessage } from '../core/errors.js';
 import type { Logger } from '../core/log.js';
 
@@ -32,12 +32,13 @@ export interface AnnotationBody {
   readonly dashboardUID?: string;
 }
 
-export function annotationBody(record: ActionRecord, dashboardUid?: string): AnnotationBody {
+export function annotationBody(record: StepRecord, dashboardUid?: string): AnnotationBody {
   const time = Date.parse(record.time);
+  const where = [record.node, record.job].filter((tag): tag is string => tag !== undefined);
   return {
     time: Number.isFinite(time) ? time : Date.now(),
-    tags: [ACTION_ANNOTATION_TAG, record.verb, record.state, record.node],
-    text: `${record.verb} ${record.node}: ${record.state} (${record.detail}) [${record.backend}, decision ${record.decisionId}]`,
+    tags: [ACTION_ANNOTATION_TAG, record.verb, record.state, ...where],
+    text: `${record.job === undefined ? '' : `${record.job}: `}${record.verb}${record.node === undefined ? '' : ` ${record.node}`}: ${record.state} (${record.detail}) [${record.backend}, decision ${record.ref}]`,
     ...(dashboardUid !== undefined ? { dashboardUID: dashboardUid } : {}),
   };
 }
@@ -57,7 +58,7 @@ export class GrafanaAnnotator {
   }
 
   /** Posts the annotation in the background; never throws. */
-  annotate(record: ActionRecord): void {
+  annotate(record: StepRecord): void {
     const post = this.post(record).finally(() => this.inFlight.delete(post));
     this.inFlight.add(post);
   }
@@ -67,9 +68,9 @@ export class GrafanaAnnotator {
     await Promise.all([...this.inFlight]);
   }
 
-  private async post(record: ActionRecord): Promise<void> {
+  private async post(record: StepRecord): Promise<void> {
     const { token, timeoutMs, logger } = this.options;
-    const context = { decision: record.decisionId, node: record.node, state: record.state, grafana: this.endpoint.origin };
+    const context = { decision: record.ref, node: record.node, state: record.state, grafana: this.endpoint.origin };
     const signal = AbortSignal.timeout(timeoutMs);
     let failure: AnnotationFailure;
     let why: string;

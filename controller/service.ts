@@ -11,7 +11,7 @@ import { errorMessage } from '../core/errors.js';
 import type { Logger } from '../core/log.js';
 import { retentionFromBudget } from '../core/retention.js';
 import { Keys, describeRedis, intakeConnection, isRedisUp, workerConnection, type Redis } from '../core/redis.js';
-import { QUEUE_NAMES, queueJobOptions, type ActionJob, type AnalysisJob, type RecoveryJob, type SignalJob } from '../core/queues.js';
+import { QUEUE_NAMES, queueJobOptions, type AnalysisJob, type SignalJob, type StepsJob } from '../core/queues.js';
 import type { ClusterBackend } from '../actuators/backend.js';
 import { createBackend } from '../actuators/backend-from-config.js';
 import { SafetyGates, drainBudget } from '../actuators/safety.js';
@@ -80,7 +80,7 @@ export class Controller {
   /** The audit stream's length cap, from the retention budget. */
   private readonly auditEntries: number;
   private readonly intake: SignalIntake;
-  private readonly actionQueue: Queue<ActionJob>;
+  private readonly stepQueue: Queue<StepsJob>;
   /** The signal queue as the workers' side sees it, for queue-depth metrics. */
   private readonly signalQueue: Queue<SignalJob>;
   private readonly workers: Worker[] = [];
@@ -93,7 +93,6 @@ export class Controller {
   readonly backend: ClusterBackend;
   readonly gates: SafetyGates;
   readonly jobs: JobStore;
-  private readonly recoveryQueue: Queue<RecoveryJob>;
   private readonly analysisQueue: Queue<AnalysisJob>;
   private readonly agents: AgentDirectory;
   private readonly failSlow: FailSlowWatch | undefined;
@@ -134,10 +133,10 @@ export class Controller {
       replicaAck: { minReplicas: config.redis.minReplicasAcked, timeoutMs: config.redis.replicaAckTimeoutMs },
       replicaMarker: this.keys.intakeReplicaMarker,
     });
-    this.actionQueue = new Queue<ActionJob>(QUEUE_NAMES.actions, {
+    this.stepQueue = new Queue<StepsJob>(QUEUE_NAMES.steps, {
       connection: this.workerRedis,
       prefix: config.redis.prefix,
-      defaultJobOptions: jobOptions.actions,
+      defaultJobOptions: jobOptions.steps,
     });
     this.audit = new AuditLog(this.workerRedis, this.keys, this.auditEntries);
     this.backend = createBackend(config, this.workerRedis, this.keys);
@@ -152,17 +151,12 @@ export class Controller {
     );
     this.signalQueue = new Queue<SignalJob>(QUEUE_NAMES.signals, { connection: this.workerRedis, prefix: config.redis.prefix });
     this.jobs = new JobStore(this.workerRedis, this.keys);
-    this.recoveryQueue = new Queue<RecoveryJob>(QUEUE_NAMES.recovery, {
-      connection: this.workerRedis,
-      prefix: config.redis.prefix,
-      defaultJobOptions: jobOptions.recovery,
-    });
     this.analysisQueue = new Queue<AnalysisJob>(QUEUE_NAMES.analysis, {
       connection: this.workerRedis,
       prefix: config.redis.prefix,
       defaultJobOptions: jobOptions.analysis,
     });
-    for (const queue of [this.signalQueue, this.actionQueue, this.recoveryQueue, this.analysisQueue]) {
+    for (const queue of [this.signalQueue, this.stepQueue, this.analysisQueue]) {
       queue.on('error', (error: Error) => options.logger.warn({ queue: queue.name, err: error }, 'queue error'));
     }
     this.agents = new AgentDirectory(config.agents, async (node) => (await this.backend.nodeState(node)).exists);
@@ -171,7 +165,7 @@ export class Controller {
       : undefined;
     this.pool = new StandbyPool(this.workerRedis, this.keys, this.backend, config.standby);
     this.ladder = ladderConfig(config.recovery);
-    this.dispatcher = new RecoveryDispatcher(this.workerRedis, this.keys, this.jobs, this.audit, this.recoveryQueue, this.ladder);
+    this.dispatcher = new RecoveryDispatcher(this.workerRedis, this.keys, this.jobs, this.audit, this.stepQueue, this.ladder);
     const analysisPrometheus = config.analysis.prometheusUrl ?? config.progress.prometheusUrl;
     this.failSlow = analysisPrometheus
       ? new FailSlowWatch({
@@ -191,7 +185,7 @@ export class Controller {
           enqueue: (signals) => this.intake.enqueue(signals),
         })
       : undefined;
-    this.metrics = new ControllerMetrics([this.signalQueue, this.actionQueue], this.jobs, () => this.gates.holds());
+    this.metrics = new ControllerMetrics([this.signalQueue, this.stepQueue], this.jobs, () => this.gates.holds());
     this.grafana =
       config.grafana && grafanaToken !== undefined
         ? new GrafanaAnnotator({
@@ -231,7 +225,7 @@ export class Controller {
       metrics: this.metrics,
       logger,
       // The intake connection fails fast when Redis is down; the workers' one would wait.
-      queues: [this.signalQueue, this.actionQueue, this.recoveryQueue, this.analysisQueue],
+      queues: [this.signalQueue, this.stepQueue, this.analysisQueue],
       routers: [
         jobsRouter({
           jobs: apiJobs,
@@ -298,8 +292,8 @@ export class Controller {
 
   private startWorkers(): void {
     const { config, logger } = this.options;
-    this.workers.push(
-      ...startWorkers({
+    startWorkers(
+      {
         config,
         logger,
         connection: () => this.ownConnection(),
@@ -316,9 +310,10 @@ export class Controller {
         agents: this.agents,
         metrics: this.metrics,
         grafana: this.grafana,
-        actionQueue: this.actionQueue,
+        stepQueue: this.stepQueue,
         analysisQueue: this.analysisQueue,
-      }),
+      },
+      this.workers,
     );
     // The ladder holds restarts back (retry backoff) and lazy updates until a deadline: time
     // must pass through it (controller/policy/ladder/, the `tick` event).
@@ -405,7 +400,7 @@ export class Controller {
     // Annotations already under way finish (each is bounded by its timeout).
     await this.grafana?.settled();
     const queuesClosed = await settledWithin(
-      [this.intake.close(), this.actionQueue.close(), this.signalQueue.close(), this.recoveryQueue.close(), this.analysisQueue.close()],
+      [this.intake.close(), this.stepQueue.close(), this.signalQueue.close(), this.analysisQueue.close()],
       CLOSE_GRACE_MS,
     );
     if (!workersStopped || !queuesClosed) this.options.logger.warn({ graceMs: CLOSE_GRACE_MS }, 'workers or queues did not close in time (is Redis reachable?); cutting their connections');

@@ -1,24 +1,23 @@
 import { Worker, type Queue } from 'bullmq';
-import type { ActionRecord } from '../core/action.js';
 import type { AuditLog } from '../core/audit.js';
 import type { Config } from '../core/config.js';
 import { launchArgv } from '../core/job.js';
 import type { Launchers } from '../core/launcher.js';
 import type { Logger } from '../core/log.js';
 import type { Keys, Redis } from '../core/redis.js';
-import { QUEUE_NAMES, workerTiming, type ActionJob, type AnalysisJob } from '../core/queues.js';
+import { QUEUE_NAMES, workerTiming, type AnalysisJob, type StepsJob } from '../core/queues.js';
+import type { StepRecord } from '../core/steps.js';
 import type { ClusterBackend } from '../actuators/backend.js';
-import { createDrainProcessor } from '../actuators/drain.js';
 import { WebhookHandOff } from '../actuators/hand-off.js';
 import { RemediationHistory } from '../actuators/remediation-history.js';
-import { DryRunGpuResetter, createRemedyProcessor } from '../actuators/remedy.js';
-import { createRecoveryProcessor } from '../actuators/recovery/index.js';
+import { createStepProcessor } from '../actuators/steps/processor.js';
 import { launcherOf } from '../actuators/launcher.js';
 import type { SafetyGates } from '../actuators/safety.js';
 import type { StandbyPool } from '../actuators/standby-pool.js';
 import { AgentGpuResetter, type AgentDirectory } from './agents.js';
 import { createAnalysisProcessor, type AnalysisDeps } from '../analyzers/workers/analysis.js';
 import type { GrafanaAnnotator } from './grafana.js';
+import { forwardLegacyQueues } from './legacy-queues.js';
 import type { JobStore } from './job-store.js';
 import type { LadderConfig } from './policy/ladder/index.js';
 import type { ControllerMetrics } from './metrics.js';
@@ -45,14 +44,10 @@ export interface WorkerDeps {
   readonly agents: AgentDirectory;
   readonly metrics: ControllerMetrics;
   readonly grafana: GrafanaAnnotator | undefined;
-  readonly actionQueue: Queue<ActionJob>;
+  readonly stepQueue: Queue<StepsJob>;
   readonly analysisQueue: Queue<AnalysisJob>;
 }
 
-/**
- * The controller's four BullMQ workers: signals → decisions (policy), drains (actions), the
- * recovery ladder's transitions (recovery) and the analyses it asks for (analysis).
- */
 /**
  * The replay command of the launcher a job names, for the analysis worker: a Slurm launcher's
  * `replay` argv with {job}, {nodes} (the group's machines) and {version} filled in and checked
@@ -67,51 +62,34 @@ export function replayCommandOf(launchers: Launchers): AnalysisDeps['replayComma
   };
 }
 
-export function startWorkers(deps: WorkerDeps): Worker[] {
+/**
+ * The controller's BullMQ workers: signals → decisions (policy: the node ladder or a job's
+ * ladder), the steps both ladders queue (steps), and the analyses a job's steps ask for
+ * (analysis); while an earlier release's queues still hold work, their forwarders too. Each
+ * is added to `workers` as it starts.
+ */
+export function startWorkers(deps: WorkerDeps, workers: Worker[] = []): Worker[] {
   const { config, logger } = deps;
   // How soon a job held by a dead worker (a killed replica's recovery) goes to a live one.
   const timing = workerTiming(config.queues);
   const history = new RemediationHistory(deps.redis, deps.keys, config.remedies.historyLength);
-  const onFinished = (record: ActionRecord): void => {
-    deps.metrics.actions.inc({ verb: record.verb, state: record.state, backend: record.backend });
-    deps.grafana?.annotate(record);
-  };
-  // Actions outside any registered job: a refused one pages once per budget window.
-  const onPage = (reason: string): void => {
-    deps.metrics.humanPages.inc({ training_job: '' });
-    logger.warn({ reason }, 'a person is needed');
-  };
   const handOffWebhook = config.remedies.handOff.webhookUrl;
-  // What the drain and remedy actuators both act through.
-  const actuator = { redis: deps.redis, keys: deps.keys, audit: deps.audit, backend: deps.backend, gates: deps.gates, logger };
-  // Dry-run swaps the agent's reset for a recorder, as it swaps the backend.
-  const resetter = deps.backend.name === 'dry-run' ? new DryRunGpuResetter() : new AgentGpuResetter(deps.agents);
-  const remedy = createRemedyProcessor({
-    ...actuator,
-    history,
-    resetter,
-    handOff: handOffWebhook === undefined ? undefined : new WebhookHandOff({ url: handOffWebhook, timeoutMs: config.remedies.handOff.timeoutMs, attempts: config.remedies.handOff.attempts }),
-    config: config.remedies,
-    onRemediation: (node, action, outcome) => deps.metrics.remediations.inc({ node, action, outcome }),
-    onFinished,
-    onPage,
-  });
   const policy = new Worker(
     QUEUE_NAMES.signals,
     createPolicyProcessor({
       redis: deps.redis,
       keys: deps.keys,
       audit: deps.audit,
-      actions: deps.actionQueue,
+      steps: deps.stepQueue,
       dedupeSeconds: config.policy.drainDedupeSeconds,
       recovery: { jobs: deps.jobs, dispatcher: deps.dispatcher },
       remedies: { config: config.remedies, history },
     }),
     { connection: deps.connection(), prefix: config.redis.prefix, ...timing, concurrency: 32 },
   );
-  const recovery = new Worker(
-    QUEUE_NAMES.recovery,
-    createRecoveryProcessor({
+  const steps = new Worker(
+    QUEUE_NAMES.steps,
+    createStepProcessor({
       redis: deps.redis,
       keys: deps.keys,
       audit: deps.audit,
@@ -124,35 +102,36 @@ export function startWorkers(deps: WorkerDeps): Worker[] {
       // One quarantine rule: the ladder's per job, this one across jobs.
       quarantine: { afterEvictions: deps.ladder.quarantineAfterEvictions, windowMs: deps.ladder.exclusionWindowMs },
       maxJobEvictionPercent: config.safety.maxJobEvictionPercent,
+      jobHoldMs: timing.lockDuration,
       pool: deps.pool,
       progress: deps.progress,
-      // The reset rung for a job's node (the ladder emits it only with remedies.gpuReset on).
-      gpuReset: { resetter, timeoutSeconds: config.remedies.gpuReset.timeoutSeconds, history },
-      // jobId = the asking step: a redelivered recovery job cannot queue the same analysis twice.
+      // GPU resets through the nodes' agents (a rung only with remedies.gpuReset on).
+      resetter: new AgentGpuResetter(deps.agents),
+      remedies: config.remedies,
+      history,
+      onRemediation: (node, action, outcome) => deps.metrics.remediations.inc({ node, action, outcome }),
+      handOff: handOffWebhook === undefined ? undefined : new WebhookHandOff({ url: handOffWebhook, timeoutMs: config.remedies.handOff.timeoutMs, attempts: config.remedies.handOff.attempts }),
+      onFinished: (record: StepRecord) => {
+        deps.metrics.actions.inc({ verb: record.verb, state: record.state, backend: record.backend });
+        deps.grafana?.annotate(record);
+      },
+      // jobId = the asking step: a redelivered transition cannot queue the same analysis twice.
       analyze: async (request) => {
         await deps.analysisQueue.add(request.kind, request, { jobId: `${request.kind}:${request.ref}` });
       },
       onPage: (job, reason) => {
-        deps.metrics.humanPages.inc({ training_job: job });
+        deps.metrics.humanPages.inc({ training_job: job ?? '' });
         logger.warn({ job, reason }, 'a person is needed');
       },
     }),
-    // One transition at a time per worker keeps a job's steps strictly ordered.
-    { connection: deps.connection(), prefix: config.redis.prefix, ...timing, concurrency: 1 },
-  );
-  const drain = new Worker(
-    QUEUE_NAMES.actions,
-    createDrainProcessor({
-      ...actuator,
-      onFinished,
-      onPage,
-      remedy,
-    }),
+    // Transitions of different jobs and nodes side by side; one job's one at a time (the step processor holds the job).
     { connection: deps.connection(), prefix: config.redis.prefix, ...timing, concurrency: 4 },
   );
-  drain.on('completed', (job) => {
-    const faultTime = Date.parse(job.data.decision.faultTime);
-    if (Number.isFinite(faultTime)) deps.metrics.signalToAction.observe({ verb: job.data.decision.verb }, (Date.now() - faultTime) / 1000);
+  steps.on('completed', (job) => {
+    const data = job.data as Partial<StepsJob> | undefined;
+    const faultTime = Date.parse(data?.fault?.time ?? '');
+    const verb = data?.steps?.[0]?.verb;
+    if (Number.isFinite(faultTime) && verb !== undefined) deps.metrics.signalToAction.observe({ verb }, (Date.now() - faultTime) / 1000);
   });
   const analysis = new Worker(
     QUEUE_NAMES.analysis,
@@ -171,10 +150,19 @@ export function startWorkers(deps: WorkerDeps): Worker[] {
     // Analyses of different jobs run side by side; each is mostly waiting on agents or replays.
     { connection: deps.connection(), prefix: config.redis.prefix, ...timing, concurrency: 4 },
   );
-  const workers = [policy, drain, recovery, analysis];
-  for (const worker of workers) {
-    worker.on('failed', (job, error) => logger.warn({ queue: worker.name, job: job?.id, err: error }, 'job failed'));
-    worker.on('error', (error) => logger.warn({ queue: worker.name, err: error }, 'worker error'));
+  for (const worker of [policy, steps, analysis]) {
+    watch(worker, logger);
+    workers.push(worker);
   }
+  // An earlier release's queued work moves onto the steps queue; the forwarders join the list as they start.
+  forwardLegacyQueues({ connection: deps.connection, prefix: config.redis.prefix, timing, steps: deps.stepQueue, logger }, (worker) => {
+    watch(worker, logger);
+    workers.push(worker);
+  }).catch((error: unknown) => logger.warn({ err: error }, 'could not look for work left on the queues of an earlier release'));
   return workers;
+}
+
+function watch(worker: Worker, logger: Logger): void {
+  worker.on('failed', (job, error) => logger.warn({ queue: worker.name, job: job?.id, err: error }, 'job failed'));
+  worker.on('error', (error) => logger.warn({ queue: worker.name, err: error }, 'worker error'));
 }

@@ -1,78 +1,14 @@
-import { z } from 'zod';
-import { PCI_BUS_ID_PATTERN } from './names.js';
-
 /**
- * What crosses the recovery queue: the classes of fault the recovery ladder knows, the events it
- * is fed, and the steps it hands to the recovery actuator. The ladder itself (controller/ladder/)
- * and the actuator (actuators/recovery/) both speak these nouns; neither imports the other.
+ * What a job's recovery ladder is fed: the classes of fault it knows and the events that move
+ * it. The steps it emits are the one vocabulary of core/steps.ts.
  */
 
 /**
  * DeadPool's error classification (003, Table II and §VI-B) refined by ByteRobust's real-time
- * checks (000, §4.1); controller/fault-class.ts maps signals onto it.
+ * checks (000, §4.1); controller/policy/fault-class.ts maps signals onto it.
  */
 export const FAULT_CLASSES = ['machine', 'network', 'user_code', 'crash', 'numerical', 'performance', 'transient'] as const;
 export type FaultClass = (typeof FAULT_CLASSES)[number];
-
-export const STEP_VERBS = [
-  /** Halt every process of the job (ByteRobust §4.1: "stops all processes immediately"). */
-  'stop',
-  /** Drain the nodes and activate warm standbys in their place (§6.2). */
-  'evict',
-  /**
-   * Reset one GPU of one node through its agent, the job stopped, so that the job can restart on
-   * the same nodes; when the reset is refused or fails, the node is evicted as by `evict`.
-   */
-  'reset_gpu',
-  /** Relaunch the job on its current node set. */
-  'restart',
-  /** Relaunch in place on the same nodes, nothing changed (§4.2 Reattempt). */
-  'reattempt',
-  /** Hot-update the job's code back to `version` (§4.2 Rollback, §6.1). */
-  'rollback',
-  /** Hot-update the job's code to `version` (§6.1). */
-  'apply_update',
-  /** Stop-time diagnostics (EUD, NCCL tests, bit-wise alignment), `nodes` as a hint (§4.2, §4.3). */
-  'run_diagnostics',
-  /** Dual-phase replay (§4.2, Algorithm 1). */
-  'run_replay',
-  /** Stack aggregation over the running job, `nodes` as a hint (§5.1). */
-  'analyze_stacks',
-  /** Keep the nodes out of every pool until an operator returns them (504-GPU report). */
-  'quarantine',
-  /** Hand the incident to a person. */
-  'page_human',
-  /** Tell the code owners something that needs no one woken up (§4.2: examine a rolled-back version). */
-  'notify',
-  /** Record only: the event was seen and deliberately not acted on. */
-  'tolerate',
-] as const;
-export type StepVerb = (typeof STEP_VERBS)[number];
-
-/** The steps that act on the cluster or the job; the safety gates and a job's recovery policy can refuse them. */
-export const ACTING_VERBS: ReadonlySet<StepVerb> = new Set(['evict', 'reset_gpu', 'stop', 'restart', 'reattempt', 'rollback', 'apply_update', 'quarantine', 'run_diagnostics', 'run_replay']);
-
-export interface LadderStep {
-  verb: StepVerb;
-  job: string;
-  nodes?: string[];
-  version?: string;
-  /** The GPU (PCI bus id) a `reset_gpu` step resets. */
-  gpu?: string;
-  reason: string;
-  /** The paper section the step follows. */
-  citation: string;
-}
-
-export const ladderStepSchema = z.object({
-  verb: z.enum(STEP_VERBS),
-  job: z.string(),
-  nodes: z.array(z.string()).optional(),
-  version: z.string().optional(),
-  gpu: z.string().regex(PCI_BUS_ID_PATTERN).optional(),
-  reason: z.string(),
-  citation: z.string(),
-}) satisfies z.ZodType<LadderStep>;
 
 export interface FaultEvent {
   type: 'fault';
@@ -95,7 +31,7 @@ export interface FaultEvent {
   /**
    * The GPU (PCI bus id) whose reset may cure this machine fault in place: the Xid catalogue's
    * remedy, with GPU resets on and the node's escalation history allowing one
-   * (controller/remedy-policy.ts). Without it a machine fault evicts the node.
+   * (controller/policy/node-ladder.ts). Without it a machine fault evicts the node.
    */
   resetGpu?: string;
 }

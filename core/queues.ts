@@ -1,8 +1,9 @@
 import type { JobsOptions } from 'bullmq';
 import { z } from 'zod';
-import type { Decision } from './action.js';
 import { identitySchema, type Identity } from './credentials.js';
-import { ladderStepSchema, type LadderEvent } from './ladder.js';
+import type { LadderEvent } from './ladder.js';
+import { nodeNameSchema, PCI_BUS_ID_PATTERN } from './names.js';
+import { NODE_LADDER_CITATION, NODE_VERBS, stepSchema, type Step } from './steps.js';
 import { SIGNAL_BATCH_MAX, withRetention, type Retention } from './retention.js';
 
 export { SIGNAL_BATCH_MAX };
@@ -13,29 +14,34 @@ import { stableHash, type Signal } from './signal.js';
  * between whoever adds a job and the worker that takes it, kept here so that neither side imports
  * the other:
  *
- *   signals   intake (HTTP)          → policy worker       SignalJob (the signals of requests stored together)
- *   actions   policy worker          → drain actuator      ActionJob
- *   recovery  recovery dispatcher    → recovery actuator   RecoveryJob (one ladder transition)
- *   analysis  recovery actuator      → analysis worker     AnalysisJob
+ *   signals   intake (HTTP)                 → policy worker     SignalJob (the signals of requests stored together)
+ *   steps     the node ladder, a job ladder → step actuators    StepsJob (one transition: its steps, in order)
+ *   analysis  the step actuators            → analysis worker   AnalysisJob
  *
- * Results travel back to the ladder as LadderEventJobs (RecoveryDispatcher.apply).
+ * Results travel back to a job's ladder as LadderEventJobs (RecoveryDispatcher.apply).
  */
 
-export const QUEUE_NAMES = { signals: 'signals', actions: 'actions', recovery: 'recovery', analysis: 'analysis' } as const;
+export const QUEUE_NAMES = { signals: 'signals', steps: 'steps', analysis: 'analysis' } as const;
 export type QueueName = keyof typeof QUEUE_NAMES;
+
+/**
+ * Queues of earlier releases (before the one `steps` queue): `actions` carried a node's drain or
+ * remedy, `recovery` a job ladder's transition. A controller that finds work left on them moves
+ * it onto `steps` (parseStepsJob reads both payloads), so an upgrade mid-incident loses no step.
+ */
+export const LEGACY_QUEUE_NAMES = ['actions', 'recovery'] as const;
 
 /**
  * The retry policy, one entry per queue:
  * - signals are retried long (an intake answers 2xx only once they are stored, so a signal must
  *   survive a worker or Redis blip);
- * - actions and recovery transitions get five tries: a lease held by another actuator or a
- *   backend briefly unreachable clears within seconds;
+ * - transitions of steps get five tries: a lease held by another actuator or a backend briefly
+ *   unreachable clears within seconds;
  * - analyses get three, further apart: an agent restarting, and a long diagnosis is one try's work.
  */
 export const QUEUE_RETRIES = {
   signals: { attempts: 20, backoff: { type: 'exponential', delay: 500 } },
-  actions: { attempts: 5, backoff: { type: 'exponential', delay: 1000 } },
-  recovery: { attempts: 5, backoff: { type: 'exponential', delay: 1000 } },
+  steps: { attempts: 5, backoff: { type: 'exponential', delay: 1000 } },
   analysis: { attempts: 3, backoff: { type: 'exponential', delay: 5000 } },
 } as const satisfies Record<QueueName, JobsOptions>;
 
@@ -48,8 +54,7 @@ export const QUEUE_RETRIES = {
 export function queueJobOptions(retention: Retention): Record<QueueName, JobsOptions> {
   return {
     signals: withRetention(QUEUE_RETRIES.signals, retention.signals),
-    actions: withRetention(QUEUE_RETRIES.actions, retention.work),
-    recovery: withRetention(QUEUE_RETRIES.recovery, retention.work),
+    steps: withRetention(QUEUE_RETRIES.steps, retention.work),
     analysis: withRetention(QUEUE_RETRIES.analysis, retention.work),
   };
 }
@@ -92,20 +97,74 @@ export function signalBatchId(signals: readonly Pick<Signal, 'id'>[]): string {
   return `sb-${stableHash(signals.map((signal) => signal.id).join('\n'))}`;
 }
 
-export interface ActionJob {
-  readonly decision: Decision;
-}
+/** The version of the steps contract this release writes; parseStepsJob reads it and the earlier one. */
+export const STEPS_JOB_VERSION = 2;
 
-/** One ladder transition: its steps run in order (stop, evict, then restart), each at most once. */
-export const recoveryJobSchema = z.object({
+/**
+ * One transition of a ladder: its steps run in order (stop, evict, then restart), each at most
+ * once. A job's ladder names the job; the node ladder names the node (one step, its `fault` the
+ * signal it follows, for signal-to-action latency).
+ */
+export const stepsJobSchema = z
+  .object({
+    v: z.literal(STEPS_JOB_VERSION),
+    transitionId: z.string().min(1).max(128),
+    job: z.string().min(1).max(128).optional(),
+    node: nodeNameSchema.optional(),
+    steps: z.array(stepSchema).max(64),
+    /** Who caused the transition (LadderEventJob.origin, the signal's sender). */
+    origin: identitySchema.optional(),
+    fault: z.object({ signalId: z.string().min(1).max(128), fingerprint: z.string().min(1).max(256), time: z.iso.datetime({ offset: true }) }).optional(),
+  })
+  .refine((job) => (job.job === undefined) !== (job.node === undefined), { message: 'a transition names either a job or a node' });
+export type StepsJob = z.infer<typeof stepsJobSchema>;
+
+/** Version 1: a job ladder's transition on the `recovery` queue. */
+const recoveryJobV1Schema = z.object({
   transitionId: z.string().min(1).max(128),
   job: z.string().min(1).max(128),
-  steps: z.array(ladderStepSchema),
-  /** Who caused the transition (LadderEventJob.origin). */
+  steps: z.array(stepSchema.extend({ job: z.string() })),
   origin: identitySchema.optional(),
 });
 
-export type RecoveryJob = z.infer<typeof recoveryJobSchema>;
+/** Version 1: a node's drain or remedy decision on the `actions` queue. */
+const actionJobV1Schema = z.object({
+  decision: z.object({
+    id: z.string().min(1).max(128),
+    verb: z.enum(NODE_VERBS),
+    node: nodeNameSchema,
+    gpu: z.string().regex(PCI_BUS_ID_PATTERN).optional(),
+    reason: z.string().min(1).max(512),
+    signalId: z.string().min(1).max(128),
+    fingerprint: z.string().min(1).max(256),
+    faultTime: z.iso.datetime({ offset: true }),
+    origin: identitySchema.optional(),
+  }),
+});
+
+/**
+ * A queued transition in this release's form, whichever release queued it: version 2 as is, a
+ * version 1 ladder transition or node decision rewritten into it (same transition id, so its
+ * step markers and audit refs carry over). Throws a ZodError naming what is wrong otherwise.
+ */
+export function parseStepsJob(raw: unknown): StepsJob {
+  if (typeof raw === 'object' && raw !== null && 'v' in raw) return stepsJobSchema.parse(raw);
+  const action = actionJobV1Schema.safeParse(raw);
+  if (action.success) {
+    const { decision } = action.data;
+    const step: Step = { verb: decision.verb, nodes: [decision.node], reason: decision.reason, citation: NODE_LADDER_CITATION, ...(decision.gpu ? { gpu: decision.gpu } : {}) };
+    return {
+      v: STEPS_JOB_VERSION,
+      transitionId: decision.id,
+      node: decision.node,
+      steps: [step],
+      ...(decision.origin ? { origin: decision.origin } : {}),
+      fault: { signalId: decision.signalId, fingerprint: decision.fingerprint, time: decision.faultTime },
+    };
+  }
+  const transition = recoveryJobV1Schema.parse(raw);
+  return { v: STEPS_JOB_VERSION, ...transition };
+}
 
 /** An event for a job's ladder, from the policy worker, an actuator, an analyzer or the clock. */
 export interface LadderEventJob {

@@ -197,6 +197,10 @@ export class Keys {
   jobFailSlow(name: string): string {
     return `${this.prefix}:job:${name}:failslow`;
   }
+  /** Held by the transition of steps that runs for the job now (actuators/steps/processor.ts). */
+  jobStepsHold(name: string): string {
+    return `${this.prefix}:job:${name}:steps-hold`;
+  }
   recoveryStep(transitionId: string, index: number): string {
     return `${this.prefix}:recovery-step:${transitionId}:${index}`;
   }

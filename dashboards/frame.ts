@@ -18,7 +18,7 @@ import {
   VariableSort,
   type Dashboard,
 } from '@grafana/grafana-foundation-sdk/dashboard';
-import { ACTION_ANNOTATION_TAG } from '../core/action.js';
+import { ACTION_ANNOTATION_TAG } from '../core/steps.js';
 import { matches, series } from '../core/promql.js';
 import { CLUSTER_LABEL, TRAINING_JOB_LABEL } from '../core/scrape.js';
 

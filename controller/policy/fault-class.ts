@@ -24,6 +24,12 @@ export interface FaultVerdict {
   readonly node?: string;
   readonly reason: string;
   readonly citation: string;
+  /**
+   * The cure the Xid catalogue (core/xid.ts) names for a machine fault, where it names one short
+   * of replacing the node: a GPU reset, or a node reboot (a GPU lost from the bus). The ladders
+   * take it when the operator turned that remedy on (docs/remedies.md).
+   */
+  readonly remedy?: 'reset_gpu' | 'reboot_node';
 }
 
 /** A signal that is not a training job's fault: a resolved alert, steadfast watching itself. */
@@ -78,8 +84,13 @@ const RDMA_PORT_PATTERN = /\b((?:mlx[45]|bnxt_re|hfi1|irdma|efa|qedr|rocep\d+s\d
 
 const EXIT_CODE_PATTERN = /\bexit ?code:? ?(-?\d+)\b/i;
 
-/** The alerts steadfast's rules raise (rules/*.yml), by what they mean for a training job. */
-const ALERT_CLASSES: Readonly<Record<string, { readonly faultClass: FaultClass; readonly citation: string }>> = {
+/**
+ * The one table of what steadfast's alerts (rules/) mean: the class of fault each reports, for a
+ * job's ladder and the node ladder alike (a `machine` fault takes a node outside any job out of
+ * service), and for those that name broken hardware, what is broken, in the words a drained
+ * node's reason carries.
+ */
+const ALERT_CLASSES: Readonly<Record<string, { readonly faultClass: FaultClass; readonly citation: string; readonly meaning?: string }>> = {
   SteadfastGpuLost: { faultClass: 'machine', citation: CITE_MACHINE },
   SteadfastGpuEccUncorrectable: { faultClass: 'machine', citation: CITE_MACHINE },
   SteadfastGpuRowRemapFailed: { faultClass: 'machine', citation: CITE_MACHINE },
@@ -87,12 +98,12 @@ const ALERT_CLASSES: Readonly<Record<string, { readonly faultClass: FaultClass; 
   // A pending remap takes effect at the next GPU reset; nothing is broken yet.
   SteadfastGpuRowRemapPending: { faultClass: 'transient', citation: CITE_TRANSIENT },
   // Node-health alerts (rules/domains/gpu-node.ts): each names hardware that cannot carry the job.
-  SteadfastGpuDrainRequired: { faultClass: 'machine', citation: CITE_MACHINE },
-  SteadfastNvswitchFatal: { faultClass: 'machine', citation: CITE_MACHINE },
-  SteadfastNvlinkLinkFailing: { faultClass: 'machine', citation: CITE_MACHINE },
-  SteadfastGpuFabricNotReady: { faultClass: 'machine', citation: CITE_MACHINE },
-  SteadfastGpuDriverHung: { faultClass: 'machine', citation: CITE_MACHINE },
-  SteadfastPcieAerFatal: { faultClass: 'machine', citation: CITE_MACHINE },
+  SteadfastGpuDrainRequired: { faultClass: 'machine', citation: CITE_MACHINE, meaning: 'GPU memory cannot be repaired in place (row remap failed)' },
+  SteadfastNvswitchFatal: { faultClass: 'machine', citation: CITE_MACHINE, meaning: 'fatal NVSwitch error (SXid)' },
+  SteadfastNvlinkLinkFailing: { faultClass: 'machine', citation: CITE_MACHINE, meaning: 'NVLink link failing (error counters past the threshold)' },
+  SteadfastGpuFabricNotReady: { faultClass: 'machine', citation: CITE_MACHINE, meaning: 'GPU fabric not ready (fabric manager registration)' },
+  SteadfastGpuDriverHung: { faultClass: 'machine', citation: CITE_MACHINE, meaning: 'NVIDIA driver hung (tasks blocked in the driver)' },
+  SteadfastPcieAerFatal: { faultClass: 'machine', citation: CITE_MACHINE, meaning: 'fatal PCIe AER error' },
   // A reset is due at the next idle moment (a pending remap, retired pages); the GPU still works.
   SteadfastGpuResetRequired: { faultClass: 'transient', citation: CITE_TRANSIENT },
   // Precursors to watch: the multi-signal detector weighs them; alone they move no job.
@@ -135,12 +146,22 @@ const SELF_MONITORING_ALERTS: ReadonlySet<string> = new Set([
   'SteadfastNodeHandedOff',
 ]);
 
+/** What broken hardware an alert names, where the table says (the node ladder's drain reason). */
+export function alertMeaning(alertname: string): string | undefined {
+  return ALERT_CLASSES[alertname]?.meaning;
+}
+
 function text(value: string | number | boolean | undefined): string {
   return typeof value === 'string' ? value : '';
 }
 
 function fault(faultClass: FaultClass, node: string | undefined, reason: string, citation: string): FaultVerdict {
   return node === undefined ? { verdict: 'fault', faultClass, reason, citation } : { verdict: 'fault', faultClass, node, reason, citation };
+}
+
+/** A machine verdict with the catalogue's remedy (none for a crash: there is no culprit to cure). */
+function withRemedy(verdict: FaultVerdict, remedy: FaultVerdict['remedy']): FaultVerdict {
+  return remedy === undefined || verdict.faultClass !== 'machine' ? verdict : { ...verdict, remedy };
 }
 
 /** Machine and network verdicts must name their culprit; without one the fault is a crash to diagnose. */
@@ -155,7 +176,7 @@ export function classifySignal(signal: Signal, options: ClassifyOptions = {}): C
     case 'xid':
       return classifyXidSignal(signal);
     case 'gpu_lost':
-      return culpritOrCrash('machine', signal.node, `GPU ${signal.gpu ?? 'unknown'} fell off the bus`, CITE_MACHINE);
+      return withRemedy(culpritOrCrash('machine', signal.node, `GPU ${signal.gpu ?? 'unknown'} fell off the bus`, CITE_MACHINE), 'reboot_node');
     case 'nccl_timeout':
       return classifyNcclTimeout(signal);
     case 'worker_failed':
@@ -176,7 +197,10 @@ function classifyXidSignal(signal: Signal): FaultVerdict {
   // its verdict reaches us as the signal's severity (or the alert's xid_severity label).
   const fatal = xidClass?.severity === 'fatal' || signal.severity === 'critical' || signal.evidence['label.xid_severity'] === 'fatal';
   const what = `Xid ${typeof code === 'number' ? code : '?'} (${xidClass?.meaning ?? 'unclassified'})`;
-  if (fatal) return culpritOrCrash('machine', signal.node, `fatal ${what}`, CITE_MACHINE);
+  if (fatal) {
+    const remedy = xidClass?.remedy === 'reset_gpu' || xidClass?.remedy === 'reboot_node' ? xidClass.remedy : undefined;
+    return withRemedy(culpritOrCrash('machine', signal.node, `fatal ${what}`, CITE_MACHINE), remedy);
+  }
   return fault('transient', signal.node, `non-fatal ${what}`, CITE_TRANSIENT);
 }
 

@@ -1,22 +1,19 @@
 import { UnrecoverableError, type Job, type Queue } from 'bullmq';
 import { z } from 'zod';
-import type { Decision } from '../../core/action.js';
-import { decisionSchema } from '../../core/action.js';
 import type { AuditLog } from '../../core/audit.js';
 import { CONTROLLER_IDENTITY } from '../../core/credentials.js';
 import { parseJobPayload } from '../../core/job-payload.js';
 import type { Keys, Redis } from '../../core/redis.js';
 import { signalSchema, stableHash, type Signal } from '../../core/signal.js';
-import { classifySignal } from './fault-class.js';
+import { classifySignal, type Classification } from './fault-class.js';
 import type { JobStore } from '../job-store.js';
 import { faultEventFromSignal } from './ladder/index.js';
 import type { RecoveryDispatcher } from './recovery-dispatcher.js';
-import type { ActionJob, SignalJob } from '../../core/queues.js';
+import { STEPS_JOB_VERSION, stepsJobSchema, type SignalJob, type StepsJob } from '../../core/queues.js';
 import { describeIssues } from '../../core/validate.js';
-import { decide } from './policy.js';
 import type { RemediationHistory } from '../../actuators/remediation-history.js';
-import type { RemediesConfig } from '../../core/remedy-config.js';
-import { chooseRemedyReading } from './remedy-policy.js';
+import { remediesSchema, type RemediesConfig } from '../../core/remedy-config.js';
+import { climbNodeLadderReading, nodeStep } from './node-ladder.js';
 
 export interface PolicyResult {
   readonly outcome: 'observed' | 'decided' | 'joined' | 'repeat';
@@ -36,12 +33,13 @@ export interface PolicyWorkerDeps {
   readonly redis: Redis;
   readonly keys: Keys;
   readonly audit: AuditLog;
-  readonly actions: Queue<ActionJob>;
+  /** The one queue of steps (core/queues.ts): the node ladder's transitions go there. */
+  readonly steps: Queue<StepsJob>;
   /** Reports for a node already being drained, within this window, join the first decision. */
   readonly dedupeSeconds: number;
   /** Registered jobs and their recovery ladders; signals about a job's node go to its ladder. */
   readonly recovery?: { readonly jobs: JobStore; readonly dispatcher: RecoveryDispatcher };
-  /** Remedies short of a drain (remedy-policy.ts); without them every such fault drains the node. */
+  /** Remedies short of a drain (node-ladder.ts); without them every such fault drains the node. */
   readonly remedies?: { readonly config: RemediesConfig; readonly history: RemediationHistory };
 }
 
@@ -66,8 +64,7 @@ function describe(signal: Signal): string {
  * A signal about a node of a registered job goes to that job's recovery ladder (ByteRobust §4,
  * DeadPool Table II): classify, advance, and let the recovery actuator carry out the steps.
  */
-async function toLadder(audit: AuditLog, signal: Signal, trainingJob: string, dispatcher: RecoveryDispatcher, firstAttempt: boolean, remedies: PolicyWorkerDeps['remedies']): Promise<PolicyResult> {
-  const verdict = classifySignal(signal);
+async function toLadder(audit: AuditLog, signal: Signal, verdict: Classification, trainingJob: string, dispatcher: RecoveryDispatcher, firstAttempt: boolean, remedies: PolicyWorkerDeps['remedies']): Promise<PolicyResult> {
   if (verdict.verdict === 'ignore') {
     await audit.append(
       { type: 'signal', ref: signal.id, node: signal.node, summary: `${describe(signal)}; job ${trainingJob}: no action: ${verdict.reason}`, data: { signal, job: trainingJob }, actor: signal.origin ?? CONTROLLER_IDENTITY },
@@ -91,17 +88,20 @@ async function toLadder(audit: AuditLog, signal: Signal, trainingJob: string, di
   // A retried batch goes on, as its own first attempt may have stopped between the two writes.
   if (written === undefined && firstAttempt) return { outcome: 'repeat' };
   // A machine fault a GPU reset may cure (the catalogue's remedy, resets on, the node's history
-  // allowing one) is reset in place; escalation past resets leaves it to the ladder's eviction.
+  // allowing one: the node ladder's reset rung) is reset in place; escalation past resets leaves
+  // it to the job ladder's eviction.
   const node = signal.node;
-  const remedy = remedies && node && verdict.faultClass === 'machine' ? await chooseRemedyReading(signal, verdict.reason, () => remedies.history.read(node), remedies.config) : undefined;
-  const event = faultEventFromSignal(signal, verdict, remedy?.verb === 'reset_gpu' ? remedy.gpu : undefined);
+  const choice = remedies && node && verdict.faultClass === 'machine' ? await climbNodeLadderReading(signal, verdict, () => remedies.history.read(node), remedies.config) : undefined;
+  const resetGpu = choice !== undefined && 'rung' in choice && choice.rung.verb === 'reset_gpu' ? choice.rung.gpu : undefined;
+  const event = faultEventFromSignal(signal, verdict, resetGpu);
   const steps = await dispatcher.apply({ job: trainingJob, event, eventId: signal.id, origin: signal.origin });
   return { outcome: steps.length > 0 ? 'decided' : 'joined' };
 }
 
 /**
- * Turns queued signals into decisions: a signal about a registered job's node goes to its ladder,
- * any other to the node policy (policy.ts). Every report of a fault on a node that is already being
+ * Turns queued signals into decisions: each signal is classified once (fault-class.ts), then a
+ * signal about a registered job's node goes to its ladder, any other to the node ladder
+ * (node-ladder.ts); both put their steps on the one steps queue. Every report of a fault on a node that is already being
  * drained joins the existing decision instead of making a new one, which is how the agent's fast
  * path and the later Prometheus alert for the same Xid lead to exactly one drain.
  *
@@ -143,55 +143,39 @@ export function createPolicyProcessor(deps: PolicyWorkerDeps): (job: Job<SignalJ
 
 /** The decision for one signal. */
 export function signalProcessor(deps: PolicyWorkerDeps): (signal: Signal, firstAttempt: boolean) => Promise<PolicyResult> {
-  const { redis, keys, audit, actions, dedupeSeconds } = deps;
+  const { redis, keys, audit, steps, dedupeSeconds } = deps;
+  const remediesConfig = deps.remedies?.config ?? remediesSchema.parse({});
 
   return async (signal, firstAttempt) => {
+    const verdict = classifySignal(signal);
     const trainingJob = deps.recovery && signal.node ? await deps.recovery.jobs.jobOnNode(signal.node) : undefined;
-    if (deps.recovery && trainingJob) return toLadder(audit, signal, trainingJob, deps.recovery.dispatcher, firstAttempt, deps.remedies);
-    const outcome = decide(signal);
-    if (outcome.verb === 'observe') {
+    if (deps.recovery && trainingJob) return toLadder(audit, signal, verdict, trainingJob, deps.recovery.dispatcher, firstAttempt, deps.remedies);
+    // The node's remediation history is read only when a remedy rung could use it (all off: a drain).
+    const history = deps.remedies?.history;
+    const choice = signal.node === undefined ? { observe: 'signal names no node' } : await climbNodeLadderReading(signal, verdict, async () => (history && signal.node ? history.read(signal.node) : []), remediesConfig);
+    if ('observe' in choice) {
       await audit.append(
-        { type: 'signal', ref: signal.id, node: signal.node, summary: `${describe(signal)}; no action: ${outcome.reason}`, data: { signal }, actor: signal.origin ?? CONTROLLER_IDENTITY },
+        { type: 'signal', ref: signal.id, node: signal.node, summary: `${describe(signal)}; no action: ${choice.observe}`, data: { signal }, actor: signal.origin ?? CONTROLLER_IDENTITY },
         `signal:${signal.id}`,
       );
       return { outcome: 'observed' };
     }
 
-    // The node's remediation history is read only when a remedy rung could use it (all off: a drain).
-    const remedies = deps.remedies;
-    const remedy = remedies
-      ? await chooseRemedyReading(signal, outcome.reason, () => remedies.history.read(outcome.node), remedies.config)
-      : { verb: 'drain' as const, reason: outcome.reason, gpu: undefined };
+    const { node, rung } = choice;
     // A drain keeps the id it always had (`drain|…`), so a fault decided before an upgrade is recognised after it.
-    const decisionId = `d-${stableHash(`${remedy.verb}|${signal.id}`)}`;
-    const decision: Decision = {
-      id: decisionId,
-      verb: remedy.verb,
-      node: outcome.node,
-      ...(remedy.gpu === undefined ? {} : { gpu: remedy.gpu }),
-      // BullMQ job ids may not contain ':'.
-      idempotencyKey: `${remedy.verb.replace('_', '-')}-${outcome.node}-${decisionId}`,
-      reason: remedy.reason.slice(0, 512),
-      signalId: signal.id,
-      fingerprint: signal.fingerprint,
-      faultTime: signal.time,
-      time: new Date().toISOString(),
+    const decisionId = `d-${stableHash(`${rung.verb}|${signal.id}`)}`;
+    const transition: StepsJob = {
+      v: STEPS_JOB_VERSION,
+      transitionId: decisionId,
+      node,
+      steps: [nodeStep(node, rung)],
       ...(signal.origin ? { origin: signal.origin } : {}),
+      fault: { signalId: signal.id, fingerprint: signal.fingerprint, time: signal.time },
     };
-    const holder = (await redis.eval(
-      CLAIM,
-      2,
-      keys.nodeDrainClaim(outcome.node),
-      keys.decision(decisionId),
-      decisionId,
-      JSON.stringify(decision),
-      String(dedupeSeconds),
-    )) as string | null;
+    const holder = (await redis.eval(CLAIM, 2, keys.nodeDrainClaim(node), keys.decision(decisionId), decisionId, JSON.stringify(transition), String(dedupeSeconds))) as string | null;
 
     if (holder !== null && holder !== decisionId) {
-      const existingRaw = await redis.get(keys.decision(holder));
-      const existing = existingRaw ? decisionSchema.safeParse(JSON.parse(existingRaw)) : undefined;
-      const sameFault = existing?.success === true && existing.data.fingerprint === signal.fingerprint;
+      const sameFault = fingerprintOf(await redis.get(keys.decision(holder))) === signal.fingerprint;
       const relation = sameFault ? 'same fault as' : 'node already being drained by';
       await audit.append(
         {
@@ -207,19 +191,44 @@ export function signalProcessor(deps: PolicyWorkerDeps): (signal: Signal, firstA
       return { outcome: 'joined', decisionId: holder, sameFault };
     }
 
-    // A retried job finds the decision its first attempt stored; act on that one.
-    const storedRaw = await redis.get(keys.decision(decisionId));
-    const storedParse = storedRaw ? decisionSchema.safeParse(JSON.parse(storedRaw)) : undefined;
-    const stored = storedParse?.success ? storedParse.data : decision;
+    // A retried job finds the transition its first attempt stored; act on that one.
+    const storedParse = stepsJobSchema.safeParse(parseJson(await redis.get(keys.decision(decisionId))));
+    const stored = storedParse.success ? storedParse.data : transition;
+    const [step] = stored.steps;
     await audit.append(
       { type: 'signal', ref: signal.id, node: signal.node, summary: `${describe(signal)}; new decision ${decisionId}`, data: { signal }, actor: signal.origin ?? CONTROLLER_IDENTITY },
       `signal:${signal.id}`,
     );
     await audit.append(
-      { type: 'decision', ref: decisionId, node: stored.node, summary: `${stored.verb} ${stored.node}${stored.gpu ? ` GPU ${stored.gpu}` : ''}: ${stored.reason}`, data: { decision: stored }, actor: stored.origin ?? CONTROLLER_IDENTITY },
+      {
+        type: 'decision',
+        ref: decisionId,
+        node,
+        summary: `${step?.verb ?? rung.verb} ${node}${step?.gpu ? ` GPU ${step.gpu}` : ''}: ${step?.reason ?? rung.reason}`,
+        data: { decision: stored },
+        actor: stored.origin ?? CONTROLLER_IDENTITY,
+      },
       `decision:${decisionId}`,
     );
-    await actions.add(stored.verb, { decision: stored }, { jobId: stored.idempotencyKey });
+    await steps.add('node', stored, { jobId: decisionId });
     return { outcome: 'decided', decisionId };
   };
+}
+
+function parseJson(raw: string | null): unknown {
+  if (raw === null) return undefined;
+  try {
+    return JSON.parse(raw) as unknown;
+  } catch {
+    return undefined;
+  }
+}
+
+/** The fault a stored node decision follows: this release's transition, or an earlier release's decision. */
+function fingerprintOf(raw: string | null): string | undefined {
+  const stored = parseJson(raw);
+  if (typeof stored !== 'object' || stored === null) return undefined;
+  const fault = (stored as { fault?: { fingerprint?: unknown } }).fault;
+  const fingerprint = fault?.fingerprint ?? (stored as { fingerprint?: unknown }).fingerprint;
+  return typeof fingerprint === 'string' ? fingerprint : undefined;
 }

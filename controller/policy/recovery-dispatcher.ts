@@ -6,18 +6,19 @@ import { StoreUnavailableError, errorMessage } from '../../core/errors.js';
 import type { Keys, Redis } from '../../core/redis.js';
 import { stableHash } from '../../core/signal.js';
 import type { JobStore } from '../job-store.js';
-import { ACTING_VERBS, type LadderEvent, type LadderStep } from '../../core/ladder.js';
-import type { LadderEventJob, RecoveryJob } from '../../core/queues.js';
+import type { LadderEvent } from '../../core/ladder.js';
+import { ACTING_VERBS, type Step } from '../../core/steps.js';
+import { STEPS_JOB_VERSION, type LadderEventJob, type StepsJob } from '../../core/queues.js';
 import { DEFAULT_LADDER_CONFIG, advance, initialLadderState, ladderStateSchema, type LadderConfig, type LadderState } from './ladder/index.js';
 
 /**
  * Runs a job's recovery ladder (controller/policy/ladder/) against its state in Redis and hands the
- * resulting steps to the recovery actuator as ONE job, so they run in order (stop, evict, then
+ * resulting steps to the step actuators as ONE transition on the steps queue, so they run in order (stop, evict, then
  * restart). Read-modify-write under WATCH: two controller replicas advancing the same job at
  * once retry instead of losing a transition.
  *
  * The ladder as it stood before the newest transition with acting steps is kept beside it: if the
- * recovery actuator refuses that transition (`recovery_refused`: actions paused, recovery off,
+ * step processor refuses that transition (`recovery_refused`: actions paused, recovery off,
  * the eviction budget spent) and nothing has moved the ladder since, the ladder is put back as it
  * was, so evictions that never happened count towards no quarantine and the fault is acted on
  * afresh when it is next reported.
@@ -50,7 +51,7 @@ export class RecoveryDispatcher {
     private readonly keys: Keys,
     private readonly jobs: JobStore,
     private readonly audit: AuditLog,
-    private readonly actions: Queue<RecoveryJob>,
+    private readonly steps: Queue<StepsJob>,
     private readonly config: LadderConfig = DEFAULT_LADDER_CONFIG,
   ) {}
 
@@ -62,7 +63,7 @@ export class RecoveryDispatcher {
   }
 
   /** Applies `event` to the job's ladder; enqueues the steps it produces. Returns them. */
-  async apply(input: LadderEventJob): Promise<LadderStep[]> {
+  async apply(input: LadderEventJob): Promise<Step[]> {
     const key = this.keys.jobLadder(input.job);
     const undoKey = this.keys.jobLadderUndo(input.job);
     for (let attempt = 0; attempt < MAX_CONFLICT_RETRIES; attempt += 1) {
@@ -88,7 +89,7 @@ export class RecoveryDispatcher {
     throw new StoreUnavailableError(`job ${input.job}: recovery state kept changing under ${MAX_CONFLICT_RETRIES} attempts`);
   }
 
-  private async dispatch(input: LadderEventJob, transitionId: string, steps: LadderStep[], state: LadderState): Promise<void> {
+  private async dispatch(input: LadderEventJob, transitionId: string, steps: Step[], state: LadderState): Promise<void> {
     // The job's state (and with it ETTR) follows the ladder's phase.
     const jobState = state.phase === 'running' ? 'running' : state.phase === 'waiting_for_human' ? 'waiting_for_human' : 'recovering';
     try {
@@ -115,6 +116,6 @@ export class RecoveryDispatcher {
         `decision:${transitionId}:${index}`,
       );
     }
-    await this.actions.add('recovery', { transitionId, job: input.job, steps, ...(input.origin ? { origin: input.origin } : {}) }, { jobId: transitionId });
+    await this.steps.add('job', { v: STEPS_JOB_VERSION, transitionId, job: input.job, steps, ...(input.origin ? { origin: input.origin } : {}) }, { jobId: transitionId });
   }
 }

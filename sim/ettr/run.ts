@@ -1,4 +1,5 @@
-import type { FaultClass, LadderEvent, LadderStep } from '../../core/ladder.js';
+import type { FaultClass, LadderEvent } from '../../core/ladder.js';
+import type { Step } from '../../core/steps.js';
 import { DEFAULT_LADDER_CONFIG, advance, initialLadderState, type LadderConfig, type LadderState } from '../../controller/policy/ladder/index.js';
 import { faultReports } from './detection.js';
 import { EventQueue } from './events.js';
@@ -220,7 +221,7 @@ class SteadfastSimulation {
     this.scheduleTicks();
   }
 
-  private carryOut(steps: readonly LadderStep[]): void {
+  private carryOut(steps: readonly Step[]): void {
     let started = false;
     const activated: { replaced: string; by: string }[] = [];
     for (const step of steps) {

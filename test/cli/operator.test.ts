@@ -116,7 +116,7 @@ describe('the operator CLI against a running controller', () => {
   it('shows the queues over HTTP', async () => {
     const answer = await runCli(queuesCommand(), ['--json', ...flags]);
     expect(answer.exitCode).toBe(0);
-    expect((JSON.parse(answer.stdout) as { queues: { name: string }[] }).queues.map((queue) => queue.name)).toEqual(['signals', 'actions', 'recovery', 'analysis']);
+    expect((JSON.parse(answer.stdout) as { queues: { name: string }[] }).queues.map((queue) => queue.name)).toEqual(['signals', 'steps', 'analysis']);
   });
 
   it('unregisters a job', async () => {

@@ -13,7 +13,7 @@ function runQueues(args: string[], env: Record<string, string>): Promise<CliRun>
 describe('steadfast queues', () => {
   const env = testRedis();
   const signals = new Queue('signals', { connection: env.redis, prefix: env.prefix });
-  const actions = new Queue('actions', { connection: env.redis, prefix: env.prefix });
+  const actions = new Queue('steps', { connection: env.redis, prefix: env.prefix });
   const cliEnv = { STEADFAST_REDIS__URL: env.url, STEADFAST_REDIS__PREFIX: env.prefix };
 
   beforeAll(async () => {
@@ -23,7 +23,7 @@ describe('steadfast queues', () => {
     for (let index = 0; index < 7; index += 1) await actions.add('drain', { node: `gpu-${index}` }, { jobId: `drain-${index}`, timestamp: 1_000_000 + index });
     const connection = workerConnection(env.url);
     const worker = new Worker<{ node: string }>(
-      'actions',
+      'steps',
       async (job) => {
         throw new Error(`scontrol refused ${job.data.node}\nstack line`);
       },
@@ -57,7 +57,7 @@ describe('steadfast queues', () => {
     expect(exitCode).toBe(0);
     expect(stdout.endsWith('\n')).toBe(true);
     const body = JSON.parse(stdout) as { queues: QueueSummary[] };
-    expect(body.queues.map((queue) => queue.name)).toEqual(['signals', 'actions', 'recovery', 'analysis']);
+    expect(body.queues.map((queue) => queue.name)).toEqual(['signals', 'steps', 'analysis']);
     const [queueSignals, queueActions] = body.queues;
     expect(queueSignals).toEqual({ name: 'signals', isPaused: false, counts: { waiting: 1, active: 0, delayed: 1, completed: 0, failed: 0, paused: 0 }, failed: [] });
     expect(queueActions?.counts).toEqual({ waiting: 0, active: 0, delayed: 0, completed: 0, failed: 7, paused: 0 });
@@ -91,10 +91,10 @@ describe('steadfast queues', () => {
     expect(exitCode).toBe(0);
     const lines = stdout.trimEnd().split('\n');
     expect(lines[0]).toMatch(/^signals\s+waiting 1 {2}active 0 {2}delayed 1 {2}completed 0 {2}failed 0 {2}paused 0$/);
-    expect(lines[1]).toMatch(/^actions\s+waiting 0 .* failed 7 {2}paused 0$/);
-    // Five failed actions, then the (empty) recovery queue.
+    expect(lines[1]).toMatch(/^steps\s+waiting 0 .* failed 7 {2}paused 0$/);
+    // Five failed transitions, then the (empty) analysis queue.
     expect(lines.slice(2, 7)).toHaveLength(5);
-    expect(lines[7]).toMatch(/^recovery\s+waiting 0 /);
+    expect(lines[7]).toMatch(/^analysis\s+waiting 0 /);
     expect(lines[2]).toContain('drain-6  drain  attempts 1  scontrol refused gpu-6');
     expect(lines[2]).not.toContain('stack line');
   });

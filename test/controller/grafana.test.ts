@@ -5,7 +5,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { pino } from 'pino';
 import { Counter, Registry } from 'prom-client';
 import { afterEach, describe, expect, it } from 'vitest';
-import type { ActionRecord } from '../../core/action.js';
+import type { StepRecord } from '../../core/steps.js';
 import { configSchema } from '../../core/config.js';
 import { GrafanaAnnotator } from '../../controller/grafana.js';
 import type { Controller } from '../../controller/service.js';
@@ -63,9 +63,9 @@ class GrafanaStandIn {
   }
 }
 
-function record(state: ActionRecord['state'] = 'done'): ActionRecord {
+function record(state: StepRecord['state'] = 'done'): StepRecord {
   return {
-    decisionId: 'd-42',
+    ref: 'd-42',
     verb: 'drain',
     node: 'node-3',
     state,

@@ -1,7 +1,7 @@
 import { Queue } from 'bullmq';
 import { afterEach, describe, expect, it } from 'vitest';
 import type { AuditEntry } from '../../core/audit.js';
-import { QUEUE_NAMES } from '../../core/queues.js';
+import { QUEUE_NAMES, type StepsJob } from '../../core/queues.js';
 import type { Controller } from '../../controller/service.js';
 import { DryRunBackend } from '../../actuators/dry-run.js';
 import { post, startController, testConfig, xidAlertPayload } from '../support/controller.js';
@@ -125,19 +125,36 @@ describe('signal → decision → action on a real Redis', () => {
     );
   });
 
-  it('does nothing when an action job for a decision already carried out is delivered again', async () => {
+  it('does nothing when the steps of a decision already carried out are delivered again', async () => {
     const { store, controller, url } = await setUp();
     await post(`${url}/api/v1/signals`, xidEvent('node-4'));
     const entries = await until('drain done', () => controller.audit.read({ node: 'node-4' }), finished);
-    const decision = entries.find((entry) => entry.type === 'decision')?.data.decision as { idempotencyKey: string };
-    const actions = new Queue(QUEUE_NAMES.actions, { connection: store.redis, prefix: store.prefix });
+    const decision = entries.find((entry) => entry.type === 'decision')?.data.decision as StepsJob;
+    const steps = new Queue(QUEUE_NAMES.steps, { connection: store.redis, prefix: store.prefix });
     // A redelivery under a new job id (the original id would be deduplicated by BullMQ itself).
-    const again = await actions.add('drain', { decision }, { jobId: `${decision.idempotencyKey}-again` });
+    const again = await steps.add('node', decision, { jobId: `${decision.transitionId}-again` });
     await until('redelivered job finished', async () => (await again.getState()) as string, (state) => state === 'completed');
-    const rerun = await actions.getJob(again.id ?? '');
-    expect(rerun?.returnvalue).toEqual({ state: 'done', detail: 'already handled; not acting twice' });
+    const rerun = await steps.getJob(again.id ?? '');
+    expect(rerun?.returnvalue).toEqual({ done: 0 });
     expect((await controller.audit.read({ node: 'node-4', type: 'action' })).filter((entry) => entry.data.state === 'running')).toHaveLength(1);
-    await actions.close();
+    await steps.close();
+  });
+
+  it('carries out a drain an earlier release left on its actions queue, once, after an upgrade', async () => {
+    const store = testRedis();
+    stores.push(store);
+    const config = testConfig(store.url, store.prefix);
+    // What a controller of the earlier release queued before it stopped: a node decision on `actions`.
+    const legacy = new Queue('actions', { connection: store.redis, prefix: store.prefix });
+    const now = new Date().toISOString();
+    const decision = { id: 'd-legacy', verb: 'drain', node: 'node-7', idempotencyKey: 'drain-node-7-d-legacy', reason: 'fatal Xid 79 on GPU 0000:3a:00', signalId: 's-legacy', fingerprint: 'xid/node-7/0000:3a:00/79', faultTime: now, time: now };
+    await legacy.add('drain', { decision }, { jobId: decision.idempotencyKey });
+    const upgraded = await startController(config);
+    controllers.push(upgraded.controller);
+    const entries = await until('the drain done', () => upgraded.controller.audit.read({ node: 'node-7', type: 'action' }), (found) => found.some((entry) => entry.data.state === 'done'));
+    expect(entries.map((entry) => entry.summary)).toEqual(['drain node-7: running (draining through dry-run)', expect.stringMatching(/^drain node-7: done \(drained \(dry-run\): steadfast: fatal Xid 79 on GPU 0000:3a:00 audit=d-legacy\)$/)]);
+    await until('the old queue empty', async () => Object.values(await legacy.getJobCounts('wait', 'active', 'delayed')).reduce((sum, count) => sum + count, 0), (left) => left === 0);
+    await legacy.close();
   });
 
   it('loses no accepted signal when the controller stops before processing it', async () => {

@@ -4,14 +4,13 @@ import type { Controller } from '../../controller/service.js';
 import type { Job } from 'bullmq';
 import { DryRunBackend } from '../../actuators/dry-run.js';
 import type { ClusterBackend } from '../../actuators/backend.js';
-import type { createRecoveryProcessor } from '../../actuators/recovery/index.js';
 import { AuditLog } from '../../core/audit.js';
 import { JobStore } from '../../controller/job-store.js';
-import type { LadderStep } from '../../core/ladder.js';
+import type { Step } from '../../core/steps.js';
 import type { LadderState } from '../../controller/policy/ladder/index.js';
-import type { LadderEventJob, RecoveryJob } from '../../core/queues.js';
+import type { LadderEventJob, StepsJob } from '../../core/queues.js';
 import { post, startController, testConfig } from '../support/controller.js';
-import { testRecoveryProcessor } from '../support/recovery.js';
+import { testStepProcessor } from '../support/steps.js';
 import { testRedis } from '../support/redis.js';
 import { until } from '../support/until.js';
 
@@ -282,20 +281,20 @@ describe('the job eviction budget', () => {
   });
 });
 
-/** The recovery actuator alone, on the test Redis, with a generous budget and no ladder behind it. */
+/** The step processor alone, on the test Redis, with a generous budget and no ladder behind it. */
 function recoveryProcessor(
   store: ReturnType<typeof testRedis>,
   backend: ClusterBackend,
   jobs: JobStore,
-  onPage?: (job: string, reason: string) => void,
+  onPage?: (job: string | undefined, reason: string) => void,
   feedback: (event: LadderEventJob) => Promise<unknown> = async () => undefined,
-): ReturnType<typeof createRecoveryProcessor> {
-  return testRecoveryProcessor(store, { backend, jobs }, { feedback, onPage });
+): ReturnType<typeof testStepProcessor> {
+  return testStepProcessor(store, { backend, jobs }, { feedback, onPage });
 }
 
-/** A BullMQ job as the actuator receives it, first delivery. */
-function recoveryJob(transitionId: string, job: string, steps: LadderStep[]): Job<RecoveryJob> {
-  return { id: transitionId, data: { transitionId, job, steps }, attemptsMade: 0, opts: { attempts: 5 } } as unknown as Job<RecoveryJob>;
+/** A BullMQ job as the step processor receives it, first delivery. */
+function recoveryJob(transitionId: string, job: string, steps: Step[]): Job<StepsJob> {
+  return { id: transitionId, data: { v: 2, transitionId, job, steps }, attemptsMade: 0, opts: { attempts: 5 } } as unknown as Job<StepsJob>;
 }
 
 /** The test job registered on a fresh key prefix, with the dry-run backend holding one standby. */
@@ -407,7 +406,7 @@ describe('evictions the scheduler cannot carry out', () => {
         { verb: 'evict' as const, job: 'llama', nodes: ['n01'], reason: 'machine fault', citation: '§4.1' },
         { verb: 'restart' as const, job: 'llama', reason: 'relaunch', citation: '§6.2' },
       ];
-      await expect(processor(recoveryJob('t-unknown', 'llama', steps))).resolves.toEqual({ done: 1 });
+      await expect(processor(recoveryJob('t-unknown', 'llama', steps))).resolves.toEqual({ done: 1, halted: 'evict stopped the transition: node n01 is unknown to the dry-run backend' });
       expect(pages).toEqual(['node n01 is unknown to the dry-run backend']);
       const actions = (await new AuditLog(store.redis, store.keys).read({ type: 'action' })).map((entry) => entry.summary);
       expect(actions).toEqual(['llama: evict n01: failed (node n01 is unknown to the dry-run backend)']);
@@ -435,7 +434,7 @@ describe('evictions the scheduler cannot carry out', () => {
       await expect(processor(recoveryJob('t-retold', 'llama', steps))).rejects.toThrow('Redis went away');
       reachable = true;
       // The redelivery: the eviction is not tried again, the restart is not run, the refusal is told.
-      await expect(processor(recoveryJob('t-retold', 'llama', steps))).resolves.toEqual({ done: 0 });
+      await expect(processor(recoveryJob('t-retold', 'llama', steps))).resolves.toEqual({ done: 0, halted: 'evict stopped the transition: node n01 is unknown to the dry-run backend' });
       expect(told).toEqual([
         {
           job: 'llama',

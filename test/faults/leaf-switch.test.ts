@@ -1,11 +1,8 @@
 import { setTimeout as sleep } from 'node:timers/promises';
-import { Queue, type Job } from 'bullmq';
+import { Queue } from 'bullmq';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
-import type { ActionJob } from '../../core/queues.js';
-import { createDrainProcessor } from '../../actuators/drain.js';
 import { DryRunBackend } from '../../actuators/dry-run.js';
 import { SafetyGates } from '../../actuators/safety.js';
-import type { Decision } from '../../core/action.js';
 import { AuditLog, type AuditEntry } from '../../core/audit.js';
 import { silentLogger } from '../../core/log.js';
 import { Controller } from '../../controller/service.js';
@@ -13,6 +10,7 @@ import { renderAlertmanagerConfig } from '../../rules/index.js';
 import { ControlPlane } from '../../sim/control-plane.js';
 import { startAlertmanager, type AlertmanagerPart } from '../../sim/parts.js';
 import { testRedis } from '../support/redis.js';
+import { nodeTransition, queued, testStepProcessor } from '../support/steps.js';
 import { until } from '../support/until.js';
 
 /**
@@ -31,7 +29,7 @@ function pageEntries(entries: AuditEntry[]): AuditEntry[] {
   return entries.filter((entry) => entry.type === 'action' && entry.data.verb === 'page_human');
 }
 
-/** Waits until the recovery queue has nothing left to run and the audit has stopped growing. */
+/** Waits until the steps queue has nothing left to run and the audit has stopped growing. */
 async function settle(controller: Controller, recovery: Queue): Promise<void> {
   let last = -1;
   let quietSince = Date.now();
@@ -45,7 +43,7 @@ async function settle(controller: Controller, recovery: Queue): Promise<void> {
     if (Date.now() - quietSince >= 2000) return;
     await sleep(200);
   }
-  throw new Error('the recovery queue did not go quiet within 45 s');
+  throw new Error('the steps queue did not go quiet within 45 s');
 }
 
 async function post(url: string, token: string, body: unknown): Promise<number> {
@@ -72,7 +70,7 @@ describe('a leaf-switch failure on the real parts', () => {
       return { controller, url: `http://127.0.0.1:${port}`, metricsUrl: `http://127.0.0.1:${metricsPort}` };
     };
     withJob = await start(jobStore.prefix);
-    recovery = new Queue('recovery', { connection: jobStore.redis, prefix: jobStore.prefix });
+    recovery = new Queue('steps', { connection: jobStore.redis, prefix: jobStore.prefix });
     noJob = await start(plainStore.prefix);
     alertmanager = await startAlertmanager(
       plane.processes,
@@ -208,22 +206,11 @@ describe('paging once per window', () => {
     const gates = new SafetyGates(store.redis, store.keys, { maxPerWindow: BUDGET, windowSeconds: 600 }, 60);
     const audit = new AuditLog(store.redis, store.keys);
     const pages: string[] = [];
-    const processor = createDrainProcessor({ redis: store.redis, keys: store.keys, audit, backend, gates, logger: silentLogger(), onPage: (reason) => pages.push(reason) });
-    const decisions: Decision[] = RACK_B.map((node, index) => ({
-      id: `d-leaf-${index}`,
-      verb: 'drain',
-      node,
-      idempotencyKey: `drain-${node}-d-leaf-${index}`,
-      reason: 'GPU 0000:18:00 is lost',
-      signalId: `s-leaf-${index}`,
-      fingerprint: `gpu_lost/${node}/0000:18:00/-`,
-      faultTime: new Date().toISOString(),
-      time: new Date().toISOString(),
-    }));
-    const job = (decision: Decision): Job<ActionJob> => ({ id: decision.idempotencyKey, data: { decision }, attemptsMade: 0, opts: { attempts: 5 } }) as unknown as Job<ActionJob>;
-    const results = await Promise.all(decisions.map((decision) => processor(job(decision))));
-    expect(results.filter((result) => result.state === 'done')).toHaveLength(BUDGET);
-    expect(results.filter((result) => result.state === 'refused')).toHaveLength(RACK_B.length - BUDGET);
+    const processor = testStepProcessor(store, { backend, audit, gates }, { onPage: (_job, reason) => pages.push(reason) });
+    const transitions = RACK_B.map((node, index) => nodeTransition('drain', { id: `d-leaf-${index}`, node, reason: 'GPU 0000:18:00 is lost' }));
+    const results = await Promise.all(transitions.map((transition) => processor(queued(transition, 0, 5))));
+    expect(results.filter((result) => result.halted === undefined)).toHaveLength(BUDGET);
+    expect(results.filter((result) => result.halted === 'drain stopped the transition: eviction budget exhausted: 4 drains per 600 s already used')).toHaveLength(RACK_B.length - BUDGET);
     expect(Object.keys(await backend.recorded())).toHaveLength(BUDGET);
     expect(pages).toEqual(['eviction budget exhausted: 4 drains per 600 s already used']);
     const entries = pageEntries(await audit.read({ limit: 1000 }));

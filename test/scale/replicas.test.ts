@@ -9,6 +9,7 @@ import { ControlPlane } from '../../sim/control-plane.js';
 import { ControllerProcess } from '../../sim/controller-process.js';
 import { testRedis } from '../support/redis.js';
 import { storedSignals } from '../support/stored-signals.js';
+import { nodeTransition } from '../support/steps.js';
 import { until } from '../support/until.js';
 
 /**
@@ -93,7 +94,7 @@ describe('two controller replicas and a worker-only process on one Redis', () =>
   };
 
   it('runs three workers on every queue, and either replica\'s bull-board shows the same queues', async () => {
-    const queue = new Queue('actions', { connection: store.redis, prefix: store.prefix });
+    const queue = new Queue('steps', { connection: store.redis, prefix: store.prefix });
     try {
       expect(await queue.getWorkersCount()).toBe(3);
     } finally {
@@ -106,7 +107,7 @@ describe('two controller replicas and a worker-only process on one Redis', () =>
       const response = await fetch(`${replica.url}/queues/api/queues`, { headers: { authorization: `Bearer ${plane.credentials.readOnly}` } });
       expect(response.status).toBe(200);
       const body = (await response.json()) as { queues: { name: string }[] };
-      expect(body.queues.map((queue) => queue.name).sort()).toEqual(['actions', 'analysis', 'recovery', 'signals']);
+      expect(body.queues.map((queue) => queue.name).sort()).toEqual(['analysis', 'signals', 'steps']);
     }
   });
 
@@ -168,14 +169,12 @@ describe('two controller replicas and a worker-only process on one Redis', () =>
 
   it('lets one actuator at a time work on a node when several drain jobs for it reach different processes at once', async () => {
     const targets = NODES.slice(VICTIMS.length, VICTIMS.length + 3);
-    const actions = new Queue('actions', { connection: store.redis, prefix: store.prefix });
-    const now = new Date().toISOString();
+    const actions = new Queue('steps', { connection: store.redis, prefix: store.prefix });
     // Three decisions per node, as if three claims had raced: the lease and the reconcile read must still drain each once.
     const jobs = targets.flatMap((node) =>
       [0, 1, 2].map((copy) => {
         const id = `d-lease-${node}-${copy}`;
-        const decision = { id, verb: 'drain', node, idempotencyKey: `drain-${node}-${id}`, reason: `lease test copy ${copy}`, signalId: `s-lease-${node}`, fingerprint: `xid/${node}/${GPU}/79`, faultTime: now, time: now };
-        return { name: 'drain', data: { decision }, opts: { jobId: decision.idempotencyKey, attempts: 5, backoff: { type: 'fixed', delay: 300 } } };
+        return { name: 'node', data: nodeTransition('drain', { id, node, reason: `lease test copy ${copy}` }), opts: { jobId: id, attempts: 5, backoff: { type: 'fixed', delay: 300 } } };
       }),
     );
     try {

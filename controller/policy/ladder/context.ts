@@ -1,4 +1,4 @@
-import type { LadderStep, StepVerb } from '../../../core/ladder.js';
+import type { Step, StepVerb } from '../../../core/steps.js';
 import { CITE, type LadderConfig } from './config.js';
 import type { Incident, LadderPhase, LadderRung, LadderState, NodeTimes, VersionVerdict } from './state.js';
 
@@ -11,7 +11,7 @@ export interface Ctx {
   readonly s: LadderState;
   readonly time: number;
   readonly config: LadderConfig;
-  readonly steps: LadderStep[];
+  readonly steps: Step[];
   /** The failure signature of the fault being handled (evidence.ts); absent for other events. */
   readonly signature?: string;
 }
@@ -79,8 +79,8 @@ export function setVerdict(s: LadderState, version: string, verdict: VersionVerd
   entry.verdictAt = time;
 }
 
-export function step(ctx: Ctx, verb: StepVerb, reason: string, citation: string, extra: { nodes?: string[]; version?: string; gpu?: string } = {}): LadderStep {
-  const out: LadderStep = { verb, job: ctx.s.job, reason, citation };
+export function step(ctx: Ctx, verb: StepVerb, reason: string, citation: string, extra: { nodes?: string[]; version?: string; gpu?: string } = {}): Step {
+  const out: Step = { verb, job: ctx.s.job, reason, citation };
   if (extra.nodes !== undefined && extra.nodes.length > 0) out.nodes = [...extra.nodes];
   if (extra.version !== undefined) out.version = extra.version;
   if (extra.gpu !== undefined) out.gpu = extra.gpu;

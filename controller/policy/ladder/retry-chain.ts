@@ -1,4 +1,4 @@
-import type { LadderStep } from '../../../core/ladder.js';
+import type { Step } from '../../../core/steps.js';
 import { CITE } from './config.js';
 import { emit, pageHuman, setVerdict, step, type Ctx } from './context.js';
 
@@ -20,7 +20,7 @@ export function chainExhausted(ctx: Ctx): boolean {
  * Uses one restart of the retry chain (504-GPU report): the first goes out now, later ones are
  * held until a tick past the backoff. A spent chain pages a human instead.
  */
-export function launch(ctx: Ctx, requested: LadderStep[]): void {
+export function launch(ctx: Ctx, requested: Step[]): void {
   const incident = ctx.s.incident;
   if (incident === null || chainExhausted(ctx)) return;
   const { config } = ctx;
@@ -45,7 +45,7 @@ export function launch(ctx: Ctx, requested: LadderStep[]): void {
  * it leaves bad (ByteRobust §4.2); otherwise a pending code update goes in front of the restart
  * or reattempt (§6.1: updates ride the recovery of the next failure).
  */
-export function emitRestart(ctx: Ctx, restartSteps: LadderStep[]): void {
+export function emitRestart(ctx: Ctx, restartSteps: Step[]): void {
   const { s, time } = ctx;
   const back = restartSteps.find((candidate) => candidate.verb === 'rollback')?.version;
   if (back !== undefined) {

@@ -1,5 +1,6 @@
 import { z } from 'zod';
-import { FAULT_CLASSES, ladderStepSchema, type FaultClass, type LadderStep } from '../../../core/ladder.js';
+import { FAULT_CLASSES, type FaultClass } from '../../../core/ladder.js';
+import { stepSchema, type Step } from '../../../core/steps.js';
 
 /**
  * The recovery state of one job, as the controller keeps it in Redis between events: a plain JSON
@@ -91,7 +92,7 @@ export interface Replacement {
 /** Restart steps held back by the retry chain's backoff until a tick at or after `notBefore`. */
 export interface ScheduledRestart {
   notBefore: number;
-  steps: LadderStep[];
+  steps: Step[];
 }
 
 /** Times of events per node, oldest first. An array, not a map: node names are not trusted keys. */
@@ -130,7 +131,7 @@ export interface LadderState {
 
 export interface LadderTransition {
   state: LadderState;
-  steps: LadderStep[];
+  steps: Step[];
 }
 
 export function initialLadderState(job: string, options: { readonly time: number; readonly version?: string }): LadderState {
@@ -190,7 +191,7 @@ export const ladderStateSchema = z.object({
       signatures: z.array(z.string()).default([]),
     })
     .nullable(),
-  scheduled: z.object({ notBefore: time, steps: z.array(ladderStepSchema) }).nullable(),
+  scheduled: z.object({ notBefore: time, steps: z.array(stepSchema) }).nullable(),
   lastEvictionAt: time.nullable(),
   lastEviction: z.object({ at: time, nodes: z.array(z.string()), signatures: z.array(z.string()) }).nullable().default(null),
   replacements: z.array(z.object({ node: z.string().min(1), replaced: z.string().min(1), at: time })).default([]),

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import type { LadderEvent } from '../../../../core/ladder.js';
-import { ACTING_VERBS } from '../../../../core/ladder.js';
+import { ACTING_VERBS } from '../../../../core/steps.js';
 import { T0, SECOND, MINUTE, HOUR, DAY, fault, run, shape, running } from './support.js';
 
 // What the safety gates refused did not happen: the ladder waits for no outcome of it.

@@ -1,4 +1,5 @@
-import type { FaultClass, LadderEvent, LadderStep } from '../../../../core/ladder.js';
+import type { FaultClass, LadderEvent } from '../../../../core/ladder.js';
+import type { Step } from '../../../../core/steps.js';
 import { advance, DEFAULT_LADDER_CONFIG, initialLadderState, type LadderConfig, type LadderState, type LadderTransition } from '../../../../controller/policy/ladder/index.js';
 
 /** Shared by the ladder's tests: a clock, events, and the steps without their free text. */
@@ -27,7 +28,7 @@ export function run(state: LadderState, events: LadderEvent[], config: LadderCon
 }
 
 /** The steps without their free-text reason and citation. */
-export function shape(steps: LadderStep[]): Array<{ verb: string; nodes?: string[]; version?: string }> {
+export function shape(steps: Step[]): Array<{ verb: string; nodes?: string[]; version?: string }> {
   return steps.map((step) => ({
     verb: step.verb,
     ...(step.nodes === undefined ? {} : { nodes: step.nodes }),

@@ -3,7 +3,7 @@ import type { CheckpointShard } from '../../core/checkpoint.js';
 import type { LadderEvent } from '../../core/ladder.js';
 import { launchJob } from '../launcher.js';
 import { planRestore } from '../restore-plan.js';
-import { recordStep, stepRef, type RecoveryActuatorDeps, type StepAt } from './context.js';
+import { recordStep, stepJob, stepRef, type Halt, type StepDeps, type StepAt } from './context.js';
 import { describeCancelled, endPreviousRuns } from './stop.js';
 
 /**
@@ -11,9 +11,9 @@ import { describeCancelled, endPreviousRuns } from './stop.js';
  * run is gone (stop.ts), start the job through its launcher (launcher.ts), and tell the ladder how it went — at once when the launch failed, or
  * after new iterations when a progress watch judges restarts.
  */
-export async function restart(deps: RecoveryActuatorDeps, at: StepAt): Promise<void> {
-  const { step } = at;
-  const { spec } = await deps.jobs.get(step.job);
+export async function restart(deps: StepDeps, at: StepAt): Promise<Halt> {
+  const job = stepJob(at);
+  const { spec } = await deps.jobs.get(job);
   await recordRestorePlan(deps, at);
   // A run still there (no stop step before this restart, or a relaunch judged failed while it
   // waits or trains) would hold the nodes the relaunch needs.
@@ -23,31 +23,32 @@ export async function restart(deps: RecoveryActuatorDeps, at: StepAt): Promise<v
   const launched = await launchJob(spec, deps.launchers, deps.backend, { recordOnly: deps.dryRun ?? false });
   if (launched.state === 'needs_person') {
     await recordStep(deps, at, 'failed', launched.detail);
-    deps.onPage?.(step.job, 'relaunch needs a person');
-    return;
+    deps.onPage?.(job, 'relaunch needs a person');
+    return undefined;
   }
   const previous = ended !== undefined && ended.length > 0 ? `; before it, ${describeCancelled(spec, ended)}` : '';
   await recordStep(deps, at, launched.state === 'launched' ? 'done' : 'failed', `${launched.detail}${previous}`);
   if (launched.state === 'launched' && deps.progress) {
     // Launched: whether it trains again is decided later, from the agents' progress reports or Prometheus (the progress watch).
-    await deps.progress.watch(step.job, stepRef(at), launchedFrom);
-    return;
+    await deps.progress.watch(job, stepRef(at), launchedFrom);
+    return undefined;
   }
   // Without a progress watch, the launcher's acceptance is the verdict.
   const outcome: LadderEvent =
     launched.state === 'launched' ? { type: 'restart_succeeded', time: Date.now() } : { type: 'restart_failed', time: Date.now(), detail: launched.reason };
-  await deps.feedback({ job: step.job, event: outcome, eventId: `${stepRef(at)}:${outcome.type}` });
+  await deps.feedback({ job, event: outcome, eventId: `${stepRef(at)}:${outcome.type}` });
+  return undefined;
 }
 
 /**
  * Where the restarted job resumes from: the newest checkpoint step every rank can still load
  * after the evictions, and each rank's cheapest surviving copy (ByteRobust §6.3).
  */
-async function recordRestorePlan(deps: RecoveryActuatorDeps, at: StepAt): Promise<void> {
-  const { step } = at;
-  const shards = await deps.jobs.checkpoints(step.job);
+async function recordRestorePlan(deps: StepDeps, at: StepAt): Promise<void> {
+  const job = stepJob(at);
+  const shards = await deps.jobs.checkpoints(job);
   if (shards.length === 0) return;
-  const { topology } = parseJobSpec((await deps.jobs.get(step.job)).spec);
+  const { topology } = parseJobSpec((await deps.jobs.get(job)).spec);
   const evicted = new Set(await evictedHolders(deps, shards));
   // The spec already names the standbys, so each rank's node is where it runs after the restart.
   const plan = planRestore(shards, { ranks: topology.ranks.length, evicted, rankNodes: new Map(topology.ranks.map((rank) => [rank.rank, rank.node])) });
@@ -55,13 +56,13 @@ async function recordRestorePlan(deps: RecoveryActuatorDeps, at: StepAt): Promis
     ? `restore from step ${plan.step}: ${plan.sources.filter((source) => !source.local).length} of ${plan.sources.length} ranks load from another node or remote storage${plan.skipped.length ? `; newer steps ${plan.skipped.map((skip) => skip.step).join(', ')} lost a shard` : ''}`
     : 'no checkpoint step survives the evictions: the job restarts from its last persistent checkpoint';
   await deps.audit.append(
-    { type: 'action', ref: `${stepRef(at)}:restore`, summary: `${step.job}: restore plan: ${detail}`, data: { job: step.job, verb: 'restore_plan', state: 'done', detail, plan } },
+    { type: 'action', ref: `${stepRef(at)}:restore`, summary: `${job}: restore plan: ${detail}`, data: { job, verb: 'restore_plan', state: 'done', detail, plan } },
     `action:${stepRef(at)}:restore`,
   );
 }
 
 /** Holders of the shards that the backend shows out of service (evicted, drained, gone). */
-async function evictedHolders(deps: RecoveryActuatorDeps, shards: readonly CheckpointShard[]): Promise<string[]> {
+async function evictedHolders(deps: StepDeps, shards: readonly CheckpointShard[]): Promise<string[]> {
   const holders = [...new Set(shards.flatMap((shard) => (shard.holder ? [shard.holder] : [])))];
   const states = await Promise.all(holders.map(async (holder) => ({ holder, state: await deps.backend.nodeState(holder) })));
   return states.filter(({ state }) => state.drained || !state.exists).map(({ holder }) => holder);

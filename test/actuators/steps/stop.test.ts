@@ -1,13 +1,12 @@
 import type { Job } from 'bullmq';
 import { afterEach, describe, expect, it } from 'vitest';
-import { DryRunBackend } from '../../actuators/dry-run.js';
-import type { createRecoveryProcessor } from '../../actuators/recovery/index.js';
-import { AuditLog } from '../../core/audit.js';
-import type { LadderStep } from '../../core/ladder.js';
-import type { RecoveryJob } from '../../core/queues.js';
-import { JobStore } from '../../controller/job-store.js';
-import { testRecoveryProcessor } from '../support/recovery.js';
-import { testRedis } from '../support/redis.js';
+import { DryRunBackend } from '../../../actuators/dry-run.js';
+import { AuditLog } from '../../../core/audit.js';
+import type { Step } from '../../../core/steps.js';
+import type { StepsJob } from '../../../core/queues.js';
+import { JobStore } from '../../../controller/job-store.js';
+import { testStepProcessor } from '../../support/steps.js';
+import { testRedis } from '../../support/redis.js';
 
 /**
  * The stop step and the relaunch guard: a Slurm-launched job's previous run is cancelled (by the
@@ -25,17 +24,17 @@ const JOB = {
   codeVersion: 'v1',
 };
 
-const steps = (...verbs: ('stop' | 'restart' | 'reattempt')[]): LadderStep[] => verbs.map((verb) => ({ verb, job: 'llama', reason: 'test', citation: '§4.1' }));
-const recoveryJob = (transitionId: string, list: LadderStep[]): Job<RecoveryJob> =>
-  ({ id: transitionId, data: { transitionId, job: 'llama', steps: list }, attemptsMade: 0, opts: { attempts: 5 } }) as unknown as Job<RecoveryJob>;
+const steps = (...verbs: ('stop' | 'restart' | 'reattempt')[]): Step[] => verbs.map((verb) => ({ verb, job: 'llama', reason: 'test', citation: '§4.1' }));
+const recoveryJob = (transitionId: string, list: Step[]): Job<StepsJob> =>
+  ({ id: transitionId, data: { v: 2, transitionId, job: 'llama', steps: list }, attemptsMade: 0, opts: { attempts: 5 } }) as unknown as Job<StepsJob>;
 
-describe('the recovery stop step', () => {
+describe('the stop step', () => {
   const stores: ReturnType<typeof testRedis>[] = [];
   afterEach(async () => {
     await Promise.all(stores.splice(0).map((store) => store.cleanup()));
   });
 
-  async function setUp(cancel?: (name: string) => Promise<string[]>): Promise<{ processor: ReturnType<typeof createRecoveryProcessor>; audit: AuditLog }> {
+  async function setUp(cancel?: (name: string) => Promise<string[]>): Promise<{ processor: ReturnType<typeof testStepProcessor>; audit: AuditLog }> {
     const store = testRedis();
     stores.push(store);
     const jobs = new JobStore(store.redis, store.keys);
@@ -43,7 +42,7 @@ describe('the recovery stop step', () => {
     const dryRun = new DryRunBackend(store.redis, store.keys);
     const backend = cancel ? Object.assign(Object.create(dryRun) as DryRunBackend, { name: 'slurm', cancelJobs: cancel }) : dryRun;
     const audit = new AuditLog(store.redis, store.keys);
-    const processor = testRecoveryProcessor(store, { backend, jobs, audit });
+    const processor = testStepProcessor(store, { backend, jobs, audit });
     return { processor, audit };
   }
 
@@ -58,7 +57,7 @@ describe('the recovery stop step', () => {
       running = [];
       return cancelled;
     });
-    await expect(processor(recoveryJob('t-stop', steps('stop', 'restart')))).resolves.toEqual({ done: 2 });
+    await expect(processor(recoveryJob('t-stop', steps('stop', 'restart')))).resolves.toEqual({ done: 2, halted: undefined });
     expect(calls).toEqual(['llama', 'llama']);
     expect(await actions(audit)).toEqual(['llama: stop: done (cancelled Slurm job 41 named llama; gone from the queue)', 'llama: restart: done (launched v1 on n00,n01: ok)']);
   });
@@ -83,6 +82,7 @@ describe('the recovery stop step', () => {
       throw new Error('Slurm jobs 44 named llama are still listed after scancel');
     });
     await expect(processor(recoveryJob('t-stuck', steps('restart')))).rejects.toThrow('still listed');
-    expect(await actions(audit)).toEqual([]);
+    // The failed try is on record; the queue's next try runs the step again.
+    expect(await actions(audit)).toEqual(['llama: restart: failed (Slurm jobs 44 named llama are still listed after scancel; will retry)']);
   });
 });

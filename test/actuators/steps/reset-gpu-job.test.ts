@@ -4,23 +4,23 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { Job } from 'bullmq';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { DryRunBackend } from '../../actuators/dry-run.js';
-import { RemediationHistory } from '../../actuators/remediation-history.js';
-import { AgentDirectory, AgentGpuResetter } from '../../controller/agents.js';
-import { JobStore } from '../../controller/job-store.js';
-import { AuditLog } from '../../core/audit.js';
-import { configSchema } from '../../core/config.js';
-import type { LadderStep } from '../../core/ladder.js';
-import { silentLogger } from '../../core/log.js';
-import type { RecoveryJob } from '../../core/queues.js';
-import { createAgent, type Agent } from '../../exporters/agent.js';
-import { gpuResetCollectorFactory } from '../../exporters/collectors/gpu-reset.js';
-import { createSimulatedNodes, type SimulatedNode } from '../../sim/cluster.js';
-import { testRecoveryProcessor } from '../support/recovery.js';
-import { testRedis } from '../support/redis.js';
+import { RemediationHistory } from '../../../actuators/remediation-history.js';
+import { AgentDirectory, AgentGpuResetter } from '../../../controller/agents.js';
+import { JobStore } from '../../../controller/job-store.js';
+import { AuditLog } from '../../../core/audit.js';
+import { configSchema } from '../../../core/config.js';
+import type { Step } from '../../../core/steps.js';
+import { silentLogger } from '../../../core/log.js';
+import { remediesSchema } from '../../../core/remedy-config.js';
+import type { StepsJob } from '../../../core/queues.js';
+import { createAgent, type Agent } from '../../../exporters/agent.js';
+import { gpuResetCollectorFactory } from '../../../exporters/collectors/gpu-reset.js';
+import { createSimulatedNodes, type SimulatedNode } from '../../../sim/cluster.js';
+import { recordingBackend, testStepProcessor } from '../../support/steps.js';
+import { testRedis } from '../../support/redis.js';
 
 /**
- * The recovery actuator's reset_gpu step for a node of a registered job: the node's real agent
+ * The reset_gpu step for a node of a registered job: the node's real agent
  * (its gpu-reset endpoint on a simulated node's nvidia-smi) resets the GPU and the job keeps its
  * nodes; a reset the agent refuses turns the step into an eviction onto a warm standby.
  */
@@ -59,16 +59,16 @@ describe('the reset_gpu step of a job', () => {
     const jobs = new JobStore(store.redis, store.keys);
     for (const record of await jobs.list()) if (record.state !== 'finished') await jobs.finish(record.spec.name, 'the next test takes its nodes');
     await jobs.create({ name: job, nodes: ['n00', 'n01', 'n02', 'n03'], ranksPerNode: 1, launcher: 'accept', codeVersion: 'v1' });
-    const backend = new DryRunBackend(store.redis, store.keys);
+    const backend = recordingBackend(store);
     await backend.holdStandby(`spare-${job}`);
     const audit = new AuditLog(store.redis, store.keys);
     const history = new RemediationHistory(store.redis, store.keys, 20);
-    const process = testRecoveryProcessor(store, { backend, jobs, audit }, { gpuReset: { resetter: new AgentGpuResetter(agents), timeoutSeconds: 30, history } });
-    const steps: LadderStep[] = [
+    const process = testStepProcessor(store, { backend, jobs, audit }, { resetter: new AgentGpuResetter(agents), history, remedies: remediesSchema.parse({ gpuReset: { timeoutSeconds: 30, busyRetries: 0 } }) });
+    const steps: Step[] = [
       { verb: 'reset_gpu', job, nodes: ['n01'], gpu: '0000:2a:00', reason: 'fatal Xid 48 on n01', citation: 'test' },
       { verb: 'restart', job, reason: 'relaunch after the reset', citation: 'test' },
     ];
-    const run = () => process({ id: `t-${job}`, data: { transitionId: `t-${job}`, job, steps }, attemptsMade: 0, opts: { attempts: 5 } } as unknown as Job<RecoveryJob>);
+    const run = () => process({ id: `t-${job}`, data: { v: 2, transitionId: `t-${job}`, job, steps }, attemptsMade: 0, opts: { attempts: 5 } } as unknown as Job<StepsJob>);
     return { jobs, backend, audit, history, run };
   }
 

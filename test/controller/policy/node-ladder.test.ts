@@ -1,8 +1,18 @@
 import { describe, expect, it } from 'vitest';
 import type { RemediationEntry } from '../../../core/remedy.js';
 import { remediesSchema } from '../../../core/remedy-config.js';
-import { chooseRemedy, chooseRemedyReading, remedyNeedsHistory } from '../../../controller/policy/remedy-policy.js';
+import type { Signal } from '../../../core/signal.js';
+import { classifySignal, type FaultVerdict } from '../../../controller/policy/fault-class.js';
+import { climbNodeLadder, climbNodeLadderReading, nodeLadderNeedsHistory, nodeRung } from '../../../controller/policy/node-ladder.js';
 import { signal } from '../../support/signal.js';
+
+/** The rung for a machine fault, its drain reason replaced by `reason` to keep the expectations short. */
+function chooseRemedy(fault: Signal, reason: string, history: RemediationEntry[], config: typeof ON, now: number) {
+  const verdict = classifySignal(fault) as FaultVerdict;
+  const rung = nodeRung(fault, verdict, history, config, now);
+  const drainReason = nodeRung(fault, verdict, [], remediesSchema.parse({}), now).reason;
+  return { ...rung, reason: rung.reason.replace(drainReason, reason) };
+}
 
 const NOW = Date.parse('2026-11-20T12:00:00Z');
 const ON = remediesSchema.parse({ gpuReset: { enabled: true }, reboot: { enabled: true }, escalation: { resetsBeforeReboot: 2, rebootsBeforeHandOff: 1, windowSeconds: 3600 } });
@@ -15,7 +25,7 @@ function past(action: RemediationEntry['action'], minutesAgo: number, gpu?: stri
   return { time: new Date(NOW - minutesAgo * 60_000).toISOString(), action, outcome, detail: '', decisionId: `d-${minutesAgo}`, ...(gpu ? { gpu } : {}) };
 }
 
-describe('choosing a remedy for a fault that would drain a node', () => {
+describe('the node ladder: the rung for a machine fault on a node outside any job', () => {
   it('drains, as before, while every rung is off', () => {
     expect(chooseRemedy(xid(48), 'fatal Xid 48', [], remediesSchema.parse({}), NOW)).toEqual({ verb: 'drain', reason: 'fatal Xid 48' });
   });
@@ -46,6 +56,18 @@ describe('choosing a remedy for a fault that would drain a node', () => {
     expect(chooseRemedy(xid(79), 'fatal Xid 79', [], noReboot, NOW).verb).toBe('drain');
   });
 
+  it('takes a machine fault out of service, with the reason the drained node carries, and observes every other fault', () => {
+    const off = remediesSchema.parse({});
+    const lost = signal({ kind: 'xid', node: 'node-1', gpu: '0000:3a:00', severity: 'critical', evidence: { xid: 79, meaning: 'GPU has fallen off the bus' } });
+    expect(climbNodeLadder(lost, classifySignal(lost), [], off, NOW)).toEqual({ node: 'node-1', rung: { verb: 'drain', reason: 'fatal Xid 79 (GPU has fallen off the bus) on GPU 0000:3a:00' } });
+    const nvswitch = signal({ kind: 'alert', node: 'node-1', evidence: { alertname: 'SteadfastNvswitchFatal' } });
+    expect(climbNodeLadder(nvswitch, classifySignal(nvswitch), [], off, NOW)).toEqual({ node: 'node-1', rung: { verb: 'drain', reason: 'fatal NVSwitch error (SXid): SteadfastNvswitchFatal' } });
+    const warning = signal({ kind: 'xid', node: 'node-1', gpu: '0000:3a:00', severity: 'warning', evidence: { xid: 13 } });
+    expect(climbNodeLadder(warning, classifySignal(warning), [], off, NOW)).toEqual({ observe: expect.stringContaining('no automatic action for xid signals of severity warning') });
+    const resolved = signal({ kind: 'alert', node: 'node-1', evidence: { alertname: 'SteadfastNvswitchFatal', status: 'resolved' } });
+    expect(climbNodeLadder(resolved, classifySignal(resolved), [], off, NOW)).toEqual({ observe: 'alert resolved; a drained node stays drained until an operator resumes it' });
+  });
+
   it('reads the history only when the choice depends on it, and chooses the same either way', async () => {
     const configs = [
       remediesSchema.parse({}),
@@ -58,19 +80,20 @@ describe('choosing a remedy for a fault that would drain a node', () => {
     let reads = 0;
     for (const config of configs) {
       for (const fault of signals) {
-        const needs = remedyNeedsHistory(fault, config);
+        const verdict = classifySignal(fault);
+        const needs = nodeLadderNeedsHistory(fault, verdict, config);
         for (const history of histories) {
-          const direct = chooseRemedy(fault, 'reason', history, config, NOW);
-          if (!needs) expect(direct).toEqual(chooseRemedy(fault, 'reason', [], config, NOW));
+          const direct = climbNodeLadder(fault, verdict, history, config, NOW);
+          if (!needs) expect(direct).toEqual(climbNodeLadder(fault, verdict, [], config, NOW));
           const before = reads;
-          const lazy = await chooseRemedyReading(fault, 'reason', async () => ((reads += 1), history), config, () => NOW);
+          const lazy = await climbNodeLadderReading(fault, verdict, async () => ((reads += 1), history), config, () => NOW);
           expect(lazy).toEqual(direct);
           expect(reads - before).toBe(needs ? 1 : 0);
         }
       }
     }
     // Every rung off (the default): no fault reads the history.
-    expect(signals.some((fault) => remedyNeedsHistory(fault, configs[0] as typeof ON))).toBe(false);
+    expect(signals.some((fault) => nodeLadderNeedsHistory(fault, classifySignal(fault), configs[0] as typeof ON))).toBe(false);
     expect(reads).toBeGreaterThan(0);
   });
 });

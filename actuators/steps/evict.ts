@@ -1,39 +1,35 @@
 import { DoNotRetryError } from '../../core/errors.js';
-import { drainNode, pageOncePerWindow } from '../drain-node.js';
-import { recordStep, stepRef, type Halt, type RecoveryActuatorDeps, type StepAt } from './context.js';
+import { drainNode } from '../drain-node.js';
+import { recordStep, refuseStep, stepJob, stepRef, type Halt, type StepDeps, type StepAt } from './context.js';
 
 /**
  * The evict step: pass the gates (pause, holds, the job's share, the cluster budget), then for each node
  * drain it (drain-node.ts), note the eviction in its cross-job history, and put a warm standby in
  * its place (ByteRobust §6.2). Undefined when the transition may go on to its restart.
  */
-export async function evict(deps: RecoveryActuatorDeps, at: StepAt): Promise<Halt> {
+export async function evict(deps: StepDeps, at: StepAt): Promise<Halt> {
   const { step } = at;
   const { backend, gates, jobs } = deps;
+  const job = stepJob(at);
   const ref = stepRef(at);
-  const jobSize = (await jobs.get(step.job)).spec.nodes.length;
-  const share = await gates.admitJobShare(step.job, ref, step.nodes ?? [], jobSize, deps.maxJobEvictionPercent ?? 100);
+  const jobSize = (await jobs.get(job)).spec.nodes.length;
+  const share = await gates.admitJobShare(job, ref, step.nodes ?? [], jobSize, deps.maxJobEvictionPercent ?? 100);
   const admitted = share.ok ? await gates.admit(ref) : share;
   // Nodes the cluster's gates then refused were not evicted: they must not use up the job's share.
-  if (share.ok && !admitted.ok) await gates.releaseJobShare(step.job, ref, step.nodes ?? []);
-  if (!admitted.ok) {
-    await recordStep(deps, at, 'refused', admitted.reason);
-    const page = { ref, what: 'eviction', node: step.nodes?.[0], job: step.job, backend: backend.name };
-    await pageOncePerWindow(gates, deps.audit, admitted, page, (reason) => deps.onPage?.(step.job, reason));
-    return admitted.reason;
-  }
+  if (share.ok && !admitted.ok) await gates.releaseJobShare(job, ref, step.nodes ?? []);
+  if (!admitted.ok) return refuseStep(deps, at, admitted, { what: 'eviction', node: step.nodes?.[0] });
   const quarantined = new Set(await deps.redis.smembers(deps.keys.quarantine));
   // A held node is not chosen as a standby either (the hold gate, actuators/safety.ts).
   for (const node of (await gates.holds()).keys()) quarantined.add(node);
   for (const node of step.nodes ?? []) {
     try {
       const { already, state } = await drainNode(backend, gates, { node, holder: ref, reason: step.reason, auditId: at.transitionId });
-      await recordStep(deps, at, 'done', already ? `already out of service (${state.raw})` : `drained through ${backend.name}`, node);
+      await recordStep(deps, at, 'done', already ? `already out of service (${state.raw})` : `drained through ${backend.name}`, { node });
     } catch (error) {
       if (!(error instanceof DoNotRetryError)) throw error;
       // A node the scheduler does not know cannot be drained or replaced: a person decides.
-      await recordStep(deps, at, 'failed', error.message, node);
-      deps.onPage?.(step.job, error.message);
+      await recordStep(deps, at, 'failed', error.message, { node });
+      deps.onPage?.(job, error.message);
       return error.message;
     }
     await noteExclusion(deps, at, node);
@@ -42,20 +38,20 @@ export async function evict(deps: RecoveryActuatorDeps, at: StepAt): Promise<Hal
   return undefined;
 }
 
-async function replaceWithStandby(deps: RecoveryActuatorDeps, at: StepAt, node: string, unusable: ReadonlySet<string>): Promise<void> {
-  const { step } = at;
+async function replaceWithStandby(deps: StepDeps, at: StepAt, node: string, unusable: ReadonlySet<string>): Promise<void> {
+  const job = stepJob(at);
   const standby = deps.pool?.enabled
-    ? await deps.pool.take(step.job, Date.now(), unusable)
+    ? await deps.pool.take(job, Date.now(), unusable)
     : (await deps.backend.standbys()).find((candidate) => !unusable.has(candidate));
   if (!standby) {
     const reason = `no warm standby left to replace ${node}; provision one (steadfast plan standby sizes the pool)`;
-    await recordStep(deps, at, 'failed', reason, node);
-    deps.onPage?.(step.job, reason);
+    await recordStep(deps, at, 'failed', reason, { node });
+    deps.onPage?.(at.job, reason);
     return;
   }
-  if (!deps.pool?.enabled) await deps.backend.activateStandby(standby, step.job);
-  await deps.jobs.replaceNode(step.job, node, standby);
-  await recordStep(deps, at, 'done', `standby ${standby} activated in place of ${node}`, standby);
+  if (!deps.pool?.enabled) await deps.backend.activateStandby(standby, job);
+  await deps.jobs.replaceNode(job, node, standby);
+  await recordStep(deps, at, 'done', `standby ${standby} activated in place of ${node}`, { node: standby });
   await reportReplacement(deps, at, node, standby);
 }
 
@@ -65,11 +61,11 @@ async function replaceWithStandby(deps: RecoveryActuatorDeps, at: StepAt, node: 
  * record changed, so failing the step here would take another standby on the retry; a lost
  * report only leaves a later crash on this standby to the stop-time checks.
  */
-async function reportReplacement(deps: RecoveryActuatorDeps, at: StepAt, replaced: string, by: string): Promise<void> {
+async function reportReplacement(deps: StepDeps, at: StepAt, replaced: string, by: string): Promise<void> {
   try {
-    await deps.feedback({ job: at.step.job, event: { type: 'standby_activated', time: Date.now(), replaced, by }, eventId: `${stepRef(at)}:standby:${replaced}` });
+    await deps.feedback({ job: stepJob(at), event: { type: 'standby_activated', time: Date.now(), replaced, by }, eventId: `${stepRef(at)}:standby:${replaced}` });
   } catch (error) {
-    deps.logger.warn({ job: at.step.job, replaced, by, err: error }, 'could not report the replacement to the ladder');
+    deps.logger.warn({ job: at.job, replaced, by, err: error }, 'could not report the replacement to the ladder');
   }
 }
 
@@ -78,7 +74,7 @@ async function reportReplacement(deps: RecoveryActuatorDeps, at: StepAt, replace
  * exclusions): a node evicted `quarantine.afterEvictions` times within the window is quarantined —
  * never again a standby, and reported — whichever jobs it served.
  */
-async function noteExclusion(deps: RecoveryActuatorDeps, at: StepAt, node: string): Promise<void> {
+async function noteExclusion(deps: StepDeps, at: StepAt, node: string): Promise<void> {
   const { redis, keys, quarantine } = deps;
   const key = keys.nodeExclusions(node);
   const now = Date.now();
@@ -88,7 +84,7 @@ async function noteExclusion(deps: RecoveryActuatorDeps, at: StepAt, node: strin
   const count = await redis.zcard(key);
   if (count >= quarantine.afterEvictions && (await redis.sadd(keys.quarantine, node)) === 1) {
     const reason = `${node} was excluded ${count} times within ${Math.round(quarantine.windowMs / 86_400_000)} days; quarantined until an operator returns it`;
-    await recordStep(deps, at, 'done', reason, node);
-    deps.onPage?.(at.step.job, reason);
+    await recordStep(deps, at, 'done', reason, { node });
+    deps.onPage?.(at.job, reason);
   }
 }

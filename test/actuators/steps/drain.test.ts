@@ -1,14 +1,10 @@
-import { UnrecoverableError, type Job } from 'bullmq';
+import { UnrecoverableError } from 'bullmq';
 import { afterEach, describe, expect, it } from 'vitest';
-import type { Decision } from '../../core/action.js';
-import { AuditLog } from '../../core/audit.js';
-import { RetryLaterError } from '../../core/errors.js';
-import { silentLogger } from '../../core/log.js';
-import type { ClusterBackend, NodeState } from '../../actuators/backend.js';
-import { createDrainProcessor } from '../../actuators/drain.js';
-import type { ActionJob } from '../../core/queues.js';
-import { SafetyGates } from '../../actuators/safety.js';
-import { testRedis } from '../support/redis.js';
+import { AuditLog } from '../../../core/audit.js';
+import { RetryLaterError } from '../../../core/errors.js';
+import type { ClusterBackend, NodeState } from '../../../actuators/backend.js';
+import { testRedis } from '../../support/redis.js';
+import { actionStates, lastAction, nodeTransition, queued, testStepProcessor } from '../../support/steps.js';
 
 /** A scheduler double that fails its first `failures` drains, then works; counts every call. */
 class FlakyBackend implements ClusterBackend {
@@ -38,44 +34,28 @@ class FlakyBackend implements ClusterBackend {
   }
 }
 
-function decision(node: string): Decision {
-  return {
-    id: `d-${node}`,
-    verb: 'drain',
-    node,
-    idempotencyKey: `drain-${node}-d-${node}`,
-    reason: 'fatal Xid 48 on GPU 0000:18:00',
-    signalId: 's-1',
-    fingerprint: `xid/${node}/0000:18:00/48`,
-    faultTime: new Date().toISOString(),
-    time: new Date().toISOString(),
-  };
-}
+const drainOf = (node: string) => nodeTransition('drain', { id: `d-${node}`, node, reason: 'fatal Xid 48 on GPU 0000:18:00' });
 
-function job(data: ActionJob, attemptsMade: number): Job<ActionJob> {
-  return { id: 'job-1', data, attemptsMade, opts: { attempts: 3 } } as unknown as Job<ActionJob>;
-}
-
-describe('drain actuator', () => {
+describe('the drain step (a node outside any job)', () => {
   const stores: ReturnType<typeof testRedis>[] = [];
   afterEach(async () => Promise.all(stores.splice(0).map((store) => store.cleanup())));
 
-  function setUp(backend: ClusterBackend): { processor: ReturnType<typeof createDrainProcessor>; audit: AuditLog } {
+  function setUp(backend: ClusterBackend): { processor: ReturnType<typeof testStepProcessor>; audit: AuditLog } {
     const store = testRedis();
     stores.push(store);
     const audit = new AuditLog(store.redis, store.keys);
-    const gates = new SafetyGates(store.redis, store.keys, { maxPerWindow: 10, windowSeconds: 60 }, 30);
-    return { processor: createDrainProcessor({ redis: store.redis, keys: store.keys, audit, backend, gates, logger: silentLogger() }), audit };
+    return { processor: testStepProcessor(store, { backend, audit }), audit };
   }
 
   it('audits a failed try, retries, and counts the retried decision once against the budget', async () => {
     const backend = new FlakyBackend(1);
     const { processor, audit } = setUp(backend);
-    const data = { decision: decision('node-1') };
-    await expect(processor(job(data, 0))).rejects.toBeInstanceOf(RetryLaterError);
-    await expect(processor(job(data, 1))).resolves.toMatchObject({ state: 'done' });
-    const states = (await audit.read({ type: 'action' })).map((entry) => `${String(entry.data.state)}: ${String(entry.data.detail)}`);
-    expect(states).toEqual([
+    const data = drainOf('node-1');
+    await expect(processor(queued(data, 0))).rejects.toBeInstanceOf(RetryLaterError);
+    await expect(processor(queued(data, 1))).resolves.toEqual({ done: 1, halted: undefined });
+    // Delivered again after it was done: nothing more happens.
+    await expect(processor(queued(data, 2))).resolves.toEqual({ done: 0, halted: undefined });
+    expect(await actionStates(audit)).toEqual([
       'running: draining through flaky',
       'failed: slurmctld not responding; will retry',
       'running: draining through flaky',
@@ -87,7 +67,7 @@ describe('drain actuator', () => {
   it('fails for good, without retrying, when the scheduler does not know the node', async () => {
     const backend = new FlakyBackend(0);
     const { processor, audit } = setUp(backend);
-    await expect(processor(job({ decision: decision('node-9') }, 0))).rejects.toBeInstanceOf(UnrecoverableError);
+    await expect(processor(queued(drainOf('node-9'), 0))).rejects.toBeInstanceOf(UnrecoverableError);
     const [entry] = await audit.read({ type: 'action' });
     expect(entry?.data.detail).toBe('node node-9 is unknown to the flaky backend');
     expect(backend.calls).toBe(0);
@@ -96,11 +76,9 @@ describe('drain actuator', () => {
   it('does not call the backend for a node that is already out of service', async () => {
     const backend = new FlakyBackend(0);
     backend.drained.set('node-1', 'drained by an admin');
-    const { processor } = setUp(backend);
-    await expect(processor(job({ decision: decision('node-1') }, 0))).resolves.toEqual({
-      state: 'done',
-      detail: 'already out of service (drained: drained by an admin); nothing to do',
-    });
+    const { processor, audit } = setUp(backend);
+    await processor(queued(drainOf('node-1'), 0));
+    expect(await lastAction(audit, 'd-node-1')).toEqual({ state: 'done', detail: 'already out of service (drained: drained by an admin); nothing to do' });
     expect(backend.calls).toBe(0);
   });
 });

@@ -1,6 +1,6 @@
 import type { JobSpec } from '../../core/job.js';
 import { launcherOf } from '../launcher.js';
-import { recordStep, type RecoveryActuatorDeps, type StepAt } from './context.js';
+import { recordStep, stepJob, type Halt, type StepDeps, type StepAt } from './context.js';
 
 /**
  * The stop step (ByteRobust §4.1: the job is halted before anything is done about the fault),
@@ -12,7 +12,7 @@ import { recordStep, type RecoveryActuatorDeps, type StepAt } from './context.js
  */
 
 /** The scheduler's job ids that were cancelled (and are gone); undefined when this backend stops nothing for this launcher. */
-export async function endPreviousRuns(deps: RecoveryActuatorDeps, spec: JobSpec): Promise<string[] | undefined> {
+export async function endPreviousRuns(deps: StepDeps, spec: JobSpec): Promise<string[] | undefined> {
   if (launcherOf(deps.launchers, spec)?.kind !== 'slurm' || !deps.backend.cancelJobs) return undefined;
   return deps.backend.cancelJobs(spec.name);
 }
@@ -21,8 +21,8 @@ export function describeCancelled(spec: JobSpec, cancelled: readonly string[]): 
   return `cancelled Slurm job${cancelled.length === 1 ? '' : 's'} ${cancelled.join(', ')} named ${spec.name}; gone from the queue`;
 }
 
-export async function stop(deps: RecoveryActuatorDeps, at: StepAt): Promise<void> {
-  const { spec } = await deps.jobs.get(at.step.job);
+export async function stop(deps: StepDeps, at: StepAt): Promise<Halt> {
+  const { spec } = await deps.jobs.get(stepJob(at));
   const cancelled = await endPreviousRuns(deps, spec);
   const detail =
     cancelled === undefined
@@ -31,4 +31,5 @@ export async function stop(deps: RecoveryActuatorDeps, at: StepAt): Promise<void
         ? `no Slurm job named ${spec.name} was running`
         : describeCancelled(spec, cancelled);
   await recordStep(deps, at, 'done', detail);
+  return undefined;
 }

@@ -1,0 +1,238 @@
+import type { AuditLog } from '../../core/audit.js';
+import type { CheckpointShard } from '../../core/checkpoint.js';
+import { CONTROLLER_IDENTITY, type Identity } from '../../core/credentials.js';
+import type { JobPolicy, JobSpec } from '../../core/job.js';
+import type { Launchers } from '../../core/launcher.js';
+import type { Logger } from '../../core/log.js';
+import type { AnalysisJob, LadderEventJob } from '../../core/queues.js';
+import type { Keys, Redis } from '../../core/redis.js';
+import type { RemedyAction, RemedyOutcome } from '../../core/remedy.js';
+import type { RemediesConfig } from '../../core/remedy-config.js';
+import { ACTING_VERBS, type Step, type StepRecord, type StepState } from '../../core/steps.js';
+import { DoNotRetryError } from '../../core/errors.js';
+import type { ClusterBackend } from '../backend.js';
+import type { HandOffNotifier } from '../hand-off.js';
+import type { RemediationHistory } from '../remediation-history.js';
+import type { GateVerdict, SafetyGates } from '../safety.js';
+import type { StandbyPool } from '../standby-pool.js';
+import type { GpuResetter } from './gpu-resetter.js';
+
+/**
+ * What every step actuator (actuators/steps/<verb>.ts) works with, where a step sits in its
+ * transition, and the one way a step's outcome is put on record.
+ */
+
+/** What the step actuators need of the job registry (the controller's JobStore). */
+export interface StepJobs {
+  get(job: string): Promise<{ readonly spec: JobSpec; readonly policy: JobPolicy }>;
+  replaceNode(job: string, evicted: string, replacement: string): Promise<void>;
+  setVersion(job: string, version: string): Promise<void>;
+  checkpoints(job: string): Promise<CheckpointShard[]>;
+}
+
+/** Judges a restart by training progress (the controller's ProgressWatch): waits for new iterations. */
+export interface RestartWatch {
+  /** `since`: when the relaunch began; only iterations recorded after it count. */
+  watch(job: string, eventId: string, since?: number): Promise<void>;
+}
+
+/** When a node evicted again and again leaves every pool (504-GPU report: exclusion history). */
+export interface QuarantinePolicy {
+  readonly afterEvictions: number;
+  readonly windowMs: number;
+}
+
+export interface StepDeps {
+  readonly redis: Redis;
+  readonly keys: Keys;
+  readonly audit: AuditLog;
+  readonly backend: ClusterBackend;
+  readonly gates: SafetyGates;
+  readonly jobs: StepJobs;
+  /** The operator's launchers (config `launchers:`), which a job names. */
+  readonly launchers: Launchers;
+  /**
+   * This transition runs in dry-run: the backend and the GPU resetter record instead of acting,
+   * launches are only described. Set by the step processor alone (processor.ts), once per transition.
+   */
+  readonly dryRun?: boolean;
+  readonly logger: Logger;
+  /** Feeds a step's outcome back into the job's ladder (RecoveryDispatcher.apply). */
+  readonly feedback: (event: LadderEventJob) => Promise<unknown>;
+  /** A person is needed: `job` when it is a job's incident, undefined for a node outside any job. */
+  readonly onPage?: (job: string | undefined, reason: string) => void;
+  /** Every acting step's outcome once it ends (metrics, Grafana annotations). */
+  readonly onFinished?: (record: StepRecord) => void;
+  /** Cross-job quarantine; the controller passes its `recovery:` config. */
+  readonly quarantine: QuarantinePolicy;
+  /** Most of a job's nodes one window may evict, in percent (safety.maxJobEvictionPercent). */
+  readonly maxJobEvictionPercent?: number;
+  /** The managed standby pool; when it has no candidates, standbys held by hand are used. */
+  readonly pool?: StandbyPool | undefined;
+  /** Judges restarts by training progress; without it, an accepted launch counts as success. */
+  readonly progress?: RestartWatch | undefined;
+  /** Hands diagnostics, replay and stack aggregation to the analysis queue. */
+  readonly analyze?: (request: AnalysisJob) => Promise<void>;
+  /** GPU resets through the nodes' agents; without it a reset_gpu step evicts (a job) or drains (a node). */
+  readonly resetter?: GpuResetter | undefined;
+  /** The remedies' settings (reset timeout and busy retries, reboot, hand-off); the shipped defaults without. */
+  readonly remedies?: RemediesConfig;
+  /** Every node's remediation history (reset, drain, reboot, hand-off), which escalation reads. */
+  readonly history?: RemediationHistory | undefined;
+  /** Counts each remediation by node, action and outcome (steadfast_remediations_total). */
+  readonly onRemediation?: (node: string, action: RemedyAction, outcome: RemedyOutcome) => void;
+  /** Tells the operator's process that a node needs hands (remedies.handOff.webhookUrl). */
+  readonly handOff?: HandOffNotifier | undefined;
+  /** Waits between busy-GPU retries; tests pass a fast one. */
+  readonly pause?: (ms: number) => Promise<void>;
+  /**
+   * How long a job's running transition holds the job without renewing it: the queue's lock
+   * duration, so that the hold of a controller that died mid-transition has lapsed by the time
+   * its stalled transition runs again elsewhere.
+   */
+  readonly jobHoldMs?: number;
+}
+
+/** One step of one transition, as its actuator sees it. */
+export interface StepAt {
+  readonly transitionId: string;
+  readonly index: number;
+  readonly step: Step;
+  /** The registered job the transition is for; undefined for the node ladder's transition of a node outside any job. */
+  readonly job: string | undefined;
+  /** Who caused the transition; the audit names it as each step's actor. */
+  readonly origin?: Identity | undefined;
+  /** The delivery of the queue job (0 first), so that each try of a step is audited. */
+  readonly attempt: number;
+}
+
+/**
+ * The step's identity in the audit, in backend reasons and in the budget: a node ladder's
+ * transition has one step and is known by its decision id; a job's steps by `${transitionId}:${index}`.
+ */
+export const stepRef = (at: Pick<StepAt, 'transitionId' | 'index' | 'job'>): string => (at.job === undefined ? at.transitionId : `${at.transitionId}:${at.index}`);
+
+/** The one node a node step or a GPU reset acts on. */
+export function stepNode(at: StepAt): string {
+  const node = at.step.nodes?.[0];
+  if (node === undefined) throw new DoNotRetryError(`${at.step.verb} step ${stepRef(at)} names no node`);
+  return node;
+}
+
+/** The job of a step only a job's transition has (stop, evict, restart…). */
+export function stepJob(at: StepAt): string {
+  if (at.job === undefined) throw new DoNotRetryError(`${at.step.verb} step ${stepRef(at)} belongs to a job's recovery, but its transition names no job`);
+  return at.job;
+}
+
+/** Why a step stops its transition there (a refusal, or a failure a person must see to); undefined: the transition goes on. */
+export type Halt = string | undefined;
+
+/** One actuator: carries out one verb's step. */
+export type StepActuator = (deps: StepDeps, at: StepAt) => Promise<Halt>;
+
+export interface RecordOptions {
+  /** The node this entry is about, when the step acts on several (each evicted node) or names a different one (the standby). */
+  readonly node?: string | undefined;
+  /** Further fields for the entry's data. */
+  readonly data?: Record<string, unknown>;
+}
+
+/**
+ * Puts a step's outcome on the audit (once per step, node, state and delivery) and, for an acting
+ * step that ended, tells the controller's metrics and annotations.
+ */
+export async function recordStep(deps: StepDeps, at: StepAt, state: StepState, detail: string, options: RecordOptions = {}): Promise<void> {
+  const { step } = at;
+  const ref = stepRef(at);
+  // A node step always names its node (and GPU); a job's step names the node an entry is about.
+  const shown = at.job === undefined ? `${step.nodes?.[0] ?? ''}${step.gpu ? ` GPU ${step.gpu}` : ''}` : (options.node ?? '');
+  const node = options.node ?? step.nodes?.[0];
+  const record: StepRecord = { ref, verb: step.verb, job: at.job, node, state, detail, backend: deps.backend.name, time: new Date().toISOString() };
+  await deps.audit.append(
+    {
+      type: 'action',
+      ref,
+      node,
+      summary: `${at.job === undefined ? '' : `${at.job}: `}${step.verb}${shown ? ` ${shown}` : ''}: ${state} (${detail})`,
+      data: { ...record, step, ...options.data },
+      actor: at.origin ?? CONTROLLER_IDENTITY,
+    },
+    `action:${ref}:${options.node ?? ''}:${state}:${at.attempt}`,
+  );
+  if (state !== 'running' && ACTING_VERBS.has(step.verb)) deps.onFinished?.(record);
+}
+
+const DELETE_IF_HELD_BY = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0";
+
+/**
+ * A node step the safety gates refused (a hold, a pause, the budget) gives up the node's claim
+ * the policy worker took for it, so that the next fault on the node, once the gate opens, is
+ * decided and acted on at once instead of joining a decision that never acted. A claim since
+ * taken by another decision is left alone.
+ */
+export async function releaseNodeClaim(deps: Pick<StepDeps, 'redis' | 'keys'>, node: string, decisionId: string): Promise<void> {
+  await deps.redis.eval(DELETE_IF_HELD_BY, 1, deps.keys.nodeDrainClaim(node), decisionId);
+}
+
+/** Keeps a remediation in the node's history (once per marker) and counts it. */
+export async function rememberRemedy(deps: StepDeps, at: StepAt, node: string, action: RemedyAction, outcome: RemedyOutcome, detail: string, marker: string): Promise<void> {
+  if (deps.history === undefined) return;
+  const entry = {
+    time: new Date().toISOString(),
+    action,
+    outcome,
+    detail: (at.job === undefined ? detail : `job ${at.job}: ${detail}`).slice(0, 1024),
+    decisionId: at.transitionId,
+    ...(at.step.gpu ? { gpu: at.step.gpu } : {}),
+    ...(at.origin ? { actor: at.origin } : {}),
+  };
+  if (await deps.history.record(node, entry, `${stepRef(at)}:${marker}`)) deps.onRemediation?.(node, action, outcome);
+}
+
+/** The remedies the node history counts, by the verb that carries each out. */
+export function remedyOf(verb: Step['verb']): RemedyAction | undefined {
+  return verb === 'drain' || verb === 'reset_gpu' || verb === 'reboot' || verb === 'hand_off' ? verb : undefined;
+}
+
+/** The words a refused step is paged and audited with. */
+export interface RefusalPage {
+  /** What was refused, e.g. `drain node-3` or `eviction`. */
+  readonly what: string;
+  readonly node?: string | undefined;
+}
+
+/**
+ * Puts a refused step on record and pages a person once per gate and budget window (many refusals
+ * at once are one incident: a leaf switch down takes a rack's nodes; later ones are only
+ * audited). A node step also gives up its node's claim and notes the refusal in the node's history.
+ */
+export async function refuseStep(deps: StepDeps, at: StepAt, refusal: Extract<GateVerdict, { ok: false }>, page: RefusalPage, recorded: RecordOptions = {}): Promise<Halt> {
+  await recordStep(deps, at, 'refused', refusal.reason, recorded);
+  const node = at.step.nodes?.[0];
+  const remedy = remedyOf(at.step.verb);
+  if (at.job === undefined && node !== undefined) {
+    await releaseNodeClaim(deps, node, at.transitionId);
+    if (remedy !== undefined && remedy !== 'drain') await rememberRemedy(deps, at, node, remedy, 'refused', refusal.reason, 'refused');
+  }
+  await pageOnce(deps, at, refusal, page);
+  return refusal.reason;
+}
+
+/** Pages about a refusal, once per gate and budget window (SafetyGates.claimPage). */
+export async function pageOnce(deps: StepDeps, at: StepAt, refusal: Extract<GateVerdict, { ok: false }>, page: RefusalPage): Promise<void> {
+  if (deps.onPage === undefined || !(await deps.gates.claimPage(refusal.gate))) return;
+  deps.onPage(at.job, refusal.reason);
+  const ref = stepRef(at);
+  await deps.audit.append(
+    {
+      type: 'action',
+      ref,
+      node: page.node,
+      summary: `${at.job === undefined ? '' : `${at.job}: `}page_human: a person is needed: ${page.what} refused (${refusal.reason}); later refusals in this window are audited without paging`,
+      data: { job: at.job, verb: 'page_human', state: 'done', detail: refusal.reason, gate: refusal.gate, node: page.node, backend: deps.backend.name },
+      actor: CONTROLLER_IDENTITY,
+    },
+    `action:${ref}:page`,
+  );
+}

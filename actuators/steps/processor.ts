@@ -1,0 +1,197 @@
+import { randomUUID } from 'node:crypto';
+import { DelayedError, UnrecoverableError, type Job } from 'bullmq';
+import { ZodError } from 'zod';
+import { DoNotRetryError, RetryLaterError, errorMessage } from '../../core/errors.js';
+import { parseStepsJob, type StepsJob } from '../../core/queues.js';
+import { ACTING_VERBS } from '../../core/steps.js';
+import { describeIssues } from '../../core/validate.js';
+import { NodeLeasedError } from '../drain-node.js';
+import { DryRunBackend } from '../dry-run.js';
+import { recordStep, rememberRemedy, remedyOf, type Halt, type StepAt, type StepDeps } from './context.js';
+import { DryRunGpuResetter } from './gpu-resetter.js';
+import { STEP_ACTUATORS } from './index.js';
+
+/** A finished step's marker outlives any redelivery of its transition. */
+const STEP_DONE_TTL_SECONDS = 7 * 24 * 3600;
+
+/** How long a job's transition holds the job (renewed while it runs): a dead controller's hold lapses within it. */
+const JOB_HOLD_MS = 30_000;
+
+/** How soon a transition that found its job busy with another tries again. */
+const JOB_BUSY_RETRY_MS = 100;
+
+export interface StepOutcome {
+  /** Steps carried out by this delivery (not counting those an earlier one finished). */
+  readonly done: number;
+  /** Why the transition stopped or was refused, when it was. */
+  readonly halted?: string | undefined;
+}
+
+/**
+ * Carries out one transition's steps in order, each at most once, whichever ladder queued it (a
+ * job's or the node ladder): a per-step marker in Redis survives a crash mid-transition, so a
+ * redelivered job resumes where it stopped and acts on nothing twice. Each step is its verb's
+ * actuator (index.ts); the gates (pause, holds, budget, the node's lease) are each actuator's
+ * first move. Dry-run is decided here, once per transition (the controller's dry-run backend, a
+ * job's dry-run policy): every actuator then acts through what it is given.
+ *
+ * A job's transitions run one at a time (a hold on the job in Redis; a transition that finds the
+ * job busy waits its turn), those of different jobs and nodes side by side. A job whose automatic
+ * recovery the operator turned off has its acting steps refused; notifying, paging, tolerating
+ * and reading stacks still run. When an acting step of a job was refused, or stopped the
+ * transition, the ladder is told (`recovery_refused`): it waits for nothing that will not come.
+ */
+export function createStepProcessor(baseDeps: StepDeps): (job: Job, token?: string) => Promise<StepOutcome> {
+  const { redis, keys, logger } = baseDeps;
+  // The one dry-run decision. A dry-run controller (its backend records) asks no agent to reset a
+  // GPU either; a job whose policy asks for dry-run also launches nothing and takes no standby.
+  const recordingDeps: StepDeps = baseDeps.backend.name === 'dry-run' ? { ...baseDeps, resetter: new DryRunGpuResetter() } : baseDeps;
+  const dryRunJobDeps: StepDeps = { ...recordingDeps, backend: recordingDeps === baseDeps ? new DryRunBackend(redis, keys) : baseDeps.backend, resetter: new DryRunGpuResetter(), pool: undefined, dryRun: true };
+  return async (queued, token) => {
+    let transition: StepsJob;
+    try {
+      transition = parseStepsJob(queued.data);
+    } catch (error) {
+      const why = error instanceof ZodError ? describeIssues(error.issues) : errorMessage(error);
+      throw new UnrecoverableError(`invalid steps job payload: ${why}`);
+    }
+    if (transition.job === undefined) return runSteps(recordingDeps, transition, queued);
+    const hold = await holdJob(baseDeps, transition.job, queued, token);
+    try {
+      // The operator's per-job policy, read as the transition starts (an unregistered job has none).
+      const policy = await baseDeps.jobs.get(transition.job).then(
+        (record) => record.policy,
+        () => undefined,
+      );
+      const deps = policy?.dryRun === true ? dryRunJobDeps : recordingDeps;
+      const paused = await deps.gates.paused();
+      if (paused !== undefined) {
+        // Paused: nothing of the transition runs; the refusal is on record and the ladder told.
+        const why = `actions are paused: ${paused}`;
+        for (const [index, step] of transition.steps.entries()) await recordStep(deps, atOf(transition, index, step, queued), 'refused', why);
+        if (transition.steps.some((step) => ACTING_VERBS.has(step.verb))) await tellRefused(deps, transition.job, transition.transitionId, why);
+        return { done: 0, halted: why };
+      }
+      const recoveryOff = policy?.recovery === false ? `automatic recovery is off for job ${transition.job} (the operator's job policy); not acting` : undefined;
+      const outcome = await runSteps(deps, transition, queued, recoveryOff);
+      if (outcome.halted !== undefined) await tellRefused(deps, transition.job, transition.transitionId, outcome.halted);
+      return outcome;
+    } finally {
+      await hold.release();
+    }
+  };
+
+  async function runSteps(deps: StepDeps, transition: StepsJob, queued: Job, recoveryOff?: string): Promise<StepOutcome> {
+    let done = 0;
+    let halted: Halt;
+    for (const [index, step] of transition.steps.entries()) {
+      const marker = keys.recoveryStep(transition.transitionId, index);
+      // A step already carried out is not again; how it ended still counts (a redelivery stops where the first delivery stopped).
+      const earlier = parseMarker(await redis.get(marker));
+      if (earlier !== undefined) {
+        halted ??= earlier.refused ?? earlier.halt;
+        if (earlier.halt !== undefined) break;
+        continue;
+      }
+      const at = atOf(transition, index, step, queued);
+      let halt: Halt;
+      let refusal: Halt;
+      if (recoveryOff !== undefined && ACTING_VERBS.has(step.verb)) {
+        refusal = recoveryOff;
+        await recordStep(deps, at, 'refused', refusal);
+      } else {
+        halt = await runStep(deps, at, queued);
+        if (halt !== undefined) halt = `${step.verb} stopped the transition: ${halt}`;
+      }
+      await redis.set(marker, markerOf({ halt, refused: refusal }), 'EX', STEP_DONE_TTL_SECONDS);
+      done += 1;
+      halted ??= refusal ?? halt;
+      if (halt !== undefined) {
+        logger.warn({ transitionId: transition.transitionId, step: step.verb, reason: halt }, 'a transition stopped: a step was refused or failed');
+        break;
+      }
+    }
+    return { done, halted };
+  }
+}
+
+function atOf(transition: StepsJob, index: number, step: StepsJob['steps'][number], queued: Job): StepAt {
+  return { transitionId: transition.transitionId, index, step, job: transition.job, origin: transition.origin, attempt: queued.attemptsMade ?? 0 };
+}
+
+/**
+ * One step through its verb's actuator. A failure is audited (and, for a node's remedy that will
+ * not be retried, kept in the node's history) and thrown for the queue to retry; a node's lease
+ * held by another actuator is only a later try.
+ */
+async function runStep(deps: StepDeps, at: StepAt, queued: Job): Promise<Halt> {
+  try {
+    return await STEP_ACTUATORS[at.step.verb](deps, at);
+  } catch (error) {
+    if (error instanceof NodeLeasedError) throw error;
+    const final = error instanceof DoNotRetryError || queued.attemptsMade + 1 >= (queued.opts?.attempts ?? 1);
+    await recordStep(deps, at, 'failed', `${errorMessage(error)}${final ? '' : '; will retry'}`).catch((auditError: unknown) =>
+      deps.logger.error({ err: auditError }, 'could not record a failed step'),
+    );
+    const node = at.step.nodes?.[0];
+    const remedy = remedyOf(at.step.verb);
+    if (final && at.job === undefined && node !== undefined && remedy !== undefined && remedy !== 'drain') {
+      await rememberRemedy(deps, at, node, remedy, 'failed', errorMessage(error), 'failed').catch((historyError: unknown) =>
+        deps.logger.error({ err: historyError }, 'could not record the failed remediation in the node history'),
+      );
+    }
+    if (error instanceof DoNotRetryError) throw new UnrecoverableError(error.message);
+    throw error;
+  }
+}
+
+const RELEASE_IF_HELD = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0";
+const RENEW_IF_HELD = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0";
+
+/**
+ * Holds the job for this transition, renewed while it runs. A job busy with another transition
+ * sends this one back to wait its turn (BullMQ's delayed set; not a failed try).
+ */
+async function holdJob(deps: StepDeps, job: string, queued: Job, token: string | undefined): Promise<{ release(): Promise<void> }> {
+  const key = deps.keys.jobStepsHold(job);
+  const holder = `${queued.id ?? ''}:${randomUUID()}`;
+  const holdMs = deps.jobHoldMs ?? JOB_HOLD_MS;
+  if ((await deps.redis.set(key, holder, 'PX', holdMs, 'NX')) !== 'OK') {
+    if (token === undefined) throw new RetryLaterError(`job ${job} is busy with another transition`);
+    await queued.moveToDelayed(Date.now() + JOB_BUSY_RETRY_MS, token);
+    throw new DelayedError();
+  }
+  const renewal = setInterval(() => {
+    deps.redis.eval(RENEW_IF_HELD, 1, key, holder, String(holdMs)).catch((error: unknown) => deps.logger.warn({ job, err: error }, 'could not renew the hold on the job'));
+  }, holdMs / 3);
+  renewal.unref();
+  return {
+    async release() {
+      clearInterval(renewal);
+      await deps.redis.eval(RELEASE_IF_HELD, 1, key, holder);
+    },
+  };
+}
+
+/** How a step ended, as its marker keeps it: `done`, or `halt:` / `refused:` and why. */
+interface StepEnd {
+  readonly halt?: Halt;
+  readonly refused?: Halt;
+}
+
+function markerOf(end: StepEnd): string {
+  return end.halt !== undefined ? `halt:${end.halt}` : end.refused !== undefined ? `refused:${end.refused}` : 'done';
+}
+
+function parseMarker(value: string | null): StepEnd | undefined {
+  if (value === null) return undefined;
+  if (value.startsWith('halt:')) return { halt: value.slice('halt:'.length) };
+  if (value.startsWith('refused:')) return { refused: value.slice('refused:'.length) };
+  return {};
+}
+
+/** Tells the ladder that what it decided in `transitionId` was not (all) done, once per transition. */
+async function tellRefused(deps: StepDeps, job: string, transitionId: string, detail: string): Promise<void> {
+  await deps.feedback({ job, event: { type: 'recovery_refused', time: Date.now(), transitionId, detail: detail.slice(0, 500) }, eventId: `${transitionId}:refused` });
+}
+

@@ -1,0 +1,47 @@
+import { DoNotRetryError } from '../../core/errors.js';
+import { remediesSchema } from '../../core/remedy-config.js';
+import { NodeLeasedError } from '../drain-node.js';
+import { recordStep, refuseStep, rememberRemedy, stepNode, stepRef, type Halt, type StepAt, type StepDeps } from './context.js';
+import { handOffNode } from './hand-off.js';
+
+/**
+ * The reboot step, the node ladder's rung above GPU resets: after the gates, ask the backend to
+ * reboot the node once it is idle (Slurm: `scontrol reboot ASAP`), holding the node's lease. A
+ * backend that cannot reboot hands the node off to people instead; one that still shows the node
+ * taking work afterwards did not take the request, and the node is drained so the fault is not
+ * left running.
+ */
+export async function reboot(deps: StepDeps, at: StepAt): Promise<Halt> {
+  const { backend, gates } = deps;
+  const node = stepNode(at);
+  const ref = stepRef(at);
+  const admitted = await gates.admit(ref, [node]);
+  if (!admitted.ok) return refuseStep(deps, at, admitted, { what: `reboot ${node}`, node });
+  const rebootNode = backend.reboot?.bind(backend);
+  if (rebootNode === undefined) return handOffNode(deps, at, `the ${backend.name} backend cannot reboot a node`);
+  const nextState = (deps.remedies ?? remediesSchema.parse({})).reboot.nextState;
+  const holder = `${ref}:${at.attempt}`;
+  const lease = await gates.acquireLease(node, holder);
+  if (!lease.ok) throw new NodeLeasedError(lease.reason);
+  try {
+    const before = await backend.nodeState(node);
+    if (!before.exists) throw new DoNotRetryError(`node ${node} is unknown to the ${backend.name} backend`);
+    const reason = `steadfast: ${at.step.reason} audit=${at.transitionId}`;
+    await rebootNode(node, reason, nextState);
+    const after = await backend.nodeState(node);
+    if (!after.drained) {
+      await backend.drain(node, `${reason}; the reboot request was not taken`);
+      const detail = `${backend.name} showed ${after.raw} after the reboot request; node drained instead`;
+      await rememberRemedy(deps, at, node, 'reboot', 'fell_back', detail, 'reboot');
+      await rememberRemedy(deps, at, node, 'drain', 'done', 'after a reboot request that was not taken', 'drain');
+      await recordStep(deps, at, 'done', detail);
+      return undefined;
+    }
+    const detail = `reboot requested through ${backend.name} (${after.raw}: once idle, then ${nextState})`;
+    await rememberRemedy(deps, at, node, 'reboot', 'done', detail, 'reboot');
+    await recordStep(deps, at, 'done', detail);
+    return undefined;
+  } finally {
+    await gates.releaseLease(node, holder);
+  }
+}

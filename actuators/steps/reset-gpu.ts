@@ -1,0 +1,124 @@
+import { setTimeout as sleep } from 'node:timers/promises';
+import { DoNotRetryError, errorMessage } from '../../core/errors.js';
+import type { GpuResetReport } from '../../core/remedy.js';
+import { remediesSchema, type RemediesConfig } from '../../core/remedy-config.js';
+import { NodeLeasedError } from '../drain-node.js';
+import { recordStep, refuseStep, rememberRemedy, stepRef, type Halt, type StepAt, type StepDeps } from './context.js';
+import { evict } from './evict.js';
+
+/**
+ * The reset_gpu step, for a node of a job and for a node outside any job alike: a machine fault
+ * whose cure is resetting one GPU (the Xid catalogue's remedy). The step passes the gates a drain
+ * passes (pause, holds and maintenance windows, the budget: a reset counts as one), holds the
+ * node's lease, and asks the node's agent to reset the GPU (POST /api/v1/gpu-reset) — again,
+ * after a pause, while processes still hold it (they may be exiting after the Xid or the job's
+ * stop). A redelivered step does not reset twice: the report is kept under the step's ref.
+ *
+ * - In a job, stopped by the ladder's stop step before this: a reset that holds leaves the node in
+ *   the job and the restart that follows relaunches on the same nodes; a refused or failed one
+ *   makes this step an eviction of the node instead (evict.ts), so the job still restarts.
+ * - Outside a job: the node is taken out of service for the reset and returned after it (when
+ *   this step took it out); a refused or failed reset leaves it drained.
+ *
+ * Either way the node's remediation history records it. Dry-run asks no agent (the processor
+ * gives this step a recording resetter).
+ */
+
+const DEFAULT_REMEDIES: RemediesConfig = remediesSchema.parse({});
+
+export async function resetGpu(deps: StepDeps, at: StepAt): Promise<Halt> {
+  const { step } = at;
+  const node = step.nodes?.[0];
+  const gpu = step.gpu;
+  const inJob = at.job !== undefined;
+  if (node === undefined || gpu === undefined || deps.resetter === undefined) {
+    const why = deps.resetter === undefined ? 'no GPU reset configured on this controller' : 'no node or GPU named';
+    if (!inJob) throw new DoNotRetryError(`reset step ${stepRef(at)}: ${why}`);
+    await recordStep(deps, at, 'done', `${why}; evicting the node instead`, { node });
+    return asEviction(deps, at, node);
+  }
+  const ref = stepRef(at);
+  const admitted = await deps.gates.admit(ref, [node]);
+  if (!admitted.ok) return refuseStep(deps, at, admitted, { what: `reset_gpu ${node} GPU ${gpu}`, node }, { node: inJob ? node : undefined });
+  const holder = `${ref}:${at.attempt}`;
+  const lease = await deps.gates.acquireLease(node, holder);
+  if (!lease.ok) throw new NodeLeasedError(lease.reason);
+  let report: GpuResetReport;
+  let tookOut = false;
+  try {
+    const progress = await deps.redis.hgetall(deps.keys.action(ref));
+    if (!inJob) tookOut = await takeOut(deps, at, node, gpu, progress.tookOut === '1');
+    report = progress.resetReport ? (JSON.parse(progress.resetReport) as GpuResetReport) : await resetWithRetries(deps, node, gpu);
+    await deps.redis.hset(deps.keys.action(ref), 'resetReport', JSON.stringify(report));
+    if (report.outcome === 'reset') {
+      if (tookOut) await deps.backend.resume(node);
+      return await resetHeld(deps, at, node, gpu, report, tookOut);
+    }
+    if (!inJob) {
+      // Refused or failed: the node needs more than a reset; take it out fully (Kubernetes: evict too).
+      await deps.backend.drain(node, `steadfast: ${step.reason}; GPU reset ${report.outcome}: ${report.reason} audit=${at.transitionId}`);
+      const detail = `GPU reset ${report.outcome} (${report.reason}); node drained instead`;
+      await rememberRemedy(deps, at, node, 'reset_gpu', 'fell_back', detail, 'reset');
+      await rememberRemedy(deps, at, node, 'drain', 'done', `after the GPU reset ${report.outcome}`, 'drain');
+      await recordStep(deps, at, 'done', detail);
+      return undefined;
+    }
+  } finally {
+    await deps.gates.releaseLease(node, holder);
+  }
+  // In a job, the eviction takes the node's lease itself: it runs once this step has let go of it.
+  await rememberRemedy(deps, at, node, 'reset_gpu', 'fell_back', report.reason, 'reset');
+  await recordStep(deps, at, report.outcome === 'refused' ? 'refused' : 'failed', `GPU reset ${report.outcome} (${report.reason}); evicting ${node} instead`, { node });
+  return asEviction(deps, at, node);
+}
+
+function asEviction(deps: StepDeps, at: StepAt, node: string | undefined): Promise<Halt> {
+  return evict(deps, { ...at, step: { ...at.step, verb: 'evict', nodes: node === undefined ? [] : [node] } });
+}
+
+/** Outside a job: the node out of service for the reset. Whether this step took it out (kept across a redelivery). */
+async function takeOut(deps: StepDeps, at: StepAt, node: string, gpu: string, already: boolean): Promise<boolean> {
+  const { backend } = deps;
+  const before = await backend.nodeState(node);
+  if (!before.exists) throw new DoNotRetryError(`node ${node} is unknown to the ${backend.name} backend`);
+  if (before.drained) return already;
+  await deps.redis.hset(deps.keys.action(stepRef(at)), 'tookOut', '1');
+  await recordStep(deps, at, 'running', `out of service for the GPU reset through ${backend.name}${backend.cordon ? ' (cordon only)' : ''}`);
+  const reason = `steadfast: GPU reset of ${gpu}: ${at.step.reason} audit=${at.transitionId}`;
+  await (backend.cordon ? backend.cordon(node, reason) : backend.drain(node, reason));
+  return true;
+}
+
+async function resetHeld(deps: StepDeps, at: StepAt, node: string, gpu: string, report: GpuResetReport, tookOut: boolean): Promise<Halt> {
+  if (at.job !== undefined) {
+    await rememberRemedy(deps, at, node, 'reset_gpu', 'done', report.reason, 'reset');
+    await recordStep(deps, at, 'done', `GPU ${gpu} of ${node} reset through its agent (${report.reason}); the job relaunches on the same nodes`, { node });
+    return undefined;
+  }
+  // The node is back: a new fault on it soon is a new decision (escalation counts it), not this one's.
+  const claim = deps.keys.nodeDrainClaim(node);
+  if ((await deps.redis.get(claim)) === at.transitionId) await deps.redis.expire(claim, (deps.remedies ?? DEFAULT_REMEDIES).gpuReset.rejoinSeconds);
+  const detail = `GPU ${gpu}${report.index === null ? '' : ` (index ${report.index})`} reset and listed again in ${report.seconds.toFixed(1)} s; ${tookOut ? 'node returned to service' : 'node left out of service, as it was before'}`;
+  await rememberRemedy(deps, at, node, 'reset_gpu', 'done', detail, 'reset');
+  await recordStep(deps, at, 'done', detail);
+  return undefined;
+}
+
+/** Asks for the reset, again while processes still hold the GPU (they may be exiting after the Xid). */
+async function resetWithRetries(deps: StepDeps, node: string, gpu: string): Promise<GpuResetReport> {
+  const config = (deps.remedies ?? DEFAULT_REMEDIES).gpuReset;
+  const pause = deps.pause ?? ((ms: number) => sleep(ms));
+  const resetter = deps.resetter;
+  if (resetter === undefined) throw new DoNotRetryError('no GPU reset configured on this controller');
+  let report: GpuResetReport | undefined;
+  for (let attempt = 0; attempt <= config.busyRetries; attempt += 1) {
+    if (attempt > 0) await pause(config.busyRetryDelaySeconds * 1000);
+    try {
+      report = await resetter.reset(node, gpu, config.timeoutSeconds);
+    } catch (error) {
+      return { node, gpu, index: null, outcome: 'failed', processes: [], stopped: [], reason: `agent not reached: ${errorMessage(error)}`, seconds: 0 };
+    }
+    if (report.outcome !== 'refused' || report.processes.length === 0) return report;
+  }
+  return report as GpuResetReport;
+}
