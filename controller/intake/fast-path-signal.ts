@@ -1,6 +1,6 @@
 import type { FastPathFault } from '../../core/fast-path-event.js';
-import { classifyXid } from '../../core/xid.js';
 import { faultFingerprint, stableHash, type Signal } from '../../core/signal.js';
+import { xidSignalClass } from '../policy/fault-class.js';
 
 /** Turns an agent's fast-path event into a Signal with the same fingerprint its alert will carry. */
 export function signalFromFastPath(event: FastPathFault, receivedAt: Date): Signal {
@@ -10,11 +10,10 @@ export function signalFromFastPath(event: FastPathFault, receivedAt: Date): Sign
   if (event.rank !== undefined) evidence.rank = event.rank;
   let severity: Signal['severity'] = 'critical';
   if (event.kind === 'xid' && event.xid !== undefined) {
-    // The controller classifies again rather than trusting the sender's verdict.
-    const xidClass = classifyXid(event.xid, event.message);
-    severity = xidClass.severity === 'fatal' ? 'critical' : xidClass.severity;
+    // The controller classifies again (its one table, fault-class.ts) rather than trusting the sender's verdict.
+    const xidClass = xidSignalClass(event.xid, event.message);
+    severity = xidClass.severity;
     evidence.xid = event.xid;
-    evidence.xidSeverity = xidClass.severity;
     evidence.remedy = xidClass.remedy;
     evidence.meaning = xidClass.meaning;
   }

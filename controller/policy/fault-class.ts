@@ -1,5 +1,5 @@
 import type { Signal } from '../../core/signal.js';
-import { classifyXid } from '../../core/xid.js';
+import { classifyXid, type XidRemedy } from '../../core/xid.js';
 import type { FaultClass } from '../../core/ladder.js';
 
 /**
@@ -30,6 +30,8 @@ export interface FaultVerdict {
    * take it when the operator turned that remedy on (docs/remedies.md).
    */
   readonly remedy?: 'reset_gpu' | 'reboot_node';
+  /** The Xid the signal reports (an Xid signal, or an alert counting one), as the catalogue names it. */
+  readonly xid?: { readonly code: number; readonly meaning: string };
 }
 
 /** A signal that is not a training job's fault: a resolved alert, steadfast watching itself. */
@@ -189,19 +191,36 @@ export function classifySignal(signal: Signal, options: ClassifyOptions = {}): C
   }
 }
 
+/**
+ * An Xid's class in a Signal's terms: the controller's one reading of the catalogue (core/xid.ts).
+ * The catalogue's `fatal` is a signal's `critical`.
+ */
+export function xidSignalClass(code: number, message: string): { readonly severity: Signal['severity']; readonly meaning: string; readonly remedy: XidRemedy } {
+  const xidClass = classifyXid(code, message);
+  return { severity: xidClass.severity === 'fatal' ? 'critical' : xidClass.severity, meaning: xidClass.meaning, remedy: xidClass.remedy };
+}
+
+/** The Xid a signal reports: an xid signal's code, or the `xid` label of an alert that counts Xids. */
+function xidCodeOf(signal: Signal): number | undefined {
+  const code = signal.evidence.xid ?? signal.evidence['label.xid'];
+  const parsed = typeof code === 'number' ? code : typeof code === 'string' && /^\d+$/.test(code) ? Number(code) : undefined;
+  return parsed;
+}
+
 function classifyXidSignal(signal: Signal): FaultVerdict {
-  const code = signal.evidence.xid;
+  const code = xidCodeOf(signal);
   const message = text(signal.evidence.message);
-  const xidClass = typeof code === 'number' ? classifyXid(code, message) : undefined;
+  const xidClass = code === undefined ? undefined : xidSignalClass(code, message);
   // The agent classifies NVLink5 and Xid 154 from the message, which an alert does not carry;
   // its verdict reaches us as the signal's severity (or the alert's xid_severity label).
-  const fatal = xidClass?.severity === 'fatal' || signal.severity === 'critical' || signal.evidence['label.xid_severity'] === 'fatal';
-  const what = `Xid ${typeof code === 'number' ? code : '?'} (${xidClass?.meaning ?? 'unclassified'})`;
+  const fatal = xidClass?.severity === 'critical' || signal.severity === 'critical' || signal.evidence['label.xid_severity'] === 'fatal';
+  const what = `Xid ${code ?? '?'} (${xidClass?.meaning ?? 'unclassified'})`;
+  const xid = code === undefined ? {} : { xid: { code, meaning: xidClass?.meaning ?? 'unclassified' } };
   if (fatal) {
     const remedy = xidClass?.remedy === 'reset_gpu' || xidClass?.remedy === 'reboot_node' ? xidClass.remedy : undefined;
-    return withRemedy(culpritOrCrash('machine', signal.node, `fatal ${what}`, CITE_MACHINE), remedy);
+    return { ...withRemedy(culpritOrCrash('machine', signal.node, `fatal ${what}`, CITE_MACHINE), remedy), ...xid };
   }
-  return fault('transient', signal.node, `non-fatal ${what}`, CITE_TRANSIENT);
+  return { ...fault('transient', signal.node, `non-fatal ${what}`, CITE_TRANSIENT), ...xid };
 }
 
 function classifyNcclTimeout(signal: Signal): FaultVerdict {
@@ -241,6 +260,8 @@ function classifyAlert(signal: Signal): Classification {
   const entry = ALERT_CLASSES[alertname];
   if (entry === undefined) return { verdict: 'ignore', reason: `no recovery rule for alert ${alertname || '(unnamed)'}` };
   const reason = `${alertname}${signal.node === undefined ? '' : ` on ${signal.node}`}`;
-  if (entry.faultClass === 'machine' || entry.faultClass === 'network') return culpritOrCrash(entry.faultClass, signal.node, reason, entry.citation);
-  return fault(entry.faultClass, signal.node, reason, entry.citation);
+  const verdict = entry.faultClass === 'machine' || entry.faultClass === 'network' ? culpritOrCrash(entry.faultClass, signal.node, reason, entry.citation) : fault(entry.faultClass, signal.node, reason, entry.citation);
+  // An alert that counts Xids (SteadfastXidNodeRebootRequired) names the one it counted.
+  const code = xidCodeOf(signal);
+  return code === undefined ? verdict : { ...verdict, xid: { code, meaning: xidSignalClass(code, '').meaning } };
 }

@@ -3,7 +3,6 @@ import type { RemedyAction, RemediationEntry } from '../../core/remedy.js';
 import type { RemediesConfig } from '../../core/remedy-config.js';
 import type { Signal } from '../../core/signal.js';
 import { NODE_LADDER_CITATION, type NodeVerb, type Step } from '../../core/steps.js';
-import { classifyXid } from '../../core/xid.js';
 import { alertMeaning, type Classification, type FaultVerdict } from './fault-class.js';
 
 /**
@@ -37,11 +36,10 @@ function outOfServiceReason(signal: Signal, verdict: FaultVerdict): string {
   if (signal.kind === 'gpu_lost') return `GPU ${gpu} is lost (no longer listed by nvidia-smi)`;
   const alertname = signal.kind === 'alert' ? String(signal.evidence.alertname ?? '') : '';
   // An Xid, reported as one or named by the alert that counts it (the Xid remedy alerts).
-  const xid = signal.kind === 'xid' ? signal.evidence.xid : signal.evidence['label.xid'];
-  if (xid !== undefined) {
-    const known = typeof signal.evidence.meaning === 'string' ? signal.evidence.meaning : classifyXid(Number(xid), '').meaning;
-    const meaning = known && known !== 'Xid not in the catalogue' ? ` (${known})` : '';
-    return `fatal Xid ${String(xid)}${meaning} on GPU ${gpu}${alertname ? `: ${alertname}` : ''}`;
+  if (verdict.xid !== undefined) {
+    const known = typeof signal.evidence.meaning === 'string' ? signal.evidence.meaning : verdict.xid.meaning;
+    const meaning = known === 'unclassified' || known === 'Xid not in the catalogue' ? '' : ` (${known})`;
+    return `fatal Xid ${verdict.xid.code}${meaning} on GPU ${gpu}${alertname ? `: ${alertname}` : ''}`;
   }
   if (alertname) return `${alertMeaning(alertname) ?? verdict.reason}: ${alertname}${signal.gpu ? ` on GPU ${signal.gpu}` : ''}`;
   return verdict.reason;

@@ -162,4 +162,15 @@ describe('classifySignal', () => {
       signature: 'gpu-lost',
     });
   });
+
+  it('carries the catalogue remedy of a machine fault and the Xid an alert counts, for the ladders to act on', () => {
+    const dbe = classifySignal(signal({ kind: 'xid', node: 'n1', gpu: '0000:3a:00', severity: 'critical', evidence: { xid: 48, message: '' } }));
+    expect(dbe).toMatchObject({ faultClass: 'machine', remedy: 'reset_gpu', xid: { code: 48, meaning: 'uncorrectable double-bit ECC error' } });
+    expect(classifySignal(signal({ kind: 'gpu_lost', node: 'n1', gpu: '0000:3a:00' }))).toMatchObject({ faultClass: 'machine', remedy: 'reboot_node' });
+    // No culprit, no cure: a crash carries no remedy.
+    expect(classifySignal(signal({ kind: 'gpu_lost', node: undefined, gpu: '0000:3a:00' }))).toMatchObject({ faultClass: 'crash' });
+    expect(classifySignal(signal({ kind: 'gpu_lost', node: undefined, gpu: '0000:3a:00' }))).not.toHaveProperty('remedy');
+    const reboot = classifySignal(alert('SteadfastXidNodeRebootRequired', { 'label.xid': '79', 'label.xid_severity': 'fatal' }));
+    expect(reboot).toMatchObject({ faultClass: 'machine', xid: { code: 79 } });
+  });
 });
