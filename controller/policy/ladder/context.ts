@@ -1,6 +1,6 @@
 import type { Step, StepVerb } from '../../../core/steps.js';
 import { CITE, type LadderConfig } from './config.js';
-import type { Incident, LadderPhase, LadderRung, LadderState, NodeTimes, VersionVerdict } from './state.js';
+import { LADDER_RUNGS, type Incident, type LadderPhase, type LadderRung, type LadderState, type NodeTimes, type VersionVerdict } from './state.js';
 
 /**
  * One transition's working set, and the bookkeeping every rung shares: opening an incident,
@@ -60,7 +60,7 @@ export function enterRung(ctx: Ctx, rung: LadderRung, phase: LadderPhase): Incid
 }
 
 export function emptyTried(): Record<LadderRung, number> {
-  return { evict: 0, diagnose: 0, reattempt: 0, rollback: 0, replay: 0, update: 0, human: 0 };
+  return Object.fromEntries(LADDER_RUNGS.map((rung) => [rung, 0])) as Record<LadderRung, number>;
 }
 
 /** The newest good version that is not the one running. */
