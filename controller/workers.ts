@@ -124,8 +124,9 @@ export function startWorkers(deps: WorkerDeps, workers: Worker[] = []): Worker[]
         logger.warn({ job, reason }, 'a person is needed');
       },
     }),
-    // Transitions of different jobs and nodes side by side; one job's one at a time (the step processor holds the job).
-    { connection: deps.connection(), prefix: config.redis.prefix, ...timing, concurrency: 4 },
+    // Transitions of different jobs and nodes side by side, one job's one at a time (the step
+    // processor lines them up): room for a node's drain while a job's transitions wait their turn.
+    { connection: deps.connection(), prefix: config.redis.prefix, ...timing, concurrency: 8 },
   );
   steps.on('completed', (job) => {
     const data = job.data as Partial<StepsJob> | undefined;

@@ -35,8 +35,10 @@ export interface StepOutcome {
  * first move. Dry-run is decided here, once per transition (the controller's dry-run backend, a
  * job's dry-run policy): every actuator then acts through what it is given.
  *
- * A job's transitions run one at a time (a hold on the job in Redis; a transition that finds the
- * job busy waits its turn), those of different jobs and nodes side by side. A job whose automatic
+ * A job's transitions run one at a time, in the order the queue hands them over (a line per job
+ * in the process, and a hold on the job in Redis against other processes: a transition that
+ * finds the job held elsewhere waits its turn on the queue), those of different jobs and nodes
+ * side by side. A job whose automatic
  * recovery the operator turned off has its acting steps refused; notifying, paging, tolerating
  * and reading stacks still run. When an acting step of a job was refused, or stopped the
  * transition, the ladder is told (`recovery_refused`): it waits for nothing that will not come.
@@ -47,6 +49,7 @@ export function createStepProcessor(baseDeps: StepDeps): (job: Job, token?: stri
   // GPU either; a job whose policy asks for dry-run also launches nothing and takes no standby.
   const recordingDeps: StepDeps = baseDeps.backend.name === 'dry-run' ? { ...baseDeps, resetter: new DryRunGpuResetter() } : baseDeps;
   const dryRunJobDeps: StepDeps = { ...recordingDeps, backend: recordingDeps === baseDeps ? new DryRunBackend(redis, keys) : baseDeps.backend, resetter: new DryRunGpuResetter(), pool: undefined, dryRun: true };
+  const inProcess = new Map<string, Promise<void>>();
   return async (queued, token) => {
     let transition: StepsJob;
     try {
@@ -56,10 +59,27 @@ export function createStepProcessor(baseDeps: StepDeps): (job: Job, token?: stri
       throw new UnrecoverableError(`invalid steps job payload: ${why}`);
     }
     if (transition.job === undefined) return runSteps(recordingDeps, transition, queued);
-    const hold = await holdJob(baseDeps, transition.job, queued, token);
+    const job = transition.job;
+    // In this process, a job's transitions queue up behind each other in the order the queue gave
+    // them; across processes (controller replicas), the hold in Redis keeps them apart.
+    const before = inProcess.get(job) ?? Promise.resolve();
+    let finished = (): void => undefined;
+    const mine = new Promise<void>((resolve) => (finished = resolve));
+    inProcess.set(job, mine);
+    try {
+      await before;
+      return await runJobTransition(transition, job, queued, token);
+    } finally {
+      finished();
+      if (inProcess.get(job) === mine) inProcess.delete(job);
+    }
+  };
+
+  async function runJobTransition(transition: StepsJob, job: string, queued: Job, token: string | undefined): Promise<StepOutcome> {
+    const hold = await holdJob(baseDeps, job, queued, token);
     try {
       // The operator's per-job policy, read as the transition starts (an unregistered job has none).
-      const policy = await baseDeps.jobs.get(transition.job).then(
+      const policy = await baseDeps.jobs.get(job).then(
         (record) => record.policy,
         () => undefined,
       );
@@ -69,17 +89,17 @@ export function createStepProcessor(baseDeps: StepDeps): (job: Job, token?: stri
         // Paused: nothing of the transition runs; the refusal is on record and the ladder told.
         const why = `actions are paused: ${paused}`;
         for (const [index, step] of transition.steps.entries()) await recordStep(deps, atOf(transition, index, step, queued), 'refused', why);
-        if (transition.steps.some((step) => ACTING_VERBS.has(step.verb))) await tellRefused(deps, transition.job, transition.transitionId, why);
+        if (transition.steps.some((step) => ACTING_VERBS.has(step.verb))) await tellRefused(deps, job, transition.transitionId, why);
         return { done: 0, halted: why };
       }
-      const recoveryOff = policy?.recovery === false ? `automatic recovery is off for job ${transition.job} (the operator's job policy); not acting` : undefined;
+      const recoveryOff = policy?.recovery === false ? `automatic recovery is off for job ${job} (the operator's job policy); not acting` : undefined;
       const outcome = await runSteps(deps, transition, queued, recoveryOff);
-      if (outcome.halted !== undefined) await tellRefused(deps, transition.job, transition.transitionId, outcome.halted);
+      if (outcome.halted !== undefined) await tellRefused(deps, job, transition.transitionId, outcome.halted);
       return outcome;
     } finally {
       await hold.release();
     }
-  };
+  }
 
   async function runSteps(deps: StepDeps, transition: StepsJob, queued: Job, recoveryOff?: string): Promise<StepOutcome> {
     let done = 0;
