@@ -48,11 +48,11 @@ export type LadderEvent =
   | { type: 'replay_result'; time: number; culprits: string[]; unrun?: string }
   | { type: 'code_update'; time: number; version: string; urgent: boolean }
   /**
-   * The recovery actuator refused an acting step of transition `transitionId` (actions paused,
+   * The step processor refused an acting step of transition `transitionId` (actions paused,
    * the job's recovery off, the eviction budget spent): what the ladder decided did not happen.
    */
   | { type: 'recovery_refused'; time: number; transitionId: string; detail: string }
-  /** A warm standby took an evicted node's place in the job (ByteRobust §6.2); the recovery actuator reports it. */
+  /** A warm standby took an evicted node's place in the job (ByteRobust §6.2); the evict step reports it. */
   | { type: 'standby_activated'; time: number; replaced: string; by: string }
   /** Time passes: fires held-back restarts and due updates. The controller ticks every few seconds. */
   | { type: 'tick'; time: number };

@@ -62,7 +62,7 @@ function describe(signal: Signal): string {
 
 /**
  * A signal about a node of a registered job goes to that job's recovery ladder (ByteRobust §4,
- * DeadPool Table II): classify, advance, and let the recovery actuator carry out the steps.
+ * DeadPool Table II): classify, advance, and let the step actuators carry out the steps.
  */
 async function toLadder(audit: AuditLog, signal: Signal, verdict: Classification, trainingJob: string, dispatcher: RecoveryDispatcher, firstAttempt: boolean, remedies: PolicyWorkerDeps['remedies']): Promise<PolicyResult> {
   if (verdict.verdict === 'ignore') {

@@ -271,7 +271,7 @@ class SteadfastSimulation {
       }
     }
     if (!started && this.ladder.scheduled !== null && this.training === null) this.setDown('backoff');
-    // As the recovery actuator does, once the transition's steps are out (actuators/recovery/evict.ts).
+    // As the evict step does, once the transition's steps are out (actuators/steps/evict.ts).
     for (const { replaced, by } of activated) this.feed({ type: 'standby_activated', time: this.now, replaced, by });
   }
 

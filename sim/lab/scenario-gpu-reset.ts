@@ -10,7 +10,7 @@ const GPU_INDEX = 2;
 
 /**
  * A fatal Xid whose cure is a GPU reset (Xid 48, an uncorrectable ECC error) on one node of the
- * training job: the ladder stops the job, the recovery actuator asks that node's agent to reset
+ * training job: the ladder stops the job, the reset_gpu step asks that node's agent to reset
  * GPU 0000:3a:00 (its gpu-reset endpoint, on the simulated nvidia-smi), and the job relaunches
  * with sbatch on the same nodes — no drain, no standby — resuming from the newest checkpoint.
  */

@@ -38,7 +38,7 @@ export function jobLogFile(paths: TrainingPaths, job: string, node: string): str
 /**
  * The Slurm launcher's argv, as registered with the controller: real sbatch on `{nodes}`, the code
  * version `{version}` (a directory of train.py versions), named after the registered job so that
- * the recovery actuator finds the run to cancel, and the batch output per batch host
+ * the stop step finds the run to cancel, and the batch output per batch host
  * (`%N`), appended to, so that each node's agent follows one file of its own. Everything the
  * ranks need goes through `--export`: sbatch runs in the controller's environment.
  */

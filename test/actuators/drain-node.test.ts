@@ -30,7 +30,7 @@ class SchedulerDouble implements ClusterBackend {
   }
 }
 
-describe('drainNode, the drain routine of both the drain and the recovery actuator', () => {
+describe('drainNode, the one way a step takes a node out (drain, evict, hand_off, a reset fallback)', () => {
   const stores: ReturnType<typeof testRedis>[] = [];
   afterEach(async () => Promise.all(stores.splice(0).map((store) => store.cleanup())));
 

@@ -24,8 +24,8 @@ describe('Slurm reboot for the remedies against a real slurmctld', () => {
 
   it('passes the reboot to slurmctld for a node it knows, and fails for good for one it does not know', async () => {
     // The nodes here are powered-down CLOUD nodes without slurmd: slurmctld accepts the request
-    // and has nothing to reboot, so the remedy actuator's check afterwards (node out of service?)
-    // is what decides whether it counts; see test/actuators/remedy.test.ts.
+    // and has nothing to reboot, so the reboot step's check afterwards (node out of service?)
+    // is what decides whether it counts; see test/actuators/steps/node-remedies.test.ts.
     await expect(backend.reboot('gpu-r1', 'steadfast: 3 GPU resets within 604800 s audit=d-1', 'resume')).resolves.toBeUndefined();
     await expect(backend.reboot('gpu-zz', 'steadfast: test', 'down')).rejects.toBeInstanceOf(DoNotRetryError);
     expect((await backend.nodeState('gpu-r2')).drained).toBe(false);

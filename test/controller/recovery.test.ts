@@ -127,7 +127,7 @@ describe('recovery of a registered job on a real Redis', () => {
     await until('v2 running', () => controller.jobs.get('llama'), (record) => record.spec.codeVersion === 'v2' && record.state === 'running');
     await post(`${url}/api/v1/signals`, { kind: 'xid', node: 'n01', gpu: '0000:18:00', xid: 79, message: 'GPU has fallen off the bus.', time: new Date().toISOString() });
     await until('n01 replaced by spare-1', () => controller.jobs.get('llama'), (record) => record.state === 'running' && record.spec.nodes.includes('spare-1'));
-    // The recovery actuator told the ladder who took n01's place.
+    // The evict step told the ladder who took n01's place.
     const stored = JSON.parse((await store.redis.get(store.keys.jobLadder('llama'))) ?? '{}') as { replacements?: unknown; lastEviction?: unknown };
     expect(stored.replacements).toEqual([{ node: 'spare-1', replaced: 'n01', at: expect.any(Number) }]);
     expect(stored.lastEviction).toMatchObject({ nodes: ['n01'], signatures: ['machine:xid:79'] });

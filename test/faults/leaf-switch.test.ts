@@ -121,7 +121,7 @@ describe('a leaf-switch failure on the real parts', () => {
 
     // The ladder tolerates each node's first network fault and evicts on the second; its retry
     // chain runs out after six restarts in the incident (504-GPU report) and it asks for a person.
-    // Wait until every alert is in and the recovery queue has gone quiet.
+    // Wait until every alert is in and the steps queue has gone quiet.
     await until('all 32 port-down alerts audited', () => controller.audit.read({ limit: 10_000, type: 'signal' }), (entries) => entries.filter((entry) => entry.summary.includes('SteadfastRdmaPortDown')).length >= RACK_A.length, 40_000);
     await settle(controller, recovery);
 

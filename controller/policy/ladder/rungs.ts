@@ -8,7 +8,7 @@ import type { LadderState } from './state.js';
 /**
  * The rungs of ByteRobust's ladder (§4.1, §4.2): evict, diagnose, reattempt, roll back, replay,
  * and escalation from one to the next when a relaunch fails. Each sets the phase and emits the
- * steps the recovery actuator carries out.
+ * steps the step actuators carry out (actuators/steps/).
  */
 
 /** The nodes that are still in the job: not quarantined, not evicted earlier in this incident. */

@@ -82,7 +82,7 @@ export interface EvictionRecord {
   signatures: string[];
 }
 
-/** A warm standby that took an evicted node's place (ByteRobust §6.2), as the recovery actuator reported it. */
+/** A warm standby that took an evicted node's place (ByteRobust §6.2), as the evict step reported it. */
 export interface Replacement {
   node: string;
   replaced: string;

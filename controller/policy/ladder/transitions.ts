@@ -169,7 +169,7 @@ export function onReplayResult(ctx: Ctx, culprits: string[], unrun?: string): vo
 }
 
 /**
- * The recovery actuator refused what the ladder decided (actions paused, the job's recovery off,
+ * The step processor refused what the ladder decided (actions paused, the job's recovery off,
  * the eviction budget spent), so nothing it waits for will come: no restart, no test result. The
  * controller hands this event the ladder as it was before the refused transition when it can
  * (recovery-dispatcher.ts), and the job is then simply running; otherwise the open incident is

@@ -7,7 +7,7 @@ import { T0, SECOND, MINUTE, HOUR, DAY, fault, run, shape, running } from './sup
 
 const refused = (time: number, detail = 'actions are paused: maintenance'): LadderEvent => ({ type: 'recovery_refused', time, transitionId: 't-refused', detail });
 
-describe('ladder: a transition the recovery actuator refused', () => {
+describe('ladder: a transition the step processor refused', () => {
   it('closes the incident it opened, says so, and leaves the job running', () => {
     const evicting = run(running(), [fault('machine', T0, ['node-3'], 'Xid 79')]).state;
     expect(evicting.phase).toBe('stopped');
