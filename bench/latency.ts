@@ -2,7 +2,7 @@ import { Queue } from 'bullmq';
 import { cpus, loadavg, totalmem } from 'node:os';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { AuditEntry } from '../core/audit.js';
-import { QUEUE_NAMES, type SignalJob } from '../core/queues.js';
+import { QUEUE_NAMES, type SignalJob, type StepsJob } from '../core/queues.js';
 import { SimEnvironment } from '../sim/environment.js';
 import { runFallenOffBus, type ScenarioResult } from '../sim/scenario.js';
 import { quantile } from './stats.js';
@@ -30,6 +30,8 @@ const PHASES = [
   ['taken', 'policy worker took the batch (job processedOn)'],
   ['audited', 'signal audited'],
   ['decided', 'decision audited'],
+  ['queued', 'transition queued on steps (its job created)'],
+  ['picked', 'step processor took it (job processedOn)'],
   ['started', 'drain command started (action running)'],
   ['done', 'drain done and verified (action done)'],
   ['seen', 'Slurm shows the node drained (bench poll, every 25 ms)'],
@@ -61,7 +63,7 @@ function streamMs(entry: AuditEntry): number {
   return Number(entry.id.split('-')[0]);
 }
 
-async function phasesOf(result: ScenarioResult, signals: Queue<SignalJob>): Promise<PhaseTimes> {
+async function phasesOf(result: ScenarioResult, signals: Queue<SignalJob>, steps: Queue<StepsJob>): Promise<PhaseTimes> {
   const since = (ms: number | undefined): number | undefined => (ms === undefined || !Number.isFinite(ms) ? undefined : ms - result.injectedAt);
   const first = (predicate: (entry: AuditEntry) => boolean): AuditEntry | undefined => result.audit.find(predicate);
   const signalEntry = first((entry) => entry.type === 'signal' && (entry.data.signal as { source?: string } | undefined)?.source === 'agent');
@@ -72,6 +74,7 @@ async function phasesOf(result: ScenarioResult, signals: Queue<SignalJob>): Prom
   const post = fastPathPosts.find((candidate) => candidate.at >= result.injectedAt - 5 && candidate.body.includes(`"node":"${result.node}"`));
   const jobs = signal?.id === undefined ? [] : await signals.getJobs(['completed', 'active', 'failed'], 0, 1000);
   const job = jobs.find((candidate) => candidate.data.signals.some((stored) => stored.id === signal?.id));
+  const transition = decision === undefined ? undefined : await steps.getJob(decision.ref ?? '');
   return {
     read: since(Date.parse(signal?.time ?? '')),
     sent: since(post?.at),
@@ -80,6 +83,8 @@ async function phasesOf(result: ScenarioResult, signals: Queue<SignalJob>): Prom
     taken: since(job?.processedOn),
     audited: since(signalEntry && streamMs(signalEntry)),
     decided: since(decision && streamMs(decision)),
+    queued: since(transition?.timestamp),
+    picked: since(transition?.processedOn),
     started: since(running && streamMs(running)),
     done: since(done && streamMs(done)),
     seen: result.timeline.find((step) => step.label === 'Slurm shows the node drained')?.afterMs,
@@ -93,6 +98,7 @@ async function measure(name: string, fastPath: boolean): Promise<PathFigures> {
   const phases: PhaseTimes[] = [];
   let failures = 0;
   const signals = new Queue<SignalJob>(QUEUE_NAMES.signals, { connection: { url: env.redis.url }, prefix: env.config.redis.prefix });
+  const steps = new Queue<StepsJob>(QUEUE_NAMES.steps, { connection: { url: env.redis.url }, prefix: env.config.redis.prefix });
   try {
     for (const [index, node] of env.nodes.entries()) {
       const result = await runFallenOffBus(env, { node: node.name, gpuIndex: index % 8, waitForAlert: false, timeoutMs: 30_000 });
@@ -102,14 +108,14 @@ async function measure(name: string, fastPath: boolean): Promise<PathFigures> {
         process.stderr.write(`bench: ${node.name}: ${result.problems.join('; ')}\n`);
       } else {
         samples.push(done);
-        if (fastPath) phases.push(await phasesOf(result, signals));
+        if (fastPath) phases.push(await phasesOf(result, signals, steps));
         process.stderr.write(`bench: ${name} ${node.name}: ${done} ms\n`);
       }
       // Spread injections over scrape phases instead of locking onto one.
       await sleep(150 + Math.random() * 700);
     }
   } finally {
-    await signals.close();
+    await Promise.all([signals.close(), steps.close()]);
     await env.stop();
   }
   return { name, samples: samples.sort((a, b) => a - b), failures, phases };
