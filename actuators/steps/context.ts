@@ -219,6 +219,16 @@ export async function refuseStep(deps: StepDeps, at: StepAt, refusal: Extract<Ga
   return refusal.reason;
 }
 
+/**
+ * The gates a step on one node passes before it acts: pause, the node's holds and maintenance
+ * windows, the budget (SafetyGates.admit). A refusal is recorded and paged (refuseStep).
+ */
+export async function admitNodeStep(deps: StepDeps, at: StepAt, node: string, what: string, recorded: RecordOptions = {}): Promise<{ readonly ok: true } | { readonly ok: false; readonly halt: Halt }> {
+  const admitted = await deps.gates.admit(stepRef(at), [node]);
+  if (admitted.ok) return { ok: true };
+  return { ok: false, halt: await refuseStep(deps, at, admitted, { what: `${what} ${node}`, node }, recorded) };
+}
+
 /** Pages about a refusal, once per gate and budget window (SafetyGates.claimPage). */
 export async function pageOnce(deps: StepDeps, at: StepAt, refusal: Extract<GateVerdict, { ok: false }>, page: RefusalPage): Promise<void> {
   if (deps.onPage === undefined || !(await deps.gates.claimPage(refusal.gate))) return;

@@ -1,5 +1,5 @@
 import { drainNode } from '../drain-node.js';
-import { recordStep, refuseStep, stepNode, stepRef, type Halt, type StepDeps, type StepAt } from './context.js';
+import { admitNodeStep, recordStep, stepNode, stepRef, type Halt, type StepDeps, type StepAt } from './context.js';
 
 /**
  * The drain step, the node ladder's first rung (a node outside any job with a fault it cannot
@@ -10,8 +10,8 @@ export async function drain(deps: StepDeps, at: StepAt): Promise<Halt> {
   const { backend, gates } = deps;
   const node = stepNode(at);
   const ref = stepRef(at);
-  const admitted = await gates.admit(ref, [node]);
-  if (!admitted.ok) return refuseStep(deps, at, admitted, { what: `drain ${node}`, node });
+  const admitted = await admitNodeStep(deps, at, node, 'drain');
+  if (!admitted.ok) return admitted.halt;
   const outcome = await drainNode(backend, gates, {
     node,
     holder: `${ref}:${at.attempt}`,

@@ -1,7 +1,7 @@
 import { HANDED_OFF_REASON } from '../../core/remedy.js';
 import { remediesSchema } from '../../core/remedy-config.js';
 import { drainNode } from '../drain-node.js';
-import { recordStep, refuseStep, rememberRemedy, stepNode, stepRef, type Halt, type StepAt, type StepDeps } from './context.js';
+import { admitNodeStep, recordStep, rememberRemedy, stepNode, stepRef, type Halt, type StepAt, type StepDeps } from './context.js';
 
 /**
  * The hand_off step, the node ladder's top rung: resets and reboots did not hold, so the node is
@@ -10,9 +10,8 @@ import { recordStep, refuseStep, rememberRemedy, stepNode, stepRef, type Halt, t
  * steadfast_node_handed_off alert either way.
  */
 export async function handOff(deps: StepDeps, at: StepAt): Promise<Halt> {
-  const node = stepNode(at);
-  const admitted = await deps.gates.admit(stepRef(at), [node]);
-  if (!admitted.ok) return refuseStep(deps, at, admitted, { what: `hand_off ${node}`, node });
+  const admitted = await admitNodeStep(deps, at, stepNode(at), 'hand_off');
+  if (!admitted.ok) return admitted.halt;
   return handOffNode(deps, at);
 }
 

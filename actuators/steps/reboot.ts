@@ -1,7 +1,7 @@
 import { DoNotRetryError } from '../../core/errors.js';
 import { remediesSchema } from '../../core/remedy-config.js';
 import { NodeLeasedError } from '../drain-node.js';
-import { recordStep, refuseStep, rememberRemedy, stepNode, stepRef, type Halt, type StepAt, type StepDeps } from './context.js';
+import { admitNodeStep, recordStep, rememberRemedy, stepNode, stepRef, type Halt, type StepAt, type StepDeps } from './context.js';
 import { handOffNode } from './hand-off.js';
 
 /**
@@ -15,8 +15,8 @@ export async function reboot(deps: StepDeps, at: StepAt): Promise<Halt> {
   const { backend, gates } = deps;
   const node = stepNode(at);
   const ref = stepRef(at);
-  const admitted = await gates.admit(ref, [node]);
-  if (!admitted.ok) return refuseStep(deps, at, admitted, { what: `reboot ${node}`, node });
+  const admitted = await admitNodeStep(deps, at, node, 'reboot');
+  if (!admitted.ok) return admitted.halt;
   const rebootNode = backend.reboot?.bind(backend);
   if (rebootNode === undefined) return handOffNode(deps, at, `the ${backend.name} backend cannot reboot a node`);
   const nextState = (deps.remedies ?? remediesSchema.parse({})).reboot.nextState;

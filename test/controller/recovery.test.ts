@@ -5,17 +5,9 @@ import { DryRunBackend } from '../../actuators/dry-run.js';
 import type { LadderState } from '../../controller/policy/ladder/index.js';
 import { post, startController, testConfig } from '../support/controller.js';
 import { testRedis } from '../support/redis.js';
+import { LLAMA as JOB } from '../support/steps.js';
 import { until } from '../support/until.js';
 
-const JOB = {
-  name: 'llama',
-  nodes: ['n00', 'n01', 'n02', 'n03'],
-  ranksPerNode: 1,
-  topology: { pp: 2, dp: 2, order: 'tp-dp-pp' },
-  // `true` stands in for sbatch: the launcher accepts the job.
-  launcher: 'accept',
-  codeVersion: 'v1',
-};
 
 
 const summaries = (entries: AuditEntry[]): string[] => entries.map((entry) => `${entry.type}: ${entry.summary}`);

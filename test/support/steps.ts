@@ -85,3 +85,14 @@ const NO_JOBS: StepJobs = {
 export function recordingBackend(store: ReturnType<typeof testRedis>): DryRunBackend {
   return Object.assign(Object.create(new DryRunBackend(store.redis, store.keys)) as DryRunBackend, { name: 'recorder' });
 }
+
+/** The job most recovery tests register: four nodes, two pipeline stages of two replicas, the `accept` launcher. */
+export const LLAMA = {
+  name: 'llama',
+  nodes: ['n00', 'n01', 'n02', 'n03'],
+  ranksPerNode: 1,
+  topology: { pp: 2, dp: 2, order: 'tp-dp-pp' },
+  // The `accept` launcher stands in for sbatch: it accepts the job.
+  launcher: 'accept',
+  codeVersion: 'v1',
+};

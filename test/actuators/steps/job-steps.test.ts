@@ -6,7 +6,7 @@ import { AuditLog } from '../../../core/audit.js';
 import { JobStore } from '../../../controller/job-store.js';
 import type { Step } from '../../../core/steps.js';
 import type { LadderEventJob, StepsJob } from '../../../core/queues.js';
-import { testStepProcessor } from '../../support/steps.js';
+import { LLAMA as JOB, testStepProcessor } from '../../support/steps.js';
 import { testRedis } from '../../support/redis.js';
 
 /**
@@ -15,14 +15,6 @@ import { testRedis } from '../../support/redis.js';
  * the exclusion history across jobs.
  */
 
-const JOB = {
-  name: 'llama',
-  nodes: ['n00', 'n01', 'n02', 'n03'],
-  ranksPerNode: 1,
-  topology: { pp: 2, dp: 2, order: 'tp-dp-pp' },
-  launcher: 'accept',
-  codeVersion: 'v1',
-};
 
 /** The step processor alone, on the test Redis, with a generous budget and no ladder behind it. */
 function recoveryProcessor(
