@@ -21,6 +21,10 @@ export interface NodeMoment {
   readonly hotFeatures: number;
   /** The worst badness of any feature against the peers. */
   readonly worst: number;
+  /** Hot features that mean hardware (not `activity` features). */
+  readonly hardwareHot: number;
+  /** The worst badness of a hardware feature against the peers. */
+  readonly hardwareWorst: number;
   /** A feature at its known-meaning alarm level (alarmAt): strong evidence whatever the peers read. */
   readonly alarm: boolean;
   /** A feature at its raiseAt level (a fatal or repeated Xid): a suspect at once. */
@@ -77,6 +81,8 @@ interface Accumulator {
   score: number;
   hot: number;
   worst: number;
+  hardwareHot: number;
+  hardwareWorst: number;
   alarm: boolean;
   raise: boolean;
   evidence: { entry: Evidence; badness: number }[];
@@ -96,7 +102,7 @@ export function scoreGroup(
   baselines: Baselines | undefined,
   peers: boolean,
 ): GroupMoment {
-  const accumulators: Accumulator[] = nodes.map(() => ({ score: 0, hot: 0, worst: 0, alarm: false, raise: false, evidence: [], peerZ: new Map() }));
+  const accumulators: Accumulator[] = nodes.map(() => ({ score: 0, hot: 0, worst: 0, hardwareHot: 0, hardwareWorst: 0, alarm: false, raise: false, evidence: [], peerZ: new Map() }));
   const skippedFeatures: string[] = [];
   const peerScored = peers && nodes.length >= settings.minPeers;
 
@@ -165,6 +171,10 @@ export function scoreGroup(
       accumulator.score += Math.min(bad, settings.clipZ);
       accumulator.hot += 1;
       accumulator.worst = Math.max(accumulator.worst, bad);
+      if (feature.activity !== true) {
+        accumulator.hardwareHot += 1;
+        accumulator.hardwareWorst = Math.max(accumulator.hardwareWorst, bad);
+      }
       accumulator.evidence.push({ entry: { feature: feature.name, device: devices[at] as number, value: values[at] as number, peerMedian, robustZ: z, kind: 'peer' }, badness: bad });
     }
   }
@@ -178,6 +188,8 @@ export function scoreGroup(
         score: accumulator.score,
         hotFeatures: accumulator.hot,
         worst: accumulator.worst,
+        hardwareHot: accumulator.hardwareHot,
+        hardwareWorst: accumulator.hardwareWorst,
         alarm: accumulator.alarm,
         raise: accumulator.raise,
         evidence: accumulator.evidence.map((item) => item.entry),
@@ -189,7 +201,27 @@ export function scoreGroup(
   };
 }
 
-/** Whether a node's peer evidence alone makes the moment anomalous: several hot features, or one strong one (504-GPU report: no single metric dominant, but some mean one thing). */
-export function peerAnomalous(moment: NodeMoment, settings: MultiSignalSettings): boolean {
+/**
+ * Whether a node stands out from its peers at all: several hot features, or one strong one
+ * (504-GPU report: no single metric dominant, but some mean one thing). What a job-wide phase is
+ * counted on.
+ */
+export function peerOutlier(moment: NodeMoment, settings: MultiSignalSettings): boolean {
   return (moment.hotFeatures >= settings.minHotFeatures && moment.score >= settings.minScore) || moment.worst >= settings.strongZ;
+}
+
+/**
+ * Whether a node's peer evidence makes the moment anomalous: it stands out, and hardware is part
+ * of why — a hot feature that means hardware among several, or one that is strong by itself.
+ * What only ordinary activity features show (a utilization dip, less traffic: a checkpoint, an
+ * evaluation, a data-loader stall, an uneven pipeline stage on one node) is not, on its own
+ * (activityOnly: it counts only when it lasts).
+ */
+export function peerAnomalous(moment: NodeMoment, settings: MultiSignalSettings): boolean {
+  return (moment.hotFeatures >= settings.minHotFeatures && moment.score >= settings.minScore && moment.hardwareHot >= 1) || moment.hardwareWorst >= settings.strongZ;
+}
+
+/** A node that stands out from its peers on ordinary activity features alone. */
+export function activityOnly(moment: NodeMoment, settings: MultiSignalSettings): boolean {
+  return peerOutlier(moment, settings) && !peerAnomalous(moment, settings);
 }

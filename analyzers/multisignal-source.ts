@@ -69,17 +69,20 @@ export function defaultFeatureQueries(labels: FeatureLabels = DEFAULT_LABELS): F
     { name: 'gpu_memory_temperature_celsius', direction: 'higher', minSpread: 1, deviceLabel: 'gpu', metric: 'steadfast_gpu_memory_temperature_celsius', query: aggregateBy('max', perGpu, `steadfast_gpu_memory_temperature_celsius${agent()}`) },
     // Under one synchronous load every GPU draws about the same; a GPU drawing less does less
     // work: throttled, stalled or degrading (and near idle once an Xid took it out).
-    { name: 'gpu_power_watts', direction: 'lower', minSpread: 10, deviceLabel: 'gpu', metric: 'steadfast_gpu_power_watts', query: aggregateBy('min', perGpu, `steadfast_gpu_power_watts${agent()}`) },
+    { name: 'gpu_power_watts', direction: 'lower', minSpread: 10, activity: true, deviceLabel: 'gpu', metric: 'steadfast_gpu_power_watts', query: aggregateBy('min', perGpu, `steadfast_gpu_power_watts${agent()}`) },
     // SM clocks held down (thermal or power protection) precede and follow hardware trouble.
-    { name: 'gpu_sm_clock_hertz', direction: 'lower', minSpread: 15e6, deviceLabel: 'gpu', metric: 'steadfast_gpu_clock_hertz', query: aggregateBy('min', perGpu, `steadfast_gpu_clock_hertz${agent({ clock: 'sm' })}`) },
+    { name: 'gpu_sm_clock_hertz', direction: 'lower', minSpread: 15e6, activity: true, deviceLabel: 'gpu', metric: 'steadfast_gpu_clock_hertz', query: aggregateBy('min', perGpu, `steadfast_gpu_clock_hertz${agent({ clock: 'sm' })}`) },
     // Kernels stop running on a GPU the driver lost or the job left behind.
-    { name: 'gpu_utilization', direction: 'lower', minSpread: 0.02, deviceLabel: 'gpu', metric: 'steadfast_gpu_utilization_ratio', query: aggregateBy('avg', perGpu, `steadfast_gpu_utilization_ratio${agent()}`) },
+    { name: 'gpu_utilization', direction: 'lower', minSpread: 0.02, activity: true, deviceLabel: 'gpu', metric: 'steadfast_gpu_utilization_ratio', query: aggregateBy('avg', perGpu, `steadfast_gpu_utilization_ratio${agent()}`) },
     // Share of the last 5 minutes a GPU was held down by hardware protection: a power brake a
     // minute at a time shows here for 5 minutes, and the detector's episode count adds them up.
+    // A healthy GPU is not held down by its hardware; a minute of the last five is the alarm level
+    // whatever the peers read (a power brake caps every GPU of the board at once).
     {
       name: 'gpu_hw_slowdown_share',
       direction: 'higher',
       minSpread: 0.1,
+      alarmAt: 0.2,
       deviceLabel: 'gpu',
       metric: 'steadfast_gpu_throttle_reason',
       query: aggregateBy('max', perGpu, `avg_over_time(steadfast_gpu_throttle_reason${agent({ reason: { oneOf: HARDWARE_SLOWDOWN_REASONS } })}[5m])`),
@@ -134,6 +137,7 @@ export function defaultFeatureQueries(labels: FeatureLabels = DEFAULT_LABELS): F
       name: 'rdma_transmit_bytes_per_second',
       direction: 'lower',
       minSpread: 1e8,
+      activity: true,
       metric: 'steadfast_rdma_port_data_transmitted_bytes_total',
       query: sumBy(byNode, rate(`steadfast_rdma_port_data_transmitted_bytes_total${agent()}`, '1m')),
     },
@@ -143,6 +147,7 @@ export function defaultFeatureQueries(labels: FeatureLabels = DEFAULT_LABELS): F
       name: 'nfs_getattr_rtt_seconds',
       direction: 'higher',
       minSpread: 2e-4,
+      activity: true,
       deviceLabel: 'mount',
       metric: 'steadfast_nfs_rtt_seconds_total',
       query: `${sumBy([node, 'mount'], rate(`steadfast_nfs_rtt_seconds_total${getattr}`))}\n/\n(${sumBy([node, 'mount'], rate(`steadfast_nfs_operations_total${getattr}`))} > 0)`,
@@ -156,7 +161,7 @@ export function defaultFeatureQueries(labels: FeatureLabels = DEFAULT_LABELS): F
       query: `(${sumBy(byNode, rate(`steadfast_nfs_transmissions_total${agent()}`))} - ${nfsOperations})\n/\n(${nfsOperations} > 0)`,
     },
     // The node's slowest rank, over whichever training jobs the node runs.
-    { name: 'training_iteration_seconds', direction: 'higher', minSpread: 0.02, metric: 'steadfast_training_iteration_seconds', query: aggregateBy('max', byNode, `steadfast_training_iteration_seconds${agent()}`) },
+    { name: 'training_iteration_seconds', direction: 'higher', minSpread: 0.02, activity: true, metric: 'steadfast_training_iteration_seconds', query: aggregateBy('max', byNode, `steadfast_training_iteration_seconds${agent()}`) },
   ];
 }
 

@@ -2,7 +2,7 @@ import { z } from 'zod';
 import { InputError } from '../core/errors.js';
 import { parseOrThrow } from '../core/validate.js';
 import { NodeBaselines, VerdictRing } from './multisignal-memory.js';
-import { peerAnomalous, scoreGroup, type GroupMoment } from './multisignal-scoring.js';
+import { activityOnly, peerAnomalous, peerOutlier, scoreGroup, type GroupMoment } from './multisignal-scoring.js';
 
 /**
  * Multi-signal "suspect node" detection, after the 504-GPU operations report ("From Detection to
@@ -58,6 +58,14 @@ export const featureSpecSchema = z
     alarmAt: z.number().optional(),
     /** A level at which the node is raised at once, without peers or persistence (a fatal or repeated Xid). */
     raiseAt: z.number().optional(),
+    /**
+     * An ordinary activity measure (utilization, traffic, power, clocks, iteration time, metadata
+     * latency): what checkpoints, evaluations, data-loader stalls and uneven pipeline stages move
+     * on one node now and then. Alone it makes no moment anomalous; a node that stands out on
+     * activity features only is raised when that lasts (activityPersistence). Features without it
+     * mean hardware (temperatures, throttle reasons, ECC, remaps, replays, link errors, Xids).
+     */
+    activity: z.boolean().optional(),
   })
   .strict();
 
@@ -87,6 +95,16 @@ const optionsSchema = z
       .strict()
       .refine((value) => value.k <= value.n, 'k must not exceed n')
       .default({ k: 7, n: 9 }),
+    /**
+     * A node that stands out on activity features only is raised when it does so in k of the last
+     * n evaluations (27 of 30: half an hour at the controller's one a minute), longer than a
+     * checkpoint, an evaluation or a loader stall on one node lasts.
+     */
+    activityPersistence: z
+      .object({ k: z.int().min(1), n: z.int().min(1).max(1000) })
+      .strict()
+      .refine((value) => value.k <= value.n, 'k must not exceed n')
+      .default({ k: 27, n: 30 }),
     /** Short episodes that keep coming back: anomalous in `count` of the last `window` evaluations, in ≥ 2 separate runs. */
     episodes: z
       .object({ count: z.int().min(1), window: z.int().min(1).max(1000) })
@@ -134,7 +152,7 @@ export interface Evidence {
   readonly kind?: 'peer' | 'alarm' | 'raise' | 'silence';
 }
 
-export type RaiseReason = 'persistent' | 'episodes' | 'raise' | 'silence';
+export type RaiseReason = 'persistent' | 'episodes' | 'raise' | 'silence' | 'activity';
 
 export interface NodeVerdict {
   readonly node: string;
@@ -213,6 +231,8 @@ function tooFew(present: number, members: number, settings: MultiSignalSettings)
 
 interface NodeHistory {
   readonly verdicts: VerdictRing;
+  /** Moments the node stood out on activity features only. */
+  readonly activity: VerdictRing;
   raisedSince: number | undefined;
   latest: NodeVerdict | undefined;
   silentSince: number | undefined;
@@ -264,15 +284,16 @@ export class MultiSignalDetector {
       for (const node of moment.nodes) {
         const peerEvidence = !phase && group.peerScored && peerAnomalous(node, this.settings);
         const anomalous = node.alarm || peerEvidence;
+        const activity = !phase && group.peerScored && !anomalous && activityOnly(node, this.settings);
         const evidence = phase ? node.evidence.filter((item) => item.kind !== 'peer') : node.evidence;
         const verdict: NodeVerdict = { node: node.node, group: group.group === '' ? undefined : group.group, score: phase ? 0 : node.score, anomalous, evidence };
         verdicts.push(verdict);
         present.add(node.node);
-        const history = this.record(node.node, time, verdict, node.raise);
+        const history = this.record(node.node, time, verdict, node.raise, activity);
         const raised = history.raisedSince !== undefined;
         // Until a node's normal is learnt it is sampled whatever it shows (a node that is simply
         // different is raised at first and would otherwise never be learnt); after that, only calm moments.
-        if (!phase && group.peerScored && (!this.baselines.learnt(node.node) || (!raised && !anomalous))) this.baselines.offer(node.node, time, node.peerZ);
+        if (!phase && group.peerScored && (!this.baselines.learnt(node.node) || (!raised && !anomalous && !activity))) this.baselines.offer(node.node, time, node.peerZ);
       }
     }
 
@@ -306,7 +327,9 @@ export class MultiSignalDetector {
             ? 'persistent'
             : present.has(node) && history.verdicts.count(this.settings.episodes.window) >= this.settings.episodes.count && history.verdicts.episodes(this.settings.episodes.window) >= 2
               ? 'episodes'
-              : undefined;
+              : present.has(node) && history.activity.count(this.settings.activityPersistence.n) >= this.settings.activityPersistence.k
+                ? 'activity'
+                : undefined;
       if (reason === undefined) {
         history.raisedSince = undefined;
         continue;
@@ -341,7 +364,7 @@ export class MultiSignalDetector {
     this.lastTime = time;
   }
 
-  private record(node: string, time: number, verdict: NodeVerdict, raise: boolean): NodeHistory {
+  private record(node: string, time: number, verdict: NodeVerdict, raise: boolean, activity: boolean): NodeHistory {
     let history = this.history.get(node);
     if (!history) {
       history = emptyHistory(this.settings);
@@ -349,9 +372,10 @@ export class MultiSignalDetector {
     }
     if (history.raisedSince === time) history.raisedSince = undefined;
     history.verdicts.push(time, verdict.anomalous);
+    history.activity.push(time, activity);
     history.silentFor = 0;
     history.absentFor = 0;
-    if (verdict.anomalous || raise) history.latest = verdict;
+    if (verdict.anomalous || raise || activity) history.latest = verdict;
     if (raise) history.raiseTime = time;
     return history;
   }
@@ -371,7 +395,8 @@ export class MultiSignalDetector {
     for (const [group, nodes] of [...members].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))) {
       const present = nodes.filter((node) => matrix[node] !== undefined).sort();
       const moment = scoreGroup(present, matrix, this.settings, this.baselines, true);
-      const anomalousOnPeers = moment.peerScored ? moment.nodes.filter((node) => peerAnomalous(node, this.settings)).length : 0;
+      // A phase is whatever moves many of the group at once, activity included.
+      const anomalousOnPeers = moment.peerScored ? moment.nodes.filter((node) => peerOutlier(node, this.settings)).length : 0;
       const phase = anomalousOnPeers >= 2 && anomalousOnPeers > this.settings.maxAnomalousShare * present.length;
       const report: GroupReport = {
         group,
@@ -394,7 +419,8 @@ export class MultiSignalDetector {
 }
 
 function emptyHistory(settings: MultiSignalSettings): NodeHistory {
-  return { verdicts: new VerdictRing(Math.max(settings.persistence.n, settings.episodes.window)), raisedSince: undefined, latest: undefined, silentSince: undefined, silentFor: 0, absentFor: 0, raiseTime: undefined };
+  const length = Math.max(settings.persistence.n, settings.episodes.window, settings.activityPersistence.n);
+  return { verdicts: new VerdictRing(length), activity: new VerdictRing(length), raisedSince: undefined, latest: undefined, silentSince: undefined, silentFor: 0, absentFor: 0, raiseTime: undefined };
 }
 
 function silenceVerdict(node: string, group: string | undefined, evaluations: number): NodeVerdict {
