@@ -12,11 +12,13 @@ import { SuspectWatch } from '../analyzers/workers/suspect-watch.js';
 import { ProcessGroup } from '../sim/processes.js';
 import { backfillFleet, startPrometheusOn } from './heldout/backfill.js';
 import { DAY, DEFAULT_SHAPE, HOUR, MINUTE, jobsAt, planFleet, type FaultLabel, type FleetPlan } from './heldout/fleet.js';
-import { GRACE_MS, leadText, score, type Raise, type Score } from './heldout/score.js';
+import { GRACE_MS, benignAround, benignCounts, leadText, score, type Raise, type Score } from './heldout/score.js';
+import { fleetFromEnv } from './heldout/variant.js';
 
 /**
  * The held-out evaluation of the multi-signal detector (bench/heldout/README.md): a labelled
- * 64-node fleet generated from a fixed seed, backfilled into the real Prometheus, and read back
+ * 64-node fleet generated from a fixed seed — fleet 1 by default, fleet 2 with
+ * STEADFAST_BENCH_HELDOUT_FLEET=2 (bench/heldout/variant.ts) — backfilled into the real Prometheus, and read back
  * the way steadfast reads it in production — the controller's SuspectWatch every 60 s through
  * PrometheusFeatureSource, per registered job and over the whole fleet — and, for every fault,
  * `steadfast detect suspects` over the 15 minutes around its failure. The baseline in the same
@@ -24,6 +26,8 @@ import { GRACE_MS, leadText, score, type Raise, type Score } from './heldout/sco
  */
 
 const run = promisify(execFile);
+/** STEADFAST_BENCH_HELDOUT_FLEET: 1 (the default; it has guided detector changes) or 2 (held out). */
+const FLEET = fleetFromEnv(process.env.STEADFAST_BENCH_HELDOUT_FLEET);
 const DAYS = Number(process.env.STEADFAST_BENCH_HELDOUT_DAYS ?? DEFAULT_SHAPE.days);
 const WARM_UP_MS = HOUR;
 const EVERY_MS = MINUTE;
@@ -102,11 +106,11 @@ function summary(name: string, result: Score): string {
 
 async function main(): Promise<void> {
   const start = Math.floor(Date.now() / DAY) * DAY - (Math.ceil(DAYS) + 1) * DAY;
-  const plan = planFleet({ ...DEFAULT_SHAPE, days: DAYS, start });
+  const plan = planFleet({ ...DEFAULT_SHAPE, seed: FLEET.seed, days: DAYS, start, variant: FLEET });
   const root = mkdtempSync(join(tmpdir(), 'steadfast-heldout-'));
   const group = new ProcessGroup();
   try {
-    process.stderr.write(`bench: generating ${plan.nodes.length} nodes × ${plan.gpusPerNode} GPUs, ${DAYS} days at ${plan.stepMs / 1000} s, and backfilling …\n`);
+    process.stderr.write(`bench: held-out fleet ${FLEET.id}: generating ${plan.nodes.length} nodes × ${plan.gpusPerNode} GPUs, ${DAYS} days at ${plan.stepMs / 1000} s, and backfilling …\n`);
     const backfill = await backfillFleet(plan, root, join(root, 'data'));
     const prometheus = await startPrometheusOn(group, root, join(root, 'data'));
     process.stderr.write(`bench: ${backfill.samples} samples in Prometheus; replaying the detector every 60 s …\n`);
@@ -124,7 +128,7 @@ async function main(): Promise<void> {
     const xidAll = score(online.xid, plan.faults, plan.faults, evaluated);
 
     const lines = [
-      `Held-out evaluation of the multi-signal detector (seed ${plan.seed}; ${plan.nodes.length} nodes × ${plan.gpusPerNode} GPUs, ${DAYS} days at ${plan.stepMs / 1000} s, ${plan.jobs.length} jobs, ${plan.faults.length} labelled faults, ${plan.confusers.length} benign events)`,
+      `Held-out evaluation of the multi-signal detector on held-out fleet ${FLEET.id} (STEADFAST_BENCH_HELDOUT_FLEET=${FLEET.id}; seed ${plan.seed}; ${plan.nodes.length} nodes × ${plan.gpusPerNode} GPUs, ${DAYS} days at ${plan.stepMs / 1000} s, ${plan.jobs.length} jobs, ${plan.faults.length} labelled faults, ${plan.confusers.length} benign events)`,
       `generated and backfilled ${backfill.samples} samples in ${backfill.backfillSeconds.toFixed(0)} s (writing ${backfill.writeSeconds.toFixed(0)} s); replay ${replaySeconds.toFixed(0)} s (feature reads ${(online.readMs / 1000).toFixed(0)} s)`,
       '',
       row(['detector path', 'faults found', 'found before the failure', 'median lead', 'false episodes', 'false episodes / day (64 nodes)']),
@@ -155,10 +159,12 @@ async function main(): Promise<void> {
       ),
       '',
       'minutes relative to the failure: −m raised m minutes before it, +m after, — not raised',
+      '',
+      `false episodes by the benign event on their node (bench/heldout/score.ts benignAround): per job ${benignCounts(plan.confusers, perJob.falseStarts)}; whole fleet ${benignCounts(plan.confusers, fleet.falseStarts)}`,
     ];
     if (VERBOSE) {
       for (const [name, result] of [['per job', perJob], ['whole fleet', fleet]] as const) {
-        lines.push('', `false episodes, ${name}:`, ...result.falseStarts.map((raise) => `  ${new Date(raise.time).toISOString()} ${raise.node}: ${raise.why ?? ''}`));
+        lines.push('', `false episodes, ${name}:`, ...result.falseStarts.map((raise) => `  ${new Date(raise.time).toISOString()} ${raise.node} [${benignAround(plan.confusers, raise).join(', ') || 'no benign event'}]: ${raise.why ?? ''}`));
       }
     }
     if (online.failures.size > 0) lines.push('', `feature queries that failed: ${[...online.failures].join('; ')}`);

@@ -1,4 +1,5 @@
 import { seededUniform } from '../../core/random.js';
+import { FLEET_1, type FleetVariant } from './variant.js';
 
 /**
  * The labelled fleet of the held-out evaluation: which node runs what when, which faults strike
@@ -62,7 +63,13 @@ export interface JobPlan {
 export type Confuser =
   | { readonly kind: 'reboot'; readonly node: string; readonly at: number }
   | { readonly kind: 'spike'; readonly node: string; readonly gpu: number; readonly at: number }
-  | { readonly kind: 'app_xid'; readonly node: string; readonly gpu: number; readonly xid: number; readonly at: number; readonly job: string };
+  | { readonly kind: 'app_xid'; readonly node: string; readonly gpu: number; readonly xid: number; readonly at: number; readonly job: string }
+  /** The node's data loader falls behind: its GPUs and its RDMA transmit idle down to `level` (the job waits on it). */
+  | { readonly kind: 'loader_stall'; readonly node: string; readonly job: string; readonly at: number; readonly to: number; readonly level: number }
+  /** Rank 0's node writes the job's checkpoint alone: its GPUs dip and its NFS round trips (GETATTR most) grow. */
+  | { readonly kind: 'rank0_checkpoint'; readonly node: string; readonly job: string; readonly at: number; readonly to: number }
+  /** The node runs a lighter pipeline stage for the whole job: its load times `factor`. */
+  | { readonly kind: 'uneven_stage'; readonly node: string; readonly job: string; readonly at: number; readonly to: number; readonly factor: number };
 
 export interface NodeTraits {
   /** A constant offset: some nodes simply run warmer (airflow, position in the rack). */
@@ -82,6 +89,8 @@ export interface FleetPlan {
   readonly jobs: readonly JobPlan[];
   readonly faults: readonly FaultLabel[];
   readonly confusers: readonly Confuser[];
+  /** The variant the plan was drawn from, whose fault effects the series follow (default: fleet 1's). */
+  readonly variant?: FleetVariant;
 }
 
 export interface FleetShape {
@@ -94,40 +103,19 @@ export interface FleetShape {
   readonly gpusPerNode: number;
   /** The faults to place, one per node at most (default: the studies' mix of 24). */
   readonly faultKinds?: readonly FaultKind[];
+  /** The fleet's shapes of faults and benign events (default: fleet 1, bench/heldout/variant.ts); `seed` stays the shape's. */
+  readonly variant?: FleetVariant;
 }
 
-/** 64 nodes × 8 GPUs, three days at 30 s: the default held-out fleet. */
+/** 64 nodes × 8 GPUs, three days at 30 s: the held-out fleets' size (the seed is fleet 1's; fleet 2 brings its own: variant.ts). */
 export const DEFAULT_SHAPE = { seed: 20261123, days: 3, stepSeconds: 30, nodes: 64, gpusPerNode: 8 } as const;
 
 export function nodeName(index: number): string {
   return `gpu${String(index + 1).padStart(3, '0')}`;
 }
 
-/** Fault kinds in the proportions of the failure studies (GPU memory and bus faults lead; README). */
-const FAULT_MIX: readonly FaultKind[] = [
-  'hbm_ecc', 'hbm_ecc', 'hbm_ecc', 'hbm_ecc', 'hbm_ecc',
-  'pcie_replay', 'pcie_replay', 'pcie_replay',
-  'thermal', 'thermal', 'thermal',
-  'power_brake', 'power_brake',
-  'ib_link', 'ib_link', 'ib_link',
-  'nfs_backlog', 'nfs_backlog',
-  'sudden_xid', 'sudden_xid', 'sudden_xid', 'sudden_xid',
-  'silent', 'silent',
-];
-
-/** Precursor length range per kind, minutes. */
-const PRECURSOR_MINUTES: Record<FaultKind, readonly [number, number]> = {
-  hbm_ecc: [120, 600],
-  pcie_replay: [30, 240],
-  thermal: [60, 180],
-  power_brake: [60, 120],
-  ib_link: [60, 360],
-  nfs_backlog: [20, 60],
-  sudden_xid: [0, 0],
-  silent: [0, 0],
-};
-
 export function planFleet(shape: FleetShape): FleetPlan {
+  const variant = shape.variant ?? FLEET_1;
   const random = seededUniform(shape.seed);
   const between = (low: number, high: number): number => low + (high - low) * random();
   const pick = <T>(items: readonly T[]): T => items[Math.floor(random() * items.length)] as T;
@@ -156,12 +144,18 @@ export function planFleet(shape: FleetShape): FleetPlan {
   ];
   const idle = nodes.filter((node) => !jobs.some((job) => job.nodes.includes(node)));
   const minute = (time: number) => Math.round(time / MINUTE) * MINUTE;
+  const confusers: Confuser[] = [];
 
   // Whole-job phases every node of a job shares (Greyhound §3: communication fail-slows last 24
   // minutes on average and slow every GPU of the job at once).
   for (const job of jobs) {
+    // Checkpoints: every node of the job writes at once, or rank 0 alone while the others go on.
+    const alone = variant.confusers.rank0CheckpointJobs.includes(job.name);
+    const [shortest, longest] = alone ? variant.confusers.rank0CheckpointMinutes : [3, 8];
     for (let at = job.from + between(1, 2) * HOUR; at < job.to - HOUR; at += between(100, 140) * MINUTE) {
-      job.phases.push({ kind: 'checkpoint', from: minute(at), to: minute(at + between(3, 8) * MINUTE) });
+      const [from, to] = [minute(at), minute(at + between(shortest, longest) * MINUTE)];
+      if (alone) confusers.push({ kind: 'rank0_checkpoint', node: job.nodes[0] as string, job: job.name, at: from, to });
+      else job.phases.push({ kind: 'checkpoint', from, to });
     }
     for (let at = job.from + between(3, 6) * HOUR; at < job.to - HOUR; at += between(5, 7) * HOUR) {
       job.phases.push({ kind: 'evaluation', from: minute(at + 15 * MINUTE), to: minute(at + 15 * MINUTE + between(8, 15) * MINUTE) });
@@ -174,18 +168,18 @@ export function planFleet(shape: FleetShape): FleetPlan {
   // Faults at distinct times on distinct nodes, most on job nodes, two on idle ones.
   const faults: FaultLabel[] = [];
   const used = new Set<string>();
-  const kinds = shape.faultKinds ?? FAULT_MIX;
+  const kinds = shape.faultKinds ?? variant.faultMix;
   if (kinds.length > nodes.length) throw new RangeError(`${kinds.length} faults need at least as many nodes, not ${nodes.length}`);
   const slots = kinds.length;
   kinds.forEach((kind, index) => {
     const failure = minute(shape.start + (0.1 + (0.85 * (index + between(0.1, 0.9))) / slots) * (end - shape.start) * 1);
-    const onIdle = shape.faultKinds === undefined && (index === 2 || index === 6);
+    const onIdle = shape.faultKinds === undefined && variant.idleFaults.includes(index);
     const running = jobs.filter((job) => job.from + 2 * HOUR < failure && failure < job.to);
     const job = onIdle ? undefined : pick(running);
     const pool = (job ? job.nodes : idle).filter((node) => !used.has(node));
     const node = pick(pool.length > 0 ? pool : nodes.filter((name) => !used.has(name)));
     used.add(node);
-    const [low, high] = PRECURSOR_MINUTES[kind];
+    const [low, high] = variant.precursorMinutes[kind];
     const precursorStart = minute(failure - between(low, high) * MINUTE);
     const relaunched = minute(failure + between(9, 13) * MINUTE);
     const xid = kind === 'hbm_ecc' ? pick([48, 63, 64, 79]) : kind === 'pcie_replay' ? 79 : kind === 'sudden_xid' ? pick([79, 119]) : undefined;
@@ -208,7 +202,6 @@ export function planFleet(shape: FleetShape): FleetPlan {
 
   // Benign events: reboots (counters restart at 0), one-sample spikes, application Xids (user
   // code faults that crash the job; ByteRobust Table 2) that a plain Xid watch mistakes for hardware.
-  const confusers: Confuser[] = [];
   const quiet = (node: string, at: number) => !faults.some((fault) => fault.node === node && at > fault.precursorStart - 2 * HOUR && at < fault.repairedAt + HOUR);
   const daysSpan = (end - shape.start) / DAY;
   for (let count = 0; count < Math.round(3 * daysSpan); ) {
@@ -231,9 +224,52 @@ export function planFleet(shape: FleetShape): FleetPlan {
     job.phases.push({ kind: 'restart', from: at, to: minute(at + between(9, 13) * MINUTE) });
     count += 1;
   }
+  confusers.push(...oneNodeDips(variant, jobs, faults, quiet, random));
   for (const job of jobs) job.phases.sort((a, b) => a.from - b.from);
 
-  return { seed: shape.seed, start: shape.start, end, stepMs: shape.stepSeconds * 1000, nodes, gpusPerNode: shape.gpusPerNode, traits, jobs, faults, confusers };
+  // A rank-0 checkpoint of a node on its way to a fault (or in repair) would be the fault's, not a confuser.
+  const kept = confusers.filter((confuser) => confuser.kind !== 'rank0_checkpoint' || quiet(confuser.node, confuser.at));
+  return { seed: shape.seed, start: shape.start, end, stepMs: shape.stepSeconds * 1000, nodes, gpusPerNode: shape.gpusPerNode, traits, jobs, faults, confusers: kept, variant };
+}
+
+/**
+ * The one-node dips of real jobs a variant turns on (none in fleet 1, which draws nothing here):
+ * data-loader stalls of one node a few times a day per job, and one node per job on a lighter
+ * pipeline stage for the whole job.
+ */
+function oneNodeDips(
+  variant: FleetVariant,
+  jobs: readonly { name: string; nodes: readonly string[]; from: number; to: number }[],
+  faults: readonly FaultLabel[],
+  quiet: (node: string, at: number) => boolean,
+  random: () => number,
+): Confuser[] {
+  const between = (low: number, high: number): number => low + (high - low) * random();
+  const pick = <T>(items: readonly T[]): T => items[Math.floor(random() * items.length)] as T;
+  const minute = (time: number) => Math.round(time / MINUTE) * MINUTE;
+  const settings = variant.confusers;
+  const dips: Confuser[] = [];
+  for (const job of jobs) {
+    const wanted = Math.round((settings.loaderStallsPerJobDay * (job.to - job.from)) / DAY);
+    for (let count = 0, tries = 0; count < wanted && tries < 100 * wanted; tries += 1) {
+      const at = minute(between(job.from + HOUR, job.to - HOUR));
+      const node = pick(job.nodes);
+      if (!quiet(node, at)) continue;
+      const [shortest, longest] = settings.loaderStallMinutes;
+      const [low, high] = settings.loaderStallLevel;
+      dips.push({ kind: 'loader_stall', node, job: job.name, at, to: minute(at + between(shortest, longest) * MINUTE), level: between(low, high) });
+      count += 1;
+    }
+  }
+  if (settings.unevenStage) {
+    const [low, high] = settings.unevenStage;
+    for (const job of jobs) {
+      const healthy = job.nodes.filter((node) => !faults.some((fault) => fault.node === node));
+      if (healthy.length === 0) continue;
+      dips.push({ kind: 'uneven_stage', node: pick(healthy), job: job.name, at: job.from, to: job.to, factor: between(low, high) });
+    }
+  }
+  return dips;
 }
 
 /** The jobs running at `time`, each with the nodes it runs on then (failed nodes leave until repaired). */

@@ -1,4 +1,4 @@
-import { DAY, MINUTE, type FaultLabel } from './fleet.js';
+import { DAY, MINUTE, type Confuser, type FaultLabel } from './fleet.js';
 
 /**
  * Scoring against the labels. A fault counts as found when its node is raised between the
@@ -86,4 +86,30 @@ export function leadText(fault: FaultLabel, outcome: FaultOutcome | undefined): 
   if (outcome?.firstRaise === undefined) return '—';
   const minutes = Math.round((outcome.firstRaise - fault.failure) / MINUTE);
   return minutes <= 0 ? `${minutes === 0 ? '±0' : `−${-minutes}`}` : `+${minutes}`;
+}
+
+/** How long after a benign event ends a raise of its node is put down to it. */
+export const AFTERMATH_MS = 30 * MINUTE;
+
+/**
+ * The benign events (plan.confusers) a false raise of a node can be put down to: those of its
+ * node that began at most 5 minutes after the raise and ended at most AFTERMATH_MS before it
+ * (a one-sample event ends where it begins; an uneven pipeline stage spans its job). Job-wide
+ * phases and warm nodes are not in the list: every node of a job, or every day, shares them.
+ */
+export function benignAround(confusers: readonly Confuser[], raise: Raise): Confuser['kind'][] {
+  const kinds = confusers
+    .filter((confuser) => confuser.node === raise.node && confuser.at <= raise.time + 5 * MINUTE && raise.time <= ('to' in confuser ? confuser.to : confuser.at) + AFTERMATH_MS)
+    .map((confuser) => confuser.kind);
+  return [...new Set(kinds)];
+}
+
+/** "loader_stall 2, none 1": false episodes by the benign event they can be put down to. */
+export function benignCounts(confusers: readonly Confuser[], falseStarts: readonly Raise[]): string {
+  const counts = new Map<string, number>();
+  for (const raise of falseStarts) {
+    const kinds = benignAround(confusers, raise);
+    for (const kind of kinds.length > 0 ? kinds : ['none']) counts.set(kind, (counts.get(kind) ?? 0) + 1);
+  }
+  return [...counts].sort((a, b) => b[1] - a[1]).map(([kind, count]) => `${kind} ${count}`).join(', ') || '—';
 }

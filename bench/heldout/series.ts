@@ -2,7 +2,7 @@ import { createWriteStream } from 'node:fs';
 import { classifyXid } from '../../core/xid.js';
 import { AGENT_SCRAPE_JOB, RANK_LABEL, TRAINING_JOB_LABEL } from '../../core/scrape.js';
 import type { FleetPlan } from './fleet.js';
-import { DOWN, IDLE, STOPPED, TRAINING, applyFault, gaussian, healthyEffect, linkEffect, mountEffect, noise, type GpuEffect, type NodeTimeline } from './timeline.js';
+import { DOWN, IDLE, STOPPED, TRAINING, applyFault, effectsOf, gaussian, healthyEffect, linkEffect, mountEffect, noise, type GpuEffect, type NodeTimeline } from './timeline.js';
 
 /**
  * The agents' series for a planned fleet, as OpenMetrics text for `promtool tsdb
@@ -78,6 +78,7 @@ export function nodeSeries(plan: FleetPlan, node: string, line: NodeTimeline): M
   const stepOf = (time: number) => Math.round((time - plan.start) / plan.stepMs);
   const base = { job: AGENT_SCRAPE_JOB, instance: `${node}:9835`, node };
   const seed = (nodeIndex + 1) * 7_368_787;
+  const effects = effectsOf(plan);
 
   for (let gpu = 0; gpu < plan.gpusPerNode; gpu += 1) {
     const pciBusId = `0000:${(0x18 + gpu * 0x10).toString(16)}:00`;
@@ -85,7 +86,7 @@ export function nodeSeries(plan: FleetPlan, node: string, line: NodeTimeline): M
     const key = seed + gpu * 131;
     const effectAt = (step: number): GpuEffect => {
       const effect = healthyEffect();
-      for (const fault of faults) applyFault(effect, fault, gpu, step, timeOf(step));
+      for (const fault of faults) applyFault(effect, fault, gpu, step, timeOf(step), effects);
       return effect;
     };
     const spikeKind = (step: number): number => {
@@ -167,7 +168,7 @@ export function nodeSeries(plan: FleetPlan, node: string, line: NodeTimeline): M
   for (let port = 0; port < RDMA_PORTS; port += 1) {
     const labels = labelText({ ...base, device: `mlx5_${port}`, port: 1 });
     const link = (step: number) => faults.reduce((sum, fault) => {
-      const effect = linkEffect(fault, port, timeOf(step));
+      const effect = linkEffect(fault, port, timeOf(step), effects);
       return { symbols: sum.symbols + effect.symbols, receive: sum.receive + effect.receive, down: sum.down || effect.down };
     }, { symbols: 0, receive: 0, down: false });
     const linkDownAt = faults.filter((fault) => fault.kind === 'ib_link' && fault.gpu % RDMA_PORTS === port).map((fault) => stepOf(fault.failure));
@@ -183,12 +184,12 @@ export function nodeSeries(plan: FleetPlan, node: string, line: NodeTimeline): M
   }
 
   const mount = (step: number) => faults.reduce((sum, fault) => {
-    const effect = mountEffect(fault, timeOf(step));
+    const effect = mountEffect(fault, timeOf(step), effects);
     return { rtt: sum.rtt * effect.rtt, retransmit: sum.retransmit + effect.retransmit, backlog: sum.backlog + effect.backlog, timeouts: sum.timeouts + effect.timeouts };
   }, { rtt: 1, retransmit: 0, backlog: 0, timeouts: 0 });
   const opsPerSecond = (operation: NfsOperation, step: number): number => {
     const mode = line.mode[step];
-    const writing = line.checkpoint[step] === 1;
+    const writing = line.checkpoint[step] !== 0;
     if (mode === IDLE) return { GETATTR: 1, READ: 0.2, WRITE: 0.1 }[operation];
     if (mode === STOPPED) return { GETATTR: 8, READ: 400, WRITE: 0.5 }[operation]; // reloading the checkpoint
     return { GETATTR: writing ? 60 : 40, READ: writing ? 20 : 150, WRITE: writing ? 450 : 3 }[operation];
@@ -207,8 +208,9 @@ export function nodeSeries(plan: FleetPlan, node: string, line: NodeTimeline): M
     add(
       'steadfast_nfs_rtt_seconds',
       counter(`steadfast_nfs_rtt_seconds_total${labels}`, line, (step) => {
-        // Checkpoints fill the client's RPC slots on every node of the job at once (the 504-GPU report, second finding).
-        const saturated = line.checkpoint[step] === 1 ? (operation === 'WRITE' ? 5 : 3) : 1;
+        // Checkpoints fill the client's RPC slots on every node of the job at once (the 504-GPU report, second finding);
+        // rank 0 writing alone fills only its own, its metadata lookups (GETATTR) waiting most.
+        const saturated = line.checkpoint[step] === 1 ? (operation === 'WRITE' ? 5 : 3) : line.checkpoint[step] === 2 ? { GETATTR: 4, READ: 1.5, WRITE: 3 }[operation] : 1;
         return operations(operation, step) * NFS_RTT[operation] * saturated * mount(step).rtt * (1 + 0.1 * gaussian(key + 60, step));
       }),
     );
@@ -219,7 +221,7 @@ export function nodeSeries(plan: FleetPlan, node: string, line: NodeTimeline): M
   add(
     'steadfast_nfs_rpc_backlog_average',
     gauge(`steadfast_nfs_rpc_backlog_average${labelText({ ...base, mount: '/mnt/shared' })}`, line, (step) =>
-      Math.max(0, (line.checkpoint[step] === 1 ? 25 + 5 * gaussian(key + 80, step) : 0.2 * noise(key + 81, step)) + mount(step).backlog),
+      Math.max(0, (line.checkpoint[step] === 1 ? 25 + 5 * gaussian(key + 80, step) : line.checkpoint[step] === 2 ? 10 + 3 * gaussian(key + 80, step) : 0.2 * noise(key + 81, step)) + mount(step).backlog),
     ),
   );
 

@@ -1,4 +1,5 @@
 import { MINUTE, type FaultLabel, type FleetPlan } from './fleet.js';
+import { FLEET_1, type FaultEffects } from './variant.js';
 
 /**
  * What every node is doing at every scrape, and what each fault does to its GPU, port or mount at
@@ -20,7 +21,7 @@ export interface NodeTimeline {
   readonly iteration: Float32Array;
   /** Share of the node's usual RDMA traffic it moves. */
   readonly traffic: Float32Array;
-  /** Checkpoint I/O of the job (all its nodes write at once and share the NFS RPC slots). */
+  /** Checkpoint I/O: 1 when every node of the job writes at once (sharing the NFS RPC slots), 2 when this node writes alone (rank 0). */
   readonly checkpoint: Uint8Array;
   /** Index of the job (plan.jobs) the node runs at the step, -1 for none. */
   readonly job: Int8Array;
@@ -49,6 +50,31 @@ export function inEpisode(key: number, step: number, probability: number, length
   return false;
 }
 
+/** Like inEpisode, each episode lasting from `shortest` to `longest` steps (drawn per episode). */
+function inEpisodeOf(key: number, step: number, probability: number, [shortest, longest]: readonly [number, number]): boolean {
+  if (shortest === longest) return inEpisode(key, step, probability, shortest);
+  for (let back = 0; back < longest; back += 1) {
+    if (noise(key, step - back) < probability && back < shortest + Math.floor(noise(key + 1, step - back) * (longest - shortest + 1))) return true;
+  }
+  return false;
+}
+
+/** The effects of the variant the plan was drawn from. */
+export function effectsOf(plan: FleetPlan): FaultEffects {
+  return (plan.variant ?? FLEET_1).effects;
+}
+
+/** x², as x·x (what fleet 1 was first generated with), or another power. */
+function power(x: number, exponent: number): number {
+  return exponent === 2 ? x * x : x ** exponent;
+}
+
+/** A thermal fault's peak warming, °C: drawn per fault from the variant's range. */
+function thermalPeak(fault: FaultLabel, effects: FaultEffects): number {
+  const [low, high] = effects.thermal.peak;
+  return low + (high - low) * noise(faultKey(fault) + 11, 0);
+}
+
 /** How far through its precursor a fault is at `time`: 0 at the start, 1 at the failure; undefined outside. */
 export function progress(fault: FaultLabel, time: number): number | undefined {
   if (time < fault.precursorStart || time >= fault.failure) return undefined;
@@ -56,11 +82,17 @@ export function progress(fault: FaultLabel, time: number): number | undefined {
 }
 
 /** Whether a fault's GPU (or board) is being slowed down at `time`, which slows its whole job. */
-export function throttledAt(fault: FaultLabel, step: number, time: number): boolean {
+export function throttledAt(fault: FaultLabel, step: number, time: number, effects: FaultEffects = FLEET_1.effects): boolean {
   const p = progress(fault, time);
   if (p === undefined) return false;
-  if (fault.kind === 'thermal') return p > 0.4 && inEpisode(faultKey(fault), step, 0.05 * p, 3);
-  if (fault.kind === 'power_brake') return inEpisode(faultKey(fault), step, 0.02 + 0.04 * p, 2);
+  if (fault.kind === 'thermal') {
+    const thermal = effects.thermal;
+    return p > thermal.throttleFrom && inEpisode(faultKey(fault), step, thermal.throttleProbability * p, thermal.throttleSteps);
+  }
+  if (fault.kind === 'power_brake') {
+    const brake = effects.power_brake;
+    return inEpisodeOf(faultKey(fault), step, brake.base + brake.scale * p, brake.episodeSteps);
+  }
   return false;
 }
 
@@ -79,6 +111,7 @@ export function buildTimelines(plan: FleetPlan): Map<string, NodeTimeline> {
   }
   const timeOf = (step: number) => plan.start + step * plan.stepMs;
   const stepOf = (time: number) => Math.max(0, Math.min(steps, Math.round((time - plan.start) / plan.stepMs)));
+  const effects = effectsOf(plan);
 
   plan.jobs.forEach((job, jobIndex) => {
     const members = job.nodes.map((node) => timelines.get(node) as NodeTimeline);
@@ -87,9 +120,9 @@ export function buildTimelines(plan: FleetPlan): Map<string, NodeTimeline> {
       const time = timeOf(step);
       const phase = job.phases.find((candidate) => candidate.from <= time && time < candidate.to)?.kind;
       // A synchronous job runs at the pace of its slowest member (Greyhound §3.2, case 2).
-      const straggling = memberFaults.some((fault) => throttledAt(fault, step, time)) ? 1.25 : 1;
+      const straggling = memberFaults.some((fault) => throttledAt(fault, step, time, effects)) ? 1.25 : 1;
       // The NFS client of one node falling behind stalls the data loader for everybody.
-      const starving = memberFaults.some((fault) => fault.kind === 'nfs_backlog' && (progress(fault, time) ?? 0) > 0.6) ? 1.15 : 1;
+      const starving = memberFaults.some((fault) => fault.kind === 'nfs_backlog' && (progress(fault, time) ?? 0) > effects.nfs_backlog.starveFrom) ? 1.15 : 1;
       let load = 0.93;
       let iteration = job.iterationSeconds * straggling * starving;
       let traffic = 1 / (straggling * starving);
@@ -112,6 +145,8 @@ export function buildTimelines(plan: FleetPlan): Map<string, NodeTimeline> {
     }
   });
 
+  applyDips(plan, timelines, stepOf);
+
   const down = (node: string, from: number, to: number) => {
     const line = timelines.get(node) as NodeTimeline;
     for (let step = stepOf(from); step < stepOf(to); step += 1) {
@@ -125,6 +160,38 @@ export function buildTimelines(plan: FleetPlan): Map<string, NodeTimeline> {
   }
   for (const confuser of plan.confusers) if (confuser.kind === 'reboot') down(confuser.node, confuser.at, confuser.at + 4 * MINUTE);
   return timelines;
+}
+
+/**
+ * The one-node dips of real jobs (benign): they change only the steps where the node trains in
+ * its job. A stalled data loader idles the node's GPUs and its RDMA transmit while the others
+ * wait at the next collective (their GPUs stay busy in it; every rank's iteration grows); rank 0
+ * writing the checkpoint alone dips its GPUs and fills its own RPC slots; a lighter pipeline
+ * stage keeps one node a little below the others for good.
+ */
+function applyDips(plan: FleetPlan, timelines: ReadonlyMap<string, NodeTimeline>, stepOf: (time: number) => number): void {
+  for (const confuser of plan.confusers) {
+    if (confuser.kind !== 'loader_stall' && confuser.kind !== 'rank0_checkpoint' && confuser.kind !== 'uneven_stage') continue;
+    const jobIndex = plan.jobs.findIndex((job) => job.name === confuser.job);
+    const job = plan.jobs[jobIndex];
+    const line = timelines.get(confuser.node);
+    if (!job || !line) continue;
+    for (let step = stepOf(confuser.at); step < stepOf(confuser.to); step += 1) {
+      if (line.job[step] !== jobIndex || line.mode[step] !== TRAINING) continue;
+      if (confuser.kind === 'uneven_stage') line.load[step] = (line.load[step] ?? 0) * confuser.factor;
+      else if (confuser.kind === 'rank0_checkpoint') {
+        line.load[step] = (line.load[step] ?? 0) * 0.45;
+        line.checkpoint[step] = 2;
+      } else {
+        line.load[step] = Math.min(line.load[step] ?? 0, confuser.level);
+        line.traffic[step] = (line.traffic[step] ?? 0) * confuser.level;
+        for (const member of job.nodes) {
+          const other = timelines.get(member);
+          if (other && other.job[step] === jobIndex) other.iteration[step] = (other.iteration[step] ?? Number.NaN) * 1.3;
+        }
+      }
+    }
+  }
 }
 
 /** A GPU's departures from health at one step, from the fault that affects it. */
@@ -149,7 +216,7 @@ export function healthyEffect(): GpuEffect {
 }
 
 /** Writes `fault`'s effect on GPU `gpu` at the step into `effect` (left as is when it has none). */
-export function applyFault(effect: GpuEffect, fault: FaultLabel, gpu: number, step: number, time: number): void {
+export function applyFault(effect: GpuEffect, fault: FaultLabel, gpu: number, step: number, time: number, effects: FaultEffects = FLEET_1.effects): void {
   const p = progress(fault, time);
   const failed = time >= fault.failure && time < fault.repairedAt;
   const key = faultKey(fault);
@@ -160,25 +227,26 @@ export function applyFault(effect: GpuEffect, fault: FaultLabel, gpu: number, st
       // Correctable errors accelerate towards the uncorrectable one; rows get remapped on the way
       // (the 504-GPU report, Fig. 4).
       if (own && p !== undefined) {
-        effect.ecc = 0.01 + 2.5 * p * p * (noise(key, step) < 0.3 ? 3 : 0.2);
-        effect.remaps = 0.0015 + 0.01 * p;
-        effect.memoryTemperature = 2 * p;
+        const memory = effects.hbm_ecc;
+        effect.ecc = memory.base + memory.scale * p * p * (noise(key, step) < memory.burstProbability ? memory.burst : memory.calm);
+        effect.remaps = p >= memory.remapFrom ? memory.remapBase + memory.remapScale * p : 0;
+        effect.memoryTemperature = memory.memoryWarming * p;
       }
       break;
     case 'pcie_replay':
-      if (own && p !== undefined) effect.replays = 0.02 + 6 * p * p;
+      if (own && p !== undefined) effect.replays = effects.pcie_replay.base + effects.pcie_replay.scale * power(p, effects.pcie_replay.exponent);
       break;
     case 'thermal':
       // A failing fan: the GPU warms steadily, then thermal slowdown grabs its clocks.
       if (own && p !== undefined) {
-        effect.temperature = 14 * p;
-        if (throttledAt(fault, step, time)) Object.assign(effect, { thermal: true, clock: 0.68, power: 0.8 });
+        effect.temperature = thermalPeak(fault, effects) * p;
+        if (throttledAt(fault, step, time, effects)) Object.assign(effect, { thermal: true, clock: effects.thermal.clock, power: effects.thermal.power });
       }
-      if (own && failed) Object.assign(effect, { temperature: 16, thermal: true, clock: 0.6, power: 0.75 });
+      if (own && failed) Object.assign(effect, { temperature: thermalPeak(fault, effects) + 2, thermal: true, clock: 0.6, power: 0.75 });
       break;
     case 'power_brake':
       // The board's power brake (a PSU or its sensing) pulls every GPU down together.
-      if ((p !== undefined && throttledAt(fault, step, time)) || failed) Object.assign(effect, { brake: true, clock: 0.45, power: 0.55 });
+      if ((p !== undefined && throttledAt(fault, step, time, effects)) || failed) Object.assign(effect, { brake: true, clock: effects.power_brake.clock, power: effects.power_brake.power });
       break;
     case 'sudden_xid':
       // Xid 119: the GSP stops answering; the GPU runs nothing and idles until it is reset.
@@ -190,22 +258,25 @@ export function applyFault(effect: GpuEffect, fault: FaultLabel, gpu: number, st
 }
 
 /** Extra per-port symbol and receive errors per step, and whether the link is down. */
-export function linkEffect(fault: FaultLabel, port: number, time: number): { symbols: number; receive: number; down: boolean } {
+export function linkEffect(fault: FaultLabel, port: number, time: number, effects: FaultEffects = FLEET_1.effects): { symbols: number; receive: number; down: boolean } {
   if (fault.kind !== 'ib_link' || port !== fault.gpu % 4) return { symbols: 0, receive: 0, down: false };
   const p = progress(fault, time);
   const down = time >= fault.failure && time < fault.repairedAt;
-  return p === undefined ? { symbols: 0, receive: 0, down } : { symbols: 0.3 + 40 * p * p, receive: 0.05 + 4 * p * p, down };
+  const link = effects.ib_link;
+  return p === undefined ? { symbols: 0, receive: 0, down } : { symbols: link.symbolBase + link.symbolScale * p * p, receive: link.receiveBase + link.receiveScale * p * p, down };
 }
 
 /** NFS client trouble: round-trip multiplier, retransmitted share, RPC backlog, major timeouts per step. */
-export function mountEffect(fault: FaultLabel, time: number): { rtt: number; retransmit: number; backlog: number; timeouts: number } {
+export function mountEffect(fault: FaultLabel, time: number, effects: FaultEffects = FLEET_1.effects): { rtt: number; retransmit: number; backlog: number; timeouts: number } {
   const p = progress(fault, time);
   if (fault.kind === 'nfs_backlog') {
-    if (p !== undefined) return { rtt: 1 + 9 * p, retransmit: 0.03 * p, backlog: 60 * p, timeouts: p > 0.8 ? 0.2 : 0 };
+    const nfs = effects.nfs_backlog;
+    if (p !== undefined) return { rtt: 1 + nfs.rtt * p, retransmit: nfs.retransmit * p, backlog: nfs.backlog * p, timeouts: p > nfs.timeoutsFrom ? nfs.timeouts : 0 };
     if (time >= fault.failure && time < fault.failure + 10 * MINUTE) return { rtt: 12, retransmit: 0.05, backlog: 80, timeouts: 1 };
   }
   // The 504-GPU report (Fig. 3): GETATTR response time misbehaved on the node whose GPU later
   // logged an ECC error; given to every other memory fault here, late in its precursor.
-  if (fault.kind === 'hbm_ecc' && p !== undefined && p > 0.7 && Number(fault.id.slice(1)) % 2 === 1) return { rtt: 2.5, retransmit: 0.002, backlog: 4, timeouts: 0 };
+  const memory = effects.hbm_ecc;
+  if (fault.kind === 'hbm_ecc' && p !== undefined && p > memory.getattrFrom && Number(fault.id.slice(1)) % 2 === 1) return { rtt: memory.getattrRtt, retransmit: 0.002, backlog: 4, timeouts: 0 };
   return { rtt: 1, retransmit: 0, backlog: 0, timeouts: 0 };
 }
