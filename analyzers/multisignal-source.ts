@@ -76,13 +76,15 @@ export function defaultFeatureQueries(labels: FeatureLabels = DEFAULT_LABELS): F
     { name: 'gpu_utilization', direction: 'lower', minSpread: 0.02, activity: true, deviceLabel: 'gpu', metric: 'steadfast_gpu_utilization_ratio', query: aggregateBy('avg', perGpu, `steadfast_gpu_utilization_ratio${agent()}`) },
     // Share of the last 5 minutes a GPU was held down by hardware protection: a power brake a
     // minute at a time shows here for 5 minutes, and the detector's episode count adds them up.
-    // A healthy GPU is not held down by its hardware; a minute of the last five is the alarm level
-    // whatever the peers read (a power brake caps every GPU of the board at once).
+    // A healthy GPU is not held down by its own hardware: any of it in the last five minutes (one
+    // sample of ten) is the alarm level whatever the peers read (a power brake caps every GPU of
+    // the board at once); one blip makes one short run of alarms, which persistence does not
+    // raise, while brakes that keep coming back add up as episodes.
     {
       name: 'gpu_hw_slowdown_share',
       direction: 'higher',
       minSpread: 0.1,
-      alarmAt: 0.2,
+      alarmAt: 0.05,
       deviceLabel: 'gpu',
       metric: 'steadfast_gpu_throttle_reason',
       query: aggregateBy('max', perGpu, `avg_over_time(steadfast_gpu_throttle_reason${agent({ reason: { oneOf: HARDWARE_SLOWDOWN_REASONS } })}[5m])`),
