@@ -6,7 +6,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { promisify } from 'node:util';
 import { PrometheusFeatureSource, type FeatureReading, type FeatureSource } from '../analyzers/multisignal-source.js';
 import { SuspectWatch } from '../analyzers/workers/suspect-watch.js';
-import { suspectsOverWindow } from '../cli/detect-suspects.js';
+import { suspectsOverWindow } from '../analyzers/multisignal-window.js';
 import { jobSpecSchema } from '../core/job.js';
 import { seededUniform } from '../core/random.js';
 import { AGENT_SCRAPE_JOB } from '../core/scrape.js';
