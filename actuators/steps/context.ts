@@ -104,6 +104,8 @@ export interface StepAt {
   readonly origin?: Identity | undefined;
   /** The delivery of the queue job (0 first), so that each try of a step is audited. */
   readonly attempt: number;
+  /** The queue job carrying the transition: the same on every try, another for a copy queued under another id. */
+  readonly delivery: string;
 }
 
 /**
@@ -111,6 +113,13 @@ export interface StepAt {
  * transition has one step and is known by its decision id; a job's steps by `${transitionId}:${index}`.
  */
 export const stepRef = (at: Pick<StepAt, 'transitionId' | 'index' | 'job'>): string => (at.job === undefined ? at.transitionId : `${at.transitionId}:${at.index}`);
+
+/**
+ * Who holds a node's lease while this step works on it: the same on every try of the step (a try
+ * cut short by a Redis or controller restart finds its own lease, not another actuator's), and
+ * another for a copy of the transition queued under another job id.
+ */
+export const leaseHolder = (at: StepAt): string => `${stepRef(at)}:${at.delivery}`;
 
 /** The one node a node step or a GPU reset acts on. */
 export function stepNode(at: StepAt): string {

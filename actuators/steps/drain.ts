@@ -1,5 +1,5 @@
 import { drainNode } from '../drain-node.js';
-import { admitNodeStep, recordStep, stepNode, stepRef, type Halt, type StepDeps, type StepAt } from './context.js';
+import { admitNodeStep, leaseHolder, recordStep, stepNode, type Halt, type StepAt, type StepDeps } from './context.js';
 
 /**
  * The drain step, the node ladder's first rung (a node outside any job with a fault it cannot
@@ -9,12 +9,11 @@ import { admitNodeStep, recordStep, stepNode, stepRef, type Halt, type StepDeps,
 export async function drain(deps: StepDeps, at: StepAt): Promise<Halt> {
   const { backend, gates } = deps;
   const node = stepNode(at);
-  const ref = stepRef(at);
   const admitted = await admitNodeStep(deps, at, node, 'drain');
   if (!admitted.ok) return admitted.halt;
   const outcome = await drainNode(backend, gates, {
     node,
-    holder: `${ref}:${at.attempt}`,
+    holder: leaseHolder(at),
     reason: at.step.reason,
     auditId: at.transitionId,
     onDraining: () => recordStep(deps, at, 'running', `draining through ${backend.name}`),

@@ -136,7 +136,7 @@ export function createStepProcessor(baseDeps: StepDeps): (job: Job, token?: stri
 }
 
 function atOf(transition: StepsJob, index: number, step: StepsJob['steps'][number], queued: Job): StepAt {
-  return { transitionId: transition.transitionId, index, step, job: transition.job, origin: transition.origin, attempt: queued.attemptsMade ?? 0 };
+  return { transitionId: transition.transitionId, index, step, job: transition.job, origin: transition.origin, attempt: queued.attemptsMade ?? 0, delivery: queued.id ?? transition.transitionId };
 }
 
 /**

@@ -1,7 +1,7 @@
 import { DoNotRetryError } from '../../core/errors.js';
 import { remediesSchema } from '../../core/remedy-config.js';
 import { NodeLeasedError } from '../drain-node.js';
-import { admitNodeStep, recordStep, rememberRemedy, stepNode, stepRef, type Halt, type StepAt, type StepDeps } from './context.js';
+import { admitNodeStep, leaseHolder, recordStep, rememberRemedy, stepNode, type Halt, type StepAt, type StepDeps } from './context.js';
 import { handOffNode } from './hand-off.js';
 
 /**
@@ -14,13 +14,12 @@ import { handOffNode } from './hand-off.js';
 export async function reboot(deps: StepDeps, at: StepAt): Promise<Halt> {
   const { backend, gates } = deps;
   const node = stepNode(at);
-  const ref = stepRef(at);
   const admitted = await admitNodeStep(deps, at, node, 'reboot');
   if (!admitted.ok) return admitted.halt;
   const rebootNode = backend.reboot?.bind(backend);
   if (rebootNode === undefined) return handOffNode(deps, at, `the ${backend.name} backend cannot reboot a node`);
   const nextState = (deps.remedies ?? remediesSchema.parse({})).reboot.nextState;
-  const holder = `${ref}:${at.attempt}`;
+  const holder = leaseHolder(at);
   const lease = await gates.acquireLease(node, holder);
   if (!lease.ok) throw new NodeLeasedError(lease.reason);
   try {

@@ -3,7 +3,7 @@ import { DoNotRetryError, errorMessage } from '../../core/errors.js';
 import type { GpuResetReport } from '../../core/remedy.js';
 import { remediesSchema, type RemediesConfig } from '../../core/remedy-config.js';
 import { NodeLeasedError } from '../drain-node.js';
-import { admitNodeStep, recordStep, rememberRemedy, stepRef, type Halt, type StepAt, type StepDeps } from './context.js';
+import { admitNodeStep, leaseHolder, recordStep, rememberRemedy, stepRef, type Halt, type StepAt, type StepDeps } from './context.js';
 import { evict } from './evict.js';
 
 /**
@@ -40,7 +40,7 @@ export async function resetGpu(deps: StepDeps, at: StepAt): Promise<Halt> {
   const ref = stepRef(at);
   const admitted = await admitNodeStep(deps, at, node, 'reset_gpu', { node: inJob ? node : undefined });
   if (!admitted.ok) return admitted.halt;
-  const holder = `${ref}:${at.attempt}`;
+  const holder = leaseHolder(at);
   const lease = await deps.gates.acquireLease(node, holder);
   if (!lease.ok) throw new NodeLeasedError(lease.reason);
   let report: GpuResetReport;

@@ -81,4 +81,20 @@ describe('the drain step (a node outside any job)', () => {
     expect(await lastAction(audit, 'd-node-1')).toEqual({ state: 'done', detail: 'already out of service (drained: drained by an admin); nothing to do' });
     expect(backend.calls).toBe(0);
   });
+
+  it('finds its own lease on a later try (a try cut short before it could let go), but waits for another actuator\'s', async () => {
+    const store = testRedis();
+    stores.push(store);
+    const audit = new AuditLog(store.redis, store.keys);
+    const backend = new FlakyBackend(0);
+    const processor = testStepProcessor(store, { backend, audit });
+    // Another actuator works on node-1: this drain is a later try, not a failure.
+    await store.redis.set(store.keys.nodeLease('node-1'), 'someone-else', 'PX', 60_000);
+    await expect(processor(queued(drainOf('node-1'), 0))).rejects.toBeInstanceOf(RetryLaterError);
+    // The first try of this very transition took the lease and never released it (Redis went away).
+    await store.redis.set(store.keys.nodeLease('node-1'), 'd-node-1:job-1', 'PX', 60_000);
+    await expect(processor(queued(drainOf('node-1'), 1))).resolves.toEqual({ done: 1 });
+    expect(backend.calls).toBe(1);
+    expect(await lastAction(audit, 'd-node-1')).toMatchObject({ state: 'done' });
+  });
 });
