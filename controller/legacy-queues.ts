@@ -31,7 +31,14 @@ export async function forwardLegacyQueues(deps: LegacyForwardDeps, started: (wor
       connection.disconnect();
     };
     const pending = async (): Promise<number> => Object.values(await queue.getJobCounts(...PENDING_STATES)).reduce((sum, count) => sum + count, 0);
-    if ((await pending().catch(async (error: unknown) => (await closeQueue(), Promise.reject(error)))) === 0) {
+    let left: number;
+    try {
+      left = await pending();
+    } catch (error) {
+      await closeQueue();
+      throw error;
+    }
+    if (left === 0) {
       await closeQueue();
       continue;
     }

@@ -75,8 +75,8 @@ export interface StepDeps {
   readonly analyze?: (request: AnalysisJob) => Promise<void>;
   /** GPU resets through the nodes' agents; without it a reset_gpu step evicts (a job) or drains (a node). */
   readonly resetter?: GpuResetter | undefined;
-  /** The remedies' settings (reset timeout and busy retries, reboot, hand-off); the shipped defaults without. */
-  readonly remedies?: RemediesConfig;
+  /** The remedies' settings (reset timeout and busy retries, reboot, hand-off): the config's `remedies:`. */
+  readonly remedies: RemediesConfig;
   /** Every node's remediation history (reset, drain, reboot, hand-off), which escalation reads. */
   readonly history?: RemediationHistory | undefined;
   /** Counts each remediation by node, action and outcome (steadfast_remediations_total). */

@@ -1,5 +1,4 @@
 import { HANDED_OFF_REASON } from '../../core/remedy.js';
-import { remediesSchema } from '../../core/remedy-config.js';
 import { drainNode } from '../drain-node.js';
 import { admitNodeStep, leaseHolder, recordStep, rememberRemedy, stepNode, type Halt, type StepAt, type StepDeps } from './context.js';
 
@@ -22,7 +21,7 @@ export async function handOffNode(deps: StepDeps, at: StepAt, why?: string): Pro
   const reason = at.step.reason;
   const drained = await drainNode(deps.backend, gates, { node, holder: leaseHolder(at), reason, auditId: at.transitionId });
   const now = Date.now();
-  const hold = await gates.hold(node, `${HANDED_OFF_REASON}: ${reason}`.slice(0, 500), now + (deps.remedies ?? remediesSchema.parse({})).handOff.holdSeconds * 1000, now);
+  const hold = await gates.hold(node, `${HANDED_OFF_REASON}: ${reason}`.slice(0, 500), now + deps.remedies.handOff.holdSeconds * 1000, now);
   let delivery = 'no webhook configured; the steadfast_node_handed_off alert tells people';
   if (deps.handOff) {
     const result = await deps.handOff.notify({

@@ -47,8 +47,9 @@ export function createStepProcessor(baseDeps: StepDeps): (job: Job, token?: stri
   const { redis, keys, logger } = baseDeps;
   // The one dry-run decision. A dry-run controller (its backend records) asks no agent to reset a
   // GPU either; a job whose policy asks for dry-run also launches nothing and takes no standby.
-  const recordingDeps: StepDeps = baseDeps.backend.name === 'dry-run' ? { ...baseDeps, resetter: new DryRunGpuResetter() } : baseDeps;
-  const dryRunJobDeps: StepDeps = { ...recordingDeps, backend: recordingDeps === baseDeps ? new DryRunBackend(redis, keys) : baseDeps.backend, resetter: new DryRunGpuResetter(), pool: undefined, dryRun: true };
+  const recording = baseDeps.backend.name === 'dry-run';
+  const recordingDeps: StepDeps = recording ? { ...baseDeps, resetter: new DryRunGpuResetter() } : baseDeps;
+  const dryRunJobDeps: StepDeps = { ...baseDeps, backend: recording ? baseDeps.backend : new DryRunBackend(redis, keys), resetter: new DryRunGpuResetter(), pool: undefined, dryRun: true };
   const inProcess = new Map<string, Promise<void>>();
   return async (queued, token) => {
     let transition: StepsJob;

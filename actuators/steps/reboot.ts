@@ -1,5 +1,4 @@
 import { DoNotRetryError } from '../../core/errors.js';
-import { remediesSchema } from '../../core/remedy-config.js';
 import { NodeLeasedError } from '../drain-node.js';
 import { admitNodeStep, leaseHolder, recordStep, rememberRemedy, stepNode, type Halt, type StepAt, type StepDeps } from './context.js';
 import { handOffNode } from './hand-off.js';
@@ -18,7 +17,7 @@ export async function reboot(deps: StepDeps, at: StepAt): Promise<Halt> {
   if (!admitted.ok) return admitted.halt;
   const rebootNode = backend.reboot?.bind(backend);
   if (rebootNode === undefined) return handOffNode(deps, at, `the ${backend.name} backend cannot reboot a node`);
-  const nextState = (deps.remedies ?? remediesSchema.parse({})).reboot.nextState;
+  const nextState = deps.remedies.reboot.nextState;
   const holder = leaseHolder(at);
   const lease = await gates.acquireLease(node, holder);
   if (!lease.ok) throw new NodeLeasedError(lease.reason);

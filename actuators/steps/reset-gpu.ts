@@ -1,8 +1,8 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { DoNotRetryError, errorMessage } from '../../core/errors.js';
 import type { GpuResetReport } from '../../core/remedy.js';
-import { remediesSchema, type RemediesConfig } from '../../core/remedy-config.js';
 import { NodeLeasedError } from '../drain-node.js';
+import type { GpuResetter } from './gpu-resetter.js';
 import { admitNodeStep, leaseHolder, recordStep, rememberRemedy, stepRef, type Halt, type StepAt, type StepDeps } from './context.js';
 import { evict } from './evict.js';
 
@@ -23,8 +23,6 @@ import { evict } from './evict.js';
  * Either way the node's remediation history records it. Dry-run asks no agent (the processor
  * gives this step a recording resetter).
  */
-
-const DEFAULT_REMEDIES: RemediesConfig = remediesSchema.parse({});
 
 export async function resetGpu(deps: StepDeps, at: StepAt): Promise<Halt> {
   const { step } = at;
@@ -48,7 +46,7 @@ export async function resetGpu(deps: StepDeps, at: StepAt): Promise<Halt> {
   try {
     const progress = await deps.redis.hgetall(deps.keys.action(ref));
     if (!inJob) tookOut = await takeOut(deps, at, node, gpu, progress.tookOut === '1');
-    report = progress.resetReport ? (JSON.parse(progress.resetReport) as GpuResetReport) : await resetWithRetries(deps, node, gpu);
+    report = progress.resetReport ? (JSON.parse(progress.resetReport) as GpuResetReport) : await resetWithRetries(deps, deps.resetter, node, gpu);
     await deps.redis.hset(deps.keys.action(ref), 'resetReport', JSON.stringify(report));
     if (report.outcome === 'reset') {
       if (tookOut) await deps.backend.resume(node);
@@ -97,7 +95,7 @@ async function resetHeld(deps: StepDeps, at: StepAt, node: string, gpu: string, 
   }
   // The node is back: a new fault on it soon is a new decision (escalation counts it), not this one's.
   const claim = deps.keys.nodeDrainClaim(node);
-  if ((await deps.redis.get(claim)) === at.transitionId) await deps.redis.expire(claim, (deps.remedies ?? DEFAULT_REMEDIES).gpuReset.rejoinSeconds);
+  if ((await deps.redis.get(claim)) === at.transitionId) await deps.redis.expire(claim, deps.remedies.gpuReset.rejoinSeconds);
   const detail = `GPU ${gpu}${report.index === null ? '' : ` (index ${report.index})`} reset and listed again in ${report.seconds.toFixed(1)} s; ${tookOut ? 'node returned to service' : 'node left out of service, as it was before'}`;
   await rememberRemedy(deps, at, node, 'reset_gpu', 'done', detail, 'reset');
   await recordStep(deps, at, 'done', detail);
@@ -105,11 +103,9 @@ async function resetHeld(deps: StepDeps, at: StepAt, node: string, gpu: string, 
 }
 
 /** Asks for the reset, again while processes still hold the GPU (they may be exiting after the Xid). */
-async function resetWithRetries(deps: StepDeps, node: string, gpu: string): Promise<GpuResetReport> {
-  const config = (deps.remedies ?? DEFAULT_REMEDIES).gpuReset;
+async function resetWithRetries(deps: StepDeps, resetter: GpuResetter, node: string, gpu: string): Promise<GpuResetReport> {
+  const config = deps.remedies.gpuReset;
   const pause = deps.pause ?? ((ms: number) => sleep(ms));
-  const resetter = deps.resetter;
-  if (resetter === undefined) throw new DoNotRetryError('no GPU reset configured on this controller');
   let report: GpuResetReport | undefined;
   for (let attempt = 0; attempt <= config.busyRetries; attempt += 1) {
     if (attempt > 0) await pause(config.busyRetryDelaySeconds * 1000);

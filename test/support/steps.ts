@@ -9,6 +9,7 @@ import { AuditLog } from '../../core/audit.js';
 import { DEFAULT_RECOVERY } from '../../core/config.js';
 import { DoNotRetryError } from '../../core/errors.js';
 import { silentLogger } from '../../core/log.js';
+import { remediesSchema } from '../../core/remedy-config.js';
 import { STEPS_JOB_VERSION, type StepsJob } from '../../core/queues.js';
 import type { NodeVerb } from '../../core/steps.js';
 import { TEST_LAUNCHERS } from './controller.js';
@@ -65,6 +66,7 @@ export function testStepProcessor(
     logger: silentLogger(),
     feedback: async () => undefined,
     quarantine: { afterEvictions: DEFAULT_RECOVERY.quarantineAfterEvictions, windowMs: DEFAULT_RECOVERY.quarantineWindowSeconds * 1000 },
+    remedies: remediesSchema.parse({}),
     ...extra,
   });
 }
