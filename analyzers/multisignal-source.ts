@@ -107,6 +107,20 @@ export function defaultFeatureQueries(labels: FeatureLabels = DEFAULT_LABELS): F
     // PCIe replays: the link to the GPU retransmitting, as before the 504-GPU report's NVLink +
     // bus fault (Fig. 2). About one a second is a failing link.
     { name: 'gpu_pcie_replays_per_second', direction: 'higher', minSpread: 0.05, alarmAt: 0.5, deviceLabel: 'gpu', metric: 'steadfast_gpu_pcie_replay_errors_total', query: sumBy(perGpu, rate(`steadfast_gpu_pcie_replay_errors_total${agent()}`, '5m')) },
+    // A link that degrades slowly replays a few times now and then long before it replays every
+    // second: its rate stays far under the alarm level, but the replays keep coming. Of the last
+    // hour's twelve 5-minute slots, how many saw a replay: a healthy link's counter stands still
+    // for hours (one burst fills one slot); eight slots or more against peers at none is strong
+    // (strongZ at minSpread 1). Judged against the GPU's own normal like every peer feature, so a
+    // GPU that has always trickled replays is learnt, not raised again and again.
+    {
+      name: 'gpu_pcie_replay_slots_1h',
+      direction: 'higher',
+      minSpread: 1,
+      deviceLabel: 'gpu',
+      metric: 'steadfast_gpu_pcie_replay_errors_total',
+      query: `count_over_time((${sumBy(perGpu, increase(`steadfast_gpu_pcie_replay_errors_total${agent()}`, '5m'))} > 0)[1h:5m])\nor\n0 * group by (${perGpu.join(', ')}) (steadfast_gpu_pcie_replay_errors_total${agent()})`,
+    },
     // Fatal Xids in the last 5 minutes, the first of a GPU included (a labelled counter is born
     // at its first increment, so increase() alone would miss it): a suspect by itself.
     // Nodes whose xid collector works and saw none count 0, not "missing": they are peers.

@@ -122,6 +122,15 @@ const optionsSchema = z
       .strict()
       .refine((value) => value.minSamples <= value.samples, 'minSamples must not exceed samples')
       .default({ everyMinutes: 5, samples: 72, minSamples: 6 }),
+    /**
+     * Judge a node on peer evidence only once its own normal is learnt (baseline.minSamples
+     * samples): until then it is judged on known-meaning levels (alarmAt, raiseAt) and silence
+     * only. One node in eight or so simply runs warmer or draws differently than its peers; seen
+     * for the first time it looks like a fault. The controller's watch learns from Prometheus'
+     * history first and sets this; a replay over a window (`detect suspects`) does not, and says
+     * how many readings its baseline had.
+     */
+    ownNormalFirst: z.boolean().default(false),
     /** Evaluations in a row a member of a reporting group may be silent before that is evidence. */
     silenceEvaluations: z.int().min(1).default(4),
     /** relativeSpread of features that do not set their own. */
@@ -282,11 +291,13 @@ export class MultiSignalDetector {
       groups.push(group);
       moment.skippedFeatures.forEach((feature) => skippedFeatures.add(feature));
       for (const node of moment.nodes) {
-        const peerEvidence = !phase && group.peerScored && peerAnomalous(node, this.settings);
+        const judged = !phase && group.peerScored && (!this.settings.ownNormalFirst || this.baselines.learnt(node.node));
+        const peerEvidence = judged && peerAnomalous(node, this.settings);
         const anomalous = node.alarm || peerEvidence;
-        const activity = !phase && group.peerScored && !anomalous && activityOnly(node, this.settings);
-        const evidence = phase ? node.evidence.filter((item) => item.kind !== 'peer') : node.evidence;
-        const verdict: NodeVerdict = { node: node.node, group: group.group === '' ? undefined : group.group, score: phase ? 0 : node.score, anomalous, evidence };
+        const activity = judged && !anomalous && activityOnly(node, this.settings);
+        // Peer evidence that was not judged (a job-wide phase, a node whose normal is not learnt yet) is not shown either.
+        const evidence = judged ? node.evidence : node.evidence.filter((item) => item.kind !== 'peer');
+        const verdict: NodeVerdict = { node: node.node, group: group.group === '' ? undefined : group.group, score: judged ? node.score : 0, anomalous, evidence };
         verdicts.push(verdict);
         present.add(node.node);
         const history = this.record(node.node, time, verdict, node.raise, activity);

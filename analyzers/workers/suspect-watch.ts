@@ -15,9 +15,22 @@ import { detectorFeatures, type FeatureReading, type FeatureSource } from '../mu
 /** A node raised once is not raised again for this long while it stays suspect. */
 const RAISE_HOLD_OFF_MS = 3600_000;
 
+/** What a job's detector learns from before it judges: readings of the past, `everyMs` apart. */
+export interface WatchWarmup {
+  readonly readings: number;
+  readonly everyMs: number;
+}
+
+/**
+ * Two hours of history, a reading every 10 minutes: twelve samples of each node's own normal (the
+ * detector needs six), read once when the controller starts watching a job.
+ */
+export const DEFAULT_WATCH_WARMUP: WatchWarmup = { readings: 12, everyMs: 600_000 };
+
 export interface SuspectWatchDeps {
   readonly source: FeatureSource;
   readonly enqueue: (signals: readonly Signal[]) => Promise<void>;
+  readonly warmup?: WatchWarmup;
 }
 
 export class SuspectWatch {
@@ -26,26 +39,44 @@ export class SuspectWatch {
 
   constructor(private readonly deps: SuspectWatchDeps) {}
 
-  private detector(job: string): MultiSignalDetector {
-    let detector = this.detectors.get(job);
-    if (!detector) this.detectors.set(job, (detector = new MultiSignalDetector({ features: detectorFeatures() })));
+  /**
+   * A job's detector, made on the first run that sees the job. Nodes are judged against their
+   * peers only once their own normal is learnt (ownNormalFirst): a node that simply runs warmer
+   * than its peers would otherwise be raised by every controller start. So a new detector first
+   * learns from the job's nodes' history in Prometheus (the warm-up readings); a node without
+   * history there is learnt online, judged meanwhile on known-meaning levels and silence only.
+   */
+  private async detector(spec: JobSpec, now: number, past: (time: number) => Promise<FeatureReading | undefined>): Promise<MultiSignalDetector> {
+    const known = this.detectors.get(spec.name);
+    if (known) return known;
+    const detector = new MultiSignalDetector({ features: detectorFeatures(), ownNormalFirst: true });
+    this.detectors.set(spec.name, detector);
+    const { readings, everyMs } = this.deps.warmup ?? DEFAULT_WATCH_WARMUP;
+    for (let back = readings; back >= 1; back -= 1) {
+      const time = now - back * everyMs;
+      const reading = await past(time);
+      if (reading) detector.learn(time, jobMatrix(spec, reading), { groups: jobGroups(spec) });
+    }
     return detector;
   }
 
   /** One run over the given jobs; returns the signals raised. */
   async run(jobs: readonly JobSpec[], now = Date.now()): Promise<Signal[]> {
     const reading: FeatureReading = await this.deps.source.read(now);
+    // Readings of the past, for the warm-up of jobs seen for the first time, shared between them.
+    const pastReadings = new Map<number, Promise<FeatureReading | undefined>>();
+    const past = (time: number) => {
+      let pending = pastReadings.get(time);
+      // History that cannot be read leaves the node to be learnt online.
+      if (!pending) pastReadings.set(time, (pending = this.deps.source.read(time).catch(() => undefined)));
+      return pending;
+    };
     const signals: Signal[] = [];
     for (const spec of jobs) {
-      const matrix: Record<string, FeatureMatrix[string]> = {};
-      for (const node of spec.nodes) {
-        const row = reading.matrix[node];
-        if (row) matrix[node] = row;
-      }
+      const detector = await this.detector(spec, now, past);
       // The job's nodes are its members: one of them that stops reporting while the others
       // report is raised for its silence.
-      const groups = Object.fromEntries(spec.nodes.map((node) => [node, spec.name]));
-      const evaluation = this.detector(spec.name).evaluate(now, matrix, { groups });
+      const evaluation = detector.evaluate(now, jobMatrix(spec, reading), { groups: jobGroups(spec) });
       for (const suspect of evaluation.suspects) {
         const last = this.raised.get(`${spec.name}/${suspect.node}`);
         if (last !== undefined && now - last < RAISE_HOLD_OFF_MS) continue;
@@ -58,6 +89,19 @@ export class SuspectWatch {
     if (signals.length > 0) await this.deps.enqueue(signals);
     return signals;
   }
+}
+
+function jobMatrix(spec: JobSpec, reading: FeatureReading): FeatureMatrix {
+  const matrix: Record<string, FeatureMatrix[string]> = {};
+  for (const node of spec.nodes) {
+    const row = reading.matrix[node];
+    if (row) matrix[node] = row;
+  }
+  return matrix;
+}
+
+function jobGroups(spec: JobSpec): Record<string, string> {
+  return Object.fromEntries(spec.nodes.map((node) => [node, spec.name]));
 }
 
 function suspectSignal(job: string, suspect: Suspect, now: number): Signal {

@@ -3,7 +3,7 @@ import type { FeatureMatrix } from '../../analyzers/multisignal.js';
 import { InputError } from '../../core/errors.js';
 import { parseOrThrow } from '../../core/validate.js';
 import { BENIGN_KINDS, FAULT_KINDS, type BenignKind, type BenignLabel, type FaultKind, type FaultLabel } from './labels.js';
-import { AR_INNOVATION, AR_KEEP, BLIP_KINDS, BLIP_WEIGHTS, NOISE, SLOT, Window, XidSlots, applyBlip, applyFault, neutral, readings, windows, type Blip, type NodeState } from './node-readings.js';
+import { AR_INNOVATION, AR_KEEP, BLIP_KINDS, BLIP_WEIGHTS, NOISE, GPUS, SLOT, Window, XidSlots, applyBlip, applyFault, neutral, readings, windows, type Blip, type NodeState } from './node-readings.js';
 import { Random } from './replay-random.js';
 
 /**
@@ -110,6 +110,7 @@ export class ClusterReplay {
         ecc: windows(10),
         remaps: windows(60),
         pcie: windows(5),
+        pcieSlots: Array.from({ length: GPUS }, () => new XidSlots()),
         xid: new Window(5),
         xidFatal: new Window(5),
         xidHour: new XidSlots(),
@@ -295,5 +296,5 @@ export class ClusterReplay {
 }
 
 function clearWindows(node: NodeState): void {
-  for (const window of [...node.ecc, ...node.remaps, ...node.pcie, node.xid, node.xidFatal, node.xidHour, node.link, node.throttle]) window.clear();
+  for (const window of [...node.ecc, ...node.remaps, ...node.pcie, ...node.pcieSlots, node.xid, node.xidFatal, node.xidHour, node.link, node.throttle]) window.clear();
 }

@@ -23,6 +23,7 @@ export const REPLAY_FEATURES = {
   remaps: 'gpu_row_remaps_1h',
   remapPending: 'gpu_row_remap_pending',
   pcie: 'gpu_pcie_replays_per_second',
+  pcieSlots: 'gpu_pcie_replay_slots_1h',
   xidFatal: 'xid_fatal_5m',
   xidHour: 'xid_errors_1h',
   link: 'rdma_link_errors_per_second',

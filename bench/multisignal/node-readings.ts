@@ -117,6 +117,8 @@ export interface NodeState {
   readonly ecc: Window[];
   readonly remaps: Window[];
   readonly pcie: Window[];
+  /** Per GPU: the last hour's 5-minute slots with a replay. */
+  readonly pcieSlots: XidSlots[];
   readonly xid: Window;
   readonly xidFatal: Window;
   readonly xidHour: XidSlots;
@@ -160,7 +162,9 @@ export function readings(node: NodeState, effects: Effects, at: Moment, rng: Ran
   const remaps = perGpu(node.remaps, 0, effects.remapRate, 1);
   row[F.remaps] = remaps;
   row[F.remapPending] = remaps.map((count) => (count > 0 ? 1 : 0));
-  row[F.pcie] = perGpu(node.pcie, 0.3, effects.pcieRate, 300);
+  const replays = node.pcie.map((_, gpu) => rng.poisson(0.3 / GPUS + (gpu === effects.device ? effects.pcieRate : 0)));
+  row[F.pcie] = node.pcie.map((window, gpu) => window.push(replays[gpu] as number) / 300);
+  row[F.pcieSlots] = node.pcieSlots.map((slots, gpu) => slots.push(replays[gpu] as number));
   const fatal = effects.xidFatal ? effects.xidEvents : 0;
   row[F.xidFatal] = node.xidFatal.push(fatal);
   row[F.xidHour] = node.xidHour.push(effects.xidEvents);

@@ -47,10 +47,61 @@ describe('the Xid feature queries', () => {
         ],
       }),
     );
-    const result = await new Promise<{ code: number; output: string }>((resolve) =>
-      execFile(PROMTOOL, ['test', 'rules', file], (error, stdout, stderr) => resolve({ code: error ? Number(error.code ?? 1) : 0, output: `${stdout}${stderr}` })),
+    await expectPromtoolPasses(file);
+  });
+});
+
+async function expectPromtoolPasses(file: string): Promise<void> {
+  const result = await new Promise<{ code: number; output: string }>((resolve) =>
+    execFile(PROMTOOL, ['test', 'rules', file], (error, stdout, stderr) => resolve({ code: error ? Number(error.code ?? 1) : 0, output: `${stdout}${stderr}` })),
+  );
+  expect(result.output).toContain('SUCCESS');
+  expect(result.code, result.output).toBe(0);
+}
+
+describe('the PCIe replay recurrence query', () => {
+  it('counts the last hour\'s 5-minute slots that saw a replay: a slow trickle fills most, one burst one, a still counter reads 0, not nothing', async () => {
+    const replays = (node: string, gpu: number) => `steadfast_gpu_pcie_replay_errors_total{job="steadfast-agent", node="${node}", gpu="${gpu}", pci_bus_id="0000:1${gpu}:00"}`;
+    // 30-second scrapes over 70 minutes (140 samples), evaluated at 70 minutes.
+    const still = '0x140';
+    const input_series = [
+      // n1 gpu 0: from 15 minutes on, one replay every 4 minutes (every 8th sample): far under one
+      // a second, yet in every slot since (12; none in the slot that ends at 10 minutes, which a
+      // Prometheus whose ranges include both ends also counts).
+      { series: replays('n1', 0), values: Array.from({ length: 141 }, (_, at) => (at < 30 ? 0 : Math.floor((at - 30) / 8) + 1)).join(' ') },
+      { series: replays('n1', 1), values: still },
+      // n2 gpu 0: a burst of 40 replays at 40 minutes, nothing before or after: one slot.
+      { series: replays('n2', 0), values: `0x80 40x60` },
+      { series: replays('n2', 1), values: still },
+      { series: replays('n3', 0), values: '7x140' },
+    ];
+    const file = join(dir, 'pcie.test.yml');
+    await writeFile(
+      file,
+      stringify({
+        rule_files: [],
+        evaluation_interval: '1m',
+        tests: [
+          {
+            interval: '30s',
+            input_series,
+            promql_expr_test: [
+              {
+                expr: query('gpu_pcie_replay_slots_1h'),
+                eval_time: '70m',
+                exp_samples: [
+                  { labels: '{node="n1", gpu="0"}', value: 12 },
+                  { labels: '{node="n1", gpu="1"}', value: 0 },
+                  { labels: '{node="n2", gpu="0"}', value: 1 },
+                  { labels: '{node="n2", gpu="1"}', value: 0 },
+                  { labels: '{node="n3", gpu="0"}', value: 0 },
+                ],
+              },
+            ],
+          },
+        ],
+      }),
     );
-    expect(result.output).toContain('SUCCESS');
-    expect(result.code, result.output).toBe(0);
+    await expectPromtoolPasses(file);
   });
 });
