@@ -69,7 +69,9 @@ export type Confuser =
   /** Rank 0's node writes the job's checkpoint alone: its GPUs dip and its NFS round trips (GETATTR most) grow. */
   | { readonly kind: 'rank0_checkpoint'; readonly node: string; readonly job: string; readonly at: number; readonly to: number }
   /** The node runs a lighter pipeline stage for the whole job: its load times `factor`. */
-  | { readonly kind: 'uneven_stage'; readonly node: string; readonly job: string; readonly at: number; readonly to: number; readonly factor: number };
+  | { readonly kind: 'uneven_stage'; readonly node: string; readonly job: string; readonly at: number; readonly to: number; readonly factor: number }
+  /** One GPU's PCIe link replays about `perSample` times a sample, all along, and never fails. */
+  | { readonly kind: 'replay_trickle'; readonly node: string; readonly gpu: number; readonly at: number; readonly to: number; readonly perSample: number };
 
 export interface NodeTraits {
   /** A constant offset: some nodes simply run warmer (airflow, position in the rack). */
@@ -225,6 +227,13 @@ export function planFleet(shape: FleetShape): FleetPlan {
     count += 1;
   }
   confusers.push(...oneNodeDips(variant, jobs, faults, quiet, random));
+  // GPUs that replay now and then all along, on nodes that never fault (drawn last: fleets without them draw as before).
+  const trickles = variant.confusers.replayTrickles;
+  const healthy = nodes.filter((node) => !faults.some((fault) => fault.node === node));
+  for (let count = 0; trickles && count < trickles.gpus && healthy.length > 0; count += 1) {
+    const node = healthy.splice(Math.floor(random() * healthy.length), 1)[0] as string;
+    confusers.push({ kind: 'replay_trickle', node, gpu: Math.floor(random() * shape.gpusPerNode), at: shape.start, to: end, perSample: between(...trickles.perSample) });
+  }
   for (const job of jobs) job.phases.sort((a, b) => a.from - b.from);
 
   // A rank-0 checkpoint of a node on its way to a fault (or in repair) would be the fault's, not a confuser.

@@ -94,6 +94,7 @@ export function nodeSeries(plan: FleetPlan, node: string, line: NodeTimeline): M
       return spike < 0 ? -1 : (stepOf((spikes[spike] as { at: number }).at) + spike) % 4;
     };
     const healthy = faults.length === 0;
+    const trickle = plan.confusers.reduce((sum, event) => sum + (event.kind === 'replay_trickle' && event.node === node && event.gpu === gpu ? event.perSample : 0), 0);
     const effect = (step: number): GpuEffect | undefined => {
       const value = healthy ? HEALTHY : effectAt(step);
       return value.gone ? undefined : value;
@@ -140,7 +141,7 @@ export function nodeSeries(plan: FleetPlan, node: string, line: NodeTimeline): M
     add('steadfast_gpu_remapped_rows', counter(`steadfast_gpu_remapped_rows_total${labelText({ ...labels, type: 'correctable' })}`, line, draw(6, (_step, value) => value.remaps)));
     add(
       'steadfast_gpu_pcie_replay_errors',
-      counter(`steadfast_gpu_pcie_replay_errors_total${labelText(labels)}`, line, draw(7, (step, value) => value.replays + 0.0002 + (spikeKind(step) === 3 ? 4 : 0))),
+      counter(`steadfast_gpu_pcie_replay_errors_total${labelText(labels)}`, line, draw(7, (step, value) => value.replays + 0.0002 + trickle + (spikeKind(step) === 3 ? 4 : 0))),
     );
 
     // An Xid counter is born at its first increment and lives until the node reboots.
