@@ -97,13 +97,13 @@ export class Controller {
   private readonly agents: AgentDirectory;
   private readonly failSlow: FailSlowWatch | undefined;
   private readonly suspects: SuspectWatch | undefined;
-  private lastSuspectRun = 0;
   /** This replica's identity for the analysis leader lease. */
   private readonly replicaId = randomUUID();
   private readonly dispatcher: RecoveryDispatcher;
   private readonly ladder: LadderConfig;
   private ticker: IntervalTask | undefined;
   private failSlowTicker: IntervalTask | undefined;
+  private suspectTicker: IntervalTask | undefined;
   readonly pool: StandbyPool;
   private readonly progress: ProgressWatch | undefined;
   /** Posts finished actions to Grafana when the config has a `grafana` section. */
@@ -319,6 +319,7 @@ export class Controller {
     // must pass through it (controller/policy/ladder/, the `tick` event).
     this.ticker = startIntervalTask('recovery tick', RECOVERY_TICK_MS, () => this.tickJobs(), logger);
     if (this.failSlow) this.failSlowTicker = startIntervalTask('fail-slow check', config.analysis.failSlowIntervalSeconds * 1000, () => this.tickFailSlow(), logger);
+    if (this.suspects) this.suspectTicker = startIntervalTask('multi-signal detection', config.analysis.detectorIntervalSeconds * 1000, () => this.tickSuspects(), logger);
   }
 
   private async tickJobs(): Promise<void> {
@@ -338,12 +339,10 @@ export class Controller {
       });
       await this.tickPart(job, 'tick', () => this.dispatcher.apply({ job, event: { type: 'tick', time: now }, eventId: `tick:${now}` }));
     }
-    // The analysis lease is renewed every tick; fail-slow checks run on their own interval (tickFailSlow).
-    if ((this.failSlow || this.suspects) && (await this.leadAnalysis()) && this.suspects && now - this.lastSuspectRun >= this.options.config.analysis.detectorIntervalSeconds * 1000) {
-      this.lastSuspectRun = now;
-      const running = records.filter((record) => record.state === 'running').map((record) => record.spec);
-      await this.suspects.run(running, now).catch((error: unknown) => this.options.logger.warn({ err: error }, 'multi-signal detection failed'));
-    }
+    // The analysis lease is renewed every tick; fail-slow checks and multi-signal detection run on
+    // their own intervals (tickFailSlow, tickSuspects), so a slow feature read or a watch learning a
+    // new job from history never holds a job's recovery tick.
+    if (this.failSlow || this.suspects) await this.leadAnalysis();
     await replenishStandbys({ gates: this.gates, pool: this.pool, audit: this.audit, backend: this.backend.name }, new Set(records.flatMap((record) => record.spec.nodes)), now);
   }
 
@@ -355,6 +354,13 @@ export class Controller {
       this.options.logger.warn({ job, part, err: error }, 'recovery tick of a job failed');
       return undefined;
     }
+  }
+
+  /** One multi-signal evaluation of every running job, every analysis.detectorIntervalSeconds, by the analysis leader. */
+  private async tickSuspects(): Promise<void> {
+    if (!this.suspects || !(await this.leadAnalysis())) return;
+    const running = (await this.jobs.list()).filter((record) => record.state === 'running').map((record) => record.spec);
+    await this.suspects.run(running, Date.now());
   }
 
   /** One fail-slow check of every running job, every analysis.failSlowIntervalSeconds, by the analysis leader. */
@@ -386,6 +392,7 @@ export class Controller {
     this.closed = true;
     this.ticker?.stop();
     this.failSlowTicker?.stop();
+    this.suspectTicker?.stop();
     for (const server of [this.server, this.metricsServer]) {
       if (!server?.listening) continue;
       await new Promise<void>((resolve) => {
