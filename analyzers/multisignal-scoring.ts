@@ -147,10 +147,12 @@ export function scoreGroup(
     const { median: peerMedian, mad } = medianAndMad(pooled);
     const scale = Math.max(MAD_TO_SIGMA * mad, (feature.relativeSpread ?? settings.relativeSpread) * Math.abs(peerMedian), feature.minSpread);
     const residuals = new Float64Array(values.length);
+    const peerZs = new Float64Array(values.length);
     for (let at = 0; at < values.length; at += 1) {
       const z = ((values[at] as number) - peerMedian) / scale;
       const key = deviceKey(feature.name, devices[at] as number);
       (accumulators[owners[at] as number] as Accumulator).peerZ.set(key, z);
+      peerZs[at] = z;
       residuals[at] = z - (baselines?.usual(nodes[owners[at] as number] as string, key) ?? 0);
     }
     // The residuals' own spread: once nodes' lasting offsets are taken off, what is left is
@@ -160,7 +162,12 @@ export function scoreGroup(
     const worstOfNode = new Map<number, { z: number; bad: number; at: number }>();
     for (let at = 0; at < values.length; at += 1) {
       const z = ((residuals[at] as number) - residualMedian) / residualScale;
-      const bad = badness(z, feature.direction);
+      // Worse than its own normal counts only where the device is also worse than its peers now:
+      // a node that usually runs cooler or lighter than its peers is not a suspect for matching
+      // them when the whole job idles (a restart) or changes pace.
+      const peerZ = peerZs[at] as number;
+      const sameSide = feature.direction !== 'both' || Math.sign(peerZ) === Math.sign(z);
+      const bad = sameSide && badness(peerZ, feature.direction) >= settings.minPeerZ ? badness(z, feature.direction) : 0;
       const owner = owners[at] as number;
       const seen = worstOfNode.get(owner);
       if (!seen || bad > seen.bad) worstOfNode.set(owner, { z, bad, at });

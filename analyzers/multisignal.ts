@@ -24,7 +24,9 @@ import { activityOnly, peerAnomalous, peerOutlier, scoreGroup, type GroupMoment 
  * Per moment, feature and device (scoring): peer median m and MAD over every device of the
  * group, scale s = max(1.4826·MAD, relativeSpread·|m|, minSpread), peer z = (value − m)/s; minus
  * the node's own usual z on that device (multisignal-memory.ts: a node that is simply different
- * is not flagged again and again); the residual rescaled by its spread across the group. A node's
+ * is not flagged again and again); the residual rescaled by its spread across the group, and
+ * counted only where the device is also on the bad side of its peers now (minPeerZ: a node that
+ * usually runs cooler is no suspect for matching its peers while its job idles). A node's
  * feature is its worst device's. Combination: a feature is hot at badness ≥ hotZ; the node's
  * moment is anomalous when it has minHotFeatures hot features scoring ≥ minScore (each clipped at
  * clipZ, so one wild counter does not make a score), or one feature at ≥ strongZ, or a feature at
@@ -88,6 +90,13 @@ const optionsSchema = z
     clipZ: z.number().positive().default(6),
     minHotFeatures: z.int().min(1).default(2),
     minScore: z.number().min(0).default(8),
+    /**
+     * How far on the bad side of its peers a device must be now (robust σ of the peers, before
+     * its own normal is taken off) for its change against its own normal to count: the own
+     * normal forgives a node that always differs, and sharpens the view of one that drifts, but
+     * never makes a suspect of a node that is merely at its peers' level.
+     */
+    minPeerZ: z.number().min(0).default(1),
     /** One feature this far from the node's peers (after its own normal) is enough on its own. */
     strongZ: z.number().positive().default(8),
     persistence: z

@@ -12,6 +12,9 @@ import { detectorFeatures, type FeatureReading, type FeatureSource } from '../mu
  * which evicts only on evidence (ByteRobust §5). A node is raised at most once per hold-off.
  */
 
+/** The feature that says a node is at training work (multisignal-source.ts). */
+const TRAINING_FEATURE = 'training_iteration_seconds';
+
 /** A node raised once is not raised again for this long while it stays suspect. */
 const RAISE_HOLD_OFF_MS = 3600_000;
 
@@ -55,7 +58,7 @@ export class SuspectWatch {
     for (let back = readings; back >= 1; back -= 1) {
       const time = now - back * everyMs;
       const reading = await past(time);
-      if (reading) detector.learn(time, jobMatrix(spec, reading), { groups: jobGroups(spec) });
+      if (reading) detector.learn(time, trainingRows(jobMatrix(spec, reading), reading.matrix), { groups: jobGroups(spec) });
     }
     return detector;
   }
@@ -98,6 +101,19 @@ function jobMatrix(spec: JobSpec, reading: FeatureReading): FeatureMatrix {
     if (row) matrix[node] = row;
   }
   return matrix;
+}
+
+/**
+ * The rows of a past reading that show a node at training work: where the fleet reports iteration
+ * times at all, only nodes that reported one then. A job's nodes that sat idle (or were not yet
+ * in the job) before it started have another normal than the one the job gives them: learnt from
+ * that history, a node on a lighter pipeline stage was judged as changed the moment the job began.
+ * Nodes left out are learnt online, over their first half hour in the job.
+ */
+function trainingRows(matrix: FeatureMatrix, fleet: FeatureMatrix): FeatureMatrix {
+  const reports = (row: FeatureMatrix[string] | undefined) => row?.[TRAINING_FEATURE] !== undefined;
+  if (!Object.values(fleet).some(reports)) return matrix;
+  return Object.fromEntries(Object.entries(matrix).filter(([, row]) => reports(row)));
 }
 
 function jobGroups(spec: JobSpec): Record<string, string> {

@@ -33,6 +33,28 @@ describe('multi-signal detection: what a user relies on', () => {
     expect(raised).toEqual(['n2']);
   });
 
+  it('does not raise a node that usually runs cooler for matching its peers when the whole job idles, yet raises it when it runs hotter than they do', () => {
+    const detector = new MultiSignalDetector({ features: FEATURES });
+    const job = nodes(8);
+    const groups = Object.fromEntries(job.map((node) => [node, 'job']));
+    // n5 runs a lighter pipeline stage (or sits in the cold aisle): 13 °C cooler and 60 W lower than its peers while the job trains.
+    const training = { n5: { temperature: 50, power: 590 } };
+    for (let minute = 0; minute < 120; minute += 1) detector.evaluate(minute * MINUTE, moment(job, training), { groups });
+    // The job restarts: every GPU idles at the same temperature and power, n5 with them (for 15 minutes).
+    const idle = (names: string[]) => Object.fromEntries(Object.entries(moment(names)).map(([node, row], index) => [node, { ...row, temperature: 34 + (index % 3) * 0.2, power: 90 + index % 2 }]));
+    let anomalous = 0;
+    for (let minute = 120; minute < 135; minute += 1) {
+      const evaluation = detector.evaluate(minute * MINUTE, idle(job), { groups });
+      expect(evaluation.suspects).toEqual([]);
+      if (evaluation.anomalous.includes('n5')) anomalous += 1;
+    }
+    expect(anomalous).toBe(0);
+    // Back at work, n5 runs 10 °C hotter than its peers and draws less: raised.
+    let raised: string[] = [];
+    for (let minute = 135; minute < 150; minute += 1) raised = detector.evaluate(minute * MINUTE, moment(job, { n5: { temperature: 74, power: 520 } }), { groups }).suspects.map((suspect) => suspect.node);
+    expect(raised).toEqual(['n5']);
+  });
+
   it('compares nodes only within their training job, lists nodes of no job, and ignores a phase of a whole job', () => {
     const detector = new MultiSignalDetector({ features: FEATURES, persistence: { k: 1, n: 1 } });
     const a = nodes(6, 'a');

@@ -85,4 +85,31 @@ describe('multi-signal detection in the controller', () => {
     for (let minute = 40; minute < 55; minute += 1) await watch.run(jobs, minute * 60_000);
     expect(enqueued.map((signal) => signal.node)).toEqual(['g05']);
   });
+
+  it('does not learn a new job\'s nodes from history in which they sat idle: a node on a lighter pipeline stage is learnt in the job, not raised when it starts', async () => {
+    const others = ['o0', 'o1', 'o2', 'o3', 'o4', 'o5'];
+    const start = 10 * 3600_000;
+    const row = (busy: boolean, index: number, lighter = false) => ({
+      gpu_temperature_celsius: (busy ? 70 : 35) + (index % 3),
+      gpu_power_watts: (busy ? (lighter ? 480 : 600) : 80) + index * 2,
+      gpu_utilization: busy ? (lighter ? 0.8 : 0.95) : 0,
+      rdma_transport_retries_per_second: index % 2,
+      ...(busy ? { training_iteration_seconds: 1.0 + index * 0.002 } : {}),
+    });
+    // Before the job: its nodes idle, another job's nodes training. From the start: g05 on a lighter stage.
+    const readAt = (time: number): FeatureReading => ({
+      matrix: Object.fromEntries([
+        ...JOB_NODES.map((node, index) => [node, row(time >= start, index, node === 'g05')]),
+        ...others.map((node, index) => [node, row(true, index)]),
+      ]),
+      answered: ['gpu_temperature_celsius'],
+      empty: [],
+      failures: [],
+      warnings: [],
+    });
+    const enqueued: Signal[] = [];
+    const watch = new SuspectWatch({ source: { read: async (time) => readAt(time) }, enqueue: async (signals) => void enqueued.push(...signals) });
+    for (let minute = 0; minute < 60; minute += 1) await watch.run([job('new', JOB_NODES)], start + minute * 60_000);
+    expect(enqueued).toEqual([]);
+  });
 });
