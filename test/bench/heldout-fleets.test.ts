@@ -3,7 +3,7 @@ import { DEFAULT_SHAPE, MINUTE, HOUR, planFleet, type Confuser, type FaultLabel,
 import { nodeSeries } from '../../bench/heldout/series.js';
 import { benignAround } from '../../bench/heldout/score.js';
 import { TRAINING, buildTimelines, type NodeTimeline } from '../../bench/heldout/timeline.js';
-import { FLEET_1, FLEET_2, FLEET_3, fleetFromEnv } from '../../bench/heldout/variant.js';
+import { FLEET_1, FLEET_2, FLEET_3, FLEET_4, fleetFromEnv } from '../../bench/heldout/variant.js';
 import { planDigest, seriesDigest } from './heldout-digest.js';
 
 /**
@@ -80,13 +80,14 @@ describe('held-out fleet 1', () => {
 });
 
 describe('STEADFAST_BENCH_HELDOUT_FLEET', () => {
-  it('selects fleet 1 by default or by 1, fleet 2 by 2, fleet 3 by 3, and names itself for anything else', () => {
+  it('selects fleet 1 by default or by 1, fleet 2 by 2, fleets 3 and 4 by their numbers, and names itself for anything else', () => {
     expect(fleetFromEnv(undefined)).toBe(FLEET_1);
     expect(fleetFromEnv('')).toBe(FLEET_1);
     expect(fleetFromEnv('1')).toBe(FLEET_1);
     expect(fleetFromEnv('2')).toBe(FLEET_2);
     expect(fleetFromEnv(' 3 ')).toBe(FLEET_3);
-    for (const wrong of ['4', 'two', '0', '1.5', '01', 'constructor']) expect(() => fleetFromEnv(wrong)).toThrow(/STEADFAST_BENCH_HELDOUT_FLEET must be 1, 2 or 3/);
+    expect(fleetFromEnv('4')).toBe(FLEET_4);
+    for (const wrong of ['5', 'two', '0', '1.5', '01', 'constructor']) expect(() => fleetFromEnv(wrong)).toThrow(/STEADFAST_BENCH_HELDOUT_FLEET must be 1, 2, 3 or 4/);
   });
 });
 

@@ -3,29 +3,34 @@ import { DEFAULT_SHAPE, HOUR, MINUTE, planFleet, type Confuser, type FleetPlan }
 import { nodeSeries } from '../../bench/heldout/series.js';
 import { benignAround } from '../../bench/heldout/score.js';
 import { buildTimelines, type NodeTimeline } from '../../bench/heldout/timeline.js';
-import { FLEET_1, FLEET_2, FLEET_3 } from '../../bench/heldout/variant.js';
+import { FLEET_1, FLEET_2, FLEET_3, FLEET_4, type FleetVariant } from '../../bench/heldout/variant.js';
 
 /**
- * Held-out fleet 3's generator, without any detector (the detector runs on it in the bench only:
- * it is held out): the same mix of labelled faults as fleets 1 and 2 at other times and nodes, in
- * fleet 3's ranges, and its new benign event — GPUs of healthy nodes that trickle PCIe replays
- * for the whole period — labelled and present in the series.
+ * Held-out fleets 3 and 4's generator, without any detector (the detector runs on a held-out
+ * fleet in the bench only): the same mix of labelled faults as the fleets before them at other
+ * times and nodes, in each fleet's ranges, and the benign event they add — GPUs of healthy nodes
+ * that trickle PCIe replays for the whole period — labelled and present in the series.
  */
 
 const START = Date.UTC(2026, 10, 20);
 
-describe('held-out fleet 3', () => {
+const LATER: { id: number; variant: FleetVariant; earlier: FleetVariant[] }[] = [
+  { id: 3, variant: FLEET_3, earlier: [FLEET_1, FLEET_2] },
+  { id: 4, variant: FLEET_4, earlier: [FLEET_1, FLEET_2, FLEET_3] },
+];
+
+describe.each(LATER)('held-out fleet $id', ({ variant, earlier }) => {
   let plan: FleetPlan;
   let timelines: Map<string, NodeTimeline>;
   const trickles = () => plan.confusers.filter((event): event is Extract<Confuser, { kind: 'replay_trickle' }> => event.kind === 'replay_trickle');
 
   beforeAll(() => {
-    plan = planFleet({ ...DEFAULT_SHAPE, seed: FLEET_3.seed, start: START, variant: FLEET_3 });
+    plan = planFleet({ ...DEFAULT_SHAPE, seed: variant.seed, start: START, variant });
     timelines = buildTimelines(plan);
   }, 60_000);
 
-  it('labels the same mix of faults as fleets 1 and 2 at other times and nodes, each precursor in its range', () => {
-    const others = [FLEET_1, FLEET_2].map((variant) => planFleet({ ...DEFAULT_SHAPE, seed: variant.seed, start: START, variant }));
+  it('labels the same mix of faults as the fleets before it at other times and nodes, each precursor in its range', () => {
+    const others = earlier.map((before) => planFleet({ ...DEFAULT_SHAPE, seed: before.seed, start: START, variant: before }));
     const kinds = (fleet: FleetPlan) => fleet.faults.map((fault) => fault.kind).sort();
     for (const other of others) {
       expect(kinds(plan)).toEqual(kinds(other));
@@ -34,24 +39,25 @@ describe('held-out fleet 3', () => {
     }
     expect(new Set(plan.faults.map((fault) => fault.node)).size).toBe(plan.faults.length);
     for (const fault of plan.faults) {
-      const [low, high] = FLEET_3.precursorMinutes[fault.kind];
+      const [low, high] = variant.precursorMinutes[fault.kind];
       const minutes = (fault.failure - fault.precursorStart) / MINUTE;
       expect(minutes, fault.id).toBeGreaterThanOrEqual(low - 1);
       expect(minutes, fault.id).toBeLessThanOrEqual(high + 1);
       expect(fault.failure, fault.id).toBeLessThan(plan.end);
     }
-    expect(plan.faults.filter((fault) => fault.job === undefined)).toHaveLength(FLEET_3.idleFaults.length);
+    expect(plan.faults.filter((fault) => fault.job === undefined)).toHaveLength(variant.idleFaults.length);
     const kindsOfEvents = new Set(plan.confusers.map((event) => event.kind));
     expect([...kindsOfEvents].sort()).toEqual(['app_xid', 'loader_stall', 'rank0_checkpoint', 'reboot', 'replay_trickle', 'spike', 'uneven_stage']);
   });
 
-  it('trickles PCIe replays on three GPUs of nodes that never fault, for the whole period, at their drawn rate', () => {
-    expect(trickles()).toHaveLength(3);
+  it('trickles PCIe replays on GPUs of nodes that never fault, for the whole period, at their drawn rate', () => {
+    const settings = variant.confusers.replayTrickles;
+    expect(trickles()).toHaveLength(settings?.gpus ?? -1);
     const last = Math.floor((plan.end - plan.start) / plan.stepMs) - 1;
     for (const trickle of trickles()) {
       expect(plan.faults.some((fault) => fault.node === trickle.node), trickle.node).toBe(false);
-      expect(trickle.perSample).toBeGreaterThanOrEqual(0.03);
-      expect(trickle.perSample).toBeLessThanOrEqual(0.15);
+      expect(trickle.perSample).toBeGreaterThanOrEqual(settings?.perSample[0] ?? Number.NaN);
+      expect(trickle.perSample).toBeLessThanOrEqual(settings?.perSample[1] ?? Number.NaN);
       expect([trickle.at, trickle.to]).toEqual([plan.start, plan.end]);
       const series = (nodeSeries(plan, trickle.node, timelines.get(trickle.node) as NodeTimeline).get('steadfast_gpu_pcie_replay_errors') ?? []).find((entry) => entry.key.includes(`gpu="${trickle.gpu}"`));
       if (!series) throw new Error(`no replay counter on ${trickle.node} GPU ${trickle.gpu}`);
