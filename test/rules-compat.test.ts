@@ -55,6 +55,8 @@ const EXPECTED: Record<string, { device?: Record<string, string>; values: [numbe
   gpu_row_remaps_1h: { device: { gpu: '0' }, values: [0, 0] },
   gpu_row_remap_pending: { device: { gpu: '0' }, values: [0, 0] },
   gpu_pcie_replays_per_second: { device: { gpu: '0' }, values: [1, 1] },
+  // Replays all along since 0: the 5-minute slots ending at 5 and 10 minutes saw them (the one at 0 has no samples before it).
+  gpu_pcie_replay_slots_1h: { device: { gpu: '0' }, values: [2, 2] },
   rdma_link_errors_per_second: { device: { ib_port: 'mlx5_0/1' }, values: [2, 2] },
   rdma_transmit_bytes_per_second: { values: [4e10, 4e10] },
   nfs_getattr_rtt_seconds: { device: { mount: 'nfs:/ckpt' }, values: [2 ** -10, 2 ** -10] },
