@@ -29,29 +29,17 @@ describe('the Xid feature queries', () => {
       ...['n1', 'n2', 'n3', 'n4'].map((node) => ({ series: `steadfast_collector_success{job="steadfast-agent", node="${node}", collector="xid"}`, values: '1x45' })),
     ];
     const expect_samples = (values: Record<string, number>) => Object.entries(values).map(([node, value]) => ({ labels: `{node="${node}"}`, value }));
-    const file = join(dir, 'xid.test.yml');
-    await writeFile(
-      file,
-      stringify({
-        rule_files: [],
-        evaluation_interval: '1m',
-        tests: [
-          {
-            interval: '1m',
-            input_series,
-            promql_expr_test: [
-              { expr: query('xid_errors_1h'), eval_time: '40m', exp_samples: expect_samples({ n1: 1, n2: 3, n3: 0, n4: 1 }) },
-              { expr: query('xid_fatal_5m'), eval_time: '40m', exp_samples: expect_samples({ n1: 0, n2: 0, n3: 0, n4: 1 }) },
-            ],
-          },
-        ],
-      }),
-    );
-    await expectPromtoolPasses(file);
+    await expectPromqlAnswers('xid', '1m', input_series, [
+      { expr: query('xid_errors_1h'), eval_time: '40m', exp_samples: expect_samples({ n1: 1, n2: 3, n3: 0, n4: 1 }) },
+      { expr: query('xid_fatal_5m'), eval_time: '40m', exp_samples: expect_samples({ n1: 0, n2: 0, n3: 0, n4: 1 }) },
+    ]);
   });
 });
 
-async function expectPromtoolPasses(file: string): Promise<void> {
+/** Writes a promtool unit test of `cases` over `input_series` sampled every `interval`, runs it, and expects it to pass. */
+async function expectPromqlAnswers(name: string, interval: string, input_series: { series: string; values: string }[], cases: Record<string, unknown>[]): Promise<void> {
+  const file = join(dir, `${name}.test.yml`);
+  await writeFile(file, stringify({ rule_files: [], evaluation_interval: '1m', tests: [{ interval, input_series, promql_expr_test: cases }] }));
   const result = await new Promise<{ code: number; output: string }>((resolve) =>
     execFile(PROMTOOL, ['test', 'rules', file], (error, stdout, stderr) => resolve({ code: error ? Number(error.code ?? 1) : 0, output: `${stdout}${stderr}` })),
   );
@@ -75,33 +63,18 @@ describe('the PCIe replay recurrence query', () => {
       { series: replays('n2', 1), values: still },
       { series: replays('n3', 0), values: '7x140' },
     ];
-    const file = join(dir, 'pcie.test.yml');
-    await writeFile(
-      file,
-      stringify({
-        rule_files: [],
-        evaluation_interval: '1m',
-        tests: [
-          {
-            interval: '30s',
-            input_series,
-            promql_expr_test: [
-              {
-                expr: query('gpu_pcie_replay_slots_1h'),
-                eval_time: '70m',
-                exp_samples: [
-                  { labels: '{node="n1", gpu="0"}', value: 12 },
-                  { labels: '{node="n1", gpu="1"}', value: 0 },
-                  { labels: '{node="n2", gpu="0"}', value: 1 },
-                  { labels: '{node="n2", gpu="1"}', value: 0 },
-                  { labels: '{node="n3", gpu="0"}', value: 0 },
-                ],
-              },
-            ],
-          },
+    await expectPromqlAnswers('pcie', '30s', input_series, [
+      {
+        expr: query('gpu_pcie_replay_slots_1h'),
+        eval_time: '70m',
+        exp_samples: [
+          { labels: '{node="n1", gpu="0"}', value: 12 },
+          { labels: '{node="n1", gpu="1"}', value: 0 },
+          { labels: '{node="n2", gpu="0"}', value: 1 },
+          { labels: '{node="n2", gpu="1"}', value: 0 },
+          { labels: '{node="n3", gpu="0"}', value: 0 },
         ],
-      }),
-    );
-    await expectPromtoolPasses(file);
+      },
+    ]);
   });
 });
