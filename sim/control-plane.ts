@@ -76,7 +76,7 @@ export class ControlPlane {
    * A controller configuration for this plane: the Slurm backend through scontrol and sinfo,
    * the given key prefix, and whatever the caller overrides (validated like a config file).
    */
-  controllerConfig(prefix: string, overrides: { controller?: object; safety?: object; policy?: object; backend?: object; analysis?: object; progress?: object; launchers?: object } = {}): Config {
+  controllerConfig(prefix: string, overrides: { controller?: object; safety?: object; policy?: object; backend?: object; analysis?: object; progress?: object; launchers?: object; queues?: object } = {}): Config {
     return configSchema.parse({
       redis: { url: this.redisUrl, prefix },
       controller: { host: '127.0.0.1', port: 0, metrics: { port: 0 }, auth: this.credentials.auth, ...overrides.controller },
@@ -85,6 +85,7 @@ export class ControlPlane {
       policy: { ...overrides.policy },
       analysis: { ...overrides.analysis },
       progress: { ...overrides.progress },
+      queues: { ...overrides.queues },
       // `true` stands in for sbatch: the simulated cluster runs no training of its own.
       launchers: { [SIM_LAUNCHER]: { kind: 'slurm', command: ['true', '{job}', '{nodes}', '{version}'] }, ...overrides.launchers },
     });

@@ -26,7 +26,9 @@ describe('Redis restarted in the middle of an alert storm', () => {
 
   beforeAll(async () => {
     plane = await ControlPlane.start({ nodes: [...VICTIMS, ...BYSTANDERS], ownRedis: true });
-    controller = new Controller({ config: plane.controllerConfig(PREFIX), logger: silentLogger() });
+    // A step taken just as Redis dies stalls and resumes within lockDuration + 2 × stalledInterval
+    // (core/queues.ts): 30 + 60 s at BullMQ's defaults, longer than the drains are waited for here.
+    controller = new Controller({ config: plane.controllerConfig(PREFIX, { queues: { lockDurationSeconds: 5, stalledIntervalSeconds: 2 } }), logger: silentLogger() });
     url = `http://127.0.0.1:${(await controller.start()).port}`;
     reader = workerConnection(plane.redisUrl);
     // It reconnects by itself once Redis is back; while it is away there is nothing to do.
