@@ -116,11 +116,14 @@ export async function signalsFromWebhookAlerts(envelope: WebhookEnvelope, receiv
   return { signals, refused };
 }
 
-/** The alerts steadfast's own rules raise (rules/), mapped to the signal kind they report. */
-const KIND_BY_ALERTNAME: Readonly<Record<string, SignalKind>> = {
-  SteadfastXidFatal: 'xid',
-  SteadfastGpuLost: 'gpu_lost',
-};
+/**
+ * The alerts steadfast's own rules raise (rules/), mapped to the signal kind they report. A Map:
+ * an alert named `constructor` or `__proto__` must not find an object's inherited members.
+ */
+const KIND_BY_ALERTNAME: ReadonlyMap<string, SignalKind> = new Map<string, SignalKind>([
+  ['SteadfastXidFatal', 'xid'],
+  ['SteadfastGpuLost', 'gpu_lost'],
+]);
 
 function severityOf(label: string | undefined): SignalSeverity {
   switch (label) {
@@ -150,7 +153,7 @@ export function signalsFromWebhook(payload: WebhookPayload, receivedAt: Date): S
 function signalFromAlert(alert: WebhookAlert, groupStatus: 'firing' | 'resolved', receivedAt: Date): Signal {
   const labels = alert.labels;
   const alertname = labels.alertname ?? 'unnamed';
-  const kind: SignalKind = KIND_BY_ALERTNAME[alertname] ?? 'alert';
+  const kind: SignalKind = KIND_BY_ALERTNAME.get(alertname) ?? 'alert';
   const node = nodeOf(labels);
   const gpu = labels.pci_bus_id ? normalizePciBusId(labels.pci_bus_id) : undefined;
   const status = alert.status ?? groupStatus;

@@ -182,10 +182,32 @@ export function intakeHandler(deps: IntakeHttpDeps): (req: IncomingMessage, res:
   return (req, res) => {
     const endpoint = intakeEndpoint(req);
     if (endpoint === undefined) return false;
-    serve(req, res, endpoint).catch((error: unknown) => {
-      logger.error({ err: error, path: req.url }, 'request failed after its answer began');
-      res.destroy();
-    });
+    serve(req, res, endpoint).catch((error: unknown) => answerInternalError(res, endpoint, error, { reject, logger, path: req.url }));
     return true;
   };
+}
+
+/**
+ * Answers a request whose handling failed in a way no check foresaw (a bug): 500 while nothing
+ * of the answer was sent, the connection cut after that; logged either way. Never throws: it is
+ * the last catch of a request, which must not let the failure reach the process.
+ */
+export function answerInternalError(
+  res: ServerResponse,
+  endpoint: string,
+  error: unknown,
+  how: { readonly reject: ReturnType<typeof rejecter>; readonly logger: Logger; readonly path: string | undefined },
+): void {
+  try {
+    if (res.headersSent) {
+      how.logger.error({ err: error, path: how.path }, 'request failed after its answer began');
+      res.destroy();
+      return;
+    }
+    how.logger.error({ err: error, path: how.path }, 'request failed');
+    how.reject(res, endpoint, 500, 'internal', 'internal error; see the controller log');
+  } catch (failure) {
+    how.logger.error({ err: failure, path: how.path }, 'could not answer a failed request');
+    res.destroy();
+  }
 }

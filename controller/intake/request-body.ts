@@ -97,6 +97,54 @@ function refuseHeaders(req: IncomingMessage, maxBytes: number): BodyRefused | un
   return undefined;
 }
 
+/**
+ * How deeply a body may nest arrays and objects. Every body the controller takes nests a handful
+ * of levels (a job registration's topology ranks: 4; an Alertmanager webhook's labels: 3); a body
+ * nested thousands deep is refused before it is parsed, so that nothing that walks a body
+ * afterwards (validation, the NUL search, a log line) can be made to run out of stack.
+ */
+export const MAX_BODY_DEPTH = 64;
+
+const QUOTE = 0x22;
+const BACKSLASH = 0x5c;
+const OPEN_BRACKET = 0x5b;
+const CLOSE_BRACKET = 0x5d;
+const OPEN_BRACE = 0x7b;
+const CLOSE_BRACE = 0x7d;
+
+/**
+ * Whether JSON text nests arrays and objects deeper than `limit`, outside strings: one pass over
+ * the bytes, skipping each string with a native search for its closing quote. A multi-byte UTF-8
+ * sequence holds no ASCII byte, so the bytes can be read without decoding. Text that is not JSON
+ * may be judged either way; the parser refuses it afterwards.
+ */
+export function nestsDeeperThan(bytes: Uint8Array, limit: number): boolean {
+  let depth = 0;
+  for (let index = 0; index < bytes.length; index += 1) {
+    const byte = bytes[index];
+    if (byte === QUOTE) {
+      index = closingQuote(bytes, index + 1);
+      if (index === -1) return false;
+    } else if (byte === OPEN_BRACKET || byte === OPEN_BRACE) {
+      depth += 1;
+      if (depth > limit) return true;
+    } else if (byte === CLOSE_BRACKET || byte === CLOSE_BRACE) {
+      depth -= 1;
+    }
+  }
+  return false;
+}
+
+/** The index of the quote that ends a string whose text starts at `from` (one after an odd run of backslashes is escaped), or -1. */
+function closingQuote(bytes: Uint8Array, from: number): number {
+  for (let quote = bytes.indexOf(QUOTE, from); quote !== -1; quote = bytes.indexOf(QUOTE, quote + 1)) {
+    let backslashes = 0;
+    while (quote - backslashes - 1 >= from && bytes[quote - backslashes - 1] === BACKSLASH) backslashes += 1;
+    if (backslashes % 2 === 0) return quote;
+  }
+  return -1;
+}
+
 /** Decodes and parses a complete body, or says why it cannot be. */
 function parseBody(bytes: Buffer): { value: unknown } | BodyRefused {
   let text: string;
@@ -104,6 +152,9 @@ function parseBody(bytes: Buffer): { value: unknown } | BodyRefused {
     text = UTF8.decode(bytes);
   } catch {
     return { status: 400, reason: 'unreadable', message: 'request body is not valid UTF-8' };
+  }
+  if (nestsDeeperThan(bytes, MAX_BODY_DEPTH)) {
+    return { status: 400, reason: 'unreadable', message: `request body nests deeper than ${MAX_BODY_DEPTH} levels of arrays and objects` };
   }
   let value: unknown;
   try {
@@ -113,20 +164,46 @@ function parseBody(bytes: Buffer): { value: unknown } | BodyRefused {
   }
   // The cheap test on the text first: only a body that has one is walked to name the field.
   if (ESCAPED_NUL.test(text)) {
-    const where = pathOfNul(value, []) ?? [];
+    const where = pathOfNul(value) ?? [];
     return { status: 400, reason: 'unreadable', message: `${where.join('.') || '(root)'}: must not contain a NUL character (\\u0000)` };
   }
   return { value };
 }
 
-/** Where the first string (a value or a key) holding a NUL is, as a field path. */
-function pathOfNul(value: unknown, path: string[]): string[] | undefined {
-  if (typeof value === 'string') return value.includes('\0') ? path : undefined;
-  if (typeof value !== 'object' || value === null) return undefined;
-  for (const [key, item] of Object.entries(value)) {
-    if (key.includes('\0')) return [...path, JSON.stringify(key)];
-    const found = pathOfNul(item, [...path, key]);
-    if (found) return found;
+/** A value met on the walk, with the key it was found under and the place of its parent. */
+interface Place {
+  readonly value: unknown;
+  readonly key: string | undefined;
+  readonly parent: Place | undefined;
+}
+
+/** The field path from the body's root to `place`. */
+function pathTo(place: Place): string[] {
+  const path: string[] = [];
+  for (let at: Place | undefined = place; at?.key !== undefined; at = at.parent) path.push(at.key);
+  return path.reverse();
+}
+
+/**
+ * Where the first string (a value or a key) holding a NUL is, as a field path. A walk with its
+ * own stack, in document order: a body's depth never reaches the call stack.
+ */
+function pathOfNul(root: unknown): string[] | undefined {
+  const stack: Place[] = [{ value: root, key: undefined, parent: undefined }];
+  for (let place = stack.pop(); place !== undefined; place = stack.pop()) {
+    const { value, key, parent } = place;
+    if (key?.includes('\0') && parent !== undefined) return [...pathTo(parent), JSON.stringify(key)];
+    if (typeof value === 'string') {
+      if (value.includes('\0')) return pathTo(place);
+      continue;
+    }
+    if (typeof value !== 'object' || value === null) continue;
+    const entries = Object.entries(value);
+    // Pushed last first, so that the first entry is walked first.
+    for (let index = entries.length - 1; index >= 0; index -= 1) {
+      const [key, item] = entries[index] as [string, unknown];
+      stack.push({ value: item, key, parent: place });
+    }
   }
   return undefined;
 }
@@ -139,6 +216,7 @@ export interface BodyLimits {
 /**
  * Reads and parses a request's JSON body: its value, the refusal to answer, or undefined when the
  * request has no body. The bytes it reserves in the budget are given back when the answer is sent.
+ * Rejects only on a failure of its own (a bug): the caller answers that request 500.
  */
 export function readJsonBody(req: IncomingMessage, res: ServerResponse, limits: BodyLimits, owner = ''): Promise<{ value: unknown } | BodyRefused | undefined> {
   const { maxBytes, budget } = limits;
@@ -159,28 +237,45 @@ export function readJsonBody(req: IncomingMessage, res: ServerResponse, limits: 
   }
   // Held until the answer is sent: the parsed body and its signals live that long.
   res.once('close', () => budget.give(declared, owner));
-  return new Promise((resolve) => {
+  return new Promise((resolve, reject) => {
     const chunks: Buffer[] = [];
     let received = 0;
     let done = false;
     const started = Date.now();
-    const slow = setInterval(() => {
-      const elapsed = Date.now() - started;
-      if (elapsed < SLOW_BODY_GRACE_MS || received >= (MIN_BYTES_PER_SECOND * elapsed) / 1000) return;
-      chunks.length = 0;
-      // The rest of the body is not waited for: the connection ends with the answer.
-      res.setHeader('Connection', 'close');
-      finish({ status: 408, reason: 'too_slow', message: `request body arrived at ${Math.round((received * 1000) / elapsed)} bytes/s, below the ${MIN_BYTES_PER_SECOND} bytes/s the controller waits for` });
-    }, 500);
-    slow.unref();
-    const finish = (outcome: { value: unknown } | BodyRefused): void => {
-      if (done) return;
+    const stop = (): boolean => {
+      if (done) return false;
       done = true;
       clearInterval(slow);
       req.off('data', onData);
-      resolve(outcome);
+      return true;
     };
-    const onData = (chunk: Buffer): void => {
+    const finish = (outcome: { value: unknown } | BodyRefused): void => {
+      if (stop()) resolve(outcome);
+    };
+    // These listeners run on the request's events, outside any caller's try: a failure in one
+    // (a bug, or a body no check foresaw) must fail this request, never reach the process.
+    const guarded =
+      <A extends unknown[]>(listener: (...args: A) => void) =>
+      (...args: A): void => {
+        try {
+          listener(...args);
+        } catch (error) {
+          if (stop()) reject(error);
+        }
+      };
+    const slow = setInterval(
+      guarded(() => {
+        const elapsed = Date.now() - started;
+        if (elapsed < SLOW_BODY_GRACE_MS || received >= (MIN_BYTES_PER_SECOND * elapsed) / 1000) return;
+        chunks.length = 0;
+        // The rest of the body is not waited for: the connection ends with the answer.
+        res.setHeader('Connection', 'close');
+        finish({ status: 408, reason: 'too_slow', message: `request body arrived at ${Math.round((received * 1000) / elapsed)} bytes/s, below the ${MIN_BYTES_PER_SECOND} bytes/s the controller waits for` });
+      }),
+      500,
+    );
+    slow.unref();
+    const onData = guarded((chunk: Buffer): void => {
       received += chunk.length;
       if (received > declared) {
         // A chunked body past the limit, or more bytes than the Content-Length promised.
@@ -189,15 +284,21 @@ export function readJsonBody(req: IncomingMessage, res: ServerResponse, limits: 
         return;
       }
       chunks.push(chunk);
-    };
-    req.on('data', onData);
-    req.once('end', () => {
-      const bytes = Buffer.concat(chunks, received);
-      // The chunks would otherwise live as long as the request, beside the parsed body.
-      chunks.length = 0;
-      finish(parseBody(bytes));
     });
-    req.once('error', (error) => finish({ status: 400, reason: 'unreadable', message: `request body could not be read: ${error.message}` }));
+    req.on('data', onData);
+    req.once(
+      'end',
+      guarded(() => {
+        const bytes = Buffer.concat(chunks, received);
+        // The chunks would otherwise live as long as the request, beside the parsed body.
+        chunks.length = 0;
+        finish(parseBody(bytes));
+      }),
+    );
+    req.once(
+      'error',
+      guarded((error: Error) => finish({ status: 400, reason: 'unreadable', message: `request body could not be read: ${error.message}` })),
+    );
   });
 }
 
@@ -212,14 +313,17 @@ export function jsonBody(limits: BodyLimits, refuse: (req: Request, res: Respons
   return (req, res, next) => {
     if (read.has(req)) return next();
     read.add(req);
-    readJsonBody(req, res, limits, owner(res)).then((outcome) => {
-      if (outcome === undefined) return next();
-      if ('value' in outcome) {
-        req.body = outcome.value;
-        next();
-      } else {
-        refuse(req, res, outcome);
-      }
-    }, next);
+    readJsonBody(req, res, limits, owner(res))
+      .then((outcome) => {
+        if (outcome === undefined) return next();
+        if ('value' in outcome) {
+          req.body = outcome.value;
+          next();
+        } else {
+          refuse(req, res, outcome);
+        }
+      }, next)
+      // A refusal that fails to be sent goes to the app's error handler too (next never throws).
+      .catch(next);
   };
 }

@@ -13,7 +13,7 @@ import { describeIssues } from '../../core/validate.js';
 import { AccessAudit, ForbiddenError, authorize, identityOf, sendForbidden, type RequestLine } from './auth.js';
 import { failureAnswer } from './http-errors.js';
 import { ReadLimit } from './read-limit.js';
-import { endpointLabel, intakeHandler, rejecter } from './intake-http.js';
+import { answerInternalError, endpointLabel, intakeHandler, rejecter } from './intake-http.js';
 import type { ControllerMetrics } from '../metrics.js';
 import { mountQueueBoard } from './queue-board.js';
 import { requestTargetProblem } from './request-target.js';
@@ -179,12 +179,17 @@ export function createApp(deps: ServerDeps): (req: IncomingMessage, res: ServerR
 
   const intake = intakeHandler({ credentials: deps.credentials, access, onReject, limiter, body: bodyLimits, enqueue: deps.enqueue, recordProgress: deps.recordProgress, redisUp: deps.redisUp, metrics, logger });
   return (req, res) => {
-    // Before anything else: a target the router could read otherwise than it was sent is refused.
-    const problem = requestTargetProblem(req.url ?? '');
-    if (problem !== undefined) {
-      reject(res, 'other', 400, 'bad_target', `${problem}; send a plain path`);
-      return;
+    try {
+      // Before anything else: a target the router could read otherwise than it was sent is refused.
+      const problem = requestTargetProblem(req.url ?? '');
+      if (problem !== undefined) {
+        reject(res, 'other', 400, 'bad_target', `${problem}; send a plain path`);
+        return;
+      }
+      if (!intake(req, res)) app(req, res);
+    } catch (error) {
+      // This runs on the server's 'request' event: a throw here would end the process.
+      answerInternalError(res, endpointLabel(req.url ?? ''), error, { reject, logger, path: req.url });
     }
-    if (!intake(req, res)) app(req, res);
   };
 }

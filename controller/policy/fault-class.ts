@@ -148,9 +148,14 @@ const SELF_MONITORING_ALERTS: ReadonlySet<string> = new Set([
   'SteadfastNodeHandedOff',
 ]);
 
+/** The table's entry for an alert, if it has one: its own entries only, never an inherited member (`constructor`). */
+function alertClass(alertname: string): (typeof ALERT_CLASSES)[string] | undefined {
+  return Object.hasOwn(ALERT_CLASSES, alertname) ? ALERT_CLASSES[alertname] : undefined;
+}
+
 /** What broken hardware an alert names, where the table says (the node ladder's drain reason). */
 export function alertMeaning(alertname: string): string | undefined {
-  return ALERT_CLASSES[alertname]?.meaning;
+  return alertClass(alertname)?.meaning;
 }
 
 function text(value: string | number | boolean | undefined): string {
@@ -257,7 +262,7 @@ function classifyAlert(signal: Signal): Classification {
     // Fatal codes need the node out; the warning ones (38, 63) wait for the next reset.
     return classifyXidSignal({ ...signal, severity: 'warning' });
   }
-  const entry = ALERT_CLASSES[alertname];
+  const entry = alertClass(alertname);
   if (entry === undefined) return { verdict: 'ignore', reason: `no recovery rule for alert ${alertname || '(unnamed)'}` };
   const reason = `${alertname}${signal.node === undefined ? '' : ` on ${signal.node}`}`;
   const verdict = entry.faultClass === 'machine' || entry.faultClass === 'network' ? culpritOrCrash(entry.faultClass, signal.node, reason, entry.citation) : fault(entry.faultClass, signal.node, reason, entry.citation);
