@@ -9,7 +9,7 @@ import { InputError } from '../core/errors.js';
 import { createLogger, type Logger } from '../core/log.js';
 import { nodeNameSchema } from '../core/names.js';
 import type { CollectorFactory, CollectorFlag, CollectorSettings } from '../exporters/collector.js';
-import { DEFAULT_AGENT_RATE_LIMIT, createAgent, type AgentOptions } from '../exporters/agent.js';
+import { DEFAULT_AGENT_CONNECTIONS, DEFAULT_AGENT_RATE_LIMIT, createAgent, type AgentOptions } from '../exporters/agent.js';
 import type { TokenSource } from '../exporters/fast-path-client.js';
 import { DEFAULT_CODE_CACHE_DIR } from './agent-bundle.js';
 import { applyAgentV8Flags } from './agent-v8.js';
@@ -76,6 +76,7 @@ const flagsSchema = z.object({
   'web.insecure': z.boolean().default(false),
   'web.rateLimit': z.coerce.number({ message: 'must be a number of requests per second' }).min(0, 'must be at least 0 (0: no limit)').max(100_000, 'must be at most 100000'),
   'web.rateBurst': z.coerce.number({ message: 'must be a whole number' }).int('must be a whole number').min(1, 'must be at least 1').max(100_000, 'must be at most 100000'),
+  'web.maxConnectionsPerClient': z.coerce.number({ message: 'must be a whole number' }).int('must be a whole number').min(0, 'must be at least 0 (0: no cap)').max(100_000, 'must be at most 100000'),
   once: z.boolean().default(false),
 });
 
@@ -180,6 +181,7 @@ export function agentSettingsFromFlags(
     controllerToken,
     apiToken: webTokenFile ? resolveToken({ tokenFile: webTokenFile }, '--web.token-file') : undefined,
     rateLimit: { requestsPerSecond: options['web.rateLimit'], burst: options['web.rateBurst'] },
+    connections: { ...DEFAULT_AGENT_CONNECTIONS, maxPerClient: options['web.maxConnectionsPerClient'] },
     settings,
     once: options.once,
   };
@@ -206,6 +208,7 @@ export function agentCommand(io: Partial<AgentCommandIo> = {}): Command {
     .option('--web.insecure', 'serve the POST endpoints without a token (a trusted network only)')
     .option('--web.rate-limit <per-second>', 'requests per second each client may send to the POST endpoints; more answer 429 (0: no limit)', String(DEFAULT_AGENT_RATE_LIMIT.requestsPerSecond))
     .option('--web.rate-burst <requests>', 'requests a client may send at once before --web.rate-limit applies', String(DEFAULT_AGENT_RATE_LIMIT.burst))
+    .option('--web.max-connections-per-client <n>', 'connections one client address may hold open at once; more are closed as they open (0: no cap, e.g. behind a proxy)', String(DEFAULT_AGENT_CONNECTIONS.maxPerClient))
     .option('--once', 'print one scrape to stdout and exit')
     // Handled by the loader before this command runs (cli/agent-bundle.ts); listed for --help.
     .option('--write-code-cache', `(root) write V8's code cache of the agent for this Node.js build into $STEADFAST_AGENT_CODE_CACHE_DIR (default ${DEFAULT_CODE_CACHE_DIR}) and exit; later starts compile from it`)

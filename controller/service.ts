@@ -36,7 +36,7 @@ import { PrometheusFeatureSource } from '../analyzers/multisignal-source.js';
 import { AgentDirectory } from './agents.js';
 import { createApp } from './intake/server.js';
 import { configuredAgentTokens } from './kubernetes-agents.js';
-import { createLimitedServer, listenOn } from './intake/connection-limits.js';
+import { createLimitedServer, listenOn } from '../core/connection-limits.js';
 import { metricsHandler } from './intake/metrics-server.js';
 import { startWorkers } from './workers.js';
 import { startIntervalTask, type IntervalTask } from './interval-task.js';

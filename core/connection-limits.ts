@@ -9,10 +9,10 @@ export interface ConnectionLimits {
 }
 
 /**
- * The controller's HTTP server, bounding what a client can hold of it before it has shown a
- * token: slow headers and slow bodies are cut by Node's own timers, and connections beyond the
- * per-address cap are closed as they open. Behind a load balancer every request comes from its
- * address: set the cap to 0 there.
+ * An HTTP server (the controller's, the node agent's) bounding what a client can hold of it
+ * before it has shown a token: slow headers and slow bodies are cut by Node's own timers, and
+ * connections beyond the per-address cap are closed as they open. Behind a load balancer every
+ * request comes from its address: set the cap to 0 there.
  */
 export function createLimitedServer(
   handler: RequestListener,

@@ -1,8 +1,9 @@
 import { lazyCrypto } from '../core/lazy-crypto.js';
-import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { IncomingMessage, Server, ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { Registry, collectDefaultMetrics } from 'prom-client';
 import { registerBuildInfo } from '../core/build-info.js';
+import { createLimitedServer, type ConnectionLimits } from '../core/connection-limits.js';
 import { DIAGNOSE_PATH } from '../core/diagnostics.js';
 import { errorMessage } from '../core/errors.js';
 import type { FastPathEvent } from '../core/fast-path-event.js';
@@ -41,6 +42,8 @@ export interface AgentOptions {
   readonly apiToken?: string | undefined;
   /** Per-client limit on the POST endpoints (429 with Retry-After past it); 0 per second: none. Default DEFAULT_AGENT_RATE_LIMIT. */
   readonly rateLimit?: RateLimitSettings | undefined;
+  /** What one client may hold of the HTTP server before it has sent a request. Default DEFAULT_AGENT_CONNECTIONS. */
+  readonly connections?: ConnectionLimits | undefined;
   readonly logger: Logger;
 }
 
@@ -61,6 +64,14 @@ export const DEFAULT_LISTEN = { host: '0.0.0.0', port: 9401 } as const;
  * 8 ranks at 10 iterations a second fit, a client spinning in a loop does not.
  */
 export const DEFAULT_AGENT_RATE_LIMIT: RateLimitSettings = { requestsPerSecond: 100, burst: 200 };
+
+/**
+ * Prometheus holds one connection per scrape target and each rank of a training job at most one
+ * while it pushes, so 32 connections per client address leave room; slow headers are cut after
+ * 10 s and slow bodies (at most 1 MiB) after 30 s, as on the controller, instead of Node's 60 s
+ * and 300 s.
+ */
+export const DEFAULT_AGENT_CONNECTIONS: ConnectionLimits = { headersTimeoutSeconds: 10, requestTimeoutSeconds: 30, maxPerClient: 32 };
 
 class NodeAgent implements Agent {
   readonly registry = new Registry();
@@ -133,13 +144,21 @@ class NodeAgent implements Agent {
       this.standby.start();
     }
     if (!this.server) {
-      const server = createServer((request, response) => {
-        // handle() answers its own failures; this is the last line, so nothing becomes an unhandled rejection.
-        this.handle(request, response).catch((error: unknown) => {
-          this.options.logger.error({ err: error }, 'request failed outside its handler');
-          response.destroy();
-        });
-      });
+      const limits = this.options.connections ?? DEFAULT_AGENT_CONNECTIONS;
+      const refused = (address: string, first: boolean): void => {
+        if (first) this.options.logger.warn({ client: address, maxPerClient: limits.maxPerClient }, 'a client holds as many connections as it may; closing its further ones until it drops some');
+      };
+      const server = createLimitedServer(
+        (request, response) => {
+          // handle() answers its own failures; this is the last line, so nothing becomes an unhandled rejection.
+          this.handle(request, response).catch((error: unknown) => {
+            this.options.logger.error({ err: error }, 'request failed outside its handler');
+            response.destroy();
+          });
+        },
+        limits,
+        refused,
+      );
       this.server = server;
       const { host, port } = this.options.listen ?? DEFAULT_LISTEN;
       await new Promise<void>((resolve, reject) => {
