@@ -14,10 +14,37 @@ export const API_ROOT = '/api/v1';
 
 type Method = 'get' | 'post' | 'put' | 'delete';
 
-/** `router.<method>(path, …handlers)` behind the scope check of `API_ROOT + path`. */
+/**
+ * `router.<method>(path, …handlers)` behind the scope check of `API_ROOT + path`, and the body
+ * read only past it: a credential without the scope gets its 403 before a byte of the body is
+ * read or parsed.
+ */
 export function apiRoute(router: IRouter, method: Method, path: string, ...handlers: RequestHandler[]): void {
   const route = routeScope(method, `${API_ROOT}${path}`);
-  router[method](path, requireScope(route), ...handlers);
+  router[method](path, requireScope(route), readBody, ...handlers);
+}
+
+const BODY_READER = 'steadfastBodyReader';
+
+/** Reads a request's body into `req.body`, then calls next, or answers a refusal itself (request-body.ts's jsonBody). */
+type BodyReader = (req: Request, res: Response, next: NextFunction) => void;
+
+/** The app's middleware (server.ts) that gives the API's routes `reader` to read a request's body with. */
+export function provideBodyReader(reader: BodyReader): RequestHandler {
+  return (_req: Request, res: Response, next: NextFunction) => {
+    res.locals[BODY_READER] = reader;
+    next();
+  };
+}
+
+/** Reads the body with the reader the app provided; without one (a router mounted on its own) the body is left unread. */
+function readBody(req: Request, res: Response, next: NextFunction): void {
+  const reader = res.locals[BODY_READER] as BodyReader | undefined;
+  if (reader === undefined) {
+    next();
+    return;
+  }
+  reader(req, res, next);
 }
 
 /** The middleware that holds a request to `route`'s scope; refusals go to the app's ForbiddenError handler (403, audited). */

@@ -17,7 +17,7 @@ import { answerInternalError, endpointLabel, intakeHandler, rejecter } from './i
 import type { ControllerMetrics } from '../metrics.js';
 import { mountQueueBoard } from './queue-board.js';
 import { requestTargetProblem } from './request-target.js';
-import { API_ROOT, apiRoute } from './routes.js';
+import { API_ROOT, apiRoute, provideBodyReader } from './routes.js';
 import { summarizeQueue } from '../queue-summary.js';
 import { BodyBudget, jsonBody } from './request-body.js';
 
@@ -146,7 +146,9 @@ export function createApp(deps: ServerDeps): (req: IncomingMessage, res: ServerR
   }));
 
   app.use(API_ROOT, api);
-  for (const router of deps.routers ?? []) app.use(API_ROOT, json, router);
+  // Each route reads the body only once the caller's credential passed its scope check (routes.ts).
+  app.use(API_ROOT, provideBodyReader(json));
+  for (const router of deps.routers ?? []) app.use(API_ROOT, router);
   if (deps.queues) {
     mountQueueBoard(app, deps.queues, authorize({ credentials: deps.credentials, access, onReject, basic: true }));
   }
