@@ -2,7 +2,7 @@ import { z } from 'zod';
 import { errorMessage } from '../core/errors.js';
 import type { TrainingProgressEvent } from '../core/fast-path-event.js';
 import { instantQuery } from '../core/prometheus.js';
-import { equals, series } from '../core/promql.js';
+import { aggregateBy, equals, series } from '../core/promql.js';
 import type { Keys, Redis } from '../core/redis.js';
 import { TRAINING_JOB_LABEL } from '../core/scrape.js';
 import type { LadderEventJob } from '../core/queues.js';
@@ -18,8 +18,10 @@ import type { LadderEventJob } from '../core/queues.js';
  *   job, made after the relaunch, means it trains. This needs no scrape, so a Prometheus that
  *   is slow, loaded or cannot reach the relaunched nodes does not keep a training job
  *   `recovering`;
- * - Prometheus: the job's newest iteration (`steadfast_training_iteration`) grown past what it
- *   was at the relaunch.
+ * - Prometheus: the job's newest iteration (`steadfast_training_iteration`) on the job's own nodes
+ *   grown past what it was there at the relaunch. A node names its training job in a label the
+ *   pushing loop chooses, so an agent outside the job could push the job's name; the node label
+ *   is Prometheus' own (the scrape target's), so only the series of the job's nodes are read.
  *
  * Neither within the timeout: the restart failed.
  */
@@ -105,29 +107,54 @@ export interface ProgressVerdict extends LadderEventJob {
   readonly seen: string;
 }
 
+export interface ProgressWatchOptions {
+  readonly prometheusUrl: string;
+  /** A restart that shows no new iteration within this long has failed. */
+  readonly timeoutMs: number;
+  /** The label naming the node on the agents' series, set by Prometheus from the scrape target (analysis.labels.nodeLabel). */
+  readonly nodeLabel: string;
+  /** The job's nodes now (its spec's): only their iterations count. */
+  readonly nodesOf: (job: string) => Promise<readonly string[]>;
+}
+
 export class ProgressWatch {
   private readonly reports: TrainingProgressReports;
+  private readonly timeoutMs: number;
 
   constructor(
     private readonly redis: Redis,
     private readonly keys: Keys,
-    private readonly prometheusUrl: string,
-    private readonly timeoutMs: number,
+    private readonly options: ProgressWatchOptions,
   ) {
     this.reports = new TrainingProgressReports(redis, keys);
+    this.timeoutMs = options.timeoutMs;
   }
 
-  /** The job's newest iteration over all its ranks, or null when Prometheus has none. */
-  async iteration(job: string): Promise<number | null> {
-    const [sample] = await instantQuery(this.prometheusUrl, `max(${series('steadfast_training_iteration', equals(TRAINING_JOB_LABEL, job))})`);
-    return sample === undefined ? null : sample.value;
+  /**
+   * The job's newest iteration over its ranks on `nodes`, or null when Prometheus has none there.
+   * Asked per node and filtered here, not with the node names in the query: a job of thousands of
+   * nodes would make a query URL longer than Prometheus takes. The answer has one sample per node
+   * that shows the job's series, the job's own nodes and any that push its name.
+   */
+  async iteration(job: string, nodes: readonly string[]): Promise<number | null> {
+    if (nodes.length === 0) return null;
+    const { nodeLabel } = this.options;
+    const samples = await instantQuery(this.options.prometheusUrl, aggregateBy('max', [nodeLabel], series('steadfast_training_iteration', equals(TRAINING_JOB_LABEL, job))));
+    const members = new Set(nodes);
+    let newest: number | null = null;
+    for (const sample of samples) {
+      const node = sample.labels[nodeLabel];
+      if (node !== undefined && members.has(node) && !Number.isNaN(sample.value) && (newest === null || sample.value > newest)) newest = sample.value;
+    }
+    return newest;
   }
 
   /** Starts watching a restart launched at `since` (taken before the launch). */
   async watch(job: string, eventId: string, since = Date.now()): Promise<void> {
+    const nodes = await this.options.nodesOf(job);
     let baseline: number | null = null;
     try {
-      baseline = await this.iteration(job);
+      baseline = await this.iteration(job, nodes);
     } catch {
       baseline = null; // Prometheus unreachable now: any iteration seen later counts as progress.
     }
@@ -148,7 +175,7 @@ export class ProgressWatch {
     let detail = '';
     if (seen === undefined) {
       try {
-        const current = await this.iteration(job);
+        const current = await this.iteration(job, nodes);
         if (current !== null && (awaiting.baseline === null || current > awaiting.baseline)) seen = `Prometheus: the newest iteration is ${current}${awaiting.baseline === null ? '' : `, up from ${awaiting.baseline} at the relaunch`}`;
       } catch (error) {
         detail = `; Prometheus: ${errorMessage(error)}`;

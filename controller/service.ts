@@ -10,7 +10,7 @@ import { Credentials } from '../core/credentials.js';
 import { errorMessage } from '../core/errors.js';
 import type { Logger } from '../core/log.js';
 import { retentionFromBudget } from '../core/retention.js';
-import { Keys, describeRedis, intakeConnection, isRedisUp, workerConnection, type Redis } from '../core/redis.js';
+import { Keys, describeRedis, intakeConnection, redisProbe, requestConnection, workerConnection, type Redis } from '../core/redis.js';
 import { QUEUE_NAMES, queueJobOptions, type AnalysisJob, type SignalJob, type StepsJob } from '../core/queues.js';
 import type { ClusterBackend } from '../actuators/backend.js';
 import { createBackend } from '../actuators/backend-from-config.js';
@@ -75,6 +75,8 @@ const RECOVERY_TICK_MS = 5000;
  */
 export class Controller {
   private readonly intakeRedis: Redis;
+  /** The API's reads and writes: every command has a deadline (requestConnection). */
+  private readonly requestRedis: Redis;
   private readonly workerRedis: Redis;
   private readonly keys: Keys;
   /** The audit stream's length cap, from the retention budget. */
@@ -118,11 +120,12 @@ export class Controller {
     this.credentials = (options.http ?? true) ? new Credentials(resolveCredentials(config.controller.auth), configuredAgentTokens(config)) : undefined;
     this.keys = new Keys(config.redis.prefix);
     this.intakeRedis = intakeConnection(config.redis);
+    this.requestRedis = requestConnection(config.redis);
     // The policy worker's many small commands (audit appends, job lookups, BullMQ's scripts) leave
     // in one socket write per turn of the event loop instead of one each. Nothing blocking runs on
     // this connection: each BullMQ worker has its own (ownConnection).
     this.workerRedis = workerConnection(config.redis, { enableAutoPipelining: true });
-    for (const [name, connection] of [['intake', this.intakeRedis], ['worker', this.workerRedis]] as const) {
+    for (const [name, connection] of [['intake', this.intakeRedis], ['request', this.requestRedis], ['worker', this.workerRedis]] as const) {
       connection.on('error', (error: Error) => options.logger.warn({ connection: name, err: error }, 'Redis connection error'));
     }
     const retention = retentionFromBudget(config.redis.retentionBudgetMB, config.controller.auditMaxLength);
@@ -161,7 +164,12 @@ export class Controller {
     }
     this.agents = new AgentDirectory(config.agents, async (node) => (await this.backend.nodeState(node)).exists);
     this.progress = config.progress.prometheusUrl
-      ? new ProgressWatch(this.workerRedis, this.keys, config.progress.prometheusUrl, config.progress.timeoutSeconds * 1000)
+      ? new ProgressWatch(this.workerRedis, this.keys, {
+          prometheusUrl: config.progress.prometheusUrl,
+          timeoutMs: config.progress.timeoutSeconds * 1000,
+          nodeLabel: config.analysis.labels.nodeLabel,
+          nodesOf: async (job) => (await this.jobs.get(job)).spec.nodes,
+        })
       : undefined;
     this.pool = new StandbyPool(this.workerRedis, this.keys, this.backend, config.standby);
     this.ladder = ladderConfig(config.recovery);
@@ -207,11 +215,12 @@ export class Controller {
     if (!(this.options.http ?? true)) return { port: 0, metricsPort: 0 };
     const credentials = this.credentials;
     if (!credentials) throw new Error('the controller was made without HTTP; start() cannot serve it');
-    // The API answers from the fail-fast intake connection: a Redis outage is a 503, not a hang.
-    const apiJobs = new JobStore(this.intakeRedis, this.keys);
+    // The API answers from a connection whose every command has a deadline: a Redis that is down,
+    // or connected but not answering, is a 503 within seconds, not a hang.
+    const apiJobs = new JobStore(this.requestRedis, this.keys);
     const batcher = new IntakeBatcher((signals) => this.intake.enqueue(signals));
-    const apiAudit = new AuditLog(this.intakeRedis, this.keys, this.auditEntries);
-    const progressReports = new TrainingProgressReports(this.intakeRedis, this.keys);
+    const apiAudit = new AuditLog(this.requestRedis, this.keys, this.auditEntries);
+    const progressReports = new TrainingProgressReports(this.requestRedis, this.keys);
     const budget = { maxPerWindow: drainBudget(config.safety), windowSeconds: config.safety.windowSeconds };
     const app = createApp({
       credentials,
@@ -221,10 +230,10 @@ export class Controller {
       enqueue: (signals) => batcher.enqueue(signals),
       recordProgress: (events, receivedAt) => progressReports.record(events, receivedAt),
       audit: apiAudit,
-      redisUp: () => isRedisUp(this.intakeRedis),
+      redisUp: redisProbe(this.intakeRedis),
       metrics: this.metrics,
       logger,
-      // The intake connection fails fast when Redis is down; the workers' one would wait.
+      // On the workers' connection, which waits for Redis: their reads are answered only after a health check, within a deadline (server.ts).
       queues: [this.signalQueue, this.stepQueue, this.analysisQueue],
       routers: [
         jobsRouter({
@@ -234,15 +243,15 @@ export class Controller {
           audit: apiAudit,
           dispatcher: this.dispatcher,
           pool: this.pool,
-          microbatches: new MicrobatchBoard(this.intakeRedis, this.keys, apiJobs),
+          microbatches: new MicrobatchBoard(this.requestRedis, this.keys, apiJobs),
         }),
         operatorRouter({
-          gates: new SafetyGates(this.intakeRedis, this.keys, budget, config.safety.nodeLeaseSeconds, config.remedies.maintenanceWindows, this.backend.partitionNodes?.bind(this.backend), this.options.logger),
+          gates: new SafetyGates(this.requestRedis, this.keys, budget, config.safety.nodeLeaseSeconds, config.remedies.maintenanceWindows, this.backend.partitionNodes?.bind(this.backend), this.options.logger),
           audit: apiAudit,
           holdDefaultSeconds: config.safety.holdDefaultSeconds,
           holdMaxSeconds: config.safety.holdMaxSeconds,
           budget,
-          history: new RemediationHistory(this.intakeRedis, this.keys, config.remedies.historyLength),
+          history: new RemediationHistory(this.requestRedis, this.keys, config.remedies.historyLength),
         }),
       ],
     });
@@ -272,14 +281,12 @@ export class Controller {
 
   /** Gives Redis a moment at start-up; if it is down the controller still starts and answers 503. */
   private async waitForRedis(timeoutMs = 5000): Promise<void> {
-    if (this.intakeRedis.status === 'ready') return;
-    const ready = await new Promise<boolean>((resolve) => {
-      const timer = setTimeout(() => resolve(false), timeoutMs);
-      this.intakeRedis.once('ready', () => {
-        clearTimeout(timer);
-        resolve(true);
-      });
-    });
+    const connections = [this.intakeRedis, this.requestRedis].filter((connection) => connection.status !== 'ready');
+    if (connections.length === 0) return;
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), timeoutMs)));
+    const allReady = Promise.all(connections.map((connection) => new Promise<true>((resolve) => connection.once('ready', () => resolve(true))))).then(() => true as const);
+    const ready = await Promise.race([allReady, late]).finally(() => clearTimeout(timer));
     if (!ready) this.options.logger.warn({ redis: describeRedis(this.options.config.redis) }, 'Redis not reachable yet; intake answers 503 until it is');
   }
 
@@ -411,6 +418,6 @@ export class Controller {
       CLOSE_GRACE_MS,
     );
     if (!workersStopped || !queuesClosed) this.options.logger.warn({ graceMs: CLOSE_GRACE_MS }, 'workers or queues did not close in time (is Redis reachable?); cutting their connections');
-    for (const connection of [this.intakeRedis, this.workerRedis, ...this.workerConnections]) connection.disconnect();
+    for (const connection of [this.intakeRedis, this.requestRedis, this.workerRedis, ...this.workerConnections]) connection.disconnect();
   }
 }

@@ -17,7 +17,7 @@ export const detectorLabelsSchema = z
   .object({
     /** The scrape job (or jobs, `a|b`) of the node metrics. */
     scrapeJob: scrapeJobSchema.default(AGENT_SCRAPE_JOB),
-    /** The label naming the node on every node series. */
+    /** The label naming the node on every node series; the progress watch reads a job's nodes by it too. */
     nodeLabel: prometheusLabelNameSchema.default('node'),
     /** The label naming the training job on the series of a job's nodes: who is whose peer. */
     trainingJobLabel: prometheusLabelNameSchema.default(TRAINING_JOB_LABEL),

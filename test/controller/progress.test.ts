@@ -8,13 +8,13 @@ import { agentToken, post, startController, TEST_TOKEN, testConfig } from '../su
 import { testRedis } from '../support/redis.js';
 import { until } from '../support/until.js';
 
-/** A Prometheus stand-in answering instant queries with the iteration the test sets. */
-async function fakePrometheus(iteration: { value: number | null }): Promise<{ url: string; server: Server; queries: string[] }> {
+/** A Prometheus stand-in answering instant queries with the iteration per node the test sets. */
+async function fakePrometheus(iterations: Record<string, number>): Promise<{ url: string; server: Server; queries: string[] }> {
   const queries: string[] = [];
   const server = createServer((request, response) => {
     const query = new URL(request.url ?? '/', 'http://x').searchParams.get('query') ?? '';
     queries.push(query);
-    const result = iteration.value === null ? [] : [{ metric: {}, value: [Date.now() / 1000, String(iteration.value)] }];
+    const result = Object.entries(iterations).map(([node, value]) => ({ metric: { node }, value: [Date.now() / 1000, String(value)] }));
     response.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ status: 'success', data: { resultType: 'vector', result } }));
   });
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
@@ -30,17 +30,20 @@ describe('restarts judged by training progress', () => {
     servers.splice(0).forEach((server) => server.close());
   });
 
-  it('asks Prometheus for the job\'s newest iteration and decides on growth or timeout', async () => {
+  it('asks Prometheus for the newest iteration on the job\'s own nodes and decides on growth or timeout', async () => {
     const store = testRedis();
-    const iteration = { value: 100 as number | null };
-    const prometheus = await fakePrometheus(iteration);
+    const iterations: Record<string, number> = { n0: 100 };
+    const prometheus = await fakePrometheus(iterations);
     servers.push(prometheus.server);
     try {
-      const watch = new ProgressWatch(store.redis, store.keys, prometheus.url, 60_000);
+      const watch = new ProgressWatch(store.redis, store.keys, { prometheusUrl: prometheus.url, timeoutMs: 60_000, nodeLabel: 'node', nodesOf: () => Promise.resolve(['n0']) });
       await watch.watch('llama', 't-1:2', 1_000);
-      expect(prometheus.queries[0]).toBe('max(steadfast_training_iteration{training_job="llama"})');
+      expect(prometheus.queries[0]).toBe('max by (node) (steadfast_training_iteration{training_job="llama"})');
       expect(await watch.check('llama', ['n0'], 2_000)).toBeUndefined();
-      iteration.value = 101;
+      // A node outside the job shows the job's name with a higher iteration: not the job's progress.
+      iterations.stranger = 500;
+      expect(await watch.check('llama', ['n0'], 2_500)).toBeUndefined();
+      iterations.n0 = 101;
       expect(await watch.check('llama', ['n0'], 3_000)).toMatchObject({ job: 'llama', event: { type: 'restart_succeeded', time: 3_000 }, eventId: 't-1:2:progress', seen: expect.stringMatching(/Prometheus: the newest iteration is 101, up from 100/) });
       expect(await watch.check('llama', ['n0'], 4_000)).toBeUndefined();
       await watch.watch('llama', 't-2:2', 10_000);
@@ -56,8 +59,7 @@ describe('restarts judged by training progress', () => {
 
   it('counts an agent\'s progress report from a node of the job made after the relaunch, and no other', async () => {
     const store = testRedis();
-    const iteration = { value: 500 as number | null };
-    const prometheus = await fakePrometheus(iteration);
+    const prometheus = await fakePrometheus({ n0: 500, n1: 500 });
     servers.push(prometheus.server);
     const report = (node: string, job: string, time: number, at = 21): TrainingProgressEvent => ({ kind: 'training_progress', node, job, rank: 0, iteration: at, message: '', time: new Date(time).toISOString() });
     try {
@@ -66,7 +68,7 @@ describe('restarts judged by training progress', () => {
       expect(await reports.record([report('n0', 'ghost', 5_000)], 5_000)).toBe(0);
       expect(await store.redis.exists(store.keys.jobProgressReports('ghost'))).toBe(0);
       await store.redis.hset(store.keys.job('llama'), 'spec', '{}');
-      const watch = new ProgressWatch(store.redis, store.keys, prometheus.url, 60_000);
+      const watch = new ProgressWatch(store.redis, store.keys, { prometheusUrl: prometheus.url, timeoutMs: 60_000, nodeLabel: 'node', nodesOf: () => Promise.resolve(['n0', 'n1']) });
       await watch.watch('llama', 't-1:2', 10_000);
       // The old run's last step, delivered late; a node that is not the job's; an agent clock ahead of the controller's.
       expect(await reports.record([report('n0', 'llama', 9_000)], 11_000)).toBe(1);
@@ -91,8 +93,8 @@ describe('restarts judged by training progress', () => {
 
   it('keeps a restarted job recovering until its iteration grows, then marks it running', async () => {
     const store = testRedis();
-    const iteration = { value: 500 as number | null };
-    const prometheus = await fakePrometheus(iteration);
+    const iterations: Record<string, number> = { n0: 500, n1: 500 };
+    const prometheus = await fakePrometheus(iterations);
     servers.push(prometheus.server);
     try {
       const started = await startController(testConfig(store.url, store.prefix, { progress: { prometheusUrl: prometheus.url } }));
@@ -104,7 +106,8 @@ describe('restarts judged by training progress', () => {
       // Launched, but no new iteration yet: still recovering after a progress check (the launch's baseline query, then a tick's).
       await until('a progress check after the launch', () => Promise.resolve(prometheus.queries.length), (count) => count >= 2);
       expect((await started.controller.jobs.get('llama')).state).toBe('recovering');
-      iteration.value = 520;
+      // The relaunched job runs on n0 and the standby.
+      iterations.n0 = 520;
       await until('running again', () => started.controller.jobs.get('llama'), (record) => record.state === 'running', 15_000);
     } finally {
       await controller?.close();
@@ -115,8 +118,8 @@ describe('restarts judged by training progress', () => {
 
   it('marks a relaunched job running on its agents\' fast-path reports while Prometheus sees nothing, and not on a report from a node outside the job', async () => {
     const store = testRedis();
-    const iteration = { value: null as number | null };
-    const prometheus = await fakePrometheus(iteration);
+    const iterations: Record<string, number> = {};
+    const prometheus = await fakePrometheus(iterations);
     servers.push(prometheus.server);
     const progress = (node: string, at: number): Record<string, unknown> => ({ kind: 'training_progress', node, job: 'llama', rank: 1, iteration: at, message: 'rank 1 resumed', time: new Date().toISOString() });
     try {
@@ -140,7 +143,7 @@ describe('restarts judged by training progress', () => {
       const answer = await post(`${started.url}/api/v1/signals`, [progress('spare', 21)], agentToken('spare'));
       expect(answer).toMatchObject({ status: 202, body: { accepted: 1, ids: [] } });
       await until('running again', () => started.controller.jobs.get('llama'), (record) => record.state === 'running', 15_000);
-      expect(iteration.value).toBeNull();
+      expect(iterations).toEqual({});
       // A progress report is no fault: nothing of it reaches the audit trail or the signal queue.
       const audit = await fetch(`${started.url}/api/v1/audit?limit=200`, { headers: { authorization: `Bearer ${TEST_TOKEN}` } }).then((response) => response.json() as Promise<{ entries: { summary: string }[] }>);
       expect(audit.entries.filter((entry) => /training_progress|resumed/.test(entry.summary))).toEqual([]);

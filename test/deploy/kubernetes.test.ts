@@ -239,9 +239,9 @@ describe('the Kubernetes manifests in deploy/kubernetes', () => {
     expect(objects[1]?.subjects?.[0]?.namespace).toBe('steadfast');
   });
 
-  it('scrape the agents with the node name as `node`, as the rules and the controller expect', () => {
+  it('scrape the agents with the node name as `node`, as the rules and the controller expect, which no agent\'s own label overrides', () => {
     const [endpoint] = (find('PodMonitor', 'steadfast-agent') as unknown as PodMonitorObject).spec.podMetricsEndpoints;
-    expect(endpoint?.honorLabels).toBe(true);
+    expect(endpoint?.honorLabels).toBeUndefined();
     expect(endpoint?.relabelings).toContainEqual({ sourceLabels: ['__meta_kubernetes_pod_node_name'], targetLabel: 'node' });
   });
 });
