@@ -1,7 +1,8 @@
 import { InputError } from '../core/errors.js';
 import { DEFAULT_JOB_POLICY, jobPolicySchema, parseJobSpec, type JobPolicy, type JobSpec, type JobState } from '../core/job.js';
 import type { Keys, Redis } from '../core/redis.js';
-import { checkpointShardSchema, type CheckpointShard } from '../core/checkpoint.js';
+import { CHECKPOINT_TIERS, checkpointShardSchema, type CheckpointShard } from '../core/checkpoint.js';
+import type { StepCopies } from '../actuators/restore-plan.js';
 import { z } from 'zod';
 import { parseOrThrow } from '../core/validate.js';
 
@@ -57,7 +58,15 @@ export interface Ettr {
 }
 
 /** How many checkpoint steps are kept per job; older ones cannot matter for a restore. */
-const CHECKPOINT_STEPS_KEPT = 64;
+export const CHECKPOINT_STEPS_KEPT = 64;
+/**
+ * Copies of one rank's shard a step keeps, in different places: its own node, peers (DeadPool §V
+ * replicates each rank's state to k peers; k is 1 or 2 in practice) and remote storage.
+ */
+export const CHECKPOINT_COPIES_PER_RANK = 4;
+/** Most copies one report carries; the Python client sends at most 200 at once. */
+export const CHECKPOINT_SHARDS_PER_REPORT = 10_000;
+const checkpointReportSchema = z.array(checkpointShardSchema).min(1).max(CHECKPOINT_SHARDS_PER_REPORT);
 const TRANSITIONS_KEPT = 10_000;
 const HOUR_MS = 3600_000;
 
@@ -84,6 +93,50 @@ redis.call('hset', KEYS[1], 'spec', ARGV[2], 'state', 'running', 'stateReason', 
 redis.call('sadd', KEYS[2], cjson.decode(ARGV[2]).name)
 redis.call('rpush', KEYS[3], ARGV[4])
 for i = 4, #KEYS do redis.call('set', KEYS[i], cjson.decode(ARGV[2]).name) end
+return {'ok'}`;
+
+/**
+ * Adds a report's checkpoint copies in one step, or nothing: refused (`full`, the step and what it
+ * would hold) when a step would keep more than its bound. A copy replaces those of the same step,
+ * rank and holder in other tiers. Then only the newest steps are kept: a walk down from the
+ * newest step, one lookup per kept step, and what lies below the oldest goes.
+ * KEYS: the job's checkpoint copies (score: step). ARGV: the copies a step may hold, the steps
+ * kept, then six strings per copy: its step, its member, the four members it replaces ('' none).
+ */
+const ADD_CHECKPOINTS = `
+local cap, kept = tonumber(ARGV[1]), tonumber(ARGV[2])
+local added, steps = {}, {}
+for i = 3, #ARGV, 6 do
+  local present = redis.call('zscore', KEYS[1], ARGV[i + 1])
+  for j = i + 2, i + 5 do
+    if not present and ARGV[j] ~= '' then present = redis.call('zscore', KEYS[1], ARGV[j]) end
+  end
+  if not present then
+    if added[ARGV[i]] == nil then
+      added[ARGV[i]] = 0
+      table.insert(steps, ARGV[i])
+    end
+    added[ARGV[i]] = added[ARGV[i]] + 1
+  end
+end
+for _, step in ipairs(steps) do
+  local holds = redis.call('zcount', KEYS[1], step, step) + added[step]
+  if holds > cap then return {'full', step, tostring(holds)} end
+end
+for i = 3, #ARGV, 6 do
+  for j = i + 2, i + 5 do
+    if ARGV[j] ~= '' then redis.call('zrem', KEYS[1], ARGV[j]) end
+  end
+  redis.call('zadd', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+local below, oldest = '+inf', nil
+for _ = 1, kept do
+  local newest = redis.call('zrevrangebyscore', KEYS[1], below, '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  if #newest == 0 then break end
+  oldest = newest[2]
+  below = '(' .. oldest
+end
+if oldest then redis.call('zremrangebyscore', KEYS[1], '-inf', '(' .. oldest) end
 return {'ok'}`;
 
 /** HSETNX on a job's hash only while the job is registered (its spec is there), so a deleted job is not half re-created. */
@@ -252,26 +305,69 @@ export class JobStore {
     return { cumulative, window1h: productiveShare(transitions, Math.max(createdAt, now - HOUR_MS), now) };
   }
 
+  /**
+   * Keeps checkpoint copies the training side reports. Each names a rank of the job's topology and,
+   * unless it is remote, a holder among the job's nodes; a copy of the same step, rank and holder
+   * replaces the one kept (its tier changed). A step keeps at most ranks × CHECKPOINT_COPIES_PER_RANK
+   * copies and the job its newest CHECKPOINT_STEPS_KEPT steps, so a restore plan reads a bounded
+   * amount. Throws InputError naming the field; nothing of a refused report is kept.
+   */
   async addCheckpoints(name: string, body: unknown): Promise<number> {
-    await this.get(name);
-    const shards = parseOrThrow(z.union([checkpointShardSchema, z.array(checkpointShardSchema).min(1).max(100_000)]), body, 'checkpoint shards');
-    const list = Array.isArray(shards) ? shards : [shards];
-    const multi = this.redis.multi();
-    for (const shard of list) multi.zadd(this.keys.jobCheckpoints(name), String(shard.step), JSON.stringify(shard));
-    await multi.exec();
-    // Keep the newest steps only.
-    const steps = [...new Set((await this.redis.zrange(this.keys.jobCheckpoints(name), '0', '-1', 'WITHSCORES')).filter((_, index) => index % 2 === 1))];
-    if (steps.length > CHECKPOINT_STEPS_KEPT) {
-      const cutoff = Number(steps[steps.length - CHECKPOINT_STEPS_KEPT]);
-      await this.redis.zremrangebyscore(this.keys.jobCheckpoints(name), '-inf', `(${cutoff}`);
+    const record = await this.get(name);
+    const list = Array.isArray(body) ? parseOrThrow(checkpointReportSchema, body, 'checkpoint shards') : [parseOrThrow(checkpointShardSchema, body, 'checkpoint shards')];
+    const ranks = parseJobSpec(record.spec).topology.ranks.length;
+    const nodes = new Set(record.spec.nodes);
+    const latest = new Map<string, CheckpointShard>();
+    for (const [index, shard] of list.entries()) {
+      const at = Array.isArray(body) ? `${index}.` : '';
+      if (shard.rank >= ranks) throw new InputError(`invalid checkpoint shards: ${at}rank: ${shard.rank} is not a rank of job ${name}, which has ranks 0-${ranks - 1}`, `${at}rank`);
+      if (shard.holder !== undefined && !nodes.has(shard.holder)) throw new InputError(`invalid checkpoint shards: ${at}holder: ${shard.holder} is not a node of job ${name}`, `${at}holder`);
+      // The last report of a copy wins, as it would in two requests.
+      latest.set(`${shard.step}/${shard.rank}/${shard.holder ?? ''}`, shard);
+    }
+    const perStep = ranks * CHECKPOINT_COPIES_PER_RANK;
+    const args = [...latest.values()].flatMap((shard) => [String(shard.step), copyMember(shard), ...replacedMembers(shard)]);
+    const answer = (await this.redis.eval(ADD_CHECKPOINTS, 1, this.keys.jobCheckpoints(name), String(perStep), String(CHECKPOINT_STEPS_KEPT), ...args)) as string[];
+    if (answer[0] === 'full') {
+      throw new InputError(
+        `invalid checkpoint shards: step ${answer[1] ?? ''} would hold ${answer[2] ?? ''} copies; job ${name} keeps at most ${perStep} a step (${ranks} ranks × ${CHECKPOINT_COPIES_PER_RANK} copies)`,
+        'step',
+      );
     }
     return list.length;
   }
 
+  /** Every kept checkpoint copy of the job, oldest step first. */
   async checkpoints(name: string): Promise<CheckpointShard[]> {
-    await this.get(name);
-    return (await this.redis.zrange(this.keys.jobCheckpoints(name), '0', '-1')).map((text) => checkpointShardSchema.parse(JSON.parse(text)));
+    const steps: StepCopies[] = [];
+    for await (const step of this.checkpointSteps(name)) steps.unshift(step);
+    return steps.flatMap((step) => step.copies);
   }
+
+  /** The job's kept checkpoint steps, newest first, one read per step (at most CHECKPOINT_STEPS_KEPT). */
+  async *checkpointSteps(name: string): AsyncGenerator<StepCopies> {
+    await this.get(name);
+    const key = this.keys.jobCheckpoints(name);
+    let below = '+inf';
+    for (let read = 0; read < CHECKPOINT_STEPS_KEPT; read += 1) {
+      const [, score] = await this.redis.zrevrangebyscore(key, below, '-inf', 'WITHSCORES', 'LIMIT', 0, 1);
+      if (score === undefined) return;
+      const copies = (await this.redis.zrangebyscore(key, score, score)).map((text) => checkpointShardSchema.parse(JSON.parse(text)));
+      yield { step: Number(score), copies };
+      below = `(${score}`;
+    }
+  }
+}
+
+/** How a copy is kept: its fields in one order, so that the same copy reported twice is one member. */
+function copyMember(shard: CheckpointShard): string {
+  return JSON.stringify({ step: shard.step, rank: shard.rank, tier: shard.tier, ...(shard.holder !== undefined ? { holder: shard.holder } : {}) });
+}
+
+/** The members a copy replaces: the same step, rank and holder in each other tier ('' for a remote copy without holder, which has none). */
+function replacedMembers(shard: CheckpointShard): string[] {
+  const others = CHECKPOINT_TIERS.filter((tier) => tier !== shard.tier);
+  return shard.holder === undefined ? others.map(() => '') : others.map((tier) => copyMember({ ...shard, tier }));
 }
 
 function readPolicy(raw: string | undefined): JobPolicy {

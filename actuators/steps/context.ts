@@ -1,5 +1,4 @@
 import type { AuditLog } from '../../core/audit.js';
-import type { CheckpointShard } from '../../core/checkpoint.js';
 import { CONTROLLER_IDENTITY, type Identity } from '../../core/credentials.js';
 import type { JobPolicy, JobSpec } from '../../core/job.js';
 import type { Launchers } from '../../core/launcher.js';
@@ -11,6 +10,7 @@ import type { RemediesConfig } from '../../core/remedy-config.js';
 import { ACTING_VERBS, type Step, type StepRecord, type StepState } from '../../core/steps.js';
 import { DoNotRetryError } from '../../core/errors.js';
 import type { ClusterBackend } from '../backend.js';
+import type { StepCopies } from '../restore-plan.js';
 import type { HandOffNotifier } from '../hand-off.js';
 import type { RemediationHistory } from '../remediation-history.js';
 import type { GateVerdict, SafetyGates } from '../safety.js';
@@ -27,7 +27,8 @@ export interface StepJobs {
   get(job: string): Promise<{ readonly spec: JobSpec; readonly policy: JobPolicy }>;
   replaceNode(job: string, evicted: string, replacement: string): Promise<void>;
   setVersion(job: string, version: string): Promise<void>;
-  checkpoints(job: string): Promise<CheckpointShard[]>;
+  /** The job's kept checkpoint steps, newest first. */
+  checkpointSteps(job: string): AsyncIterable<StepCopies>;
 }
 
 /** Judges a restart by training progress (the controller's ProgressWatch): waits for new iterations. */

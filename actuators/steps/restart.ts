@@ -1,8 +1,7 @@
 import { parseJobSpec } from '../../core/job.js';
-import type { CheckpointShard } from '../../core/checkpoint.js';
 import type { LadderEvent } from '../../core/ladder.js';
 import { launchJob } from '../launcher.js';
-import { planRestore } from '../restore-plan.js';
+import { planRestoreByStep } from '../restore-plan.js';
 import { recordStep, stepJob, stepRef, type Halt, type StepDeps, type StepAt } from './context.js';
 import { describeCancelled, endPreviousRuns } from './stop.js';
 
@@ -46,12 +45,12 @@ export async function restart(deps: StepDeps, at: StepAt): Promise<Halt> {
  */
 async function recordRestorePlan(deps: StepDeps, at: StepAt): Promise<void> {
   const job = stepJob(at);
-  const shards = await deps.jobs.checkpoints(job);
-  if (shards.length === 0) return;
-  const { topology } = parseJobSpec((await deps.jobs.get(job)).spec);
-  const evicted = new Set(await evictedHolders(deps, shards));
+  const { spec, topology } = parseJobSpec((await deps.jobs.get(job)).spec);
+  const members = new Set(spec.nodes);
   // The spec already names the standbys, so each rank's node is where it runs after the restart.
-  const plan = planRestore(shards, { ranks: topology.ranks.length, evicted, rankNodes: new Map(topology.ranks.map((rank) => [rank.rank, rank.node])) });
+  const target = { ranks: topology.ranks.length, rankNodes: new Map(topology.ranks.map((rank) => [rank.rank, rank.node] as const)) };
+  const { plan, stepsRead } = await planRestoreByStep(deps.jobs.checkpointSteps(job), target, (holders) => lostHolders(deps, holders, members));
+  if (stepsRead === 0) return;
   const detail = plan
     ? `restore from step ${plan.step}: ${plan.sources.filter((source) => !source.local).length} of ${plan.sources.length} ranks load from another node or remote storage${plan.skipped.length ? `; newer steps ${plan.skipped.map((skip) => skip.step).join(', ')} lost a shard` : ''}`
     : 'no checkpoint step survives the evictions: the job restarts from its last persistent checkpoint';
@@ -61,9 +60,23 @@ async function recordRestorePlan(deps: StepDeps, at: StepAt): Promise<void> {
   );
 }
 
-/** Holders of the shards that the backend shows out of service (evicted, drained, gone). */
-async function evictedHolders(deps: StepDeps, shards: readonly CheckpointShard[]): Promise<string[]> {
-  const holders = [...new Set(shards.flatMap((shard) => (shard.holder ? [shard.holder] : [])))];
-  const states = await Promise.all(holders.map(async (holder) => ({ holder, state: await deps.backend.nodeState(holder) })));
-  return states.filter(({ state }) => state.drained || !state.exists).map(({ holder }) => holder);
+/** Node states asked of the backend at once (each is an sinfo or a GET). */
+const NODE_STATES_AT_ONCE = 16;
+
+/**
+ * Which of these holders lost their copies: a node no longer in the job (an evicted one was
+ * replaced in it) without asking, and a node of the job that the backend shows out of service
+ * (drained, gone). The backend is asked only about the job's own nodes.
+ */
+async function lostHolders(deps: StepDeps, holders: readonly string[], members: ReadonlySet<string>): Promise<string[]> {
+  const lost = holders.filter((holder) => !members.has(holder));
+  const queue = holders.filter((holder) => members.has(holder));
+  const worker = async (): Promise<void> => {
+    for (let node = queue.pop(); node !== undefined; node = queue.pop()) {
+      const state = await deps.backend.nodeState(node);
+      if (state.drained || !state.exists) lost.push(node);
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(NODE_STATES_AT_ONCE, queue.length) }, worker));
+  return lost;
 }

@@ -7,7 +7,7 @@ import type { Launchers } from '../../core/launcher.js';
 import { nodeNameSchema } from '../../core/names.js';
 import { parseOrThrow } from '../../core/validate.js';
 import type { ClusterBackend } from '../../actuators/backend.js';
-import { planRestore } from '../../actuators/restore-plan.js';
+import { planRestoreByStep } from '../../actuators/restore-plan.js';
 import { parseJobSpec } from '../../core/job.js';
 import { admitJob } from '../job-admission.js';
 import type { JobStore } from '../job-store.js';
@@ -162,7 +162,11 @@ export function jobsRouter(deps: JobsRouterDeps): express.Router {
       const evicted = new Set(evictedParam.split(',').filter(Boolean).map((node) => parseOrThrow(nodeNameSchema, node, 'evicted')));
       const { topology } = parseJobSpec(record.spec);
       const rankNodes = new Map(topology.ranks.map((rank) => [rank.rank, rank.node] as const));
-      const plan = planRestore(await jobs.checkpoints(name), { ranks: topology.ranks.length, evicted, rankNodes });
+      const members = new Set(record.spec.nodes);
+      // Copies on the evicted nodes are lost, and so are those on nodes that left the job (an evicted node replaced by a standby).
+      const { plan } = await planRestoreByStep(jobs.checkpointSteps(name), { ranks: topology.ranks.length, rankNodes }, async (holders) =>
+        holders.filter((holder) => evicted.has(holder) || !members.has(holder)),
+      );
       if (!plan) {
         res.status(409).json({ error: `no checkpoint step of ${name} survives the evictions of ${[...evicted].join(', ') || 'no node'}` });
         return;

@@ -41,6 +41,28 @@ describe('restore planning', () => {
     expect(planRestore(shards, { ranks: 2, evicted: new Set(), rankNodes: new Map() })).toBeUndefined();
   });
 
+  it('reads each copy a bounded number of times, however many ranks the step has (the plan is linear, not copies × ranks)', () => {
+    const ranks = 2000;
+    let reads = 0;
+    // Every field read of every copy is counted.
+    const counted = (shard: CheckpointShard): CheckpointShard =>
+      new Proxy(shard, {
+        get(target, field, receiver) {
+          reads += 1;
+          return Reflect.get(target, field, receiver) as unknown;
+        },
+      });
+    const shards = Array.from({ length: ranks }, (_, rank) => [
+      counted({ step: 10, rank, tier: 'host', holder: `n${rank}` }),
+      counted({ step: 10, rank, tier: 'peer', holder: `n${(rank + 1) % ranks}` }),
+    ]).flat();
+    const rankNodes = new Map(Array.from({ length: ranks }, (_, rank) => [rank, `n${rank}`] as const));
+    const plan = planRestore(shards, { ranks, evicted: new Set(['n0']), rankNodes });
+    expect(plan?.step).toBe(10);
+    expect(plan?.sources[0]).toEqual({ rank: 0, tier: 'peer', holder: 'n1', local: false });
+    expect(reads).toBeLessThanOrEqual(16 * shards.length);
+  });
+
   it('requires a holder for every copy that is not remote, naming the field', () => {
     const result = checkpointShardSchema.safeParse({ step: 1, rank: 0, tier: 'host' });
     expect(result.success).toBe(false);

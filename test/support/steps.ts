@@ -77,7 +77,7 @@ const NO_JOBS: StepJobs = {
   },
   replaceNode: async () => undefined,
   setVersion: async () => undefined,
-  checkpoints: async () => [],
+  checkpointSteps: async function* () {},
 };
 
 /**
