@@ -1,10 +1,13 @@
 import { createHash } from 'node:crypto';
-import { ApiException, AuthenticationV1Api, CoreV1Api, type Configuration, type V1TokenReviewStatus } from '@kubernetes/client-node';
+import { ApiException, AuthenticationV1Api, CoreV1Api, type Configuration } from '@kubernetes/client-node';
+import { z } from 'zod';
 import type { KubernetesAgentsConfig } from '../core/auth-config.js';
 import type { Config } from '../core/config.js';
-import { ReviewUnavailableError, TokenRefusedError, type Identity, type TokenReviewer } from '../core/credentials.js';
+import { ReviewUnavailableError, ReviewsRateLimitedError, TokenRefusedError, type Identity, type TokenReviewer } from '../core/credentials.js';
 import { errorMessage } from '../core/errors.js';
 import { NODE_NAME_PATTERN } from '../core/names.js';
+import { ClientRateLimiter } from '../core/rate-limit.js';
+import { describeIssues } from '../core/validate.js';
 import { kubernetesConnection } from '../actuators/backend-from-config.js';
 import { kubernetesApiConfiguration } from '../actuators/kubernetes.js';
 import { serverMessage } from '../actuators/kubernetes-errors.js';
@@ -22,9 +25,15 @@ import { serverMessage } from '../actuators/kubernetes-errors.js';
  * The identity is bound to that node like an agentSecret token (intake/auth.ts, requireOwnNode), so each
  * pod's credential speaks for its own node only, and no Secret holds every node's token.
  *
- * A token found good is remembered until the sooner of cacheSeconds and its own expiry; errors
- * are never remembered, and a review that cannot be made refuses the request (503, retried by the
- * sender), never lets it through.
+ * A token found good is remembered until the sooner of cacheSeconds and its own expiry, a token
+ * the API server refused for refusedCacheSeconds; failures are never remembered, and a review
+ * that cannot be made refuses the request (503, retried by the sender), never lets it through.
+ *
+ * Anyone can present a token of the right form, so what a stranger can make the controller ask
+ * is bounded: per client address, tokens never found good go to review at reviewRateLimit (429
+ * past it); they may hold UNKNOWN_REVIEWS_IN_FLIGHT of the MAX_REVIEWS_IN_FLIGHT reviews at once,
+ * and the rest stay free for tokens found good before (an agent renewing after cacheSeconds),
+ * which no rate limit holds back.
  */
 
 const EXTRA_NODE_NAME = 'authentication.kubernetes.io/node-name';
@@ -35,6 +44,10 @@ const MAX_TOKEN_LENGTH = 16 * 1024;
 const JWT_FORM = /^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$/;
 /** Reviews in flight at once (a burst of agents after a controller restart); past it, 503. */
 const MAX_REVIEWS_IN_FLIGHT = 256;
+/** Of those, what tokens never found good may hold; the rest are kept for renewals of tokens found good. */
+const UNKNOWN_REVIEWS_IN_FLIGHT = 192;
+/** A token found good without an expiry of its own counts as known this long. */
+const KNOWN_WITHOUT_EXPIRY_MS = 3600_000;
 
 export interface KubernetesAgentTokensOptions extends KubernetesAgentsConfig {
   /** The milliseconds clock; tests pass their own. */
@@ -43,7 +56,10 @@ export interface KubernetesAgentTokensOptions extends KubernetesAgentsConfig {
 
 interface Remembered {
   readonly identity: Identity;
-  readonly until: number;
+  /** Served from memory until then. */
+  readonly trustedUntil: number;
+  /** Until then (the token's own expiry) a renewal is reviewed before unknown tokens, whatever the rate limit. */
+  readonly knownUntil: number;
 }
 
 /** The claims read from a token before its review, only to skip hopeless reviews and to bound the cache; never to accept it. */
@@ -64,7 +80,28 @@ function unverifiedClaims(token: string): UnverifiedClaims | undefined {
   }
 }
 
-function firstExtra(status: V1TokenReviewStatus, key: string): string | undefined {
+/**
+ * The fields of a TokenReview's status the controller reads, checked as the API server should
+ * send them (authentication.k8s.io/v1): the client library passes through whatever types came.
+ */
+const reviewStatusSchema = z.object({
+  authenticated: z.boolean().optional(),
+  error: z.string().optional(),
+  audiences: z.array(z.string()).optional(),
+  user: z
+    .object({
+      username: z.string().optional(),
+      extra: z.record(z.string(), z.array(z.string())).optional(),
+    })
+    .optional(),
+});
+
+type ReviewStatus = z.infer<typeof reviewStatusSchema>;
+
+/** A TokenReview answer of the wrong shape: refused, but not remembered, as the next answer may be sound. */
+class MalformedReviewError extends TokenRefusedError {}
+
+function firstExtra(status: ReviewStatus, key: string): string | undefined {
   return status.user?.extra?.[key]?.[0];
 }
 
@@ -72,9 +109,25 @@ function tokenKey(token: string): string {
   return createHash('sha256').update(token).digest('hex');
 }
 
+/** Deletes entries of `map` whose time has passed, then the oldest, until there is room for one more. */
+function makeRoom<T>(map: Map<string, T>, limit: number, until: (entry: T) => number, now: number): void {
+  if (map.size < limit) return;
+  for (const [key, entry] of map) if (until(entry) <= now) map.delete(key);
+  // Oldest first: a Map iterates in insertion order.
+  while (map.size >= limit) {
+    const oldest = map.keys().next().value;
+    if (oldest === undefined) break;
+    map.delete(oldest);
+  }
+}
+
 export class KubernetesAgentTokens implements TokenReviewer {
   private readonly remembered = new Map<string, Remembered>();
+  /** Tokens the API server refused, until when they are refused without asking. */
+  private readonly refused = new Map<string, number>();
   private readonly inFlight = new Map<string, Promise<Identity>>();
+  private unknownInFlight = 0;
+  private readonly perClient: ClientRateLimiter;
   private readonly username: string;
   private readonly now: () => number;
 
@@ -85,65 +138,107 @@ export class KubernetesAgentTokens implements TokenReviewer {
   ) {
     this.username = `system:serviceaccount:${options.namespace}:${options.serviceAccount}`;
     this.now = options.now ?? Date.now;
+    this.perClient = new ClientRateLimiter(options.reviewRateLimit, { now: this.now });
   }
 
-  /** Tokens remembered now; never more than cacheEntries. */
+  /** Tokens remembered as good now; never more than cacheEntries. */
   get cached(): number {
     return this.remembered.size;
+  }
+
+  /** Tokens remembered as refused now; never more than cacheEntries. */
+  get cachedRefusals(): number {
+    return this.refused.size;
   }
 
   accepts(token: string): boolean {
     return token.length <= MAX_TOKEN_LENGTH && JWT_FORM.test(token);
   }
 
-  async review(token: string): Promise<Identity> {
+  async review(token: string, client: string): Promise<Identity> {
     const key = tokenKey(token);
     const now = this.now();
     const known = this.remembered.get(key);
-    if (known && known.until > now) return known.identity;
-    if (known) this.remembered.delete(key);
+    if (known && known.trustedUntil > now) return known.identity;
+    const renewal = known !== undefined && known.knownUntil > now;
+    if (known && !renewal) this.remembered.delete(key);
+    const refusedUntil = this.refused.get(key);
+    if (refusedUntil !== undefined && refusedUntil > now) {
+      throw new TokenRefusedError(`the Kubernetes API server refused this token in the last ${this.options.refusedCacheSeconds} s; not asked again`);
+    }
+    if (refusedUntil !== undefined) this.refused.delete(key);
     const pending = this.inFlight.get(key);
     if (pending) return pending;
-    if (this.inFlight.size >= MAX_REVIEWS_IN_FLIGHT) throw new ReviewUnavailableError(`${MAX_REVIEWS_IN_FLIGHT} Kubernetes token reviews are already in progress`);
     const claims = unverifiedClaims(token);
     if (!claims) throw new TokenRefusedError('not a Kubernetes service-account token (its payload is not a JSON object)');
     if (!claims.audiences.includes(this.options.audience)) {
       throw new TokenRefusedError(`the Kubernetes service-account token is for audience ${JSON.stringify(claims.audiences.join(','))}, not this controller's "${this.options.audience}" (the projected volume's audience)`);
     }
-    const review = this.check(token).finally(() => this.inFlight.delete(key));
+    if (!renewal) {
+      const decision = this.perClient.take(client);
+      if (!decision.allowed) {
+        const { requestsPerSecond, burst } = this.perClient.settings;
+        throw new ReviewsRateLimitedError(
+          decision.retryAfterSeconds,
+          `too many unknown tokens from this client: at most ${requestsPerSecond} per second (bursts of ${burst}) are checked; retry after ${decision.retryAfterSeconds} s`,
+        );
+      }
+      if (this.unknownInFlight >= UNKNOWN_REVIEWS_IN_FLIGHT) throw new ReviewUnavailableError(`${UNKNOWN_REVIEWS_IN_FLIGHT} reviews of tokens not seen before are already in progress`);
+    }
+    if (this.inFlight.size >= MAX_REVIEWS_IN_FLIGHT) throw new ReviewUnavailableError(`${MAX_REVIEWS_IN_FLIGHT} Kubernetes token reviews are already in progress`);
+    if (!renewal) this.unknownInFlight += 1;
+    const review = this.check(token).finally(() => {
+      this.inFlight.delete(key);
+      if (!renewal) this.unknownInFlight -= 1;
+    });
     this.inFlight.set(key, review);
-    const identity = await review;
+    let identity: Identity;
+    try {
+      identity = await review;
+    } catch (error) {
+      if (error instanceof TokenRefusedError && !(error instanceof MalformedReviewError)) {
+        // A token found good before and refused now (its pod gone) is no longer a renewal.
+        this.remembered.delete(key);
+        this.rememberRefusal(key);
+      }
+      throw error;
+    }
     this.remember(key, identity, claims.expiresAt);
     return identity;
   }
 
   private remember(key: string, identity: Identity, expiresAt: number | undefined): void {
     const now = this.now();
-    const until = Math.min(now + this.options.cacheSeconds * 1000, expiresAt ?? Number.POSITIVE_INFINITY);
-    if (until <= now) return;
-    if (this.remembered.size >= this.options.cacheEntries) {
-      for (const [stale, entry] of this.remembered) if (entry.until <= now) this.remembered.delete(stale);
-    }
-    // Oldest first: a Map iterates in insertion order.
-    while (this.remembered.size >= this.options.cacheEntries) {
-      const oldest = this.remembered.keys().next().value;
-      if (oldest === undefined) break;
-      this.remembered.delete(oldest);
-    }
-    this.remembered.set(key, { identity, until });
+    const knownUntil = expiresAt ?? now + KNOWN_WITHOUT_EXPIRY_MS;
+    if (knownUntil <= now) return;
+    const trustedUntil = Math.min(now + this.options.cacheSeconds * 1000, knownUntil);
+    this.remembered.delete(key);
+    makeRoom(this.remembered, this.options.cacheEntries, (entry) => entry.knownUntil, now);
+    this.remembered.set(key, { identity, trustedUntil, knownUntil });
+  }
+
+  private rememberRefusal(key: string): void {
+    if (this.options.refusedCacheSeconds <= 0) return;
+    const now = this.now();
+    this.refused.delete(key);
+    makeRoom(this.refused, this.options.cacheEntries, (until) => until, now);
+    this.refused.set(key, now + this.options.refusedCacheSeconds * 1000);
   }
 
   private async check(token: string): Promise<Identity> {
-    let status: V1TokenReviewStatus;
+    let answer: unknown;
     try {
-      const answer = await this.authentication.createTokenReview({
+      const review = await this.authentication.createTokenReview({
         body: { apiVersion: 'authentication.k8s.io/v1', kind: 'TokenReview', spec: { token, audiences: [this.options.audience] } },
       });
-      status = answer.status ?? {};
+      answer = review.status ?? {};
     } catch (error) {
       throw unavailable(error, 'review the token', 'create tokenreviews.authentication.k8s.io');
     }
-    if (!status.authenticated) {
+    const parsed = reviewStatusSchema.safeParse(answer);
+    if (!parsed.success) throw new MalformedReviewError(`the Kubernetes API server's TokenReview answer is malformed (${describeIssues(parsed.error.issues, 'status')}); the token is refused`);
+    const status = parsed.data;
+    if (status.authenticated !== true) {
       throw new TokenRefusedError(`the Kubernetes API server did not authenticate the service-account token${status.error ? `: ${status.error}` : ''}`);
     }
     // An API server that ignores spec.audiences answers without them; its "yes" is for itself, not for us.
@@ -160,7 +255,7 @@ export class KubernetesAgentTokens implements TokenReviewer {
   }
 
   /** Before Kubernetes 1.30 a review names the token's pod, not its node: the pod says where it runs. */
-  private async podNode(status: V1TokenReviewStatus): Promise<string> {
+  private async podNode(status: ReviewStatus): Promise<string> {
     const name = firstExtra(status, EXTRA_POD_NAME);
     const uid = firstExtra(status, EXTRA_POD_UID);
     if (name === undefined || uid === undefined) {

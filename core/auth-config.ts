@@ -35,6 +35,21 @@ export const kubernetesAgentsSchema = z
     cacheSeconds: z.coerce.number<unknown>().int().min(0).max(300).default(60),
     /** Most tokens remembered at once; the oldest go first (one per node in a steady state). */
     cacheEntries: z.coerce.number<unknown>().int().min(1).max(1_000_000).default(20_000),
+    /** How long a token the API server refused is refused again without asking (0: ask every time). */
+    refusedCacheSeconds: z.coerce.number<unknown>().int().min(0).max(3600).default(60),
+    /**
+     * Per client address, tokens never found good that may be sent for review: a client past it is
+     * answered 429 with Retry-After, without a review. Tokens found good before (a renewal after
+     * cacheSeconds) are not counted. requestsPerSecond 0 turns it off (behind a proxy every agent
+     * is the proxy).
+     */
+    reviewRateLimit: z
+      .object({
+        requestsPerSecond: z.coerce.number<unknown>().min(0).max(10_000).default(1),
+        burst: z.coerce.number<unknown>().int().min(1).max(100_000).default(10),
+      })
+      .strict()
+      .prefault({}),
   })
   .strict();
 

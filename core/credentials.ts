@@ -96,11 +96,16 @@ export interface CredentialSecrets {
 export interface TokenReviewer {
   /** Whether the token has this reviewer's form (a JWT); others are not sent anywhere. */
   accepts(token: string): boolean;
-  /** The holder; throws TokenRefusedError when the token is not good, ReviewUnavailableError when nobody could say. */
-  review(token: string): Promise<Identity>;
+  /**
+   * The holder of a token sent by `client` (the sender's address: how many tokens never seen
+   * before one sender may have reviewed is bounded). Throws TokenRefusedError when the token is
+   * not good, ReviewUnavailableError when nobody could say, ReviewsRateLimitedError when this
+   * client has sent too many unknown tokens lately.
+   */
+  review(token: string, client: string): Promise<Identity>;
 }
 
-/** A reviewed token is not good for this controller; the message says why (answered 401). */
+/** A reviewed token is not good for this controller; the message says why, for the log (the sender reads a bare 401). */
 export class TokenRefusedError extends Error {
   constructor(message: string) {
     super(message);
@@ -108,11 +113,22 @@ export class TokenRefusedError extends Error {
   }
 }
 
-/** A token could not be reviewed now (the API server unreachable); refused, and the sender should retry (503). */
+/** A token could not be reviewed now (the API server unreachable); refused, and the sender should retry (503). The message is for the log. */
 export class ReviewUnavailableError extends RetryLaterError {
   constructor(message: string, cause?: unknown) {
     super(message, cause);
     this.name = 'ReviewUnavailableError';
+  }
+}
+
+/** A client sent more tokens for review than it may (answered 429); it may try again after retryAfterSeconds. */
+export class ReviewsRateLimitedError extends RetryLaterError {
+  constructor(
+    readonly retryAfterSeconds: number,
+    message: string,
+  ) {
+    super(message);
+    this.name = 'ReviewsRateLimitedError';
   }
 }
 

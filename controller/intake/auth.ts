@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import type { NextFunction, Request, Response } from 'express';
 import type { AuditLog } from '../../core/audit.js';
-import { ReviewUnavailableError, TokenRefusedError, describeIdentity, presentedToken, type Credentials, type Identity } from '../../core/credentials.js';
+import { ReviewUnavailableError, ReviewsRateLimitedError, TokenRefusedError, describeIdentity, presentedToken, type Credentials, type Identity } from '../../core/credentials.js';
 import { errorMessage } from '../../core/errors.js';
 import type { Logger } from '../../core/log.js';
 import { ClientRateLimiter, type RateLimitSettings } from '../../core/rate-limit.js';
@@ -48,11 +48,15 @@ const AUDIT_RATE: RateLimitSettings = { requestsPerSecond: 1, burst: 10 };
 /** Across all identities, so that many nodes at once cannot fill the audit either. */
 const AUDIT_RATE_ALL: RateLimitSettings = { requestsPerSecond: 5, burst: 50 };
 const AUDITED_PATH_MAX = 256;
+/** Tokens another party refused or could not check, logged: a burst, then one a second; the rest are counted in the next line. */
+const UNCHECKED_LOG_RATE: RateLimitSettings = { requestsPerSecond: 1, burst: 20 };
 
 export class AccessAudit {
   private readonly perIdentity = new ClientRateLimiter(AUDIT_RATE, { maxClients: 1000 });
   private readonly overall = new ClientRateLimiter(AUDIT_RATE_ALL);
   private suppressed = 0;
+  private readonly uncheckedLog = new ClientRateLimiter(UNCHECKED_LOG_RATE);
+  private uncheckedSuppressed = 0;
 
   constructor(
     private readonly audit: AuditLog,
@@ -81,30 +85,53 @@ export class AccessAudit {
       this.logger.warn({ err: errorMessage(error), identity: who, path }, 'could not audit a refused request');
     });
   }
+
+  /**
+   * Logs why a token sent for review was refused or could not be checked (what the API server
+   * said), which the sender is not told: it has shown no credential yet. At a bounded rate, as
+   * anyone can send such tokens.
+   */
+  unverified(req: RequestLine, outcome: 'refused' | 'unchecked', reason: string): void {
+    if (!this.uncheckedLog.take('all').allowed) {
+      this.uncheckedSuppressed += 1;
+      return;
+    }
+    const suppressedBefore = this.uncheckedSuppressed;
+    this.uncheckedSuppressed = 0;
+    const fields = { client: req.client, method: req.method, path: (req.url.split('?')[0] ?? '').slice(0, AUDITED_PATH_MAX), reason, ...(suppressedBefore > 0 ? { suppressedBefore } : {}) };
+    if (outcome === 'unchecked') this.logger.warn(fields, 'a token could not be checked; answered 503');
+    else this.logger.info(fields, 'a token was refused; answered 401');
+  }
 }
 
 export interface AuthorizeDeps {
   readonly credentials: Credentials;
   readonly access: AccessAudit;
-  /** Counts a refusal (401 or 403) in the rejected-requests metric. */
-  readonly onReject: (req: RequestLine, reason: 'unauthorized' | 'forbidden') => void;
+  /** Counts a refusal (401, 403, or 429 for too many unknown tokens) in the rejected-requests metric. */
+  readonly onReject: (req: RequestLine, reason: RejectReason) => void;
   /** Take the token as an HTTP Basic password too, and challenge with Basic (pages a browser opens). */
   readonly basic?: boolean;
 }
 
-/** What a refusal is told about the request: its method and the URL as sent (path and query). */
+/** Why a request was refused before its route ran, as counted in the rejected-requests metric. */
+export type RejectReason = 'unauthorized' | 'forbidden' | 'rate_limited';
+
+/** What a refusal is told about the request: its method, the URL as sent (path and query), and the client's address. */
 export interface RequestLine {
   readonly method: string;
   readonly url: string;
+  /** The remote address: tokens sent for review are rate-limited per client. */
+  readonly client: string;
 }
 
 /**
  * The answer to a request refused by authentication or authorization: status, headers and JSON
  * body. 503: the credential could not be checked now (the Kubernetes API server did not answer a
- * token review); refused all the same, with Retry-After so that the sender tries again.
+ * token review); refused all the same, with Retry-After so that the sender tries again. 429: the
+ * client sent too many tokens for review lately.
  */
 export interface Refusal {
-  readonly status: 401 | 403 | 503;
+  readonly status: 401 | 403 | 429 | 503;
   readonly headers: Readonly<Record<string, string>>;
   readonly body: Readonly<Record<string, unknown>>;
 }
@@ -118,7 +145,7 @@ export function forbidden(deps: Pick<AuthorizeDeps, 'access' | 'onReject'>, req:
 
 /** Sends the 403 for a credential used outside its scope, counted and audited. */
 export function sendForbidden(deps: Pick<AuthorizeDeps, 'access' | 'onReject'>, req: Request, res: Response, identity: Identity, scope: Scope, message: string): void {
-  const refusal = forbidden(deps, { method: req.method, url: req.originalUrl }, identity, scope, message);
+  const refusal = forbidden(deps, { method: req.method, url: req.originalUrl, client: req.socket.remoteAddress ?? 'unknown' }, identity, scope, message);
   res.status(refusal.status).json(refusal.body);
 }
 
@@ -129,7 +156,9 @@ const REVIEW_RETRY_AFTER_SECONDS = 5;
  * Who sent the request (its Authorization header): the identity, or the refusal to answer
  * (already counted). A token the controller does not know itself goes to the credentials'
  * reviewer when it has that reviewer's form; an error there refuses the request, never lets it
- * pass. Shared by the Express middleware below and the intake's own request handler.
+ * pass. Why a review refused or failed is logged, never told to the sender: it has not shown a
+ * credential, and the API server's words are not for strangers. Shared by the Express middleware
+ * below and the intake's own request handler.
  */
 export async function identify(deps: AuthorizeDeps, req: RequestLine, authorization: string | undefined): Promise<{ identity: Identity } | Refusal> {
   const presented = presentedToken(authorization ?? '');
@@ -137,17 +166,21 @@ export async function identify(deps: AuthorizeDeps, req: RequestLine, authorizat
   const known = usable === undefined ? undefined : deps.credentials.identify(usable);
   if (known) return { identity: known };
   const reviewer = deps.credentials.reviewer;
-  let refusedBecause: string | undefined;
   if (usable !== undefined && reviewer?.accepts(usable)) {
     try {
-      return { identity: await reviewer.review(usable) };
+      return { identity: await reviewer.review(usable, req.client) };
     } catch (error) {
+      if (error instanceof ReviewsRateLimitedError) {
+        deps.onReject(req, 'rate_limited');
+        return { status: 429, headers: { 'Retry-After': String(error.retryAfterSeconds) }, body: { error: error.message } };
+      }
       deps.onReject(req, 'unauthorized');
       if (error instanceof ReviewUnavailableError) {
-        return { status: 503, headers: { 'Retry-After': String(REVIEW_RETRY_AFTER_SECONDS) }, body: { error: `credentials not checked, retry later: ${error.message}` } };
+        deps.access.unverified(req, 'unchecked', error.message);
+        return { status: 503, headers: { 'Retry-After': String(REVIEW_RETRY_AFTER_SECONDS) }, body: { error: 'credentials could not be checked now; retry later' } };
       }
       if (!(error instanceof TokenRefusedError)) throw error;
-      refusedBecause = error.message;
+      deps.access.unverified(req, 'refused', error.message);
     }
   } else {
     deps.onReject(req, 'unauthorized');
@@ -156,7 +189,7 @@ export async function identify(deps: AuthorizeDeps, req: RequestLine, authorizat
   return {
     status: 401,
     headers: { 'WWW-Authenticate': deps.basic ? 'Basic realm="steadfast"' : 'Bearer realm="steadfast"' },
-    body: { error: usable === undefined ? `missing credentials: ${hint}` : (refusedBecause ?? 'invalid bearer token') },
+    body: { error: usable === undefined ? `missing credentials: ${hint}` : 'invalid bearer token' },
   };
 }
 
@@ -182,7 +215,7 @@ export function scopeRefusal(identity: Identity, scope: Scope, what: string): st
 /** Express middleware: identifies the caller (401 otherwise); each route then checks its own scope (routes.ts). */
 export function authorize(deps: AuthorizeDeps): (req: Request, res: Response, next: NextFunction) => void {
   return (req, res, next) => {
-    identify(deps, { method: req.method, url: req.originalUrl }, req.get('authorization')).then((verdict) => {
+    identify(deps, { method: req.method, url: req.originalUrl, client: req.socket.remoteAddress ?? 'unknown' }, req.get('authorization')).then((verdict) => {
       if ('status' in verdict) {
         res.status(verdict.status).set(verdict.headers).json(verdict.body);
         return;

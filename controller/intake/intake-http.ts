@@ -7,7 +7,7 @@ import { rateLimitMessage, type ClientRateLimiter } from '../../core/rate-limit.
 import type { Signal } from '../../core/signal.js';
 import { describeIssues } from '../../core/validate.js';
 import { signalsFromWebhookAlerts, webhookEnvelopeSchema, type RefusedAlert } from './alertmanager.js';
-import { ForbiddenError, authenticate, forbidden, requireOwnNode, type AccessAudit, type RequestLine } from './auth.js';
+import { ForbiddenError, authenticate, forbidden, requireOwnNode, type AccessAudit, type RejectReason, type RequestLine } from './auth.js';
 import { routeScope, type RouteScope } from './scopes.js';
 import { signalFromFastPath } from './fast-path-signal.js';
 import { RETRY_AFTER_SECONDS, failureAnswer } from './http-errors.js';
@@ -26,7 +26,7 @@ import { readJsonBody, type BodyLimits } from './request-body.js';
 export interface IntakeHttpDeps {
   readonly credentials: Credentials;
   readonly access: AccessAudit;
-  readonly onReject: (req: RequestLine, reason: 'unauthorized' | 'forbidden') => void;
+  readonly onReject: (req: RequestLine, reason: RejectReason) => void;
   readonly limiter: ClientRateLimiter | undefined;
   readonly body: BodyLimits;
   readonly enqueue: (signals: readonly Signal[]) => Promise<void>;
@@ -144,7 +144,7 @@ export function intakeHandler(deps: IntakeHttpDeps): (req: IncomingMessage, res:
   }
 
   async function serve(req: IncomingMessage, res: ServerResponse, endpoint: Endpoint): Promise<void> {
-    const line: RequestLine = { method: 'POST', url: req.url ?? '' };
+    const line: RequestLine = { method: 'POST', url: req.url ?? '', client: req.socket.remoteAddress ?? 'unknown' };
     // Before authentication, so that guessing tokens is throttled as well.
     if (deps.limiter) {
       const decision = deps.limiter.take(req.socket.remoteAddress ?? 'unknown');

@@ -10,7 +10,7 @@ import type { Logger } from '../../core/log.js';
 import type { TrainingProgressEvent } from '../../core/fast-path-event.js';
 import type { Signal } from '../../core/signal.js';
 import { describeIssues } from '../../core/validate.js';
-import { AccessAudit, ForbiddenError, authorize, identityOf, sendForbidden, type RequestLine } from './auth.js';
+import { AccessAudit, ForbiddenError, authorize, identityOf, sendForbidden, type RejectReason, type RequestLine } from './auth.js';
 import { failureAnswer } from './http-errors.js';
 import { ReadLimit } from './read-limit.js';
 import { answerInternalError, endpointLabel, intakeHandler, rejecter } from './intake-http.js';
@@ -63,7 +63,7 @@ export function createApp(deps: ServerDeps): (req: IncomingMessage, res: ServerR
   // Answers are small JSON documents for machines, never cached: hashing each one for an ETag is waste.
   app.set('etag', false);
   const access = new AccessAudit(deps.audit, logger);
-  const onReject = (req: RequestLine, reason: 'unauthorized' | 'forbidden'): void => metrics.requestsRejected.inc({ endpoint: endpointLabel(req.url), reason });
+  const onReject = (req: RequestLine, reason: RejectReason): void => metrics.requestsRejected.inc({ endpoint: endpointLabel(req.url), reason });
   const auth = authorize({ credentials: deps.credentials, access, onReject });
 
   const reject = rejecter(metrics);

@@ -53,6 +53,12 @@ export interface KubeApiStandIn {
   answer(path: string, response: RecordedExchange['response'], query?: Record<string, string>): void;
   /** How many GETs of `path` the standing answers have served so far. */
   served(path: string): number;
+  /**
+   * Answers every TokenReview where no recorded exchange is due with what `answer` resolves to for
+   * the token under review, whenever it resolves: a slow API server, a flood of reviews.
+   * `verify()` removes it.
+   */
+  reviews(answer: (token: string) => Promise<RecordedExchange['response']>): void;
   /** Throws, listing every unexpected request and unconsumed exchange, then starts clean. */
   verify(): void;
   close(): Promise<void>;
@@ -69,12 +75,20 @@ function requestLine(method: string, path: string, query: Record<string, string>
   return `${method} ${path}${search ? `?${search}` : ''}`;
 }
 
+/** The token a TokenReview asks about, when the request is one. */
+function reviewedToken(method: string, path: string, body: unknown): string | undefined {
+  if (method !== 'POST' || path !== '/apis/authentication.k8s.io/v1/tokenreviews') return undefined;
+  const parsed = z.object({ spec: z.object({ token: z.string() }) }).safeParse(body);
+  return parsed.success ? parsed.data.spec.token : undefined;
+}
+
 /** `tls`: serve https with this key and certificate (PEM), as a real API server does; plain http otherwise. */
 export async function startKubeApi(token = 'steadfast-test-token', tls?: { key: string; cert: string }): Promise<KubeApiStandIn> {
   let pending: RecordedExchange[] = [];
   let problems: string[] = [];
   let standing = new Map<string, RecordedExchange['response']>();
   const servedCount = new Map<string, number>();
+  let reviewAnswer: ((token: string) => Promise<RecordedExchange['response']>) | undefined;
 
   function mismatch(expected: RecordedExchange | undefined, method: string, path: string, query: Record<string, string>, contentType: string | undefined, body: unknown, auth: string | undefined): string | undefined {
     const got = requestLine(method, path, query);
@@ -102,6 +116,13 @@ export async function startKubeApi(token = 'steadfast-test-token', tls?: { key: 
     const contentType = request.headers['content-type']?.split(';')[0];
     const problem = mismatch(pending[0], method, url.pathname, query, contentType, body, request.headers.authorization);
     const standingAnswer = standing.get(requestLine(method, url.pathname, query));
+    const reviewed = reviewedToken(method, url.pathname, body);
+    if (problem !== undefined && reviewAnswer !== undefined && reviewed !== undefined && request.headers.authorization === `Bearer ${token}`) {
+      const answer = await reviewAnswer(reviewed);
+      response.writeHead(answer.status, { 'content-type': 'application/json' });
+      response.end(JSON.stringify(answer.body));
+      return;
+    }
     if (problem !== undefined && standingAnswer !== undefined && request.headers.authorization === `Bearer ${token}`) {
       servedCount.set(url.pathname, (servedCount.get(url.pathname) ?? 0) + 1);
       response.writeHead(standingAnswer.status, { 'content-type': 'application/json' });
@@ -139,12 +160,16 @@ export async function startKubeApi(token = 'steadfast-test-token', tls?: { key: 
       standing.set(requestLine('GET', path, query), response);
     },
     served: (path) => servedCount.get(path) ?? 0,
+    reviews(answer) {
+      reviewAnswer = answer;
+    },
     verify() {
       const left = pending.map((exchange) => `unconsumed exchange ${requestLine(exchange.request.method, exchange.request.path, exchange.request.query ?? {})}`);
       const all = [...problems, ...left];
       pending = [];
       problems = [];
       standing = new Map();
+      reviewAnswer = undefined;
       if (all.length > 0) throw new Error(`Kubernetes API stand-in:\n  ${all.join('\n  ')}`);
     },
     close: () =>
