@@ -79,7 +79,7 @@ function scrapeFrom(localAddress: string, port: number): Promise<number> {
 describe('the node agent under many idle connections', () => {
   it('closes the connections one client address opens beyond its cap at once, and still answers a scrape from another address', async () => {
     const port = await startAgent({ connections: { ...DEFAULT_AGENT_CONNECTIONS, maxPerClient: 4 } });
-    const held = [];
+    const held: Awaited<ReturnType<typeof halfOpen>>[] = [];
     for (let index = 0; index < 10; index += 1) held.push(await halfOpen(port));
     // The six past the cap are closed as they open; the first four are held until their headers time out (10 s).
     await until('the connections past the cap to be closed', async () => held.filter((connection) => connection.closed()).length, (count) => count >= 6, 5000);
