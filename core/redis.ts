@@ -5,7 +5,9 @@ import { InputError, errorMessage } from './errors.js';
 /**
  * Redis connections. Two flavours, because the two sides want opposite things when Redis is
  * down: the HTTP intake must fail fast (answer 503 so Alertmanager retries), while workers must
- * wait and reconnect (BullMQ requires `maxRetriesPerRequest: null` for them).
+ * wait and reconnect (BullMQ requires `maxRetriesPerRequest: null` for them). The API's other
+ * requests fail fast as well, and also when Redis is connected but does not answer
+ * (requestConnection).
  */
 
 export type { Redis };
@@ -101,6 +103,20 @@ export function intakeConnection(settings: RedisSettings | string, extra: RedisO
     ...options,
     ...extra,
   });
+}
+
+/** How long a command on a request's connection (requestConnection) may wait for its answer. */
+export const REQUEST_COMMAND_TIMEOUT_MS = 5000;
+
+/**
+ * The connection the API's requests read and write on: it fails fast as the intake's does, and a
+ * command with no answer within REQUEST_COMMAND_TIMEOUT_MS fails as well, so that a Redis that is
+ * connected but does not answer (stopped, swapping, wedged) gets its callers a 503 rather than
+ * holding them. The intake's store keeps intakeConnection: it waits longer for a slow Redis on
+ * purpose (controller/intake.ts), and has its own deadlines.
+ */
+export function requestConnection(settings: RedisSettings | string, extra: RedisOptions = {}): Redis {
+  return intakeConnection(settings, { commandTimeout: REQUEST_COMMAND_TIMEOUT_MS, ...extra });
 }
 
 export function workerConnection(settings: RedisSettings | string, extra: RedisOptions = {}): Redis {
@@ -224,13 +240,37 @@ export class Keys {
   }
 }
 
-/** True when `redis` answers PING within its timeout. */
-export async function isRedisUp(redis: Redis): Promise<boolean> {
-  try {
-    return (await redis.ping()) === 'PONG';
-  } catch {
-    return false;
-  }
+/** How long a health check waits for PONG. */
+export const REDIS_UP_TIMEOUT_MS = 2000;
+
+/** True when `redis` answers PING within `timeoutMs`; false on an error, a wrong answer, or none in time. */
+export async function isRedisUp(redis: Redis, timeoutMs = REDIS_UP_TIMEOUT_MS): Promise<boolean> {
+  return redisProbe(redis, timeoutMs)();
+}
+
+/**
+ * A health check of `redis` for many callers (every /healthz, every failed request): each gets
+ * its answer within `timeoutMs`, and callers at the same time share one PING, so that a Redis
+ * that does not answer collects one unanswered PING, not one per request.
+ */
+export function redisProbe(redis: Redis, timeoutMs = REDIS_UP_TIMEOUT_MS): () => Promise<boolean> {
+  let pending: Promise<boolean> | undefined;
+  return async () => {
+    pending ??= redis
+      .ping()
+      .then(
+        (reply) => reply === 'PONG',
+        () => false,
+      )
+      .finally(() => (pending = undefined));
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), timeoutMs)));
+    try {
+      return await Promise.race([pending, late]);
+    } finally {
+      clearTimeout(timer);
+    }
+  };
 }
 
 type LuaArgument = string | number;

@@ -5,6 +5,7 @@ import type { AppViewRoute } from '@bull-board/api/typings/app';
 import type { Queue } from 'bullmq';
 import type express from 'express';
 import type { NextFunction, Request, Response } from 'express';
+import { RETRY_AFTER_SECONDS } from './http-errors.js';
 import { requireScope } from './routes.js';
 import { QUEUE_BOARD_SCOPE } from './scopes.js';
 
@@ -13,6 +14,12 @@ export const QUEUE_BOARD_PATH = '/queues';
 export interface QueueBoardOptions {
   /** Offer retry, remove, pause, clean and the other writes; off by default (a read-only board). */
   readonly allowActions?: boolean;
+  /**
+   * A health check of Redis that answers within its own deadline. The board's data calls wait
+   * on the queues' connection, which waits for Redis: while this check fails they answer 503 at
+   * once instead.
+   */
+  readonly storeUp?: () => Promise<boolean>;
 }
 
 /**
@@ -38,7 +45,22 @@ export function mountQueueBoard(app: express.Express, queues: Queue[], guard: ex
   // bull-board's adapter is a whole express app, mounted here as a sub-app.
   const board: express.Express = serverAdapter.getRouter();
   board.disable('x-powered-by');
-  app.use(QUEUE_BOARD_PATH, guard, boardScope, allowActions ? sameOriginWrites : readOnly, board);
+  const storeUp = options.storeUp;
+  app.use(QUEUE_BOARD_PATH, guard, boardScope, allowActions ? sameOriginWrites : readOnly, ...(storeUp ? [whileStoreAnswers(storeUp)] : []), board);
+}
+
+/** The board's data calls (under /api; the page and its scripts need no Redis) only while `storeUp` holds; 503 with Retry-After otherwise. */
+function whileStoreAnswers(storeUp: () => Promise<boolean>): express.RequestHandler {
+  return (req: Request, res: Response, next: NextFunction) => {
+    if (!req.path.startsWith('/api/')) {
+      next();
+      return;
+    }
+    storeUp().then((up) => {
+      if (up) next();
+      else res.status(503).set('Retry-After', RETRY_AFTER_SECONDS).json({ error: 'the queues cannot be read: Redis is unreachable or does not answer; retry later' });
+    }, next);
+  };
 }
 
 /** The board's reads need the `read` scope, its writes (where allowed) `operate`. */

@@ -98,18 +98,22 @@ export function createApp(deps: ServerDeps): (req: IncomingMessage, res: ServerR
   const api = express.Router();
   // Costly reads run a few at a time (read-limit.ts); past that, 429 at once.
   const reads = new ReadLimit();
+  // A read may answer before its work ends (Redis did not answer in time): it hands that work to
+  // `outlive`, and its slot is held until the work ends, so that a Redis that does not answer
+  // collects a few such reads, not one per request.
   const limited =
-    (endpoint: string, read: (req: Request, res: Response) => Promise<void>) =>
+    (endpoint: string, read: (req: Request, res: Response, outlive: (work: Promise<unknown>) => void) => Promise<void>) =>
     async (req: Request, res: Response): Promise<void> => {
       const release = reads.take(identityOf(res));
       if (!release) {
         reject(res, endpoint, 429, 'too_many_reads', `too many ${endpoint} reads at once for this credential (at most ${reads.perCredential}, ${reads.overall} in all); retry in a second`, { 'Retry-After': '1' });
         return;
       }
+      const outliving: Promise<unknown>[] = [];
       try {
-        await read(req, res);
+        await read(req, res, (work) => outliving.push(work));
       } finally {
-        release();
+        void Promise.allSettled(outliving).then(release);
       }
     };
 
@@ -132,14 +136,15 @@ export function createApp(deps: ServerDeps): (req: IncomingMessage, res: ServerR
 
   // What `steadfast queues` prints: counts by state and the newest failures of each queue.
   // The queues sit on the workers' connection, which waits for Redis rather than fail: the
-  // answer is 503 while Redis is down, and when it does not come within QUEUES_ANSWER_MS.
-  apiRoute(api, 'get', '/queues', limited('queues', async (_req, res) => {
+  // answer is 503 while Redis is down or does not answer a health check (within its own
+  // deadline), and when the counts do not come within QUEUES_ANSWER_MS.
+  apiRoute(api, 'get', '/queues', limited('queues', async (_req, res, outlive) => {
     const unavailable = (why: string): void => reject(res, 'queues', 503, 'store_unavailable', `queues cannot be read: ${why}; retry later`);
-    if (!(await deps.redisUp())) return unavailable('Redis is unreachable');
+    if (!(await deps.redisUp())) return unavailable('Redis is unreachable or does not answer');
     let timer: NodeJS.Timeout | undefined;
     const late = new Promise<'late'>((resolve) => (timer = setTimeout(() => resolve('late'), QUEUES_ANSWER_MS)));
     const summaries = Promise.all((deps.queues ?? []).map((queue) => summarizeQueue(queue)));
-    summaries.catch(() => undefined);
+    outlive(summaries);
     const answer = await Promise.race([summaries, late]).finally(() => clearTimeout(timer));
     if (answer === 'late') return unavailable(`Redis did not answer within ${QUEUES_ANSWER_MS} ms`);
     res.json({ queues: answer });
@@ -150,7 +155,7 @@ export function createApp(deps: ServerDeps): (req: IncomingMessage, res: ServerR
   app.use(API_ROOT, provideBodyReader(json));
   for (const router of deps.routers ?? []) app.use(API_ROOT, router);
   if (deps.queues) {
-    mountQueueBoard(app, deps.queues, authorize({ credentials: deps.credentials, access, onReject, basic: true }));
+    mountQueueBoard(app, deps.queues, authorize({ credentials: deps.credentials, access, onReject, basic: true }), { storeUp: deps.redisUp });
   }
 
   app.use((_req, res) => {
