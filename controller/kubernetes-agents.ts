@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { ApiException, AuthenticationV1Api, CoreV1Api, type Configuration } from '@kubernetes/client-node';
+import { ApiException, AuthenticationV1Api, CoreV1Api, type Configuration, type ConfigurationOptions, type HttpLibrary } from '@kubernetes/client-node';
 import { z } from 'zod';
 import type { KubernetesAgentsConfig } from '../core/auth-config.js';
 import type { Config } from '../core/config.js';
@@ -98,6 +98,26 @@ const reviewStatusSchema = z.object({
 
 type ReviewStatus = z.infer<typeof reviewStatusSchema>;
 
+/** A review under way, and the requests waiting for it: when the last of them goes away, so does the review. */
+interface PendingReview {
+  readonly result: Promise<Identity>;
+  readonly abandon: AbortController;
+  waiters: number;
+}
+
+/** The configuration's HTTP library, whose requests are also cut when `abandoned` fires. */
+function abandonable(http: HttpLibrary, abandoned: AbortSignal): ConfigurationOptions {
+  return {
+    httpApi: {
+      send(request) {
+        const own = request.getSignal();
+        request.setSignal(own ? AbortSignal.any([own, abandoned]) : abandoned);
+        return http.send(request);
+      },
+    },
+  };
+}
+
 /** A TokenReview answer of the wrong shape: refused, but not remembered, as the next answer may be sound. */
 class MalformedReviewError extends TokenRefusedError {}
 
@@ -125,7 +145,7 @@ export class KubernetesAgentTokens implements TokenReviewer {
   private readonly remembered = new Map<string, Remembered>();
   /** Tokens the API server refused, until when they are refused without asking. */
   private readonly refused = new Map<string, number>();
-  private readonly inFlight = new Map<string, Promise<Identity>>();
+  private readonly inFlight = new Map<string, PendingReview>();
   private unknownInFlight = 0;
   private readonly perClient: ClientRateLimiter;
   private readonly username: string;
@@ -134,6 +154,8 @@ export class KubernetesAgentTokens implements TokenReviewer {
   constructor(
     private readonly authentication: AuthenticationV1Api,
     private readonly core: CoreV1Api,
+    /** The API clients' HTTP library: a review's requests go through it, cut when the review is abandoned. */
+    private readonly http: HttpLibrary,
     private readonly options: KubernetesAgentTokensOptions,
   ) {
     this.username = `system:serviceaccount:${options.namespace}:${options.serviceAccount}`;
@@ -155,7 +177,7 @@ export class KubernetesAgentTokens implements TokenReviewer {
     return token.length <= MAX_TOKEN_LENGTH && JWT_FORM.test(token);
   }
 
-  async review(token: string, client: string): Promise<Identity> {
+  async review(token: string, client: string, gone?: AbortSignal): Promise<Identity> {
     const key = tokenKey(token);
     const now = this.now();
     const known = this.remembered.get(key);
@@ -168,7 +190,7 @@ export class KubernetesAgentTokens implements TokenReviewer {
     }
     if (refusedUntil !== undefined) this.refused.delete(key);
     const pending = this.inFlight.get(key);
-    if (pending) return pending;
+    if (pending) return this.waitFor(pending, gone);
     const claims = unverifiedClaims(token);
     if (!claims) throw new TokenRefusedError('not a Kubernetes service-account token (its payload is not a JSON object)');
     if (!claims.audiences.includes(this.options.audience)) {
@@ -187,14 +209,16 @@ export class KubernetesAgentTokens implements TokenReviewer {
     }
     if (this.inFlight.size >= MAX_REVIEWS_IN_FLIGHT) throw new ReviewUnavailableError(`${MAX_REVIEWS_IN_FLIGHT} Kubernetes token reviews are already in progress`);
     if (!renewal) this.unknownInFlight += 1;
-    const review = this.check(token).finally(() => {
+    const abandon = new AbortController();
+    const result = this.check(token, abandon.signal).finally(() => {
       this.inFlight.delete(key);
       if (!renewal) this.unknownInFlight -= 1;
     });
+    const review: PendingReview = { result, abandon, waiters: 0 };
     this.inFlight.set(key, review);
     let identity: Identity;
     try {
-      identity = await review;
+      identity = await this.waitFor(review, gone);
     } catch (error) {
       if (error instanceof TokenRefusedError && !(error instanceof MalformedReviewError)) {
         // A token found good before and refused now (its pod gone) is no longer a renewal.
@@ -205,6 +229,25 @@ export class KubernetesAgentTokens implements TokenReviewer {
     }
     this.remember(key, identity, claims.expiresAt);
     return identity;
+  }
+
+  /** Waits for a review on behalf of one request; once every request waiting for it has gone, the review is abandoned. */
+  private async waitFor(review: PendingReview, gone: AbortSignal | undefined): Promise<Identity> {
+    review.waiters += 1;
+    let left = false;
+    const leave = (): void => {
+      if (left) return;
+      left = true;
+      review.waiters -= 1;
+      if (review.waiters === 0) review.abandon.abort();
+    };
+    if (gone?.aborted) leave();
+    else gone?.addEventListener('abort', leave, { once: true });
+    try {
+      return await review.result;
+    } finally {
+      gone?.removeEventListener('abort', leave);
+    }
   }
 
   private remember(key: string, identity: Identity, expiresAt: number | undefined): void {
@@ -225,14 +268,16 @@ export class KubernetesAgentTokens implements TokenReviewer {
     this.refused.set(key, now + this.options.refusedCacheSeconds * 1000);
   }
 
-  private async check(token: string): Promise<Identity> {
+  private async check(token: string, abandoned: AbortSignal): Promise<Identity> {
     let answer: unknown;
     try {
-      const review = await this.authentication.createTokenReview({
-        body: { apiVersion: 'authentication.k8s.io/v1', kind: 'TokenReview', spec: { token, audiences: [this.options.audience] } },
-      });
+      const review = await this.authentication.createTokenReview(
+        { body: { apiVersion: 'authentication.k8s.io/v1', kind: 'TokenReview', spec: { token, audiences: [this.options.audience] } } },
+        abandonable(this.http, abandoned),
+      );
       answer = review.status ?? {};
     } catch (error) {
+      if (abandoned.aborted) throw new ReviewUnavailableError('the token review was abandoned: every request waiting for it went away', error);
       throw unavailable(error, 'review the token', 'create tokenreviews.authentication.k8s.io');
     }
     const parsed = reviewStatusSchema.safeParse(answer);
@@ -249,13 +294,13 @@ export class KubernetesAgentTokens implements TokenReviewer {
     if (username !== this.username) {
       throw new TokenRefusedError(`the token is ${JSON.stringify(username)}'s; agents present the service account ${this.username}'s`);
     }
-    const node = firstExtra(status, EXTRA_NODE_NAME) ?? (await this.podNode(status));
+    const node = firstExtra(status, EXTRA_NODE_NAME) ?? (await this.podNode(status, abandoned));
     if (!NODE_NAME_PATTERN.test(node)) throw new TokenRefusedError(`the agent's node name ${JSON.stringify(node.slice(0, 80))} is not one steadfast can act on (letters, digits, ".", "_", "-", at most 63)`);
     return { role: 'agent', node };
   }
 
   /** Before Kubernetes 1.30 a review names the token's pod, not its node: the pod says where it runs. */
-  private async podNode(status: ReviewStatus): Promise<string> {
+  private async podNode(status: ReviewStatus, abandoned: AbortSignal): Promise<string> {
     const name = firstExtra(status, EXTRA_POD_NAME);
     const uid = firstExtra(status, EXTRA_POD_UID);
     if (name === undefined || uid === undefined) {
@@ -263,8 +308,9 @@ export class KubernetesAgentTokens implements TokenReviewer {
     }
     let pod;
     try {
-      pod = await this.core.readNamespacedPod({ name, namespace: this.options.namespace });
+      pod = await this.core.readNamespacedPod({ name, namespace: this.options.namespace }, abandonable(this.http, abandoned));
     } catch (error) {
+      if (abandoned.aborted) throw new ReviewUnavailableError('the token review was abandoned: every request waiting for it went away', error);
       if (error instanceof ApiException && error.code === 404) throw new TokenRefusedError(`the token's pod ${this.options.namespace}/${name} no longer exists`);
       throw unavailable(error, `read pod ${this.options.namespace}/${name}`, 'get pods');
     }
@@ -286,7 +332,7 @@ function unavailable(error: unknown, action: string, permission: string): Review
 
 /** The reviewer for controller.auth.kubernetesAgents, on the API server the configuration reaches. */
 export function kubernetesAgentTokens(configuration: Configuration, options: KubernetesAgentTokensOptions): KubernetesAgentTokens {
-  return new KubernetesAgentTokens(new AuthenticationV1Api(configuration), new CoreV1Api(configuration), options);
+  return new KubernetesAgentTokens(new AuthenticationV1Api(configuration), new CoreV1Api(configuration), configuration.httpApi, options);
 }
 
 /** The config's reviewer of agents' service-account tokens, asking the API server `backend.kubernetes` names; none without controller.auth.kubernetesAgents. */

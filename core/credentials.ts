@@ -100,9 +100,10 @@ export interface TokenReviewer {
    * The holder of a token sent by `client` (the sender's address: how many tokens never seen
    * before one sender may have reviewed is bounded). Throws TokenRefusedError when the token is
    * not good, ReviewUnavailableError when nobody could say, ReviewsRateLimitedError when this
-   * client has sent too many unknown tokens lately.
+   * client has sent too many unknown tokens lately. `gone` fires when the request's client has
+   * gone away: a review nobody waits for any more may be abandoned.
    */
-  review(token: string, client: string): Promise<Identity>;
+  review(token: string, client: string, gone?: AbortSignal): Promise<Identity>;
 }
 
 /** A reviewed token is not good for this controller; the message says why, for the log (the sender reads a bare 401). */

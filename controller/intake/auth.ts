@@ -1,4 +1,5 @@
 import { randomUUID } from 'node:crypto';
+import type { ServerResponse } from 'node:http';
 import type { NextFunction, Request, Response } from 'express';
 import type { AuditLog } from '../../core/audit.js';
 import { ReviewUnavailableError, ReviewsRateLimitedError, TokenRefusedError, describeIdentity, presentedToken, type Credentials, type Identity } from '../../core/credentials.js';
@@ -160,7 +161,7 @@ const REVIEW_RETRY_AFTER_SECONDS = 5;
  * credential, and the API server's words are not for strangers. Shared by the Express middleware
  * below and the intake's own request handler.
  */
-export async function identify(deps: AuthorizeDeps, req: RequestLine, authorization: string | undefined): Promise<{ identity: Identity } | Refusal> {
+export async function identify(deps: AuthorizeDeps, req: RequestLine, authorization: string | undefined, gone?: AbortSignal): Promise<{ identity: Identity } | Refusal> {
   const presented = presentedToken(authorization ?? '');
   const usable = presented && (presented.scheme === 'bearer' || deps.basic) ? presented.token : undefined;
   const known = usable === undefined ? undefined : deps.credentials.identify(usable);
@@ -168,7 +169,7 @@ export async function identify(deps: AuthorizeDeps, req: RequestLine, authorizat
   const reviewer = deps.credentials.reviewer;
   if (usable !== undefined && reviewer?.accepts(usable)) {
     try {
-      return { identity: await reviewer.review(usable, req.client) };
+      return { identity: await reviewer.review(usable, req.client, gone) };
     } catch (error) {
       if (error instanceof ReviewsRateLimitedError) {
         deps.onReject(req, 'rate_limited');
@@ -198,8 +199,8 @@ export async function identify(deps: AuthorizeDeps, req: RequestLine, authorizat
  * else the refusal to answer, counted, and audited when it is a 403. For the intake's own
  * request handler, which serves exactly the routes it is given.
  */
-export async function authenticate(deps: AuthorizeDeps, req: RequestLine, authorization: string | undefined, route: RouteScope): Promise<{ identity: Identity } | Refusal> {
-  const verdict = await identify(deps, req, authorization);
+export async function authenticate(deps: AuthorizeDeps, req: RequestLine, authorization: string | undefined, route: RouteScope, gone?: AbortSignal): Promise<{ identity: Identity } | Refusal> {
+  const verdict = await identify(deps, req, authorization, gone);
   if ('status' in verdict) return verdict;
   const { identity } = verdict;
   const refusal = scopeRefusal(identity, route.scope, `${req.method} ${req.url.split('?')[0] ?? ''}`);
@@ -212,10 +213,19 @@ export function scopeRefusal(identity: Identity, scope: Scope, what: string): st
   return `role ${identity.role} may not ${what}: it needs scope "${scope}"`;
 }
 
+/** Fires when the client of `res` goes away before its answer is sent: what it waits for (a token review) may be abandoned. */
+export function clientGone(res: ServerResponse): AbortSignal {
+  const gone = new AbortController();
+  res.once('close', () => {
+    if (!res.writableFinished) gone.abort();
+  });
+  return gone.signal;
+}
+
 /** Express middleware: identifies the caller (401 otherwise); each route then checks its own scope (routes.ts). */
 export function authorize(deps: AuthorizeDeps): (req: Request, res: Response, next: NextFunction) => void {
   return (req, res, next) => {
-    identify(deps, { method: req.method, url: req.originalUrl, client: req.socket.remoteAddress ?? 'unknown' }, req.get('authorization')).then((verdict) => {
+    identify(deps, { method: req.method, url: req.originalUrl, client: req.socket.remoteAddress ?? 'unknown' }, req.get('authorization'), clientGone(res)).then((verdict) => {
       if ('status' in verdict) {
         res.status(verdict.status).set(verdict.headers).json(verdict.body);
         return;

@@ -7,7 +7,7 @@ import { rateLimitMessage, type ClientRateLimiter } from '../../core/rate-limit.
 import type { Signal } from '../../core/signal.js';
 import { describeIssues } from '../../core/validate.js';
 import { signalsFromWebhookAlerts, webhookEnvelopeSchema, type RefusedAlert } from './alertmanager.js';
-import { ForbiddenError, authenticate, forbidden, requireOwnNode, type AccessAudit, type RejectReason, type RequestLine } from './auth.js';
+import { ForbiddenError, authenticate, clientGone, forbidden, requireOwnNode, type AccessAudit, type RejectReason, type RequestLine } from './auth.js';
 import { routeScope, type RouteScope } from './scopes.js';
 import { signalFromFastPath } from './fast-path-signal.js';
 import { RETRY_AFTER_SECONDS, failureAnswer } from './http-errors.js';
@@ -153,7 +153,7 @@ export function intakeHandler(deps: IntakeHttpDeps): (req: IncomingMessage, res:
         return;
       }
     }
-    const verdict = await authenticate(deps, line, req.headers.authorization, INTAKE_ROUTES[endpoint]);
+    const verdict = await authenticate(deps, line, req.headers.authorization, INTAKE_ROUTES[endpoint], clientGone(res));
     if ('status' in verdict) {
       sendJson(res, verdict.status, verdict.body, verdict.headers);
       return;

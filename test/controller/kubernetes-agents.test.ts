@@ -19,6 +19,7 @@ import { TEST_TOKEN, post, startController, testConfig } from '../support/contro
 import { startKubeApi, startKubeApiOverTls, type KubeApiStandIn } from '../support/kube-api.js';
 import { AGENT_USER, AUDIENCE, START, podRead, projectedToken, tokenReview } from '../support/kube-tokens.js';
 import { testRedis } from '../support/redis.js';
+import { until } from '../support/until.js';
 
 /** Where the agents' requests come from, as the intake passes it to the reviewer. */
 const AGENT_ADDRESS = '10.0.0.7';
@@ -174,6 +175,36 @@ describe('agents authenticated by their pod service-account token (TokenReview)'
     const later = projectedToken();
     api.load([tokenReview(later, { error: '[invalid bearer token]' })]);
     await expect(tokens.review(later, AGENT_ADDRESS)).rejects.toThrow(TokenRefusedError);
+  });
+
+  it('keeps a review that two requests wait for while one of them is left, and abandons it once both have gone', async () => {
+    const tokens = reviewer();
+    const token = projectedToken({ bound: { node: 'gpu-a01' } });
+    const pending: { answer: () => void; abandoned: AbortSignal }[] = [];
+    api.reviews(
+      (reviewed, abandoned) =>
+        new Promise((resolve) => pending.push({ answer: () => resolve(tokenReview(reviewed, { bound: { node: 'gpu-a01' } }).response), abandoned })),
+    );
+    const first = new AbortController();
+    const second = new AbortController();
+    const firstWait = tokens.review(token, AGENT_ADDRESS, first.signal);
+    const secondWait = tokens.review(token, AGENT_ADDRESS, second.signal);
+    await until('the review to reach the API server', async () => pending.length, (count) => count === 1, 5000);
+    first.abort();
+    pending[0]?.answer();
+    expect(await secondWait).toEqual({ role: 'agent', node: 'gpu-a01' });
+    expect(await firstWait).toEqual({ role: 'agent', node: 'gpu-a01' });
+    expect(pending[0]?.abandoned.aborted).toBe(false);
+
+    const other = projectedToken({ bound: { node: 'gpu-a02' } });
+    const third = new AbortController();
+    const fourth = new AbortController();
+    const waits = [tokens.review(other, AGENT_ADDRESS, third.signal), tokens.review(other, AGENT_ADDRESS, fourth.signal)].map((wait) => wait.catch((error: unknown) => error));
+    await until('the second review to reach the API server', async () => pending.length, (count) => count === 2, 5000);
+    third.abort();
+    fourth.abort();
+    await until('the API server to see the review dropped', async () => pending[1]?.abandoned.aborted, (aborted) => aborted === true, 5000);
+    for (const error of await Promise.all(waits)) expect(error).toEqual(new ReviewUnavailableError('the token review was abandoned: every request waiting for it went away'));
   });
 
   it('is configured under controller.auth.kubernetesAgents, each field validated with its name', () => {

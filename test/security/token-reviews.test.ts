@@ -87,7 +87,8 @@ describe('token reviews a stranger can cause', () => {
     const config = testConfig(store.url, store.prefix, {
       // No connection cap: a flood below keeps 300 requests open from one address, which a client that closes each connection at once could cause as well.
       controller: { auth: { operatorToken: TEST_TOKEN, kubernetesAgents }, connections: { maxPerClient: 0 } },
-      backend: { kind: 'dry-run', kubernetes: { connection: 'token', server: api.url, tokenFile, caFile } },
+      // A review is cut after 30 s at the latest; the tests see it end sooner only when it is abandoned.
+      backend: { kind: 'dry-run', kubernetes: { connection: 'token', server: api.url, tokenFile, caFile, timeoutMs: 30_000 } },
     });
     const sink = new Writable({ write: (chunk: Buffer, _encoding, done) => (logs.push(JSON.parse(chunk.toString()) as { msg: string }), done()) });
     controller = new Controller({ config, logger: pino({ level: 'info' }, sink), workers: false });
@@ -150,6 +151,27 @@ describe('token reviews a stranger can cause', () => {
     expect(answered.every((answer) => answer.status === 429)).toBe(true);
     expect(answered[0]?.body.error).toMatch(/^too many unknown tokens from this client: at most 1 per second \(bursts of 10\) are checked; retry after \d+ s$/);
     expect(Number(answered[0]?.headers['retry-after'])).toBeGreaterThanOrEqual(1);
+  });
+
+  it('abandons the review of a token when the client waiting for it goes away', async () => {
+    const base = await start({});
+    let abandoned = 0;
+    api.reviews(async (token, gone) => {
+      await new Promise<void>((resolve) => {
+        held.push(resolve);
+        gone.addEventListener('abort', () => {
+          abandoned += 1;
+          resolve();
+        });
+      });
+      return tokenReview(token, { error: NOT_AUTHENTICATED }).response;
+    });
+    const leaving = request(`${base}/api/v1/jobs`, { agent: false, headers: { authorization: `Bearer ${projectedToken()}` } });
+    leaving.on('error', () => undefined);
+    leaving.end();
+    await until('the review to reach the API server', async () => held.length, (count) => count === 1, 10_000);
+    leaving.destroy();
+    await until('the controller to abandon the review', async () => abandoned, (count) => count === 1, 10_000);
   });
 
   it("tells a sender nothing of what the API server said, logs it instead, and refuses a refused token again without asking for refusedCacheSeconds", async () => {

@@ -56,9 +56,9 @@ export interface KubeApiStandIn {
   /**
    * Answers every TokenReview where no recorded exchange is due with what `answer` resolves to for
    * the token under review, whenever it resolves: a slow API server, a flood of reviews.
-   * `verify()` removes it.
+   * `abandoned` fires when the controller drops the review before its answer. `verify()` removes it.
    */
-  reviews(answer: (token: string) => Promise<RecordedExchange['response']>): void;
+  reviews(answer: ReviewAnswer): void;
   /** Throws, listing every unexpected request and unconsumed exchange, then starts clean. */
   verify(): void;
   close(): Promise<void>;
@@ -75,6 +75,8 @@ function requestLine(method: string, path: string, query: Record<string, string>
   return `${method} ${path}${search ? `?${search}` : ''}`;
 }
 
+type ReviewAnswer = (token: string, abandoned: AbortSignal) => Promise<RecordedExchange['response']>;
+
 /** The token a TokenReview asks about, when the request is one. */
 function reviewedToken(method: string, path: string, body: unknown): string | undefined {
   if (method !== 'POST' || path !== '/apis/authentication.k8s.io/v1/tokenreviews') return undefined;
@@ -88,7 +90,7 @@ export async function startKubeApi(token = 'steadfast-test-token', tls?: { key: 
   let problems: string[] = [];
   let standing = new Map<string, RecordedExchange['response']>();
   const servedCount = new Map<string, number>();
-  let reviewAnswer: ((token: string) => Promise<RecordedExchange['response']>) | undefined;
+  let reviewAnswer: ReviewAnswer | undefined;
 
   function mismatch(expected: RecordedExchange | undefined, method: string, path: string, query: Record<string, string>, contentType: string | undefined, body: unknown, auth: string | undefined): string | undefined {
     const got = requestLine(method, path, query);
@@ -118,7 +120,12 @@ export async function startKubeApi(token = 'steadfast-test-token', tls?: { key: 
     const standingAnswer = standing.get(requestLine(method, url.pathname, query));
     const reviewed = reviewedToken(method, url.pathname, body);
     if (problem !== undefined && reviewAnswer !== undefined && reviewed !== undefined && request.headers.authorization === `Bearer ${token}`) {
-      const answer = await reviewAnswer(reviewed);
+      const abandoned = new AbortController();
+      response.once('close', () => {
+        if (!response.writableFinished) abandoned.abort();
+      });
+      const answer = await reviewAnswer(reviewed, abandoned.signal);
+      if (abandoned.signal.aborted) return;
       response.writeHead(answer.status, { 'content-type': 'application/json' });
       response.end(JSON.stringify(answer.body));
       return;
