@@ -1,7 +1,7 @@
 import { z } from 'zod';
 import { InputError } from './errors.js';
 import { launcherArgSchema, launcherNameSchema, type SlurmLauncher } from './launcher.js';
-import { nodeNameSchema } from './names.js';
+import { distinctNodeNames, nodeNameSchema } from './names.js';
 import { Topology, topologySpecSchema } from './topology.js';
 import { parseOrThrow } from './validate.js';
 
@@ -46,7 +46,7 @@ export function launchArgv(
 export const jobSpecSchema = z
   .object({
     name: jobNameSchema,
-    nodes: z.array(nodeNameSchema).min(1).max(100_000),
+    nodes: distinctNodeNames(100_000),
     ranksPerNode: z.number().int().min(1).max(1024),
     /**
      * An explicit rank table, or parallel sizes with a Megatron order string; the sizes form takes

@@ -12,6 +12,32 @@ export const nodeNameSchema = z
   .regex(NODE_NAME_PATTERN, 'must be 1-63 characters of letters, digits, ".", "_" or "-", starting with a letter or digit');
 
 /**
+ * A list of node names in which each node appears once: the first name listed twice is the
+ * issue, at its index (a node listed twice would be launched, counted and drained twice).
+ */
+export function distinctNodeNames(max: number) {
+  return z
+    .array(nodeNameSchema)
+    .min(1)
+    .max(max)
+    .superRefine((nodes, ctx) => {
+      const duplicate = firstDuplicate(nodes);
+      if (duplicate !== undefined) ctx.addIssue({ code: 'custom', path: [duplicate.index], message: `${duplicate.name} is listed twice (first at index ${duplicate.first})` });
+    });
+}
+
+/** The first name that appears a second time, where, and where it appeared first. */
+export function firstDuplicate(names: readonly string[]): { name: string; index: number; first: number } | undefined {
+  const seen = new Map<string, number>();
+  for (const [index, name] of names.entries()) {
+    const first = seen.get(name);
+    if (first !== undefined) return { name, index, first };
+    seen.set(name, index);
+  }
+  return undefined;
+}
+
+/**
  * A training job as the agents name it on training series and fast-path events: whatever the
  * launcher called it, so wider than the name of a job registered with the controller
  * (core/job.ts, JOB_NAME_PATTERN). The agent checks its inputs against these, so it never sends

@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { InputError } from './errors.js';
-import { nodeNameSchema } from './names.js';
+import { firstDuplicate, nodeNameSchema } from './names.js';
 import { parseOrThrow } from './validate.js';
 
 /**
@@ -83,16 +83,25 @@ export class Topology {
     if ('ranks' in parsed) {
       const sorted = [...parsed.ranks].sort((a, b) => a.rank - b.rank);
       const seenOnNode = new Map<string, number>();
+      const slots = new Map<string, number>();
       return new Topology(
         sorted.map((entry, index) => {
           if (entry.rank !== index) throw new InputError(`topology.ranks: rank ${index} is missing or repeated`, 'ranks');
           const position = seenOnNode.get(entry.node) ?? 0;
           seenOnNode.set(entry.node, position + 1);
+          const localRank = entry.localRank ?? position;
+          // Several ranks share a node, each on its own GPU: two with one local rank is a typo in the table.
+          const slot = `${entry.node}/${localRank}`;
+          const holder = slots.get(slot);
+          if (holder !== undefined) throw new InputError(`topology.ranks: rank ${entry.rank} has local rank ${localRank} on ${entry.node}, as rank ${holder} does`, 'ranks');
+          slots.set(slot, entry.rank);
           const { tp, cp, ep, dp, pp } = entry;
-          return { rank: entry.rank, node: entry.node, localRank: entry.localRank ?? position, coords: { tp, cp, ep, dp, pp } };
+          return { rank: entry.rank, node: entry.node, localRank, coords: { tp, cp, ep, dp, pp } };
         }),
       );
     }
+    const duplicate = firstDuplicate(parsed.nodes);
+    if (duplicate !== undefined) throw new InputError(`topology.nodes.${duplicate.index}: ${duplicate.name} is listed twice (first at index ${duplicate.first})`, 'nodes');
     const order = parseOrder(parsed.order);
     const world = PARALLEL_DIMS.reduce((product, dim) => product * parsed[dim], 1);
     if (world > MAX_RANKS) throw new InputError(`topology: tp*cp*ep*dp*pp = ${world} ranks; at most ${MAX_RANKS} are supported`, 'tp');
