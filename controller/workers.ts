@@ -6,6 +6,7 @@ import type { Launchers } from '../core/launcher.js';
 import type { Logger } from '../core/log.js';
 import type { Keys, Redis } from '../core/redis.js';
 import { QUEUE_NAMES, workerTiming, type AnalysisJob, type StepsJob } from '../core/queues.js';
+import { retentionFromBudget } from '../core/retention.js';
 import type { StepRecord } from '../core/steps.js';
 import type { ClusterBackend } from '../actuators/backend.js';
 import { WebhookHandOff } from '../actuators/hand-off.js';
@@ -24,6 +25,7 @@ import type { ControllerMetrics } from './metrics.js';
 import { createPolicyProcessor } from './policy/policy-worker.js';
 import type { ProgressWatch } from './progress.js';
 import type { RecoveryDispatcher } from './policy/recovery-dispatcher.js';
+import { SignalRetention, type FinishedState } from './signal-retention.js';
 
 /** What the controller's workers act with: its connections, stores, gates and watchers. */
 export interface WorkerDeps {
@@ -87,6 +89,14 @@ export function startWorkers(deps: WorkerDeps, workers: Worker[] = []): Worker[]
     }),
     { connection: deps.connection(), prefix: config.redis.prefix, ...timing, concurrency: 32 },
   );
+  // Finished signal jobs are kept within their bytes of the budget, not only by count.
+  const keptSignals = new SignalRetention(deps.redis, deps.keys, policy, retentionFromBudget(config.redis.retentionBudgetMB).signalBytes);
+  const keep = (jobId: string | undefined, state: FinishedState): void => {
+    if (jobId === undefined) return;
+    keptSignals.finished(jobId, state).catch((error: unknown) => logger.warn({ job: jobId, err: error }, 'could not trim the finished signal jobs to their share of the retention budget'));
+  };
+  policy.on('completed', (job) => keep(job.id, 'completed'));
+  policy.on('failed', (job) => keep(job?.id, 'failed'));
   const steps = new Worker(
     QUEUE_NAMES.steps,
     createStepProcessor({

@@ -238,6 +238,14 @@ export class Keys {
   dryRunStandbys(): string {
     return `${this.prefix}:dry-run:standbys`;
   }
+  /**
+   * The ledger of finished signal jobs kept in one state (controller/signal-retention.ts): their
+   * ids by finish time, the bytes each takes, and the total.
+   */
+  signalsKept(state: 'completed' | 'failed'): { readonly order: string; readonly bytes: string; readonly total: string } {
+    const base = `${this.prefix}:signals-kept:${state}`;
+    return { order: `${base}:order`, bytes: `${base}:bytes`, total: `${base}:total` };
+  }
 }
 
 /** How long a health check waits for PONG. */

@@ -21,6 +21,11 @@ export type SignalSource = (typeof SIGNAL_SOURCES)[number];
 export const EVIDENCE_TEXT_MAX = 4096;
 export const EVIDENCE_KEY_MAX = 128;
 
+/** The bytes a text takes in a stored signal (its JSON string, without the quotes): a control character takes six. */
+export function storedBytes(text: string): number {
+  return Buffer.byteLength(JSON.stringify(text)) - 2;
+}
+
 const evidenceValue = z.union([z.string().max(EVIDENCE_TEXT_MAX), z.number(), z.boolean()]);
 
 /** Earliest fault time taken from a sender; anything older is a broken clock or a made-up value. */

@@ -3,7 +3,7 @@ import { z } from 'zod';
 import { NODE_NAME_PATTERN, TRAINING_JOB_PATTERN, normalizePciBusId } from '../../core/names.js';
 import { describeIssues } from '../../core/validate.js';
 import { AGENT_SCRAPE_JOB, TRAINING_JOB_LABEL } from '../../core/scrape.js';
-import { EVIDENCE_KEY_MAX, EVIDENCE_TEXT_MAX, faultFingerprint, reportedTimeSchema, stableHash, type Signal, type SignalKind, type SignalSeverity } from '../../core/signal.js';
+import { EVIDENCE_KEY_MAX, EVIDENCE_TEXT_MAX, faultFingerprint, reportedTimeSchema, stableHash, storedBytes, type Signal, type SignalKind, type SignalSeverity } from '../../core/signal.js';
 
 /**
  * Alertmanager's webhook payload, version 4 (prometheus.io/docs/alerting/latest/configuration,
@@ -11,9 +11,10 @@ import { EVIDENCE_KEY_MAX, EVIDENCE_TEXT_MAX, faultFingerprint, reportedTimeSche
  * `status` and `fingerprint`; both are optional here.
  *
  * Whatever this schema accepts becomes a valid Signal (a property test holds it to that): text
- * that only describes (annotations, label values, the generator URL) is cut to the evidence's
- * length, and what a decision rests on (the alert name, the Xid, the label names) is refused here
- * when it could not be stored whole.
+ * that only describes (annotations, the generator URL) is cut to the evidence's length, what a
+ * decision rests on (the alert name, the Xid, the label names) is refused here when it could not
+ * be stored whole, and an alert with more labels or annotations than LABELS_MAX, or a label value
+ * longer than LABEL_VALUE_MAX_BYTES, is refused: every label is stored.
  */
 
 /** `label.<name>` must fit an evidence key. */
@@ -21,7 +22,31 @@ const LABEL_NAME_MAX = EVIDENCE_KEY_MAX - 'label.'.length;
 const ALERTNAME_MAX = 100;
 const YEAR_MS = 366 * 24 * 3600 * 1000;
 
-const labelSet = z.record(z.string().max(LABEL_NAME_MAX), z.string().max(16_384));
+/**
+ * Most labels, and most annotations, in one set. Every label is stored with its alert's signal,
+ * so these bound what an alert's labels cost Redis (about 74 KiB at most); real alerts carry a few
+ * (the samples in test/fixtures/realworld/alertmanager-webhook/ at most 7, steadfast's own rules at most 13).
+ */
+export const LABELS_MAX = 64;
+/** Longest label value, in bytes as stored (JSON: a control character takes six). */
+export const LABEL_VALUE_MAX_BYTES = 1024;
+/** Longest annotation value: only the summary and description are kept, cut to the evidence's length. */
+const ANNOTATION_VALUE_MAX = 16_384;
+
+/** A set of at most LABELS_MAX entries, counted before they are read: one reason, not one per entry. */
+function boundedSet(noun: 'label' | 'annotation', value: z.ZodType<string>) {
+  const nameRule = `${noun} names must be at most ${LABEL_NAME_MAX} bytes`;
+  const names = z.string().refine((name) => storedBytes(name) <= LABEL_NAME_MAX, { message: nameRule });
+  return z
+    .custom<object>((set) => typeof set !== 'object' || set === null || Object.keys(set).length <= LABELS_MAX, { message: `at most ${LABELS_MAX} ${noun}s are taken` })
+    .pipe(z.record(names, value, { error: (issue) => (issue.code === 'invalid_key' ? nameRule : undefined) }));
+}
+
+const labelSet = boundedSet(
+  'label',
+  z.string().refine((text) => storedBytes(text) <= LABEL_VALUE_MAX_BYTES, { message: `must be at most ${LABEL_VALUE_MAX_BYTES} bytes as stored (a control character takes six)` }),
+);
+const annotationSet = boundedSet('annotation', z.string().max(ANNOTATION_VALUE_MAX));
 const alertLabels = labelSet
   .refine((labels) => labels.alertname === undefined || labels.alertname.length <= ALERTNAME_MAX, {
     message: `alertname must be at most ${ALERTNAME_MAX} characters`,
@@ -49,7 +74,7 @@ const UNSET_TIME = '0001-01-01T00:00:00Z';
 export const webhookAlertSchema = z.object({
   status: z.enum(['firing', 'resolved']).optional(),
   labels: alertLabels,
-  annotations: labelSet.default({}),
+  annotations: annotationSet.default({}),
   startsAt: reportedTimeSchema,
   // endsAt lies ahead while an alert fires (Alertmanager's resolve timeout), so it is not held to
   // a day from now; still a real time, and no later than a year from now.
@@ -75,7 +100,7 @@ export const webhookEnvelopeSchema = z.object({
   receiver: z.string().max(256),
   groupLabels: labelSet.default({}),
   commonLabels: labelSet.default({}),
-  commonAnnotations: labelSet.default({}),
+  commonAnnotations: annotationSet.default({}),
   externalURL: z.string().max(4096).optional(),
   alerts: z.array(z.unknown()).min(1).max(MAX_ALERTS),
 });
