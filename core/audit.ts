@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import { identitySchema, type Identity } from './credentials.js';
+import { APPEND_INDEXED, INDEX_CHUNK, INDEX_EARLIER, PREFIX_END, QUERY_VALUE_MAX_CHARS, READ_INDEXED, indexPrefixes, sortableId, type IndexFilter } from './audit-index.js';
 import { StoreUnavailableError, errorMessage } from './errors.js';
 import { luaScript, type Keys, type Redis } from './redis.js';
 import { AUDIT_DATA_MAX_BYTES, AUDIT_SUMMARY_MAX_CHARS } from './retention.js';
@@ -48,8 +49,8 @@ export const auditQuerySchema = z
       .regex(/^\d+-\d+$/, 'must be a stream id like 1700000000000-0')
       .optional(),
     type: z.enum(AUDIT_TYPES).optional(),
-    node: z.string().max(64).optional(),
-    ref: z.string().max(128).optional(),
+    node: z.string().max(QUERY_VALUE_MAX_CHARS.node).optional(),
+    ref: z.string().max(QUERY_VALUE_MAX_CHARS.ref).optional(),
   })
   .strict();
 
@@ -57,19 +58,6 @@ export const auditQuerySchema = z
 const auditReadSchema = auditQuerySchema.extend({ limit: z.coerce.number().int().min(1).max(100_000).default(100) });
 
 export type AuditQuery = z.input<typeof auditReadSchema>;
-
-// Appends only if the marker is new, so a retried job never writes the same entry twice. The
-// markers are a sorted set by time, kept as long as the stream: the newest maxLength of them.
-const APPEND_ONCE = `
-if redis.call('ZADD', KEYS[1], 'NX', ARGV[9], ARGV[1]) == 0 then
-  return false
-end
-local excess = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[2])
-if excess > 0 then
-  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, excess - 1)
-end
-return redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'type', ARGV[3], 'ref', ARGV[4], 'node', ARGV[5], 'summary', ARGV[6], 'data', ARGV[7], 'time', ARGV[8], 'actor', ARGV[10])
-`;
 
 const CUT_MARKER = '…[cut]';
 
@@ -90,13 +78,17 @@ export function boundedAuditFields(entry: Pick<AuditInput, 'summary' | 'data'>):
 
 export class AuditLog {
   private readonly appendOnce: (...args: (string | number)[]) => Promise<unknown>;
+  private readonly indexEarlier: (...args: (string | number)[]) => Promise<unknown>;
+  private readonly readIndexed: (...args: (string | number)[]) => Promise<unknown>;
 
   constructor(
     private readonly redis: Redis,
     private readonly keys: Keys,
     private readonly maxLength = 100_000,
   ) {
-    this.appendOnce = luaScript(redis, 'steadfastAuditAppendOnce', 2, APPEND_ONCE);
+    this.appendOnce = luaScript(redis, 'steadfastAuditAppendIndexed', 4, APPEND_INDEXED);
+    this.indexEarlier = luaScript(redis, 'steadfastAuditIndexEarlier', 3, INDEX_EARLIER);
+    this.readIndexed = luaScript(redis, 'steadfastAuditReadIndexed', 2, READ_INDEXED);
   }
 
   /**
@@ -110,6 +102,8 @@ export class AuditLog {
       const id = (await this.appendOnce(
         this.keys.auditWritten,
         this.keys.audit,
+        this.keys.auditIndex,
+        this.keys.auditIndexedFrom,
         once,
         String(this.maxLength),
         entry.type,
@@ -129,41 +123,92 @@ export class AuditLog {
 
   /**
    * Newest-last list of entries matching the query: the newest `limit` of them, or with `after`
-   * the first `limit` after that id. A filter (type, node, ref) walks the whole stream if it must,
-   * in chunks of READ_CHUNK entries, keeping only the matches: an entry deep in the stream is
-   * found, and no read holds more than one chunk besides its answer nor blocks the event loop for
-   * longer than one chunk takes to decode.
+   * the first `limit` after that id. A filter (type, node, ref) reads the audit's index
+   * (core/audit-index.ts) and fetches only the entries it names, in chunks of INDEX_CHUNK: an
+   * entry deep in the stream is found without reading the entries around it. A ref with a node or
+   * type reads the index of the two that names fewer entries.
    */
   async read(query: AuditQuery = {}): Promise<AuditEntry[]> {
     const parsed = auditReadSchema.parse(query);
-    const matches = (entry: AuditEntry): boolean =>
-      (!parsed.type || entry.type === parsed.type) &&
-      (!parsed.node || entry.node === parsed.node) &&
-      (!parsed.ref || entry.ref === parsed.ref);
-    const forward = parsed.after !== undefined;
-    // Unfiltered, every entry is a match: fetch no more than the answer needs.
-    const filtered = Boolean(parsed.type || parsed.node || parsed.ref);
+    const filter: IndexFilter = { type: parsed.type, node: parsed.node, ref: parsed.ref };
+    const prefixes = indexPrefixes(filter);
+    // A value too long to be indexed is in no entry a query can name.
+    if (prefixes === undefined) return [];
+    return prefixes.length === 0 ? this.readStream(parsed.limit, parsed.after) : this.readFiltered(filter, prefixes, parsed.limit, parsed.after);
+  }
+
+  /** The newest `limit` entries, or the first `limit` after `after`. */
+  private async readStream(limit: number, after: string | undefined): Promise<AuditEntry[]> {
+    const forward = after !== undefined;
     const found: AuditEntry[] = [];
     // Exclusive bounds (`(id`) from the second chunk on: Redis 6.2 and later.
-    let bound = forward ? `(${parsed.after}` : '+';
-    for (;;) {
-      const chunk = filtered ? READ_CHUNK : Math.min(READ_CHUNK, parsed.limit - found.length);
-      let rows: [string, string[]][];
-      try {
-        rows = forward ? await this.redis.xrange(this.keys.audit, bound, '+', 'COUNT', chunk) : await this.redis.xrevrange(this.keys.audit, bound, '-', 'COUNT', chunk);
-      } catch (error) {
-        throw new StoreUnavailableError(`audit read failed: ${errorMessage(error)}`, error);
-      }
-      for (const [id, fields] of rows) {
-        const entry = decode(id, fields);
-        if (matches(entry)) found.push(entry);
-        if (found.length >= parsed.limit) break;
-      }
+    let bound = forward ? `(${after}` : '+';
+    while (found.length < limit) {
+      const chunk = Math.min(READ_CHUNK, limit - found.length);
+      const rows = await fromStore(() => (forward ? this.redis.xrange(this.keys.audit, bound, '+', 'COUNT', chunk) : this.redis.xrevrange(this.keys.audit, bound, '-', 'COUNT', chunk)));
+      for (const [id, fields] of rows) found.push(decode(id, fields));
       const last = rows.at(-1);
-      if (found.length >= parsed.limit || rows.length < chunk || last === undefined) break;
+      if (rows.length < chunk || last === undefined) break;
       bound = `(${last[0]}`;
     }
     return forward ? found : found.reverse();
+  }
+
+  private async readFiltered(filter: IndexFilter, prefixes: readonly string[], limit: number, after: string | undefined): Promise<AuditEntry[]> {
+    await this.indexEarlierEntries();
+    const matches = (entry: AuditEntry): boolean => (!filter.type || entry.type === filter.type) && (!filter.node || entry.node === filter.node) && (!filter.ref || entry.ref === filter.ref);
+    // Only a ref with a node or type has two indexes to choose from, and the chosen one may name
+    // entries of the other's that do not match.
+    const exact = prefixes.length === 1;
+    const prefix = await this.narrowest(prefixes);
+    const forward = after !== undefined;
+    const found: AuditEntry[] = [];
+    let min = forward ? `(${prefix}${sortableId(after)}` : `(${prefix}`;
+    let max = `(${prefix}${PREFIX_END}`;
+    while (found.length < limit) {
+      // Where every entry the index names is a match, fetch no more than the answer needs.
+      const chunk = exact ? Math.min(INDEX_CHUNK, limit - found.length) : INDEX_CHUNK;
+      const [members, last, rows] = (await fromStore(() => this.readIndexed(this.keys.auditIndex, this.keys.audit, min, max, forward ? 'FWD' : 'REV', chunk))) as [number, string, [string, string[]][]];
+      for (const [id, fields] of rows) {
+        const entry = decode(id, fields);
+        if (matches(entry)) found.push(entry);
+        if (found.length >= limit) break;
+      }
+      if (members < chunk) break;
+      if (forward) min = `(${prefix}${last}`;
+      else max = `(${prefix}${last}`;
+    }
+    return forward ? found : found.reverse();
+  }
+
+  /** Of the filters' index prefixes, the one with the fewest members. */
+  private async narrowest(prefixes: readonly string[]): Promise<string> {
+    const [first, ...others] = prefixes as [string, ...string[]];
+    if (others.length === 0) return first;
+    const counts = await Promise.all(prefixes.map((prefix) => fromStore(() => this.redis.zlexcount(this.keys.auditIndex, `(${prefix}`, `(${prefix}${PREFIX_END}`))));
+    let best = 0;
+    counts.forEach((count, index) => {
+      if (count < (counts[best] as number)) best = index;
+    });
+    return prefixes[best] as string;
+  }
+
+  /**
+   * Indexes the entries written before the index existed, once: a chunk per call, so that Redis
+   * serves other clients in between. After that, one GET per filtered read.
+   */
+  private async indexEarlierEntries(): Promise<void> {
+    let done = false;
+    while (!done) done = (await fromStore(() => this.indexEarlier(this.keys.audit, this.keys.auditIndex, this.keys.auditIndexedFrom))) === 1;
+  }
+}
+
+/** A Redis call of a read; its failure is the store's. */
+async function fromStore<T>(call: () => Promise<T>): Promise<T> {
+  try {
+    return await call();
+  } catch (error) {
+    throw new StoreUnavailableError(`audit read failed: ${errorMessage(error)}`, error);
   }
 }
 

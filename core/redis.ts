@@ -145,6 +145,14 @@ export class Keys {
   get auditWritten(): string {
     return `${this.prefix}:audit-written`;
   }
+  /** The audit's index of type, node and ref (core/audit-index.ts), trimmed with the audit. */
+  get auditIndex(): string {
+    return `${this.prefix}:audit-index`;
+  }
+  /** The oldest audit id from which on every entry is in the index (`0-0`: all of them). */
+  get auditIndexedFrom(): string {
+    return `${this.prefix}:audit-indexed-from`;
+  }
   /** Written before each WAIT for replicas, so that the WAIT covers every write before it. */
   get intakeReplicaMarker(): string {
     return `${this.prefix}:intake:replica-marker`;
