@@ -4,6 +4,7 @@ import type { Keys, Redis } from '../core/redis.js';
 import { CHECKPOINT_TIERS, checkpointShardSchema, type CheckpointShard } from '../core/checkpoint.js';
 import type { StepCopies } from '../actuators/restore-plan.js';
 import { z } from 'zod';
+import { nodeNameSchema } from '../core/names.js';
 import { parseOrThrow } from '../core/validate.js';
 
 /**
@@ -48,6 +49,16 @@ export interface JobRecord {
   readonly createdAt: string;
   readonly stateSince: string;
   readonly policy: JobPolicy;
+  /**
+   * Nodes of `spec.nodes` that left the job with no one in their place (evicted when no warm
+   * standby was left): the spec keeps its shape, but they no longer belong to the job.
+   */
+  readonly vacant: readonly string[];
+}
+
+/** The nodes that belong to the job now: its spec's nodes less those it lost without a replacement. */
+export function jobMembers(record: Pick<JobRecord, 'spec' | 'vacant'>): string[] {
+  return record.spec.nodes.filter((node) => !record.vacant.includes(node));
 }
 
 export interface Ettr {
@@ -139,6 +150,25 @@ end
 if oldest then redis.call('zremrangebyscore', KEYS[1], '-inf', '(' .. oldest) end
 return {'ok'}`;
 
+/**
+ * A node leaves a registered job with no one in its place: it is noted in the job's `vacant`
+ * list (once), and its node → job entry goes if it still names this job. KEYS: the job's hash,
+ * the node's node → job key; ARGV: the job's name, the node.
+ */
+const VACATE_NODE = `
+if redis.call('hexists', KEYS[1], 'spec') == 0 then return 0 end
+local vacant = cjson.decode(redis.call('hget', KEYS[1], 'vacant') or '[]')
+local listed = false
+for _, node in ipairs(vacant) do
+  if node == ARGV[2] then listed = true end
+end
+if not listed then
+  table.insert(vacant, ARGV[2])
+  redis.call('hset', KEYS[1], 'vacant', cjson.encode(vacant))
+end
+if redis.call('get', KEYS[2]) == ARGV[1] then redis.call('del', KEYS[2]) end
+return 1`;
+
 /** HSETNX on a job's hash only while the job is registered (its spec is there), so a deleted job is not half re-created. */
 const SET_FIELD_IF_JOB_EXISTS = "if redis.call('hexists', KEYS[1], 'spec') == 1 then return redis.call('hsetnx', KEYS[1], ARGV[1], ARGV[2]) end return 0";
 
@@ -175,6 +205,7 @@ export class JobStore {
       createdAt: new Date(Number(fields.createdAt)).toISOString(),
       stateSince: new Date(Number(fields.stateSince)).toISOString(),
       policy: readPolicy(fields.policy),
+      vacant: readVacant(fields.vacant),
     };
   }
 
@@ -287,6 +318,15 @@ export class JobStore {
     await multi.exec();
   }
 
+  /**
+   * The node leaves the job with no one in its place (evicted, no warm standby left): it no
+   * longer belongs to the job (jobMembers), and its node → job entry goes. Nothing when the job
+   * was deleted meanwhile.
+   */
+  async vacate(name: string, node: string): Promise<void> {
+    await this.redis.eval(VACATE_NODE, 2, this.keys.job(name), this.keys.nodeJob(node), name, node);
+  }
+
   /** Records the code version the job now runs (an update or a rollback). */
   async setVersion(name: string, version: string): Promise<void> {
     const record = await this.get(name);
@@ -316,7 +356,7 @@ export class JobStore {
     const record = await this.get(name);
     const list = Array.isArray(body) ? parseOrThrow(checkpointReportSchema, body, 'checkpoint shards') : [parseOrThrow(checkpointShardSchema, body, 'checkpoint shards')];
     const ranks = parseJobSpec(record.spec).topology.ranks.length;
-    const nodes = new Set(record.spec.nodes);
+    const nodes = new Set(jobMembers(record));
     const latest = new Map<string, CheckpointShard>();
     for (const [index, shard] of list.entries()) {
       const at = Array.isArray(body) ? `${index}.` : '';
@@ -381,6 +421,21 @@ function readPolicy(raw: string | undefined): JobPolicy {
   const parsed = jobPolicySchema.safeParse(value);
   // A policy that does not read back is taken as the most careful one: recover nothing.
   return parsed.success ? parsed.data : { recovery: false, dryRun: true };
+}
+
+const vacantSchema = z.array(nodeNameSchema);
+
+/** The job's vacant nodes as stored; none when the field is absent (or does not read back). */
+function readVacant(raw: string | undefined): string[] {
+  if (raw === undefined) return [];
+  let value: unknown;
+  try {
+    value = JSON.parse(raw);
+  } catch {
+    value = undefined;
+  }
+  const parsed = vacantSchema.safeParse(value);
+  return parsed.success ? parsed.data : [];
 }
 
 /** Share of [from, to] spent productive, from the job's productive/unproductive transitions. */

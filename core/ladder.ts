@@ -54,5 +54,10 @@ export type LadderEvent =
   | { type: 'recovery_refused'; time: number; transitionId: string; detail: string }
   /** A warm standby took an evicted node's place in the job (ByteRobust §6.2); the evict step reports it. */
   | { type: 'standby_activated'; time: number; replaced: string; by: string }
+  /**
+   * No warm standby was left for these evicted nodes: they left the job, which is not relaunched
+   * without them; the evict step reports it and stops its transition before the restart.
+   */
+  | { type: 'standby_missing'; time: number; nodes: string[] }
   /** Time passes: fires held-back restarts and due updates. The controller ticks every few seconds. */
   | { type: 'tick'; time: number };

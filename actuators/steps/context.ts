@@ -24,8 +24,11 @@ import type { GpuResetter } from './gpu-resetter.js';
 
 /** What the step actuators need of the job registry (the controller's JobStore). */
 export interface StepJobs {
-  get(job: string): Promise<{ readonly spec: JobSpec; readonly policy: JobPolicy }>;
+  /** `vacant`: nodes of the spec that left the job with no one in their place. */
+  get(job: string): Promise<{ readonly spec: JobSpec; readonly policy: JobPolicy; readonly vacant: readonly string[] }>;
   replaceNode(job: string, evicted: string, replacement: string): Promise<void>;
+  /** The node leaves the job with no one in its place (no warm standby was left). */
+  vacate(job: string, node: string): Promise<void>;
   setVersion(job: string, version: string): Promise<void>;
   /** The job's kept checkpoint steps, newest first. */
   checkpointSteps(job: string): AsyncIterable<StepCopies>;

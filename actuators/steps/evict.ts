@@ -5,7 +5,9 @@ import { recordStep, refuseStep, stepJob, stepRef, type Halt, type StepDeps, typ
 /**
  * The evict step: pass the gates (pause, holds, the job's share, the cluster budget), then for each node
  * drain it (drain-node.ts), note the eviction in its cross-job history, and put a warm standby in
- * its place (ByteRobust §6.2). Undefined when the transition may go on to its restart.
+ * its place (ByteRobust §6.2). Undefined when the transition may go on to its restart. A node no
+ * standby was left for leaves the job, the ladder hands the job to a person, and the transition
+ * stops before its restart: the job is not relaunched on a node taken out of service.
  */
 export async function evict(deps: StepDeps, at: StepAt): Promise<Halt> {
   const { step } = at;
@@ -21,6 +23,7 @@ export async function evict(deps: StepDeps, at: StepAt): Promise<Halt> {
   const quarantined = new Set(await deps.redis.smembers(deps.keys.quarantine));
   // A held node is not chosen as a standby either (the hold gate, actuators/safety.ts).
   for (const node of (await gates.holds()).keys()) quarantined.add(node);
+  const unreplaced: string[] = [];
   for (const node of step.nodes ?? []) {
     try {
       const { already, state } = await drainNode(backend, gates, { node, holder: ref, reason: step.reason, auditId: at.transitionId });
@@ -33,26 +36,31 @@ export async function evict(deps: StepDeps, at: StepAt): Promise<Halt> {
       return error.message;
     }
     await noteExclusion(deps, at, node);
-    await replaceWithStandby(deps, at, node, quarantined);
+    if (!(await replaceWithStandby(deps, at, node, quarantined))) unreplaced.push(node);
   }
-  return undefined;
+  if (unreplaced.length === 0) return undefined;
+  // One page for the incident: the ladder's page_human step, which this event leads to.
+  await deps.feedback({ job, event: { type: 'standby_missing', time: Date.now(), nodes: unreplaced }, eventId: `${ref}:standby-missing` });
+  return `no warm standby left to replace ${unreplaced.join(', ')}: the job is not relaunched without ${unreplaced.length === 1 ? 'it' : 'them'}`;
 }
 
-async function replaceWithStandby(deps: StepDeps, at: StepAt, node: string, unusable: ReadonlySet<string>): Promise<void> {
+/** Puts a warm standby in the node's place; false when none was left, and the node then leaves the job. */
+async function replaceWithStandby(deps: StepDeps, at: StepAt, node: string, unusable: ReadonlySet<string>): Promise<boolean> {
   const job = stepJob(at);
   const standby = deps.pool?.enabled
     ? await deps.pool.take(job, Date.now(), unusable)
     : (await deps.backend.standbys()).find((candidate) => !unusable.has(candidate));
   if (!standby) {
-    const reason = `no warm standby left to replace ${node}; provision one (steadfast plan standby sizes the pool)`;
-    await recordStep(deps, at, 'failed', reason, { node });
-    deps.onPage?.(at.job, reason);
-    return;
+    // A dry-run job only records: its node was not taken out, so it stays in the job.
+    if (deps.dryRun !== true) await deps.jobs.vacate(job, node);
+    await recordStep(deps, at, 'failed', `no warm standby left to replace ${node}; ${node} left the job, which waits for a person (provision a standby: steadfast plan standby sizes the pool)`, { node });
+    return false;
   }
   if (!deps.pool?.enabled) await deps.backend.activateStandby(standby, job);
   await deps.jobs.replaceNode(job, node, standby);
   await recordStep(deps, at, 'done', `standby ${standby} activated in place of ${node}`, { node: standby });
   await reportReplacement(deps, at, node, standby);
+  return true;
 }
 
 /**

@@ -45,8 +45,9 @@ export async function restart(deps: StepDeps, at: StepAt): Promise<Halt> {
  */
 async function recordRestorePlan(deps: StepDeps, at: StepAt): Promise<void> {
   const job = stepJob(at);
-  const { spec, topology } = parseJobSpec((await deps.jobs.get(job)).spec);
-  const members = new Set(spec.nodes);
+  const record = await deps.jobs.get(job);
+  const { topology } = parseJobSpec(record.spec);
+  const members = new Set(record.spec.nodes.filter((node) => !record.vacant.includes(node)));
   // The spec already names the standbys, so each rank's node is where it runs after the restart.
   const target = { ranks: topology.ranks.length, rankNodes: new Map(topology.ranks.map((rank) => [rank.rank, rank.node] as const)) };
   const { plan, stepsRead } = await planRestoreByStep(deps.jobs.checkpointSteps(job), target, (holders) => lostHolders(deps, holders, members));

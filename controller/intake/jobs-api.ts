@@ -10,7 +10,7 @@ import type { ClusterBackend } from '../../actuators/backend.js';
 import { planRestoreByStep } from '../../actuators/restore-plan.js';
 import { parseJobSpec } from '../../core/job.js';
 import { admitJob } from '../job-admission.js';
-import type { JobStore } from '../job-store.js';
+import { jobMembers, type JobStore } from '../job-store.js';
 import type { RecoveryDispatcher } from '../policy/recovery-dispatcher.js';
 import type { StandbyPool } from '../../actuators/standby-pool.js';
 import type { MicrobatchBoard } from '../microbatches.js';
@@ -65,7 +65,7 @@ export function jobsRouter(deps: JobsRouterDeps): express.Router {
   const trainingJob = async (req: Request, res: Response): Promise<string> => {
     const name = jobName(req);
     const identity = identityOf(res);
-    if (identity.node !== undefined && !(await jobs.get(name)).spec.nodes.includes(identity.node)) {
+    if (identity.node !== undefined && !jobMembers(await jobs.get(name)).includes(identity.node)) {
       throw new ForbiddenError(identity, 'training', `agent ${identity.node} may not ${req.method} ${req.originalUrl.split('?')[0] ?? ''}: job ${name} does not run on ${identity.node}`);
     }
     return name;
@@ -162,7 +162,7 @@ export function jobsRouter(deps: JobsRouterDeps): express.Router {
       const evicted = new Set(evictedParam.split(',').filter(Boolean).map((node) => parseOrThrow(nodeNameSchema, node, 'evicted')));
       const { topology } = parseJobSpec(record.spec);
       const rankNodes = new Map(topology.ranks.map((rank) => [rank.rank, rank.node] as const));
-      const members = new Set(record.spec.nodes);
+      const members = new Set(jobMembers(record));
       // Copies on the evicted nodes are lost, and so are those on nodes that left the job (an evicted node replaced by a standby).
       const { plan } = await planRestoreByStep(jobs.checkpointSteps(name), { ranks: topology.ranks.length, rankNodes }, async (holders) =>
         holders.filter((holder) => evicted.has(holder) || !members.has(holder)),

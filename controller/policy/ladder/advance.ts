@@ -5,7 +5,7 @@ import { failureKind } from '../fault-signature.js';
 import { DEFAULT_LADDER_CONFIG, type LadderConfig } from './config.js';
 import { prune, unique, type Ctx } from './context.js';
 import { failureSignature, onStandbyActivated, pruneReplacements } from './evidence.js';
-import { onCodeUpdate, onDiagnosticsResult, onFault, onRecoveryRefused, onReplayResult, onRestartFailed, onRestartSucceeded, onTick } from './transitions.js';
+import { onCodeUpdate, onDiagnosticsResult, onFault, onRecoveryRefused, onReplayResult, onRestartFailed, onRestartSucceeded, onStandbyMissing, onTick } from './transitions.js';
 import type { LadderState, LadderTransition } from './state.js';
 
 /** The ladder's two entry points: a signal becomes an event, an event moves the state. */
@@ -53,6 +53,9 @@ export function advance(state: LadderState, event: LadderEvent, config: LadderCo
       break;
     case 'standby_activated':
       onStandbyActivated(ctx, event.replaced, event.by);
+      break;
+    case 'standby_missing':
+      onStandbyMissing(ctx, unique(event.nodes));
       break;
     case 'recovery_refused':
       onRecoveryRefused(ctx, event.detail);

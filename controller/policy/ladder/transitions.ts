@@ -175,11 +175,17 @@ export function onReplayResult(ctx: Ctx, culprits: string[], unrun?: string): vo
  * (recovery-dispatcher.ts), and the job is then simply running; otherwise the open incident is
  * closed here. Either way the next report of a fault starts the ladder again, from its first rung.
  * A code update whose time had come waits another lazy-update window (or rides the next restart),
- * so that a pause does not have the ladder ask for it again at every tick.
+ * so that a pause does not have the ladder ask for it again at every tick. A job already handed to
+ * a person (the step that stopped paged them: no standby left) stays theirs.
  */
 export function onRecoveryRefused(ctx: Ctx, detail: string): void {
   const { s, time, config } = ctx;
-  const closed = s.phase !== 'running' && s.phase !== 'waiting_for_human' ? ` and the incident opened at ${new Date(s.incident?.openedAt ?? time).toISOString()} closed` : '';
+  if (s.phase === 'waiting_for_human') {
+    // The transition stopped on something a person must see to, and they were paged for it.
+    emit(ctx, 'notify', `recovery stopped (${detail}); a person handles the incident`, CITE.human);
+    return;
+  }
+  const closed = s.phase !== 'running' ? ` and the incident opened at ${new Date(s.incident?.openedAt ?? time).toISOString()} closed` : '';
   if (closed !== '') {
     s.phase = 'running';
     s.incident = null;
@@ -191,6 +197,21 @@ export function onRecoveryRefused(ctx: Ctx, detail: string): void {
     update = `; the code update to ${s.pendingUpdate.version} waits for the next restart or ${hours(config.lazyUpdateWindowMs)}`;
   }
   emit(ctx, 'notify', `recovery refused (${detail}): nothing was done${closed}; the next report of the fault starts recovery again${update}`, CITE.refused);
+}
+
+/**
+ * No warm standby was left to take the evicted nodes' places (ByteRobust §6.2 sizes the pool at
+ * the P99 of the failures it expects, so this is rare): they left the job, and the job is not
+ * relaunched on fewer nodes than its topology places ranks on. A person provisions standbys
+ * and registers the job again on the nodes it should run on.
+ */
+export function onStandbyMissing(ctx: Ctx, nodes: string[]): void {
+  const them = nodes.length === 1 ? 'it' : 'them';
+  pageHuman(
+    ctx,
+    `no warm standby left to replace ${nodes.join(', ')}: ${nodes.length === 1 ? 'it has' : 'they have'} left the job, which is not relaunched without ${them}; provision a standby (steadfast plan standby sizes the pool) and register the job again on the nodes it should run on`,
+    CITE.standby,
+  );
 }
 
 /** Training progressed: the incident is over and the code it runs is good (ByteRobust §4.2). */
