@@ -3,7 +3,7 @@ import { identitySchema, type Identity } from './credentials.js';
 import { APPEND_INDEXED, INDEX_CHUNK, INDEX_EARLIER, PREFIX_END, QUERY_VALUE_MAX_CHARS, READ_INDEXED, indexPrefixes, sortableId, type IndexFilter } from './audit-index.js';
 import { StoreUnavailableError, errorMessage } from './errors.js';
 import { luaScript, type Keys, type Redis } from './redis.js';
-import { AUDIT_DATA_MAX_BYTES, AUDIT_SUMMARY_MAX_CHARS } from './retention.js';
+import { AUDIT_DATA_MAX_BYTES, AUDIT_SUMMARY_MAX_BYTES } from './retention.js';
 
 /**
  * The audit trail: an append-only Redis stream of every signal, decision and action, each with
@@ -61,13 +61,28 @@ export type AuditQuery = z.input<typeof auditReadSchema>;
 
 const CUT_MARKER = '…[cut]';
 
+/** `text` within `maxBytes` of UTF-8: cut between characters, ending in CUT_MARKER, when longer. */
+function cutToBytes(text: string, maxBytes: number): string {
+  if (Buffer.byteLength(text) <= maxBytes) return text;
+  const room = maxBytes - Buffer.byteLength(CUT_MARKER);
+  let bytes = 0;
+  let end = 0;
+  for (const char of text) {
+    bytes += Buffer.byteLength(char);
+    if (bytes > room) break;
+    end += char.length;
+  }
+  return `${text.slice(0, end)}${CUT_MARKER}`;
+}
+
 /**
- * The entry's summary and data as stored: within AUDIT_SUMMARY_MAX_CHARS and
+ * The entry's summary and data as stored: within AUDIT_SUMMARY_MAX_BYTES and
  * AUDIT_DATA_MAX_BYTES, so that the audit's length cap is a byte cap too. Data too large is
  * replaced by its size and the start of its JSON, saying so.
  */
 export function boundedAuditFields(entry: Pick<AuditInput, 'summary' | 'data'>): { summary: string; data: string } {
-  const summary = entry.summary.length <= AUDIT_SUMMARY_MAX_CHARS ? entry.summary : `${entry.summary.slice(0, AUDIT_SUMMARY_MAX_CHARS - CUT_MARKER.length)}${CUT_MARKER}`;
+  // Bytes, not characters: a summary naming a request's path may be all three-byte characters.
+  const summary = cutToBytes(entry.summary, AUDIT_SUMMARY_MAX_BYTES);
   const data = JSON.stringify(entry.data);
   const bytes = Buffer.byteLength(data);
   if (bytes <= AUDIT_DATA_MAX_BYTES) return { summary, data };

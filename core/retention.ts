@@ -15,8 +15,8 @@ export const SIGNAL_BYTES = 3 * 1024;
 export const SIGNAL_BATCH_MAX = 100;
 /** A finished action, recovery or analysis job (a decision, steps or a request). */
 export const WORK_JOB_BYTES = 4 * 1024;
-/** Most an audit entry's summary and data may take; AuditLog cuts larger ones to fit. */
-export const AUDIT_SUMMARY_MAX_CHARS = 512;
+/** Most an audit entry's summary and data may take, in bytes; AuditLog cuts larger ones to fit. */
+export const AUDIT_SUMMARY_MAX_BYTES = 512;
 export const AUDIT_DATA_MAX_BYTES = 3 * 1024;
 /**
  * An audit entry's members in the audit's index (core/audit-index.ts) at their largest: type,
@@ -25,7 +25,7 @@ export const AUDIT_DATA_MAX_BYTES = 3 * 1024;
  */
 export const AUDIT_INDEX_BYTES = 1536;
 /** An audit entry at its largest, with its stream overhead, its write-once marker and its index members. */
-export const AUDIT_ENTRY_BYTES = AUDIT_SUMMARY_MAX_CHARS + AUDIT_DATA_MAX_BYTES + 512 + AUDIT_INDEX_BYTES;
+export const AUDIT_ENTRY_BYTES = AUDIT_SUMMARY_MAX_BYTES + AUDIT_DATA_MAX_BYTES + 512 + AUDIT_INDEX_BYTES;
 
 const DAY_SECONDS = 24 * 3600;
 

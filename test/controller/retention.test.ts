@@ -2,7 +2,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { AuditLog } from '../../core/audit.js';
 import { QUEUE_NAMES } from '../../core/queues.js';
-import { AUDIT_DATA_MAX_BYTES, AUDIT_SUMMARY_MAX_CHARS, retentionFromBudget } from '../../core/retention.js';
+import { AUDIT_DATA_MAX_BYTES, AUDIT_SUMMARY_MAX_BYTES, retentionFromBudget } from '../../core/retention.js';
 import type { Controller } from '../../controller/service.js';
 import { post, startController, testConfig } from '../support/controller.js';
 import { testRedis } from '../support/redis.js';
@@ -87,7 +87,17 @@ describe('Redis retention under a stream of alerts beyond its caps', () => {
     const dataField = stored[stored.indexOf('data') + 1] ?? '';
     expect(Buffer.byteLength(dataField)).toBeLessThanOrEqual(AUDIT_DATA_MAX_BYTES);
     expect(entry?.data).toMatchObject({ truncated: true, bytes: Buffer.byteLength(JSON.stringify(huge)) });
-    expect(entry?.summary).toHaveLength(AUDIT_SUMMARY_MAX_CHARS);
+    expect(Buffer.byteLength(entry?.summary ?? '')).toBe(AUDIT_SUMMARY_MAX_BYTES);
     expect(entry?.summary.endsWith('…[cut]')).toBe(true);
+  });
+
+  it('cuts a summary of three-byte characters to its bytes, between characters', async () => {
+    const audit = new AuditLog(store.redis, store.keys, 1000);
+    await audit.append({ type: 'access', ref: 'wide-summary', summary: `refused ${'€'.repeat(400)}`, data: {} });
+    const [entry] = await audit.read({ ref: 'wide-summary' });
+    const summary = entry?.summary ?? '';
+    expect(Buffer.byteLength(summary)).toBeLessThanOrEqual(AUDIT_SUMMARY_MAX_BYTES);
+    expect(summary).toMatch(/^refused €+…\[cut\]$/);
+    expect(summary.length).toBeGreaterThan(160);
   });
 });
