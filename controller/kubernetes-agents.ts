@@ -33,7 +33,9 @@ import { serverMessage } from '../actuators/kubernetes-errors.js';
  * is bounded: per client address, tokens never found good go to review at reviewRateLimit (429
  * past it); they may hold UNKNOWN_REVIEWS_IN_FLIGHT of the MAX_REVIEWS_IN_FLIGHT reviews at once,
  * and the rest stay free for tokens found good before (an agent renewing after cacheSeconds),
- * which no rate limit holds back.
+ * which no rate limit holds back; and SUCCESSOR_REVIEWS_IN_FLIGHT more for the kubelet's next
+ * token of a pod whose token was found good (it names that pod: a claim read unverified, so one
+ * such review per pod at a time).
  */
 
 const EXTRA_NODE_NAME = 'authentication.kubernetes.io/node-name';
@@ -46,6 +48,12 @@ const JWT_FORM = /^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$/;
 const MAX_REVIEWS_IN_FLIGHT = 256;
 /** Of those, what tokens never found good may hold; the rest are kept for renewals of tokens found good. */
 const UNKNOWN_REVIEWS_IN_FLIGHT = 192;
+/**
+ * Beyond those, what the kubelet's next tokens of pods whose token was found good may hold, one
+ * per pod (its claim is read unverified: a stranger naming a known pod holds one of these at
+ * most); the last MAX - UNKNOWN - SUCCESSOR slots are for renewals alone.
+ */
+const SUCCESSOR_REVIEWS_IN_FLIGHT = 32;
 /** A token found good without an expiry of its own counts as known this long. */
 const KNOWN_WITHOUT_EXPIRY_MS = 3600_000;
 
@@ -66,15 +74,18 @@ interface Remembered {
 interface UnverifiedClaims {
   readonly audiences: readonly string[];
   readonly expiresAt: number | undefined;
+  /** The pod the token says it is bound to (`kubernetes.io.pod.uid`). */
+  readonly podUid: string | undefined;
 }
 
 function unverifiedClaims(token: string): UnverifiedClaims | undefined {
   try {
     const payload: unknown = JSON.parse(Buffer.from(token.split('.')[1] ?? '', 'base64url').toString('utf8'));
     if (typeof payload !== 'object' || payload === null) return undefined;
-    const { aud, exp } = payload as { aud?: unknown; exp?: unknown };
+    const { aud, exp, 'kubernetes.io': bound } = payload as { aud?: unknown; exp?: unknown; 'kubernetes.io'?: { pod?: { uid?: unknown } } };
     const audiences = typeof aud === 'string' ? [aud] : Array.isArray(aud) ? aud.filter((entry): entry is string => typeof entry === 'string') : [];
-    return { audiences, expiresAt: typeof exp === 'number' ? exp * 1000 : undefined };
+    const podUid = bound?.pod?.uid;
+    return { audiences, expiresAt: typeof exp === 'number' ? exp * 1000 : undefined, podUid: typeof podUid === 'string' ? podUid : undefined };
   } catch {
     return undefined;
   }
@@ -98,9 +109,15 @@ const reviewStatusSchema = z.object({
 
 type ReviewStatus = z.infer<typeof reviewStatusSchema>;
 
+/** What a review found: the holder, and the pod its token is bound to (as the API server says). */
+interface Reviewed {
+  readonly identity: Identity;
+  readonly podUid: string | undefined;
+}
+
 /** A review under way, and the requests waiting for it: when the last of them goes away, so does the review. */
 interface PendingReview {
-  readonly result: Promise<Identity>;
+  readonly result: Promise<Reviewed>;
   readonly abandon: AbortController;
   waiters: number;
 }
@@ -145,8 +162,12 @@ export class KubernetesAgentTokens implements TokenReviewer {
   private readonly remembered = new Map<string, Remembered>();
   /** Tokens the API server refused, until when they are refused without asking. */
   private readonly refused = new Map<string, number>();
+  /** Pods (by uid) a token found good was bound to, until that token's expiry: their next token is reviewed in the kept slots. */
+  private readonly knownPods = new Map<string, number>();
   private readonly inFlight = new Map<string, PendingReview>();
   private unknownInFlight = 0;
+  /** Pods whose next token is under review in the successors' slots. */
+  private readonly successorsInFlight = new Set<string>();
   private readonly perClient: ClientRateLimiter;
   private readonly username: string;
   private readonly now: () => number;
@@ -190,12 +211,17 @@ export class KubernetesAgentTokens implements TokenReviewer {
     }
     if (refusedUntil !== undefined) this.refused.delete(key);
     const pending = this.inFlight.get(key);
-    if (pending) return this.waitFor(pending, gone);
+    if (pending) return (await this.waitFor(pending, gone)).identity;
     const claims = unverifiedClaims(token);
     if (!claims) throw new TokenRefusedError('not a Kubernetes service-account token (its payload is not a JSON object)');
     if (!claims.audiences.includes(this.options.audience)) {
       throw new TokenRefusedError(`the Kubernetes service-account token is for audience ${JSON.stringify(claims.audiences.join(','))}, not this controller's "${this.options.audience}" (the projected volume's audience)`);
     }
+    // The kubelet's next token of a known pod still counts against its client's rate, but not in the strangers' slots.
+    const pod = claims.podUid;
+    const successor =
+      !renewal && pod !== undefined && (this.knownPods.get(pod) ?? 0) > now && !this.successorsInFlight.has(pod) && this.successorsInFlight.size < SUCCESSOR_REVIEWS_IN_FLIGHT;
+    const stranger = !renewal && !successor;
     if (!renewal) {
       const decision = this.perClient.take(client);
       if (!decision.allowed) {
@@ -205,20 +231,22 @@ export class KubernetesAgentTokens implements TokenReviewer {
           `too many unknown tokens from this client: at most ${requestsPerSecond} per second (bursts of ${burst}) are checked; retry after ${decision.retryAfterSeconds} s`,
         );
       }
-      if (this.unknownInFlight >= UNKNOWN_REVIEWS_IN_FLIGHT) throw new ReviewUnavailableError(`${UNKNOWN_REVIEWS_IN_FLIGHT} reviews of tokens not seen before are already in progress`);
     }
+    if (stranger && this.unknownInFlight >= UNKNOWN_REVIEWS_IN_FLIGHT) throw new ReviewUnavailableError(`${UNKNOWN_REVIEWS_IN_FLIGHT} reviews of tokens not seen before are already in progress`);
     if (this.inFlight.size >= MAX_REVIEWS_IN_FLIGHT) throw new ReviewUnavailableError(`${MAX_REVIEWS_IN_FLIGHT} Kubernetes token reviews are already in progress`);
-    if (!renewal) this.unknownInFlight += 1;
+    if (stranger) this.unknownInFlight += 1;
+    if (successor) this.successorsInFlight.add(pod);
     const abandon = new AbortController();
     const result = this.check(token, abandon.signal).finally(() => {
       this.inFlight.delete(key);
-      if (!renewal) this.unknownInFlight -= 1;
+      if (stranger) this.unknownInFlight -= 1;
+      if (successor) this.successorsInFlight.delete(pod);
     });
     const review: PendingReview = { result, abandon, waiters: 0 };
     this.inFlight.set(key, review);
-    let identity: Identity;
+    let reviewed: Reviewed;
     try {
-      identity = await this.waitFor(review, gone);
+      reviewed = await this.waitFor(review, gone);
     } catch (error) {
       if (error instanceof TokenRefusedError && !(error instanceof MalformedReviewError)) {
         // A token found good before and refused now (its pod gone) is no longer a renewal.
@@ -227,12 +255,12 @@ export class KubernetesAgentTokens implements TokenReviewer {
       }
       throw error;
     }
-    this.remember(key, identity, claims.expiresAt);
-    return identity;
+    this.remember(key, reviewed, claims.expiresAt);
+    return reviewed.identity;
   }
 
   /** Waits for a review on behalf of one request; once every request waiting for it has gone, the review is abandoned. */
-  private async waitFor(review: PendingReview, gone: AbortSignal | undefined): Promise<Identity> {
+  private async waitFor(review: PendingReview, gone: AbortSignal | undefined): Promise<Reviewed> {
     review.waiters += 1;
     let left = false;
     const leave = (): void => {
@@ -250,7 +278,7 @@ export class KubernetesAgentTokens implements TokenReviewer {
     }
   }
 
-  private remember(key: string, identity: Identity, expiresAt: number | undefined): void {
+  private remember(key: string, { identity, podUid }: Reviewed, expiresAt: number | undefined): void {
     const now = this.now();
     const knownUntil = expiresAt ?? now + KNOWN_WITHOUT_EXPIRY_MS;
     if (knownUntil <= now) return;
@@ -258,6 +286,10 @@ export class KubernetesAgentTokens implements TokenReviewer {
     this.remembered.delete(key);
     makeRoom(this.remembered, this.options.cacheEntries, (entry) => entry.knownUntil, now);
     this.remembered.set(key, { identity, trustedUntil, knownUntil });
+    if (podUid === undefined) return;
+    this.knownPods.delete(podUid);
+    makeRoom(this.knownPods, this.options.cacheEntries, (until) => until, now);
+    this.knownPods.set(podUid, knownUntil);
   }
 
   private rememberRefusal(key: string): void {
@@ -268,7 +300,7 @@ export class KubernetesAgentTokens implements TokenReviewer {
     this.refused.set(key, now + this.options.refusedCacheSeconds * 1000);
   }
 
-  private async check(token: string, abandoned: AbortSignal): Promise<Identity> {
+  private async check(token: string, abandoned: AbortSignal): Promise<Reviewed> {
     let answer: unknown;
     try {
       const review = await this.authentication.createTokenReview(
@@ -296,7 +328,7 @@ export class KubernetesAgentTokens implements TokenReviewer {
     }
     const node = firstExtra(status, EXTRA_NODE_NAME) ?? (await this.podNode(status, abandoned));
     if (!NODE_NAME_PATTERN.test(node)) throw new TokenRefusedError(`the agent's node name ${JSON.stringify(node.slice(0, 80))} is not one steadfast can act on (letters, digits, ".", "_", "-", at most 63)`);
-    return { role: 'agent', node };
+    return { identity: { role: 'agent', node }, podUid: firstExtra(status, EXTRA_POD_UID) };
   }
 
   /** Before Kubernetes 1.30 a review names the token's pod, not its node: the pod says where it runs. */

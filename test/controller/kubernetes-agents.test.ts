@@ -177,6 +177,35 @@ describe('agents authenticated by their pod service-account token (TokenReview)'
     await expect(tokens.review(later, AGENT_ADDRESS)).rejects.toThrow(TokenRefusedError);
   });
 
+  it("keeps review slots that strangers' tokens cannot take for the kubelet's next token of a pod whose token was found good", async () => {
+    const tokens = reviewer({ reviewRateLimit: { requestsPerSecond: 0 } });
+    const bound = { node: 'gpu-a05', podUid: 'b1b2b3b4-0000-4000-8000-000000000005' };
+    const held: (() => void)[] = [];
+    const good = new Set<string>();
+    api.reviews(async (token) => {
+      if (good.has(token)) return tokenReview(token, { bound }).response;
+      await new Promise<void>((resolve) => held.push(resolve));
+      return tokenReview(token, { error: '[invalid bearer token]' }).response;
+    });
+    const first = projectedToken({ bound });
+    good.add(first);
+    expect(await tokens.review(first, AGENT_ADDRESS)).toEqual({ role: 'agent', node: 'gpu-a05' });
+
+    const strangers = Array.from({ length: 192 }, () => tokens.review(projectedToken(), '10.9.9.9').catch((error: unknown) => error));
+    await until('192 reviews of strangers to be held', async () => held.length, (count) => count === 192, 10_000);
+    await expect(tokens.review(projectedToken(), '10.9.9.9')).rejects.toThrow(new ReviewUnavailableError('192 reviews of tokens not seen before are already in progress'));
+    // The kubelet rotated the pod's token: a token never seen, naming the same pod.
+    const next = projectedToken({ bound });
+    good.add(next);
+    expect(await tokens.review(next, AGENT_ADDRESS)).toEqual({ role: 'agent', node: 'gpu-a05' });
+    // The claim is read unverified: a stranger naming the pod holds one such slot at most.
+    const forged = tokens.review(projectedToken({ bound }), '10.9.9.9').catch((error: unknown) => error);
+    await until('the forged token of the pod to be held', async () => held.length, (count) => count === 193, 10_000);
+    await expect(tokens.review(projectedToken({ bound }), '10.9.9.9')).rejects.toThrow(ReviewUnavailableError);
+    for (const release of held) release();
+    for (const outcome of await Promise.all([...strangers, forged])) expect(outcome).toBeInstanceOf(TokenRefusedError);
+  });
+
   it('keeps a review that two requests wait for while one of them is left, and abandons it once both have gone', async () => {
     const tokens = reviewer();
     const token = projectedToken({ bound: { node: 'gpu-a01' } });

@@ -1,3 +1,4 @@
+import { randomUUID } from 'node:crypto';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { request } from 'node:http';
 import { tmpdir } from 'node:os';
@@ -110,7 +111,7 @@ describe('token reviews a stranger can cause', () => {
   async function flood(base: string, count: number, from: readonly string[]): Promise<Answer[]> {
     const answered: Answer[] = [];
     flooding = Array.from({ length: count }, (_, index) =>
-      call(`${base}/api/v1/jobs`, { token: projectedToken(), from: from[index % from.length] }).then((answer) => (answered.push(answer), answer)),
+      call(`${base}/api/v1/jobs`, { token: projectedToken({ bound: { podUid: randomUUID() } }), from: from[index % from.length] }).then((answer) => (answered.push(answer), answer)),
     );
     await until('every flooding request to be answered or held by the API server', async () => answered.length + held.length, (total) => total === count, 60_000);
     return answered;
