@@ -13,9 +13,20 @@ const ENQUEUE_TIMEOUT_MS = 3000;
  */
 const ENQUEUE_SLOW_LIMIT_MS = 30_000;
 
+/** Which signals the intake remembers having stored, so that it stores none twice. */
+export interface SeenSignalsSettings {
+  /** The sorted set of stored signal ids, scored by when they were stored (Keys.intakeSeenSignals). */
+  readonly key: string;
+  /** How long an id is remembered: as long as a finished signal batch is kept (core/retention.ts). */
+  readonly windowSeconds: number;
+  /** The most ids remembered, the oldest forgotten first: as many as the kept batches hold at most. */
+  readonly maxIds: number;
+}
+
 export interface IntakeOptions {
   /** Job options of the signals queue (retries, retention: core/retention.ts). */
   readonly jobOptions: JobsOptions;
+  readonly seen: SeenSignalsSettings;
   /** With minReplicas > 0, a batch is acknowledged only once that many replicas hold it. */
   readonly replicaAck?: ReplicaAckSettings | undefined;
   /** The key the replica confirmation writes to (Keys.intakeReplicaMarker). */
@@ -27,11 +38,15 @@ export interface IntakeOptions {
  * Alertmanager's and the agent's own retries cover every failure.
  *
  * A batch is stored as one job (SignalJob): one script run by Redis, so a failure leaves all of
- * it or none of it. A failure answered before Redis could reply (the connection dropped after
- * the write) may have stored all of it; the sender's retry then stores it again in another batch,
- * and the policy worker acts on each signal once: a signal's id is derived from what it reports
- * (the same alert or event gives the same id), and the worker passes over a signal whose id it
- * has already audited (policy/policy-worker.ts).
+ * it or none of it. A signal's id is derived from what it reports (the same alert or event gives
+ * the same id), and the intake remembers the ids it stored (SeenSignalsSettings): a signal sent
+ * again, alone or among others (Alertmanager re-sends a firing group with each change, an HA pair
+ * sends everything twice, a sender retries), is not stored again while its id is remembered.
+ * The ids are remembered after the batch is stored, never before, so a failure loses nothing: a
+ * failure answered before Redis could reply (the connection dropped after the write) may have
+ * stored all of it unremembered; the sender's retry then stores it again in another batch, and
+ * the policy worker acts on each signal once: it passes over a signal whose id it has already
+ * audited (policy/policy-worker.ts).
  */
 export class SignalIntake {
   private queue: Queue<SignalJob> | undefined;
@@ -96,8 +111,41 @@ export class SignalIntake {
   private async store(signals: readonly Signal[]): Promise<void> {
     // Two requests of one batch may carry the same signal (an Alertmanager pair sends each alert twice).
     const unique = [...new Map(signals.map((signal) => [signal.id, signal])).values()];
-    await this.ready().add('signals', { signals: unique }, { ...this.options.jobOptions, jobId: signalBatchId(unique) });
+    const queue = this.ready();
+    const fresh = await this.unseen(unique);
+    if (fresh.length > 0) {
+      await queue.add('signals', { signals: fresh }, { ...this.options.jobOptions, jobId: signalBatchId(fresh) });
+      await this.remember(fresh);
+    }
+    // Also when every signal was stored before: that earlier store may not have reached the replicas.
     await this.replicas?.confirm();
+  }
+
+  /** The signals whose ids were not stored within the window. */
+  private async unseen(signals: readonly Signal[]): Promise<Signal[]> {
+    const { key, windowSeconds } = this.options.seen;
+    const scores = await this.connection.zmscore(key, ...signals.map((signal) => signal.id));
+    const since = Date.now() - windowSeconds * 1000;
+    return signals.filter((_, index) => {
+      const storedAt = scores[index];
+      return storedAt === null || storedAt === undefined || Number(storedAt) < since;
+    });
+  }
+
+  /** Remembers the ids of stored signals; forgets those past the window, then the oldest past the cap. */
+  private async remember(signals: readonly Signal[]): Promise<void> {
+    const { key, windowSeconds, maxIds } = this.options.seen;
+    const now = Date.now();
+    const members = signals.flatMap((signal) => [now, signal.id]);
+    const replies = await this.connection
+      .multi()
+      .zadd(key, ...members)
+      .zremrangebyscore(key, '-inf', `(${now - windowSeconds * 1000}`)
+      .zremrangebyrank(key, 0, -maxIds - 1)
+      .pexpire(key, windowSeconds * 1000)
+      .exec();
+    const failed = replies?.find(([error]) => error !== null)?.[0];
+    if (failed) throw failed;
   }
 
   async close(): Promise<void> {

@@ -9,7 +9,7 @@ import { resolveCredentials } from '../core/auth-config.js';
 import { Credentials } from '../core/credentials.js';
 import { errorMessage } from '../core/errors.js';
 import type { Logger } from '../core/log.js';
-import { retentionFromBudget } from '../core/retention.js';
+import { SIGNAL_BATCH_MAX, retentionFromBudget } from '../core/retention.js';
 import { Keys, describeRedis, intakeConnection, redisProbe, requestConnection, workerConnection, type Redis } from '../core/redis.js';
 import { QUEUE_NAMES, queueJobOptions, type AnalysisJob, type SignalJob, type StepsJob } from '../core/queues.js';
 import type { ClusterBackend } from '../actuators/backend.js';
@@ -135,6 +135,7 @@ export class Controller {
       jobOptions: jobOptions.signals,
       replicaAck: { minReplicas: config.redis.minReplicasAcked, timeoutMs: config.redis.replicaAckTimeoutMs },
       replicaMarker: this.keys.intakeReplicaMarker,
+      seen: { key: this.keys.intakeSeenSignals, windowSeconds: retention.signals.completed.age, maxIds: retention.signals.completed.count * SIGNAL_BATCH_MAX },
     });
     this.stepQueue = new Queue<StepsJob>(QUEUE_NAMES.steps, {
       connection: this.workerRedis,

@@ -157,6 +157,14 @@ export class Keys {
   get intakeReplicaMarker(): string {
     return `${this.prefix}:intake:replica-marker`;
   }
+  /** Ids of the signals the intake stored, scored by when (controller/intake.ts): none is stored twice. */
+  get intakeSeenSignals(): string {
+    return `${this.prefix}:intake:seen`;
+  }
+  /** When an operator last returned each node to service (`steadfast resume`): faults reported before it are closed. */
+  get nodeResumes(): string {
+    return `${this.prefix}:node-resumes`;
+  }
   nodeDrainClaim(node: string): string {
     return `${this.prefix}:claim:drain:${node}`;
   }

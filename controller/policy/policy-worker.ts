@@ -14,6 +14,7 @@ import { describeIssues } from '../../core/validate.js';
 import type { RemediationHistory } from '../../actuators/remediation-history.js';
 import { remediesSchema, type RemediesConfig } from '../../core/remedy-config.js';
 import { climbNodeLadderReading, nodeStep } from './node-ladder.js';
+import { lastResume } from './node-resumes.js';
 
 export interface PolicyResult {
   readonly outcome: 'observed' | 'decided' | 'joined' | 'repeat';
@@ -147,6 +148,23 @@ export function signalProcessor(deps: PolicyWorkerDeps): (signal: Signal, firstA
   const remediesConfig = deps.remedies?.config ?? remediesSchema.parse({});
 
   return async (signal, firstAttempt) => {
+    // A fault from before an operator returned its node to service was dealt with by that operator.
+    const resumedAt = signal.node === undefined ? undefined : await lastResume(redis, keys, signal.node);
+    if (resumedAt !== undefined && Date.parse(signal.time) <= resumedAt) {
+      const resumed = new Date(resumedAt).toISOString();
+      await audit.append(
+        {
+          type: 'signal',
+          ref: signal.id,
+          node: signal.node,
+          summary: `${describe(signal)}; no action: it dates from ${signal.time}, before an operator returned ${signal.node} to service at ${resumed}`,
+          data: { signal, resumedAt: resumed },
+          actor: signal.origin ?? CONTROLLER_IDENTITY,
+        },
+        `signal:${signal.id}`,
+      );
+      return { outcome: 'observed' };
+    }
     const verdict = classifySignal(signal);
     const trainingJob = deps.recovery && signal.node ? await deps.recovery.jobs.jobOnNode(signal.node) : undefined;
     if (deps.recovery && trainingJob) return toLadder(audit, signal, verdict, trainingJob, deps.recovery.dispatcher, firstAttempt, deps.remedies);

@@ -28,7 +28,7 @@ function signal(index: number): Signal {
 describe('intake batching on a real Redis', () => {
   const store = testRedis();
   const connection = intakeConnection(store.url);
-  const intake = new SignalIntake(connection, store.prefix, { jobOptions: queueJobOptions(retentionFromBudget(64)).signals, replicaMarker: store.keys.intakeReplicaMarker });
+  const intake = new SignalIntake(connection, store.prefix, { jobOptions: queueJobOptions(retentionFromBudget(64)).signals, replicaMarker: store.keys.intakeReplicaMarker, seen: { key: store.keys.intakeSeenSignals, windowSeconds: 86_400, maxIds: 10_000 } });
   const signals = new Queue(QUEUE_NAMES.signals, { connection: store.redis, prefix: store.prefix });
   afterAll(async () => {
     await signals.close();

@@ -62,7 +62,7 @@ describe('steadfast resume', () => {
     };
     try {
       const fault = (time: string): Record<string, unknown> => ({ kind: 'xid', node: 'node-7', gpu: '0000:18:00', xid: 48, message: 'DBE', time });
-      await post(`${url}/api/v1/signals`, fault('2026-11-21T10:00:00.000Z'));
+      await post(`${url}/api/v1/signals`, fault(new Date(Date.now() - 3600_000).toISOString()));
       await waitForDrains(1);
       expect(Object.keys(await backend.recorded())).toEqual(['node-7']);
 
@@ -75,7 +75,8 @@ describe('steadfast resume', () => {
       const audit = await controller.audit.read({ node: 'node-7', type: 'action' });
       expect(audit.at(-1)?.summary).toBe('resume node-7: done (GPU replaced; was drained (dry-run))');
 
-      await post(`${url}/api/v1/signals`, fault('2026-11-21T12:00:00.000Z'));
+      // A fault after the resume: a new one (the resume closed those before it).
+      await post(`${url}/api/v1/signals`, fault(new Date().toISOString()));
       await waitForDrains(2);
       expect(await drains()).toBe(2);
       expect(Object.keys(await backend.recorded())).toEqual(['node-7']);
@@ -88,7 +89,7 @@ describe('steadfast resume', () => {
     const { controller, url } = await startController(testConfig(store.url, store.prefix));
     const backend = new DryRunBackend(store.redis, store.keys);
     try {
-      await post(`${url}/api/v1/signals`, { kind: 'xid', node: 'node-9', gpu: '0000:18:00', xid: 79, message: 'fallen off the bus', time: '2026-11-21T10:00:00.000Z' });
+      await post(`${url}/api/v1/signals`, { kind: 'xid', node: 'node-9', gpu: '0000:18:00', xid: 79, message: 'fallen off the bus', time: new Date().toISOString() });
       for (let i = 0; i < 200 && !Object.keys(await backend.recorded()).includes('node-9'); i += 1) await sleep(50);
       // Its agent still counts a fatal Xid since boot: the repair did not happen.
       const agents = { 'node-9': await agentFor('node-9', join(FIXTURES, 'xid-kernel-logs', 'gpud_xid_lines_h100_gb200.txt')) };
