@@ -57,3 +57,21 @@ export type FastPathFault = FastPathEvent & { kind: Exclude<FastPathKind, 'train
 export function isFastPathFault(event: FastPathEvent): event is FastPathFault {
   return event.kind !== 'training_progress';
 }
+
+/**
+ * How long before its arrival a fault may date. An agent sends a fault when it sees it and keeps
+ * it queued while the controller cannot be reached (exporters/fast-path-client.ts); what its
+ * kernel log held when it started is counted, never sent (exporters/xid-ledger.ts). A fault
+ * older than this is no news the node acts on: an outage this long is covered by the alert.
+ */
+export const FAULT_MAX_AGE_MS = 24 * 3600 * 1000;
+/** How far ahead of the controller's clock an agent's clock may run. */
+export const FAULT_MAX_AHEAD_MS = 10 * 60 * 1000;
+
+/** Why a fault's time cannot be when its agent saw it, arriving at `receivedAt` (ms); undefined when it can. */
+export function implausibleFaultTime(event: FastPathFault, receivedAt: number): string | undefined {
+  const at = Date.parse(event.time);
+  if (at < receivedAt - FAULT_MAX_AGE_MS) return `${event.time} is more than ${FAULT_MAX_AGE_MS / 3600_000} h before the event arrived: an agent sends a fault when it sees it`;
+  if (at > receivedAt + FAULT_MAX_AHEAD_MS) return `${event.time} is more than ${FAULT_MAX_AHEAD_MS / 60_000} minutes after the event arrived: the agent's clock runs ahead`;
+  return undefined;
+}

@@ -33,8 +33,9 @@ const KEEP_JOB = {
 const FUZZ_JOB = { ...KEEP_JOB, name: 'fuzz-job', nodes: ['n00', 'n01', 'n02', 'n03'], topology: { tp: 1, pp: 2, dp: 2, order: 'tp-dp-pp' } };
 
 const ALERT = xidAlertPayload();
-const FAST_PATH = { kind: 'xid', node: 'n07', gpu: '0000:3b:00', xid: 79, message: 'NVRM: Xid 79', time: '2026-11-21T10:00:00.000Z' };
-const NCCL_TIMEOUT = { kind: 'nccl_timeout', node: 'n01', job: 'fuzz-job', rank: 3, time: '2026-11-21T10:00:00Z' };
+// Dated when the test runs: the controller refuses a fault dated a day or more before it arrives.
+const FAST_PATH = { kind: 'xid', node: 'n07', gpu: '0000:3b:00', xid: 79, message: 'NVRM: Xid 79', time: new Date().toISOString() };
+const NCCL_TIMEOUT = { kind: 'nccl_timeout', node: 'n01', job: 'fuzz-job', rank: 3, time: new Date().toISOString() };
 const SHARD = { step: 100, rank: 0, tier: 'host', holder: 'n00' };
 
 /** `text` with lone surrogates replaced, which encodeURIComponent cannot encode. */

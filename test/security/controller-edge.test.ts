@@ -18,7 +18,8 @@ import { testRedis } from '../support/redis.js';
  * after decompression, and each client's writes are rate limited before authentication.
  */
 
-const FAST_PATH = { kind: 'xid', node: 'n07', gpu: '0000:3b:00', xid: 79, time: '2026-11-21T10:00:00Z' };
+// Dated when the test runs: the controller refuses a fault dated a day or more before it arrives.
+const FAST_PATH = { kind: 'xid', node: 'n07', gpu: '0000:3b:00', xid: 79, time: new Date().toISOString() };
 
 /** Every route under /api/v1, with a body where it takes one. */
 const API_ROUTES: readonly { method: 'GET' | 'POST'; path: string; body?: unknown }[] = [

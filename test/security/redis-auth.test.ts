@@ -111,7 +111,7 @@ describe('Redis with a password', () => {
       const { port: httpPort } = await controller.start();
       const url = `http://127.0.0.1:${httpPort}`;
       expect((await fetch(`${url}/healthz`)).status).toBe(200);
-      const accepted = await post(`${url}/api/v1/signals`, { kind: 'xid', node: 'n01', gpu: '0000:3b:00', xid: 79, time: '2026-11-21T10:00:00Z' });
+      const accepted = await post(`${url}/api/v1/signals`, { kind: 'xid', node: 'n01', gpu: '0000:3b:00', xid: 79, time: new Date().toISOString() });
       expect(accepted.status).toBe(202);
       // The signal's job (a batch: core/queues.ts), read with the password.
       const { stdout } = await run('redis-cli', ['-p', String(port), '-a', PASSWORD, '--no-auth-warning', 'hget', `secured:signals:${signalBatchId([{ id: accepted.body.ids?.[0] ?? '' }])}`, 'data']);
