@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { z } from 'zod';
 import { identitySchema, type Identity } from './credentials.js';
 import { APPEND_INDEXED, INDEX_CHUNK, INDEX_EARLIER, PREFIX_END, QUERY_VALUE_MAX_CHARS, READ_INDEXED, indexPrefixes, sortableId, type IndexFilter } from './audit-index.js';
@@ -76,6 +77,15 @@ function cutToBytes(text: string, maxBytes: number): string {
 }
 
 /**
+ * A write-once marker as stored: one longer than an entry's summary may be (the default marker
+ * holds the whole summary, before it is cut) is kept as its hash, which tells the same markers
+ * apart as well, so that the marker costs no more than the audit's share counts for it.
+ */
+function boundedMarker(once: string): string {
+  return Buffer.byteLength(once) <= AUDIT_SUMMARY_MAX_BYTES ? once : `sha256:${createHash('sha256').update(once).digest('hex')}`;
+}
+
+/**
  * The entry's summary and data as stored: within AUDIT_SUMMARY_MAX_BYTES and
  * AUDIT_DATA_MAX_BYTES, so that the audit's length cap is a byte cap too. Data too large is
  * replaced by its size and the start of its JSON, saying so.
@@ -112,6 +122,7 @@ export class AuditLog {
    */
   async append(entry: AuditInput, once: string = `${entry.type}:${entry.ref}:${entry.summary}`): Promise<string | undefined> {
     const { summary, data } = boundedAuditFields(entry);
+    const marker = boundedMarker(once);
     const now = Date.now();
     try {
       const id = (await this.appendOnce(
@@ -119,7 +130,7 @@ export class AuditLog {
         this.keys.audit,
         this.keys.auditIndex,
         this.keys.auditIndexedFrom,
-        once,
+        marker,
         String(this.maxLength),
         entry.type,
         entry.ref,

@@ -100,4 +100,17 @@ describe('Redis retention under a stream of alerts beyond its caps', () => {
     expect(summary).toMatch(/^refused €+…\[cut\]$/);
     expect(summary.length).toBeGreaterThan(160);
   });
+
+  it('keeps a long write-once marker as its hash: the same entry is written once, one differing only past the cut still is', async () => {
+    const audit = new AuditLog(store.redis, store.keys, 1000);
+    const summary = (end: string): string => `refused GET /${'€'.repeat(600)}${end}`;
+    const first = await audit.append({ type: 'access', ref: 'long-marker', summary: summary('a'), data: {} });
+    const again = await audit.append({ type: 'access', ref: 'long-marker', summary: summary('a'), data: {} });
+    const other = await audit.append({ type: 'access', ref: 'long-marker', summary: summary('b'), data: {} });
+    expect(first).toBeDefined();
+    expect(again).toBeUndefined();
+    expect(other).toBeDefined();
+    const markers = await store.redis.zrange(store.keys.auditWritten, '0', '-1');
+    expect(Math.max(...markers.map((marker) => Buffer.byteLength(marker)))).toBeLessThanOrEqual(AUDIT_SUMMARY_MAX_BYTES);
+  });
 });
