@@ -5,7 +5,7 @@ import { InputError, errorMessage } from '../core/errors.js';
 import { Topology } from '../core/topology.js';
 import { analyzeFlightRecorder, splitRankKeyedDumps, type FlightRecorderAnalysis } from '../analyzers/flight-recorder-analysis.js';
 import { aggregateStacks } from '../analyzers/stacks.js';
-import { runCommand } from './common.js';
+import { printableJson, runCommand } from './common.js';
 
 /** `steadfast analyze …`: the runtime analyzers on captured evidence, JSON on stdout with stable field names. */
 
@@ -96,7 +96,7 @@ function readFlightRecorder(dir: string, topology: Topology): FlightRecorderAnal
 }
 
 function print(value: unknown): void {
-  process.stdout.write(`${JSON.stringify(value, null, 2)}\n`);
+  process.stdout.write(`${printableJson(value, 2)}\n`);
 }
 
 export function analyzeCommand(): Command {

@@ -3,7 +3,7 @@ import { auditQuerySchema, type AuditEntry } from '../core/audit.js';
 import { describeIdentity } from '../core/credentials.js';
 import { parseOrThrow } from '../core/validate.js';
 import { callController, controllerConnection, withControllerOptions } from './controller-client.js';
-import { printable, runCommand } from './common.js';
+import { printable, printableJson, runCommand } from './common.js';
 
 export function formatAuditEntry(entry: AuditEntry): string {
   return printable(`${entry.time}  ${entry.type.padEnd(8)} ${(entry.node ?? '-').padEnd(12)} ${entry.summary}${entry.actor ? `  [by ${describeIdentity(entry.actor)}]` : ''}`);
@@ -22,7 +22,7 @@ export function auditCommand(): Command {
         const query = parseOrThrow(auditQuerySchema, { limit: options.limit, type: options.type, node: options.node }, 'audit options');
         const params = new URLSearchParams(Object.entries(query).flatMap(([key, value]) => (value === undefined ? [] : [[key, String(value)]])));
         const answer = await callController<{ entries: AuditEntry[] }>(controllerConnection(options), 'GET', `/api/v1/audit?${params.toString()}`);
-        for (const entry of answer.entries) process.stdout.write(`${options.json ? JSON.stringify(entry) : formatAuditEntry(entry)}\n`);
+        for (const entry of answer.entries) process.stdout.write(`${options.json ? printableJson(entry) : formatAuditEntry(entry)}\n`);
       });
     });
 }

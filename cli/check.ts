@@ -7,7 +7,7 @@ import { parseOrThrow } from '../core/validate.js';
 import { checkNodeHealth } from '../exporters/health-check.js';
 import { DEFAULT_NVML_LIBRARY, GPU_SOURCE_FLAG, NVML_LIBRARY_FLAG, gpuSourceSetting } from '../exporters/gpu-source.js';
 import { exitIfNvmlStuck } from '../exporters/sources/nvml/client.js';
-import { EXIT_FAILURE, parsePositiveInt, runCommand } from './common.js';
+import { EXIT_FAILURE, parsePositiveInt, printable, runCommand } from './common.js';
 
 /**
  * `steadfast check`: Slurm's HealthCheckProgram. Runs the agent's xid and gpu collectors once
@@ -76,7 +76,7 @@ export function checkCommand(): Command {
               const slurm = new SlurmBackend({ scontrol: options.scontrol, sinfo: 'sinfo', env: options.slurmConf ? { SLURM_CONF: options.slurmConf } : {}, timeoutMs: 30_000 });
               await slurm.drain(node, reason);
             }
-            process.stdout.write(`${node}: ${reason}${options.drain ? ' (drained)' : ''}\n`);
+            process.stdout.write(`${printable(`${node}: ${reason}`)}${options.drain ? ' (drained)' : ''}\n`);
           },
         });
         if (!verdict.healthy) process.exitCode = EXIT_FAILURE;

@@ -22,7 +22,8 @@ export async function runCommand(body: () => Promise<void>): Promise<void> {
   try {
     await body();
   } catch (error) {
-    process.stderr.write(`steadfast: ${errorMessage(error)}\n`);
+    // A message may quote the controller or a node: each of its lines printable.
+    process.stderr.write(`steadfast: ${errorMessage(error).split('\n').map(printable).join('\n')}\n`);
     process.exitCode = error instanceof InputError ? EXIT_USAGE : EXIT_FAILURE;
   }
 }
@@ -35,18 +36,38 @@ export function untilSignalled(): Promise<NodeJS.Signals> {
   });
 }
 
-// C0 and C1 controls, DEL, and the bidirectional overrides and isolates.
-const UNPRINTABLE = /[\u0000-\u001f\u007f-\u009f\u202a-\u202e\u2066-\u2069]/g;
+/**
+ * What a terminal would act on or hide rather than show: C0 and C1 controls and DEL (which move
+ * the cursor, clear the screen, retitle the window); every format character (Cf: the
+ * bidirectional marks, embeddings, overrides and isolates, which reorder what is shown, the
+ * Arabic letter mark, zero-width spaces and joiners, the word joiner, the byte order mark, the
+ * soft hyphen, the tag characters); the line and paragraph separators; the tag block's
+ * unassigned code points; lone surrogates; and the Hangul fillers, letters that show as blanks.
+ */
+const UNPRINTABLE = /[\p{Cc}\p{Cf}\p{Cs}\p{Zl}\p{Zp}\u{E0000}-\u{E007F}\u115F\u1160\u3164\uFFA0]/gu;
+/** The same, less what JSON.stringify escapes itself (C0 controls and lone surrogates in strings; the rest of C0 in its output is its own layout). */
+const UNPRINTABLE_IN_JSON = /[\u007f-\u009f\p{Cf}\p{Zl}\p{Zp}\u{E0000}-\u{E007F}\u115F\u1160\u3164\uFFA0]/gu;
 
 /**
- * Text from the controller (an alert's summary, a hold's reason, a job's failure) as it may be
- * written to a terminal: control characters, which could move the cursor, clear the screen or
- * retitle the window, and bidirectional overrides, which could reorder what is shown, are
- * written as `\xNN` / `\uNNNN` escapes instead.
+ * Text from the controller, Redis or a node (an alert's summary, a hold's reason, a job's
+ * failure) as it may be written to a terminal: each UNPRINTABLE character is written as a visible
+ * `\xNN`, `\uNNNN` or `\u{NNNNN}` escape instead.
  */
 export function printable(text: string): string {
   return text.replace(UNPRINTABLE, (char) => {
-    const code = char.charCodeAt(0);
-    return code <= 0xff ? `\\x${code.toString(16).padStart(2, '0')}` : `\\u${code.toString(16).padStart(4, '0')}`;
+    const code = char.codePointAt(0) as number;
+    if (code <= 0xff) return `\\x${code.toString(16).padStart(2, '0')}`;
+    return code <= 0xffff ? `\\u${code.toString(16).padStart(4, '0')}` : `\\u{${code.toString(16)}}`;
   });
+}
+
+/**
+ * `value` as JSON for a terminal: JSON.stringify escapes C0 controls itself, and each other
+ * UNPRINTABLE character becomes a JSON `\uNNNN` escape (two for a character beyond U+FFFF), so
+ * the text reads back the same and shows nothing raw.
+ */
+export function printableJson(value: unknown, indent?: number): string {
+  return JSON.stringify(value, null, indent).replace(UNPRINTABLE_IN_JSON, (char) =>
+    Array.from({ length: char.length }, (_, index) => `\\u${char.charCodeAt(index).toString(16).padStart(4, '0')}`).join(''),
+  );
 }

@@ -1,6 +1,7 @@
 import { readFileSync } from 'node:fs';
 import { Command, Option } from 'commander';
 import { InputError, errorMessage } from '../core/errors.js';
+import { printable } from './common.js';
 
 /**
  * The small HTTP client the operator commands (`jobs`, `audit`, `pause`, `hold`, …) use: they
@@ -70,7 +71,8 @@ export async function callController<T>(connection: ControllerConnection, method
   if (!response.ok) {
     const said = typeof parsed === 'object' && parsed !== null && typeof (parsed as { error?: unknown }).error === 'string' ? (parsed as { error: string }).error : text.slice(0, 200);
     const hint = response.status === 401 || response.status === 403 ? ' (check --token-file or STEADFAST_TOKEN)' : '';
-    const message = `${method} ${path}: ${response.status} ${said}${hint}`;
+    // The controller's words on one line, whatever they hold.
+    const message = `${method} ${path}: ${response.status} ${printable(said)}${hint}`;
     // A refused request (4xx) is the operator's to fix, as a bad flag is (exit 2); the rest is the controller's (exit 1).
     throw response.status < 500 ? new InputError(message) : new Error(message);
   }

@@ -6,7 +6,7 @@ import { runRecoveryScenario } from '../sim/recovery-scenario.js';
 import { runFallenOffBus, type ScenarioResult } from '../sim/scenario.js';
 import { InputError } from '../core/errors.js';
 import { SCENARIO_NAMES } from '../sim/lab/index.js';
-import { EXIT_FAILURE, parsePositiveInt, runCommand } from './common.js';
+import { EXIT_FAILURE, parsePositiveInt, printable, runCommand } from './common.js';
 import { runTrainingDemo } from './demo-training.js';
 
 /** Writes the dashboards and provisioning for the demo's Prometheus, and says in two lines how to load them. */
@@ -28,9 +28,9 @@ function printTimeline(result: ScenarioResult): void {
     const at = step.afterMs === undefined ? '     —' : String(step.afterMs).padStart(6);
     const delta = step.afterMs === undefined ? '' : `(+${Math.max(0, step.afterMs - previous)})`;
     if (step.afterMs !== undefined) previous = Math.max(previous, step.afterMs);
-    out.write(`  ${at} ${delta.padEnd(9)} ${step.label}\n           ${' '.repeat(9)} ${step.detail}\n`);
+    out.write(`  ${at} ${delta.padEnd(9)} ${printable(step.label)}\n           ${' '.repeat(9)} ${printable(step.detail)}\n`);
   }
-  out.write(`\nsinfo: ${result.node} ${result.slurmState} "${result.slurmReason}"\n`);
+  out.write(`\nsinfo: ${printable(`${result.node} ${result.slurmState} "${result.slurmReason}"`)}\n`);
   out.write(`drains recorded by slurmctld: ${result.slurmDrains}; drain calls by steadfast: ${result.backendDrains}\n`);
 }
 
@@ -91,7 +91,7 @@ export function demoCommand(): Command {
           if (recovery) {
             const steps = await runRecoveryScenario(env);
             for (const step of steps) {
-              process.stdout.write(`\n${step.ok ? '✓' : '✗'} ${step.title}\n${step.lines.map((line) => `    ${line}`).join('\n')}${step.lines.length ? '\n' : ''}`);
+              process.stdout.write(`\n${step.ok ? '✓' : '✗'} ${step.title}\n${step.lines.map((line) => `    ${printable(line)}`).join('\n')}${step.lines.length ? '\n' : ''}`);
             }
             const failed = steps.filter((step) => !step.ok);
             process.stdout.write(failed.length === 0 ? '\nOK: every rung of the ladder ran on the real parts.\n' : `\nFAILED: ${failed.map((step) => step.title).join('; ')}\n`);

@@ -3,7 +3,7 @@ import type { z } from 'zod';
 import { InputError } from '../core/errors.js';
 import { PrometheusFeatureSource } from '../analyzers/multisignal-source.js';
 import { prometheusLabelNameSchema, scrapeJobSchema } from '../core/detector-labels.js';
-import { runCommand } from './common.js';
+import { printable, printableJson, runCommand } from './common.js';
 import { PEER_MODES, suspectsOverWindow, type PeerMode, type SuspectsReport, type SuspectsWindow } from '../analyzers/multisignal-window.js';
 
 export { PEER_MODES, suspectsOverWindow, type PeerMode, type SuspectsReport, type SuspectsWindow };
@@ -74,8 +74,8 @@ export function suspectsCommand(): Command {
           warmupSteps,
           warmupStepMs: options.baselineStepMinutes * 60_000,
         });
-        for (const note of report.notes) process.stderr.write(`steadfast: ${note}\n`);
-        process.stdout.write(`${JSON.stringify(report, null, 2)}\n`);
+        for (const note of report.notes) process.stderr.write(`steadfast: ${printable(note)}\n`);
+        process.stdout.write(`${printableJson(report, 2)}\n`);
       });
     });
 }

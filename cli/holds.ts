@@ -2,7 +2,7 @@ import { Command } from 'commander';
 import { nodeNameSchema } from '../core/names.js';
 import { parseOrThrow } from '../core/validate.js';
 import { callController, controllerConnection, withControllerOptions } from './controller-client.js';
-import { parsePositiveInt, printable, runCommand } from './common.js';
+import { parsePositiveInt, printable, printableJson, runCommand } from './common.js';
 
 interface HoldView {
   readonly node: string;
@@ -45,7 +45,7 @@ export function holdCommands(): Command[] {
       await runCommand(async () => {
         const answer = await callController<{ holds: HoldView[] }>(controllerConnection(options), 'GET', '/api/v1/holds');
         if (options.json) {
-          process.stdout.write(`${JSON.stringify(answer)}\n`);
+          process.stdout.write(`${printableJson(answer)}\n`);
           return;
         }
         for (const held of answer.holds) process.stdout.write(`${printable(`${held.node.padEnd(24)} until ${held.until}  ${held.reason}`)}\n`);

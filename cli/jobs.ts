@@ -3,7 +3,7 @@ import type { JobPolicy } from '../core/job.js';
 import { jobNameSchema } from '../core/job.js';
 import { parseOrThrow } from '../core/validate.js';
 import { callController, controllerConnection, withControllerOptions } from './controller-client.js';
-import { runCommand } from './common.js';
+import { printable, printableJson, runCommand } from './common.js';
 
 interface JobView {
   readonly spec: { readonly name: string; readonly codeVersion: string; readonly nodes: readonly string[] };
@@ -41,15 +41,14 @@ export function jobsCommand(): Command {
       await runCommand(async () => {
         const answer = await callController<{ jobs: JobView[] }>(controllerConnection(options), 'GET', '/api/v1/jobs');
         if (options.json) {
-          process.stdout.write(`${JSON.stringify(answer, null, 2)}\n`);
+          process.stdout.write(`${printableJson(answer, 2)}\n`);
           return;
         }
         const percent = (value: number): string => `${(value * 100).toFixed(1)}%`;
         process.stdout.write(`${'JOB'.padEnd(24)} ${'STATE'.padEnd(18)} ${'VERSION'.padEnd(12)} ${'NODES'.padStart(5)} ${'ETTR'.padStart(7)} ${'ETTR 1h'.padStart(7)}  SINCE                     POLICY\n`);
         for (const job of answer.jobs) {
-          process.stdout.write(
-            `${job.spec.name.padEnd(24)} ${job.state.padEnd(18)} ${job.spec.codeVersion.padEnd(12)} ${String(job.spec.nodes.length).padStart(5)} ${percent(job.ettr.cumulative).padStart(7)} ${percent(job.ettr.window1h).padStart(7)}  ${job.stateSince.padEnd(25)} ${describePolicy(job.policy)}\n`.replace(/ +\n$/, '\n'),
-          );
+          const line = `${job.spec.name.padEnd(24)} ${job.state.padEnd(18)} ${job.spec.codeVersion.padEnd(12)} ${String(job.spec.nodes.length).padStart(5)} ${percent(job.ettr.cumulative).padStart(7)} ${percent(job.ettr.window1h).padStart(7)}  ${job.stateSince.padEnd(25)} ${describePolicy(job.policy)}`;
+          process.stdout.write(`${printable(line.replace(/ +$/, ''))}\n`);
         }
       });
     });
@@ -61,7 +60,7 @@ export function jobsCommand(): Command {
         await runCommand(async () => {
           const job = parseOrThrow(jobNameSchema, name, 'job');
           const answer = await callController<{ deleted: string; was: string }>(controllerConnection(options), 'DELETE', `/api/v1/jobs/${job}`);
-          process.stdout.write(`${answer.deleted}: unregistered (was ${answer.was})\n`);
+          process.stdout.write(`${printable(`${answer.deleted}: unregistered (was ${answer.was})`)}\n`);
         });
       }),
   );
@@ -77,7 +76,7 @@ export function jobsCommand(): Command {
           const change = { recovery: options.recovery, dryRun: options.dryRun };
           if (change.recovery === undefined && change.dryRun === undefined) throw new InvalidArgumentError('give --recovery, --dry-run or both');
           const answer = await callController<{ job: string; policy: JobPolicy }>(controllerConnection(options), 'PUT', `/api/v1/jobs/${job}/policy`, change);
-          process.stdout.write(`${answer.job}: recovery ${answer.policy.recovery ? 'on' : 'off'}, dry-run ${answer.policy.dryRun ? 'on' : 'off'}\n`);
+          process.stdout.write(`${printable(answer.job)}: recovery ${answer.policy.recovery ? 'on' : 'off'}, dry-run ${answer.policy.dryRun ? 'on' : 'off'}\n`);
         });
       }),
   );

@@ -6,7 +6,7 @@ import { describeRedis, workerConnection, type Redis } from '../core/redis.js';
 import { QUEUE_NAMES } from '../core/queues.js';
 import { FAILED_SHOWN, QUEUE_STATES, summarizeQueue as summarize, type QueueSummary } from '../controller/queue-summary.js';
 import { callController, controllerConnection, withControllerOptions } from './controller-client.js';
-import { printable, runCommand } from './common.js';
+import { printable, printableJson, runCommand } from './common.js';
 
 export { FAILED_SHOWN, QUEUE_STATES, type FailedJobSummary, type QueueState, type QueueSummary } from '../controller/queue-summary.js';
 
@@ -59,7 +59,7 @@ export function queuesCommand(): Command {
         const queues = options.redis
           ? await readQueuesFromRedis(typeof options.config === 'string' ? options.config : undefined)
           : (await callController<{ queues: QueueSummary[] }>(controllerConnection(options), 'GET', '/api/v1/queues')).queues;
-        process.stdout.write(options.json ? `${JSON.stringify({ queues })}\n` : `${queues.map(formatQueueSummary).join('\n')}\n`);
+        process.stdout.write(options.json ? `${printableJson({ queues })}\n` : `${queues.map(formatQueueSummary).join('\n')}\n`);
       });
     });
 }

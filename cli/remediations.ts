@@ -3,7 +3,7 @@ import { nodeNameSchema } from '../core/names.js';
 import type { RemediationEntry } from '../core/remedy.js';
 import { parseOrThrow } from '../core/validate.js';
 import { callController, controllerConnection, withControllerOptions } from './controller-client.js';
-import { parsePositiveInt, printable, runCommand } from './common.js';
+import { parsePositiveInt, printable, printableJson, runCommand } from './common.js';
 
 interface RemediationsView {
   readonly node: string;
@@ -25,7 +25,7 @@ export function remediationsCommand(): Command {
         const node = parseOrThrow(nodeNameSchema, nodeArgument, 'node');
         const answer = await callController<RemediationsView>(controllerConnection(options), 'GET', `/api/v1/nodes/${node}/remediations?limit=${String(options.limit)}`);
         if (options.json) {
-          process.stdout.write(`${JSON.stringify(answer)}\n`);
+          process.stdout.write(`${printableJson(answer)}\n`);
           return;
         }
         if (answer.held) process.stdout.write(`${printable(`${node}: held until ${answer.held.until} (${answer.held.reason})`)}\n`);

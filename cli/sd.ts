@@ -4,7 +4,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { Command, InvalidArgumentError } from 'commander';
 import { listSlurmNodes, type SlurmNodeAddress } from '../actuators/slurm-nodes.js';
 import { errorMessage } from '../core/errors.js';
-import { parsePort, runCommand } from './common.js';
+import { parsePort, printable, runCommand } from './common.js';
 
 /**
  * `steadfast sd slurm`: Prometheus file-based service discovery for the agents of a Slurm fleet.
@@ -82,7 +82,7 @@ function sdSlurmCommand(): Command {
         try {
           while (!stop.signal.aborted) {
             // A failed refresh keeps the last good file and tries again at the next interval.
-            await refresh(options).catch((error: unknown) => process.stderr.write(`steadfast sd slurm: ${errorMessage(error)}\n`));
+            await refresh(options).catch((error: unknown) => process.stderr.write(`steadfast sd slurm: ${printable(errorMessage(error))}\n`));
             await sleep(options.interval, undefined, { signal: stop.signal }).catch(() => undefined);
           }
         } finally {
