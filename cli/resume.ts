@@ -8,6 +8,7 @@ import { retentionFromBudget } from '../core/retention.js';
 import { parseOrThrow } from '../core/validate.js';
 import { createBackend } from '../actuators/backend-from-config.js';
 import { AgentDirectory } from '../controller/agents.js';
+import { closeFaultsOnResume } from '../controller/policy/node-resumes.js';
 import { selfCheck } from '../exporters/standby-reporter.js';
 import { printable, runCommand } from './common.js';
 
@@ -37,9 +38,11 @@ async function failedChecks(agents: AgentDirectory, node: string): Promise<strin
 /**
  * `steadfast resume NODE`: an operator returns a repaired node to service. The node must first
  * pass its own checks (failedChecks); `--force` skips them. Besides the scheduler's resume it
- * clears steadfast's claim on the node, so the next fault on it is a new decision rather than a
- * report joining the old one. It works against Redis and the backend directly, with the
- * controller's config, so it also serves while the controller is down.
+ * closes every fault reported on the node until now and clears steadfast's claim on it
+ * (controller/policy/node-resumes.ts), so the next fault on it is a new decision rather than a
+ * report joining the old one, and a late or repeated report of an old fault acts no more. It
+ * works against Redis and the backend directly, with the controller's config, so it also serves
+ * while the controller is down.
  */
 export function resumeCommand(): Command {
   return new Command('resume')
@@ -80,11 +83,11 @@ export function resumeCommand(): Command {
             }
           }
           await backend.resume(node);
-          await redis.del(keys.nodeDrainClaim(node));
+          const closed = (await closeFaultsOnResume(redis, keys, node, Date.now())) ?? claim;
           // An operator returning a node vouches for it: it leaves quarantine too.
           await redis.srem(keys.quarantine, node);
           await record('done', `resume ${node}: done (${options.reason}; was ${before.raw}${options.force ? '; without its checks (--force)' : ''})`, options.reason);
-          process.stdout.write(`${printable(`${node}: resumed through ${backend.name} (was ${before.raw})${options.force ? ', without its checks' : ', its checks passed'}${claim ? `; decision ${claim} closed` : ''}`)}\n`);
+          process.stdout.write(`${printable(`${node}: resumed through ${backend.name} (was ${before.raw})${options.force ? ', without its checks' : ', its checks passed'}${closed ? `; decision ${closed} closed` : ''}`)}\n`);
         } finally {
           redis.disconnect();
         }
