@@ -10,7 +10,8 @@ import type { CheckpointShard, CheckpointTier } from '../core/checkpoint.js';
  *
  * Linear in the copies: one pass over a step's copies keeps each rank's cheapest, then one pass
  * over the ranks. The job store bounds what a step holds (job-store.ts), and the controller
- * plans a step at a time, giving the event loop a turn between steps (planRestoreByStep).
+ * plans a step at a time as it reads it in chunks, giving the event loop a turn after each chunk
+ * (planRestoreByStep).
  */
 
 export interface RankSource {
@@ -51,29 +52,44 @@ function survives(shard: CheckpointShard, lost: ReadonlySet<string>): boolean {
 }
 
 /**
- * One step: each rank's cheapest surviving copy, or the first rank without one. The first copy
- * seen wins a tie, as the sort of the earlier planner kept it.
+ * One step's plan, fed its copies in one go or in chunks: each rank's cheapest surviving copy, or
+ * the first rank without one. The first copy seen wins a tie, as the sort of the earlier planner
+ * kept it. `lost` is read as each chunk is added.
  */
-export function planStep(
-  copies: readonly CheckpointShard[],
-  target: RestoreTarget,
-  lost: ReadonlySet<string>,
-): { readonly sources: RankSource[] } | { readonly missingRank: number } {
-  const best = new Map<number, { readonly copy: CheckpointShard; readonly local: boolean; readonly cost: number }>();
-  for (const copy of copies) {
-    if (!survives(copy, lost)) continue;
-    const local = copy.holder !== undefined && copy.holder === target.rankNodes.get(copy.rank);
-    const price = cost(copy, local);
-    const kept = best.get(copy.rank);
-    if (kept === undefined || price < kept.cost) best.set(copy.rank, { copy, local, cost: price });
+export class StepPlan {
+  // Each rank's cheapest copy so far, by rank: no object per copy, so a big step makes no garbage.
+  private readonly cheapest: (CheckpointShard | undefined)[];
+  private readonly cheapestCost: Uint8Array;
+
+  constructor(
+    private readonly target: RestoreTarget,
+    private readonly lost: ReadonlySet<string>,
+  ) {
+    this.cheapest = new Array<CheckpointShard | undefined>(target.ranks);
+    this.cheapestCost = new Uint8Array(target.ranks);
   }
-  const sources: RankSource[] = [];
-  for (let rank = 0; rank < target.ranks; rank += 1) {
-    const chosen = best.get(rank);
-    if (chosen === undefined) return { missingRank: rank };
-    sources.push({ rank, tier: chosen.copy.tier, holder: chosen.copy.holder, local: chosen.local });
+
+  add(copies: readonly CheckpointShard[]): void {
+    for (const copy of copies) {
+      // A rank the job does not have (a copy kept before ranks were checked) can never be loaded.
+      if (copy.rank >= this.target.ranks || !survives(copy, this.lost)) continue;
+      const price = cost(copy, copy.holder !== undefined && copy.holder === this.target.rankNodes.get(copy.rank));
+      if (this.cheapest[copy.rank] === undefined || price < (this.cheapestCost[copy.rank] as number)) {
+        this.cheapest[copy.rank] = copy;
+        this.cheapestCost[copy.rank] = price;
+      }
+    }
   }
-  return { sources };
+
+  finish(): { readonly sources: RankSource[] } | { readonly missingRank: number } {
+    const sources: RankSource[] = [];
+    for (let rank = 0; rank < this.target.ranks; rank += 1) {
+      const chosen = this.cheapest[rank];
+      if (chosen === undefined) return { missingRank: rank };
+      sources.push({ rank, tier: chosen.tier, holder: chosen.holder, local: chosen.holder !== undefined && chosen.holder === this.target.rankNodes.get(rank) });
+    }
+    return { sources };
+  }
 }
 
 /**
@@ -89,14 +105,19 @@ export function planRestore(shards: readonly CheckpointShard[], options: Restore
   }
   const skipped: RestorePlan['skipped'] = [];
   for (const step of [...byStep.keys()].sort((a, b) => b - a)) {
-    const planned = planStep(byStep.get(step) ?? [], options, options.evicted);
+    const plan = new StepPlan(options, options.evicted);
+    plan.add(byStep.get(step) ?? []);
+    const planned = plan.finish();
     if ('sources' in planned) return { step, sources: planned.sources, skipped };
     skipped.push({ step, missingRank: planned.missingRank });
   }
   return undefined;
 }
 
-/** One checkpoint step's copies, as the job store reads them newest step first. */
+/**
+ * Copies of one checkpoint step, as the job store reads them: newest step first, a big step in
+ * several chunks one after another.
+ */
 export interface StepCopies {
   readonly step: number;
   readonly copies: readonly CheckpointShard[];
@@ -109,13 +130,13 @@ export interface StepwisePlan {
 }
 
 /**
- * The same plan over steps read one at a time, newest first, stopping at the first complete one.
+ * The same plan over steps read newest first, in chunks, stopping at the first complete step.
  * `lost` is asked once for each holder not asked before (the controller asks its backend, or
  * takes the caller's list of evicted nodes) and answers which of them lost their copies. The
- * event loop gets a turn between steps.
+ * event loop gets a turn after each chunk.
  */
 export async function planRestoreByStep(
-  steps: AsyncIterable<StepCopies>,
+  chunks: AsyncIterable<StepCopies>,
   target: RestoreTarget,
   lost: (holders: readonly string[]) => Promise<Iterable<string>>,
 ): Promise<StepwisePlan> {
@@ -123,18 +144,29 @@ export async function planRestoreByStep(
   const gone = new Set<string>();
   const skipped: RestorePlan['skipped'] = [];
   let stepsRead = 0;
-  for await (const { step, copies } of steps) {
-    stepsRead += 1;
+  let current: { readonly step: number; readonly plan: StepPlan } | undefined;
+  const finish = (): RestorePlan | undefined => {
+    if (current === undefined) return undefined;
+    const planned = current.plan.finish();
+    if ('sources' in planned) return { step: current.step, sources: planned.sources, skipped };
+    skipped.push({ step: current.step, missingRank: planned.missingRank });
+    return undefined;
+  };
+  for await (const { step, copies } of chunks) {
+    if (current?.step !== step) {
+      const plan = finish();
+      if (plan !== undefined) return { plan, stepsRead };
+      current = { step, plan: new StepPlan(target, gone) };
+      stepsRead += 1;
+    }
     const fresh = new Set<string>();
     for (const copy of copies) if (copy.holder !== undefined && !asked.has(copy.holder)) fresh.add(copy.holder);
     if (fresh.size > 0) {
       for (const holder of fresh) asked.add(holder);
       for (const holder of await lost([...fresh])) gone.add(holder);
     }
-    const planned = planStep(copies, target, gone);
-    if ('sources' in planned) return { plan: { step, sources: planned.sources, skipped }, stepsRead };
-    skipped.push({ step, missingRank: planned.missingRank });
+    current.plan.add(copies);
     await nextTurn();
   }
-  return { plan: undefined, stepsRead };
+  return { plan: finish(), stepsRead };
 }

@@ -1,5 +1,5 @@
 import { InputError } from '../core/errors.js';
-import { DEFAULT_JOB_POLICY, jobPolicySchema, parseJobSpec, type JobPolicy, type JobSpec, type JobState } from '../core/job.js';
+import { DEFAULT_JOB_POLICY, jobPolicySchema, parseJobSpec, worldSize, type JobPolicy, type JobSpec, type JobState } from '../core/job.js';
 import type { Keys, Redis } from '../core/redis.js';
 import { CHECKPOINT_TIERS, checkpointShardSchema, type CheckpointShard } from '../core/checkpoint.js';
 import type { StepCopies } from '../actuators/restore-plan.js';
@@ -68,15 +68,22 @@ export interface Ettr {
   readonly window1h: number;
 }
 
-/** How many checkpoint steps are kept per job; older ones cannot matter for a restore. */
+/** How many checkpoint steps are kept per job at most; older ones cannot matter for a restore. */
 export const CHECKPOINT_STEPS_KEPT = 64;
+/**
+ * Copies a job keeps over its steps: a job of more than 1,024 ranks keeps fewer steps than
+ * CHECKPOINT_STEPS_KEPT (4,096 ranks: 16), and at least its newest one.
+ */
+export const CHECKPOINT_COPIES_PER_JOB = 262_144;
 /**
  * Copies of one rank's shard a step keeps, in different places: its own node, peers (DeadPool §V
  * replicates each rank's state to k peers; k is 1 or 2 in practice) and remote storage.
  */
 export const CHECKPOINT_COPIES_PER_RANK = 4;
-/** Most copies one report carries; the Python client sends at most 200 at once. */
-export const CHECKPOINT_SHARDS_PER_REPORT = 10_000;
+/** Most copies one report carries (the Python client sends at most 200 at once): a report holds Redis for milliseconds. */
+export const CHECKPOINT_SHARDS_PER_REPORT = 1000;
+/** Copies decoded at once when a step is read (the planner gives the event loop a turn after each chunk). */
+const CHECKPOINT_CHUNK = 4096;
 const checkpointReportSchema = z.array(checkpointShardSchema).min(1).max(CHECKPOINT_SHARDS_PER_REPORT);
 const TRANSITIONS_KEPT = 10_000;
 const HOUR_MS = 3600_000;
@@ -108,26 +115,30 @@ return {'ok'}`;
 
 /**
  * Adds a report's checkpoint copies in one step, or nothing: refused (`full`, the step and what it
- * would hold) when a step would keep more than its bound. A copy replaces those of the same step,
- * rank and holder in other tiers. Then only the newest steps are kept: a walk down from the
- * newest step, one lookup per kept step, and what lies below the oldest goes.
+ * would hold) when a step would keep more than its bound. A copy replaces the one of the same
+ * step, rank and holder in another tier; the same copy again changes nothing. Then only the
+ * newest steps are kept: a walk down from the newest step, one lookup per kept step, and what
+ * lies below the oldest goes. About six commands a new copy, one a copy already kept.
  * KEYS: the job's checkpoint copies (score: step). ARGV: the copies a step may hold, the steps
  * kept, then six strings per copy: its step, its member, the four members it replaces ('' none).
  */
 const ADD_CHECKPOINTS = `
 local cap, kept = tonumber(ARGV[1]), tonumber(ARGV[2])
-local added, steps = {}, {}
+local added, steps, replaces = {}, {}, {}
 for i = 3, #ARGV, 6 do
-  local present = redis.call('zscore', KEYS[1], ARGV[i + 1])
-  for j = i + 2, i + 5 do
-    if not present and ARGV[j] ~= '' then present = redis.call('zscore', KEYS[1], ARGV[j]) end
-  end
-  if not present then
-    if added[ARGV[i]] == nil then
-      added[ARGV[i]] = 0
-      table.insert(steps, ARGV[i])
+  if redis.call('zscore', KEYS[1], ARGV[i + 1]) then
+    replaces[i] = false
+  else
+    for j = i + 2, i + 5 do
+      if replaces[i] == nil and ARGV[j] ~= '' and redis.call('zscore', KEYS[1], ARGV[j]) then replaces[i] = ARGV[j] end
     end
-    added[ARGV[i]] = added[ARGV[i]] + 1
+    if replaces[i] == nil then
+      if added[ARGV[i]] == nil then
+        added[ARGV[i]] = 0
+        table.insert(steps, ARGV[i])
+      end
+      added[ARGV[i]] = added[ARGV[i]] + 1
+    end
   end
 end
 for _, step in ipairs(steps) do
@@ -135,10 +146,10 @@ for _, step in ipairs(steps) do
   if holds > cap then return {'full', step, tostring(holds)} end
 end
 for i = 3, #ARGV, 6 do
-  for j = i + 2, i + 5 do
-    if ARGV[j] ~= '' then redis.call('zrem', KEYS[1], ARGV[j]) end
+  if replaces[i] ~= false then
+    if replaces[i] then redis.call('zrem', KEYS[1], replaces[i]) end
+    redis.call('zadd', KEYS[1], ARGV[i], ARGV[i + 1])
   end
-  redis.call('zadd', KEYS[1], ARGV[i], ARGV[i + 1])
 end
 local below, oldest = '+inf', nil
 for _ = 1, kept do
@@ -349,13 +360,14 @@ export class JobStore {
    * Keeps checkpoint copies the training side reports. Each names a rank of the job's topology and,
    * unless it is remote, a holder among the job's nodes; a copy of the same step, rank and holder
    * replaces the one kept (its tier changed). A step keeps at most ranks × CHECKPOINT_COPIES_PER_RANK
-   * copies and the job its newest CHECKPOINT_STEPS_KEPT steps, so a restore plan reads a bounded
-   * amount. Throws InputError naming the field; nothing of a refused report is kept.
+   * copies and the job its newest checkpointStepsKept(ranks) steps (at most CHECKPOINT_COPIES_PER_JOB
+   * copies, or one step's), so a restore plan reads a bounded amount. Throws InputError naming the
+   * field; nothing of a refused report is kept.
    */
   async addCheckpoints(name: string, body: unknown): Promise<number> {
     const record = await this.get(name);
     const list = Array.isArray(body) ? parseOrThrow(checkpointReportSchema, body, 'checkpoint shards') : [parseOrThrow(checkpointShardSchema, body, 'checkpoint shards')];
-    const ranks = parseJobSpec(record.spec).topology.ranks.length;
+    const ranks = worldSize(record.spec);
     const nodes = new Set(jobMembers(record));
     const latest = new Map<string, CheckpointShard>();
     for (const [index, shard] of list.entries()) {
@@ -367,7 +379,7 @@ export class JobStore {
     }
     const perStep = ranks * CHECKPOINT_COPIES_PER_RANK;
     const args = [...latest.values()].flatMap((shard) => [String(shard.step), copyMember(shard), ...replacedMembers(shard)]);
-    const answer = (await this.redis.eval(ADD_CHECKPOINTS, 1, this.keys.jobCheckpoints(name), String(perStep), String(CHECKPOINT_STEPS_KEPT), ...args)) as string[];
+    const answer = (await this.redis.eval(ADD_CHECKPOINTS, 1, this.keys.jobCheckpoints(name), String(perStep), String(checkpointStepsKept(ranks)), ...args)) as string[];
     if (answer[0] === 'full') {
       throw new InputError(
         `invalid checkpoint shards: step ${answer[1] ?? ''} would hold ${answer[2] ?? ''} copies; job ${name} keeps at most ${perStep} a step (${ranks} ranks × ${CHECKPOINT_COPIES_PER_RANK} copies)`,
@@ -379,12 +391,16 @@ export class JobStore {
 
   /** Every kept checkpoint copy of the job, oldest step first. */
   async checkpoints(name: string): Promise<CheckpointShard[]> {
-    const steps: StepCopies[] = [];
-    for await (const step of this.checkpointSteps(name)) steps.unshift(step);
-    return steps.flatMap((step) => step.copies);
+    const chunks: StepCopies[] = [];
+    for await (const chunk of this.checkpointSteps(name)) chunks.push(chunk);
+    // Newest step first, its copies in order: put the steps back in order, keeping each step's chunks in theirs.
+    return chunks.sort((a, b) => a.step - b.step).flatMap((chunk) => chunk.copies);
   }
 
-  /** The job's kept checkpoint steps, newest first, one read per step (at most CHECKPOINT_STEPS_KEPT). */
+  /**
+   * The job's kept checkpoint steps, newest first, one read per step (at most CHECKPOINT_STEPS_KEPT),
+   * each decoded and handed over in chunks of CHECKPOINT_CHUNK copies.
+   */
   async *checkpointSteps(name: string): AsyncGenerator<StepCopies> {
     await this.get(name);
     const key = this.keys.jobCheckpoints(name);
@@ -392,11 +408,18 @@ export class JobStore {
     for (let read = 0; read < CHECKPOINT_STEPS_KEPT; read += 1) {
       const [, score] = await this.redis.zrevrangebyscore(key, below, '-inf', 'WITHSCORES', 'LIMIT', 0, 1);
       if (score === undefined) return;
-      const copies = (await this.redis.zrangebyscore(key, score, score)).map((text) => checkpointShardSchema.parse(JSON.parse(text)));
-      yield { step: Number(score), copies };
+      const members = await this.redis.zrangebyscore(key, score, score);
+      for (let from = 0; from < members.length; from += CHECKPOINT_CHUNK) {
+        yield { step: Number(score), copies: members.slice(from, from + CHECKPOINT_CHUNK).map((text) => checkpointShardSchema.parse(JSON.parse(text))) };
+      }
       below = `(${score}`;
     }
   }
+}
+
+/** The newest steps a job of `ranks` ranks keeps: CHECKPOINT_STEPS_KEPT, fewer where its full steps would pass CHECKPOINT_COPIES_PER_JOB, at least one. */
+export function checkpointStepsKept(ranks: number): number {
+  return Math.max(1, Math.min(CHECKPOINT_STEPS_KEPT, Math.floor(CHECKPOINT_COPIES_PER_JOB / (ranks * CHECKPOINT_COPIES_PER_RANK))));
 }
 
 /** How a copy is kept: its fields in one order, so that the same copy reported twice is one member. */

@@ -76,7 +76,8 @@ export function parseJobSpec(value: unknown): { spec: JobSpec; topology: Topolog
   const raw = spec.topology ?? {};
   const withDefaults = 'ranks' in raw ? raw : { nodes: spec.nodes, ranksPerNode: spec.ranksPerNode, ...withDerivedDp(raw, spec.nodes.length * spec.ranksPerNode) };
   const topology = Topology.from(parseOrThrow(topologySpecSchema, withDefaults, 'job.topology'));
-  const unknownNodes = [...new Set(topology.ranks.map((rank) => rank.node))].filter((node) => !spec.nodes.includes(node));
+  const jobNodes = new Set(spec.nodes);
+  const unknownNodes = [...new Set(topology.ranks.map((rank) => rank.node))].filter((node) => !jobNodes.has(node));
   if (unknownNodes.length > 0) throw new InputError(`job.topology: ranks on nodes not in job.nodes: ${unknownNodes.join(', ')}`, 'topology');
   if (spec.microbatches) {
     const { perIteration, multipleOf = 1 } = spec.microbatches;
@@ -89,6 +90,19 @@ export function parseJobSpec(value: unknown): { spec: JobSpec; topology: Topolog
     }
   }
   return { spec, topology };
+}
+
+/**
+ * The number of ranks of a job whose spec passed parseJobSpec (at registration; an eviction's
+ * replacement keeps it), without building its rank table: a rank table's length, or the nodes
+ * its sizes place ranks on times the ranks per node (the product of the sizes, checked equal).
+ */
+export function worldSize(spec: JobSpec): number {
+  const raw = spec.topology ?? {};
+  if (Array.isArray(raw.ranks)) return raw.ranks.length;
+  const nodes = Array.isArray(raw.nodes) ? raw.nodes.length : spec.nodes.length;
+  const perNode = typeof raw.ranksPerNode === 'number' ? raw.ranksPerNode : spec.ranksPerNode;
+  return nodes * perNode;
 }
 
 /**

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { checkpointShardSchema, type CheckpointShard } from '../../core/checkpoint.js';
-import { planRestore } from '../../actuators/restore-plan.js';
+import { planRestore, planRestoreByStep, type StepCopies } from '../../actuators/restore-plan.js';
 
 /** Two ranks on n0 and n1, each backing the other up in host memory, remote every 100 steps. */
 function shardsUpTo(step: number): CheckpointShard[] {
@@ -61,6 +61,29 @@ describe('restore planning', () => {
     expect(plan?.step).toBe(10);
     expect(plan?.sources[0]).toEqual({ rank: 0, tier: 'peer', holder: 'n1', local: false });
     expect(reads).toBeLessThanOrEqual(16 * shards.length);
+  });
+
+  it('plans steps read in chunks, newest first, asking once about each holder, as the controller reads them from the job store', async () => {
+    async function* chunks(): AsyncGenerator<StepCopies> {
+      // Step 20 in two chunks: rank 1's only surviving copy comes in the second.
+      yield { step: 20, copies: [{ step: 20, rank: 0, tier: 'host', holder: 'n0' }, { step: 20, rank: 1, tier: 'host', holder: 'n1' }] };
+      yield { step: 20, copies: [{ step: 20, rank: 1, tier: 'peer', holder: 'n0' }] };
+      yield { step: 10, copies: [{ step: 10, rank: 0, tier: 'remote' }, { step: 10, rank: 1, tier: 'remote' }] };
+    }
+    const asked: string[][] = [];
+    const lost = async (holders: readonly string[]): Promise<string[]> => {
+      asked.push([...holders]);
+      return holders.filter((holder) => holder === 'n1');
+    };
+    const rankNodes = new Map([[0, 'n0'], [1, 's1']]);
+    const { plan, stepsRead } = await planRestoreByStep(chunks(), { ranks: 2, rankNodes }, lost);
+    expect(stepsRead).toBe(1);
+    expect(plan).toEqual({ step: 20, skipped: [], sources: [{ rank: 0, tier: 'host', holder: 'n0', local: true }, { rank: 1, tier: 'peer', holder: 'n0', local: false }] });
+    expect(asked).toEqual([['n0', 'n1']]);
+
+    // With n0 lost too, step 20 is incomplete and the remote step 10 is used.
+    const both = await planRestoreByStep(chunks(), { ranks: 2, rankNodes }, async (holders) => holders);
+    expect(both).toEqual({ stepsRead: 2, plan: { step: 10, skipped: [{ step: 20, missingRank: 0 }], sources: [{ rank: 0, tier: 'remote', holder: undefined, local: false }, { rank: 1, tier: 'remote', holder: undefined, local: false }] } });
   });
 
   it('requires a holder for every copy that is not remote, naming the field', () => {

@@ -19,7 +19,7 @@ const AGENT = agentToken('n00');
 /** The bounds the job store keeps (controller/job-store.ts). */
 const STEPS_KEPT = 64;
 const COPIES_PER_RANK = 4;
-const SHARDS_PER_REPORT = 10_000;
+const SHARDS_PER_REPORT = 1000;
 
 const nodeOf = (rank: number, offset = 0): string => NODES[(Math.floor(rank / RANKS_PER_NODE) + offset) % NODES.length] as string;
 
@@ -86,12 +86,19 @@ describe('checkpoint reports on the real controller', () => {
     const tooMany = await post(`${url}/api/v1/jobs/gpt/checkpoints`, planted, AGENT);
     expect(tooMany.status).toBe(400);
     expect(tooMany.body.error).toContain(`invalid checkpoint shards: (root): Too big: expected array to have <=${SHARDS_PER_REPORT} items`);
-    // Every pair of a rank and a node of the job: 2,048 copies, where a step keeps 128 ranks × 4.
-    const everyPair = NODES.flatMap((holder) => Array.from({ length: RANKS }, (_, rank) => ({ step: 7, rank, tier: 'peer', holder })));
-    const overStep = await post(`${url}/api/v1/jobs/gpt/checkpoints`, everyPair, AGENT);
+    // 1,000 pairs of a rank and a node of the job, where a step keeps 128 ranks × 4.
+    const pairs = NODES.flatMap((holder) => Array.from({ length: RANKS }, (_, rank) => ({ step: 7, rank, tier: 'peer', holder }))).slice(0, SHARDS_PER_REPORT);
+    const overStep = await post(`${url}/api/v1/jobs/gpt/checkpoints`, pairs, AGENT);
     expect(overStep.status).toBe(400);
-    expect(overStep.body.error).toBe(`invalid checkpoint shards: step 7 would hold 2048 copies; job gpt keeps at most ${RANKS * COPIES_PER_RANK} a step (128 ranks × 4 copies)`);
+    expect(overStep.body.error).toBe(`invalid checkpoint shards: step 7 would hold 1000 copies; job gpt keeps at most ${RANKS * COPIES_PER_RANK} a step (128 ranks × 4 copies)`);
     expect(await controller.jobs.checkpoints('gpt')).toEqual([]);
+  });
+
+  it('keeps fewer steps of a job whose full steps would pass 262,144 copies: 16 for 4,096 ranks', async () => {
+    const nodes = Array.from({ length: 512 }, (_, index) => `b${String(index).padStart(3, '0')}`);
+    expect((await post(`${url}/api/v1/jobs`, { ...JOB, name: 'big', nodes, ranksPerNode: 8, topology: { tp: 8, pp: 8 } })).status).toBe(201);
+    for (let step = 1; step <= 17; step += 1) expect((await post(`${url}/api/v1/jobs/big/checkpoints`, { step, rank: 4095, tier: 'remote' }, agentToken('b000'))).status).toBe(202);
+    expect((await controller.jobs.checkpoints('big')).map((shard) => shard.step)).toEqual(Array.from({ length: 16 }, (_, index) => index + 2));
   });
 
   it('keeps a job at its bounds: the newest 64 steps of 512 copies each; a copy more in a full step is refused; the restore plan walks every step and /healthz answers meanwhile', async () => {
