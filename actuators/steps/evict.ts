@@ -7,7 +7,8 @@ import { recordStep, refuseStep, stepJob, stepRef, type Halt, type StepDeps, typ
  * drain it (drain-node.ts), note the eviction in its cross-job history, and put a warm standby in
  * its place (ByteRobust §6.2). Undefined when the transition may go on to its restart. A node no
  * standby was left for leaves the job, the ladder hands the job to a person, and the transition
- * stops before its restart: the job is not relaunched on a node taken out of service.
+ * stops before its restart: the job is not relaunched on a node taken out of service (a dry-run
+ * job, which takes no standby and takes no node out, goes on to its described relaunch).
  */
 export async function evict(deps: StepDeps, at: StepAt): Promise<Halt> {
   const { step } = at;
@@ -36,7 +37,7 @@ export async function evict(deps: StepDeps, at: StepAt): Promise<Halt> {
       return error.message;
     }
     await noteExclusion(deps, at, node);
-    if (!(await replaceWithStandby(deps, at, node, quarantined))) unreplaced.push(node);
+    if (await replaceWithStandby(deps, at, node, quarantined)) unreplaced.push(node);
   }
   if (unreplaced.length === 0) return undefined;
   // One page for the incident: the ladder's page_human step, which this event leads to.
@@ -44,23 +45,29 @@ export async function evict(deps: StepDeps, at: StepAt): Promise<Halt> {
   return `no warm standby left to replace ${unreplaced.join(', ')}: the job is not relaunched without ${unreplaced.length === 1 ? 'it' : 'them'}`;
 }
 
-/** Puts a warm standby in the node's place; false when none was left, and the node then leaves the job. */
+/** Puts a warm standby in the node's place. True when none was left and the node left the job. */
 async function replaceWithStandby(deps: StepDeps, at: StepAt, node: string, unusable: ReadonlySet<string>): Promise<boolean> {
   const job = stepJob(at);
   const standby = deps.pool?.enabled
     ? await deps.pool.take(job, Date.now(), unusable)
     : (await deps.backend.standbys()).find((candidate) => !unusable.has(candidate));
-  if (!standby) {
-    // A dry-run job only records: its node was not taken out, so it stays in the job.
-    if (deps.dryRun !== true) await deps.jobs.vacate(job, node);
-    await recordStep(deps, at, 'failed', `no warm standby left to replace ${node}; ${node} left the job, which waits for a person (provision a standby: steadfast plan standby sizes the pool)`, { node });
+  if (!standby && deps.dryRun === true) {
+    // A dry-run job takes no standby and took no node out: it keeps its node, and its relaunch is described.
+    const reason = `no warm standby left to replace ${node}; provision one (steadfast plan standby sizes the pool)`;
+    await recordStep(deps, at, 'failed', reason, { node });
+    deps.onPage?.(at.job, reason);
     return false;
+  }
+  if (!standby) {
+    await deps.jobs.vacate(job, node);
+    await recordStep(deps, at, 'failed', `no warm standby left to replace ${node}; ${node} left the job, which waits for a person (provision a standby: steadfast plan standby sizes the pool)`, { node });
+    return true;
   }
   if (!deps.pool?.enabled) await deps.backend.activateStandby(standby, job);
   await deps.jobs.replaceNode(job, node, standby);
   await recordStep(deps, at, 'done', `standby ${standby} activated in place of ${node}`, { node: standby });
   await reportReplacement(deps, at, node, standby);
-  return true;
+  return false;
 }
 
 /**

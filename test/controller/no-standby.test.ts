@@ -55,4 +55,19 @@ describe('an eviction with no standby left, on the real controller', () => {
     const metrics = await until('the page counted', async () => (await fetch(`${metricsUrl}/metrics`)).text(), (text) => /steadfast_human_pages_total\{training_job="llama"\} \d/.test(text));
     expect(metrics).toMatch(/steadfast_human_pages_total\{training_job="llama"\} 1$/m);
   });
+
+  it('leaves a dry-run job its node and describes its relaunch, as a dry-run job takes no standby', async () => {
+    const store = testRedis();
+    stores.push(store);
+    const { controller, url } = await startController(testConfig(store.url, store.prefix));
+    controllers.push(controller);
+    expect((await post(`${url}/api/v1/jobs`, JOB)).status).toBe(201);
+    await controller.jobs.setPolicy('llama', { dryRun: true });
+    await post(`${url}/api/v1/signals`, { kind: 'xid', node: 'n01', gpu: '0000:18:00', xid: 79, message: 'GPU has fallen off the bus.', time: new Date().toISOString() });
+    const entries = await until('the described relaunch', () => controller.audit.read({ limit: 200 }), (list) => summaries(list).some((line) => /^action: llama: restart: done \(dry-run: would run/.test(line)));
+    expect(summaries(entries)).toContain('action: llama: evict n01: failed (no warm standby left to replace n01; provision one (steadfast plan standby sizes the pool))');
+    const job = await controller.jobs.get('llama');
+    expect(job.vacant).toEqual([]);
+    expect(await controller.jobs.jobOnNode('n01')).toBe('llama');
+  });
 });
