@@ -61,6 +61,23 @@ export function jobsRouter(deps: JobsRouterDeps): express.Router {
 
   const jobName = (req: Request): string => parseOrThrow(jobNameSchema, req.params.id, 'job name');
 
+  // One restore plan of a job at a time: another request for it waits its turn, so that an agent
+  // asking again and again holds one plan's reads and work, not many at once.
+  const planning = new Map<string, Promise<void>>();
+  const oneAtATime = async <T>(job: string, work: () => Promise<T>): Promise<T> => {
+    const mine = (planning.get(job) ?? Promise.resolve()).then(work);
+    const settled = mine.then(
+      () => undefined,
+      () => undefined,
+    );
+    planning.set(job, settled);
+    try {
+      return await mine;
+    } finally {
+      if (planning.get(job) === settled) planning.delete(job);
+    }
+  };
+
   /** The job's name, once the caller may act for it: any job for an operator, a job on its node for an agent. */
   const trainingJob = async (req: Request, res: Response): Promise<string> => {
     const name = jobName(req);
@@ -157,16 +174,16 @@ export function jobsRouter(deps: JobsRouterDeps): express.Router {
     '/jobs/:id/restore-plan',
     handle(async (req, res) => {
       const name = await trainingJob(req, res);
-      const record = await jobs.get(name);
       const evictedParam = typeof req.query.evicted === 'string' ? req.query.evicted : '';
       const evicted = new Set(evictedParam.split(',').filter(Boolean).map((node) => parseOrThrow(nodeNameSchema, node, 'evicted')));
-      const { topology } = parseJobSpec(record.spec);
-      const rankNodes = new Map(topology.ranks.map((rank) => [rank.rank, rank.node] as const));
-      const members = new Set(jobMembers(record));
-      // Copies on the evicted nodes are lost, and so are those on nodes that left the job (an evicted node replaced by a standby).
-      const { plan } = await planRestoreByStep(jobs.checkpointSteps(name), { ranks: topology.ranks.length, rankNodes }, async (holders) =>
-        holders.filter((holder) => evicted.has(holder) || !members.has(holder)),
-      );
+      const plan = await oneAtATime(name, async () => {
+        const record = await jobs.get(name);
+        const { topology } = parseJobSpec(record.spec);
+        const rankNodes = new Map(topology.ranks.map((rank) => [rank.rank, rank.node] as const));
+        const members = new Set(jobMembers(record));
+        // Copies on the evicted nodes are lost, and so are those on nodes that left the job (an evicted node replaced by a standby).
+        return (await planRestoreByStep(jobs.checkpointSteps(name), { ranks: topology.ranks.length, rankNodes }, async (holders) => holders.filter((holder) => evicted.has(holder) || !members.has(holder)))).plan;
+      });
       if (!plan) {
         res.status(409).json({ error: `no checkpoint step of ${name} survives the evictions of ${[...evicted].join(', ') || 'no node'}` });
         return;

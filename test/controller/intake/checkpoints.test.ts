@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Controller } from '../../../controller/service.js';
 import { READ_ONLY_TOKEN, agentToken, post, startController, testConfig } from '../../support/controller.js';
 import { testRedis } from '../../support/redis.js';
+import { until } from '../../support/until.js';
 
 /**
  * What a job's checkpoint reports may put into the controller: copies of the job's own ranks on
@@ -128,5 +129,24 @@ describe('checkpoint reports on the real controller', () => {
     expect(plan.body.step).toBe(first + 1);
     expect((plan.body.skipped as unknown[]).length).toBe(STEPS_KEPT - 1);
     expect((plan.body.sources as { rank: number; tier: string }[]).filter((source) => source.tier === 'remote').map((source) => source.rank)).toEqual(Array.from({ length: 16 }, (_, rank) => rank));
+
+    // Asked eight times at once, the controller makes one plan of the job at a time: each plan's
+    // reads of the job's steps (Redis MONITOR shows them) end before the next plan's begin.
+    const key = store.keys.jobCheckpoints('gpt');
+    const reads: string[] = [];
+    const monitor = await store.redis.monitor();
+    monitor.on('monitor', (_time: string, args: string[]) => {
+      if (args[1] === key && args[0]?.toLowerCase() === 'zrevrangebyscore') reads.push(args[2] === '+inf' ? 'start' : 'step');
+    });
+    try {
+      const again = await Promise.all(Array.from({ length: 8 }, () => get('/api/v1/jobs/gpt/restore-plan?evicted=n00,n01,n02,n03', AGENT)));
+      expect(again.map((answer) => [answer.status, answer.body.step])).toEqual(again.map(() => [200, first + 1]));
+      await until('every read of the eight plans seen', async () => reads.length, (count) => count >= 8 * STEPS_KEPT);
+    } finally {
+      monitor.disconnect();
+    }
+    // Each plan looks for its first step, then for the 63 below it: 64 lookups, one plan after another.
+    const onePlan = ['start', ...Array.from({ length: STEPS_KEPT - 1 }, () => 'step')];
+    expect(reads).toEqual(Array.from({ length: 8 }, () => onePlan).flat());
   });
 });
