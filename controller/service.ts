@@ -22,7 +22,7 @@ import { SignalIntake } from './intake.js';
 import { IntakeBatcher } from './intake-batch.js';
 import { GrafanaAnnotator } from './grafana.js';
 import { ControllerMetrics } from './metrics.js';
-import { JobStore } from './job-store.js';
+import { JobStore, jobMembers } from './job-store.js';
 import { RecoveryDispatcher } from './policy/recovery-dispatcher.js';
 import { ladderConfig, type LadderConfig } from './policy/ladder/index.js';
 import { ProgressWatch, TrainingProgressReports } from './progress.js';
@@ -169,7 +169,7 @@ export class Controller {
           prometheusUrl: config.progress.prometheusUrl,
           timeoutMs: config.progress.timeoutSeconds * 1000,
           nodeLabel: config.analysis.labels.nodeLabel,
-          nodesOf: async (job) => (await this.jobs.get(job)).spec.nodes,
+          nodesOf: async (job) => jobMembers(await this.jobs.get(job)),
         })
       : undefined;
     this.pool = new StandbyPool(this.workerRedis, this.keys, this.backend, config.standby);
@@ -339,7 +339,7 @@ export class Controller {
       const ended = await this.tickPart(job, 'finish check', async () => record.state === 'running' && (await finishIfWorkloadEnded({ jobs: this.jobs, backend: this.backend, launchers: this.options.config.launchers, audit: this.audit, logger: this.options.logger }, record.spec, now)));
       if (ended === true) continue;
       await this.tickPart(job, 'progress check', async () => {
-        const decided = await this.progress?.check(job, record.spec.nodes, now);
+        const decided = await this.progress?.check(job, jobMembers(record), now);
         if (decided === undefined) return;
         const { seen, ...verdict } = decided;
         this.options.logger.info({ job, verdict: verdict.event.type, seen }, 'restart judged by training progress');
