@@ -151,6 +151,15 @@ export function createApp(deps: ServerDeps): (req: IncomingMessage, res: ServerR
   }));
 
   app.use(API_ROOT, api);
+  // Some routes' work runs on the workers' connection, which waits for Redis rather than fail (a
+  // registration's dispatcher, code updates, the standby pool): every other route first passes the
+  // health check, so a Redis that is down or answers nothing is a 503 within its deadline, not a hang.
+  app.use(API_ROOT, (req, res, next) => {
+    deps.redisUp().then((up) => {
+      if (up) next();
+      else reject(res, endpointLabel(req.originalUrl), 503, 'store_unavailable', 'the store (Redis) is unavailable or does not answer; retry later');
+    }, next);
+  });
   // Each route reads the body only once the caller's credential passed its scope check (routes.ts).
   app.use(API_ROOT, provideBodyReader(json));
   for (const router of deps.routers ?? []) app.use(API_ROOT, router);

@@ -12,7 +12,7 @@ import { until } from '../support/until.js';
 /**
  * A Redis that keeps its connections open but answers nothing (stopped with SIGSTOP: a wedged or
  * swapping server looks the same) must not hold the controller's answers: the health check, the
- * jobs, the queues, the audit, the queue board's data and an agent's progress report each answer
+ * jobs, the queues, the audit, the queue board's data, a standby's poll, a registration and an agent's progress report each answer
  * 503 within seconds, and 200 again once Redis runs. Before, the health check's PING had no
  * deadline and the API's reads none either: they waited for as long as Redis was stopped.
  */
@@ -20,12 +20,14 @@ import { until } from '../support/until.js';
 /** What a caller may wait for an answer while Redis does not answer: the API's deadlines are 2 s (health) and 5 s (a command), and a failed request's health check. */
 const ANSWER_BOUND_MS = 15_000;
 
+let registrations = 0;
 const JOB = { name: 'hung', nodes: ['n00', 'n01'], ranksPerNode: 1, topology: { dp: 2 }, launcher: 'accept', codeVersion: 'v1' };
 
 interface Probe {
   readonly what: string;
   readonly path: string;
   readonly token?: string;
+  /** A POST's body, made anew for each call where a request may be taken once only. */
   readonly body?: unknown;
 }
 
@@ -37,6 +39,8 @@ const PROBES: readonly Probe[] = [
   { what: 'the audit', path: '/api/v1/audit?limit=5', token: READ_ONLY_TOKEN },
   { what: "the queue board's data", path: '/queues/api/queues', token: READ_ONLY_TOKEN },
   { what: 'the pause gate', path: '/api/v1/pause', token: TEST_TOKEN },
+  { what: "a standby's poll", path: '/api/v1/standby/n05', token: agentToken('n05') },
+  { what: 'a registration', path: '/api/v1/jobs', token: TEST_TOKEN, body: () => ({ ...JOB, name: `hung-${(registrations += 1)}`, nodes: [`r${registrations}`], topology: { dp: 1 } }) },
   {
     what: "an agent's progress report",
     path: '/api/v1/signals',
@@ -48,11 +52,12 @@ const PROBES: readonly Probe[] = [
 /** The probe's status and how long it took; a probe still unanswered at twice the bound is cut and counted as status 0. */
 async function ask(url: string, probe: Probe): Promise<{ status: number; ms: number; retryAfter: string | null }> {
   const started = Date.now();
+  const body = typeof probe.body === 'function' ? (probe.body as () => unknown)() : probe.body;
   try {
     const response = await fetch(`${url}${probe.path}`, {
-      method: probe.body === undefined ? 'GET' : 'POST',
-      headers: { ...(probe.token ? { authorization: `Bearer ${probe.token}` } : {}), ...(probe.body === undefined ? {} : { 'content-type': 'application/json' }) },
-      ...(probe.body === undefined ? {} : { body: JSON.stringify(probe.body) }),
+      method: body === undefined ? 'GET' : 'POST',
+      headers: { ...(probe.token ? { authorization: `Bearer ${probe.token}` } : {}), ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
+      ...(body === undefined ? {} : { body: JSON.stringify(body) }),
       signal: AbortSignal.timeout(2 * ANSWER_BOUND_MS),
     });
     await response.arrayBuffer();
@@ -88,8 +93,8 @@ describe('a Redis that is connected but answers nothing', () => {
     rmSync(dir, { recursive: true, force: true });
   });
 
-  it('answers every read, and an agent report, 503 with Retry-After within seconds while Redis is stopped, and 200 or 202 again once it runs', async () => {
-    const ok = (status: number): boolean => status === 200 || status === 202;
+  it('answers every read, a registration and an agent report, 503 with Retry-After within seconds while Redis is stopped, and 200 or 202 again once it runs', async () => {
+    const ok = (status: number): boolean => status === 200 || status === 201 || status === 202;
     for (const probe of PROBES) expect(ok((await ask(url, probe)).status), probe.what).toBe(true);
 
     process.kill(redisPid, 'SIGSTOP');
