@@ -1,8 +1,6 @@
-import { execFile } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { promisify } from 'node:util';
 import { AuditLog } from '../core/audit.js';
 import { configSchema } from '../core/config.js';
 import { Keys, workerConnection } from '../core/redis.js';
@@ -10,8 +8,7 @@ import { ControllerProcess } from '../sim/controller-process.js';
 import { startRedis } from '../sim/parts.js';
 import { freePorts, ProcessGroup } from '../sim/processes.js';
 import { quantile } from './stats.js';
-
-const run = promisify(execFile);
+import { probeHealthz } from './healthz-probe.js';
 
 /**
  * What filtered audit reads cost everyone else: /healthz latency while two read-only clients ask
@@ -27,25 +24,6 @@ const NODES = 64;
 const READERS = 2;
 const PROBES = Number(process.env.STEADFAST_BENCH_PROBES ?? 300);
 const READ_ONLY = 'bench-read-only-0123456789';
-
-// The probe runs in a process of its own, so that the readers (in this one) do not delay it.
-const PROBE_SCRIPT = `
-const [url, count] = process.argv.slice(1);
-const latencies = [];
-for (let index = 0; index < Number(count); index += 1) {
-  const started = performance.now();
-  const response = await fetch(url + '/healthz');
-  await response.arrayBuffer();
-  latencies.push(performance.now() - started);
-  await new Promise((resolve) => setTimeout(resolve, 10));
-}
-console.log(JSON.stringify(latencies));
-`;
-
-async function probe(url: string, count: number): Promise<number[]> {
-  const { stdout } = await run(process.execPath, ['--input-type=module', '-e', PROBE_SCRIPT, url, String(count)]);
-  return (JSON.parse(stdout) as number[]).sort((a, b) => a - b);
-}
 
 async function read(url: string, path: string): Promise<{ entries: { id: string }[] }> {
   const response = await fetch(`${url}${path}`, { headers: { authorization: `Bearer ${READ_ONLY}` } });
@@ -67,7 +45,7 @@ async function probeDuring(url: string, once: () => Promise<void>): Promise<{ la
       reads += 1;
     }
   });
-  const latencies = await probe(url, PROBES);
+  const latencies = await probeHealthz(url, PROBES);
   stop = true;
   await Promise.all(readers);
   return { latencies, reads };
@@ -105,7 +83,7 @@ async function main(): Promise<void> {
     const url = controller.url;
     // Once, so that neither measured phase pays for indexing what came before (none here).
     await read(url, '/api/v1/audit?node=node-7&limit=1');
-    const quiet = await probe(url, PROBES);
+    const quiet = await probeHealthz(url, PROBES);
     const filtered = await probeDuring(url, async () => {
       await read(url, '/api/v1/audit?node=node-7&limit=100');
     });

@@ -1,8 +1,6 @@
-import { execFile } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { promisify } from 'node:util';
 import { AuditLog } from '../core/audit.js';
 import { configSchema } from '../core/config.js';
 import { Keys, workerConnection } from '../core/redis.js';
@@ -10,8 +8,7 @@ import { ControllerProcess } from '../sim/controller-process.js';
 import { startRedis } from '../sim/parts.js';
 import { freePorts, ProcessGroup } from '../sim/processes.js';
 import { quantile } from './stats.js';
-
-const run = promisify(execFile);
+import { probeHealthz } from './healthz-probe.js';
 
 /**
  * What a flood of big reads costs everyone else: /healthz latency while 16 clients with the
@@ -25,25 +22,6 @@ const ENTRIES = Number(process.env.STEADFAST_BENCH_AUDIT_ENTRIES ?? 20_000);
 const READERS = 16;
 const PROBES = Number(process.env.STEADFAST_BENCH_PROBES ?? 300);
 const READ_ONLY = 'bench-read-only-0123456789';
-
-// The probe runs in a process of its own, so that the flood's clients (in this one) do not delay it.
-const PROBE_SCRIPT = `
-const [url, count] = process.argv.slice(1);
-const latencies = [];
-for (let index = 0; index < Number(count); index += 1) {
-  const started = performance.now();
-  const response = await fetch(url + '/healthz');
-  await response.arrayBuffer();
-  latencies.push(performance.now() - started);
-  await new Promise((resolve) => setTimeout(resolve, 10));
-}
-console.log(JSON.stringify(latencies));
-`;
-
-async function probe(url: string, count: number): Promise<number[]> {
-  const { stdout } = await run(process.execPath, ['--input-type=module', '-e', PROBE_SCRIPT, url, String(count)]);
-  return (JSON.parse(stdout) as number[]).sort((a, b) => a - b);
-}
 
 function describe(name: string, latencies: number[]): string {
   return `${name.padEnd(22)} /healthz p50 ${quantile(latencies, 0.5).toFixed(1)} ms  p99 ${quantile(latencies, 0.99).toFixed(1)} ms  max ${Math.max(...latencies).toFixed(1)} ms`;
@@ -69,7 +47,7 @@ async function main(): Promise<void> {
     const controller = new ControllerProcess(processes, { name: 'controller', dir: root, config, workers: false, compiled: true });
     await controller.start();
     const url = controller.url;
-    const quiet = await probe(url, PROBES);
+    const quiet = await probeHealthz(url, PROBES);
     const rssBefore = controller.peakRssBytes();
     let stop = false;
     let served = 0;
@@ -83,7 +61,7 @@ async function main(): Promise<void> {
         if (response.status === 429) await new Promise((resolve) => setTimeout(resolve, 20));
       }
     });
-    const flooded = await probe(url, PROBES);
+    const flooded = await probeHealthz(url, PROBES);
     stop = true;
     await Promise.all(readers);
     const rssAfter = controller.peakRssBytes();

@@ -433,32 +433,29 @@ function replacedMembers(shard: CheckpointShard): string[] {
   return shard.holder === undefined ? others.map(() => '') : others.map((tier) => copyMember({ ...shard, tier }));
 }
 
-function readPolicy(raw: string | undefined): JobPolicy {
-  if (raw === undefined) return DEFAULT_JOB_POLICY;
+/** A stored JSON field read back through `schema`, or undefined when it is not JSON or not of that shape. */
+function readStored<T>(raw: string, schema: z.ZodType<T>): T | undefined {
   let value: unknown;
   try {
     value = JSON.parse(raw);
   } catch {
-    value = undefined;
+    return undefined;
   }
-  const parsed = jobPolicySchema.safeParse(value);
+  const parsed = schema.safeParse(value);
+  return parsed.success ? parsed.data : undefined;
+}
+
+function readPolicy(raw: string | undefined): JobPolicy {
+  if (raw === undefined) return DEFAULT_JOB_POLICY;
   // A policy that does not read back is taken as the most careful one: recover nothing.
-  return parsed.success ? parsed.data : { recovery: false, dryRun: true };
+  return readStored(raw, jobPolicySchema) ?? { recovery: false, dryRun: true };
 }
 
 const vacantSchema = z.array(nodeNameSchema);
 
 /** The job's vacant nodes as stored; none when the field is absent (or does not read back). */
 function readVacant(raw: string | undefined): string[] {
-  if (raw === undefined) return [];
-  let value: unknown;
-  try {
-    value = JSON.parse(raw);
-  } catch {
-    value = undefined;
-  }
-  const parsed = vacantSchema.safeParse(value);
-  return parsed.success ? parsed.data : [];
+  return raw === undefined ? [] : (readStored(raw, vacantSchema) ?? []);
 }
 
 /** Share of [from, to] spent productive, from the job's productive/unproductive transitions. */
