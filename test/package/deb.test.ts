@@ -41,8 +41,12 @@ const NODE_FLAGS = '--max-semi-space-size=2 --stack-size=900';
 const UNIT_DIR = '/usr/lib/systemd/system';
 const AGENT_UNIT = `${UNIT_DIR}/steadfast-agent.service`;
 const CONTROLLER_UNIT = `${UNIT_DIR}/steadfast-controller.service`;
-/** Where a purge may leave new files: the package manager's records and the kept user's backups. */
-const BOOKKEEPING = [/^var\/lib\/dpkg\//, /^var\/lib\/apt\//, /^var\/log\//, /^var\/cache\/apt\//, /^var\/cache\/debconf\//, /^var\/cache\/ldconfig\//, /^etc\/(passwd|group|shadow|gshadow|subuid|subgid)-$/];
+/**
+ * Where a purge may leave new files: the package manager's records, the kept user's backups, and
+ * systemd's runtime markers that the system's own tools write under /run (trixie's util-linux
+ * writes run/systemd/systemd-units-load where no systemd runs), a tmpfs emptied at every boot.
+ */
+const BOOKKEEPING = [/^(var\/)?run\/systemd\//, /^var\/lib\/dpkg\//, /^var\/lib\/apt\//, /^var\/log\//, /^var\/cache\/apt\//, /^var\/cache\/debconf\//, /^var\/cache\/ldconfig\//, /^etc\/(passwd|group|shadow|gshadow|subuid|subgid)-$/];
 
 let work = '';
 let root = '';
