@@ -65,13 +65,18 @@ export function isFastPathFault(event: FastPathEvent): event is FastPathFault {
  * older than this is no news the node acts on: an outage this long is covered by the alert.
  */
 export const FAULT_MAX_AGE_MS = 24 * 3600 * 1000;
-/** How far ahead of the controller's clock an agent's clock may run. */
+/**
+ * How far ahead of its arrival a fault's time is taken as the agent's own. Past it the agent's
+ * clock runs fast: the fault is real news all the same (a GPU that fell off the bus must not be
+ * lost to a node whose NTP drifted), so it is dated at its arrival and its reported time kept in
+ * its evidence (fast-path-signal.ts); a time in the future can then never place a fault after an
+ * operator's resume that it came before.
+ */
 export const FAULT_MAX_AHEAD_MS = 10 * 60 * 1000;
 
-/** Why a fault's time cannot be when its agent saw it, arriving at `receivedAt` (ms); undefined when it can. */
-export function implausibleFaultTime(event: FastPathFault, receivedAt: number): string | undefined {
+/** Why a fault dated `event.time` is no news, arriving at `receivedAt` (ms); undefined when it is. */
+export function staleFaultTime(event: FastPathFault, receivedAt: number): string | undefined {
   const at = Date.parse(event.time);
   if (at < receivedAt - FAULT_MAX_AGE_MS) return `${event.time} is more than ${FAULT_MAX_AGE_MS / 3600_000} h before the event arrived: an agent sends a fault when it sees it`;
-  if (at > receivedAt + FAULT_MAX_AHEAD_MS) return `${event.time} is more than ${FAULT_MAX_AHEAD_MS / 60_000} minutes after the event arrived: the agent's clock runs ahead`;
   return undefined;
 }

@@ -1,4 +1,4 @@
-import type { FastPathFault } from '../../core/fast-path-event.js';
+import { FAULT_MAX_AHEAD_MS, type FastPathFault } from '../../core/fast-path-event.js';
 import { faultFingerprint, stableHash, type Signal } from '../../core/signal.js';
 import { xidSignalClass } from '../policy/fault-class.js';
 
@@ -8,6 +8,10 @@ export function signalFromFastPath(event: FastPathFault, receivedAt: Date): Sign
   const fingerprint = faultFingerprint({ kind: event.kind, node: event.node, gpu: event.gpu, detail });
   const evidence: Record<string, string | number | boolean> = { message: event.message };
   if (event.rank !== undefined) evidence.rank = event.rank;
+  // A clock running fast: the fault counts from its arrival, its own time kept as evidence.
+  const reported = Date.parse(event.time);
+  const ahead = reported > receivedAt.getTime() + FAULT_MAX_AHEAD_MS;
+  if (ahead) evidence.reportedTime = new Date(reported).toISOString();
   let severity: Signal['severity'] = 'critical';
   if (event.kind === 'xid' && event.xid !== undefined) {
     // The controller classifies again (its one table, fault-class.ts) rather than trusting the sender's verdict.
@@ -24,7 +28,7 @@ export function signalFromFastPath(event: FastPathFault, receivedAt: Date): Sign
     gpu: event.gpu,
     job: event.job,
     severity,
-    time: new Date(event.time).toISOString(),
+    time: ahead ? receivedAt.toISOString() : new Date(reported).toISOString(),
     receivedAt: receivedAt.toISOString(),
     fingerprint,
     source: 'agent',

@@ -1,7 +1,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { describeIdentity, type Credentials } from '../../core/credentials.js';
 import { StoreUnavailableError } from '../../core/errors.js';
-import { fastPathBodySchema, implausibleFaultTime, isFastPathFault, isTrainingProgress, type FastPathFault, type TrainingProgressEvent } from '../../core/fast-path-event.js';
+import { fastPathBodySchema, isFastPathFault, isTrainingProgress, staleFaultTime, type FastPathFault, type TrainingProgressEvent } from '../../core/fast-path-event.js';
 import type { Logger } from '../../core/log.js';
 import { rateLimitMessage, type ClientRateLimiter } from '../../core/rate-limit.js';
 import type { Signal } from '../../core/signal.js';
@@ -138,15 +138,15 @@ export function intakeHandler(deps: IntakeHttpDeps): (req: IncomingMessage, res:
     const now = new Date();
     // Progress is no fault: it is kept beside the job for the progress watch, not queued as a signal.
     const progress = events.filter(isTrainingProgress);
-    // A fault dated far from its arrival is refused on its own (an Xid of 2001 is no news to drain
-    // a node for); the rest of its batch is taken, as one bad alert does not cost a webhook.
+    // A fault dated long before its arrival is refused on its own (an Xid of 2001 is no news to
+    // drain a node for); the rest of its batch is taken, as one bad alert does not cost a webhook.
     const faults: FastPathFault[] = [];
     const refused: RefusedAlert[] = [];
     events.forEach((event, index) => {
       if (!isFastPathFault(event)) return;
-      const implausible = implausibleFaultTime(event, now.getTime());
-      if (implausible === undefined) faults.push(event);
-      else refused.push({ index, reason: `${Array.isArray(parsed.data) ? `${index}.` : ''}time: ${implausible}` });
+      const stale = staleFaultTime(event, now.getTime());
+      if (stale === undefined) faults.push(event);
+      else refused.push({ index, reason: `${Array.isArray(parsed.data) ? `${index}.` : ''}time: ${stale}` });
     });
     if (refused.length > 0) {
       const shown = `${refused.slice(0, 20).map((event) => event.reason).join('; ')}${refused.length > 20 ? '; …' : ''}`;
@@ -154,7 +154,7 @@ export function intakeHandler(deps: IntakeHttpDeps): (req: IncomingMessage, res:
         reject(res, 'signals', 400, 'invalid', `invalid fast-path event: ${shown}`);
         return;
       }
-      logger.warn({ node: events[0]?.node, refused: refused.length, first: refused[0]?.reason }, 'fast-path faults refused: dated far from their arrival');
+      logger.warn({ node: events[0]?.node, refused: refused.length, first: refused[0]?.reason }, 'fast-path faults refused: dated long before their arrival');
     }
     const recordProgress = progress.length > 0 ? () => deps.recordProgress(progress, now.getTime()) : undefined;
     await store(res, 'signals', faults.map((event) => ({ ...signalFromFastPath(event, now), origin })), refused, recordProgress);
