@@ -27,7 +27,9 @@ import { quantile } from './stats.js';
 const SHARED = ['machine-fault', 'bad-code', 'crash'] as const satisfies readonly ScenarioName[];
 /** The scenarios that need a lab of their own (OWN_LAB): one fresh lab per run, fewer runs by default. */
 const OWN = ['hang', 'fail-slow'] as const satisfies readonly ScenarioName[];
-const BENCHED: readonly ScenarioName[] = [...SHARED, ...OWN];
+/** The hot swap's two cases, on one lab per round (a spare for each), as many rounds as the shared lab's: its figures stand beside the relaunch's. */
+const HOT_SWAP = ['hot-swap', 'hot-swap-spare-dies'] as const satisfies readonly ScenarioName[];
+const BENCHED: readonly ScenarioName[] = [...SHARED, ...OWN, ...HOT_SWAP];
 
 function runsFlag(flag: string, variable: string, fallback: number): number {
   const at = process.argv.indexOf(flag);
@@ -46,6 +48,9 @@ const OWN_RUNS = runsFlag('--own-runs', 'STEADFAST_BENCH_LAB_OWN_RUNS', 1);
 /** Targets from the spec, checked against the medians. */
 const OWN_SHARE_TARGET_MS = 1000;
 const FIRST_ITERATION_TARGET_MS = 20_000;
+/** The hot swap: fault → first new iteration, absolute and as a share of the relaunch's in the same run. */
+const HOT_SWAP_TARGET_MS = 3000;
+const HOT_SWAP_RATIO_TARGET = 0.4;
 
 interface Phases {
   readonly detection: number | null;
@@ -80,6 +85,8 @@ const ORIGIN: Readonly<Record<ScenarioName, RegExp>> = {
   'bad-code': /^run \S+ failed/,
   crash: /^run \S+ failed/,
   'fail-slow': /^slowed further/,
+  'hot-swap': /^fatal Xid/,
+  'hot-swap-spare-dies': /^fatal Xid/,
 };
 
 /** The demo's timeline read by the labels' leading words (sim/lab/scenarios.ts writes them). */
@@ -124,6 +131,14 @@ function failSlowFigures(reports: readonly FailSlowReport[]): string {
     text += s === undefined ? `| ${label} | — | — | — |\n` : `| ${label} | ${fmt(s.median)}${unit} | ${fmt(s.min)}${unit} | ${fmt(s.max)}${unit} |\n`;
   }
   return text;
+}
+
+/** The hot swap's own figures: iterations executed again, ranks started anew, the losses against an unfaulted run. */
+function hotSwapFigures(reports: readonly ScenarioReport[]): string {
+  const again = summary(reports.map((report) => report.reexecutedIterations ?? null));
+  const restarted = summary(reports.map((report) => report.ranksRestarted ?? null));
+  const matched = reports.filter((report) => report.lossMatches === true).length;
+  return `\niterations executed again: ${again === undefined ? '—' : `${fmt(again.median)} median (max ${fmt(again.max)})`}; rank processes started anew: ${restarted === undefined ? '—' : `max ${fmt(restarted.max)}`}; one Slurm job throughout in ${reports.filter((report) => report.slurmJobIds.length === 1).length}/${reports.length}; losses equal to an unfaulted run's in ${matched}/${reports.length}\n`;
 }
 
 function summary(values: readonly (number | null)[]): { median: number; min: number; max: number; n: number } | undefined {
@@ -176,6 +191,7 @@ async function main(): Promise<void> {
   const rounds: { label: string; names: readonly ScenarioName[]; options: ProtectedLabOptions }[] = [
     ...Array.from({ length: RUNS }, (_, index) => ({ label: `round ${index + 1}/${RUNS} (${SHARED.join(', ')})`, names: SHARED, options: {} })),
     ...OWN.flatMap((name) => Array.from({ length: OWN_RUNS }, (_, index) => ({ label: `${name} ${index + 1}/${OWN_RUNS}, on a lab of its own`, names: [name], options: OWN_LAB[name] ?? {} }))),
+    ...Array.from({ length: RUNS }, (_, index) => ({ label: `hot swap ${index + 1}/${RUNS} (${HOT_SWAP.join(', ')}), on a lab with spares`, names: HOT_SWAP, options: OWN_LAB['hot-swap'] ?? {} })),
   ];
   for (const { label, names, options } of rounds) {
     for (const report of await round(label, names, options, say)) reports.get(report.name as ScenarioName)?.push(report);
@@ -208,6 +224,13 @@ async function main(): Promise<void> {
       checks.push(`${ok ? 'OK ' : 'MISS'} ${name}: steadfast's own share ${own === undefined ? '—' : `${fmt(own.median)} ms`} median (target ≤ ${OWN_SHARE_TARGET_MS} ms)`);
     }
     if (name === 'fail-slow') out(failSlowFigures(recovered as FailSlowReport[]));
+    if (name === 'hot-swap') {
+      out(hotSwapFigures(recovered));
+      const relaunch = summary((reports.get('machine-fault') ?? []).filter((report) => report.recovered).map((report) => phases(report).firstIteration));
+      const ratio = first === undefined || relaunch === undefined ? undefined : first.median / relaunch.median;
+      checks.push(`${first !== undefined && first.median <= HOT_SWAP_TARGET_MS ? 'OK ' : 'MISS'} hot-swap: fault → first new iteration ${first === undefined ? '—' : `${(first.median / 1000).toFixed(1)} s`} median (target ≤ ${HOT_SWAP_TARGET_MS / 1000} s)`);
+      checks.push(`${ratio !== undefined && ratio <= HOT_SWAP_RATIO_TARGET ? 'OK ' : 'MISS'} hot-swap: ${ratio === undefined ? '—' : `${ratio.toFixed(2)}×`} the relaunch path's time in this run (target ≤ ${HOT_SWAP_RATIO_TARGET}×)`);
+    }
     // The 20 s target is the three faults' that one lab runs; the hang's includes a 10 s stalled-progress bound, fail-slow's the costs S3 and S4 wait out.
     if (!(SHARED as readonly string[]).includes(name)) continue;
     const ok = first !== undefined && first.median <= FIRST_ITERATION_TARGET_MS;

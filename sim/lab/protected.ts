@@ -26,6 +26,7 @@ import { LAB_DIAGNOSTICS } from './diagnostics.js';
 import { labDown, type LabDownReport } from './down.js';
 import { labLayout, type LabLayout, type LabNode } from './layout.js';
 import { nodeCommand, slurmEnv } from './slurm.js';
+import { startRendezvousStore } from './hot-swap-lab.js';
 import { JobLog, jobLogFile, launcherCommand, writeCodeVersion, type TrainingPaths } from './training.js';
 import { labUp } from './up.js';
 
@@ -81,6 +82,8 @@ export interface ProtectedLabOptions {
    * a simulated nvidia-smi of 8 GPUs (sim/fake-nvidia-smi.sh) — the lab has no GPUs.
    */
   readonly gpuReset?: boolean;
+  /** Hot swap: spare nodes after the compute nodes, in the job's allocation (`hotSwap.spares`), and the ranks' rendezvous store (hot-swap-lab.ts). */
+  readonly spares?: number;
   /** Log the controller to stderr instead of to a file under the root. */
   readonly verbose?: boolean;
   /** Keep the root directory (logs, checkpoints, configs) after down. */
@@ -102,6 +105,7 @@ export class ProtectedLab {
   controller!: Controller;
   config!: Config;
   controllerUrl = '';
+  rendezvous: string | undefined; // the hot-swap rendezvous store's host:port, with options.spares
   /** The simulated GPUs of each node, with options.gpuReset. */
   readonly gpus = new Map<string, SimulatedNode>();
   private labStarted = false;
@@ -114,7 +118,7 @@ export class ProtectedLab {
   ) {
     this.layout = labLayout({
       dir: join(root, 'lab'),
-      nodes: options.nodes ?? 2,
+      nodes: (options.nodes ?? 2) + (options.spares ?? 0),
       standbys: options.standbys ?? 2,
       ...(options.prefix === undefined ? {} : { prefix: options.prefix }),
       ...(options.subnet === undefined ? {} : { subnet: options.subnet }),
@@ -132,8 +136,14 @@ export class ProtectedLab {
     return new ProtectedLab(mkdtempSync(join(tmpdir(), 'steadfast-protected-')), options);
   }
 
+  /** The job's own nodes: the compute nodes before the spares. */
   get computeNodes(): LabNode[] {
-    return this.layout.nodes.filter((node) => node.role === 'compute');
+    return this.layout.nodes.filter((node) => node.role === 'compute').slice(0, this.options.nodes ?? 2);
+  }
+
+  /** The hot-swap spares: compute nodes of the allocation after the job's own. */
+  get spareNodes(): LabNode[] {
+    return this.layout.nodes.filter((node) => node.role === 'compute').slice(this.options.nodes ?? 2);
   }
 
   get conf(): string {
@@ -192,6 +202,7 @@ export class ProtectedLab {
       labUp({ ...layout.options, dir: layout.dir }),
     );
     this.redis = await this.step('Redis up', () => startRedis(this.processes, root));
+    if ((this.options.spares ?? 0) > 0) this.rendezvous = await this.step('the ranks\' rendezvous store up on the bridge', () => startRendezvousStore(this));
 
     const [controllerPort, controllerMetricsPort, prometheusPort] = await freePorts(3);
     // On the bridge: the agents' fast path and the ranks' client come from the namespaces.
@@ -325,6 +336,7 @@ export class ProtectedLab {
         // Each rank reports checkpoints with its own node's agent token (the client fills in {node}).
         tokenFile: join(this.root, 'agent-token-{node}'),
         agentTokenFile: join(this.root, 'agent-web-token-{node}'),
+        ...(this.rendezvous === undefined ? {} : { hotSwap: { rendezvous: this.rendezvous } }),
       }),
     };
   }
@@ -340,9 +352,12 @@ export class ProtectedLab {
     const launcher = this.launcher();
     // Data-parallel only: one rank per node, each a replica.
     const microbatches = this.options.failSlow === undefined ? {} : { microbatches: { perIteration: nodes.length * LAB_MICROBATCHES_PER_RANK } };
-    const registered = await this.api('/api/v1/jobs', { name: this.job, nodes, ranksPerNode: 1, topology: { dp: nodes.length }, launcher: LAB_LAUNCHER, codeVersion: 'v1', ...microbatches });
+    const spares = this.spareNodes.map((node) => node.name);
+    const hotSwap = spares.length === 0 ? {} : { hotSwap: { spares } };
+    const registered = await this.api('/api/v1/jobs', { name: this.job, nodes, ranksPerNode: 1, topology: { dp: nodes.length }, launcher: LAB_LAUNCHER, codeVersion: 'v1', ...microbatches, ...hotSwap });
     if (registered.status !== 201) throw new LabError(`registering ${this.job} failed: ${registered.status} ${JSON.stringify(registered.body)}`);
-    const argv = launchArgv(launcher, { job: this.job, nodes, version: 'v1' });
+    // A hot-swap job's allocation is its nodes and its spares, as the controller's relaunch gives {nodes}.
+    const argv = launchArgv(launcher, { job: this.job, nodes: [...nodes, ...spares], version: 'v1' });
     const { stdout } = await run(argv[0] ?? 'sbatch', argv.slice(1), { env: { ...process.env, ...slurmEnv(this.conf) }, timeout: 30_000 });
     return stdout.trim().split(';')[0] ?? '';
   }

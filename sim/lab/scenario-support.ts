@@ -28,6 +28,12 @@ export interface ScenarioReport {
   readonly lostIterations: number | null;
   /** Every Slurm run of the job in the scenario, in order. */
   readonly slurmJobIds: string[];
+  /** Hot swap: iterations completed before the fault and executed again after it. */
+  readonly reexecutedIterations?: number | null;
+  /** Hot swap: rank processes started anew after the fault (a spare taking a shard is not one). */
+  readonly ranksRestarted?: number;
+  /** Hot swap: rank 0's losses at the first steps after the swap equal an unfaulted run's (within 1e-6). */
+  readonly lossMatches?: boolean;
   readonly timeline: TimelineStep[];
   /** Why it does not count as recovered; empty when it does. */
   readonly problems: string[];

@@ -4,6 +4,7 @@ import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { triggerRankCrash, triggerRankHang, writeCodeVersion } from './training.js';
 import { FAIL_SLOW_LAB, runFailSlow } from './scenario-fail-slow.js';
+import { HOT_SWAP_LAB, runHotSwap, runHotSwapSpareDies } from './scenario-hot-swap.js';
 import { RECOVERY_TIMEOUT_MS, at, recoveryDeadline, timeLeft, beforeNodeFault, entriesSince, firstStep, judgeEviction, judgeResumption, receivedAt, report, step, until, waitForNewRun, waitForRunning, waitForTraining, type ScenarioReport } from './scenario-support.js';
 
 export { waitForTraining, type ScenarioReport, type TimelineStep } from './scenario-support.js';
@@ -25,10 +26,12 @@ export { waitForTraining, type ScenarioReport, type TimelineStep } from './scena
  *    a standby in its place, relaunched from the newest checkpoint;
  *  - fail-slow: one machine computes slower → its rank's pushed compute times → the online
  *    fail-slow analyzer → S2 rebalanced micro-batches, then, slower still, S4: evicted onto a
- *    standby, resumed from the newest checkpoint (scenario-fail-slow.ts).
+ *    standby, resumed from the newest checkpoint (scenario-fail-slow.ts);
+ *  - hot-swap, hot-swap-spare-dies: a machine fault recovered inside the running job by a spare
+ *    restored from in-memory replicas, and the fallback when the spare dies (scenario-hot-swap.ts).
  */
 
-export const SCENARIO_NAMES = ['machine-fault', 'bad-code', 'crash', 'hang', 'fail-slow'] as const;
+export const SCENARIO_NAMES = ['machine-fault', 'bad-code', 'crash', 'hang', 'fail-slow', 'hot-swap', 'hot-swap-spare-dies'] as const;
 export type ScenarioName = (typeof SCENARIO_NAMES)[number];
 
 /** Scenario 1: a fatal Xid on one of the job's nodes. */
@@ -260,6 +263,8 @@ export const SCENARIOS: Readonly<Record<ScenarioName, (lab: ProtectedLab) => Pro
   crash: runCrash,
   hang: runHang,
   'fail-slow': runFailSlow,
+  'hot-swap': runHotSwap,
+  'hot-swap-spare-dies': runHotSwapSpareDies,
 };
 
 /**
@@ -267,11 +272,15 @@ export const SCENARIOS: Readonly<Record<ScenarioName, (lab: ProtectedLab) => Pro
  * and a short stalled-progress bound, which the others must not have (a relaunch is a pause of
  * several seconds too); fail-slow needs the job registered with micro-batches and fail-slow
  * checks and costs at the lab's pace, which would make the others' relaunch pauses look like
- * slow-downs.
+ * slow-downs; the hot swap needs spare nodes in the job's allocation and a rendezvous store (both
+ * of its cases share one lab).
  */
 export const OWN_LAB: Readonly<Partial<Record<ScenarioName, ProtectedLabOptions>>> = {
   hang: { nodes: 3, standbys: 1, noProgressSeconds: 10 },
   'fail-slow': FAIL_SLOW_LAB,
+  // One lab for both hot-swap cases: its job has a spare for each.
+  'hot-swap': HOT_SWAP_LAB,
+  'hot-swap-spare-dies': HOT_SWAP_LAB,
 };
 
 /**
@@ -280,8 +289,16 @@ export const OWN_LAB: Readonly<Partial<Record<ScenarioName, ProtectedLabOptions>
  */
 export function scenarioLabs(names: readonly ScenarioName[]): { options: ProtectedLabOptions; names: ScenarioName[] }[] {
   const shared = names.filter((name) => OWN_LAB[name] === undefined);
-  const own = names.filter((name) => OWN_LAB[name] !== undefined);
-  return [...(shared.length > 0 ? [{ options: {}, names: shared }] : []), ...own.map((name) => ({ options: OWN_LAB[name] ?? {}, names: [name] }))];
+  const own: { options: ProtectedLabOptions; names: ScenarioName[] }[] = [];
+  for (const name of names) {
+    const options = OWN_LAB[name];
+    if (options === undefined) continue;
+    // Scenarios naming the same lab share one, in the order given.
+    const group = own.find((candidate) => candidate.options === options);
+    if (group) group.names.push(name);
+    else own.push({ options, names: [name] });
+  }
+  return [...(shared.length > 0 ? [{ options: {}, names: shared }] : []), ...own];
 }
 
 /** Runs scenarios one after the other on one lab; a scenario that throws is reported as not recovered. */

@@ -28,6 +28,12 @@ export interface TrainingOptions {
   readonly controllerUrl: string;
   readonly tokenFile: string;
   readonly agentTokenFile: string;
+  /**
+   * Hot swap on (the job is registered with spares): the rendezvous store's `host:port`, which
+   * outlives every rank. The allocation is the launcher's `{nodes}` (the job's nodes and its
+   * unused spares), so no node count is fixed, and the job is submitted with `--no-kill`.
+   */
+  readonly hotSwap?: { readonly rendezvous: string };
 }
 
 /** The batch host's output file of `job`'s runs, which that node's agent follows. */
@@ -53,13 +59,15 @@ export function launcherCommand(paths: TrainingPaths, options: TrainingOptions):
     STEADFAST_AGENT_URL: 'http://127.0.0.1:9401',
     STEADFAST_AGENT_TOKEN_FILE: options.agentTokenFile,
     STEADFAST_LAB_FAULTS: paths.faults,
+    ...(options.hotSwap === undefined ? {} : { STEADFAST_HOT_SWAP: '1', STEADFAST_RENDEZVOUS: options.hotSwap.rendezvous }),
   };
   return [
     'sbatch',
     '--parsable',
     '--job-name={job}',
     '--nodelist={nodes}',
-    `--nodes=${options.nodes}`,
+    // A hot-swap job's allocation is its nodes and its spares, however many are left; a failed node must not end it.
+    ...(options.hotSwap === undefined ? [`--nodes=${options.nodes}`] : ['--no-kill']),
     '--ntasks-per-node=1',
     `--output=${join(paths.logs, '%x-%N.out')}`,
     '--open-mode=append',

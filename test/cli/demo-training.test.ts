@@ -8,7 +8,7 @@ import { runCli } from '../support/cli.js';
 /** `steadfast demo --scenario training`: its input, refused before anything starts (test/lab/ runs the scenarios). */
 describe('steadfast demo --scenario training: input', () => {
   it('runs every scenario by default, or the ones named, in the order given', () => {
-    expect(parseScenarioList(undefined)).toEqual(['machine-fault', 'bad-code', 'crash', 'hang', 'fail-slow']);
+    expect(parseScenarioList(undefined)).toEqual(['machine-fault', 'bad-code', 'crash', 'hang', 'fail-slow', 'hot-swap', 'hot-swap-spare-dies']);
     expect(parseScenarioList('crash, machine-fault')).toEqual(['crash', 'machine-fault']);
   });
 
@@ -29,9 +29,18 @@ describe('steadfast demo --scenario training: input', () => {
     ]);
   });
 
+  it('runs both hot-swap cases on one lab of their own: 2 ranks, a spare for each case, a standby for the fallback', () => {
+    const hotSwapLab = { nodes: 2, spares: 2, standbys: 1 };
+    expect(scenarioLabs(['hot-swap', 'machine-fault', 'hot-swap-spare-dies'])).toEqual([
+      { options: {}, names: ['machine-fault'] },
+      { options: hotSwapLab, names: ['hot-swap', 'hot-swap-spare-dies'] },
+    ]);
+    expect(scenarioLabs(['hot-swap-spare-dies'])).toEqual([{ options: hotSwapLab, names: ['hot-swap-spare-dies'] }]);
+  });
+
   it('refuses an unknown or empty scenario list, naming the choices', () => {
     expect(() => parseScenarioList('slow-disk')).toThrow(InputError);
-    expect(() => parseScenarioList('slow-disk')).toThrow(/unknown slow-disk; choose from machine-fault, bad-code, crash, hang, fail-slow/);
+    expect(() => parseScenarioList('slow-disk')).toThrow(/unknown slow-disk; choose from machine-fault, bad-code, crash, hang, fail-slow, hot-swap, hot-swap-spare-dies/);
     expect(() => parseScenarioList(',')).toThrow(/empty/);
   });
 
