@@ -2,6 +2,7 @@ import { writeFileSync } from 'node:fs';
 import { Command, InvalidArgumentError } from 'commander';
 import { InputError, errorMessage } from '../core/errors.js';
 import { compareStrategies, type EttrComparison } from '../sim/ettr/compare.js';
+import { LAB_SWAP_TARGET_SECONDS, SWAP_FIGURES, type HotSwapOptions, type SwapFigures } from '../sim/ettr/hot-swap.js';
 import { ettrParams, PAPER_JOB, type EttrOptions } from '../sim/ettr/model.js';
 import { reportJson, reportText } from '../sim/ettr/report.js';
 import { sensitivity, type Sensitivity } from '../sim/ettr/sensitivity.js';
@@ -21,7 +22,26 @@ function wholeNumber(value: string): number {
   return number;
 }
 
+function share(value: string): number {
+  const number = Number(value);
+  if (value.trim() === '' || !(number >= 0 && number <= 1)) throw new InvalidArgumentError('must be a share between 0 and 1');
+  return number;
+}
+
+function swapFigures(value: string): SwapFigures {
+  const found = SWAP_FIGURES.find((figures) => figures === value);
+  if (found === undefined) throw new InvalidArgumentError(`must be one of ${SWAP_FIGURES.join(', ')}`);
+  return found;
+}
+
 interface EttrFlags {
+  hotSwap: boolean;
+  swapFigures: SwapFigures;
+  swapSeconds?: number;
+  swapFallback: number;
+  swapTimeout: number;
+  nodesPerSpare: number;
+  stepSeconds: number;
   gpus?: number;
   nodes?: number;
   days: number;
@@ -77,13 +97,30 @@ export function simulateCommand(): Command {
     .option('--seed <s>', 'seed of the incident draw', wholeNumber, 1)
     .option('--checkpoint-minutes <m>', 'checkpoint interval (default: Daly\'s optimum for the job\'s MTBF)', positiveNumber)
     .option('--standby <k>', 'warm standby machines (default: P99 of the daily machine-failure binomial, §6.2)', wholeNumber)
+    .option('--no-hot-swap', 'leave out the run of steadfast with hot swap (machine faults recovered by a spare inside the running job, DeadPool §V-C)')
+    .option('--swap-figures <source>', `the swap's time: deadpool (§VII-B3, scaled to the job's GPUs) or lab (its ${LAB_SWAP_TARGET_SECONDS} s target)`, swapFigures, 'deadpool')
+    .option('--swap-seconds <s>', 'the swap\'s time, set directly (overrides --swap-figures)', positiveNumber)
+    .option('--swap-fallback <share>', 'share of swaps that do not finish and relaunch as today after the bound', share, 0.1)
+    .option('--swap-timeout <s>', 'the job\'s hotSwap.timeoutSeconds; the bound is min(it, max(10, 40 × step))', parsePositiveInt, 60)
+    .option('--nodes-per-spare <n>', 'one idle spare per this many nodes (at least one)', parsePositiveInt, 300)
+    .option('--step-seconds <s>', 'training step time: a swap loses at most one step', positiveNumber, 10)
     .option('--json', 'print one JSON object on stdout instead of the table')
     .option('--plot <file>', 'write ETTR against standby pool size and checkpoint interval as a PNG, or as SVG when the file ends in .svg (runs the sweep)')
     .option('--sensitivity', 'sweep the standby pool size and the checkpoint interval (5 seeds each)')
     .action(async (flags: EttrFlags) => {
       await runCommand(async () => {
         const shape = jobShape(flags);
-        const options: EttrOptions = { ...shape, days: flags.days, seed: flags.seed, checkpointMinutes: flags.checkpointMinutes, standby: flags.standby };
+        const hotSwap: HotSwapOptions | null = flags.hotSwap
+          ? {
+              figures: flags.swapFigures,
+              swapSeconds: flags.swapSeconds,
+              fallbackShare: flags.swapFallback,
+              timeoutSeconds: flags.swapTimeout,
+              nodesPerSpare: flags.nodesPerSpare,
+              stepSeconds: flags.stepSeconds,
+            }
+          : null;
+        const options: EttrOptions = { ...shape, days: flags.days, seed: flags.seed, checkpointMinutes: flags.checkpointMinutes, standby: flags.standby, hotSwap };
         const params = ettrParams(options);
 
         const bar = progressBar('simulating');

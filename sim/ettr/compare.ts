@@ -32,6 +32,8 @@ export interface EttrComparison {
   readonly params: EttrParams;
   readonly strategies: Record<StrategyName, StrategyResult>;
   readonly gain: WarmStandbyGain;
+  /** steadfast again on the same incidents, with hot swap (params.hotSwap); absent when it is off. */
+  readonly hotSwap?: StrategyResult;
 }
 
 export interface CompareOptions {
@@ -46,7 +48,8 @@ export function compareStrategies(params: EttrParams, options: CompareOptions = 
   const steadfast = runSteadfast(params, source(params), { ladderConfig: options.ladderConfig, onProgress: options.onProgress });
   const reschedule = runBaseline('reschedule', params, source(params));
   const requeue = runBaseline('requeue', params, source(params));
-  return { params, strategies: { steadfast, reschedule, requeue }, gain: warmStandbyGain(steadfast, reschedule, requeue) };
+  const hotSwap = params.hotSwap === null ? undefined : runSteadfast(params, source(params), { ladderConfig: options.ladderConfig, hotSwap: params.hotSwap });
+  return { params, strategies: { steadfast, reschedule, requeue }, gain: warmStandbyGain(steadfast, reschedule, requeue), ...(hotSwap === undefined ? {} : { hotSwap }) };
 }
 
 function ratio(numerator: number | null, denominator: number | null): number | null {

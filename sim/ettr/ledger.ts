@@ -35,6 +35,10 @@ export const CAUSES = [
   'lost_work',
   /** The share of training lost while the job ran slowly (MFU decline). */
   'degraded',
+  /** A hot swap onto a spare, from the decision to the first step (DeadPool §V-C, §VII-B3). */
+  'hot_swap',
+  /** A hot swap that did not finish: its bound, waited out before today's relaunch. */
+  'swap_fallback',
   /** A person handling what automation could not. */
   'human',
 ] as const;
@@ -49,6 +53,8 @@ export class Ledger {
   private readonly bySymptomMs = new Map<string, number>();
   private productiveMs = 0;
   private checkpointStallMs = 0;
+  /** The stretch a failure ended, booked once the recovery says what it restores from. */
+  private interrupted: { from: number; to: number; symptom: string; degraded?: { fromMs: number; speed: number }; stepMs?: number } | null = null;
 
   constructor(
     readonly startMs: number,
@@ -72,7 +78,7 @@ export class Ledger {
    * cost only failover time); the run's end loses nothing either. From `degradedFromMs` on it runs
    * at `speed` (MFU decline).
    */
-  segment(fromMs: number, toMs: number, ending: SegmentEnd, symptom: string, degraded?: { fromMs: number; speed: number }): void {
+  segment(fromMs: number, toMs: number, ending: SegmentEnd, symptom: string, degraded?: { fromMs: number; speed: number }, stepMs?: number): void {
     const from = Math.max(fromMs, this.startMs);
     let to = toMs;
     let end = ending;
@@ -82,7 +88,8 @@ export class Ledger {
     }
     if (to <= from) return;
     const length = to - from;
-    const lost = end === 'failure' ? length % this.checkpointIntervalMs : 0;
+    // With `stepMs` the last step was restored from memory: only the interrupted step is lost.
+    const lost = end === 'failure' ? (stepMs === undefined ? length % this.checkpointIntervalMs : Math.min(length % this.checkpointIntervalMs, length % stepMs)) : 0;
     let degradedLoss = 0;
     if (degraded !== undefined) {
       const slow = Math.max(0, to - Math.max(from, degraded.fromMs));
@@ -93,6 +100,28 @@ export class Ledger {
     this.checkpointStallMs += Math.floor(length / this.checkpointIntervalMs) * this.checkpointBlockingMs;
     if (lost > 0) this.add('lost_work', lost, symptom);
     if (degradedLoss > 0) this.add('degraded', degradedLoss, symptom);
+  }
+
+  /** A failure ended the stretch [from, to); what it loses depends on the recovery (settleInterrupted books it). */
+  interrupt(fromMs: number, toMs: number, symptom: string, degraded?: { fromMs: number; speed: number }): void {
+    this.settleInterrupted();
+    this.interrupted = { from: fromMs, to: toMs, symptom, ...(degraded === undefined ? {} : { degraded }) };
+  }
+
+  /**
+   * The recovery restored the last completed step from memory (a hot swap): the interrupted
+   * stretch loses only the interrupted step, its fraction of `stepMs` (DeadPool §VII-C, t_step·φ).
+   */
+  restoredFromMemory(stepMs: number): void {
+    if (this.interrupted !== null) this.interrupted.stepMs = stepMs;
+  }
+
+  /** Books the interrupted stretch: back to the last checkpoint, or to the last step restored from memory. */
+  settleInterrupted(): void {
+    const stretch = this.interrupted;
+    if (stretch === null) return;
+    this.interrupted = null;
+    this.segment(stretch.from, stretch.to, 'failure', stretch.symptom, stretch.degraded, stretch.stepMs);
   }
 
   private add(cause: Cause, ms: number, symptom: string): void {

@@ -3,6 +3,7 @@ import { optimalCheckpointInterval } from '../../actuators/checkpoint-interval.j
 import { standbyPoolSize } from '../../actuators/standby-sizing.js';
 import { InputError } from '../../core/errors.js';
 import { parseOrThrow } from '../../core/validate.js';
+import { hotSwapOptionsSchema, hotSwapParams, type HotSwapParams } from './hot-swap.js';
 
 /**
  * The figures the ETTR simulation runs on, each taken or derived from ByteRobust (000) and cited
@@ -300,6 +301,8 @@ export interface EttrParams {
   readonly urgentUpdateShare: number;
   /** ASSUMPTION: training speed during an MFU decline, relative to normal. */
   readonly slowdownSpeed: number;
+  /** The hot swap steadfast is also run with (hot-swap.ts); null: run without it only. */
+  readonly hotSwap: HotSwapParams | null;
 }
 
 /** What a caller may set; everything else follows from it. */
@@ -311,6 +314,8 @@ export const ettrOptionsSchema = z
     seed: z.number().int().min(0).max(2 ** 32 - 1).default(1),
     checkpointMinutes: z.number().positive().max(7 * 24 * 60).optional(),
     standby: z.number().int().min(0).optional(),
+    /** The hot swap's figures (hot-swap.ts); null leaves the run with hot swap out. */
+    hotSwap: hotSwapOptionsSchema.nullable().prefault({}),
   })
   .strict();
 export type EttrOptions = z.input<typeof ettrOptionsSchema>;
@@ -386,6 +391,7 @@ export function ettrParams(options: EttrOptions = {}): EttrParams {
     overEvictionGroupSize: 4,
     urgentUpdateShare: 0.5,
     slowdownSpeed: 0.7,
+    hotSwap: parsed.hotSwap === null ? null : hotSwapParams(parsed.hotSwap, nodes, gpus),
   };
 }
 

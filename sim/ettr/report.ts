@@ -1,6 +1,7 @@
 import type { EttrComparison } from './compare.js';
 import { CAUSES, type Cause } from './ledger.js';
 import { LESSON_SHARES, PAPER_INCIDENTS_PER_DAY, SYMPTOMS, jobMtbfHours } from './model.js';
+import { hotSwapJson, hotSwapText } from './report-hot-swap.js';
 import { STRATEGIES, type StrategyResult } from './result.js';
 import type { Sensitivity } from './sensitivity.js';
 
@@ -23,6 +24,8 @@ const CAUSE_LABELS: Record<Cause, string> = {
   reload: 'checkpoint reload',
   lost_work: 'lost work (recompute)',
   degraded: 'slow training (MFU)',
+  hot_swap: 'hot swap onto a spare',
+  swap_fallback: 'hot swap bound (fallback)',
   human: 'human intervention',
 };
 
@@ -63,6 +66,7 @@ function strategyJson(result: StrategyResult): Record<string, unknown> {
     ...(result.standby === undefined ? {} : { standby: result.standby }),
     ...(result.ladderSteps === undefined ? {} : { ladderSteps: result.ladderSteps }),
     ...(result.resolvedBy === undefined ? {} : { resolvedBy: result.resolvedBy }),
+    ...(result.hotSwap === undefined ? {} : { hotSwap: { ...result.hotSwap, reservedGpuHours: Math.round(result.hotSwap.reservedGpuHours) } }),
   };
 }
 
@@ -95,6 +99,7 @@ export function reportJson(comparison: EttrComparison, extra: { sensitivity?: Se
       timings: roundAll({ ...params.timings }, 2),
     },
     strategies: Object.fromEntries(STRATEGIES.map((name) => [name, strategyJson(strategies[name])])),
+    hotSwap: comparison.hotSwap === undefined ? null : { ...hotSwapJson(comparison), run: strategyJson(comparison.hotSwap) },
     ...(extra.sensitivity === undefined ? {} : { sensitivity: sensitivityJson(extra.sensitivity) }),
     ...(extra.plot === undefined ? {} : { plot: extra.plot }),
   };
@@ -125,7 +130,15 @@ function row(label: string, cells: readonly string[], width = 30, cellWidth = 12
 
 export function reportText(comparison: EttrComparison, extra: { sensitivity?: Sensitivity; plot?: string } = {}): string {
   const { params, strategies, gain } = comparison;
-  const all = STRATEGIES.map((name) => strategies[name]);
+  // steadfast with hot swap, when it ran, beside steadfast without it.
+  const columns = [
+    { name: 'steadfast', result: strategies.steadfast },
+    ...(comparison.hotSwap === undefined ? [] : [{ name: '+ hot swap', result: comparison.hotSwap }]),
+    { name: 'reschedule', result: strategies.reschedule },
+    { name: 'requeue', result: strategies.requeue },
+  ];
+  const names = columns.map((column) => column.name);
+  const all = columns.map((column) => column.result);
   const steadfast = strategies.steadfast;
   const lines: string[] = [];
   const gpus = params.nodes * params.gpusPerNode;
@@ -139,7 +152,7 @@ export function reportText(comparison: EttrComparison, extra: { sensitivity?: Se
       `(P99 of Binomial(${params.nodes}, ${params.dailyMachineFailureRate.toExponential(2)}/day) unless --standby)`,
   );
   lines.push('');
-  lines.push(row('', STRATEGIES.map((name) => name)));
+  lines.push(row('', names));
   lines.push(row('ETTR', all.map((result) => pct(result.ettr))));
   lines.push(row('incidents met', all.map((result) => String(result.incidents))));
   lines.push(row('unproductive hours', all.map((result) => hours(result.wallHours - result.productiveHours))));
@@ -152,7 +165,7 @@ export function reportText(comparison: EttrComparison, extra: { sensitivity?: Se
 
   lines.push('unproductive hours by incident (Table 1 symptom); min/incident is steadfast\'s, from fault to training again, lost work included;');
   lines.push('Table 6 "ours" is ByteRobust\'s mean from localisation to restart only');
-  lines.push(row('', ['incidents', ...STRATEGIES, 'min/incident', 'Table 6 ours'], 26, 13));
+  lines.push(row('', ['incidents', ...names, 'min/incident', 'Table 6 ours'], 26, 13));
   for (const symptom of SYMPTOMS) {
     const count = steadfast.incidentsBySymptom[symptom.id] ?? 0;
     if (count === 0 && all.every((result) => (result.unproductiveHoursBySymptom[symptom.id] ?? 0) === 0)) continue;
@@ -200,6 +213,7 @@ export function reportText(comparison: EttrComparison, extra: { sensitivity?: Se
     lines.push(`  end to end, requeue loses ${gain.unproductiveHoursOverRequeue.toFixed(2)}× and reschedule ${(gain.unproductiveHoursOverReschedule ?? 0).toFixed(2)}× the hours steadfast loses`);
   }
   lines.push(`target: ETTR ≥ ${pct(PAPER_ETTR)} (ByteRobust §8.1.3): steadfast ${pct(steadfast.ettr)} — ${steadfast.ettr >= PAPER_ETTR ? 'met' : 'not met'}`);
+  lines.push(...hotSwapText(comparison));
   if (extra.sensitivity !== undefined) lines.push('', sensitivityText(extra.sensitivity));
   if (extra.plot !== undefined) lines.push('', `plot written to ${extra.plot}`);
   return `${lines.join('\n')}\n`;

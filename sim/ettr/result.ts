@@ -1,7 +1,10 @@
+import type { HotSwapUsage } from './hot-swap.js';
 import type { LedgerSummary } from './ledger.js';
 
 export const STRATEGIES = ['steadfast', 'reschedule', 'requeue'] as const;
 export type StrategyName = (typeof STRATEGIES)[number];
+/** steadfast with hot swap (sim/ettr/hot-swap.ts): shown beside steadfast when it is on. */
+export type ResultName = StrategyName | 'hot_swap';
 
 export interface StandbyUsage {
   readonly poolSize: number;
@@ -24,7 +27,7 @@ export interface ReplacementScheduling {
 }
 
 export interface StrategyResult extends LedgerSummary {
-  readonly strategy: StrategyName;
+  readonly strategy: ResultName;
   readonly incidents: number;
   readonly incidentsBySymptom: Record<string, number>;
   readonly replacementScheduling: ReplacementScheduling;
@@ -33,6 +36,8 @@ export interface StrategyResult extends LedgerSummary {
   readonly ladderSteps?: Record<string, number>;
   /** How each closed incident was finally resolved (compare ByteRobust §4.2 Lesson and Table 4). */
   readonly resolvedBy?: Record<string, number>;
+  /** Swaps, fallbacks and the spares' cost, for the run with hot swap. */
+  readonly hotSwap?: HotSwapUsage;
 }
 
 export function schedulingSummary(samples: readonly number[]): ReplacementScheduling {

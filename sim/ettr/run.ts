@@ -3,6 +3,7 @@ import type { Step } from '../../core/steps.js';
 import { DEFAULT_LADDER_CONFIG, advance, initialLadderState, type LadderConfig, type LadderState } from '../../controller/policy/ladder/index.js';
 import { faultReports } from './detection.js';
 import { EventQueue } from './events.js';
+import { HotSwapWorld, type HotSwapParams } from './hot-swap.js';
 import { IncidentClock } from './incident-clock.js';
 import type { Incident, IncidentSource } from './incidents.js';
 import { Ledger, type Cause } from './ledger.js';
@@ -22,6 +23,8 @@ import { increment, schedulingSummary, type StrategyResult } from './result.js';
 
 export interface SteadfastRunOptions {
   readonly ladderConfig?: LadderConfig;
+  /** The job runs with spares and machine faults are hot-swapped (hot-swap.ts); today's relaunch without. */
+  readonly hotSwap?: HotSwapParams;
   /** Called with the share of simulated time done, at most once per percent. */
   readonly onProgress?: (fraction: number) => void;
 }
@@ -45,6 +48,9 @@ class SteadfastSimulation {
   private readonly members: JobMembers;
   /** When training (re)started, and when it began running slowly; null while the job is down. */
   private training: { since: number; slowSince: number | null } | null = null;
+  private readonly hotSwap: HotSwapWorld | null;
+  /** Nodes the last eviction hot-swapped: the ladder's restart is carried out by the swap. */
+  private swapped = 0;
   /** What the downtime is spent on right now. */
   private down: { cause: Cause; since: number } | null = null;
   private open: OpenIncident | null = null;
@@ -77,6 +83,7 @@ class SteadfastSimulation {
     this.ledger = new Ledger(SIM_START_MS, this.end, params.checkpointIntervalSeconds * S, params.checkpointBlockingSeconds * S);
     this.members = new JobMembers(params.nodes);
     this.pool = new StandbyPool(params.standby, this.t.standbyReplenishSeconds * S, (time, run) => this.queue.schedule(time, run));
+    this.hotSwap = options.hotSwap === undefined ? null : new HotSwapWorld(options.hotSwap, params.seed, this.t.standbyReplenishSeconds * S, (time, run) => this.queue.schedule(time, run));
     this.ladder = this.history();
     this.clock = new IncidentClock(source, (time, run) => this.queue.schedule(time, run), (incident) => this.onIncident(incident));
   }
@@ -111,9 +118,10 @@ class SteadfastSimulation {
     this.now = this.end;
     if (this.training !== null) this.ledger.segment(this.training.since, this.end, 'horizon', this.open?.symptom ?? 'none');
     else this.setDown(this.down?.cause ?? 'detection');
+    this.ledger.settleInterrupted();
     this.options.onProgress?.(1);
     return {
-      strategy: 'steadfast',
+      strategy: this.hotSwap === null ? 'steadfast' : 'hot_swap',
       ...this.ledger.summary(),
       incidents: this.incidents,
       incidentsBySymptom: this.incidentsBySymptom,
@@ -125,6 +133,7 @@ class SteadfastSimulation {
       },
       ladderSteps: this.ladderSteps,
       resolvedBy: this.resolvedBy,
+      ...(this.hotSwap === null ? {} : { hotSwap: this.hotSwap.usage(this.params.gpusPerNode, this.params.days * 24) }),
     };
   }
 
@@ -133,6 +142,7 @@ class SteadfastSimulation {
 
   private startTraining(): void {
     this.endDowntime();
+    this.ledger.settleInterrupted();
     this.training = { since: this.now, slowSince: null };
     if (this.open === null) this.clock.resume(this.now);
   }
@@ -143,7 +153,9 @@ class SteadfastSimulation {
     if (training === null) return;
     this.clock.pause(this.now);
     const slow = training.slowSince === null ? undefined : { fromMs: training.slowSince, speed: this.params.slowdownSpeed };
-    this.ledger.segment(training.since, this.now, planned ? 'planned' : 'failure', this.open?.symptom ?? 'none', slow);
+    const symptom = this.open?.symptom ?? 'none';
+    if (planned) this.ledger.segment(training.since, this.now, 'planned', symptom, slow);
+    else this.ledger.interrupt(training.since, this.now, symptom, slow);
     this.training = null;
     this.down = { cause: 'detection', since: this.now };
   }
@@ -215,13 +227,15 @@ class SteadfastSimulation {
   // The ladder and its steps
 
   private feed(event: LadderEvent): void {
+    const phaseBefore = this.ladder.phase;
     const { state, steps } = advance(this.ladder, event, this.config);
     this.ladder = state;
-    this.carryOut(steps);
+    this.carryOut(steps, event.type === 'fault' ? (nodes) => this.hotSwap?.applies(event.faultClass, phaseBefore, nodes) === true : () => false);
     this.scheduleTicks();
   }
 
-  private carryOut(steps: readonly Step[]): void {
+  /** `swaps`: whether the eviction of this many nodes is carried out as a hot swap. */
+  private carryOut(steps: readonly Step[], swaps: (nodes: number) => boolean): void {
     let started = false;
     const activated: { replaced: string; by: string }[] = [];
     for (const step of steps) {
@@ -235,9 +249,11 @@ class SteadfastSimulation {
           }
           this.stopTraining(this.open.incident === null || this.open.incident.signal === 'code_update');
           break;
-        case 'evict':
-          activated.push(...this.evict(step.nodes ?? []));
+        case 'evict': {
+          const nodes = (step.nodes ?? []).filter((node) => this.members.has(node));
+          activated.push(...(swaps(nodes.length) ? this.swapIn(nodes) : this.evict(nodes)));
           break;
+        }
         case 'rollback':
           // §4.2 Rollback: the code goes back; a bug in the new code is gone with it.
           if (this.open !== null) this.open.bugActive = false;
@@ -302,7 +318,38 @@ class SteadfastSimulation {
     return replacements;
   }
 
+  /** DeadPool §V-C: the spares take the failed nodes' slots; the ladder's restart becomes the swap. */
+  private swapIn(nodes: readonly string[]): { replaced: string; by: string }[] {
+    const replacements = this.members.replace(nodes);
+    this.hotSwap?.take(replacements.length, this.now);
+    this.swapped = replacements.length;
+    return replacements;
+  }
+
+  /**
+   * The swap finishes in its time and training goes on from the last step, or it does not and,
+   * once its bound has passed, the job takes today's road: relaunched on its nodes (the spares
+   * already hold the failed shards), reloaded from the last checkpoint.
+   */
+  private swap(world: HotSwapWorld): void {
+    const replaced = this.swapped;
+    this.swapped = 0;
+    const outcome = world.outcome();
+    this.setDown(outcome.finished ? 'hot_swap' : 'swap_fallback');
+    if (outcome.finished) this.scheduling.push(outcome.seconds);
+    this.after(outcome.seconds, () => {
+      if (outcome.finished) {
+        this.ledger.restoredFromMemory(world.params.stepSeconds * S);
+        this.resumed();
+        return;
+      }
+      this.evicted = { nodes: replaced, cold: 0 };
+      this.relaunch();
+    });
+  }
+
   private relaunch(): void {
+    if (this.swapped > 0 && this.hotSwap !== null) return this.swap(this.hotSwap);
     const evicted = this.evicted;
     this.evicted = null;
     let seconds: number;
@@ -396,9 +443,8 @@ class SteadfastSimulation {
     const onProgress = this.options.onProgress;
     if (onProgress === undefined) return;
     const percent = Math.floor(((this.now - SIM_START_MS) / (this.end - SIM_START_MS)) * 100);
-    if (percent > this.lastProgress) {
-      this.lastProgress = percent;
-      onProgress(percent / 100);
-    }
+    if (percent <= this.lastProgress) return;
+    this.lastProgress = percent;
+    onProgress(percent / 100);
   }
 }
