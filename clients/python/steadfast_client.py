@@ -17,7 +17,8 @@ Standard library only, so it runs under any Python 3.8+ a cluster has. One clien
 What it talks to (docs/http-api.md):
   - the node's agent: ``POST /api/v1/training`` (step metrics, batched);
   - the controller: ``POST /api/v1/jobs/:id/checkpoints``, ``GET /api/v1/jobs/:id/restore-plan``,
-    ``GET /api/v1/jobs/:id/microbatches``.
+    ``GET /api/v1/jobs/:id/microbatches``, and for hot swap (steadfast_hotswap.py)
+    ``GET``/``POST /api/v1/jobs/:id/world``.
 
 The rule it keeps: steadfast must never stop or slow training. Nothing here raises into the
 caller. Pushes go through a bounded queue to one background thread, so an iteration never waits
@@ -241,6 +242,50 @@ class SteadfastClient:
             if self._plan is None or body.get("revision") != self._plan.get("revision"):
                 self._plan = body
         return self._plan
+
+    def world(self):
+        """The job's hot-swap world (epoch, shards, spares, replicas, swap), or None.
+
+        None when there is no controller, it cannot be reached, or the answer is not a world.
+        The caller polls at its own pace (every 100 ms during a swap), so a failure here does not
+        pause the controller's other calls the way a failed restore plan does.
+        """
+        if self._controller.url is None:
+            return None
+        path = "/api/v1/jobs/%s/world" % urllib.parse.quote(self.job)
+        try:
+            status, body = self._request(self._controller, "GET", path)
+            if status == 200 and isinstance(body, dict) and isinstance(body.get("epoch"), int) and isinstance(body.get("shards"), list):
+                return body
+            raise RuntimeError("HTTP %d: %s" % (status, body))
+        except Exception as error:  # noqa: BLE001 - timeouts, refusals, bad JSON alike
+            self._failed("controller GET %s" % path, error)
+            return None
+
+    def report_world(self, epoch, event, shard=None, step=None, step_seconds=None, detail=None):
+        """Reports this rank's part in a world epoch now (joined, stepped, failed, spare).
+
+        Sent at once with the client's timeout, not queued: a `failed` report must be out before
+        the rank gives up. True when the controller accepted it (202); never raises.
+        """
+        body = {"epoch": int(epoch), "node": self.node, "event": str(event)}
+        for key, value in (("shard", shard), ("step", step)):
+            if value is not None:
+                body[key] = int(value)
+        if step_seconds is not None:
+            body["stepSeconds"] = max(0.0, float(step_seconds))
+        if detail:
+            body["detail"] = str(detail)[:1000]
+        if self._controller.url is None:
+            return False
+        try:
+            status, answer = self._request(self._controller, "POST", "/api/v1/jobs/%s/world" % urllib.parse.quote(self.job), body)
+            if status in (200, 202):
+                return True
+            raise RuntimeError("HTTP %d: %s" % (status, answer))
+        except Exception as error:  # noqa: BLE001 - refused, timed out, stale (409): logged, not raised
+            self._failed("controller POST world %s" % event, error)
+            return False
 
     @property
     def controller_url(self):

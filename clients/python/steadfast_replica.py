@@ -1,0 +1,334 @@
+"""Per-step in-memory checkpoints for hot swap: the two host buffers and the replica server.
+
+Every step a rank copies its state into host memory (``HostSnapshots``) and sends a serialized
+copy to its holder's ``ReplicaServer`` on another node (``put_replica``). A spare that takes the
+rank's shard after a machine fault reads it back (``list_replicas``, ``get_replica``): ByteRobust
+§6.3 (every-step in-memory checkpoints, backups outside the rank's own node), DeadPool §V-C.
+
+The wire: every message is a frame, an 8-byte big-endian length then that many bytes. A request
+is a JSON frame ``{"op": "put"|"list"|"get", "shard": S, "step": N}``, followed for ``put`` by the
+payload frame; the answer is a JSON frame ``{"ok": true, ...}`` or ``{"ok": false, "error": ...}``,
+followed for ``get`` by the payload frame. The server never unpickles anything: it stores bytes.
+
+Trust: the payload is what ``torch.save`` wrote, and the spare that restores it runs
+``torch.load`` on it, which unpickles (torch 1.13 has no ``weights_only``). A compromised node
+of the job could send a malicious pickle that runs code in the spare. The servers listen on the
+job's nodes only and take no address from any report, but they do not authenticate peers: run
+hot swap on a cluster network you trust as much as the job's own gloo traffic.
+"""
+
+import copy
+import io
+import json
+import socket
+import socketserver
+import struct
+import threading
+import time
+from datetime import datetime
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+__all__ = [
+    "HostSnapshots", "ReplicaServer", "ReplicaError", "put_replica", "list_replicas", "get_replica",
+    "serialize_state", "deserialize_state", "MAX_FRAME_BYTES", "shards_of", "node_of", "holder_candidates", "deadline_of",
+]
+
+#: The largest payload a server takes or a client reads (8 GiB); bigger frames are refused.
+MAX_FRAME_BYTES = 8 << 30
+#: The largest JSON request or answer frame.
+MAX_HEADER_BYTES = 64 << 10
+#: Replicas a server keeps per shard: the newest two committed (see HotSwap.before_sync).
+KEEP_PER_SHARD = 2
+_LENGTH = struct.Struct(">Q")
+
+Address = Tuple[str, int]
+World = Dict[str, Any]
+
+
+class ReplicaError(RuntimeError):
+    """A replica server could not be reached or refused the request (the message says why).
+
+    A RuntimeError, like a failed collective: inside ``with runtime.step()`` it starts recovery.
+    """
+
+
+# ---- the two host buffers -------------------------------------------------------------------
+
+
+def _copy_to_host(source: Any, reuse: Any) -> Any:
+    """A host-memory copy of `source` (nested dicts/lists of tensors and plain values).
+
+    Tensors are copied into `reuse`'s tensor at the same place when shape and dtype match, so a
+    steady run allocates its two buffers once.
+    """
+    if isinstance(source, torch.Tensor):
+        if isinstance(reuse, torch.Tensor) and reuse.shape == source.shape and reuse.dtype == source.dtype and reuse.device.type == "cpu":
+            return reuse.copy_(source.detach())
+        return source.detach().to("cpu", copy=True)
+    if isinstance(source, dict):
+        old = reuse if isinstance(reuse, dict) else {}
+        copied = type(source)((key, _copy_to_host(value, old.get(key))) for key, value in source.items())
+        if hasattr(source, "_metadata"):  # a module's state_dict: load_state_dict reads its versions
+            copied._metadata = copy.deepcopy(source._metadata)  # type: ignore[attr-defined]
+        return copied
+    if isinstance(source, (list, tuple)):
+        old = reuse if isinstance(reuse, (list, tuple)) and len(reuse) == len(source) else [None] * len(source)
+        values = [_copy_to_host(value, previous) for value, previous in zip(source, old)]
+        return type(source)(*values) if hasattr(source, "_fields") else type(source)(values)
+    return copy.deepcopy(source)
+
+
+class _Slot:
+    __slots__ = ("step", "state")
+
+    def __init__(self) -> None:
+        self.step: Optional[int] = None  # None while empty or being written: never restored from
+        self.state: Optional[Dict[str, Any]] = None
+
+
+class HostSnapshots:
+    """Two host buffers of one rank's state: one committed, the other being written.
+
+    The commit rule: ``write`` marks the other buffer invalid, copies into it, and only once the
+    copy is complete swaps it in as the committed one. A failure mid-copy (an exception, the
+    process dying) leaves the committed buffer whole and still committed; the torn one is never
+    listed. So the rank always holds its newest committed step, and the one before it unless a
+    copy of a later step was torn.
+    """
+
+    def __init__(self) -> None:
+        self._slots = (_Slot(), _Slot())
+        self._committed: Optional[int] = None  # index into _slots
+        self._lock = threading.Lock()
+
+    def write(self, step: int, state: Dict[str, Any]) -> None:
+        """Copies `state` (of `step`) into the uncommitted buffer, then commits it."""
+        with self._lock:
+            target = 1 if self._committed == 0 else 0
+            slot = self._slots[target]
+            slot.step = None
+        slot.state = _copy_to_host(state, slot.state)
+        with self._lock:
+            slot.step = int(step)
+            self._committed = target  # the atomic swap: readers see the old or the new, whole
+
+    def steps(self) -> List[int]:
+        """The steps held whole, oldest first."""
+        with self._lock:
+            return sorted(slot.step for slot in self._slots if slot.step is not None)
+
+    def committed_step(self) -> Optional[int]:
+        with self._lock:
+            return None if self._committed is None else self._slots[self._committed].step
+
+    def state_at(self, step: int) -> Optional[Dict[str, Any]]:
+        """The held state of `step` (not a copy: load it, do not change it), or None."""
+        with self._lock:
+            for slot in self._slots:
+                if slot.step == step:
+                    return slot.state
+        return None
+
+    def discard(self) -> None:
+        """Forgets both buffers (after a restore from another timeline)."""
+        with self._lock:
+            for slot in self._slots:
+                slot.step = None
+
+
+def serialize_state(state: Dict[str, Any]) -> memoryview:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getbuffer()
+
+
+def deserialize_state(data: bytes) -> Dict[str, Any]:
+    """Unpickles a peer's replica: see the module's note on trust."""
+    return torch.load(io.BytesIO(data), map_location="cpu")
+
+
+# ---- frames ---------------------------------------------------------------------------------
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytearray:
+    data = bytearray(size)
+    view = memoryview(data)
+    got = 0
+    while got < size:
+        count = sock.recv_into(view[got:], min(size - got, 1 << 24))
+        if count == 0:
+            raise ReplicaError("connection closed after %d of %d bytes" % (got, size))
+        got += count
+    return data
+
+
+def _send_frame(sock: socket.socket, data: Any) -> None:
+    view = memoryview(data)
+    sock.sendall(_LENGTH.pack(view.nbytes))
+    sock.sendall(view)
+
+
+def _recv_length(sock: socket.socket, limit: int, what: str) -> int:
+    (length,) = _LENGTH.unpack(_recv_exact(sock, _LENGTH.size))
+    if length > limit:
+        raise ReplicaError("%s of %d bytes exceeds the limit of %d bytes" % (what, length, limit))
+    return length
+
+
+def _send_json(sock: socket.socket, value: Dict[str, Any]) -> None:
+    _send_frame(sock, json.dumps(value).encode("utf-8"))
+
+
+def _recv_json(sock: socket.socket) -> Dict[str, Any]:
+    value = json.loads(bytes(_recv_exact(sock, _recv_length(sock, MAX_HEADER_BYTES, "header"))))
+    if not isinstance(value, dict):
+        raise ReplicaError("a frame that is not a JSON object")
+    return value
+
+
+# ---- the server -----------------------------------------------------------------------------
+
+
+class ReplicaServer:
+    """Holds peers' replicas, the newest ``KEEP_PER_SHARD`` committed per shard, on one port.
+
+    A PUT is committed (and acknowledged) only once its whole payload arrived; a connection lost
+    mid-transfer leaves what was held. A PUT of step N first drops any held step ≥ N of that
+    shard: after a restore to an older step the newer ones belong to an abandoned timeline.
+    """
+
+    def __init__(self, host: str = "0.0.0.0", port: int = 0, max_frame: int = MAX_FRAME_BYTES) -> None:
+        self.max_frame = int(max_frame)
+        self._held: Dict[int, List[Tuple[int, bytes]]] = {}
+        self._lock = threading.Lock()
+        owner = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                owner._serve(self.request)
+
+        class Server(socketserver.ThreadingTCPServer):
+            allow_reuse_address = True
+            daemon_threads = True
+
+        self._server = Server((host, port), Handler)
+        self.port: int = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, name="steadfast-replicas", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stops serving; idempotent."""
+        if self._thread.is_alive():
+            self._server.shutdown()
+            self._thread.join()
+        self._server.server_close()
+
+    def steps(self, shard: int) -> List[int]:
+        with self._lock:
+            return [step for step, _ in self._held.get(shard, [])]
+
+    def _serve(self, sock: socket.socket) -> None:
+        try:
+            request = _recv_json(sock)
+            op, shard, step = request.get("op"), request.get("shard"), request.get("step")
+            if not isinstance(shard, int) or (op != "list" and not isinstance(step, int)):
+                _send_json(sock, {"ok": False, "error": "shard (and step) must be integers"})
+            elif op == "put":
+                length = _LENGTH.unpack(_recv_exact(sock, _LENGTH.size))[0]
+                if length > self.max_frame:
+                    _send_json(sock, {"ok": False, "error": "a replica of %d bytes exceeds this server's limit of %d bytes" % (length, self.max_frame)})
+                    return
+                self._commit(shard, step, bytes(_recv_exact(sock, length)))
+                _send_json(sock, {"ok": True, "steps": self.steps(shard)})
+            elif op == "list":
+                _send_json(sock, {"ok": True, "steps": self.steps(shard)})
+            elif op == "get":
+                with self._lock:
+                    data = next((held for held_step, held in self._held.get(shard, []) if held_step == step), None)
+                if data is None:
+                    _send_json(sock, {"ok": False, "error": "no replica of shard %d at step %d here (held: %s)" % (shard, step, self.steps(shard))})
+                else:
+                    _send_json(sock, {"ok": True, "bytes": len(data)})
+                    _send_frame(sock, data)
+            else:
+                _send_json(sock, {"ok": False, "error": "unknown op %r" % (op,)})
+        except (OSError, ValueError, ReplicaError):
+            return  # the peer went away or spoke nonsense; nothing was committed
+
+    def _commit(self, shard: int, step: int, data: bytes) -> None:
+        with self._lock:
+            held = [item for item in self._held.get(shard, []) if item[0] < step]
+            held.append((step, data))
+            self._held[shard] = held[-KEEP_PER_SHARD:]
+
+
+# ---- placement: the world, as the controller's GET /api/v1/jobs/:id/world describes it -------
+
+
+def shards_of(world: World, node: str) -> List[int]:
+    """The shards on `node`, in rank order: local rank k takes the k-th."""
+    return sorted(int(entry["shard"]) for entry in world.get("shards", []) if entry.get("node") == node)
+
+
+def node_of(world: World, shard: int) -> Optional[str]:
+    return next((str(entry["node"]) for entry in world.get("shards", []) if entry.get("shard") == shard), None)
+
+
+def holder_candidates(world: World, shard: int, own_node: str) -> List[int]:
+    """The shards that hold `shard`'s replica, in order: the first whose node is in the world and is
+    not `own_node`; the next ones for when it is lost."""
+    entry = next((item for item in world.get("replicas", []) if item.get("shard") == shard), {})
+    return [int(h) for h in entry.get("holders", []) if node_of(world, int(h)) not in (None, own_node)]
+
+
+def deadline_of(world: World, fallback_seconds: float) -> float:
+    """The swap's deadline as a time.monotonic() value (the controller's clock, at least 5 s on)."""
+    swap = world.get("swap")
+    if isinstance(swap, dict) and swap.get("epoch") == world.get("epoch") and isinstance(swap.get("deadline"), str):
+        try:
+            wall = datetime.fromisoformat(swap["deadline"].replace("Z", "+00:00")).timestamp()
+            return time.monotonic() + max(5.0, wall - time.time())
+        except ValueError:
+            pass
+    return time.monotonic() + fallback_seconds
+
+
+# ---- the client side ------------------------------------------------------------------------
+
+
+def _exchange(address: Address, request: Dict[str, Any], payload: Any = None, timeout: float = 30.0,
+              max_frame: int = MAX_FRAME_BYTES) -> Tuple[Dict[str, Any], Optional[bytearray]]:
+    try:
+        with socket.create_connection(address, timeout=min(timeout, 5.0)) as sock:
+            sock.settimeout(timeout)
+            _send_json(sock, request)
+            if payload is not None:
+                _send_frame(sock, payload)
+            answer = _recv_json(sock)
+            if not answer.get("ok"):
+                raise ReplicaError("replica server %s:%d: %s" % (address[0], address[1], answer.get("error")))
+            data = bytes(_recv_exact(sock, _recv_length(sock, max_frame, "replica"))) if request["op"] == "get" else None
+            return answer, data
+    except OSError as error:
+        raise ReplicaError("replica server %s:%d: %s" % (address[0], address[1], error)) from error
+
+
+def put_replica(address: Address, shard: int, step: int, data: Any, timeout: float = 30.0) -> List[int]:
+    """Sends a replica; returns once the holder committed it (the steps it now holds)."""
+    answer, _ = _exchange(address, {"op": "put", "shard": int(shard), "step": int(step)}, data, timeout)
+    return [int(step) for step in answer.get("steps", [])]
+
+
+def list_replicas(address: Address, shard: int, timeout: float = 5.0) -> List[int]:
+    """The steps of `shard` the holder at `address` has committed."""
+    answer, _ = _exchange(address, {"op": "list", "shard": int(shard)}, timeout=timeout)
+    return [int(step) for step in answer.get("steps", [])]
+
+
+def get_replica(address: Address, shard: int, step: int, timeout: float = 30.0) -> bytes:
+    """The bytes of `shard` at `step` from the holder at `address`."""
+    _, data = _exchange(address, {"op": "get", "shard": int(shard), "step": int(step)}, timeout=timeout)
+    assert data is not None
+    return bytes(data)
