@@ -1,7 +1,7 @@
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import { errorMessage } from '../core/errors.js';
-import { launchArgv, type JobSpec } from '../core/job.js';
+import { launchArgv, launchNodes, type JobSpec } from '../core/job.js';
 import type { Launcher, Launchers } from '../core/launcher.js';
 import type { ClusterBackend } from './backend.js';
 
@@ -42,12 +42,13 @@ export async function launchJob(spec: JobSpec, launchers: Launchers, backend: Cl
   if (launcher.kind === 'slurm') {
     try {
       // Inside the try: a stored value launchArgv refuses is a failed restart on record, not a crashed step.
-      const argv = launchArgv(launcher, { job: spec.name, nodes: spec.nodes, version: spec.codeVersion });
+      // A hot-swap job's unused spares are part of its allocation: the relaunch starts their spare processes too.
+      const argv = launchArgv(launcher, { job: spec.name, nodes: launchNodes(spec), version: spec.codeVersion });
       if (options.recordOnly) return { state: 'launched', detail: `dry-run: would run ${JSON.stringify(argv)}` };
       // The backend's environment (SLURM_CONF) so that sbatch reaches the cluster scontrol drains on.
       const env = backend.launchEnv ? { ...process.env, ...backend.launchEnv } : undefined;
       const { stdout } = await run(argv[0] as string, argv.slice(1), { timeout: LAUNCH_TIMEOUT_MS, maxBuffer: 1024 * 1024, env });
-      return { state: 'launched', detail: `launched ${spec.codeVersion} on ${spec.nodes.join(',')}: ${stdout.trim().slice(0, 200) || 'ok'}` };
+      return { state: 'launched', detail: `launched ${spec.codeVersion} on ${launchNodes(spec).join(',')}: ${stdout.trim().slice(0, 200) || 'ok'}` };
     } catch (error) {
       const said = ((error as { stderr?: string }).stderr?.trim() || errorMessage(error)).slice(0, SAID_MAX);
       return { state: 'failed', detail: `launcher failed: ${said}`, reason: said };

@@ -1,8 +1,9 @@
 import { InputError } from '../core/errors.js';
-import { DEFAULT_JOB_POLICY, jobPolicySchema, parseJobSpec, worldSize, type JobPolicy, type JobSpec, type JobState } from '../core/job.js';
+import { DEFAULT_JOB_POLICY, jobPolicySchema, parseJobSpec, replaceNodeInSpec, worldSize, type JobPolicy, type JobSpec, type JobState } from '../core/job.js';
 import type { Keys, Redis } from '../core/redis.js';
 import type { CheckpointShard } from '../core/checkpoint.js';
 import { CheckpointStore } from './checkpoint-store.js';
+import { WorldStore } from './world-store.js';
 import type { StepCopies } from '../actuators/restore-plan.js';
 import { z } from 'zod';
 import { nodeNameSchema } from '../core/names.js';
@@ -54,6 +55,16 @@ export interface JobRecord {
    * standby was left): the spec keeps its shape, but they no longer belong to the job.
    */
   readonly vacant: readonly string[];
+}
+
+/** A hot-swap job's unused spares: nodes of its allocation outside its members, none for another job. */
+export function jobSpares(record: Pick<JobRecord, 'spec'>): string[] {
+  return [...(record.spec.hotSwap?.spares ?? [])];
+}
+
+/** The nodes whose agents may call the job's training routes: its members and its hot-swap spares. */
+export function trainingNodes(record: Pick<JobRecord, 'spec' | 'vacant'>): string[] {
+  return [...jobMembers(record), ...jobSpares(record)];
 }
 
 /** The nodes that belong to the job now: its spec's nodes less those it lost without a replacement. */
@@ -121,12 +132,15 @@ const SET_FIELD_IF_JOB_EXISTS = "if redis.call('hexists', KEYS[1], 'spec') == 1 
 
 export class JobStore {
   private readonly copies: CheckpointStore;
+  /** Hot-swap jobs' worlds (world-store.ts): created with the job, deleted with it. */
+  readonly world: WorldStore;
 
   constructor(
     private readonly redis: Redis,
     private readonly keys: Keys,
   ) {
     this.copies = new CheckpointStore(redis, keys);
+    this.world = new WorldStore(redis, keys);
   }
 
   /**
@@ -135,14 +149,17 @@ export class JobStore {
    */
   async create(body: unknown, now = Date.now()): Promise<JobRecord> {
     const { spec } = parseJobSpec(body);
-    const keys = [this.keys.job(spec.name), this.keys.jobs, this.keys.jobTransitions(spec.name), ...spec.nodes.map((node) => this.keys.nodeJob(node))];
-    const answer = (await this.redis.eval(REGISTER_JOB, keys.length, ...keys, this.keys.job(''), JSON.stringify(spec), String(now), JSON.stringify({ at: now, productive: true }), ...spec.nodes)) as string[];
+    // A hot-swap spare is reserved for the job as its nodes are: busy in another job, it is refused.
+    const reserved = [...spec.nodes, ...jobSpares({ spec })];
+    const keys = [this.keys.job(spec.name), this.keys.jobs, this.keys.jobTransitions(spec.name), ...reserved.map((node) => this.keys.nodeJob(node))];
+    const answer = (await this.redis.eval(REGISTER_JOB, keys.length, ...keys, this.keys.job(''), JSON.stringify(spec), String(now), JSON.stringify({ at: now, productive: true }), ...reserved)) as string[];
     if (answer[0] === 'exists') throw new JobExistsError(spec.name);
     if (answer[0] === 'busy') {
       const busy = new Map<string, string>();
       for (let index = 1; index + 1 < answer.length; index += 2) busy.set(answer[index] as string, answer[index + 1] as string);
       throw new NodesBusyError(spec.name, busy);
     }
+    if (spec.hotSwap) await this.world.create(spec.name);
     return this.get(spec.name);
   }
 
@@ -189,10 +206,12 @@ export class JobStore {
       this.keys.jobLadderUndo(name),
       this.keys.jobMicrobatches(name),
       this.keys.jobFailSlow(name),
+      this.keys.jobWorld(name),
+      this.keys.jobWorldReports(name),
     );
     multi.srem(this.keys.jobs, name);
     await multi.exec();
-    await this.releaseNodes(name, record.spec.nodes);
+    await this.releaseNodes(name, [...record.spec.nodes, ...jobSpares(record)]);
     return record;
   }
 
@@ -204,8 +223,8 @@ export class JobStore {
     const record = await this.get(name);
     // Its nodes leave it before it reads as finished: whoever sees it finished finds them free,
     // and a finish cut short here is done again (its workload is still gone) at the next tick.
-    await this.releaseNodes(name, record.spec.nodes);
-    await this.redis.del(this.keys.jobAwaitingProgress(name), this.keys.jobLadder(name), this.keys.jobLadderUndo(name));
+    await this.releaseNodes(name, [...record.spec.nodes, ...jobSpares(record)]);
+    await this.redis.del(this.keys.jobAwaitingProgress(name), this.keys.jobLadder(name), this.keys.jobLadderUndo(name), this.keys.jobWorld(name), this.keys.jobWorldReports(name));
     await this.setState(name, 'finished', reason, now);
   }
 
@@ -254,18 +273,37 @@ export class JobStore {
   /** Replaces a node of the job (evicted → standby) in the node index and the spec. */
   async replaceNode(name: string, evicted: string, replacement: string): Promise<void> {
     const record = await this.get(name);
-    const swap = (node: unknown): unknown => (node === evicted ? replacement : node);
-    const nodes = record.spec.nodes.map((node) => (node === evicted ? replacement : node));
-    // An explicit rank table names nodes too; its ranks move with their node.
-    const ranks = record.spec.topology?.ranks;
-    const topology = Array.isArray(ranks)
-      ? { ...record.spec.topology, ranks: ranks.map((rank: unknown) => (typeof rank === 'object' && rank !== null ? { ...rank, node: swap((rank as { node?: unknown }).node) } : rank)) }
-      : record.spec.topology;
-    const spec = { ...record.spec, nodes, ...(topology ? { topology } : {}) };
     const multi = this.redis.multi();
-    multi.hset(this.keys.job(name), 'spec', JSON.stringify(spec));
+    multi.hset(this.keys.job(name), 'spec', JSON.stringify(replaceNodeInSpec(record.spec, evicted, replacement)));
     multi.del(this.keys.nodeJob(evicted));
     multi.set(this.keys.nodeJob(replacement), name);
+    await multi.exec();
+  }
+
+  /**
+   * A hot swap put `spare` in the place of `failed` (DeadPool §V-C): the spare becomes one of the
+   * job's nodes (and leaves its spares), the failed node leaves the job. Nothing when done before.
+   */
+  async useSpare(name: string, failed: string, spare: string): Promise<void> {
+    const record = await this.get(name);
+    if (!record.spec.nodes.includes(failed)) return;
+    const replaced = replaceNodeInSpec(record.spec, failed, spare);
+    const hotSwap = record.spec.hotSwap ? { ...record.spec.hotSwap, spares: record.spec.hotSwap.spares.filter((node) => node !== spare) } : undefined;
+    const multi = this.redis.multi();
+    multi.hset(this.keys.job(name), 'spec', JSON.stringify({ ...replaced, ...(hotSwap ? { hotSwap } : {}) }));
+    multi.del(this.keys.nodeJob(failed));
+    multi.set(this.keys.nodeJob(spare), name);
+    await multi.exec();
+  }
+
+  /** A node joins the job's hot-swap spares (a standby taking a used spare's place); it runs a spare process from the next launch. */
+  async addSpare(name: string, node: string): Promise<void> {
+    const record = await this.get(name);
+    const hotSwap = record.spec.hotSwap;
+    if (!hotSwap || hotSwap.spares.includes(node) || record.spec.nodes.includes(node)) return;
+    const multi = this.redis.multi();
+    multi.hset(this.keys.job(name), 'spec', JSON.stringify({ ...record.spec, hotSwap: { ...hotSwap, spares: [...hotSwap.spares, node] } }));
+    multi.set(this.keys.nodeJob(node), name);
     await multi.exec();
   }
 

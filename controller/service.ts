@@ -28,6 +28,8 @@ import { ladderConfig, type LadderConfig } from './policy/ladder/index.js';
 import { ProgressWatch, TrainingProgressReports } from './progress.js';
 import { finishIfWorkloadEnded } from './job-end.js';
 import { jobsRouter } from './intake/jobs-api.js';
+import { worldRouter } from './intake/world-api.js';
+import { swapEndEvent } from './world-store.js';
 import { operatorRouter } from './intake/operator-api.js';
 import { MicrobatchBoard } from './microbatches.js';
 import { FailSlowWatch } from '../analyzers/workers/failslow-watch.js';
@@ -246,6 +248,7 @@ export class Controller {
           pool: this.pool,
           microbatches: new MicrobatchBoard(this.requestRedis, this.keys, apiJobs),
         }),
+        worldRouter({ jobs: apiJobs, dispatcher: this.dispatcher }),
         operatorRouter({
           gates: new SafetyGates(this.requestRedis, this.keys, budget, config.safety.nodeLeaseSeconds, config.remedies.maintenanceWindows, this.backend.partitionNodes?.bind(this.backend), this.options.logger),
           audit: apiAudit,
@@ -344,6 +347,11 @@ export class Controller {
         const { seen, ...verdict } = decided;
         this.options.logger.info({ job, verdict: verdict.event.type, seen }, 'restart judged by training progress');
         await this.dispatcher.apply(verdict);
+      });
+      // A hot swap past its bound falls back to stop and relaunch (DeadPool §VI): the ladder hears it.
+      await this.tickPart(job, 'hot swap bound', async () => {
+        const late = record.spec.hotSwap ? await this.jobs.world.overdue(record, now) : undefined;
+        if (late) await this.dispatcher.apply(swapEndEvent(job, 'failed', late, now));
       });
       await this.tickPart(job, 'tick', () => this.dispatcher.apply({ job, event: { type: 'tick', time: now }, eventId: `tick:${now}` }));
     }

@@ -106,6 +106,7 @@ export function startWorkers(deps: WorkerDeps, workers: Worker[] = []): Worker[]
       backend: deps.backend,
       gates: deps.gates,
       jobs: deps.jobs,
+      world: deps.jobs.world,
       launchers: config.launchers,
       logger,
       feedback: (event) => deps.dispatcher.apply(event),

@@ -43,6 +43,27 @@ export function launchArgv(
   return argv.map((arg) => arg.replaceAll('{job}', values.job).replaceAll('{nodes}', values.nodes.join(',')).replaceAll('{version}', values.version));
 }
 
+/** The default upper bound of one hot swap, in seconds. */
+export const HOT_SWAP_TIMEOUT_DEFAULT_SECONDS = 60;
+
+export const hotSwapSchema = z
+  .object({
+    /** Spare nodes of the allocation, none of them in `nodes`: the processes there wait to take a failed node's place. */
+    spares: distinctNodeNames(64),
+    /** Upper bound of one swap before the job falls back to stop and relaunch (default 60). */
+    timeoutSeconds: z.number().int().min(5).max(3600).optional(),
+  })
+  .strict();
+export type HotSwapSpec = z.infer<typeof hotSwapSchema>;
+
+/**
+ * The nodes a launch of the job names as `{nodes}`: its nodes, then its unused hot-swap spares,
+ * so that a relaunch again starts the spare processes (the whole allocation).
+ */
+export function launchNodes(spec: Pick<JobSpec, 'nodes' | 'hotSwap'>): string[] {
+  return [...spec.nodes, ...(spec.hotSwap?.spares ?? [])];
+}
+
 export const jobSpecSchema = z
   .object({
     name: jobNameSchema,
@@ -65,6 +86,12 @@ export const jobSpecSchema = z
       .object({ perIteration: z.number().int().min(1).max(10_000_000), multipleOf: z.number().int().min(1).max(1024).optional() })
       .strict()
       .optional(),
+    /**
+     * Hot swap (DeadPool §V-C, §VI): idle spare processes run on `spares`, nodes of the job's own
+     * allocation outside `nodes`; on a machine fault a spare takes the failed node's shards while the
+     * job keeps running, within `timeoutSeconds` (default 60), else the job is stopped and relaunched.
+     */
+    hotSwap: hotSwapSchema.optional(),
   })
   .strict();
 
@@ -79,6 +106,8 @@ export function parseJobSpec(value: unknown): { spec: JobSpec; topology: Topolog
   const jobNodes = new Set(spec.nodes);
   const unknownNodes = [...new Set(topology.ranks.map((rank) => rank.node))].filter((node) => !jobNodes.has(node));
   if (unknownNodes.length > 0) throw new InputError(`job.topology: ranks on nodes not in job.nodes: ${unknownNodes.join(', ')}`, 'topology');
+  const sparesInJob = (spec.hotSwap?.spares ?? []).filter((node) => jobNodes.has(node));
+  if (sparesInJob.length > 0) throw new InputError(`job.hotSwap.spares: ${sparesInJob.join(', ')} ${sparesInJob.length === 1 ? 'is' : 'are'} in job.nodes; a spare is a node of the allocation outside them`, 'hotSwap.spares');
   if (spec.microbatches) {
     const { perIteration, multipleOf = 1 } = spec.microbatches;
     const groups = dataParallelGroups(topology);
@@ -103,6 +132,20 @@ export function worldSize(spec: JobSpec): number {
   const nodes = Array.isArray(raw.nodes) ? raw.nodes.length : spec.nodes.length;
   const perNode = typeof raw.ranksPerNode === 'number' ? raw.ranksPerNode : spec.ranksPerNode;
   return nodes * perNode;
+}
+
+/**
+ * The spec with `replacement` in the place of `evicted` (a standby, a hot-swap spare): in its
+ * nodes, and in an explicit rank table, whose ranks move with their node. Other fields are kept.
+ */
+export function replaceNodeInSpec(spec: JobSpec, evicted: string, replacement: string): JobSpec {
+  const swap = (node: unknown): unknown => (node === evicted ? replacement : node);
+  const nodes = spec.nodes.map((node) => (node === evicted ? replacement : node));
+  const ranks = spec.topology?.ranks;
+  const topology = Array.isArray(ranks)
+    ? { ...spec.topology, ranks: ranks.map((rank: unknown) => (typeof rank === 'object' && rank !== null ? { ...rank, node: swap((rank as { node?: unknown }).node) } : rank)) }
+    : spec.topology;
+  return { ...spec, nodes, ...(topology ? { topology } : {}) };
 }
 
 /**

@@ -34,6 +34,32 @@ export interface FaultEvent {
    * (controller/policy/node-ladder.ts). Without it a machine fault evicts the node.
    */
   resetGpu?: string;
+  /**
+   * The job's hot swap (DeadPool §V-C, §VI), when it has one: its unused spares as the fault
+   * arrived, in order. The controller adds it from the job's record, so that the ladder stays a
+   * function of its events; without it the job has no hot swap.
+   */
+  hotSwap?: { spares: string[] };
+}
+
+/** A hot swap's epoch finished: every shard completed a step in it (the world store reports it). */
+export interface HotSwapDoneEvent {
+  type: 'hot_swap_done';
+  time: number;
+  epoch: number;
+  /** The figures, for the audit: "epoch 3, node-3 in place of node-1, first step 41 in 1.2 s". */
+  summary: string;
+}
+
+/**
+ * A hot swap cannot finish: its bound passed, a rank reported `failed`, or the swap could not
+ * start. `evict`: nodes the swap did not take out of the job, which the fallback evicts.
+ */
+export interface HotSwapFailedEvent {
+  type: 'hot_swap_failed';
+  time: number;
+  detail: string;
+  evict?: string[];
 }
 
 /** Every event carries its own time, in Unix epoch milliseconds: the ladder reads no clock. */
@@ -59,5 +85,7 @@ export type LadderEvent =
    * without them; the evict step reports it and stops its transition before the restart.
    */
   | { type: 'standby_missing'; time: number; nodes: string[] }
+  | HotSwapDoneEvent
+  | HotSwapFailedEvent
   /** Time passes: fires held-back restarts and due updates. The controller ticks every few seconds. */
   | { type: 'tick'; time: number };

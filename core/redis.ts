@@ -229,6 +229,14 @@ export class Keys {
   jobFailSlow(name: string): string {
     return `${this.prefix}:job:${name}:failslow`;
   }
+  /** A hot-swap job's world: its recovery epoch, whether a swap is open, and its step times (controller/world-store.ts). */
+  jobWorld(name: string): string {
+    return `${this.prefix}:job:${name}:world`;
+  }
+  /** The ranks' reports in the world's current epoch, one per shard or spare. */
+  jobWorldReports(name: string): string {
+    return `${this.prefix}:job:${name}:world-reports`;
+  }
   /** Held by the transition of steps that runs for the job now (actuators/steps/processor.ts). */
   jobStepsHold(name: string): string {
     return `${this.prefix}:job:${name}:steps-hold`;

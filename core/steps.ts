@@ -14,6 +14,12 @@ export const STEP_VERBS = [
   'stop',
   /** Drain a job's nodes and activate warm standbys in their place (§6.2). */
   'evict',
+  /**
+   * Hot swap (DeadPool §V-C, §VI): open a recovery epoch in which `spares` take the shards of the
+   * failed `nodes` while the job keeps running, drain the failed nodes and put the spares in their
+   * places; without nodes, an epoch with the same shards (a transient communication fault).
+   */
+  'hot_swap',
   /** Take a node outside any job out of service (the node ladder's first rung). */
   'drain',
   /**
@@ -54,6 +60,7 @@ export type StepVerb = (typeof STEP_VERBS)[number];
 /** The steps that act on the cluster or the job; the safety gates and a job's recovery policy can refuse them. */
 export const ACTING_VERBS: ReadonlySet<StepVerb> = new Set([
   'evict',
+  'hot_swap',
   'drain',
   'reset_gpu',
   'reboot',
@@ -84,6 +91,8 @@ export interface Step {
   version?: string;
   /** The GPU (PCI bus id) a `reset_gpu` step resets. */
   gpu?: string;
+  /** The hot-swap spares a `hot_swap` step puts in the places of its `nodes`, in the same order. */
+  spares?: string[];
   reason: string;
   /** The paper section the step follows. */
   citation: string;
@@ -95,6 +104,7 @@ export const stepSchema = z.object({
   nodes: z.array(z.string()).optional(),
   version: z.string().optional(),
   gpu: z.string().regex(PCI_BUS_ID_PATTERN).optional(),
+  spares: z.array(z.string()).optional(),
   reason: z.string(),
   citation: z.string(),
 }) satisfies z.ZodType<Step>;

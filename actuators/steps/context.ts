@@ -27,6 +27,10 @@ export interface StepJobs {
   /** `vacant`: nodes of the spec that left the job with no one in their place. */
   get(job: string): Promise<{ readonly spec: JobSpec; readonly policy: JobPolicy; readonly vacant: readonly string[] }>;
   replaceNode(job: string, evicted: string, replacement: string): Promise<void>;
+  /** A hot swap put `spare` in the place of `failed`: the spare joins the job's nodes and leaves its spares. */
+  useSpare(job: string, failed: string, spare: string): Promise<void>;
+  /** A node becomes one of the job's hot-swap spares (it joins the allocation at the next launch). */
+  addSpare(job: string, node: string): Promise<void>;
   /** The node leaves the job with no one in its place (no warm standby was left). */
   vacate(job: string, node: string): Promise<void>;
   setVersion(job: string, version: string): Promise<void>;
@@ -44,6 +48,14 @@ export interface RestartWatch {
 export interface QuarantinePolicy {
   readonly afterEvictions: number;
   readonly windowMs: number;
+}
+
+/** A hot-swap job's world as the step actuators change it (the controller's WorldStore). */
+export interface StepWorld {
+  /** Opens the swap's epoch for the step `ref` (once): `replaced` maps each failed node to its spare. */
+  open(spec: JobSpec, ref: string, replaced: Record<string, string>): Promise<{ readonly epoch: number; readonly opened: boolean; readonly boundSeconds: number }>;
+  /** The job is (re)launched or stopped: its ranks meet in a new steady epoch. */
+  relaunched(job: string): Promise<number>;
 }
 
 export interface StepDeps {
@@ -71,6 +83,8 @@ export interface StepDeps {
   readonly quarantine: QuarantinePolicy;
   /** Most of a job's nodes one window may evict, in percent (safety.maxJobEvictionPercent). */
   readonly maxJobEvictionPercent?: number;
+  /** Hot-swap jobs' worlds; without it a hot_swap step falls back to stop and relaunch. */
+  readonly world?: StepWorld | undefined;
   /** The managed standby pool; when it has no candidates, standbys held by hand are used. */
   readonly pool?: StandbyPool | undefined;
   /** Judges restarts by training progress; without it, an accepted launch counts as success. */

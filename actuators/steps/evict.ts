@@ -89,7 +89,7 @@ async function reportReplacement(deps: StepDeps, at: StepAt, replaced: string, b
  * exclusions): a node evicted `quarantine.afterEvictions` times within the window is quarantined —
  * never again a standby, and reported — whichever jobs it served.
  */
-async function noteExclusion(deps: StepDeps, at: StepAt, node: string): Promise<void> {
+export async function noteExclusion(deps: StepDeps, at: StepAt, node: string): Promise<void> {
   const { redis, keys, quarantine } = deps;
   const key = keys.nodeExclusions(node);
   const now = Date.now();

@@ -4,6 +4,7 @@ import type { StepActuator } from './context.js';
 import { drain } from './drain.js';
 import { evict } from './evict.js';
 import { handOff } from './hand-off.js';
+import { hotSwap } from './hot-swap.js';
 import { pageHuman } from './page-human.js';
 import { quarantine } from './quarantine.js';
 import { reboot } from './reboot.js';
@@ -20,6 +21,7 @@ import { setCodeVersion } from './update.js';
 export const STEP_ACTUATORS: Readonly<Record<StepVerb, StepActuator>> = {
   stop,
   evict,
+  hot_swap: hotSwap,
   drain,
   reset_gpu: resetGpu,
   reboot,

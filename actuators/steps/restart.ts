@@ -3,7 +3,7 @@ import type { LadderEvent } from '../../core/ladder.js';
 import { launchJob } from '../launcher.js';
 import { planRestoreByStep } from '../restore-plan.js';
 import { recordStep, stepJob, stepRef, type Halt, type StepDeps, type StepAt } from './context.js';
-import { describeCancelled, endPreviousRuns } from './stop.js';
+import { describeCancelled, endPreviousRuns, newEpochFor } from './stop.js';
 
 /**
  * The restart and reattempt steps: put the restore plan on record, make sure the job's previous
@@ -17,6 +17,8 @@ export async function restart(deps: StepDeps, at: StepAt): Promise<Halt> {
   // A run still there (no stop step before this restart, or a relaunch judged failed while it
   // waits or trains) would hold the nodes the relaunch needs.
   const ended = await endPreviousRuns(deps, spec);
+  // The relaunched ranks start in a new epoch: no rendezvous key of the last run is reused.
+  await newEpochFor(deps, spec);
   // Iterations recorded from here on are the relaunched run's: the previous one has ended.
   const launchedFrom = Date.now();
   const launched = await launchJob(spec, deps.launchers, deps.backend, { recordOnly: deps.dryRun ?? false });

@@ -21,9 +21,15 @@ export function describeCancelled(spec: JobSpec, cancelled: readonly string[]): 
   return `cancelled Slurm job${cancelled.length === 1 ? '' : 's'} ${cancelled.join(', ')} named ${spec.name}; gone from the queue`;
 }
 
+/** A hot-swap job's ranks meet in a new epoch once its run is gone (a swap under way is over); dry-run changes nothing. */
+export async function newEpochFor(deps: StepDeps, spec: JobSpec): Promise<void> {
+  if (spec.hotSwap !== undefined && deps.dryRun !== true) await deps.world?.relaunched(spec.name);
+}
+
 export async function stop(deps: StepDeps, at: StepAt): Promise<Halt> {
   const { spec } = await deps.jobs.get(stepJob(at));
   const cancelled = await endPreviousRuns(deps, spec);
+  await newEpochFor(deps, spec);
   const detail =
     cancelled === undefined
       ? `recorded (the ${deps.backend.name} backend stops nothing for a ${launcherOf(deps.launchers, spec)?.kind ?? 'missing'} launcher)`

@@ -1,6 +1,7 @@
 import type { Request, Response } from 'express';
 import { InputError, RetryLaterError, errorMessage } from '../../core/errors.js';
 import { JobExistsError, JobNotFoundError, NodesBusyError } from '../job-store.js';
+import { StaleEpochError } from '../world-store.js';
 
 /**
  * The one mapping from the typed errors a handler throws (core/errors.ts, and the job store's,
@@ -23,7 +24,7 @@ export const RETRY_AFTER_SECONDS = '5';
 /** The status of a typed error; undefined for any other error, which is ours (a bug: 500). */
 export function errorStatus(error: unknown): ErrorStatus | undefined {
   if (error instanceof JobNotFoundError) return { status: 404, reason: 'not_found' };
-  if (error instanceof JobExistsError || error instanceof NodesBusyError) return { status: 409, reason: 'conflict' };
+  if (error instanceof JobExistsError || error instanceof NodesBusyError || error instanceof StaleEpochError) return { status: 409, reason: 'conflict' };
   if (error instanceof InputError) return { status: 400, reason: 'invalid' };
   // The store down (StoreUnavailableError) or any other passing failure: the caller's retry will do.
   if (error instanceof RetryLaterError) return { status: 503, reason: 'store_unavailable' };

@@ -10,11 +10,12 @@ import type { ClusterBackend } from '../../actuators/backend.js';
 import { planRestoreByStep } from '../../actuators/restore-plan.js';
 import { parseJobSpec } from '../../core/job.js';
 import { admitJob } from '../job-admission.js';
-import { jobMembers, type JobStore } from '../job-store.js';
+import { jobMembers, type JobRecord, type JobStore } from '../job-store.js';
 import type { RecoveryDispatcher } from '../policy/recovery-dispatcher.js';
 import type { StandbyPool } from '../../actuators/standby-pool.js';
 import type { MicrobatchBoard } from '../microbatches.js';
-import { ForbiddenError, identityOf } from './auth.js';
+import { identityOf } from './auth.js';
+import { mayTrainFor } from './training-access.js';
 import { answerTypedErrors } from './http-errors.js';
 import { apiRoute } from './routes.js';
 
@@ -78,15 +79,11 @@ export function jobsRouter(deps: JobsRouterDeps): express.Router {
     }
   };
 
-  /** The job's name, once the caller may act for it: any job for an operator, a job on its node for an agent. */
-  const trainingJob = async (req: Request, res: Response): Promise<string> => {
-    const name = jobName(req);
-    const identity = identityOf(res);
-    if (identity.node !== undefined && !jobMembers(await jobs.get(name)).includes(identity.node)) {
-      throw new ForbiddenError(identity, 'training', `agent ${identity.node} may not ${req.method} ${req.originalUrl.split('?')[0] ?? ''}: job ${name} does not run on ${identity.node}`);
-    }
-    return name;
-  };
+  /** A hot-swap job's world epoch and state, for listings. */
+  const worldOf = async (record: JobRecord): Promise<{ world?: { epoch: number; state: string } }> => (record.spec.hotSwap ? { world: await jobs.world.summary(record.spec.name) } : {});
+
+  /** The job's name, once the caller may act for it: any job for an operator, a job on its node (or spare) for an agent. */
+  const trainingJob = async (req: Request, res: Response): Promise<string> => (await mayTrainFor(jobs, jobName(req), req, res)).spec.name;
 
   apiRoute(
     router,
@@ -112,7 +109,7 @@ export function jobsRouter(deps: JobsRouterDeps): express.Router {
     '/jobs',
     handle(async (_req, res) => {
       const records = await jobs.list();
-      res.json({ jobs: await Promise.all(records.map(async (record) => ({ ...record, ettr: await jobs.ettr(record.spec.name) }))) });
+      res.json({ jobs: await Promise.all(records.map(async (record) => ({ ...record, ettr: await jobs.ettr(record.spec.name), ...(await worldOf(record)) }))) });
     }),
   );
 
@@ -122,7 +119,8 @@ export function jobsRouter(deps: JobsRouterDeps): express.Router {
     '/jobs/:id',
     handle(async (req, res) => {
       const name = jobName(req);
-      res.json({ job: await jobs.get(name), ettr: await jobs.ettr(name) });
+      const record = await jobs.get(name);
+      res.json({ job: record, ettr: await jobs.ettr(name), ...(await worldOf(record)) });
     }),
   );
 

@@ -14,7 +14,8 @@ export type Scope = (typeof SCOPES)[number];
  * alerts    POST /api/v1/alerts (Alertmanager's webhook)
  * signals   POST /api/v1/signals (an agent's fast path; only about its own node)
  * node      a standby's polling and self-check (only its own node)
- * training  a job's checkpoint reports and micro-batch plan (only a job on the agent's node)
+ * training  a job's checkpoint reports, micro-batch plan and hot-swap world (only a job whose
+ *           member or spare the agent's node is)
  */
 export const ROLE_SCOPES: Readonly<Record<Role, readonly Scope[]>> = {
   // The operator's credential is the administrator's: it may also inject an alert or a signal
@@ -51,6 +52,8 @@ export const ROUTE_SCOPES: readonly RouteScope[] = [
   { method: 'POST', path: '/api/v1/jobs/:id/checkpoints', scope: 'training' },
   { method: 'GET', path: '/api/v1/jobs/:id/microbatches', scope: 'training' },
   { method: 'GET', path: '/api/v1/jobs/:id/restore-plan', scope: 'training' },
+  { method: 'GET', path: '/api/v1/jobs/:id/world', scope: 'training' },
+  { method: 'POST', path: '/api/v1/jobs/:id/world', scope: 'training' },
   { method: 'GET', path: '/api/v1/audit', scope: 'read' },
   { method: 'GET', path: '/api/v1/queues', scope: 'read' },
   { method: 'GET', path: '/api/v1/jobs', scope: 'read' },

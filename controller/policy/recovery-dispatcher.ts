@@ -5,7 +5,7 @@ import { CONTROLLER_IDENTITY } from '../../core/credentials.js';
 import { StoreUnavailableError, errorMessage } from '../../core/errors.js';
 import type { Keys, Redis } from '../../core/redis.js';
 import { stableHash } from '../../core/signal.js';
-import type { JobStore } from '../job-store.js';
+import { JobNotFoundError, type JobStore } from '../job-store.js';
 import type { LadderEvent } from '../../core/ladder.js';
 import { ACTING_VERBS, type Step } from '../../core/steps.js';
 import { STEPS_JOB_VERSION, type LadderEventJob, type StepsJob } from '../../core/queues.js';
@@ -63,7 +63,8 @@ export class RecoveryDispatcher {
   }
 
   /** Applies `event` to the job's ladder; enqueues the steps it produces. Returns them. */
-  async apply(input: LadderEventJob): Promise<Step[]> {
+  async apply(received: LadderEventJob): Promise<Step[]> {
+    const input = await this.withJobFacts(received);
     const key = this.keys.jobLadder(input.job);
     const undoKey = this.keys.jobLadderUndo(input.job);
     for (let attempt = 0; attempt < MAX_CONFLICT_RETRIES; attempt += 1) {
@@ -87,6 +88,24 @@ export class RecoveryDispatcher {
       }
     }
     throw new StoreUnavailableError(`job ${input.job}: recovery state kept changing under ${MAX_CONFLICT_RETRIES} attempts`);
+  }
+
+  /**
+   * A fault carries the job facts the ladder decides on, so that the ladder stays a function of
+   * its events: a hot-swap job's unused spares as the fault arrives (FaultEvent.hotSwap).
+   */
+  private async withJobFacts(input: LadderEventJob): Promise<LadderEventJob> {
+    if (input.event.type !== 'fault') return input;
+    const spec = await this.jobs.get(input.job).then(
+      (record) => record.spec,
+      (error: unknown) => {
+        // An unregistered job's ladder has nothing to learn; a store that does not answer is retried.
+        if (error instanceof JobNotFoundError) return undefined;
+        throw error;
+      },
+    );
+    if (spec?.hotSwap === undefined) return input;
+    return { ...input, event: { ...input.event, hotSwap: { spares: [...spec.hotSwap.spares] } } };
   }
 
   private async dispatch(input: LadderEventJob, transitionId: string, steps: Step[], state: LadderState): Promise<void> {

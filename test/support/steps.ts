@@ -76,6 +76,8 @@ const NO_JOBS: StepJobs = {
     throw new DoNotRetryError(`job ${job} is not registered`);
   },
   replaceNode: async () => undefined,
+  useSpare: async () => undefined,
+  addSpare: async () => undefined,
   vacate: async () => undefined,
   setVersion: async () => undefined,
   checkpointSteps: async function* () {},

@@ -5,6 +5,7 @@ import { failureKind } from '../fault-signature.js';
 import { DEFAULT_LADDER_CONFIG, type LadderConfig } from './config.js';
 import { prune, unique, type Ctx } from './context.js';
 import { failureSignature, onStandbyActivated, pruneReplacements } from './evidence.js';
+import { onHotSwapDone, onHotSwapFailed } from './hot-swap.js';
 import { onCodeUpdate, onDiagnosticsResult, onFault, onRecoveryRefused, onReplayResult, onRestartFailed, onRestartSucceeded, onStandbyMissing, onTick } from './transitions.js';
 import type { LadderState, LadderTransition } from './state.js';
 
@@ -26,7 +27,8 @@ export function faultEventFromSignal(signal: Signal, verdict: FaultVerdict, rese
 
 /** One transition. Never mutates `state`; never throws on a well-typed event. */
 export function advance(state: LadderState, event: LadderEvent, config: LadderConfig = DEFAULT_LADDER_CONFIG): LadderTransition {
-  const ctx: Ctx = { s: structuredClone(state), time: event.time, config, steps: [], ...(event.type === 'fault' ? { signature: failureSignature(event) } : {}) };
+  const facts = event.type === 'fault' ? { signature: failureSignature(event), ...(event.hotSwap !== undefined ? { hotSwap: event.hotSwap } : {}) } : {};
+  const ctx: Ctx = { s: structuredClone(state), time: event.time, config, steps: [], ...facts };
   prune(ctx);
   pruneReplacements(ctx);
   switch (event.type) {
@@ -59,6 +61,12 @@ export function advance(state: LadderState, event: LadderEvent, config: LadderCo
       break;
     case 'recovery_refused':
       onRecoveryRefused(ctx, event.detail);
+      break;
+    case 'hot_swap_done':
+      onHotSwapDone(ctx, event.epoch, event.summary);
+      break;
+    case 'hot_swap_failed':
+      onHotSwapFailed(ctx, event.detail, unique(event.evict ?? []));
       break;
   }
   return { state: ctx.s, steps: ctx.steps };

@@ -71,6 +71,10 @@ export const CITE = {
   stacks: 'ByteRobust §4.1 and §5.1 (performance anomalies trigger aggregation analysis)',
   transient: 'DeadPool Table II and §VI-B (transient faults: local recovery first, no topology change)',
   standby: 'ByteRobust §6.2 (warm standbys replace evicted machines)',
+  hotSwap:
+    "DeadPool §V-C, §VI (hot swap of a spare into the running job, state rebuilt from per-step in-memory replicas); ByteRobust §6.3 (every-step in-memory checkpoints with backups outside the rank's parallel groups)",
+  hotSwapFallback: 'DeadPool §V-C, §VI (a hot swap that cannot finish falls back to the restart); ByteRobust §4.1 and §6.2 (stop, evict, relaunch on warm standbys)',
+  hotSwapEpoch: 'DeadPool Table II and §VI-B (transient faults: recover in place, no topology change); ByteRobust §6.3 (state from every-step in-memory checkpoints)',
   gpuReset: "NVIDIA's Xid catalogue (the remedy is a GPU reset); ByteRobust §4.1 (stop the job before acting on a machine)",
   hotUpdate: 'ByteRobust §6.1 (urgent updates now; others at the next failure or when 24 h expire)',
   retry: '504-GPU report (auto-retry chains)',

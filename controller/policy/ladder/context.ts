@@ -14,6 +14,8 @@ export interface Ctx {
   readonly steps: Step[];
   /** The failure signature of the fault being handled (evidence.ts); absent for other events. */
   readonly signature?: string;
+  /** The job's hot swap and its unused spares, as the fault being handled carried them (FaultEvent.hotSwap). */
+  readonly hotSwap?: { readonly spares: readonly string[] };
 }
 
 const MINUTE = 60_000;
@@ -31,8 +33,11 @@ const STOP_CITATION: Readonly<Record<Incident['trigger'], string>> = {
   code_update: CITE.hotUpdate,
 };
 
-/** Opens an incident (and stops the job) when it was running; returns the open incident. */
-export function leaveRunning(ctx: Ctx, trigger: Incident['trigger'], why: string): Incident {
+/**
+ * Opens an incident (and stops the job) when it was running; returns the open incident. A hot
+ * swap opens one without stopping the job (`stop: false`).
+ */
+export function leaveRunning(ctx: Ctx, trigger: Incident['trigger'], why: string, options: { stop?: boolean } = {}): Incident {
   const { s, time } = ctx;
   if (s.incident !== null) return s.incident;
   const recent = s.recentSignals.at(-1);
@@ -47,7 +52,7 @@ export function leaveRunning(ctx: Ctx, trigger: Incident['trigger'], why: string
     retry: { attempts: 0, nextBackoffMs: 0 },
     signatures: trigger === 'code_update' || ctx.signature === undefined ? [] : [ctx.signature],
   };
-  if (s.phase === 'running') emit(ctx, 'stop', why, STOP_CITATION[trigger]);
+  if (s.phase === 'running' && options.stop !== false) emit(ctx, 'stop', why, STOP_CITATION[trigger]);
   return s.incident;
 }
 
@@ -79,15 +84,23 @@ export function setVerdict(s: LadderState, version: string, verdict: VersionVerd
   entry.verdictAt = time;
 }
 
-export function step(ctx: Ctx, verb: StepVerb, reason: string, citation: string, extra: { nodes?: string[]; version?: string; gpu?: string } = {}): Step {
+export interface StepExtra {
+  nodes?: string[];
+  version?: string;
+  gpu?: string;
+  spares?: string[];
+}
+
+export function step(ctx: Ctx, verb: StepVerb, reason: string, citation: string, extra: StepExtra = {}): Step {
   const out: Step = { verb, job: ctx.s.job, reason, citation };
   if (extra.nodes !== undefined && extra.nodes.length > 0) out.nodes = [...extra.nodes];
+  if (extra.spares !== undefined && extra.spares.length > 0) out.spares = [...extra.spares];
   if (extra.version !== undefined) out.version = extra.version;
   if (extra.gpu !== undefined) out.gpu = extra.gpu;
   return out;
 }
 
-export function emit(ctx: Ctx, verb: StepVerb, reason: string, citation: string, extra: { nodes?: string[]; version?: string; gpu?: string } = {}): void {
+export function emit(ctx: Ctx, verb: StepVerb, reason: string, citation: string, extra: StepExtra = {}): void {
   ctx.steps.push(step(ctx, verb, reason, citation, extra));
 }
 

@@ -1,5 +1,6 @@
 import type { FaultEvent } from '../../../core/ladder.js';
-import type { Ctx } from './context.js';
+import { CITE } from './config.js';
+import { appendTime, emit, hours, timesOf, unique, type Ctx } from './context.js';
 import type { Incident, LadderState } from './state.js';
 
 /**
@@ -77,4 +78,23 @@ export function evictionDidNotHelp(s: LadderState, signature: string | undefined
   const replacement = s.replacements.find((entry) => nodes.includes(entry.node));
   if (replacement !== undefined) return `on ${replacement.node}, the standby that replaced ${replacement.replaced}`;
   return null;
+}
+
+/**
+ * The bookkeeping of nodes taken out of the job (by an eviction or a hot swap): their exclusion
+ * history, quarantine for a node excluded too often (504-GPU report), the incident's evicted
+ * nodes and the evidence of what the eviction acted on.
+ */
+export function noteEvictions(ctx: Ctx, incident: Incident, targets: string[]): void {
+  const { s, time, config } = ctx;
+  for (const node of targets) {
+    s.exclusions = appendTime(s.exclusions, node, time);
+    const count = timesOf(s.exclusions, node).filter((at) => Math.abs(time - at) <= config.exclusionWindowMs).length;
+    if (count >= config.quarantineAfterEvictions && !s.quarantined.includes(node)) {
+      s.quarantined.push(node);
+      emit(ctx, 'quarantine', `${node} evicted ${count} times within ${hours(config.exclusionWindowMs)}`, CITE.exclusion, { nodes: [node] });
+    }
+  }
+  incident.evictedNodes = unique([...incident.evictedNodes, ...targets]);
+  recordEviction(ctx, incident);
 }

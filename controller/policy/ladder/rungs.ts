@@ -1,8 +1,9 @@
 import type { FaultClass } from '../../../core/ladder.js';
 import { CITE } from './config.js';
-import { appendTime, emit, emptyTried, enterRung, hours, leaveRunning, pageHuman, resetKey, rollbackTarget, step, timesOf, unique, type Ctx } from './context.js';
-import { recordEviction } from './evidence.js';
+import { appendTime, emit, emptyTried, enterRung, leaveRunning, pageHuman, resetKey, rollbackTarget, step, type Ctx } from './context.js';
+import { noteEvictions } from './evidence.js';
 import { chainExhausted, launch } from './retry-chain.js';
+import { hotSwap } from './hot-swap.js';
 import type { LadderState } from './state.js';
 
 /**
@@ -19,27 +20,21 @@ export function stillInJob(s: LadderState, nodes: string[]): string[] {
 
 /** Evicts the nodes still in the job and relaunches on standbys; only records when none is left. */
 export function evictAndRestart(ctx: Ctx, nodes: string[], trigger: FaultClass, why: string, citation: string): void {
-  const { s, time, config } = ctx;
+  const { s } = ctx;
   const targets = stillInJob(s, nodes);
   if (targets.length === 0) {
     emit(ctx, 'tolerate', `${why}; ${nodes.join(', ')} already out of the job`, citation, { nodes });
     return;
   }
+  // DeadPool §V-C, §VI: a machine's failure on a hot-swap job is cured by a spare while the job runs.
+  if (trigger === 'machine' && hotSwap(ctx, targets, why)) return;
   const incident = leaveRunning(ctx, trigger, why);
   emit(ctx, 'evict', why, citation, { nodes: targets });
-  for (const node of targets) {
-    s.exclusions = appendTime(s.exclusions, node, time);
-    const count = timesOf(s.exclusions, node).filter((at) => Math.abs(time - at) <= config.exclusionWindowMs).length;
-    if (count >= config.quarantineAfterEvictions && !s.quarantined.includes(node)) {
-      s.quarantined.push(node);
-      emit(ctx, 'quarantine', `${node} evicted ${count} times within ${hours(config.exclusionWindowMs)}`, CITE.exclusion, { nodes: [node] });
-    }
-  }
-  incident.evictedNodes = unique([...incident.evictedNodes, ...targets]);
-  recordEviction(ctx, incident);
+  noteEvictions(ctx, incident, targets);
   enterRung(ctx, 'evict', 'stopped');
   launch(ctx, [step(ctx, 'restart', `relaunch on warm standbys replacing ${targets.join(', ')}`, CITE.standby)]);
 }
+
 
 /**
  * A machine fault whose cure is a GPU reset (FaultEvent.resetGpu): the job stops, the recovery

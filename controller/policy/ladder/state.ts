@@ -7,9 +7,11 @@ import { stepSchema, type Step } from '../../../core/steps.js';
  * object, validated by `ladderStateSchema` when read back.
  */
 
-export const LADDER_PHASES = ['running', 'stopped', 'diagnosing', 'reattempting', 'rolling_back', 'replaying', 'waiting_for_human'] as const;
+export const LADDER_PHASES = ['running', 'swapping', 'stopped', 'diagnosing', 'reattempting', 'rolling_back', 'replaying', 'waiting_for_human'] as const;
 /**
  * - running: training progresses, no incident is open.
+ * - swapping: a hot swap's epoch is open (spares take failed nodes' shards while the job keeps
+ *   running); waiting for every shard to step in it, or for the fallback.
  * - stopped: the job was halted and relaunched (after an eviction or a code update); waiting to
  *   hear whether it trains.
  * - diagnosing: stop-time diagnostics run; waiting for their result.
@@ -20,7 +22,7 @@ export const LADDER_PHASES = ['running', 'stopped', 'diagnosing', 'reattempting'
  */
 export type LadderPhase = (typeof LADDER_PHASES)[number];
 
-export const LADDER_RUNGS = ['evict', 'diagnose', 'reattempt', 'rollback', 'replay', 'update', 'human'] as const;
+export const LADDER_RUNGS = ['hot_swap', 'evict', 'diagnose', 'reattempt', 'rollback', 'replay', 'update', 'human'] as const;
 export type LadderRung = (typeof LADDER_RUNGS)[number];
 
 export const VERSION_VERDICTS = ['unproven', 'good', 'bad'] as const;
@@ -101,6 +103,14 @@ export interface NodeTimes {
   times: number[];
 }
 
+/** An open hot swap: which failed nodes the spares replace (none for a communication fault's epoch). */
+export interface SwapRecord {
+  openedAt: number;
+  /** The failed nodes, in the order of `spares`. */
+  nodes: string[];
+  spares: string[];
+}
+
 export interface LadderState {
   schema: 1;
   job: string;
@@ -127,6 +137,8 @@ export interface LadderState {
    * fault reported again (the Prometheus alert after the agent's fast path) joins its reset.
    */
   gpuResets: NodeTimes[];
+  /** The hot swap under way (phase `swapping`); null otherwise, and in states stored before hot swaps. */
+  swap: SwapRecord | null;
 }
 
 export interface LadderTransition {
@@ -156,6 +168,7 @@ export function initialLadderState(job: string, options: { readonly time: number
     quarantined: [],
     recentSignals: [],
     gpuResets: [],
+    swap: null,
   };
 }
 
@@ -165,6 +178,7 @@ export function initialLadderState(job: string, options: { readonly time: number
 const time = z.number().finite();
 const nodeTimes = z.array(z.object({ node: z.string().min(1), times: z.array(time) }));
 const rungCounts = z.object({
+  hot_swap: z.number().int().min(0).default(0),
   evict: z.number().int().min(0),
   diagnose: z.number().int().min(0),
   reattempt: z.number().int().min(0),
@@ -212,4 +226,5 @@ export const ladderStateSchema = z.object({
   quarantined: z.array(z.string()),
   recentSignals: z.array(z.string()),
   gpuResets: nodeTimes.default([]),
+  swap: z.object({ openedAt: time, nodes: z.array(z.string()), spares: z.array(z.string()) }).nullable().default(null),
 }) satisfies z.ZodType<LadderState>;

@@ -4,6 +4,7 @@ import { RESET_REJOIN_MS, appendTime, emit, hours, leaveRunning, minutes, pageHu
 import { applyUpdateNow, diagnose, escalate, evictAndRestart, reattempt, resetAndRestart, rollback, stillInJob, type FailedRung } from './rungs.js';
 import { addSignature, evictionDidNotHelp } from './evidence.js';
 import { emitRestart } from './retry-chain.js';
+import { canHotSwap, communicationEpoch, onFaultWhileSwapping } from './hot-swap.js';
 
 /**
  * How each kind of event moves a job's ladder: which rung a fault starts on (ByteRobust §4.1),
@@ -27,11 +28,16 @@ export function onFault(ctx: Ctx, event: FaultEvent): void {
     emit(ctx, 'tolerate', `${what}; recorded only while a human handles the incident`, CITE.human, { nodes });
     return;
   }
+  if (s.phase === 'swapping') {
+    onFaultWhileSwapping(ctx, event.faultClass, nodes, what);
+    return;
+  }
   switch (event.faultClass) {
     case 'machine':
+      // On a hot-swap job a spare takes the node's place while the job runs: no GPU reset, which stops it.
       if (nodes.length === 1 && timesOf(s.gpuResets, resetKey(nodes[0] as string, ctx.signature)).length > 0) {
         emit(ctx, 'tolerate', `${what}; the same fault on ${nodes[0] as string} was reset in place within ${minutes(RESET_REJOIN_MS)}: this report joins that reset`, CITE.gpuReset, { nodes });
-      } else if (event.resetGpu !== undefined && nodes.length === 1) resetAndRestart(ctx, nodes[0] as string, event.resetGpu, what);
+      } else if (event.resetGpu !== undefined && nodes.length === 1 && !canHotSwap(ctx, stillInJob(s, nodes))) resetAndRestart(ctx, nodes[0] as string, event.resetGpu, what);
       else if (nodes.length > 0) evictAndRestart(ctx, nodes, 'machine', what, CITE.machine);
       else onCrash(ctx, `${what} (no node named, so no culprit)`, nodes);
       return;
@@ -72,6 +78,8 @@ export function onNetworkFault(ctx: Ctx, nodes: string[], what: string): void {
     if (recent.length >= config.networkAlertsBeforeEviction) due.push(node);
   }
   if (due.length === 0) {
+    // A hot-swap job's ranks meet again in a new epoch with the same shards (DeadPool §VI-B).
+    if (communicationEpoch(ctx, what)) return;
     const below = `fewer than ${config.networkAlertsBeforeEviction} network alerts on a node within ${minutes(config.networkAlertWindowMs)}`;
     emit(ctx, 'tolerate', `${what}; ${below}, and flaps often heal`, CITE.network, { nodes });
     return;
@@ -190,6 +198,7 @@ export function onRecoveryRefused(ctx: Ctx, detail: string): void {
     s.phase = 'running';
     s.incident = null;
     s.scheduled = null;
+    s.swap = null;
   }
   let update = '';
   if (s.pendingUpdate !== null && time >= s.pendingUpdate.deadline) {
@@ -227,6 +236,7 @@ export function onRestartSucceeded(ctx: Ctx): void {
   }
   s.incident = null;
   s.scheduled = null;
+  s.swap = null;
   s.phase = 'running';
 }
 
