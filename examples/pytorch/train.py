@@ -44,6 +44,7 @@ def parse_args():
     parser.add_argument("--step-sleep", type=float, default=0.05,
                         help="seconds of stand-in compute per micro-batch, so the tiny model trains at a watchable pace")
     parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--width", type=int, default=64, help="hidden units of the model (its state grows with it: 136 bytes a unit)")
     return parser.parse_args()
 
 
@@ -116,7 +117,7 @@ def main():
     rendezvous(dist, rank, world, say)
 
     torch.manual_seed(0)  # every rank starts from the same weights, as DDP expects
-    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1)))
+    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(32, args.width), torch.nn.Tanh(), torch.nn.Linear(args.width, 1)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     target = torch.randn(32, 1, generator=torch.Generator().manual_seed(1))
 
