@@ -45,8 +45,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from steadfast_replica import (Address, HostSnapshots, ReplicaError, ReplicaServer, World, deadline_of, deserialize_state,
-                               get_replica, holder_candidates, list_replicas, node_of, put_replica, serialize_state, shards_of)
+from steadfast_replica import Address, ReplicaLink, ReplicaServer, World, deadline_of, deserialize_state, get_replica, shards_of
 
 __all__ = ["HotSwap", "HotSwapFailed", "HotSwapUsageError"]
 
@@ -60,16 +59,6 @@ class HotSwapUsageError(Exception):
     """The loop broke the runtime's rule (a step without ``before_sync``)."""
 
 
-class _Snapshot:
-    """One step's local copy and replica, made in a background thread."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-        self.copied = threading.Event()  # the local copy is committed (or failed)
-        self.done = threading.Event()  # and the holder acknowledged its replica (or it failed)
-        self.error: Optional[BaseException] = None
-
-
 class HotSwap:
     """One rank's (or spare's) hot-swap runtime; see the module documentation."""
 
@@ -78,18 +67,14 @@ class HotSwap:
                  timeout: timedelta = timedelta(minutes=30), swap_wait: float = 120.0, poll_seconds: float = 1.0) -> None:
         self.client, self.job, self.node, self.local_rank = client, job, node, int(local_rank)
         self.rendezvous, self.run_id, self.timeout = rendezvous, run_id, timeout
-        self.replica_port, self.replica_hosts = int(replica_port), dict(replica_hosts or {})
         self.swap_wait, self.poll_seconds = float(swap_wait), float(poll_seconds)
         self.shard: Optional[int] = None
         self.world: World = {}
         self.epoch = -1
         self.iteration = 1
         self.swapped_in = False  # joined a running job as a spare: restore, do not resume from disk
-        self.snapshots = HostSnapshots()
-        self._memory_shard: Optional[int] = None  # whose state the snapshots hold
+        self.replicas = ReplicaLink(replica_port, replica_hosts or {})
         self._latest: Optional[World] = None
-        self._snapshot: Optional[_Snapshot] = None
-        self._lost: set = set()
         self._pending: Optional[str] = None
         self._synced = False
         self._report_stepped = False
@@ -139,8 +124,7 @@ class HotSwap:
         A process on a spare node logs ``[spare] …``, reports ``spare`` and waits (polling every
         100 ms) until an epoch puts a shard on its node; None when the job finished first.
         """
-        base = self.replica_hosts.get(self.node, ("", self.replica_port))[1]
-        self._server = ReplicaServer("0.0.0.0", base + self.local_rank)
+        self._server = ReplicaServer("0.0.0.0", self.replicas.own_port(self.node, self.local_rank))
         world = self._poll_world(lambda w: True, time.monotonic() + self.swap_wait, "the job's world")
         if not shards_of(world, self.node) and self.node in world.get("spares", []):
             print("[spare] pid %d on %s: idle spare of %s, epoch %d" % (os.getpid(), self.node, self.job, world["epoch"]), flush=True)
@@ -179,7 +163,7 @@ class HotSwap:
     def _enter(self, world: World, shard: int, deadline: float) -> None:
         """Meets the epoch's other members under its own prefix, then forms the gloo group."""
         epoch, size = int(world["epoch"]), len(world["shards"])
-        self.world, self.epoch, self.shard, self._lost = world, epoch, shard, set()
+        self.world, self.epoch, self.shard = world, epoch, shard
         # Half a second before the bound, so that the reason reported is this one, not the watchdog's.
         remaining = timedelta(seconds=max(1.0, deadline - time.monotonic() - 0.5))
         store = dist.PrefixStore("%s/epoch-%d" % (self.run_id, epoch), self._connect(remaining))
@@ -213,7 +197,7 @@ class HotSwap:
             self._wrapper = wrap(module, dist.group.WORLD)
             self._restored_from = self.iteration - 1
             # Protected from the start: a fault in the first step restores the state it began from.
-            self._start_snapshot(self._restored_from, self._state(self._restored_from))
+            self.replicas.start(world=self.world, shard=self.shard or 0, node=self.node, step=self._restored_from, state=self._state(self._restored_from))
             self.client.report_world(self.epoch, "joined", shard=self.shard, step=self._restored_from)
             self._report_stepped = True
         return self._wrapper
@@ -241,17 +225,12 @@ class HotSwap:
         P), every holder the last two, and a common step always exists. Waiting merely before
         ``optimizer.step()`` orders only this rank's own events, after the all-reduce.
         """
-        snapshot = self._snapshot
-        if snapshot is not None:
-            snapshot.done.wait()
-            if snapshot.error is not None:
-                raise snapshot.error
+        self.replicas.wait()
         self._synced = True
 
     def finish(self) -> None:
         """Ends the run: releases the spares (shard 0), stops the threads, leaves the group."""
-        if self._snapshot is not None:
-            self._snapshot.done.wait(60.0)
+        self.replicas.settle(60.0, acked=True)
         if self.shard == 0 and self._store is not None:
             self._store.add("%s/finished" % self.run_id, 1)
         self._stop.set()
@@ -268,48 +247,6 @@ class HotSwap:
         if self._extra is not None:
             state["extra"] = self._extra()
         return state
-
-    def _start_snapshot(self, step: int, state: Optional[Dict[str, Any]]) -> None:
-        """Copies `state` of `step` to host memory (unless None: already held), then sends it."""
-        if self._snapshot is not None:
-            self._snapshot.done.wait()
-        snapshot = _Snapshot(step)
-        self._snapshot = snapshot
-
-        def run() -> None:
-            try:
-                if state is not None:
-                    self.snapshots.write(step, state)
-                    self._memory_shard = self.shard
-                snapshot.copied.set()
-                self._send_replica(step, serialize_state(self.snapshots.state_at(step) or {}))
-            except BaseException as error:  # noqa: BLE001 - handed to before_sync, which raises it
-                snapshot.error = error
-            finally:
-                snapshot.copied.set()
-                snapshot.done.set()
-
-        threading.Thread(target=run, name="steadfast-snapshot", daemon=True).start()
-
-    def _address(self, world: World, shard: int) -> Address:
-        node = node_of(world, shard) or ""
-        host, base = self.replica_hosts.get(node, (node, self.replica_port))
-        return host, base + shards_of(world, node).index(shard)
-
-    def _send_replica(self, step: int, data: Any) -> None:
-        """PUT to the first holder not lost; a failed holder is lost for the epoch, the next tried."""
-        errors = []
-        for holder in holder_candidates(self.world, self.shard or 0, self.node):
-            if holder in self._lost:
-                continue
-            try:
-                put_replica(self._address(self.world, holder), self.shard or 0, step, data)
-                return
-            except ReplicaError as error:
-                self._lost.add(holder)
-                errors.append("%s: %s" % (node_of(self.world, holder), error))
-        if errors:
-            raise ReplicaError("no replica holder of shard %s took step %d (%s)" % (self.shard, step, "; ".join(errors)))
 
     def _watch_world(self) -> None:
         """Polls the world: every poll_seconds while steady, every 100 ms while swapping or unreachable."""
@@ -333,9 +270,8 @@ class HotSwap:
     def _recover(self, reason: str) -> None:
         """Leaves the epoch, waits for the next one, meets it and restores the agreed step."""
         print("[rank %d] %s; leaving epoch %d" % (self.shard, reason, self.epoch), flush=True)
-        if self._snapshot is not None and not self._snapshot.copied.wait(60.0):
-            raise HotSwapFailed("the local copy of step %d did not finish" % self._snapshot.step)
-        self._snapshot = None  # its replica may never land (its holder may be the lost node)
+        if not self.replicas.settle(60.0, acked=False):  # its replica may never land: the holder may be lost
+            raise HotSwapFailed("the local copy of the last step did not finish")
         self._wrapper = None
         gc.collect()  # the old wrapper's gradient hooks go with it
         if dist.is_initialized():
@@ -372,26 +308,10 @@ class HotSwap:
             self._failed_epoch = epoch
             self.client.report_world(epoch, "failed", shard=shard, detail=detail)
 
-    def _find_replica(self) -> Tuple[List[int], Optional[Address], str]:
-        """LISTs the holders of this shard (then every other member): steps, where, which node."""
-        others = [s for s in range(self.world_size) if s != self.shard and node_of(self.world, s) != self.node]
-        candidates = holder_candidates(self.world, self.shard or 0, self.node)
-        errors = []
-        for holder in candidates + [s for s in others if s not in candidates]:
-            address = self._address(self.world, holder)
-            try:
-                steps = list_replicas(address, self.shard or 0)
-            except ReplicaError as error:
-                errors.append(str(error))
-                continue
-            if steps:
-                return steps, address, node_of(self.world, holder) or "?"
-        return [], None, "; ".join(errors)
-
     def _restore(self) -> None:
         """Agrees with every member on the newest step all shards hold, and restores it."""
-        own = self._memory_shard == self.shard
-        steps, address, holder = (self.snapshots.steps(), None, "") if own else self._find_replica()
+        own = self.replicas.shard == self.shard
+        steps, address, holder = (self.replicas.snapshots.steps(), None, "") if own else self.replicas.find(self.world, self.shard or 0, self.node)
         gathered: List[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, {"shard": self.shard, "steps": steps})
         common = set.intersection(*(set(item["steps"]) for item in gathered))
@@ -400,7 +320,7 @@ class HotSwap:
             raise HotSwapFailed("no step every shard can restore (%s)" % held)
         step = max(common)
         if own:
-            state, source = self.snapshots.state_at(step), "own memory"
+            state, source = self.replicas.snapshots.state_at(step), "own memory"
         else:
             assert address is not None
             state, source = deserialize_state(get_replica(address, self.shard or 0, step)), "replica on %s" % holder
@@ -409,10 +329,11 @@ class HotSwap:
         self._optimizer.load_state_dict(state["optimizer"])
         if self._load_extra is not None and "extra" in state:
             self._load_extra(state["extra"])
-        self.snapshots.discard()
+        self.replicas.snapshots.discard()
         self.iteration = int(state["iteration"]) + 1
-        self._start_snapshot(step, self._state(step))  # held and at the (maybe new) holder again
-        self._snapshot.copied.wait()  # type: ignore[union-attr]
+        # Held again, and at the (maybe new) holder, before anything else runs.
+        self.replicas.start(world=self.world, shard=self.shard or 0, node=self.node, step=step, state=self._state(step))
+        self.replicas.settle(60.0, acked=False)
         self._wrapper = self._wrap(self._module, dist.group.WORLD)
         self._restored_from = step
         if self._watchdog is not None:
@@ -445,7 +366,7 @@ class _Step:
         if error is None:
             if not runtime._synced:
                 raise HotSwapUsageError("step %d ended without runtime.before_sync() before its gradient all-reduce" % runtime.iteration)
-            runtime._start_snapshot(runtime.iteration, runtime._state(runtime.iteration))
+            runtime.replicas.start(world=runtime.world, shard=runtime.shard or 0, node=runtime.node, step=runtime.iteration, state=runtime._state(runtime.iteration))
             if runtime._report_stepped:
                 runtime._report_stepped = False
                 runtime.client.report_world(runtime.epoch, "stepped", shard=runtime.shard, step=runtime.iteration, step_seconds=time.perf_counter() - self.started)

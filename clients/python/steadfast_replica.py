@@ -6,9 +6,10 @@ rank's shard after a machine fault reads it back (``list_replicas``, ``get_repli
 §6.3 (every-step in-memory checkpoints, backups outside the rank's own node), DeadPool §V-C.
 
 The wire: every message is a frame, an 8-byte big-endian length then that many bytes. A request
-is a JSON frame ``{"op": "put"|"list"|"get", "shard": S, "step": N}``, followed for ``put`` by the
-payload frame; the answer is a JSON frame ``{"ok": true, ...}`` or ``{"ok": false, "error": ...}``,
-followed for ``get`` by the payload frame. The server never unpickles anything: it stores bytes.
+is a JSON frame ``{"op": "put"|"list"|"get", "shard": S, "step": N}``; the answer is a JSON frame
+``{"ok": true, ...}`` or ``{"ok": false, "error": ...}``, followed for ``get`` by the payload frame.
+A ``put`` names its size (``"bytes": L``); the server first answers whether it takes that much,
+then reads the payload frame and answers once it is committed. The server never unpickles anything: it stores bytes.
 
 Trust: the payload is what ``torch.save`` wrote, and the spare that restores it runs
 ``torch.load`` on it, which unpickles (torch 1.13 has no ``weights_only``). A compromised node
@@ -31,7 +32,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 __all__ = [
-    "HostSnapshots", "ReplicaServer", "ReplicaError", "put_replica", "list_replicas", "get_replica",
+    "HostSnapshots", "ReplicaLink", "ReplicaServer", "ReplicaError", "put_replica", "list_replicas", "get_replica",
     "serialize_state", "deserialize_state", "MAX_FRAME_BYTES", "shards_of", "node_of", "holder_candidates", "deadline_of",
 ]
 
@@ -236,11 +237,12 @@ class ReplicaServer:
             if not isinstance(shard, int) or (op != "list" and not isinstance(step, int)):
                 _send_json(sock, {"ok": False, "error": "shard (and step) must be integers"})
             elif op == "put":
-                length = _LENGTH.unpack(_recv_exact(sock, _LENGTH.size))[0]
-                if length > self.max_frame:
-                    _send_json(sock, {"ok": False, "error": "a replica of %d bytes exceeds this server's limit of %d bytes" % (length, self.max_frame)})
+                size = request.get("bytes")
+                if not isinstance(size, int) or not 0 <= size <= self.max_frame:
+                    _send_json(sock, {"ok": False, "error": "a replica of %s bytes exceeds this server's limit of %d bytes" % (size, self.max_frame)})
                     return
-                self._commit(shard, step, bytes(_recv_exact(sock, length)))
+                _send_json(sock, {"ok": True})
+                self._commit(shard, step, bytes(_recv_exact(sock, _recv_length(sock, size, "replica"))))
                 _send_json(sock, {"ok": True, "steps": self.steps(shard)})
             elif op == "list":
                 _send_json(sock, {"ok": True, "steps": self.steps(shard)})
@@ -304,9 +306,10 @@ def _exchange(address: Address, request: Dict[str, Any], payload: Any = None, ti
         with socket.create_connection(address, timeout=min(timeout, 5.0)) as sock:
             sock.settimeout(timeout)
             _send_json(sock, request)
-            if payload is not None:
-                _send_frame(sock, payload)
             answer = _recv_json(sock)
+            if payload is not None and answer.get("ok"):
+                _send_frame(sock, payload)
+                answer = _recv_json(sock)
             if not answer.get("ok"):
                 raise ReplicaError("replica server %s:%d: %s" % (address[0], address[1], answer.get("error")))
             data = bytes(_recv_exact(sock, _recv_length(sock, max_frame, "replica"))) if request["op"] == "get" else None
@@ -317,7 +320,8 @@ def _exchange(address: Address, request: Dict[str, Any], payload: Any = None, ti
 
 def put_replica(address: Address, shard: int, step: int, data: Any, timeout: float = 30.0) -> List[int]:
     """Sends a replica; returns once the holder committed it (the steps it now holds)."""
-    answer, _ = _exchange(address, {"op": "put", "shard": int(shard), "step": int(step)}, data, timeout)
+    size = memoryview(data).nbytes
+    answer, _ = _exchange(address, {"op": "put", "shard": int(shard), "step": int(step), "bytes": size}, data, timeout)
     return [int(step) for step in answer.get("steps", [])]
 
 
@@ -332,3 +336,102 @@ def get_replica(address: Address, shard: int, step: int, timeout: float = 30.0) 
     _, data = _exchange(address, {"op": "get", "shard": int(shard), "step": int(step)}, timeout=timeout)
     assert data is not None
     return bytes(data)
+
+
+# ---- one rank's side: its buffers and its replica at the holder -------------------------------
+
+
+class _Snapshot:
+    """One step's local copy and replica, made in a background thread."""
+
+    def __init__(self) -> None:
+        self.copied = threading.Event()  # the local copy is committed (or failed)
+        self.done = threading.Event()  # and the holder acknowledged its replica (or it failed)
+        self.error: Optional[BaseException] = None
+
+
+class ReplicaLink:
+    """A rank's copies of its state: its two host buffers, and its replica at the holder.
+
+    Peers listen on ``<node name>:<port + the shard's index on its node>``; `hosts` maps a node
+    name to (host, port) where names do not resolve (several "nodes" on one host).
+    """
+
+    def __init__(self, port: int, hosts: Dict[str, Address]) -> None:
+        self.snapshots = HostSnapshots()
+        self.shard: Optional[int] = None  # whose state the buffers hold
+        self.port, self.hosts = int(port), dict(hosts)
+        self._current: Optional[_Snapshot] = None
+        self._lost: Dict[int, set] = {}  # holders lost, per world epoch
+
+    def own_port(self, node: str, local_rank: int) -> int:
+        return self.hosts.get(node, ("", self.port))[1] + local_rank
+
+    def address(self, world: World, shard: int) -> Address:
+        node = node_of(world, shard) or ""
+        host, base = self.hosts.get(node, (node, self.port))
+        return host, base + shards_of(world, node).index(shard)
+
+    def start(self, world: World, shard: int, node: str, step: int, state: Dict[str, Any]) -> None:
+        """Copies `state` of `step` into the buffers, then sends it to the holder, in the background."""
+        self.settle(None, acked=True)
+        snapshot = self._current = _Snapshot()
+
+        def run() -> None:
+            try:
+                self.snapshots.write(step, state)
+                self.shard = shard
+                snapshot.copied.set()
+                self._send(world, shard, node, step, serialize_state(self.snapshots.state_at(step) or {}))
+            except BaseException as error:  # noqa: BLE001 - handed to wait(), which raises it
+                snapshot.error = error
+            finally:
+                snapshot.copied.set()
+                snapshot.done.set()
+
+        threading.Thread(target=run, name="steadfast-snapshot", daemon=True).start()
+
+    def wait(self) -> None:
+        """Waits for the last step's copy and replica; raises what failed (a RuntimeError)."""
+        snapshot = self._current
+        if snapshot is not None:
+            snapshot.done.wait()
+            if snapshot.error is not None:
+                raise snapshot.error
+
+    def settle(self, seconds: Optional[float], acked: bool) -> bool:
+        """Waits up to `seconds` for the last copy (and its ack), then forgets it; False on time out."""
+        snapshot, self._current = self._current, None
+        return snapshot is None or (snapshot.done if acked else snapshot.copied).wait(seconds)
+
+    def _send(self, world: World, shard: int, node: str, step: int, data: Any) -> None:
+        """PUT to the first holder not lost; a failed holder is lost for the epoch, the next tried."""
+        lost = self._lost.setdefault(int(world.get("epoch", -1)), set())
+        errors = []
+        for holder in holder_candidates(world, shard, node):
+            if holder in lost:
+                continue
+            try:
+                put_replica(self.address(world, holder), shard, step, data)
+                return
+            except ReplicaError as error:
+                lost.add(holder)
+                errors.append("%s: %s" % (node_of(world, holder), error))
+        if errors:
+            raise ReplicaError("no replica holder of shard %d took step %d (%s)" % (shard, step, "; ".join(errors)))
+
+    def find(self, world: World, shard: int, node: str) -> Tuple[List[int], Optional[Address], str]:
+        """LISTs `shard`'s holders, then every other node's ranks: (steps, address, holder node or why not)."""
+        candidates = holder_candidates(world, shard, node)
+        others = [s for s in range(len(world.get("shards", []))) if s not in candidates and s != shard and node_of(world, s) != node]
+        errors = []
+        for holder in candidates + others:
+            address = self.address(world, holder)
+            try:
+                steps = list_replicas(address, shard)
+            except ReplicaError as error:
+                errors.append(str(error))
+                continue
+            if steps:
+                return steps, address, node_of(world, holder) or "?"
+        return [], None, "; ".join(errors)

@@ -8,7 +8,6 @@ Run alone: /usr/bin/python3 -m unittest discover -s clients/python/tests -p 'tes
 
 import json
 import os
-import select
 import signal
 import socket
 import struct
@@ -255,12 +254,12 @@ class ReplicaServerTest(unittest.TestCase):
     def test_a_put_cut_off_mid_transfer_commits_nothing(self) -> None:
         put_replica(self.address, 0, 1, b"whole")
         with socket.create_connection(self.address, timeout=5) as sock:
-            header = json.dumps({"op": "put", "shard": 0, "step": 2}).encode()
+            header = json.dumps({"op": "put", "shard": 0, "step": 2, "bytes": 1000}).encode()
             sock.sendall(struct.pack(">Q", len(header)) + header + struct.pack(">Q", 1000) + b"only part")
         wait_until(lambda: self.server.steps(0) == [1] and list_replicas(self.address, 0) == [1], 5, "the server to drop the torn PUT")
 
     def test_a_frame_over_the_limit_is_refused_with_a_message(self) -> None:
-        with self.assertRaisesRegex(ReplicaError, r"exceeds this server's limit of 1048576 bytes"):
+        with self.assertRaisesRegex(ReplicaError, r"a replica of 1048577 bytes exceeds this server's limit of 1048576 bytes"):
             put_replica(self.address, 0, 1, b"x" * ((1 << 20) + 1))
         self.assertEqual(list_replicas(self.address, 0), [])
 
