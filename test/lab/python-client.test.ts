@@ -64,7 +64,7 @@ describe('the Python training client', () => {
   });
 
   it('passes its unittest suite against the stand-in, the real agent and the real controller', async () => {
-    const { stdout, stderr } = await run(PYTHON, ['-m', 'unittest', 'discover', '-s', join(repoRoot(), 'clients', 'python', 'tests'), '-v'], {
+    const { stdout, stderr } = await run(PYTHON, ['-m', 'unittest', 'discover', '-s', join(repoRoot(), 'clients', 'python', 'tests'), '-p', 'test_steadfast_client.py', '-v'], {
       env: {
         ...process.env,
         STEADFAST_TEST_AGENT_URL: agentUrl,
@@ -84,4 +84,20 @@ describe('the Python training client', () => {
     expect(report).toMatch(/test_pushed_steps_become_the_agents_training_series .* ok/);
     expect(report).toMatch(/test_checkpoint_reports_make_the_restore_plan .* ok/);
   }, 90_000);
+
+  it('passes the hot swap suite: buffers, replicas, placement, and ranks killed mid-training under real gloo', async () => {
+    // Real processes (three ranks, a TCPStore server, a stand-in world endpoint) on loopback.
+    const { stdout, stderr } = await run(PYTHON, ['-m', 'unittest', 'discover', '-s', join(repoRoot(), 'clients', 'python', 'tests'), '-p', 'test_steadfast_hotswap.py', '-v'], {
+      env: { ...process.env, PYTHONDONTWRITEBYTECODE: '1' },
+      timeout: 150_000,
+    }).catch((error: { stdout?: string; stderr?: string; message: string }) => {
+      throw new Error(`python unittest failed:\n${error.stderr ?? ''}${error.stdout ?? ''}${error.message}`);
+    });
+    const report = `${stdout}${stderr}`;
+    expect(report).toMatch(/\nOK\n/);
+    expect(report).not.toMatch(/skipped/);
+    expect(report).toMatch(/test_the_spare_takes_the_killed_ranks_shard_and_the_losses_equal_an_unfaulted_run .* ok/);
+    expect(report).toMatch(/test_when_the_spare_dies_mid_swap_the_survivor_reports_failed_within_the_bound .* ok/);
+    expect(report).toMatch(/test_a_failure_mid_copy_leaves_the_committed_buffer_whole_and_committed .* ok/);
+  }, 180_000);
 });

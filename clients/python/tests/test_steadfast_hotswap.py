@@ -75,12 +75,16 @@ class WorldStandIn:
                 self.wfile.write(data)
 
             def do_GET(self) -> None:
+                if self.path != "/api/v1/jobs/%s/world" % JOB:
+                    return self._answer(404, {"error": "not the world"})
                 with stand_in.changed:
                     world = json.loads(json.dumps(stand_in.world))
-                self._answer(200 if self.path == "/api/v1/jobs/%s/world" % JOB else 404, world)
+                self._answer(200, world)
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")
+                if self.path != "/api/v1/jobs/%s/world" % JOB or not isinstance(body, dict):
+                    return self._answer(404, {"error": "not the world"})
                 with stand_in.changed:
                     body["receivedAt"] = time.monotonic()
                     stand_in.reports.append(body)
