@@ -89,6 +89,7 @@ class HotSwap:
         self._stop = threading.Event()
         self._watchdog: Optional[threading.Timer] = None
         self._failed_epoch = -1
+        self._failed_lock = threading.Lock()
         self._server: Optional[ReplicaServer] = None
 
     @classmethod
@@ -279,7 +280,8 @@ class HotSwap:
                 dist.destroy_process_group()
             except RuntimeError as error:  # a broken group may fail to close; it is dropped all the same
                 print("[rank %d] leaving the process group: %s" % (self.shard, error), flush=True)
-        world = self._poll_world(lambda w: w["epoch"] > self.epoch, time.monotonic() + self.swap_wait, "a recovery epoch after epoch %d" % self.epoch)
+        world = self._poll_world(lambda w: w["epoch"] > self.epoch, time.monotonic() + self.swap_wait,
+                                 "a recovery epoch after epoch %d, where %s" % (self.epoch, reason))
         local = shards_of(world, self.node)
         if len(local) <= self.local_rank:
             raise HotSwapFailed("node %s has no shard in epoch %d: replaced" % (self.node, world["epoch"]))
@@ -292,7 +294,6 @@ class HotSwap:
         """Reports `failed` (once per epoch) when the block raises, or when `deadline` passes first
         (a watchdog: gloo may wait on a dead spare for its own, longer, timeout); raises HotSwapFailed."""
         if deadline is not None:
-            self._failed_epoch = -1
             self._watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), self._report_failed,
                                              (epoch, shard, "the swap's bound passed before epoch %d formed" % epoch))
             self._watchdog.daemon = True
@@ -304,9 +305,11 @@ class HotSwap:
             raise HotSwapFailed("hot swap to epoch %d failed: %s" % (epoch, error)) from error
 
     def _report_failed(self, epoch: int, shard: int, detail: str) -> None:
-        if self._failed_epoch != epoch:
+        with self._failed_lock:  # the watchdog's thread and the main thread: one report
+            if self._failed_epoch == epoch:
+                return
             self._failed_epoch = epoch
-            self.client.report_world(epoch, "failed", shard=shard, detail=detail)
+        self.client.report_world(epoch, "failed", shard=shard, detail=detail)
 
     def _restore(self) -> None:
         """Agrees with every member on the newest step all shards hold, and restores it."""

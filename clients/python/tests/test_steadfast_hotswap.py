@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 
 import torch  # noqa: E402
 
+from steadfast_hotswap import HotSwap, HotSwapUsageError  # noqa: E402
 from steadfast_replica import (HostSnapshots, ReplicaError, ReplicaServer, get_replica, holder_candidates,  # noqa: E402
                                list_replicas, put_replica)
 
@@ -284,16 +285,41 @@ class PlacementTest(unittest.TestCase):
         self.assertEqual(holder_candidates(self.WORLD, 3, "n3"), [])
 
 
+class StepRuleTest(unittest.TestCase):
+    def test_a_step_that_never_called_before_sync_is_refused(self) -> None:
+        runtime = HotSwap(client=None, job=JOB, node="node-a", rendezvous=("127.0.0.1", 1))
+        with self.assertRaisesRegex(HotSwapUsageError, r"step 1 ended without runtime.before_sync\(\)"):
+            with runtime.step():
+                pass
+
+
 class EpochProtocolTest(unittest.TestCase):
     """Two ranks (node-a, node-b) and a spare (node-c), node-b's rank killed with SIGKILL."""
 
     ITERATIONS = 30
+    _reference: Dict[Any, float] = {}
 
     def reference(self) -> Dict[Any, float]:
-        cluster = Cluster(self, ["node-a", "node-b"], [], self.ITERATIONS, 0.0)
+        """Each iteration's loss in an unfaulted run (run once, by the first test that asks)."""
+        if not EpochProtocolTest._reference:
+            cluster = Cluster(self, ["node-a", "node-b"], [], self.ITERATIONS, 0.0)
+            for process in cluster.by_node.values():
+                self.assertEqual(process.finish(60), 0, process.stderr)
+            EpochProtocolTest._reference = cluster.losses()
+        return EpochProtocolTest._reference
+
+    def test_an_epoch_with_the_same_shards_is_met_at_a_step_boundary_and_both_ranks_resume_from_memory(self) -> None:
+        # The controller's answer to a transient communication fault: no node changes, every rank
+        # leaves at its next step boundary (or when the first to leave breaks its collective).
+        expected = self.reference()
+        cluster = Cluster(self, ["node-a", "node-b"], [], self.ITERATIONS, 0.05)
+        cluster.by_node["node-b"].wait_line(lambda text: '"iteration": 8,' in text, 30, "node-b's rank to reach iteration 8")
+        cluster.open_epoch(1, {}, 30)
         for process in cluster.by_node.values():
             self.assertEqual(process.finish(60), 0, process.stderr)
-        return cluster.losses()
+            swapped = process.wait_line(lambda text: "hot swap:" in text, 1, "the hot swap line")
+            self.assertRegex(swapped, r"^\[rank [01]\] hot swap: epoch 1, world 2, resumed from step \d+ \(restored from own memory\)$")
+        self.assertEqual(cluster.losses(), expected)
 
     def test_the_spare_takes_the_killed_ranks_shard_and_the_losses_equal_an_unfaulted_run(self) -> None:
         expected = self.reference()
