@@ -6,7 +6,9 @@ import { callController, controllerConnection, withControllerOptions } from './c
 import { printable, printableJson, runCommand } from './common.js';
 
 interface JobView {
-  readonly spec: { readonly name: string; readonly codeVersion: string; readonly nodes: readonly string[] };
+  readonly spec: { readonly name: string; readonly codeVersion: string; readonly nodes: readonly string[]; readonly hotSwap?: { readonly spares: readonly string[] } };
+  /** A hot-swap job's world: the epoch its ranks meet in, and whether a swap is under way. */
+  readonly world?: { readonly epoch: number; readonly state: string };
   readonly state: string;
   readonly stateSince: string;
   readonly policy?: JobPolicy;
@@ -21,6 +23,15 @@ function onOff(flag: string): (value: string) => boolean {
   };
 }
 
+/** `2 spares, epoch 3` (`swapping` while a swap is under way), or `off`. */
+export function describeHotSwap(job: Pick<JobView, 'spec' | 'world'>): string {
+  const spares = job.spec.hotSwap?.spares;
+  if (spares === undefined) return 'off';
+  const count = `${spares.length} spare${spares.length === 1 ? '' : 's'}`;
+  if (job.world === undefined) return count;
+  return `${count}, epoch ${job.world.epoch}${job.world.state === 'swapping' ? ' swapping' : ''}`;
+}
+
 function describePolicy(policy: JobPolicy | undefined): string {
   if (!policy) return '';
   return [policy.recovery ? '' : 'recovery off', policy.dryRun ? 'dry-run' : ''].filter(Boolean).join(', ');
@@ -32,7 +43,7 @@ function describePolicy(policy: JobPolicy | undefined): string {
  */
 export function jobsCommand(): Command {
   const jobs = withControllerOptions(
-    new Command('jobs').description('List registered training jobs with their state, code version, nodes, ETTR and policy (over the controller\'s HTTP API).'),
+    new Command('jobs').description('List registered training jobs with their state, code version, nodes, ETTR, hot swap and policy (over the controller\'s HTTP API).'),
   )
     // `jobs delete … --token-file F`: the flags after a subcommand are the subcommand's own.
     .enablePositionalOptions()
@@ -45,9 +56,9 @@ export function jobsCommand(): Command {
           return;
         }
         const percent = (value: number): string => `${(value * 100).toFixed(1)}%`;
-        process.stdout.write(`${'JOB'.padEnd(24)} ${'STATE'.padEnd(18)} ${'VERSION'.padEnd(12)} ${'NODES'.padStart(5)} ${'ETTR'.padStart(7)} ${'ETTR 1h'.padStart(7)}  SINCE                     POLICY\n`);
+        process.stdout.write(`${'JOB'.padEnd(24)} ${'STATE'.padEnd(18)} ${'VERSION'.padEnd(12)} ${'NODES'.padStart(5)} ${'ETTR'.padStart(7)} ${'ETTR 1h'.padStart(7)}  ${'HOT SWAP'.padEnd(26)} SINCE                     POLICY\n`);
         for (const job of answer.jobs) {
-          const line = `${job.spec.name.padEnd(24)} ${job.state.padEnd(18)} ${job.spec.codeVersion.padEnd(12)} ${String(job.spec.nodes.length).padStart(5)} ${percent(job.ettr.cumulative).padStart(7)} ${percent(job.ettr.window1h).padStart(7)}  ${job.stateSince.padEnd(25)} ${describePolicy(job.policy)}`;
+          const line = `${job.spec.name.padEnd(24)} ${job.state.padEnd(18)} ${job.spec.codeVersion.padEnd(12)} ${String(job.spec.nodes.length).padStart(5)} ${percent(job.ettr.cumulative).padStart(7)} ${percent(job.ettr.window1h).padStart(7)}  ${describeHotSwap(job).padEnd(26)} ${job.stateSince.padEnd(25)} ${describePolicy(job.policy)}`;
           process.stdout.write(`${printable(line.replace(/ +$/, ''))}\n`);
         }
       });

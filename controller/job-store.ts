@@ -149,6 +149,7 @@ export class JobStore {
    */
   async create(body: unknown, now = Date.now()): Promise<JobRecord> {
     const { spec } = parseJobSpec(body);
+    if (spec.hotSwap?.spares.length === 0) throw new InputError('job.hotSwap.spares: a registration names at least one spare', 'hotSwap.spares');
     // A hot-swap spare is reserved for the job as its nodes are: busy in another job, it is refused.
     const reserved = [...spec.nodes, ...jobSpares({ spec })];
     const keys = [this.keys.job(spec.name), this.keys.jobs, this.keys.jobTransitions(spec.name), ...reserved.map((node) => this.keys.nodeJob(node))];

@@ -48,8 +48,11 @@ export const HOT_SWAP_TIMEOUT_DEFAULT_SECONDS = 60;
 
 export const hotSwapSchema = z
   .object({
-    /** Spare nodes of the allocation, none of them in `nodes`: the processes there wait to take a failed node's place. */
-    spares: distinctNodeNames(64),
+    /**
+     * Spare nodes of the allocation, none of them in `nodes`: the processes there wait to take a
+     * failed node's place. A registration names 1-64; a swap uses them up (none left: today's road).
+     */
+    spares: distinctNodeNames(64, 0),
     /** Upper bound of one swap before the job falls back to stop and relaunch (default 60). */
     timeoutSeconds: z.number().int().min(5).max(3600).optional(),
   })

@@ -15,10 +15,10 @@ export const nodeNameSchema = z
  * A list of node names in which each node appears once: the first name listed twice is the
  * issue, at its index (a node listed twice would be launched, counted and drained twice).
  */
-export function distinctNodeNames(max: number) {
+export function distinctNodeNames(max: number, min = 1) {
   return z
     .array(nodeNameSchema)
-    .min(1)
+    .min(min)
     .max(max)
     .superRefine((nodes, ctx) => {
       const duplicate = firstDuplicate(nodes);

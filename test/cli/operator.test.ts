@@ -41,7 +41,11 @@ describe('the operator CLI against a running controller', () => {
   it('lists jobs as a table and as JSON, and sets a job\'s policy', async () => {
     const table = await runCli(jobsCommand(), flags);
     expect(table.exitCode).toBe(0);
-    expect(table.stdout).toMatch(/^gpt-small +running +v7 +2 +100\.0% +100\.0% +\S+$/m);
+    expect(table.stdout).toMatch(/^gpt-small +running +v7 +2 +100\.0% +100\.0% +off +\S+$/m);
+    // A hot-swap job shows its unused spares and the epoch its ranks meet in.
+    expect((await post(`${flags[1] ?? ''}/api/v1/jobs`, { name: 'gpt-swap', nodes: ['m1', 'm2'], ranksPerNode: 1, launcher: 'accept', codeVersion: 'v7', hotSwap: { spares: ['m3', 'm4'] } })).status).toBe(201);
+    expect((await runCli(jobsCommand(), flags)).stdout).toMatch(/^gpt-swap +running +v7 +2 +100\.0% +100\.0% +2 spares, epoch 0 +\S+$/m);
+    await runCli(jobsCommand(), ['delete', 'gpt-swap', ...flags]);
     const policy = await runCli(jobsCommand(), ['policy', 'gpt-small', '--recovery', 'off', '--dry-run', 'on', ...flags]);
     expect(policy).toMatchObject({ exitCode: 0, stdout: 'gpt-small: recovery off, dry-run on\n' });
     expect((await controller.jobs.get('gpt-small')).policy).toEqual({ recovery: false, dryRun: true });
