@@ -1,14 +1,14 @@
 import { z } from 'zod';
 import { seededUniform } from '../../core/random.js';
 import { parseOrThrow } from '../../core/validate.js';
-import { StandbyPool } from './pool.js';
 
 /**
  * The hot swap of a job that runs with spares (DeadPool §V-C, §VI; ByteRobust §6.3): a machine
  * fault is recovered inside the running job by moving the failed node's shards to an idle spare,
  * whose state comes from the in-memory replica of the last step, instead of stop → evict →
- * relaunch → reload from the last checkpoint. The figures, and what the world does when the
- * ladder's machine-fault road meets a job with spares, live here; run.ts calls in.
+ * relaunch → reload from the last checkpoint. Whether to swap is the recovery ladder's decision
+ * (controller/policy/ladder/hot-swap.ts); the figures, and the world's side of a swap (the spares,
+ * how long it takes, whether it finishes), live here; run.ts calls in.
  */
 
 /**
@@ -87,13 +87,13 @@ export function hotSwapParams(options: HotSwapOptions, nodes: number, gpus: numb
 }
 
 export interface HotSwapUsage {
-  /** Swaps opened: machine faults and over-evictions handed to spares. */
+  /** Swaps the ladder opened: machine faults and over-evictions handed to spares. */
   swaps: number;
   /** Nodes replaced by spares (an over-eviction replaces its whole group in one swap). */
   nodesSwapped: number;
   /** Swaps that did not finish within the bound and went back to the relaunch. */
   fallbacks: number;
-  /** Machine-fault evictions that found too few spares and took today's road. */
+  /** Machine faults the ladder sent on today's road instead (too few spares, the job not training normally). */
   noSpare: number;
   /** GPU-hours the idle spares hold (spares × GPUs per node × wall time): a cost, outside ETTR like the warm standbys'. */
   reservedGpuHours: number;
@@ -106,46 +106,54 @@ export interface SwapOutcome {
 }
 
 /**
- * The world's side of the hot swap: the job's spares (a pool refilled after the standby
- * replenishment delay — ASSUMPTION: on Slurm a new spare joins only at the job's next launch), and
- * which swaps fall back, drawn from their own seeded stream so that every fallback share meets
- * the same draws (common random numbers).
+ * The world's side of the hot swap: the job's idle spares, by name as the ladder sees them (one
+ * used is replaced after the standby replenishment delay — ASSUMPTION: on Slurm a new spare joins
+ * only at the job's next launch), and which swaps fall back, drawn from their own seeded stream so
+ * that every fallback share meets the same draws (common random numbers).
  */
 export class HotSwapWorld {
-  private readonly spares: StandbyPool;
+  private readonly ready: string[] = [];
+  private minted = 0;
   private readonly draw: () => number;
   private swaps = 0;
+  private nodesSwapped = 0;
   private fallbacks = 0;
   private noSpare = 0;
 
   constructor(
     readonly params: HotSwapParams,
     seed: number,
-    replenishMs: number,
-    schedule: (time: number, run: () => void) => void,
+    private readonly replenishMs: number,
+    private readonly schedule: (time: number, run: () => void) => void,
   ) {
-    this.spares = new StandbyPool(params.spares, replenishMs, schedule);
+    for (let i = 0; i < params.spares; i += 1) this.ready.push(this.mint());
     this.draw = seededUniform((seed ^ 0x5a17c0de) >>> 0);
   }
 
-  /**
-   * Whether the ladder's eviction is carried out as a hot swap: on the machine-fault road (a
-   * machine fault, or an analyzer's over-eviction verdict, which reaches the ladder as one),
-   * decided while the job was running, with a spare for every node to replace. The controller's
-   * rung asks the same three things.
-   */
-  applies(faultClass: string, phaseBefore: string, nodes: number): boolean {
-    if (faultClass !== 'machine' || phaseBefore !== 'running' || nodes === 0) return false;
-    if (this.spares.readyCount() < nodes) {
-      this.noSpare += 1;
-      return false;
-    }
-    return true;
+  private mint(): string {
+    this.minted += 1;
+    return `hot-spare-${String(this.minted).padStart(5, '0')}`;
   }
 
-  /** Takes the spares for `nodes` replaced nodes (applies() said there are enough). */
-  take(nodes: number, now: number): void {
-    this.spares.replace(nodes, now);
+  /** The unused spares, as the controller hands them to the ladder with a fault (FaultEvent.hotSwap). */
+  spares(): string[] {
+    return [...this.ready];
+  }
+
+  /** The ladder's hot_swap step put these spares in the failed nodes' places. */
+  take(spares: readonly string[], now: number): void {
+    for (const spare of spares) {
+      const at = this.ready.indexOf(spare);
+      if (at < 0) continue;
+      this.ready.splice(at, 1);
+      this.nodesSwapped += 1;
+      this.schedule(now + this.replenishMs, () => this.ready.push(this.mint()));
+    }
+  }
+
+  /** A machine fault that the ladder sent on today's road although the job has hot swap. */
+  relaunchedInstead(): void {
+    this.noSpare += 1;
   }
 
   /** A swap that does not finish within its bound, or is drawn to fail, falls back after the bound. */
@@ -162,7 +170,7 @@ export class HotSwapWorld {
   usage(gpusPerNode: number, wallHours: number): HotSwapUsage {
     return {
       swaps: this.swaps,
-      nodesSwapped: this.spares.usage.activations,
+      nodesSwapped: this.nodesSwapped,
       fallbacks: this.fallbacks,
       noSpare: this.noSpare,
       reservedGpuHours: this.params.spares * gpusPerNode * wallHours,

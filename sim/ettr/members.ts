@@ -24,14 +24,17 @@ export class JobMembers {
     return this.slots.has(node);
   }
 
-  /** Puts a fresh spare into the slot of each named machine still in the job; returns who replaced whom. */
-  replace(nodes: readonly string[]): { replaced: string; by: string }[] {
+  /**
+   * Puts a fresh spare into the slot of each named machine still in the job (the i-th of `by`
+   * when given: a hot swap's named spares); returns who replaced whom.
+   */
+  replace(nodes: readonly string[], by: readonly string[] = []): { replaced: string; by: string }[] {
     const replacements: { replaced: string; by: string }[] = [];
-    for (const node of nodes) {
+    for (const [index, node] of nodes.entries()) {
       const slot = this.slots.get(node);
       if (slot === undefined) continue;
       this.spares += 1;
-      const spare = `spare-${String(this.spares).padStart(5, '0')}`;
+      const spare = by[index] ?? `spare-${String(this.spares).padStart(5, '0')}`;
       this.ranks[slot] = spare;
       this.slots.delete(node);
       this.slots.set(spare, slot);

@@ -27,11 +27,6 @@ export class StandbyPool {
     this.ready = size;
   }
 
-  /** Standbys ready to be woken now. */
-  readyCount(): number {
-    return this.ready;
-  }
-
   /** Finds replacements for `machines` evicted machines at `now`; returns how many must come cold. */
   replace(machines: number, now: number): { cold: number } {
     let cold = 0;

@@ -37,6 +37,7 @@ const RESOLUTION_LABELS: Record<string, string> = {
   rollback: 'rollback',
   replay: 'replay + eviction',
   hot_update: 'hot update',
+  hot_swap: 'hot swap',
   human: 'human',
 };
 

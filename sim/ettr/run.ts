@@ -1,11 +1,12 @@
-import type { FaultClass, LadderEvent } from '../../core/ladder.js';
+import type { FaultClass, FaultEvent, LadderEvent } from '../../core/ladder.js';
 import type { Step } from '../../core/steps.js';
-import { DEFAULT_LADDER_CONFIG, advance, initialLadderState, type LadderConfig, type LadderState } from '../../controller/policy/ladder/index.js';
+import { DEFAULT_LADDER_CONFIG, advance, type LadderConfig, type LadderState } from '../../controller/policy/ladder/index.js';
 import { faultReports } from './detection.js';
 import { EventQueue } from './events.js';
 import { HotSwapWorld, type HotSwapParams } from './hot-swap.js';
 import { IncidentClock } from './incident-clock.js';
 import type { Incident, IncidentSource } from './incidents.js';
+import { ladderHistory } from './ladder-history.js';
 import { Ledger, type Cause } from './ledger.js';
 import { JobMembers } from './members.js';
 import { DAY_MS, SIM_START_MS, symptomById, type EttrParams } from './model.js';
@@ -49,8 +50,6 @@ class SteadfastSimulation {
   /** When training (re)started, and when it began running slowly; null while the job is down. */
   private training: { since: number; slowSince: number | null } | null = null;
   private readonly hotSwap: HotSwapWorld | null;
-  /** Nodes the last eviction hot-swapped: the ladder's restart is carried out by the swap. */
-  private swapped = 0;
   /** What the downtime is spent on right now. */
   private down: { cause: Cause; since: number } | null = null;
   private open: OpenIncident | null = null;
@@ -84,24 +83,8 @@ class SteadfastSimulation {
     this.members = new JobMembers(params.nodes);
     this.pool = new StandbyPool(params.standby, this.t.standbyReplenishSeconds * S, (time, run) => this.queue.schedule(time, run));
     this.hotSwap = options.hotSwap === undefined ? null : new HotSwapWorld(options.hotSwap, params.seed, this.t.standbyReplenishSeconds * S, (time, run) => this.queue.schedule(time, run));
-    this.ladder = this.history();
+    this.ladder = ladderHistory(JOB, this.config);
     this.clock = new IncidentClock(source, (time, run) => this.queue.schedule(time, run), (incident) => this.onIncident(incident));
-  }
-
-  /**
-   * The job has been training a while: v0, then v1, both proven good, so the first rollback has a
-   * target (§4.2 Rollback needs an earlier good version). Happens before the simulated window.
-   */
-  private history(): LadderState {
-    const day = SIM_START_MS - 2 * DAY_MS;
-    let state = initialLadderState(JOB, { time: day, version: 'v0' });
-    const apply = (event: LadderEvent): void => {
-      state = advance(state, event, this.config).state;
-    };
-    apply({ type: 'restart_succeeded', time: day });
-    apply({ type: 'code_update', time: day + 1, version: 'v1', urgent: true });
-    apply({ type: 'restart_succeeded', time: day + 2 });
-    return state;
   }
 
   run(): StrategyResult {
@@ -209,6 +192,11 @@ class SteadfastSimulation {
       }
       return;
     }
+    this.strike(incident, reporter);
+  }
+
+  /** The fault shows: the job stops (or slows), and the monitors report it (detection.ts). */
+  private strike(incident: Incident, reporter: string): void {
     if (incident.signal === 'slowdown') {
       // The job trains on at reduced speed until the decline is seen (§5.1 fail-slow).
       if (this.training !== null) this.training.slowSince = this.now;
@@ -218,24 +206,30 @@ class SteadfastSimulation {
     for (const report of faultReports(incident, reporter, this.t)) this.after(report.afterSeconds, () => this.fault(report.faultClass, report.nodes, report.detail, report.signature));
   }
 
+  /**
+   * A fault reaches the ladder; on the hot-swap run a machine fault carries the job's unused spares,
+   * as the controller adds them (FaultEvent.hotSwap). Network faults do not: the communication
+   * epoch of a flap is not modelled, they keep today's road.
+   */
   private fault(faultClass: FaultClass, nodes: readonly string[], detail: string, signature?: string): void {
     this.signals += 1;
-    this.feed({ type: 'fault', time: this.now, signalId: `sim-${this.signals}`, faultClass, nodes: [...nodes], detail, ...(signature === undefined ? {} : { signature }) });
+    const spares = faultClass === 'machine' ? this.hotSwap?.spares() : undefined;
+    const event: FaultEvent = { type: 'fault', time: this.now, signalId: `sim-${this.signals}`, faultClass, nodes: [...nodes], detail };
+    this.feed({ ...event, ...(signature === undefined ? {} : { signature }), ...(spares === undefined ? {} : { hotSwap: { spares } }) });
   }
 
   // -------------------------------------------------------------------------------------------
   // The ladder and its steps
 
   private feed(event: LadderEvent): void {
-    const phaseBefore = this.ladder.phase;
     const { state, steps } = advance(this.ladder, event, this.config);
     this.ladder = state;
-    this.carryOut(steps, event.type === 'fault' ? (nodes) => this.hotSwap?.applies(event.faultClass, phaseBefore, nodes) === true : () => false);
+    if (event.type === 'fault' && event.hotSwap !== undefined && steps.some((step) => step.verb === 'evict')) this.hotSwap?.relaunchedInstead();
+    this.carryOut(steps);
     this.scheduleTicks();
   }
 
-  /** `swaps`: whether the eviction of this many nodes is carried out as a hot swap. */
-  private carryOut(steps: readonly Step[], swaps: (nodes: number) => boolean): void {
+  private carryOut(steps: readonly Step[]): void {
     let started = false;
     const activated: { replaced: string; by: string }[] = [];
     for (const step of steps) {
@@ -249,11 +243,13 @@ class SteadfastSimulation {
           }
           this.stopTraining(this.open.incident === null || this.open.incident.signal === 'code_update');
           break;
-        case 'evict': {
-          const nodes = (step.nodes ?? []).filter((node) => this.members.has(node));
-          activated.push(...(swaps(nodes.length) ? this.swapIn(nodes) : this.evict(nodes)));
+        case 'evict':
+          activated.push(...this.evict(step.nodes ?? []));
           break;
-        }
+        case 'hot_swap':
+          this.swap(step.nodes ?? [], step.spares ?? []);
+          started = true;
+          break;
         case 'rollback':
           // §4.2 Rollback: the code goes back; a bug in the new code is gone with it.
           if (this.open !== null) this.open.bugActive = false;
@@ -318,38 +314,37 @@ class SteadfastSimulation {
     return replacements;
   }
 
-  /** DeadPool §V-C: the spares take the failed nodes' slots; the ladder's restart becomes the swap. */
-  private swapIn(nodes: readonly string[]): { replaced: string; by: string }[] {
-    const replacements = this.members.replace(nodes);
-    this.hotSwap?.take(replacements.length, this.now);
-    this.swapped = replacements.length;
-    return replacements;
-  }
-
   /**
-   * The swap finishes in its time and training goes on from the last step, or it does not and,
-   * once its bound has passed, the job takes today's road: relaunched on its nodes (the spares
-   * already hold the failed shards), reloaded from the last checkpoint.
+   * DeadPool §V-C: the ladder's hot_swap puts the spares in the failed nodes' slots while the job
+   * runs (its ranks stop at the step they are in). The swap finishes in its time and training
+   * goes on from the last step, or it does not and, once its bound has passed, the ladder hears so
+   * and falls back to its stop and relaunch, which reloads the last checkpoint.
    */
-  private swap(world: HotSwapWorld): void {
-    const replaced = this.swapped;
-    this.swapped = 0;
+  private swap(nodes: readonly string[], spares: readonly string[]): void {
+    const world = this.hotSwap;
+    if (world === null) throw new Error('the ladder emitted hot_swap for a job without spares');
+    this.stopTraining(false);
+    this.members.replace(nodes, spares);
+    world.take(spares, this.now);
     const outcome = world.outcome();
     this.setDown(outcome.finished ? 'hot_swap' : 'swap_fallback');
     if (outcome.finished) this.scheduling.push(outcome.seconds);
     this.after(outcome.seconds, () => {
-      if (outcome.finished) {
-        this.ledger.restoredFromMemory(world.params.stepSeconds * S);
-        this.resumed();
-        return;
-      }
-      this.evicted = { nodes: replaced, cold: 0 };
-      this.relaunch();
+      if (!outcome.finished) return this.feed({ type: 'hot_swap_failed', time: this.now, detail: `not done within its ${world.params.boundSeconds} s bound` });
+      this.ledger.restoredFromMemory(world.params.stepSeconds * S);
+      const open = this.open;
+      const cured = open === null || ((open.culprit === null || !this.members.has(open.culprit)) && !open.bugActive);
+      if (cured) increment(this.resolvedBy, resolutionOf(open, this.ladder.incident));
+      if (cured) this.open = null;
+      this.startTraining();
+      this.feed({ type: 'hot_swap_done', time: this.now, epoch: 0, summary: `${spares.join(', ')} in place of ${nodes.join(', ')}` });
+      // A fault the swap did not cure (a hang in the code, over-evicted) strikes again.
+      const incident = open?.incident;
+      if (!cured && incident != null) this.after(this.t.refailSeconds, () => this.strike(incident, open?.reporter ?? ''));
     });
   }
 
   private relaunch(): void {
-    if (this.swapped > 0 && this.hotSwap !== null) return this.swap(this.hotSwap);
     const evicted = this.evicted;
     this.evicted = null;
     let seconds: number;

@@ -57,6 +57,9 @@ describe('the hot swap model', () => {
     expect(swap.unproductiveHours.standby_activation).toBe(0);
     expect(swap.unproductiveHours.reload).toBe(0);
     expect(swap.hotSwap).toMatchObject({ swaps: 3, nodesSwapped: 3, fallbacks: 0, noSpare: 0 });
+    // The ladder decided each swap (controller/policy/ladder/hot-swap.ts); the job was never stopped and relaunched.
+    expect(swap.ladderSteps).toEqual({ hot_swap: 3, notify: 3 });
+    expect(swap.resolvedBy).toEqual({ hot_swap: 3 });
     // The warm standbys stay asleep: the spares took the failed nodes' places.
     expect(swap.standby?.activations).toBe(0);
   });
@@ -69,13 +72,18 @@ describe('the hot swap model', () => {
     expect((swap.productiveHours - relaunch.productiveHours) * HOUR).toBeCloseTo(3 * saved, 6);
   });
 
-  it('is no better than the relaunch when every swap falls back: it pays the bound on top of today\'s road', () => {
+  it('is no better than the relaunch when every swap falls back: it pays the bound, then the ladder\'s stop and relaunch', () => {
     const params = paramsWith({ days: 10, checkpointMinutes: 30, standby: 10, hotSwap: { fallbackShare: 1 } });
     const { relaunch, swap } = both(params, MACHINE_FAULTS);
     expect(swap.ettr).toBeLessThan(relaunch.ettr);
     expect(swap.unproductiveHours.swap_fallback).toBeCloseTo((3 * 60) / HOUR, 9);
-    expect((relaunch.productiveHours - swap.productiveHours) * HOUR).toBeCloseTo(3 * 60, 6);
+    // The spares already hold the failed nodes' places: the relaunch is on the job's nodes, no standby woken.
+    expect(swap.unproductiveHours.restart).toBeCloseTo((3 * params.timings.inPlaceRestartSeconds) / HOUR, 9);
+    expect(swap.unproductiveHours.reload).toBeCloseTo(relaunch.unproductiveHours.reload, 9);
+    expect(swap.unproductiveHours.lost_work).toBeCloseTo(relaunch.unproductiveHours.lost_work, 9);
+    expect((relaunch.productiveHours - swap.productiveHours) * HOUR).toBeCloseTo(3 * (60 + params.timings.inPlaceRestartSeconds - WARM_EVICTION_SECONDS), 6);
     expect(swap.hotSwap).toMatchObject({ swaps: 3, fallbacks: 3 });
+    expect(swap.ladderSteps).toMatchObject({ hot_swap: 3, stop: 3, restart: 3 });
   });
 
   it('falls back on every swap that cannot finish within its bound, whatever the fallback share', () => {
