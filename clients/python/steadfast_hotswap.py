@@ -45,7 +45,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from steadfast_replica import Address, ReplicaLink, ReplicaServer, World, deadline_of, deserialize_state, get_replica, shards_of
+from steadfast_replica import ReplicaLink, ReplicaServer, deserialize_state, get_replica
+from steadfast_world import Address, World, deadline_of, shards_of
 
 __all__ = ["HotSwap", "HotSwapFailed", "HotSwapUsageError"]
 
@@ -336,7 +337,7 @@ class HotSwap:
         self.iteration = int(state["iteration"]) + 1
         # Held again, and at the (maybe new) holder, before anything else runs.
         self.replicas.start(world=self.world, shard=self.shard or 0, node=self.node, step=step, state=self._state(step))
-        self.replicas.settle(60.0, acked=False)
+        self.replicas.wait_copied(60.0)
         self._wrapper = self._wrap(self._module, dist.group.WORLD)
         self._restored_from = step
         if self._watchdog is not None:

@@ -6,7 +6,8 @@ rank's shard after a machine fault reads it back (``list_replicas``, ``get_repli
 §6.3 (every-step in-memory checkpoints, backups outside the rank's own node), DeadPool §V-C.
 
 The wire: every message is a frame, an 8-byte big-endian length then that many bytes. A request
-is a JSON frame ``{"op": "put"|"list"|"get", "shard": S, "step": N}``; the answer is a JSON frame
+is a JSON frame ``{"op": "put"|"list"|"get", "shard": S, "step": N}`` (a put adds its world
+``"epoch"``); the answer is a JSON frame
 ``{"ok": true, ...}`` or ``{"ok": false, "error": ...}``, followed for ``get`` by the payload frame.
 A ``put`` names its size (``"bytes": L``); the server first answers whether it takes that much,
 then reads the payload frame and answers once it is committed. The server never unpickles anything: it stores bytes.
@@ -25,15 +26,15 @@ import socket
 import socketserver
 import struct
 import threading
-import time
-from datetime import datetime
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
+from steadfast_world import Address, World, holder_candidates, node_of, shards_of
+
 __all__ = [
     "HostSnapshots", "ReplicaLink", "ReplicaServer", "ReplicaError", "put_replica", "list_replicas", "get_replica",
-    "serialize_state", "deserialize_state", "MAX_FRAME_BYTES", "shards_of", "node_of", "holder_candidates", "deadline_of",
+    "serialize_state", "deserialize_state", "MAX_FRAME_BYTES",
 ]
 
 #: The largest payload a server takes or a client reads (8 GiB); bigger frames are refused.
@@ -44,8 +45,6 @@ MAX_HEADER_BYTES = 64 << 10
 KEEP_PER_SHARD = 2
 _LENGTH = struct.Struct(">Q")
 
-Address = Tuple[str, int]
-World = Dict[str, Any]
 
 
 class ReplicaError(RuntimeError):
@@ -197,12 +196,15 @@ class ReplicaServer:
 
     A PUT is committed (and acknowledged) only once its whole payload arrived; a connection lost
     mid-transfer leaves what was held. A PUT of step N first drops any held step ≥ N of that
-    shard: after a restore to an older step the newer ones belong to an abandoned timeline.
+    shard: after a restore to an older step the newer ones belong to an abandoned timeline. A PUT
+    from an older world epoch than the shard's last one is refused: a late send of a rank that
+    has since left that epoch must not replace what the new one committed.
     """
 
     def __init__(self, host: str = "0.0.0.0", port: int = 0, max_frame: int = MAX_FRAME_BYTES) -> None:
         self.max_frame = int(max_frame)
         self._held: Dict[int, List[Tuple[int, bytes]]] = {}
+        self._epochs: Dict[int, int] = {}  # per shard, the newest epoch a PUT came from
         self._lock = threading.Lock()
         owner = self
 
@@ -237,13 +239,15 @@ class ReplicaServer:
             if not isinstance(shard, int) or (op != "list" and not isinstance(step, int)):
                 _send_json(sock, {"ok": False, "error": "shard (and step) must be integers"})
             elif op == "put":
-                size = request.get("bytes")
+                size, epoch = request.get("bytes"), request.get("epoch")
                 if not isinstance(size, int) or not 0 <= size <= self.max_frame:
                     _send_json(sock, {"ok": False, "error": "a replica of %s bytes exceeds this server's limit of %d bytes" % (size, self.max_frame)})
-                    return
-                _send_json(sock, {"ok": True})
-                self._commit(shard, step, bytes(_recv_exact(sock, _recv_length(sock, size, "replica"))))
-                _send_json(sock, {"ok": True, "steps": self.steps(shard)})
+                elif not isinstance(epoch, int) or self._stale(shard, epoch):
+                    _send_json(sock, {"ok": False, "error": "a replica of shard %d from epoch %s is stale (held from epoch %s)" % (shard, epoch, self._epochs.get(shard))})
+                else:
+                    _send_json(sock, {"ok": True})
+                    committed = self._commit(shard, epoch, step, bytes(_recv_exact(sock, _recv_length(sock, size, "replica"))))
+                    _send_json(sock, {"ok": True, "steps": self.steps(shard)} if committed else {"ok": False, "error": "stale"})
             elif op == "list":
                 _send_json(sock, {"ok": True, "steps": self.steps(shard)})
             elif op == "get":
@@ -259,42 +263,19 @@ class ReplicaServer:
         except (OSError, ValueError, ReplicaError):
             return  # the peer went away or spoke nonsense; nothing was committed
 
-    def _commit(self, shard: int, step: int, data: bytes) -> None:
+    def _stale(self, shard: int, epoch: int) -> bool:
         with self._lock:
+            return epoch < self._epochs.get(shard, epoch)
+
+    def _commit(self, shard: int, epoch: int, step: int, data: bytes) -> bool:
+        with self._lock:
+            if epoch < self._epochs.get(shard, epoch):
+                return False
+            self._epochs[shard] = epoch
             held = [item for item in self._held.get(shard, []) if item[0] < step]
             held.append((step, data))
             self._held[shard] = held[-KEEP_PER_SHARD:]
-
-
-# ---- placement: the world, as the controller's GET /api/v1/jobs/:id/world describes it -------
-
-
-def shards_of(world: World, node: str) -> List[int]:
-    """The shards on `node`, in rank order: local rank k takes the k-th."""
-    return sorted(int(entry["shard"]) for entry in world.get("shards", []) if entry.get("node") == node)
-
-
-def node_of(world: World, shard: int) -> Optional[str]:
-    return next((str(entry["node"]) for entry in world.get("shards", []) if entry.get("shard") == shard), None)
-
-
-def holder_candidates(world: World, shard: int, own_node: str) -> List[int]:
-    """The shards that hold `shard`'s replica, in order: the first whose node is in the world and is
-    not `own_node`; the next ones for when it is lost."""
-    entry = next((item for item in world.get("replicas", []) if item.get("shard") == shard), {})
-    return [int(h) for h in entry.get("holders", []) if node_of(world, int(h)) not in (None, own_node)]
-
-
-def deadline_of(world: World, fallback_seconds: float) -> float:
-    """The swap's deadline as a time.monotonic() value (the controller's clock, at least 5 s on)."""
-    swap = world.get("swap")
-    if isinstance(swap, dict) and swap.get("epoch") == world.get("epoch") and isinstance(swap.get("deadline"), str):
-        try:
-            wall = datetime.fromisoformat(swap["deadline"].replace("Z", "+00:00")).timestamp()
-            return time.monotonic() + max(5.0, wall - time.time())
-        except ValueError:
-            pass
-    return time.monotonic() + fallback_seconds
+            return True
 
 
 # ---- the client side ------------------------------------------------------------------------
@@ -318,10 +299,12 @@ def _exchange(address: Address, request: Dict[str, Any], payload: Any = None, ti
         raise ReplicaError("replica server %s:%d: %s" % (address[0], address[1], error)) from error
 
 
-def put_replica(address: Address, shard: int, step: int, data: Any, timeout: float = 30.0) -> List[int]:
-    """Sends a replica; returns once the holder committed it (the steps it now holds)."""
+def put_replica(address: Address, shard: int, step: int, data: Any, epoch: int = 0, timeout: float = 30.0) -> List[int]:
+    """Sends a replica of `shard` at `step`, made in world `epoch`; returns once the holder
+    committed it (the steps it now holds)."""
     size = memoryview(data).nbytes
-    answer, _ = _exchange(address, {"op": "put", "shard": int(shard), "step": int(step), "bytes": size}, data, timeout)
+    request = {"op": "put", "shard": int(shard), "step": int(step), "epoch": int(epoch), "bytes": size}
+    answer, _ = _exchange(address, request, data, timeout)
     return [int(step) for step in answer.get("steps", [])]
 
 
@@ -381,8 +364,11 @@ class ReplicaLink:
             try:
                 self.snapshots.write(step, state)
                 self.shard = shard
+                # Serialized before `copied`: once that is set the buffers may be reused (a
+                # restore), and what is still being sent is this whole payload, not a torn slot.
+                data = serialize_state(self.snapshots.state_at(step) or {})
                 snapshot.copied.set()
-                self._send(world, shard, node, step, serialize_state(self.snapshots.state_at(step) or {}))
+                self._send(world, shard, node, step, data)
             except BaseException as error:  # noqa: BLE001 - handed to wait(), which raises it
                 snapshot.error = error
             finally:
@@ -399,6 +385,11 @@ class ReplicaLink:
             if snapshot.error is not None:
                 raise snapshot.error
 
+    def wait_copied(self, seconds: float) -> bool:
+        """Waits up to `seconds` for the last step's local copy; False on time out."""
+        snapshot = self._current
+        return snapshot is None or snapshot.copied.wait(seconds)
+
     def settle(self, seconds: Optional[float], acked: bool) -> bool:
         """Waits up to `seconds` for the last copy (and its ack), then forgets it; False on time out."""
         snapshot, self._current = self._current, None
@@ -412,7 +403,7 @@ class ReplicaLink:
             if holder in lost:
                 continue
             try:
-                put_replica(self.address(world, holder), shard, step, data)
+                put_replica(self.address(world, holder), shard, step, data, epoch=int(world.get("epoch", 0)))
                 return
             except ReplicaError as error:
                 lost.add(holder)

@@ -25,8 +25,8 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 import torch  # noqa: E402
 
 from steadfast_hotswap import HotSwap, HotSwapUsageError  # noqa: E402
-from steadfast_replica import (HostSnapshots, ReplicaError, ReplicaServer, get_replica, holder_candidates,  # noqa: E402
-                               list_replicas, put_replica)
+from steadfast_replica import HostSnapshots, ReplicaError, ReplicaServer, get_replica, list_replicas, put_replica  # noqa: E402
+from steadfast_world import holder_candidates  # noqa: E402
 
 JOB = "hs"
 WORKER = os.path.join(HERE, "hotswap_worker.py")
@@ -251,15 +251,19 @@ class ReplicaServerTest(unittest.TestCase):
         self.assertEqual(get_replica(self.address, 0, 6), b"shard0-6")
         with self.assertRaisesRegex(ReplicaError, "no replica of shard 0 at step 4"):
             get_replica(self.address, 0, 4)
-        # After a restore to step 5 the next PUT is 6 again: the abandoned 6 is replaced.
-        put_replica(self.address, 0, 6, b"again")
+        # After a restore to step 5 in epoch 1 the next PUT is 6 again: the abandoned 6 is replaced.
+        put_replica(self.address, 0, 6, b"again", epoch=1)
         self.assertEqual(list_replicas(self.address, 0), [5, 6])
+        self.assertEqual(get_replica(self.address, 0, 6), b"again")
+        # A late send from epoch 0 (a rank that left it) replaces nothing.
+        with self.assertRaisesRegex(ReplicaError, r"a replica of shard 0 from epoch 0 is stale \(held from epoch 1\)"):
+            put_replica(self.address, 0, 6, b"late", epoch=0)
         self.assertEqual(get_replica(self.address, 0, 6), b"again")
 
     def test_a_put_cut_off_mid_transfer_commits_nothing(self) -> None:
         put_replica(self.address, 0, 1, b"whole")
         with socket.create_connection(self.address, timeout=5) as sock:
-            header = json.dumps({"op": "put", "shard": 0, "step": 2, "bytes": 1000}).encode()
+            header = json.dumps({"op": "put", "shard": 0, "step": 2, "epoch": 0, "bytes": 1000}).encode()
             sock.sendall(struct.pack(">Q", len(header)) + header + struct.pack(">Q", 1000) + b"only part")
         wait_until(lambda: self.server.steps(0) == [1] and list_replicas(self.address, 0) == [1], 5, "the server to drop the torn PUT")
 
