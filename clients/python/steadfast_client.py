@@ -275,7 +275,7 @@ class SteadfastClient:
         if step_seconds is not None:
             body["stepSeconds"] = max(0.0, float(step_seconds))
         if detail:
-            body["detail"] = str(detail)[:1000]
+            body["detail"] = str(detail)[:500]  # the controller takes 512 characters
         if self._controller.url is None:
             return False
         try:

@@ -43,6 +43,17 @@ describe('the Python training client', () => {
     });
     expect(registered.body.error).toBeUndefined();
     expect(registered.status).toBe(201);
+    const hotSwap = await post(`${controllerUrl}/api/v1/jobs`, {
+      name: 'pyhotswap',
+      nodes: ['swap-1', 'swap-2'],
+      ranksPerNode: 1,
+      topology: { dp: 2 },
+      launcher: 'accept',
+      codeVersion: 'v1',
+      hotSwap: { spares: ['swap-3'] },
+    });
+    expect(hotSwap.body.error).toBeUndefined();
+    expect(hotSwap.status).toBe(201);
     const port = await freePort();
     agentUrl = `http://127.0.0.1:${port}`;
     // Only the training collector: the push endpoint and its series.
@@ -88,7 +99,7 @@ describe('the Python training client', () => {
   it('passes the hot swap suite: buffers, replicas, placement, and ranks killed mid-training under real gloo', async () => {
     // Real processes (three ranks, a TCPStore server, a stand-in world endpoint) on loopback.
     const { stdout, stderr } = await run(PYTHON, ['-m', 'unittest', 'discover', '-s', join(repoRoot(), 'clients', 'python', 'tests'), '-p', 'test_steadfast_hotswap.py', '-v'], {
-      env: { ...process.env, PYTHONDONTWRITEBYTECODE: '1' },
+      env: { ...process.env, STEADFAST_TEST_CONTROLLER_URL: controllerUrl, STEADFAST_TEST_CONTROLLER_TOKEN: TEST_TOKEN, PYTHONDONTWRITEBYTECODE: '1' },
       timeout: 150_000,
     }).catch((error: { stdout?: string; stderr?: string; message: string }) => {
       throw new Error(`python unittest failed:\n${error.stderr ?? ''}${error.stdout ?? ''}${error.message}`);
@@ -99,5 +110,6 @@ describe('the Python training client', () => {
     expect(report).toMatch(/test_the_spare_takes_the_killed_ranks_shard_and_the_losses_equal_an_unfaulted_run .* ok/);
     expect(report).toMatch(/test_when_the_spare_dies_mid_swap_the_survivor_reports_failed_within_the_bound .* ok/);
     expect(report).toMatch(/test_a_failure_mid_copy_leaves_the_committed_buffer_whole_and_committed .* ok/);
+    expect(report).toMatch(/test_the_real_controllers_world_places_each_replica_on_another_node_and_takes_reports .* ok/);
   }, 180_000);
 });

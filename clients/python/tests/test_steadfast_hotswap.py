@@ -7,6 +7,7 @@ Run alone: /usr/bin/python3 -m unittest discover -s clients/python/tests -p 'tes
 """
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -24,11 +25,14 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 
 import torch  # noqa: E402
 
+from steadfast_client import SteadfastClient  # noqa: E402
 from steadfast_hotswap import HotSwap, HotSwapUsageError  # noqa: E402
 from steadfast_replica import HostSnapshots, ReplicaError, ReplicaServer, get_replica, list_replicas, put_replica  # noqa: E402
 from steadfast_world import holder_candidates  # noqa: E402
 
 JOB = "hs"
+logging.getLogger("steadfast_client").addHandler(logging.NullHandler())
+logging.getLogger("steadfast_client").propagate = False  # the refused report is on purpose
 WORKER = os.path.join(HERE, "hotswap_worker.py")
 HOTSWAP = os.path.join(HERE, "..", "steadfast_hotswap.py")
 
@@ -295,6 +299,32 @@ class StepRuleTest(unittest.TestCase):
         with self.assertRaisesRegex(HotSwapUsageError, r"step 1 ended without runtime.before_sync\(\)"):
             with runtime.step():
                 pass
+
+
+@unittest.skipUnless(os.environ.get("STEADFAST_TEST_CONTROLLER_URL"), "needs a real controller (test/lab/python-client.test.ts starts one)")
+class RealControllerWorldTest(unittest.TestCase):
+    """Against the controller's own world routes, with job pyhotswap: swap-1 and swap-2, spare swap-3."""
+
+    def client(self, node: str) -> SteadfastClient:
+        client = SteadfastClient("pyhotswap", 0, agent_url=None, controller_url=os.environ["STEADFAST_TEST_CONTROLLER_URL"],
+                                 controller_token=os.environ.get("STEADFAST_TEST_CONTROLLER_TOKEN"), node=node, timeout=5.0)
+        self.addCleanup(client.close, 0.1)
+        return client
+
+    def test_the_real_controllers_world_places_each_replica_on_another_node_and_takes_reports(self) -> None:
+        rank = self.client("swap-1")
+        world = rank.world()
+        assert world is not None
+        self.assertEqual(world["shards"], [{"shard": 0, "node": "swap-1"}, {"shard": 1, "node": "swap-2"}])
+        self.assertEqual(world["spares"], ["swap-3"])
+        self.assertEqual(world["state"], "steady")
+        self.assertEqual(holder_candidates(world, 0, "swap-1"), [1])
+        self.assertEqual(holder_candidates(world, 1, "swap-2"), [0])
+        self.assertTrue(rank.report_world(world["epoch"], "joined", shard=0, step=0))
+        self.assertTrue(rank.report_world(world["epoch"], "stepped", shard=0, step=1, step_seconds=0.05))
+        self.assertTrue(self.client("swap-3").report_world(world["epoch"], "spare"))
+        # swap-1 does not hold shard 1: refused (400), and not raised.
+        self.assertFalse(rank.report_world(world["epoch"], "joined", shard=1, step=0))
 
 
 class EpochProtocolTest(unittest.TestCase):
