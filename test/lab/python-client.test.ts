@@ -109,6 +109,7 @@ describe('the Python training client', () => {
     expect(report).not.toMatch(/skipped/);
     expect(report).toMatch(/test_the_spare_takes_the_killed_ranks_shard_and_the_losses_equal_an_unfaulted_run .* ok/);
     expect(report).toMatch(/test_when_the_spare_dies_mid_swap_the_survivor_reports_failed_within_the_bound .* ok/);
+    expect(report).toMatch(/test_when_the_replica_holder_dies_mid_swap_the_spare_reports_failed_within_the_bound .* ok/);
     expect(report).toMatch(/test_a_failure_mid_copy_leaves_the_committed_buffer_whole_and_committed .* ok/);
     expect(report).toMatch(/test_the_real_controllers_world_places_each_replica_on_another_node_and_takes_reports .* ok/);
   }, 180_000);

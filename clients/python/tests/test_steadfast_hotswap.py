@@ -396,6 +396,22 @@ class EpochProtocolTest(unittest.TestCase):
         self.assertNotEqual(survivor.finish(30), 0)
         self.assertIn("HotSwapFailed: hot swap to epoch 1 failed", survivor.stderr)
 
+    def test_when_the_replica_holder_dies_mid_swap_the_spare_reports_failed_within_the_bound(self) -> None:
+        # node-a holds node-b's replica and is the only other member: the spare cannot form the epoch.
+        cluster = Cluster(self, ["node-a", "node-b"], ["node-c"], 1000, 0.05)
+        spare, holder, victim = cluster.by_node["node-c"], cluster.by_node["node-a"], cluster.by_node["node-b"]
+        spare.wait_line(lambda text: text.startswith("[spare] "), 30, "the spare to idle")
+        victim.wait_line(lambda text: '"iteration": 5,' in text, 30, "node-b's rank to reach iteration 5")
+        victim.kill()
+        holder.kill()
+        deadline = cluster.open_epoch(1, {"node-b": "node-c"}, 6)
+        failed = wait_until(lambda: cluster.stand_in.report("failed", 1, "node-c"), 20, "the spare's failed report", cluster.stand_in.changed)
+        self.assertLessEqual(failed["receivedAt"], deadline + 2.0, "reported within the swap's bound")
+        self.assertEqual(failed["shard"], 1)
+        self.assertRegex(failed["detail"], r"rendezvous of epoch 1 timed out after \d+ s: shard\(s\) \[0\] did not arrive")
+        self.assertNotEqual(spare.finish(30), 0)
+        self.assertIn("HotSwapFailed: hot swap to epoch 1 failed", spare.stderr)
+
 
 if __name__ == "__main__":
     unittest.main()
