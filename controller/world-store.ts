@@ -38,12 +38,15 @@ const reportFields = z
     step: z.number().int().min(0).max(Number.MAX_SAFE_INTEGER).optional(),
     stepSeconds: z.number().finite().min(0).max(86_400).optional(),
     detail: z.string().max(512).optional(),
+    /** A `failed` report's shards that never arrived at the epoch's rendezvous. */
+    missing: z.array(z.number().int().min(0).max(16_777_216)).max(1024).optional(),
   })
   .strict();
 
 export const worldReportSchema = reportFields.superRefine((report, ctx) => {
     if (report.event === 'spare' && report.shard !== undefined) ctx.addIssue({ code: 'custom', path: ['shard'], message: 'a spare holds no shard: leave shard out' });
     if (report.event !== 'spare' && report.shard === undefined) ctx.addIssue({ code: 'custom', path: ['shard'], message: `a ${report.event} report names its shard` });
+    if (report.event !== 'failed' && report.missing !== undefined) ctx.addIssue({ code: 'custom', path: ['missing'], message: 'only a failed report names missing shards' });
   });
 export type WorldReport = z.infer<typeof worldReportSchema>;
 
@@ -83,6 +86,8 @@ export interface SwapEnd {
   readonly epoch: number;
   readonly key: string;
   readonly said: string;
+  /** Spares of the swap that failed it (never arrived, or never reported): the fallback evicts them. */
+  readonly evict?: readonly string[];
 }
 
 /** What a report changed: the swap it finished (the ladder's hot_swap_done) or failed. */
@@ -194,7 +199,10 @@ export class WorldStore {
     if (answer[1] !== 'swapping') return {};
     if (report.event === 'failed') {
       const detail = `shard ${report.shard ?? ''} on ${report.node} could not join epoch ${report.epoch}: ${report.detail ?? 'no reason given'}`;
-      return (await this.endSwap(world.job, report.epoch, detail)) ? { failed: { epoch: report.epoch, key: swapKey(world), said: detail } } : {};
+      // Only the swap's own spares are evicted on a peer's word: a rank cannot have a survivor drained by naming it.
+      const spares = new Set(Object.values(world.swap?.replaced ?? {}));
+      const evict = [...new Set((report.missing ?? []).map((missing) => world.shards[missing]?.node ?? '').filter((node) => spares.has(node)))];
+      return (await this.endSwap(world.job, report.epoch, detail)) ? { failed: { epoch: report.epoch, key: swapKey(world), said: detail, evict } } : {};
     }
     if (report.event !== 'stepped') return {};
     const reports = await this.reports(world.job);
@@ -230,7 +238,9 @@ export class WorldStore {
     const waiting = world.shards.filter((shard) => reports.get(`shard:${shard.shard}`)?.event !== 'stepped').map((shard) => shard.shard);
     const shown = waiting.length > 8 ? `${waiting.slice(0, 8).join(', ')} and ${waiting.length - 8} more` : waiting.join(', ');
     const detail = `not done within its bound of ${Math.round((swap.deadline - swap.openedAt) / 1000)} s: shard${waiting.length === 1 ? '' : 's'} ${shown} had not stepped in epoch ${world.epoch}`;
-    return (await this.endSwap(world.job, world.epoch, detail)) ? { epoch: world.epoch, key: swapKey(world), said: detail } : undefined;
+    // A spare whose shard said nothing at all in the epoch never came: it is evicted with the fallback.
+    const evict = Object.values(swap.replaced).filter((spare) => world.shards.filter((shard) => shard.node === spare).every((shard) => !reports.has(`shard:${shard.shard}`)));
+    return (await this.endSwap(world.job, world.epoch, detail)) ? { epoch: world.epoch, key: swapKey(world), said: detail, evict } : undefined;
   }
 
   /** The world's epoch and state, for listings (`steadfast jobs`). */
@@ -306,5 +316,5 @@ function safeJson(text: string): unknown {
 export function swapEndEvent(job: string, outcome: 'done' | 'failed', end: SwapEnd, now = Date.now()): LadderEventJob {
   return outcome === 'done'
     ? { job, event: { type: 'hot_swap_done', time: now, epoch: end.epoch, summary: end.said }, eventId: `hot-swap-done:${end.key}` }
-    : { job, event: { type: 'hot_swap_failed', time: now, detail: end.said }, eventId: `hot-swap-failed:${end.key}` };
+    : { job, event: { type: 'hot_swap_failed', time: now, detail: end.said, ...(end.evict !== undefined && end.evict.length > 0 ? { evict: [...end.evict] } : {}) }, eventId: `hot-swap-failed:${end.key}` };
 }

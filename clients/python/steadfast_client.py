@@ -262,7 +262,7 @@ class SteadfastClient:
             self._failed("controller GET %s" % path, error)
             return None
 
-    def report_world(self, epoch, event, shard=None, step=None, step_seconds=None, detail=None):
+    def report_world(self, epoch, event, shard=None, step=None, step_seconds=None, detail=None, missing=None):
         """Reports this rank's part in a world epoch now (joined, stepped, failed, spare).
 
         Sent at once with the client's timeout, not queued: a `failed` report must be out before
@@ -276,6 +276,8 @@ class SteadfastClient:
             body["stepSeconds"] = max(0.0, float(step_seconds))
         if detail:
             body["detail"] = str(detail)[:500]  # the controller takes 512 characters
+        if missing:
+            body["missing"] = [int(shard) for shard in missing][:1024]  # a failed report: shards that never arrived
         if self._controller.url is None:
             return False
         try:

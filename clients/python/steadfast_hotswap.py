@@ -17,8 +17,9 @@ loop stays theirs (docs/lab.md shows the diff):
     runtime.finish()
 
 The world (epoch, each shard's node, spares, replica holders) comes from the controller's
-``GET /api/v1/jobs/:id/world``. A RuntimeError inside ``with runtime.step()`` (a collective whose
-peer died) or a newer epoch seen at a step boundary makes the runtime leave its process group,
+``GET /api/v1/jobs/:id/world``. A communication error inside ``with runtime.step()`` (a collective
+whose peer died: gloo's closed connection, an NCCL error; any other exception, a CUDA fault or a
+bug, goes up to the loop as without hot swap, for the controller's ladder) or a newer epoch seen at a step boundary makes the runtime leave its process group,
 wait for the controller's recovery epoch, meet the epoch's members under a fresh prefix of one
 long-lived TCPStore, agree on the newest step every shard can restore, restore it, and go on: the
 loop runs again from the step after. A swap that cannot finish (no common step, the rendezvous
@@ -35,6 +36,7 @@ import argparse
 import contextlib
 import gc
 import os
+import re
 import signal
 import sys
 import threading
@@ -54,6 +56,8 @@ __all__ = ["HotSwap", "HotSwapFailed", "HotSwapUsageError"]
 class HotSwapFailed(Exception):
     """The swap could not complete; the controller relaunches the job (not a RuntimeError, so that
     it is never taken for a failed collective)."""
+
+    missing: Optional[List[int]] = None  # shards that never arrived at the epoch's rendezvous
 
 
 class HotSwapUsageError(Exception):
@@ -174,7 +178,9 @@ class HotSwap:
             store.wait(["arrived/%d" % s for s in range(size)], remaining)
         except RuntimeError as error:
             missing = [s for s in range(size) if store.add("arrived/%d" % s, 0) == 0]
-            raise HotSwapFailed("rendezvous of epoch %d timed out after %.0f s: shard(s) %s did not arrive" % (epoch, remaining.total_seconds(), missing)) from error
+            failure = HotSwapFailed("rendezvous of epoch %d timed out after %.0f s: shard(s) %s did not arrive" % (epoch, remaining.total_seconds(), missing))
+            failure.missing = missing  # the controller evicts a spare of the swap that never came
+            raise failure from error
         dist.init_process_group("gloo", store=store, rank=shard, world_size=size, timeout=self.timeout)
 
     # ---- protecting ----------------------------------------------------------------------------
@@ -302,15 +308,15 @@ class HotSwap:
         try:
             yield deadline or 0.0
         except Exception as error:
-            self._report_failed(epoch, shard, str(error))
+            self._report_failed(epoch, shard, str(error), getattr(error, "missing", None))
             raise HotSwapFailed("hot swap to epoch %d failed: %s" % (epoch, error)) from error
 
-    def _report_failed(self, epoch: int, shard: int, detail: str) -> None:
+    def _report_failed(self, epoch: int, shard: int, detail: str, missing: Optional[List[int]] = None) -> None:
         with self._failed_lock:  # the watchdog's thread and the main thread: one report
             if self._failed_epoch == epoch:
                 return
             self._failed_epoch = epoch
-        self.client.report_world(epoch, "failed", shard=shard, detail=detail)
+        self.client.report_world(epoch, "failed", shard=shard, detail=detail, missing=missing)
 
     def _restore(self) -> None:
         """Agrees with every member on the newest step all shards hold, and restores it."""
@@ -347,6 +353,11 @@ class HotSwap:
         print("[rank %d] hot swap: epoch %d, world %d, resumed from step %d (restored from %s)" % (self.shard, self.epoch, self.world_size, step, source), flush=True)
 
 
+# What a collective raises when a peer is gone or the communicator broke (gloo's transport, NCCL,
+# c10d's store and timeouts): the errors a swap recovers from. Anything else is the program's own.
+COMMUNICATION_FAILURE = re.compile(r"gloo|NCCL|nccl|ProcessGroup|c10d|[Cc]onnection (?:closed|reset|refused)|[Bb]roken pipe|[Tt]imed out|[Tt]imeout")
+
+
 class _Step:
     """The context of one iteration: a failed collective inside it starts a recovery."""
 
@@ -376,7 +387,7 @@ class _Step:
                 runtime.client.report_world(runtime.epoch, "stepped", shard=runtime.shard, step=runtime.iteration, step_seconds=time.perf_counter() - self.started)
             runtime.iteration += 1
             return False
-        if isinstance(error, RuntimeError):
+        if isinstance(error, RuntimeError) and COMMUNICATION_FAILURE.search(str(error)):
             # Recovered at the next __enter__, once this exception (and the frames holding the
             # old wrapper) is gone. The loop runs the same iteration number again, or the agreed.
             runtime._pending = "step %d failed (%s)" % (runtime.iteration, str(error).splitlines()[0] if str(error) else type(error).__name__)

@@ -211,7 +211,8 @@ export class ProtectedLab {
       redis: { url: this.redis.url, prefix: 'steadfast' },
       controller: { host: layout.bridgeAddress, port: controllerPort, metrics: { port: controllerMetricsPort }, auth: this.credentials.auth },
       backend: { kind: 'slurm', slurm: { env: slurmEnv(layout.conf), standbyReservation: layout.options.reservation } },
-      safety: { maxDrainsPerWindow: 10, maxJobEvictionPercent: 50 },
+      // The hot-swap lab's two cases take two nodes out of a 2-node job within the hour.
+      safety: { maxDrainsPerWindow: 10, maxJobEvictionPercent: (this.options.spares ?? 0) > 0 ? 100 : 50 },
       // The lab's incidents come a minute apart, not hours: the ladder's waits are scaled down.
       recovery: { retryInitialBackoffSeconds: 5, retryMaxBackoffSeconds: 60, crashAfterEvictionWindowSeconds: 20 },
       progress: { prometheusUrl: `http://127.0.0.1:${prometheusPort}`, timeoutSeconds: 180 },
@@ -336,7 +337,7 @@ export class ProtectedLab {
         // Each rank reports checkpoints with its own node's agent token (the client fills in {node}).
         tokenFile: join(this.root, 'agent-token-{node}'),
         agentTokenFile: join(this.root, 'agent-web-token-{node}'),
-        ...(this.rendezvous === undefined ? {} : { hotSwap: { rendezvous: this.rendezvous } }),
+        ...(this.rendezvous === undefined ? {} : { hotSwap: { rendezvous: this.rendezvous, spares: this.spareNodes.length } }),
       }),
     };
   }

@@ -13,8 +13,12 @@ import type { LogLine } from './training.js';
  * being called: the swap cannot finish, and the controller falls back to stop and relaunch.
  */
 
-/** 2 ranks and 2 spares in the allocation (one per case), 1 warm standby in the reservation for the fallback. */
-export const HOT_SWAP_LAB: ProtectedLabOptions = { nodes: 2, spares: 2, standbys: 1 };
+/**
+ * 2 ranks and 2 spares in the allocation (one per case), 2 warm standbys in the reservation: one
+ * replaces the spare the first case uses (it joins the allocation at the next launch), one takes
+ * the failed spare's place in the second case's fallback.
+ */
+export const HOT_SWAP_LAB: ProtectedLabOptions = { nodes: 2, spares: 2, standbys: 2 };
 
 /** Steps after the swap whose losses must equal the unfaulted reference run's. */
 const COMPARED_STEPS = 5;
@@ -108,8 +112,9 @@ export async function runHotSwap(lab: ProtectedLab): Promise<ScenarioReport> {
   if (!lossMatches) problems.push(`losses after the swap differ from the unfaulted run at steps ${mismatched.join(', ')}: ${mismatched.map((n) => `${n}: ${after.get(n) ?? '—'} vs ${reference.get(n) ?? '—'}`).join('; ')}`);
   const lastBefore = lastIteration(lab, run, swapIndex);
   const reexecutedIterations = resumedFrom === null ? null : Math.max(0, lastBefore - resumedFrom);
-  // A rank process announces itself once, at its start: any such line after the fault is a rank started anew.
-  const restarted = lab.log.lines.slice(mark).filter((line) => /^\[rank \d+\] pid \d+ on /.test(line.text)).length;
+  // A rank announces its pid when it starts training: a pid not seen before the fault is a rank started anew (the spare was there, idle).
+  const known = new Set(trainingProcesses(lab, run).filter((proc) => proc.line.seenAt < t0).map((proc) => proc.pid));
+  const restarted = new Set(lab.log.lines.slice(mark).flatMap((line) => /^\[rank \d+\] pid (\d+) on /.exec(line.text)?.slice(1, 2) ?? []).map(Number).filter((pid) => !known.has(pid))).size;
   if (lab.log.runs().at(-1) !== run) problems.push(`Slurm ran the job again: ${lab.log.runs().join(' → ')}`);
   if (restarted > 0) problems.push(`${restarted} rank processes were started anew`);
   if (reexecutedIterations !== null && reexecutedIterations > 1) problems.push(`${reexecutedIterations} iterations were executed again (at most 1)`);
@@ -118,7 +123,7 @@ export async function runHotSwap(lab: ProtectedLab): Promise<ScenarioReport> {
   const signal = entries.find((entry) => entry.type === 'signal' && entry.node === victim && /xid/i.test(entry.summary));
   const decision = decisionOf(entries, job, 'hot_swap');
   const opened = actionOf(entries, new RegExp(`^${job}: hot_swap.*epoch`));
-  const done = actionOf(entries, /hot swap done/);
+  const done = entries.find((entry) => entry.type === 'decision' && /hot swap done/.test(entry.summary));
   const sinfo = await lab.sinfo(victim);
   if (!decision) problems.push('no hot_swap decision in the audit');
   else if (!/DeadPool/.test(decision.summary + JSON.stringify(decision.data ?? {})) || !/ByteRobust/.test(decision.summary + JSON.stringify(decision.data ?? {}))) problems.push('the hot_swap decision does not cite DeadPool and ByteRobust');

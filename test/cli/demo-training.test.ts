@@ -29,8 +29,8 @@ describe('steadfast demo --scenario training: input', () => {
     ]);
   });
 
-  it('runs both hot-swap cases on one lab of their own: 2 ranks, a spare for each case, a standby for the fallback', () => {
-    const hotSwapLab = { nodes: 2, spares: 2, standbys: 1 };
+  it('runs both hot-swap cases on one lab of their own: 2 ranks, a spare for each case, standbys for the used spare and the fallback', () => {
+    const hotSwapLab = { nodes: 2, spares: 2, standbys: 2 };
     expect(scenarioLabs(['hot-swap', 'machine-fault', 'hot-swap-spare-dies'])).toEqual([
       { options: {}, names: ['machine-fault'] },
       { options: hotSwapLab, names: ['hot-swap', 'hot-swap-spare-dies'] },
