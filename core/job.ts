@@ -40,7 +40,13 @@ export function launchArgv(
   parseOrThrow(z.array(nodeNameSchema).min(1), values.nodes, 'launcher {nodes}');
   parseOrThrow(codeVersionSchema, values.version, 'launcher {version}');
   parseOrThrow(z.array(launcherArgSchema).min(1), argv, 'launcher argv');
-  return argv.map((arg) => arg.replaceAll('{job}', values.job).replaceAll('{nodes}', values.nodes.join(',')).replaceAll('{version}', values.version));
+  return argv.map((arg) =>
+    arg
+      .replaceAll('{job}', values.job)
+      .replaceAll('{nodes}', values.nodes.join(','))
+      .replaceAll('{nodeCount}', String(values.nodes.length))
+      .replaceAll('{version}', values.version),
+  );
 }
 
 /** The default upper bound of one hot swap, in seconds. */
@@ -182,3 +188,11 @@ export type JobState = (typeof JOB_STATES)[number];
 export const jobPolicySchema = z.object({ recovery: z.boolean(), dryRun: z.boolean() }).strict();
 export type JobPolicy = z.infer<typeof jobPolicySchema>;
 export const DEFAULT_JOB_POLICY: JobPolicy = { recovery: true, dryRun: false };
+
+/**
+ * The nodes a job's eviction share (safety.maxJobEvictionPercent) is a share of: its nodes and,
+ * for a hot-swap job, its spares, which it holds as much (a spare that fails a swap is evicted too).
+ */
+export function evictionShareSize(spec: Pick<JobSpec, 'nodes' | 'hotSwap'>): number {
+  return spec.nodes.length + (spec.hotSwap?.spares.length ?? 0);
+}

@@ -6,7 +6,7 @@ import { EQUALITY_SELECTOR_RULE, isEqualityLabelSelector, isNamespace } from './
  * How a registered job is (re)started. Launchers are written by the operator in the controller's
  * configuration (`launchers:`), each under a name; a job registration only names one. Nothing
  * that arrives over the API ever becomes a command: the API can fill a launcher's placeholders
- * ({job}, {nodes}, {version}) from the job's own validated fields, and that is all.
+ * ({job}, {nodes}, {nodeCount}, {version}) from the job's own validated fields, and that is all.
  */
 
 export const LAUNCHER_NAME_PATTERN = /^[a-z0-9][a-z0-9_-]{0,62}$/;
@@ -15,7 +15,7 @@ export const launcherNameSchema = z
   .regex(LAUNCHER_NAME_PATTERN, 'must be a launcher name: 1-63 lower-case letters, digits, "_" or "-"');
 
 /** Placeholders a Slurm launcher's argv may use; each becomes exactly one argument. */
-export const LAUNCHER_PLACEHOLDERS = ['{job}', '{nodes}', '{version}'] as const;
+export const LAUNCHER_PLACEHOLDERS = ['{job}', '{nodes}', '{nodeCount}', '{version}'] as const;
 
 /**
  * Left as written, for the job itself to fill on each node: the Python training client replaces

@@ -163,6 +163,8 @@ export interface RecordOptions {
   readonly node?: string | undefined;
   /** Further fields for the entry's data. */
   readonly data?: Record<string, unknown>;
+  /** Tells apart two entries of one step about the same node in the same state (the audit keeps one per key). */
+  readonly part?: string;
 }
 
 /**
@@ -185,7 +187,7 @@ export async function recordStep(deps: StepDeps, at: StepAt, state: StepState, d
       data: { ...record, step, ...options.data },
       actor: at.origin ?? CONTROLLER_IDENTITY,
     },
-    `action:${ref}:${options.node ?? ''}:${state}:${at.attempt}`,
+    `action:${ref}:${options.node ?? ''}:${state}:${at.attempt}${options.part === undefined ? '' : `:${options.part}`}`,
   );
   if (state !== 'running' && ACTING_VERBS.has(step.verb)) deps.onFinished?.(record);
 }

@@ -1,4 +1,5 @@
 import { DoNotRetryError } from '../../core/errors.js';
+import { evictionShareSize } from '../../core/job.js';
 import { drainNode } from '../drain-node.js';
 import { recordStep, refuseStep, stepJob, stepRef, type Halt, type StepDeps, type StepAt } from './context.js';
 
@@ -15,7 +16,7 @@ export async function evict(deps: StepDeps, at: StepAt): Promise<Halt> {
   const { backend, gates, jobs } = deps;
   const job = stepJob(at);
   const ref = stepRef(at);
-  const jobSize = (await jobs.get(job)).spec.nodes.length;
+  const jobSize = evictionShareSize((await jobs.get(job)).spec);
   const share = await gates.admitJobShare(job, ref, step.nodes ?? [], jobSize, deps.maxJobEvictionPercent ?? 100);
   const admitted = share.ok ? await gates.admit(ref) : share;
   // Nodes the cluster's gates then refused were not evicted: they must not use up the job's share.

@@ -1,5 +1,5 @@
 import { DoNotRetryError } from '../../core/errors.js';
-import type { JobSpec } from '../../core/job.js';
+import { evictionShareSize, type JobSpec } from '../../core/job.js';
 import { drainNode } from '../drain-node.js';
 import { recordStep, refuseStep, stepJob, stepRef, type Halt, type StepAt, type StepDeps } from './context.js';
 import { noteExclusion } from './evict.js';
@@ -31,7 +31,7 @@ export async function hotSwap(deps: StepDeps, at: StepAt): Promise<Halt> {
   const problem = await cannotStart(deps, spec, failed, spares, swapped);
   if (problem !== undefined) return fallBack(deps, at, problem, failed.filter((node) => !swapped.has(node)));
   if (failed.length > 0) {
-    const share = await deps.gates.admitJobShare(job, ref, failed, spec.nodes.length, deps.maxJobEvictionPercent ?? 100);
+    const share = await deps.gates.admitJobShare(job, ref, failed, evictionShareSize(spec), deps.maxJobEvictionPercent ?? 100);
     const admitted = share.ok ? await deps.gates.admit(ref) : share;
     if (share.ok && !admitted.ok) await deps.gates.releaseJobShare(job, ref, failed);
     if (!admitted.ok) return refuseStep(deps, at, admitted, { what: 'hot swap', node: failed[0] });
@@ -98,8 +98,8 @@ async function drain(deps: StepDeps, at: StepAt, node: string): Promise<void> {
 const REPLENISHED_TTL_SECONDS = 7 * 24 * 3600;
 
 /**
- * A free warm standby becomes a spare in place of the one the swap used, once per used spare of
- * the step (the marker is taken first: a crash between it and the take leaves the spare
+ * A free warm standby becomes a spare in place of the one the swap used, unless it is the last
+ * one (an eviction, the fallback's included, needs it), once per used spare of the step (the marker is taken first: a crash between it and the take leaves the spare
  * unreplaced rather than take two standbys). In Slurm a running allocation cannot grow: the new
  * spare joins at the job's next launch.
  */
@@ -109,9 +109,14 @@ async function replaceUsedSpare(deps: StepDeps, at: StepAt, used: string): Promi
   if ((await deps.redis.set(marker, 'taking', 'EX', REPLENISHED_TTL_SECONDS, 'NX')) !== 'OK') return;
   const unusable = new Set(await deps.redis.smembers(deps.keys.quarantine));
   for (const node of (await deps.gates.holds()).keys()) unusable.add(node);
-  const standby = deps.pool?.enabled ? await deps.pool.take(job, Date.now(), unusable) : (await deps.backend.standbys()).find((candidate) => !unusable.has(candidate));
+  // The last free standby stays in the pool: a swap that fails falls back to an eviction, which needs it.
+  const free = deps.pool?.enabled
+    ? (await deps.pool.members()).filter((member) => member.state === 'ready' && !unusable.has(member.node)).length
+    : (await deps.backend.standbys()).filter((candidate) => !unusable.has(candidate)).length;
+  const standby = free < 2 ? undefined : deps.pool?.enabled ? await deps.pool.take(job, Date.now(), unusable) : (await deps.backend.standbys()).find((candidate) => !unusable.has(candidate));
   if (standby === undefined) {
-    await recordStep(deps, at, 'done', `no warm standby free to replace used spare ${used}; the job has one spare fewer`, { node: used });
+    const why = free === 1 ? 'the last free warm standby stays for evictions' : 'no warm standby free';
+    await recordStep(deps, at, 'done', `${why}: used spare ${used} is not replaced; the job has one spare fewer`, { node: used, part: 'replacement' });
     return;
   }
   if (!deps.pool?.enabled) await deps.backend.activateStandby(standby, job);

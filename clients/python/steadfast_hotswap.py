@@ -316,7 +316,18 @@ class HotSwap:
             if self._failed_epoch == epoch:
                 return
             self._failed_epoch = epoch
+        if missing is None:
+            missing = self._not_arrived(epoch)
         self.client.report_world(epoch, "failed", shard=shard, detail=detail, missing=missing)
+
+    def _not_arrived(self, epoch: int) -> Optional[List[int]]:
+        """The shards of `epoch` that never arrived at its rendezvous, asked on a connection of its
+        own (the watchdog's thread); None when the store cannot say."""
+        try:
+            store = dist.PrefixStore("%s/epoch-%d" % (self.run_id, epoch), dist.TCPStore(self.rendezvous[0], self.rendezvous[1], None, False, timedelta(seconds=2)))
+            return [s for s in range(len(self.world.get("shards", []))) if store.add("arrived/%d" % s, 0) == 0]
+        except Exception:  # noqa: BLE001 - a report without them still ends the swap
+            return None
 
     def _restore(self) -> None:
         """Agrees with every member on the newest step all shards hold, and restores it."""

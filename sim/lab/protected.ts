@@ -198,7 +198,8 @@ export class ProtectedLab {
     writeFileSync(join(root, 'diagnostics.yaml'), stringify(LAB_DIAGNOSTICS));
 
     this.labStarted = true;
-    await this.step(`lab up: ${this.computeNodes.length} slurmd nodes and ${layout.nodes.length - this.computeNodes.length} standbys in network namespaces`, () =>
+    const spares = this.spareNodes.length === 0 ? '' : `, ${this.spareNodes.length} spares`;
+    await this.step(`lab up: ${this.computeNodes.length} slurmd nodes${spares} and ${layout.nodes.length - this.computeNodes.length - this.spareNodes.length} standbys in network namespaces`, () =>
       labUp({ ...layout.options, dir: layout.dir }),
     );
     this.redis = await this.step('Redis up', () => startRedis(this.processes, root));
@@ -337,7 +338,7 @@ export class ProtectedLab {
         // Each rank reports checkpoints with its own node's agent token (the client fills in {node}).
         tokenFile: join(this.root, 'agent-token-{node}'),
         agentTokenFile: join(this.root, 'agent-web-token-{node}'),
-        ...(this.rendezvous === undefined ? {} : { hotSwap: { rendezvous: this.rendezvous, spares: this.spareNodes.length } }),
+        ...(this.rendezvous === undefined ? {} : { hotSwap: { rendezvous: this.rendezvous } }),
       }),
     };
   }

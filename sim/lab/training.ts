@@ -33,7 +33,7 @@ export interface TrainingOptions {
    * outlives every rank. The allocation is the launcher's `{nodes}` (the job's nodes and its
    * unused spares), so no node count is fixed, and the job is submitted with `--no-kill`.
    */
-  readonly hotSwap?: { readonly rendezvous: string; readonly spares: number };
+  readonly hotSwap?: { readonly rendezvous: string };
 }
 
 /** The batch host's output file of `job`'s runs, which that node's agent follows. */
@@ -66,9 +66,9 @@ export function launcherCommand(paths: TrainingPaths, options: TrainingOptions):
     '--parsable',
     '--job-name={job}',
     '--nodelist={nodes}',
-    // A hot-swap job's allocation is its nodes and its spares, however many are left (a range:
-    // `{nodes}` names them all); a failed node must not end it.
-    ...(options.hotSwap === undefined ? [`--nodes=${options.nodes}`] : [`--nodes=${options.nodes}-${options.nodes + options.hotSwap.spares}`, '--no-kill']),
+    // A hot-swap job's allocation is its nodes and its spares, however many are left (`{nodes}`
+    // names them all, `{nodeCount}` counts them); a failed node must not end it.
+    ...(options.hotSwap === undefined ? [`--nodes=${options.nodes}`] : ['--nodes={nodeCount}', '--no-kill']),
     '--ntasks-per-node=1',
     `--output=${join(paths.logs, '%x-%N.out')}`,
     '--open-mode=append',

@@ -121,9 +121,10 @@ afterAll(async () => {
 });
 
 describe('the npm package', () => {
-  it("carries the compiled CLI, the agent's bundle, the rule files and the sim fixture, and no code cache, tests, sources, maps or benchmarks", () => {
+  it("carries the compiled CLI, the agent's bundle, the rule files, the sim fixture and the training side (the example and the Python client it imports), and no code cache, tests, sources, maps or benchmarks", () => {
     expect(files).toEqual(expect.arrayContaining(['package/bin/steadfast.js', 'package/dist/cli/main.js', 'package/dist/cli/agent.js', 'package/dist/agent.cjs', 'package/dist/agent-loader.cjs', 'package/dist/nvml-worker.cjs', 'package/rules/gpu.yml', 'package/rules/alertmanager.yml', 'package/sim/fixtures/nvidia-smi-a10g.xml']));
-    const unwanted = files.filter((file) => /^package\/(test|bench)\//.test(file) || file.startsWith('package/dist/bench/') || file.endsWith('.map') || file.endsWith('.cache') || (file.endsWith('.ts') && !file.endsWith('.d.ts')));
+    expect(files).toEqual(expect.arrayContaining(['package/examples/pytorch/train.py', 'package/clients/python/steadfast_client.py', 'package/clients/python/steadfast_hotswap.py', 'package/clients/python/steadfast_replica.py', 'package/clients/python/steadfast_world.py']));
+    const unwanted = files.filter((file) => /^package\/(test|bench|clients\/python\/tests)\//.test(file) || file.startsWith('package/dist/bench/') || file.endsWith('.map') || file.endsWith('.cache') || (file.endsWith('.ts') && !file.endsWith('.d.ts')));
     expect(unwanted).toEqual([]);
     expect(files.length).toBeLessThan(400);
   });

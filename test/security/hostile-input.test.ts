@@ -74,7 +74,7 @@ describe('names at the edge', () => {
       expect(() => parseOrThrow(configSchema, { launchers: { train: { kind: 'slurm', command: ['sbatch', arg] } } }, 'config')).toThrow(/launchers\.train\.command\.1: must not contain control characters/);
       expect(() => parseOrThrow(configSchema, { launchers: { train: { kind: 'slurm', command: ['sbatch'], replay: ['srun', arg] } } }, 'config')).toThrow(/launchers\.train\.replay\.1/);
     }
-    expect(() => parseOrThrow(configSchema, { launchers: { train: { kind: 'slurm', command: ['sbatch', '--uid={user}'] } } }, 'config')).toThrow(/may use only the placeholders \{job\}, \{nodes\}, \{version\}/);
+    expect(() => parseOrThrow(configSchema, { launchers: { train: { kind: 'slurm', command: ['sbatch', '--uid={user}'] } } }, 'config')).toThrow(/may use only the placeholders \{job\}, \{nodes\}, \{nodeCount\}, \{version\}/);
     for (const launcher of [{ kind: 'slurm', command: ['sbatch', 'train.sh'] }, ['sbatch', 'train.sh'], 'Train!', '../bin/sh']) {
       expect(() => parseJobSpec({ ...JOB, launcher }), JSON.stringify(launcher)).toThrow(/launcher/);
     }
@@ -82,6 +82,8 @@ describe('names at the edge', () => {
 
   it('builds launcher argv with each value one argument, and refuses hostile values before anything runs', () => {
     expect(launchArgv(SLURM_LAUNCHER, { job: 'llama', nodes: ['n00', 'n01'], version: 'v2' })).toEqual(['sbatch', '--job-name=llama', '--nodelist=n00,n01', 'train.sh', 'v2']);
+    // {nodeCount}: how many nodes {nodes} names (a hot-swap job's allocation shrinks as it uses spares).
+    expect(launchArgv(SLURM_LAUNCHER, { job: 'llama', nodes: ['n00', 'n01', 's02'], version: 'v2' }, ['sbatch', '--nodes={nodeCount}', '--nodelist={nodes}'])).toEqual(['sbatch', '--nodes=3', '--nodelist=n00,n01,s02']);
     for (const hostile of HOSTILE_STRINGS) {
       expect(() => launchArgv(SLURM_LAUNCHER, { job: hostile, nodes: ['n00'], version: 'v2' })).toThrow(/launcher \{job\}/);
       expect(() => launchArgv(SLURM_LAUNCHER, { job: 'llama', nodes: ['n00', hostile], version: 'v2' })).toThrow(/launcher \{nodes\}/);

@@ -39,23 +39,24 @@ describe('the hot_swap step', () => {
   it('opens the epoch, then drains the failed node, puts the spare in its place and a free standby in the used spare\'s', async () => {
     const { store, jobs, recorder, processor } = await setUp();
     try {
+      await recorder.holdStandby('spare-8');
       await expect(processor()(transition('t-swap'))).resolves.toEqual({ done: 1 });
       const record = await jobs.get('llama');
       expect(record.spec.nodes).toEqual(['n00', 's-1', 'n02', 'n03']);
-      expect(record.spec.hotSwap?.spares).toEqual(['s-2', 'spare-9']);
+      expect(record.spec.hotSwap?.spares).toEqual(['s-2', 'spare-8']);
       expect(await jobs.jobOnNode('s-1')).toBe('llama');
       expect(await jobs.jobOnNode('n01')).toBeUndefined();
-      expect(await jobs.jobOnNode('spare-9')).toBe('llama');
+      expect(await jobs.jobOnNode('spare-8')).toBe('llama');
       expect(Object.keys(await recorder.recorded())).toEqual(['n01']);
       const world = await jobs.world.view(record);
-      expect(world).toMatchObject({ epoch: 1, state: 'swapping', spares: ['s-2', 'spare-9'], swap: { epoch: 1, replaced: { n01: 's-1' } } });
+      expect(world).toMatchObject({ epoch: 1, state: 'swapping', spares: ['s-2', 'spare-8'], swap: { epoch: 1, replaced: { n01: 's-1' } } });
       expect(world.shards.map((shard) => shard.node)).toEqual(['n00', 's-1', 'n02', 'n03']);
       const states = await actionStates(new AuditLog(store.redis, store.keys), 't-swap:0');
       expect(states).toEqual([
         'done: opened recovery epoch 1 with s-1 in place of n01 (bound 30 s)',
         'done: drained through recorder',
         'done: spare s-1 in place of n01 in epoch 1',
-        "done: standby spare-9 becomes a spare of llama in place of used spare s-1; it joins the allocation at the job's next launch",
+        "done: standby spare-8 becomes a spare of llama in place of used spare s-1; it joins the allocation at the job's next launch",
       ]);
     } finally {
       await store.cleanup();
@@ -92,6 +93,20 @@ describe('the hot_swap step', () => {
       // The marker was taken before the crash: the used spare stays unreplaced rather than take two standbys.
       expect(record.spec.hotSwap?.spares).toEqual(['s-2']);
       expect((await recorder.standbys()).length).toBe(2);
+    } finally {
+      await store.cleanup();
+    }
+  });
+
+  it('leaves the last free standby in the pool for evictions (a failed swap falls back to one): the job has a spare fewer', async () => {
+    const { store, jobs, recorder, processor } = await setUp();
+    try {
+      await expect(processor()(transition('t-last'))).resolves.toEqual({ done: 1 });
+      const record = await jobs.get('llama');
+      expect(record.spec.nodes).toEqual(['n00', 's-1', 'n02', 'n03']);
+      expect(record.spec.hotSwap?.spares).toEqual(['s-2']);
+      expect(await recorder.standbys()).toEqual(['spare-9']);
+      expect((await actionStates(new AuditLog(store.redis, store.keys), 't-last:0')).join('\n')).toContain('done: the last free warm standby stays for evictions: used spare s-1 is not replaced; the job has one spare fewer');
     } finally {
       await store.cleanup();
     }

@@ -23,7 +23,8 @@ describe('the hot-swap world over HTTP', () => {
   let url: string;
 
   beforeAll(async () => {
-    ({ controller, url } = await startController(testConfig(store.url, store.prefix)));
+    // Three nodes of this 4-node job leave it within the hour: two swaps, then a spare that never came.
+    ({ controller, url } = await startController(testConfig(store.url, store.prefix, { safety: { maxJobEvictionPercent: 100 } })));
   });
   afterAll(async () => {
     await controller.close();
@@ -117,6 +118,8 @@ describe('the hot-swap world over HTTP', () => {
   });
 
   it('falls back to stop and relaunch when the swap passes its bound, and the relaunch starts a new epoch', async () => {
+    // One warm standby: it stays for the fallback's eviction rather than become a spare.
+    await store.redis.sadd(store.keys.dryRunStandbys(), 'h9');
     const xid = { kind: 'xid', node: 'h2', gpu: '0000:18:00', xid: 79, message: 'GPU has fallen off the bus.', time: new Date().toISOString() };
     expect((await post(`${url}/api/v1/signals`, xid)).status).toBe(202);
     await until('the swap\'s epoch open', () => controller.jobs.world.summary('hs'), (world) => world.state === 'swapping');
@@ -128,6 +131,8 @@ describe('the hot-swap world over HTTP', () => {
       30_000,
     );
     expect(audit.some((line) => /^hs: stop — hot swap of h2 failed \(not done within its bound of 5 s: shards 0, 1, 2, 3 had not stepped in epoch 2\); falling back to stop and relaunch/.test(line))).toBe(true);
+    // Its spare never said a word in the epoch: it is evicted with the fallback, a standby in its place.
+    expect(audit.some((line) => /^hs: evict h\d — hot swap of h2 failed/.test(line))).toBe(true);
     const world = await controller.jobs.world.summary('hs');
     expect(world.state).toBe('steady');
     expect(world.epoch).toBeGreaterThan(2);
