@@ -31,6 +31,8 @@ const KEEP_JOB = {
   codeVersion: 'v1',
 };
 const FUZZ_JOB = { ...KEEP_JOB, name: 'fuzz-job', nodes: ['n00', 'n01', 'n02', 'n03'], topology: { tp: 1, pp: 2, dp: 2, order: 'tp-dp-pp' } };
+/** A hot-swap job, for its world reports. */
+const SWAP_JOB = { ...KEEP_JOB, name: 'swap-job', nodes: ['w00', 'w01'], topology: undefined, hotSwap: { spares: ['w02'] } };
 
 const ALERT = xidAlertPayload();
 // Dated when the test runs: the controller refuses a fault dated a day or more before it arrives.
@@ -76,6 +78,17 @@ const TARGETS: readonly Target[] = [
     path: pathParameter('fuzz-job').map((id) => `/api/v1/jobs/${id}/code-updates`),
     bodies: [{ version: 'v2', urgent: false }, { version: 'release/2.1+cu124', urgent: true }],
     allowed: [202, 400, 404, 413, 415],
+  },
+  {
+    name: 'POST /api/v1/jobs/:id/world',
+    path: pathParameter('swap-job').map((id) => `/api/v1/jobs/${id}/world`),
+    bodies: [
+      { epoch: 0, shard: 0, node: 'w00', event: 'stepped', step: 3, stepSeconds: 0.1 },
+      { epoch: 0, node: 'w02', event: 'spare' },
+      { epoch: 0, shard: 1, node: 'w01', event: 'failed', detail: 'rendezvous timed out', missing: [0] },
+    ],
+    // 409: a report for an epoch that is over.
+    allowed: [202, 400, 404, 409, 413, 415],
   },
   {
     name: 'POST /api/v1/standby/:node/self-check',
@@ -200,7 +213,7 @@ describe('controller HTTP intake under fuzzing', () => {
       { workers: false },
     ));
     signals = new Queue(QUEUE_NAMES.signals, { connection: store.redis, prefix: store.prefix });
-    for (const job of [KEEP_JOB, FUZZ_JOB]) expect((await post(`${url}/api/v1/jobs`, job)).status).toBe(201);
+    for (const job of [KEEP_JOB, FUZZ_JOB, SWAP_JOB]) expect((await post(`${url}/api/v1/jobs`, job)).status).toBe(201);
     expect((await post(`${url}/api/v1/jobs/keep-job/checkpoints`, [{ step: 7, rank: 0, tier: 'host', holder: 'keep-00' }, { step: 7, rank: 1, tier: 'remote' }])).status).toBe(202);
     // Accepted before the fuzzing: these must come through it untouched.
     const before: [string, unknown][] = [['alerts', ALERT], ['signals', FAST_PATH], ['signals', [{ ...FAST_PATH, node: 'n08' }, NCCL_TIMEOUT]]];
