@@ -178,13 +178,21 @@ export async function runHotSwapSpareDies(lab: ProtectedLab): Promise<ScenarioRe
   const runningAt = await waitForRunning(lab, (record) => !record.nodes.includes(victim), deadline);
   if (runningAt === undefined) problems.push('the ladder did not see training progress again');
   const entries = entriesSince(await lab.audit(), t0, job);
+  const signal = entries.find((entry) => entry.type === 'signal' && entry.node === victim && /xid/i.test(entry.summary));
   const decision = decisionOf(entries, job, 'hot_swap');
   const failed = entries.find((entry) => /hot swap/.test(entry.summary) && /fall(?:ing|s)? back/.test(entry.summary));
   if (!decision) problems.push('no hot_swap decision in the audit');
   if (!failed) problems.push('no audited fallback from the hot swap');
-  const eviction = await judgeEviction(lab, entries, { victim, before: run, relaunched, standbys, what: 'interrupted' }, problems);
+  // The spare that never came is evicted with the fallback, a standby in its place. Should it have
+  // met the survivor before it died (its 100 ms poll beat the kill), it is not the swap's culprit
+  // and the fallback relaunches without evicting it.
+  const evicting = entries.some((entry) => entry.type === 'decision' && entry.summary.startsWith(`${job}: evict`));
+  const judged: string[] = [];
+  const eviction = await judgeEviction(lab, entries, { victim, before: run, relaunched, standbys, what: 'interrupted' }, judged);
+  problems.push(...(evicting ? judged : judged.filter((problem) => problem !== 'no eviction decision' && !problem.startsWith('no warm standby'))));
   const timeline = [
     step(`fatal Xid 79 appended to ${victim}'s kernel log, its rank killed`, t0, t0, ''),
+    step('detected: the agent on the node posted it, the controller stored the signal', receivedAt(signal), t0, signal?.summary ?? ''),
     step('decided: hot swap onto a spare', at(decision), t0, decision?.summary ?? ''),
     step(`spare ${calledSpare ?? '?'} killed as its epoch opened (pid ${killedSpare.join(', ') || '?'})`, calledSpare === undefined ? undefined : killedAt, t0, ''),
     step('the swap failed: falling back to stop and relaunch', at(failed), t0, failed?.summary ?? ''),
