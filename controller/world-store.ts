@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { z } from 'zod';
 import { InputError } from '../core/errors.js';
 import { HOT_SWAP_TIMEOUT_DEFAULT_SECONDS, parseJobSpec, replaceNodeInSpec, type JobSpec } from '../core/job.js';
@@ -130,7 +131,17 @@ if redis.call('hget', KEYS[1], 'state') ~= 'swapping' or (redis.call('hget', KEY
 if ARGV[2] == 'done' then redis.call('hset', KEYS[1], 'state', 'steady', 'swap', '') else redis.call('hset', KEYS[1], 'failed', ARGV[2]) end
 return 1`;
 
+/** How many worlds' layouts a controller keeps computed (one per job and epoch it was asked about lately). */
+const LAYOUTS_KEPT = 64;
+
 export class WorldStore {
+  /**
+   * Layouts and replica plans by what they are computed from (the job's spec, its epoch and open
+   * swap): every rank polls the world about once a second, and neither changes between swaps, so
+   * the rank table and the backup plan (quadratic in the ranks) are not rebuilt per request.
+   */
+  private readonly layouts = new Map<string, { world: WorldView; topology: Topology; replicas?: WorldView['replicas'] }>();
+
   constructor(
     private readonly redis: Redis,
     private readonly keys: Keys,
@@ -143,14 +154,25 @@ export class WorldStore {
 
   /** The world as the ranks read it (GET /api/v1/jobs/:id/world), with where each shard's replica lives. */
   async view(record: WorldJob): Promise<WorldView> {
-    const { world, topology } = await this.layout(record);
-    const replicas = topology.ranks.length > 1 ? planBackups(topology, { replicas: 1 }).placements.map((placement) => ({ shard: placement.rank, holders: placement.holders })) : [];
-    return { ...world, replicas };
+    const layout = await this.layout(record);
+    layout.replicas ??= layout.topology.ranks.length > 1 ? planBackups(layout.topology, { replicas: 1 }).placements.map((placement) => ({ shard: placement.rank, holders: placement.holders })) : [];
+    return { ...layout.world, replicas: layout.replicas };
   }
 
   /** The world without its replicas (which a report does not need), and its topology. */
-  private async layout(record: WorldJob): Promise<{ world: WorldView; topology: Topology }> {
+  private async layout(record: WorldJob): Promise<{ world: WorldView; topology: Topology; replicas?: WorldView['replicas'] }> {
     const raw = await this.redis.hgetall(this.keys.jobWorld(record.spec.name));
+    // Hashed: a spec of many thousand nodes is large, and 64 of them would be kept.
+    const key = createHash('sha256').update(JSON.stringify([raw.epoch, raw.state, raw.swap, record.spec])).digest('base64');
+    const kept = this.layouts.get(key);
+    if (kept !== undefined) return kept;
+    const computed = this.computeLayout(record, raw);
+    if (this.layouts.size >= LAYOUTS_KEPT) this.layouts.delete(this.layouts.keys().next().value as string);
+    this.layouts.set(key, computed);
+    return computed;
+  }
+
+  private computeLayout(record: WorldJob, raw: Record<string, string>): { world: WorldView; topology: Topology } {
     const epoch = Number(raw.epoch ?? 0);
     const swap = raw.state === 'swapping' ? readSwap(raw.swap) : undefined;
     const replaced = swap?.replaced ?? {};
