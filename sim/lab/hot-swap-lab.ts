@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { repoRoot } from '../../core/paths.js';
 import { freePort, waitFor } from '../processes.js';
 import type { ProtectedLab } from './protected.js';
-import type { LogLine } from './training.js';
+import { ITERATION, type LogLine } from './training.js';
 
 /**
  * What the lab adds for the hot swap: the ranks' rendezvous store (a process of its own on the
@@ -82,8 +82,6 @@ export function killNode(lab: ProtectedLab, run: string, node: string, which: 'a
   return killed;
 }
 
-const ITERATION = /^\[rank 0\] iteration (\d+) loss (\S+) /;
-
 /**
  * Rank 0's loss at every step up to `iterations` of the example trained without any fault: two
  * ranks over gloo on the loopback, no controller and no agent, the lab's seed, data order and
@@ -108,7 +106,7 @@ export async function referenceLosses(lab: ProtectedLab, ranks: number, iteratio
     partial = lines.pop() ?? '';
     for (const line of lines) {
       const match = ITERATION.exec(line);
-      if (match) losses.set(Number(match[1]), Number(match[2]));
+      if (match?.[1] === '0') losses.set(Number(match[2]), Number(match[3]));
     }
   });
   for (const child of children) child.stdout?.on('data', () => undefined);

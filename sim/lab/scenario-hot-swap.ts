@@ -2,7 +2,7 @@ import type { AuditEntry } from '../../core/audit.js';
 import { killNode, referenceLosses, trainingProcesses } from './hot-swap-lab.js';
 import type { ProtectedLab, ProtectedLabOptions } from './protected.js';
 import { RECOVERY_TIMEOUT_MS, at, entriesSince, firstStep, judgeEviction, receivedAt, recoveryDeadline, report, step, timeLeft, until, waitForNewRun, waitForRunning, waitForTraining, type ScenarioReport } from './scenario-support.js';
-import type { LogLine } from './training.js';
+import { ITERATION, type LogLine } from './training.js';
 
 /**
  * The hot swap in the lab (DeadPool §V-C, §VI; ByteRobust §6.3): the job runs with the example's
@@ -24,7 +24,6 @@ export const HOT_SWAP_LAB: ProtectedLabOptions = { nodes: 2, spares: 2, standbys
 const COMPARED_STEPS = 5;
 
 const SWAPPED = /^\[rank (\d+)\] hot swap: epoch (\d+), world (\d+), resumed from step (\d+) \(restored from (.*)\)$/;
-const ITERATION = /^\[rank (\d+)\] iteration (\d+) loss (\S+) /;
 
 interface World {
   readonly epoch: number;

@@ -214,7 +214,8 @@ export interface Iteration {
 }
 
 const HEADER = /^\[train\.sbatch\] Slurm job (\d+) on (\S+)/;
-const ITERATION = /^\[rank (\d+)\] iteration (\d+) loss (\S+) compute (\S+)s step (\S+)s micro-batches (\d+)\//;
+/** train.py's line for an iteration: rank, iteration, loss, compute and step seconds, micro-batch share. */
+export const ITERATION = /^\[rank (\d+)\] iteration (\d+) loss (\S+) compute (\S+)s step (\S+)s micro-batches (\d+)\//;
 const RESUME = /^\[rank 0\] resume: (.*?)(?: → step (\d+))?$/;
 
 /**
