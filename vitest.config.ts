@@ -9,13 +9,13 @@ import { defineConfig, type TestProjectInlineConfiguration } from 'vitest/config
  * with nothing beside them: on two cores their deadlines are then set by what they wait for, not
  * by whichever file shares the machine with them.
  */
-const ALONE = ['test/lab/**/*.test.ts', 'test/faults/**/*.test.ts', 'test/e2e/**/*.test.ts', 'test/scale/**/*.test.ts', 'test/package/image.test.ts', 'test/package/deb.test.ts'];
+const ALONE = ['test/lab/**/*.test.ts', 'test/faults/**/*.test.ts', 'test/e2e/**/*.test.ts', 'test/scale/**/*.test.ts', 'test/package/image.test.ts', 'test/package/deb.test.ts', 'test/package/tryit-pack.test.ts'];
 
 const shared = {
   globalSetup: ['test/support/global-redis.ts'],
   testTimeout: 30_000,
   hookTimeout: 60_000,
-} as const;
+};
 
 const projects: TestProjectInlineConfiguration[] = [
   // Two workers: the machine the suite is held to has two cores.

@@ -4,9 +4,9 @@ import { join } from 'node:path';
 import { AuditLog } from '../core/audit.js';
 import { configSchema } from '../core/config.js';
 import { Keys, workerConnection } from '../core/redis.js';
-import { ControllerProcess } from '../sim/controller-process.js';
-import { startRedis } from '../sim/parts.js';
-import { freePorts, ProcessGroup } from '../sim/processes.js';
+import { ControllerProcess } from '../tryit/controller-process.js';
+import { startRedis } from '../tryit/parts.js';
+import { freePorts, ProcessGroup } from '../tryit/processes.js';
 import { quantile } from './stats.js';
 import { probeHealthz } from './healthz-probe.js';
 

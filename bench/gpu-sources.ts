@@ -6,18 +6,18 @@ import { performance } from 'node:perf_hooks';
 import { promisify } from 'node:util';
 import { Registry } from 'prom-client';
 import { silentLogger } from '../core/log.js';
-import type { Collector, CollectorContext, CollectorPaths, CollectorSettings } from '../exporters/collector.js';
-import { gpuCollectorFactory } from '../exporters/collectors/gpu.js';
-import { nvlinkCollectorFactory } from '../exporters/collectors/nvlink.js';
-import { GpuProcessBoard } from '../exporters/gpu-processes.js';
-import { DEFAULT_NVML_LIBRARY, GPU_SOURCE_FLAG, GpuSourceChoice, NVML_LIBRARY_FLAG } from '../exporters/gpu-source.js';
-import { NvmlLibrary } from '../exporters/sources/nvml/library.js';
-import { readNvmlNvlink, readNvmlPoll } from '../exporters/sources/nvml/poll.js';
-import { parseNvidiaSmiXml } from '../exporters/sources/nvidia-smi-xml.js';
-import { parseNvlinkErrors } from '../exporters/sources/nvlink-errors.js';
-import { XidLedger } from '../exporters/xid-ledger.js';
-import { StandInNvml } from '../sim/nvml/stand-in.js';
-import { ProcessGroup } from '../sim/processes.js';
+import type { Collector, CollectorContext, CollectorPaths, CollectorSettings } from '../agent/collector.js';
+import { gpuCollectorFactory } from '../agent/collectors/gpu.js';
+import { nvlinkCollectorFactory } from '../agent/collectors/nvlink.js';
+import { GpuProcessBoard } from '../agent/gpu-processes.js';
+import { DEFAULT_NVML_LIBRARY, GPU_SOURCE_FLAG, GpuSourceChoice, NVML_LIBRARY_FLAG } from '../agent/gpu-source.js';
+import { NvmlLibrary } from '../agent/sources/nvml/library.js';
+import { readNvmlNvlink, readNvmlPoll } from '../agent/sources/nvml/poll.js';
+import { parseNvidiaSmiXml } from '../agent/sources/nvidia-smi-xml.js';
+import { parseNvlinkErrors } from '../agent/sources/nvlink-errors.js';
+import { XidLedger } from '../agent/xid-ledger.js';
+import { StandInNvml } from '../tryit/nvml/stand-in.js';
+import { ProcessGroup } from '../tryit/processes.js';
 import { compareGpuValues, compareNvlink, type ValueRow } from './gpu-sources/compare.js';
 import { idleCpu, measureScrapes, withAgent, type ScrapeFigures, type ServingOptions } from './gpu-sources/serving.js';
 import { GPU_COUNT, NVLINKS, benchGpus, standInState, writeStandInNvidiaSmi } from './gpu-sources/node.js';
@@ -42,7 +42,7 @@ import { quantile } from './stats.js';
  *   values:     one NVML read between two nvidia-smi reads, side by side (bench/gpu-sources/compare.ts).
  * By default on stand-ins, an 8-GPU H200 node (bench/gpu-sources/node.ts): nvidia-smi is a shell
  * script printing a file (a fork and an exec, none of the real binary's driver work), NVML is
- * sim/nvml/stand-in.c answering scripted values. The stand-in's Xid event wait re-reads a file every
+ * tryit/nvml/stand-in.c answering scripted values. The stand-in's Xid event wait re-reads a file every
  * 5 ms, which the real library does not do, so its state offers no Xid events and the NVML
  * source's event loop does not run here. With `--real` the same bench runs on this machine's
  * libnvidia-ml.so.1 (`--nvml-library PATH` for another) and nvidia-smi (`--nvidia-smi PATH`),
@@ -255,7 +255,7 @@ async function standInSetup(root: string): Promise<Setup> {
     description: [
       `GPUs: a stand-in HGX H200 node (bench/gpu-sources/node.ts): ${GPU_COUNT} GPUs under training load, one process each, ${NVLINKS} active NVLinks each (${GPU_COUNT * NVLINKS * 3} counters)`,
       `nvidia-smi: a shell script that cats a ${(xmlBytes / 1024).toFixed(0)} KB \`-q -x\` report (the real H200 capture's <gpu> element × ${GPU_COUNT}) or the \`nvlink -e\` text: a fork and an exec, none of the real binary's driver work`,
-      'NVML: sim/nvml/stand-in.c, scripted values from a state file, called through koffi on the agent\'s NVML thread as the real library is; no Xid events offered (the stand-in waits for them by re-reading a file every 5 ms)',
+      'NVML: tryit/nvml/stand-in.c, scripted values from a state file, called through koffi on the agent\'s NVML thread as the real library is; no Xid events offered (the stand-in waits for them by re-reading a file every 5 ms)',
     ],
   };
 }

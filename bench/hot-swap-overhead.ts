@@ -4,7 +4,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import { cpus, tmpdir } from 'node:os';
 import { join, resolve, sep } from 'node:path';
 import { createInterface } from 'node:readline';
-import { freePorts } from '../sim/ports.js';
+import { freePorts } from '../tryit/ports.js';
 import { quantile } from './stats.js';
 
 /**

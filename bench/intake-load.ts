@@ -7,9 +7,9 @@ import { Queue } from 'bullmq';
 import { configSchema } from '../core/config.js';
 import { QUEUE_NAMES } from '../core/queues.js';
 import { Keys, workerConnection } from '../core/redis.js';
-import { ControllerProcess } from '../sim/controller-process.js';
-import { startRedis } from '../sim/parts.js';
-import { ProcessGroup, freePort } from '../sim/processes.js';
+import { ControllerProcess } from '../tryit/controller-process.js';
+import { startRedis } from '../tryit/parts.js';
+import { ProcessGroup, freePort } from '../tryit/processes.js';
 
 /**
  * Intake under load: single-alert Alertmanager webhooks sent as fast as CONNECTIONS keep-alive

@@ -1,11 +1,11 @@
 import { randomBytes } from 'node:crypto';
 import { cpus, loadavg, totalmem } from 'node:os';
-import { OWN_LAB, ProtectedLab, runScenarios, type FailSlowReport, type ProtectedLabOptions, type ScenarioName, type ScenarioReport, type TimelineStep } from '../sim/lab/index.js';
+import { OWN_LAB, ProtectedLab, runScenarios, type FailSlowReport, type ProtectedLabOptions, type ScenarioName, type ScenarioReport, type TimelineStep } from '../tryit/lab/index.js';
 import { quantile } from './stats.js';
 
 /**
  * Time to recover a real training job, per scenario: the lab under steadfast's protection
- * (sim/lab/protected.ts: real slurmd nodes in network namespaces, the PyTorch example over gloo,
+ * (tryit/lab/protected.ts: real slurmd nodes in network namespaces, the PyTorch example over gloo,
  * Redis, Prometheus, Alertmanager, the controller and one agent per node) broken by each scenario
  * of `steadfast demo --scenario training`: `--runs N` rounds (default 3) of the three that share
  * one 2-node lab, and `--own-runs K` runs (default 1) of each that needs a lab of its own (the
@@ -89,7 +89,7 @@ const ORIGIN: Readonly<Record<ScenarioName, RegExp>> = {
   'hot-swap-spare-dies': /^fatal Xid/,
 };
 
-/** The demo's timeline read by the labels' leading words (sim/lab/scenarios.ts writes them). */
+/** The demo's timeline read by the labels' leading words (tryit/lab/scenarios.ts writes them). */
 function phases(report: ScenarioReport): Phases {
   const timeline = report.timeline;
   const find = (prefix: string, from = 0): TimelineStep | undefined => timeline.slice(from).find((step) => step.label.startsWith(prefix));

@@ -3,8 +3,8 @@ import { cpus, loadavg, totalmem } from 'node:os';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { AuditEntry } from '../core/audit.js';
 import { QUEUE_NAMES, type SignalJob, type StepsJob } from '../core/queues.js';
-import { SimEnvironment } from '../sim/environment.js';
-import { runFallenOffBus, type ScenarioResult } from '../sim/scenario.js';
+import { SimEnvironment } from '../tryit/environment.js';
+import { runFallenOffBus, type ScenarioResult } from '../tryit/scenario.js';
 import { quantile } from './stats.js';
 
 /**

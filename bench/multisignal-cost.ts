@@ -10,7 +10,7 @@ import { suspectsOverWindow } from '../analyzers/multisignal-window.js';
 import { jobSpecSchema } from '../core/job.js';
 import { seededUniform } from '../core/random.js';
 import { AGENT_SCRAPE_JOB } from '../core/scrape.js';
-import { ProcessGroup } from '../sim/processes.js';
+import { ProcessGroup } from '../tryit/processes.js';
 import { backfillFleet, startPrometheusOn } from './heldout/backfill.js';
 import { HOUR, MINUTE, nodeName, type Confuser, type FleetPlan, type JobPhase, type NodeTraits } from './heldout/fleet.js';
 import { noise } from './heldout/timeline.js';

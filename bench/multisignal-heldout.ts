@@ -9,7 +9,7 @@ import type { Signal } from '../core/signal.js';
 import { instantQuery } from '../core/prometheus.js';
 import { agentSelector, newEvents } from '../core/promql.js';
 import { DEFAULT_WATCH_WARMUP, SuspectWatch } from '../analyzers/workers/suspect-watch.js';
-import { ProcessGroup } from '../sim/processes.js';
+import { ProcessGroup } from '../tryit/processes.js';
 import { backfillFleet, startPrometheusOn } from './heldout/backfill.js';
 import { DAY, DEFAULT_SHAPE, HOUR, MINUTE, jobsAt, planFleet, type FaultLabel, type FleetPlan } from './heldout/fleet.js';
 import { GRACE_MS, benignAround, benignCounts, leadText, score, type Raise, type Score } from './heldout/score.js';

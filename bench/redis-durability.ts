@@ -7,9 +7,9 @@ import { silentLogger } from '../core/log.js';
 import { QUEUE_NAMES, SIGNAL_BATCH_MAX } from '../core/queues.js';
 import { Keys, workerConnection, type Redis } from '../core/redis.js';
 import { Controller } from '../controller/service.js';
-import { startRedis } from '../sim/parts.js';
-import { ProcessGroup } from '../sim/processes.js';
-import { RedisHa } from '../sim/redis-ha.js';
+import { startRedis } from '../tryit/parts.js';
+import { ProcessGroup } from '../tryit/processes.js';
+import { RedisHa } from '../tryit/redis-ha.js';
 import { quantile } from './stats.js';
 
 /**

@@ -8,8 +8,8 @@ import { JobStore } from '../controller/job-store.js';
 import { CHECKPOINT_TIERS, type CheckpointShard } from '../core/checkpoint.js';
 import { seededUniform } from '../core/random.js';
 import { Keys, workerConnection } from '../core/redis.js';
-import { startRedis } from '../sim/parts.js';
-import { ProcessGroup } from '../sim/processes.js';
+import { startRedis } from '../tryit/parts.js';
+import { ProcessGroup } from '../tryit/processes.js';
 
 /**
  * Time to plan a restore (actuators/restore-plan.ts) against the number of checkpoint copies of

@@ -3,7 +3,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { PrometheusFeatureSource } from '../analyzers/multisignal-source.js';
 import { agentSelector, equals, series } from '../core/promql.js';
 import { QUEUE_NAMES } from '../core/queues.js';
-import { ScaleCluster, type InjectionResult } from '../sim/scale-cluster.js';
+import { ScaleCluster, type InjectionResult } from '../tryit/scale-cluster.js';
 import { quantile } from './stats.js';
 
 /**

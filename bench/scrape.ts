@@ -3,8 +3,8 @@ import { cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { repoRoot } from '../core/paths.js';
-import { buildFixtureNode } from '../sim/fixture-node.js';
-import { ProcessGroup, freePorts, httpOk, waitFor } from '../sim/processes.js';
+import { buildFixtureNode } from '../tryit/fixture-node.js';
+import { ProcessGroup, freePorts, httpOk, waitFor } from '../tryit/processes.js';
 import { quantile } from './stats.js';
 
 /**

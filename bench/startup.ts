@@ -4,8 +4,8 @@ import { cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { repoRoot } from '../core/paths.js';
-import { buildFixtureNode, type FixtureNode } from '../sim/fixture-node.js';
-import { ProcessGroup, freePort, httpOk, waitFor } from '../sim/processes.js';
+import { buildFixtureNode, type FixtureNode } from '../tryit/fixture-node.js';
+import { ProcessGroup, freePort, httpOk, waitFor } from '../tryit/processes.js';
 import { quantile } from './stats.js';
 
 /**

@@ -1,6 +1,6 @@
 import { hostname } from 'node:os';
-import { gpuSourceSetting } from '../exporters/gpu-source.js';
-import { exitIfNvmlStuck } from '../exporters/sources/nvml/client.js';
+import { gpuSourceSetting } from '../agent/gpu-source.js';
+import { exitIfNvmlStuck } from '../agent/sources/nvml/client.js';
 import { Command, Option } from 'commander';
 import { z } from 'zod';
 import { resolveToken } from '../core/token.js';
@@ -8,13 +8,13 @@ import { parseAgentToken } from '../core/credentials.js';
 import { InputError } from '../core/errors.js';
 import { createLogger, type Logger } from '../core/log.js';
 import { nodeNameSchema } from '../core/names.js';
-import type { CollectorFactory, CollectorFlag, CollectorSettings } from '../exporters/collector.js';
-import { DEFAULT_AGENT_CONNECTIONS, DEFAULT_AGENT_RATE_LIMIT, createAgent, type AgentOptions } from '../exporters/agent.js';
-import type { TokenSource } from '../exporters/fast-path-client.js';
+import type { CollectorFactory, CollectorFlag, CollectorSettings } from '../agent/collector.js';
+import { DEFAULT_AGENT_CONNECTIONS, DEFAULT_AGENT_RATE_LIMIT, createAgent, type AgentOptions } from '../agent/agent.js';
+import type { TokenSource } from '../agent/fast-path-client.js';
 import { DEFAULT_CODE_CACHE_DIR } from './agent-bundle.js';
 import { applyAgentV8Flags } from './agent-v8.js';
 import { EXIT_USAGE } from './common.js';
-import { COLLECTOR_FACTORIES, enabledFactories } from '../exporters/index.js';
+import { COLLECTOR_FACTORIES, enabledFactories } from '../agent/index.js';
 
 /**
  * `steadfast agent`: the per-node exporter. Flags follow node_exporter's spelling

@@ -4,9 +4,9 @@ import { SlurmBackend } from '../actuators/slurm.js';
 import { createLogger } from '../core/log.js';
 import { nodeNameSchema } from '../core/names.js';
 import { parseOrThrow } from '../core/validate.js';
-import { checkNodeHealth } from '../exporters/health-check.js';
-import { DEFAULT_NVML_LIBRARY, GPU_SOURCE_FLAG, NVML_LIBRARY_FLAG, gpuSourceSetting } from '../exporters/gpu-source.js';
-import { exitIfNvmlStuck } from '../exporters/sources/nvml/client.js';
+import { checkNodeHealth } from '../agent/health-check.js';
+import { DEFAULT_NVML_LIBRARY, GPU_SOURCE_FLAG, NVML_LIBRARY_FLAG, gpuSourceSetting } from '../agent/gpu-source.js';
+import { exitIfNvmlStuck } from '../agent/sources/nvml/client.js';
 import { EXIT_FAILURE, parsePositiveInt, printable, runCommand } from './common.js';
 
 /**

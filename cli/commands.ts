@@ -1,4 +1,5 @@
 import type { Command } from 'commander';
+import { loadTryit } from './tryit.js';
 
 /**
  * Every `steadfast` subcommand, by name, with the line the top-level help shows for it and how
@@ -30,14 +31,14 @@ export const COMMANDS: readonly CommandEntry[] = [
   { name: 'plan', summary: 'Planners: standby pool, checkpoint placement and interval, micro-batches, replay groups.', load: async () => (await import('./plan.js')).planCommand() },
   { name: 'analyze', summary: 'Runtime analyzers on captured evidence (stack aggregation).', load: async () => (await import('./analyze.js')).analyzeCommand() },
   { name: 'detect', summary: 'Detectors over recorded data: fail-slow iterations, multi-signal suspects.', load: async () => (await import('./detect.js')).detectCommand() },
-  { name: 'simulate', summary: "Simulations that put numbers on steadfast's recovery policy.", load: async () => (await import('./simulate.js')).simulateCommand() },
+  { name: 'simulate', summary: "Simulations that put numbers on steadfast's recovery policy.", load: async () => ((await loadTryit('simulate')) as typeof import('../tryit/cli/simulate.js')).simulateCommand() },
   { name: 'dashboards', summary: 'Write the Grafana dashboards and provisioning files.', load: async () => (await import('./dashboards.js')).dashboardsCommand() },
   { name: 'rules', summary: 'Render the Prometheus alerting rules with your thresholds, selectors and runbook links.', load: async () => (await import('./rules.js')).rulesCommand() },
   { name: 'alertmanager-config', summary: "Render the Alertmanager config: faults to the controller's webhook, the rest to people.", load: async () => (await import('./alertmanager-config.js')).alertmanagerConfigCommand() },
   { name: 'sd', summary: 'Write Prometheus service-discovery targets for the agents.', load: async () => (await import('./sd.js')).sdCommand() },
   { name: 'check', summary: 'Check this node once for fatal GPU faults (Slurm HealthCheckProgram).', load: async () => (await import('./check.js')).checkCommand() },
-  { name: 'demo', summary: 'Run the whole pipeline on loopback and show a fatal Xid travel to a Slurm drain.', load: async () => (await import('./demo.js')).demoCommand() },
-  { name: 'lab', summary: 'A real Slurm cluster on this machine, one network namespace per node (root).', load: async () => (await import('./lab.js')).labCommand() },
+  { name: 'demo', summary: 'Run the whole pipeline on loopback and show a fatal Xid travel to a Slurm drain.', load: async () => ((await loadTryit('demo')) as typeof import('../tryit/cli/demo.js')).demoCommand() },
+  { name: 'lab', summary: 'A real Slurm cluster on this machine, one network namespace per node (root).', load: async () => ((await loadTryit('lab')) as typeof import('../tryit/cli/lab.js')).labCommand() },
   { name: 'token', summary: 'Print credentials for provisioning (agent tokens).', load: async () => (await import('./token.js')).tokenCommand() },
 ];
 

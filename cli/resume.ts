@@ -9,7 +9,7 @@ import { parseOrThrow } from '../core/validate.js';
 import { createBackend } from '../actuators/backend-from-config.js';
 import { AgentDirectory } from '../controller/agents.js';
 import { closeFaultsOnResume } from '../controller/policy/node-resumes.js';
-import { selfCheck } from '../exporters/standby-reporter.js';
+import { selfCheck } from '../agent/standby-reporter.js';
 import { printable, runCommand } from './common.js';
 
 /** How long the node's agent may take to answer the check's scrape. */

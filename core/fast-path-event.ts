@@ -60,8 +60,8 @@ export function isFastPathFault(event: FastPathEvent): event is FastPathFault {
 
 /**
  * How long before its arrival a fault may date. An agent sends a fault when it sees it and keeps
- * it queued while the controller cannot be reached (exporters/fast-path-client.ts); what its
- * kernel log held when it started is counted, never sent (exporters/xid-ledger.ts). A fault
+ * it queued while the controller cannot be reached (agent/fast-path-client.ts); what its
+ * kernel log held when it started is counted, never sent (agent/xid-ledger.ts). A fault
  * older than this is no news the node acts on: an outage this long is covered by the alert.
  */
 export const FAULT_MAX_AGE_MS = 24 * 3600 * 1000;

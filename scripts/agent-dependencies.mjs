@@ -12,17 +12,20 @@ const readJson = (path) => JSON.parse(readFileSync(path, 'utf8'));
 
 /**
  * The agent-only package's dependencies: each external at the version package-lock.json pins,
- * which must be the exact version package.json names (the version the tests ran).
+ * which must be the exact version agent/package.json and the controller's package.json name (the
+ * version the tests ran; the controller runs the same agent as `steadfast agent`).
  */
 export function agentDependencies(root) {
-  const manifest = readJson(join(root, 'package.json'));
+  const manifest = readJson(join(root, 'agent', 'package.json'));
+  const controller = readJson(join(root, 'package.json'));
   const lock = readJson(join(root, 'package-lock.json'));
   const dependencies = {};
   for (const name of AGENT_EXTERNALS) {
     const wanted = manifest.dependencies?.[name];
     const locked = lock.packages?.[`node_modules/${name}`]?.version;
     if (wanted === undefined || locked === undefined) throw new Error(`${name} is not a dependency in package.json and package-lock.json`);
-    if (wanted !== locked) throw new Error(`package.json asks for ${name} ${wanted}, package-lock.json holds ${locked}: pin the exact version`);
+    if (wanted !== locked) throw new Error(`agent/package.json asks for ${name} ${wanted}, package-lock.json holds ${locked}: pin the exact version`);
+    if (controller.dependencies?.[name] !== wanted) throw new Error(`package.json asks for ${name} ${controller.dependencies?.[name]}, agent/package.json for ${wanted}: the two run the same agent`);
     dependencies[name] = locked;
   }
   return dependencies;

@@ -20,11 +20,11 @@ const commonjs = { bundle: true, platform: 'node', format: 'cjs', target: 'node2
 // ERR_VM_DYNAMIC_IMPORT_CALLBACK_MISSING under Node.js 20).
 const agentCode = { ...commonjs, minify: true, external: AGENT_EXTERNALS, supported: { 'dynamic-import': false } };
 
-// The agent's NVML thread (exporters/sources/nvml/worker.ts) runs a bundle of its own beside the
+// The agent's NVML thread (agent/sources/nvml/worker.ts) runs a bundle of its own beside the
 // agent's, so that the thread loads the NVML code alone, not the whole agent (about 13 MB of
 // memory less).
 await build({
-  entryPoints: [join(root, 'dist', 'exporters', 'sources', 'nvml', 'worker.js')],
+  entryPoints: [join(root, 'dist', 'agent', 'sources', 'nvml', 'worker.js')],
   outfile: join(root, 'dist', 'nvml-worker.cjs'),
   ...agentCode,
 });

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v redis-cli >/dev/null || need+=(redis-tools)
-# Redis Sentinel (the failover test, sim/redis-ha.ts) runs as `redis-server --sentinel`: Debian's
+# Redis Sentinel (the failover test, tryit/redis-ha.ts) runs as `redis-server --sentinel`: Debian's
 # redis-sentinel package adds only a service for it, so redis-server suffices.
 command -v prometheus >/dev/null || need+=(prometheus)
 command -v promtool >/dev/null || need+=(prometheus)
@@ -43,11 +43,11 @@ if [ ! -e /usr/sbin/munged ] && ! command -v munged >/dev/null; then need+=(mung
 # mmdebstrap, the OCI archives by buildah.
 command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
 command -v buildah >/dev/null || need+=(buildah)
-# The stand-in libnvidia-ml.so.1 (sim/nvml/stand-in.c) that the NVML tests and the packaging tests
+# The stand-in libnvidia-ml.so.1 (tryit/nvml/stand-in.c) that the NVML tests and the packaging tests
 # read through koffi: built with cc (gcc) against glibc's headers.
 command -v cc >/dev/null || need+=(gcc)
 [ -e /usr/include/stdio.h ] || need+=(libc6-dev)
-# The ETTR plot's PNG draws its text with an installed font (sim/ettr/plot.ts, docs/ettr-plot.md).
+# The ETTR plot's PNG draws its text with an installed font (tryit/ettr/plot.ts, docs/ettr-plot.md).
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
 
 if [ ${#need[@]} -gt 0 ]; then
@@ -76,4 +76,7 @@ if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.j
 fi
 
 echo "steadfast setup: building"
+# The product (what the packages carry), then the benchmarks beside it (dist/bench/, which the
+# benchmark tests run); the tests themselves run from source.
 npm run --silent build
+npm run --silent build:bench

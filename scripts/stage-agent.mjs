@@ -1,8 +1,8 @@
 #!/usr/bin/env node
 // Lays out the agent-only package in DIR, from the build (npm run build):
-//   DIR/package.json             steadfast-agent: depends on koffi alone (scripts/agent-dependencies.mjs),
+//   DIR/package.json             agent/package.json made packable: depends on koffi alone (scripts/agent-dependencies.mjs),
 //                                at the exact version package-lock.json pins
-//   DIR/bin/steadfast-agent.cjs  the command (packaging/agent/steadfast-agent.cjs)
+//   DIR/bin/steadfast-agent.cjs  the command (agent/bin/steadfast-agent.cjs)
 //   DIR/dist/agent.cjs           the agent and the Slurm preflight, bundled with what they import
 //                                but koffi
 //   DIR/dist/agent-loader.cjs    the loader (V8 flags, this node's code cache)
@@ -39,17 +39,20 @@ const main = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8'));
 rmSync(out, { recursive: true, force: true });
 mkdirSync(join(out, 'bin'), { recursive: true });
 mkdirSync(join(out, 'dist'), { recursive: true });
-copyFileSync(join(root, 'packaging', 'agent', 'steadfast-agent.cjs'), join(out, 'bin', 'steadfast-agent.cjs'));
+copyFileSync(join(root, 'agent', 'bin', 'steadfast-agent.cjs'), join(out, 'bin', 'steadfast-agent.cjs'));
 chmodSync(join(out, 'bin', 'steadfast-agent.cjs'), 0o755);
 for (const built of ['agent.cjs', 'agent-loader.cjs', 'nvml-worker.cjs']) copyFileSync(join(root, 'dist', built), join(out, 'dist', built));
-copyFileSync(join(root, 'packaging', 'agent', 'README.md'), join(out, 'README.md'));
+copyFileSync(join(root, 'agent', 'README.md'), join(out, 'README.md'));
+// The agent's manifest is agent/package.json (its name, description and dependency); what only the
+// packed package has is added here: the command, its files, CommonJS for the bundles, no `private`.
+const { private: _workspaceOnly, ...own } = JSON.parse(readFileSync(join(root, 'agent', 'package.json'), 'utf8'));
+if (own.version !== main.version) {
+  process.stderr.write(`stage-agent: agent/package.json is at ${own.version}, package.json at ${main.version}: the packages are released together\n`);
+  process.exit(1);
+}
 const manifest = {
-  name: 'steadfast-agent',
-  version: main.version,
-  description: 'The steadfast GPU-node agent alone: a Prometheus exporter of GPU, Xid, InfiniBand, NFS and training health, with a fast path of fatal events to the steadfast controller.',
-  license: main.license,
+  ...own,
   type: 'commonjs',
-  engines: main.engines,
   bin: { 'steadfast-agent': 'bin/steadfast-agent.cjs' },
   dependencies: agentDependencies(root),
   files: ['bin/', 'dist/'],

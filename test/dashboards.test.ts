@@ -7,8 +7,8 @@ import { dashboardsCommand } from '../cli/dashboards.js';
 import { parse } from 'yaml';
 import { CLUSTER_LABEL, TRAINING_JOB_LABEL } from '../core/scrape.js';
 import { GRAFANA_SCHEMA_VERSION, buildDashboards, writeDashboards } from '../dashboards/index.js';
-import { startPrometheus } from '../sim/parts.js';
-import { ProcessGroup } from '../sim/processes.js';
+import { startPrometheus } from '../tryit/parts.js';
+import { ProcessGroup } from '../tryit/processes.js';
 import { grafanaSchema, type GrafanaSchema } from './support/grafana-schema.js';
 import { PROMETHEUS_METRICS, agentMetricNames, controllerMetricNames, grafanaExprAsPromql, parsePromql, readRuleFiles } from './support/promql.js';
 

@@ -1,5 +1,5 @@
-import type { NvlinkErrorCount } from '../../exporters/sources/nvlink-errors.js';
-import type { GpuSample } from '../../exporters/sources/nvidia-smi-xml.js';
+import type { NvlinkErrorCount } from '../../agent/sources/nvlink-errors.js';
+import type { GpuSample } from '../../agent/sources/nvidia-smi-xml.js';
 
 /**
  * The values both GPU sources give, side by side: one NVML read taken between two nvidia-smi

@@ -5,7 +5,7 @@ import { repoRoot } from '../../core/paths.js';
 /**
  * The GPUs of bench/gpu-sources.ts: an HGX H200 node (8 GPUs, one training rank on each, 18
  * active NVLinks per GPU) under training load, written twice from one model: as the stand-in
- * NVML library's state (sim/nvml/stand-in.c) and as what nvidia-smi prints for it, `-q -x` and
+ * NVML library's state (tryit/nvml/stand-in.c) and as what nvidia-smi prints for it, `-q -x` and
  * `nvlink -e`. The XML repeats the `<gpu>` element of a real H200 capture
  * (test/fixtures/realworld/nvidia-smi-xml/h200_580.159.04_v13.xml: driver 580.159.04, schema v13,
  * supported clocks and all), each with this model's values, so the nvidia-smi source parses a
@@ -105,7 +105,7 @@ export function benchGpus(): BenchGpu[] {
   });
 }
 
-/** The stand-in NVML's state (the format in sim/nvml/stand-in.c's header). No `events`: see bench/gpu-sources.ts. */
+/** The stand-in NVML's state (the format in tryit/nvml/stand-in.c's header). No `events`: see bench/gpu-sources.ts. */
 export function standInState(gpus: readonly BenchGpu[]): string {
   const lines = [`driver ${DRIVER}`, `gpus ${gpus.length}`];
   for (const gpu of gpus) {

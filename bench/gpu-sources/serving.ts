@@ -3,9 +3,9 @@ import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { repoRoot } from '../../core/paths.js';
-import { COLLECTOR_FACTORIES } from '../../exporters/index.js';
-import { GPU_SOURCE_FLAG, NVML_LIBRARY_FLAG } from '../../exporters/gpu-source.js';
-import { type ProcessGroup, freePort, waitFor } from '../../sim/processes.js';
+import { COLLECTOR_FACTORIES } from '../../agent/index.js';
+import { GPU_SOURCE_FLAG, NVML_LIBRARY_FLAG } from '../../agent/gpu-source.js';
+import { type ProcessGroup, freePort, waitFor } from '../../tryit/processes.js';
 import { quantile } from '../stats.js';
 
 /**

@@ -3,7 +3,7 @@ import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { stringify } from 'yaml';
-import { freePort, httpOk, waitFor, type ProcessGroup } from '../../sim/processes.js';
+import { freePort, httpOk, waitFor, type ProcessGroup } from '../../tryit/processes.js';
 import type { FleetPlan } from './fleet.js';
 import { buildTimelines } from './timeline.js';
 import { writeOpenMetrics } from './series.js';

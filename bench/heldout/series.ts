@@ -6,7 +6,7 @@ import { DOWN, IDLE, STOPPED, TRAINING, applyFault, effectsOf, gaussian, healthy
 
 /**
  * The agents' series for a planned fleet, as OpenMetrics text for `promtool tsdb
- * create-blocks-from openmetrics`: the metric names and labels of exporters/collectors (gpu, xid,
+ * create-blocks-from openmetrics`: the metric names and labels of agent/collectors (gpu, xid,
  * rdma, nfs, training), with the `job`, `instance` and `node` labels the scrape adds. Counters
  * are counters: they only grow, and start again from 0 when the node reboots. A node that is down
  * has no samples at all; a GPU that fell off the bus keeps only `steadfast_gpu_present 0`.

@@ -48,7 +48,7 @@ __all__ = ["SteadfastClient"]
 _LOG = logging.getLogger("steadfast_client")
 
 # Field names the agent's POST /api/v1/training accepts besides job, rank and iteration
-# (exporters/training-push.ts); anything else would make the agent refuse the whole batch.
+# (agent/training-push.ts); anything else would make the agent refuse the whole batch.
 _STEP_FIELDS = (
     "iteration_seconds", "loss", "grad_norm", "loss_scale", "learning_rate",
     "samples_per_second", "tflops_per_gpu", "skipped", "nan",

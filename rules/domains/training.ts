@@ -1,6 +1,6 @@
 import { agentSelector } from '../../core/promql.js';
 import { CLUSTER_LABEL, TRAINING_JOB_LABEL } from '../../core/scrape.js';
-import type { TrainingErrorKind } from '../../exporters/sources/training-log-failures.js';
+import type { TrainingErrorKind } from '../../agent/sources/training-log-failures.js';
 import { alert, humanDuration, record, type DomainRules, type RuleGroup } from '../spec.js';
 import type { Thresholds } from '../thresholds.js';
 

@@ -6,8 +6,8 @@ import { SafetyGates } from '../../actuators/safety.js';
 import { SlurmBackend } from '../../actuators/slurm.js';
 import { silentLogger } from '../../core/log.js';
 import { maintenanceWindowSchema, type MaintenanceWindow } from '../../core/remedy-config.js';
-import { startSlurm, type SlurmPart } from '../../sim/parts.js';
-import { ProcessGroup } from '../../sim/processes.js';
+import { startSlurm, type SlurmPart } from '../../tryit/parts.js';
+import { ProcessGroup } from '../../tryit/processes.js';
 import { testRedis } from '../support/redis.js';
 
 /** Maintenance windows by Slurm partition, resolved through a real slurmctld. */

@@ -7,8 +7,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DoNotRetryError } from '../../core/errors.js';
 import { launchJob } from '../../actuators/launcher.js';
 import { SlurmBackend } from '../../actuators/slurm.js';
-import { startSlurm, type SlurmPart } from '../../sim/parts.js';
-import { ProcessGroup } from '../../sim/processes.js';
+import { startSlurm, type SlurmPart } from '../../tryit/parts.js';
+import { ProcessGroup } from '../../tryit/processes.js';
 
 const run = promisify(execFile);
 

@@ -4,8 +4,8 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DoNotRetryError } from '../../core/errors.js';
 import { SlurmBackend } from '../../actuators/slurm.js';
-import { startSlurm, type SlurmPart } from '../../sim/parts.js';
-import { ProcessGroup } from '../../sim/processes.js';
+import { startSlurm, type SlurmPart } from '../../tryit/parts.js';
+import { ProcessGroup } from '../../tryit/processes.js';
 
 describe('Slurm reboot for the remedies against a real slurmctld', () => {
   const group = new ProcessGroup();

@@ -8,8 +8,8 @@ import { DoNotRetryError, RetryLaterError } from '../../core/errors.js';
 import { expandHostlist } from '../../actuators/hostlist.js';
 import { SlurmBackend } from '../../actuators/slurm.js';
 import { SlurmRestClient } from '../../actuators/slurm-rest.js';
-import { slurmNode, startSlurm, startSlurmRest, type SlurmPart, type SlurmRestPart } from '../../sim/parts.js';
-import { ProcessGroup } from '../../sim/processes.js';
+import { slurmNode, startSlurm, startSlurmRest, type SlurmPart, type SlurmRestPart } from '../../tryit/parts.js';
+import { ProcessGroup } from '../../tryit/processes.js';
 
 describe('Slurm backend over a real slurmrestd (JWT auth)', () => {
   const group = new ProcessGroup();

@@ -10,8 +10,8 @@ import type { SuspectsReport } from '../../cli/detect-suspects.js';
 import { SuspectWatch } from '../../analyzers/workers/suspect-watch.js';
 import { jobSpecSchema } from '../../core/job.js';
 import type { Signal } from '../../core/signal.js';
-import { startPrometheus, type PrometheusPart } from '../../sim/parts.js';
-import { ProcessGroup } from '../../sim/processes.js';
+import { startPrometheus, type PrometheusPart } from '../../tryit/parts.js';
+import { ProcessGroup } from '../../tryit/processes.js';
 import { runCli } from '../support/cli.js';
 import { until } from '../support/until.js';
 

@@ -12,8 +12,8 @@ import { agentTokenFor } from '../../core/credentials.js';
 import type { CheckReport, DiagnoseReport } from '../../core/diagnostics.js';
 import { InputError } from '../../core/errors.js';
 import { silentLogger } from '../../core/log.js';
-import { createAgent, type Agent } from '../../exporters/agent.js';
-import { DIAGNOSE_CONFIG_FLAG, diagnoseCollectorFactory } from '../../exporters/collectors/diagnose.js';
+import { createAgent, type Agent } from '../../agent/agent.js';
+import { DIAGNOSE_CONFIG_FLAG, diagnoseCollectorFactory } from '../../agent/collectors/diagnose.js';
 
 const GOOD = 'a'.repeat(64);
 const BAD = 'b'.repeat(64);

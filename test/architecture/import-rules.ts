@@ -5,19 +5,21 @@ import ts from 'typescript';
 /**
  * Which top-level folders each folder may import from: the pipeline runs downward (agents and
  * rules know nothing of the controller; actuators and analyzers take their contracts from core/),
- * and core/ imports nothing else of ours. sim/, cli/ and bench/ compose everything.
+ * and core/ imports nothing else of ours. tryit/, cli/ and bench/ compose everything; cli/ reaches
+ * tryit/ only through cli/tryit.ts (by path, at run time) and types, since the controller's package
+ * does not carry it.
  */
 export const ALLOWED_IMPORTS: Readonly<Record<string, readonly string[]>> = {
   core: [],
-  exporters: ['core'],
-  rules: ['core', 'exporters'],
-  dashboards: ['core', 'exporters', 'rules'],
-  analyzers: ['core', 'exporters', 'rules'],
+  agent: ['core'],
+  rules: ['core', 'agent'],
+  dashboards: ['core', 'agent', 'rules'],
+  analyzers: ['core', 'agent', 'rules'],
   actuators: ['core', 'analyzers'],
-  controller: ['core', 'exporters', 'rules', 'analyzers', 'actuators'],
-  sim: ['core', 'exporters', 'rules', 'dashboards', 'analyzers', 'actuators', 'controller'],
-  cli: ['core', 'exporters', 'rules', 'dashboards', 'analyzers', 'actuators', 'controller', 'sim'],
-  bench: ['core', 'exporters', 'rules', 'dashboards', 'analyzers', 'actuators', 'controller', 'sim'],
+  controller: ['core', 'agent', 'rules', 'analyzers', 'actuators'],
+  tryit: ['core', 'agent', 'rules', 'dashboards', 'analyzers', 'actuators', 'controller', 'cli'],
+  cli: ['core', 'agent', 'rules', 'dashboards', 'analyzers', 'actuators', 'controller', 'tryit'],
+  bench: ['core', 'agent', 'rules', 'dashboards', 'analyzers', 'actuators', 'controller', 'tryit'],
 };
 
 export interface ImportViolation {

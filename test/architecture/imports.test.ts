@@ -1,4 +1,4 @@
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -24,6 +24,19 @@ describe('the import rules between folders', () => {
 
   it('hold in this repository: nothing below the controller imports it, and core imports nothing else of ours', () => {
     expect(importViolations(REPO)).toEqual([]);
+  });
+
+  it("leave the try-it tools out of the controller's CLI: cli/ names tryit/ only in type positions, and loads it through cli/tryit.ts", () => {
+    const cli = join(REPO, 'cli');
+    const naming = readdirSync(cli)
+      .filter((name) => name.endsWith('.ts'))
+      .flatMap((name) => readFileSync(join(cli, name), 'utf8').split('\n').map((line) => ({ name, line })))
+      .filter(({ line }) => line.includes('../tryit/'));
+    expect(naming.length).toBeGreaterThan(0);
+    for (const { name, line } of naming) {
+      expect(name).toBe('commands.ts');
+      expect(line.replaceAll(/typeof import\('\.\.\/tryit\/[^']+'\)/g, '')).not.toContain('../tryit/');
+    }
   });
 
   it('report an actuator that imports the controller, and core importing another folder, by file and specifier', () => {

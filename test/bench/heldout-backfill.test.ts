@@ -5,7 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { backfillFleet, startPrometheusOn } from '../../bench/heldout/backfill.js';
 import { DAY, HOUR, MINUTE, planFleet, type FleetPlan } from '../../bench/heldout/fleet.js';
 import { instantQuery } from '../../core/prometheus.js';
-import { ProcessGroup } from '../../sim/processes.js';
+import { ProcessGroup } from '../../tryit/processes.js';
 import { agentMetricNames } from '../support/promql.js';
 
 /**

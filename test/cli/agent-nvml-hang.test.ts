@@ -3,8 +3,8 @@ import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
-import { StandInNvml } from '../../sim/nvml/stand-in.js';
-import { tempDirPerTest } from '../exporters/helpers.js';
+import { StandInNvml } from '../../tryit/nvml/stand-in.js';
+import { tempDirPerTest } from '../agent/helpers.js';
 
 /**
  * A driver that hangs in an NVML call keeps that call's thread forever, and Node waits for every

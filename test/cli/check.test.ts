@@ -3,10 +3,10 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { checkCommand } from '../../cli/check.js';
-import { buildFixtureNode, type FixtureNode } from '../../sim/fixture-node.js';
-import { slurmNode, startSlurm, type SlurmPart } from '../../sim/parts.js';
-import { ProcessGroup } from '../../sim/processes.js';
-import { StandInNvml } from '../../sim/nvml/stand-in.js';
+import { buildFixtureNode, type FixtureNode } from '../../tryit/fixture-node.js';
+import { slurmNode, startSlurm, type SlurmPart } from '../../tryit/parts.js';
+import { ProcessGroup } from '../../tryit/processes.js';
+import { StandInNvml } from '../../tryit/nvml/stand-in.js';
 import { runCli } from '../support/cli.js';
 
 const FATAL_XID = "[ 2001.000000] NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n";

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
-import { demoCommand } from '../../cli/demo.js';
-import { parseScenarioList } from '../../cli/demo-training.js';
-import { scenarioLabs } from '../../sim/lab/scenarios.js';
+import { demoCommand } from '../../tryit/cli/demo.js';
+import { parseScenarioList } from '../../tryit/cli/demo-training.js';
+import { scenarioLabs } from '../../tryit/lab/scenarios.js';
 import { InputError } from '../../core/errors.js';
 import { runCli } from '../support/cli.js';
 

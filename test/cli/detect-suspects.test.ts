@@ -8,8 +8,8 @@ import { PrometheusFeatureSource } from '../../analyzers/multisignal-source.js';
 import { detectCommand } from '../../cli/detect.js';
 import type { SuspectsReport } from '../../cli/detect-suspects.js';
 import { AGENT_SCRAPE_JOB } from '../../core/scrape.js';
-import { startPrometheus, type PrometheusPart } from '../../sim/parts.js';
-import { ProcessGroup, freePort } from '../../sim/processes.js';
+import { startPrometheus, type PrometheusPart } from '../../tryit/parts.js';
+import { ProcessGroup, freePort } from '../../tryit/processes.js';
 import { runCli, type CliRun } from '../support/cli.js';
 import { until } from '../support/until.js';
 

@@ -12,7 +12,7 @@ import { configSchema } from '../../core/config.js';
 import { ReviewUnavailableError, ReviewsRateLimitedError, TokenRefusedError } from '../../core/credentials.js';
 import { InputError } from '../../core/errors.js';
 import { silentLogger } from '../../core/log.js';
-import { createFastPathClient, type TokenSource } from '../../exporters/fast-path-client.js';
+import { createFastPathClient, type TokenSource } from '../../agent/fast-path-client.js';
 import { KubernetesAgentTokens, kubernetesAgentTokens } from '../../controller/kubernetes-agents.js';
 import type { Controller } from '../../controller/service.js';
 import { TEST_TOKEN, post, startController, testConfig } from '../support/controller.js';

@@ -7,9 +7,9 @@ import { promisify } from 'node:util';
 import { afterAll, describe, expect, it } from 'vitest';
 import { DryRunBackend } from '../../actuators/dry-run.js';
 import { silentLogger } from '../../core/log.js';
-import { createAgent, type Agent } from '../../exporters/agent.js';
-import { gpuCollectorFactory } from '../../exporters/collectors/gpu.js';
-import { XID_STATE_FILE_FLAG, xidCollectorFactory } from '../../exporters/collectors/xid.js';
+import { createAgent, type Agent } from '../../agent/agent.js';
+import { gpuCollectorFactory } from '../../agent/collectors/gpu.js';
+import { XID_STATE_FILE_FLAG, xidCollectorFactory } from '../../agent/collectors/xid.js';
 import { post, startController, testConfig } from '../support/controller.js';
 import { testRedis } from '../support/redis.js';
 

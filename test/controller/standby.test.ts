@@ -2,7 +2,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { Keys } from '../../core/redis.js';
 import { DryRunBackend } from '../../actuators/dry-run.js';
 import { StandbyPool } from '../../actuators/standby-pool.js';
-import { selfCheck } from '../../exporters/standby-reporter.js';
+import { selfCheck } from '../../agent/standby-reporter.js';
 import type { Controller } from '../../controller/service.js';
 import { TEST_TOKEN, post, startController, testConfig } from '../support/controller.js';
 import { testRedis } from '../support/redis.js';

@@ -11,7 +11,7 @@ import { ClusterRole, ClusterRoleBinding, Role, RoleBinding } from 'kubernetes-m
 import { ConfigMap, Namespace, Service, ServiceAccount } from 'kubernetes-models/v1';
 import { PodMonitor, PrometheusRule, ServiceMonitor } from '@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1';
 import { configSchema } from '../../core/config.js';
-import { ProcessGroup, freePort, waitFor } from '../../sim/processes.js';
+import { ProcessGroup, freePort, waitFor } from '../../tryit/processes.js';
 
 const DEPLOY = resolve(import.meta.dirname, '..', '..', 'deploy', 'kubernetes');
 const run = promisify(execFile);

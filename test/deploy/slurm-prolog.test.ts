@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { buildFixtureNode, type FixtureNode } from '../../sim/fixture-node.js';
+import { buildFixtureNode, type FixtureNode } from '../../tryit/fixture-node.js';
 
 const REPO = join(import.meta.dirname, '..', '..');
 const PROLOG = join(REPO, 'deploy', 'slurm', 'prolog.sh');

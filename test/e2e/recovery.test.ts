@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { SimEnvironment } from '../../sim/environment.js';
-import { runRecoveryScenario } from '../../sim/recovery-scenario.js';
-import { slurmNode } from '../../sim/parts.js';
+import { SimEnvironment } from '../../tryit/environment.js';
+import { runRecoveryScenario } from '../../tryit/recovery-scenario.js';
+import { slurmNode } from '../../tryit/parts.js';
 
 /** The recovery ladder on the real parts: Slurm reservations and drains, Alertmanager, Redis. */
 describe('the recovery ladder end to end', () => {

@@ -3,7 +3,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AuditEntry } from '../../core/audit.js';
 import type { RemediationEntry } from '../../core/remedy.js';
-import { SimEnvironment } from '../../sim/environment.js';
+import { SimEnvironment } from '../../tryit/environment.js';
 import { until } from '../support/until.js';
 
 /**

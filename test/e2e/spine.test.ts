@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { SimEnvironment } from '../../sim/environment.js';
-import { runFallenOffBus } from '../../sim/scenario.js';
+import { SimEnvironment } from '../../tryit/environment.js';
+import { runFallenOffBus } from '../../tryit/scenario.js';
 
 /**
  * The whole spine on the real parts: agents, Prometheus, Alertmanager, Redis, the controller and

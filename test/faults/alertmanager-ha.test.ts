@@ -1,9 +1,9 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { SimEnvironment } from '../../sim/environment.js';
+import { SimEnvironment } from '../../tryit/environment.js';
 import { renderAlertmanagerConfig } from '../../rules/index.js';
-import { alertmanagerPeers, startAlertmanager, type AlertmanagerPart } from '../../sim/parts.js';
-import { waitFor } from '../../sim/processes.js';
-import { runFallenOffBus } from '../../sim/scenario.js';
+import { alertmanagerPeers, startAlertmanager, type AlertmanagerPart } from '../../tryit/parts.js';
+import { waitFor } from '../../tryit/processes.js';
+import { runFallenOffBus } from '../../tryit/scenario.js';
 
 /**
  * An Alertmanager HA pair on the real parts: two prometheus-alertmanager processes clustered

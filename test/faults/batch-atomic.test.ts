@@ -10,8 +10,8 @@ import { retentionFromBudget } from '../../core/retention.js';
 import { Keys, intakeConnection, workerConnection, type Redis } from '../../core/redis.js';
 import type { Signal } from '../../core/signal.js';
 import { SignalIntake } from '../../controller/intake.js';
-import { startRedis, type RedisPart } from '../../sim/parts.js';
-import { ProcessGroup } from '../../sim/processes.js';
+import { startRedis, type RedisPart } from '../../tryit/parts.js';
+import { ProcessGroup } from '../../tryit/processes.js';
 import { signal } from '../support/signal.js';
 import { storedSignals } from '../support/stored-signals.js';
 

@@ -4,9 +4,9 @@ import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { SlurmBackend } from '../../actuators/slurm.js';
 import { AuditLog, type AuditEntry } from '../../core/audit.js';
 import { JobStore } from '../../controller/job-store.js';
-import { ControlPlane } from '../../sim/control-plane.js';
-import { ControllerProcess } from '../../sim/controller-process.js';
-import { freePort, waitFor } from '../../sim/processes.js';
+import { ControlPlane } from '../../tryit/control-plane.js';
+import { ControllerProcess } from '../../tryit/controller-process.js';
+import { freePort, waitFor } from '../../tryit/processes.js';
 import { testRedis } from '../support/redis.js';
 import { until } from '../support/until.js';
 

@@ -4,8 +4,8 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { workerConnection } from '../../core/redis.js';
 import type { Controller } from '../../controller/service.js';
-import { startRedis } from '../../sim/parts.js';
-import { ProcessGroup } from '../../sim/processes.js';
+import { startRedis } from '../../tryit/parts.js';
+import { ProcessGroup } from '../../tryit/processes.js';
 import { READ_ONLY_TOKEN, TEST_TOKEN, agentToken, post, startController, testConfig } from '../support/controller.js';
 import { until } from '../support/until.js';
 

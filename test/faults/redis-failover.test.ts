@@ -5,9 +5,9 @@ import type { Config } from '../../core/config.js';
 import { silentLogger } from '../../core/log.js';
 import { Keys, workerConnection, type Redis } from '../../core/redis.js';
 import { Controller } from '../../controller/service.js';
-import { ControlPlane } from '../../sim/control-plane.js';
+import { ControlPlane } from '../../tryit/control-plane.js';
 import { deliverUntilAccepted, sendStorm, stormCredential, stormRequests, waitForAnswered, waitForAudited, waitForDrains } from '../support/storm.js';
-import { RedisHa, SENTINEL_GROUP } from '../../sim/redis-ha.js';
+import { RedisHa, SENTINEL_GROUP } from '../../tryit/redis-ha.js';
 
 /**
  * The primary Redis dies (SIGKILL) in the middle of a storm of webhooks and fast-path signals;

@@ -2,12 +2,12 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../core/log.js';
 import { workerConnection, type Redis } from '../../core/redis.js';
 import { Controller } from '../../controller/service.js';
-import { ControlPlane } from '../../sim/control-plane.js';
+import { ControlPlane } from '../../tryit/control-plane.js';
 import { deliverUntilAccepted, sendStorm, stormCredential, stormRequests, waitForAnswered, waitForAudited, waitForDrains } from '../support/storm.js';
 
 /**
  * Redis dies (SIGKILL) and comes back in the middle of an alert storm. It runs with AOF and
- * `appendfsync always` (sim/parts.ts), and the intake answers 202 only once a request's signals
+ * `appendfsync always` (tryit/parts.ts), and the intake answers 202 only once a request's signals
  * are stored: every signal that was ever answered 202 must reach the audit after the restart,
  * once, and the fatal ones must drain their node in Slurm exactly once. Senders retry whatever
  * was not answered 202 (503 while Redis is away), as Alertmanager and the agents do.

@@ -5,9 +5,9 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { repoRoot } from '../../core/paths.js';
-import { SimEnvironment } from '../../sim/environment.js';
-import { waitFor } from '../../sim/processes.js';
-import { countSlurmDrains as countDrains, runFallenOffBus } from '../../sim/scenario.js';
+import { SimEnvironment } from '../../tryit/environment.js';
+import { waitFor } from '../../tryit/processes.js';
+import { countSlurmDrains as countDrains, runFallenOffBus } from '../../tryit/scenario.js';
 
 /**
  * Restarts of the monitoring parts on the real processes: after Prometheus or Alertmanager

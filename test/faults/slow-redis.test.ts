@@ -6,8 +6,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { QUEUE_NAMES } from '../../core/queues.js';
 import { workerConnection, type Redis } from '../../core/redis.js';
 import type { Controller } from '../../controller/service.js';
-import { startRedis } from '../../sim/parts.js';
-import { ProcessGroup } from '../../sim/processes.js';
+import { startRedis } from '../../tryit/parts.js';
+import { ProcessGroup } from '../../tryit/processes.js';
 import { post, startController, testConfig, xidAlertPayload } from '../support/controller.js';
 import { storedSignals } from '../support/stored-signals.js';
 

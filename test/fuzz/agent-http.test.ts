@@ -5,12 +5,12 @@ import { join } from 'node:path';
 import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../core/log.js';
-import { createAgent, type Agent } from '../../exporters/agent.js';
-import { DIAGNOSE_CONFIG_FLAG, diagnoseCollectorFactory } from '../../exporters/collectors/diagnose.js';
-import { PY_SPY_FLAG, processCollectorFactory } from '../../exporters/collectors/process.js';
-import { trainingCollectorFactory } from '../../exporters/collectors/training.js';
-import { RANK_PIDS, writeTorchrunProcfs } from '../exporters/fake-procfs.js';
-import { FIXTURES } from '../exporters/helpers.js';
+import { createAgent, type Agent } from '../../agent/agent.js';
+import { DIAGNOSE_CONFIG_FLAG, diagnoseCollectorFactory } from '../../agent/collectors/diagnose.js';
+import { PY_SPY_FLAG, processCollectorFactory } from '../../agent/collectors/process.js';
+import { trainingCollectorFactory } from '../../agent/collectors/training.js';
+import { RANK_PIDS, writeTorchrunProcfs } from '../agent/fake-procfs.js';
+import { FIXTURES } from '../agent/helpers.js';
 import { FuzzReport, budget, fuzz, watchProcess } from './harness.js';
 import { expectNoPrototypePollution, expectWellFormed, requestBodies, type RequestBody } from './inputs.js';
 

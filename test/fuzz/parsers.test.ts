@@ -11,15 +11,15 @@ import { parseIterationCsv } from '../../cli/detect.js';
 import { DoNotRetryError, InputError } from '../../core/errors.js';
 import { parseJobSpec } from '../../core/job.js';
 import { MAX_RANKS, Topology } from '../../core/topology.js';
-import { parseDcgmExporterText } from '../../exporters/sources/dcgm-exporter.js';
-import { parseCounter, parsePortState, parseRate, readInfinibandClass } from '../../exporters/sources/infiniband.js';
-import { KernelLogParser, parseKernelLog } from '../../exporters/sources/kernel-log.js';
-import { parseIterationLine } from '../../exporters/sources/megatron-log.js';
-import { TrainingErrorParser } from '../../exporters/sources/training-log-failures.js';
-import { parseMountstats } from '../../exporters/sources/mountstats.js';
-import { parseNvidiaSmiXml, readNvidiaSmiXml } from '../../exporters/sources/nvidia-smi-xml.js';
-import { classifyTrainingTree, parseRankEnvironment, parseResidentBytes, parseStatLine, type ProcessEntry } from '../../exporters/sources/proc-tree.js';
-import { REALWORLD } from '../exporters/helpers.js';
+import { parseDcgmExporterText } from '../../agent/sources/dcgm-exporter.js';
+import { parseCounter, parsePortState, parseRate, readInfinibandClass } from '../../agent/sources/infiniband.js';
+import { KernelLogParser, parseKernelLog } from '../../agent/sources/kernel-log.js';
+import { parseIterationLine } from '../../agent/sources/megatron-log.js';
+import { TrainingErrorParser } from '../../agent/sources/training-log-failures.js';
+import { parseMountstats } from '../../agent/sources/mountstats.js';
+import { parseNvidiaSmiXml, readNvidiaSmiXml } from '../../agent/sources/nvidia-smi-xml.js';
+import { classifyTrainingTree, parseRankEnvironment, parseResidentBytes, parseStatLine, type ProcessEntry } from '../../agent/sources/proc-tree.js';
+import { REALWORLD } from '../agent/helpers.js';
 import { hostileString } from '../support/hostile.js';
 import { FuzzReport, budget, fuzz } from './harness.js';
 import { mutationsOf } from './inputs.js';
@@ -109,7 +109,7 @@ describe('parsers under fuzzing', () => {
       '<![CDATA[x]]>', '<!DOCTYPE x [<!ENTITY a "aaaaaaaaaa">]>', '&a;', '&#0;', '&#x110000;', '&lt;', '<?xml version="1.0"?>', '-1', '1e309', '18446744073709551615',
       '<temperature><gpu_temp>85 C</gpu_temp></temperature>', '<retired_pages>', '<ecc_errors><volatile>', '<minor_number>', '<attached_gpus>9999999</attached_gpus>', '<', '>', '/>',
     ];
-    await fuzz(REPORT, 'exporters/sources/nvidia-smi-xml', textInputs(samples('nvidia-smi-xml', /\.xml$/), tokens), (text) => {
+    await fuzz(REPORT, 'agent/sources/nvidia-smi-xml', textInputs(samples('nvidia-smi-xml', /\.xml$/), tokens), (text) => {
       const read = readNvidiaSmiXml(text);
       if (!read.ok) expect(read.error).toBeInstanceOf(InputError);
       return outcomeOf(() => parseNvidiaSmiXml(text), InputError);
@@ -118,12 +118,12 @@ describe('parsers under fuzzing', () => {
 
   it('dcgm-exporter text never throws', async () => {
     const tokens = ['DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-1",pci_bus_id="00000000:3B:00.0"} ', '# TYPE x gauge\n', '# HELP ', '{', '}', '="', '\\"', '\\', ',', ' 1e999', ' NaN', ' -Inf', ' 1 9999999999999999999', 'GPU_I_ID="1"', '\n'];
-    await fuzz(REPORT, 'exporters/sources/dcgm-exporter', textInputs(samples('dcgm-exporter', /\.prom$/), tokens), (text) => outcomeOf(() => parseDcgmExporterText(text)), budget(300, 2));
+    await fuzz(REPORT, 'agent/sources/dcgm-exporter', textInputs(samples('dcgm-exporter', /\.prom$/), tokens), (text) => outcomeOf(() => parseDcgmExporterText(text)), budget(300, 2));
   });
 
   it('kernel log (Xid) never throws, whole or line by line', async () => {
     const tokens = ['NVRM: Xid (PCI:0000:3b:00): ', '79, ', "pid='<unknown>', name=<unknown>, ", 'GPU has fallen off the bus.', 'NVRM: GPU at PCI:0000:3b:00: GPU-', '[12345.678901] ', '<3>', '6,1234,5678,-;', '\n', 'Xid', '(PCI:', ':', 'ffffffff'];
-    await fuzz(REPORT, 'exporters/sources/kernel-log', textInputs(samples('xid-kernel-logs'), tokens), (text) =>
+    await fuzz(REPORT, 'agent/sources/kernel-log', textInputs(samples('xid-kernel-logs'), tokens), (text) =>
       outcomeOf(() => {
         parseKernelLog(text);
         const parser = new KernelLogParser();
@@ -134,7 +134,7 @@ describe('parsers under fuzzing', () => {
   it('InfiniBand attributes never throw, and a sysfs tree with garbage in its files still reads', async () => {
     const tokens = ['4: ACTIVE', '5: LinkUp', '400 Gb/sec (4X NDR)', '2.5 Gb/sec (1X SDR)', 'N/A (no PMA)', '18446744073709551615', '-1', '1.5', '0x10', ':', ' Gb/sec', 'Tb/sec', '\n', '\0'];
     const attributes = [...tokens, ...samples(join('procfs-nfs-infiniband', 'sys-class-infiniband', 'procfs_fixtures', 'hfi1_0', 'ports', '1')).slice(0, 4)];
-    await fuzz(REPORT, 'exporters/sources/infiniband attributes', textInputs(attributes, tokens), (text) =>
+    await fuzz(REPORT, 'agent/sources/infiniband attributes', textInputs(attributes, tokens), (text) =>
       outcomeOf(() => [parseCounter(text), parsePortState(text), parseRate(text)]), budget(400, 1.5));
 
     const dir = mkdtempSync(join(tmpdir(), 'steadfast-fuzz-ib-'));
@@ -144,7 +144,7 @@ describe('parsers under fuzzing', () => {
       const files = listFiles(dir);
       await fuzz(
         REPORT,
-        'exporters/sources/infiniband sysfs tree',
+        'agent/sources/infiniband sysfs tree',
         fc.tuple(fc.constantFrom(...files), textInputs(tokens, tokens)),
         async ([file, content]) => {
           writeFileSync(file, content);
@@ -161,7 +161,7 @@ describe('parsers under fuzzing', () => {
 
   it('mountstats never throws', async () => {
     const tokens = ['device ', ' mounted on ', ' with fstype nfs4 statvers=1.1\n', '\txprt:\ttcp ', '\txprt:\trdma ', '\tper-op statistics\n', '\t        READ: ', '\tbytes:\t', '\tevents:\t', 'age:\t', '18446744073709551615 ', '-1 ', '\n', ' '];
-    await fuzz(REPORT, 'exporters/sources/mountstats', textInputs(samples(join('procfs-nfs-infiniband', 'mountstats')), tokens), (text) => outcomeOf(() => parseMountstats(text)), budget(300, 2));
+    await fuzz(REPORT, 'agent/sources/mountstats', textInputs(samples(join('procfs-nfs-infiniband', 'mountstats')), tokens), (text) => outcomeOf(() => parseMountstats(text)), budget(300, 2));
   });
 
   it('Megatron logs (iteration lines and training errors) never throw', async () => {
@@ -171,7 +171,7 @@ describe('parsers under fuzzing', () => {
       'torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ', 'Failures:', '  [1]:', '    rank      : 3 (local_rank: 3)', 'exitcode  : -6 (pid: 1234)', 'NCCL error in: ', 'CUDA error: ', '[default0]:', '\n', '=====',
     ];
     const texts = [...samples('megatron-logs', /\.(out|txt)$/), ...samples('nccl-torch-errors', /\.txt$/)].map((text) => text.slice(0, 60_000));
-    await fuzz(REPORT, 'exporters/sources/megatron-log and training-log-failures', textInputs(texts, tokens), (text) =>
+    await fuzz(REPORT, 'agent/sources/megatron-log and training-log-failures', textInputs(texts, tokens), (text) =>
       outcomeOf(() => {
         const parser = new TrainingErrorParser();
         for (const line of text.split('\n')) {
@@ -185,7 +185,7 @@ describe('parsers under fuzzing', () => {
   it('/proc parsers never throw, and the training tree classifies any process table', async () => {
     const stat = '1234 (python3 (x)) S 1 1234 1234 0 -1 4194560 81234 0 12 0 100 20 0 0 20 0 8 0 1235801 1000 10 18446744073709551615 1 1 0 0 0 0 0 16781312 17642 0 0 0 17 3 0 0 0 0 0 0 0 0 0 0 0 0 0\n';
     const tokens = ['(', ')', ') ', ' Z ', ' -1 ', ' 99999999999999999999 ', 'VmRSS:\t 1234 kB\n', 'RANK=3\0', 'LOCAL_RANK=1\0', 'SLURM_PROCID=7\0', '=\0', '\0', 'torchrun', '--nproc-per-node=8'];
-    await fuzz(REPORT, 'exporters/sources/proc-tree parsers', textInputs([stat, 'Name:\tpython3\nVmRSS:\t  2048 kB\n', 'RANK=0\0LOCAL_RANK=0\0PATH=/usr/bin\0'], tokens), (text) =>
+    await fuzz(REPORT, 'agent/sources/proc-tree parsers', textInputs([stat, 'Name:\tpython3\nVmRSS:\t  2048 kB\n', 'RANK=0\0LOCAL_RANK=0\0PATH=/usr/bin\0'], tokens), (text) =>
       outcomeOf(() => [parseStatLine(text), parseResidentBytes(text), parseRankEnvironment(text)]), budget(400, 1.5));
 
     const pid = fc.oneof(fc.integer({ min: 1, max: 12 }), fc.integer({ min: -2, max: 2 ** 31 }));
@@ -202,7 +202,7 @@ describe('parsers under fuzzing', () => {
       residentBytes: fc.option(fc.nat(), { nil: undefined }),
       environment: fc.option(fc.record({ rank: fc.option(fc.nat({ max: 64 }), { nil: undefined }), localRank: fc.option(fc.nat({ max: 8 }), { nil: undefined }), slurmProcId: fc.option(fc.nat({ max: 64 }), { nil: undefined }) }), { nil: undefined }),
     });
-    await fuzz(REPORT, 'exporters/sources/proc-tree classify', fc.array(entry, { maxLength: 40 }), (table) => outcomeOf(() => classifyTrainingTree(table)), budget(300, 1.5));
+    await fuzz(REPORT, 'agent/sources/proc-tree classify', fc.array(entry, { maxLength: 40 }), (table) => outcomeOf(() => classifyTrainingTree(table)), budget(300, 1.5));
   });
 
   it('py-spy dumps never throw, nor does picking the training thread and normalising its frames', async () => {

@@ -2,7 +2,7 @@ import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it, vi } from 'vitest';
-import { labCommand } from '../../cli/lab.js';
+import { labCommand } from '../../tryit/cli/lab.js';
 import { runCli } from '../support/cli.js';
 
 /** `steadfast lab` refusing bad input before it touches the machine, and on a directory with no lab. */

@@ -1,8 +1,8 @@
 import { describe, expect, it } from 'vitest';
 import { InputError } from '../../core/errors.js';
-import { labLayout, ownedByPrefix } from '../../sim/lab/layout.js';
-import { renderHostsFile, renderSlurmConf } from '../../sim/lab/slurm-conf.js';
-import { slurmdCommand } from '../../sim/lab/slurm.js';
+import { labLayout, ownedByPrefix } from '../../tryit/lab/layout.js';
+import { renderHostsFile, renderSlurmConf } from '../../tryit/lab/slurm-conf.js';
+import { slurmdCommand } from '../../tryit/lab/slurm.js';
 
 /** The lab's names, addresses and files: pure, so `up`, `down` and `status` always agree. */
 describe('lab layout', () => {

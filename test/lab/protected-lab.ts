@@ -1,9 +1,9 @@
 import { randomBytes } from 'node:crypto';
 import { afterAll, beforeAll, expect } from 'vitest';
-import { labProcesses } from '../../sim/lab/daemons.js';
-import { listLinks, listNetns } from '../../sim/lab/network.js';
-import { ProtectedLab, type ProtectedLabOptions } from '../../sim/lab/protected.js';
-import type { ScenarioReport } from '../../sim/lab/scenarios.js';
+import { labProcesses } from '../../tryit/lab/daemons.js';
+import { listLinks, listNetns } from '../../tryit/lab/network.js';
+import { ProtectedLab, type ProtectedLabOptions } from '../../tryit/lab/protected.js';
+import type { ScenarioReport } from '../../tryit/lab/scenarios.js';
 
 /**
  * One protected lab per scenario file: `lab up` with 2 nodes and 2 standbys, the real parts, the

@@ -6,7 +6,7 @@ import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { repoRoot } from '../../core/paths.js';
 import type { Controller } from '../../controller/service.js';
-import { ProcessGroup, freePort, httpOk, waitFor } from '../../sim/processes.js';
+import { ProcessGroup, freePort, httpOk, waitFor } from '../../tryit/processes.js';
 import { TEST_TOKEN, post, startController, testConfig } from '../support/controller.js';
 
 const AGENT_WEB_TOKEN = 'pyclient-agent-web-token-0123456789';

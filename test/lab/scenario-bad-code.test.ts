@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { runBadCode } from '../../sim/lab/scenarios.js';
+import { runBadCode } from '../../tryit/lab/scenarios.js';
 import { expectRecovered, protectedLabForTest } from './protected-lab.js';
 
 /**

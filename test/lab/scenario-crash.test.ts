@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { runCrash } from '../../sim/lab/scenarios.js';
+import { runCrash } from '../../tryit/lab/scenarios.js';
 import { expectRecovered, protectedLabForTest } from './protected-lab.js';
 
 /**

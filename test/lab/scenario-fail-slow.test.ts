@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { FAIL_SLOW_LAB, runFailSlow } from '../../sim/lab/scenario-fail-slow.js';
+import { FAIL_SLOW_LAB, runFailSlow } from '../../tryit/lab/scenario-fail-slow.js';
 import { expectRecovered, protectedLabForTest } from './protected-lab.js';
 
 /**

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { GPU_RESET_LAB, runGpuReset } from '../../sim/lab/scenario-gpu-reset.js';
+import { GPU_RESET_LAB, runGpuReset } from '../../tryit/lab/scenario-gpu-reset.js';
 import { expectRecovered, protectedLabForTest } from './protected-lab.js';
 
 /**

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { OWN_LAB, runHang } from '../../sim/lab/scenarios.js';
+import { OWN_LAB, runHang } from '../../tryit/lab/scenarios.js';
 import { expectRecovered, protectedLabForTest } from './protected-lab.js';
 
 /**

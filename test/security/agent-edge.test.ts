@@ -9,12 +9,12 @@ import { agentCommand, agentSettingsFromFlags } from '../../cli/agent.js';
 import { agentTokenFor } from '../../core/credentials.js';
 import { InputError } from '../../core/errors.js';
 import { silentLogger } from '../../core/log.js';
-import { createAgent, type Agent, type AgentOptions } from '../../exporters/agent.js';
-import { DIAGNOSE_CONFIG_FLAG, diagnoseCollectorFactory } from '../../exporters/collectors/diagnose.js';
-import { PY_SPY_FLAG, processCollectorFactory } from '../../exporters/collectors/process.js';
-import { trainingCollectorFactory } from '../../exporters/collectors/training.js';
-import { writeTorchrunProcfs } from '../exporters/fake-procfs.js';
-import { FIXTURES } from '../exporters/helpers.js';
+import { createAgent, type Agent, type AgentOptions } from '../../agent/agent.js';
+import { DIAGNOSE_CONFIG_FLAG, diagnoseCollectorFactory } from '../../agent/collectors/diagnose.js';
+import { PY_SPY_FLAG, processCollectorFactory } from '../../agent/collectors/process.js';
+import { trainingCollectorFactory } from '../../agent/collectors/training.js';
+import { writeTorchrunProcfs } from '../agent/fake-procfs.js';
+import { FIXTURES } from '../agent/helpers.js';
 import { runCli } from '../support/cli.js';
 
 /**

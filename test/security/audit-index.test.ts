@@ -5,8 +5,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AuditEntry, AuditInput } from '../../core/audit.js';
 import { Keys, workerConnection, type Redis } from '../../core/redis.js';
 import type { Controller } from '../../controller/service.js';
-import { startRedis } from '../../sim/parts.js';
-import { ProcessGroup } from '../../sim/processes.js';
+import { startRedis } from '../../tryit/parts.js';
+import { ProcessGroup } from '../../tryit/processes.js';
 import { READ_ONLY_TOKEN, startController, testConfig } from '../support/controller.js';
 
 /**

@@ -11,7 +11,7 @@ import { InputError } from '../../core/errors.js';
 import { silentLogger } from '../../core/log.js';
 import { describeRedis, intakeConnection, redactedRedisUrl, redisConnectionOptions, workerConnection, type RedisSettings } from '../../core/redis.js';
 import { Controller } from '../../controller/service.js';
-import { ProcessGroup, freePort, waitFor } from '../../sim/processes.js';
+import { ProcessGroup, freePort, waitFor } from '../../tryit/processes.js';
 import { TEST_TOKEN, post } from '../support/controller.js';
 
 /**

@@ -2,8 +2,8 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { TestProject } from 'vitest/node';
-import { startRedis } from '../../sim/parts.js';
-import { ProcessGroup } from '../../sim/processes.js';
+import { startRedis } from '../../tryit/parts.js';
+import { ProcessGroup } from '../../tryit/processes.js';
 
 declare module 'vitest' {
   export interface ProvidedContext {

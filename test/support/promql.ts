@@ -5,9 +5,9 @@ import { parser } from '@prometheus-io/lezer-promql';
 import { parse as parseYaml } from 'yaml';
 import { silentLogger } from '../../core/log.js';
 import { ControllerMetrics } from '../../controller/metrics.js';
-import { createAgent } from '../../exporters/agent.js';
-import { enabledFactories } from '../../exporters/index.js';
-import { buildFixtureNode } from '../../sim/fixture-node.js';
+import { createAgent } from '../../agent/agent.js';
+import { enabledFactories } from '../../agent/index.js';
+import { buildFixtureNode } from '../../tryit/fixture-node.js';
 
 /**
  * PromQL checks shared by the dashboard and rule tests: parse an expression with Prometheus'

@@ -1,7 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { AuditLog } from '../../core/audit.js';
 import { Keys, type Redis } from '../../core/redis.js';
-import { waitFor } from '../../sim/processes.js';
+import { waitFor } from '../../tryit/processes.js';
 
 /**
  * An alert storm for the fault tests: fatal Xids on the victims over the agents' fast path, minor

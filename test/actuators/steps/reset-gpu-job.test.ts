@@ -13,9 +13,9 @@ import type { Step } from '../../../core/steps.js';
 import { silentLogger } from '../../../core/log.js';
 import { remediesSchema } from '../../../core/remedy-config.js';
 import type { StepsJob } from '../../../core/queues.js';
-import { createAgent, type Agent } from '../../../exporters/agent.js';
-import { gpuResetCollectorFactory } from '../../../exporters/collectors/gpu-reset.js';
-import { createSimulatedNodes, type SimulatedNode } from '../../../sim/cluster.js';
+import { createAgent, type Agent } from '../../../agent/agent.js';
+import { gpuResetCollectorFactory } from '../../../agent/collectors/gpu-reset.js';
+import { createSimulatedNodes, type SimulatedNode } from '../../../tryit/cluster.js';
 import { recordingBackend, testStepProcessor } from '../../support/steps.js';
 import { testRedis } from '../../support/redis.js';
 

@@ -13,8 +13,8 @@ import { createAnalysisProcessor, type AnalysisDeps } from '../../../analyzers/w
 import { JobStore } from '../../../controller/job-store.js';
 import { replayCommandOf } from '../../../controller/workers.js';
 import type { AnalysisJob, LadderEventJob } from '../../../core/queues.js';
-import { createAgent, type Agent } from '../../../exporters/agent.js';
-import { DIAGNOSE_CONFIG_FLAG, diagnoseCollectorFactory } from '../../../exporters/collectors/diagnose.js';
+import { createAgent, type Agent } from '../../../agent/agent.js';
+import { DIAGNOSE_CONFIG_FLAG, diagnoseCollectorFactory } from '../../../agent/collectors/diagnose.js';
 import type { Launchers } from '../../../core/launcher.js';
 import { testRedis } from '../../support/redis.js';
 

@@ -4,7 +4,7 @@ import { Queue } from 'bullmq';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { QUEUE_NAMES } from '../../../core/queues.js';
 import type { Controller } from '../../../controller/service.js';
-import { freePort } from '../../../sim/processes.js';
+import { freePort } from '../../../tryit/processes.js';
 import { TEST_TOKEN, post, startController, testConfig, xidAlertPayload } from '../../support/controller.js';
 import { waitingSignals } from '../../support/stored-signals.js';
 import { testRedis } from '../../support/redis.js';
