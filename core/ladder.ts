@@ -10,6 +10,22 @@
 export const FAULT_CLASSES = ['machine', 'network', 'user_code', 'crash', 'numerical', 'performance', 'transient'] as const;
 export type FaultClass = (typeof FAULT_CLASSES)[number];
 
+/**
+ * What a verdict of each class cites: the paper and section whose handling it follows. The
+ * controller's classification (controller/policy/fault-class.ts) and the alert rules' meanings
+ * (rules/domains/) both read this one table.
+ */
+export const FAULT_CITATIONS: Readonly<Record<FaultClass, string>> = {
+  machine:
+    'ByteRobust §4.1 (GPU unavailable, disk fault: high-confidence, evict without diagnosis); DeadPool Table II (GPU memory / host faults: node replacement)',
+  network: 'ByteRobust §4.1 (network alerts are tolerated, e.g. twice within 5 minutes, before eviction); DeadPool §VI-B',
+  user_code: 'ByteRobust §4.1 step ② (user-space errors such as TypeError or IndexError trigger a code rollback)',
+  crash: 'ByteRobust §4.1 step ③ (a crash without a clear culprit goes to stop-time checks)',
+  numerical: 'ByteRobust §4.1 (5x loss / grad-norm increase or NaN) and §4.3 (NaN loss diagnosis)',
+  performance: 'ByteRobust §4.1 (zero RDMA traffic, low utilisation) and §5 (aggregation analysis for hangs and MFU decline)',
+  transient: 'DeadPool Table II / §VI-B (transient faults: local recovery first)',
+};
+
 export interface FaultEvent {
   type: 'fault';
   time: number;

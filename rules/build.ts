@@ -3,7 +3,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { stringify } from 'yaml';
 import { repoRoot } from '../core/paths.js';
-import { DOMAINS, type Domain, type DomainRules, type RuleGroup } from './spec.js';
+import { DOMAINS, PAGE_HUMANS_LABEL, type AlertRule, type Domain, type DomainRules, type RuleGroup } from './spec.js';
 import { DEFAULT_THRESHOLDS, thresholds as validate, type Thresholds } from './thresholds.js';
 
 /**
@@ -43,14 +43,23 @@ export async function loadDomains(): Promise<DomainRules[]> {
 }
 
 /** The labels the renderer owns; a rule setting them in `labels` would be silently overwritten. */
-const RESERVED_LABELS = ['severity', 'domain'] as const;
+const RESERVED_LABELS = ['severity', 'domain', PAGE_HUMANS_LABEL.name] as const;
+
+/** An alert's labels as rendered: its own, the people's route label where its meaning routes it to them, severity and domain. */
+function alertLabels(rule: AlertRule, domain: Domain): Record<string, string> {
+  const route: Record<string, string> = rule.meaning.route === 'humans' ? { [PAGE_HUMANS_LABEL.name]: PAGE_HUMANS_LABEL.value } : {};
+  return { ...(rule.labels ?? {}), ...route, severity: rule.severity, domain: rule.domain ?? domain };
+}
 
 /** One domain's rule groups as the plain object Prometheus (and a PrometheusRule's `spec.groups`) reads. */
 function groupsDocument(domain: Domain, groups: readonly RuleGroup[], config: Thresholds): { groups: object[] } {
   for (const rule of groups.flatMap((group) => group.rules)) {
     if (rule.kind !== 'alert') continue;
     const reserved = RESERVED_LABELS.filter((label) => rule.labels?.[label] !== undefined);
-    if (reserved.length > 0) throw new Error(`rules/domains/${domain}.ts: ${rule.alert} sets ${reserved.join(', ')} in labels; use its severity / domain fields`);
+    if (reserved.length > 0) {
+      const fields = 'use its severity / domain fields and its meaning\'s route';
+      throw new Error(`rules/domains/${domain}.ts: ${rule.alert} sets ${reserved.join(', ')} in labels; ${fields}`);
+    }
   }
   return {
     groups: groups.map((group) => ({
@@ -62,7 +71,7 @@ function groupsDocument(domain: Domain, groups: readonly RuleGroup[], config: Th
               alert: rule.alert,
               expr: rule.expr,
               for: rule.for,
-              labels: { ...(rule.labels ?? {}), severity: rule.severity, domain: rule.domain ?? domain },
+              labels: alertLabels(rule, domain),
               annotations: {
                 summary: rule.summary,
                 description: rule.description,

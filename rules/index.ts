@@ -1,11 +1,12 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { dirname, isAbsolute, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { isMap, isSeq, parseDocument, type Document, type YAMLMap } from 'yaml';
+import { isMap, isScalar, isSeq, parseDocument, type Document, type YAMLMap } from 'yaml';
 import { z } from 'zod';
 import { parseOrThrow } from '../core/validate.js';
-import { addHumanReceivers, humanReceiversSchema } from './human-receivers.js';
-import { DOMAINS } from './spec.js';
+import { FAULT_DOMAINS } from './catalogue.js';
+import { HUMANS_RECEIVER, addHumanReceivers, humanReceiversSchema } from './human-receivers.js';
+import { DOMAINS, PAGE_HUMANS_LABEL } from './spec.js';
 
 /**
  * The Prometheus rule files and the Alertmanager config steadfast ships, as paths a caller can
@@ -72,9 +73,10 @@ const renderOptionsSchema = z
 export type RenderAlertmanagerOptions = z.input<typeof renderOptionsSchema>;
 
 /**
- * Returns the shipped Alertmanager config (comments kept) with the controller's webhook URL and
- * credentials file replaced, and, where given, the timings of every route to the controller and
- * the notifiers of the humans receiver.
+ * Returns the shipped Alertmanager config (comments kept) with its routes' matchers written from
+ * the alert catalogue (writeRouteMatchers), the controller's webhook URL and credentials file
+ * replaced, and, where given, the timings of every route to the controller and the notifiers of
+ * the humans receiver.
  * Throws an InputError naming the field when an option is malformed.
  */
 export function renderAlertmanagerConfig(options: RenderAlertmanagerOptions): string {
@@ -84,6 +86,7 @@ export function renderAlertmanagerConfig(options: RenderAlertmanagerOptions): st
     'Alertmanager render options',
   );
   const document = parseDocument(readFileSync(ALERTMANAGER_CONFIG, 'utf8'));
+  writeRouteMatchers(document);
 
   const webhooks = controllerReceiver(document).get('webhook_configs');
   if (!isSeq(webhooks) || webhooks.items.length === 0) {
@@ -107,6 +110,42 @@ export function renderAlertmanagerConfig(options: RenderAlertmanagerOptions): st
   }
   if (humans) addHumanReceivers(document, humans, ALERTMANAGER_CONFIG);
   return document.toString();
+}
+
+/**
+ * What routes each alert is written from the catalogue (rules/catalogue.ts), in the routes under
+ * the root: the controller's fault route matches the domains of the alerts the controller acts on
+ * (`domain=~"…"`), its route for steadfast's own alerts the other domains (`domain!~"…"`), and the
+ * people's route the label an alert routed to people carries (`notify="humans"`). Throws when the
+ * config has lost one of those routes.
+ */
+function writeRouteMatchers(document: Document): void {
+  const domains = FAULT_DOMAINS.join('|');
+  const routes = document.getIn(['route', 'routes']);
+  let faultRoutes = 0;
+  let peopleRoutes = 0;
+  for (const route of isSeq(routes) ? routes.items : []) {
+    const matchers = isMap(route) ? route.get('matchers') : undefined;
+    if (!isMap(route) || !isSeq(matchers)) continue;
+    const receiver = route.get('receiver');
+    if (receiver === HUMANS_RECEIVER) {
+      const [matcher] = matchers.items;
+      if (matchers.items.length !== 1 || !isScalar(matcher)) throw new Error(`${ALERTMANAGER_CONFIG}: the route to ${HUMANS_RECEIVER} must have one matcher`);
+      matcher.value = `${PAGE_HUMANS_LABEL.name}="${PAGE_HUMANS_LABEL.value}"`;
+      peopleRoutes++;
+      continue;
+    }
+    if (receiver !== CONTROLLER_RECEIVER) continue;
+    for (const matcher of matchers.items) {
+      const operator = isScalar(matcher) && typeof matcher.value === 'string' ? /^domain(=~|!~)"/.exec(matcher.value)?.[1] : undefined;
+      if (!isScalar(matcher) || operator === undefined) continue;
+      matcher.value = `domain${operator}"${domains}"`;
+      if (operator === '=~') faultRoutes++;
+    }
+  }
+  if (faultRoutes === 0 || peopleRoutes === 0) {
+    throw new Error(`${ALERTMANAGER_CONFIG}: no route to ${CONTROLLER_RECEIVER} on domain=~, or none to ${HUMANS_RECEIVER}`);
+  }
 }
 
 function controllerReceiver(document: Document): YAMLMap {

@@ -16,6 +16,7 @@ import {
   RULE_FILES,
   renderAlertmanagerConfig,
 } from '../rules/index.js';
+import { catalogueEntry } from '../rules/catalogue.js';
 import { DEFAULT_THRESHOLDS } from '../rules/thresholds.js';
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..');
@@ -221,9 +222,9 @@ describe('Alertmanager config', () => {
     expect(await routedReceivers(ALERTMANAGER_CONFIG, labels)).toEqual(receivers);
   });
 
-  it('every alert in the rule files reaches the steadfast controller, and people only when it is labelled to page them', async () => {
+  it('every alert in the rule files reaches the steadfast controller, and people only when its meaning routes it to them', async () => {
     for (const { alert, labels } of await loadAlertRules()) {
-      const expected = labels[PAGE_HUMANS_LABEL] === HUMANS_RECEIVER ? [CONTROLLER_RECEIVER, HUMANS_RECEIVER] : [CONTROLLER_RECEIVER];
+      const expected = catalogueEntry(alert)?.meaning.route === 'humans' ? [CONTROLLER_RECEIVER, HUMANS_RECEIVER] : [CONTROLLER_RECEIVER];
       expect(await routedReceivers(ALERTMANAGER_CONFIG, { alertname: alert, ...labels }), alert).toEqual(expected);
     }
   });
@@ -232,6 +233,7 @@ describe('Alertmanager config', () => {
     const byName = new Map((await loadAlertRules()).map((rule) => [rule.alert, rule]));
     for (const name of ['SteadfastActionsRefused', 'SteadfastActionsFailing', 'SteadfastAgentDown', 'SteadfastControllerDown']) {
       expect(byName.get(name)?.labels[PAGE_HUMANS_LABEL], `${name} must page people`).toBe(HUMANS_RECEIVER);
+      expect(catalogueEntry(name)?.meaning.route, `${name} must be routed to people`).toBe('humans');
     }
     for (const rule of byName.values()) {
       if (rule.labels.domain === 'gpu') expect(rule.labels[PAGE_HUMANS_LABEL], `${rule.alert} is a GPU fault steadfast handles`).toBeUndefined();

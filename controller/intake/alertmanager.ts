@@ -3,6 +3,7 @@ import { z } from 'zod';
 import { NODE_NAME_PATTERN, TRAINING_JOB_PATTERN, normalizePciBusId } from '../../core/names.js';
 import { describeIssues } from '../../core/validate.js';
 import { AGENT_SCRAPE_JOB, TRAINING_JOB_LABEL } from '../../core/scrape.js';
+import { signalKindOfAlert } from '../../rules/catalogue.js';
 import { EVIDENCE_KEY_MAX, EVIDENCE_TEXT_MAX, faultFingerprint, reportedTimeSchema, stableHash, storedBytes, type Signal, type SignalKind, type SignalSeverity } from '../../core/signal.js';
 
 /**
@@ -52,7 +53,8 @@ const alertLabels = labelSet
     message: `alertname must be at most ${ALERTNAME_MAX} characters`,
     path: ['alertname'],
   })
-  .refine((labels) => labels.alertname !== 'SteadfastXidFatal' || /^\d{1,4}$/.test(labels.xid ?? ''), {
+  // An alert the catalogue turns into an Xid signal names its fault by the Xid.
+  .refine((labels) => labels.alertname === undefined || signalKindOfAlert(labels.alertname) !== 'xid' || /^\d{1,4}$/.test(labels.xid ?? ''), {
     message: 'an Xid alert must carry its Xid as a number of 1 to 4 digits',
     path: ['xid'],
   })
@@ -141,15 +143,6 @@ export async function signalsFromWebhookAlerts(envelope: WebhookEnvelope, receiv
   return { signals, refused };
 }
 
-/**
- * The alerts steadfast's own rules raise (rules/), mapped to the signal kind they report. A Map:
- * an alert named `constructor` or `__proto__` must not find an object's inherited members.
- */
-const KIND_BY_ALERTNAME: ReadonlyMap<string, SignalKind> = new Map<string, SignalKind>([
-  ['SteadfastXidFatal', 'xid'],
-  ['SteadfastGpuLost', 'gpu_lost'],
-]);
-
 function severityOf(label: string | undefined): SignalSeverity {
   switch (label) {
     case 'critical':
@@ -178,7 +171,8 @@ export function signalsFromWebhook(payload: WebhookPayload, receivedAt: Date): S
 function signalFromAlert(alert: WebhookAlert, groupStatus: 'firing' | 'resolved', receivedAt: Date): Signal {
   const labels = alert.labels;
   const alertname = labels.alertname ?? 'unnamed';
-  const kind: SignalKind = KIND_BY_ALERTNAME.get(alertname) ?? 'alert';
+  // The signal kind each of steadfast's own alerts reports is its meaning in the rules (rules/catalogue.ts).
+  const kind: SignalKind = signalKindOfAlert(alertname);
   const node = nodeOf(labels);
   const gpu = labels.pci_bus_id ? normalizePciBusId(labels.pci_bus_id) : undefined;
   const status = alert.status ?? groupStatus;

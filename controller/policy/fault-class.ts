@@ -1,6 +1,7 @@
 import type { Signal } from '../../core/signal.js';
 import { classifyXid, type XidRemedy } from '../../core/xid.js';
-import type { FaultClass } from '../../core/ladder.js';
+import { FAULT_CITATIONS, type FaultClass } from '../../core/ladder.js';
+import { catalogueEntry } from '../../rules/catalogue.js';
 
 /**
  * Which kind of fault a Signal reports, so the recovery ladder (controller/policy/ladder/) knows which
@@ -47,13 +48,12 @@ export interface ClassifyOptions {
   readonly userErrorExitCodes?: readonly number[];
 }
 
-const CITE_MACHINE = 'ByteRobust §4.1 (GPU unavailable, disk fault: high-confidence, evict without diagnosis); DeadPool Table II (GPU memory / host faults: node replacement)';
-const CITE_NETWORK = 'ByteRobust §4.1 (network alerts are tolerated, e.g. twice within 5 minutes, before eviction); DeadPool §VI-B';
-const CITE_USER = 'ByteRobust §4.1 step ② (user-space errors such as TypeError or IndexError trigger a code rollback)';
-const CITE_CRASH = 'ByteRobust §4.1 step ③ (a crash without a clear culprit goes to stop-time checks)';
-const CITE_NUMERICAL = 'ByteRobust §4.1 (5x loss / grad-norm increase or NaN) and §4.3 (NaN loss diagnosis)';
-const CITE_PERFORMANCE = 'ByteRobust §4.1 (zero RDMA traffic, low utilisation) and §5 (aggregation analysis for hangs and MFU decline)';
-const CITE_TRANSIENT = 'DeadPool Table II / §VI-B (transient faults: local recovery first)';
+const CITE_MACHINE = FAULT_CITATIONS.machine;
+const CITE_NETWORK = FAULT_CITATIONS.network;
+const CITE_USER = FAULT_CITATIONS.user_code;
+const CITE_CRASH = FAULT_CITATIONS.crash;
+const CITE_PERFORMANCE = FAULT_CITATIONS.performance;
+const CITE_TRANSIENT = FAULT_CITATIONS.transient;
 
 /**
  * Python exception types that point at the job's own code. Deliberately not RuntimeError or
@@ -87,75 +87,16 @@ const RDMA_PORT_PATTERN = /\b((?:mlx[45]|bnxt_re|hfi1|irdma|efa|qedr|rocep\d+s\d
 const EXIT_CODE_PATTERN = /\bexit ?code:? ?(-?\d+)\b/i;
 
 /**
- * The one table of what steadfast's alerts (rules/) mean: the class of fault each reports, for a
- * job's ladder and the node ladder alike (a `machine` fault takes a node outside any job out of
- * service), and for those that name broken hardware, what is broken, in the words a drained
- * node's reason carries.
+ * What an alert of steadfast's rules means is stated with its rule (rules/domains/, collected in
+ * rules/catalogue.ts): the class of fault it reports, for a job's ladder and the node ladder alike
+ * (a `machine` fault takes a node outside any job out of service), whether its Xid decides the
+ * class instead, or whether it is steadfast watching itself.
  */
-const ALERT_CLASSES: Readonly<Record<string, { readonly faultClass: FaultClass; readonly citation: string; readonly meaning?: string }>> = {
-  SteadfastGpuLost: { faultClass: 'machine', citation: CITE_MACHINE },
-  SteadfastGpuEccUncorrectable: { faultClass: 'machine', citation: CITE_MACHINE },
-  SteadfastGpuRowRemapFailed: { faultClass: 'machine', citation: CITE_MACHINE },
-  SteadfastXidNodeRebootRequired: { faultClass: 'machine', citation: CITE_MACHINE },
-  // A pending remap takes effect at the next GPU reset; nothing is broken yet.
-  SteadfastGpuRowRemapPending: { faultClass: 'transient', citation: CITE_TRANSIENT },
-  // Node-health alerts (rules/domains/gpu-node.ts): each names hardware that cannot carry the job.
-  SteadfastGpuDrainRequired: { faultClass: 'machine', citation: CITE_MACHINE, meaning: 'GPU memory cannot be repaired in place (row remap failed)' },
-  SteadfastNvswitchFatal: { faultClass: 'machine', citation: CITE_MACHINE, meaning: 'fatal NVSwitch error (SXid)' },
-  SteadfastNvlinkLinkFailing: { faultClass: 'machine', citation: CITE_MACHINE, meaning: 'NVLink link failing (error counters past the threshold)' },
-  SteadfastGpuFabricNotReady: { faultClass: 'machine', citation: CITE_MACHINE, meaning: 'GPU fabric not ready (fabric manager registration)' },
-  SteadfastGpuDriverHung: { faultClass: 'machine', citation: CITE_MACHINE, meaning: 'NVIDIA driver hung (tasks blocked in the driver)' },
-  SteadfastPcieAerFatal: { faultClass: 'machine', citation: CITE_MACHINE, meaning: 'fatal PCIe AER error' },
-  // A reset is due at the next idle moment (a pending remap, retired pages); the GPU still works.
-  SteadfastGpuResetRequired: { faultClass: 'transient', citation: CITE_TRANSIENT },
-  // Precursors to watch: the multi-signal detector weighs them; alone they move no job.
-  SteadfastGpuCorrectableErrorsHigh: { faultClass: 'transient', citation: CITE_TRANSIENT },
-  // The agent cannot read the GPUs: a wedged driver or an overloaded node; look before moving.
-  SteadfastGpuQueryStuck: { faultClass: 'performance', citation: CITE_PERFORMANCE },
-  SteadfastRdmaPortDown: { faultClass: 'network', citation: CITE_NETWORK },
-  SteadfastRdmaPortFlapping: { faultClass: 'network', citation: CITE_NETWORK },
-  SteadfastRdmaPortErrors: { faultClass: 'network', citation: CITE_NETWORK },
-  SteadfastRdmaZeroTraffic: { faultClass: 'performance', citation: CITE_PERFORMANCE },
-  SteadfastGpuTemperatureHigh: { faultClass: 'performance', citation: CITE_PERFORMANCE },
-  SteadfastGpuHardwareSlowdown: { faultClass: 'performance', citation: CITE_PERFORMANCE },
-  SteadfastTrainingSlowdown: { faultClass: 'performance', citation: CITE_PERFORMANCE },
-  SteadfastTrainingStalled: { faultClass: 'performance', citation: CITE_PERFORMANCE },
-  SteadfastTrainingLossNaN: { faultClass: 'numerical', citation: CITE_NUMERICAL },
-  SteadfastTrainingNanIterations: { faultClass: 'numerical', citation: CITE_NUMERICAL },
-  SteadfastTrainingLossSpike: { faultClass: 'numerical', citation: CITE_NUMERICAL },
-  SteadfastTrainingGradNormSpike: { faultClass: 'numerical', citation: CITE_NUMERICAL },
-  // fp16 loss-scale overflows skip steps by design; the NaN and spike alerts are the numerical triggers.
-  SteadfastTrainingSkippedIterations: { faultClass: 'transient', citation: CITE_TRANSIENT },
-  // The alert carries no log text, so no exception type: a crash until diagnosis says more.
-  SteadfastTrainingWorkerFailed: { faultClass: 'crash', citation: CITE_CRASH },
-  // Application-class Xids repeating on one GPU: the code or the GPU. Not traceable to a code
-  // module, so no direct rollback; stop-time checks test the GPU and the ladder reaches rollback after.
-  SteadfastXidApplicationRepeated: { faultClass: 'crash', citation: CITE_CRASH },
-  // Shared-storage pressure slows checkpoints (504-GPU report, NFS RPC slots) but is no node's fault.
-  SteadfastNfsRpcSlotsSaturated: { faultClass: 'transient', citation: '504-GPU report (NFS RPC slot saturation is a shared-storage bottleneck)' },
-  SteadfastNfsRpcBacklog: { faultClass: 'transient', citation: '504-GPU report (NFS RPC slot saturation is a shared-storage bottleneck)' },
-  SteadfastNfsMajorTimeouts: { faultClass: 'transient', citation: CITE_TRANSIENT },
-};
 
-/** steadfast's own health alerts: they concern the control plane, never a job's recovery. */
-const SELF_MONITORING_ALERTS: ReadonlySet<string> = new Set([
-  'SteadfastAgentDown',
-  'SteadfastControllerDown',
-  'SteadfastQueueBacklog',
-  'SteadfastDecisionLag',
-  'SteadfastActionsRefused',
-  'SteadfastActionsFailing',
-  'SteadfastNodeHandedOff',
-]);
-
-/** The table's entry for an alert, if it has one: its own entries only, never an inherited member (`constructor`). */
-function alertClass(alertname: string): (typeof ALERT_CLASSES)[string] | undefined {
-  return Object.hasOwn(ALERT_CLASSES, alertname) ? ALERT_CLASSES[alertname] : undefined;
-}
-
-/** What broken hardware an alert names, where the table says (the node ladder's drain reason). */
+/** What broken hardware an alert names, where its rule says (the node ladder's drain reason). */
 export function alertMeaning(alertname: string): string | undefined {
-  return alertClass(alertname)?.meaning;
+  const meaning = catalogueEntry(alertname)?.meaning;
+  return meaning?.role === 'fault' ? meaning.drainReason : undefined;
 }
 
 function text(value: string | number | boolean | undefined): string {
@@ -255,14 +196,11 @@ function classifyWorkerFailure(signal: Signal, options: ClassifyOptions): FaultV
 
 function classifyAlert(signal: Signal): Classification {
   const alertname = text(signal.evidence.alertname);
-  if (SELF_MONITORING_ALERTS.has(alertname)) return { verdict: 'ignore', reason: `${alertname} concerns steadfast itself, not a training job` };
-  // Alertmanager maps these two to their own kinds, but a renamed route may not.
-  if (alertname === 'SteadfastXidFatal') return classifyXidSignal({ ...signal, severity: 'critical' });
-  if (alertname === 'SteadfastXidGpuResetRequired') {
-    // Fatal codes need the node out; the warning ones (38, 63) wait for the next reset.
-    return classifyXidSignal({ ...signal, severity: 'warning' });
-  }
-  const entry = alertClass(alertname);
+  const entry = catalogueEntry(alertname)?.meaning;
+  if (entry?.role === 'self-monitoring') return { verdict: 'ignore', reason: `${alertname} concerns steadfast itself, not a training job` };
+  // Classed by its Xid as the agent's Xid signals are: an alert the intake maps to an xid signal
+  // comes here only when its kind was lost on the way (a renamed route), one that stays an alert always.
+  if (entry?.role === 'xid-fault') return classifyXidSignal({ ...signal, severity: entry.fatal === 'always' ? 'critical' : 'warning' });
   if (entry === undefined) return { verdict: 'ignore', reason: `no recovery rule for alert ${alertname || '(unnamed)'}` };
   const reason = `${alertname}${signal.node === undefined ? '' : ` on ${signal.node}`}`;
   const verdict = entry.faultClass === 'machine' || entry.faultClass === 'network' ? culpritOrCrash(entry.faultClass, signal.node, reason, entry.citation) : fault(entry.faultClass, signal.node, reason, entry.citation);

@@ -1,3 +1,4 @@
+import { FAULT_CITATIONS } from '../../core/ladder.js';
 import { agentSelector, newEvents } from '../../core/promql.js';
 import type { Thresholds } from '../thresholds.js';
 import { alert, humanDuration, type RuleGroup } from '../spec.js';
@@ -27,6 +28,10 @@ export function gpuNodeGroup(t: Thresholds): RuleGroup {
         summary: 'An NVLink link is counting errors fast.',
         description: `Link {{ $labels.link }} of GPU {{ $labels.gpu }} on node {{ $labels.node }} counted more than ${g.nvlinkErrorIncrease} replay, recovery and CRC errors in the last ${humanDuration(g.nvlinkWindow)}. The node must be drained.`,
         runbook: 'steadfast-nvlink-link-failing.md',
+        meaning: {
+          role: 'fault', faultClass: 'machine', signal: 'alert', citation: FAULT_CITATIONS.machine, route: 'controller',
+          drainReason: 'NVLink link failing (error counters past the threshold)',
+        },
       }),
       alert({
         alert: 'SteadfastNvswitchFatal',
@@ -36,6 +41,10 @@ export function gpuNodeGroup(t: Thresholds): RuleGroup {
         summary: 'An NVSwitch reported a fatal SXid error.',
         description: `NVSwitch {{ $labels.nvswitch }} on node {{ $labels.node }} logged fatal SXid {{ $labels.sxid }}; NVLink traffic through it stalls. The node must be drained.`,
         runbook: 'steadfast-nvswitch-fatal.md',
+        meaning: {
+          role: 'fault', faultClass: 'machine', signal: 'alert', citation: FAULT_CITATIONS.machine, route: 'controller',
+          drainReason: 'fatal NVSwitch error (SXid)',
+        },
       }),
       // Until the fabric manager has registered a GPU with the NVSwitch fabric, CUDA cannot use it.
       alert({
@@ -46,6 +55,10 @@ export function gpuNodeGroup(t: Thresholds): RuleGroup {
         summary: 'A GPU is not registered with its NVLink fabric.',
         description: `GPU {{ $labels.gpu }} ({{ $labels.pci_bus_id }}) on node {{ $labels.node }} has had fabric state {{ $labels.state }} for ${humanDuration(g.fabricNotReadyFor)}; is the fabric manager running? The node must be drained.`,
         runbook: 'steadfast-gpu-fabric-not-ready.md',
+        meaning: {
+          role: 'fault', faultClass: 'machine', signal: 'alert', citation: FAULT_CITATIONS.machine, route: 'controller',
+          drainReason: 'GPU fabric not ready (fabric manager registration)',
+        },
       }),
       alert({
         alert: 'SteadfastGpuDrainRequired',
@@ -55,6 +68,10 @@ export function gpuNodeGroup(t: Thresholds): RuleGroup {
         summary: 'A GPU must leave service now.',
         description: 'GPU {{ $labels.gpu }} ({{ $labels.pci_bus_id }}) on node {{ $labels.node }} needs a drain ({{ $labels.reason }}). The node must be drained.',
         runbook: 'steadfast-gpu-drain-required.md',
+        meaning: {
+          role: 'fault', faultClass: 'machine', signal: 'alert', citation: FAULT_CITATIONS.machine, route: 'controller',
+          drainReason: 'GPU memory cannot be repaired in place (row remap failed)',
+        },
       }),
       alert({
         alert: 'SteadfastGpuResetRequired',
@@ -65,6 +82,8 @@ export function gpuNodeGroup(t: Thresholds): RuleGroup {
         summary: 'A GPU needs a reset at its next idle moment.',
         description: `GPU {{ $labels.gpu }} ({{ $labels.pci_bus_id }}) on node {{ $labels.node }} has needed a reset ({{ $labels.reason }}) for ${humanDuration(g.remapPendingFor)}; reset it when no job uses it.`,
         runbook: 'steadfast-gpu-reset-required.md',
+        // A reset is due at the next idle moment (a pending remap, retired pages); the GPU still works.
+        meaning: { role: 'fault', faultClass: 'transient', signal: 'alert', citation: FAULT_CITATIONS.transient, route: 'controller' },
       }),
       alert({
         alert: 'SteadfastGpuCorrectableErrorsHigh',
@@ -74,6 +93,8 @@ export function gpuNodeGroup(t: Thresholds): RuleGroup {
         summary: 'A GPU is correcting many memory errors.',
         description: `GPU {{ $labels.gpu }} ({{ $labels.pci_bus_id }}) on node {{ $labels.node }} corrected more than ${g.correctableErrors} ECC errors in the last ${humanDuration(g.correctableWindow)}; watch it for row remaps and uncorrectable errors.`,
         runbook: 'steadfast-gpu-correctable-errors-high.md',
+        // A precursor to watch: the multi-signal detector weighs it; alone it moves no job.
+        meaning: { role: 'fault', faultClass: 'transient', signal: 'alert', citation: FAULT_CITATIONS.transient, route: 'controller' },
       }),
       alert({
         alert: 'SteadfastGpuDriverHung',
@@ -83,6 +104,10 @@ export function gpuNodeGroup(t: Thresholds): RuleGroup {
         summary: 'A task is stuck inside the NVIDIA driver.',
         description: 'The kernel on node {{ $labels.node }} reported a task blocked in an NVIDIA kernel module; GPU work on the node hangs. The node must be drained.',
         runbook: 'steadfast-gpu-driver-hung.md',
+        meaning: {
+          role: 'fault', faultClass: 'machine', signal: 'alert', citation: FAULT_CITATIONS.machine, route: 'controller',
+          drainReason: 'NVIDIA driver hung (tasks blocked in the driver)',
+        },
       }),
       alert({
         alert: 'SteadfastPcieAerFatal',
@@ -92,6 +117,10 @@ export function gpuNodeGroup(t: Thresholds): RuleGroup {
         summary: 'A PCIe device reported a fatal error.',
         description: 'PCIe device {{ $labels.pci_address }} on node {{ $labels.node }} reported an uncorrectable fatal AER error; devices behind it (GPUs, NICs) may be gone. The node must be drained.',
         runbook: 'steadfast-pcie-aer-fatal.md',
+        meaning: {
+          role: 'fault', faultClass: 'machine', signal: 'alert', citation: FAULT_CITATIONS.machine, route: 'controller',
+          drainReason: 'fatal PCIe AER error',
+        },
       }),
       // The monitor itself: an nvidia-smi or dcgm-exporter query killed at its time limit is
       // what a hung driver looks like from user space (NVIDIA/gpu-monitoring-tools#46).
@@ -103,6 +132,8 @@ export function gpuNodeGroup(t: Thresholds): RuleGroup {
         summary: 'A GPU query on a node hung until it was killed.',
         description: `{{ $labels.command }} on node {{ $labels.node }} did not answer within its time limit ({{ printf "%.0f" $value }} in the last ${humanDuration(g.queryStuckWindow)}); the GPU driver may be hung.`,
         runbook: 'steadfast-gpu-query-stuck.md',
+        // The agent cannot read the GPUs: a wedged driver or an overloaded node; look before moving.
+        meaning: { role: 'fault', faultClass: 'performance', signal: 'alert', citation: FAULT_CITATIONS.performance, route: 'controller' },
       }),
     ],
   };

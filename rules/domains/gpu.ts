@@ -1,3 +1,4 @@
+import { FAULT_CITATIONS } from '../../core/ladder.js';
 import { agentSelector } from '../../core/promql.js';
 import { alert, humanDuration, type DomainRules } from '../spec.js';
 import { gpuNodeGroup } from './gpu-node.js';
@@ -34,6 +35,7 @@ export const rules: DomainRules = {
           description:
             'GPU {{ $labels.gpu }} ({{ $labels.pci_bus_id }}) on node {{ $labels.node }} is no longer listed by nvidia-smi (present = {{ $value }}). steadfast drains the node.',
           runbook: 'steadfast-gpu-lost.md',
+          meaning: { role: 'fault', faultClass: 'machine', signal: 'gpu_lost', citation: FAULT_CITATIONS.machine, route: 'controller' },
         }),
         // Volatile counts run since the driver loaded; only a rise is news. The location (SRAM,
         // DRAM, ...) is summed away: one alert per GPU, the runbook says where to look.
@@ -45,6 +47,7 @@ export const rules: DomainRules = {
           summary: 'A GPU counted uncorrectable ECC errors.',
           description: `GPU {{ $labels.gpu }} ({{ $labels.pci_bus_id }}) on node {{ $labels.node }} counted {{ printf "%.0f" $value }} new uncorrectable ECC error(s) in the last ${humanDuration(t.gpu.eccWindow)}. Data on this GPU may be corrupt.`,
           runbook: 'steadfast-gpu-ecc-uncorrectable.md',
+          meaning: { role: 'fault', faultClass: 'machine', signal: 'alert', citation: FAULT_CITATIONS.machine, route: 'controller' },
         }),
         // The driver sets the failure flag when it ran out of spare rows; it stays set until
         // the GPU is repaired, so one evaluation is enough.
@@ -57,6 +60,7 @@ export const rules: DomainRules = {
           description:
             'GPU {{ $labels.gpu }} ({{ $labels.pci_bus_id }}) on node {{ $labels.node }} could not remap a faulty memory row; the GPU needs repair or replacement.',
           runbook: 'steadfast-gpu-row-remap-failed.md',
+          meaning: { role: 'fault', faultClass: 'machine', signal: 'alert', citation: FAULT_CITATIONS.machine, route: 'controller' },
         }),
         alert({
           alert: 'SteadfastGpuRowRemapPending',
@@ -66,6 +70,8 @@ export const rules: DomainRules = {
           summary: 'A GPU has a memory row remap waiting for a GPU reset.',
           description: `GPU {{ $labels.gpu }} ({{ $labels.pci_bus_id }}) on node {{ $labels.node }} has had a row remap pending for ${humanDuration(t.gpu.remapPendingFor)}; it takes effect at the next GPU reset.`,
           runbook: 'steadfast-gpu-row-remap-pending.md',
+          // A pending remap takes effect at the next GPU reset; nothing is broken yet.
+          meaning: { role: 'fault', faultClass: 'transient', signal: 'alert', citation: FAULT_CITATIONS.transient, route: 'controller' },
         }),
         alert({
           alert: 'SteadfastGpuTemperatureHigh',
@@ -75,6 +81,7 @@ export const rules: DomainRules = {
           summary: 'A GPU has run hot for several minutes.',
           description: `GPU {{ $labels.gpu }} ({{ $labels.pci_bus_id }}) on node {{ $labels.node }} has been above ${t.gpu.temperatureCelsius} °C for ${humanDuration(t.gpu.temperatureFor)} (now {{ printf "%.0f" $value }} °C).`,
           runbook: 'steadfast-gpu-temperature-high.md',
+          meaning: { role: 'fault', faultClass: 'performance', signal: 'alert', citation: FAULT_CITATIONS.performance, route: 'controller' },
         }),
         alert({
           alert: 'SteadfastGpuHardwareSlowdown',
@@ -84,6 +91,7 @@ export const rules: DomainRules = {
           summary: 'A GPU has been slowed down by its hardware protection.',
           description: `GPU {{ $labels.gpu }} ({{ $labels.pci_bus_id }}) on node {{ $labels.node }} has had its clocks held down by {{ $labels.reason }} for ${humanDuration(t.gpu.throttleFor)}; every rank waits for it.`,
           runbook: 'steadfast-gpu-hardware-slowdown.md',
+          meaning: { role: 'fault', faultClass: 'performance', signal: 'alert', citation: FAULT_CITATIONS.performance, route: 'controller' },
         }),
       ],
     },

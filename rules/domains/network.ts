@@ -1,3 +1,4 @@
+import { FAULT_CITATIONS } from '../../core/ladder.js';
 import { agentSelector, indent, taggedRate } from '../../core/promql.js';
 import { alert, humanDuration, record, type DomainRules, type RuleGroup } from '../spec.js';
 import type { Thresholds } from '../thresholds.js';
@@ -50,6 +51,7 @@ function groups(t: Thresholds): RuleGroup[] {
           summary: 'An RDMA port is down.',
           description: `RDMA port ${PORT} has not been ACTIVE and LinkUp for ${humanDuration(network.portDownFor)}. Collectives over this rail stall or fall back to slower paths.`,
           runbook: 'steadfast-rdma-port-down.md',
+          meaning: { role: 'fault', faultClass: 'network', signal: 'alert', citation: FAULT_CITATIONS.network, route: 'controller' },
         }),
 
         // ByteRobust (000, §4.1): a machine is evicted for the network only after two network
@@ -63,6 +65,7 @@ function groups(t: Thresholds): RuleGroup[] {
           summary: 'An RDMA port keeps losing its link.',
           description: `RDMA port ${PORT} went down {{ printf "%.0f" $value }} times within ${humanDuration(network.flapWindow)}. A link that keeps dropping is a machine to evict, not one to wait for.`,
           runbook: 'steadfast-rdma-port-flapping.md',
+          meaning: { role: 'fault', faultClass: 'network', signal: 'alert', citation: FAULT_CITATIONS.network, route: 'controller' },
         }),
 
         alert({
@@ -73,6 +76,7 @@ function groups(t: Thresholds): RuleGroup[] {
           summary: 'An RDMA port is counting link errors.',
           description: `RDMA port ${PORT} counts {{ $labels.counter }} at {{ printf "%.2f" $value }} per second (threshold ${network.errorRatePerSecond}) for ${humanDuration(network.errorFor)}: a degrading cable, transceiver or port.`,
           runbook: 'steadfast-rdma-port-errors.md',
+          meaning: { role: 'fault', faultClass: 'network', signal: 'alert', citation: FAULT_CITATIONS.network, route: 'controller' },
         }),
 
         // ByteRobust (000, §4.1): a job whose node moves no RDMA bytes at all for 10 minutes is
@@ -90,6 +94,7 @@ function groups(t: Thresholds): RuleGroup[] {
           summary: 'A node running training ranks moves no RDMA traffic.',
           description: `Node {{ $labels.node }} runs training ranks but has sent and received no RDMA data on any port for ${humanDuration(network.zeroTrafficFor)}: the job is probably hung.`,
           runbook: 'steadfast-rdma-zero-traffic.md',
+          meaning: { role: 'fault', faultClass: 'performance', signal: 'alert', citation: FAULT_CITATIONS.performance, route: 'controller' },
         }),
       ],
     },

@@ -1,3 +1,4 @@
+import { FAULT_CITATIONS } from '../../core/ladder.js';
 import { agentSelector } from '../../core/promql.js';
 import { alert, humanDuration, record, type DomainRules, type RuleGroup } from '../spec.js';
 import type { Thresholds } from '../thresholds.js';
@@ -14,6 +15,9 @@ const LATENCY_WINDOW = '5m';
 export const NFS_RTT_MEAN = `mount:steadfast_nfs_rtt_seconds:mean${LATENCY_WINDOW}`;
 
 const percent = (ratio: number) => `${Math.round(ratio * 100)}%`;
+
+/** The source the RPC-slot alerts' class follows. */
+const NFS_SLOTS_CITATION = '504-GPU report (NFS RPC slot saturation is a shared-storage bottleneck)';
 
 const MOUNT = '{{ $labels.mountpoint }} ({{ $labels.mount }}) on node {{ $labels.node }}';
 
@@ -48,6 +52,8 @@ function groups(t: Thresholds): RuleGroup[] {
           summary: 'An NFS mount has used up its RPC slots.',
           description: `NFS mount ${MOUNT} keeps {{ $value | humanizePercentage }} of its RPC slots busy (threshold ${percent(storage.rpcSlotUtilization)}) for ${humanDuration(storage.rpcSlotFor)}: reads and checkpoint writes wait in the client.`,
           runbook: 'steadfast-nfs-rpc-slots-saturated.md',
+          // Shared-storage pressure slows checkpoints (504-GPU report, NFS RPC slots) but is no node's fault.
+          meaning: { role: 'fault', faultClass: 'transient', signal: 'alert', citation: NFS_SLOTS_CITATION, route: 'controller' },
         }),
 
         alert({
@@ -58,6 +64,8 @@ function groups(t: Thresholds): RuleGroup[] {
           summary: 'NFS requests are queueing for an RPC slot.',
           description: `NFS mount ${MOUNT} has {{ printf "%.1f" $value }} requests waiting for a free RPC slot on average (threshold ${storage.rpcBacklog}) for ${humanDuration(storage.rpcBacklogFor)}.`,
           runbook: 'steadfast-nfs-rpc-backlog.md',
+          // Shared-storage pressure slows checkpoints (504-GPU report, NFS RPC slots) but is no node's fault.
+          meaning: { role: 'fault', faultClass: 'transient', signal: 'alert', citation: NFS_SLOTS_CITATION, route: 'controller' },
         }),
 
         alert({
@@ -70,6 +78,7 @@ function groups(t: Thresholds): RuleGroup[] {
           summary: 'An NFS server stopped answering RPCs in time.',
           description: `NFS mount ${MOUNT} had RPC major timeouts ({{ printf "%.0f" $value }} in the last ${humanDuration(storage.majorTimeoutWindow)}): the server did not answer within timeo × retrans.`,
           runbook: 'steadfast-nfs-major-timeouts.md',
+          meaning: { role: 'fault', faultClass: 'transient', signal: 'alert', citation: FAULT_CITATIONS.transient, route: 'controller' },
         }),
       ],
     },

@@ -1,3 +1,4 @@
+import { FAULT_CITATIONS } from '../../core/ladder.js';
 import { agentSelector } from '../../core/promql.js';
 import { CLUSTER_LABEL, TRAINING_JOB_LABEL } from '../../core/scrape.js';
 import type { TrainingErrorKind } from '../../agent/sources/training-log-failures.js';
@@ -77,6 +78,7 @@ function groups(t: Thresholds): RuleGroup[] {
           summary: 'The training loss jumped far above its recent level.',
           description: `Loss {{ $labels.loss }} of ${RANK} is {{ printf "%.4g" $value }}, more than ${training.spikeFactor}× its average over the ${humanDuration(training.baselineWindow)} before the last ${humanDuration(training.baselineOffset)}.`,
           runbook: 'steadfast-training-loss-spike.md',
+          meaning: { role: 'fault', faultClass: 'numerical', signal: 'alert', citation: FAULT_CITATIONS.numerical, route: 'controller' },
         }),
         alert({
           alert: 'SteadfastTrainingGradNormSpike',
@@ -86,6 +88,7 @@ function groups(t: Thresholds): RuleGroup[] {
           summary: 'The gradient norm jumped far above its recent level.',
           description: `The gradient norm of ${RANK} is {{ printf "%.4g" $value }}, more than ${training.spikeFactor}× its average over the ${humanDuration(training.baselineWindow)} before the last ${humanDuration(training.baselineOffset)}.`,
           runbook: 'steadfast-training-grad-norm-spike.md',
+          meaning: { role: 'fault', faultClass: 'numerical', signal: 'alert', citation: FAULT_CITATIONS.numerical, route: 'controller' },
         }),
         // NaN is the only value not equal to itself.
         alert({
@@ -96,6 +99,7 @@ function groups(t: Thresholds): RuleGroup[] {
           summary: 'The training loss is NaN.',
           description: `Loss {{ $labels.loss }} of ${RANK} is NaN.`,
           runbook: 'steadfast-training-loss-nan.md',
+          meaning: { role: 'fault', faultClass: 'numerical', signal: 'alert', citation: FAULT_CITATIONS.numerical, route: 'controller' },
         }),
         alert({
           alert: 'SteadfastTrainingNanIterations',
@@ -105,6 +109,7 @@ function groups(t: Thresholds): RuleGroup[] {
           summary: 'Training iterations produced NaN.',
           description: `${RANK_SENTENCE} reported iterations with a NaN loss ({{ printf "%.0f" $value }} in the last ${humanDuration(training.counterWindow)}).`,
           runbook: 'steadfast-training-nan-iterations.md',
+          meaning: { role: 'fault', faultClass: 'numerical', signal: 'alert', citation: FAULT_CITATIONS.numerical, route: 'controller' },
         }),
         // fp16 loss scaling skips an iteration whenever it overflows and then lowers the scale;
         // an odd skip is normal, skips that go on for skippedFor mean it is not recovering.
@@ -116,6 +121,8 @@ function groups(t: Thresholds): RuleGroup[] {
           summary: 'Training keeps skipping iterations.',
           description: `${RANK_SENTENCE} has kept skipping iterations for ${humanDuration(training.skippedFor)} ({{ printf "%.0f" $value }} in the last ${humanDuration(training.counterWindow)}): the fp16 loss scale keeps overflowing.`,
           runbook: 'steadfast-training-skipped-iterations.md',
+          // fp16 loss-scale overflows skip steps by design; the NaN and spike alerts are the numerical triggers.
+          meaning: { role: 'fault', faultClass: 'transient', signal: 'alert', citation: FAULT_CITATIONS.transient, route: 'controller' },
         }),
 
         // Greyhound (004, §4): a fail-slow is confirmed when the iteration time stays at least
@@ -129,6 +136,7 @@ function groups(t: Thresholds): RuleGroup[] {
           summary: 'Training iterations became slower.',
           description: `Job {{ $labels.${TRAINING_JOB_LABEL} }} takes {{ $value | humanizeDuration }} per iteration (median over its ranks), at least ${percentAbove(training.slowdownRatio)} more than over the ${humanDuration(training.baselineWindow)} before the last ${humanDuration(training.slowdownBaselineOffset)}, for ${humanDuration(training.slowdownFor)}.`,
           runbook: 'steadfast-training-slowdown.md',
+          meaning: { role: 'fault', faultClass: 'performance', signal: 'alert', citation: FAULT_CITATIONS.performance, route: 'controller' },
         }),
 
         // A rank that reports nothing while its node still runs rank processes is hung. A node
@@ -146,6 +154,7 @@ function groups(t: Thresholds): RuleGroup[] {
           summary: 'A training job stopped making progress.',
           description: `${RANK_SENTENCE} has reported no new iteration for {{ $value | humanizeDuration }}, and its node has not reported the ranks gone: the job is hung.`,
           runbook: 'steadfast-training-stalled.md',
+          meaning: { role: 'fault', faultClass: 'performance', signal: 'alert', citation: FAULT_CITATIONS.performance, route: 'controller' },
         }),
 
         // The agent also sends these on its fast path, within seconds; the alert is the record
@@ -158,6 +167,8 @@ function groups(t: Thresholds): RuleGroup[] {
           summary: 'A training worker failed or a collective timed out.',
           description: `${RANK_SENTENCE} logged a {{ $labels.kind }} failure ({{ printf "%.0f" $value }} in the last ${humanDuration(training.counterWindow)}).`,
           runbook: 'steadfast-training-worker-failed.md',
+          // The alert carries no log text, so no exception type: a crash until diagnosis says more.
+          meaning: { role: 'fault', faultClass: 'crash', signal: 'alert', citation: FAULT_CITATIONS.crash, route: 'controller' },
         }),
       ],
     },

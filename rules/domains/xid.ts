@@ -1,3 +1,4 @@
+import { FAULT_CITATIONS } from '../../core/ladder.js';
 import { agentSelector, indent, newEvents, selector, type LabelMatcher } from '../../core/promql.js';
 import { xidCodesWithRemedy, type XidRemedy } from '../../core/xid.js';
 import { alert, humanDuration, record, type DomainRules } from '../spec.js';
@@ -65,6 +66,7 @@ export const rules: DomainRules = {
             summary: 'A GPU reported a fatal Xid error.',
             description: `GPU {{ $labels.pci_bus_id }} on node {{ $labels.node }} logged fatal Xid {{ $labels.xid }} ({{ printf "%.0f" $value }} new in the last ${humanDuration(window)}). steadfast drains the node.`,
             runbook: 'steadfast-xid-fatal.md',
+            meaning: { role: 'xid-fault', fatal: 'always', signal: 'xid', route: 'controller' },
           }),
           // What the repair is, whatever the Xid's class: a reset-class Xid leaves the GPU
           // untrusted until it is reset, a reboot-class one until the node is rebooted.
@@ -79,6 +81,8 @@ export const rules: DomainRules = {
             description:
               'GPU {{ $labels.pci_bus_id }} on node {{ $labels.node }} logged Xid {{ $labels.xid }} (class {{ $labels.xid_severity }}); the GPU must be reset before it is trusted with work again.',
             runbook: 'steadfast-xid-gpu-reset-required.md',
+            // Fatal codes need the node out; the warning ones (38, 63) wait for the next reset.
+            meaning: { role: 'xid-fault', fatal: 'by-code', signal: 'alert', route: 'controller' },
           }),
           alert({
             alert: 'SteadfastXidNodeRebootRequired',
@@ -91,6 +95,7 @@ export const rules: DomainRules = {
             description:
               'GPU {{ $labels.pci_bus_id }} on node {{ $labels.node }} logged Xid {{ $labels.xid }} (class {{ $labels.xid_severity }}); the node must be rebooted before the GPU is trusted with work again.',
             runbook: 'steadfast-xid-node-reboot-required.md',
+            meaning: { role: 'fault', faultClass: 'machine', signal: 'alert', citation: FAULT_CITATIONS.machine, route: 'controller' },
           }),
           // One application-class Xid is the job's business; several on the same GPU within
           // the window, across job restarts, point at the GPU.
@@ -107,6 +112,9 @@ export const rules: DomainRules = {
             summary: 'A GPU keeps logging application-class Xid errors.',
             description: `GPU {{ $labels.pci_bus_id }} on node {{ $labels.node }} logged {{ printf "%.0f" $value }} application-class Xids in the last ${humanDuration(t.xid.repeatWindow)}; repeated on one GPU they point at the GPU rather than the job.`,
             runbook: 'steadfast-xid-application-repeated.md',
+            // Application-class Xids repeating on one GPU: the code or the GPU. Not traceable to a code module, so no
+            // direct rollback; stop-time checks test the GPU and the ladder reaches rollback after.
+            meaning: { role: 'fault', faultClass: 'crash', signal: 'alert', citation: FAULT_CITATIONS.crash, route: 'controller' },
           }),
         ],
       },

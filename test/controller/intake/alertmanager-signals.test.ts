@@ -4,6 +4,7 @@ import { signalsFromWebhook, webhookPayloadSchema } from '../../../controller/in
 import type { Controller } from '../../../controller/service.js';
 import { DryRunBackend } from '../../../actuators/dry-run.js';
 import { signalSchema } from '../../../core/signal.js';
+import { ALERT_CATALOGUE } from '../../../rules/catalogue.js';
 import { post, startController, testConfig } from '../../support/controller.js';
 import { testRedis } from '../../support/redis.js';
 import { until } from '../../support/until.js';
@@ -48,6 +49,24 @@ describe('Alertmanager alerts become valid signals', () => {
     });
     expect(parsed.success).toBe(false);
     expect(parsed.error?.issues[0]?.path).toEqual(['alerts', 0, 'labels', 'xid']);
+  });
+
+  it('turns each alert of the catalogue into the signal kind its rule means, and any other alert into an alert signal', () => {
+    const labelsOf = (alertname: string) => ({ alertname, node: 'node-3', xid: '79', pci_bus_id: '0000:3a:00.0' });
+    const expected = [...ALERT_CATALOGUE.values()].map((entry) => [entry.alert, entry.meaning.signal]);
+    expected.push(['SomebodyElsesAlert', 'alert'], ['constructor', 'alert'], ['__proto__', 'alert']);
+    const alerts = expected.map(([name]) => ({ labels: labelsOf(name ?? ''), startsAt: '2026-11-21T10:00:00Z' }));
+    const payload = webhookPayloadSchema.parse({ version: '4', status: 'firing', receiver: 'steadfast-controller', alerts });
+    expect(signalsFromWebhook(payload, new Date('2026-11-21T10:00:01Z')).map((signal) => [signal.evidence.alertname, signal.kind])).toEqual(expected);
+    expect(expected.filter(([, kind]) => kind !== 'alert').length, 'the catalogue maps some alerts to their own kinds').toBeGreaterThan(0);
+  });
+
+  it('refuses an alert the catalogue turns into an Xid signal when it carries no Xid', () => {
+    for (const entry of [...ALERT_CATALOGUE.values()].filter((candidate) => candidate.meaning.signal === 'xid')) {
+      const alerts = [{ labels: { alertname: entry.alert, node: 'node-3' }, startsAt: '2026-11-21T10:00:00Z' }];
+      const result = webhookPayloadSchema.safeParse({ version: '4', status: 'firing', receiver: 'r', alerts });
+      expect(result.success, entry.alert).toBe(false);
+    }
   });
 
   it('cuts a long description but keeps the alert whole, saying it was cut', () => {
