@@ -266,7 +266,7 @@ async function realSetup(): Promise<Setup> {
   try {
     await execFileAsync(nvidiaSmi, ['-L'], { encoding: 'utf8' });
   } catch (error) {
-    throw new Error(`--real: cannot run ${nvidiaSmi} -L (${error instanceof Error ? error.message : String(error)}); give --nvidia-smi PATH`);
+    throw new Error(`--real: cannot run ${nvidiaSmi} -L (${error instanceof Error ? error.message : String(error)}); give --nvidia-smi PATH`, { cause: error });
   }
   const nvml = await NvmlLibrary.load(nvmlLibrary).catch((error: unknown) => {
     throw new Error(`--real: cannot load ${nvmlLibrary} (${error instanceof Error ? error.message : String(error)}); give --nvml-library PATH`);

@@ -265,7 +265,8 @@ export function agentCommand(io: Partial<AgentCommandIo> = {}): Command {
             process.exitCode = 1;
           },
         )
-        .then(() => exitIfNvmlStuck((message) => logger.warn(message)));
+        .then(() => exitIfNvmlStuck((message) => logger.warn(message)))
+        .catch((error: unknown) => logger.error({ err: error instanceof Error ? error.message : String(error) }, 'error while stopping'));
     };
     process.once('SIGINT', stop);
     process.once('SIGTERM', stop);

@@ -59,7 +59,7 @@ export async function callController<T>(connection: ControllerConnection, method
     });
   } catch (error) {
     const cause = error instanceof Error && error.cause !== undefined ? ` (${errorMessage(error.cause)})` : '';
-    throw new Error(`the controller at ${connection.url} is not reachable: ${errorMessage(error)}${cause}`);
+    throw new Error(`the controller at ${connection.url} is not reachable: ${errorMessage(error)}${cause}`, { cause: error });
   }
   const text = await response.text();
   let parsed: unknown;

@@ -152,7 +152,7 @@ export class ProgressWatch {
   /** Starts watching a restart launched at `since` (taken before the launch). */
   async watch(job: string, eventId: string, since = Date.now()): Promise<void> {
     const nodes = await this.options.nodesOf(job);
-    let baseline: number | null = null;
+    let baseline: number | null;
     try {
       baseline = await this.iteration(job, nodes);
     } catch {

@@ -140,7 +140,7 @@ export function withRuleTable(doc: string, table: string): string {
 
 /** Writes `text` to `path` unless the file already holds it; whether it wrote. */
 export function writeIfChanged(path: string, text: string): boolean {
-  let current = '';
+  let current: string;
   try {
     current = readFileSync(path, 'utf8');
   } catch {

@@ -268,7 +268,7 @@ class Reader {
   /** Lists a directory; undefined when it does not exist. Throws for any other failure. */
   async list(path: string): Promise<string[] | undefined> {
     try {
-      return await readdir(path);
+      return readdir(path);
     } catch (error) {
       if (isGone(error)) return undefined;
       throw new Error(`cannot list ${path}: ${errorMessage(error)}`, { cause: error });
@@ -330,7 +330,7 @@ async function readPort(reader: Reader, device: string, portDir: string, port: s
 
 async function isDirectory(path: string): Promise<boolean> {
   try {
-    return (await stat(path)).isDirectory();
+    return stat(path).isDirectory();
   } catch (error) {
     if (isGone(error)) return false;
     throw new Error(`cannot stat ${path}: ${errorMessage(error)}`, { cause: error });

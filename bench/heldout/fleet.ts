@@ -209,12 +209,18 @@ export function planFleet(shape: FleetShape): FleetPlan {
   for (let count = 0; count < Math.round(3 * daysSpan); ) {
     const node = pick(nodes);
     const at = minute(between(shape.start + HOUR, end - HOUR));
-    if (quiet(node, at)) (confusers.push({ kind: 'reboot', node, at }), (count += 1));
+    if (quiet(node, at)) {
+      confusers.push({ kind: 'reboot', node, at });
+      count += 1;
+    }
   }
   for (let count = 0; count < Math.round(8 * daysSpan); ) {
     const node = pick(nodes);
     const at = minute(between(shape.start + HOUR, end - HOUR)) + 30_000;
-    if (quiet(node, at)) (confusers.push({ kind: 'spike', node, gpu: Math.floor(random() * shape.gpusPerNode), at }), (count += 1));
+    if (quiet(node, at)) {
+      confusers.push({ kind: 'spike', node, gpu: Math.floor(random() * shape.gpusPerNode), at });
+      count += 1;
+    }
   }
   for (let count = 0; count < Math.round(2 * daysSpan); ) {
     const at = minute(between(shape.start + 2 * HOUR, end - HOUR));

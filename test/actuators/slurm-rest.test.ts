@@ -1,5 +1,5 @@
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer, type IncomingMessage, type Server } from 'node:http';
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -84,7 +84,8 @@ describe('Slurm backend over slurmrestd v0.0.40 (a stand-in serving its document
   }
 
   beforeAll(async () => {
-    server = createServer(async (request, response) => {
+    server = createServer((request, response) => void answer(request, response));
+    async function answer(request: IncomingMessage, response: ServerResponse): Promise<void> {
       const text = await body(request);
       requests.push({ method: request.method ?? '', url: request.url ?? '', user: request.headers['x-slurm-user-name'] as string, token: request.headers['x-slurm-user-token'] as string, body: text });
       response.setHeader('content-type', 'application/json');
@@ -112,7 +113,7 @@ describe('Slurm backend over slurmrestd v0.0.40 (a stand-in serving its document
         return;
       }
       response.end(JSON.stringify({ errors: [], nodes: [{ name: node, state: drained.has(node) ? ['IDLE', 'DRAIN'] : ['IDLE'], reason: drained.has(node) ? 'why' : '' }] }));
-    });
+    }
     await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
     url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
   });

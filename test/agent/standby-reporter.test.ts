@@ -1,5 +1,5 @@
 import { mkdtempSync, writeFileSync } from 'node:fs';
-import { createServer, type Server } from 'node:http';
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -26,13 +26,14 @@ describe('a warm standby\'s self-check with the node\'s own diagnostics', () => 
   /** A stand-in controller that says the node waits for its self-check and keeps what it is told. */
   async function standInController(): Promise<{ url: string; reports: unknown[] }> {
     const reports: unknown[] = [];
-    controller = createServer(async (request, response) => {
+    controller = createServer((request, response) => void answer(request, response));
+    async function answer(request: IncomingMessage, response: ServerResponse): Promise<void> {
       let body = '';
       for await (const chunk of request) body += String(chunk);
       response.setHeader('content-type', 'application/json');
       if (request.method === 'POST') reports.push(JSON.parse(body));
       response.end(JSON.stringify({ node: 's1', role: 'standby', state: 'self_check' }));
-    });
+    }
     await new Promise<void>((resolve) => controller?.listen(0, '127.0.0.1', resolve));
     return { url: `http://127.0.0.1:${(controller.address() as AddressInfo).port}`, reports };
   }

@@ -64,7 +64,7 @@ describe('token reviews a stranger can cause', () => {
   let controller: Controller | undefined;
   const logs: { msg: string; reason?: string }[] = [];
   /** Reviews the stand-in holds unanswered, as a slow API server does; released after each test. */
-  let held: (() => void)[] = [];
+  const held: (() => void)[] = [];
   let flooding: Promise<Answer>[] = [];
 
   beforeAll(async () => {

@@ -54,7 +54,7 @@ export class LabDaemons {
 
   /** Stops every daemon still tracked: SIGTERM, then SIGKILL after `graceMs`. */
   async stopAll(graceMs = 3000): Promise<void> {
-    await Promise.all([...this.children.values()].map((child) => (child.pid === undefined ? undefined : stopPid(child.pid, undefined, graceMs))));
+    await Promise.all([...this.children.values()].flatMap((child) => (child.pid === undefined ? [] : [stopPid(child.pid, undefined, graceMs)])));
     this.children.clear();
     process.removeListener('exit', this.killOnExit);
   }

@@ -119,7 +119,10 @@ describe('the labelled replay generator', () => {
         let current = 0;
         for (let time = fault.onset + MINUTE; time < fault.xid; time += MINUTE) {
           if (share(time) > share(time - MINUTE)) current += 1;
-          else if (current > 0) (runs.push(current), (current = 0));
+          else if (current > 0) {
+            runs.push(current);
+            current = 0;
+          }
         }
         expect(runs.length, label).toBeGreaterThanOrEqual(2);
         expect(Math.max(...runs), label).toBeLessThanOrEqual(2);
