@@ -180,7 +180,7 @@ export function signalProcessor(deps: PolicyWorkerDeps): (signal: Signal, firstA
     }
 
     const { node, rung } = choice;
-    // A drain keeps the id it always had (`drain|…`), so a fault decided before an upgrade is recognised after it.
+    // The decision's id: the rung's verb and the signal, so a redelivered signal finds the decision it made.
     const decisionId = `d-${stableHash(`${rung.verb}|${signal.id}`)}`;
     const transition: StepsJob = {
       v: STEPS_JOB_VERSION,
@@ -242,11 +242,8 @@ function parseJson(raw: string | null): unknown {
   }
 }
 
-/** The fault a stored node decision follows: this release's transition, or an earlier release's decision. */
+/** The fault a stored node decision follows. */
 function fingerprintOf(raw: string | null): string | undefined {
-  const stored = parseJson(raw);
-  if (typeof stored !== 'object' || stored === null) return undefined;
-  const fault = (stored as { fault?: { fingerprint?: unknown } }).fault;
-  const fingerprint = fault?.fingerprint ?? (stored as { fingerprint?: unknown }).fingerprint;
-  return typeof fingerprint === 'string' ? fingerprint : undefined;
+  const stored = stepsJobSchema.safeParse(parseJson(raw));
+  return stored.success ? stored.data.fault?.fingerprint : undefined;
 }
