@@ -9,6 +9,7 @@ import type { RemedyAction, RemedyOutcome } from '../../core/remedy.js';
 import type { RemediesConfig } from '../../core/remedy-config.js';
 import { ACTING_VERBS, type Step, type StepRecord, type StepState } from '../../core/steps.js';
 import { DoNotRetryError } from '../../core/errors.js';
+import { Locks } from '../../core/locks.js';
 import type { ClusterBackend } from '../backend.js';
 import type { StepCopies } from '../restore-plan.js';
 import type { HandOffNotifier } from '../hand-off.js';
@@ -192,8 +193,6 @@ export async function recordStep(deps: StepDeps, at: StepAt, state: StepState, d
   if (state !== 'running' && ACTING_VERBS.has(step.verb)) deps.onFinished?.(record);
 }
 
-const DELETE_IF_HELD_BY = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0";
-
 /**
  * A node step the safety gates refused (a hold, a pause, the budget) gives up the node's claim
  * the policy worker took for it, so that the next fault on the node, once the gate opens, is
@@ -201,7 +200,7 @@ const DELETE_IF_HELD_BY = "if redis.call('get', KEYS[1]) == ARGV[1] then return 
  * taken by another decision is left alone.
  */
 export async function releaseNodeClaim(deps: Pick<StepDeps, 'redis' | 'keys'>, node: string, decisionId: string): Promise<void> {
-  await deps.redis.eval(DELETE_IF_HELD_BY, 1, deps.keys.nodeDrainClaim(node), decisionId);
+  await new Locks(deps.redis, deps.keys).releaseNodeClaim(node, decisionId);
 }
 
 /** Keeps a remediation in the node's history (once per marker) and counts it. */

@@ -2,6 +2,7 @@ import { randomUUID } from 'node:crypto';
 import { DelayedError, UnrecoverableError, type Job } from 'bullmq';
 import { ZodError } from 'zod';
 import { DoNotRetryError, RetryLaterError, errorMessage } from '../../core/errors.js';
+import { Locks } from '../../core/locks.js';
 import { parseStepsJob, type StepsJob } from '../../core/queues.js';
 import { ACTING_VERBS } from '../../core/steps.js';
 import { describeIssues } from '../../core/validate.js';
@@ -166,30 +167,27 @@ async function runStep(deps: StepDeps, at: StepAt, queued: Job): Promise<Halt> {
   }
 }
 
-const RELEASE_IF_HELD = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0";
-const RENEW_IF_HELD = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0";
-
 /**
  * Holds the job for this transition, renewed while it runs. A job busy with another transition
  * sends this one back to wait its turn (BullMQ's delayed set; not a failed try).
  */
 async function holdJob(deps: StepDeps, job: string, queued: Job, token: string | undefined): Promise<{ release(): Promise<void> }> {
-  const key = deps.keys.jobStepsHold(job);
+  const locks = new Locks(deps.redis, deps.keys);
   const holder = `${queued.id ?? ''}:${randomUUID()}`;
   const holdMs = deps.jobHoldMs ?? JOB_HOLD_MS;
-  if ((await deps.redis.set(key, holder, 'PX', holdMs, 'NX')) !== 'OK') {
+  if (!(await locks.holdJob(job, holder, holdMs))) {
     if (token === undefined) throw new RetryLaterError(`job ${job} is busy with another transition`);
     await queued.moveToDelayed(Date.now() + JOB_BUSY_RETRY_MS, token);
     throw new DelayedError();
   }
   const renewal = setInterval(() => {
-    deps.redis.eval(RENEW_IF_HELD, 1, key, holder, String(holdMs)).catch((error: unknown) => deps.logger.warn({ job, err: error }, 'could not renew the hold on the job'));
+    locks.renewJobHold(job, holder, holdMs).catch((error: unknown) => deps.logger.warn({ job, err: error }, 'could not renew the hold on the job'));
   }, holdMs / 3);
   renewal.unref();
   return {
     async release() {
       clearInterval(renewal);
-      await deps.redis.eval(RELEASE_IF_HELD, 1, key, holder);
+      await locks.releaseJobHold(job, holder);
     },
   };
 }

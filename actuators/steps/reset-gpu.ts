@@ -1,5 +1,6 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { DoNotRetryError, errorMessage } from '../../core/errors.js';
+import { Locks } from '../../core/locks.js';
 import type { GpuResetReport } from '../../core/remedy.js';
 import { NodeLeasedError } from '../drain-node.js';
 import type { GpuResetter } from './gpu-resetter.js';
@@ -94,8 +95,7 @@ async function resetHeld(deps: StepDeps, at: StepAt, node: string, gpu: string, 
     return undefined;
   }
   // The node is back: a new fault on it soon is a new decision (escalation counts it), not this one's.
-  const claim = deps.keys.nodeDrainClaim(node);
-  if ((await deps.redis.get(claim)) === at.transitionId) await deps.redis.expire(claim, deps.remedies.gpuReset.rejoinSeconds);
+  await new Locks(deps.redis, deps.keys).shortenNodeClaim(node, at.transitionId, deps.remedies.gpuReset.rejoinSeconds);
   const detail = `GPU ${gpu}${report.index === null ? '' : ` (index ${report.index})`} reset and listed again in ${report.seconds.toFixed(1)} s; ${tookOut ? 'node returned to service' : 'node left out of service, as it was before'}`;
   await rememberRemedy(deps, at, node, 'reset_gpu', 'done', detail, 'reset');
   await recordStep(deps, at, 'done', detail);

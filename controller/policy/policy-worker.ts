@@ -3,6 +3,7 @@ import { z } from 'zod';
 import type { AuditLog } from '../../core/audit.js';
 import { CONTROLLER_IDENTITY } from '../../core/credentials.js';
 import { parseJobPayload } from '../../core/job-payload.js';
+import { Locks } from '../../core/locks.js';
 import type { Keys, Redis } from '../../core/redis.js';
 import { signalSchema, stableHash, type Signal } from '../../core/signal.js';
 import { classifySignal, type Classification } from './fault-class.js';
@@ -43,16 +44,6 @@ export interface PolicyWorkerDeps {
   /** Remedies short of a drain (node-ladder.ts); without them every such fault drains the node. */
   readonly remedies?: { readonly config: RemediesConfig; readonly history: RemediationHistory };
 }
-
-// Claims the node for a decision and stores the decision in one step. Returns the id of the
-// decision that holds the claim: ours when we got it (or had it already, on a retried job).
-const CLAIM = `
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[3]) then
-  redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
-  return ARGV[1]
-end
-return redis.call('GET', KEYS[1])
-`;
 
 function describe(signal: Signal): string {
   const what = signal.kind === 'xid' ? `Xid ${String(signal.evidence.xid ?? '?')}` : signal.kind === 'alert' ? String(signal.evidence.alertname) : signal.kind;
@@ -146,6 +137,7 @@ export function createPolicyProcessor(deps: PolicyWorkerDeps): (job: Job<SignalJ
 export function signalProcessor(deps: PolicyWorkerDeps): (signal: Signal, firstAttempt: boolean) => Promise<PolicyResult> {
   const { redis, keys, audit, steps, dedupeSeconds } = deps;
   const remediesConfig = deps.remedies?.config ?? remediesSchema.parse({});
+  const locks = new Locks(redis, keys);
 
   return async (signal, firstAttempt) => {
     // A fault from before an operator returned its node to service was dealt with by that operator.
@@ -190,7 +182,7 @@ export function signalProcessor(deps: PolicyWorkerDeps): (signal: Signal, firstA
       ...(signal.origin ? { origin: signal.origin } : {}),
       fault: { signalId: signal.id, fingerprint: signal.fingerprint, time: signal.time },
     };
-    const holder = (await redis.eval(CLAIM, 2, keys.nodeDrainClaim(node), keys.decision(decisionId), decisionId, JSON.stringify(transition), String(dedupeSeconds))) as string | null;
+    const holder = await locks.claimNode(node, decisionId, JSON.stringify(transition), dedupeSeconds);
 
     if (holder !== null && holder !== decisionId) {
       const sameFault = fingerprintOf(await redis.get(keys.decision(holder))) === signal.fingerprint;
