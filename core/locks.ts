@@ -10,6 +10,7 @@ import { luaScript, type Keys, type Redis } from './redis.js';
  * - A node's lease: the one actuator working on a node now (SafetyGates).
  * - A job's hold: the one transition running on a job now (the step processor), renewed while it runs.
  * - A budget slot: a decision counted once against the eviction budget's window (SafetyGates.admit).
+ * - The analysis leader's lease: the one replica running the online analyzers.
  *
  * A holder lets go only of what it holds: a key since taken by another is left alone.
  */
@@ -126,6 +127,13 @@ export class Locks {
 
   async releaseJobHold(job: string, holder: string): Promise<void> {
     await this.releaseIfHeld(this.keys.jobStepsHold(job), holder);
+  }
+
+  /** Takes or renews the analysis leader's lease for `replica` for `ms`; false while another replica holds it. */
+  async leadAnalysis(replica: string, ms: number): Promise<boolean> {
+    const key = this.keys.analysisLeader;
+    if ((await this.redis.set(key, replica, 'PX', ms, 'NX')) === 'OK') return true;
+    return Number(await this.renewIfHeld(key, replica, String(ms))) === 1;
   }
 
   /** Counts `decisionId` in the budget's window (once): false when `max` decisions already fill it. */

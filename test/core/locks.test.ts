@@ -49,11 +49,11 @@ describe('claims, leases and holds', () => {
   });
 
   it('name the keys of claims, leases and job holds in core/locks.ts alone', () => {
-    const users = TREE.filter(({ file, text }) => file !== 'core/redis.ts' && /\.(nodeDrainClaim|nodeLease|jobStepsHold)\(/.test(text)).map(({ file }) => file);
+    const users = TREE.filter(({ file, text }) => file !== 'core/redis.ts' && /\.(nodeDrainClaim|nodeLease|jobStepsHold|analysisLeader)\b/.test(text)).map(({ file }) => file);
     expect(users).toEqual(['core/locks.ts']);
   });
 
-  it('take, renew and let go of a node claim, a lease and a job hold only for their holder', async () => {
+  it('take, renew and let go of a node claim, a lease, a job hold and the analysis lead only for their holder', async () => {
     const store = testRedis();
     stores.push(store);
     const locks = new Locks(store.redis, store.keys);
@@ -93,5 +93,9 @@ describe('claims, leases and holds', () => {
     expect(await locks.takeBudgetSlot('d-1', 1000, 10_000, 1)).toBe(true);
     expect(await locks.takeBudgetSlot('d-1', 1001, 10_000, 1)).toBe(true);
     expect(await locks.takeBudgetSlot('d-2', 1002, 10_000, 1)).toBe(false);
+
+    expect(await locks.leadAnalysis('replica-a', 60_000)).toBe(true);
+    expect(await locks.leadAnalysis('replica-b', 60_000)).toBe(false);
+    expect(await locks.leadAnalysis('replica-a', 60_000)).toBe(true);
   });
 });
