@@ -21,6 +21,7 @@ import type { GrafanaAnnotator } from './grafana.js';
 import type { JobStore } from './job-store.js';
 import type { LadderConfig } from './policy/ladder/index.js';
 import type { ControllerMetrics } from './metrics.js';
+import { NodeDispatcher } from './policy/node-dispatcher.js';
 import { createPolicyProcessor } from './policy/policy-worker.js';
 import type { ProgressWatch } from './progress.js';
 import type { RecoveryDispatcher } from './policy/recovery-dispatcher.js';
@@ -80,8 +81,7 @@ export function startWorkers(deps: WorkerDeps, workers: Worker[] = []): Worker[]
       redis: deps.redis,
       keys: deps.keys,
       audit: deps.audit,
-      steps: deps.stepQueue,
-      dedupeSeconds: config.policy.drainDedupeSeconds,
+      nodes: new NodeDispatcher(deps.redis, deps.keys, deps.audit, deps.stepQueue, config.policy.drainDedupeSeconds),
       recovery: { jobs: deps.jobs, dispatcher: deps.dispatcher },
       remedies: { config: config.remedies, history },
     }),
