@@ -2,6 +2,7 @@ import { z } from 'zod';
 import type { Config } from '../core/config.js';
 import type { MaintenanceWindow } from '../core/remedy-config.js';
 import type { Logger } from '../core/log.js';
+import { Locks } from '../core/locks.js';
 import type { Keys, Redis } from '../core/redis.js';
 
 /** How often the nodes of a maintenance window's partitions are read again from the scheduler. */
@@ -31,23 +32,6 @@ export interface BudgetOptions {
   readonly windowSeconds: number;
 }
 
-// Counts a decision against the window once: a retried job that was already counted passes.
-const TAKE_BUDGET = `
-if redis.call('ZSCORE', KEYS[1], ARGV[4]) then return 1 end
-local now = tonumber(ARGV[1])
-local window = tonumber(ARGV[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
-redis.call('ZADD', KEYS[1], now, ARGV[4])
-redis.call('PEXPIRE', KEYS[1], window)
-return 1
-`;
-
-const RELEASE_LEASE = `
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-`;
-
 export class SafetyGates {
   constructor(
     private readonly redis: Redis,
@@ -63,7 +47,11 @@ export class SafetyGates {
     if (windows.some((window) => window.partitions !== undefined) && partitionNodes === undefined) {
       throw new Error('remedies.maintenanceWindows names partitions, which only the Slurm backend knows; name the nodes instead');
     }
+    this.locks = new Locks(redis, keys);
   }
+
+  /** The node leases and the budget's slots (core/locks.ts). */
+  private readonly locks: Locks;
 
   /** Each window's partitions' nodes as last read, and when. */
   private partitions = new Map<string, string[]>();
@@ -179,16 +167,7 @@ export class SafetyGates {
     if (pausedReason !== undefined) return { ok: false, gate: 'pause', reason: `actions are paused: ${pausedReason}` };
     const holds = await holdsRead;
     if (!holds.ok) return holds;
-    const taken = (await this.redis.eval(
-      TAKE_BUDGET,
-      1,
-      this.keys.drainBudget,
-      String(now),
-      String(this.budget.windowSeconds * 1000),
-      String(this.budget.maxPerWindow),
-      decisionId,
-    )) as number;
-    if (taken !== 1) {
+    if (!(await this.locks.takeBudgetSlot(decisionId, now, this.budget.windowSeconds * 1000, this.budget.maxPerWindow))) {
       return {
         ok: false,
         gate: 'budget',
@@ -252,15 +231,13 @@ export class SafetyGates {
   async acquireLease(node: string, holder: string): Promise<GateVerdict> {
     const holds = await this.checkHolds([node]);
     if (!holds.ok) return holds;
-    const taken = await this.redis.set(this.keys.nodeLease(node), holder, 'PX', this.leaseSeconds * 1000, 'NX');
-    if (taken === 'OK') return { ok: true };
-    const current = await this.redis.get(this.keys.nodeLease(node));
-    if (current === holder) return { ok: true };
-    return { ok: false, gate: 'lease', reason: `node ${node} is leased by ${current ?? 'another actuator'}` };
+    const current = await this.locks.takeLease(node, holder, this.leaseSeconds * 1000);
+    if (current === undefined) return { ok: true };
+    return { ok: false, gate: 'lease', reason: `node ${node} is leased by ${current}` };
   }
 
   async releaseLease(node: string, holder: string): Promise<void> {
-    await this.redis.eval(RELEASE_LEASE, 1, this.keys.nodeLease(node), holder);
+    await this.locks.releaseLease(node, holder);
   }
 }
 

@@ -2,6 +2,7 @@ import { Command } from 'commander';
 import { AuditLog } from '../core/audit.js';
 import { loadConfig } from '../core/config.js';
 import { errorMessage } from '../core/errors.js';
+import { Locks } from '../core/locks.js';
 import { nodeNameSchema } from '../core/names.js';
 import { Keys, workerConnection } from '../core/redis.js';
 import { retentionFromBudget } from '../core/retention.js';
@@ -62,7 +63,7 @@ export function resumeCommand(): Command {
           const audit = new AuditLog(redis, keys, retentionFromBudget(config.redis.retentionBudgetMB, config.controller.auditMaxLength).auditEntries);
           const before = await backend.nodeState(node);
           if (!before.exists) throw new Error(`${backend.name} does not know node ${node}`);
-          const claim = await redis.get(keys.nodeDrainClaim(node));
+          const claim = await new Locks(redis, keys).nodeClaim(node);
           const record = (state: 'done' | 'refused', summary: string, detail: string) =>
             audit.append(
               {

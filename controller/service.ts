@@ -8,6 +8,7 @@ import { resolveToken } from '../core/config.js';
 import { resolveCredentials } from '../core/auth-config.js';
 import { Credentials } from '../core/credentials.js';
 import { errorMessage } from '../core/errors.js';
+import { Locks } from '../core/locks.js';
 import type { Logger } from '../core/log.js';
 import { SIGNAL_BATCH_MAX, retentionFromBudget } from '../core/retention.js';
 import { Keys, describeRedis, intakeConnection, redisProbe, requestConnection, workerConnection, type Redis } from '../core/redis.js';
@@ -394,12 +395,7 @@ export class Controller {
    * its holder and taken over by another replica within a few ticks of the holder's death.
    */
   private async leadAnalysis(): Promise<boolean> {
-    const key = this.keys.analysisLeader;
-    const leaseMs = RECOVERY_TICK_MS * 3;
-    if ((await this.workerRedis.set(key, this.replicaId, 'PX', leaseMs, 'NX')) === 'OK') return true;
-    if ((await this.workerRedis.get(key)) !== this.replicaId) return false;
-    await this.workerRedis.pexpire(key, leaseMs);
-    return true;
+    return new Locks(this.workerRedis, this.keys).leadAnalysis(this.replicaId, RECOVERY_TICK_MS * 3);
   }
 
   /** Stops accepting, lets running jobs finish, closes every connection. Safe to call twice. */

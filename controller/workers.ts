@@ -18,10 +18,10 @@ import type { StandbyPool } from '../actuators/standby-pool.js';
 import { AgentGpuResetter, type AgentDirectory } from './agents.js';
 import { createAnalysisProcessor, type AnalysisDeps } from '../analyzers/workers/analysis.js';
 import type { GrafanaAnnotator } from './grafana.js';
-import { forwardLegacyQueues } from './legacy-queues.js';
 import type { JobStore } from './job-store.js';
 import type { LadderConfig } from './policy/ladder/index.js';
 import type { ControllerMetrics } from './metrics.js';
+import { NodeDispatcher } from './policy/node-dispatcher.js';
 import { createPolicyProcessor } from './policy/policy-worker.js';
 import type { ProgressWatch } from './progress.js';
 import type { RecoveryDispatcher } from './policy/recovery-dispatcher.js';
@@ -67,8 +67,7 @@ export function replayCommandOf(launchers: Launchers): AnalysisDeps['replayComma
 /**
  * The controller's BullMQ workers: signals → decisions (policy: the node ladder or a job's
  * ladder), the steps both ladders queue (steps), and the analyses a job's steps ask for
- * (analysis); while an earlier release's queues still hold work, their forwarders too. Each
- * is added to `workers` as it starts.
+ * (analysis). Each is added to `workers` as it starts.
  */
 export function startWorkers(deps: WorkerDeps, workers: Worker[] = []): Worker[] {
   const { config, logger } = deps;
@@ -82,8 +81,7 @@ export function startWorkers(deps: WorkerDeps, workers: Worker[] = []): Worker[]
       redis: deps.redis,
       keys: deps.keys,
       audit: deps.audit,
-      steps: deps.stepQueue,
-      dedupeSeconds: config.policy.drainDedupeSeconds,
+      nodes: new NodeDispatcher(deps.redis, deps.keys, deps.audit, deps.stepQueue, config.policy.drainDedupeSeconds),
       recovery: { jobs: deps.jobs, dispatcher: deps.dispatcher },
       remedies: { config: config.remedies, history },
     }),
@@ -166,11 +164,6 @@ export function startWorkers(deps: WorkerDeps, workers: Worker[] = []): Worker[]
     watch(worker, logger);
     workers.push(worker);
   }
-  // An earlier release's queued work moves onto the steps queue; the forwarders join the list as they start.
-  forwardLegacyQueues({ connection: deps.connection, prefix: config.redis.prefix, timing, steps: deps.stepQueue, logger }, (worker) => {
-    watch(worker, logger);
-    workers.push(worker);
-  }).catch((error: unknown) => logger.warn({ err: error }, 'could not look for work left on the queues of an earlier release'));
   return workers;
 }
 

@@ -61,9 +61,6 @@ export const configSchema = z
           .prefault({}),
         /** One credential per role (core/auth-config.ts); with none the controller refuses to start. */
         auth: authSchema.prefault({}),
-        /** The single all-powerful token of earlier versions; refused with a pointer to `auth`. */
-        token: z.unknown().optional(),
-        tokenFile: z.unknown().optional(),
         /** Approximate length the audit stream is trimmed to. */
         auditMaxLength: int().min(100).default(100_000),
         /**
@@ -108,13 +105,6 @@ export const configSchema = z
       .refine((controller) => controller.port === 0 || controller.metrics.port !== controller.port || (controller.metrics.host ?? controller.host) !== controller.host, {
         message: 'must differ from controller.port: /metrics has its own listener',
         path: ['metrics', 'port'],
-      })
-      .superRefine((controller, context) => {
-        for (const key of ['token', 'tokenFile'] as const) {
-          if (controller[key] !== undefined) {
-            context.addIssue({ code: 'custom', path: [key], message: 'the single controller token is gone: give each role its own credential under controller.auth (operatorTokenFile, readOnlyTokenFile, alertmanagerTokenFile, agentSecretFile)' });
-          }
-        }
       })
       .prefault({}),
     backend: z

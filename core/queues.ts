@@ -2,8 +2,8 @@ import type { JobsOptions } from 'bullmq';
 import { z } from 'zod';
 import { identitySchema, type Identity } from './credentials.js';
 import type { LadderEvent } from './ladder.js';
-import { nodeNameSchema, PCI_BUS_ID_PATTERN } from './names.js';
-import { NODE_LADDER_CITATION, NODE_VERBS, stepSchema, type Step } from './steps.js';
+import { nodeNameSchema } from './names.js';
+import { stepSchema } from './steps.js';
 import { SIGNAL_BATCH_MAX, withRetention, type Retention } from './retention.js';
 
 export { SIGNAL_BATCH_MAX };
@@ -23,13 +23,6 @@ import { stableHash, type Signal } from './signal.js';
 
 export const QUEUE_NAMES = { signals: 'signals', steps: 'steps', analysis: 'analysis' } as const;
 export type QueueName = keyof typeof QUEUE_NAMES;
-
-/**
- * Queues of earlier releases (before the one `steps` queue): `actions` carried a node's drain or
- * remedy, `recovery` a job ladder's transition. A controller that finds work left on them moves
- * it onto `steps` (parseStepsJob reads both payloads), so an upgrade mid-incident loses no step.
- */
-export const LEGACY_QUEUE_NAMES = ['actions', 'recovery'] as const;
 
 /**
  * The retry policy, one entry per queue:
@@ -97,7 +90,7 @@ export function signalBatchId(signals: readonly Pick<Signal, 'id'>[]): string {
   return `sb-${stableHash(signals.map((signal) => signal.id).join('\n'))}`;
 }
 
-/** The version of the steps contract this release writes; parseStepsJob reads it and the earlier one. */
+/** The version of the steps contract: a queued transition of another version is malformed. */
 export const STEPS_JOB_VERSION = 2;
 
 /**
@@ -119,51 +112,9 @@ export const stepsJobSchema = z
   .refine((job) => (job.job === undefined) !== (job.node === undefined), { message: 'a transition names either a job or a node' });
 export type StepsJob = z.infer<typeof stepsJobSchema>;
 
-/** Version 1: a job ladder's transition on the `recovery` queue. */
-const recoveryJobV1Schema = z.object({
-  transitionId: z.string().min(1).max(128),
-  job: z.string().min(1).max(128),
-  steps: z.array(stepSchema.extend({ job: z.string() })),
-  origin: identitySchema.optional(),
-});
-
-/** Version 1: a node's drain or remedy decision on the `actions` queue. */
-const actionJobV1Schema = z.object({
-  decision: z.object({
-    id: z.string().min(1).max(128),
-    verb: z.enum(NODE_VERBS),
-    node: nodeNameSchema,
-    gpu: z.string().regex(PCI_BUS_ID_PATTERN).optional(),
-    reason: z.string().min(1).max(512),
-    signalId: z.string().min(1).max(128),
-    fingerprint: z.string().min(1).max(256),
-    faultTime: z.iso.datetime({ offset: true }),
-    origin: identitySchema.optional(),
-  }),
-});
-
-/**
- * A queued transition in this release's form, whichever release queued it: version 2 as is, a
- * version 1 ladder transition or node decision rewritten into it (same transition id, so its
- * step markers and audit refs carry over). Throws a ZodError naming what is wrong otherwise.
- */
+/** A queued transition, validated: throws a ZodError naming what is wrong. */
 export function parseStepsJob(raw: unknown): StepsJob {
-  if (typeof raw === 'object' && raw !== null && 'v' in raw) return stepsJobSchema.parse(raw);
-  const action = actionJobV1Schema.safeParse(raw);
-  if (action.success) {
-    const { decision } = action.data;
-    const step: Step = { verb: decision.verb, nodes: [decision.node], reason: decision.reason, citation: NODE_LADDER_CITATION, ...(decision.gpu ? { gpu: decision.gpu } : {}) };
-    return {
-      v: STEPS_JOB_VERSION,
-      transitionId: decision.id,
-      node: decision.node,
-      steps: [step],
-      ...(decision.origin ? { origin: decision.origin } : {}),
-      fault: { signalId: decision.signalId, fingerprint: decision.fingerprint, time: decision.faultTime },
-    };
-  }
-  const transition = recoveryJobV1Schema.parse(raw);
-  return { v: STEPS_JOB_VERSION, ...transition };
+  return stepsJobSchema.parse(raw);
 }
 
 /** An event for a job's ladder, from the policy worker, an actuator, an analyzer or the clock. */

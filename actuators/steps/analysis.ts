@@ -1,6 +1,6 @@
-import { nothingFound, type AnalysisKind } from '../../core/queues.js';
+import { nothingFound, type AnalysisJob, type AnalysisKind, type LadderEventJob } from '../../core/queues.js';
 import type { StepVerb } from '../../core/steps.js';
-import { recordStep, stepJob, stepRef, type Halt, type StepActuator, type StepAt, type StepDeps } from './context.js';
+import { recordStep, stepJob, stepRef, type Halt, type StepActuator, type StepAt, type StepRecording } from './context.js';
 
 /**
  * The run_diagnostics, run_replay and analyze_stacks steps. The analyzers run on their own queue
@@ -8,14 +8,24 @@ import { recordStep, stepJob, stepRef, type Halt, type StepActuator, type StepAt
  */
 const KINDS = { run_diagnostics: 'diagnostics', run_replay: 'replay', analyze_stacks: 'stacks' } as const satisfies Partial<Record<StepVerb, AnalysisKind>>;
 
-export function handToAnalysis(verb: keyof typeof KINDS): StepActuator {
+export type AnalysisVerb = keyof typeof KINDS;
+
+/** The step where an analysis worker runs: it hands the analysis to the analysis queue (`analyze`). */
+export function handToAnalysis(verb: AnalysisVerb, deps: StepRecording & { readonly analyze: (request: AnalysisJob) => Promise<void> }): StepActuator {
   const kind = KINDS[verb];
-  return async (deps: StepDeps, at: StepAt): Promise<Halt> => {
+  return async (at: StepAt): Promise<Halt> => {
+    await deps.analyze({ kind, job: stepJob(at), ref: stepRef(at), reason: at.step.reason });
+    await recordStep(deps, at, 'done', `${kind} analysis queued`);
+    return undefined;
+  };
+}
+
+/** The step where this controller runs no analysis worker: stacks are recorded, a diagnosis or a replay reported as finding nothing. */
+export function withoutAnalysis(verb: AnalysisVerb, deps: StepRecording & { readonly feedback: (event: LadderEventJob) => Promise<unknown> }): StepActuator {
+  const kind = KINDS[verb];
+  return async (at: StepAt): Promise<Halt> => {
     const job = stepJob(at);
-    if (deps.analyze) {
-      await deps.analyze({ kind, job, ref: stepRef(at), reason: at.step.reason });
-      await recordStep(deps, at, 'done', `${kind} analysis queued`);
-    } else if (kind === 'stacks') {
+    if (kind === 'stacks') {
       await recordStep(deps, at, 'done', 'recorded; this controller runs no analysis worker');
     } else {
       // Without analyzers the ladder goes on as ByteRobust §4.2 does when checks find nothing.

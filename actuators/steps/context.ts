@@ -9,9 +9,11 @@ import type { RemedyAction, RemedyOutcome } from '../../core/remedy.js';
 import type { RemediesConfig } from '../../core/remedy-config.js';
 import { ACTING_VERBS, type Step, type StepRecord, type StepState } from '../../core/steps.js';
 import { DoNotRetryError } from '../../core/errors.js';
+import type { Locks } from '../../core/locks.js';
 import type { ClusterBackend } from '../backend.js';
 import type { StepCopies } from '../restore-plan.js';
 import type { HandOffNotifier } from '../hand-off.js';
+import type { RemediationEntry } from '../../core/remedy.js';
 import type { RemediationHistory } from '../remediation-history.js';
 import type { GateVerdict, SafetyGates } from '../safety.js';
 import type { StandbyPool } from '../standby-pool.js';
@@ -58,7 +60,11 @@ export interface StepWorld {
   relaunched(job: string): Promise<number>;
 }
 
-export interface StepDeps {
+/**
+ * What the controller wires the step processor with (processor.ts). The optional capabilities are
+ * decided once, when the actuators are built (index.ts): each actuator is given only what it uses.
+ */
+export interface StepProcessorDeps {
   readonly redis: Redis;
   readonly keys: Keys;
   readonly audit: AuditLog;
@@ -67,11 +73,6 @@ export interface StepDeps {
   readonly jobs: StepJobs;
   /** The operator's launchers (config `launchers:`), which a job names. */
   readonly launchers: Launchers;
-  /**
-   * This transition runs in dry-run: the backend and the GPU resetter record instead of acting,
-   * launches are only described. Set by the step processor alone (processor.ts), once per transition.
-   */
-  readonly dryRun?: boolean;
   readonly logger: Logger;
   /** Feeds a step's outcome back into the job's ladder (RecoveryDispatcher.apply). */
   readonly feedback: (event: LadderEventJob) => Promise<unknown>;
@@ -155,8 +156,36 @@ export function stepJob(at: StepAt): string {
 /** Why a step stops its transition there (a refusal, or a failure a person must see to); undefined: the transition goes on. */
 export type Halt = string | undefined;
 
-/** One actuator: carries out one verb's step. */
-export type StepActuator = (deps: StepDeps, at: StepAt) => Promise<Halt>;
+/** One actuator, built with what it uses (index.ts): carries out one verb's step. */
+export type StepActuator = (at: StepAt) => Promise<Halt>;
+
+/** What putting a step on record needs: the audit, the backend (its name), and who hears each outcome (a no-op when none does). */
+export interface StepRecording {
+  readonly audit: AuditLog;
+  readonly backend: ClusterBackend;
+  readonly onFinished: (record: StepRecord) => void;
+}
+
+/** Pages a person: `job` when it is a job's incident. Built with or without the controller's pager (index.ts). */
+export interface Pager {
+  page(job: string | undefined, reason: string): void;
+  /** Pages about a refusal, once per gate and budget window (SafetyGates.claimPage), and audits the page. */
+  pageOnce(at: StepAt, refusal: Extract<GateVerdict, { ok: false }>, page: RefusalPage): Promise<void>;
+}
+
+/** The nodes' remediation history as the steps keep it; with no history kept, nothing is kept and nothing read. */
+export interface RemedyLog {
+  remember(at: StepAt, node: string, action: RemedyAction, outcome: RemedyOutcome, detail: string, marker: string): Promise<void>;
+  read(node: string, limit: number): Promise<RemediationEntry[]>;
+}
+
+/** What every acting step works with: recording, the gates, the node claims, paging and the remediation history. */
+export interface StepBase extends StepRecording {
+  readonly gates: SafetyGates;
+  readonly locks: Locks;
+  readonly pager: Pager;
+  readonly remedyLog: RemedyLog;
+}
 
 export interface RecordOptions {
   /** The node this entry is about, when the step acts on several (each evicted node) or names a different one (the standby). */
@@ -171,7 +200,7 @@ export interface RecordOptions {
  * Puts a step's outcome on the audit (once per step, node, state and delivery) and, for an acting
  * step that ended, tells the controller's metrics and annotations.
  */
-export async function recordStep(deps: StepDeps, at: StepAt, state: StepState, detail: string, options: RecordOptions = {}): Promise<void> {
+export async function recordStep(deps: StepRecording, at: StepAt, state: StepState, detail: string, options: RecordOptions = {}): Promise<void> {
   const { step } = at;
   const ref = stepRef(at);
   // A node step always names its node (and GPU); a job's step names the node an entry is about.
@@ -189,34 +218,34 @@ export async function recordStep(deps: StepDeps, at: StepAt, state: StepState, d
     },
     `action:${ref}:${options.node ?? ''}:${state}:${at.attempt}${options.part === undefined ? '' : `:${options.part}`}`,
   );
-  if (state !== 'running' && ACTING_VERBS.has(step.verb)) deps.onFinished?.(record);
-}
-
-const DELETE_IF_HELD_BY = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0";
-
-/**
- * A node step the safety gates refused (a hold, a pause, the budget) gives up the node's claim
- * the policy worker took for it, so that the next fault on the node, once the gate opens, is
- * decided and acted on at once instead of joining a decision that never acted. A claim since
- * taken by another decision is left alone.
- */
-export async function releaseNodeClaim(deps: Pick<StepDeps, 'redis' | 'keys'>, node: string, decisionId: string): Promise<void> {
-  await deps.redis.eval(DELETE_IF_HELD_BY, 1, deps.keys.nodeDrainClaim(node), decisionId);
+  if (state !== 'running' && ACTING_VERBS.has(step.verb)) deps.onFinished(record);
 }
 
 /** Keeps a remediation in the node's history (once per marker) and counts it. */
-export async function rememberRemedy(deps: StepDeps, at: StepAt, node: string, action: RemedyAction, outcome: RemedyOutcome, detail: string, marker: string): Promise<void> {
-  if (deps.history === undefined) return;
-  const entry = {
-    time: new Date().toISOString(),
-    action,
-    outcome,
-    detail: (at.job === undefined ? detail : `job ${at.job}: ${detail}`).slice(0, 1024),
-    decisionId: at.transitionId,
-    ...(at.step.gpu ? { gpu: at.step.gpu } : {}),
-    ...(at.origin ? { actor: at.origin } : {}),
+export async function rememberRemedy(
+  deps: Pick<StepBase, 'remedyLog'>, at: StepAt, node: string, action: RemedyAction, outcome: RemedyOutcome, detail: string, marker: string,
+): Promise<void> {
+  await deps.remedyLog.remember(at, node, action, outcome, detail, marker);
+}
+
+/** The remediation history of the controller's nodes, or none (RemedyLog). */
+export function remedyLog(history: RemediationHistory | undefined, onRemediation: StepProcessorDeps['onRemediation']): RemedyLog {
+  if (history === undefined) return { remember: async () => undefined, read: async () => [] };
+  return {
+    async remember(at, node, action, outcome, detail, marker) {
+      const entry = {
+        time: new Date().toISOString(),
+        action,
+        outcome,
+        detail: (at.job === undefined ? detail : `job ${at.job}: ${detail}`).slice(0, 1024),
+        decisionId: at.transitionId,
+        ...(at.step.gpu ? { gpu: at.step.gpu } : {}),
+        ...(at.origin ? { actor: at.origin } : {}),
+      };
+      if (await history.record(node, entry, `${stepRef(at)}:${marker}`)) onRemediation?.(node, action, outcome);
+    },
+    read: (node, limit) => history.read(node, limit),
   };
-  if (await deps.history.record(node, entry, `${stepRef(at)}:${marker}`)) deps.onRemediation?.(node, action, outcome);
 }
 
 /** The remedies the node history counts, by the verb that carries each out. */
@@ -234,17 +263,19 @@ export interface RefusalPage {
 /**
  * Puts a refused step on record and pages a person once per gate and budget window (many refusals
  * at once are one incident: a leaf switch down takes a rack's nodes; later ones are only
- * audited). A node step also gives up its node's claim and notes the refusal in the node's history.
+ * audited). A node step also gives up the node's claim the node dispatcher took for it (core/locks.ts),
+ * so that the next fault on the node, once the gate opens, is decided and acted on at once instead
+ * of joining a decision that never acted, and notes the refusal in the node's history.
  */
-export async function refuseStep(deps: StepDeps, at: StepAt, refusal: Extract<GateVerdict, { ok: false }>, page: RefusalPage, recorded: RecordOptions = {}): Promise<Halt> {
+export async function refuseStep(deps: StepBase, at: StepAt, refusal: Extract<GateVerdict, { ok: false }>, page: RefusalPage, recorded: RecordOptions = {}): Promise<Halt> {
   await recordStep(deps, at, 'refused', refusal.reason, recorded);
   const node = at.step.nodes?.[0];
   const remedy = remedyOf(at.step.verb);
   if (at.job === undefined && node !== undefined) {
-    await releaseNodeClaim(deps, node, at.transitionId);
+    await deps.locks.releaseNodeClaim(node, at.transitionId);
     if (remedy !== undefined && remedy !== 'drain') await rememberRemedy(deps, at, node, remedy, 'refused', refusal.reason, 'refused');
   }
-  await pageOnce(deps, at, refusal, page);
+  await deps.pager.pageOnce(at, refusal, page);
   return refusal.reason;
 }
 
@@ -252,26 +283,58 @@ export async function refuseStep(deps: StepDeps, at: StepAt, refusal: Extract<Ga
  * The gates a step on one node passes before it acts: pause, the node's holds and maintenance
  * windows, the budget (SafetyGates.admit). A refusal is recorded and paged (refuseStep).
  */
-export async function admitNodeStep(deps: StepDeps, at: StepAt, node: string, what: string, recorded: RecordOptions = {}): Promise<{ readonly ok: true } | { readonly ok: false; readonly halt: Halt }> {
+export async function admitNodeStep(deps: StepBase, at: StepAt, node: string, what: string, recorded: RecordOptions = {}): Promise<{ readonly ok: true } | { readonly ok: false; readonly halt: Halt }> {
   const admitted = await deps.gates.admit(stepRef(at), [node]);
   if (admitted.ok) return { ok: true };
   return { ok: false, halt: await refuseStep(deps, at, admitted, { what: `${what} ${node}`, node }, recorded) };
 }
 
-/** Pages about a refusal, once per gate and budget window (SafetyGates.claimPage). */
-export async function pageOnce(deps: StepDeps, at: StepAt, refusal: Extract<GateVerdict, { ok: false }>, page: RefusalPage): Promise<void> {
-  if (deps.onPage === undefined || !(await deps.gates.claimPage(refusal.gate))) return;
-  deps.onPage(at.job, refusal.reason);
-  const ref = stepRef(at);
-  await deps.audit.append(
-    {
-      type: 'action',
-      ref,
-      node: page.node,
-      summary: `${at.job === undefined ? '' : `${at.job}: `}page_human: a person is needed: ${page.what} refused (${refusal.reason}); later refusals in this window are audited without paging`,
-      data: { job: at.job, verb: 'page_human', state: 'done', detail: refusal.reason, gate: refusal.gate, node: page.node, backend: deps.backend.name },
-      actor: CONTROLLER_IDENTITY,
+/** The pager: the controller's, or none (then nothing pages and nothing is audited as a page). */
+export function pager(onPage: ((job: string | undefined, reason: string) => void) | undefined, deps: Pick<StepBase, 'audit' | 'backend' | 'gates'>): Pager {
+  if (onPage === undefined) return { page: () => undefined, pageOnce: async () => undefined };
+  return {
+    page: onPage,
+    async pageOnce(at, refusal, page) {
+      if (!(await deps.gates.claimPage(refusal.gate))) return;
+      onPage(at.job, refusal.reason);
+      const ref = stepRef(at);
+      await deps.audit.append(
+        {
+          type: 'action',
+          ref,
+          node: page.node,
+          summary: `${at.job === undefined ? '' : `${at.job}: `}page_human: a person is needed: ${page.what} refused (${refusal.reason}); later refusals in this window are audited without paging`,
+          data: { job: at.job, verb: 'page_human', state: 'done', detail: refusal.reason, gate: refusal.gate, node: page.node, backend: deps.backend.name },
+          actor: CONTROLLER_IDENTITY,
+        },
+        `action:${ref}:page`,
+      );
     },
-    `action:${ref}:page`,
-  );
+  };
+}
+
+/** The warm standbys an eviction or a hot swap takes from: the managed pool, or those the backend holds by hand. */
+export interface Standbys {
+  /** How many are free, leaving out `unusable`. */
+  free(unusable: ReadonlySet<string>): Promise<number>;
+  /** Takes one for `job`, active for it once taken; undefined when none is left. */
+  take(job: string, unusable: ReadonlySet<string>): Promise<string | undefined>;
+}
+
+/** The managed pool when it has candidates, else the standbys the backend holds (activated as they are taken). */
+export function standbysOf(pool: StandbyPool | undefined, backend: ClusterBackend): Standbys {
+  if (pool?.enabled) {
+    return {
+      free: async (unusable) => (await pool.members()).filter((member) => member.state === 'ready' && !unusable.has(member.node)).length,
+      take: (job, unusable) => pool.take(job, Date.now(), unusable),
+    };
+  }
+  return {
+    free: async (unusable) => (await backend.standbys()).filter((candidate) => !unusable.has(candidate)).length,
+    async take(job, unusable) {
+      const standby = (await backend.standbys()).find((candidate) => !unusable.has(candidate));
+      if (standby !== undefined) await backend.activateStandby(standby, job);
+      return standby;
+    },
+  };
 }

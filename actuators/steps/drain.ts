@@ -1,12 +1,12 @@
 import { drainNode } from '../drain-node.js';
-import { admitNodeStep, leaseHolder, recordStep, stepNode, type Halt, type StepAt, type StepDeps } from './context.js';
+import { admitNodeStep, leaseHolder, recordStep, stepNode, type Halt, type StepAt, type StepBase } from './context.js';
 
 /**
  * The drain step, the node ladder's first rung (a node outside any job with a fault it cannot
  * carry work through): pass the gates — pause, the node's hold, the budget — then take the node
  * out through the backend (drain-node.ts: the node's lease, only if it still takes work, checked after).
  */
-export async function drain(deps: StepDeps, at: StepAt): Promise<Halt> {
+export async function drain(deps: StepBase, at: StepAt): Promise<Halt> {
   const { backend, gates } = deps;
   const node = stepNode(at);
   const admitted = await admitNodeStep(deps, at, node, 'drain');

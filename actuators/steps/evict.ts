@@ -1,7 +1,27 @@
 import { DoNotRetryError } from '../../core/errors.js';
 import { evictionShareSize } from '../../core/job.js';
 import { drainNode } from '../drain-node.js';
-import { recordStep, refuseStep, stepJob, stepRef, type Halt, type StepDeps, type StepAt } from './context.js';
+import type { LadderEventJob } from '../../core/queues.js';
+import type { Keys, Redis } from '../../core/redis.js';
+import type { Logger } from '../../core/log.js';
+import { recordStep, refuseStep, stepJob, stepRef, type Halt, type QuarantinePolicy, type StepAt } from './context.js';
+import type { StepBase, StepJobs, Standbys } from './context.js';
+
+/** What an eviction works with. */
+export interface EvictDeps extends StepBase {
+  readonly redis: Redis;
+  readonly keys: Keys;
+  readonly jobs: StepJobs;
+  readonly logger: Logger;
+  /** Feeds a step's outcome back into the job's ladder. */
+  readonly feedback: (event: LadderEventJob) => Promise<unknown>;
+  readonly quarantine: QuarantinePolicy;
+  /** Most of a job's nodes one window may evict, in percent. */
+  readonly maxJobEvictionPercent: number;
+  readonly standbys: Standbys;
+  /** The transition runs in dry-run (processor.ts): no standby is taken. */
+  readonly dryRun: boolean;
+}
 
 /**
  * The evict step: pass the gates (pause, holds, the job's share, the cluster budget), then for each node
@@ -11,13 +31,13 @@ import { recordStep, refuseStep, stepJob, stepRef, type Halt, type StepDeps, typ
  * stops before its restart: the job is not relaunched on a node taken out of service (a dry-run
  * job, which takes no standby and takes no node out, goes on to its described relaunch).
  */
-export async function evict(deps: StepDeps, at: StepAt): Promise<Halt> {
+export async function evict(deps: EvictDeps, at: StepAt): Promise<Halt> {
   const { step } = at;
   const { backend, gates, jobs } = deps;
   const job = stepJob(at);
   const ref = stepRef(at);
   const jobSize = evictionShareSize((await jobs.get(job)).spec);
-  const share = await gates.admitJobShare(job, ref, step.nodes ?? [], jobSize, deps.maxJobEvictionPercent ?? 100);
+  const share = await gates.admitJobShare(job, ref, step.nodes ?? [], jobSize, deps.maxJobEvictionPercent);
   const admitted = share.ok ? await gates.admit(ref) : share;
   // Nodes the cluster's gates then refused were not evicted: they must not use up the job's share.
   if (share.ok && !admitted.ok) await gates.releaseJobShare(job, ref, step.nodes ?? []);
@@ -34,7 +54,7 @@ export async function evict(deps: StepDeps, at: StepAt): Promise<Halt> {
       if (!(error instanceof DoNotRetryError)) throw error;
       // A node the scheduler does not know cannot be drained or replaced: a person decides.
       await recordStep(deps, at, 'failed', error.message, { node });
-      deps.onPage?.(job, error.message);
+      deps.pager.page(job, error.message);
       return error.message;
     }
     await noteExclusion(deps, at, node);
@@ -47,16 +67,14 @@ export async function evict(deps: StepDeps, at: StepAt): Promise<Halt> {
 }
 
 /** Puts a warm standby in the node's place. True when none was left and the node left the job. */
-async function replaceWithStandby(deps: StepDeps, at: StepAt, node: string, unusable: ReadonlySet<string>): Promise<boolean> {
+async function replaceWithStandby(deps: EvictDeps, at: StepAt, node: string, unusable: ReadonlySet<string>): Promise<boolean> {
   const job = stepJob(at);
-  const standby = deps.pool?.enabled
-    ? await deps.pool.take(job, Date.now(), unusable)
-    : (await deps.backend.standbys()).find((candidate) => !unusable.has(candidate));
-  if (!standby && deps.dryRun === true) {
+  const standby = await deps.standbys.take(job, unusable);
+  if (!standby && deps.dryRun) {
     // A dry-run job takes no standby and took no node out: it keeps its node, and its relaunch is described.
     const reason = `no warm standby left to replace ${node}; provision one (steadfast plan standby sizes the pool)`;
     await recordStep(deps, at, 'failed', reason, { node });
-    deps.onPage?.(at.job, reason);
+    deps.pager.page(at.job, reason);
     return false;
   }
   if (!standby) {
@@ -64,7 +82,6 @@ async function replaceWithStandby(deps: StepDeps, at: StepAt, node: string, unus
     await recordStep(deps, at, 'failed', `no warm standby left to replace ${node}; ${node} left the job, which waits for a person (provision a standby: steadfast plan standby sizes the pool)`, { node });
     return true;
   }
-  if (!deps.pool?.enabled) await deps.backend.activateStandby(standby, job);
   await deps.jobs.replaceNode(job, node, standby);
   await recordStep(deps, at, 'done', `standby ${standby} activated in place of ${node}`, { node: standby });
   await reportReplacement(deps, at, node, standby);
@@ -77,7 +94,7 @@ async function replaceWithStandby(deps: StepDeps, at: StepAt, node: string, unus
  * record changed, so failing the step here would take another standby on the retry; a lost
  * report only leaves a later crash on this standby to the stop-time checks.
  */
-async function reportReplacement(deps: StepDeps, at: StepAt, replaced: string, by: string): Promise<void> {
+async function reportReplacement(deps: Pick<EvictDeps, 'feedback' | 'logger'>, at: StepAt, replaced: string, by: string): Promise<void> {
   try {
     await deps.feedback({ job: stepJob(at), event: { type: 'standby_activated', time: Date.now(), replaced, by }, eventId: `${stepRef(at)}:standby:${replaced}` });
   } catch (error) {
@@ -85,12 +102,14 @@ async function reportReplacement(deps: StepDeps, at: StepAt, replaced: string, b
   }
 }
 
+type ExclusionDeps = Pick<EvictDeps, 'redis' | 'keys' | 'quarantine' | 'pager' | 'audit' | 'backend' | 'onFinished'>;
+
 /**
  * Exclusion history across every job (504-GPU report: three nodes caused half of all
  * exclusions): a node evicted `quarantine.afterEvictions` times within the window is quarantined —
  * never again a standby, and reported — whichever jobs it served.
  */
-export async function noteExclusion(deps: StepDeps, at: StepAt, node: string): Promise<void> {
+export async function noteExclusion(deps: ExclusionDeps, at: StepAt, node: string): Promise<void> {
   const { redis, keys, quarantine } = deps;
   const key = keys.nodeExclusions(node);
   const now = Date.now();
@@ -101,6 +120,6 @@ export async function noteExclusion(deps: StepDeps, at: StepAt, node: string): P
   if (count >= quarantine.afterEvictions && (await redis.sadd(keys.quarantine, node)) === 1) {
     const reason = `${node} was excluded ${count} times within ${Math.round(quarantine.windowMs / 86_400_000)} days; quarantined until an operator returns it`;
     await recordStep(deps, at, 'done', reason, { node });
-    deps.onPage?.(at.job, reason);
+    deps.pager.page(at.job, reason);
   }
 }

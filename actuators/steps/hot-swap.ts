@@ -1,8 +1,16 @@
 import { DoNotRetryError } from '../../core/errors.js';
 import { evictionShareSize, type JobSpec } from '../../core/job.js';
 import { drainNode } from '../drain-node.js';
-import { recordStep, refuseStep, stepJob, stepRef, type Halt, type StepAt, type StepDeps } from './context.js';
-import { noteExclusion } from './evict.js';
+import { recordStep, refuseStep, stepJob, stepRef, type Halt, type StepAt, type StepWorld } from './context.js';
+import { noteExclusion, type EvictDeps } from './evict.js';
+
+/** Where a swap's epoch opens: the controller's worlds, nowhere under dry-run (described only), or none kept. */
+export type Swaps = { readonly kind: 'world'; readonly world: StepWorld } | { readonly kind: 'dry-run' } | { readonly kind: 'none' };
+
+/** What a hot swap works with: what an eviction does, and the worlds. */
+export interface HotSwapDeps extends EvictDeps {
+  readonly swaps: Swaps;
+}
 
 /**
  * The hot_swap step (DeadPool §V-C, §VI; ByteRobust §6.3): the job keeps running while spares
@@ -20,7 +28,7 @@ import { noteExclusion } from './evict.js';
  * which falls back to stop, evict and relaunch. Dry-run opens no epoch and changes no record:
  * it describes the swap, and the ladder hears it done.
  */
-export async function hotSwap(deps: StepDeps, at: StepAt): Promise<Halt> {
+export async function hotSwap(deps: HotSwapDeps, at: StepAt): Promise<Halt> {
   const job = stepJob(at);
   const ref = stepRef(at);
   const failed = at.step.nodes ?? [];
@@ -31,21 +39,20 @@ export async function hotSwap(deps: StepDeps, at: StepAt): Promise<Halt> {
   const problem = await cannotStart(deps, spec, failed, spares, swapped);
   if (problem !== undefined) return fallBack(deps, at, problem, failed.filter((node) => !swapped.has(node)));
   if (failed.length > 0) {
-    const share = await deps.gates.admitJobShare(job, ref, failed, evictionShareSize(spec), deps.maxJobEvictionPercent ?? 100);
+    const share = await deps.gates.admitJobShare(job, ref, failed, evictionShareSize(spec), deps.maxJobEvictionPercent);
     const admitted = share.ok ? await deps.gates.admit(ref) : share;
     if (share.ok && !admitted.ok) await deps.gates.releaseJobShare(job, ref, failed);
     if (!admitted.ok) return refuseStep(deps, at, admitted, { what: 'hot swap', node: failed[0] });
   }
   const replaced = Object.fromEntries(failed.map((node, index) => [node, spares[index] as string]));
   const pairs = failed.length > 0 ? failed.map((node) => `${replaced[node] ?? ''} in place of ${node}`).join(', ') : 'the same shards';
-  if (deps.dryRun === true) {
+  if (deps.swaps.kind !== 'world') {
     for (const node of failed) await drain(deps, at, node);
     await recordStep(deps, at, 'done', `dry-run: would open a recovery epoch with ${pairs}; no epoch opened, the job record unchanged`);
     await deps.feedback({ job, event: { type: 'hot_swap_done', time: Date.now(), epoch: -1, summary: `dry-run, ${pairs}: nothing changed` }, eventId: `${ref}:dry-run-done` });
     return undefined;
   }
-  const world = deps.world as NonNullable<StepDeps['world']>;
-  const epoch = await world.open(spec, ref, replaced);
+  const epoch = await deps.swaps.world.open(spec, ref, replaced);
   await recordStep(deps, at, 'done', `${epoch.opened ? 'opened' : 'found open'} recovery epoch ${epoch.epoch} with ${pairs} (bound ${epoch.boundSeconds} s)`, { data: { epoch: epoch.epoch, replaced } });
   for (const node of failed) {
     if (swapped.has(node)) continue;
@@ -59,9 +66,9 @@ export async function hotSwap(deps: StepDeps, at: StepAt): Promise<Halt> {
 }
 
 /** Why the swap cannot start, or undefined. */
-async function cannotStart(deps: StepDeps, spec: JobSpec, failed: readonly string[], spares: readonly string[], swapped: ReadonlySet<string>): Promise<string | undefined> {
+async function cannotStart(deps: HotSwapDeps, spec: JobSpec, failed: readonly string[], spares: readonly string[], swapped: ReadonlySet<string>): Promise<string | undefined> {
   if (spec.hotSwap === undefined) return `job ${spec.name} has no hot swap`;
-  if (deps.world === undefined && deps.dryRun !== true) return 'this controller keeps no world for hot swaps';
+  if (deps.swaps.kind === 'none') return 'this controller keeps no world for hot swaps';
   if (spares.length !== failed.length) return `the step names ${failed.length} failed nodes but ${spares.length} spares`;
   for (const [index, node] of failed.entries()) {
     if (swapped.has(node)) continue;
@@ -75,7 +82,7 @@ async function cannotStart(deps: StepDeps, spec: JobSpec, failed: readonly strin
 }
 
 /** The swap does not start: recorded, and the ladder falls back (evicting the nodes it did not take out). */
-async function fallBack(deps: StepDeps, at: StepAt, why: string, notSwapped: string[]): Promise<Halt> {
+async function fallBack(deps: HotSwapDeps, at: StepAt, why: string, notSwapped: string[]): Promise<Halt> {
   const job = stepJob(at);
   await recordStep(deps, at, 'failed', `the hot swap cannot start: ${why}; falling back to stop and relaunch`);
   await deps.feedback({ job, event: { type: 'hot_swap_failed', time: Date.now(), detail: `it could not start: ${why}`, evict: notSwapped }, eventId: `${stepRef(at)}:cannot-start` });
@@ -83,14 +90,14 @@ async function fallBack(deps: StepDeps, at: StepAt, why: string, notSwapped: str
 }
 
 /** Drains a failed node as evict does; a node the scheduler does not know is recorded and paged, the swap goes on. */
-async function drain(deps: StepDeps, at: StepAt, node: string): Promise<void> {
+async function drain(deps: HotSwapDeps, at: StepAt, node: string): Promise<void> {
   try {
     const { already, state } = await drainNode(deps.backend, deps.gates, { node, holder: stepRef(at), reason: at.step.reason, auditId: at.transitionId });
     await recordStep(deps, at, 'done', already ? `already out of service (${state.raw})` : `drained through ${deps.backend.name}`, { node });
   } catch (error) {
     if (!(error instanceof DoNotRetryError)) throw error;
     await recordStep(deps, at, 'failed', error.message, { node });
-    deps.onPage?.(at.job, error.message);
+    deps.pager.page(at.job, error.message);
   }
 }
 
@@ -103,23 +110,20 @@ const REPLENISHED_TTL_SECONDS = 7 * 24 * 3600;
  * unreplaced rather than take two standbys). In Slurm a running allocation cannot grow: the new
  * spare joins at the job's next launch.
  */
-async function replaceUsedSpare(deps: StepDeps, at: StepAt, used: string): Promise<void> {
+async function replaceUsedSpare(deps: HotSwapDeps, at: StepAt, used: string): Promise<void> {
   const job = stepJob(at);
   const marker = `${deps.keys.recoveryStep(at.transitionId, at.index)}:replenished:${used}`;
   if ((await deps.redis.set(marker, 'taking', 'EX', REPLENISHED_TTL_SECONDS, 'NX')) !== 'OK') return;
   const unusable = new Set(await deps.redis.smembers(deps.keys.quarantine));
   for (const node of (await deps.gates.holds()).keys()) unusable.add(node);
   // The last free standby stays in the pool: a swap that fails falls back to an eviction, which needs it.
-  const free = deps.pool?.enabled
-    ? (await deps.pool.members()).filter((member) => member.state === 'ready' && !unusable.has(member.node)).length
-    : (await deps.backend.standbys()).filter((candidate) => !unusable.has(candidate)).length;
-  const standby = free < 2 ? undefined : deps.pool?.enabled ? await deps.pool.take(job, Date.now(), unusable) : (await deps.backend.standbys()).find((candidate) => !unusable.has(candidate));
+  const free = await deps.standbys.free(unusable);
+  const standby = free < 2 ? undefined : await deps.standbys.take(job, unusable);
   if (standby === undefined) {
     const why = free === 1 ? 'the last free warm standby stays for evictions' : 'no warm standby free';
     await recordStep(deps, at, 'done', `${why}: used spare ${used} is not replaced; the job has one spare fewer`, { node: used, part: 'replacement' });
     return;
   }
-  if (!deps.pool?.enabled) await deps.backend.activateStandby(standby, job);
   await deps.jobs.addSpare(job, standby);
   await recordStep(deps, at, 'done', `standby ${standby} becomes a spare of ${job} in place of used spare ${used}; it joins the allocation at the job's next launch`, { node: standby });
 }

@@ -2,14 +2,23 @@ import { randomUUID } from 'node:crypto';
 import { DelayedError, UnrecoverableError, type Job } from 'bullmq';
 import { ZodError } from 'zod';
 import { DoNotRetryError, RetryLaterError, errorMessage } from '../../core/errors.js';
+import { Locks } from '../../core/locks.js';
 import { parseStepsJob, type StepsJob } from '../../core/queues.js';
 import { ACTING_VERBS } from '../../core/steps.js';
+import type { Logger } from '../../core/log.js';
 import { describeIssues } from '../../core/validate.js';
 import { NodeLeasedError } from '../drain-node.js';
 import { DryRunBackend } from '../dry-run.js';
-import { recordStep, rememberRemedy, remedyOf, type Halt, type StepAt, type StepDeps } from './context.js';
+import { recordStep, rememberRemedy, remedyOf, type Halt, type StepActuator, type StepAt, type StepBase, type StepProcessorDeps } from './context.js';
 import { DryRunGpuResetter } from './gpu-resetter.js';
-import { STEP_ACTUATORS } from './index.js';
+import { buildStepActuators, stepBase } from './index.js';
+import type { StepVerb } from '../../core/steps.js';
+
+/** The actuators a transition runs through (dry-run or not), and what they record with. */
+interface Actuators {
+  readonly base: StepBase;
+  readonly byVerb: Readonly<Record<StepVerb, StepActuator>>;
+}
 
 /** A finished step's marker outlives any redelivery of its transition. */
 const STEP_DONE_TTL_SECONDS = 7 * 24 * 3600;
@@ -43,13 +52,17 @@ export interface StepOutcome {
  * and reading stacks still run. When an acting step of a job was refused, or stopped the
  * transition, the ladder is told (`recovery_refused`): it waits for nothing that will not come.
  */
-export function createStepProcessor(baseDeps: StepDeps): (job: Job, token?: string) => Promise<StepOutcome> {
+export function createStepProcessor(baseDeps: StepProcessorDeps): (job: Job, token?: string) => Promise<StepOutcome> {
   const { redis, keys, logger } = baseDeps;
+  const locks = new Locks(redis, keys);
+  const holdMs = baseDeps.jobHoldMs ?? JOB_HOLD_MS;
   // The one dry-run decision. A dry-run controller (its backend records) asks no agent to reset a
   // GPU either; a job whose policy asks for dry-run also launches nothing and takes no standby.
   const recording = baseDeps.backend.name === 'dry-run';
-  const recordingDeps: StepDeps = recording ? { ...baseDeps, resetter: new DryRunGpuResetter() } : baseDeps;
-  const dryRunJobDeps: StepDeps = { ...baseDeps, backend: recording ? baseDeps.backend : new DryRunBackend(redis, keys), resetter: new DryRunGpuResetter(), pool: undefined, dryRun: true };
+  const recordingDeps: StepProcessorDeps = recording ? { ...baseDeps, resetter: new DryRunGpuResetter() } : baseDeps;
+  const dryRunJobDeps: StepProcessorDeps = { ...baseDeps, backend: recording ? baseDeps.backend : new DryRunBackend(redis, keys), resetter: new DryRunGpuResetter(), pool: undefined };
+  const acting: Actuators = { base: stepBase(recordingDeps), byVerb: buildStepActuators(recordingDeps, { dryRun: false }) };
+  const dryRunJob: Actuators = { base: stepBase(dryRunJobDeps), byVerb: buildStepActuators(dryRunJobDeps, { dryRun: true }) };
   const inProcess = new Map<string, Promise<void>>();
   return async (queued, token) => {
     let transition: StepsJob;
@@ -59,7 +72,7 @@ export function createStepProcessor(baseDeps: StepDeps): (job: Job, token?: stri
       const why = error instanceof ZodError ? describeIssues(error.issues) : errorMessage(error);
       throw new UnrecoverableError(`invalid steps job payload: ${why}`);
     }
-    if (transition.job === undefined) return runSteps(recordingDeps, transition, queued);
+    if (transition.job === undefined) return runSteps(acting, transition, queued);
     const job = transition.job;
     // In this process, a job's transitions queue up behind each other in the order the queue gave
     // them; across processes (controller replicas), the hold in Redis keeps them apart.
@@ -77,32 +90,32 @@ export function createStepProcessor(baseDeps: StepDeps): (job: Job, token?: stri
   };
 
   async function runJobTransition(transition: StepsJob, job: string, queued: Job, token: string | undefined): Promise<StepOutcome> {
-    const hold = await holdJob(baseDeps, job, queued, token);
+    const hold = await holdJob(locks, holdMs, logger, job, queued, token);
     try {
       // The operator's per-job policy, read as the transition starts (an unregistered job has none).
       const policy = await baseDeps.jobs.get(job).then(
         (record) => record.policy,
         () => undefined,
       );
-      const deps = policy?.dryRun === true ? dryRunJobDeps : recordingDeps;
-      const paused = await deps.gates.paused();
+      const actuators = policy?.dryRun === true ? dryRunJob : acting;
+      const paused = await baseDeps.gates.paused();
       if (paused !== undefined) {
         // Paused: nothing of the transition runs; the refusal is on record and the ladder told.
         const why = `actions are paused: ${paused}`;
-        for (const [index, step] of transition.steps.entries()) await recordStep(deps, atOf(transition, index, step, queued), 'refused', why);
-        if (transition.steps.some((step) => ACTING_VERBS.has(step.verb))) await tellRefused(deps, job, transition.transitionId, why);
+        for (const [index, step] of transition.steps.entries()) await recordStep(actuators.base, atOf(transition, index, step, queued), 'refused', why);
+        if (transition.steps.some((step) => ACTING_VERBS.has(step.verb))) await tellRefused(baseDeps, job, transition.transitionId, why);
         return { done: 0, halted: why };
       }
       const recoveryOff = policy?.recovery === false ? `automatic recovery is off for job ${job} (the operator's job policy); not acting` : undefined;
-      const outcome = await runSteps(deps, transition, queued, recoveryOff);
-      if (outcome.halted !== undefined) await tellRefused(deps, job, transition.transitionId, outcome.halted);
+      const outcome = await runSteps(actuators, transition, queued, recoveryOff);
+      if (outcome.halted !== undefined) await tellRefused(baseDeps, job, transition.transitionId, outcome.halted);
       return outcome;
     } finally {
       await hold.release();
     }
   }
 
-  async function runSteps(deps: StepDeps, transition: StepsJob, queued: Job, recoveryOff?: string): Promise<StepOutcome> {
+  async function runSteps(actuators: Actuators, transition: StepsJob, queued: Job, recoveryOff?: string): Promise<StepOutcome> {
     let done = 0;
     let halted: Halt;
     for (const [index, step] of transition.steps.entries()) {
@@ -119,9 +132,9 @@ export function createStepProcessor(baseDeps: StepDeps): (job: Job, token?: stri
       let refusal: Halt;
       if (recoveryOff !== undefined && ACTING_VERBS.has(step.verb)) {
         refusal = recoveryOff;
-        await recordStep(deps, at, 'refused', refusal);
+        await recordStep(actuators.base, at, 'refused', refusal);
       } else {
-        halt = await runStep(deps, at, queued);
+        halt = await runStep(actuators, logger, at, queued);
         if (halt !== undefined) halt = `${step.verb} stopped the transition: ${halt}`;
       }
       await redis.set(marker, markerOf({ halt, refused: refusal }), 'EX', STEP_DONE_TTL_SECONDS);
@@ -145,20 +158,21 @@ function atOf(transition: StepsJob, index: number, step: StepsJob['steps'][numbe
  * not be retried, kept in the node's history) and thrown for the queue to retry; a node's lease
  * held by another actuator is only a later try.
  */
-async function runStep(deps: StepDeps, at: StepAt, queued: Job): Promise<Halt> {
+async function runStep(actuators: Actuators, logger: Logger, at: StepAt, queued: Job): Promise<Halt> {
+  const deps = actuators.base;
   try {
-    return await STEP_ACTUATORS[at.step.verb](deps, at);
+    return await actuators.byVerb[at.step.verb](at);
   } catch (error) {
     if (error instanceof NodeLeasedError) throw error;
     const final = error instanceof DoNotRetryError || queued.attemptsMade + 1 >= (queued.opts?.attempts ?? 1);
     await recordStep(deps, at, 'failed', `${errorMessage(error)}${final ? '' : '; will retry'}`).catch((auditError: unknown) =>
-      deps.logger.error({ err: auditError }, 'could not record a failed step'),
+      logger.error({ err: auditError }, 'could not record a failed step'),
     );
     const node = at.step.nodes?.[0];
     const remedy = remedyOf(at.step.verb);
     if (final && at.job === undefined && node !== undefined && remedy !== undefined && remedy !== 'drain') {
       await rememberRemedy(deps, at, node, remedy, 'failed', errorMessage(error), 'failed').catch((historyError: unknown) =>
-        deps.logger.error({ err: historyError }, 'could not record the failed remediation in the node history'),
+        logger.error({ err: historyError }, 'could not record the failed remediation in the node history'),
       );
     }
     if (error instanceof DoNotRetryError) throw new UnrecoverableError(error.message);
@@ -166,30 +180,27 @@ async function runStep(deps: StepDeps, at: StepAt, queued: Job): Promise<Halt> {
   }
 }
 
-const RELEASE_IF_HELD = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0";
-const RENEW_IF_HELD = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0";
-
 /**
  * Holds the job for this transition, renewed while it runs. A job busy with another transition
  * sends this one back to wait its turn (BullMQ's delayed set; not a failed try).
  */
-async function holdJob(deps: StepDeps, job: string, queued: Job, token: string | undefined): Promise<{ release(): Promise<void> }> {
-  const key = deps.keys.jobStepsHold(job);
+async function holdJob(
+  locks: Locks, holdMs: number, logger: Logger, job: string, queued: Job, token: string | undefined,
+): Promise<{ release(): Promise<void> }> {
   const holder = `${queued.id ?? ''}:${randomUUID()}`;
-  const holdMs = deps.jobHoldMs ?? JOB_HOLD_MS;
-  if ((await deps.redis.set(key, holder, 'PX', holdMs, 'NX')) !== 'OK') {
+  if (!(await locks.holdJob(job, holder, holdMs))) {
     if (token === undefined) throw new RetryLaterError(`job ${job} is busy with another transition`);
     await queued.moveToDelayed(Date.now() + JOB_BUSY_RETRY_MS, token);
     throw new DelayedError();
   }
   const renewal = setInterval(() => {
-    deps.redis.eval(RENEW_IF_HELD, 1, key, holder, String(holdMs)).catch((error: unknown) => deps.logger.warn({ job, err: error }, 'could not renew the hold on the job'));
+    locks.renewJobHold(job, holder, holdMs).catch((error: unknown) => logger.warn({ job, err: error }, 'could not renew the hold on the job'));
   }, holdMs / 3);
   renewal.unref();
   return {
     async release() {
       clearInterval(renewal);
-      await deps.redis.eval(RELEASE_IF_HELD, 1, key, holder);
+      await locks.releaseJobHold(job, holder);
     },
   };
 }
@@ -212,7 +223,7 @@ function parseMarker(value: string | null): StepEnd | undefined {
 }
 
 /** Tells the ladder that what it decided in `transitionId` was not (all) done, once per transition. */
-async function tellRefused(deps: StepDeps, job: string, transitionId: string, detail: string): Promise<void> {
+async function tellRefused(deps: Pick<StepProcessorDeps, 'feedback'>, job: string, transitionId: string, detail: string): Promise<void> {
   await deps.feedback({ job, event: { type: 'recovery_refused', time: Date.now(), transitionId, detail: detail.slice(0, 500) }, eventId: `${transitionId}:refused` });
 }
 

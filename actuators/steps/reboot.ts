@@ -1,7 +1,7 @@
 import { DoNotRetryError } from '../../core/errors.js';
 import { NodeLeasedError } from '../drain-node.js';
-import { admitNodeStep, leaseHolder, recordStep, rememberRemedy, stepNode, type Halt, type StepAt, type StepDeps } from './context.js';
-import { handOffNode } from './hand-off.js';
+import { admitNodeStep, leaseHolder, recordStep, rememberRemedy, stepNode, type Halt, type StepAt } from './context.js';
+import { handOffNode, type HandOffDeps } from './hand-off.js';
 
 /**
  * The reboot step, the node ladder's rung above GPU resets: after the gates, ask the backend to
@@ -10,7 +10,7 @@ import { handOffNode } from './hand-off.js';
  * taking work afterwards did not take the request, and the node is drained so the fault is not
  * left running.
  */
-export async function reboot(deps: StepDeps, at: StepAt): Promise<Halt> {
+export async function reboot(deps: HandOffDeps, at: StepAt): Promise<Halt> {
   const { backend, gates } = deps;
   const node = stepNode(at);
   const admitted = await admitNodeStep(deps, at, node, 'reboot');

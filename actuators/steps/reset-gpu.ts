@@ -1,10 +1,18 @@
-import { setTimeout as sleep } from 'node:timers/promises';
 import { DoNotRetryError, errorMessage } from '../../core/errors.js';
 import type { GpuResetReport } from '../../core/remedy.js';
 import { NodeLeasedError } from '../drain-node.js';
 import type { GpuResetter } from './gpu-resetter.js';
-import { admitNodeStep, leaseHolder, recordStep, rememberRemedy, stepRef, type Halt, type StepAt, type StepDeps } from './context.js';
-import { evict } from './evict.js';
+import type { RemediesConfig } from '../../core/remedy-config.js';
+import { admitNodeStep, leaseHolder, recordStep, rememberRemedy, stepRef, type Halt, type StepAt } from './context.js';
+import { evict, type EvictDeps } from './evict.js';
+
+/** What a GPU reset works with: what an eviction does (its fallback in a job), the agents' resets and the remedies' settings. */
+export interface ResetGpuDeps extends EvictDeps {
+  readonly resetter: GpuResetter;
+  readonly remedies: RemediesConfig;
+  /** Waits between busy-GPU retries. */
+  readonly pause: (ms: number) => Promise<void>;
+}
 
 /**
  * The reset_gpu step, for a node of a job and for a node outside any job alike: a machine fault
@@ -24,17 +32,12 @@ import { evict } from './evict.js';
  * gives this step a recording resetter).
  */
 
-export async function resetGpu(deps: StepDeps, at: StepAt): Promise<Halt> {
+export async function resetGpu(deps: ResetGpuDeps, at: StepAt): Promise<Halt> {
   const { step } = at;
   const node = step.nodes?.[0];
   const gpu = step.gpu;
   const inJob = at.job !== undefined;
-  if (node === undefined || gpu === undefined || deps.resetter === undefined) {
-    const why = deps.resetter === undefined ? 'no GPU reset configured on this controller' : 'no node or GPU named';
-    if (!inJob) throw new DoNotRetryError(`reset step ${stepRef(at)}: ${why}`);
-    await recordStep(deps, at, 'done', `${why}; evicting the node instead`, { node });
-    return asEviction(deps, at, node);
-  }
+  if (node === undefined || gpu === undefined) return cannotReset(deps, at, 'no node or GPU named');
   const ref = stepRef(at);
   const admitted = await admitNodeStep(deps, at, node, 'reset_gpu', { node: inJob ? node : undefined });
   if (!admitted.ok) return admitted.halt;
@@ -70,12 +73,20 @@ export async function resetGpu(deps: StepDeps, at: StepAt): Promise<Halt> {
   return asEviction(deps, at, node);
 }
 
-function asEviction(deps: StepDeps, at: StepAt, node: string | undefined): Promise<Halt> {
+/** The reset_gpu step where no reset can be asked for (`why`): outside a job a failure, in a job an eviction of the node. */
+export async function cannotReset(deps: EvictDeps, at: StepAt, why: string): Promise<Halt> {
+  const node = at.step.nodes?.[0];
+  if (at.job === undefined) throw new DoNotRetryError(`reset step ${stepRef(at)}: ${why}`);
+  await recordStep(deps, at, 'done', `${why}; evicting the node instead`, { node });
+  return asEviction(deps, at, node);
+}
+
+function asEviction(deps: EvictDeps, at: StepAt, node: string | undefined): Promise<Halt> {
   return evict(deps, { ...at, step: { ...at.step, verb: 'evict', nodes: node === undefined ? [] : [node] } });
 }
 
 /** Outside a job: the node out of service for the reset. Whether this step took it out (kept across a redelivery). */
-async function takeOut(deps: StepDeps, at: StepAt, node: string, gpu: string, already: boolean): Promise<boolean> {
+async function takeOut(deps: ResetGpuDeps, at: StepAt, node: string, gpu: string, already: boolean): Promise<boolean> {
   const { backend } = deps;
   const before = await backend.nodeState(node);
   if (!before.exists) throw new DoNotRetryError(`node ${node} is unknown to the ${backend.name} backend`);
@@ -87,15 +98,14 @@ async function takeOut(deps: StepDeps, at: StepAt, node: string, gpu: string, al
   return true;
 }
 
-async function resetHeld(deps: StepDeps, at: StepAt, node: string, gpu: string, report: GpuResetReport, tookOut: boolean): Promise<Halt> {
+async function resetHeld(deps: ResetGpuDeps, at: StepAt, node: string, gpu: string, report: GpuResetReport, tookOut: boolean): Promise<Halt> {
   if (at.job !== undefined) {
     await rememberRemedy(deps, at, node, 'reset_gpu', 'done', report.reason, 'reset');
     await recordStep(deps, at, 'done', `GPU ${gpu} of ${node} reset through its agent (${report.reason}); the job relaunches on the same nodes`, { node });
     return undefined;
   }
   // The node is back: a new fault on it soon is a new decision (escalation counts it), not this one's.
-  const claim = deps.keys.nodeDrainClaim(node);
-  if ((await deps.redis.get(claim)) === at.transitionId) await deps.redis.expire(claim, deps.remedies.gpuReset.rejoinSeconds);
+  await deps.locks.shortenNodeClaim(node, at.transitionId, deps.remedies.gpuReset.rejoinSeconds);
   const detail = `GPU ${gpu}${report.index === null ? '' : ` (index ${report.index})`} reset and listed again in ${report.seconds.toFixed(1)} s; ${tookOut ? 'node returned to service' : 'node left out of service, as it was before'}`;
   await rememberRemedy(deps, at, node, 'reset_gpu', 'done', detail, 'reset');
   await recordStep(deps, at, 'done', detail);
@@ -103,9 +113,9 @@ async function resetHeld(deps: StepDeps, at: StepAt, node: string, gpu: string, 
 }
 
 /** Asks for the reset, again while processes still hold the GPU (they may be exiting after the Xid). */
-async function resetWithRetries(deps: StepDeps, resetter: GpuResetter, node: string, gpu: string): Promise<GpuResetReport> {
+async function resetWithRetries(deps: ResetGpuDeps, resetter: GpuResetter, node: string, gpu: string): Promise<GpuResetReport> {
   const config = deps.remedies.gpuReset;
-  const pause = deps.pause ?? ((ms: number) => sleep(ms));
+  const { pause } = deps;
   let report: GpuResetReport | undefined;
   for (let attempt = 0; attempt <= config.busyRetries; attempt += 1) {
     if (attempt > 0) await pause(config.busyRetryDelaySeconds * 1000);

@@ -2,15 +2,30 @@ import { parseJobSpec } from '../../core/job.js';
 import type { LadderEvent } from '../../core/ladder.js';
 import { launchJob } from '../launcher.js';
 import { planRestoreByStep } from '../restore-plan.js';
-import { recordStep, stepJob, stepRef, type Halt, type StepDeps, type StepAt } from './context.js';
-import { describeCancelled, endPreviousRuns, newEpochFor } from './stop.js';
+import type { LadderEventJob } from '../../core/queues.js';
+import { recordStep, stepJob, stepRef, type Halt, type Pager, type StepAt, type StepJobs } from './context.js';
+import { describeCancelled, endPreviousRuns, newEpochFor, type StopDeps } from './stop.js';
+
+/** What a restart works with. */
+export interface RestartDeps extends StopDeps {
+  readonly jobs: Pick<StepJobs, 'get' | 'checkpointSteps'>;
+  /** Launches are only described (processor.ts). */
+  readonly dryRun: boolean;
+  readonly pager: Pager;
+  readonly feedback: (event: LadderEventJob) => Promise<unknown>;
+  /**
+   * How an accepted launch is judged: by training progress (the controller's ProgressWatch, from
+   * `since`), or, without one, the launcher's acceptance is the verdict.
+   */
+  readonly judgeLaunch: (job: string, ref: string, since: number) => Promise<void>;
+}
 
 /**
  * The restart and reattempt steps: put the restore plan on record, make sure the job's previous
  * run is gone (stop.ts), start the job through its launcher (launcher.ts), and tell the ladder how it went — at once when the launch failed, or
  * after new iterations when a progress watch judges restarts.
  */
-export async function restart(deps: StepDeps, at: StepAt): Promise<Halt> {
+export async function restart(deps: RestartDeps, at: StepAt): Promise<Halt> {
   const job = stepJob(at);
   const { spec } = await deps.jobs.get(job);
   await recordRestorePlan(deps, at);
@@ -21,22 +36,20 @@ export async function restart(deps: StepDeps, at: StepAt): Promise<Halt> {
   await newEpochFor(deps, spec);
   // Iterations recorded from here on are the relaunched run's: the previous one has ended.
   const launchedFrom = Date.now();
-  const launched = await launchJob(spec, deps.launchers, deps.backend, { recordOnly: deps.dryRun ?? false });
+  const launched = await launchJob(spec, deps.launchers, deps.backend, { recordOnly: deps.dryRun });
   if (launched.state === 'needs_person') {
     await recordStep(deps, at, 'failed', launched.detail);
-    deps.onPage?.(job, 'relaunch needs a person');
+    deps.pager.page(job, 'relaunch needs a person');
     return undefined;
   }
   const previous = ended !== undefined && ended.length > 0 ? `; before it, ${describeCancelled(spec, ended)}` : '';
   await recordStep(deps, at, launched.state === 'launched' ? 'done' : 'failed', `${launched.detail}${previous}`);
-  if (launched.state === 'launched' && deps.progress) {
-    // Launched: whether it trains again is decided later, from the agents' progress reports or Prometheus (the progress watch).
-    await deps.progress.watch(job, stepRef(at), launchedFrom);
+  if (launched.state === 'launched') {
+    // Launched: whether it trains again is judged by the progress watch, or at once (judgeLaunch).
+    await deps.judgeLaunch(job, stepRef(at), launchedFrom);
     return undefined;
   }
-  // Without a progress watch, the launcher's acceptance is the verdict.
-  const outcome: LadderEvent =
-    launched.state === 'launched' ? { type: 'restart_succeeded', time: Date.now() } : { type: 'restart_failed', time: Date.now(), detail: launched.reason };
+  const outcome: LadderEvent = { type: 'restart_failed', time: Date.now(), detail: launched.reason };
   await deps.feedback({ job, event: outcome, eventId: `${stepRef(at)}:${outcome.type}` });
   return undefined;
 }
@@ -45,7 +58,7 @@ export async function restart(deps: StepDeps, at: StepAt): Promise<Halt> {
  * Where the restarted job resumes from: the newest checkpoint step every rank can still load
  * after the evictions, and each rank's cheapest surviving copy (ByteRobust §6.3).
  */
-async function recordRestorePlan(deps: StepDeps, at: StepAt): Promise<void> {
+async function recordRestorePlan(deps: RestartDeps, at: StepAt): Promise<void> {
   const job = stepJob(at);
   const record = await deps.jobs.get(job);
   const { topology } = parseJobSpec(record.spec);
@@ -71,7 +84,7 @@ const NODE_STATES_AT_ONCE = 16;
  * replaced in it) without asking, and a node of the job that the backend shows out of service
  * (drained, gone). The backend is asked only about the job's own nodes.
  */
-async function lostHolders(deps: StepDeps, holders: readonly string[], members: ReadonlySet<string>): Promise<string[]> {
+async function lostHolders(deps: Pick<RestartDeps, 'backend'>, holders: readonly string[], members: ReadonlySet<string>): Promise<string[]> {
   const lost = holders.filter((holder) => !members.has(holder));
   const queue = holders.filter((holder) => members.has(holder));
   const worker = async (): Promise<void> => {

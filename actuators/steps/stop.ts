@@ -1,6 +1,17 @@
 import type { JobSpec } from '../../core/job.js';
 import { launcherOf } from '../launcher.js';
-import { recordStep, stepJob, type Halt, type StepDeps, type StepAt } from './context.js';
+import type { Launchers } from '../../core/launcher.js';
+import type { ClusterBackend } from '../backend.js';
+import { recordStep, stepJob, type Halt, type StepAt, type StepJobs, type StepRecording } from './context.js';
+
+/** What stopping a job's run works with. */
+export interface StopDeps extends StepRecording {
+  readonly jobs: Pick<StepJobs, 'get'>;
+  readonly launchers: Launchers;
+  readonly backend: ClusterBackend;
+  /** A hot-swap job's ranks meet in a new epoch (the controller's worlds); nothing under dry-run or without worlds. */
+  readonly relaunched: (job: string) => Promise<void>;
+}
 
 /**
  * The stop step (ByteRobust §4.1: the job is halted before anything is done about the fault),
@@ -12,7 +23,7 @@ import { recordStep, stepJob, type Halt, type StepDeps, type StepAt } from './co
  */
 
 /** The scheduler's job ids that were cancelled (and are gone); undefined when this backend stops nothing for this launcher. */
-export async function endPreviousRuns(deps: StepDeps, spec: JobSpec): Promise<string[] | undefined> {
+export async function endPreviousRuns(deps: Pick<StopDeps, 'launchers' | 'backend'>, spec: JobSpec): Promise<string[] | undefined> {
   if (launcherOf(deps.launchers, spec)?.kind !== 'slurm' || !deps.backend.cancelJobs) return undefined;
   return deps.backend.cancelJobs(spec.name);
 }
@@ -22,11 +33,11 @@ export function describeCancelled(spec: JobSpec, cancelled: readonly string[]): 
 }
 
 /** A hot-swap job's ranks meet in a new epoch once its run is gone (a swap under way is over); dry-run changes nothing. */
-export async function newEpochFor(deps: StepDeps, spec: JobSpec): Promise<void> {
-  if (spec.hotSwap !== undefined && deps.dryRun !== true) await deps.world?.relaunched(spec.name);
+export async function newEpochFor(deps: Pick<StopDeps, 'relaunched'>, spec: JobSpec): Promise<void> {
+  if (spec.hotSwap !== undefined) await deps.relaunched(spec.name);
 }
 
-export async function stop(deps: StepDeps, at: StepAt): Promise<Halt> {
+export async function stop(deps: StopDeps, at: StepAt): Promise<Halt> {
   const { spec } = await deps.jobs.get(stepJob(at));
   const cancelled = await endPreviousRuns(deps, spec);
   await newEpochFor(deps, spec);

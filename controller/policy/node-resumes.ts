@@ -1,3 +1,4 @@
+import { Locks } from '../../core/locks.js';
 import type { Keys, Redis } from '../../core/redis.js';
 
 /**
@@ -11,20 +12,9 @@ import type { Keys, Redis } from '../../core/redis.js';
  * One time per node, in one hash: bounded by the nodes the backend knows (resume refuses others).
  */
 
-// Keeps the later of two resume times, releases the node's drain claim and answers the decision it
-// pointed at, in one step: a fault decided between the two cannot find the claim gone but the
-// resume not yet recorded.
-const CLOSE_ON_RESUME = `
-local old = tonumber(redis.call('HGET', KEYS[2], ARGV[1]))
-if old == nil or old < tonumber(ARGV[2]) then redis.call('HSET', KEYS[2], ARGV[1], ARGV[2]) end
-local claim = redis.call('GET', KEYS[1])
-redis.call('DEL', KEYS[1])
-return claim`;
-
-/** Records that `node` went back to service at `at` (ms) and releases its drain claim; returns the decision the claim pointed at. */
+/** Records that `node` went back to service at `at` (ms) and releases its drain claim (core/locks.ts); returns the decision the claim pointed at. */
 export async function closeFaultsOnResume(redis: Redis, keys: Keys, node: string, at: number): Promise<string | undefined> {
-  const claim = (await redis.eval(CLOSE_ON_RESUME, 2, keys.nodeDrainClaim(node), keys.nodeResumes, node, String(at))) as string | null;
-  return claim ?? undefined;
+  return new Locks(redis, keys).closeNodeClaimOnResume(node, at);
 }
 
 /** When an operator last returned `node` to service (ms), if one ever did. */

@@ -1,19 +1,21 @@
-import { UnrecoverableError, type Job, type Queue } from 'bullmq';
+import { UnrecoverableError, type Job } from 'bullmq';
 import { z } from 'zod';
 import type { AuditLog } from '../../core/audit.js';
 import { CONTROLLER_IDENTITY } from '../../core/credentials.js';
 import { parseJobPayload } from '../../core/job-payload.js';
 import type { Keys, Redis } from '../../core/redis.js';
-import { signalSchema, stableHash, type Signal } from '../../core/signal.js';
+import { signalSchema, type Signal } from '../../core/signal.js';
 import { classifySignal, type Classification } from './fault-class.js';
 import type { JobStore } from '../job-store.js';
 import { faultEventFromSignal } from './ladder/index.js';
 import type { RecoveryDispatcher } from './recovery-dispatcher.js';
-import { STEPS_JOB_VERSION, stepsJobSchema, type SignalJob, type StepsJob } from '../../core/queues.js';
+import type { SignalJob } from '../../core/queues.js';
 import { describeIssues } from '../../core/validate.js';
 import type { RemediationHistory } from '../../actuators/remediation-history.js';
 import { remediesSchema, type RemediesConfig } from '../../core/remedy-config.js';
-import { climbNodeLadderReading, nodeStep } from './node-ladder.js';
+import { climbNodeLadderReading } from './node-ladder.js';
+import { describeSignal } from './describe-signal.js';
+import type { NodeDispatcher } from './node-dispatcher.js';
 import { lastResume } from './node-resumes.js';
 
 export interface PolicyResult {
@@ -34,31 +36,12 @@ export interface PolicyWorkerDeps {
   readonly redis: Redis;
   readonly keys: Keys;
   readonly audit: AuditLog;
-  /** The one queue of steps (core/queues.ts): the node ladder's transitions go there. */
-  readonly steps: Queue<StepsJob>;
-  /** Reports for a node already being drained, within this window, join the first decision. */
-  readonly dedupeSeconds: number;
+  /** Signals about a node outside any job: the node ladder's rung is claimed, audited and queued there. */
+  readonly nodes: NodeDispatcher;
   /** Registered jobs and their recovery ladders; signals about a job's node go to its ladder. */
   readonly recovery?: { readonly jobs: JobStore; readonly dispatcher: RecoveryDispatcher };
   /** Remedies short of a drain (node-ladder.ts); without them every such fault drains the node. */
   readonly remedies?: { readonly config: RemediesConfig; readonly history: RemediationHistory };
-}
-
-// Claims the node for a decision and stores the decision in one step. Returns the id of the
-// decision that holds the claim: ours when we got it (or had it already, on a retried job).
-const CLAIM = `
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[3]) then
-  redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
-  return ARGV[1]
-end
-return redis.call('GET', KEYS[1])
-`;
-
-function describe(signal: Signal): string {
-  const what = signal.kind === 'xid' ? `Xid ${String(signal.evidence.xid ?? '?')}` : signal.kind === 'alert' ? String(signal.evidence.alertname) : signal.kind;
-  const where = [signal.node, signal.gpu].filter(Boolean).join(' GPU ');
-  const status = signal.evidence.status === 'resolved' ? ' (resolved)' : '';
-  return `${signal.source} reports ${what}${where ? ` on ${where}` : ''}${status}`;
 }
 
 /**
@@ -68,7 +51,7 @@ function describe(signal: Signal): string {
 async function toLadder(audit: AuditLog, signal: Signal, verdict: Classification, trainingJob: string, dispatcher: RecoveryDispatcher, firstAttempt: boolean, remedies: PolicyWorkerDeps['remedies']): Promise<PolicyResult> {
   if (verdict.verdict === 'ignore') {
     await audit.append(
-      { type: 'signal', ref: signal.id, node: signal.node, summary: `${describe(signal)}; job ${trainingJob}: no action: ${verdict.reason}`, data: { signal, job: trainingJob }, actor: signal.origin ?? CONTROLLER_IDENTITY },
+      { type: 'signal', ref: signal.id, node: signal.node, summary: `${describeSignal(signal)}; job ${trainingJob}: no action: ${verdict.reason}`, data: { signal, job: trainingJob }, actor: signal.origin ?? CONTROLLER_IDENTITY },
       `signal:${signal.id}`,
     );
     return { outcome: 'observed' };
@@ -78,7 +61,7 @@ async function toLadder(audit: AuditLog, signal: Signal, verdict: Classification
       type: 'signal',
       ref: signal.id,
       node: signal.node,
-      summary: `${describe(signal)}; job ${trainingJob}: ${verdict.faultClass} fault (${verdict.reason})`,
+      summary: `${describeSignal(signal)}; job ${trainingJob}: ${verdict.faultClass} fault (${verdict.reason})`,
       data: { signal, job: trainingJob, faultClass: verdict.faultClass },
       actor: signal.origin ?? CONTROLLER_IDENTITY,
     },
@@ -100,11 +83,10 @@ async function toLadder(audit: AuditLog, signal: Signal, verdict: Classification
 }
 
 /**
- * Turns queued signals into decisions: each signal is classified once (fault-class.ts), then a
- * signal about a registered job's node goes to its ladder, any other to the node ladder
- * (node-ladder.ts); both put their steps on the one steps queue. Every report of a fault on a node that is already being
- * drained joins the existing decision instead of making a new one, which is how the agent's fast
- * path and the later Prometheus alert for the same Xid lead to exactly one drain.
+ * Turns queued signals into decisions: each signal is classified once (fault-class.ts) and routed.
+ * A signal about a registered job's node goes to its ladder (RecoveryDispatcher), any other to the
+ * node ladder's rung (node-ladder.ts) and its NodeDispatcher; each dispatcher audits the decision
+ * and puts its steps on the one steps queue. The worker itself takes no lock and runs no script.
  *
  * A job is a batch (SignalJob). Its signals about one node are taken in order, those about
  * different nodes side by side. A malformed signal (never one the intake stored) does not cost the
@@ -144,7 +126,7 @@ export function createPolicyProcessor(deps: PolicyWorkerDeps): (job: Job<SignalJ
 
 /** The decision for one signal. */
 export function signalProcessor(deps: PolicyWorkerDeps): (signal: Signal, firstAttempt: boolean) => Promise<PolicyResult> {
-  const { redis, keys, audit, steps, dedupeSeconds } = deps;
+  const { redis, keys, audit } = deps;
   const remediesConfig = deps.remedies?.config ?? remediesSchema.parse({});
 
   return async (signal, firstAttempt) => {
@@ -157,7 +139,7 @@ export function signalProcessor(deps: PolicyWorkerDeps): (signal: Signal, firstA
           type: 'signal',
           ref: signal.id,
           node: signal.node,
-          summary: `${describe(signal)}; no action: it dates from ${signal.time}, before an operator returned ${signal.node} to service at ${resumed}`,
+          summary: `${describeSignal(signal)}; no action: it dates from ${signal.time}, before an operator returned ${signal.node} to service at ${resumed}`,
           data: { signal, resumedAt: resumed },
           actor: signal.origin ?? CONTROLLER_IDENTITY,
         },
@@ -173,80 +155,11 @@ export function signalProcessor(deps: PolicyWorkerDeps): (signal: Signal, firstA
     const choice = signal.node === undefined ? { observe: 'signal names no node' } : await climbNodeLadderReading(signal, verdict, async () => (history && signal.node ? history.read(signal.node) : []), remediesConfig);
     if ('observe' in choice) {
       await audit.append(
-        { type: 'signal', ref: signal.id, node: signal.node, summary: `${describe(signal)}; no action: ${choice.observe}`, data: { signal }, actor: signal.origin ?? CONTROLLER_IDENTITY },
+        { type: 'signal', ref: signal.id, node: signal.node, summary: `${describeSignal(signal)}; no action: ${choice.observe}`, data: { signal }, actor: signal.origin ?? CONTROLLER_IDENTITY },
         `signal:${signal.id}`,
       );
       return { outcome: 'observed' };
     }
-
-    const { node, rung } = choice;
-    // A drain keeps the id it always had (`drain|…`), so a fault decided before an upgrade is recognised after it.
-    const decisionId = `d-${stableHash(`${rung.verb}|${signal.id}`)}`;
-    const transition: StepsJob = {
-      v: STEPS_JOB_VERSION,
-      transitionId: decisionId,
-      node,
-      steps: [nodeStep(node, rung)],
-      ...(signal.origin ? { origin: signal.origin } : {}),
-      fault: { signalId: signal.id, fingerprint: signal.fingerprint, time: signal.time },
-    };
-    const holder = (await redis.eval(CLAIM, 2, keys.nodeDrainClaim(node), keys.decision(decisionId), decisionId, JSON.stringify(transition), String(dedupeSeconds))) as string | null;
-
-    if (holder !== null && holder !== decisionId) {
-      const sameFault = fingerprintOf(await redis.get(keys.decision(holder))) === signal.fingerprint;
-      const relation = sameFault ? 'same fault as' : 'node already being drained by';
-      await audit.append(
-        {
-          type: 'signal',
-          ref: signal.id,
-          node: signal.node,
-          summary: `${describe(signal)}; ${relation} decision ${holder}`,
-          data: { signal, duplicateOf: holder, sameFault },
-          actor: signal.origin ?? CONTROLLER_IDENTITY,
-        },
-        `signal:${signal.id}`,
-      );
-      return { outcome: 'joined', decisionId: holder, sameFault };
-    }
-
-    // A retried job finds the transition its first attempt stored; act on that one.
-    const storedParse = stepsJobSchema.safeParse(parseJson(await redis.get(keys.decision(decisionId))));
-    const stored = storedParse.success ? storedParse.data : transition;
-    const [step] = stored.steps;
-    await audit.append(
-      { type: 'signal', ref: signal.id, node: signal.node, summary: `${describe(signal)}; new decision ${decisionId}`, data: { signal }, actor: signal.origin ?? CONTROLLER_IDENTITY },
-      `signal:${signal.id}`,
-    );
-    await audit.append(
-      {
-        type: 'decision',
-        ref: decisionId,
-        node,
-        summary: `${step?.verb ?? rung.verb} ${node}${step?.gpu ? ` GPU ${step.gpu}` : ''}: ${step?.reason ?? rung.reason}`,
-        data: { decision: stored },
-        actor: stored.origin ?? CONTROLLER_IDENTITY,
-      },
-      `decision:${decisionId}`,
-    );
-    await steps.add('node', stored, { jobId: decisionId });
-    return { outcome: 'decided', decisionId };
+    return deps.nodes.apply({ signal, node: choice.node, rung: choice.rung });
   };
-}
-
-function parseJson(raw: string | null): unknown {
-  if (raw === null) return undefined;
-  try {
-    return JSON.parse(raw) as unknown;
-  } catch {
-    return undefined;
-  }
-}
-
-/** The fault a stored node decision follows: this release's transition, or an earlier release's decision. */
-function fingerprintOf(raw: string | null): string | undefined {
-  const stored = parseJson(raw);
-  if (typeof stored !== 'object' || stored === null) return undefined;
-  const fault = (stored as { fault?: { fingerprint?: unknown } }).fault;
-  const fingerprint = fault?.fingerprint ?? (stored as { fingerprint?: unknown }).fingerprint;
-  return typeof fingerprint === 'string' ? fingerprint : undefined;
 }

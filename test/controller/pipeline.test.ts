@@ -140,23 +140,6 @@ describe('signal → decision → action on a real Redis', () => {
     await steps.close();
   });
 
-  it('carries out a drain an earlier release left on its actions queue, once, after an upgrade', async () => {
-    const store = testRedis();
-    stores.push(store);
-    const config = testConfig(store.url, store.prefix);
-    // What a controller of the earlier release queued before it stopped: a node decision on `actions`.
-    const legacy = new Queue('actions', { connection: store.redis, prefix: store.prefix });
-    const now = new Date().toISOString();
-    const decision = { id: 'd-legacy', verb: 'drain', node: 'node-7', idempotencyKey: 'drain-node-7-d-legacy', reason: 'fatal Xid 79 on GPU 0000:3a:00', signalId: 's-legacy', fingerprint: 'xid/node-7/0000:3a:00/79', faultTime: now, time: now };
-    await legacy.add('drain', { decision }, { jobId: decision.idempotencyKey });
-    const upgraded = await startController(config);
-    controllers.push(upgraded.controller);
-    const entries = await until('the drain done', () => upgraded.controller.audit.read({ node: 'node-7', type: 'action' }), (found) => found.some((entry) => entry.data.state === 'done'));
-    expect(entries.map((entry) => entry.summary)).toEqual(['drain node-7: running (draining through dry-run)', expect.stringMatching(/^drain node-7: done \(drained \(dry-run\): steadfast: fatal Xid 79 on GPU 0000:3a:00 audit=d-legacy\)$/)]);
-    await until('the old queue empty', async () => Object.values(await legacy.getJobCounts('wait', 'active', 'delayed')).reduce((sum, count) => sum + count, 0), (left) => left === 0);
-    await legacy.close();
-  });
-
   it('loses no accepted signal when the controller stops before processing it', async () => {
     const store = testRedis();
     stores.push(store);

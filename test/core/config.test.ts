@@ -139,9 +139,8 @@ describe('configuration', () => {
     expect(drainBudget(loadConfig({ env: { STEADFAST_SAFETY__CLUSTER_NODES: '1000', STEADFAST_SAFETY__MAX_DRAIN_PERCENT: '5' } }).safety)).toBe(4);
   });
 
-  it('refuses to run without any credential, and names controller.auth when given the old single token', () => {
+  it('refuses to run without any credential', () => {
     expect(() => resolveCredentials(loadConfig({ env: {} }).controller.auth)).toThrow(/controller\.auth: no credential configured.*refusing to run unauthenticated/);
-    expect(() => loadConfig({ env: { STEADFAST_CONTROLLER__TOKEN: 'an-old-single-token-0123' } })).toThrow(/controller\.token: the single controller token is gone: .*controller\.auth/);
   });
 
   it('refuses two roles sharing one token, and a role given both inline and in a file', () => {

@@ -21,7 +21,6 @@ describe('a controller that cannot start', () => {
     ['no credential at all', (): string => `${redis()}controller:\n  port: 0\n`, 2, /controller\.auth: no credential configured .*refusing to run unauthenticated/],
     ['an unreadable token file', (): string => `${redis()}controller:\n  port: 0\n  auth:\n    operatorTokenFile: ${join(root, 'missing-token')}\n`, 2, /controller\.auth\.operatorTokenFile: cannot read .*missing-token/],
     ['an invalid Redis URL', (): string => `redis:\n  url: redis://127.0.0.1:notaport\ncontroller:\n  port: 0\n  auth:\n    operatorToken: operator-token-0123456789\n`, 2, /redis\.url: is not a valid URL/],
-    ['the old single token', (): string => `${redis()}controller:\n  port: 0\n  token: an-old-single-token-0123456789\n`, 2, /controller\.token: the single controller token is gone/],
     // The backend fails after the Redis connections are open: those must not keep the process up.
     [
       'a backend that cannot be made',

@@ -1,7 +1,7 @@
 import type { Job } from 'bullmq';
 import type { ClusterBackend } from '../../actuators/backend.js';
 import { DryRunBackend } from '../../actuators/dry-run.js';
-import type { StepDeps, StepJobs } from '../../actuators/steps/context.js';
+import type { StepJobs, StepProcessorDeps } from '../../actuators/steps/context.js';
 import { createStepProcessor } from '../../actuators/steps/processor.js';
 import { SafetyGates } from '../../actuators/safety.js';
 import type { JobStore } from '../../controller/job-store.js';
@@ -53,7 +53,7 @@ export async function lastAction(audit: AuditLog, ref: string): Promise<{ state:
 export function testStepProcessor(
   store: ReturnType<typeof testRedis>,
   parts: { readonly backend: ClusterBackend; readonly jobs?: JobStore; readonly audit?: AuditLog; readonly gates?: SafetyGates },
-  extra: Partial<StepDeps> = {},
+  extra: Partial<StepProcessorDeps> = {},
 ): ReturnType<typeof createStepProcessor> {
   return createStepProcessor({
     redis: store.redis,
