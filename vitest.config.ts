@@ -11,17 +11,45 @@ import { defineConfig, type TestProjectInlineConfiguration } from 'vitest/config
  */
 const ALONE = ['test/lab/**/*.test.ts', 'test/faults/**/*.test.ts', 'test/e2e/**/*.test.ts', 'test/scale/**/*.test.ts', 'test/package/image.test.ts', 'test/package/deb.test.ts', 'test/package/tryit-pack.test.ts'];
 
+/**
+ * What `npm run test:unit` leaves out besides ALONE, for the inner loop: the packaging tests
+ * (npm pack and installs under five Node.js releases), the benchmarks' and the fuzzers' tests,
+ * and the files that start other programs or run for many seconds (Prometheus, promtool, the
+ * built CLI, the stand-in Kubernetes API). `npm test` runs everything.
+ */
+const SLOW = [
+  'test/package/**/*.test.ts',
+  'test/bench/**/*.test.ts',
+  'test/fuzz/**/*.test.ts',
+  'test/controller/kubernetes-job-end.test.ts',
+  'test/cli/detect-suspects.test.ts',
+  'test/security/controller-start.test.ts',
+  'test/cli/main.test.ts',
+  'test/controller/progress-prometheus.test.ts',
+  'test/analyzers/multisignal-silence.test.ts',
+  'test/analyzers/multisignal-source.test.ts',
+  'test/rules.test.ts',
+  'test/controller/progress.test.ts',
+  'test/cli/agent-nvml-hang.test.ts',
+  'test/controller/unavailable.test.ts',
+  'test/controller/intake/world-api.test.ts',
+];
+
 const shared = {
   globalSetup: ['test/support/global-redis.ts'],
   testTimeout: 30_000,
   hookTimeout: 60_000,
 };
 
-const projects: TestProjectInlineConfiguration[] = [
-  // Two workers: the machine the suite is held to has two cores.
-  { extends: true, test: { ...shared, name: 'parallel', include: ['test/**/*.test.ts'], exclude: ALONE, maxWorkers: 2, sequence: { groupOrder: 0 } } },
-  { extends: true, test: { ...shared, name: 'alone', include: ALONE, maxWorkers: 1, sequence: { groupOrder: 1 } } },
-];
+const unitOnly = process.env.STEADFAST_TESTS === 'unit';
+
+const projects: TestProjectInlineConfiguration[] = unitOnly
+  ? [{ extends: true, test: { ...shared, name: 'unit', include: ['test/**/*.test.ts'], exclude: [...ALONE, ...SLOW], maxWorkers: 2 } }]
+  : [
+      // Two workers: the machine the suite is held to has two cores.
+      { extends: true, test: { ...shared, name: 'parallel', include: ['test/**/*.test.ts'], exclude: ALONE, maxWorkers: 2, sequence: { groupOrder: 0 } } },
+      { extends: true, test: { ...shared, name: 'alone', include: ALONE, maxWorkers: 1, sequence: { groupOrder: 1 } } },
+    ];
 
 export default defineConfig({
   test: {
