@@ -2,7 +2,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { aggregateStacks } from '../../../analyzers/stacks.js';
+import { aggregateStacks } from '../../../analyzers/stacks/aggregate.js';
 import { silentLogger } from '../../../core/log.js';
 import { Topology } from '../../../core/topology.js';
 import { AgentDirectory, traceNodes } from '../../../controller/agents.js';
