@@ -1,6 +1,7 @@
 import { cpus } from 'node:os';
 import { performance } from 'node:perf_hooks';
-import { MultiSignalDetector, type FeatureMatrix } from '../analyzers/multisignal/detector.js';
+import { MultiSignalDetector } from '../analyzers/multisignal/detector.js';
+import type { FeatureMatrix } from '../analyzers/multisignal/types.js';
 import { detectorFeatures } from '../analyzers/multisignal/source.js';
 import { DEFAULT_THRESHOLDS } from '../rules/thresholds.js';
 import { ClusterReplay, DEFAULT_REPLAY } from './multisignal/cluster-replay.js';

@@ -1,5 +1,6 @@
 import type { Baselines } from './memory.js';
-import type { Direction, Evidence, FeatureMatrix, MultiSignalSettings } from './detector.js';
+import type { Direction, MultiSignalSettings } from './settings.js';
+import type { Evidence, FeatureMatrix } from './types.js';
 
 /**
  * One moment of one peer group, scored: the pure part of analyzers/multisignal/detector.ts (see its module

@@ -6,7 +6,9 @@ import { prometheusLabelNameSchema, scrapeJobSchema } from '../../core/detector-
 import { TRAINING_JOB_LABEL } from '../../core/scrape.js';
 import { parseOrThrow } from '../../core/validate.js';
 import { DEFAULT_THRESHOLDS } from '../../rules/thresholds.js';
-import { featureSpecSchema, type Evaluation, type EvaluationContext, type FeatureMatrix, type FeatureSpec, type MultiSignalDetector } from './detector.js';
+import type { MultiSignalDetector } from './detector.js';
+import { featureSpecSchema, type FeatureSpec } from './settings.js';
+import type { Evaluation, EvaluationContext, FeatureMatrix } from './types.js';
 
 /**
  * The multi-signal detector's input, read from Prometheus' HTTP API: one instant query per

@@ -1,5 +1,6 @@
 import { PrometheusQueryRejectedError, PrometheusUnavailableError } from '../../core/prometheus.js';
-import { MultiSignalDetector, type Evidence, type EvaluationContext, type GroupReport, type Suspect } from './detector.js';
+import { MultiSignalDetector } from './detector.js';
+import type { Evidence, EvaluationContext, GroupReport, Suspect } from './types.js';
 import { PrometheusFeatureSource, detectorFeatures, type FeatureQuery, type FeatureReading } from './source.js';
 
 /**

@@ -1,6 +1,7 @@
 import type { JobSpec } from '../../core/job.js';
 import { faultFingerprint, newSignalId, type Signal } from '../../core/signal.js';
-import { MultiSignalDetector, type Evidence, type FeatureMatrix, type Suspect } from '../multisignal/detector.js';
+import { MultiSignalDetector } from '../multisignal/detector.js';
+import type { Evidence, FeatureMatrix, Suspect } from '../multisignal/types.js';
 import { detectorFeatures, type FeatureReading, type FeatureSource } from '../multisignal/source.js';
 
 /**

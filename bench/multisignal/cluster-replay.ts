@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import type { FeatureMatrix } from '../../analyzers/multisignal/detector.js';
+import type { FeatureMatrix } from '../../analyzers/multisignal/types.js';
 import { InputError } from '../../core/errors.js';
 import { parseOrThrow } from '../../core/validate.js';
 import { BENIGN_KINDS, FAULT_KINDS, type BenignKind, type BenignLabel, type FaultKind, type FaultLabel } from './labels.js';

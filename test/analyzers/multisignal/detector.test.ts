@@ -1,14 +1,8 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import {
-  MultiSignalDetector,
-  scoreMoment,
-  multiSignalSettings,
-  type Evaluation,
-  type FeatureMatrix,
-  type FeatureSpec,
-  type MultiSignalOptions,
-} from '../../../analyzers/multisignal/detector.js';
+import { MultiSignalDetector, scoreMoment } from '../../../analyzers/multisignal/detector.js';
+import { multiSignalSettings, type FeatureSpec, type MultiSignalOptions } from '../../../analyzers/multisignal/settings.js';
+import type { Evaluation, FeatureMatrix } from '../../../analyzers/multisignal/types.js';
 import { InputError } from '../../../core/errors.js';
 import { peerAnomalous } from '../../../analyzers/multisignal/scoring.js';
 

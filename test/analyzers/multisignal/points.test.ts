@@ -1,5 +1,7 @@
 import { describe, expect, it } from 'vitest';
-import { MultiSignalDetector, type FeatureMatrix, type FeatureSpec } from '../../../analyzers/multisignal/detector.js';
+import { MultiSignalDetector } from '../../../analyzers/multisignal/detector.js';
+import type { FeatureSpec } from '../../../analyzers/multisignal/settings.js';
+import type { FeatureMatrix } from '../../../analyzers/multisignal/types.js';
 
 const FEATURES: FeatureSpec[] = [
   { name: 'temperature', direction: 'higher', minSpread: 1 },

@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { MultiSignalDetector, type FeatureMatrix, type FeatureValue } from '../../../analyzers/multisignal/detector.js';
+import { MultiSignalDetector } from '../../../analyzers/multisignal/detector.js';
+import type { FeatureMatrix, FeatureValue } from '../../../analyzers/multisignal/types.js';
 import { DEFAULT_FEATURES, detectorFeatures } from '../../../analyzers/multisignal/source.js';
 import { ClusterReplay } from '../../../bench/multisignal/cluster-replay.js';
 import { XidCounterBaseline, runReplay } from '../../../bench/multisignal/evaluation.js';
