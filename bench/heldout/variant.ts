@@ -1,5 +1,3 @@
-import type { FaultKind } from './fleet.js';
-
 /**
  * What differs between the held-out fleets, as data: the seed, the order of the fault kinds in
  * time, which faults strike idle nodes, how long each kind's precursor lasts and how strongly it
@@ -15,6 +13,17 @@ import type { FaultKind } from './fleet.js';
  * 4 is the one held out now. Once a fleet's figures have guided a change to the detector it is
  * spent: add a fleet 5 rather than tune on fleet 4.
  */
+
+/** The kinds of fault a fleet plans, each with its precursor (or none) on the way to the failure. */
+export type FaultKind =
+  | 'hbm_ecc' // correctable ECC and row remaps pile up, then Xid 48/63/64/79
+  | 'pcie_replay' // PCIe replays climb, then the GPU falls off the bus (Xid 79)
+  | 'thermal' // a GPU runs ever hotter until thermal slowdown holds its clocks down
+  | 'power_brake' // intermittent power-brake slowdowns on the whole board, then sustained
+  | 'ib_link' // symbol errors on one port, then the link goes down
+  | 'nfs_backlog' // the NFS client's RPC slots fill, round trips grow, then major timeouts
+  | 'sudden_xid' // no precursor: Xid 79 or 119 out of the blue
+  | 'silent'; // the node stops answering: no series at all
 
 export type FleetId = 1 | 2 | 3 | 4;
 
