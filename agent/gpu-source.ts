@@ -1,7 +1,8 @@
 import { Counter, Gauge, type Registry } from 'prom-client';
 import { InputError, errorMessage } from '../core/errors.js';
 import type { Logger } from '../core/log.js';
-import type { CollectorPaths, CollectorSettings } from './collector.js';
+import type { CollectorSettings } from './flags.js';
+import type { CollectorPaths } from './paths.js';
 import { DCGM_EXPORTER_URL_FLAG, dcgmExporterUrl } from './sources/dcgm-exporter.js';
 import { NvmlUnavailableError, nvmlErrorName, type NvmlFunction } from './sources/nvml/library.js';
 import { NvmlClient } from './sources/nvml/client.js';

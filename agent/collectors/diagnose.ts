@@ -13,7 +13,8 @@ import {
 import { errorMessage } from '../../core/errors.js';
 import { describeIssues } from '../../core/validate.js';
 import { runBoundedCommand, type BoundedCommandResult } from '../bounded-command.js';
-import type { AgentRequest, AgentResponse, AgentRoute, Collector, CollectorContext, CollectorFactory, CollectorSettings } from '../collector.js';
+import type { AgentRequest, AgentResponse, AgentRoute, Collector, CollectorContext, CollectorFactory } from '../collector.js';
+import type { CollectorSettings } from '../flags.js';
 
 /**
  * The `diagnose` collector: stop-time diagnostics on this node (ByteRobust §4.2 Diagnose,

@@ -2,7 +2,8 @@ import { Counter, Gauge, type Registry } from 'prom-client';
 import { z } from 'zod';
 import { errorMessage } from '../../core/errors.js';
 import { describeIssues } from '../../core/validate.js';
-import type { AgentRequest, AgentResponse, AgentRoute, Collector, CollectorContext, CollectorFactory, CollectorSettings } from '../collector.js';
+import type { AgentRequest, AgentResponse, AgentRoute, Collector, CollectorContext, CollectorFactory } from '../collector.js';
+import type { CollectorSettings } from '../flags.js';
 import { flightRecorderSource, listFlightRecorderDumps, type FlightRecorderListing, type FlightRecorderSource } from '../sources/flight-recorder-dumps.js';
 import {
   CLOCK_TICKS_PER_SECOND,

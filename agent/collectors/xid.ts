@@ -1,5 +1,6 @@
 import { errorMessage } from '../../core/errors.js';
-import type { Collector, CollectorContext, CollectorFactory, CollectorSettings } from '../collector.js';
+import type { Collector, CollectorContext, CollectorFactory } from '../collector.js';
+import type { CollectorSettings } from '../flags.js';
 import { isBootBanner, KernelLogParser } from '../sources/kernel-log.js';
 import { LogFollower, type LogPosition } from '../log-follower.js';
 import { HostKernelCounters } from './host-kernel.js';

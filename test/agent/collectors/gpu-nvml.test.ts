@@ -1,7 +1,8 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
-import type { Collector, CollectorSettings } from '../../../agent/collector.js';
+import type { Collector } from '../../../agent/collector.js';
+import type { CollectorSettings } from '../../../agent/flags.js';
 import { createAgent } from '../../../agent/agent.js';
 import { createGpuCollector, gpuCollectorFactory } from '../../../agent/collectors/gpu.js';
 import { createNvlinkCollector, nvlinkCollectorFactory } from '../../../agent/collectors/nvlink.js';

@@ -3,7 +3,8 @@ import { tmpdir } from 'node:os';
 import { basename, join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { InputError } from '../../../core/errors.js';
-import type { AgentResponse, Collector, CollectorSettings } from '../../../agent/collector.js';
+import type { AgentResponse, Collector } from '../../../agent/collector.js';
+import type { CollectorSettings } from '../../../agent/flags.js';
 import { createTrainingCollector, parseTrainingLogFlags, trainingCollectorFactory, TRAINING_ROUTE_PATH } from '../../../agent/collectors/training.js';
 import { EXPECTED, REALWORLD, expectMatchesAndLints, scrapeOne, seriesValue, testContext, waitFor, type TestContext } from '../helpers.js';
 
