@@ -4,6 +4,7 @@ import { GPU_RESET_PATH, gpuResetRequestSchema, type GpuResetReport } from '../.
 import { describeIssues } from '../../core/validate.js';
 import { runBoundedCommand, type BoundedCommandResult } from '../bounded-command.js';
 import type { AgentRequest, AgentResponse, Collector, CollectorContext, CollectorFactory } from '../collector.js';
+import { readFlag } from '../flags.js';
 
 /**
  * The `gpu-reset` collector: `POST /api/v1/gpu-reset` resets one GPU of this node for the
@@ -203,12 +204,8 @@ export const gpuResetCollectorFactory: CollectorFactory = {
     },
   ],
   create(context) {
-    const raw = context.settings[GPU_RESET_TIMEOUT_FLAG];
-    const seconds = typeof raw === 'string' ? Number(raw) : DEFAULT_TIMEOUT_SECONDS;
-    if (!Number.isInteger(seconds) || seconds < 1 || seconds > 600) throw new Error(`--${GPU_RESET_TIMEOUT_FLAG}: must be a whole number of seconds from 1 to 600, got ${String(raw)}`);
-    const rawGrace = context.settings[GPU_RESET_STOP_GRACE_FLAG];
-    const grace = typeof rawGrace === 'string' ? Number(rawGrace) : 0;
-    if (!Number.isInteger(grace) || grace < 0 || grace > 300) throw new Error(`--${GPU_RESET_STOP_GRACE_FLAG}: must be a whole number of seconds from 0 to 300, got ${String(rawGrace)}`);
+    const seconds = readFlag(context.settings, GPU_RESET_TIMEOUT_FLAG, { type: 'number', whole: true, unit: 'seconds', min: 1, max: 600 }, DEFAULT_TIMEOUT_SECONDS);
+    const grace = readFlag(context.settings, GPU_RESET_STOP_GRACE_FLAG, { type: 'number', whole: true, unit: 'seconds', min: 0, max: 300 }, 0);
     return new GpuResetCollector(context, seconds, grace);
   },
 };

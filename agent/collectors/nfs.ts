@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import type { Counter } from 'prom-client';
 import { errorMessage } from '../../core/errors.js';
 import type { Collector, CollectorContext, CollectorFactory } from '../collector.js';
-import type { CollectorSettings } from '../flags.js';
+import { readFlag } from '../flags.js';
 import { NFS_EVENT_NAMES, parseMountstats, type NfsEventName, type NfsMount } from '../sources/mountstats.js';
 import { NfsMetrics } from './nfs-metrics.js';
 import { identifyMounts, nfsVersion, slotSaturation, snapshot, transportProtocol, type TransportSnapshot } from './nfs-mounts.js';
@@ -61,11 +61,6 @@ function setSeconds<L extends string>(counter: Counter<L>, labels: Record<L, str
   counter.inc(labels, Number(milliseconds) / 1000);
 }
 
-function settingValue(settings: CollectorSettings, name: string): string | undefined {
-  const value = settings[name];
-  return typeof value === 'string' ? value : value?.at(-1);
-}
-
 class NfsCollector implements Collector {
   readonly name = 'nfs';
   private readonly metrics: NfsMetrics;
@@ -78,7 +73,7 @@ class NfsCollector implements Collector {
     options: NfsCollectorOptions,
   ) {
     this.metrics = new NfsMetrics(context.registry);
-    this.path = options.mountstatsPath ?? settingValue(context.settings, NFS_MOUNTSTATS_FLAG) ?? join(context.paths.procfs, 'self', 'mountstats');
+    this.path = options.mountstatsPath ?? readFlag(context.settings, NFS_MOUNTSTATS_FLAG, 'path') ?? join(context.paths.procfs, 'self', 'mountstats');
   }
 
   async start(): Promise<void> {}

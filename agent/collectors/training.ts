@@ -3,6 +3,7 @@ import { InputError, errorMessage } from '../../core/errors.js';
 import type { Logger } from '../../core/log.js';
 import { MAX_TRAINING_RANK, TRAINING_JOB_PATTERN, TRAINING_JOB_RULE } from '../../core/names.js';
 import type { AgentRoute, Collector, CollectorContext, CollectorFactory } from '../collector.js';
+import { readFlag, readFlagList, type CollectorSettings } from '../flags.js';
 import { errnoCode, LogFollower } from '../log-follower.js';
 import { parseIterationLine } from '../sources/megatron-log.js';
 import { TrainingErrorParser, type TrainingErrorReport } from '../sources/training-log-failures.js';
@@ -46,8 +47,7 @@ export interface TrainingLogSource {
 }
 
 /** Reads `--training.log <job>[:<rank>]=<file>` values. Throws InputError naming the flag. */
-export function parseTrainingLogFlags(value: string | readonly string[] | undefined): TrainingLogSource[] {
-  const values = value === undefined ? [] : typeof value === 'string' ? [value] : value;
+export function parseTrainingLogFlags(values: readonly string[]): TrainingLogSource[] {
   const flag = `--${TRAINING_LOG_FLAG}`;
   const seen = new Set<string>();
   return values.map((entry) => {
@@ -65,12 +65,8 @@ export function parseTrainingLogFlags(value: string | readonly string[] | undefi
 }
 
 /** Reads `--training.max-jobs <n>`. Throws InputError naming the flag. */
-export function parseMaxJobsFlag(value: string | readonly string[] | undefined): number {
-  const flag = `--${TRAINING_MAX_JOBS_FLAG}`;
-  if (value === undefined) return DEFAULT_MAX_JOBS;
-  if (typeof value !== 'string') throw new InputError(`${flag}: give it once`, flag);
-  if (!/^\d{1,6}$/.test(value) || Number(value) < 1) throw new InputError(`${flag}: must be a whole number from 1 to 999999, got "${value}"`, flag);
-  return Number(value);
+function readMaxJobsFlag(settings: CollectorSettings): number {
+  return readFlag(settings, TRAINING_MAX_JOBS_FLAG, { type: 'number', whole: true, min: 1, max: 999_999 }, DEFAULT_MAX_JOBS);
 }
 
 /** One followed Megatron log: its parser, its follower and the reports it owes the fast path. */
@@ -183,8 +179,8 @@ class TrainingCollector implements Collector {
   private started: Promise<void> | undefined;
 
   constructor(context: CollectorContext, options: Required<TrainingCollectorOptions>) {
-    const sources = parseTrainingLogFlags(context.settings[TRAINING_LOG_FLAG]);
-    const maxJobs = parseMaxJobsFlag(context.settings[TRAINING_MAX_JOBS_FLAG]);
+    const sources = parseTrainingLogFlags(readFlagList(context.settings, TRAINING_LOG_FLAG));
+    const maxJobs = readMaxJobsFlag(context.settings);
     const metrics = new TrainingMetrics(context);
     const progress = new TrainingProgressReporter({ node: context.node, send: (event) => context.fastPath(event) });
     this.logs = sources.map((source) => new FollowedLog(source, context, metrics, progress, options));

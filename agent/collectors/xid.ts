@@ -1,6 +1,6 @@
 import { errorMessage } from '../../core/errors.js';
 import type { Collector, CollectorContext, CollectorFactory } from '../collector.js';
-import type { CollectorSettings } from '../flags.js';
+import { readFlag } from '../flags.js';
 import { isBootBanner, KernelLogParser } from '../sources/kernel-log.js';
 import { LogFollower, type LogPosition } from '../log-follower.js';
 import { HostKernelCounters } from './host-kernel.js';
@@ -24,11 +24,6 @@ export const DEFAULT_XID_STATE_FILE = '/var/lib/steadfast/xid-state.json';
 export interface XidCollectorOptions {
   /** How often a plain log file is checked for new data, and /dev/kmsg for new records. */
   readonly followIntervalMs?: number;
-}
-
-function flagValue(settings: CollectorSettings, name: string): string | undefined {
-  const value = settings[name];
-  return typeof value === 'string' ? value : value?.at(-1);
 }
 
 // A stat and a short read ten times a second costs little and keeps the fast path under 250 ms.
@@ -56,7 +51,7 @@ class XidCollector implements Collector {
     this.host = new HostKernelCounters(context.registry, context);
     const logger = context.logger.child({ collector: this.name });
     this.reported = new ReportedXids({
-      statePath: flagValue(context.settings, XID_STATE_FILE_FLAG),
+      statePath: readFlag(context.settings, XID_STATE_FILE_FLAG, 'path'),
       bootIdPath: bootIdPath(context.paths.procfs),
       logPath: context.paths.kmsg,
       logger,

@@ -199,7 +199,7 @@ describe('training collector flags', () => {
       { job: 'bert', rank: '12', path: '/logs/b=c.log' },
     ]);
     for (const bad of ['no-equals', 'bad job=/x', 'gpt:x=/x', 'gpt=']) {
-      expect(() => parseTrainingLogFlags(bad)).toThrow(InputError);
+      expect(() => parseTrainingLogFlags([bad])).toThrow(InputError);
     }
     expect(() => parseTrainingLogFlags(['gpt=/a', 'gpt:0=/b'])).toThrow('job gpt rank 0 is given twice');
     expect(() => training({ 'training.max-jobs': '0' })).toThrow('--training.max-jobs');
