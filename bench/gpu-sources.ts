@@ -9,7 +9,7 @@ import { silentLogger } from '../core/log.js';
 import type { Collector, CollectorContext } from '../agent/collector.js';
 import type { CollectorSettings } from '../agent/flags.js';
 import type { CollectorPaths } from '../agent/paths.js';
-import { gpuCollectorFactory } from '../agent/collectors/gpu.js';
+import { gpuCollectorFactory } from '../agent/collectors/gpu/collector.js';
 import { nvlinkCollectorFactory } from '../agent/collectors/nvlink.js';
 import { GpuProcessBoard } from '../agent/gpu-processes.js';
 import { DEFAULT_NVML_LIBRARY, GPU_SOURCE_FLAG, GpuSourceChoice, NVML_LIBRARY_FLAG } from '../agent/gpu-source.js';

@@ -10,7 +10,7 @@ import { createAgent, type Agent } from '../../../agent/agent.js';
 import type { AgentResponse, Collector } from '../../../agent/collector.js';
 import type { CollectorSettings } from '../../../agent/flags.js';
 import { PY_SPY_FLAG, STACK_DIR_FLAG, STACK_TOOL_FLAG, TRACE_PATH, createProcessCollector, processCollectorFactory } from '../../../agent/collectors/process.js';
-import { gpuCollectorFactory } from '../../../agent/collectors/gpu.js';
+import { gpuCollectorFactory } from '../../../agent/collectors/gpu/collector.js';
 import { NVIDIA_SMI_XML, testContext, waitFor } from '../helpers.js';
 import { alive, startRank, stopRanks, type PythonRank, type RankMode } from '../python-ranks.js';
 

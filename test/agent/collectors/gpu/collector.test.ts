@@ -2,9 +2,9 @@ import { copyFileSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'n
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import type { Collector } from '../../../agent/collector.js';
-import { createGpuCollector } from '../../../agent/collectors/gpu.js';
-import { EXPECTED, FIXTURES, NVIDIA_SMI_XML, expectMatchesAndLints, scrapeOne, seriesValue, testContext, waitFor } from '../helpers.js';
+import type { Collector } from '../../../../agent/collector.js';
+import { createGpuCollector } from '../../../../agent/collectors/gpu/collector.js';
+import { EXPECTED, FIXTURES, NVIDIA_SMI_XML, expectMatchesAndLints, scrapeOne, seriesValue, testContext, waitFor } from '../../helpers.js';
 
 const TWO_GPUS = join(FIXTURES, 'exporters', 'two-gpus.xml');
 const ONE_GPU = join(NVIDIA_SMI_XML, 'telegraf_a10g_515.105.01.xml');

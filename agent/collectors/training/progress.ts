@@ -1,4 +1,4 @@
-import type { FastPathEvent } from '../../core/fast-path-event.js';
+import type { FastPathEvent } from '../../../core/fast-path-event.js';
 
 /**
  * Tells the controller, on the fast path, that a job trains on this node: a `training_progress`

@@ -1,11 +1,11 @@
 import { z } from 'zod';
-import type { Logger } from '../../core/log.js';
-import { MAX_TRAINING_RANK, TRAINING_JOB_PATTERN, TRAINING_JOB_RULE } from '../../core/names.js';
-import { describeIssues } from '../../core/validate.js';
-import type { AgentRequest, AgentResponse, AgentRoute } from '../collector.js';
-import { normaliseLossKey } from '../sources/megatron-log.js';
-import type { StepReading, TrainingMetrics } from './training-metrics.js';
-import type { TrainingProgressReporter } from './training-progress.js';
+import type { Logger } from '../../../core/log.js';
+import { MAX_TRAINING_RANK, TRAINING_JOB_PATTERN, TRAINING_JOB_RULE } from '../../../core/names.js';
+import { describeIssues } from '../../../core/validate.js';
+import type { AgentRequest, AgentResponse, AgentRoute } from '../../collector.js';
+import { normaliseLossKey } from '../../sources/megatron-log.js';
+import type { StepReading, TrainingMetrics } from './metrics.js';
+import type { TrainingProgressReporter } from './progress.js';
 
 /**
  * `POST /api/v1/training`: a training loop pushes its own step metrics (one step or an array),

@@ -1,17 +1,17 @@
 import { stat } from 'node:fs/promises';
-import { InputError, errorMessage } from '../../core/errors.js';
-import type { Logger } from '../../core/log.js';
-import { MAX_TRAINING_RANK, TRAINING_JOB_PATTERN, TRAINING_JOB_RULE } from '../../core/names.js';
-import type { AgentRoute, Collector, CollectorContext, CollectorFactory } from '../collector.js';
-import { readFlag, readFlagList, type CollectorSettings } from '../flags.js';
-import { errnoCode, LogFollower } from '../log-follower.js';
-import { parseIterationLine } from '../sources/megatron-log.js';
-import { TrainingErrorParser, type TrainingErrorReport } from '../sources/training-log-failures.js';
-import { TrainingMetrics, type SeriesLabels } from './training-metrics.js';
-import { TrainingProgressReporter } from './training-progress.js';
-import { PushedSteps, TRAINING_MAX_JOBS_FLAG, TRAINING_ROUTE_PATH } from './training-push.js';
+import { InputError, errorMessage } from '../../../core/errors.js';
+import type { Logger } from '../../../core/log.js';
+import { MAX_TRAINING_RANK, TRAINING_JOB_PATTERN, TRAINING_JOB_RULE } from '../../../core/names.js';
+import type { AgentRoute, Collector, CollectorContext, CollectorFactory } from '../../collector.js';
+import { readFlag, readFlagList, type CollectorSettings } from '../../flags.js';
+import { errnoCode, LogFollower } from '../../log-follower.js';
+import { parseIterationLine } from '../../sources/megatron-log.js';
+import { TrainingErrorParser, type TrainingErrorReport } from '../../sources/training-log-failures.js';
+import { TrainingMetrics, type SeriesLabels } from './metrics.js';
+import { TrainingProgressReporter } from './progress.js';
+import { PushedSteps, TRAINING_MAX_JOBS_FLAG, TRAINING_ROUTE_PATH } from './push.js';
 
-export { TRAINING_MAX_JOBS_FLAG, TRAINING_ROUTE_PATH, trainingStepSchema, type TrainingStep } from './training-push.js';
+export { TRAINING_MAX_JOBS_FLAG, TRAINING_ROUTE_PATH, trainingStepSchema, type TrainingStep } from './push.js';
 
 /**
  * The `training` collector: training progress per job and rank, from Megatron logs the agent

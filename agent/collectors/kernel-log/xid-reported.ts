@@ -1,12 +1,12 @@
-import { lazyCrypto } from '../../core/lazy-crypto.js';
+import { lazyCrypto } from '../../../core/lazy-crypto.js';
 import { mkdir, readFile, rename, writeFile } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { z } from 'zod';
-import { errorMessage } from '../../core/errors.js';
-import type { Logger } from '../../core/log.js';
-import { describeIssues } from '../../core/validate.js';
-import { errnoCode, type LogPosition } from '../log-follower.js';
-import type { XidEvent } from '../sources/kernel-log.js';
+import { errorMessage } from '../../../core/errors.js';
+import type { Logger } from '../../../core/log.js';
+import { describeIssues } from '../../../core/validate.js';
+import { errnoCode, type LogPosition } from '../../log-follower.js';
+import type { XidEvent } from '../../sources/kernel-log.js';
 
 /**
  * What the `xid` collector has already reported on the fast path, kept in a small state file

@@ -2,17 +2,17 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Counter } from 'prom-client';
-import { errorMessage } from '../../core/errors.js';
-import type { Collector, CollectorContext, CollectorFactory } from '../collector.js';
-import { readFlag } from '../flags.js';
-import { NFS_EVENT_NAMES, parseMountstats, type NfsEventName, type NfsMount } from '../sources/mountstats.js';
-import { NfsMetrics } from './nfs-metrics.js';
-import { identifyMounts, nfsVersion, slotSaturation, snapshot, transportProtocol, type TransportSnapshot } from './nfs-mounts.js';
+import { errorMessage } from '../../../core/errors.js';
+import type { Collector, CollectorContext, CollectorFactory } from '../../collector.js';
+import { readFlag } from '../../flags.js';
+import { NFS_EVENT_NAMES, parseMountstats, type NfsEventName, type NfsMount } from '../../sources/mountstats.js';
+import { NfsMetrics } from './metrics.js';
+import { identifyMounts, nfsVersion, slotSaturation, snapshot, transportProtocol, type TransportSnapshot } from './mounts.js';
 
 /**
  * The `nfs` collector: NFS client statistics from `/proc/self/mountstats`, read at scrape time.
  * Which mounts are exported under which `mount` id, and how slot saturation is computed, is
- * nfs-mounts.ts; the series themselves are nfs-metrics.ts.
+ * mounts.ts; the series themselves are metrics.ts.
  *
  * Values. Counters are exported as the kernel prints them, per operation only for operations used
  * at least once (a NFSv4.1 mount lists ~60, most never called). A value of 2^63 or more is a kernel

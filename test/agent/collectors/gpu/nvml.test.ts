@@ -1,16 +1,16 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
-import type { Collector } from '../../../agent/collector.js';
-import type { CollectorSettings } from '../../../agent/flags.js';
-import { createAgent } from '../../../agent/agent.js';
-import { createGpuCollector, gpuCollectorFactory } from '../../../agent/collectors/gpu.js';
-import { createNvlinkCollector, nvlinkCollectorFactory } from '../../../agent/collectors/nvlink.js';
-import { silentLogger } from '../../../core/log.js';
-import { GpuProcessBoard } from '../../../agent/gpu-processes.js';
-import { GpuSourceChoice } from '../../../agent/gpu-source.js';
-import { StandInNvml } from '../../../tryit/nvml/stand-in.js';
-import { FIXTURES, NVIDIA_SMI_XML, normaliseExposition, scrapeOne, seriesValue, tempDirPerTest, testContext, waitFor, type TestContext } from '../helpers.js';
+import type { Collector } from '../../../../agent/collector.js';
+import type { CollectorSettings } from '../../../../agent/flags.js';
+import { createAgent } from '../../../../agent/agent.js';
+import { createGpuCollector, gpuCollectorFactory } from '../../../../agent/collectors/gpu/collector.js';
+import { createNvlinkCollector, nvlinkCollectorFactory } from '../../../../agent/collectors/nvlink.js';
+import { silentLogger } from '../../../../core/log.js';
+import { GpuProcessBoard } from '../../../../agent/gpu-processes.js';
+import { GpuSourceChoice } from '../../../../agent/gpu-source.js';
+import { StandInNvml } from '../../../../tryit/nvml/stand-in.js';
+import { FIXTURES, NVIDIA_SMI_XML, normaliseExposition, scrapeOne, seriesValue, tempDirPerTest, testContext, waitFor, type TestContext } from '../../helpers.js';
 
 /**
  * The gpu collector reading NVML through koffi, against the stand-in libnvidia-ml.so.1

@@ -1,21 +1,21 @@
 import { execFile } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
 import { promisify } from 'node:util';
-import { errorMessage } from '../../core/errors.js';
-import { errnoCode } from '../log-follower.js';
-import type { Collector, CollectorContext, CollectorFactory, CollectorStartOptions } from '../collector.js';
-import { DCGM_EXPORTER_URL_FLAG, fetchDcgmExporterText, gpuKey, parseDcgmExporterText, type DcgmGpuSample } from '../sources/dcgm-exporter.js';
-import { GPU_SOURCE_FLAG, GpuSourceChoice, NVML_LIBRARY_FLAG, DEFAULT_NVML_LIBRARY, type ResolvedGpuSource } from '../gpu-source.js';
-import { nvmlGpuSource } from './gpu-nvml.js';
-import { parseNvidiaSmiXml } from '../sources/nvidia-smi-xml.js';
-import { BackgroundPoll } from './background-poll.js';
-import type { GpuProcessHolding } from '../gpu-processes.js';
-import { COMPUTE_APPS_QUERY, parseComputeApps, type ComputeApp } from '../sources/nvidia-smi-compute-apps.js';
-import { GpuMetrics, gpuLabels, writeProcesses, writeSample, type GpuLabels } from './gpu-metrics.js';
-import { gpuQueryFailures, isTimeout } from './gpu-query-health.js';
+import { errorMessage } from '../../../core/errors.js';
+import { errnoCode } from '../../log-follower.js';
+import type { Collector, CollectorContext, CollectorFactory, CollectorStartOptions } from '../../collector.js';
+import { DCGM_EXPORTER_URL_FLAG, fetchDcgmExporterText, gpuKey, parseDcgmExporterText, type DcgmGpuSample } from '../../sources/dcgm-exporter.js';
+import { GPU_SOURCE_FLAG, GpuSourceChoice, NVML_LIBRARY_FLAG, DEFAULT_NVML_LIBRARY, type ResolvedGpuSource } from '../../gpu-source.js';
+import { nvmlGpuSource } from './nvml.js';
+import { parseNvidiaSmiXml } from '../../sources/nvidia-smi-xml.js';
+import { BackgroundPoll } from '../../background-poll.js';
+import type { GpuProcessHolding } from '../../gpu-processes.js';
+import { COMPUTE_APPS_QUERY, parseComputeApps, type ComputeApp } from '../../sources/nvidia-smi-compute-apps.js';
+import { GpuMetrics, gpuLabels, writeProcesses, writeSample, type GpuLabels } from './metrics.js';
+import { gpuQueryFailures, isTimeout } from './query-health.js';
 
 /**
- * The `gpu` collector: NVML in-process (gpu-nvml.ts), `nvidia-smi -q -x`, or a dcgm-exporter
+ * The `gpu` collector: NVML in-process (nvml.ts), `nvidia-smi -q -x`, or a dcgm-exporter
  * endpoint, as --gpu.source chooses (gpu-source.ts), polled in the background so that a scrape
  * never waits on it (nvidia-smi can hang for tens of seconds on a sick GPU). A GPU that was listed once and is missing from a later
  * poll keeps `steadfast_gpu_present 0`: that is how a lost GPU (Xid 79 and friends) shows up

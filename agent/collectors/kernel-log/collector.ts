@@ -1,11 +1,11 @@
-import { errorMessage } from '../../core/errors.js';
-import type { Collector, CollectorContext, CollectorFactory } from '../collector.js';
-import { readFlag } from '../flags.js';
-import { isBootBanner, KernelLogParser } from '../sources/kernel-log.js';
-import { LogFollower, type LogPosition } from '../log-follower.js';
-import { HostKernelCounters } from './host-kernel.js';
+import { errorMessage } from '../../../core/errors.js';
+import type { Collector, CollectorContext, CollectorFactory } from '../../collector.js';
+import { readFlag } from '../../flags.js';
+import { isBootBanner, KernelLogParser } from '../../sources/kernel-log.js';
+import { LogFollower, type LogPosition } from '../../log-follower.js';
+import { HostKernelCounters } from './host-counters.js';
 import { bootIdPath, ReportedXids, type XidCandidate } from './xid-reported.js';
-import { XidLedger, type XidOccurrence } from '../xid-ledger.js';
+import { XidLedger, type XidOccurrence } from '../../xid-ledger.js';
 
 /**
  * The `xid` collector: follows the kernel log and counts every `NVRM: Xid` per GPU and code
@@ -21,14 +21,14 @@ import { XidLedger, type XidOccurrence } from '../xid-ledger.js';
 export const XID_STATE_FILE_FLAG = 'xid.state-file';
 export const DEFAULT_XID_STATE_FILE = '/var/lib/steadfast/xid-state.json';
 
-export interface XidCollectorOptions {
+export interface KernelLogCollectorOptions {
   /** How often a plain log file is checked for new data, and /dev/kmsg for new records. */
   readonly followIntervalMs?: number;
 }
 
 // A stat and a short read ten times a second costs little and keeps the fast path under 250 ms.
 const DEFAULT_FOLLOW_INTERVAL_MS = 100;
-class XidCollector implements Collector {
+class KernelLogCollector implements Collector {
   readonly name = 'xid';
   private readonly ledger: XidLedger;
   private readonly parser = new KernelLogParser();
@@ -43,7 +43,7 @@ class XidCollector implements Collector {
 
   constructor(
     private readonly context: CollectorContext,
-    options: XidCollectorOptions,
+    options: KernelLogCollectorOptions,
   ) {
     // Shared with the gpu collector's NVML events: one count per Xid whichever reports it first.
     this.ledger = context.xids ?? new XidLedger(context.registry);
@@ -145,11 +145,11 @@ class XidCollector implements Collector {
   }
 }
 
-export function createXidCollector(context: CollectorContext, options: XidCollectorOptions = {}): Collector {
-  return new XidCollector(context, options);
+export function createKernelLogCollector(context: CollectorContext, options: KernelLogCollectorOptions = {}): Collector {
+  return new KernelLogCollector(context, options);
 }
 
-export const xidCollectorFactory: CollectorFactory = {
+export const kernelLogCollectorFactory: CollectorFactory = {
   name: 'xid',
   defaultEnabled: true,
   help: 'NVIDIA Xid errors and host kernel events (lockups, hung tasks, OOM kills, MCE, PCIe AER, NVSwitch SXid) from the kernel log (/dev/kmsg or a log file).',
@@ -162,5 +162,5 @@ export const xidCollectorFactory: CollectorFactory = {
       default: DEFAULT_XID_STATE_FILE,
     },
   ],
-  create: (context) => createXidCollector(context),
+  create: (context) => createKernelLogCollector(context),
 };

@@ -2,10 +2,10 @@ import { mkdirSync, mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { silentLogger } from '../../../core/log.js';
-import { ReportedXids, bootIdPath, readBootId, readXidState, writeXidState, type XidState } from '../../../agent/collectors/xid-reported.js';
-import type { LogPosition } from '../../../agent/log-follower.js';
-import { parseXidLine, type XidEvent } from '../../../agent/sources/kernel-log.js';
+import { silentLogger } from '../../../../core/log.js';
+import { ReportedXids, bootIdPath, readBootId, readXidState, writeXidState, type XidState } from '../../../../agent/collectors/kernel-log/xid-reported.js';
+import type { LogPosition } from '../../../../agent/log-follower.js';
+import { parseXidLine, type XidEvent } from '../../../../agent/sources/kernel-log.js';
 
 /**
  * The /dev/kmsg side of "one report per occurrence": a character device cannot be faked in a

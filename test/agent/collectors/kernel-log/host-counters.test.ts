@@ -2,9 +2,9 @@ import { appendFileSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFi
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import type { Collector } from '../../../agent/collector.js';
-import { createXidCollector } from '../../../agent/collectors/xid.js';
-import { EXPECTED, HOST_LOGS, XID_LOGS, expectMatchesAndLints, scrapeOne, seriesValue, testContext, waitFor } from '../helpers.js';
+import type { Collector } from '../../../../agent/collector.js';
+import { createKernelLogCollector } from '../../../../agent/collectors/kernel-log/collector.js';
+import { EXPECTED, HOST_LOGS, XID_LOGS, expectMatchesAndLints, scrapeOne, seriesValue, testContext, waitFor } from '../../helpers.js';
 
 /** Real lines (sources in the samples' READMEs). */
 const BOOT = readFileSync(join(XID_LOGS, 'boot-banner_firecracker-vm_dmesg-formats.log'), 'utf8').split('\n')[0] + '\n';
@@ -29,14 +29,14 @@ describe('host kernel counters in the xid collector', () => {
 
   it.each(samples)('exports the host events of %s exactly as the expected file, which promtool accepts', async (name) => {
     const context = testContext({ kmsg: join(HOST_LOGS, name) });
-    collector = createXidCollector(context);
+    collector = createKernelLogCollector(context);
     const text = await scrapeOne(context, collector);
     await expectMatchesAndLints(join(EXPECTED, 'host-kernel', name.replace(/\.(log|txt)$/, '.prom')), text);
   });
 
   it('counts AER errors by port and severity, NVIDIA hangs and fatal SXids from the real samples', async () => {
     const context = testContext({ kmsg: join(HOST_LOGS, 'host_lines_from_public_reports.txt') });
-    collector = createXidCollector(context);
+    collector = createKernelLogCollector(context);
     const text = await scrapeOne(context, collector);
     expect(seriesValue(text, 'steadfast_pcie_aer_errors_total{pci_address="0000:00:03.0",severity="fatal"}')).toBe(1);
     expect(seriesValue(text, 'steadfast_pcie_aer_errors_total{pci_address="0000:00:03.1",severity="corrected"}')).toBe(2);
@@ -48,7 +48,7 @@ describe('host kernel counters in the xid collector', () => {
     const log = join(dir, 'kern.log');
     writeFileSync(log, BOOT);
     const context = testContext({ kmsg: log });
-    collector = createXidCollector(context, { followIntervalMs: 20 });
+    collector = createKernelLogCollector(context, { followIntervalMs: 20 });
     await collector.start();
     expect(context.events).toEqual([]);
     appendFileSync(log, RM_INIT);
@@ -60,7 +60,7 @@ describe('host kernel counters in the xid collector', () => {
     const log = join(dir, 'kern.log');
     writeFileSync(log, RM_INIT + BOOT);
     const before = testContext({ kmsg: log });
-    collector = createXidCollector(before, { followIntervalMs: 20 });
+    collector = createKernelLogCollector(before, { followIntervalMs: 20 });
     await collector.start();
     expect(seriesValue(await before.registry.metrics(), RM_INIT_SERIES)).toBe(1);
     expect(before.events).toEqual([]);
@@ -68,7 +68,7 @@ describe('host kernel counters in the xid collector', () => {
 
     writeFileSync(log, BOOT + RM_INIT);
     const after = testContext({ kmsg: log });
-    collector = createXidCollector(after, { followIntervalMs: 20 });
+    collector = createKernelLogCollector(after, { followIntervalMs: 20 });
     await collector.start();
     expect(after.events).toEqual([expect.objectContaining({ kind: 'gpu_lost', gpu: '0000:04:01' })]);
   });
@@ -80,7 +80,7 @@ describe('host kernel counters in the xid collector', () => {
     const log = join(dir, 'kern.log');
     writeFileSync(log, BOOT);
     const context = testContext({ kmsg: log });
-    collector = createXidCollector(context, { followIntervalMs: 20 });
+    collector = createKernelLogCollector(context, { followIntervalMs: 20 });
     await collector.start();
     appendFileSync(log, `${headline}\n`);
     await waitFor(async () => seriesValue(await context.registry.metrics(), series) === 1);
@@ -91,7 +91,7 @@ describe('host kernel counters in the xid collector', () => {
 
   it('counts each host event kind of the new samples once per event', async () => {
     const context = testContext({ kmsg: join(HOST_LOGS, 'oom_soft-lockup_kmsg-record_from_public_reports.txt') });
-    collector = createXidCollector(context);
+    collector = createKernelLogCollector(context);
     const text = await scrapeOne(context, collector);
     expect(seriesValue(text, 'steadfast_kernel_events_total{kind="oom_kill"}')).toBe(6);
     expect(seriesValue(text, 'steadfast_kernel_events_total{kind="soft_lockup"}')).toBe(2);

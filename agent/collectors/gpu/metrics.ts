@@ -1,8 +1,8 @@
 import { Counter, Gauge, type Registry } from 'prom-client';
-import type { GpuProcessHolding } from '../gpu-processes.js';
-import type { DcgmGpuSample } from '../sources/dcgm-exporter.js';
-import { isComputeProcess, type ClockReadings } from '../sources/nvidia-smi-xml.js';
-import { gpuHealthAction } from './gpu-health-action.js';
+import type { GpuProcessHolding } from '../../gpu-processes.js';
+import type { DcgmGpuSample } from '../../sources/dcgm-exporter.js';
+import { isComputeProcess, type ClockReadings } from '../../sources/nvidia-smi-xml.js';
+import { gpuHealthAction } from './health-action.js';
 
 /** The gpu collector's series, and how one GPU sample is written into them. */
 

@@ -1,7 +1,7 @@
 import { Counter, Gauge } from 'prom-client';
-import { RANK_LABEL, TRAINING_JOB_LABEL } from '../../core/scrape.js';
-import type { CollectorContext } from '../collector.js';
-import { TRAINING_ERROR_KINDS, type TrainingErrorKind } from '../sources/training-log-failures.js';
+import { RANK_LABEL, TRAINING_JOB_LABEL } from '../../../core/scrape.js';
+import type { CollectorContext } from '../../collector.js';
+import { TRAINING_ERROR_KINDS, type TrainingErrorKind } from '../../sources/training-log-failures.js';
 
 /** The training collector's series, shared by the log followers and the push endpoint. */
 

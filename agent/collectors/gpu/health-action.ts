@@ -1,4 +1,4 @@
-import type { GpuSample } from '../sources/nvidia-smi-xml.js';
+import type { GpuSample } from '../../sources/nvidia-smi-xml.js';
 
 /**
  * What a GPU's memory and clock state asks for, in the order that matters: a GPU that could not

@@ -2,15 +2,15 @@ import { appendFileSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { Registry } from 'prom-client';
 import { afterEach, describe, expect, it } from 'vitest';
-import type { FastPathEvent } from '../../../core/fast-path-event.js';
-import { silentLogger } from '../../../core/log.js';
-import type { Collector, CollectorContext } from '../../../agent/collector.js';
-import { createGpuCollector } from '../../../agent/collectors/gpu.js';
-import { XID_STATE_FILE_FLAG, createXidCollector } from '../../../agent/collectors/xid.js';
-import { GpuSourceChoice } from '../../../agent/gpu-source.js';
-import { XidLedger } from '../../../agent/xid-ledger.js';
-import { StandInNvml } from '../../../tryit/nvml/stand-in.js';
-import { FIXTURES, seriesValue, tempDirPerTest, waitFor } from '../helpers.js';
+import type { FastPathEvent } from '../../../../core/fast-path-event.js';
+import { silentLogger } from '../../../../core/log.js';
+import type { Collector, CollectorContext } from '../../../../agent/collector.js';
+import { createGpuCollector } from '../../../../agent/collectors/gpu/collector.js';
+import { XID_STATE_FILE_FLAG, createKernelLogCollector } from '../../../../agent/collectors/kernel-log/collector.js';
+import { GpuSourceChoice } from '../../../../agent/gpu-source.js';
+import { XidLedger } from '../../../../agent/xid-ledger.js';
+import { StandInNvml } from '../../../../tryit/nvml/stand-in.js';
+import { FIXTURES, seriesValue, tempDirPerTest, waitFor } from '../../helpers.js';
 
 /**
  * Xids reach the agent twice: a kernel log line (xid collector) and an NVML event (gpu
@@ -68,7 +68,7 @@ async function node(kernelLog: 'readable' | 'unreadable' = 'readable'): Promise<
 }
 
 async function start(context: CollectorContext, which: 'gpu' | 'xid'): Promise<Collector> {
-  const collector = which === 'gpu' ? createGpuCollector(context) : createXidCollector(context, { followIntervalMs: 20 });
+  const collector = which === 'gpu' ? createGpuCollector(context) : createKernelLogCollector(context, { followIntervalMs: 20 });
   collectors.push(collector);
   await collector.start();
   return collector;

@@ -1,4 +1,4 @@
-import type { NfsMount, NfsTransport } from '../sources/mountstats.js';
+import type { NfsMount, NfsTransport } from '../../sources/mountstats.js';
 
 /**
  * What the `nfs` collector derives from the parsed mounts: each mount's `mount` id, and its RPC

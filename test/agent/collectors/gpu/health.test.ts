@@ -2,11 +2,11 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
-import type { Collector } from '../../../agent/collector.js';
-import { createGpuCollector } from '../../../agent/collectors/gpu.js';
-import { gpuHealthAction } from '../../../agent/collectors/gpu-health-action.js';
-import { parseNvidiaSmiXml } from '../../../agent/sources/nvidia-smi-xml.js';
-import { NVIDIA_SMI_XML, seriesValue, testContext } from '../helpers.js';
+import type { Collector } from '../../../../agent/collector.js';
+import { createGpuCollector } from '../../../../agent/collectors/gpu/collector.js';
+import { gpuHealthAction } from '../../../../agent/collectors/gpu/health-action.js';
+import { parseNvidiaSmiXml } from '../../../../agent/sources/nvidia-smi-xml.js';
+import { NVIDIA_SMI_XML, seriesValue, testContext } from '../../helpers.js';
 
 const A100 = readFileSync(join(NVIDIA_SMI_XML, 'telegraf_a100-sxm4-80gb-mig_535.54.03_v12.xml'), 'utf8');
 const A10G = readFileSync(join(NVIDIA_SMI_XML, 'telegraf_a10g_515.105.01.xml'), 'utf8');

@@ -1,7 +1,7 @@
-import { classifyXid } from '../../core/xid.js';
-import type { CollectorContext } from '../collector.js';
-import type { NvmlClient, NvmlXidReport } from '../sources/nvml/client.js';
-import { XidLedger } from '../xid-ledger.js';
+import { classifyXid } from '../../../core/xid.js';
+import type { CollectorContext } from '../../collector.js';
+import type { NvmlClient, NvmlXidReport } from '../../sources/nvml/client.js';
+import { XidLedger } from '../../xid-ledger.js';
 
 /**
  * Xid events from NVML: the NVML thread registers nvmlEventTypeXidCriticalError on every GPU of

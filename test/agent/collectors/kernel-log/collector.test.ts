@@ -3,11 +3,11 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pino } from 'pino';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import type { Collector } from '../../../agent/collector.js';
-import { XID_STATE_FILE_FLAG, createXidCollector } from '../../../agent/collectors/xid.js';
-import { bootIdPath, readXidState } from '../../../agent/collectors/xid-reported.js';
-import type { FastPathOutcome } from '../../../agent/fast-path-client.js';
-import { EXPECTED, XID_LOGS, expectMatchesAndLints, scrapeOne, seriesValue, testContext, waitFor } from '../helpers.js';
+import type { Collector } from '../../../../agent/collector.js';
+import { XID_STATE_FILE_FLAG, createKernelLogCollector } from '../../../../agent/collectors/kernel-log/collector.js';
+import { bootIdPath, readXidState } from '../../../../agent/collectors/kernel-log/xid-reported.js';
+import type { FastPathOutcome } from '../../../../agent/fast-path-client.js';
+import { EXPECTED, XID_LOGS, expectMatchesAndLints, scrapeOne, seriesValue, testContext, waitFor } from '../../helpers.js';
 
 const FOLLOW_MS = 20;
 const XID13 = "[ 100.000001] NVRM: Xid (PCI:0000:38:00): 13, pid='<unknown>', name=<unknown>, Graphics SM Warp Exception\n";
@@ -30,7 +30,7 @@ afterEach(async () => {
 
 async function started(path: string): Promise<{ collector: Collector; context: ReturnType<typeof testContext> }> {
   const context = testContext({ kmsg: path });
-  collector = createXidCollector(context, { followIntervalMs: FOLLOW_MS });
+  collector = createKernelLogCollector(context, { followIntervalMs: FOLLOW_MS });
   await collector.start();
   return { collector, context };
 }
@@ -172,7 +172,7 @@ describe('xid collector exposition', () => {
 
   it.each(logFiles)('exports %s exactly as the expected file, which promtool accepts', async (name) => {
     const context = testContext({ kmsg: join(XID_LOGS, name) });
-    collector = createXidCollector(context);
+    collector = createKernelLogCollector(context);
     const text = await scrapeOne(context, collector);
     expect(text).toContain('steadfast_collector_success{collector="xid"} 1');
     await expectMatchesAndLints(join(EXPECTED, 'xid', name.replace(/\.(log|txt)$/, '.prom')), text);
@@ -217,7 +217,7 @@ describe('xid collector reporting each fatal Xid once, across agent restarts', (
         onOutcome?.(outcome);
       },
     };
-    collector = createXidCollector(context, { followIntervalMs: FOLLOW_MS });
+    collector = createKernelLogCollector(context, { followIntervalMs: FOLLOW_MS });
     await collector.start();
     return { context, xid: collector, logs };
   }

@@ -2,11 +2,11 @@ import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { CollectorSet, type Collector } from '../../../agent/collector.js';
-import { createNfsCollector, nfsCollectorFactory } from '../../../agent/collectors/nfs.js';
-import { identifyMounts } from '../../../agent/collectors/nfs-mounts.js';
-import { parseMountstats } from '../../../agent/sources/mountstats.js';
-import { EXPECTED, MOUNTSTATS_FILES, MOUNTSTATS_SAMPLES, expectMatchesAndLints, mountstatsSample, scrapeOne, seriesValue, testContext } from '../helpers.js';
+import { CollectorSet, type Collector } from '../../../../agent/collector.js';
+import { createNfsCollector, nfsCollectorFactory } from '../../../../agent/collectors/nfs/collector.js';
+import { identifyMounts } from '../../../../agent/collectors/nfs/mounts.js';
+import { parseMountstats } from '../../../../agent/sources/mountstats.js';
+import { EXPECTED, MOUNTSTATS_FILES, MOUNTSTATS_SAMPLES, expectMatchesAndLints, mountstatsSample, scrapeOne, seriesValue, testContext } from '../../helpers.js';
 
 const PROCFS_26231 = 'procfs_fixtures_proc_26231_mountstats';
 const NODE_EXPORTER_10 = 'node_exporter_fixtures_proc_10_mountstats';

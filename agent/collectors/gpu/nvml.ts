@@ -1,14 +1,14 @@
-import type { CollectorContext } from '../collector.js';
-import type { NvmlClient } from '../sources/nvml/client.js';
-import type { GpuSample } from '../sources/nvidia-smi-xml.js';
-import { NvmlXidEvents } from './gpu-nvml-events.js';
+import type { CollectorContext } from '../../collector.js';
+import type { NvmlClient } from '../../sources/nvml/client.js';
+import type { GpuSample } from '../../sources/nvidia-smi-xml.js';
+import { NvmlXidEvents } from './nvml-events.js';
 
 /**
  * The gpu collector's NVML source: one poll is one request to the agent's NVML thread
  * (sources/nvml/worker.ts), which reads every GPU through the library in-process, under a time
  * limit. A call stuck in the driver fails the poll as a timeout and holds that thread alone;
  * later polls fail at once, naming the call, until it returns. After the first good poll the
- * source also listens for the thread's Xid events (gpu-nvml-events.ts).
+ * source also listens for the thread's Xid events (nvml-events.ts).
  */
 
 export interface NvmlGpuSource {

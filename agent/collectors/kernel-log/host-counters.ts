@@ -1,7 +1,7 @@
 import { Counter, type Registry } from 'prom-client';
-import type { CollectorContext } from '../collector.js';
-import type { LogPosition } from '../log-follower.js';
-import { HostKernelParser, type HostKernelEvent, type HostKernelParse } from '../sources/host-kernel-log.js';
+import type { CollectorContext } from '../../collector.js';
+import type { LogPosition } from '../../log-follower.js';
+import { HostKernelParser, type HostKernelEvent, type HostKernelParse } from '../../sources/host-kernel-log.js';
 
 /**
  * The host side of the kernel log, counted by the xid collector from the same lines it reads for

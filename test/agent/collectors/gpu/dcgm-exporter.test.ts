@@ -2,10 +2,10 @@ import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
-import { InputError } from '../../../core/errors.js';
-import type { Collector } from '../../../agent/collector.js';
-import { createGpuCollector, gpuCollectorFactory } from '../../../agent/collectors/gpu.js';
-import { DCGM_SCRAPES, EXPECTED, dcgmScrape, expectMatchesAndLints, scrapeOne, seriesValue, testContext, waitFor } from '../helpers.js';
+import { InputError } from '../../../../core/errors.js';
+import type { Collector } from '../../../../agent/collector.js';
+import { createGpuCollector, gpuCollectorFactory } from '../../../../agent/collectors/gpu/collector.js';
+import { DCGM_SCRAPES, EXPECTED, dcgmScrape, expectMatchesAndLints, scrapeOne, seriesValue, testContext, waitFor } from '../../helpers.js';
 
 const MiB = 1024 ** 2;
 const URL_FLAG = 'gpu.dcgm-exporter-url';
