@@ -33,7 +33,7 @@ export class NvmlXidEvents {
         else if (registered > 0) {
           this.context.logger.info({ collector: 'gpu', gpus: registered }, 'listening for NVML Xid events');
           // Counted from the start, as the kernel log's Xids are.
-          void this.ledger.counter;
+          this.ledger.register();
         }
       },
       (error: unknown) => this.context.logger.warn({ collector: 'gpu', err: error }, 'NVML Xid events could not be started'),

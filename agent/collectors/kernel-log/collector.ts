@@ -8,14 +8,20 @@ import { bootIdPath, ReportedXids, type XidCandidate } from './xid-reported.js';
 import { XidLedger, type XidOccurrence } from '../../xid-ledger.js';
 
 /**
- * The `xid` collector: follows the kernel log and counts every `NVRM: Xid` per GPU and code
- * (a counter, not a last-value gauge, so repeats stay visible), once with the NVML event of the
- * same Xid where the gpu collector reads NVML (xid-ledger.ts). Fatal ones also go to the
- * controller on the fast path, once per occurrence: the counters start from the whole log at
- * every agent start (the rules expect that, rules/README.md), but a fatal Xid already reported
- * before a restart (see xid-reported.ts), or logged before the last boot, is not sent again.
- * The same lines feed the host kernel counters (host-kernel.ts): lockups, hung tasks, OOM kills,
- * machine checks, PCIe AER, NVSwitch SXids and GPUs the driver cannot initialise.
+ * The kernel-log collector: the agent's one reader of the kernel log (/dev/kmsg or a log file).
+ * It counts every `NVRM: Xid` per GPU and code (a counter, not a last-value gauge, so repeats
+ * stay visible), once with the NVML event of the same Xid where the gpu collector reads NVML
+ * (../../xid-ledger.ts). Fatal ones also go to the controller on the fast path, once per
+ * occurrence: the counters start from the whole log at every agent start (the rules expect that,
+ * rules/README.md), but a fatal Xid already reported before a restart (xid-reported.ts), or logged
+ * before the last boot, is not sent again. The same lines feed the host kernel counters
+ * (host-counters.ts): lockups, hung tasks, OOM kills, machine checks, PCIe AER, NVSwitch SXids and
+ * GPUs the driver cannot initialise.
+ *
+ * Its user-facing name stays `xid`, from when it read Xids only: operators' configurations name it
+ * (`--collector.xid`, `--no-collector.xid`, `--xid.state-file`, collector="xid" in
+ * steadfast_collector_success, the steadfast_xid_* metrics and the alerts on them), so the code
+ * is named for what it reads and the collector for what they already run.
  */
 
 export const XID_STATE_FILE_FLAG = 'xid.state-file';
@@ -47,7 +53,7 @@ class KernelLogCollector implements Collector {
   ) {
     // Shared with the gpu collector's NVML events: one count per Xid whichever reports it first.
     this.ledger = context.xids ?? new XidLedger(context.registry);
-    void this.ledger.counter;
+    this.ledger.register();
     this.host = new HostKernelCounters(context.registry, context);
     const logger = context.logger.child({ collector: this.name });
     this.reported = new ReportedXids({
