@@ -4,14 +4,9 @@
  * shows, and which benign events run beside them. bench/heldout/fleet.ts plans a fleet from a
  * variant and bench/heldout/timeline.ts draws the faults' effects from it; the code is one.
  *
- * Fleet 1 is the first held-out set; it has guided detector changes since, so fleet 2 (another
- * seed, other shapes of every fault and three more one-node confusers, from the same studies:
- * bench/heldout/README.md) was held out next; its figures guided the PCIe-replay recurrence and the
- * watch's warm-up, so it is spent too; fleet 3 (another seed, other shapes again, and GPUs that
- * trickle PCIe replays all along without failing) was held out next and showed a node on a lighter
- * pipeline stage raised at its job's restarts, which guided the detector's minPeerZ: spent. Fleet
- * 4 is the one held out now. Once a fleet's figures have guided a change to the detector it is
- * spent: add a fleet 5 rather than tune on fleet 4.
+ * One variant per fleet; once a fleet's figures have guided a change to the detector it is spent,
+ * and a new fleet is added rather than tuning on the one held out. Which fleets are spent, and
+ * what each guided, is in bench/heldout/README.md.
  */
 
 /** The kinds of fault a fleet plans, each with its precursor (or none) on the way to the failure. */
