@@ -165,6 +165,7 @@ describe('xid ledger', () => {
     let now = 0;
     const registry = new Registry();
     const ledger = new XidLedger(registry, 10_000, () => now);
+    ledger.register(); // as the collectors that count into it do
     expect(ledger.observe('nvml', report).news).toBe(true);
     // The same source twice is two occurrences.
     expect(ledger.observe('nvml', report).news).toBe(true);
