@@ -43,6 +43,9 @@ export interface NumberFlag {
   readonly unit?: string;
 }
 
+/** How a flag is read: its type, or a number's range. */
+type FlagRead<T extends FlagType> = T | (NumberFlag & { type: T });
+
 const DECIMAL = /^[+-]?(?:\d+(?:\.\d*)?|\.\d+)$/;
 
 function numberRule(read: NumberFlag): string {
@@ -87,9 +90,14 @@ function typed(name: string, raw: string, read: FlagType | NumberFlag): string |
  * A collector's setting by its flag, read as its type (see the rule above): `fallback` when the
  * flag is absent. Throws an InputError naming the flag.
  */
-export function readFlag<T extends FlagType>(settings: CollectorSettings, name: string, read: T | (NumberFlag & { type: T })): FlagValue<T> | undefined;
-export function readFlag<T extends FlagType>(settings: CollectorSettings, name: string, read: T | (NumberFlag & { type: T }), fallback: FlagValue<T>): FlagValue<T>;
-export function readFlag(settings: CollectorSettings, name: string, read: FlagType | NumberFlag, fallback?: string | number | boolean): string | number | boolean | undefined {
+export function readFlag<T extends FlagType>(settings: CollectorSettings, name: string, read: FlagRead<T>): FlagValue<T> | undefined;
+export function readFlag<T extends FlagType>(settings: CollectorSettings, name: string, read: FlagRead<T>, fallback: FlagValue<T>): FlagValue<T>;
+export function readFlag(
+  settings: CollectorSettings,
+  name: string,
+  read: FlagType | NumberFlag,
+  fallback?: FlagValue<FlagType>,
+): FlagValue<FlagType> | undefined {
   const raw = single(settings, name);
   return raw === undefined ? fallback : typed(name, raw, read);
 }

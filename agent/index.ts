@@ -20,7 +20,17 @@ import { kernelLogCollectorFactory } from './collectors/kernel-log/collector.js'
  */
 
 /** Every collector the agent knows, in the order they appear in `--help`. */
-export const COLLECTOR_FACTORIES: readonly CollectorFactory[] = [gpuCollectorFactory, nvlinkCollectorFactory, kernelLogCollectorFactory, rdmaCollectorFactory, nfsCollectorFactory, trainingCollectorFactory, processCollectorFactory, diagnoseCollectorFactory, gpuResetCollectorFactory];
+export const COLLECTOR_FACTORIES: readonly CollectorFactory[] = [
+  gpuCollectorFactory,
+  nvlinkCollectorFactory,
+  kernelLogCollectorFactory,
+  rdmaCollectorFactory,
+  nfsCollectorFactory,
+  trainingCollectorFactory,
+  processCollectorFactory,
+  diagnoseCollectorFactory,
+  gpuResetCollectorFactory,
+];
 
 /**
  * The collectors to run: each one's default, overridden by `--collector.<name>` (true) or

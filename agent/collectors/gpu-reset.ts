@@ -23,6 +23,8 @@ const STOP_POLL_MS = 200;
 /** How long processes sent SIGKILL may take to leave the GPU. */
 const KILL_WAIT_MS = 3000;
 const DEFAULT_TIMEOUT_SECONDS = 120;
+const TIMEOUT_SECONDS = { type: 'number', whole: true, unit: 'seconds', min: 1, max: 600 } as const;
+const STOP_GRACE_SECONDS = { type: 'number', whole: true, unit: 'seconds', min: 0, max: 300 } as const;
 const QUERY_LIMIT_MS = 20_000;
 const KILL_GRACE_MS = 5000;
 
@@ -204,8 +206,8 @@ export const gpuResetCollectorFactory: CollectorFactory = {
     },
   ],
   create(context) {
-    const seconds = readFlag(context.settings, GPU_RESET_TIMEOUT_FLAG, { type: 'number', whole: true, unit: 'seconds', min: 1, max: 600 }, DEFAULT_TIMEOUT_SECONDS);
-    const grace = readFlag(context.settings, GPU_RESET_STOP_GRACE_FLAG, { type: 'number', whole: true, unit: 'seconds', min: 0, max: 300 }, 0);
+    const seconds = readFlag(context.settings, GPU_RESET_TIMEOUT_FLAG, TIMEOUT_SECONDS, DEFAULT_TIMEOUT_SECONDS);
+    const grace = readFlag(context.settings, GPU_RESET_STOP_GRACE_FLAG, STOP_GRACE_SECONDS, 0);
     return new GpuResetCollector(context, seconds, grace);
   },
 };

@@ -1,7 +1,13 @@
 import { z } from 'zod';
 import { nodeNameSchema } from '../../core/names.js';
 import { agentSelector, aggregateBy, escapeRegex, increase, newEvents, rate, sumBy, taggedRate, type LabelMatchers } from '../../core/promql.js';
-import { PrometheusQueryRejectedError, PrometheusUnavailableError, instantQuery, type InstantSample, type PrometheusQueryFailure } from '../../core/prometheus.js';
+import {
+  PrometheusQueryRejectedError,
+  PrometheusUnavailableError,
+  instantQuery,
+  type InstantSample,
+  type PrometheusQueryFailure,
+} from '../../core/prometheus.js';
 import { prometheusLabelNameSchema, scrapeJobSchema } from '../../core/detector-labels.js';
 import { TRAINING_JOB_LABEL } from '../../core/scrape.js';
 import { parseOrThrow } from '../../core/validate.js';

@@ -66,8 +66,9 @@ export async function referenceLosses(lab: ProtectedLab, ranks: number, iteratio
   const env = Object.fromEntries(Object.entries(process.env).filter(([name]) => !name.startsWith('SLURM') && !name.startsWith('STEADFAST_')));
   const train = join(repoRoot(), 'examples', 'pytorch', 'train.py');
   const losses = new Map<number, number>();
+  const argv = ['-u', train, '--job', `${lab.job}-reference`, '--iterations', String(iterations), '--checkpoint-every', '1000000000', '--checkpoint-dir', dir];
   const children = Array.from({ length: ranks }, (_, rank) =>
-    spawn(LAB_PYTHON, ['-u', train, '--job', `${lab.job}-reference`, '--iterations', String(iterations), '--checkpoint-every', '1000000000', '--checkpoint-dir', dir, '--step-sleep', '0', '--log-every', '1'], {
+    spawn(LAB_PYTHON, [...argv, '--step-sleep', '0', '--log-every', '1'], {
       env: { ...env, RANK: String(rank), WORLD_SIZE: String(ranks), MASTER_ADDR: '127.0.0.1', MASTER_PORT: String(port), STEADFAST_AGENT_URL: 'http://127.0.0.1:9' },
       stdio: ['ignore', 'pipe', 'ignore'],
     }),

@@ -25,7 +25,8 @@ export async function startRendezvousStore(lab: RendezvousHost): Promise<string>
   const host = lab.layout.bridgeAddress;
   const port = await freePort();
   const script = join(repoRoot(), 'clients', 'python', 'steadfast_hotswap.py');
-  lab.processes.start('rendezvous-store', LAB_PYTHON, ['-u', script, 'store', '--host', host, '--port', String(port)], join(lab.root, 'logs', 'rendezvous-store.log'));
+  const argv = ['-u', script, 'store', '--host', host, '--port', String(port)];
+  lab.processes.start('rendezvous-store', LAB_PYTHON, argv, join(lab.root, 'logs', 'rendezvous-store.log'));
   await waitFor(`the rendezvous store on ${host}:${port}`, () => accepts(host, port), 60_000, 100);
   return `${host}:${port}`;
 }

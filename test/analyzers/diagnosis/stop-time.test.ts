@@ -4,7 +4,13 @@ import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { agentDeadlineSeconds, ringNeighbours, runStopTimeDiagnostics, summarizeDiagnostics, type AgentOutcome } from '../../../analyzers/diagnosis/stop-time.js';
+import {
+  agentDeadlineSeconds,
+  ringNeighbours,
+  runStopTimeDiagnostics,
+  summarizeDiagnostics,
+  type AgentOutcome,
+} from '../../../analyzers/diagnosis/stop-time.js';
 import { ALL_CHECKS_STAGE, runStagedDiagnostics } from '../../../analyzers/diagnosis/staged.js';
 import { AgentDirectory } from '../../../controller/agents.js';
 import { configSchema } from '../../../core/config.js';

@@ -10,7 +10,17 @@ import { silentLogger } from '../../../../core/log.js';
 import { GpuProcessBoard } from '../../../../agent/gpu-processes.js';
 import { GpuSourceChoice } from '../../../../agent/gpu-source.js';
 import { StandInNvml } from '../../../../tryit/nvml/stand-in.js';
-import { FIXTURES, NVIDIA_SMI_XML, normaliseExposition, scrapeOne, seriesValue, tempDirPerTest, testContext, waitFor, type TestContext } from '../../helpers.js';
+import {
+  FIXTURES,
+  NVIDIA_SMI_XML,
+  normaliseExposition,
+  scrapeOne,
+  seriesValue,
+  tempDirPerTest,
+  testContext,
+  waitFor,
+  type TestContext,
+} from '../../helpers.js';
 
 /**
  * The gpu collector reading NVML through koffi, against the stand-in libnvidia-ml.so.1

@@ -5,7 +5,12 @@ import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { InputError } from '../../../../core/errors.js';
 import type { AgentResponse, Collector } from '../../../../agent/collector.js';
 import type { CollectorSettings } from '../../../../agent/flags.js';
-import { createTrainingCollector, parseTrainingLogFlags, trainingCollectorFactory, TRAINING_ROUTE_PATH } from '../../../../agent/collectors/training/collector.js';
+import {
+  createTrainingCollector,
+  parseTrainingLogFlags,
+  trainingCollectorFactory,
+  TRAINING_ROUTE_PATH,
+} from '../../../../agent/collectors/training/collector.js';
 import { EXPECTED, REALWORLD, expectMatchesAndLints, scrapeOne, seriesValue, testContext, waitFor, type TestContext } from '../../helpers.js';
 
 // Megatron timestamps are read as the node's local time; pin it so the expected files hold everywhere.
