@@ -12,7 +12,9 @@ import { ClientRateLimiter, rateLimitMessage, type RateLimitSettings } from '../
 import { GpuProcessBoard } from './gpu-processes.js';
 import { GpuSourceChoice } from './gpu-source.js';
 import { XidLedger } from './xid-ledger.js';
-import { CollectorSet, type AgentRoute, type CollectorFactory, type CollectorPaths, type CollectorSettings, type CollectorStartOptions } from './collector.js';
+import { CollectorSet, type AgentRoute, type CollectorFactory, type CollectorStartOptions } from './collector.js';
+import type { CollectorSettings } from './flags.js';
+import type { CollectorPaths } from './paths.js';
 import { createFastPathClient, type FastPathOutcomeHandler, type FastPathSender, type TokenSource } from './fast-path-client.js';
 import { StandbyReporter } from './standby-reporter.js';
 

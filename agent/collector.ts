@@ -5,42 +5,15 @@ import type { Logger } from '../core/log.js';
 import { encodeExposition } from './exposition.js';
 import type { FastPathOutcomeHandler } from './fast-path-client.js';
 import type { GpuProcessBoard } from './gpu-processes.js';
+import type { CollectorFlag, CollectorSettings } from './flags.js';
 import type { GpuSourceChoice } from './gpu-source.js';
+import type { CollectorPaths } from './paths.js';
 import type { XidLedger } from './xid-ledger.js';
 
 /**
- * The agent's collector framework, after prometheus/node_exporter: one collector per file,
- * each enabled by name, each reading its source when asked, none able to fail the scrape.
+ * The agent's collector framework, after prometheus/node_exporter: one collector per file (or
+ * folder, collectors/<name>/), each enabled by name, each reading its source when asked, none able to fail the scrape.
  */
-
-/** Where a collector finds its sources; constructor arguments, never globals, so tests run in parallel on fixture trees. */
-export interface CollectorPaths {
-  /** Root of /sys. */
-  readonly sysfs: string;
-  /** Root of /proc. */
-  readonly procfs: string;
-  /** Kernel log to follow: /dev/kmsg or a plain log file. */
-  readonly kmsg: string;
-  /** A captured `nvidia-smi -q -x` file to read instead of running nvidia-smi. */
-  readonly nvidiaSmiXml?: string | undefined;
-  /** The nvidia-smi binary. */
-  readonly nvidiaSmi: string;
-}
-
-/** A setting a collector takes from the command line, node_exporter style: `--<collector>.<setting>`. */
-export interface CollectorFlag {
-  /** Flag name without the dashes, starting with the collector's name: `training.log`. */
-  readonly name: string;
-  /** Placeholder shown in --help: `<file>`, `<url>`. */
-  readonly value: string;
-  readonly description: string;
-  readonly default?: string | undefined;
-  /** May be given more than once; the collector then receives every value, in order. */
-  readonly repeatable?: boolean | undefined;
-}
-
-/** A collector's flag values, keyed by flag name (`training.log`). */
-export type CollectorSettings = Readonly<Record<string, string | readonly string[] | undefined>>;
 
 /** An HTTP request to one of a collector's agent endpoints, body already parsed as JSON. */
 export interface AgentRequest {

@@ -1,7 +1,8 @@
 import { Counter, Gauge, type Registry } from 'prom-client';
 import { InputError, errorMessage } from '../core/errors.js';
 import type { Logger } from '../core/log.js';
-import type { CollectorPaths, CollectorSettings } from './collector.js';
+import { readFlag, type CollectorSettings } from './flags.js';
+import type { CollectorPaths } from './paths.js';
 import { DCGM_EXPORTER_URL_FLAG, dcgmExporterUrl } from './sources/dcgm-exporter.js';
 import { NvmlUnavailableError, nvmlErrorName, type NvmlFunction } from './sources/nvml/library.js';
 import { NvmlClient } from './sources/nvml/client.js';
@@ -31,26 +32,18 @@ export type ResolvedGpuSource =
   | { readonly kind: 'nvidia-smi' }
   | { readonly kind: 'dcgm-exporter'; readonly url: URL };
 
-function single(settings: CollectorSettings, name: string): string | undefined {
-  const value = settings[name];
-  if (value === undefined || typeof value === 'string') return value;
-  if (value.length > 1) throw new InputError(`--${name}: give it once`, `--${name}`);
-  return value[0];
-}
-
 /** The settings' choice, checked: an unknown source, or dcgm-exporter without its URL, is an InputError naming the flag. */
 export function gpuSourceSetting(settings: CollectorSettings): { source: GpuSourceSetting; url: URL | undefined; library: string } {
-  const raw = single(settings, GPU_SOURCE_FLAG) ?? 'auto';
+  const raw = readFlag(settings, GPU_SOURCE_FLAG, 'string', 'auto');
   if (!(GPU_SOURCES as readonly string[]).includes(raw)) {
     throw new InputError(`--${GPU_SOURCE_FLAG}: must be one of ${GPU_SOURCES.join(', ')}, got "${raw}"`, `--${GPU_SOURCE_FLAG}`);
   }
   const source = raw as GpuSourceSetting;
-  const url = dcgmExporterUrl(settings[DCGM_EXPORTER_URL_FLAG]);
+  const url = dcgmExporterUrl(readFlag(settings, DCGM_EXPORTER_URL_FLAG, 'string'));
   if (source === 'dcgm-exporter' && url === undefined) {
     throw new InputError(`--${GPU_SOURCE_FLAG}=dcgm-exporter needs --${DCGM_EXPORTER_URL_FLAG}`, `--${DCGM_EXPORTER_URL_FLAG}`);
   }
-  const library = single(settings, NVML_LIBRARY_FLAG) ?? DEFAULT_NVML_LIBRARY;
-  if (library.trim() === '' || library.includes('\0')) throw new InputError(`--${NVML_LIBRARY_FLAG}: must be a library name or path`, `--${NVML_LIBRARY_FLAG}`);
+  const library = readFlag(settings, NVML_LIBRARY_FLAG, 'path', DEFAULT_NVML_LIBRARY);
   return { source, url, library };
 }
 

@@ -2,10 +2,12 @@ import { Registry } from 'prom-client';
 import type { FastPathEvent } from '../core/fast-path-event.js';
 import { errorMessage } from '../core/errors.js';
 import type { Logger } from '../core/log.js';
-import type { CollectorContext, CollectorPaths, CollectorSettings } from './collector.js';
+import type { CollectorContext } from './collector.js';
+import type { CollectorSettings } from './flags.js';
+import type { CollectorPaths } from './paths.js';
 import type { FastPathOutcomeHandler } from './fast-path-client.js';
-import { gpuCollectorFactory } from './collectors/gpu.js';
-import { XID_STATE_FILE_FLAG, xidCollectorFactory } from './collectors/xid.js';
+import { gpuCollectorFactory } from './collectors/gpu/collector.js';
+import { XID_STATE_FILE_FLAG, kernelLogCollectorFactory } from './collectors/kernel-log/collector.js';
 
 /**
  * A one-shot check of a node for the conditions that make it unfit for work, for a scheduler's
@@ -62,7 +64,7 @@ export async function checkNodeHealth(options: HealthCheckOptions): Promise<Heal
     pollIntervalSeconds: 3600,
     settings,
   };
-  const xid = xidCollectorFactory.create(context);
+  const xid = kernelLogCollectorFactory.create(context);
   const gpu = options.expectGpus === undefined ? undefined : gpuCollectorFactory.create(context);
   const faults: string[] = [];
   try {

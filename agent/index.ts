@@ -1,25 +1,36 @@
 import { InputError } from '../core/errors.js';
 import type { CollectorFactory } from './collector.js';
 import { diagnoseCollectorFactory } from './collectors/diagnose.js';
-import { gpuCollectorFactory } from './collectors/gpu.js';
+import { gpuCollectorFactory } from './collectors/gpu/collector.js';
 import { gpuResetCollectorFactory } from './collectors/gpu-reset.js';
-import { nfsCollectorFactory } from './collectors/nfs.js';
+import { nfsCollectorFactory } from './collectors/nfs/collector.js';
 import { nvlinkCollectorFactory } from './collectors/nvlink.js';
 import { processCollectorFactory } from './collectors/process.js';
 import { rdmaCollectorFactory } from './collectors/rdma.js';
-import { trainingCollectorFactory } from './collectors/training.js';
-import { xidCollectorFactory } from './collectors/xid.js';
+import { trainingCollectorFactory } from './collectors/training/collector.js';
+import { kernelLogCollectorFactory } from './collectors/kernel-log/collector.js';
 
 /**
  * The node agent's collector registry. The agent itself (HTTP server, exposition, fast-path
  * client, standby reporter, log follower, bounded commands) sits beside this file;
- * collectors/ holds one Collector per file, with the parts only it uses (`<name>-*.ts`);
+ * collectors/ holds one Collector per file, or per folder (collectors/<name>/collector.ts and the
+ * parts only it uses; the `xid` collector's is kernel-log/, for all it reads there);
  * sources/ holds the readers and parsers of what a node offers (nvidia-smi, dcgm-exporter, the
  * kernel log, sysfs, procfs, training logs, py-spy, flight-recorder dumps), free of metrics.
  */
 
 /** Every collector the agent knows, in the order they appear in `--help`. */
-export const COLLECTOR_FACTORIES: readonly CollectorFactory[] = [gpuCollectorFactory, nvlinkCollectorFactory, xidCollectorFactory, rdmaCollectorFactory, nfsCollectorFactory, trainingCollectorFactory, processCollectorFactory, diagnoseCollectorFactory, gpuResetCollectorFactory];
+export const COLLECTOR_FACTORIES: readonly CollectorFactory[] = [
+  gpuCollectorFactory,
+  nvlinkCollectorFactory,
+  kernelLogCollectorFactory,
+  rdmaCollectorFactory,
+  nfsCollectorFactory,
+  trainingCollectorFactory,
+  processCollectorFactory,
+  diagnoseCollectorFactory,
+  gpuResetCollectorFactory,
+];
 
 /**
  * The collectors to run: each one's default, overridden by `--collector.<name>` (true) or

@@ -62,29 +62,34 @@ export const DEFAULT_PAIRING_WINDOW_MS = 10_000;
 const MAX_UNPAIRED = 256;
 
 export class XidLedger {
-  private errors: Counter<'pci_bus_id' | 'xid' | 'severity'> | undefined;
+  /** steadfast_xid_errors_total; in the registry once a source that counts into it is there (register()). */
+  private errors: Counter<'pci_bus_id' | 'xid' | 'severity'>;
   private readonly unpaired = new Map<string, Unpaired[]>();
 
   constructor(
     private readonly registry: Registry,
     private readonly windowMs = DEFAULT_PAIRING_WINDOW_MS,
     private readonly now: () => number = Date.now,
-  ) {}
+  ) {
+    this.errors = new Counter({
+      name: XID_ERRORS,
+      help: 'NVIDIA Xid errors, by GPU, Xid code and severity: each occurrence once, from the kernel log or NVML events, whichever reports it first.',
+      labelNames: ['pci_bus_id', 'xid', 'severity'],
+      registers: [],
+    });
+  }
 
-  /** steadfast_xid_errors_total, registered on first use (by whichever source starts first). */
-  get counter(): Counter<'pci_bus_id' | 'xid' | 'severity'> {
-    if (this.errors) return this.errors;
+  /**
+   * Puts steadfast_xid_errors_total in the registry: the xid collector at its construction, the
+   * gpu collector once NVML Xid events are registered, so that the series exists (at zero) from
+   * then on, and not on an agent that reads Xids from neither. Registering again is a no-op; a
+   * ledger finding another's counter there (two ledgers on one registry) counts into that one.
+   */
+  register(): void {
     const existing = this.registry.getSingleMetric(XID_ERRORS);
-    this.errors =
-      existing instanceof Counter
-        ? (existing as Counter<'pci_bus_id' | 'xid' | 'severity'>)
-        : new Counter({
-            name: XID_ERRORS,
-            help: 'NVIDIA Xid errors, by GPU, Xid code and severity: each occurrence once, from the kernel log or NVML events, whichever reports it first.',
-            labelNames: ['pci_bus_id', 'xid', 'severity'],
-            registers: [this.registry],
-          });
-    return this.errors;
+    if (existing === this.errors) return;
+    if (existing instanceof Counter) this.errors = existing as Counter<'pci_bus_id' | 'xid' | 'severity'>;
+    else this.registry.registerMetric(this.errors);
   }
 
   /** An Xid from the kernel log as it was when the agent started: counted, never paired. */
@@ -116,6 +121,6 @@ export class XidLedger {
   }
 
   private count(report: XidReport): void {
-    this.counter.inc({ pci_bus_id: report.pciBusId, xid: String(report.xid), severity: report.severity });
+    this.errors.inc({ pci_bus_id: report.pciBusId, xid: String(report.xid), severity: report.severity });
   }
 }

@@ -3,7 +3,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { promisify } from 'node:util';
-import { PrometheusFeatureSource, type FeatureReading, type FeatureSource } from '../analyzers/multisignal-source.js';
+import { PrometheusFeatureSource, type FeatureReading, type FeatureSource } from '../analyzers/multisignal/source.js';
 import { jobSpecSchema, type JobSpec } from '../core/job.js';
 import type { Signal } from '../core/signal.js';
 import { instantQuery } from '../core/prometheus.js';

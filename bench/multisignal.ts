@@ -1,14 +1,15 @@
 import { cpus } from 'node:os';
 import { performance } from 'node:perf_hooks';
-import { MultiSignalDetector, type FeatureMatrix } from '../analyzers/multisignal.js';
-import { detectorFeatures } from '../analyzers/multisignal-source.js';
+import { MultiSignalDetector } from '../analyzers/multisignal/detector.js';
+import type { FeatureMatrix } from '../analyzers/multisignal/types.js';
+import { detectorFeatures } from '../analyzers/multisignal/source.js';
 import { DEFAULT_THRESHOLDS } from '../rules/thresholds.js';
 import { ClusterReplay, DEFAULT_REPLAY } from './multisignal/cluster-replay.js';
 import { ThresholdBaseline, XidCounterBaseline, runReplay, type ReplayReport, type SuspectDetector } from './multisignal/evaluation.js';
 import { REPLAY_FEATURES } from './multisignal/labels.js';
 
 /**
- * The multi-signal detector (analyzers/multisignal.ts) on the labelled replay
+ * The multi-signal detector (analyzers/multisignal/detector.ts) on the labelled replay
  * (bench/multisignal/): 63 nodes in three training jobs (24, 16, 16) and 7 idle, 14 days, one
  * sample a minute, 15 faults per seed of seven kinds in turn (thermal, memory, PCIe, slowdown,
  * sudden, power brake, hang: a hang logs no Xid, its node goes silent; its "Xid" time is the

@@ -1,6 +1,6 @@
 import { cpus, totalmem } from 'node:os';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { PrometheusFeatureSource } from '../analyzers/multisignal-source.js';
+import { PrometheusFeatureSource } from '../analyzers/multisignal/source.js';
 import { agentSelector, equals, series } from '../core/promql.js';
 import { QUEUE_NAMES } from '../core/queues.js';
 import { ScaleCluster, type InjectionResult } from '../tryit/scale-cluster.js';

@@ -1,5 +1,5 @@
 import { cpus, loadavg } from 'node:os';
-import { aggregateRankStacks, aggregateStacks, parsePySpyDump, stacksFromDumps } from '../analyzers/stacks.js';
+import { aggregateRankStacks, aggregateStacks, parsePySpyDump, stacksFromDumps } from '../analyzers/stacks/aggregate.js';
 import { Topology } from '../core/topology.js';
 
 /**

@@ -4,7 +4,7 @@ import { createRequire, Module } from 'node:module';
 import { arch, platform } from 'node:os';
 import { dirname, join } from 'node:path';
 import { Script } from 'node:vm';
-import type { AgentEntry } from './agent-main.js';
+import type { AgentEntry } from './agent-entry.js';
 import { applyAgentV8Flags } from './agent-v8.js';
 
 /**

@@ -1,6 +1,7 @@
 import { Command } from 'commander';
 import { errorMessage } from '../core/errors.js';
 import { agentCommand } from './agent.js';
+import type { AgentEntry } from './agent-entry.js';
 import { checkCommand } from './check.js';
 import { steadfastProgram, withUsageErrors } from './program.js';
 
@@ -14,8 +15,6 @@ import { steadfastProgram, withUsageErrors } from './program.js';
  *     command, so `steadfast-agent --once` is `steadfast agent --once`, and `steadfast-agent
  *     check` is the Slurm preflight, `steadfast check`, which GPU nodes run without the controller.
  */
-
-export type AgentEntry = 'steadfast' | 'steadfast-agent';
 
 function agentProgram(entry: AgentEntry): Command {
   const program = steadfastProgram(entry);

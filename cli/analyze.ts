@@ -4,7 +4,7 @@ import { Command } from 'commander';
 import { InputError, errorMessage } from '../core/errors.js';
 import { Topology } from '../core/topology.js';
 import { analyzeFlightRecorder, splitRankKeyedDumps, type FlightRecorderAnalysis } from '../analyzers/flight-recorder-analysis.js';
-import { aggregateStacks } from '../analyzers/stacks.js';
+import { aggregateStacks } from '../analyzers/stacks/aggregate.js';
 import { printableJson, runCommand } from './common.js';
 
 /** `steadfast analyze …`: the runtime analyzers on captured evidence, JSON on stdout with stable field names. */

@@ -1,10 +1,10 @@
 import { Command, InvalidArgumentError } from 'commander';
 import type { z } from 'zod';
 import { InputError } from '../core/errors.js';
-import { PrometheusFeatureSource } from '../analyzers/multisignal-source.js';
+import { PrometheusFeatureSource } from '../analyzers/multisignal/source.js';
 import { prometheusLabelNameSchema, scrapeJobSchema } from '../core/detector-labels.js';
 import { printable, printableJson, runCommand } from './common.js';
-import { PEER_MODES, suspectsOverWindow, type PeerMode, type SuspectsReport, type SuspectsWindow } from '../analyzers/multisignal-window.js';
+import { PEER_MODES, suspectsOverWindow, type PeerMode, type SuspectsReport, type SuspectsWindow } from '../analyzers/multisignal/window.js';
 
 export { PEER_MODES, suspectsOverWindow, type PeerMode, type SuspectsReport, type SuspectsWindow };
 

@@ -2,7 +2,7 @@ import { readFileSync } from 'node:fs';
 import { Command } from 'commander';
 import { InputError, errorMessage } from '../core/errors.js';
 import { Topology } from '../core/topology.js';
-import { detectFailSlow, type FailSlowSample } from '../analyzers/failslow.js';
+import { detectFailSlow, type FailSlowSample } from '../analyzers/failslow/detector.js';
 import { runCommand } from './common.js';
 import { suspectsCommand } from './detect-suspects.js';
 

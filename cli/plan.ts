@@ -8,7 +8,7 @@ import { parseOrThrow } from '../core/validate.js';
 import { planBackups } from '../actuators/backup-placement.js';
 import { optimalCheckpointInterval } from '../actuators/checkpoint-interval.js';
 import { planMicrobatches } from '../analyzers/microbatch.js';
-import { machineIds, maxSuspects, replayGroups, replaySuspects, type FailedReplayGroups } from '../analyzers/replay.js';
+import { machineIds, maxSuspects, replayGroups, replaySuspects, type FailedReplayGroups } from '../analyzers/replay/plan.js';
 import { standbyPoolSize } from '../actuators/standby-sizing.js';
 import { parsePositiveInt, runCommand } from './common.js';
 

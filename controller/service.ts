@@ -35,7 +35,7 @@ import { operatorRouter } from './intake/operator-api.js';
 import { MicrobatchBoard } from './microbatches.js';
 import { FailSlowWatch } from '../analyzers/workers/failslow-watch.js';
 import { SuspectWatch } from '../analyzers/workers/suspect-watch.js';
-import { PrometheusFeatureSource } from '../analyzers/multisignal-source.js';
+import { PrometheusFeatureSource } from '../analyzers/multisignal/source.js';
 import { AgentDirectory } from './agents.js';
 import { createApp } from './intake/server.js';
 import { configuredAgentTokens } from './kubernetes-agents.js';

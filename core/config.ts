@@ -262,7 +262,7 @@ export const configSchema = z
         failSlowThreshold: z.coerce.number<unknown>().gt(0).lt(1).default(0.1),
         /**
          * ByteRobust §4.2's hierarchy of stop-time checks, walked one stage per call to the agents
-         * (analyzers/staged-diagnosis.ts): machine-local checks (EUD) first, then NCCL within a
+         * (analyzers/diagnosis/staged.ts): machine-local checks (EUD) first, then NCCL within a
          * machine, then across machines. Each stage names the agents' checks it runs (the names
          * in their --diagnose.config). Empty: one call with every configured check.
          */

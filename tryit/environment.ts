@@ -9,7 +9,7 @@ import { Controller } from '../controller/service.js';
 import { createAgent, type Agent } from '../agent/agent.js';
 import { enabledFactories } from '../agent/index.js';
 import { DIAGNOSE_CONFIG_FLAG } from '../agent/collectors/diagnose.js';
-import { XID_STATE_FILE_FLAG } from '../agent/collectors/xid.js';
+import { XID_STATE_FILE_FLAG } from '../agent/collectors/kernel-log/collector.js';
 import { GPU_SOURCE_FLAG, NVML_LIBRARY_FLAG } from '../agent/gpu-source.js';
 import { RULE_FILES, renderAlertmanagerConfig } from '../rules/index.js';
 import { createSimulatedNodes, type SimulatedNode } from './cluster.js';

@@ -13,7 +13,8 @@ import {
 import { errorMessage } from '../../core/errors.js';
 import { describeIssues } from '../../core/validate.js';
 import { runBoundedCommand, type BoundedCommandResult } from '../bounded-command.js';
-import type { AgentRequest, AgentResponse, AgentRoute, Collector, CollectorContext, CollectorFactory, CollectorSettings } from '../collector.js';
+import type { AgentRequest, AgentResponse, AgentRoute, Collector, CollectorContext, CollectorFactory } from '../collector.js';
+import { readFlag } from '../flags.js';
 
 /**
  * The `diagnose` collector: stop-time diagnostics on this node (ByteRobust §4.2 Diagnose,
@@ -87,11 +88,6 @@ export interface DiagnoseCollectorOptions {
   readonly env?: Readonly<Record<string, string | undefined>>;
   readonly killGraceMs?: number;
   readonly tailBytes?: number;
-}
-
-function flagValue(settings: CollectorSettings, name: string): string | undefined {
-  const value = settings[name];
-  return typeof value === 'string' ? value : value?.at(-1);
 }
 
 /** Reads and validates the checks file (YAML, or JSON, which YAML reads too). */
@@ -197,7 +193,7 @@ class DiagnoseCollector implements Collector {
 
   /** The config is read once; restart the agent to change it. */
   private load(): Promise<Loaded> {
-    this.loaded ??= loadChecks(flagValue(this.context.settings, DIAGNOSE_CONFIG_FLAG));
+    this.loaded ??= loadChecks(readFlag(this.context.settings, DIAGNOSE_CONFIG_FLAG, 'path'));
     return this.loaded;
   }
 

@@ -4,6 +4,7 @@ import { GPU_RESET_PATH, gpuResetRequestSchema, type GpuResetReport } from '../.
 import { describeIssues } from '../../core/validate.js';
 import { runBoundedCommand, type BoundedCommandResult } from '../bounded-command.js';
 import type { AgentRequest, AgentResponse, Collector, CollectorContext, CollectorFactory } from '../collector.js';
+import { readFlag } from '../flags.js';
 
 /**
  * The `gpu-reset` collector: `POST /api/v1/gpu-reset` resets one GPU of this node for the
@@ -22,6 +23,8 @@ const STOP_POLL_MS = 200;
 /** How long processes sent SIGKILL may take to leave the GPU. */
 const KILL_WAIT_MS = 3000;
 const DEFAULT_TIMEOUT_SECONDS = 120;
+const TIMEOUT_SECONDS = { type: 'number', whole: true, unit: 'seconds', min: 1, max: 600 } as const;
+const STOP_GRACE_SECONDS = { type: 'number', whole: true, unit: 'seconds', min: 0, max: 300 } as const;
 const QUERY_LIMIT_MS = 20_000;
 const KILL_GRACE_MS = 5000;
 
@@ -203,12 +206,8 @@ export const gpuResetCollectorFactory: CollectorFactory = {
     },
   ],
   create(context) {
-    const raw = context.settings[GPU_RESET_TIMEOUT_FLAG];
-    const seconds = typeof raw === 'string' ? Number(raw) : DEFAULT_TIMEOUT_SECONDS;
-    if (!Number.isInteger(seconds) || seconds < 1 || seconds > 600) throw new Error(`--${GPU_RESET_TIMEOUT_FLAG}: must be a whole number of seconds from 1 to 600, got ${String(raw)}`);
-    const rawGrace = context.settings[GPU_RESET_STOP_GRACE_FLAG];
-    const grace = typeof rawGrace === 'string' ? Number(rawGrace) : 0;
-    if (!Number.isInteger(grace) || grace < 0 || grace > 300) throw new Error(`--${GPU_RESET_STOP_GRACE_FLAG}: must be a whole number of seconds from 0 to 300, got ${String(rawGrace)}`);
+    const seconds = readFlag(context.settings, GPU_RESET_TIMEOUT_FLAG, TIMEOUT_SECONDS, DEFAULT_TIMEOUT_SECONDS);
+    const grace = readFlag(context.settings, GPU_RESET_STOP_GRACE_FLAG, STOP_GRACE_SECONDS, 0);
     return new GpuResetCollector(context, seconds, grace);
   },
 };

@@ -4,9 +4,9 @@ import { Counter } from 'prom-client';
 import { errorMessage } from '../../core/errors.js';
 import { errnoCode } from '../log-follower.js';
 import type { Collector, CollectorContext, CollectorFactory, CollectorStartOptions } from '../collector.js';
-import { BackgroundPoll } from './background-poll.js';
+import { BackgroundPoll } from '../background-poll.js';
 import { parseNvlinkErrors, type NvlinkErrorCount } from '../sources/nvlink-errors.js';
-import { gpuQueryFailures, isTimeout } from './gpu-query-health.js';
+import { gpuQueryFailures, isTimeout } from './gpu/query-health.js';
 import { GpuSourceChoice, type ResolvedGpuSource } from '../gpu-source.js';
 
 /**

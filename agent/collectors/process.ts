@@ -2,7 +2,8 @@ import { Counter, Gauge, type Registry } from 'prom-client';
 import { z } from 'zod';
 import { errorMessage } from '../../core/errors.js';
 import { describeIssues } from '../../core/validate.js';
-import type { AgentRequest, AgentResponse, AgentRoute, Collector, CollectorContext, CollectorFactory, CollectorSettings } from '../collector.js';
+import type { AgentRequest, AgentResponse, AgentRoute, Collector, CollectorContext, CollectorFactory } from '../collector.js';
+import { readFlag } from '../flags.js';
 import { flightRecorderSource, listFlightRecorderDumps, type FlightRecorderListing, type FlightRecorderSource } from '../sources/flight-recorder-dumps.js';
 import {
   CLOCK_TICKS_PER_SECOND,
@@ -46,12 +47,6 @@ export interface ProcessCollectorOptions {
   /** Environment read for TORCH_NCCL_DEBUG_INFO_TEMP_FILE; the agent's own by default. */
   readonly env?: Readonly<Record<string, string | undefined>>;
   readonly pySpyConcurrency?: number;
-}
-
-/** The value of a flag given once (the last one when repeated). */
-function flagValue(settings: CollectorSettings, name: string): string | undefined {
-  const value = settings[name];
-  return typeof value === 'string' ? value : value?.at(-1);
 }
 
 class ProcessMetrics {
@@ -143,12 +138,12 @@ class ProcessCollector implements Collector {
     private readonly options: ProcessCollectorOptions,
   ) {
     this.metrics = new ProcessMetrics(context.registry);
-    this.pySpy = flagValue(context.settings, PY_SPY_FLAG) ?? 'py-spy';
-    const tool = StackTool.safeParse(flagValue(context.settings, STACK_TOOL_FLAG) ?? 'auto');
+    this.pySpy = readFlag(context.settings, PY_SPY_FLAG, 'path', 'py-spy');
+    const tool = StackTool.safeParse(readFlag(context.settings, STACK_TOOL_FLAG, 'string', 'auto'));
     this.stackTool = tool.success ? { tool: tool.data } : { error: `--${STACK_TOOL_FLAG} must be one of ${StackTool.options.join(', ')}` };
     if ('error' in this.stackTool) context.logger.error({ collector: this.name }, `${this.stackTool.error}; POST ${TRACE_PATH} answers 503`);
-    this.stackDir = flagValue(context.settings, STACK_DIR_FLAG);
-    this.flightRecorder = flightRecorderSource(flagValue(context.settings, FLIGHT_RECORDER_DIR_FLAG), options.env ?? process.env);
+    this.stackDir = readFlag(context.settings, STACK_DIR_FLAG, 'path');
+    this.flightRecorder = flightRecorderSource(readFlag(context.settings, FLIGHT_RECORDER_DIR_FLAG, 'path'), options.env ?? process.env);
     this.routes = [{ method: 'POST', path: TRACE_PATH, handle: (request) => this.handleTrace(request) }];
   }
 

@@ -267,9 +267,8 @@ export const DCGM_EXPORTER_URL_FLAG = 'gpu.dcgm-exporter-url';
 const urlSchema = z.url({ protocol: /^https?$/, message: 'must be an http:// or https:// URL' });
 
 /** The dcgm-exporter URL from the collector settings; undefined when not given. Throws InputError naming the flag. */
-export function dcgmExporterUrl(value: string | readonly string[] | undefined): URL | undefined {
+export function dcgmExporterUrl(value: string | undefined): URL | undefined {
   if (value === undefined) return undefined;
-  if (typeof value !== 'string') throw new InputError(`--${DCGM_EXPORTER_URL_FLAG}: give it once`, `--${DCGM_EXPORTER_URL_FLAG}`);
   const parsed = urlSchema.safeParse(value);
   if (!parsed.success) throw new InputError(`--${DCGM_EXPORTER_URL_FLAG}: ${parsed.error.issues[0]?.message ?? 'invalid'}, got "${value}"`, `--${DCGM_EXPORTER_URL_FLAG}`);
   return new URL(parsed.data);

@@ -5,11 +5,11 @@ import { InputError, errorMessage } from '../../core/errors.js';
 import { parseJobSpec, type JobSpec } from '../../core/job.js';
 import type { Logger } from '../../core/log.js';
 import { analysisJobSchema, nothingFound, type AnalysisJob, type LadderEventJob } from '../../core/queues.js';
-import { runStagedDiagnostics } from '../staged-diagnosis.js';
-import type { StopTimeDiagnosis } from '../stop-time-diagnosis.js';
-import { FailSlowRounds, type FailSlowVerdict } from '../stack-rounds.js';
-import { aggregateStacks, type StackAggregation } from '../stacks.js';
-import { commandReplayRunner, runDualPhaseReplay, type ReplayGroupRunner } from '../replay-runner.js';
+import { runStagedDiagnostics } from '../diagnosis/staged.js';
+import type { StopTimeDiagnosis } from '../diagnosis/stop-time.js';
+import { FailSlowRounds, type FailSlowVerdict } from '../stacks/rounds.js';
+import { aggregateStacks, type StackAggregation } from '../stacks/aggregate.js';
+import { commandReplayRunner, runDualPhaseReplay, type ReplayGroupRunner } from '../replay/runner.js';
 
 /**
  * The analysis queue's worker: the analyzers the recovery ladder asks for, run off the recovery
@@ -102,7 +102,7 @@ export function createAnalysisProcessor(deps: AnalysisDeps): (job: Job<AnalysisJ
     ];
   }
 
-  /** ByteRobust §4.2: the stop-time checks, stage by stage (analyzers/staged-diagnosis.ts). */
+  /** ByteRobust §4.2: the stop-time checks, stage by stage (analyzers/diagnosis/staged.ts). */
   async function diagnostics(request: AnalysisJob): Promise<string[]> {
     const { spec } = await jobs.get(request.job);
     const stages = deps.diagnoseStages ?? [];

@@ -8,7 +8,7 @@ import type { Keys } from '../../core/redis.js';
 import { TRAINING_JOB_LABEL } from '../../core/scrape.js';
 import type { Topology } from '../../core/topology.js';
 import { RankSlowdownTracker, median, type ChangePoint } from '../slowdown-tracker.js';
-import { initialMitigationState, stepMitigation, type MitigationConfig, type MitigationState, type MitigationStep } from '../failslow-mitigation.js';
+import { initialMitigationState, stepMitigation, type MitigationConfig, type MitigationState, type MitigationStep } from '../failslow/mitigation.js';
 import type { LadderEventJob } from '../../core/queues.js';
 
 /**

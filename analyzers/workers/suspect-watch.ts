@@ -1,7 +1,8 @@
 import type { JobSpec } from '../../core/job.js';
 import { faultFingerprint, newSignalId, type Signal } from '../../core/signal.js';
-import { MultiSignalDetector, type Evidence, type FeatureMatrix, type Suspect } from '../multisignal.js';
-import { detectorFeatures, type FeatureReading, type FeatureSource } from '../multisignal-source.js';
+import { MultiSignalDetector } from '../multisignal/detector.js';
+import type { Evidence, FeatureMatrix, Suspect } from '../multisignal/types.js';
+import { detectorFeatures, type FeatureReading, type FeatureSource } from '../multisignal/source.js';
 
 /**
  * Multi-signal detection online (the 504-GPU report): every run reads all nodes' features from
@@ -12,7 +13,7 @@ import { detectorFeatures, type FeatureReading, type FeatureSource } from '../mu
  * which evicts only on evidence (ByteRobust §5). A node is raised at most once per hold-off.
  */
 
-/** The feature that says a node is at training work (multisignal-source.ts). */
+/** The feature that says a node is at training work (multisignal/source.ts). */
 const TRAINING_FEATURE = 'training_iteration_seconds';
 
 /** A node raised once is not raised again for this long while it stays suspect. */

@@ -1,5 +1,5 @@
 import { seededUniform } from '../../core/random.js';
-import { FLEET_1, type FleetVariant } from './variant.js';
+import { FLEET_1, type FaultKind, type FleetVariant } from './variant.js';
 
 /**
  * The labelled fleet of the held-out evaluation: which node runs what when, which faults strike
@@ -12,16 +12,6 @@ import { FLEET_1, type FleetVariant } from './variant.js';
 export const MINUTE = 60_000;
 export const HOUR = 60 * MINUTE;
 export const DAY = 24 * HOUR;
-
-export type FaultKind =
-  | 'hbm_ecc' // correctable ECC and row remaps pile up, then Xid 48/63/64/79
-  | 'pcie_replay' // PCIe replays climb, then the GPU falls off the bus (Xid 79)
-  | 'thermal' // a GPU runs ever hotter until thermal slowdown holds its clocks down
-  | 'power_brake' // intermittent power-brake slowdowns on the whole board, then sustained
-  | 'ib_link' // symbol errors on one port, then the link goes down
-  | 'nfs_backlog' // the NFS client's RPC slots fill, round trips grow, then major timeouts
-  | 'sudden_xid' // no precursor: Xid 79 or 119 out of the blue
-  | 'silent'; // the node stops answering: no series at all
 
 export interface FaultLabel {
   readonly id: string;

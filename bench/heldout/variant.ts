@@ -1,20 +1,24 @@
-import type { FaultKind } from './fleet.js';
-
 /**
  * What differs between the held-out fleets, as data: the seed, the order of the fault kinds in
  * time, which faults strike idle nodes, how long each kind's precursor lasts and how strongly it
  * shows, and which benign events run beside them. bench/heldout/fleet.ts plans a fleet from a
  * variant and bench/heldout/timeline.ts draws the faults' effects from it; the code is one.
  *
- * Fleet 1 is the first held-out set; it has guided detector changes since, so fleet 2 (another
- * seed, other shapes of every fault and three more one-node confusers, from the same studies:
- * bench/heldout/README.md) was held out next; its figures guided the PCIe-replay recurrence and the
- * watch's warm-up, so it is spent too; fleet 3 (another seed, other shapes again, and GPUs that
- * trickle PCIe replays all along without failing) was held out next and showed a node on a lighter
- * pipeline stage raised at its job's restarts, which guided the detector's minPeerZ: spent. Fleet
- * 4 is the one held out now. Once a fleet's figures have guided a change to the detector it is
- * spent: add a fleet 5 rather than tune on fleet 4.
+ * One variant per fleet; once a fleet's figures have guided a change to the detector it is spent,
+ * and a new fleet is added rather than tuning on the one held out. Which fleets are spent, and
+ * what each guided, is in bench/heldout/README.md.
  */
+
+/** The kinds of fault a fleet plans, each with its precursor (or none) on the way to the failure. */
+export type FaultKind =
+  | 'hbm_ecc' // correctable ECC and row remaps pile up, then Xid 48/63/64/79
+  | 'pcie_replay' // PCIe replays climb, then the GPU falls off the bus (Xid 79)
+  | 'thermal' // a GPU runs ever hotter until thermal slowdown holds its clocks down
+  | 'power_brake' // intermittent power-brake slowdowns on the whole board, then sustained
+  | 'ib_link' // symbol errors on one port, then the link goes down
+  | 'nfs_backlog' // the NFS client's RPC slots fill, round trips grow, then major timeouts
+  | 'sudden_xid' // no precursor: Xid 79 or 119 out of the blue
+  | 'silent'; // the node stops answering: no series at all
 
 export type FleetId = 1 | 2 | 3 | 4;
 

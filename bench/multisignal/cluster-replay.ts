@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import type { FeatureMatrix } from '../../analyzers/multisignal.js';
+import type { FeatureMatrix } from '../../analyzers/multisignal/types.js';
 import { InputError } from '../../core/errors.js';
 import { parseOrThrow } from '../../core/validate.js';
 import { BENIGN_KINDS, FAULT_KINDS, type BenignKind, type BenignLabel, type FaultKind, type FaultLabel } from './labels.js';
@@ -10,7 +10,7 @@ import { Random } from './replay-random.js';
  * The labelled replay the multi-signal detector is evaluated on (evaluation.ts):
  * a seeded 63-node cluster (the 504-GPU report's, 002) over D days at one sample a minute, each
  * sample the node × feature matrix the default Prometheus queries would give
- * (analyzers/multisignal-source.ts), with faults whose onset and Xid time are known. What one
+ * (analyzers/multisignal/source.ts), with faults whose onset and Xid time are known. What one
  * node reads at one step is node-readings.ts; the labels are labels.ts.
  *
  * What the generator holds, and why:

@@ -1,5 +1,5 @@
 import { performance } from 'node:perf_hooks';
-import type { EvaluationContext, FeatureMatrix, FeatureValue } from '../../analyzers/multisignal.js';
+import type { EvaluationContext, FeatureMatrix, FeatureValue } from '../../analyzers/multisignal/types.js';
 import type { ClusterReplay } from './cluster-replay.js';
 import { ANY_XID_5M, type FaultLabel } from './labels.js';
 

@@ -7,7 +7,9 @@ import { Registry } from 'prom-client';
 import { afterEach, beforeEach, expect } from 'vitest';
 import type { FastPathEvent } from '../../core/fast-path-event.js';
 import { silentLogger } from '../../core/log.js';
-import { CollectorSet, type Collector, type CollectorContext, type CollectorPaths, type CollectorSettings } from '../../agent/collector.js';
+import { CollectorSet, type Collector, type CollectorContext } from '../../agent/collector.js';
+import type { CollectorSettings } from '../../agent/flags.js';
+import type { CollectorPaths } from '../../agent/paths.js';
 import { infinibandClassDir } from '../../agent/sources/infiniband.js';
 
 /** Shared helpers for the exporter tests; not a test file itself. */

@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pino } from 'pino';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { createXidCollector } from '../../agent/collectors/xid.js';
+import { createKernelLogCollector } from '../../agent/collectors/kernel-log/collector.js';
 import { LogFollower, type LogPosition } from '../../agent/log-follower.js';
 import { scrapeOne, seriesValue, testContext, waitFor } from './helpers.js';
 
@@ -158,7 +158,7 @@ describe('xid collector on a source that never runs dry', () => {
     'starts and scrapes on /dev/zero as --once does, reporting success and no events',
     async () => {
       const context = testContext({ kmsg: '/dev/zero' });
-      const collector = createXidCollector(context);
+      const collector = createKernelLogCollector(context);
       try {
         const text = await scrapeOne(context, collector);
         expect(text).toContain('steadfast_collector_success{collector="xid"} 1');
@@ -177,7 +177,7 @@ describe('xid collector on a source that never runs dry', () => {
       writer(path, `printf '%s\\n%s\\n' "${XID13}" "${XID13}" >&3; sleep 60`);
       await new Promise((resolve) => setTimeout(resolve, 200));
       const context = testContext({ kmsg: path });
-      const collector = createXidCollector(context);
+      const collector = createKernelLogCollector(context);
       try {
         const text = await scrapeOne(context, collector);
         expect(seriesValue(text, SERIES13)).toBe(2);

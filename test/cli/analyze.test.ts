@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { analyzeCommand } from '../../cli/analyze.js';
-import { GRAD_SYNC, STUCK_ALL_GATHER, STUCK_IRECV, STUCK_ISEND, rankDump } from '../analyzers/pyspy-fixtures.js';
+import { GRAD_SYNC, STUCK_ALL_GATHER, STUCK_IRECV, STUCK_ISEND, rankDump } from '../analyzers/stacks/pyspy-fixtures.js';
 import { runCli, type CliRun } from '../support/cli.js';
 
 const root = mkdtempSync(join(tmpdir(), 'steadfast-analyze-'));

@@ -4,7 +4,7 @@ import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest';
-import { PrometheusFeatureSource } from '../../analyzers/multisignal-source.js';
+import { PrometheusFeatureSource } from '../../analyzers/multisignal/source.js';
 import { detectCommand } from '../../cli/detect.js';
 import type { SuspectsReport } from '../../cli/detect-suspects.js';
 import { AGENT_SCRAPE_JOB } from '../../core/scrape.js';

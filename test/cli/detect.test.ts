@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, afterEach, describe, expect, it, vi } from 'vitest';
 import { detectCommand } from '../../cli/detect.js';
-import type { FailSlowReport } from '../../analyzers/failslow.js';
+import type { FailSlowReport } from '../../analyzers/failslow/detector.js';
 import { runCli, type CliRun } from '../support/cli.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'steadfast-detect-'));

@@ -6,7 +6,7 @@ import { instantQuery } from '../../core/prometheus.js';
 import { silentLogger } from '../../core/log.js';
 import type { Controller } from '../../controller/service.js';
 import { createAgent, type Agent } from '../../agent/agent.js';
-import { trainingCollectorFactory } from '../../agent/collectors/training.js';
+import { trainingCollectorFactory } from '../../agent/collectors/training/collector.js';
 import { startPrometheus, type PrometheusPart } from '../../tryit/parts.js';
 import { ProcessGroup } from '../../tryit/processes.js';
 import { agentToken, post, startController, testConfig } from '../support/controller.js';

@@ -8,8 +8,8 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { DryRunBackend } from '../../actuators/dry-run.js';
 import { silentLogger } from '../../core/log.js';
 import { createAgent, type Agent } from '../../agent/agent.js';
-import { gpuCollectorFactory } from '../../agent/collectors/gpu.js';
-import { XID_STATE_FILE_FLAG, xidCollectorFactory } from '../../agent/collectors/xid.js';
+import { gpuCollectorFactory } from '../../agent/collectors/gpu/collector.js';
+import { XID_STATE_FILE_FLAG, kernelLogCollectorFactory } from '../../agent/collectors/kernel-log/collector.js';
 import { post, startController, testConfig } from '../support/controller.js';
 import { testRedis } from '../support/redis.js';
 
@@ -34,7 +34,7 @@ describe('steadfast resume', () => {
       listen: { host: '127.0.0.1', port: 0 },
       paths: { sysfs: '/nonexistent', procfs: '/nonexistent', kmsg, nvidiaSmiXml: join(FIXTURES, 'nvidia-smi-xml', 'telegraf_a10g_515.105.01.xml'), nvidiaSmi: '/nonexistent' },
       pollIntervalSeconds: 5,
-      collectors: [gpuCollectorFactory, xidCollectorFactory],
+      collectors: [gpuCollectorFactory, kernelLogCollectorFactory],
       settings: { [XID_STATE_FILE_FLAG]: join(work, `${node}-xid.json`) },
       logger: silentLogger(),
     });

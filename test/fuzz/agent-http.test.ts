@@ -8,7 +8,7 @@ import { silentLogger } from '../../core/log.js';
 import { createAgent, type Agent } from '../../agent/agent.js';
 import { DIAGNOSE_CONFIG_FLAG, diagnoseCollectorFactory } from '../../agent/collectors/diagnose.js';
 import { PY_SPY_FLAG, processCollectorFactory } from '../../agent/collectors/process.js';
-import { trainingCollectorFactory } from '../../agent/collectors/training.js';
+import { trainingCollectorFactory } from '../../agent/collectors/training/collector.js';
 import { RANK_PIDS, writeTorchrunProcfs } from '../agent/fake-procfs.js';
 import { FIXTURES } from '../agent/helpers.js';
 import { FuzzReport, budget, fuzz, watchProcess } from './harness.js';

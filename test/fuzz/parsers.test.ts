@@ -3,8 +3,8 @@ import { tmpdir } from 'node:os';
 import { join, relative } from 'node:path';
 import fc from 'fast-check';
 import { afterAll, describe, expect, it } from 'vitest';
-import { selectTrainingThread, normaliseFrame, parsePySpyDump } from '../../analyzers/pyspy-parse.js';
-import { parseStackDump } from '../../analyzers/faulthandler-parse.js';
+import { selectTrainingThread, normaliseFrame, parsePySpyDump } from '../../analyzers/stacks/pyspy.js';
+import { parseStackDump } from '../../analyzers/stacks/faulthandler.js';
 import { analyzeFlightRecorder, splitRankKeyedDumps } from '../../analyzers/flight-recorder-analysis.js';
 import { expandHostlist } from '../../actuators/hostlist.js';
 import { parseIterationCsv } from '../../cli/detect.js';
@@ -207,7 +207,7 @@ describe('parsers under fuzzing', () => {
 
   it('py-spy dumps never throw, nor does picking the training thread and normalising its frames', async () => {
     const tokens = ['Process 1234: /usr/bin/python3 -u pretrain_gpt.py\n', 'Python v3.8.12 (/usr/bin/python3.8)\n', 'Thread 688510 (active): "MainThread"\n', 'Thread 0x7F (idle)\n', '    broadcast (torch/distributed/distributed_c10d.py:1191)\n', '        Arguments:\n', '            tensor: <Tensor at 0x7f>\n', '    0x7caaa50b1a9b (?)\n', '    <module> (pretrain_gpt.py:249)\n', ' (', ':', ')', '\n', '    '];
-    await fuzz(REPORT, 'analyzers/pyspy-parse', textInputs(samples('py-spy', /\.txt$/), tokens), (text) =>
+    await fuzz(REPORT, 'analyzers/stacks/pyspy', textInputs(samples('py-spy', /\.txt$/), tokens), (text) =>
       outcomeOf(() => {
         const parse = parsePySpyDump(text);
         selectTrainingThread(parse);
@@ -221,7 +221,7 @@ describe('parsers under fuzzing', () => {
       '  File "/usr/lib/python3.11/threading.py", line 320 in wait\n', '  File ???, line ??? in ???\n', '  File "', '", line ', ' in ', '  <no Python frame>\n', '  ...\n', '...\n',
       'Fatal Python error: Segmentation fault\n', '# steadfast: job llama-7b rank 3 pid 2679 node gpu-node-07; one dump per signal 10\n', '\n', '  ', '"',
     ];
-    await fuzz(REPORT, 'analyzers/faulthandler-parse', textInputs(samples('python-faulthandler', /\.stacks$/), tokens), (text) =>
+    await fuzz(REPORT, 'analyzers/stacks/faulthandler', textInputs(samples('python-faulthandler', /\.stacks$/), tokens), (text) =>
       outcomeOf(() => {
         const parse = parseStackDump(text);
         selectTrainingThread(parse);

@@ -8,7 +8,7 @@ import { agentCommand, agentSettingsFromFlags } from '../../cli/agent.js';
 import { InputError } from '../../core/errors.js';
 import { silentLogger } from '../../core/log.js';
 import { DEFAULT_AGENT_CONNECTIONS, createAgent, type Agent, type AgentOptions } from '../../agent/agent.js';
-import { trainingCollectorFactory } from '../../agent/collectors/training.js';
+import { trainingCollectorFactory } from '../../agent/collectors/training/collector.js';
 import { until } from '../support/until.js';
 
 /**

@@ -12,7 +12,7 @@ import { silentLogger } from '../../core/log.js';
 import { createAgent, type Agent, type AgentOptions } from '../../agent/agent.js';
 import { DIAGNOSE_CONFIG_FLAG, diagnoseCollectorFactory } from '../../agent/collectors/diagnose.js';
 import { PY_SPY_FLAG, processCollectorFactory } from '../../agent/collectors/process.js';
-import { trainingCollectorFactory } from '../../agent/collectors/training.js';
+import { trainingCollectorFactory } from '../../agent/collectors/training/collector.js';
 import { writeTorchrunProcfs } from '../agent/fake-procfs.js';
 import { FIXTURES } from '../agent/helpers.js';
 import { runCli } from '../support/cli.js';

@@ -1,47 +1,19 @@
 import { spawn } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
-import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { repoRoot } from '../../core/paths.js';
-import { freePort, waitFor } from '../processes.js';
+import { freePort } from '../processes.js';
+import { LAB_PYTHON } from './rendezvous-store.js';
 import type { ProtectedLab } from './protected.js';
 import { ITERATION, type LogLine } from './training.js';
 
 /**
- * What the lab adds for the hot swap: the ranks' rendezvous store (a process of its own on the
- * bridge, so that it outlives every rank, as a production job's would on a service node), the
+ * What the lab adds for the hot swap, besides the ranks' rendezvous store (rendezvous-store.ts): the
  * rank and spare processes of a node read from the job log (to kill a machine's ranks as its
  * failure would), and a reference run of the example without any fault, whose losses the swapped
  * run must reproduce step for step.
  */
-
-/** The Python the lab's ranks run (Debian's, with python3-torch). */
-const PYTHON = process.env.STEADFAST_PYTHON ?? '/usr/bin/python3';
-
-/** Starts `steadfast_hotswap.py store` on the bridge address and waits until it takes connections; its `host:port`. */
-export async function startRendezvousStore(lab: ProtectedLab): Promise<string> {
-  const host = lab.layout.bridgeAddress;
-  const port = await freePort();
-  const script = join(repoRoot(), 'clients', 'python', 'steadfast_hotswap.py');
-  lab.processes.start('rendezvous-store', PYTHON, ['-u', script, 'store', '--host', host, '--port', String(port)], join(lab.root, 'logs', 'rendezvous-store.log'));
-  await waitFor(`the rendezvous store on ${host}:${port}`, () => accepts(host, port), 60_000, 100);
-  return `${host}:${port}`;
-}
-
-function accepts(host: string, port: number): Promise<boolean> {
-  return new Promise((resolve) => {
-    const socket = connect({ host, port });
-    socket.setTimeout(1000);
-    const done = (ok: boolean): void => {
-      socket.destroy();
-      resolve(ok);
-    };
-    socket.once('connect', () => done(true));
-    socket.once('error', () => done(false));
-    socket.once('timeout', () => done(false));
-  });
-}
 
 const RANK_START = /^\[rank (\d+)\] pid (\d+) on ([^,\s]+),/;
 const SPARE_START = /^\[spare\] pid (\d+) on ([^:\s]+):/;
@@ -94,8 +66,9 @@ export async function referenceLosses(lab: ProtectedLab, ranks: number, iteratio
   const env = Object.fromEntries(Object.entries(process.env).filter(([name]) => !name.startsWith('SLURM') && !name.startsWith('STEADFAST_')));
   const train = join(repoRoot(), 'examples', 'pytorch', 'train.py');
   const losses = new Map<number, number>();
+  const argv = ['-u', train, '--job', `${lab.job}-reference`, '--iterations', String(iterations), '--checkpoint-every', '1000000000', '--checkpoint-dir', dir];
   const children = Array.from({ length: ranks }, (_, rank) =>
-    spawn(PYTHON, ['-u', train, '--job', `${lab.job}-reference`, '--iterations', String(iterations), '--checkpoint-every', '1000000000', '--checkpoint-dir', dir, '--step-sleep', '0', '--log-every', '1'], {
+    spawn(LAB_PYTHON, [...argv, '--step-sleep', '0', '--log-every', '1'], {
       env: { ...env, RANK: String(rank), WORLD_SIZE: String(ranks), MASTER_ADDR: '127.0.0.1', MASTER_PORT: String(port), STEADFAST_AGENT_URL: 'http://127.0.0.1:9' },
       stdio: ['ignore', 'pipe', 'ignore'],
     }),

@@ -26,7 +26,7 @@ import { LAB_DIAGNOSTICS } from './diagnostics.js';
 import { labDown, type LabDownReport } from './down.js';
 import { labLayout, type LabLayout, type LabNode } from './layout.js';
 import { nodeCommand, slurmEnv } from './slurm.js';
-import { startRendezvousStore } from './hot-swap-lab.js';
+import { startRendezvousStore } from './rendezvous-store.js';
 import { JobLog, jobLogFile, launcherCommand, writeCodeVersion, type TrainingPaths } from './training.js';
 import { labUp } from './up.js';
 

@@ -2,14 +2,15 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { aggregateStacks } from '../../../analyzers/stacks.js';
+import { aggregateStacks } from '../../../analyzers/stacks/aggregate.js';
 import { silentLogger } from '../../../core/log.js';
 import { Topology } from '../../../core/topology.js';
 import { AgentDirectory, traceNodes } from '../../../controller/agents.js';
 import { createAgent, type Agent } from '../../../agent/agent.js';
-import type { AgentResponse, Collector, CollectorSettings } from '../../../agent/collector.js';
+import type { AgentResponse, Collector } from '../../../agent/collector.js';
+import type { CollectorSettings } from '../../../agent/flags.js';
 import { PY_SPY_FLAG, STACK_DIR_FLAG, STACK_TOOL_FLAG, TRACE_PATH, createProcessCollector, processCollectorFactory } from '../../../agent/collectors/process.js';
-import { gpuCollectorFactory } from '../../../agent/collectors/gpu.js';
+import { gpuCollectorFactory } from '../../../agent/collectors/gpu/collector.js';
 import { NVIDIA_SMI_XML, testContext, waitFor } from '../helpers.js';
 import { alive, startRank, stopRanks, type PythonRank, type RankMode } from '../python-ranks.js';
 

@@ -4,7 +4,7 @@ import type { Signal } from '../../../core/signal.js';
 import { signalSchema } from '../../../core/signal.js';
 import { classifySignal } from '../../../controller/policy/fault-class.js';
 import { SuspectWatch } from '../../../analyzers/workers/suspect-watch.js';
-import type { FeatureReading } from '../../../analyzers/multisignal-source.js';
+import type { FeatureReading } from '../../../analyzers/multisignal/source.js';
 
 const JOB_NODES = ['g00', 'g01', 'g02', 'g03', 'g04', 'g05', 'g06', 'g07'];
 const job = (name: string, nodes: string[]): JobSpec => ({ name, nodes, ranksPerNode: 8, launcher: 'accept', codeVersion: 'v1' }) as JobSpec;
