@@ -13,7 +13,7 @@ import type { LadderEventJob } from '../core/queues.js';
  * comes first:
  *
  * - the agents' fast path: an agent sends `training_progress` when a rank of the job on its node
- *   records an iteration as a run starts or resumes (agent/collectors/training-progress.ts).
+ *   records an iteration as a run starts or resumes (agent/collectors/training/progress.ts).
  *   The newest report per job and node is kept (TrainingProgressReports); one from a node of the
  *   job, made after the relaunch, means it trains. This needs no scrape, so a Prometheus that
  *   is slow, loaded or cannot reach the relaunched nodes does not keep a training job

@@ -152,7 +152,7 @@ describe('multi-signal features read from a real Prometheus', () => {
     expect(matrix.n1?.xid_fatal_5m).toBe(0); // no Xid series at all: a peer with none, not a gap
     expect(matrix.n6?.xid_fatal_5m).toBe(1); // the first Xid of a GPU, counted at the series' birth
     // xid_errors_1h counts 5-minute slots on Prometheus' aligned subquery steps, so a seconds-old
-    // Xid shows there only from the next slot on: test/analyzers/multisignal-xid.test.ts pins it with promtool.
+    // Xid shows there only from the next slot on: test/analyzers/multisignal/xid.test.ts pins it with promtool.
     // rate() divides by the whole window (5m), and these series are seconds old: the rates are
     // still a fraction of the counters' pace, but nonzero where the counters move. One value per port.
     const onlyPort = (value: FeatureValue | undefined) => (Array.isArray(value) && value.length === 1 ? (value[0] as number) : Number.NaN);
