@@ -9,7 +9,15 @@ import { defineConfig, type TestProjectInlineConfiguration } from 'vitest/config
  * with nothing beside them: on two cores their deadlines are then set by what they wait for, not
  * by whichever file shares the machine with them.
  */
-const ALONE = ['test/lab/**/*.test.ts', 'test/faults/**/*.test.ts', 'test/e2e/**/*.test.ts', 'test/scale/**/*.test.ts', 'test/package/image.test.ts', 'test/package/deb.test.ts', 'test/package/tryit-pack.test.ts'];
+const ALONE = [
+  'test/lab/**/*.test.ts',
+  'test/faults/**/*.test.ts',
+  'test/e2e/**/*.test.ts',
+  'test/scale/**/*.test.ts',
+  'test/package/image.test.ts',
+  'test/package/deb.test.ts',
+  'test/package/tryit-pack.test.ts',
+];
 
 /**
  * What `npm run test:unit` leaves out besides ALONE, for the inner loop: the packaging tests

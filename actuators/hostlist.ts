@@ -59,7 +59,8 @@ function expandItem(item: string): string[] {
     const prefix = rest.slice(0, open);
     const values = expandGroup(rest.slice(open + 1, close), item);
     // Groups multiply: check the product before building it (n[0-99999][0-99999] is 10^10 names).
-    if (names.length * values.length > MAX_NAMES) throw new DoNotRetryError(`hostlist item ${JSON.stringify(item.slice(0, 80))} expands to more than ${MAX_NAMES} names`);
+    if (names.length * values.length > MAX_NAMES)
+      throw new DoNotRetryError(`hostlist item ${JSON.stringify(item.slice(0, 80))} expands to more than ${MAX_NAMES} names`);
     const next: string[] = [];
     for (const name of names) {
       for (const value of values) next.push(`${name}${prefix}${value}`);
@@ -80,9 +81,11 @@ function expandGroup(group: string, item: string): string[] {
     const [, low = '', high = low] = match;
     const [from, to] = [Number(low), Number(high)];
     // Past 2^53 `value += 1` stops changing the number, and the loop below would never end.
-    if (!Number.isSafeInteger(from) || !Number.isSafeInteger(to)) throw new DoNotRetryError(`hostlist item ${JSON.stringify(item.slice(0, 80))} has a number too large in ${JSON.stringify(range.slice(0, 80))}`);
+    if (!Number.isSafeInteger(from) || !Number.isSafeInteger(to))
+      throw new DoNotRetryError(`hostlist item ${JSON.stringify(item.slice(0, 80))} has a number too large in ${JSON.stringify(range.slice(0, 80))}`);
     if (to < from) throw new DoNotRetryError(`hostlist item ${JSON.stringify(item.slice(0, 80))} has a descending range ${range.slice(0, 80)}`);
-    if (values.length + (to - from + 1) > MAX_NAMES) throw new DoNotRetryError(`hostlist item ${JSON.stringify(item.slice(0, 80))} has ranges wider than ${MAX_NAMES}`);
+    if (values.length + (to - from + 1) > MAX_NAMES)
+      throw new DoNotRetryError(`hostlist item ${JSON.stringify(item.slice(0, 80))} has ranges wider than ${MAX_NAMES}`);
     for (let value = from; value <= to; value += 1) values.push(String(value).padStart(low.length, '0'));
   }
   return values;

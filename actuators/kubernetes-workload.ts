@@ -31,9 +31,7 @@ export const WORKLOAD_KINDS: Readonly<Record<string, WorkloadKind>> = {
 const workloadSchema = z.object({
   status: z
     .object({
-      conditions: z
-        .array(z.object({ type: z.string(), status: z.string(), reason: z.string().optional(), message: z.string().optional() }))
-        .optional(),
+      conditions: z.array(z.object({ type: z.string(), status: z.string(), reason: z.string().optional(), message: z.string().optional() })).optional(),
     })
     .optional(),
 });

@@ -351,7 +351,10 @@ export class KubernetesBackend implements ClusterBackend {
   async standbys(): Promise<string[]> {
     try {
       const nodes = await this.api.listNode({ labelSelector: `${ROLE_LABEL}=standby` });
-      return nodes.items.map((item) => item.metadata?.name ?? '').filter((name) => name !== '').sort();
+      return nodes.items
+        .map((item) => item.metadata?.name ?? '')
+        .filter((name) => name !== '')
+        .sort();
     } catch (error) {
       throw apiError(error, 'list standby nodes', 'list nodes');
     }

@@ -37,7 +37,10 @@ export function launcherOf(launchers: Launchers, spec: JobSpec): Launcher | unde
 export async function launchJob(spec: JobSpec, launchers: Launchers, backend: ClusterBackend, options: { recordOnly?: boolean } = {}): Promise<LaunchOutcome> {
   const launcher = launcherOf(launchers, spec);
   if (launcher === undefined) {
-    return { state: 'needs_person', detail: `launcher ${JSON.stringify(spec.launcher)} is not in the controller's configuration (launchers:); restart the job by hand or configure it` };
+    return {
+      state: 'needs_person',
+      detail: `launcher ${JSON.stringify(spec.launcher)} is not in the controller's configuration (launchers:); restart the job by hand or configure it`,
+    };
   }
   if (launcher.kind === 'slurm') {
     try {

@@ -70,10 +70,11 @@ export class SafetyGates {
     for (const name of names) {
       try {
         const nodes = await this.partitionNodes(name);
-        if (nodes.length === 0) this.logger?.warn({ partition: name }, 'a maintenance window names a partition with no nodes (or one the scheduler does not know)');
+        if (nodes.length === 0)
+          this.logger?.warn({ partition: name }, 'a maintenance window names a partition with no nodes (or one the scheduler does not know)');
         if (nodes.length > 0 || !this.partitions.has(name)) this.partitions.set(name, nodes);
       } catch (error) {
-        this.logger?.warn({ partition: name, err: error }, 'could not read the nodes of a maintenance window\'s partition; keeping the last list');
+        this.logger?.warn({ partition: name, err: error }, "could not read the nodes of a maintenance window's partition; keeping the last list");
       }
     }
   }
@@ -142,7 +143,9 @@ export class SafetyGates {
     const maintenance = this.inMaintenance(now);
     const scheduled = nodes.filter((node) => maintenance.has(node));
     if (scheduled.length > 0) {
-      const described = scheduled.map((node) => `${node} (window ${maintenance.get(node)?.window ?? '?'}, until ${maintenance.get(node)?.end ?? '?'})`).join(', ');
+      const described = scheduled
+        .map((node) => `${node} (window ${maintenance.get(node)?.window ?? '?'}, until ${maintenance.get(node)?.end ?? '?'})`)
+        .join(', ');
       return { ok: false, gate: 'hold', reason: `in a scheduled maintenance window: ${described}` };
     }
     const holds = await this.holds(now);

@@ -186,6 +186,7 @@ export class SlurmRestClient {
     const { status, json } = await this.request('POST', `/slurm/${version}/node/${encodeURIComponent(node)}`, body);
     const parsed = z.object({ errors: errorsSchema }).loose().safeParse(json);
     const errors = parsed.success ? parsed.data.errors : [];
-    if (SlurmRestClient.check(status, errors, `update node ${node}`, ESLURM_INVALID_NODE_NAME)) throw new DoNotRetryError(`slurmrestd: node ${node} is unknown to Slurm`);
+    if (SlurmRestClient.check(status, errors, `update node ${node}`, ESLURM_INVALID_NODE_NAME))
+      throw new DoNotRetryError(`slurmrestd: node ${node} is unknown to Slurm`);
   }
 }

@@ -36,7 +36,21 @@ export interface SlurmOptions {
 }
 
 /** Job states (squeue %T) in which a Slurm job has not ended yet. */
-const JOB_NOT_ENDED = new Set(['PENDING', 'RUNNING', 'CONFIGURING', 'COMPLETING', 'SUSPENDED', 'REQUEUED', 'REQUEUE_HOLD', 'REQUEUE_FED', 'RESIZING', 'SIGNALING', 'STAGE_OUT', 'STOPPED', 'SPECIAL_EXIT']);
+const JOB_NOT_ENDED = new Set([
+  'PENDING',
+  'RUNNING',
+  'CONFIGURING',
+  'COMPLETING',
+  'SUSPENDED',
+  'REQUEUED',
+  'REQUEUE_HOLD',
+  'REQUEUE_FED',
+  'RESIZING',
+  'SIGNALING',
+  'STAGE_OUT',
+  'STOPPED',
+  'SPECIAL_EXIT',
+]);
 
 const DEFAULT_STANDBY_RESERVATION = 'steadfast-standby';
 const DEFAULT_CANCEL_WAIT_MS = 120_000;
@@ -98,9 +112,17 @@ export class SlurmBackend implements ClusterBackend {
   }
 
   async partitionNodes(partition: string): Promise<string[]> {
-    if (!SLURM_PARTITION_PATTERN.test(partition)) throw new DoNotRetryError(`refusing to pass invalid partition name ${JSON.stringify(partition.slice(0, 80))} to Slurm`);
+    if (!SLURM_PARTITION_PATTERN.test(partition))
+      throw new DoNotRetryError(`refusing to pass invalid partition name ${JSON.stringify(partition.slice(0, 80))} to Slurm`);
     const out = await this.exec(this.options.sinfo, ['--noheader', '--Node', `--partition=${partition}`, '--format=%N']);
-    return [...new Set(out.split('\n').map((line) => line.trim()).filter((node) => NODE_NAME_PATTERN.test(node)))].sort();
+    return [
+      ...new Set(
+        out
+          .split('\n')
+          .map((line) => line.trim())
+          .filter((node) => NODE_NAME_PATTERN.test(node)),
+      ),
+    ].sort();
   }
 
   async nodeState(node: string): Promise<NodeState> {
@@ -146,7 +168,13 @@ export class SlurmBackend implements ClusterBackend {
    */
   async reboot(node: string, reason: string, nextState: 'resume' | 'down'): Promise<void> {
     this.checkNode(node);
-    await this.exec(this.options.scontrol, ['reboot', 'ASAP', `nextstate=${nextState === 'resume' ? 'RESUME' : 'DOWN'}`, `reason=${cleanReason(reason)}`, node]);
+    await this.exec(this.options.scontrol, [
+      'reboot',
+      'ASAP',
+      `nextstate=${nextState === 'resume' ? 'RESUME' : 'DOWN'}`,
+      `reason=${cleanReason(reason)}`,
+      node,
+    ]);
   }
 
   private get reservation(): string {
@@ -198,7 +226,11 @@ export class SlurmBackend implements ClusterBackend {
   async activateStandby(node: string, _job: string): Promise<void> {
     this.checkNode(node);
     const current = await this.standbys();
-    if (current.includes(node)) await this.setStandbys(current, current.filter((candidate) => candidate !== node));
+    if (current.includes(node))
+      await this.setStandbys(
+        current,
+        current.filter((candidate) => candidate !== node),
+      );
   }
 
   /** Ids of the jobs squeue lists under `name`: pending, running or completing, of every user. */

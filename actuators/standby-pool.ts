@@ -91,7 +91,7 @@ export class StandbyPool {
       if (!state.exists || state.drained) continue;
       await this.set(candidate, 'provisioning', {}, now);
       await this.backend.holdStandby(candidate);
-      await this.set(candidate, 'self_check', { detail: 'held; waiting for its agent\'s self-check' }, now);
+      await this.set(candidate, 'self_check', { detail: "held; waiting for its agent's self-check" }, now);
       started.push(candidate);
     }
     return started;

@@ -148,7 +148,11 @@ class NodeAgent implements Agent {
     if (!this.server) {
       const limits = this.options.connections ?? DEFAULT_AGENT_CONNECTIONS;
       const refused = (address: string, first: boolean): void => {
-        if (first) this.options.logger.warn({ client: address, maxPerClient: limits.maxPerClient }, 'a client holds as many connections as it may; closing its further ones until it drops some');
+        if (first)
+          this.options.logger.warn(
+            { client: address, maxPerClient: limits.maxPerClient },
+            'a client holds as many connections as it may; closing its further ones until it drops some',
+          );
       };
       const server = createLimitedServer(
         (request, response) => {

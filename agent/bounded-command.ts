@@ -61,7 +61,10 @@ class Tail {
   text(): string {
     const all = Buffer.concat(this.chunks);
     // A cut through a multi-byte character decodes as U+FFFD at the start; drop it.
-    return all.subarray(Math.max(0, all.length - this.limit)).toString('utf8').replace(/^\uFFFD+/, '');
+    return all
+      .subarray(Math.max(0, all.length - this.limit))
+      .toString('utf8')
+      .replace(/^\uFFFD+/, '');
   }
 }
 

@@ -91,7 +91,8 @@ export class GpuSourceChoice {
     const { logger, paths } = this.options;
     let resolved: ResolvedGpuSource;
     if (source === 'dcgm-exporter' || (source === 'auto' && url !== undefined)) resolved = { kind: 'dcgm-exporter', url: url as URL };
-    else if (source === 'nvidia-smi' || (source === 'auto' && (paths.nvidiaSmiXml !== undefined || paths.nvidiaSmi !== DEFAULT_NVIDIA_SMI))) resolved = { kind: 'nvidia-smi' };
+    else if (source === 'nvidia-smi' || (source === 'auto' && (paths.nvidiaSmiXml !== undefined || paths.nvidiaSmi !== DEFAULT_NVIDIA_SMI)))
+      resolved = { kind: 'nvidia-smi' };
     else {
       try {
         const nvml = await NvmlClient.start(library);
@@ -102,7 +103,10 @@ export class GpuSourceChoice {
       } catch (error) {
         const reason = error instanceof NvmlUnavailableError ? error.message : `cannot load ${library}: ${errorMessage(error)}`;
         if (source === 'nvml') {
-          logger.error({ collector: 'gpu', library, err: reason }, 'NVML cannot be loaded; GPU polls fail until the agent is restarted with a library that loads');
+          logger.error(
+            { collector: 'gpu', library, err: reason },
+            'NVML cannot be loaded; GPU polls fail until the agent is restarted with a library that loads',
+          );
           resolved = { kind: 'nvml-unavailable', reason };
         } else {
           logger.info({ collector: 'gpu', library, reason }, 'NVML not available; reading the GPUs with nvidia-smi');

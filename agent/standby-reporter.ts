@@ -34,7 +34,8 @@ export interface StandbyReporterOptions {
 export function selfCheck(exposition: string): { ok: boolean; detail: string } {
   const problems: string[] = [];
   // A serving agent answers before its first GPU poll is done: not yet read is not yet ready.
-  if (/^steadfast_collector_success\{collector="gpu"\} 1$/m.test(exposition) && !/^steadfast_gpu_last_poll_timestamp_seconds /m.test(exposition)) problems.push('GPUs not read yet');
+  if (/^steadfast_collector_success\{collector="gpu"\} 1$/m.test(exposition) && !/^steadfast_gpu_last_poll_timestamp_seconds /m.test(exposition))
+    problems.push('GPUs not read yet');
   for (const line of exposition.split('\n')) {
     const failing = /^steadfast_collector_success\{collector="([^"]+)"\} 0$/.exec(line);
     if (failing) problems.push(`collector ${failing[1]} failing`);
@@ -90,10 +91,17 @@ export class StandbyReporter {
     if (answer.status === 503) return verdict;
     if (answer.status === 409) return undefined;
     const report = diagnoseReportSchema.safeParse(answer.body);
-    if (answer.status !== 200 || !report.success) return { ok: false, detail: `diagnostics could not run (HTTP ${answer.status}): ${JSON.stringify(answer.body).slice(0, 300)}` };
+    if (answer.status !== 200 || !report.success)
+      return { ok: false, detail: `diagnostics could not run (HTTP ${answer.status}): ${JSON.stringify(answer.body).slice(0, 300)}` };
     const failed = report.data.checks.filter((check) => !check.ok);
     if (failed.length > 0) {
-      return { ok: false, detail: `diagnostics failed: ${failed.map((check) => `${check.name} ${check.result}${check.reason ? ` (${check.reason})` : ''}`).join('; ')}`.slice(0, 2000) };
+      return {
+        ok: false,
+        detail: `diagnostics failed: ${failed.map((check) => `${check.name} ${check.result}${check.reason ? ` (${check.reason})` : ''}`).join('; ')}`.slice(
+          0,
+          2000,
+        ),
+      };
     }
     return { ok: true, detail: `${verdict.detail}; diagnostics passed: ${report.data.checks.map((check) => check.name).join(', ') || 'none selected'}` };
   }

@@ -78,7 +78,9 @@ export function compareGroups(rankSeconds: ReadonlyMap<number, number>, topology
     if (!(seconds > 0) || !Number.isFinite(seconds)) throw new InputError(`rank ${rank}: seconds must be a positive finite number`, 'rankSeconds');
   }
   if (!topology) {
-    const clusters = new Map<string, GroupTally[]>([['job', [...rankSeconds].map(([rank, seconds]) => ({ index: { rank }, size: 1, slowestRank: rank, seconds }))]]);
+    const clusters = new Map<string, GroupTally[]>([
+      ['job', [...rankSeconds].map(([rank, seconds]) => ({ index: { rank }, size: 1, slowestRank: rank, seconds }))],
+    ]);
     return degraded('rank', clusters, threshold);
   }
   const result: SlowGroup[] = [];

@@ -168,7 +168,10 @@ function laggards(values: ReadonlyMap<number, number>): { ranks: number[]; lowes
   if (values.size < 2) return { ranks: [], lowest: 0, highest: 0 };
   const highest = Math.max(...values.values());
   const lowest = Math.min(...values.values());
-  const ranks = [...values].filter(([, value]) => value < highest).map(([rank]) => rank).sort((a, b) => a - b);
+  const ranks = [...values]
+    .filter(([, value]) => value < highest)
+    .map(([rank]) => rank)
+    .sort((a, b) => a - b);
   return { ranks, lowest, highest };
 }
 

@@ -50,11 +50,7 @@ export interface MicrobatchPlan {
 /** Shading of the continuous lower bound against accumulated rounding (see the proof above). */
 const CONTINUOUS_BOUND_SHADE = 1 - 1e-9;
 
-export function planMicrobatches(
-  times: readonly number[],
-  microbatches: number,
-  options: MicrobatchOptions = {},
-): MicrobatchPlan {
+export function planMicrobatches(times: readonly number[], microbatches: number, options: MicrobatchOptions = {}): MicrobatchPlan {
   const step = validate(times, microbatches, options);
   const units = microbatches / step;
   const cost = (group: number, unitCount: number): number => unitCount * step * (times[group] as number);

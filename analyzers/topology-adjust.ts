@@ -71,7 +71,10 @@ export interface RankMove {
 export class NodeLayout {
   private readonly roles: Map<string, number[]>;
 
-  constructor(readonly topology: Topology, roles?: ReadonlyMap<string, readonly number[]>) {
+  constructor(
+    readonly topology: Topology,
+    roles?: ReadonlyMap<string, readonly number[]>,
+  ) {
     this.roles = new Map();
     if (roles) {
       for (const [node, ranks] of roles) this.roles.set(node, [...ranks]);
@@ -216,7 +219,10 @@ export function planCongestedLinkSwaps(
     if (!isHeavy(traffic)) continue;
     const baseline = heavyLinks(layout);
     let best: { layout: NodeLayout; swap: NodeSwap; score: number[] } | null = null;
-    for (const [end, other] of [[a, b], [b, a]] as const) {
+    for (const [end, other] of [
+      [a, b],
+      [b, a],
+    ] as const) {
       if (pinned.has(end)) continue;
       for (const candidate of layout.nodes) {
         if (candidate === a || candidate === b || pinned.has(candidate)) continue;

@@ -66,7 +66,13 @@ async function main(): Promise<void> {
       await Promise.all(
         Array.from({ length: Math.min(500, ENTRIES - start) }, (_, offset) => {
           const index = start + offset;
-          return audit.append({ type: 'signal', ref: `bench-${index}`, node: `node-${index % NODES}`, summary: `bench entry ${index} ${'x'.repeat(300)}`, data: { index } });
+          return audit.append({
+            type: 'signal',
+            ref: `bench-${index}`,
+            node: `node-${index % NODES}`,
+            summary: `bench entry ${index} ${'x'.repeat(300)}`,
+            data: { index },
+          });
         }),
       );
     }
@@ -74,7 +80,13 @@ async function main(): Promise<void> {
     const [port, metricsPort] = await freePorts(2);
     const config = configSchema.parse({
       redis: { url: redis.url, prefix: 'bench' },
-      controller: { host: '127.0.0.1', port, metrics: { port: metricsPort }, auth: { operatorToken: 'bench-operator-0123456789', readOnlyToken: READ_ONLY }, rateLimit: { requestsPerSecond: 0 } },
+      controller: {
+        host: '127.0.0.1',
+        port,
+        metrics: { port: metricsPort },
+        auth: { operatorToken: 'bench-operator-0123456789', readOnlyToken: READ_ONLY },
+        rateLimit: { requestsPerSecond: 0 },
+      },
       backend: { kind: 'dry-run' },
     });
     const compiled = import.meta.url.includes('/dist/');

@@ -124,7 +124,9 @@ function main(): void {
       `| ${figures.name} | ${Math.round(updates / figures.seconds).toLocaleString('en-US')} | ${((figures.seconds / updates) * 1e6).toFixed(2)} | ${((figures.seconds / ITERATIONS) * 1e3).toFixed(1)} | ${figures.reports} |\n`,
     );
   }
-  process.stdout.write(`\ntracker / sliding-window time: ${(tracker.seconds / baseline.seconds).toFixed(1)}×; about ${Math.round(bytesPerTracker).toLocaleString('en-US')} bytes of heap per tracker\n`);
+  process.stdout.write(
+    `\ntracker / sliding-window time: ${(tracker.seconds / baseline.seconds).toFixed(1)}×; about ${Math.round(bytesPerTracker).toLocaleString('en-US')} bytes of heap per tracker\n`,
+  );
   const slowRanks = Math.ceil(STREAMS / 100);
   process.stdout.write(`tracker: found ${found.size} of ${slowRanks} slowed ranks within 3 iterations, ${falseChanges} other change points\n`);
   process.stdout.write('(reports: verified change points; BOCD proposals; iterations the sliding window flagged)\n\n');

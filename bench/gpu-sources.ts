@@ -131,7 +131,8 @@ async function closeRig(rig: Rig): Promise<void> {
 /** The collector's own poll: the method its BackgroundPoll calls (private to the collector; reached here on purpose). */
 function pollOf(collector: Collector): () => Promise<void> {
   const poll = (collector as unknown as { poll?: unknown }).poll;
-  if (typeof poll !== 'function') throw new Error(`the ${collector.name} collector has no poll() any more: bench/gpu-sources.ts calls what its BackgroundPoll calls; update the bench`);
+  if (typeof poll !== 'function')
+    throw new Error(`the ${collector.name} collector has no poll() any more: bench/gpu-sources.ts calls what its BackgroundPoll calls; update the bench`);
   return () => (poll as () => Promise<void>).call(collector);
 }
 
@@ -237,7 +238,13 @@ async function compareValues(setup: Setup): Promise<ValueComparison> {
     // What the gpu collector's poll asks (processes, no NVLink), and the nvlink collector's.
     const [, gpu] = counted(() => readNvmlPoll(nvml, { failed: () => undefined }, names));
     const [, nvlink] = counted(() => readNvmlNvlink(nvml, () => undefined));
-    return { rows: compareGpuValues(before, read.gpus, after), nvlink: compareNvlink(links, read.nvlink), calls: { gpu, nvlink }, driver: read.driverVersion, products: read.gpus.map((sample) => sample.productName ?? 'unnamed') };
+    return {
+      rows: compareGpuValues(before, read.gpus, after),
+      nvlink: compareNvlink(links, read.nvlink),
+      calls: { gpu, nvlink },
+      driver: read.driverVersion,
+      products: read.gpus.map((sample) => sample.productName ?? 'unnamed'),
+    };
   } finally {
     nvml.close();
   }
@@ -257,7 +264,7 @@ async function standInSetup(root: string): Promise<Setup> {
     description: [
       `GPUs: a stand-in HGX H200 node (bench/gpu-sources/node.ts): ${GPU_COUNT} GPUs under training load, one process each, ${NVLINKS} active NVLinks each (${GPU_COUNT * NVLINKS * 3} counters)`,
       `nvidia-smi: a shell script that cats a ${(xmlBytes / 1024).toFixed(0)} KB \`-q -x\` report (the real H200 capture's <gpu> element × ${GPU_COUNT}) or the \`nvlink -e\` text: a fork and an exec, none of the real binary's driver work`,
-      'NVML: tryit/nvml/stand-in.c, scripted values from a state file, called through koffi on the agent\'s NVML thread as the real library is; no Xid events offered (the stand-in waits for them by re-reading a file every 5 ms)',
+      "NVML: tryit/nvml/stand-in.c, scripted values from a state file, called through koffi on the agent's NVML thread as the real library is; no Xid events offered (the stand-in waits for them by re-reading a file every 5 ms)",
     ],
   };
 }
@@ -302,7 +309,13 @@ function printPolls(polls: Record<Source['label'], SourcePolls>, calls: ValueCom
   for (const collector of ['gpu', 'nvlink'] as const) {
     const [a, b] = [wall(smi[collector]), wall(nvml[collector])];
     rows.push([`${collector}: wall ms, median (p90)`, a.median, b.median, a.p90, b.p90]);
-    rows.push([`${collector}: CPU ms, agent process (of which system)`, perPoll(smi[collector], 'self'), perPoll(nvml[collector], 'self'), perPoll(smi[collector], 'sys'), perPoll(nvml[collector], 'sys')]);
+    rows.push([
+      `${collector}: CPU ms, agent process (of which system)`,
+      perPoll(smi[collector], 'self'),
+      perPoll(nvml[collector], 'self'),
+      perPoll(smi[collector], 'sys'),
+      perPoll(nvml[collector], 'sys'),
+    ]);
     rows.push([`${collector}: CPU ms, child processes (nvidia-smi)`, perPoll(smi[collector], 'child'), perPoll(nvml[collector], 'child')]);
   }
   const both = (source: SourcePolls): number => perPoll(source.gpu, 'both') + perPoll(source.nvlink, 'both');
@@ -340,9 +353,13 @@ function printScrapes(scrapes: Record<Source['label'], ScrapeFigures>, floor: nu
   const rows: [string, number, number][] = [
     ['agent CPU ms per second, no scrapes', smi.idleMsPerSecond, nvml.idleMsPerSecond],
     [`the same, less an agent's with no collectors (${fixed(floor)}): the poll loops`, smi.idleMsPerSecond - floor, nvml.idleMsPerSecond - floor],
-    ['≈ CPU ms per poll of both collectors, as the serving agent polls', perRound(smi.idleMsPerSecond - floor, polls['nvidia-smi']), perRound(nvml.idleMsPerSecond - floor, polls.NVML)],
-    ['CPU ms per scrape, all of the agent\'s (poll loops running)', smi.rawMsPerScrape, nvml.rawMsPerScrape],
-    ['CPU ms per scrape, less the poll loops\' rate', smi.netMsPerScrape, nvml.netMsPerScrape],
+    [
+      '≈ CPU ms per poll of both collectors, as the serving agent polls',
+      perRound(smi.idleMsPerSecond - floor, polls['nvidia-smi']),
+      perRound(nvml.idleMsPerSecond - floor, polls.NVML),
+    ],
+    ["CPU ms per scrape, all of the agent's (poll loops running)", smi.rawMsPerScrape, nvml.rawMsPerScrape],
+    ["CPU ms per scrape, less the poll loops' rate", smi.netMsPerScrape, nvml.netMsPerScrape],
     ['scrape wall ms, median', smi.latencyMs, nvml.latencyMs],
   ];
   for (const [name, a, b] of rows) process.stdout.write(`| ${name} | ${fixed(a)} | ${fixed(b)} | ${ratio(a, b)} |\n`);
@@ -372,12 +389,23 @@ async function main(): Promise<void> {
     const setup = REAL ? await realSetup() : await standInSetup(root);
     const values = await compareValues(setup);
     const polls = await measurePolls(setup);
-    const serving: ServingOptions = { root, group, nvidiaSmi: setup.nvidiaSmi, nvmlLibrary: setup.nvmlLibrary, pollIntervalSeconds: POLL_INTERVAL, idleSeconds: IDLE_SECONDS, scrapes: SCRAPES, warmup: SCRAPE_WARMUP };
+    const serving: ServingOptions = {
+      root,
+      group,
+      nvidiaSmi: setup.nvidiaSmi,
+      nvmlLibrary: setup.nvmlLibrary,
+      pollIntervalSeconds: POLL_INTERVAL,
+      idleSeconds: IDLE_SECONDS,
+      scrapes: SCRAPES,
+      warmup: SCRAPE_WARMUP,
+    };
     const floor = await withAgent(undefined, serving, (agent) => idleCpu(agent, IDLE_SECONDS));
     const scrapes = { 'nvidia-smi': await measureScrapes('nvidia-smi', serving), NVML: await measureScrapes('nvml', serving) };
 
     process.stdout.write(`\nGPU sources: nvidia-smi against NVML in the same run (${REAL ? 'real GPUs' : 'stand-ins'})\n`);
-    process.stdout.write(`machine: ${cpus().length} × ${cpus()[0]?.model ?? 'unknown CPU'}, Node ${process.version}; load average ${fixed(loadBefore)} before the run, ${fixed(loadavg()[0] ?? 0)} after\n`);
+    process.stdout.write(
+      `machine: ${cpus().length} × ${cpus()[0]?.model ?? 'unknown CPU'}, Node ${process.version}; load average ${fixed(loadBefore)} before the run, ${fixed(loadavg()[0] ?? 0)} after\n`,
+    );
     for (const line of setup.description) process.stdout.write(`${line}\n`);
     const products = [...new Set(values.products)].map((name) => `${values.products.filter((product) => product === name).length} × ${name}`).join(', ');
     process.stdout.write(`GPUs read: ${setup.gpus} (${products}, driver ${values.driver ?? 'unknown'}), NVLink counters: ${setup.nvlinkCounters}\n`);
@@ -386,7 +414,10 @@ async function main(): Promise<void> {
     printScrapes(scrapes, floor, polls);
     printValues(values);
     process.stdout.write(`\nFor context only, not this run's: ${REAL_H200_NOTE}.\n`);
-    if (!REAL) process.stdout.write('Stand-ins: the ratios measure the agent\'s own side of each source (spawning and parsing against FFI calls), not the driver\'s work; run with --real on a GPU node for that.\n');
+    if (!REAL)
+      process.stdout.write(
+        "Stand-ins: the ratios measure the agent's own side of each source (spawning and parsing against FFI calls), not the driver's work; run with --real on a GPU node for that.\n",
+      );
   } finally {
     await group.stopAll();
     rmSync(root, { recursive: true, force: true });

@@ -97,11 +97,13 @@ function worldStandIn(nodes: readonly string[]): Promise<{ server: Server; url: 
       return answer(response, 404, { error: 'not found' });
     });
   });
-  return new Promise((done) => server.listen(0, '127.0.0.1', () => {
-    const address = server.address();
-    const port = typeof address === 'object' && address !== null ? address.port : 0;
-    done({ server, url: `http://127.0.0.1:${port}` });
-  }));
+  return new Promise((done) =>
+    server.listen(0, '127.0.0.1', () => {
+      const address = server.address();
+      const port = typeof address === 'object' && address !== null ? address.port : 0;
+      done({ server, url: `http://127.0.0.1:${port}` });
+    }),
+  );
 }
 
 /** Reads each line of a child's stdout (and stderr into `errors`, for a failure's message). */
@@ -122,9 +124,13 @@ async function startStore(): Promise<{ child: ChildProcess; address: string }> {
   const child = spawn(PYTHON, ['-u', HOTSWAP, 'store', '--host', '127.0.0.1', '--port', '0'], { stdio: ['ignore', 'pipe', 'pipe'] });
   const errors: string[] = [];
   const address = await new Promise<string>((done, fail) => {
-    lines(child, (line) => {
-      if (line.startsWith('store listening on ')) done(line.slice('store listening on '.length).trim());
-    }, errors);
+    lines(
+      child,
+      (line) => {
+        if (line.startsWith('store listening on ')) done(line.slice('store listening on '.length).trim());
+      },
+      errors,
+    );
     child.once('exit', (code) => fail(new Error(`the rendezvous store exited (${code}) before listening: ${errors.join('\n')}`)));
   });
   return { child, address };
@@ -143,7 +149,15 @@ const STEP_LINE = /^\[rank (\d+)\] iteration (\d+) loss \S+ compute [\d.]+s step
 const WAIT_LINE = /^\[probe\] rank \d+ before_sync wait ([\d.]+)s/;
 
 /** One run of the example: 2 ranks, `steps` measured after the warm-up, with or without hot swap. */
-async function runTraining(width: number, microBatchSize: number, hotSwap: boolean, steps: number, runIndex: number, scratch: string, store: string): Promise<RunFigures> {
+async function runTraining(
+  width: number,
+  microBatchSize: number,
+  hotSwap: boolean,
+  steps: number,
+  runIndex: number,
+  scratch: string,
+  store: string,
+): Promise<RunFigures> {
   const nodes = Array.from({ length: RANKS }, (_, rank) => `node-${rank}`);
   const { server, url } = await worldStandIn(nodes);
   const [masterPort, ...replicaPorts] = await freePorts(RANKS + 1);
@@ -166,19 +180,44 @@ async function runTraining(width: number, microBatchSize: number, hotSwap: boole
       STEADFAST_REPLICA_HOSTS: replicaHosts,
       STEADFAST_STACK_DIR: scratch,
     };
-    const args = ['-u', PROBE, '--job', JOB, '--iterations', String(iterations), '--checkpoint-every', String(10 * iterations), '--checkpoint-dir', join(scratch, `run-${runIndex}`)];
-    args.push('--step-sleep', String(STEP_SLEEP), '--log-every', '1', '--width', String(width), '--micro-batch-size', String(microBatchSize), ...(hotSwap ? ['--hot-swap'] : []));
+    const args = [
+      '-u',
+      PROBE,
+      '--job',
+      JOB,
+      '--iterations',
+      String(iterations),
+      '--checkpoint-every',
+      String(10 * iterations),
+      '--checkpoint-dir',
+      join(scratch, `run-${runIndex}`),
+    ];
+    args.push(
+      '--step-sleep',
+      String(STEP_SLEEP),
+      '--log-every',
+      '1',
+      '--width',
+      String(width),
+      '--micro-batch-size',
+      String(microBatchSize),
+      ...(hotSwap ? ['--hot-swap'] : []),
+    );
     const child = spawn(PYTHON, args, { env, stdio: ['ignore', 'pipe', 'pipe'] });
     const figures: RankFigures = { stepSeconds: [], waitSeconds: [], peakRssBytes: 0 };
     const errors: string[] = [];
     let waits = 0;
-    lines(child, (line) => {
-      const wait = WAIT_LINE.exec(line);
-      // One wait per step, printed before the step's line: the warm-up's are left out too.
-      if (wait !== null && (waits += 1) > WARMUP_STEPS) figures.waitSeconds.push(Number(wait[1]));
-      const step = STEP_LINE.exec(line);
-      if (step !== null && Number(step[2]) > WARMUP_STEPS) figures.stepSeconds.push(Number(step[3]));
-    }, errors);
+    lines(
+      child,
+      (line) => {
+        const wait = WAIT_LINE.exec(line);
+        // One wait per step, printed before the step's line: the warm-up's are left out too.
+        if (wait !== null && (waits += 1) > WARMUP_STEPS) figures.waitSeconds.push(Number(wait[1]));
+        const step = STEP_LINE.exec(line);
+        if (step !== null && Number(step[2]) > WARMUP_STEPS) figures.stepSeconds.push(Number(step[3]));
+      },
+      errors,
+    );
     return { child, figures, errors };
   });
   const sampler = setInterval(() => {
@@ -188,7 +227,8 @@ async function runTraining(width: number, microBatchSize: number, hotSwap: boole
   try {
     const codes = await Promise.all(ranks.map((rank) => exited(rank.child)));
     codes.forEach((code, rank) => {
-      if (code !== 0) throw new Error(`rank ${rank} (width ${width}${hotSwap ? ', hot swap' : ''}) exited ${code}:\n${(ranks[rank]?.errors ?? []).slice(-20).join('\n')}`);
+      if (code !== 0)
+        throw new Error(`rank ${rank} (width ${width}${hotSwap ? ', hot swap' : ''}) exited ${code}:\n${(ranks[rank]?.errors ?? []).slice(-20).join('\n')}`);
     });
   } finally {
     clearInterval(sampler);
@@ -197,7 +237,8 @@ async function runTraining(width: number, microBatchSize: number, hotSwap: boole
   }
   const measured = ranks.flatMap((rank) => rank.figures.stepSeconds).sort((a, b) => a - b);
   const waits = ranks.flatMap((rank) => rank.figures.waitSeconds).sort((a, b) => a - b);
-  if (measured.length < RANKS * steps) throw new Error(`width ${width}${hotSwap ? ', hot swap' : ''}: ${measured.length} step lines, expected ${RANKS * steps}`);
+  if (measured.length < RANKS * steps)
+    throw new Error(`width ${width}${hotSwap ? ', hot swap' : ''}: ${measured.length} step lines, expected ${RANKS * steps}`);
   return {
     width,
     hotSwap,
@@ -229,12 +270,20 @@ async function main(): Promise<void> {
     console.log(`hot swap per-step overhead: examples/pytorch/train.py, ${RANKS} gloo ranks on 127.0.0.1, ${cpus().length} cores, ${PYTHON}`);
     console.log(`stand-in compute ${STEP_SLEEP * 4 * 1000} ms a step (4 micro-batches × ${STEP_SLEEP * 1000} ms); ${WARMUP_STEPS} warm-up steps left out`);
     const { base, swap } = await pair(BASE_WIDTH, 32, MEASURED_STEPS);
-    console.log(`\nwidth ${BASE_WIDTH} (the example's model, state ${(stateBytes(BASE_WIDTH) / 1024).toFixed(1)} KiB), median over ${MEASURED_STEPS} steps of each rank:`);
-    console.log(`  step without hot swap ${ms(base.medianStepSeconds)}, with ${ms(swap.medianStepSeconds)}: ratio ${(swap.medianStepSeconds / base.medianStepSeconds).toFixed(3)}`);
+    console.log(
+      `\nwidth ${BASE_WIDTH} (the example's model, state ${(stateBytes(BASE_WIDTH) / 1024).toFixed(1)} KiB), median over ${MEASURED_STEPS} steps of each rank:`,
+    );
+    console.log(
+      `  step without hot swap ${ms(base.medianStepSeconds)}, with ${ms(swap.medianStepSeconds)}: ratio ${(swap.medianStepSeconds / base.medianStepSeconds).toFixed(3)}`,
+    );
     if (swap.medianWaitSeconds !== null) console.log(`  before_sync wait (median) ${ms(swap.medianWaitSeconds)}`);
-    console.log(`  peak resident memory per rank: without ${mib(base.peakRssBytes)}, with ${mib(swap.peakRssBytes)} (+${mib(swap.peakRssBytes - base.peakRssBytes)})`);
+    console.log(
+      `  peak resident memory per rank: without ${mib(base.peakRssBytes)}, with ${mib(swap.peakRssBytes)} (+${mib(swap.peakRssBytes - base.peakRssBytes)})`,
+    );
 
-    console.log(`\nwidth sweep (${SWEEP_MICRO_BATCH_SIZE} sample a micro-batch, ${SWEEP_MEASURED_STEPS} steps each; held = 2 buffers of the rank's state + 2 replicas of the other's ≈ 4 × state):`);
+    console.log(
+      `\nwidth sweep (${SWEEP_MICRO_BATCH_SIZE} sample a micro-batch, ${SWEEP_MEASURED_STEPS} steps each; held = 2 buffers of the rank's state + 2 replicas of the other's ≈ 4 × state):`,
+    );
     console.log('      width      state   4 × state   step without   step with   ratio   before_sync wait   extra memory per rank');
     let slower: number | null = null;
     for (const width of SWEEP_WIDTHS) {

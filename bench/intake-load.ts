@@ -47,7 +47,11 @@ function webhookBody(index: number, startsAt: string): string {
       {
         status: 'firing',
         labels: { alertname: 'SteadfastRdmaPortErrors', node, device: 'mlx5_0', port: '1', severity: 'warning', domain: 'network' },
-        annotations: { summary: 'RDMA port errors', description: `mlx5_0 port 1 on ${node} counts symbol errors.`, runbook_url: 'https://example.com/runbooks/rdma' },
+        annotations: {
+          summary: 'RDMA port errors',
+          description: `mlx5_0 port 1 on ${node} counts symbol errors.`,
+          runbook_url: 'https://example.com/runbooks/rdma',
+        },
         startsAt,
         endsAt: '0001-01-01T00:00:00Z',
         generatorURL: 'http://prometheus:9090/graph?g0.expr=rate%28steadfast_rdma_port_errors_total%5B5m%5D%29+%3E+0',
@@ -99,7 +103,14 @@ async function load(port: number, seconds: number, nextIndex: () => number, star
   const elapsed = (performance.now() - started) / 1000;
   const cpu = process.cpuUsage(cpuBefore);
   const answered = [...statuses.values()].reduce((sum, count) => sum + count, 0);
-  return { statuses, ids, seconds: elapsed, p50: result.latency.p50, p99: result.latency.p99, generatorCpuMs: (cpu.user + cpu.system) / 1000 / Math.max(1, answered) };
+  return {
+    statuses,
+    ids,
+    seconds: elapsed,
+    p50: result.latency.p50,
+    p99: result.latency.p99,
+    generatorCpuMs: (cpu.user + cpu.system) / 1000 / Math.max(1, answered),
+  };
 }
 
 async function redisUsedMemory(redis: ReturnType<typeof workerConnection>): Promise<number> {
@@ -122,7 +133,13 @@ async function main(): Promise<void> {
     const config = configSchema.parse({
       redis: { url: redisPart.url, prefix: PREFIX },
       // Every sender shares 127.0.0.1 here: the per-client limits would see one client.
-      controller: { port: await freePort(), metrics: { port: 0 }, auth: { alertmanagerToken: TOKEN }, rateLimit: { requestsPerSecond: 0 }, connections: { maxPerClient: 0 } },
+      controller: {
+        port: await freePort(),
+        metrics: { port: 0 },
+        auth: { alertmanagerToken: TOKEN },
+        rateLimit: { requestsPerSecond: 0 },
+        connections: { maxPerClient: 0 },
+      },
       backend: { kind: 'dry-run' },
     });
     const nodeArgs = PROFILE_DIR === undefined ? [] : ['--cpu-prof', `--cpu-prof-dir=${PROFILE_DIR}`];
@@ -171,16 +188,25 @@ async function main(): Promise<void> {
       lost += scores.filter((score) => score === null).length;
     }
 
-    process.stdout.write(`\nIntake load: single-alert webhooks over ${CONNECTIONS} keep-alive connections for ${SECONDS} s (${SPLIT ? 'intake and workers in two controller processes' : 'one controller process, intake and policy worker'}, dry-run backend; Redis AOF fsync always; loopback)\n`);
-    process.stdout.write(`machine: ${cpus().length} × ${cpus()[0]?.model ?? 'unknown CPU'}, Node ${process.version}; load average ${loadBefore.toFixed(2)} before, ${loadAfter.toFixed(2)} after\n\n`);
+    process.stdout.write(
+      `\nIntake load: single-alert webhooks over ${CONNECTIONS} keep-alive connections for ${SECONDS} s (${SPLIT ? 'intake and workers in two controller processes' : 'one controller process, intake and policy worker'}, dry-run backend; Redis AOF fsync always; loopback)\n`,
+    );
+    process.stdout.write(
+      `machine: ${cpus().length} × ${cpus()[0]?.model ?? 'unknown CPU'}, Node ${process.version}; load average ${loadBefore.toFixed(2)} before, ${loadAfter.toFixed(2)} after\n\n`,
+    );
     process.stdout.write('| figure | value |\n|---|---|\n');
-    process.stdout.write(`| webhooks accepted (202) | ${accepted} of ${answered} answered (${[...sent.statuses].map(([status, count]) => `${status}×${count}`).join(', ')}) |\n`);
+    process.stdout.write(
+      `| webhooks accepted (202) | ${accepted} of ${answered} answered (${[...sent.statuses].map(([status, count]) => `${status}×${count}`).join(', ')}) |\n`,
+    );
     process.stdout.write(`| accepted per second | ${(accepted / sent.seconds).toFixed(0)} |\n`);
-    process.stdout.write(`| processed per second (policy worker, until the last accepted was done) | ${processedAll ? (accepted / processSeconds).toFixed(0) : `not all processed within ${DRAIN_TIMEOUT_MS / 1000} s`} |\n`);
+    process.stdout.write(
+      `| processed per second (policy worker, until the last accepted was done) | ${processedAll ? (accepted / processSeconds).toFixed(0) : `not all processed within ${DRAIN_TIMEOUT_MS / 1000} s`} |\n`,
+    );
     process.stdout.write(`| latency p50 / p99 (ms, every answer) | ${sent.p50.toFixed(1)} / ${sent.p99.toFixed(1)} |\n`);
     process.stdout.write(`| lost (202 whose signal was never acted on) | ${lost} |\n`);
     process.stdout.write(`| controller CPU seconds per 1,000 alerts (intake and policy) | ${((cpuSeconds / accepted) * 1000).toFixed(3)} |\n`);
-    if (workerProcess) process.stdout.write(`| of which the intake process (HTTP, validation, the write to Redis) | ${((intakeCpu / accepted) * 1000).toFixed(3)} |\n`);
+    if (workerProcess)
+      process.stdout.write(`| of which the intake process (HTTP, validation, the write to Redis) | ${((intakeCpu / accepted) * 1000).toFixed(3)} |\n`);
     process.stdout.write(`| Redis CPU seconds per 1,000 alerts | ${((redisCpu / accepted) * 1000).toFixed(3)} |\n`);
     process.stdout.write(`| load generator CPU seconds per 1,000 requests (autocannon, same machine) | ${sent.generatorCpuMs.toFixed(3)} |\n`);
     process.stdout.write(`| Redis bytes per alert (job, completed record, audit entry) | ${((memoryAfter - memoryBefore) / accepted).toFixed(0)} |\n`);

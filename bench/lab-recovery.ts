@@ -1,6 +1,15 @@
 import { randomBytes } from 'node:crypto';
 import { cpus, loadavg, totalmem } from 'node:os';
-import { OWN_LAB, ProtectedLab, runScenarios, type FailSlowReport, type ProtectedLabOptions, type ScenarioName, type ScenarioReport, type TimelineStep } from '../tryit/lab/index.js';
+import {
+  OWN_LAB,
+  ProtectedLab,
+  runScenarios,
+  type FailSlowReport,
+  type ProtectedLabOptions,
+  type ScenarioName,
+  type ScenarioReport,
+  type TimelineStep,
+} from '../tryit/lab/index.js';
 import { quantile } from './stats.js';
 
 /**
@@ -127,7 +136,11 @@ function failSlowFigures(reports: readonly FailSlowReport[]): string {
   let text = '\n| first slow-down (S2) | median | min | max |\n|---|---:|---:|---:|\n';
   for (const [label, read, unit] of rows) {
     const seconds = label.startsWith('iteration');
-    const s = summary(reports.map((report) => (seconds ? (read(report) ?? Number.NaN) * 1000 : read(report))).map((value) => (value === null || Number.isNaN(value) ? null : value)));
+    const s = summary(
+      reports
+        .map((report) => (seconds ? (read(report) ?? Number.NaN) * 1000 : read(report)))
+        .map((value) => (value === null || Number.isNaN(value) ? null : value)),
+    );
     text += s === undefined ? `| ${label} | — | — | — |\n` : `| ${label} | ${fmt(s.median)}${unit} | ${fmt(s.min)}${unit} | ${fmt(s.max)}${unit} |\n`;
   }
   return text;
@@ -166,7 +179,11 @@ async function round(label: string, names: readonly ScenarioName[], options: Pro
     say(`bench: ${label}: bringing the protected lab up …\n`);
     await lab.up();
     await lab.startTraining();
-    return await runScenarios(lab, names, (report) => say(`bench:   ${report.recovered ? '✓' : '✗'} ${report.name}${report.recovered ? ` (${report.recoverySeconds ?? '?'} s)` : `: ${report.problems.join('; ')}`}\n`));
+    return await runScenarios(lab, names, (report) =>
+      say(
+        `bench:   ${report.recovered ? '✓' : '✗'} ${report.name}${report.recovered ? ` (${report.recoverySeconds ?? '?'} s)` : `: ${report.problems.join('; ')}`}\n`,
+      ),
+    );
   } finally {
     process.removeListener('SIGINT', interrupted);
     process.removeListener('SIGTERM', interrupted);
@@ -181,7 +198,9 @@ async function round(label: string, names: readonly ScenarioName[], options: Pro
 
 async function main(): Promise<void> {
   if (process.getuid?.() !== 0) {
-    process.stderr.write('bench lab-recovery: needs root (the lab makes network namespaces, a bridge and runs slurmd); run it as root, e.g. sudo node dist/bench/lab-recovery.js\n');
+    process.stderr.write(
+      'bench lab-recovery: needs root (the lab makes network namespaces, a bridge and runs slurmd); run it as root, e.g. sudo node dist/bench/lab-recovery.js\n',
+    );
     process.exit(2);
   }
   const say = (text: string): void => void process.stderr.write(text);
@@ -190,8 +209,18 @@ async function main(): Promise<void> {
   const loads: number[] = [];
   const rounds: { label: string; names: readonly ScenarioName[]; options: ProtectedLabOptions }[] = [
     ...Array.from({ length: RUNS }, (_, index) => ({ label: `round ${index + 1}/${RUNS} (${SHARED.join(', ')})`, names: SHARED, options: {} })),
-    ...OWN.flatMap((name) => Array.from({ length: OWN_RUNS }, (_, index) => ({ label: `${name} ${index + 1}/${OWN_RUNS}, on a lab of its own`, names: [name], options: OWN_LAB[name] ?? {} }))),
-    ...Array.from({ length: RUNS }, (_, index) => ({ label: `hot swap ${index + 1}/${RUNS} (${HOT_SWAP.join(', ')}), on a lab with spares`, names: HOT_SWAP, options: OWN_LAB['hot-swap'] ?? {} })),
+    ...OWN.flatMap((name) =>
+      Array.from({ length: OWN_RUNS }, (_, index) => ({
+        label: `${name} ${index + 1}/${OWN_RUNS}, on a lab of its own`,
+        names: [name],
+        options: OWN_LAB[name] ?? {},
+      })),
+    ),
+    ...Array.from({ length: RUNS }, (_, index) => ({
+      label: `hot swap ${index + 1}/${RUNS} (${HOT_SWAP.join(', ')}), on a lab with spares`,
+      names: HOT_SWAP,
+      options: OWN_LAB['hot-swap'] ?? {},
+    })),
   ];
   for (const { label, names, options } of rounds) {
     for (const report of await round(label, names, options, say)) reports.get(report.name as ScenarioName)?.push(report);
@@ -200,8 +229,12 @@ async function main(): Promise<void> {
 
   const out = (text: string): void => void process.stdout.write(text);
   const cpu = cpus()[0]?.model ?? 'unknown CPU';
-  out(`\n## Recovery of a real training job in the lab (${RUNS} run${RUNS === 1 ? '' : 's'} of ${SHARED.join(', ')}, ${OWN_RUNS} of ${OWN.join(' and ')}, each round on a fresh lab)\n\n`);
-  out(`machine: ${cpus().length} × ${cpu}, ${(totalmem() / 2 ** 30).toFixed(0)} GiB, Node ${process.version}; the PyTorch example over gloo on CPU, 2 nodes + 2 standbys (hang: 3 + 1; fail-slow: 2 + 1); ${((performance.now() - started) / 1000).toFixed(0)} s in all\n`);
+  out(
+    `\n## Recovery of a real training job in the lab (${RUNS} run${RUNS === 1 ? '' : 's'} of ${SHARED.join(', ')}, ${OWN_RUNS} of ${OWN.join(' and ')}, each round on a fresh lab)\n\n`,
+  );
+  out(
+    `machine: ${cpus().length} × ${cpu}, ${(totalmem() / 2 ** 30).toFixed(0)} GiB, Node ${process.version}; the PyTorch example over gloo on CPU, 2 nodes + 2 standbys (hang: 3 + 1; fail-slow: 2 + 1); ${((performance.now() - started) / 1000).toFixed(0)} s in all\n`,
+  );
   let failed = 0;
   const checks: string[] = [];
   for (const name of BENCHED) {
@@ -221,24 +254,36 @@ async function main(): Promise<void> {
     const first = summary(figures.map((figure) => figure.firstIteration));
     if (name === 'machine-fault') {
       const ok = own !== undefined && own.median <= OWN_SHARE_TARGET_MS;
-      checks.push(`${ok ? 'OK ' : 'MISS'} ${name}: steadfast's own share ${own === undefined ? '—' : `${fmt(own.median)} ms`} median (target ≤ ${OWN_SHARE_TARGET_MS} ms)`);
+      checks.push(
+        `${ok ? 'OK ' : 'MISS'} ${name}: steadfast's own share ${own === undefined ? '—' : `${fmt(own.median)} ms`} median (target ≤ ${OWN_SHARE_TARGET_MS} ms)`,
+      );
     }
     if (name === 'fail-slow') out(failSlowFigures(recovered as FailSlowReport[]));
     if (name === 'hot-swap') {
       out(hotSwapFigures(recovered));
       const relaunch = summary((reports.get('machine-fault') ?? []).filter((report) => report.recovered).map((report) => phases(report).firstIteration));
       const ratio = first === undefined || relaunch === undefined ? undefined : first.median / relaunch.median;
-      checks.push(`${first !== undefined && first.median <= HOT_SWAP_TARGET_MS ? 'OK ' : 'MISS'} hot-swap: fault → first new iteration ${first === undefined ? '—' : `${(first.median / 1000).toFixed(1)} s`} median (target ≤ ${HOT_SWAP_TARGET_MS / 1000} s)`);
-      checks.push(`${ratio !== undefined && ratio <= HOT_SWAP_RATIO_TARGET ? 'OK ' : 'MISS'} hot-swap: ${ratio === undefined ? '—' : `${ratio.toFixed(2)}×`} the relaunch path's time in this run (target ≤ ${HOT_SWAP_RATIO_TARGET}×)`);
+      checks.push(
+        `${first !== undefined && first.median <= HOT_SWAP_TARGET_MS ? 'OK ' : 'MISS'} hot-swap: fault → first new iteration ${first === undefined ? '—' : `${(first.median / 1000).toFixed(1)} s`} median (target ≤ ${HOT_SWAP_TARGET_MS / 1000} s)`,
+      );
+      checks.push(
+        `${ratio !== undefined && ratio <= HOT_SWAP_RATIO_TARGET ? 'OK ' : 'MISS'} hot-swap: ${ratio === undefined ? '—' : `${ratio.toFixed(2)}×`} the relaunch path's time in this run (target ≤ ${HOT_SWAP_RATIO_TARGET}×)`,
+      );
     }
     // The 20 s target is the three faults' that one lab runs; the hang's includes a 10 s stalled-progress bound, fail-slow's the costs S3 and S4 wait out.
     if (!(SHARED as readonly string[]).includes(name)) continue;
     const ok = first !== undefined && first.median <= FIRST_ITERATION_TARGET_MS;
-    checks.push(`${ok ? 'OK ' : 'MISS'} ${name}: fault → first new iteration ${first === undefined ? '—' : `${(first.median / 1000).toFixed(1)} s`} median (target ≤ ${FIRST_ITERATION_TARGET_MS / 1000} s on this machine)`);
+    checks.push(
+      `${ok ? 'OK ' : 'MISS'} ${name}: fault → first new iteration ${first === undefined ? '—' : `${(first.median / 1000).toFixed(1)} s`} median (target ≤ ${FIRST_ITERATION_TARGET_MS / 1000} s on this machine)`,
+    );
   }
   // A missed target is a figure to read, like every benchmark's; only a run that did not recover, or a lab left behind, fails the bench.
   out(`\ntargets (medians):\n${checks.map((line) => `  ${line}`).join('\n')}\n`);
-  out(`\nload average while measuring: ${(loads.reduce((sum, load) => sum + load, 0) / Math.max(1, loads.length)).toFixed(1)} (1-min, mean over rounds), now ${loadavg().map((load) => load.toFixed(1)).join(' ')} on ${cpus().length} cores (wall-clock figures stretch when other work shares them)\n`);
+  out(
+    `\nload average while measuring: ${(loads.reduce((sum, load) => sum + load, 0) / Math.max(1, loads.length)).toFixed(1)} (1-min, mean over rounds), now ${loadavg()
+      .map((load) => load.toFixed(1))
+      .join(' ')} on ${cpus().length} cores (wall-clock figures stretch when other work shares them)\n`,
+  );
   if (failed > 0) {
     out(`\n${failed} scenario run${failed === 1 ? '' : 's'} did not recover\n`);
     process.exitCode = 1;

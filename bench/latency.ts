@@ -46,7 +46,8 @@ function watchFastPathPosts(): void {
   const fetchBefore = globalThis.fetch;
   globalThis.fetch = (input, init) => {
     const url = typeof input === 'string' ? input : input instanceof URL ? input.href : input.url;
-    if (init?.method === 'POST' && url.endsWith('/api/v1/signals')) fastPathPosts.push({ at: Date.now(), body: typeof init.body === 'string' ? init.body : '' });
+    if (init?.method === 'POST' && url.endsWith('/api/v1/signals'))
+      fastPathPosts.push({ at: Date.now(), body: typeof init.body === 'string' ? init.body : '' });
     return fetchBefore(input, init);
   };
 }
@@ -131,11 +132,13 @@ function phaseTable(phases: readonly PhaseTimes[]): string {
   let previous: Phase | undefined;
   for (const [phase, label] of PHASES) {
     const reached = ascending(phases.map((times) => times[phase]));
-    const step = ascending(phases.map((times) => {
-      const at = times[phase];
-      const before = previous === undefined ? 0 : times[previous];
-      return at === undefined || before === undefined ? undefined : at - before;
-    }));
+    const step = ascending(
+      phases.map((times) => {
+        const at = times[phase];
+        const before = previous === undefined ? 0 : times[previous];
+        return at === undefined || before === undefined ? undefined : at - before;
+      }),
+    );
     const ms = (sorted: number[], q: number): string => (sorted.length === 0 ? '–' : quantile(sorted, q).toFixed(0));
     lines.push(`| ${label} | ${ms(reached, 0.5)} | ${ms(reached, 0.9)} | ${ms(step, 0.5)} | ${ms(step, 0.9)} |`);
     previous = phase;
@@ -158,12 +161,18 @@ async function main(): Promise<void> {
   const cpu = cpus()[0]?.model ?? 'unknown CPU';
   process.stdout.write(`\nFault → drain latency in ms (Xid 79 written to the kernel log → Slurm drain done), ${INJECTIONS} injections per path\n`);
   const load = (values: number[]): string => values.map((value) => value.toFixed(2)).join(' ');
-  process.stdout.write(`machine: ${cpus().length} × ${cpu}, ${(totalmem() / 2 ** 30).toFixed(0)} GiB, Node ${process.version}; load average (1, 5, 15 min) ${load(loadBefore)} before, ${load(loadavg())} after\n\n`);
+  process.stdout.write(
+    `machine: ${cpus().length} × ${cpu}, ${(totalmem() / 2 ** 30).toFixed(0)} GiB, Node ${process.version}; load average (1, 5, 15 min) ${load(loadBefore)} before, ${load(loadavg())} after\n\n`,
+  );
   process.stdout.write('| path | n | p50 | p95 | range | target | failed |\n|---|---|---|---|---|---|---|\n');
   process.stdout.write(`${row(fast, 250)}\n${row(prometheus, 3000)}\n`);
-  process.stdout.write(`\nFast path by phase, ms after the injection (${fast.phases.length} injections; a step is the time since the phase above):\n\n${phaseTable(fast.phases)}`);
+  process.stdout.write(
+    `\nFast path by phase, ms after the injection (${fast.phases.length} injections; a step is the time since the phase above):\n\n${phaseTable(fast.phases)}`,
+  );
   const ratio = quantile(prometheus.samples, 0.5) / quantile(fast.samples, 0.5);
-  process.stdout.write(`\nPrometheus path p50 / fast path p50 = ${ratio.toFixed(1)}×; ByteRobust reports ~10 s to detect a lost GPU, ${(10_000 / quantile(fast.samples, 0.5)).toFixed(0)}× the fast-path p50.\n`);
+  process.stdout.write(
+    `\nPrometheus path p50 / fast path p50 = ${ratio.toFixed(1)}×; ByteRobust reports ~10 s to detect a lost GPU, ${(10_000 / quantile(fast.samples, 0.5)).toFixed(0)}× the fast-path p50.\n`,
+  );
   if (fast.failures + prometheus.failures > 0) process.exitCode = 1;
 }
 

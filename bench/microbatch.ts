@@ -26,8 +26,7 @@ function greedyBaseline(times: readonly number[], microbatches: number): { assig
   const assignment = times.map(() => 1);
   const nextFinish = times.map((seconds) => 2 * seconds);
   const heap = Array.from(times.keys());
-  const before = (a: number, b: number): boolean =>
-    (nextFinish[a] as number) < (nextFinish[b] as number) || (nextFinish[a] === nextFinish[b] && a < b);
+  const before = (a: number, b: number): boolean => (nextFinish[a] as number) < (nextFinish[b] as number) || (nextFinish[a] === nextFinish[b] && a < b);
   const siftDown = (from: number): void => {
     let slot = from;
     for (;;) {
@@ -65,7 +64,9 @@ function medianMs(run: () => unknown): number {
 
 function main(): void {
   const cpu = cpus()[0]?.model ?? 'unknown CPU';
-  process.stdout.write(`\nMicro-batch rebalancing time, median of ${RUNS} runs after ${WARMUP_RUNS} warm-up runs; t_i uniform in [1, 1.5] s, M = ${MICROBATCHES_PER_GROUP}n\n`);
+  process.stdout.write(
+    `\nMicro-batch rebalancing time, median of ${RUNS} runs after ${WARMUP_RUNS} warm-up runs; t_i uniform in [1, 1.5] s, M = ${MICROBATCHES_PER_GROUP}n\n`,
+  );
   process.stdout.write(`machine: ${cpus().length} × ${cpu}, Node ${process.version}\n\n`);
   process.stdout.write('| DP groups | M | exact planner (ms) | greedy baseline (ms) | baseline / planner | same makespan | Greyhound cvxpy (s) |\n');
   process.stdout.write('|---|---|---|---|---|---|---|\n');

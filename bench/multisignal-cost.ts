@@ -51,10 +51,14 @@ const GPUS = 8;
 const STEP_SECONDS = 30;
 const JOB = 'pretrain';
 
-for (const [name, value] of [['STEADFAST_BENCH_COST_HOURS', HOURS], ['STEADFAST_BENCH_COST_EVALUATIONS', EVALUATIONS]] as const) {
+for (const [name, value] of [
+  ['STEADFAST_BENCH_COST_HOURS', HOURS],
+  ['STEADFAST_BENCH_COST_EVALUATIONS', EVALUATIONS],
+] as const) {
   if (!(value > 0)) throw new RangeError(`${name} must be a positive number, got ${value}`);
 }
-if (SIZES.length === 0 || SIZES.some((size) => !Number.isInteger(size) || size < 5)) throw new RangeError(`STEADFAST_BENCH_COST_NODES: node counts of at least 5 (the detector's fewest peers), got ${SIZES.join(',')}`);
+if (SIZES.length === 0 || SIZES.some((size) => !Number.isInteger(size) || size < 5))
+  throw new RangeError(`STEADFAST_BENCH_COST_NODES: node counts of at least 5 (the detector's fewest peers), got ${SIZES.join(',')}`);
 
 /**
  * A healthy fleet of one job on every node: per-node and per-GPU offsets (some nodes run warmer),
@@ -69,7 +73,11 @@ function costPlan(nodes: number, start: number, hours: number, seed = 1024): Fle
   const traits = new Map<string, NodeTraits>();
   for (const node of names) {
     const warm = random() < 0.125 ? between(4, 7) : 0;
-    traits.set(node, { temperatureOffset: warm + between(-1.5, 1.5), gpuOffsets: Array.from({ length: GPUS }, () => between(-2, 2)), powerScale: between(0.96, 1.04) });
+    traits.set(node, {
+      temperatureOffset: warm + between(-1.5, 1.5),
+      gpuOffsets: Array.from({ length: GPUS }, () => between(-2, 2)),
+      powerScale: between(0.96, 1.04),
+    });
   }
   const phases: JobPhase[] = [];
   // Checkpoints, none in the last 80 minutes (where the online evaluations are timed).
@@ -78,7 +86,14 @@ function costPlan(nodes: number, start: number, hours: number, seed = 1024): Fle
   // About one application Xid per 64 nodes in the first hour (a crash each, no restart here).
   for (let index = 0; index < Math.max(1, Math.round(nodes / 64)); index += 1) {
     const node = names[Math.floor(random() * nodes)] as string;
-    confusers.push({ kind: 'app_xid', node, gpu: Math.floor(random() * GPUS), xid: [13, 31, 43][index % 3] as number, at: start + Math.round(between(10, 50)) * MINUTE, job: JOB });
+    confusers.push({
+      kind: 'app_xid',
+      node,
+      gpu: Math.floor(random() * GPUS),
+      xid: [13, 31, 43][index % 3] as number,
+      at: start + Math.round(between(10, 50)) * MINUTE,
+      job: JOB,
+    });
   }
   return {
     seed,
@@ -110,9 +125,13 @@ async function writeExtraSeries(plan: FleetPlan, path: string): Promise<number> 
     if (!out.write(chunk.join(''))) await new Promise<void>((resolve) => out.once('drain', () => resolve()));
     chunk = [];
   };
-  const labels = (values: Record<string, string | number>) => `{${Object.entries(values).map(([name, value]) => `${name}="${value}"`).join(',')}}`;
+  const labels = (values: Record<string, string | number>) =>
+    `{${Object.entries(values)
+      .map(([name, value]) => `${name}="${value}"`)
+      .join(',')}}`;
   const base = (node: string) => ({ job: AGENT_SCRAPE_JOB, instance: `${node}:9835`, node });
-  const gpus = (node: string) => Array.from({ length: plan.gpusPerNode }, (_, gpu) => ({ ...base(node), gpu, pci_bus_id: `0000:${(0x18 + gpu * 0x10).toString(16)}:00` }));
+  const gpus = (node: string) =>
+    Array.from({ length: plan.gpusPerNode }, (_, gpu) => ({ ...base(node), gpu, pci_bus_id: `0000:${(0x18 + gpu * 0x10).toString(16)}:00` }));
   const series = async (key: string, value: (step: number) => number) => {
     for (let step = 0; step < steps; step += 1) {
       chunk.push(`${key} ${value(step)}${stamps[step]}`);
@@ -121,16 +140,24 @@ async function writeExtraSeries(plan: FleetPlan, path: string): Promise<number> 
     }
   };
   chunk.push('# TYPE steadfast_gpu_throttle_reason gauge\n');
-  for (const node of plan.nodes) for (const gpu of gpus(node)) for (const reason of ['hw_slowdown', 'sw_thermal_slowdown']) await series(`steadfast_gpu_throttle_reason${labels({ ...gpu, reason })}`, () => 0);
+  for (const node of plan.nodes)
+    for (const gpu of gpus(node))
+      for (const reason of ['hw_slowdown', 'sw_thermal_slowdown']) await series(`steadfast_gpu_throttle_reason${labels({ ...gpu, reason })}`, () => 0);
   chunk.push('# TYPE steadfast_gpu_remapped_rows_pending gauge\n');
   for (const node of plan.nodes) for (const gpu of gpus(node)) await series(`steadfast_gpu_remapped_rows_pending${labels(gpu)}`, () => 0);
-  for (const [counter, rate] of [['retransmits', 0.02], ['ack_timeouts', 0.002]] as const) {
+  for (const [counter, rate] of [
+    ['retransmits', 0.02],
+    ['ack_timeouts', 0.002],
+  ] as const) {
     chunk.push(`# TYPE steadfast_rdma_port_${counter} counter\n`);
     for (const [nodeIndex, node] of plan.nodes.entries()) {
       for (let port = 0; port < 4; port += 1) {
         let total = 0;
         const key = (nodeIndex + 1) * 7_368_787 + port * 17 + counter.length;
-        await series(`steadfast_rdma_port_${counter}_total${labels({ ...base(node), device: `mlx5_${port}`, port: 1 })}`, (step) => (total += noise(key, step) < rate ? 1 : 0));
+        await series(
+          `steadfast_rdma_port_${counter}_total${labels({ ...base(node), device: `mlx5_${port}`, port: 1 })}`,
+          (step) => (total += noise(key, step) < rate ? 1 : 0),
+        );
       }
     }
   }
@@ -207,11 +234,27 @@ async function timeQuery(url: string, name: string, query: string, time: number)
     const response = await fetch(`${url}/api/v1/query?${params}`, { signal: AbortSignal.timeout(60_000) });
     const body = await response.text();
     walls.push(performance.now() - started);
-    const json = JSON.parse(body) as { status: string; error?: string; data?: { result?: unknown[]; stats?: { timings?: { evalTotalTime?: number }; samples?: { totalQueryableSamples?: number } } } };
+    const json = JSON.parse(body) as {
+      status: string;
+      error?: string;
+      data?: { result?: unknown[]; stats?: { timings?: { evalTotalTime?: number }; samples?: { totalQueryableSamples?: number } } };
+    };
     if (json.status !== 'success') throw new Error(`query ${name} failed: ${json.error ?? body.slice(0, 200)}`);
-    last = { evalMs: (json.data?.stats?.timings?.evalTotalTime ?? Number.NaN) * 1000, samples: json.data?.stats?.samples?.totalQueryableSamples ?? Number.NaN, series: json.data?.result?.length ?? 0, bytes: body.length };
+    last = {
+      evalMs: (json.data?.stats?.timings?.evalTotalTime ?? Number.NaN) * 1000,
+      samples: json.data?.stats?.samples?.totalQueryableSamples ?? Number.NaN,
+      series: json.data?.result?.length ?? 0,
+      bytes: body.length,
+    };
   }
-  return { name, wallMs: quantile(walls.sort((a, b) => a - b), 0.5), ...last };
+  return {
+    name,
+    wallMs: quantile(
+      walls.sort((a, b) => a - b),
+      0.5,
+    ),
+    ...last,
+  };
 }
 
 interface SizeFigures {
@@ -251,12 +294,16 @@ async function measure(nodes: number): Promise<SizeFigures> {
     const extraStarted = performance.now();
     const extraFile = join(root, 'extra.om');
     const extraSamples = await writeExtraSeries(plan, extraFile);
-    await promisify(execFile)('promtool', ['tsdb', 'create-blocks-from', 'openmetrics', '--max-block-duration=500h', extraFile, join(root, 'data')], { maxBuffer: 16 * 1024 * 1024 });
+    await promisify(execFile)('promtool', ['tsdb', 'create-blocks-from', 'openmetrics', '--max-block-duration=500h', extraFile, join(root, 'data')], {
+      maxBuffer: 16 * 1024 * 1024,
+    });
     rmSync(extraFile, { force: true });
     const backfill = { samples: backfilled.samples + extraSamples, backfillSeconds: backfilled.backfillSeconds + (performance.now() - extraStarted) / 1000 };
     const { url } = await startPrometheusOn(group, root, join(root, 'data'));
     const settled = await settle(url);
-    process.stderr.write(`bench:   ${backfill.samples} samples in ${backfill.backfillSeconds.toFixed(0)} s; Prometheus settled after ${settled.seconds.toFixed(0)} s with ${settled.blocks} block(s)\n`);
+    process.stderr.write(
+      `bench:   ${backfill.samples} samples in ${backfill.backfillSeconds.toFixed(0)} s; Prometheus settled after ${settled.seconds.toFixed(0)} s with ${settled.blocks} block(s)\n`,
+    );
 
     const spec = jobSpecSchema.parse({ name: JOB, nodes: plan.nodes, ranksPerNode: GPUS, launcher: 'slurm', codeVersion: 'cost' });
     const source = new PrometheusFeatureSource({ url });
@@ -284,16 +331,29 @@ async function measure(nodes: number): Promise<SizeFigures> {
       walls.push(performance.now() - started);
       cpu.push(cpuMs(process.cpuUsage(cpuBefore)));
     }
-    const prometheusCpuMs = ((await prometheusCpuSeconds(url)) - prometheusBefore) * 1000 / EVALUATIONS;
+    const prometheusCpuMs = (((await prometheusCpuSeconds(url)) - prometheusBefore) * 1000) / EVALUATIONS;
     const load = loadavg()[0] as number;
     const nodesRead = Object.keys((await source.read(windowEnd)).matrix).length;
 
-    process.stderr.write(`bench:   online p50 ${quantile([...walls].sort((a, b) => a - b), 0.5).toFixed(0)} ms; replaying a 15-minute window as the CLI does …\n`);
+    process.stderr.write(
+      `bench:   online p50 ${quantile(
+        [...walls].sort((a, b) => a - b),
+        0.5,
+      ).toFixed(0)} ms; replaying a 15-minute window as the CLI does …\n`,
+    );
     const windowPrometheusBefore = await prometheusCpuSeconds(url);
     const windowCpu = process.cpuUsage();
     const windowStarted = performance.now();
     // `steadfast detect suspects --minutes 15 --nodes <the job's nodes>`, its defaults: a step of 60 s, 3 h of warm-up every 10 min.
-    const report = await suspectsOverWindow(source, { end: windowEnd, steps: 15, stepMs: MINUTE, only: new Set(plan.nodes), peers: 'all', warmupSteps: 18, warmupStepMs: 10 * MINUTE });
+    const report = await suspectsOverWindow(source, {
+      end: windowEnd,
+      steps: 15,
+      stepMs: MINUTE,
+      only: new Set(plan.nodes),
+      peers: 'all',
+      warmupSteps: 18,
+      warmupStepMs: 10 * MINUTE,
+    });
     const windowWallS = (performance.now() - windowStarted) / 1000;
     const windowCpuS = cpuMs(process.cpuUsage(windowCpu)) / 1000;
     const windowPrometheusCpuS = (await prometheusCpuSeconds(url)) - windowPrometheusBefore;
@@ -344,10 +404,20 @@ async function main(): Promise<void> {
   const base = results[0] as SizeFigures;
   const out = process.stdout;
   const cpu = cpus()[0]?.model ?? 'unknown CPU';
-  out.write(`\nMulti-signal detector cost per evaluation, one training job of N nodes × ${GPUS} GPUs, the real Prometheus over ${HOURS} h of backfilled history at ${STEP_SECONDS} s\n`);
-  out.write(`machine: ${cpus().length} × ${cpu}, ${(totalmem() / 2 ** 30).toFixed(0)} GiB, Node ${process.version}; load average at the end ${loadavg().map((value) => value.toFixed(2)).join(' ')}\n`);
-  out.write(`online: SuspectWatch.run (feature read + evaluate), median of ${EVALUATIONS} evaluations 60 s apart after ${WARM_UP} warm-up evaluations (the first of them also reads ${DEFAULT_WATCH_WARMUP.readings} readings of history: "watch start"); window: suspectsOverWindow as \`steadfast detect suspects --minutes 15 --nodes …\` (15 evaluations + 18 warm-up readings)\n\n`);
-  out.write('| nodes | GPUs | samples backfilled | backfill s | blocks | watch start wall s | online eval wall ms p50 | of which read ms | CPU ms p50 | of which read CPU ms | Prometheus CPU ms / eval | 15-min window wall s | window CPU s | window Prometheus CPU s | suspects (online / window) | failed queries | load average |\n');
+  out.write(
+    `\nMulti-signal detector cost per evaluation, one training job of N nodes × ${GPUS} GPUs, the real Prometheus over ${HOURS} h of backfilled history at ${STEP_SECONDS} s\n`,
+  );
+  out.write(
+    `machine: ${cpus().length} × ${cpu}, ${(totalmem() / 2 ** 30).toFixed(0)} GiB, Node ${process.version}; load average at the end ${loadavg()
+      .map((value) => value.toFixed(2))
+      .join(' ')}\n`,
+  );
+  out.write(
+    `online: SuspectWatch.run (feature read + evaluate), median of ${EVALUATIONS} evaluations 60 s apart after ${WARM_UP} warm-up evaluations (the first of them also reads ${DEFAULT_WATCH_WARMUP.readings} readings of history: "watch start"); window: suspectsOverWindow as \`steadfast detect suspects --minutes 15 --nodes …\` (15 evaluations + 18 warm-up readings)\n\n`,
+  );
+  out.write(
+    '| nodes | GPUs | samples backfilled | backfill s | blocks | watch start wall s | online eval wall ms p50 | of which read ms | CPU ms p50 | of which read CPU ms | Prometheus CPU ms / eval | 15-min window wall s | window CPU s | window Prometheus CPU s | suspects (online / window) | failed queries | load average |\n',
+  );
   out.write('|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n');
   for (const r of results) {
     out.write(
@@ -361,12 +431,20 @@ async function main(): Promise<void> {
       `| ${r.nodes} | ${ratio(r.evalWallMs, r.nodes, base.evalWallMs, base.nodes)} | ${ratio(r.evalCpuMs, r.nodes, base.evalCpuMs, base.nodes)} | ${ratio(r.prometheusCpuMs, r.nodes, base.prometheusCpuMs, base.nodes)} | ${ratio(r.windowWallS, r.nodes, base.windowWallS, base.nodes)} | ${ratio(r.windowCpuS, r.nodes, base.windowCpuS, base.nodes)} |\n`,
     );
   }
-  out.write('\nThe online watch (one evaluation per 60 s of controller time):\n\n| nodes | controller CPU ms / min | share of one core | Prometheus CPU ms / min | share of one core |\n|---|---|---|---|---|\n');
+  out.write(
+    '\nThe online watch (one evaluation per 60 s of controller time):\n\n| nodes | controller CPU ms / min | share of one core | Prometheus CPU ms / min | share of one core |\n|---|---|---|---|---|\n',
+  );
   for (const r of results) {
-    out.write(`| ${r.nodes} | ${r.evalCpuMs.toFixed(0)} | ${((100 * r.evalCpuMs) / 60_000).toFixed(2)} % | ${r.prometheusCpuMs.toFixed(0)} | ${((100 * r.prometheusCpuMs) / 60_000).toFixed(2)} % |\n`);
+    out.write(
+      `| ${r.nodes} | ${r.evalCpuMs.toFixed(0)} | ${((100 * r.evalCpuMs) / 60_000).toFixed(2)} % | ${r.prometheusCpuMs.toFixed(0)} | ${((100 * r.prometheusCpuMs) / 60_000).toFixed(2)} % |\n`,
+    );
   }
-  out.write(`\nEach query alone, one after another at the window's end (median of ${QUERY_REPEATS}; Prometheus' evaluation time and samples touched from stats=all):\n\n`);
-  out.write(`| query | ${results.map((r) => `${r.nodes} nodes: wall ms / eval ms`).join(' | ')} | samples touched at ${results.at(-1)?.nodes} | series answered | response KiB | share of the sequential wall at ${results.at(-1)?.nodes} |\n`);
+  out.write(
+    `\nEach query alone, one after another at the window's end (median of ${QUERY_REPEATS}; Prometheus' evaluation time and samples touched from stats=all):\n\n`,
+  );
+  out.write(
+    `| query | ${results.map((r) => `${r.nodes} nodes: wall ms / eval ms`).join(' | ')} | samples touched at ${results.at(-1)?.nodes} | series answered | response KiB | share of the sequential wall at ${results.at(-1)?.nodes} |\n`,
+  );
   out.write(`|---|${results.map(() => '---|').join('')}---|---|---|---|\n`);
   const last = results.at(-1) as SizeFigures;
   const totalWall = last.queries.reduce((sum, query) => sum + query.wallMs, 0);
@@ -375,7 +453,9 @@ async function main(): Promise<void> {
       const q = r.queries[index] as QueryFigures;
       return `${q.wallMs.toFixed(1)} / ${q.evalMs.toFixed(1)}`;
     });
-    out.write(`| ${query.name} | ${cells.join(' | ')} | ${query.samples} | ${query.series} | ${(query.bytes / 1024).toFixed(0)} | ${((100 * query.wallMs) / totalWall).toFixed(0)} % |\n`);
+    out.write(
+      `| ${query.name} | ${cells.join(' | ')} | ${query.samples} | ${query.series} | ${(query.bytes / 1024).toFixed(0)} | ${((100 * query.wallMs) / totalWall).toFixed(0)} % |\n`,
+    );
   });
   out.write(`\nnodes in the matrix at the window's end: ${results.map((r) => `${r.nodesRead} of ${r.nodes}`).join(', ')}\n`);
   out.write(`bench wall time: ${((performance.now() - began) / 1000).toFixed(0)} s\n`);

@@ -56,7 +56,10 @@ async function replayOnline(plan: FleetPlan, url: string): Promise<{ perJob: Rai
   const fleet: Raise[] = [];
   const collect = (into: Raise[]) => async (signals: readonly Signal[]) => {
     for (const signal of signals) {
-      const why = Object.entries(signal.evidence ?? {}).filter(([name]) => name.startsWith('feature.')).map(([name, value]) => `${name.slice(8)} ${value}`).join('; ');
+      const why = Object.entries(signal.evidence ?? {})
+        .filter(([name]) => name.startsWith('feature.'))
+        .map(([name, value]) => `${name.slice(8)} ${value}`)
+        .join('; ');
       if (signal.node) into.push({ node: signal.node, time: Date.parse(signal.time), why });
     }
   };
@@ -71,10 +74,14 @@ async function replayOnline(plan: FleetPlan, url: string): Promise<{ perJob: Rai
     const reading = await source.read(time);
     readMs += performance.now() - started;
     for (const failure of reading.failures) failures.add(failure.message.split('\n')[0] ?? '');
-    await jobWatch.run(jobsAt(plan, time).map((job) => spec(job.name, job.nodes)), time);
+    await jobWatch.run(
+      jobsAt(plan, time).map((job) => spec(job.name, job.nodes)),
+      time,
+    );
     await fleetWatch.run([spec('fleet', Object.keys(reading.matrix))], time);
     for (const sample of await instantQuery(url, xidQuery, { time })) if (sample.labels.node && sample.value > 0) xid.push({ node: sample.labels.node, time });
-    if ((time - plan.start) % (6 * HOUR) === 0) process.stderr.write(`bench: evaluated ${((time - plan.start) / HOUR).toFixed(0)} h of ${((plan.end - plan.start) / HOUR).toFixed(0)} h\n`);
+    if ((time - plan.start) % (6 * HOUR) === 0)
+      process.stderr.write(`bench: evaluated ${((time - plan.start) / HOUR).toFixed(0)} h of ${((plan.end - plan.start) / HOUR).toFixed(0)} h\n`);
   }
   return { perJob, fleet, xid, failures, readMs };
 }
@@ -82,7 +89,17 @@ async function replayOnline(plan: FleetPlan, url: string): Promise<{ perJob: Rai
 /** `steadfast detect suspects` over the 15 minutes ending GRACE_MS after the failure: does it name the node? */
 async function cliFinds(plan: FleetPlan, url: string, fault: FaultLabel): Promise<boolean> {
   const job = fault.job ? jobsAt(plan, fault.failure - MINUTE).find((candidate) => candidate.name === fault.job) : undefined;
-  const args = [join(REPO, 'bin/steadfast.js'), 'detect', 'suspects', '--prometheus', url, '--at', String((fault.failure + GRACE_MS) / 1000), '--minutes', '15'];
+  const args = [
+    join(REPO, 'bin/steadfast.js'),
+    'detect',
+    'suspects',
+    '--prometheus',
+    url,
+    '--at',
+    String((fault.failure + GRACE_MS) / 1000),
+    '--minutes',
+    '15',
+  ];
   if (job) args.push('--nodes', job.nodes.join(','));
   const { stdout } = await run(process.execPath, args, { maxBuffer: 64 * 1024 * 1024 });
   const result = JSON.parse(stdout) as { suspects: { node: string }[] };
@@ -111,7 +128,9 @@ async function main(): Promise<void> {
   const root = mkdtempSync(join(tmpdir(), 'steadfast-heldout-'));
   const group = new ProcessGroup();
   try {
-    process.stderr.write(`bench: held-out fleet ${FLEET.id}: generating ${plan.nodes.length} nodes × ${plan.gpusPerNode} GPUs, ${DAYS} days at ${plan.stepMs / 1000} s, and backfilling …\n`);
+    process.stderr.write(
+      `bench: held-out fleet ${FLEET.id}: generating ${plan.nodes.length} nodes × ${plan.gpusPerNode} GPUs, ${DAYS} days at ${plan.stepMs / 1000} s, and backfilling …\n`,
+    );
     const backfill = await backfillFleet(plan, root, join(root, 'data'));
     const prometheus = await startPrometheusOn(group, root, join(root, 'data'));
     process.stderr.write(`bench: ${backfill.samples} samples in Prometheus; replaying the detector every 60 s …\n`);
@@ -164,8 +183,18 @@ async function main(): Promise<void> {
       `false episodes by the benign event on their node (bench/heldout/score.ts benignAround): per job ${benignCounts(plan.confusers, perJob.falseStarts)}; whole fleet ${benignCounts(plan.confusers, fleet.falseStarts)}`,
     ];
     if (VERBOSE) {
-      for (const [name, result] of [['per job', perJob], ['whole fleet', fleet]] as const) {
-        lines.push('', `false episodes, ${name}:`, ...result.falseStarts.map((raise) => `  ${new Date(raise.time).toISOString()} ${raise.node} [${benignAround(plan.confusers, raise).join(', ') || 'no benign event'}]: ${raise.why ?? ''}`));
+      for (const [name, result] of [
+        ['per job', perJob],
+        ['whole fleet', fleet],
+      ] as const) {
+        lines.push(
+          '',
+          `false episodes, ${name}:`,
+          ...result.falseStarts.map(
+            (raise) =>
+              `  ${new Date(raise.time).toISOString()} ${raise.node} [${benignAround(plan.confusers, raise).join(', ') || 'no benign event'}]: ${raise.why ?? ''}`,
+          ),
+        );
       }
     }
     if (online.failures.size > 0) lines.push('', `feature queries that failed: ${[...online.failures].join('; ')}`);

@@ -70,10 +70,16 @@ function throughput(matrix: FeatureMatrix, evaluations: number): number {
 
 function main(): void {
   const out = (text: string) => process.stdout.write(text);
-  out(`\nMulti-signal suspect detection on the labelled replay: ${DEFAULT_REPLAY.nodes} nodes, ${DEFAULT_REPLAY.days} days a seed, one sample every ${DEFAULT_REPLAY.stepSeconds} s, ${DEFAULT_REPLAY.faults} faults a seed\n`);
+  out(
+    `\nMulti-signal suspect detection on the labelled replay: ${DEFAULT_REPLAY.nodes} nodes, ${DEFAULT_REPLAY.days} days a seed, one sample every ${DEFAULT_REPLAY.stepSeconds} s, ${DEFAULT_REPLAY.faults} faults a seed\n`,
+  );
   out(`machine: ${cpus().length} × ${cpus()[0]?.model ?? 'unknown CPU'}, Node ${process.version}\n\n`);
-  out('Lead = minutes from the first raise to the Xid (negative: after it). False episodes: raises on nodes with no fault at the time, one per episode (raises < 15 min apart), in brackets those on a labelled benign transient.\n\n');
-  out('| seeds | detector | found | found before Xid | median lead (min) | mean lead (min) | false episodes (benign) | FP / node-day | FP / day on 63 nodes |\n');
+  out(
+    'Lead = minutes from the first raise to the Xid (negative: after it). False episodes: raises on nodes with no fault at the time, one per episode (raises < 15 min apart), in brackets those on a labelled benign transient.\n\n',
+  );
+  out(
+    '| seeds | detector | found | found before Xid | median lead (min) | mean lead (min) | false episodes (benign) | FP / node-day | FP / day on 63 nodes |\n',
+  );
   out('|---|---|---|---|---|---|---|---|---|\n');
 
   const bySeed = new Map<number, ReplayReport[]>();
@@ -87,7 +93,13 @@ function main(): void {
     if (seed === TUNING_SEED) for (const frame of new ClusterReplay({ seed, days: 0.01, faults: 0 }).frames()) lastFrame = frame.matrix;
   }
   DETECTORS.forEach((name, index) =>
-    out(row(`${HELD_OUT_SEEDS.join(', ')} together`, name, HELD_OUT_SEEDS.map((seed) => (bySeed.get(seed) as ReplayReport[])[index] as ReplayReport))),
+    out(
+      row(
+        `${HELD_OUT_SEEDS.join(', ')} together`,
+        name,
+        HELD_OUT_SEEDS.map((seed) => (bySeed.get(seed) as ReplayReport[])[index] as ReplayReport),
+      ),
+    ),
   );
   out('| 504-GPU report (002), real cluster, 55 days | its own method | 10/10 | 2/10 (20 %) | — | — | — | ≈ 0.0133 | ≈ 0.84 |\n');
 
@@ -113,9 +125,15 @@ function main(): void {
   const inReplay = [...bySeed.values()].map((reports) => reports[0] as ReplayReport);
   const replayRate = inReplay.reduce((sum, report) => sum + report.evaluations, 0) / (inReplay.reduce((sum, report) => sum + report.evaluateMs, 0) / 1000);
   // 16 copies of one 63-node moment.
-  const wide = Object.fromEntries(Array.from({ length: 16 }, (_, copy) => Object.entries(lastFrame).map(([node, values]) => [`${node}-${copy}`, values] as const)).flat());
-  out(`\n\nDetector throughput (evaluate() alone, ${detectorFeatures().length} features): ${replayRate.toFixed(0)} evaluations/s over the replays at 63 nodes; `);
-  out(`${throughput(lastFrame, 5_000).toFixed(0)}/s on one 63-node moment repeated; ${throughput(wide, 500).toFixed(0)}/s at ${Object.keys(wide).length} nodes.\n`);
+  const wide = Object.fromEntries(
+    Array.from({ length: 16 }, (_, copy) => Object.entries(lastFrame).map(([node, values]) => [`${node}-${copy}`, values] as const)).flat(),
+  );
+  out(
+    `\n\nDetector throughput (evaluate() alone, ${detectorFeatures().length} features): ${replayRate.toFixed(0)} evaluations/s over the replays at 63 nodes; `,
+  );
+  out(
+    `${throughput(lastFrame, 5_000).toFixed(0)}/s on one 63-node moment repeated; ${throughput(wide, 500).toFixed(0)}/s at ${Object.keys(wide).length} nodes.\n`,
+  );
 }
 
 main();

@@ -35,13 +35,25 @@ async function main(): Promise<void> {
     const writer = workerConnection(redis.url);
     const audit = new AuditLog(writer, new Keys('bench'));
     for (let index = 0; index < ENTRIES; index += 1) {
-      await audit.append({ type: 'signal', ref: `bench-${index}`, node: `node-${index % 64}`, summary: `bench entry ${index} ${'x'.repeat(300)}`, data: { index } });
+      await audit.append({
+        type: 'signal',
+        ref: `bench-${index}`,
+        node: `node-${index % 64}`,
+        summary: `bench entry ${index} ${'x'.repeat(300)}`,
+        data: { index },
+      });
     }
     writer.disconnect();
     const [port, metricsPort] = await freePorts(2);
     const config = configSchema.parse({
       redis: { url: redis.url, prefix: 'bench' },
-      controller: { host: '127.0.0.1', port, metrics: { port: metricsPort }, auth: { operatorToken: 'bench-operator-0123456789', readOnlyToken: READ_ONLY }, rateLimit: { requestsPerSecond: 0 } },
+      controller: {
+        host: '127.0.0.1',
+        port,
+        metrics: { port: metricsPort },
+        auth: { operatorToken: 'bench-operator-0123456789', readOnlyToken: READ_ONLY },
+        rateLimit: { requestsPerSecond: 0 },
+      },
       backend: { kind: 'dry-run' },
     });
     const controller = new ControllerProcess(processes, { name: 'controller', dir: root, config, workers: false, compiled: true });

@@ -30,7 +30,14 @@ const TOKEN = 'bench-token-0123456789abcdef';
 function config(url: string, prefix: string, redis: object = {}): Config {
   return configSchema.parse({
     redis: { url, prefix, ...redis },
-    controller: { host: '127.0.0.1', port: 0, metrics: { port: 0 }, auth: { alertmanagerToken: TOKEN }, rateLimit: { requestsPerSecond: 0 }, connections: { maxPerClient: 0 } },
+    controller: {
+      host: '127.0.0.1',
+      port: 0,
+      metrics: { port: 0 },
+      auth: { alertmanagerToken: TOKEN },
+      rateLimit: { requestsPerSecond: 0 },
+      connections: { maxPerClient: 0 },
+    },
     backend: { kind: 'dry-run' },
   });
 }
@@ -39,7 +46,14 @@ function webhook(serial: number): string {
   const startsAt = new Date(Date.parse('2026-11-21T10:00:00.000Z') + serial).toISOString();
   const alerts = Array.from({ length: ALERTS_PER_WEBHOOK }, (_, gpu) => ({
     status: 'firing',
-    labels: { alertname: 'SteadfastGpuTemperatureHigh', node: `node-${serial % 64}`, gpu: String(gpu), pci_bus_id: `0000:1${gpu}:00`, severity: 'warning', domain: 'gpu' },
+    labels: {
+      alertname: 'SteadfastGpuTemperatureHigh',
+      node: `node-${serial % 64}`,
+      gpu: String(gpu),
+      pci_bus_id: `0000:1${gpu}:00`,
+      severity: 'warning',
+      domain: 'gpu',
+    },
     annotations: { summary: 'A GPU runs hot.', description: `GPU ${gpu} of node-${serial % 64} is above 85 °C for five minutes.` },
     startsAt,
   }));
@@ -47,7 +61,11 @@ function webhook(serial: number): string {
 }
 
 async function send(url: string, body: string): Promise<number> {
-  const response = await fetch(`${url}/api/v1/alerts`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${TOKEN}` }, body });
+  const response = await fetch(`${url}/api/v1/alerts`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', authorization: `Bearer ${TOKEN}` },
+    body,
+  });
   await response.arrayBuffer();
   return response.status;
 }
@@ -147,14 +165,22 @@ async function main(): Promise<void> {
     const ha = await RedisHa.start(group, root, { replicas: 1, sentinels: 0 });
     const primary = `redis://127.0.0.1:${await ha.primaryPort()}`;
     const without = await load('primary only (minReplicasAcked 0)', config(primary, 'bench-a'), 0);
-    const withWait = await load('1 replica confirms (minReplicasAcked 1, WAIT)', config(primary, 'bench-b', { minReplicasAcked: 1, replicaAckTimeoutMs: 1000 }), WEBHOOKS);
+    const withWait = await load(
+      '1 replica confirms (minReplicasAcked 1, WAIT)',
+      config(primary, 'bench-b', { minReplicasAcked: 1, replicaAckTimeoutMs: 1000 }),
+      WEBHOOKS,
+    );
     process.stderr.write(`bench: measuring bytes per alert over ${MEMORY_ALERTS} alerts …\n`);
     const memory = await memoryPerAlert(root, group);
-    process.stdout.write(`\nIntake with and without replica confirmation: ${WEBHOOKS} webhooks of ${ALERTS_PER_WEBHOOK} alerts, ${CONCURRENCY} senders, loopback\n`);
+    process.stdout.write(
+      `\nIntake with and without replica confirmation: ${WEBHOOKS} webhooks of ${ALERTS_PER_WEBHOOK} alerts, ${CONCURRENCY} senders, loopback\n`,
+    );
     process.stdout.write(`machine: ${cpus().length} × ${cpus()[0]?.model ?? 'unknown CPU'}, Node ${process.version}\n\n`);
     process.stdout.write('| intake | webhooks/s | p50 ms | p99 ms | refused |\n|---|---|---|---|---|\n');
     for (const run of [without, withWait]) {
-      process.stdout.write(`| ${run.name} | ${run.perSecond.toFixed(0)} | ${quantile(run.latencies, 0.5).toFixed(1)} | ${quantile(run.latencies, 0.99).toFixed(1)} | ${run.refused} |\n`);
+      process.stdout.write(
+        `| ${run.name} | ${run.perSecond.toFixed(0)} | ${quantile(run.latencies, 0.5).toFixed(1)} | ${quantile(run.latencies, 0.99).toFixed(1)} | ${run.refused} |\n`,
+      );
     }
     process.stdout.write(`\nRedis bytes per alert once handled (${MEMORY_ALERTS} alerts)\n\n| what | bytes per alert |\n|---|---|\n${memory.join('\n')}\n`);
   } finally {

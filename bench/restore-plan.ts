@@ -42,7 +42,8 @@ function seededCopies(ranks: number, seed: number, step = 10): CheckpointShard[]
   });
 }
 
-const nodesOf = (ranks: number): Map<number, string> => new Map(Array.from({ length: ranks }, (_, rank) => [rank, `n${Math.floor(rank / RANKS_PER_NODE)}`] as const));
+const nodesOf = (ranks: number): Map<number, string> =>
+  new Map(Array.from({ length: ranks }, (_, rank) => [rank, `n${Math.floor(rank / RANKS_PER_NODE)}`] as const));
 
 /** The planner before: per rank, every copy of the step filtered, mapped and sorted. */
 function quadraticPlan(shards: readonly CheckpointShard[], ranks: number, rankNodes: ReadonlyMap<number, string>): number | undefined {
@@ -85,7 +86,9 @@ function fastestMs(run: () => unknown, runs = RUNS): number {
 
 async function main(): Promise<void> {
   const cpu = cpus()[0]?.model ?? 'unknown CPU';
-  process.stdout.write(`\nRestore plan over one step of 2R copies for a job of R ranks, fastest of ${RUNS} runs (the planner before: ${BEFORE_RUNS}) after one warm-up\n`);
+  process.stdout.write(
+    `\nRestore plan over one step of 2R copies for a job of R ranks, fastest of ${RUNS} runs (the planner before: ${BEFORE_RUNS}) after one warm-up\n`,
+  );
   process.stdout.write(`machine: ${cpus().length} × ${cpu}, Node ${process.version}\n\n`);
   process.stdout.write('| ranks | copies | linear planner (ms) | per copy (ns) | planner before (ms) | ratio to the row above |\n|---|---|---|---|---|---|\n');
   const sizes = [5_000, 10_000, 20_000, 40_000, 80_000].map((ranks) => ({ ranks, shards: seededCopies(ranks, ranks), rankNodes: nodesOf(ranks) }));
@@ -97,18 +100,26 @@ async function main(): Promise<void> {
     // The planner before takes seconds past 20,000 ranks (copies × ranks); it is not run there.
     const quadratic = ranks <= BEFORE_MAX_RANKS ? fastestMs(() => quadraticPlan(shards, ranks, rankNodes), BEFORE_RUNS) : undefined;
     const ratio = quadratic === undefined || before === undefined ? '—' : `${(quadratic / before).toFixed(2)}×`;
-    process.stdout.write(`| ${ranks} | ${shards.length} | ${linear.toFixed(2)} | ${((linear * 1e6) / shards.length).toFixed(0)} | ${quadratic === undefined ? 'not run' : quadratic.toFixed(0)} | ${ratio} |\n`);
+    process.stdout.write(
+      `| ${ranks} | ${shards.length} | ${linear.toFixed(2)} | ${((linear * 1e6) / shards.length).toFixed(0)} | ${quadratic === undefined ? 'not run' : quadratic.toFixed(0)} | ${ratio} |\n`,
+    );
     before = quadratic;
   }
-  process.stdout.write('Per copy, the linear planner levels off once the copies no longer fit the CPU caches; the work it does per copy is constant (test/actuators/restore-plan.test.ts counts it).\n');
+  process.stdout.write(
+    'Per copy, the linear planner levels off once the copies no longer fit the CPU caches; the work it does per copy is constant (test/actuators/restore-plan.test.ts counts it).\n',
+  );
   const rankNodes = nodesOf(RANKS);
   // The most a job of this size keeps: 64 steps of ranks × 4 copies; rank 0's copies all lost, so no step is complete.
   const kept = Array.from({ length: 64 }, (_, index) =>
-    Array.from({ length: RANKS }, (_, rank) => [0, 1, 2, 3].map((offset) => ({ step: 1000 + index, rank, tier: 'peer' as const, holder: `n${(rank + offset) % NODES}` }))).flat(),
+    Array.from({ length: RANKS }, (_, rank) =>
+      [0, 1, 2, 3].map((offset) => ({ step: 1000 + index, rank, tier: 'peer' as const, holder: `n${(rank + offset) % NODES}` })),
+    ).flat(),
   ).flat();
   const lost = new Set(['n0', 'n1', 'n2', 'n3']);
   const boundMs = fastestMs(() => planRestore(kept, { ranks: RANKS, evicted: lost, rankNodes }));
-  process.stdout.write(`\n64 steps × ${RANKS} ranks × 4 copies = ${kept.length} copies in memory, no step complete: ${boundMs.toFixed(1)} ms for the whole plan (${(boundMs / 64).toFixed(2)} ms a step).\n`);
+  process.stdout.write(
+    `\n64 steps × ${RANKS} ranks × 4 copies = ${kept.length} copies in memory, no step complete: ${boundMs.toFixed(1)} ms for the whole plan (${(boundMs / 64).toFixed(2)} ms a step).\n`,
+  );
   await throughTheStore(rankNodes);
 }
 
@@ -129,7 +140,9 @@ async function throughTheStore(rankNodes: ReadonlyMap<number, string>): Promise<
     // Every command goes to the slow log, with the microseconds Redis spent on it.
     await connection.call('CONFIG', 'SET', 'slowlog-log-slower-than', '0');
     for (let index = 0; index < steps; index += 1) {
-      const step = Array.from({ length: RANKS }, (_, rank) => [0, 1, 2, 3].map((offset) => ({ step: 1000 + index, rank, tier: 'peer', holder: `n${(Math.floor(rank / (RANKS / NODES)) + offset) % NODES}` }))).flat();
+      const step = Array.from({ length: RANKS }, (_, rank) =>
+        [0, 1, 2, 3].map((offset) => ({ step: 1000 + index, rank, tier: 'peer', holder: `n${(Math.floor(rank / (RANKS / NODES)) + offset) % NODES}` })),
+      ).flat();
       for (let from = 0; from + CHECKPOINT_SHARDS_PER_REPORT <= step.length; from += CHECKPOINT_SHARDS_PER_REPORT) {
         await connection.call('SLOWLOG', 'RESET');
         const started = process.hrtime.bigint();
@@ -146,7 +159,9 @@ async function throughTheStore(rankNodes: ReadonlyMap<number, string>): Promise<
     delay.enable();
     const started = process.hrtime.bigint();
     const lost = new Set(['n0', 'n1', 'n2', 'n3']);
-    const { plan, stepsRead } = await planRestoreByStep(jobs.checkpointSteps('big'), { ranks: RANKS, rankNodes }, async (holders) => holders.filter((holder) => lost.has(holder)));
+    const { plan, stepsRead } = await planRestoreByStep(jobs.checkpointSteps('big'), { ranks: RANKS, rankNodes }, async (holders) =>
+      holders.filter((holder) => lost.has(holder)),
+    );
     const planMs = Number(process.hrtime.bigint() - started) / 1e6;
     delay.disable();
     reportMs.sort((a, b) => a - b);

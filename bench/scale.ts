@@ -19,7 +19,6 @@ const LARGE = Number(process.env.STEADFAST_BENCH_SCALE_NODES ?? 256);
 const BASELINE = 8;
 const INJECTIONS = Number(process.env.STEADFAST_BENCH_INJECTIONS ?? 10);
 
-
 interface RunFigures {
   readonly nodes: number;
   readonly fast: number[];
@@ -43,14 +42,21 @@ async function median(times: number, work: () => Promise<void>): Promise<number>
     await work();
     spans.push(performance.now() - started);
   }
-  return quantile(spans.sort((a, b) => a - b), 0.5);
+  return quantile(
+    spans.sort((a, b) => a - b),
+    0.5,
+  );
 }
 
 async function measure(nodes: number): Promise<RunFigures> {
   process.stderr.write(`bench: starting a ${nodes}-node simulated cluster …\n`);
   // Half the cluster runs a job the analyzers watch; faults go to the other half (the drain path).
   const jobNodes = Math.floor(nodes / 2);
-  const cluster = await ScaleCluster.start({ nodes, jobNodes, progress: (step, seconds) => process.stderr.write(`bench:   ${step} (${seconds.toFixed(1)} s)\n`) });
+  const cluster = await ScaleCluster.start({
+    nodes,
+    jobNodes,
+    progress: (step, seconds) => process.stderr.write(`bench:   ${step} (${seconds.toFixed(1)} s)\n`),
+  });
   const results: InjectionResult[] = [];
   try {
     // Let a few rounds of scrapes, rule evaluations and analyzer ticks pass before measuring.
@@ -88,7 +94,10 @@ async function measure(nodes: number): Promise<RunFigures> {
     const doubles = [...drains].filter(([node, count]) => count !== (drainsExpected.get(node) ?? 0)).length;
     if (doubles > 0) process.stderr.write(`bench: ${doubles} nodes drained a different number of times than injected\n`);
     const sorted = (path: 'fast' | 'prometheus'): number[] =>
-      results.filter((result) => result.path === path && result.latencyMs !== undefined).map((result) => result.latencyMs as number).sort((a, b) => a - b);
+      results
+        .filter((result) => result.path === path && result.latencyMs !== undefined)
+        .map((result) => result.latencyMs as number)
+        .sort((a, b) => a - b);
     return {
       nodes,
       fast: sorted('fast'),
@@ -121,18 +130,27 @@ async function main(): Promise<void> {
   out.write(`machine: ${cpus().length} × ${cpu}, ${(totalmem() / 2 ** 30).toFixed(0)} GiB, Node ${process.version}; 1 s scrape and evaluation interval\n\n`);
   out.write('| nodes | path | n | p50 ms | p95 ms | max ms |\n|---|---|---|---|---|---|\n');
   for (const run of [baseline, large]) {
-    for (const [name, samples] of [['fast path', run.fast], ['Prometheus path', run.prometheus]] as const) {
-      out.write(`| ${run.nodes} | ${name} | ${samples.length} | ${cell(samples, 0.5)} | ${cell(samples, 0.95)} | ${samples.length ? Math.max(...samples) : '—'} |\n`);
+    for (const [name, samples] of [
+      ['fast path', run.fast],
+      ['Prometheus path', run.prometheus],
+    ] as const) {
+      out.write(
+        `| ${run.nodes} | ${name} | ${samples.length} | ${cell(samples, 0.5)} | ${cell(samples, 0.95)} | ${samples.length ? Math.max(...samples) : '—'} |\n`,
+      );
     }
   }
-  out.write('\n| nodes | series per scrape round | scrape p50 ms | slowest rule group ms | multi-signal feature read ms | oldest waiting signal s | controller CPU (cores) | targets down |\n|---|---|---|---|---|---|---|---|\n');
+  out.write(
+    '\n| nodes | series per scrape round | scrape p50 ms | slowest rule group ms | multi-signal feature read ms | oldest waiting signal s | controller CPU (cores) | targets down |\n|---|---|---|---|---|---|---|---|\n',
+  );
   for (const run of [baseline, large]) {
     out.write(
       `| ${run.nodes} | ${run.samplesPerScrape} | ${run.scrapeP50Ms.toFixed(1)} | ${run.ruleGroupMaxMs.toFixed(1)} | ${run.featureReadMs.toFixed(0)} | ${run.oldestWaitingSignalS.toFixed(1)} | ${run.controllerCpu.toFixed(2)} | ${run.targetsDown} |\n`,
     );
   }
   const ratio = (large: number[], small: number[]): string => (quantile(large, 0.5) / quantile(small, 0.5)).toFixed(2);
-  out.write(`\np50 at ${LARGE} nodes / p50 at ${BASELINE} nodes: fast path ${ratio(large.fast, baseline.fast)}×, Prometheus path ${ratio(large.prometheus, baseline.prometheus)}×\n`);
+  out.write(
+    `\np50 at ${LARGE} nodes / p50 at ${BASELINE} nodes: fast path ${ratio(large.fast, baseline.fast)}×, Prometheus path ${ratio(large.prometheus, baseline.prometheus)}×\n`,
+  );
   if (baseline.failures + large.failures > 0) {
     out.write(`failures (no drain within 30 s, or a node drained twice): ${baseline.failures + large.failures}\n`);
     process.exitCode = 1;

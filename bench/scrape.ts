@@ -26,7 +26,6 @@ function cpuSeconds(pid: number): number {
   return (Number(fields[11]) + Number(fields[12])) / CLOCK_TICKS_PER_SECOND;
 }
 
-
 interface Target {
   readonly name: string;
   readonly url: string;
@@ -55,19 +54,49 @@ async function main(): Promise<void> {
     const exporter = group.start(
       'node_exporter',
       'prometheus-node-exporter',
-      [`--web.listen-address=127.0.0.1:${exporterPort}`, `--path.sysfs=${node.sysfs}`, `--path.procfs=${node.procfs}`, '--collector.disable-defaults', '--collector.infiniband', '--collector.mountstats'],
+      [
+        `--web.listen-address=127.0.0.1:${exporterPort}`,
+        `--path.sysfs=${node.sysfs}`,
+        `--path.procfs=${node.procfs}`,
+        '--collector.disable-defaults',
+        '--collector.infiniband',
+        '--collector.mountstats',
+      ],
       join(root, 'node_exporter.log'),
     );
     const agent = group.start(
       'agent',
       process.execPath,
-      [join(repoRoot(), 'bin', 'steadfast.js'), 'agent', '--web.listen-address', `127.0.0.1:${agentPort}`, '--node', 'fixture-node', '--path.sysfs', node.sysfs, '--path.procfs', node.procfs, '--path.kmsg', node.kmsg, '--nvidia-smi.xml', node.nvidiaSmiXml, '--web.insecure'],
+      [
+        join(repoRoot(), 'bin', 'steadfast.js'),
+        'agent',
+        '--web.listen-address',
+        `127.0.0.1:${agentPort}`,
+        '--node',
+        'fixture-node',
+        '--path.sysfs',
+        node.sysfs,
+        '--path.procfs',
+        node.procfs,
+        '--path.kmsg',
+        node.kmsg,
+        '--nvidia-smi.xml',
+        node.nvidiaSmiXml,
+        '--web.insecure',
+      ],
       join(root, 'agent.log'),
       { env: { ...process.env, STEADFAST_LOG_LEVEL: 'warn' } },
     );
     const targets: Target[] = [
       { name: 'steadfast agent (all collectors)', url: `http://127.0.0.1:${agentPort}/metrics`, pid: agent.pid ?? 0, latencies: [], cpuStart: 0, series: 0 },
-      { name: 'node_exporter 1.5 (infiniband + mountstats)', url: `http://127.0.0.1:${exporterPort}/metrics`, pid: exporter.pid ?? 0, latencies: [], cpuStart: 0, series: 0 },
+      {
+        name: 'node_exporter 1.5 (infiniband + mountstats)',
+        url: `http://127.0.0.1:${exporterPort}/metrics`,
+        pid: exporter.pid ?? 0,
+        latencies: [],
+        cpuStart: 0,
+        series: 0,
+      },
     ];
     for (const target of targets) await waitFor(`${target.name} to serve /metrics`, () => httpOk(target.url), 20_000);
     for (let i = 0; i < WARMUP; i += 1) for (const target of targets) await scrape(target);

@@ -42,7 +42,10 @@ const SYNC = [
   'finish_grad_sync (megatron/core/distributed/distributed_data_parallel.py:421)',
   'finalize_model_grads (megatron/core/distributed/finalize_model_grads.py:262)',
 ];
-const EMBEDDING = ['_allreduce_word_embedding_grads (megatron/core/distributed/finalize_model_grads.py:141)', '_allreduce_embedding_grads (megatron/core/distributed/finalize_model_grads.py:170)'];
+const EMBEDDING = [
+  '_allreduce_word_embedding_grads (megatron/core/distributed/finalize_model_grads.py:141)',
+  '_allreduce_embedding_grads (megatron/core/distributed/finalize_model_grads.py:170)',
+];
 const BACKWARD = [
   'run_backward (torch/autograd/graph.py:825)',
   'backward (torch/autograd/__init__.py:347)',
@@ -51,23 +54,70 @@ const BACKWARD = [
   'backward_step (megatron/core/pipeline_parallel/schedules.py:366)',
   '_run_1f1b (megatron/core/pipeline_parallel/schedules.py:1350)',
 ];
-const P2P = ['_batched_p2p_ops (megatron/core/pipeline_parallel/p2p_communication.py:214)', '_communicate (megatron/core/pipeline_parallel/p2p_communication.py:410)'];
+const P2P = [
+  '_batched_p2p_ops (megatron/core/pipeline_parallel/p2p_communication.py:214)',
+  '_communicate (megatron/core/pipeline_parallel/p2p_communication.py:410)',
+];
 
 const LAYERNORM = ['_allreduce_layernorm_grads (megatron/core/distributed/finalize_model_grads.py:98)'];
 const STAGE_EXTRA = { first: EMBEDDING, middle: [], last: [...LAYERNORM, ...EMBEDDING] } as const;
 const healthy = (stage: keyof typeof STAGE_EXTRA): string[] => [...COMM, ...STAGE_EXTRA[stage], ...SYNC, ...BACKWARD.slice(-1), ...LOOP];
-const stuckIn = (op: string, caller: string): string[] => [`${op} (torch/distributed/distributed_c10d.py:2151)`, ...P2P, `${caller} (megatron/core/pipeline_parallel/p2p_communication.py:528)`, ...BACKWARD, ...LOOP];
-const STUCK_ALL_GATHER = ['all_gather_into_tensor (torch/distributed/distributed_c10d.py:3711)', '_gather_along_first_dim (megatron/core/tensor_parallel/mappings.py:116)', 'backward (megatron/core/tensor_parallel/mappings.py:301)', 'apply (torch/autograd/function.py:307)', ...BACKWARD, ...LOOP];
+const stuckIn = (op: string, caller: string): string[] => [
+  `${op} (torch/distributed/distributed_c10d.py:2151)`,
+  ...P2P,
+  `${caller} (megatron/core/pipeline_parallel/p2p_communication.py:528)`,
+  ...BACKWARD,
+  ...LOOP,
+];
+const STUCK_ALL_GATHER = [
+  'all_gather_into_tensor (torch/distributed/distributed_c10d.py:3711)',
+  '_gather_along_first_dim (megatron/core/tensor_parallel/mappings.py:116)',
+  'backward (megatron/core/tensor_parallel/mappings.py:301)',
+  'apply (torch/autograd/function.py:307)',
+  ...BACKWARD,
+  ...LOOP,
+];
 const HELPERS: Array<[string, string[]]> = [
-  ['Thread-2 (_pin_memory_loop)', ['get (queue.py:180)', '_pin_memory_loop (torch/utils/data/_utils/pin_memory.py:53)', 'run (threading.py:982)', '_bootstrap_inner (threading.py:1045)', '_bootstrap (threading.py:1002)']],
-  ['Thread-3 (_write_files_from_queue)', ['wait (threading.py:324)', 'get (queue.py:171)', '_write_files_from_queue (torch/distributed/checkpoint/filesystem.py:375)', 'run (threading.py:982)', '_bootstrap (threading.py:1002)']],
-  ['Thread-4 (_read_thread)', ['_recv_msg (torch/_inductor/compile_worker/subproc_pool.py:55)', '_read_thread (torch/_inductor/compile_worker/subproc_pool.py:191)', 'run (threading.py:982)', '_bootstrap (threading.py:1002)']],
+  [
+    'Thread-2 (_pin_memory_loop)',
+    [
+      'get (queue.py:180)',
+      '_pin_memory_loop (torch/utils/data/_utils/pin_memory.py:53)',
+      'run (threading.py:982)',
+      '_bootstrap_inner (threading.py:1045)',
+      '_bootstrap (threading.py:1002)',
+    ],
+  ],
+  [
+    'Thread-3 (_write_files_from_queue)',
+    [
+      'wait (threading.py:324)',
+      'get (queue.py:171)',
+      '_write_files_from_queue (torch/distributed/checkpoint/filesystem.py:375)',
+      'run (threading.py:982)',
+      '_bootstrap (threading.py:1002)',
+    ],
+  ],
+  [
+    'Thread-4 (_read_thread)',
+    [
+      '_recv_msg (torch/_inductor/compile_worker/subproc_pool.py:55)',
+      '_read_thread (torch/_inductor/compile_worker/subproc_pool.py:191)',
+      'run (threading.py:982)',
+      '_bootstrap (threading.py:1002)',
+    ],
+  ],
 ];
 
 const withPrefix = (frame: string): string => frame.replace(/\((torch|megatron)\//, `(${PREFIX}$1/`);
 
 function rankText(pid: number, main: readonly string[]): string {
-  const lines = [`Process ${pid}: /usr/bin/python3 -u pretrain_gpt.py --tensor-model-parallel-size 8 --pipeline-model-parallel-size 12`, 'Python v3.10.12 (/usr/bin/python3.10)', '', `Thread ${pid} (active): "MainThread"`];
+  const lines = [
+    `Process ${pid}: /usr/bin/python3 -u pretrain_gpt.py --tensor-model-parallel-size 8 --pipeline-model-parallel-size 12`,
+    'Python v3.10.12 (/usr/bin/python3.10)',
+    '',
+    `Thread ${pid} (active): "MainThread"`,
+  ];
   for (const frame of main) lines.push(`    ${withPrefix(frame)}`);
   HELPERS.forEach(([name, frames], index) => {
     lines.push(`Thread ${pid + index + 1} (idle): "${name}"`);
@@ -80,7 +130,11 @@ function scenario(): { topology: Topology; dumps: Map<number, string>; stuckNode
   const nodes = Array.from({ length: 1200 }, (_, index) => `gpu-${String(index).padStart(4, '0')}`);
   const topology = Topology.from({ nodes, ranksPerNode: 8, tp: 8, pp: 12, dp: 100 });
   const faultyReplica = 37;
-  const stuck: Record<number, readonly string[]> = { 5: stuckIn('irecv', 'recv_backward'), 6: stuckIn('isend', 'send_backward_recv_forward'), 7: STUCK_ALL_GATHER };
+  const stuck: Record<number, readonly string[]> = {
+    5: stuckIn('irecv', 'recv_backward'),
+    6: stuckIn('isend', 'send_backward_recv_forward'),
+    7: STUCK_ALL_GATHER,
+  };
   const dumps = new Map<number, string>();
   for (const { rank, coords } of topology.ranks) {
     const stage = coords.pp === 0 ? 'first' : coords.pp === 11 ? 'last' : 'middle';
@@ -153,9 +207,13 @@ function main(): void {
     result.outlierRanks.length === 24 &&
     naivePairwiseGroups(stacks) === result.groups.length;
 
-  const parseOnly = timings(() => {
-    for (const text of dumps.values()) parsePySpyDump(text);
-  }, RUNS, WARMUP_RUNS);
+  const parseOnly = timings(
+    () => {
+      for (const text of dumps.values()) parsePySpyDump(text);
+    },
+    RUNS,
+    WARMUP_RUNS,
+  );
   const readStacks = timings(() => stacksFromDumps(dumps), RUNS, WARMUP_RUNS);
   const grouping = timings(() => aggregateRankStacks(stacks, topology), RUNS, WARMUP_RUNS);
   const endToEnd = timings(() => aggregateStacks(dumps, topology), RUNS, WARMUP_RUNS);
@@ -163,21 +221,35 @@ function main(): void {
 
   const cpu = cpus()[0]?.model ?? 'unknown CPU';
   const out = (line: string): boolean => process.stdout.write(`${line}\n`);
-  out(`\nStack aggregation, ${topology.ranks.length} ranks on ${new Set(topology.ranks.map((rank) => rank.node)).size} nodes (TP=8, PP=12, DP=100), ${(bytes / 1e6).toFixed(1)} MB of py-spy text`);
-  out(`median and p95 of ${RUNS} runs after ${WARMUP_RUNS} warm-up runs (naive baseline: ${NAIVE_RUNS} runs after 1); machine: ${cpus().length} × ${cpu}, Node ${process.version}\n`);
+  out(
+    `\nStack aggregation, ${topology.ranks.length} ranks on ${new Set(topology.ranks.map((rank) => rank.node)).size} nodes (TP=8, PP=12, DP=100), ${(bytes / 1e6).toFixed(1)} MB of py-spy text`,
+  );
+  out(
+    `median and p95 of ${RUNS} runs after ${WARMUP_RUNS} warm-up runs (naive baseline: ${NAIVE_RUNS} runs after 1); machine: ${cpus().length} × ${cpu}, Node ${process.version}\n`,
+  );
   out('| step | median (ms) | p95 (ms) | CPU median (ms) | vs. parse-only baseline |');
   out('|---|---|---|---|---|');
   const row = (name: string, figures: Figures): boolean =>
-    out(`| ${name} | ${figures.median.toFixed(1)} | ${figures.p95.toFixed(1)} | ${figures.cpu.toFixed(1)} | ${(figures.median / parseOnly.median).toFixed(2)}× |`);
+    out(
+      `| ${name} | ${figures.median.toFixed(1)} | ${figures.p95.toFixed(1)} | ${figures.cpu.toFixed(1)} | ${(figures.median / parseOnly.median).toFixed(2)}× |`,
+    );
   row('aggregateStacks, end to end from text', endToEnd);
   row('  stacksFromDumps (parse, pick thread, normalise)', readStacks);
   row('  aggregateRankStacks (group, healthy, suspect group)', grouping);
   row('baseline: parsePySpyDump only', parseOnly);
   row('baseline: naive pairwise grouping of normalised stacks', naive);
   out(`\nnaive pairwise grouping / aggregateRankStacks: ${(naive.median / grouping.median).toFixed(0)}×`);
-  out(`target ≤ ${TARGET_MS} ms end to end: ${endToEnd.median <= TARGET_MS ? 'met' : 'NOT met'} (median ${endToEnd.median.toFixed(1)} ms, p95 ${endToEnd.p95.toFixed(1)} ms, CPU ${endToEnd.cpu.toFixed(1)} ms)`);
-  out(`load average while measuring: ${loadavg().map((load) => load.toFixed(1)).join(' ')} on ${cpus().length} cores (wall-clock figures stretch when other work shares them)`);
-  out(`verdict: ${result.groups.length} stack groups, ${result.outlierRanks.length} outliers, suspect ${result.suspectGroup?.kind ?? 'none'} group on ${result.evict.length} nodes — ${verdictOk ? 'as expected' : 'WRONG'}`);
+  out(
+    `target ≤ ${TARGET_MS} ms end to end: ${endToEnd.median <= TARGET_MS ? 'met' : 'NOT met'} (median ${endToEnd.median.toFixed(1)} ms, p95 ${endToEnd.p95.toFixed(1)} ms, CPU ${endToEnd.cpu.toFixed(1)} ms)`,
+  );
+  out(
+    `load average while measuring: ${loadavg()
+      .map((load) => load.toFixed(1))
+      .join(' ')} on ${cpus().length} cores (wall-clock figures stretch when other work shares them)`,
+  );
+  out(
+    `verdict: ${result.groups.length} stack groups, ${result.outlierRanks.length} outliers, suspect ${result.suspectGroup?.kind ?? 'none'} group on ${result.evict.length} nodes — ${verdictOk ? 'as expected' : 'WRONG'}`,
+  );
   if (!verdictOk) process.exitCode = 1;
 }
 

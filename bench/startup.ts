@@ -39,15 +39,46 @@ const NO_CODE_CACHE = '/nonexistent/steadfast-agent-code-cache';
 
 /** What deploy/systemd/steadfast-agent.service's processes see: systemd's PATH and LANG, plus the log level and where the code cache is. */
 function unitEnvironment(logLevel: string, codeCacheDir = NO_CODE_CACHE): NodeJS.ProcessEnv {
-  return { PATH: process.env.PATH ?? '/usr/local/bin:/usr/bin:/bin', LANG: process.env.LANG ?? 'C.UTF-8', STEADFAST_LOG_LEVEL: logLevel, STEADFAST_AGENT_CODE_CACHE_DIR: codeCacheDir };
+  return {
+    PATH: process.env.PATH ?? '/usr/local/bin:/usr/bin:/bin',
+    LANG: process.env.LANG ?? 'C.UTF-8',
+    STEADFAST_LOG_LEVEL: logLevel,
+    STEADFAST_AGENT_CODE_CACHE_DIR: codeCacheDir,
+  };
 }
 
 function agentArgs(node: FixtureNode, port: number, stateDir: string, nodeFlags: readonly string[] = [], script = BIN): string[] {
-  return [...nodeFlags, script, 'agent', '--web.listen-address', `127.0.0.1:${port}`, '--node', 'fixture-node', '--path.sysfs', node.sysfs, '--path.procfs', node.procfs, '--path.kmsg', node.kmsg, '--nvidia-smi.xml', node.nvidiaSmiXml, '--xid.state-file', join(stateDir, 'xid-state.json'), '--web.insecure'];
+  return [
+    ...nodeFlags,
+    script,
+    'agent',
+    '--web.listen-address',
+    `127.0.0.1:${port}`,
+    '--node',
+    'fixture-node',
+    '--path.sysfs',
+    node.sysfs,
+    '--path.procfs',
+    node.procfs,
+    '--path.kmsg',
+    node.kmsg,
+    '--nvidia-smi.xml',
+    node.nvidiaSmiXml,
+    '--xid.state-file',
+    join(stateDir, 'xid-state.json'),
+    '--web.insecure',
+  ];
 }
 
 function exporterArgs(node: FixtureNode, port: number): string[] {
-  return [`--web.listen-address=127.0.0.1:${port}`, `--path.sysfs=${node.sysfs}`, `--path.procfs=${node.procfs}`, '--collector.disable-defaults', '--collector.infiniband', '--collector.mountstats'];
+  return [
+    `--web.listen-address=127.0.0.1:${port}`,
+    `--path.sysfs=${node.sysfs}`,
+    `--path.procfs=${node.procfs}`,
+    '--collector.disable-defaults',
+    '--collector.infiniband',
+    '--collector.mountstats',
+  ];
 }
 
 /** Wall milliseconds from spawn to exit; fails on a non-zero exit. */
@@ -61,7 +92,13 @@ function timeToExit(command: string, args: readonly string[], env: NodeJS.Proces
 }
 
 /** Wall milliseconds from spawn to the first answered /metrics; the process is stopped after. */
-async function timeToFirstScrape(group: ProcessGroup, logDir: string, command: string, args: (port: number) => string[], codeCacheDir?: string): Promise<number> {
+async function timeToFirstScrape(
+  group: ProcessGroup,
+  logDir: string,
+  command: string,
+  args: (port: number) => string[],
+  codeCacheDir?: string,
+): Promise<number> {
   const port = await freePort();
   const started = performance.now();
   group.start('startup', command, args(port), join(logDir, 'startup.log'), { env: unitEnvironment('warn', codeCacheDir) });
@@ -114,7 +151,11 @@ async function rssAfterScrapes(group: ProcessGroup, logDir: string, name: string
   return steady;
 }
 
-const median = (samples: number[]): number => quantile([...samples].sort((a, b) => a - b), 0.5);
+const median = (samples: number[]): number =>
+  quantile(
+    [...samples].sort((a, b) => a - b),
+    0.5,
+  );
 
 async function main(): Promise<void> {
   const root = mkdtempSync(join(tmpdir(), 'steadfast-bench-startup-'));
@@ -124,8 +165,20 @@ async function main(): Promise<void> {
     const shellStartVariables = NODE_START_VARIABLES.filter((name) => process.env[name] !== undefined);
     // The node's own code cache, as the Debian package's postinst writes it (root only).
     const codeCacheDir = join(root, 'code-cache');
-    const ownCache = process.getuid?.() === 0 ? (await timeToExit(process.execPath, [BIN, 'agent', '--write-code-cache'], unitEnvironment('silent', codeCacheDir)), true) : false;
-    const samples = { nodeFloor: [] as number[], shellNodeFloor: [] as number[], version: [] as number[], exporterVersion: [] as number[], agent: [] as number[], agentCached: [] as number[], moduleTree: [] as number[], exporter: [] as number[] };
+    const ownCache =
+      process.getuid?.() === 0
+        ? (await timeToExit(process.execPath, [BIN, 'agent', '--write-code-cache'], unitEnvironment('silent', codeCacheDir)), true)
+        : false;
+    const samples = {
+      nodeFloor: [] as number[],
+      shellNodeFloor: [] as number[],
+      version: [] as number[],
+      exporterVersion: [] as number[],
+      agent: [] as number[],
+      agentCached: [] as number[],
+      moduleTree: [] as number[],
+      exporter: [] as number[],
+    };
     // Interleaved, so each sees the same machine conditions.
     for (let run = 0; run < RUNS; run += 1) {
       samples.nodeFloor.push(await timeToExit(process.execPath, ['-e', '0']));
@@ -138,24 +191,44 @@ async function main(): Promise<void> {
       samples.exporter.push(await timeToFirstScrape(group, root, NODE_EXPORTER, (port) => exporterArgs(node, port)));
     }
     const agentRss = await rssAfterScrapes(group, root, 'agent', process.execPath, (port) => agentArgs(node, port, root));
-    const defaultsAgentRss = await rssAfterScrapes(group, root, 'agent-node-defaults', process.execPath, (port) => agentArgs(node, port, root, NODE_DEFAULT_FLAGS));
+    const defaultsAgentRss = await rssAfterScrapes(group, root, 'agent-node-defaults', process.execPath, (port) =>
+      agentArgs(node, port, root, NODE_DEFAULT_FLAGS),
+    );
     const exporterRss = await rssAfterScrapes(group, root, 'node_exporter', NODE_EXPORTER, (port) => exporterArgs(node, port));
 
     process.stdout.write(`\nStart-up and memory on the fixture node, median of ${RUNS} interleaved runs; RSS after ${SCRAPES} scrapes\n`);
-    process.stdout.write(`machine: ${cpus().length} × ${cpus()[0]?.model ?? 'unknown CPU'}, Node ${process.version}; every process in the agent unit's environment\n`);
+    process.stdout.write(
+      `machine: ${cpus().length} × ${cpus()[0]?.model ?? 'unknown CPU'}, Node ${process.version}; every process in the agent unit's environment\n`,
+    );
     if (shellStartVariables.length > 0) {
-      process.stdout.write(`this shell sets ${shellStartVariables.join(', ')}, which the unit does not: node -e 0 takes ${median(samples.shellNodeFloor).toFixed(0)} ms with them, ${median(samples.nodeFloor).toFixed(0)} ms without\n`);
+      process.stdout.write(
+        `this shell sets ${shellStartVariables.join(', ')}, which the unit does not: node -e 0 takes ${median(samples.shellNodeFloor).toFixed(0)} ms with them, ${median(samples.nodeFloor).toFixed(0)} ms without\n`,
+      );
     }
     process.stdout.write('\n');
     process.stdout.write('| measure | steadfast | node_exporter 1.5 | target |\n|---|---|---|---|\n');
-    process.stdout.write(`| \`--version\`, ms (node -e 0: ${median(samples.nodeFloor).toFixed(0)}) | ${median(samples.version).toFixed(0)} | ${median(samples.exporterVersion).toFixed(0)} | |\n`);
-    process.stdout.write(`| agent start-up to first /metrics, ms (the bundle, compiled from source) | ${median(samples.agent).toFixed(0)} | ${median(samples.exporter).toFixed(0)} | |\n`);
-    process.stdout.write(`| agent start-up to first /metrics, ms (the bundle and the node's own code cache) | ${ownCache ? median(samples.agentCached).toFixed(0) : 'n/a (writing the cache needs root)'} | | |\n`);
+    process.stdout.write(
+      `| \`--version\`, ms (node -e 0: ${median(samples.nodeFloor).toFixed(0)}) | ${median(samples.version).toFixed(0)} | ${median(samples.exporterVersion).toFixed(0)} | |\n`,
+    );
+    process.stdout.write(
+      `| agent start-up to first /metrics, ms (the bundle, compiled from source) | ${median(samples.agent).toFixed(0)} | ${median(samples.exporter).toFixed(0)} | |\n`,
+    );
+    process.stdout.write(
+      `| agent start-up to first /metrics, ms (the bundle and the node's own code cache) | ${ownCache ? median(samples.agentCached).toFixed(0) : 'n/a (writing the cache needs root)'} | | |\n`,
+    );
     process.stdout.write(`| agent start-up to first /metrics, ms (the module tree, no bundle) | ${median(samples.moduleTree).toFixed(0)} | | |\n`);
-    process.stdout.write(`| RSS after ${SCRAPES} scrapes, MB (as installed: the agent's V8 flags) | ${agentRss.rssMegabytes.toFixed(1)} | ${exporterRss.rssMegabytes.toFixed(1)} | ≤ 64 |\n`);
-    process.stdout.write(`| RSS after ${3 * SCRAPES} scrapes, MB (as installed) | ${agentRss.laterRssMegabytes.toFixed(1)} | ${exporterRss.laterRssMegabytes.toFixed(1)} | |\n`);
-    process.stdout.write(`| RSS after ${SCRAPES} scrapes, MB (Node's defaults: ${NODE_DEFAULT_FLAGS.join(' ')}) | ${defaultsAgentRss.rssMegabytes.toFixed(1)} | | |\n`);
-    process.stdout.write(`| CPU s per 1,000 scrapes (as installed) | ${agentRss.cpuSecondsPerThousand.toFixed(2)} | ${exporterRss.cpuSecondsPerThousand.toFixed(2)} | |\n`);
+    process.stdout.write(
+      `| RSS after ${SCRAPES} scrapes, MB (as installed: the agent's V8 flags) | ${agentRss.rssMegabytes.toFixed(1)} | ${exporterRss.rssMegabytes.toFixed(1)} | ≤ 64 |\n`,
+    );
+    process.stdout.write(
+      `| RSS after ${3 * SCRAPES} scrapes, MB (as installed) | ${agentRss.laterRssMegabytes.toFixed(1)} | ${exporterRss.laterRssMegabytes.toFixed(1)} | |\n`,
+    );
+    process.stdout.write(
+      `| RSS after ${SCRAPES} scrapes, MB (Node's defaults: ${NODE_DEFAULT_FLAGS.join(' ')}) | ${defaultsAgentRss.rssMegabytes.toFixed(1)} | | |\n`,
+    );
+    process.stdout.write(
+      `| CPU s per 1,000 scrapes (as installed) | ${agentRss.cpuSecondsPerThousand.toFixed(2)} | ${exporterRss.cpuSecondsPerThousand.toFixed(2)} | |\n`,
+    );
     process.stdout.write(`| CPU s per 1,000 scrapes (Node's defaults) | ${defaultsAgentRss.cpuSecondsPerThousand.toFixed(2)} | | |\n`);
   } finally {
     await group.stopAll();

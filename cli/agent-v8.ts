@@ -40,7 +40,9 @@ export function agentV8Flags(nodeArgs: readonly string[]): string[] {
 }
 
 /** Sets the agent's V8 flags; call before the agent's modules load, so that loading them runs under them too. */
-export function applyAgentV8Flags(nodeArgs: readonly string[] = [...process.execArgv, ...(process.env.NODE_OPTIONS ?? '').split(/\s+/).filter(Boolean)]): string[] {
+export function applyAgentV8Flags(
+  nodeArgs: readonly string[] = [...process.execArgv, ...(process.env.NODE_OPTIONS ?? '').split(/\s+/).filter(Boolean)],
+): string[] {
   const flags = agentV8Flags(nodeArgs);
   for (const flag of flags) setFlagsFromString(flag);
   return flags;

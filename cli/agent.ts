@@ -68,16 +68,25 @@ const flagsSchema = z.object({
     .number({ message: 'must be a number of seconds' })
     .min(0.1, 'must be at least 0.1 seconds')
     .max(3600, 'must be at most 3600 seconds'),
-  'controller.url': z
-    .url({ protocol: /^https?$/, message: 'must be an http:// or https:// URL' })
-    .optional(),
+  'controller.url': z.url({ protocol: /^https?$/, message: 'must be an http:// or https:// URL' }).optional(),
   'controller.tokenFile': z.string().min(1, 'must not be empty').optional(),
   'controller.kubernetesTokenFile': z.string().min(1, 'must not be empty').optional(),
   'web.tokenFile': z.string().min(1, 'must not be empty').optional(),
   'web.insecure': z.boolean().default(false),
-  'web.rateLimit': z.coerce.number({ message: 'must be a number of requests per second' }).min(0, 'must be at least 0 (0: no limit)').max(100_000, 'must be at most 100000'),
-  'web.rateBurst': z.coerce.number({ message: 'must be a whole number' }).int('must be a whole number').min(1, 'must be at least 1').max(100_000, 'must be at most 100000'),
-  'web.maxConnectionsPerClient': z.coerce.number({ message: 'must be a whole number' }).int('must be a whole number').min(0, 'must be at least 0 (0: no cap)').max(100_000, 'must be at most 100000'),
+  'web.rateLimit': z.coerce
+    .number({ message: 'must be a number of requests per second' })
+    .min(0, 'must be at least 0 (0: no limit)')
+    .max(100_000, 'must be at most 100000'),
+  'web.rateBurst': z.coerce
+    .number({ message: 'must be a whole number' })
+    .int('must be a whole number')
+    .min(1, 'must be at least 1')
+    .max(100_000, 'must be at most 100000'),
+  'web.maxConnectionsPerClient': z.coerce
+    .number({ message: 'must be a whole number' })
+    .int('must be a whole number')
+    .min(0, 'must be at least 0 (0: no cap)')
+    .max(100_000, 'must be at most 100000'),
   once: z.boolean().default(false),
 });
 
@@ -147,10 +156,16 @@ export function agentSettingsFromFlags(
     // The controller takes only this node's reports from it; say so now rather than at the first fault.
     const bound = parseAgentToken(controllerToken);
     if (!bound) {
-      throw new InputError(`--controller.token-file / ${AGENT_TOKEN_ENV}: not an agent token (NODE.HEX, as \`steadfast token agent --node ${options.node}\` prints it)`, '--controller.token-file');
+      throw new InputError(
+        `--controller.token-file / ${AGENT_TOKEN_ENV}: not an agent token (NODE.HEX, as \`steadfast token agent --node ${options.node}\` prints it)`,
+        '--controller.token-file',
+      );
     }
     if (bound.node !== options.node) {
-      throw new InputError(`--controller.token-file / ${AGENT_TOKEN_ENV}: the token is node ${bound.node}'s, but this agent runs as --node ${options.node}`, '--controller.token-file');
+      throw new InputError(
+        `--controller.token-file / ${AGENT_TOKEN_ENV}: the token is node ${bound.node}'s, but this agent runs as --node ${options.node}`,
+        '--controller.token-file',
+      );
     }
   }
   const webTokenFile = options['web.tokenFile'];
@@ -159,7 +174,7 @@ export function agentSettingsFromFlags(
   }
   if (webTokenFile === undefined && !options['web.insecure'] && !options.once) {
     throw new InputError(
-      '--web.token-file: the agent\'s POST endpoints (/api/v1/training, /api/v1/trace, /api/v1/diagnose) need a token; give --web.token-file FILE, or --web.insecure to leave them open on a trusted network',
+      "--web.token-file: the agent's POST endpoints (/api/v1/training, /api/v1/trace, /api/v1/diagnose) need a token; give --web.token-file FILE, or --web.insecure to leave them open on a trusted network",
       '--web.token-file',
     );
   }
@@ -188,7 +203,6 @@ export function agentSettingsFromFlags(
   };
 }
 
-
 export function agentCommand(io: Partial<AgentCommandIo> = {}): Command {
   const factories = io.factories ?? COLLECTOR_FACTORIES;
   const env = io.env ?? process.env;
@@ -198,24 +212,48 @@ export function agentCommand(io: Partial<AgentCommandIo> = {}): Command {
     .option('--node <name>', 'this node as the scheduler names it', hostname())
     .option('--path.sysfs <dir>', 'sysfs mount point', '/sys')
     .option('--path.procfs <dir>', 'procfs mount point', '/proc')
-    .option('--path.kmsg <file>', 'kernel log: /dev/kmsg, or a log file to follow (another character device or a FIFO is read in bounded passes: 8 MiB or 2 s)', '/dev/kmsg')
+    .option(
+      '--path.kmsg <file>',
+      'kernel log: /dev/kmsg, or a log file to follow (another character device or a FIFO is read in bounded passes: 8 MiB or 2 s)',
+      '/dev/kmsg',
+    )
     .option('--nvidia-smi.xml <file>', 'read this captured `nvidia-smi -q -x` file at every poll instead of running nvidia-smi')
     .option('--nvidia-smi.path <file>', 'nvidia-smi binary', 'nvidia-smi')
     .option('--gpu.poll-interval <seconds>', 'seconds between nvidia-smi polls', '5')
     .option('--controller.url <url>', 'controller base URL for fast-path events (none: no fast path)')
     .option('--controller.token-file <file>', `file holding this node's agent token, from \`steadfast token agent\` (default: $${AGENT_TOKEN_ENV})`)
-    .option('--controller.kubernetes-token-file <file>', "instead: the pod's projected service-account token for the controller's audience (controller.auth.kubernetesAgents), read at every request")
-    .option('--web.token-file <file>', 'bearer token required on every POST endpoint of the agent (/api/v1/training, /api/v1/trace, /api/v1/diagnose); required unless --web.insecure')
+    .option(
+      '--controller.kubernetes-token-file <file>',
+      "instead: the pod's projected service-account token for the controller's audience (controller.auth.kubernetesAgents), read at every request",
+    )
+    .option(
+      '--web.token-file <file>',
+      'bearer token required on every POST endpoint of the agent (/api/v1/training, /api/v1/trace, /api/v1/diagnose); required unless --web.insecure',
+    )
     .option('--web.insecure', 'serve the POST endpoints without a token (a trusted network only)')
-    .option('--web.rate-limit <per-second>', 'requests per second each client may send to the POST endpoints; more answer 429 (0: no limit)', String(DEFAULT_AGENT_RATE_LIMIT.requestsPerSecond))
+    .option(
+      '--web.rate-limit <per-second>',
+      'requests per second each client may send to the POST endpoints; more answer 429 (0: no limit)',
+      String(DEFAULT_AGENT_RATE_LIMIT.requestsPerSecond),
+    )
     .option('--web.rate-burst <requests>', 'requests a client may send at once before --web.rate-limit applies', String(DEFAULT_AGENT_RATE_LIMIT.burst))
-    .option('--web.max-connections-per-client <n>', 'connections one client address may hold open at once; more are closed as they open (0: no cap, e.g. behind a proxy)', String(DEFAULT_AGENT_CONNECTIONS.maxPerClient))
+    .option(
+      '--web.max-connections-per-client <n>',
+      'connections one client address may hold open at once; more are closed as they open (0: no cap, e.g. behind a proxy)',
+      String(DEFAULT_AGENT_CONNECTIONS.maxPerClient),
+    )
     .option('--once', 'print one scrape to stdout and exit')
     // Handled by the loader before this command runs (cli/agent-bundle.ts); listed for --help.
-    .option('--write-code-cache', `(root) write V8's code cache of the agent for this Node.js build into $STEADFAST_AGENT_CODE_CACHE_DIR (default ${DEFAULT_CODE_CACHE_DIR}) and exit; later starts compile from it`)
+    .option(
+      '--write-code-cache',
+      `(root) write V8's code cache of the agent for this Node.js build into $STEADFAST_AGENT_CODE_CACHE_DIR (default ${DEFAULT_CODE_CACHE_DIR}) and exit; later starts compile from it`,
+    )
     .option('--code-cache-status', 'print whether a start would compile from a code cache, and which file, and exit');
   for (const factory of factories) {
-    command.option(`--collector.${factory.name}`, `enable the ${factory.name} collector: ${factory.help} (default: ${factory.defaultEnabled ? 'enabled' : 'disabled'})`);
+    command.option(
+      `--collector.${factory.name}`,
+      `enable the ${factory.name} collector: ${factory.help} (default: ${factory.defaultEnabled ? 'enabled' : 'disabled'})`,
+    );
     command.option(`--no-collector.${factory.name}`, `disable the ${factory.name} collector`);
     for (const flag of factory.flags ?? []) {
       const option = new Option(`--${flag.name} ${flag.value}`, flag.description);
@@ -226,7 +264,10 @@ export function agentCommand(io: Partial<AgentCommandIo> = {}): Command {
   }
   command.action(async function (this: Command) {
     if (this.opts().writeCodeCache || this.opts().codeCacheStatus) {
-      this.error('error: --write-code-cache and --code-cache-status work on the agent bundle (dist/agent.cjs, made by npm run build), which this agent does not run from', { exitCode: EXIT_USAGE, code: 'steadfast.invalidFlag' });
+      this.error(
+        'error: --write-code-cache and --code-cache-status work on the agent bundle (dist/agent.cjs, made by npm run build), which this agent does not run from',
+        { exitCode: EXIT_USAGE, code: 'steadfast.invalidFlag' },
+      );
     }
     let settings: AgentSettings;
     try {

@@ -29,11 +29,13 @@ function humanReceivers(options: AlertmanagerConfigOptions): HumanReceivers {
   const humans: HumanReceivers = {};
   const email = [options.emailTo, options.emailFrom, options.smarthost];
   if (email.some((value) => value !== undefined)) {
-    if (!options.emailTo || !options.emailFrom || !options.smarthost) throw new InputError('--email-to, --email-from and --smarthost go together', '--email-to');
+    if (!options.emailTo || !options.emailFrom || !options.smarthost)
+      throw new InputError('--email-to, --email-from and --smarthost go together', '--email-to');
     humans.email = { to: options.emailTo, from: options.emailFrom, smarthost: options.smarthost };
   }
   if (options.slackWebhookUrlFile !== undefined || options.slackChannel !== undefined) {
-    if (!options.slackWebhookUrlFile || !options.slackChannel) throw new InputError('--slack-webhook-url-file and --slack-channel go together', '--slack-channel');
+    if (!options.slackWebhookUrlFile || !options.slackChannel)
+      throw new InputError('--slack-webhook-url-file and --slack-channel go together', '--slack-channel');
     humans.slack = { webhookUrlFile: options.slackWebhookUrlFile, channel: options.slackChannel };
   }
   if (options.pagerdutyRoutingKeyFile !== undefined) humans.pagerduty = { routingKeyFile: options.pagerdutyRoutingKeyFile };
@@ -48,7 +50,8 @@ function webhookUrl(controllerUrl: string): string {
   } catch {
     throw new InputError(`--controller-url: must be an http:// or https:// URL, got ${JSON.stringify(controllerUrl)}`, '--controller-url');
   }
-  if (url.search || url.hash || url.username) throw new InputError('--controller-url: must be a base URL without query, fragment or credentials', '--controller-url');
+  if (url.search || url.hash || url.username)
+    throw new InputError('--controller-url: must be a base URL without query, fragment or credentials', '--controller-url');
   return `${controllerUrl.replace(/\/+$/, '')}/api/v1/alerts`;
 }
 
@@ -57,7 +60,11 @@ export function alertmanagerConfigCommand(): Command {
     .description("Render the Alertmanager config: fault alerts to the steadfast controller's webhook, the rest to people (email, Slack, PagerDuty when named).")
     .option('-o, --out <file>', 'write here instead of to stdout')
     .option('--controller-url <url>', 'the controller (or the Service in front of its replicas) as Alertmanager reaches it', DEFAULT_CONTROLLER_URL)
-    .option('--credentials-file <file>', "file with the controller's Alertmanager token (controller.auth.alertmanagerTokenFile), read by Alertmanager at every send", DEFAULT_CREDENTIALS_FILE)
+    .option(
+      '--credentials-file <file>',
+      "file with the controller's Alertmanager token (controller.auth.alertmanagerTokenFile), read by Alertmanager at every send",
+      DEFAULT_CREDENTIALS_FILE,
+    )
     .option('--email-to <address>', 'email people here (with --email-from and --smarthost)')
     .option('--email-from <address>', 'sender address for that email')
     .option('--smarthost <host:port>', 'SMTP relay for that email')

@@ -105,9 +105,9 @@ export function analyzeCommand(): Command {
   analyze
     .command('stacks')
     .description(
-      'Group ranks by the training thread\'s py-spy stack, take the dominant groups as healthy and over-evict the parallel group the outliers share (ByteRobust §5.1).',
+      "Group ranks by the training thread's py-spy stack, take the dominant groups as healthy and over-evict the parallel group the outliers share (ByteRobust §5.1).",
     )
-    .argument('<dumps-dir>', 'directory with one rank-<N>.txt per rank, each that rank\'s `py-spy dump` output')
+    .argument('<dumps-dir>', "directory with one rank-<N>.txt per rank, each that rank's `py-spy dump` output")
     .requiredOption('--topology <file>', 'topology JSON: {"ranks": [...]} or sizes with an order string')
     .option('--flight-recorder <dir>', 'NCCL flight-recorder dumps decoded to JSON; ranks behind in a collective join the outliers')
     .action(async (dumpsDir: string, options: { topology: string; flightRecorder?: string }) => {

@@ -6,7 +6,9 @@ import { callController, controllerConnection, withControllerOptions } from './c
 import { printable, printableJson, runCommand } from './common.js';
 
 export function formatAuditEntry(entry: AuditEntry): string {
-  return printable(`${entry.time}  ${entry.type.padEnd(8)} ${(entry.node ?? '-').padEnd(12)} ${entry.summary}${entry.actor ? `  [by ${describeIdentity(entry.actor)}]` : ''}`);
+  return printable(
+    `${entry.time}  ${entry.type.padEnd(8)} ${(entry.node ?? '-').padEnd(12)} ${entry.summary}${entry.actor ? `  [by ${describeIdentity(entry.actor)}]` : ''}`,
+  );
 }
 
 /** `steadfast audit`: the audit trail, read over the controller's API (GET /api/v1/audit). */

@@ -37,16 +37,18 @@ interface CheckOptions {
 
 export function checkCommand(): Command {
   return new Command('check')
-    .description('Check this node once for fatal GPU faults (fatal Xid since boot, a lost GPU); exit 1 and optionally drain it in Slurm. For slurm.conf HealthCheckProgram.')
+    .description(
+      'Check this node once for fatal GPU faults (fatal Xid since boot, a lost GPU); exit 1 and optionally drain it in Slurm. For slurm.conf HealthCheckProgram.',
+    )
     .option('--node <name>', 'this node as Slurm names it', hostname().split('.')[0])
     .option('--path.sysfs <dir>', 'sysfs mount point', '/sys')
     .option('--path.procfs <dir>', 'procfs mount point', '/proc')
     .option('--path.kmsg <file>', 'kernel log: /dev/kmsg, or a log file (another character device or a FIFO: at most 8 MiB or 2 s of it)', '/dev/kmsg')
     .option('--nvidia-smi.path <file>', 'nvidia-smi binary', 'nvidia-smi')
     .option('--nvidia-smi.xml <file>', 'read this captured `nvidia-smi -q -x` file instead of running nvidia-smi')
-    .option('--gpu.source <source>', 'where to read the GPUs: auto, nvml, nvidia-smi (as the agent\'s --gpu.source)', 'auto')
+    .option('--gpu.source <source>', "where to read the GPUs: auto, nvml, nvidia-smi (as the agent's --gpu.source)", 'auto')
     .option('--gpu.nvml-library <file>', 'the NVML library to load', DEFAULT_NVML_LIBRARY)
-    .option('--xid.state-file <file>', 'where the fatal Xids this check reported are remembered (not the agent\'s file)', DEFAULT_CHECK_XID_STATE_FILE)
+    .option('--xid.state-file <file>', "where the fatal Xids this check reported are remembered (not the agent's file)", DEFAULT_CHECK_XID_STATE_FILE)
     .option('--expect-gpus <count>', 'GPUs this node has; fewer listed (or none readable) is a fault', parsePositiveInt)
     .option('--drain', 'drain this node in Slurm with the faults as the reason (scontrol update ... State=DRAIN)')
     .option('--scontrol <path>', 'scontrol binary, for --drain', 'scontrol')
@@ -73,7 +75,12 @@ export function checkCommand(): Command {
           report: async (faults) => {
             const reason = `${REASON_PREFIX}${faults.join('; ')}`;
             if (options.drain) {
-              const slurm = new SlurmBackend({ scontrol: options.scontrol, sinfo: 'sinfo', env: options.slurmConf ? { SLURM_CONF: options.slurmConf } : {}, timeoutMs: 30_000 });
+              const slurm = new SlurmBackend({
+                scontrol: options.scontrol,
+                sinfo: 'sinfo',
+                env: options.slurmConf ? { SLURM_CONF: options.slurmConf } : {},
+                timeoutMs: 30_000,
+              });
               await slurm.drain(node, reason);
             }
             process.stdout.write(`${printable(`${node}: ${reason}`)}${options.drain ? ' (drained)' : ''}\n`);

@@ -24,8 +24,8 @@ export interface ControllerOptions {
 /** Adds `--controller.url` and `--token-file` to an operator command. */
 export function withControllerOptions(command: Command): Command {
   return command
-    .addOption(new Option('--controller.url <url>', 'the controller\'s base URL').env('STEADFAST_CONTROLLER_URL').default(DEFAULT_CONTROLLER_URL))
-    .addOption(new Option('--token-file <file>', 'file holding the controller\'s bearer token (or the token itself in STEADFAST_TOKEN)'));
+    .addOption(new Option('--controller.url <url>', "the controller's base URL").env('STEADFAST_CONTROLLER_URL').default(DEFAULT_CONTROLLER_URL))
+    .addOption(new Option('--token-file <file>', "file holding the controller's bearer token (or the token itself in STEADFAST_TOKEN)"));
 }
 
 /** The URL and token from the flags (commander names `--controller.url` `controller.url`) or the environment. */
@@ -69,7 +69,10 @@ export async function callController<T>(connection: ControllerConnection, method
     parsed = { error: text.slice(0, 200) };
   }
   if (!response.ok) {
-    const said = typeof parsed === 'object' && parsed !== null && typeof (parsed as { error?: unknown }).error === 'string' ? (parsed as { error: string }).error : text.slice(0, 200);
+    const said =
+      typeof parsed === 'object' && parsed !== null && typeof (parsed as { error?: unknown }).error === 'string'
+        ? (parsed as { error: string }).error
+        : text.slice(0, 200);
     const hint = response.status === 401 || response.status === 403 ? ' (check --token-file or STEADFAST_TOKEN)' : '';
     // The controller's words on one line, whatever they hold.
     const message = `${method} ${path}: ${response.status} ${printable(said)}${hint}`;

@@ -15,7 +15,6 @@ export { PEER_MODES, suspectsOverWindow, type PeerMode, type SuspectsReport, typ
  * and says what it could not judge: features with no data and why, nodes with no job.
  */
 
-
 interface SuspectsOptions {
   prometheus: string;
   nodes?: string;
@@ -36,20 +35,22 @@ export function suspectsCommand(): Command {
       'Multi-signal detection over a past window (the 504-GPU report): every node scored against the nodes of its training job at each step from Prometheus, against its own usual difference from them, and the nodes unlike them persistently.',
     )
     .requiredOption('--prometheus <url>', 'Prometheus base URL, e.g. http://prometheus:9090')
-    .option('--nodes <a,b,...>', 'judge only these nodes, as one group of peers (one job\'s nodes)')
+    .option('--nodes <a,b,...>', "judge only these nodes, as one group of peers (one job's nodes)")
     .option('--peers <mode>', `who is compared with whom: ${PEER_MODES.join(' | ')} (every node as one group)`, 'training-job')
     .option('--at <time>', 'end of the window: ISO 8601 or unix seconds (default now)')
     .option('--minutes <m>', 'length of the window', nonNegativeNumber, 15)
     .option('--step-seconds <s>', 'seconds between evaluations', positiveNumber, 60)
-    .option('--baseline-hours <h>', 'hours before the window to learn each node\'s own normal from (0: none)', nonNegativeNumber, 3)
+    .option('--baseline-hours <h>', "hours before the window to learn each node's own normal from (0: none)", nonNegativeNumber, 3)
     .option('--baseline-step-minutes <m>', 'minutes between the readings of that warm-up', positiveNumber, 10)
     .option('--scrape-job <job>', 'scrape job of the node metrics (several as a|b)')
     .option('--node-label <label>', 'label naming the node on the node series (default node)')
     .option('--training-job-label <label>', 'label naming the training job (default training_job)')
     .action(async (options: SuspectsOptions) => {
       await runCommand(async () => {
-        if (!URL.canParse(options.prometheus) || !/^https?:$/.test(new URL(options.prometheus).protocol)) throw new InputError(`--prometheus: not an http(s) URL: ${options.prometheus}`, 'prometheus');
-        if (!(PEER_MODES as readonly string[]).includes(options.peers)) throw new InputError(`--peers: must be one of ${PEER_MODES.join(', ')}, got ${options.peers}`, 'peers');
+        if (!URL.canParse(options.prometheus) || !/^https?:$/.test(new URL(options.prometheus).protocol))
+          throw new InputError(`--prometheus: not an http(s) URL: ${options.prometheus}`, 'prometheus');
+        if (!(PEER_MODES as readonly string[]).includes(options.peers))
+          throw new InputError(`--peers: must be one of ${PEER_MODES.join(', ')}, got ${options.peers}`, 'peers');
         checkFlag('--scrape-job', scrapeJobSchema, options.scrapeJob);
         checkFlag('--node-label', prometheusLabelNameSchema, options.nodeLabel);
         checkFlag('--training-job-label', prometheusLabelNameSchema, options.trainingJobLabel);
@@ -57,8 +58,17 @@ export function suspectsCommand(): Command {
         const steps = Math.floor((options.minutes * 60) / options.stepSeconds);
         if (steps < 1 || steps > 10_000) throw new InputError(`--minutes / --step-seconds: ${steps} evaluations; between 1 and 10000 are allowed`, 'minutes');
         const warmupSteps = Math.floor((options.baselineHours * 60) / options.baselineStepMinutes);
-        if (warmupSteps > 2_000) throw new InputError(`--baseline-hours / --baseline-step-minutes: ${warmupSteps} readings; at most 2000 are allowed`, 'baseline-hours');
-        const only = options.nodes === undefined ? undefined : new Set(options.nodes.split(',').map((node) => node.trim()).filter(Boolean));
+        if (warmupSteps > 2_000)
+          throw new InputError(`--baseline-hours / --baseline-step-minutes: ${warmupSteps} readings; at most 2000 are allowed`, 'baseline-hours');
+        const only =
+          options.nodes === undefined
+            ? undefined
+            : new Set(
+                options.nodes
+                  .split(',')
+                  .map((node) => node.trim())
+                  .filter(Boolean),
+              );
         const source = new PrometheusFeatureSource({
           url: options.prometheus,
           ...(options.scrapeJob === undefined ? {} : { agentJob: options.scrapeJob }),
@@ -96,7 +106,8 @@ function nonNegativeNumber(value: string): number {
 function checkFlag(flag: string, schema: z.ZodType<string>, value: string | undefined): void {
   if (value === undefined) return;
   const result = schema.safeParse(value);
-  if (!result.success) throw new InputError(`${flag}: ${result.error.issues.map((issue) => issue.message).join('; ')}, got ${JSON.stringify(value)}`, flag.slice(2));
+  if (!result.success)
+    throw new InputError(`${flag}: ${result.error.issues.map((issue) => issue.message).join('; ')}, got ${JSON.stringify(value)}`, flag.slice(2));
 }
 
 function parseTime(value: string | undefined): number {

@@ -14,7 +14,9 @@ const COLUMNS = ['time', 'rank', 'iteration_seconds'] as const;
 type Column = (typeof COLUMNS)[number];
 
 export function detectCommand(): Command {
-  const detect = new Command('detect').description('Detectors over recorded data: fail-slow iterations (Greyhound §4), multi-signal suspects (504-GPU report).');
+  const detect = new Command('detect').description(
+    'Detectors over recorded data: fail-slow iterations (Greyhound §4), multi-signal suspects (504-GPU report).',
+  );
 
   detect
     .command('failslow')
@@ -51,7 +53,10 @@ export function parseIterationCsv(text: string, source = 'input'): { samples: Fa
   const lines = text.split(/\r?\n/);
   const headerAt = lines.findIndex((line) => line.trim() !== '');
   if (headerAt < 0) throw new InputError(`${source}: empty file; expected the header ${COLUMNS.join(',')}`, 'header');
-  const header = (lines[headerAt] as string).replace(/^\uFEFF/, '').split(',').map((name) => name.trim());
+  const header = (lines[headerAt] as string)
+    .replace(/^\uFEFF/, '')
+    .split(',')
+    .map((name) => name.trim());
   const position = new Map<string, number>(header.map((name, index) => [name, index]));
   const missing = COLUMNS.filter((column) => !position.has(column));
   const unknown = header.filter((name) => !(COLUMNS as readonly string[]).includes(name));

@@ -17,20 +17,26 @@ interface HoldView {
  * a standby until it is released or the hold expires.
  */
 export function holdCommands(): Command[] {
-  const hold = withControllerOptions(new Command('hold').description('Hold a node for maintenance: steadfast records its signals but never acts on it until released or expired.'))
+  const hold = withControllerOptions(
+    new Command('hold').description('Hold a node for maintenance: steadfast records its signals but never acts on it until released or expired.'),
+  )
     .argument('<node>', 'node name as the scheduler knows it')
     .requiredOption('-r, --reason <text>', 'why, shown in every refusal and in the audit')
-    .option('--for <seconds>', 'how long the hold lasts (default: the controller\'s safety.holdDefaultSeconds)', parsePositiveInt)
+    .option('--for <seconds>', "how long the hold lasts (default: the controller's safety.holdDefaultSeconds)", parsePositiveInt)
     .option('--until <time>', 'when the hold ends, ISO 8601 (e.g. 2026-11-21T18:00:00Z)')
     .action(async (nodeArgument: string, options: Record<string, unknown>) => {
       await runCommand(async () => {
         const node = parseOrThrow(nodeNameSchema, nodeArgument, 'node');
-        const body = { reason: options.reason, ...(options.for === undefined ? {} : { durationSeconds: options.for }), ...(options.until === undefined ? {} : { until: options.until }) };
+        const body = {
+          reason: options.reason,
+          ...(options.for === undefined ? {} : { durationSeconds: options.for }),
+          ...(options.until === undefined ? {} : { until: options.until }),
+        };
         const answer = await callController<HoldView>(controllerConnection(options), 'PUT', `/api/v1/holds/${node}`, body);
         process.stdout.write(`${printable(`${answer.node}: held until ${answer.until} (${answer.reason})`)}\n`);
       });
     });
-  const release = withControllerOptions(new Command('release').description('Release a node\'s hold: steadfast may act on it again.'))
+  const release = withControllerOptions(new Command('release').description("Release a node's hold: steadfast may act on it again."))
     .argument('<node>', 'node name as the scheduler knows it')
     .action(async (nodeArgument: string, options: Record<string, unknown>) => {
       await runCommand(async () => {

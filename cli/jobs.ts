@@ -6,7 +6,12 @@ import { callController, controllerConnection, withControllerOptions } from './c
 import { printable, printableJson, runCommand } from './common.js';
 
 interface JobView {
-  readonly spec: { readonly name: string; readonly codeVersion: string; readonly nodes: readonly string[]; readonly hotSwap?: { readonly spares: readonly string[] } };
+  readonly spec: {
+    readonly name: string;
+    readonly codeVersion: string;
+    readonly nodes: readonly string[];
+    readonly hotSwap?: { readonly spares: readonly string[] };
+  };
   /** A hot-swap job's world: the epoch its ranks meet in, and whether a swap is under way. */
   readonly world?: { readonly epoch: number; readonly state: string };
   readonly state: string;
@@ -43,7 +48,9 @@ function describePolicy(policy: JobPolicy | undefined): string {
  */
 export function jobsCommand(): Command {
   const jobs = withControllerOptions(
-    new Command('jobs').description('List registered training jobs with their state, code version, nodes, ETTR, hot swap and policy (over the controller\'s HTTP API).'),
+    new Command('jobs').description(
+      "List registered training jobs with their state, code version, nodes, ETTR, hot swap and policy (over the controller's HTTP API).",
+    ),
   )
     // `jobs delete … --token-file F`: the flags after a subcommand are the subcommand's own.
     .enablePositionalOptions()
@@ -56,7 +63,9 @@ export function jobsCommand(): Command {
           return;
         }
         const percent = (value: number): string => `${(value * 100).toFixed(1)}%`;
-        process.stdout.write(`${'JOB'.padEnd(24)} ${'STATE'.padEnd(18)} ${'VERSION'.padEnd(12)} ${'NODES'.padStart(5)} ${'ETTR'.padStart(7)} ${'ETTR 1h'.padStart(7)}  ${'HOT SWAP'.padEnd(26)} SINCE                     POLICY\n`);
+        process.stdout.write(
+          `${'JOB'.padEnd(24)} ${'STATE'.padEnd(18)} ${'VERSION'.padEnd(12)} ${'NODES'.padStart(5)} ${'ETTR'.padStart(7)} ${'ETTR 1h'.padStart(7)}  ${'HOT SWAP'.padEnd(26)} SINCE                     POLICY\n`,
+        );
         for (const job of answer.jobs) {
           const line = `${job.spec.name.padEnd(24)} ${job.state.padEnd(18)} ${job.spec.codeVersion.padEnd(12)} ${String(job.spec.nodes.length).padStart(5)} ${percent(job.ettr.cumulative).padStart(7)} ${percent(job.ettr.window1h).padStart(7)}  ${describeHotSwap(job).padEnd(26)} ${job.stateSince.padEnd(25)} ${describePolicy(job.policy)}`;
           process.stdout.write(`${printable(line.replace(/ +$/, ''))}\n`);
@@ -65,8 +74,10 @@ export function jobsCommand(): Command {
     });
 
   jobs.addCommand(
-    withControllerOptions(new Command('delete').description('Unregister a job: steadfast stops watching and recovering it (its workload keeps running); audited.'))
-      .argument('<job>', 'the registered job\'s name')
+    withControllerOptions(
+      new Command('delete').description('Unregister a job: steadfast stops watching and recovering it (its workload keeps running); audited.'),
+    )
+      .argument('<job>', "the registered job's name")
       .action(async (name: string, options: Record<string, unknown>) => {
         await runCommand(async () => {
           const job = parseOrThrow(jobNameSchema, name, 'job');
@@ -77,9 +88,11 @@ export function jobsCommand(): Command {
   );
 
   jobs.addCommand(
-    withControllerOptions(new Command('policy').description('Turn a job\'s automatic recovery and dry-run on or off; a refused step is audited with the reason.'))
-      .argument('<job>', 'the registered job\'s name')
-      .option('--recovery <on|off>', 'automatic recovery (the ladder\'s acting steps)', onOff('--recovery'))
+    withControllerOptions(
+      new Command('policy').description("Turn a job's automatic recovery and dry-run on or off; a refused step is audited with the reason."),
+    )
+      .argument('<job>', "the registered job's name")
+      .option('--recovery <on|off>', "automatic recovery (the ladder's acting steps)", onOff('--recovery'))
       .option('--dry-run <on|off>', 'act through a recording backend, describe launches instead of running them', onOff('--dry-run'))
       .action(async (name: string, options: Record<string, unknown>) => {
         await runCommand(async () => {

@@ -12,7 +12,9 @@ interface PauseAnswer {
 
 /** `steadfast pause` and `steadfast unpause`: the first safety gate, shared by every actuator, set over the controller's API. */
 export function pauseCommands(): Command[] {
-  const pause = withControllerOptions(new Command('pause').description('Stop every actuator from acting (signals and decisions are still recorded; actions are refused with the reason).'))
+  const pause = withControllerOptions(
+    new Command('pause').description('Stop every actuator from acting (signals and decisions are still recorded; actions are refused with the reason).'),
+  )
     .option('-r, --reason <text>', 'why, shown in every refusal', 'paused by operator')
     .action(async (options: Record<string, unknown>) => {
       await runCommand(async () => {
@@ -20,13 +22,13 @@ export function pauseCommands(): Command[] {
         process.stdout.write(`paused: ${printable(answer.reason ?? '')}\n`);
       });
     });
-  const unpause = withControllerOptions(new Command('unpause').description('Let actuators act again; shows the eviction budget used in the current window.')).action(
-    async (options: Record<string, unknown>) => {
-      await runCommand(async () => {
-        const answer = await callController<PauseAnswer>(controllerConnection(options), 'DELETE', '/api/v1/pause');
-        process.stdout.write(`unpaused; drains in the last ${answer.windowSeconds} s: ${answer.drainsInWindow} of ${answer.maxPerWindow}\n`);
-      });
-    },
-  );
+  const unpause = withControllerOptions(
+    new Command('unpause').description('Let actuators act again; shows the eviction budget used in the current window.'),
+  ).action(async (options: Record<string, unknown>) => {
+    await runCommand(async () => {
+      const answer = await callController<PauseAnswer>(controllerConnection(options), 'DELETE', '/api/v1/pause');
+      process.stdout.write(`unpaused; drains in the last ${answer.windowSeconds} s: ${answer.drainsInWindow} of ${answer.maxPerWindow}\n`);
+    });
+  });
   return [pause, unpause];
 }

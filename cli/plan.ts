@@ -68,7 +68,9 @@ function print(value: unknown): void {
 }
 
 export function planCommand(): Command {
-  const plan = new Command('plan').description('Planners: warm standby pool size, checkpoint backup placement, checkpoint interval, micro-batch assignment, dual-phase replay groups.');
+  const plan = new Command('plan').description(
+    'Planners: warm standby pool size, checkpoint backup placement, checkpoint interval, micro-batch assignment, dual-phase replay groups.',
+  );
 
   plan
     .command('standby')
@@ -82,7 +84,7 @@ export function planCommand(): Command {
 
   plan
     .command('backups')
-    .description('Place each rank\'s checkpoint backups outside its TP, PP and DP groups and across racks (ByteRobust §6.3, DeadPool §V-C).')
+    .description("Place each rank's checkpoint backups outside its TP, PP and DP groups and across racks (ByteRobust §6.3, DeadPool §V-C).")
     .requiredOption('--topology <file>', 'topology JSON: {"ranks": [...]} or sizes with an order string')
     .option('--replicas <k>', 'backups per shard', parsePositiveInt, 1)
     .option('--racks <file>', 'JSON object mapping node name to rack or switch')
@@ -97,7 +99,7 @@ export function planCommand(): Command {
 
   plan
     .command('checkpoint')
-    .description('Checkpoint interval that minimises lost work: Young\'s √(2·C·MTBF) and Daly\'s refinement.')
+    .description("Checkpoint interval that minimises lost work: Young's √(2·C·MTBF) and Daly's refinement.")
     .requiredOption('--mtbf-hours <h>', 'mean time between failures of the whole job, in hours', positiveNumber)
     .requiredOption('--checkpoint-seconds <c>', 'time to write one checkpoint, in seconds', positiveNumber)
     .action(async (options: { mtbfHours: number; checkpointSeconds: number }) => {
@@ -106,7 +108,7 @@ export function planCommand(): Command {
 
   plan
     .command('microbatch')
-    .description('Exact micro-batch assignment over DP groups minimising the slowest group\'s time (Greyhound\'s rebalancing problem).')
+    .description("Exact micro-batch assignment over DP groups minimising the slowest group's time (Greyhound's rebalancing problem).")
     .requiredOption('--times <t1,t2,...>', 'seconds per micro-batch of each DP group, comma-separated')
     .requiredOption('--microbatches <M>', 'micro-batches per iteration in total', parsePositiveInt)
     .option('--pp <P>', 'pipeline stages: every group gets a multiple of P (1F1B)', parsePositiveInt)
@@ -137,10 +139,14 @@ export function planCommand(): Command {
         }
         const { suspects } = replaySuspects(machines, options.groupSize, failed);
         if (suspects.length === 0) {
-          process.stderr.write('steadfast: the failing groups share no machine: the replays disagree (more than one faulty machine, or a fault that did not reproduce)\n');
+          process.stderr.write(
+            'steadfast: the failing groups share no machine: the replays disagree (more than one faulty machine, or a fault that did not reproduce)\n',
+          );
         } else if (suspects.length > 1) {
           const perPhase = machines.length / options.groupSize;
-          process.stderr.write(`steadfast: group size ${options.groupSize} > ${perPhase} groups, so one fault leaves up to ${maxSuspects(machines.length, options.groupSize)} suspects (Algorithm 1 line 10)\n`);
+          process.stderr.write(
+            `steadfast: group size ${options.groupSize} > ${perPhase} groups, so one fault leaves up to ${maxSuspects(machines.length, options.groupSize)} suspects (Algorithm 1 line 10)\n`,
+          );
         }
         print({ ...groups, suspects });
       });

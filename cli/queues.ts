@@ -50,8 +50,10 @@ function redisHost(url: string): string {
  * straight from Redis with the config's credentials, for when the controller itself is down.
  */
 export function queuesCommand(): Command {
-  return withControllerOptions(new Command('queues').description(`Show the steadfast queues: jobs by state and the ${FAILED_SHOWN} newest failed jobs with their reasons.`))
-    .option('--redis', 'read Redis directly with the config\'s credentials (for when the controller is down)')
+  return withControllerOptions(
+    new Command('queues').description(`Show the steadfast queues: jobs by state and the ${FAILED_SHOWN} newest failed jobs with their reasons.`),
+  )
+    .option('--redis', "read Redis directly with the config's credentials (for when the controller is down)")
     .option('-c, --config <file>', 'YAML config file, with --redis', process.env.STEADFAST_CONFIG)
     .option('--json', 'one JSON object: {"queues": [{name, isPaused, counts, failed}]}')
     .action(async (options: Record<string, unknown>) => {
@@ -76,7 +78,9 @@ async function readQueuesFromRedis(configFile: string | undefined): Promise<Queu
   redis.on('error', () => undefined); // the failed command reports it
   try {
     await redis.ping().catch((error: unknown) => {
-      throw new Error(`Redis at ${config.redis.sentinels ? describeRedis(config.redis) : redisHost(config.redis.url)} is not reachable: ${errorMessage(error)}`);
+      throw new Error(
+        `Redis at ${config.redis.sentinels ? describeRedis(config.redis) : redisHost(config.redis.url)} is not reachable: ${errorMessage(error)}`,
+      );
     });
     const queues: QueueSummary[] = [];
     for (const name of Object.values(QUEUE_NAMES)) queues.push(await summarizeQueue(redis, config.redis.prefix, name));

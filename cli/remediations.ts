@@ -16,14 +16,20 @@ interface RemediationsView {
  * drains, reboots, hand-offs — with how each ended, its decision and who caused it.
  */
 export function remediationsCommand(): Command {
-  return withControllerOptions(new Command('remediations').description('Show a node\'s remediation history: GPU resets, drains, reboots and hand-offs, newest first.'))
+  return withControllerOptions(
+    new Command('remediations').description("Show a node's remediation history: GPU resets, drains, reboots and hand-offs, newest first."),
+  )
     .argument('<node>', 'node name as the scheduler knows it')
     .option('-n, --limit <count>', 'entries to show', parsePositiveInt, 50)
-    .option('--json', 'print the controller\'s answer as JSON')
+    .option('--json', "print the controller's answer as JSON")
     .action(async (nodeArgument: string, options: Record<string, unknown>) => {
       await runCommand(async () => {
         const node = parseOrThrow(nodeNameSchema, nodeArgument, 'node');
-        const answer = await callController<RemediationsView>(controllerConnection(options), 'GET', `/api/v1/nodes/${node}/remediations?limit=${String(options.limit)}`);
+        const answer = await callController<RemediationsView>(
+          controllerConnection(options),
+          'GET',
+          `/api/v1/nodes/${node}/remediations?limit=${String(options.limit)}`,
+        );
         if (options.json) {
           process.stdout.write(`${printableJson(answer)}\n`);
           return;
@@ -33,7 +39,9 @@ export function remediationsCommand(): Command {
         for (const entry of answer.remediations) {
           const actor = entry.actor ? ` by ${entry.actor.role}${entry.actor.node ? ` ${entry.actor.node}` : ''}` : '';
           const gpu = entry.gpu ? ` GPU ${entry.gpu}` : '';
-          process.stdout.write(`${printable(`${entry.time}  ${`${entry.action}${gpu}`.padEnd(26)} ${entry.outcome.padEnd(9)} ${entry.decisionId}${actor}: ${entry.detail}`)}\n`);
+          process.stdout.write(
+            `${printable(`${entry.time}  ${`${entry.action}${gpu}`.padEnd(26)} ${entry.outcome.padEnd(9)} ${entry.decisionId}${actor}: ${entry.detail}`)}\n`,
+          );
         }
       });
     });

@@ -87,8 +87,14 @@ export function resumeCommand(): Command {
           const closed = (await closeFaultsOnResume(redis, keys, node, Date.now())) ?? claim;
           // An operator returning a node vouches for it: it leaves quarantine too.
           await redis.srem(keys.quarantine, node);
-          await record('done', `resume ${node}: done (${options.reason}; was ${before.raw}${options.force ? '; without its checks (--force)' : ''})`, options.reason);
-          process.stdout.write(`${printable(`${node}: resumed through ${backend.name} (was ${before.raw})${options.force ? ', without its checks' : ', its checks passed'}${closed ? `; decision ${closed} closed` : ''}`)}\n`);
+          await record(
+            'done',
+            `resume ${node}: done (${options.reason}; was ${before.raw}${options.force ? '; without its checks (--force)' : ''})`,
+            options.reason,
+          );
+          process.stdout.write(
+            `${printable(`${node}: resumed through ${backend.name} (was ${before.raw})${options.force ? ', without its checks' : ', its checks passed'}${closed ? `; decision ${closed} closed` : ''}`)}\n`,
+          );
         } finally {
           redis.disconnect();
         }

@@ -35,21 +35,28 @@ function chosenThresholds(options: RulesOptions): Thresholds {
   try {
     return validate({ ...base, runbookBaseUrl: url });
   } catch (error) {
-    if (error instanceof InputError) throw new InputError(`--runbook-base-url: must be a URL, got ${JSON.stringify(options.runbookBaseUrl)}`, '--runbook-base-url');
+    if (error instanceof InputError)
+      throw new InputError(`--runbook-base-url: must be a URL, got ${JSON.stringify(options.runbookBaseUrl)}`, '--runbook-base-url');
     throw error;
   }
 }
 
 export function rulesCommand(): Command {
   return new Command('rules')
-    .description('Render the Prometheus alerting rules with your thresholds, selectors and runbook links: one file per domain, or one PrometheusRule for the prometheus-operator.')
+    .description(
+      'Render the Prometheus alerting rules with your thresholds, selectors and runbook links: one file per domain, or one PrometheusRule for the prometheus-operator.',
+    )
     .requiredOption('-o, --out <dir>', 'directory to write into (created if missing)')
-    .addOption(new Option('--format <format>', 'files: <domain>.yml for rule_files:; prometheusrule: one PrometheusRule object').choices(['files', 'prometheusrule']).default('files'))
+    .addOption(
+      new Option('--format <format>', 'files: <domain>.yml for rule_files:; prometheusrule: one PrometheusRule object')
+        .choices(['files', 'prometheusrule'])
+        .default('files'),
+    )
     .option('--thresholds <file>', 'YAML file of thresholds and selectors laid over the defaults (keys as in rules/thresholds.ts)')
     .option('--runbook-base-url <url>', 'where the runbook_url annotations point: your copy of docs/runbooks/ (overrides runbookBaseUrl in --thresholds)')
     .option('--name <name>', 'PrometheusRule name', String(DEFAULT_PROMETHEUS_RULE.name))
     .option('--namespace <namespace>', 'PrometheusRule namespace', String(DEFAULT_PROMETHEUS_RULE.namespace))
-    .option('--label <key=value>', "PrometheusRule label the Prometheus ruleSelector matches (repeatable), e.g. release=kube-prometheus-stack", parseLabel, {})
+    .option('--label <key=value>', 'PrometheusRule label the Prometheus ruleSelector matches (repeatable), e.g. release=kube-prometheus-stack', parseLabel, {})
     .action(async (options: RulesOptions) => {
       await runCommand(async () => {
         const config = chosenThresholds(options);

@@ -25,7 +25,7 @@ export function parseInterval(value: string): number {
   const match = /^(\d+)(s|m|h)?$/.exec(value);
   const amount = Number(match?.[1]);
   if (!match || amount < 1) throw new InvalidArgumentError('must be a duration of at least 1s, like 30s, 5m or 1h');
-  return amount * { s: 1000, m: 60_000, h: 3_600_000 }[match[2] as 's' | 'm' | 'h' | undefined ?? 's'];
+  return amount * { s: 1000, m: 60_000, h: 3_600_000 }[(match[2] as 's' | 'm' | 'h' | undefined) ?? 's'];
 }
 
 /** The file_sd document: one group per node, so each target keeps its own `node` label. */

@@ -6,7 +6,8 @@ import { NODE_NAME_PATTERN } from '../core/names.js';
 import { runCommand } from './common.js';
 
 function parseNode(value: string): string {
-  if (!NODE_NAME_PATTERN.test(value)) throw new InvalidArgumentError('must be a node name: 1-63 letters, digits, ".", "_" or "-", starting with a letter or digit');
+  if (!NODE_NAME_PATTERN.test(value))
+    throw new InvalidArgumentError('must be a node name: 1-63 letters, digits, ".", "_" or "-", starting with a letter or digit');
   return value;
 }
 
@@ -20,7 +21,10 @@ export function tokenCommand(): Command {
   command
     .command('agent')
     .description("Print a node's agent token (NODE.HEX): the file its agent's --controller.token-file names.")
-    .requiredOption('--node <name...>', 'the node(s) to print a token for, one line each', (value: string, previous: string[] | undefined) => [...(previous ?? []), parseNode(value)])
+    .requiredOption('--node <name...>', 'the node(s) to print a token for, one line each', (value: string, previous: string[] | undefined) => [
+      ...(previous ?? []),
+      parseNode(value),
+    ])
     .requiredOption('--secret-file <file>', "the controller's agent secret (controller.auth.agentSecretFile)")
     .action(async (options: { node: string[]; secretFile: string }) => {
       await runCommand(async () => {

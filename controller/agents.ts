@@ -37,7 +37,9 @@ export class AgentDirectory {
   async urls(nodes: readonly string[]): Promise<Map<string, string>> {
     const known = await Promise.all(nodes.map(async (node) => ({ node, known: await this.knows(node).catch(() => false) })));
     return new Map(
-      known.filter((entry) => entry.known).map(({ node }) => [node, (this.config.urls[node] ?? this.config.urlTemplate.replaceAll('{node}', node)).replace(/\/+$/, '')] as const),
+      known
+        .filter((entry) => entry.known)
+        .map(({ node }) => [node, (this.config.urls[node] ?? this.config.urlTemplate.replaceAll('{node}', node)).replace(/\/+$/, '')] as const),
     );
   }
 
@@ -101,7 +103,8 @@ export async function traceNodes(agents: AgentDirectory, nodes: readonly string[
           signal: AbortSignal.timeout((timeoutSeconds + 5) * 1000),
         });
         const body = (await response.json().catch(() => ({}))) as unknown;
-        if (!response.ok) return { node, byRank: new Map(), unranked: 0, error: `agent answered HTTP ${response.status}: ${JSON.stringify(body).slice(0, 200)}` };
+        if (!response.ok)
+          return { node, byRank: new Map(), unranked: 0, error: `agent answered HTTP ${response.status}: ${JSON.stringify(body).slice(0, 200)}` };
         const parsed = traceAnswerSchema.safeParse(body);
         if (!parsed.success) return { node, byRank: new Map(), unranked: 0, error: `agent answer is not a trace: ${describeIssues(parsed.error.issues)}` };
         const byRank = new Map<number, string>();

@@ -93,18 +93,29 @@ export class CheckpointStore {
    */
   async add(name: string, job: { readonly ranks: number; readonly nodes: ReadonlySet<string> }, body: unknown): Promise<number> {
     const { ranks, nodes } = job;
-    const list = Array.isArray(body) ? parseOrThrow(checkpointReportSchema, body, 'checkpoint shards') : [parseOrThrow(checkpointShardSchema, body, 'checkpoint shards')];
+    const list = Array.isArray(body)
+      ? parseOrThrow(checkpointReportSchema, body, 'checkpoint shards')
+      : [parseOrThrow(checkpointShardSchema, body, 'checkpoint shards')];
     const latest = new Map<string, CheckpointShard>();
     for (const [index, shard] of list.entries()) {
       const at = Array.isArray(body) ? `${index}.` : '';
-      if (shard.rank >= ranks) throw new InputError(`invalid checkpoint shards: ${at}rank: ${shard.rank} is not a rank of job ${name}, which has ranks 0-${ranks - 1}`, `${at}rank`);
-      if (shard.holder !== undefined && !nodes.has(shard.holder)) throw new InputError(`invalid checkpoint shards: ${at}holder: ${shard.holder} is not a node of job ${name}`, `${at}holder`);
+      if (shard.rank >= ranks)
+        throw new InputError(`invalid checkpoint shards: ${at}rank: ${shard.rank} is not a rank of job ${name}, which has ranks 0-${ranks - 1}`, `${at}rank`);
+      if (shard.holder !== undefined && !nodes.has(shard.holder))
+        throw new InputError(`invalid checkpoint shards: ${at}holder: ${shard.holder} is not a node of job ${name}`, `${at}holder`);
       // The last report of a copy wins, as it would in two requests.
       latest.set(`${shard.step}/${shard.rank}/${shard.holder ?? ''}`, shard);
     }
     const perStep = ranks * CHECKPOINT_COPIES_PER_RANK;
     const args = [...latest.values()].flatMap((shard) => [String(shard.step), copyMember(shard), ...replacedMembers(shard)]);
-    const answer = (await this.redis.eval(ADD_CHECKPOINTS, 1, this.keys.jobCheckpoints(name), String(perStep), String(checkpointStepsKept(ranks)), ...args)) as string[];
+    const answer = (await this.redis.eval(
+      ADD_CHECKPOINTS,
+      1,
+      this.keys.jobCheckpoints(name),
+      String(perStep),
+      String(checkpointStepsKept(ranks)),
+      ...args,
+    )) as string[];
     if (answer[0] === 'full') {
       throw new InputError(
         `invalid checkpoint shards: step ${answer[1] ?? ''} would hold ${answer[2] ?? ''} copies; job ${name} keeps at most ${perStep} a step (${ranks} ranks × ${CHECKPOINT_COPIES_PER_RANK} copies)`,

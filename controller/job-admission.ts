@@ -24,11 +24,17 @@ const NODE_CHECKS_AT_ONCE = 16;
 export async function admitJob(body: unknown, deps: { readonly launchers: Launchers; readonly backend: ClusterBackend }): Promise<JobSpec> {
   const { spec } = parseJobSpec(body);
   resolveLauncher(deps.launchers, spec.launcher);
-  for (const [field, nodes] of [['nodes', spec.nodes], ['hotSwap.spares', spec.hotSwap?.spares ?? []]] as const) {
+  for (const [field, nodes] of [
+    ['nodes', spec.nodes],
+    ['hotSwap.spares', spec.hotSwap?.spares ?? []],
+  ] as const) {
     const unknown = await unknownNodes(deps.backend, nodes);
     if (unknown.length > 0) {
       const shown = unknown.slice(0, 20).join(', ');
-      throw new InputError(`job.${field}: not known to the ${deps.backend.name} backend: ${shown}${unknown.length > 20 ? ` and ${unknown.length - 20} more` : ''}`, field);
+      throw new InputError(
+        `job.${field}: not known to the ${deps.backend.name} backend: ${shown}${unknown.length > 20 ? ` and ${unknown.length - 20} more` : ''}`,
+        field,
+      );
     }
   }
   return spec;

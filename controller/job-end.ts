@@ -25,11 +25,17 @@ export async function finishIfWorkloadEnded(
     return undefined;
   });
   // Read present once: from then on, not found means deleted, for this controller and the next.
-  if (!seenBefore && (workload?.state === 'active' || workload?.state === 'failed' || workload?.state === 'completed')) await deps.jobs.markWorkloadSeen(job, now);
+  if (!seenBefore && (workload?.state === 'active' || workload?.state === 'failed' || workload?.state === 'completed'))
+    await deps.jobs.markWorkloadSeen(job, now);
   if (workload?.state !== 'completed' && workload?.state !== 'cancelled') return false;
   await deps.jobs.finish(job, workload.detail, now);
   await deps.audit.append(
-    { type: 'action', ref: `finished-${job}`, summary: `${job}: finished (${workload.detail}); its nodes leave its recovery ladder`, data: { job, verb: 'finish', state: 'done', detail: workload.detail } },
+    {
+      type: 'action',
+      ref: `finished-${job}`,
+      summary: `${job}: finished (${workload.detail}); its nodes leave its recovery ladder`,
+      data: { job, verb: 'finish', state: 'done', detail: workload.detail },
+    },
     `finished:${job}:${now}`,
   );
   return true;

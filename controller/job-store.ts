@@ -107,7 +107,6 @@ redis.call('rpush', KEYS[3], ARGV[4])
 for i = 4, #KEYS do redis.call('set', KEYS[i], cjson.decode(ARGV[2]).name) end
 return {'ok'}`;
 
-
 /**
  * A node leaves a registered job with no one in its place: it is noted in the job's `vacant`
  * list (once), and its node → job entry goes if it still names this job. KEYS: the job's hash,
@@ -153,7 +152,16 @@ export class JobStore {
     // A hot-swap spare is reserved for the job as its nodes are: busy in another job, it is refused.
     const reserved = [...spec.nodes, ...jobSpares({ spec })];
     const keys = [this.keys.job(spec.name), this.keys.jobs, this.keys.jobTransitions(spec.name), ...reserved.map((node) => this.keys.nodeJob(node))];
-    const answer = (await this.redis.eval(REGISTER_JOB, keys.length, ...keys, this.keys.job(''), JSON.stringify(spec), String(now), JSON.stringify({ at: now, productive: true }), ...reserved)) as string[];
+    const answer = (await this.redis.eval(
+      REGISTER_JOB,
+      keys.length,
+      ...keys,
+      this.keys.job(''),
+      JSON.stringify(spec),
+      String(now),
+      JSON.stringify({ at: now, productive: true }),
+      ...reserved,
+    )) as string[];
     if (answer[0] === 'exists') throw new JobExistsError(spec.name);
     if (answer[0] === 'busy') {
       const busy = new Map<string, string>();
@@ -225,7 +233,13 @@ export class JobStore {
     // Its nodes leave it before it reads as finished: whoever sees it finished finds them free,
     // and a finish cut short here is done again (its workload is still gone) at the next tick.
     await this.releaseNodes(name, [...record.spec.nodes, ...jobSpares(record)]);
-    await this.redis.del(this.keys.jobAwaitingProgress(name), this.keys.jobLadder(name), this.keys.jobLadderUndo(name), this.keys.jobWorld(name), this.keys.jobWorldReports(name));
+    await this.redis.del(
+      this.keys.jobAwaitingProgress(name),
+      this.keys.jobLadder(name),
+      this.keys.jobLadderUndo(name),
+      this.keys.jobWorld(name),
+      this.keys.jobWorldReports(name),
+    );
     await this.setState(name, 'finished', reason, now);
   }
 
@@ -357,7 +371,6 @@ export class JobStore {
     yield* this.copies.steps(name);
   }
 }
-
 
 /** A stored JSON field read back through `schema`, or undefined when it is not JSON or not of that shape. */
 function readStored<T>(raw: string, schema: z.ZodType<T>): T | undefined {

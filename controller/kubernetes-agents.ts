@@ -215,12 +215,18 @@ export class KubernetesAgentTokens implements TokenReviewer {
     const claims = unverifiedClaims(token);
     if (!claims) throw new TokenRefusedError('not a Kubernetes service-account token (its payload is not a JSON object)');
     if (!claims.audiences.includes(this.options.audience)) {
-      throw new TokenRefusedError(`the Kubernetes service-account token is for audience ${JSON.stringify(claims.audiences.join(','))}, not this controller's "${this.options.audience}" (the projected volume's audience)`);
+      throw new TokenRefusedError(
+        `the Kubernetes service-account token is for audience ${JSON.stringify(claims.audiences.join(','))}, not this controller's "${this.options.audience}" (the projected volume's audience)`,
+      );
     }
     // The kubelet's next token of a known pod still counts against its client's rate, but not in the strangers' slots.
     const pod = claims.podUid;
     const successor =
-      !renewal && pod !== undefined && (this.knownPods.get(pod) ?? 0) > now && !this.successorsInFlight.has(pod) && this.successorsInFlight.size < SUCCESSOR_REVIEWS_IN_FLIGHT;
+      !renewal &&
+      pod !== undefined &&
+      (this.knownPods.get(pod) ?? 0) > now &&
+      !this.successorsInFlight.has(pod) &&
+      this.successorsInFlight.size < SUCCESSOR_REVIEWS_IN_FLIGHT;
     const stranger = !renewal && !successor;
     if (!renewal) {
       const decision = this.perClient.take(client);
@@ -232,8 +238,10 @@ export class KubernetesAgentTokens implements TokenReviewer {
         );
       }
     }
-    if (stranger && this.unknownInFlight >= UNKNOWN_REVIEWS_IN_FLIGHT) throw new ReviewUnavailableError(`${UNKNOWN_REVIEWS_IN_FLIGHT} reviews of tokens not seen before are already in progress`);
-    if (this.inFlight.size >= MAX_REVIEWS_IN_FLIGHT) throw new ReviewUnavailableError(`${MAX_REVIEWS_IN_FLIGHT} Kubernetes token reviews are already in progress`);
+    if (stranger && this.unknownInFlight >= UNKNOWN_REVIEWS_IN_FLIGHT)
+      throw new ReviewUnavailableError(`${UNKNOWN_REVIEWS_IN_FLIGHT} reviews of tokens not seen before are already in progress`);
+    if (this.inFlight.size >= MAX_REVIEWS_IN_FLIGHT)
+      throw new ReviewUnavailableError(`${MAX_REVIEWS_IN_FLIGHT} Kubernetes token reviews are already in progress`);
     if (stranger) this.unknownInFlight += 1;
     if (successor) this.successorsInFlight.add(pod);
     const abandon = new AbortController();
@@ -313,7 +321,10 @@ export class KubernetesAgentTokens implements TokenReviewer {
       throw unavailable(error, 'review the token', 'create tokenreviews.authentication.k8s.io');
     }
     const parsed = reviewStatusSchema.safeParse(answer);
-    if (!parsed.success) throw new MalformedReviewError(`the Kubernetes API server's TokenReview answer is malformed (${describeIssues(parsed.error.issues, 'status')}); the token is refused`);
+    if (!parsed.success)
+      throw new MalformedReviewError(
+        `the Kubernetes API server's TokenReview answer is malformed (${describeIssues(parsed.error.issues, 'status')}); the token is refused`,
+      );
     const status = parsed.data;
     if (status.authenticated !== true) {
       throw new TokenRefusedError(`the Kubernetes API server did not authenticate the service-account token${status.error ? `: ${status.error}` : ''}`);
@@ -327,7 +338,10 @@ export class KubernetesAgentTokens implements TokenReviewer {
       throw new TokenRefusedError(`the token is ${JSON.stringify(username)}'s; agents present the service account ${this.username}'s`);
     }
     const node = firstExtra(status, EXTRA_NODE_NAME) ?? (await this.podNode(status, abandoned));
-    if (!NODE_NAME_PATTERN.test(node)) throw new TokenRefusedError(`the agent's node name ${JSON.stringify(node.slice(0, 80))} is not one steadfast can act on (letters, digits, ".", "_", "-", at most 63)`);
+    if (!NODE_NAME_PATTERN.test(node))
+      throw new TokenRefusedError(
+        `the agent's node name ${JSON.stringify(node.slice(0, 80))} is not one steadfast can act on (letters, digits, ".", "_", "-", at most 63)`,
+      );
     return { identity: { role: 'agent', node }, podUid: firstExtra(status, EXTRA_POD_UID) };
   }
 
@@ -336,14 +350,17 @@ export class KubernetesAgentTokens implements TokenReviewer {
     const name = firstExtra(status, EXTRA_POD_NAME);
     const uid = firstExtra(status, EXTRA_POD_UID);
     if (name === undefined || uid === undefined) {
-      throw new TokenRefusedError('the service-account token is not bound to a pod: mount it as a projected serviceAccountToken volume (deploy/kubernetes/agent.yaml)');
+      throw new TokenRefusedError(
+        'the service-account token is not bound to a pod: mount it as a projected serviceAccountToken volume (deploy/kubernetes/agent.yaml)',
+      );
     }
     let pod;
     try {
       pod = await this.core.readNamespacedPod({ name, namespace: this.options.namespace }, abandonable(this.http, abandoned));
     } catch (error) {
       if (abandoned.aborted) throw new ReviewUnavailableError('the token review was abandoned: every request waiting for it went away', error);
-      if (error instanceof ApiException && error.code === 404) throw new TokenRefusedError(`the token's pod ${this.options.namespace}/${name} no longer exists`);
+      if (error instanceof ApiException && error.code === 404)
+        throw new TokenRefusedError(`the token's pod ${this.options.namespace}/${name} no longer exists`);
       throw unavailable(error, `read pod ${this.options.namespace}/${name}`, 'get pods');
     }
     if (pod.metadata?.uid !== uid) throw new TokenRefusedError(`the token's pod ${this.options.namespace}/${name} was replaced (uid ${uid} is gone)`);
@@ -355,10 +372,16 @@ export class KubernetesAgentTokens implements TokenReviewer {
 
 /** A failed call to the API server: nobody could say whether the token is good. */
 function unavailable(error: unknown, action: string, permission: string): ReviewUnavailableError {
-  if (!(error instanceof ApiException)) return new ReviewUnavailableError(`the Kubernetes API server is unreachable, cannot ${action}: ${errorMessage(error)}`, error);
+  if (!(error instanceof ApiException))
+    return new ReviewUnavailableError(`the Kubernetes API server is unreachable, cannot ${action}: ${errorMessage(error)}`, error);
   const detail = `HTTP ${error.code}: ${serverMessage(error)}`;
-  if (error.code === 403) return new ReviewUnavailableError(`the controller may not ${action}: it lacks the RBAC permission "${permission}" (deploy/kubernetes/rbac.yaml); ${detail}`, error);
-  if (error.code === 401) return new ReviewUnavailableError(`the Kubernetes API server rejected the controller's own credentials trying to ${action}; ${detail}`, error);
+  if (error.code === 403)
+    return new ReviewUnavailableError(
+      `the controller may not ${action}: it lacks the RBAC permission "${permission}" (deploy/kubernetes/rbac.yaml); ${detail}`,
+      error,
+    );
+  if (error.code === 401)
+    return new ReviewUnavailableError(`the Kubernetes API server rejected the controller's own credentials trying to ${action}; ${detail}`, error);
   return new ReviewUnavailableError(`the Kubernetes API server failed to ${action}; ${detail}`, error);
 }
 

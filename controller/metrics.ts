@@ -41,7 +41,7 @@ export class ControllerMetrics {
     });
     this.alertsTruncated = new Counter({
       name: 'steadfast_alerts_truncated_total',
-      help: 'Alerts Alertmanager reported leaving out of its webhooks (truncatedAlerts, past the receiver\'s max_alerts).',
+      help: "Alerts Alertmanager reported leaving out of its webhooks (truncatedAlerts, past the receiver's max_alerts).",
       registers,
     });
     this.actions = new Counter({
@@ -52,7 +52,7 @@ export class ControllerMetrics {
     });
     this.remediations = new Counter({
       name: 'steadfast_remediations_total',
-      help: 'Remediations of nodes outside a job\'s ladder, by node, action (reset_gpu, drain, reboot, hand_off) and outcome (done, refused, failed, fell_back).',
+      help: "Remediations of nodes outside a job's ladder, by node, action (reset_gpu, drain, reboot, hand_off) and outcome (done, refused, failed, fell_back).",
       labelNames: ['node', 'action', 'outcome'],
       registers,
     });
@@ -74,7 +74,7 @@ export class ControllerMetrics {
     });
     this.humanPages = new Counter({
       name: 'steadfast_human_pages_total',
-      help: 'Times a job\'s recovery needed a person: the ladder ran out, an action was refused, no standby was left.',
+      help: "Times a job's recovery needed a person: the ladder ran out, an action was refused, no standby was left.",
       labelNames: ['training_job'],
       registers,
     });

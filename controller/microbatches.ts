@@ -48,9 +48,14 @@ export class MicrobatchBoard {
 
   private async shape(job: string): Promise<{ microbatches: number; multipleOf: number; dpGroups: number }> {
     const record = await this.jobs.get(job);
-    if (!record.spec.microbatches) throw new InputError(`job ${job} was registered without microbatches.perIteration, so steadfast cannot assign micro-batches`, 'microbatches');
+    if (!record.spec.microbatches)
+      throw new InputError(`job ${job} was registered without microbatches.perIteration, so steadfast cannot assign micro-batches`, 'microbatches');
     const { topology } = parseJobSpec(record.spec);
-    return { microbatches: record.spec.microbatches.perIteration, multipleOf: record.spec.microbatches.multipleOf ?? 1, dpGroups: dataParallelGroups(topology) };
+    return {
+      microbatches: record.spec.microbatches.perIteration,
+      multipleOf: record.spec.microbatches.multipleOf ?? 1,
+      dpGroups: dataParallelGroups(topology),
+    };
   }
 
   async get(job: string): Promise<MicrobatchAssignment> {
@@ -62,13 +67,23 @@ export class MicrobatchBoard {
     }
     // Equal times give the even split that respects the 1F1B multiple.
     const even = planMicrobatches(new Array<number>(dpGroups).fill(1), microbatches, { multipleOf });
-    return { job, microbatches, dpGroups, assignment: even.assignment, strategy: 'even', revision: stored?.success ? stored.data.revision : 0, reason: 'no rebalance in force', updatedAt: new Date(0).toISOString() };
+    return {
+      job,
+      microbatches,
+      dpGroups,
+      assignment: even.assignment,
+      strategy: 'even',
+      revision: stored?.success ? stored.data.revision : 0,
+      reason: 'no rebalance in force',
+      updatedAt: new Date(0).toISOString(),
+    };
   }
 
   /** Rebalances from measured seconds per micro-batch of each DP group; returns the stored plan. */
   async rebalance(job: string, secondsPerMicrobatch: readonly number[], reason: string, now = Date.now()): Promise<MicrobatchAssignment> {
     const { microbatches, multipleOf, dpGroups } = await this.shape(job);
-    if (secondsPerMicrobatch.length !== dpGroups) throw new InputError(`job ${job} has ${dpGroups} DP groups but ${secondsPerMicrobatch.length} times were given`, 'times');
+    if (secondsPerMicrobatch.length !== dpGroups)
+      throw new InputError(`job ${job} has ${dpGroups} DP groups but ${secondsPerMicrobatch.length} times were given`, 'times');
     const plan = planMicrobatches(secondsPerMicrobatch, microbatches, { multipleOf });
     return this.store(job, { assignment: plan.assignment, strategy: 'rebalanced', iterationSeconds: plan.iterationSeconds, reason }, now);
   }
@@ -78,9 +93,16 @@ export class MicrobatchBoard {
     const { microbatches, multipleOf, dpGroups } = await this.shape(job);
     const total = assignment.reduce((sum, m) => sum + m, 0);
     if (assignment.length !== dpGroups || total !== microbatches || assignment.some((m) => !Number.isInteger(m) || m < multipleOf || m % multipleOf !== 0)) {
-      throw new InputError(`assignment [${assignment.join(', ')}] does not give ${microbatches} micro-batches to ${dpGroups} DP groups in multiples of ${multipleOf}`, 'assignment');
+      throw new InputError(
+        `assignment [${assignment.join(', ')}] does not give ${microbatches} micro-batches to ${dpGroups} DP groups in multiples of ${multipleOf}`,
+        'assignment',
+      );
     }
-    return this.store(job, { assignment: [...assignment], strategy: 'rebalanced', ...(iterationSeconds === undefined ? {} : { iterationSeconds }), reason }, now);
+    return this.store(
+      job,
+      { assignment: [...assignment], strategy: 'rebalanced', ...(iterationSeconds === undefined ? {} : { iterationSeconds }), reason },
+      now,
+    );
   }
 
   /** Back to the even split (the slowdown is gone, or the job restarted on other machines). */
@@ -90,7 +112,11 @@ export class MicrobatchBoard {
     return this.store(job, { assignment: even.assignment, strategy: 'even', reason }, now);
   }
 
-  private async store(job: string, plan: { assignment: number[]; strategy: 'even' | 'rebalanced'; iterationSeconds?: number; reason: string }, now: number): Promise<MicrobatchAssignment> {
+  private async store(
+    job: string,
+    plan: { assignment: number[]; strategy: 'even' | 'rebalanced'; iterationSeconds?: number; reason: string },
+    now: number,
+  ): Promise<MicrobatchAssignment> {
     const current = await this.get(job);
     const next = { ...plan, revision: current.revision + 1, updatedAt: new Date(now).toISOString() };
     await this.redis.set(this.keys.jobMicrobatches(job), JSON.stringify(next));

@@ -77,7 +77,16 @@ export class TrainingProgressReports {
     let recorded = 0;
     for (const event of newest.values()) {
       const report = { time: event.at, iteration: event.iteration, ...(event.rank === undefined ? {} : { rank: event.rank }) };
-      const kept = await this.redis.eval(RECORD_IF_JOB_EXISTS, 2, this.keys.job(event.job), this.keys.jobProgressReports(event.job), event.node, JSON.stringify(report), String(event.at), String(REPORT_TTL_MS));
+      const kept = await this.redis.eval(
+        RECORD_IF_JOB_EXISTS,
+        2,
+        this.keys.job(event.job),
+        this.keys.jobProgressReports(event.job),
+        event.node,
+        JSON.stringify(report),
+        String(event.at),
+        String(REPORT_TTL_MS),
+      );
       if (kept === 1) recorded += 1;
     }
     return recorded;
@@ -139,7 +148,10 @@ export class ProgressWatch {
   async iteration(job: string, nodes: readonly string[]): Promise<number | null> {
     if (nodes.length === 0) return null;
     const { nodeLabel } = this.options;
-    const samples = await instantQuery(this.options.prometheusUrl, aggregateBy('max', [nodeLabel], series('steadfast_training_iteration', equals(TRAINING_JOB_LABEL, job))));
+    const samples = await instantQuery(
+      this.options.prometheusUrl,
+      aggregateBy('max', [nodeLabel], series('steadfast_training_iteration', equals(TRAINING_JOB_LABEL, job))),
+    );
     const members = new Set(nodes);
     let newest: number | null = null;
     for (const sample of samples) {
@@ -171,12 +183,14 @@ export class ProgressWatch {
     const awaiting = awaitingSchema.parse(JSON.parse(raw));
     let seen: string | undefined;
     const report = await this.reports.since(job, nodes, awaiting.since);
-    if (report !== undefined) seen = `${report.node}'s agent reported iteration ${report.iteration}${report.rank === undefined ? '' : ` of rank ${report.rank}`} ${Math.round((report.time - awaiting.since) / 100) / 10} s after the relaunch`;
+    if (report !== undefined)
+      seen = `${report.node}'s agent reported iteration ${report.iteration}${report.rank === undefined ? '' : ` of rank ${report.rank}`} ${Math.round((report.time - awaiting.since) / 100) / 10} s after the relaunch`;
     let detail = '';
     if (seen === undefined) {
       try {
         const current = await this.iteration(job, nodes);
-        if (current !== null && (awaiting.baseline === null || current > awaiting.baseline)) seen = `Prometheus: the newest iteration is ${current}${awaiting.baseline === null ? '' : `, up from ${awaiting.baseline} at the relaunch`}`;
+        if (current !== null && (awaiting.baseline === null || current > awaiting.baseline))
+          seen = `Prometheus: the newest iteration is ${current}${awaiting.baseline === null ? '' : `, up from ${awaiting.baseline} at the relaunch`}`;
       } catch (error) {
         detail = `; Prometheus: ${errorMessage(error)}`;
       }
@@ -187,7 +201,11 @@ export class ProgressWatch {
       ? { job, event: { type: 'restart_succeeded', time: now }, eventId: `${awaiting.eventId}:progress`, seen }
       : {
           job,
-          event: { type: 'restart_failed', time: now, detail: `no new iteration within ${Math.round(this.timeoutMs / 1000)} s of the restart (no agent of ${nodes.join(', ')} reported one, nor Prometheus)${detail}` },
+          event: {
+            type: 'restart_failed',
+            time: now,
+            detail: `no new iteration within ${Math.round(this.timeoutMs / 1000)} s of the restart (no agent of ${nodes.join(', ')} reported one, nor Prometheus)${detail}`,
+          },
           eventId: `${awaiting.eventId}:no-progress`,
           seen: 'nothing',
         };

@@ -59,4 +59,3 @@ export async function summarizeQueue(queue: Queue, failedShown = FAILED_SHOWN): 
   }));
   return { name, isPaused, counts, failed };
 }
-

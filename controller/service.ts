@@ -128,7 +128,11 @@ export class Controller {
     // in one socket write per turn of the event loop instead of one each. Nothing blocking runs on
     // this connection: each BullMQ worker has its own (ownConnection).
     this.workerRedis = workerConnection(config.redis, { enableAutoPipelining: true });
-    for (const [name, connection] of [['intake', this.intakeRedis], ['request', this.requestRedis], ['worker', this.workerRedis]] as const) {
+    for (const [name, connection] of [
+      ['intake', this.intakeRedis],
+      ['request', this.requestRedis],
+      ['worker', this.workerRedis],
+    ] as const) {
       connection.on('error', (error: Error) => options.logger.warn({ connection: name, err: error }, 'Redis connection error'));
     }
     const retention = retentionFromBudget(config.redis.retentionBudgetMB, config.controller.auditMaxLength);
@@ -193,7 +197,12 @@ export class Controller {
       : undefined;
     this.suspects = analysisPrometheus
       ? new SuspectWatch({
-          source: new PrometheusFeatureSource({ url: analysisPrometheus, agentJob: config.analysis.labels.scrapeJob, nodeLabel: config.analysis.labels.nodeLabel, trainingJobLabel: config.analysis.labels.trainingJobLabel }),
+          source: new PrometheusFeatureSource({
+            url: analysisPrometheus,
+            agentJob: config.analysis.labels.scrapeJob,
+            nodeLabel: config.analysis.labels.nodeLabel,
+            trainingJobLabel: config.analysis.labels.trainingJobLabel,
+          }),
           enqueue: (signals) => this.intake.enqueue(signals),
         })
       : undefined;
@@ -251,7 +260,15 @@ export class Controller {
         }),
         worldRouter({ jobs: apiJobs, dispatcher: this.dispatcher }),
         operatorRouter({
-          gates: new SafetyGates(this.requestRedis, this.keys, budget, config.safety.nodeLeaseSeconds, config.remedies.maintenanceWindows, this.backend.partitionNodes?.bind(this.backend), this.options.logger),
+          gates: new SafetyGates(
+            this.requestRedis,
+            this.keys,
+            budget,
+            config.safety.nodeLeaseSeconds,
+            config.remedies.maintenanceWindows,
+            this.backend.partitionNodes?.bind(this.backend),
+            this.options.logger,
+          ),
           audit: apiAudit,
           holdDefaultSeconds: config.safety.holdDefaultSeconds,
           holdMaxSeconds: config.safety.holdMaxSeconds,
@@ -269,7 +286,10 @@ export class Controller {
     const metricsServer = createLimitedServer(metricsHandler(this.metrics.registry, logger), config.controller.connections, onRefused);
     this.metricsServer = metricsServer;
     const metricsHost = config.controller.metrics.host ?? config.controller.host;
-    for (const [listener, host, port] of [[server, config.controller.host, config.controller.port], [metricsServer, metricsHost, config.controller.metrics.port]] as const) {
+    for (const [listener, host, port] of [
+      [server, config.controller.host, config.controller.port],
+      [metricsServer, metricsHost, config.controller.metrics.port],
+    ] as const) {
       try {
         await listenOn(listener, port, host);
       } catch (error) {
@@ -290,7 +310,9 @@ export class Controller {
     if (connections.length === 0) return;
     let timer: NodeJS.Timeout | undefined;
     const late = new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), timeoutMs)));
-    const allReady = Promise.all(connections.map((connection) => new Promise<true>((resolve) => connection.once('ready', () => resolve(true))))).then(() => true as const);
+    const allReady = Promise.all(connections.map((connection) => new Promise<true>((resolve) => connection.once('ready', () => resolve(true))))).then(
+      () => true as const,
+    );
     const ready = await Promise.race([allReady, late]).finally(() => clearTimeout(timer));
     if (!ready) this.options.logger.warn({ redis: describeRedis(this.options.config.redis) }, 'Redis not reachable yet; intake answers 503 until it is');
   }
@@ -330,8 +352,10 @@ export class Controller {
     // The ladder holds restarts back (retry backoff) and lazy updates until a deadline: time
     // must pass through it (controller/policy/ladder/, the `tick` event).
     this.ticker = startIntervalTask('recovery tick', RECOVERY_TICK_MS, () => this.tickJobs(), logger);
-    if (this.failSlow) this.failSlowTicker = startIntervalTask('fail-slow check', config.analysis.failSlowIntervalSeconds * 1000, () => this.tickFailSlow(), logger);
-    if (this.suspects) this.suspectTicker = startIntervalTask('multi-signal detection', config.analysis.detectorIntervalSeconds * 1000, () => this.tickSuspects(), logger);
+    if (this.failSlow)
+      this.failSlowTicker = startIntervalTask('fail-slow check', config.analysis.failSlowIntervalSeconds * 1000, () => this.tickFailSlow(), logger);
+    if (this.suspects)
+      this.suspectTicker = startIntervalTask('multi-signal detection', config.analysis.detectorIntervalSeconds * 1000, () => this.tickSuspects(), logger);
   }
 
   private async tickJobs(): Promise<void> {
@@ -340,7 +364,17 @@ export class Controller {
     for (const record of records) {
       // Each job on its own, and its tick whatever its checks did: held restarts and lazy updates wait on it.
       const job = record.spec.name;
-      const ended = await this.tickPart(job, 'finish check', async () => record.state === 'running' && (await finishIfWorkloadEnded({ jobs: this.jobs, backend: this.backend, launchers: this.options.config.launchers, audit: this.audit, logger: this.options.logger }, record.spec, now)));
+      const ended = await this.tickPart(
+        job,
+        'finish check',
+        async () =>
+          record.state === 'running' &&
+          (await finishIfWorkloadEnded(
+            { jobs: this.jobs, backend: this.backend, launchers: this.options.config.launchers, audit: this.audit, logger: this.options.logger },
+            record.spec,
+            now,
+          )),
+      );
       if (ended === true) continue;
       await this.tickPart(job, 'progress check', async () => {
         const decided = await this.progress?.check(job, jobMembers(record), now);
@@ -360,7 +394,11 @@ export class Controller {
     // their own intervals (tickFailSlow, tickSuspects), so a slow feature read or a watch learning a
     // new job from history never holds a job's recovery tick.
     if (this.failSlow || this.suspects) await this.leadAnalysis();
-    await replenishStandbys({ gates: this.gates, pool: this.pool, audit: this.audit, backend: this.backend.name }, new Set(records.flatMap((record) => record.spec.nodes)), now);
+    await replenishStandbys(
+      { gates: this.gates, pool: this.pool, audit: this.audit, backend: this.backend.name },
+      new Set(records.flatMap((record) => record.spec.nodes)),
+      now,
+    );
   }
 
   /** One part of a job's tick; a failure is logged and leaves the job's other parts and the other jobs to run. */
@@ -386,7 +424,9 @@ export class Controller {
     const now = Date.now();
     for (const record of await this.jobs.list()) {
       if (record.state !== 'running') continue;
-      await this.failSlow.check(record.spec, now).catch((error: unknown) => this.options.logger.warn({ job: record.spec.name, err: error }, 'fail-slow check failed'));
+      await this.failSlow
+        .check(record.spec, now)
+        .catch((error: unknown) => this.options.logger.warn({ job: record.spec.name, err: error }, 'fail-slow check failed'));
     }
   }
 
@@ -415,14 +455,18 @@ export class Controller {
     // Running jobs finish within a grace period. With Redis unreachable, closing would wait for it
     // for ever: past the grace period the connections are cut instead, and BullMQ hands any job
     // still held to another worker once its lock expires.
-    const workersStopped = await settledWithin(this.workers.map((worker) => worker.close()), CLOSE_GRACE_MS);
+    const workersStopped = await settledWithin(
+      this.workers.map((worker) => worker.close()),
+      CLOSE_GRACE_MS,
+    );
     // Annotations already under way finish (each is bounded by its timeout).
     await this.grafana?.settled();
     const queuesClosed = await settledWithin(
       [this.intake.close(), this.stepQueue.close(), this.signalQueue.close(), this.analysisQueue.close()],
       CLOSE_GRACE_MS,
     );
-    if (!workersStopped || !queuesClosed) this.options.logger.warn({ graceMs: CLOSE_GRACE_MS }, 'workers or queues did not close in time (is Redis reachable?); cutting their connections');
+    if (!workersStopped || !queuesClosed)
+      this.options.logger.warn({ graceMs: CLOSE_GRACE_MS }, 'workers or queues did not close in time (is Redis reachable?); cutting their connections');
     for (const connection of [this.intakeRedis, this.requestRedis, this.workerRedis, ...this.workerConnections]) connection.disconnect();
   }
 }

@@ -89,7 +89,17 @@ export class SignalRetention {
   /** Enters a job that finished in `state` and trims that state's jobs to its share: the bytes kept after, and the jobs removed. */
   async finished(jobId: string, state: FinishedState): Promise<{ readonly total: number; readonly removed: number }> {
     const ledger = this.keys.signalsKept(state);
-    const answer = await this.keepWithin(this.queue.toKey(state), ledger.order, ledger.bytes, ledger.total, jobId, this.queue.toKey(''), LEDGER_ENTRY_BYTES, this.shares[state], ENTRIES_PER_CALL);
+    const answer = await this.keepWithin(
+      this.queue.toKey(state),
+      ledger.order,
+      ledger.bytes,
+      ledger.total,
+      jobId,
+      this.queue.toKey(''),
+      LEDGER_ENTRY_BYTES,
+      this.shares[state],
+      ENTRIES_PER_CALL,
+    );
     const [total, removed] = Array.isArray(answer) ? answer.map(Number) : [];
     return { total: total ?? 0, removed: removed ?? 0 };
   }

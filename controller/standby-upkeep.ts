@@ -30,7 +30,14 @@ export async function replenishStandbys(deps: StandbyUpkeepDeps, inUse: Readonly
   const started = await pool.reconcile(inUse.size, unavailable, now, leaving);
   for (const node of started) {
     await audit.append(
-      { type: 'action', ref: `standby-${node}-${now}`, node, summary: `standby ${node}: provisioning (held by ${deps.backend}; waiting for its agent's self-check)`, data: { verb: 'provision_standby', node, state: 'done' }, actor: CONTROLLER_IDENTITY },
+      {
+        type: 'action',
+        ref: `standby-${node}-${now}`,
+        node,
+        summary: `standby ${node}: provisioning (held by ${deps.backend}; waiting for its agent's self-check)`,
+        data: { verb: 'provision_standby', node, state: 'done' },
+        actor: CONTROLLER_IDENTITY,
+      },
       `standby:${node}:${now}`,
     );
   }

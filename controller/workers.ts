@@ -91,7 +91,9 @@ export function startWorkers(deps: WorkerDeps, workers: Worker[] = []): Worker[]
   const keptSignals = new SignalRetention(deps.redis, deps.keys, policy, retentionFromBudget(config.redis.retentionBudgetMB).signalBytes);
   const keep = (jobId: string | undefined, state: FinishedState): void => {
     if (jobId === undefined) return;
-    keptSignals.finished(jobId, state).catch((error: unknown) => logger.warn({ job: jobId, err: error }, 'could not trim the finished signal jobs to their share of the retention budget'));
+    keptSignals
+      .finished(jobId, state)
+      .catch((error: unknown) => logger.warn({ job: jobId, err: error }, 'could not trim the finished signal jobs to their share of the retention budget'));
   };
   policy.on('completed', (job) => keep(job.id, 'completed'));
   policy.on('failed', (job) => keep(job?.id, 'failed'));
@@ -119,7 +121,10 @@ export function startWorkers(deps: WorkerDeps, workers: Worker[] = []): Worker[]
       remedies: config.remedies,
       history,
       onRemediation: (node, action, outcome) => deps.metrics.remediations.inc({ node, action, outcome }),
-      handOff: handOffWebhook === undefined ? undefined : new WebhookHandOff({ url: handOffWebhook, timeoutMs: config.remedies.handOff.timeoutMs, attempts: config.remedies.handOff.attempts }),
+      handOff:
+        handOffWebhook === undefined
+          ? undefined
+          : new WebhookHandOff({ url: handOffWebhook, timeoutMs: config.remedies.handOff.timeoutMs, attempts: config.remedies.handOff.attempts }),
       onFinished: (record: StepRecord) => {
         deps.metrics.actions.inc({ verb: record.verb, state: record.state, backend: record.backend });
         deps.grafana?.annotate(record);

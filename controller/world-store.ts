@@ -45,10 +45,13 @@ const reportFields = z
   .strict();
 
 export const worldReportSchema = reportFields.superRefine((report, ctx) => {
-    if (report.event === 'spare' && report.shard !== undefined) ctx.addIssue({ code: 'custom', path: ['shard'], message: 'a spare holds no shard: leave shard out' });
-    if (report.event !== 'spare' && report.shard === undefined) ctx.addIssue({ code: 'custom', path: ['shard'], message: `a ${report.event} report names its shard` });
-    if (report.event !== 'failed' && report.missing !== undefined) ctx.addIssue({ code: 'custom', path: ['missing'], message: 'only a failed report names missing shards' });
-  });
+  if (report.event === 'spare' && report.shard !== undefined)
+    ctx.addIssue({ code: 'custom', path: ['shard'], message: 'a spare holds no shard: leave shard out' });
+  if (report.event !== 'spare' && report.shard === undefined)
+    ctx.addIssue({ code: 'custom', path: ['shard'], message: `a ${report.event} report names its shard` });
+  if (report.event !== 'failed' && report.missing !== undefined)
+    ctx.addIssue({ code: 'custom', path: ['missing'], message: 'only a failed report names missing shards' });
+});
 export type WorldReport = z.infer<typeof worldReportSchema>;
 
 /** A report for an epoch that is over (409): kept out of the swap. */
@@ -155,7 +158,10 @@ export class WorldStore {
   /** The world as the ranks read it (GET /api/v1/jobs/:id/world), with where each shard's replica lives. */
   async view(record: WorldJob): Promise<WorldView> {
     const layout = await this.layout(record);
-    layout.replicas ??= layout.topology.ranks.length > 1 ? planBackups(layout.topology, { replicas: 1 }).placements.map((placement) => ({ shard: placement.rank, holders: placement.holders })) : [];
+    layout.replicas ??=
+      layout.topology.ranks.length > 1
+        ? planBackups(layout.topology, { replicas: 1 }).placements.map((placement) => ({ shard: placement.rank, holders: placement.holders }))
+        : [];
     return { ...layout.world, replicas: layout.replicas };
   }
 
@@ -163,7 +169,9 @@ export class WorldStore {
   private async layout(record: WorldJob): Promise<{ world: WorldView; topology: Topology; replicas?: WorldView['replicas'] }> {
     const raw = await this.redis.hgetall(this.keys.jobWorld(record.spec.name));
     // Hashed: a spec of many thousand nodes is large, and 64 of them would be kept.
-    const key = createHash('sha256').update(JSON.stringify([raw.epoch, raw.state, raw.swap, record.spec])).digest('base64');
+    const key = createHash('sha256')
+      .update(JSON.stringify([raw.epoch, raw.state, raw.swap, record.spec]))
+      .digest('base64');
     const kept = this.layouts.get(key);
     if (kept !== undefined) return kept;
     const computed = this.computeLayout(record, raw);
@@ -203,19 +211,34 @@ export class WorldStore {
     const report = parseOrThrow(worldReportSchema, body, 'world report');
     const { world } = await this.layout(record);
     if (report.epoch < world.epoch) throw new StaleEpochError(`world report: epoch ${report.epoch} is over; job ${world.job} is in epoch ${world.epoch}`);
-    if (report.epoch > world.epoch) throw new InputError(`invalid world report: epoch: ${report.epoch} is not open; job ${world.job} is in epoch ${world.epoch}`, 'epoch');
+    if (report.epoch > world.epoch)
+      throw new InputError(`invalid world report: epoch: ${report.epoch} is not open; job ${world.job} is in epoch ${world.epoch}`, 'epoch');
     let field: string;
     if (report.event === 'spare') {
-      if (!world.spares.includes(report.node)) throw new InputError(`invalid world report: node: ${report.node} is not a spare of job ${world.job} in epoch ${world.epoch}`, 'node');
+      if (!world.spares.includes(report.node))
+        throw new InputError(`invalid world report: node: ${report.node} is not a spare of job ${world.job} in epoch ${world.epoch}`, 'node');
       field = `spare:${report.node}`;
     } else {
       const shard = world.shards[report.shard ?? -1];
-      if (shard === undefined) throw new InputError(`invalid world report: shard: ${report.shard ?? ''} is not a shard of job ${world.job}, which has shards 0-${world.shards.length - 1}`, 'shard');
-      if (shard.node !== report.node) throw new InputError(`invalid world report: shard: shard ${shard.shard} is on ${shard.node} in epoch ${world.epoch}, not on ${report.node}`, 'shard');
+      if (shard === undefined)
+        throw new InputError(
+          `invalid world report: shard: ${report.shard ?? ''} is not a shard of job ${world.job}, which has shards 0-${world.shards.length - 1}`,
+          'shard',
+        );
+      if (shard.node !== report.node)
+        throw new InputError(`invalid world report: shard: shard ${shard.shard} is on ${shard.node} in epoch ${world.epoch}, not on ${report.node}`, 'shard');
       field = `shard:${shard.shard}`;
     }
     const stored = JSON.stringify({ ...report, at: now });
-    const answer = (await this.redis.eval(REPORT, 2, this.keys.jobWorld(world.job), this.keys.jobWorldReports(world.job), String(report.epoch), field, stored)) as string[];
+    const answer = (await this.redis.eval(
+      REPORT,
+      2,
+      this.keys.jobWorld(world.job),
+      this.keys.jobWorldReports(world.job),
+      String(report.epoch),
+      field,
+      stored,
+    )) as string[];
     if (answer[0] !== 'ok') throw new StaleEpochError(`world report: epoch ${report.epoch} is over; job ${world.job} is in epoch ${answer[1] ?? '?'}`);
     if (report.stepSeconds !== undefined) await this.noteStepTime(world.job, report.stepSeconds);
     if (answer[1] !== 'swapping') return {};
@@ -261,7 +284,9 @@ export class WorldStore {
     const shown = waiting.length > 8 ? `${waiting.slice(0, 8).join(', ')} and ${waiting.length - 8} more` : waiting.join(', ');
     const detail = `not done within its bound of ${Math.round((swap.deadline - swap.openedAt) / 1000)} s: shard${waiting.length === 1 ? '' : 's'} ${shown} had not stepped in epoch ${world.epoch}`;
     // A spare whose shard said nothing at all in the epoch never came: it is evicted with the fallback.
-    const evict = Object.values(swap.replaced).filter((spare) => world.shards.filter((shard) => shard.node === spare).every((shard) => !reports.has(`shard:${shard.shard}`)));
+    const evict = Object.values(swap.replaced).filter((spare) =>
+      world.shards.filter((shard) => shard.node === spare).every((shard) => !reports.has(`shard:${shard.shard}`)),
+    );
     return (await this.endSwap(world.job, world.epoch, detail)) ? { epoch: world.epoch, key: swapKey(world), said: detail, evict } : undefined;
   }
 
@@ -308,7 +333,7 @@ export function swapBound(timeoutSeconds: number, stepTimes: readonly number[]):
 }
 
 /** "epoch 3, node-3 in place of node-1, first step 41 in 1.2 s" (or "same shards" for a communication fault's epoch). */
-function describeDone(world: WorldView, stepped: readonly (WorldReport & { at: number } | undefined)[], now: number): string {
+function describeDone(world: WorldView, stepped: readonly ((WorldReport & { at: number }) | undefined)[], now: number): string {
   const pairs = Object.entries(world.swap?.replaced ?? {}).map(([failed, spare]) => `${spare} in place of ${failed}`);
   const first = Math.min(...stepped.map((entry) => entry?.step ?? Number.POSITIVE_INFINITY));
   const openedAt = world.swap ? Date.parse(world.swap.openedAt) : now;
@@ -338,5 +363,9 @@ function safeJson(text: string): unknown {
 export function swapEndEvent(job: string, outcome: 'done' | 'failed', end: SwapEnd, now = Date.now()): LadderEventJob {
   return outcome === 'done'
     ? { job, event: { type: 'hot_swap_done', time: now, epoch: end.epoch, summary: end.said }, eventId: `hot-swap-done:${end.key}` }
-    : { job, event: { type: 'hot_swap_failed', time: now, detail: end.said, ...(end.evict !== undefined && end.evict.length > 0 ? { evict: [...end.evict] } : {}) }, eventId: `hot-swap-failed:${end.key}` };
+    : {
+        job,
+        event: { type: 'hot_swap_failed', time: now, detail: end.said, ...(end.evict !== undefined && end.evict.length > 0 ? { evict: [...end.evict] } : {}) },
+        eventId: `hot-swap-failed:${end.key}`,
+      };
 }

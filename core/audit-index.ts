@@ -58,7 +58,11 @@ function escaped(field: keyof typeof INDEX_VALUE_MAX_BYTES, value: string): stri
  */
 export function indexPrefixes(filter: IndexFilter): string[] | undefined {
   const prefixes: string[] = [];
-  const values = { type: filter.type ? escaped('type', filter.type) : '', node: filter.node ? escaped('node', filter.node) : '', ref: filter.ref ? escaped('ref', filter.ref) : '' };
+  const values = {
+    type: filter.type ? escaped('type', filter.type) : '',
+    node: filter.node ? escaped('node', filter.node) : '',
+    ref: filter.ref ? escaped('ref', filter.ref) : '',
+  };
   if (values.type === undefined || values.node === undefined || values.ref === undefined) return undefined;
   if (values.ref) prefixes.push(`r:${values.ref}\0\0`);
   if (values.node && values.type) prefixes.push(`m:${values.node}\0\0${values.type}\0\0`);

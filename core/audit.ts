@@ -1,7 +1,17 @@
 import { createHash } from 'node:crypto';
 import { z } from 'zod';
 import { identitySchema, type Identity } from './credentials.js';
-import { APPEND_INDEXED, INDEX_CHUNK, INDEX_EARLIER, PREFIX_END, QUERY_VALUE_MAX_CHARS, READ_INDEXED, indexPrefixes, sortableId, type IndexFilter } from './audit-index.js';
+import {
+  APPEND_INDEXED,
+  INDEX_CHUNK,
+  INDEX_EARLIER,
+  PREFIX_END,
+  QUERY_VALUE_MAX_CHARS,
+  READ_INDEXED,
+  indexPrefixes,
+  sortableId,
+  type IndexFilter,
+} from './audit-index.js';
 import { StoreUnavailableError, errorMessage } from './errors.js';
 import { luaScript, type Keys, type Redis } from './redis.js';
 import { AUDIT_DATA_MAX_BYTES, AUDIT_SUMMARY_MAX_BYTES } from './retention.js';
@@ -171,7 +181,9 @@ export class AuditLog {
     let bound = forward ? `(${after}` : '+';
     while (found.length < limit) {
       const chunk = Math.min(READ_CHUNK, limit - found.length);
-      const rows = await fromStore(() => (forward ? this.redis.xrange(this.keys.audit, bound, '+', 'COUNT', chunk) : this.redis.xrevrange(this.keys.audit, bound, '-', 'COUNT', chunk)));
+      const rows = await fromStore(() =>
+        forward ? this.redis.xrange(this.keys.audit, bound, '+', 'COUNT', chunk) : this.redis.xrevrange(this.keys.audit, bound, '-', 'COUNT', chunk),
+      );
       for (const [id, fields] of rows) found.push(decode(id, fields));
       const last = rows.at(-1);
       if (rows.length < chunk || last === undefined) break;
@@ -182,7 +194,8 @@ export class AuditLog {
 
   private async readFiltered(filter: IndexFilter, prefixes: readonly string[], limit: number, after: string | undefined): Promise<AuditEntry[]> {
     await this.indexEarlierEntries();
-    const matches = (entry: AuditEntry): boolean => (!filter.type || entry.type === filter.type) && (!filter.node || entry.node === filter.node) && (!filter.ref || entry.ref === filter.ref);
+    const matches = (entry: AuditEntry): boolean =>
+      (!filter.type || entry.type === filter.type) && (!filter.node || entry.node === filter.node) && (!filter.ref || entry.ref === filter.ref);
     // Only a ref with a node or type has two indexes to choose from, and the chosen one may name
     // entries of the other's that do not match.
     const exact = prefixes.length === 1;
@@ -194,7 +207,9 @@ export class AuditLog {
     while (found.length < limit) {
       // Where every entry the index names is a match, fetch no more than the answer needs.
       const chunk = exact ? Math.min(INDEX_CHUNK, limit - found.length) : INDEX_CHUNK;
-      const [members, last, rows] = (await fromStore(() => this.readIndexed(this.keys.auditIndex, this.keys.audit, min, max, forward ? 'FWD' : 'REV', chunk))) as [number, string, [string, string[]][]];
+      const [members, last, rows] = (await fromStore(() =>
+        this.readIndexed(this.keys.auditIndex, this.keys.audit, min, max, forward ? 'FWD' : 'REV', chunk),
+      )) as [number, string, [string, string[]][]];
       for (const [id, fields] of rows) {
         const entry = decode(id, fields);
         if (matches(entry)) found.push(entry);
@@ -211,7 +226,9 @@ export class AuditLog {
   private async narrowest(prefixes: readonly string[]): Promise<string> {
     const [first, ...others] = prefixes as [string, ...string[]];
     if (others.length === 0) return first;
-    const counts = await Promise.all(prefixes.map((prefix) => fromStore(() => this.redis.zlexcount(this.keys.auditIndex, `(${prefix}`, `(${prefix}${PREFIX_END}`))));
+    const counts = await Promise.all(
+      prefixes.map((prefix) => fromStore(() => this.redis.zlexcount(this.keys.auditIndex, `(${prefix}`, `(${prefix}${PREFIX_END}`))),
+    );
     let best = 0;
     counts.forEach((count, index) => {
       if (count < (counts[best] as number)) best = index;

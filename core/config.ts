@@ -40,13 +40,19 @@ export const configSchema = z
          * retry. The default holds a webhook of the shipped `max_alerts` (1,000) alerts of up to
          * 4 KiB each (docs/limits.md, "Webhook size").
          */
-        bodyLimitBytes: int().min(1024).max(64 * 1024 * 1024).default(4 * 1024 * 1024),
+        bodyLimitBytes: int()
+          .min(1024)
+          .max(64 * 1024 * 1024)
+          .default(4 * 1024 * 1024),
         /**
          * Request bodies held in memory at once, all requests together: past it a request is
          * answered 503 with Retry-After before its body is read. Bounds the controller's memory
          * under a burst of big webhooks. At least bodyLimitBytes.
          */
-        inFlightBodyBytes: int().min(1024).max(1024 * 1024 * 1024).default(16 * 1024 * 1024),
+        inFlightBodyBytes: int()
+          .min(1024)
+          .max(1024 * 1024 * 1024)
+          .default(16 * 1024 * 1024),
         /**
          * Where /metrics is served: its own listener, so scrapes (unauthenticated) can be kept to
          * Prometheus by a firewall and never share a port with the intake. Host defaults to
@@ -102,10 +108,14 @@ export const configSchema = z
         message: 'must be at least bodyLimitBytes',
         path: ['inFlightBodyBytes'],
       })
-      .refine((controller) => controller.port === 0 || controller.metrics.port !== controller.port || (controller.metrics.host ?? controller.host) !== controller.host, {
-        message: 'must differ from controller.port: /metrics has its own listener',
-        path: ['metrics', 'port'],
-      })
+      .refine(
+        (controller) =>
+          controller.port === 0 || controller.metrics.port !== controller.port || (controller.metrics.host ?? controller.host) !== controller.host,
+        {
+          message: 'must differ from controller.port: /metrics has its own listener',
+          path: ['metrics', 'port'],
+        },
+      )
       .prefault({}),
     backend: z
       .object({
@@ -132,7 +142,10 @@ export const configSchema = z
             env: z.record(z.string(), z.string()).default({}),
             timeoutMs: int().min(100).default(10_000),
             /** Reservation that holds warm standbys. */
-            standbyReservation: z.string().regex(/^[A-Za-z0-9_-]{1,64}$/).default('steadfast-standby'),
+            standbyReservation: z
+              .string()
+              .regex(/^[A-Za-z0-9_-]{1,64}$/)
+              .default('steadfast-standby'),
             /** slurmrestd (optional): reads over REST, node updates too where the daemon offers them (Slurm 23.02+). */
             rest: z
               .object({
@@ -209,7 +222,10 @@ export const configSchema = z
          * Where the controller reaches a node's agent for stack dumps (POST /api/v1/trace) and
          * stop-time diagnostics (POST /api/v1/diagnose); `{node}` becomes the node name.
          */
-        urlTemplate: z.string().regex(/^https?:\/\/.*\{node\}/, 'must be an http(s) URL containing {node}').default('http://{node}:9401'),
+        urlTemplate: z
+          .string()
+          .regex(/^https?:\/\/.*\{node\}/, 'must be an http(s) URL containing {node}')
+          .default('http://{node}:9401'),
         /** Per-node URLs that override the template (agents on non-default ports, the sim). */
         urls: z.record(nodeNameSchema, z.url({ protocol: /^https?$/ })).default({}),
         /**
@@ -287,14 +303,19 @@ export const configSchema = z
               names.add(stage.name);
               for (const check of stage.checks) {
                 const other = checks.get(check);
-                if (other !== undefined) context.addIssue({ code: 'custom', message: `check "${check}" is already in stage "${other}"`, path: [index, 'checks'] });
+                if (other !== undefined)
+                  context.addIssue({ code: 'custom', message: `check "${check}" is already in stage "${other}"`, path: [index, 'checks'] });
                 checks.set(check, stage.name);
               }
             }
           }),
         /** Seconds of training each fail-slow mitigation costs to apply, for the ski-rental switch (Greyhound §5.1). */
         failSlowCostSeconds: z
-          .object({ S2: z.coerce.number<unknown>().positive().default(30), S3: z.coerce.number<unknown>().positive().default(600), S4: z.coerce.number<unknown>().positive().default(1800) })
+          .object({
+            S2: z.coerce.number<unknown>().positive().default(30),
+            S3: z.coerce.number<unknown>().positive().default(600),
+            S4: z.coerce.number<unknown>().positive().default(1800),
+          })
           .strict()
           .prefault({}),
       })
@@ -324,7 +345,9 @@ export const configSchema = z
         maxJobEvictionPercent: z.coerce.number<unknown>().min(0).max(100).default(50),
         /** How long an operator's hold on a node lasts when the request names no end, and the longest one may last. */
         holdDefaultSeconds: int().min(60).default(86_400),
-        holdMaxSeconds: int().min(60).default(30 * 86_400),
+        holdMaxSeconds: int()
+          .min(60)
+          .default(30 * 86_400),
       })
       .strict()
       .prefault({}),
@@ -341,7 +364,10 @@ export const configSchema = z
         token: z.string().min(16, 'must be at least 16 characters').optional(),
         tokenFile: z.string().min(1).optional(),
         /** Attach the annotations to this dashboard; without it they are organisation-wide (every dashboard's tag query shows them). */
-        dashboardUid: z.string().regex(/^[A-Za-z0-9_-]{1,40}$/, 'a Grafana dashboard uid: up to 40 letters, digits, "_" or "-"').optional(),
+        dashboardUid: z
+          .string()
+          .regex(/^[A-Za-z0-9_-]{1,40}$/, 'a Grafana dashboard uid: up to 40 letters, digits, "_" or "-"')
+          .optional(),
         /** Per request; a slower Grafana counts as a failed post. */
         timeoutMs: int().min(100).max(60_000).default(5000),
       })
@@ -379,8 +405,7 @@ function deepMerge(base: Record<string, unknown>, over: Record<string, unknown>)
   const merged: Record<string, unknown> = { ...base };
   for (const [key, value] of Object.entries(over)) {
     const current = merged[key];
-    merged[key] =
-      isPlainObject(current) && isPlainObject(value) ? deepMerge(current, value) : value;
+    merged[key] = isPlainObject(current) && isPlainObject(value) ? deepMerge(current, value) : value;
   }
   return merged;
 }

@@ -8,10 +8,16 @@ import { AGENT_SCRAPE_JOB, TRAINING_JOB_LABEL } from './scrape.js';
  * (--scrape-job, --node-label, --training-job-label) both read them through these schemas.
  */
 
-export const prometheusLabelNameSchema = z.string().regex(/^[a-zA-Z_][a-zA-Z0-9_]*$/, 'must be a Prometheus label name (letters, digits, _; not starting with a digit)');
+export const prometheusLabelNameSchema = z
+  .string()
+  .regex(/^[a-zA-Z_][a-zA-Z0-9_]*$/, 'must be a Prometheus label name (letters, digits, _; not starting with a digit)');
 
 /** A scrape job name, or several as `a|b`; it goes between quotes in a selector, so no quotes, backslashes or newlines. */
-export const scrapeJobSchema = z.string().min(1).max(200).regex(/^[^"\\\n]+$/, 'must not hold quotes, backslashes or newlines');
+export const scrapeJobSchema = z
+  .string()
+  .min(1)
+  .max(200)
+  .regex(/^[^"\\\n]+$/, 'must not hold quotes, backslashes or newlines');
 
 export const detectorLabelsSchema = z
   .object({

@@ -38,7 +38,10 @@ export const fastPathEventSchema = z
   .refine((event) => event.kind !== 'xid' || event.xid !== undefined, { message: 'xid is required when kind is "xid"', path: ['xid'] })
   .refine((event) => !GPU_KINDS.has(event.kind) || event.gpu !== undefined, { message: 'gpu is required for xid and gpu_lost events', path: ['gpu'] })
   .refine((event) => event.kind !== 'training_progress' || event.job !== undefined, { message: 'job is required for training_progress events', path: ['job'] })
-  .refine((event) => event.kind !== 'training_progress' || event.iteration !== undefined, { message: 'iteration is required for training_progress events', path: ['iteration'] });
+  .refine((event) => event.kind !== 'training_progress' || event.iteration !== undefined, {
+    message: 'iteration is required for training_progress events',
+    path: ['iteration'],
+  });
 
 export type FastPathEvent = z.infer<typeof fastPathEventSchema>;
 
@@ -77,6 +80,7 @@ export const FAULT_MAX_AHEAD_MS = 10 * 60 * 1000;
 /** Why a fault dated `event.time` is no news, arriving at `receivedAt` (ms); undefined when it is. */
 export function staleFaultTime(event: FastPathFault, receivedAt: number): string | undefined {
   const at = Date.parse(event.time);
-  if (at < receivedAt - FAULT_MAX_AGE_MS) return `${event.time} is more than ${FAULT_MAX_AGE_MS / 3600_000} h before the event arrived: an agent sends a fault when it sees it`;
+  if (at < receivedAt - FAULT_MAX_AGE_MS)
+    return `${event.time} is more than ${FAULT_MAX_AGE_MS / 3600_000} h before the event arrived: an agent sends a fault when it sees it`;
   return undefined;
 }

@@ -110,13 +110,18 @@ export type JobSpec = z.infer<typeof jobSpecSchema>;
 export function parseJobSpec(value: unknown): { spec: JobSpec; topology: Topology } {
   const spec = parseOrThrow(jobSpecSchema, value, 'job');
   const raw = spec.topology ?? {};
-  const withDefaults = 'ranks' in raw ? raw : { nodes: spec.nodes, ranksPerNode: spec.ranksPerNode, ...withDerivedDp(raw, spec.nodes.length * spec.ranksPerNode) };
+  const withDefaults =
+    'ranks' in raw ? raw : { nodes: spec.nodes, ranksPerNode: spec.ranksPerNode, ...withDerivedDp(raw, spec.nodes.length * spec.ranksPerNode) };
   const topology = Topology.from(parseOrThrow(topologySpecSchema, withDefaults, 'job.topology'));
   const jobNodes = new Set(spec.nodes);
   const unknownNodes = [...new Set(topology.ranks.map((rank) => rank.node))].filter((node) => !jobNodes.has(node));
   if (unknownNodes.length > 0) throw new InputError(`job.topology: ranks on nodes not in job.nodes: ${unknownNodes.join(', ')}`, 'topology');
   const sparesInJob = (spec.hotSwap?.spares ?? []).filter((node) => jobNodes.has(node));
-  if (sparesInJob.length > 0) throw new InputError(`job.hotSwap.spares: ${sparesInJob.join(', ')} ${sparesInJob.length === 1 ? 'is' : 'are'} in job.nodes; a spare is a node of the allocation outside them`, 'hotSwap.spares');
+  if (sparesInJob.length > 0)
+    throw new InputError(
+      `job.hotSwap.spares: ${sparesInJob.join(', ')} ${sparesInJob.length === 1 ? 'is' : 'are'} in job.nodes; a spare is a node of the allocation outside them`,
+      'hotSwap.spares',
+    );
   if (spec.microbatches) {
     const { perIteration, multipleOf = 1 } = spec.microbatches;
     const groups = dataParallelGroups(topology);
@@ -152,7 +157,10 @@ export function replaceNodeInSpec(spec: JobSpec, evicted: string, replacement: s
   const nodes = spec.nodes.map((node) => (node === evicted ? replacement : node));
   const ranks = spec.topology?.ranks;
   const topology = Array.isArray(ranks)
-    ? { ...spec.topology, ranks: ranks.map((rank: unknown) => (typeof rank === 'object' && rank !== null ? { ...rank, node: swap((rank as { node?: unknown }).node) } : rank)) }
+    ? {
+        ...spec.topology,
+        ranks: ranks.map((rank: unknown) => (typeof rank === 'object' && rank !== null ? { ...rank, node: swap((rank as { node?: unknown }).node) } : rank)),
+      }
     : spec.topology;
   return { ...spec, nodes, ...(topology ? { topology } : {}) };
 }

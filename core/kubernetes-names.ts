@@ -40,4 +40,5 @@ export function isEqualityLabelSelector(selector: string): boolean {
   });
 }
 
-export const EQUALITY_SELECTOR_RULE = 'must be equality terms like training.kubeflow.org/job-name=llama: a label key, "=", "==" or "!=", and a label value of 1-63 letters, digits, "-", "_" or ".", alphanumeric at both ends';
+export const EQUALITY_SELECTOR_RULE =
+  'must be equality terms like training.kubeflow.org/job-name=llama: a label key, "=", "==" or "!=", and a label value of 1-63 letters, digits, "-", "_" or ".", alphanumeric at both ends';

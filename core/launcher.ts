@@ -57,7 +57,10 @@ export const launcherSchema = z.discriminatedUnion('kind', [
       kind: z.literal('kubernetes'),
       namespace: z.string().refine(isNamespace, 'must be a Kubernetes namespace name (1-63 lower-case letters, digits or "-")'),
       /** The workload that runs the job, e.g. `jobs.batch/llama` or `pytorchjobs.kubeflow.org/llama`. */
-      workload: z.string().max(512).regex(/^[a-z0-9.-]+\/[a-z0-9]([-a-z0-9]*[a-z0-9])?$/, 'must be <resource>/<name>'),
+      workload: z
+        .string()
+        .max(512)
+        .regex(/^[a-z0-9.-]+\/[a-z0-9]([-a-z0-9]*[a-z0-9])?$/, 'must be <resource>/<name>'),
       /** Label selector of the workload's pods; a relaunch deletes them and their controller recreates them. */
       podSelector: z.string().refine(isEqualityLabelSelector, EQUALITY_SELECTOR_RULE),
     })

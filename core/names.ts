@@ -22,7 +22,8 @@ export function distinctNodeNames(max: number, min = 1) {
     .max(max)
     .superRefine((nodes, ctx) => {
       const duplicate = firstDuplicate(nodes);
-      if (duplicate !== undefined) ctx.addIssue({ code: 'custom', path: [duplicate.index], message: `${duplicate.name} is listed twice (first at index ${duplicate.first})` });
+      if (duplicate !== undefined)
+        ctx.addIssue({ code: 'custom', path: [duplicate.index], message: `${duplicate.name} is listed twice (first at index ${duplicate.first})` });
     });
 }
 

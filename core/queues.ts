@@ -84,7 +84,6 @@ export interface SignalJob {
   readonly signals: readonly Signal[];
 }
 
-
 /** The job id of a batch: the same signals give the same id, so storing a batch again adds nothing. */
 export function signalBatchId(signals: readonly Pick<Signal, 'id'>[]): string {
   return `sb-${stableHash(signals.map((signal) => signal.id).join('\n'))}`;

@@ -30,12 +30,18 @@ export const recoverySchema = z
     retryMaxBackoffSeconds: int().min(0).max(86_400).default(600),
     // ByteRobust §6.1: a non-applied non-critical update is performed when its 24 h window expires.
     /** How long a non-urgent code update may wait for a failure to ride on. */
-    lazyUpdateWindowSeconds: int().min(0).max(30 * 86_400).default(86_400),
+    lazyUpdateWindowSeconds: int()
+      .min(0)
+      .max(30 * 86_400)
+      .default(86_400),
     // 504-GPU report: the top three nodes caused over half of all exclusions; a node excluded
     // three times in a week is a maintenance case, not a pool member.
     /** Evictions of one node, within quarantineWindowSeconds, that quarantine it (per job, and across jobs). */
     quarantineAfterEvictions: int().min(1).max(100).default(3),
-    quarantineWindowSeconds: int().min(60).max(365 * 86_400).default(7 * 86_400),
+    quarantineWindowSeconds: int()
+      .min(60)
+      .max(365 * 86_400)
+      .default(7 * 86_400),
   })
   .strict()
   .refine((recovery) => recovery.retryMaxBackoffSeconds >= recovery.retryInitialBackoffSeconds, {

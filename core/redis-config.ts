@@ -28,17 +28,30 @@ export const redisConfigSchema = z
       .refine((url) => URL.canParse(url), 'is not a valid URL')
       .default('redis://127.0.0.1:6379'),
     /** Key prefix for queues, the audit stream and state keys; lets two installations share a Redis. */
-    prefix: z.string().regex(/^[A-Za-z0-9_-]+$/, 'letters, digits, "_" and "-" only').default('steadfast'),
+    prefix: z
+      .string()
+      .regex(/^[A-Za-z0-9_-]+$/, 'letters, digits, "_" and "-" only')
+      .default('steadfast'),
     /** File holding the Redis password (AUTH; a user name may stay in the URL), read at start; keeps the password out of the config. */
     passwordFile: z.string().min(1).optional(),
     /** TLS settings for a rediss:// URL: the CA bundle (PEM) that signed the server's certificate, when not a public one. */
-    tls: z.object({ caFile: z.string().min(1).optional() }).strict().optional(),
+    tls: z
+      .object({ caFile: z.string().min(1).optional() })
+      .strict()
+      .optional(),
     /**
      * Redis Sentinel: ask these sentinels which server is the primary of the group `name`, and
      * follow a failover. The URL then gives only the user, password, database and scheme.
      */
-    sentinels: z.array(z.object({ host: hostSchema, port: portSchema.refine((port) => port > 0, 'must be a port number') }).strict()).min(1).max(16).optional(),
-    name: z.string().regex(/^[A-Za-z0-9._-]{1,64}$/, 'a sentinel master group name: letters, digits, ".", "_" or "-"').optional(),
+    sentinels: z
+      .array(z.object({ host: hostSchema, port: portSchema.refine((port) => port > 0, 'must be a port number') }).strict())
+      .min(1)
+      .max(16)
+      .optional(),
+    name: z
+      .string()
+      .regex(/^[A-Za-z0-9._-]{1,64}$/, 'a sentinel master group name: letters, digits, ".", "_" or "-"')
+      .optional(),
     /** File holding the sentinels' own password (their requirepass), when they have one. */
     sentinelPasswordFile: z.string().min(1).optional(),
     /**
@@ -49,7 +62,10 @@ export const redisConfigSchema = z
     minReplicasAcked: int().min(0).max(16).default(0),
     replicaAckTimeoutMs: int().min(10).max(60_000).default(1000),
     /** Memory steadfast's finished jobs and audit trail may take in Redis, in MiB (docs/limits.md). */
-    retentionBudgetMB: int().min(1).max(1024 * 1024).default(1024),
+    retentionBudgetMB: int()
+      .min(1)
+      .max(1024 * 1024)
+      .default(1024),
   })
   .strict()
   .refine((redis) => (redis.sentinels === undefined) === (redis.name === undefined), {

@@ -18,7 +18,11 @@ export const maintenanceWindowSchema = z
     /** The nodes it covers, by name. */
     nodes: z.array(nodeNameSchema).min(1).max(100_000).optional(),
     /** The Slurm partitions it covers: their nodes as the scheduler lists them, re-read every minute. */
-    partitions: z.array(z.string().regex(SLURM_PARTITION_PATTERN, 'a Slurm partition name: letters, digits, ".", "_" or "-", up to 64')).min(1).max(1000).optional(),
+    partitions: z
+      .array(z.string().regex(SLURM_PARTITION_PATTERN, 'a Slurm partition name: letters, digits, ".", "_" or "-", up to 64'))
+      .min(1)
+      .max(1000)
+      .optional(),
     start: z.iso.datetime({ offset: true }),
     end: z.iso.datetime({ offset: true }),
   })
@@ -62,7 +66,10 @@ export const remediesSchema = z
         resetsBeforeReboot: int().min(1).max(100).default(3),
         /** Reboots on one node within windowSeconds after which the next fault hands it off. */
         rebootsBeforeHandOff: int().min(1).max(100).default(2),
-        windowSeconds: int().min(60).max(90 * 86_400).default(7 * 86_400),
+        windowSeconds: int()
+          .min(60)
+          .max(90 * 86_400)
+          .default(7 * 86_400),
       })
       .strict()
       .prefault({}),
@@ -73,7 +80,10 @@ export const remediesSchema = z
         timeoutMs: int().min(100).max(60_000).default(5000),
         attempts: int().min(1).max(20).default(5),
         /** How long steadfast leaves a handed-off node alone unless released (`steadfast release NODE`). */
-        holdSeconds: int().min(60).max(365 * 86_400).default(30 * 86_400),
+        holdSeconds: int()
+          .min(60)
+          .max(365 * 86_400)
+          .default(30 * 86_400),
       })
       .strict()
       .prefault({}),

@@ -70,12 +70,7 @@ export const signalSchema = z.object({
 export type Signal = z.infer<typeof signalSchema>;
 
 /** The identity of one fault: a fast-path Xid and the alert for that Xid share it. */
-export function faultFingerprint(parts: {
-  kind: SignalKind;
-  node?: string | undefined;
-  gpu?: string | undefined;
-  detail?: string | undefined;
-}): string {
+export function faultFingerprint(parts: { kind: SignalKind; node?: string | undefined; gpu?: string | undefined; detail?: string | undefined }): string {
   return [parts.kind, parts.node ?? '-', parts.gpu ?? '-', parts.detail ?? '-'].join('/');
 }
 

@@ -80,7 +80,8 @@ export const NODE_VERBS = ['drain', 'reset_gpu', 'reboot', 'hand_off'] as const 
 export type NodeVerb = (typeof NODE_VERBS)[number];
 
 /** The node ladder's citation: a fault with an explicit machine signal takes the node out at once. */
-export const NODE_LADDER_CITATION = 'ByteRobust §4.1 (high-confidence machine faults are isolated at once, without diagnosis); docs/remedies.md (reset, reboot, hand-off)';
+export const NODE_LADDER_CITATION =
+  'ByteRobust §4.1 (high-confidence machine faults are isolated at once, without diagnosis); docs/remedies.md (reset, reboot, hand-off)';
 
 export interface Step {
   verb: StepVerb;

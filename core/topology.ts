@@ -93,7 +93,8 @@ export class Topology {
           // Several ranks share a node, each on its own GPU: two with one local rank is a typo in the table.
           const slot = `${entry.node}/${localRank}`;
           const holder = slots.get(slot);
-          if (holder !== undefined) throw new InputError(`topology.ranks: rank ${entry.rank} has local rank ${localRank} on ${entry.node}, as rank ${holder} does`, 'ranks');
+          if (holder !== undefined)
+            throw new InputError(`topology.ranks: rank ${entry.rank} has local rank ${localRank} on ${entry.node}, as rank ${holder} does`, 'ranks');
           slots.set(slot, entry.rank);
           const { tp, cp, ep, dp, pp } = entry;
           return { rank: entry.rank, node: entry.node, localRank, coords: { tp, cp, ep, dp, pp } };
@@ -101,15 +102,13 @@ export class Topology {
       );
     }
     const duplicate = firstDuplicate(parsed.nodes);
-    if (duplicate !== undefined) throw new InputError(`topology.nodes.${duplicate.index}: ${duplicate.name} is listed twice (first at index ${duplicate.first})`, 'nodes');
+    if (duplicate !== undefined)
+      throw new InputError(`topology.nodes.${duplicate.index}: ${duplicate.name} is listed twice (first at index ${duplicate.first})`, 'nodes');
     const order = parseOrder(parsed.order);
     const world = PARALLEL_DIMS.reduce((product, dim) => product * parsed[dim], 1);
     if (world > MAX_RANKS) throw new InputError(`topology: tp*cp*ep*dp*pp = ${world} ranks; at most ${MAX_RANKS} are supported`, 'tp');
     if (world !== parsed.nodes.length * parsed.ranksPerNode) {
-      throw new InputError(
-        `topology: tp*cp*ep*dp*pp = ${world} but nodes*ranksPerNode = ${parsed.nodes.length * parsed.ranksPerNode}`,
-        'tp',
-      );
+      throw new InputError(`topology: tp*cp*ep*dp*pp = ${world} but nodes*ranksPerNode = ${parsed.nodes.length * parsed.ranksPerNode}`, 'tp');
     }
     const ranks: RankPlacement[] = [];
     for (let rank = 0; rank < world; rank += 1) {
@@ -134,9 +133,7 @@ export class Topology {
   /** The ranks in `rank`'s group along `dim`: all other coordinates equal. */
   group(dim: ParallelDim, rank: number): number[] {
     const self = this.placement(rank).coords;
-    return this.ranks
-      .filter((other) => PARALLEL_DIMS.every((d) => d === dim || other.coords[d] === self[d]))
-      .map((other) => other.rank);
+    return this.ranks.filter((other) => PARALLEL_DIMS.every((d) => d === dim || other.coords[d] === self[d])).map((other) => other.rank);
   }
 
   nodesOf(ranks: readonly number[]): string[] {

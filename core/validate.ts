@@ -12,18 +12,11 @@ export function describeIssues(issues: readonly z.core.$ZodIssue[], prefix = '')
 }
 
 /** Parses `value` with `schema`, throwing an InputError that names each bad field. */
-export function parseOrThrow<T extends z.ZodType>(
-  schema: T,
-  value: unknown,
-  what: string,
-): z.output<T> {
+export function parseOrThrow<T extends z.ZodType>(schema: T, value: unknown, what: string): z.output<T> {
   const result = schema.safeParse(value);
   if (!result.success) {
     const first = result.error.issues[0];
-    throw new InputError(
-      `invalid ${what}: ${describeIssues(result.error.issues)}`,
-      first ? first.path.map(String).join('.') : undefined,
-    );
+    throw new InputError(`invalid ${what}: ${describeIssues(result.error.issues)}`, first ? first.path.map(String).join('.') : undefined);
   }
   return result.data;
 }

@@ -36,7 +36,8 @@ const STEADFAST_ALERTS = matches('alertname', 'Steadfast.*');
 export function nodeHealthTable() {
   return mergedTablePanel({
     title: 'Health per node',
-    description: 'Per node now: agent scraped (1) or not, GPUs lost, collectors failing, RDMA ports down, row-remap failures, fatal Xids in the last hour, steadfast alerts firing. Click a node for its detail.',
+    description:
+      'Per node now: agent scraped (1) or not, GPUs lost, collectors failing, RDMA ports down, row-remap failures, fatal Xids in the last hour, steadfast alerts firing. Click a node for its detail.',
     unit: unit.count,
     columns: [
       { name: 'Agent up', expr: aggregateBy('max', NODE, nodeSeries('up', equals('job', AGENT_SCRAPE_JOB))), redBelow: 1 },

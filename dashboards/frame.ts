@@ -161,14 +161,7 @@ export function steadfastDashboard(frame: DashboardFrame): DashboardBuilder {
     .refresh('30s')
     .time({ from: 'now-6h', to: 'now' })
     .timezone('browser')
-    .link(
-      new DashboardLinkBuilder('steadfast')
-        .type(DashboardLinkType.Dashboards)
-        .tags([STEADFAST_TAG])
-        .asDropdown(true)
-        .includeVars(true)
-        .keepTime(true),
-    )
+    .link(new DashboardLinkBuilder('steadfast').type(DashboardLinkType.Dashboards).tags([STEADFAST_TAG]).asDropdown(true).includeVars(true).keepTime(true))
     .annotation(actionsAnnotation())
     .withVariable(datasourceVariable())
     .withVariable(clusterVariable());

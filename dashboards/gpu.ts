@@ -82,7 +82,12 @@ export function xidsByCodePanel() {
     title: 'Xid errors by GPU and code',
     description: `New Xid errors over ${RATE_WINDOW}, every severity, by GPU (PCI bus id) and Xid code.`,
     unit: unit.count,
-    queries: [{ expr: sumBy(['node', 'pci_bus_id', 'xid', 'severity'], increase(nodeSeries('steadfast_xid_errors_total'))), legend: '{{pci_bus_id}} Xid {{xid}} ({{severity}})' }],
+    queries: [
+      {
+        expr: sumBy(['node', 'pci_bus_id', 'xid', 'severity'], increase(nodeSeries('steadfast_xid_errors_total'))),
+        legend: '{{pci_bus_id}} Xid {{xid}} ({{severity}})',
+      },
+    ],
   });
 }
 
@@ -174,7 +179,8 @@ export function eccErrorsPanel() {
 export function remappedRowsPanel() {
   return timeseriesPanel({
     title: 'Remapped rows',
-    description: 'HBM rows remapped per GPU by cause, rows waiting for a GPU reset to be remapped, and remap failures (a failure means the GPU must be replaced).',
+    description:
+      'HBM rows remapped per GPU by cause, rows waiting for a GPU reset to be remapped, and remap failures (a failure means the GPU must be replaced).',
     unit: unit.count,
     queries: [
       { expr: aggregateBy('max', [...GPU, 'type'], nodeSeries('steadfast_gpu_remapped_rows_total')), legend: `${GPU_LEGEND} {{type}}` },

@@ -105,10 +105,7 @@ export function prometheusDatasource(url: string): object {
 export function writeDashboards(outDir: string, options: WriteOptions = {}): string[] {
   const dashboardsDir = resolve(outDir, 'dashboards');
   const datasources = prometheusDatasource(options.prometheusUrl ?? DEFAULT_PROMETHEUS_URL);
-  const files: [string, string][] = buildDashboards().map(({ uid, json }) => [
-    join(dashboardsDir, `${uid}.json`),
-    `${JSON.stringify(json, null, 2)}\n`,
-  ]);
+  const files: [string, string][] = buildDashboards().map(({ uid, json }) => [join(dashboardsDir, `${uid}.json`), `${JSON.stringify(json, null, 2)}\n`]);
   files.push(
     [resolve(outDir, 'provisioning', 'dashboards', 'steadfast.yaml'), stringify(dashboardProvider(options.dashboardsPath ?? dashboardsDir))],
     [resolve(outDir, 'provisioning', 'datasources', 'steadfast.yaml'), stringify(datasources)],

@@ -18,14 +18,7 @@ import {
   remappedRowsPanel,
   xidsByCodePanel,
 } from './gpu.js';
-import {
-  congestionNotificationsPanel,
-  portErrorsPanel,
-  portStateTable,
-  portThroughputPanel,
-  retransmitsPanel,
-  transmitWaitPanel,
-} from './network.js';
+import { congestionNotificationsPanel, portErrorsPanel, portStateTable, portThroughputPanel, retransmitsPanel, transmitWaitPanel } from './network.js';
 import { backlogPanel, mountsTable, operationLatencyPanel, operationsPanel, slotUtilizationPanel } from './storage.js';
 
 export const NODE_UID = 'steadfast-node';

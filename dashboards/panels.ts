@@ -65,11 +65,7 @@ const REF_IDS = 'ABCDEFGHIJKLMNOPQRSTUVWXYZ';
 
 export function promQueries(queries: readonly Query[], format = PromQueryFormat.TimeSeries): DataqueryBuilder[] {
   return queries.map((query, index) => {
-    const builder = new DataqueryBuilder()
-      .datasource(datasource)
-      .refId(REF_IDS.charAt(index))
-      .expr(query.expr)
-      .format(format);
+    const builder = new DataqueryBuilder().datasource(datasource).refId(REF_IDS.charAt(index)).expr(query.expr).format(format);
     if (query.legend !== undefined) builder.legendFormat(query.legend);
     if (query.instant === true) builder.instant();
     else builder.range();
@@ -91,11 +87,7 @@ export interface PanelSpec {
 
 type AnyPanelBuilder = StatPanelBuilder | TablePanelBuilder | TimeseriesPanelBuilder | HeatmapPanelBuilder | StateTimelinePanelBuilder;
 
-function basePanel<P extends AnyPanelBuilder>(
-  panel: P,
-  spec: PanelSpec,
-  targets: DataqueryBuilder[] = promQueries(spec.queries),
-): P {
+function basePanel<P extends AnyPanelBuilder>(panel: P, spec: PanelSpec, targets: DataqueryBuilder[] = promQueries(spec.queries)): P {
   panel
     .title(spec.title)
     .description(spec.description)
@@ -135,7 +127,13 @@ export function heatmapPanel(spec: PanelSpec & { rowLabel: string }): HeatmapPan
     .yAxis(new YAxisConfigBuilder().axisLabel(spec.rowLabel))
     .color(
       // Grafana's own defaults for a scheme; the builder would otherwise write 0 colour steps.
-      new HeatmapColorOptionsBuilder().mode(HeatmapColorMode.Scheme).scheme('Oranges').scale(HeatmapColorScale.Exponential).exponent(0.5).steps(64).fill('dark-orange'),
+      new HeatmapColorOptionsBuilder()
+        .mode(HeatmapColorMode.Scheme)
+        .scheme('Oranges')
+        .scale(HeatmapColorScale.Exponential)
+        .exponent(0.5)
+        .steps(64)
+        .fill('dark-orange'),
     );
 }
 

@@ -95,9 +95,12 @@ export function actionsByStatePanel() {
 export function remediationsPanel() {
   return timeseriesPanel({
     title: 'Remediations by node, action and outcome',
-    description: 'GPU resets, drains, reboots and hand-offs of nodes outside a job\'s ladder in the last 24 h; `steadfast remediations NODE` shows each with its decision.',
+    description:
+      "GPU resets, drains, reboots and hand-offs of nodes outside a job's ladder in the last 24 h; `steadfast remediations NODE` shows each with its decision.",
     unit: unit.count,
-    queries: [{ expr: sumBy(['node', 'action', 'outcome'], increase(clusterSeries('steadfast_remediations_total'), '24h')), legend: '{{node}} {{action}} {{outcome}}' }],
+    queries: [
+      { expr: sumBy(['node', 'action', 'outcome'], increase(clusterSeries('steadfast_remediations_total'), '24h')), legend: '{{node}} {{action}} {{outcome}}' },
+    ],
   });
 }
 
@@ -116,7 +119,9 @@ export function actionsNotDoneTable() {
     title: 'Refused and failed actions by verb, state and backend (1 h)',
     description: 'Where the actions that did not happen came from.',
     unit: unit.count,
-    queries: [{ expr: `${sumBy(['verb', 'state', 'backend'], increase(clusterSeries('steadfast_actions_total', matches('state', 'refused|failed')), '1h'))} > 0` }],
+    queries: [
+      { expr: `${sumBy(['verb', 'state', 'backend'], increase(clusterSeries('steadfast_actions_total', matches('state', 'refused|failed')), '1h'))} > 0` },
+    ],
     width: 12,
   });
 }

@@ -73,7 +73,8 @@ export function productiveTimeline() {
 export function iterationTimeHeatmap() {
   return heatmapPanel({
     title: 'Iteration time per rank',
-    description: 'Seconds per iteration as each rank last reported it, one row per rank: a fail-slow GPU or link is one bright row, a slow job a bright column.',
+    description:
+      'Seconds per iteration as each rank last reported it, one row per rank: a fail-slow GPU or link is one bright row, a slow job a bright column.',
     unit: unit.seconds,
     queries: [{ expr: aggregateBy('max', RANK, jobSeries('steadfast_training_iteration_seconds')), legend: RANK_LEGEND }],
     rowLabel: 'rank',

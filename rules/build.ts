@@ -57,7 +57,7 @@ function groupsDocument(domain: Domain, groups: readonly RuleGroup[], config: Th
     if (rule.kind !== 'alert') continue;
     const reserved = RESERVED_LABELS.filter((label) => rule.labels?.[label] !== undefined);
     if (reserved.length > 0) {
-      const fields = 'use its severity / domain fields and its meaning\'s route';
+      const fields = "use its severity / domain fields and its meaning's route";
       throw new Error(`rules/domains/${domain}.ts: ${rule.alert} sets ${reserved.join(', ')} in labels; ${fields}`);
     }
   }
@@ -114,7 +114,12 @@ export async function renderRuleTable(config: Thresholds = DEFAULT_THRESHOLDS): 
   const rows = (await loadDomains()).map((domain) => {
     const groups = domain.groups(valid);
     const rules = groups.flatMap((group) => group.rules);
-    return { file: `rules/${domain.domain}.yml`, groups: groups.map((group) => `\`${group.name}\``).join(', '), alerts: rules.filter((rule) => rule.kind === 'alert').length, records: rules.filter((rule) => rule.kind === 'record').length };
+    return {
+      file: `rules/${domain.domain}.yml`,
+      groups: groups.map((group) => `\`${group.name}\``).join(', '),
+      alerts: rules.filter((rule) => rule.kind === 'alert').length,
+      records: rules.filter((rule) => rule.kind === 'record').length,
+    };
   });
   const total = (key: 'alerts' | 'records'): number => rows.reduce((sum, row) => sum + row[key], 0);
   const groupCount = rows.reduce((sum, row) => sum + row.groups.split(', ').length, 0);

@@ -39,7 +39,10 @@ function buildCatalogue(): ReadonlyMap<string, CatalogueEntry> {
     for (const rule of module.groups(DEFAULT_THRESHOLDS).flatMap((group) => group.rules)) {
       if (rule.kind !== 'alert') continue;
       if (entries.has(rule.alert)) throw new Error(`alert ${rule.alert} is defined twice (the second time in rules/domains/${domain}.ts)`);
-      entries.set(rule.alert, Object.freeze({ alert: rule.alert, domain: rule.domain ?? domain, severity: rule.severity, runbook: rule.runbook, meaning: rule.meaning }));
+      entries.set(
+        rule.alert,
+        Object.freeze({ alert: rule.alert, domain: rule.domain ?? domain, severity: rule.severity, runbook: rule.runbook, meaning: rule.meaning }),
+      );
     }
   }
   return entries;

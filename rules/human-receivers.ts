@@ -59,13 +59,30 @@ function receiverNamed(document: Document, name: string, file: string): YAMLMap 
 export function addHumanReceivers(document: Document, humans: HumanReceivers, file: string): void {
   const receiver = receiverNamed(document, HUMANS_RECEIVER, file);
   if (humans.email) {
-    receiver.set('email_configs', document.createNode([{ to: humans.email.to, from: humans.email.from, smarthost: humans.email.smarthost, send_resolved: true }]));
+    receiver.set(
+      'email_configs',
+      document.createNode([{ to: humans.email.to, from: humans.email.from, smarthost: humans.email.smarthost, send_resolved: true }]),
+    );
   }
   if (humans.slack) {
     const channel = humans.slack.channel.startsWith('#') ? humans.slack.channel : `#${humans.slack.channel}`;
-    receiver.set('slack_configs', document.createNode([{ api_url_file: humans.slack.webhookUrlFile, channel, send_resolved: true, title: '{{ .CommonAnnotations.summary }}', text: '{{ range .Alerts }}{{ .Annotations.description }}\n{{ .Annotations.runbook_url }}\n{{ end }}' }]));
+    receiver.set(
+      'slack_configs',
+      document.createNode([
+        {
+          api_url_file: humans.slack.webhookUrlFile,
+          channel,
+          send_resolved: true,
+          title: '{{ .CommonAnnotations.summary }}',
+          text: '{{ range .Alerts }}{{ .Annotations.description }}\n{{ .Annotations.runbook_url }}\n{{ end }}',
+        },
+      ]),
+    );
   }
   if (humans.pagerduty) {
-    receiver.set('pagerduty_configs', document.createNode([{ routing_key_file: humans.pagerduty.routingKeyFile, send_resolved: true, description: '{{ .CommonAnnotations.summary }}' }]));
+    receiver.set(
+      'pagerduty_configs',
+      document.createNode([{ routing_key_file: humans.pagerduty.routingKeyFile, send_resolved: true, description: '{{ .CommonAnnotations.summary }}' }]),
+    );
   }
 }

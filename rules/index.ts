@@ -29,9 +29,7 @@ const RULES_DIRECTORY = rulesDirectory();
  * Prometheus rule files, one per domain (rules/<domain>.yml, in DOMAINS order) for every domain
  * whose file has been rendered, for `rule_files:` or `promtool check rules`.
  */
-export const RULE_FILES: readonly string[] = Object.freeze(
-  DOMAINS.map((domain) => join(RULES_DIRECTORY, `${domain}.yml`)).filter((path) => existsSync(path)),
-);
+export const RULE_FILES: readonly string[] = Object.freeze(DOMAINS.map((domain) => join(RULES_DIRECTORY, `${domain}.yml`)).filter((path) => existsSync(path)));
 
 /** The reference Alertmanager config (`alertmanager --config.file=...`). */
 export const ALERTMANAGER_CONFIG: string = join(RULES_DIRECTORY, 'alertmanager.yml');
@@ -45,10 +43,7 @@ export const CONTROLLER_RECEIVER = 'steadfast-controller';
 
 // Alertmanager's duration syntax (the Prometheus one): units largest first, each at most once.
 const DURATION_PATTERN = /^(?:\d+y)?(?:\d+w)?(?:\d+d)?(?:\d+h)?(?:\d+m)?(?:\d+s)?(?:\d+ms)?$/;
-const durationSchema = z
-  .string()
-  .min(1)
-  .regex(DURATION_PATTERN, 'must be a duration like 0s, 30s, 5m or 1h30m');
+const durationSchema = z.string().min(1).regex(DURATION_PATTERN, 'must be a duration like 0s, 30s, 5m or 1h30m');
 // Alertmanager refuses a zero group_interval or repeat_interval.
 const nonZeroDurationSchema = durationSchema.refine((value) => /[1-9]/.test(value), 'must be longer than zero');
 
@@ -150,9 +145,7 @@ function writeRouteMatchers(document: Document): void {
 
 function controllerReceiver(document: Document): YAMLMap {
   const receivers = document.get('receivers');
-  const receiver = isSeq(receivers)
-    ? receivers.items.find((item): item is YAMLMap => isMap(item) && item.get('name') === CONTROLLER_RECEIVER)
-    : undefined;
+  const receiver = isSeq(receivers) ? receivers.items.find((item): item is YAMLMap => isMap(item) && item.get('name') === CONTROLLER_RECEIVER) : undefined;
   if (!receiver) throw new Error(`${ALERTMANAGER_CONFIG}: no receiver named ${CONTROLLER_RECEIVER}`);
   return receiver;
 }

@@ -163,7 +163,15 @@ export const DEFAULT_THRESHOLDS: Thresholds = {
     skippedFor: '10m',
     noProgressSeconds: 600,
   },
-  steadfast: { agentDownFor: '2m', controllerDownFor: '1m', queueBacklogJobs: 100, queueBacklogFor: '5m', auditLagSeconds: 60, actionWindow: '15m', actionFailureCount: 3 },
+  steadfast: {
+    agentDownFor: '2m',
+    controllerDownFor: '1m',
+    queueBacklogJobs: 100,
+    queueBacklogFor: '5m',
+    auditLagSeconds: 60,
+    actionWindow: '15m',
+    actionFailureCount: 3,
+  },
 };
 
 /** Validates a full thresholds object (for example DEFAULT_THRESHOLDS with overrides merged in). */

@@ -25,7 +25,8 @@ export function agentDependencies(root) {
     const locked = lock.packages?.[`node_modules/${name}`]?.version;
     if (wanted === undefined || locked === undefined) throw new Error(`${name} is not a dependency in package.json and package-lock.json`);
     if (wanted !== locked) throw new Error(`agent/package.json asks for ${name} ${wanted}, package-lock.json holds ${locked}: pin the exact version`);
-    if (controller.dependencies?.[name] !== wanted) throw new Error(`package.json asks for ${name} ${controller.dependencies?.[name]}, agent/package.json for ${wanted}: the two run the same agent`);
+    if (controller.dependencies?.[name] !== wanted)
+      throw new Error(`package.json asks for ${name} ${controller.dependencies?.[name]}, agent/package.json for ${wanted}: the two run the same agent`);
     dependencies[name] = locked;
   }
   return dependencies;

@@ -46,8 +46,13 @@ await build({
       // prom-client's Pushgateway pulls in the HTTPS client and TLS at load; the agent is scraped, never pushes.
       name: 'no-pushgateway',
       setup(plugin) {
-        plugin.onResolve({ filter: /^\.\/lib\/pushgateway$/ }, (args) => (args.importer.includes(`${join('node_modules', 'prom-client')}`) ? { path: 'pushgateway', namespace: 'no-pushgateway' } : undefined));
-        plugin.onLoad({ filter: /.*/, namespace: 'no-pushgateway' }, () => ({ contents: "module.exports = class Pushgateway { constructor() { throw new Error('the agent bundle has no Pushgateway'); } };", loader: 'js' }));
+        plugin.onResolve({ filter: /^\.\/lib\/pushgateway$/ }, (args) =>
+          args.importer.includes(`${join('node_modules', 'prom-client')}`) ? { path: 'pushgateway', namespace: 'no-pushgateway' } : undefined,
+        );
+        plugin.onLoad({ filter: /.*/, namespace: 'no-pushgateway' }, () => ({
+          contents: "module.exports = class Pushgateway { constructor() { throw new Error('the agent bundle has no Pushgateway'); } };",
+          loader: 'js',
+        }));
       },
     },
   ],

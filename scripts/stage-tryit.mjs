@@ -85,7 +85,8 @@ try {
   const BARE = /(?:\bfrom\s*|\bimport\s*\(\s*|\bimport\s+)['"]((?:@[^/'"]+\/)?[^./'"][^/'"]*)/g;
   for (const file of filesUnder(join(out, 'dist')).filter((name) => name.endsWith('.js'))) {
     for (const [, name] of readFileSync(join(out, 'dist', file), 'utf8').matchAll(BARE)) {
-      if (!name.startsWith('node:') && !(name in manifest.dependencies)) throw new Error(`dist/${file} imports ${name}, which tryit/package.json does not depend on`);
+      if (!name.startsWith('node:') && !(name in manifest.dependencies))
+        throw new Error(`dist/${file} imports ${name}, which tryit/package.json does not depend on`);
     }
   }
   writeFileSync(join(out, 'package.json'), `${JSON.stringify(manifest, null, 2)}\n`);

@@ -81,19 +81,30 @@ describe('dashboards', () => {
   it('each carry the steadfast actions annotation: Grafana annotations tagged steadfast', () => {
     for (const { uid, json } of dashboards) {
       expect(json.annotations.list, uid).toContainEqual(
-        expect.objectContaining({ enable: true, datasource: { type: 'grafana', uid: '-- Grafana --' }, target: expect.objectContaining({ type: 'tags', tags: ['steadfast'] }) }),
+        expect.objectContaining({
+          enable: true,
+          datasource: { type: 'grafana', uid: '-- Grafana --' },
+          target: expect.objectContaining({ type: 'tags', tags: ['steadfast'] }),
+        }),
       );
     }
   });
 
   it('select the node on the node dashboard (one) and the training job on the training dashboard, by the configured label', () => {
-    const variable = (uid: string, name: string) => dashboards.find((dashboard) => dashboard.uid === uid)?.json.templating.list.find((entry) => entry.name === name);
+    const variable = (uid: string, name: string) =>
+      dashboards.find((dashboard) => dashboard.uid === uid)?.json.templating.list.find((entry) => entry.name === name);
     expect(variable('steadfast-node', 'node')).toMatchObject({ type: 'query', query: 'label_values(steadfast_collector_success{cluster=~"$cluster"}, node)' });
     expect(variable('steadfast-node', 'node')?.multi).not.toBe(true);
-    expect(variable('steadfast-training', 'job')).toMatchObject({ type: 'query', multi: true, query: `label_values(steadfast_training_iteration{cluster=~"$cluster"}, ${TRAINING_JOB_LABEL})` });
+    expect(variable('steadfast-training', 'job')).toMatchObject({
+      type: 'query',
+      multi: true,
+      query: `label_values(steadfast_training_iteration{cluster=~"$cluster"}, ${TRAINING_JOB_LABEL})`,
+    });
     const training = dashboards.find(({ uid }) => uid === 'steadfast-training')?.json;
     const heatmap = training?.panels.find((panel) => panel.type === 'heatmap');
-    expect(heatmap?.targets?.[0]?.expr).toBe(`max by (${TRAINING_JOB_LABEL}, rank) (steadfast_training_iteration_seconds{cluster=~"$cluster",${TRAINING_JOB_LABEL}=~"$job"})`);
+    expect(heatmap?.targets?.[0]?.expr).toBe(
+      `max by (${TRAINING_JOB_LABEL}, rank) (steadfast_training_iteration_seconds{cluster=~"$cluster",${TRAINING_JOB_LABEL}=~"$job"})`,
+    );
   });
 });
 
@@ -129,45 +140,88 @@ describe('dashboards import into Grafana 10 and 11 as they are', () => {
     expect(GRAFANA_RELEASES.map((release) => release.version.split('.')[0])).toEqual(['10', '11']);
   });
 
-  it.each(dashboards.map(({ uid, json }) => [uid, json] as const))('%s: schema version 38, and only the fields, panel types and options Grafana 10 and 11 declare', (_uid, json) => {
-    const dashboard = json as unknown as { schemaVersion: number; panels: GrafanaPanel[] };
-    expect(dashboard.schemaVersion).toBe(GRAFANA_SCHEMA_VERSION);
-    expect(GRAFANA_SCHEMA_VERSION).toBe(38);
-    const unknownFields = (object: object, known: ReadonlySet<string>): string[] => Object.keys(object).filter((key) => !known.has(key));
-    expect(unknownFields(dashboard, declared((release) => release.dashboardType('Dashboard'))), 'dashboard fields').toEqual([]);
-    const ids = dashboard.panels.map((panel) => panel.id);
-    expect(new Set(ids).size).toBe(ids.length);
-    for (const panel of dashboard.panels) {
-      if (panel.type === 'row') {
-        expect(unknownFields(panel, declared((release) => release.dashboardType('RowPanel'))), `${panel.title}: row fields`).toEqual([]);
-        expect(panel.panels, panel.title).toEqual([]);
-      } else {
-        for (const release of GRAFANA_RELEASES) expect(release.panel(panel.type), `${panel.title}: panel type ${panel.type} in Grafana ${release.version}`).toBeDefined();
-        expect(unknownFields(panel, declared((release) => release.dashboardType('Panel'))), `${panel.title}: panel fields`).toEqual([]);
-        expect(unknownFields(panel.options ?? {}, declared((release) => release.panel(panel.type)?.options)), `${panel.title} (${panel.type}): options`).toEqual([]);
-        const defaults = panel.fieldConfig?.defaults ?? {};
-        expect(unknownFields(defaults, declared((release) => release.dashboardType('FieldConfig'))), `${panel.title}: field config`).toEqual([]);
-        expect(unknownFields(defaults.custom ?? {}, declared((release) => release.panel(panel.type)?.fieldCustom)), `${panel.title} (${panel.type}): custom field config`).toEqual([]);
+  it.each(dashboards.map(({ uid, json }) => [uid, json] as const))(
+    '%s: schema version 38, and only the fields, panel types and options Grafana 10 and 11 declare',
+    (_uid, json) => {
+      const dashboard = json as unknown as { schemaVersion: number; panels: GrafanaPanel[] };
+      expect(dashboard.schemaVersion).toBe(GRAFANA_SCHEMA_VERSION);
+      expect(GRAFANA_SCHEMA_VERSION).toBe(38);
+      const unknownFields = (object: object, known: ReadonlySet<string>): string[] => Object.keys(object).filter((key) => !known.has(key));
+      expect(
+        unknownFields(
+          dashboard,
+          declared((release) => release.dashboardType('Dashboard')),
+        ),
+        'dashboard fields',
+      ).toEqual([]);
+      const ids = dashboard.panels.map((panel) => panel.id);
+      expect(new Set(ids).size).toBe(ids.length);
+      for (const panel of dashboard.panels) {
+        if (panel.type === 'row') {
+          expect(
+            unknownFields(
+              panel,
+              declared((release) => release.dashboardType('RowPanel')),
+            ),
+            `${panel.title}: row fields`,
+          ).toEqual([]);
+          expect(panel.panels, panel.title).toEqual([]);
+        } else {
+          for (const release of GRAFANA_RELEASES)
+            expect(release.panel(panel.type), `${panel.title}: panel type ${panel.type} in Grafana ${release.version}`).toBeDefined();
+          expect(
+            unknownFields(
+              panel,
+              declared((release) => release.dashboardType('Panel')),
+            ),
+            `${panel.title}: panel fields`,
+          ).toEqual([]);
+          expect(
+            unknownFields(
+              panel.options ?? {},
+              declared((release) => release.panel(panel.type)?.options),
+            ),
+            `${panel.title} (${panel.type}): options`,
+          ).toEqual([]);
+          const defaults = panel.fieldConfig?.defaults ?? {};
+          expect(
+            unknownFields(
+              defaults,
+              declared((release) => release.dashboardType('FieldConfig')),
+            ),
+            `${panel.title}: field config`,
+          ).toEqual([]);
+          expect(
+            unknownFields(
+              defaults.custom ?? {},
+              declared((release) => release.panel(panel.type)?.fieldCustom),
+            ),
+            `${panel.title} (${panel.type}): custom field config`,
+          ).toEqual([]);
+        }
+        expect(Number.isInteger(panel.id) && (panel.id ?? 0) > 0, panel.title).toBe(true);
+        const grid = panel.gridPos;
+        expect(grid && grid.x >= 0 && grid.w > 0 && grid.x + grid.w <= 24 && grid.h > 0 && grid.y >= 0, `${panel.title}: ${JSON.stringify(grid)}`).toBe(true);
       }
-      expect(Number.isInteger(panel.id) && (panel.id ?? 0) > 0, panel.title).toBe(true);
-      const grid = panel.gridPos;
-      expect(grid && grid.x >= 0 && grid.w > 0 && grid.x + grid.w <= 24 && grid.h > 0 && grid.y >= 0, `${panel.title}: ${JSON.stringify(grid)}`).toBe(true);
-    }
-  });
+    },
+  );
 
-  it.each(dashboards.map(({ uid, json }) => [uid, json] as const))('%s: a cluster variable, right after the datasource, that every query and every other variable uses', (uid, json) => {
-    const variables = json.templating.list as Variable[];
-    expect(variables.map((variable) => variable.name).slice(0, 2)).toEqual(['datasource', 'cluster']);
-    expect(variables[1]).toMatchObject({ type: 'query', query: `label_values(up, ${CLUSTER_LABEL})`, includeAll: true, allValue: '.*' });
-    const clusterFilter = `${CLUSTER_LABEL}=~"$cluster"`;
-    for (const { where, expr } of dashboardExprs.filter((entry) => entry.where.startsWith(`${uid} /`))) {
-      if (where.endsWith('variable cluster')) continue;
-      // Each selector of the query, as Prometheus' grammar finds them, not just one of them.
-      const { selectors } = parsePromql(expr);
-      expect(selectors.length, where).toBeGreaterThan(0);
-      for (const selector of selectors) expect(selector, where).toContain(clusterFilter);
-    }
-  });
+  it.each(dashboards.map(({ uid, json }) => [uid, json] as const))(
+    '%s: a cluster variable, right after the datasource, that every query and every other variable uses',
+    (uid, json) => {
+      const variables = json.templating.list as Variable[];
+      expect(variables.map((variable) => variable.name).slice(0, 2)).toEqual(['datasource', 'cluster']);
+      expect(variables[1]).toMatchObject({ type: 'query', query: `label_values(up, ${CLUSTER_LABEL})`, includeAll: true, allValue: '.*' });
+      const clusterFilter = `${CLUSTER_LABEL}=~"$cluster"`;
+      for (const { where, expr } of dashboardExprs.filter((entry) => entry.where.startsWith(`${uid} /`))) {
+        if (where.endsWith('variable cluster')) continue;
+        // Each selector of the query, as Prometheus' grammar finds them, not just one of them.
+        const { selectors } = parsePromql(expr);
+        expect(selectors.length, where).toBeGreaterThan(0);
+        for (const selector of selectors) expect(selector, where).toContain(clusterFilter);
+      }
+    },
+  );
 });
 
 describe('PromQL in the dashboards and the rule files', () => {
@@ -176,16 +230,31 @@ describe('PromQL in the dashboards and the rule files', () => {
   const produced = new Set<string>();
 
   beforeAll(async () => {
-    for (const name of [...(await agentMetricNames()), ...(await controllerMetricNames()), ...PROMETHEUS_METRICS, ...ruleFiles.flatMap((file) => file.records)]) {
+    for (const name of [
+      ...(await agentMetricNames()),
+      ...(await controllerMetricNames()),
+      ...PROMETHEUS_METRICS,
+      ...ruleFiles.flatMap((file) => file.records),
+    ]) {
       produced.add(name);
     }
   });
 
   it('finds the metrics of a live agent, the controller and the recording rules', () => {
-    for (const name of ['steadfast_gpu_present', 'steadfast_rdma_port_cnp_sent_total', 'steadfast_nfs_rpc_slot_utilization_ratio', 'steadfast_training_iteration_seconds']) {
+    for (const name of [
+      'steadfast_gpu_present',
+      'steadfast_rdma_port_cnp_sent_total',
+      'steadfast_nfs_rpc_slot_utilization_ratio',
+      'steadfast_training_iteration_seconds',
+    ]) {
       expect(produced.has(name), name).toBe(true);
     }
-    for (const name of ['steadfast_queue_oldest_waiting_seconds', 'steadfast_signal_to_action_seconds_bucket', 'steadfast_grafana_annotations_failed_total', 'up']) {
+    for (const name of [
+      'steadfast_queue_oldest_waiting_seconds',
+      'steadfast_signal_to_action_seconds_bucket',
+      'steadfast_grafana_annotations_failed_total',
+      'up',
+    ]) {
       expect(produced.has(name), name).toBe(true);
     }
     expect(produced.has('steadfast_gpu_temperature'), 'a name nobody exports').toBe(false);
@@ -208,7 +277,9 @@ describe('PromQL in the dashboards and the rule files', () => {
     // node_*) into ours: those inputs are theirs, checked by rules/tests/compat.test.yml.
     const foreign = (where: string, name: string): boolean => where.startsWith('compat.yml ') && /^(DCGM_FI_|node_)/.test(name);
     const unknown = [...dashboardExprs, ...ruleExprs].flatMap(({ where, expr }) =>
-      parsePromql(expr).metrics.filter((name) => !produced.has(name) && !foreign(where, name)).map((name) => `${name} (${where})`),
+      parsePromql(expr)
+        .metrics.filter((name) => !produced.has(name) && !foreign(where, name))
+        .map((name) => `${name} (${where})`),
     );
     expect(unknown).toEqual([]);
   });
@@ -238,7 +309,12 @@ describe('PromQL in the dashboards and the rule files', () => {
     ]);
     expect(parsePromql('count(a{node=~"$node"} == bool 0) or vector(0) unless on (node) b').metrics).toEqual(['a', 'b']);
     expect(parsePromql('label_values(steadfast_gpu_present, node)').metrics).toEqual(['steadfast_gpu_present']);
-    expect(parsePromql('avg_over_time(job:x:bool{job=~"$job"}[$__range])')).toEqual({ metrics: ['job:x:bool'], errors: [], unnamed: [], selectors: ['job:x:bool{job=~"$job"}'] });
+    expect(parsePromql('avg_over_time(job:x:bool{job=~"$job"}[$__range])')).toEqual({
+      metrics: ['job:x:bool'],
+      errors: [],
+      unnamed: [],
+      selectors: ['job:x:bool{job=~"$job"}'],
+    });
     expect(parsePromql('sum(rate(x{a="b"[5m]))').errors).not.toEqual([]);
     expect(parsePromql('ratee(x[5m])').errors).not.toEqual([]);
     expect(parsePromql('{__name__="x"}').unnamed).toEqual(['{__name__="x"}']);
@@ -263,7 +339,10 @@ describe('writeDashboards', () => {
     const fleet = JSON.parse(readFileSync(join(dashboardsDir, 'steadfast-fleet.json'), 'utf8')) as DashboardJson;
     expect(fleet.uid).toBe('steadfast-fleet');
 
-    const provider = parse(readFileSync(providerFile, 'utf8')) as { apiVersion: number; providers: { type: string; folder: string; options: { path: string } }[] };
+    const provider = parse(readFileSync(providerFile, 'utf8')) as {
+      apiVersion: number;
+      providers: { type: string; folder: string; options: { path: string } }[];
+    };
     expect(provider.apiVersion).toBe(1);
     expect(provider.providers).toHaveLength(1);
     expect(provider.providers[0]).toMatchObject({ type: 'file', folder: 'steadfast', options: { path: dashboardsDir } });
@@ -308,7 +387,9 @@ describe('steadfast dashboards', () => {
   });
 
   it('requires --out', async () => {
-    const command = dashboardsCommand().exitOverride().configureOutput({ writeErr: () => undefined });
+    const command = dashboardsCommand()
+      .exitOverride()
+      .configureOutput({ writeErr: () => undefined });
     await expect(command.parseAsync([], { from: 'user' })).rejects.toThrow(/required option/);
   });
 });

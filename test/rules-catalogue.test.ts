@@ -41,7 +41,7 @@ describe('the alert catalogue', () => {
     }
   });
 
-  it('carries the people\'s label on exactly the alerts whose meaning routes them to people', () => {
+  it("carries the people's label on exactly the alerts whose meaning routes them to people", () => {
     for (const { alert: name, labels } of shippedAlerts()) {
       const toPeople = catalogueEntry(name)?.meaning.route === 'humans';
       expect(labels[PAGE_HUMANS_LABEL.name], name).toBe(toPeople ? PAGE_HUMANS_LABEL.value : undefined);
@@ -53,7 +53,10 @@ describe('the alert catalogue', () => {
     for (const runbook of runbooks) expect(existsSync(join(RUNBOOKS, runbook)), `docs/runbooks/${runbook} does not exist`).toBe(true);
     expect(new Set(runbooks).size, 'two alerts share a runbook').toBe(runbooks.length);
     const onDisk = readdirSync(RUNBOOKS).filter((name) => name.startsWith('steadfast-') && name.endsWith('.md'));
-    expect(onDisk.filter((name) => !runbooks.includes(name)), 'runbooks no alert links to').toEqual([]);
+    expect(
+      onDisk.filter((name) => !runbooks.includes(name)),
+      'runbooks no alert links to',
+    ).toEqual([]);
   });
 
   it('states a citation for every fault of a fixed class, and routes every self-monitoring alert to people', () => {
@@ -63,7 +66,7 @@ describe('the alert catalogue', () => {
     }
   });
 
-  it('gives an alert that is not steadfast\'s, or an inherited member\'s name, no entry and the plain alert kind', () => {
+  it("gives an alert that is not steadfast's, or an inherited member's name, no entry and the plain alert kind", () => {
     for (const name of ['SomebodyElsesAlert', 'constructor', '__proto__', 'toString', '']) {
       expect(catalogueEntry(name), name).toBeUndefined();
       expect(signalKindOfAlert(name), name).toBe('alert');

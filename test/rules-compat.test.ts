@@ -32,9 +32,18 @@ function inputSeries(): { series: string; values: string }[] {
       { series: `node_infiniband_local_link_integrity_errors_total{${host}, device="mlx5_0", port="1"}`, values: '0x12' },
       { series: `node_infiniband_port_errors_received_total{${host}, device="mlx5_0", port="1"}`, values: '0x12' },
       { series: `node_infiniband_port_data_transmitted_bytes_total{${host}, device="mlx5_0", port="1"}`, values: '0+2.4e12x12' },
-      { series: `node_mountstats_nfs_operations_requests_total{${host}, export="nfs:/ckpt", mountaddr="10.0.0.9", operation="GETATTR", protocol="tcp"}`, values: '0+7680x12' },
-      { series: `node_mountstats_nfs_operations_transmissions_total{${host}, export="nfs:/ckpt", mountaddr="10.0.0.9", operation="GETATTR", protocol="tcp"}`, values: '0+7687.5x12' },
-      { series: `node_mountstats_nfs_operations_response_time_seconds_total{${host}, export="nfs:/ckpt", mountaddr="10.0.0.9", operation="GETATTR", protocol="tcp"}`, values: '0+7.5x12' },
+      {
+        series: `node_mountstats_nfs_operations_requests_total{${host}, export="nfs:/ckpt", mountaddr="10.0.0.9", operation="GETATTR", protocol="tcp"}`,
+        values: '0+7680x12',
+      },
+      {
+        series: `node_mountstats_nfs_operations_transmissions_total{${host}, export="nfs:/ckpt", mountaddr="10.0.0.9", operation="GETATTR", protocol="tcp"}`,
+        values: '0+7687.5x12',
+      },
+      {
+        series: `node_mountstats_nfs_operations_response_time_seconds_total{${host}, export="nfs:/ckpt", mountaddr="10.0.0.9", operation="GETATTR", protocol="tcp"}`,
+        values: '0+7.5x12',
+      },
     );
   }
   return series;
@@ -66,10 +75,13 @@ const EXPECTED: Record<string, { device?: Record<string, string>; values: [numbe
 const UNAVAILABLE = ['xid_fatal_5m', 'xid_errors_1h', 'rdma_transport_retries_per_second', 'training_iteration_seconds'];
 
 describe('the compat recording rules (rules/compat.yml)', () => {
-  it('let the detector\'s own feature queries score a fleet that has only dcgm-exporter and node_exporter, per node and device', async () => {
+  it("let the detector's own feature queries score a fleet that has only dcgm-exporter and node_exporter, per node and device", async () => {
     const features = defaultFeatureQueries({ agentJob: 'dcgm-exporter|node-exporter', nodeLabel: 'node' });
     expect(features.map((feature) => feature.name).sort()).toEqual([...Object.keys(EXPECTED), ...UNAVAILABLE].sort());
-    const label = (labels: Record<string, string>) => `{${Object.entries(labels).map(([name, value]) => `${name}=${JSON.stringify(value)}`).join(', ')}}`;
+    const label = (labels: Record<string, string>) =>
+      `{${Object.entries(labels)
+        .map(([name, value]) => `${name}=${JSON.stringify(value)}`)
+        .join(', ')}}`;
     const cases = features.map((feature) => {
       const expected = EXPECTED[feature.name];
       return {
@@ -81,9 +93,18 @@ describe('the compat recording rules (rules/compat.yml)', () => {
       };
     });
     const file = join(dir, 'compat-features.test.yml');
-    await writeFile(file, stringify({ rule_files: [ruleFile('compat')], evaluation_interval: '1m', tests: [{ interval: '1m', input_series: inputSeries(), promql_expr_test: cases }] }));
+    await writeFile(
+      file,
+      stringify({
+        rule_files: [ruleFile('compat')],
+        evaluation_interval: '1m',
+        tests: [{ interval: '1m', input_series: inputSeries(), promql_expr_test: cases }],
+      }),
+    );
     const result = await new Promise<{ code: number; output: string }>((resolve) =>
-      execFile(PROMTOOL, ['test', 'rules', file], (error, stdout, stderr) => resolve({ code: error ? Number(error.code ?? 1) : 0, output: `${stdout}${stderr}` })),
+      execFile(PROMTOOL, ['test', 'rules', file], (error, stdout, stderr) =>
+        resolve({ code: error ? Number(error.code ?? 1) : 0, output: `${stdout}${stderr}` }),
+      ),
     );
     expect(result.output).toContain('SUCCESS');
     expect(result.code, result.output).toBe(0);

@@ -10,12 +10,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { InputError } from '../core/errors.js';
 import { classifyXid, xidCodesWithRemedy } from '../core/xid.js';
 import { RULE_TABLE_DOC, renderRuleFiles, renderRuleTable, ruleFile, withRuleTable } from '../rules/build.js';
-import {
-  ALERTMANAGER_CONFIG,
-  CONTROLLER_RECEIVER,
-  RULE_FILES,
-  renderAlertmanagerConfig,
-} from '../rules/index.js';
+import { ALERTMANAGER_CONFIG, CONTROLLER_RECEIVER, RULE_FILES, renderAlertmanagerConfig } from '../rules/index.js';
 import { catalogueEntry } from '../rules/catalogue.js';
 import { DEFAULT_THRESHOLDS } from '../rules/thresholds.js';
 
@@ -96,22 +91,25 @@ async function loadAlertRules(): Promise<AlertRule[]> {
     const parsed = ruleFileSchema.parse(parseYaml(await readFile(file, 'utf8')));
     for (const group of parsed.groups) {
       for (const rule of group.rules) {
-        if (rule.alert !== undefined) alerts.push({ file: basename(file), alert: rule.alert, expr: rule.expr, labels: rule.labels, annotations: rule.annotations });
+        if (rule.alert !== undefined)
+          alerts.push({ file: basename(file), alert: rule.alert, expr: rule.expr, labels: rule.labels, annotations: rule.annotations });
       }
     }
   }
   return alerts;
 }
 
-const promtoolTestSchema = z.object({
-  tests: z.array(
-    z.object({
-      alert_rule_test: z
-        .array(z.object({ alertname: z.string(), exp_alerts: z.array(z.unknown()).default([]) }).loose())
-        .default([]),
-    }).loose(),
-  ),
-}).loose();
+const promtoolTestSchema = z
+  .object({
+    tests: z.array(
+      z
+        .object({
+          alert_rule_test: z.array(z.object({ alertname: z.string(), exp_alerts: z.array(z.unknown()).default([]) }).loose()).default([]),
+        })
+        .loose(),
+    ),
+  })
+  .loose();
 
 const ruleTestFiles = (await readdir(RULE_TESTS)).filter((name) => name.endsWith('.test.yml')).sort();
 const routeCases = routeCasesSchema.parse(JSON.parse(await readFile(join(RULE_TESTS, 'routes.json'), 'utf8'))).cases;
@@ -136,7 +134,7 @@ describe('Prometheus rules', () => {
     expect([...RULE_FILES].sort(), 'a rules/<domain>.yml without a rules/domains/<domain>.ts module').toEqual([...rendered.keys()].map(ruleFile).sort());
   });
 
-  it("docs/alerts.md counts the rule files, groups, alerts and recording rules as rendered, and its prometheus.yml lists every file", async () => {
+  it('docs/alerts.md counts the rule files, groups, alerts and recording rules as rendered, and its prometheus.yml lists every file', async () => {
     const doc = readFileSync(RULE_TABLE_DOC, 'utf8');
     expect(doc, 'docs/alerts.md is out of date: run npm run rules').toBe(withRuleTable(doc, await renderRuleTable()));
     const listed = [...doc.matchAll(/^ {2}- \/path\/to\/steadfast\/(rules\/\w+\.yml)/gm)].map((match) => match[1]);
@@ -289,12 +287,14 @@ describe('Alertmanager config', () => {
       }
     });
 
-    it('an agent down on a node silences that node\'s GPU, Xid and port alerts, and nothing on other nodes or in other domains', async () => {
+    it("an agent down on a node silences that node's GPU, Xid and port alerts, and nothing on other nodes or in other domains", async () => {
       const agentDown = await firing('SteadfastAgentDown', { node: 'node-3', instance: '10.0.0.3:9401', job: 'steadfast-agent' });
       const gpu = { gpu: '0', pci_bus_id: '0000:3b:00' };
       expect(inhibited(await firing('SteadfastGpuLost', { node: 'node-3', ...gpu }), agentDown)).toBe(true);
       expect(inhibited(await firing('SteadfastXidFatal', { node: 'node-3', pci_bus_id: gpu.pci_bus_id, xid: '79' }), agentDown)).toBe(true);
-      expect(inhibited({ alertname: 'SteadfastRdmaPortDown', domain: 'network', severity: 'critical', node: 'node-3', device: 'mlx5_0', port: '1' }, agentDown)).toBe(true);
+      expect(
+        inhibited({ alertname: 'SteadfastRdmaPortDown', domain: 'network', severity: 'critical', node: 'node-3', device: 'mlx5_0', port: '1' }, agentDown),
+      ).toBe(true);
       expect(inhibited(await firing('SteadfastGpuLost', { node: 'node-4', ...gpu }), agentDown)).toBe(false);
       expect(inhibited({ alertname: 'SteadfastNfsRpcBacklog', domain: 'storage', severity: 'warning', node: 'node-3' }, agentDown)).toBe(false);
       expect(inhibited(await firing('SteadfastActionsRefused', { verb: 'drain', state: 'refused', backend: 'slurm' }), agentDown)).toBe(false);

@@ -8,7 +8,6 @@ import { SimCredentials } from './credentials.js';
 import { startRedis, startSlurm, type RedisPart, type SlurmPart } from './parts.js';
 import { ProcessGroup } from './processes.js';
 
-
 /** The launcher a plane's controller is configured with; a job registered there names it. */
 export const SIM_LAUNCHER = 'accept';
 /**
@@ -76,7 +75,19 @@ export class ControlPlane {
    * A controller configuration for this plane: the Slurm backend through scontrol and sinfo,
    * the given key prefix, and whatever the caller overrides (validated like a config file).
    */
-  controllerConfig(prefix: string, overrides: { controller?: object; safety?: object; policy?: object; backend?: object; analysis?: object; progress?: object; launchers?: object; queues?: object } = {}): Config {
+  controllerConfig(
+    prefix: string,
+    overrides: {
+      controller?: object;
+      safety?: object;
+      policy?: object;
+      backend?: object;
+      analysis?: object;
+      progress?: object;
+      launchers?: object;
+      queues?: object;
+    } = {},
+  ): Config {
     return configSchema.parse({
       redis: { url: this.redisUrl, prefix },
       controller: { host: '127.0.0.1', port: 0, metrics: { port: 0 }, auth: this.credentials.auth, ...overrides.controller },

@@ -86,7 +86,9 @@ export class ControllerProcess {
     const pid = this.child?.pid;
     if (pid === undefined) return Number.NaN;
     // Fields after the command name: state is field 3, utime 14 and stime 15 (proc(5)).
-    const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').replace(/^.*\) /s, '').split(' ');
+    const fields = readFileSync(`/proc/${pid}/stat`, 'utf8')
+      .replace(/^.*\) /s, '')
+      .split(' ');
     return (Number(fields[11]) + Number(fields[12])) / CLOCK_TICKS_PER_SECOND;
   }
 

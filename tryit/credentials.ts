@@ -31,7 +31,12 @@ export class SimCredentials {
 
   /** `controller.auth` for these files. */
   get auth(): { operatorTokenFile: string; readOnlyTokenFile: string; alertmanagerTokenFile: string; agentSecretFile: string } {
-    return { operatorTokenFile: this.operatorTokenFile, readOnlyTokenFile: this.readOnlyTokenFile, alertmanagerTokenFile: this.alertmanagerTokenFile, agentSecretFile: this.agentSecretFile };
+    return {
+      operatorTokenFile: this.operatorTokenFile,
+      readOnlyTokenFile: this.readOnlyTokenFile,
+      alertmanagerTokenFile: this.alertmanagerTokenFile,
+      agentSecretFile: this.agentSecretFile,
+    };
   }
 
   /** `node`'s agent token (what `steadfast token agent --node NODE` prints). */

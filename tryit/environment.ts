@@ -28,7 +28,6 @@ import {
 } from './parts.js';
 import { ProcessGroup, freePorts, timedStep, waitFor, type StepProgress } from './processes.js';
 
-
 /** The demo controller's launcher, which the demo's job registration names. */
 export const DEMO_LAUNCHER = 'demo-echo';
 /**
@@ -117,9 +116,7 @@ export class SimEnvironment {
   private async bringUp(): Promise<void> {
     const { options, root, processes } = this;
     const interval = options.intervalSeconds ?? 1;
-    this.nodes = await this.step(`created ${options.nodes} simulated nodes`, async () =>
-      createSimulatedNodes(root, options.nodes, options.gpusPerNode ?? 8),
-    );
+    this.nodes = await this.step(`created ${options.nodes} simulated nodes`, async () => createSimulatedNodes(root, options.nodes, options.gpusPerNode ?? 8));
     if (options.gpuSource === 'nvml') {
       await this.step('an NVML library on every node', () => Promise.all(this.nodes.map((node) => node.useNvml())));
     }
@@ -136,9 +133,16 @@ export class SimEnvironment {
       redis: { url: this.redis.url, prefix: 'steadfast' },
       controller: { host: '127.0.0.1', port: controllerPort, metrics: { port: controllerMetricsPort }, auth: this.credentials.auth },
       backend: { kind: 'slurm', slurm: { env: { ...this.slurm.env }, rest: { url: slurmRest.url, user: slurmRest.user, tokenFile: slurmRest.tokenFile } } },
-      safety: { maxDrainsPerWindow: options.maxDrainsPerWindow ?? 4, ...(options.maxJobEvictionPercent === undefined ? {} : { maxJobEvictionPercent: options.maxJobEvictionPercent }) },
+      safety: {
+        maxDrainsPerWindow: options.maxDrainsPerWindow ?? 4,
+        ...(options.maxJobEvictionPercent === undefined ? {} : { maxJobEvictionPercent: options.maxJobEvictionPercent }),
+      },
       // Each agent's POST endpoints take only its own node's token, derived from this secret.
-      agents: { urls: Object.fromEntries(names.map((name, index) => [name, `http://127.0.0.1:${agentPorts[index]}`])), diagnoseTimeoutSeconds: 30, secretFile: this.credentials.agentWebSecretFile },
+      agents: {
+        urls: Object.fromEntries(names.map((name, index) => [name, `http://127.0.0.1:${agentPorts[index]}`])),
+        diagnoseTimeoutSeconds: 30,
+        secretFile: this.credentials.agentWebSecretFile,
+      },
       ...(options.remedies === undefined ? {} : { remedies: options.remedies }),
       // Short rounds: the demo should not wait 40 s for stack aggregation.
       analysis: { stackRoundSeconds: 1 },
@@ -148,10 +152,17 @@ export class SimEnvironment {
     this.controller = new Controller({ config: this.config, logger: this.logger });
     await this.step('controller and workers up', () => this.controller.start());
 
-    const alertmanagerConfig = renderAlertmanagerConfig({ webhookUrl: `${this.controllerUrl}/api/v1/alerts`, credentialsFile: this.credentials.alertmanagerTokenFile, groupWait: '0s', groupInterval: '1s' });
+    const alertmanagerConfig = renderAlertmanagerConfig({
+      webhookUrl: `${this.controllerUrl}/api/v1/alerts`,
+      credentialsFile: this.credentials.alertmanagerTokenFile,
+      groupWait: '0s',
+      groupInterval: '1s',
+    });
     this.alertmanagers =
       options.alertmanagers === 2
-        ? await this.step('Alertmanager HA pair up (gossip on loopback), routing to the controller', () => startAlertmanagerPair(processes, root, alertmanagerConfig))
+        ? await this.step('Alertmanager HA pair up (gossip on loopback), routing to the controller', () =>
+            startAlertmanagerPair(processes, root, alertmanagerConfig),
+          )
         : [await this.step('Alertmanager up, routing to the controller', () => startAlertmanager(processes, root, alertmanagerConfig))];
     this.alertmanager = this.alertmanagers[0] as AlertmanagerPart;
 

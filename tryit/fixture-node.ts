@@ -28,7 +28,10 @@ function nfsBlock(file: string, device: string, mountpoint: string, rename: { de
   if (start < 0) throw new Error(`${file} has no mount ${device} on ${mountpoint}`);
   const end = lines.findIndex((line, index) => index > start && line.startsWith('device '));
   // The kernel ends each NFS block with an empty line; parsers rely on it.
-  const block = `${lines.slice(start, end < 0 ? undefined : end).join('\n').trimEnd()}\n`;
+  const block = `${lines
+    .slice(start, end < 0 ? undefined : end)
+    .join('\n')
+    .trimEnd()}\n`;
   return block.replace(`device ${device} mounted on ${mountpoint} `, `device ${rename.device} mounted on ${rename.mountpoint} `);
 }
 
@@ -38,16 +41,14 @@ function nfsBlock(file: string, device: string, mountpoint: string, rename: { de
  * nconnect=16 sample is over RDMA, which node_exporter 1.5's parser rejects).
  */
 function nconnectBlock(block: string, connections: number): string {
-  return block
-    .replace(/(\topts:\t[^\n]*)/, '$1,nconnect=' + String(connections))
-    .replace(/^\txprt:\ttcp ([\d ]+)$/m, (_line, numbers: string) => {
-      const values = numbers.trim().split(/\s+/).map(Number);
-      return Array.from({ length: connections }, (_, index) => {
-        // port, bind count, connect count, connect time, idle time stay; the rest is shared out.
-        const spread = values.map((value, position) => (position < 5 ? value + (position === 0 ? index : 0) : Math.floor(value / connections)));
-        return `\txprt:\ttcp ${spread.join(' ')}`;
-      }).join('\n');
-    });
+  return block.replace(/(\topts:\t[^\n]*)/, '$1,nconnect=' + String(connections)).replace(/^\txprt:\ttcp ([\d ]+)$/m, (_line, numbers: string) => {
+    const values = numbers.trim().split(/\s+/).map(Number);
+    return Array.from({ length: connections }, (_, index) => {
+      // port, bind count, connect count, connect time, idle time stay; the rest is shared out.
+      const spread = values.map((value, position) => (position < 5 ? value + (position === 0 ? index : 0) : Math.floor(value / connections)));
+      return `\txprt:\ttcp ${spread.join(' ')}`;
+    }).join('\n');
+  });
 }
 
 export function buildFixtureNode(root: string, options: { ibPorts?: number } = {}): FixtureNode {
@@ -70,13 +71,17 @@ export function buildFixtureNode(root: string, options: { ibPorts?: number } = {
     // and the benchmark needs both exporters to read the same file.)
     nfsBlock('node_exporter_fixtures_proc_10_mountstats', '192.168.1.1:/srv/test', '/mnt/nfs/test', { device: 'nfs2:/datasets', mountpoint: '/data' }),
     nfsBlock('node_exporter_fixtures_proc_10_mountstats', '192.168.1.1:/srv/test', '/mnt/nfs/test-dupe', { device: 'nfs3:/scratch', mountpoint: '/scratch' }),
-    nconnectBlock(nfsBlock('procfs_fixtures_proc_26231_mountstats', '192.168.1.1:/srv/test', '/mnt/nfs/test', { device: 'nfs4:/checkpoints', mountpoint: '/checkpoints' }), 16),
+    nconnectBlock(
+      nfsBlock('procfs_fixtures_proc_26231_mountstats', '192.168.1.1:/srv/test', '/mnt/nfs/test', { device: 'nfs4:/checkpoints', mountpoint: '/checkpoints' }),
+      16,
+    ),
   ];
   const text = `${mountstats.join('\n')}\n`;
   writeFileSync(join(procfs, String(FIXTURE_PID), 'mountstats'), text);
   // node_exporter also reads mountinfo, to join a mount to its options.
   const mountinfo = [...text.matchAll(/^device (\S+) mounted on (\S+) with fstype (\S+)/gm)].map(
-    ([, device = '', mountpoint = '', fstype = ''], index) => `${30 + index} 1 0:${50 + index} / ${mountpoint} rw,relatime shared:${index + 1} - ${fstype} ${device} rw`,
+    ([, device = '', mountpoint = '', fstype = ''], index) =>
+      `${30 + index} 1 0:${50 + index} / ${mountpoint} rw,relatime shared:${index + 1} - ${fstype} ${device} rw`,
   );
   writeFileSync(join(procfs, String(FIXTURE_PID), 'mountinfo'), `${mountinfo.join('\n')}\n`);
 

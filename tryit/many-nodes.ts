@@ -54,7 +54,12 @@ export class SimulatedFleet {
   constructor(private readonly options: FleetOptions) {
     const gpus = options.gpusPerNode ?? 8;
     for (const node of options.nodes) {
-      this.states.set(node, { gpusPresent: Array.from({ length: gpus }, () => true), portsUp: PORTS.map(() => true), linkDowned: PORTS.map(() => 0), xids: new Map() });
+      this.states.set(node, {
+        gpusPresent: Array.from({ length: gpus }, () => true),
+        portsUp: PORTS.map(() => true),
+        linkDowned: PORTS.map(() => 0),
+        xids: new Map(),
+      });
     }
     this.server = createServer((request, response) => {
       const match = /^\/nodes\/([^/]+)\/metrics$/.exec(request.url ?? '');
@@ -82,7 +87,10 @@ export class SimulatedFleet {
 
   /** One scrape target per node, each with its own path and `node` label. */
   targets(): ScrapeTarget[] {
-    return this.options.nodes.map((node) => ({ address: `127.0.0.1:${this.port}`, labels: { node, __metrics_path__: `/nodes/${encodeURIComponent(node)}/metrics` } }));
+    return this.options.nodes.map((node) => ({
+      address: `127.0.0.1:${this.port}`,
+      labels: { node, __metrics_path__: `/nodes/${encodeURIComponent(node)}/metrics` },
+    }));
   }
 
   /** Marks the nodes as running ranks of `job` (one rank each, in order): they export training progress. */
@@ -168,12 +176,42 @@ export class SimulatedFleet {
       ...(state.training ? ([['collector="training"', 1]] as [string, number][]) : []),
     ]);
     family('steadfast_gpu_attached', 'gauge', 'GPUs nvidia-smi lists.', [['', state.gpusPresent.filter(Boolean).length]]);
-    family('steadfast_gpu_present', 'gauge', 'Whether the GPU is listed.', gpuLabels.map((labels, index) => [labels, state.gpusPresent[index] ? 1 : 0]));
-    family('steadfast_gpu_temperature_celsius', 'gauge', 'GPU temperature.', gpuLabels.map((labels) => [labels, 55]));
-    family('steadfast_gpu_memory_temperature_celsius', 'gauge', 'GPU memory temperature.', gpuLabels.map((labels) => [labels, 60]));
-    family('steadfast_gpu_power_watts', 'gauge', 'GPU power draw.', gpuLabels.map((labels) => [labels, 610]));
-    family('steadfast_gpu_utilization_ratio', 'gauge', 'GPU utilisation.', gpuLabels.map((labels) => [labels, 0.97]));
-    family('steadfast_gpu_clock_hertz', 'gauge', 'GPU clocks.', gpuLabels.map((labels) => [`${labels},clock="sm"`, 1_980_000_000]));
+    family(
+      'steadfast_gpu_present',
+      'gauge',
+      'Whether the GPU is listed.',
+      gpuLabels.map((labels, index) => [labels, state.gpusPresent[index] ? 1 : 0]),
+    );
+    family(
+      'steadfast_gpu_temperature_celsius',
+      'gauge',
+      'GPU temperature.',
+      gpuLabels.map((labels) => [labels, 55]),
+    );
+    family(
+      'steadfast_gpu_memory_temperature_celsius',
+      'gauge',
+      'GPU memory temperature.',
+      gpuLabels.map((labels) => [labels, 60]),
+    );
+    family(
+      'steadfast_gpu_power_watts',
+      'gauge',
+      'GPU power draw.',
+      gpuLabels.map((labels) => [labels, 610]),
+    );
+    family(
+      'steadfast_gpu_utilization_ratio',
+      'gauge',
+      'GPU utilisation.',
+      gpuLabels.map((labels) => [labels, 0.97]),
+    );
+    family(
+      'steadfast_gpu_clock_hertz',
+      'gauge',
+      'GPU clocks.',
+      gpuLabels.map((labels) => [`${labels},clock="sm"`, 1_980_000_000]),
+    );
     family(
       'steadfast_xid_errors_total',
       'counter',
@@ -184,12 +222,37 @@ export class SimulatedFleet {
       }),
     );
     const portLabels = PORTS.map((device) => `device="${device}",port="1"`);
-    family('steadfast_rdma_port_up', 'gauge', 'Port ACTIVE and LinkUp.', portLabels.map((labels, index) => [labels, state.portsUp[index] ? 1 : 0]));
-    family('steadfast_rdma_port_state', 'gauge', 'Port logical state.', portLabels.map((labels, index) => [labels, state.portsUp[index] ? 4 : 1]));
-    family('steadfast_rdma_port_link_downed_total', 'counter', 'Link down events.', portLabels.map((labels, index) => [labels, state.linkDowned[index] ?? 0]));
+    family(
+      'steadfast_rdma_port_up',
+      'gauge',
+      'Port ACTIVE and LinkUp.',
+      portLabels.map((labels, index) => [labels, state.portsUp[index] ? 1 : 0]),
+    );
+    family(
+      'steadfast_rdma_port_state',
+      'gauge',
+      'Port logical state.',
+      portLabels.map((labels, index) => [labels, state.portsUp[index] ? 4 : 1]),
+    );
+    family(
+      'steadfast_rdma_port_link_downed_total',
+      'counter',
+      'Link down events.',
+      portLabels.map((labels, index) => [labels, state.linkDowned[index] ?? 0]),
+    );
     const bytes = Math.round(seconds * 12.5e9);
-    family('steadfast_rdma_port_data_transmitted_bytes_total', 'counter', 'Bytes sent.', portLabels.map((labels, index) => [labels, state.portsUp[index] ? bytes : 0]));
-    family('steadfast_rdma_port_data_received_bytes_total', 'counter', 'Bytes received.', portLabels.map((labels, index) => [labels, state.portsUp[index] ? bytes : 0]));
+    family(
+      'steadfast_rdma_port_data_transmitted_bytes_total',
+      'counter',
+      'Bytes sent.',
+      portLabels.map((labels, index) => [labels, state.portsUp[index] ? bytes : 0]),
+    );
+    family(
+      'steadfast_rdma_port_data_received_bytes_total',
+      'counter',
+      'Bytes received.',
+      portLabels.map((labels, index) => [labels, state.portsUp[index] ? bytes : 0]),
+    );
     if (state.training) {
       const labels = `${TRAINING_JOB_LABEL}="${state.training.job}",rank="${state.training.rank}"`;
       family('steadfast_training_iteration', 'gauge', 'Last iteration.', [[labels, Math.floor(seconds / 2)]]);

@@ -26,7 +26,25 @@ export async function startRedis(group: ProcessGroup, root: string, name = 'redi
   const dir = join(root, name);
   mkdirSync(dir, { recursive: true });
   const chosen = port ?? (await freePort());
-  const args = ['--port', String(chosen), '--bind', '127.0.0.1', '--dir', dir, '--appendonly', 'yes', '--appendfsync', 'always', '--save', '', '--daemonize', 'no', '--protected-mode', 'yes', ...extraArgs];
+  const args = [
+    '--port',
+    String(chosen),
+    '--bind',
+    '127.0.0.1',
+    '--dir',
+    dir,
+    '--appendonly',
+    'yes',
+    '--appendfsync',
+    'always',
+    '--save',
+    '',
+    '--daemonize',
+    'no',
+    '--protected-mode',
+    'yes',
+    ...extraArgs,
+  ];
   group.start(name, 'redis-server', args, join(dir, 'redis.log'));
   await waitFor('redis to answer PING', async () => {
     const { stdout } = await run('redis-cli', ['-p', String(chosen), 'ping']);
@@ -76,9 +94,7 @@ export async function startPrometheus(
         job_name: AGENT_SCRAPE_JOB,
         static_configs: options.targets.map((target) => ({ targets: [target.address], labels: { ...target.labels } })),
       },
-      ...(options.controllerMetricsAddress
-        ? [{ job_name: CONTROLLER_SCRAPE_JOB, static_configs: [{ targets: [options.controllerMetricsAddress] }] }]
-        : []),
+      ...(options.controllerMetricsAddress ? [{ job_name: CONTROLLER_SCRAPE_JOB, static_configs: [{ targets: [options.controllerMetricsAddress] }] }] : []),
     ],
   };
   const configFile = join(dir, 'prometheus.yml');
@@ -222,7 +238,12 @@ export interface SlurmPart {
  * a daemon behind them, yet take DRAIN and RESUME like real ones. JWT is enabled as the
  * alternative authentication so `scontrol token` works and slurmrestd can be put in front.
  */
-export async function startSlurm(group: ProcessGroup, root: string, nodes: readonly string[], options: { readonly partitions?: Readonly<Record<string, readonly string[]>> } = {}): Promise<SlurmPart> {
+export async function startSlurm(
+  group: ProcessGroup,
+  root: string,
+  nodes: readonly string[],
+  options: { readonly partitions?: Readonly<Record<string, readonly string[]>> } = {},
+): Promise<SlurmPart> {
   const dir = join(root, 'slurm');
   mkdirSync(join(dir, 'state'), { recursive: true });
   mkdirSync(join(dir, 'spool'), { recursive: true });
@@ -290,7 +311,13 @@ export async function startSlurmRest(group: ProcessGroup, slurm: SlurmPart, user
   const listed = await run('slurmrestd', [...asNobody, '-s', 'list'], { env }).catch((error: { stdout?: string; stderr?: string }) => error);
   const plugins = [...`${listed.stdout ?? ''}${listed.stderr ?? ''}`.matchAll(/openapi\/v\d+\.\d+\.\d+/g)].map((match) => match[0]).join(',');
   if (!plugins) throw new Error('slurmrestd lists no openapi/v* plugin');
-  group.start('slurmrestd', 'slurmrestd', [...asNobody, '-a', 'rest_auth/jwt', '-s', plugins, '-f', slurm.conf, `127.0.0.1:${port}`], join(slurm.dir, 'slurmrestd.log'), { env });
+  group.start(
+    'slurmrestd',
+    'slurmrestd',
+    [...asNobody, '-a', 'rest_auth/jwt', '-s', plugins, '-f', slurm.conf, `127.0.0.1:${port}`],
+    join(slurm.dir, 'slurmrestd.log'),
+    { env },
+  );
   const { stdout } = await run('scontrol', ['token', `username=${user}`, 'lifespan=86400'], { env });
   const tokenFile = join(slurm.dir, 'slurmrestd.token');
   writeFileSync(tokenFile, stdout, { mode: 0o600 });

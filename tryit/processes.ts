@@ -82,7 +82,9 @@ export async function waitFor(what: string, check: () => Promise<boolean>, timeo
     await sleep(intervalMs);
   }
   const observed = seen ? await seen().catch((error: unknown) => `(could not tell: ${error instanceof Error ? error.message : String(error)})`) : '';
-  throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${lastError ? ` (last error: ${lastError})` : ''}${observed ? `; seen: ${observed}` : ''}`);
+  throw new Error(
+    `timed out after ${timeoutMs} ms waiting for ${what}${lastError ? ` (last error: ${lastError})` : ''}${observed ? `; seen: ${observed}` : ''}`,
+  );
 }
 
 /** GET `url` and return true on a 2xx answer. */

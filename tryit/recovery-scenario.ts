@@ -98,7 +98,14 @@ export async function runRecoveryScenario(env: SimEnvironment): Promise<Recovery
   //    check fails is evicted onto the standby (ByteRobust §4.2).
   let since = Date.now();
   env.node(n4).failDiagnostics('GPU 5 failed the memory test (a silent fault: no Xid, no alert)');
-  await api(env, '/api/v1/signals', { kind: 'worker_failed', node: n1, job: JOB, rank: 0, message: 'train.py FAILED: rank 3 exitcode -6 (SIGABRT)', time: new Date().toISOString() });
+  await api(env, '/api/v1/signals', {
+    kind: 'worker_failed',
+    node: n1,
+    job: JOB,
+    rank: 0,
+    message: 'train.py FAILED: rank 3 exitcode -6 (SIGABRT)',
+    time: new Date().toISOString(),
+  });
   const diagnosed = await until(async () => {
     const job = await jobRecord(env);
     return job.state === 'running' && job.nodes.includes(spare3);
@@ -123,14 +130,20 @@ export async function runRecoveryScenario(env: SimEnvironment): Promise<Recovery
   steps.push({
     title: `fatal Xid 79 on ${n2} → evicted, ${spare1} activated in its place, job restarted and restored`,
     ok: first && /^drain/.test(slurm2.state),
-    lines: [...describe(newEntries(await env.audit(), since)), `sinfo ${n2}: ${slurm2.state} "${slurm2.reason}"`, `job nodes: ${(await jobRecord(env)).nodes.join(', ')}`],
+    lines: [
+      ...describe(newEntries(await env.audit(), since)),
+      `sinfo ${n2}: ${slurm2.state} "${slurm2.reason}"`,
+      `job nodes: ${(await jobRecord(env)).nodes.join(', ')}`,
+    ],
   });
 
   // 2. NIC flap once → tolerated; twice within 5 min → evicted.
   since = Date.now();
   const flap = { alertname: 'SteadfastRdmaPortFlapping', node: n3, device: 'mlx5_0', port: '1', severity: 'critical', domain: 'network' };
   await fireAlert(env, flap);
-  const tolerated = await until(async () => (await env.audit()).some((entry) => Number(entry.id.split('-')[0]) >= since && entry.type === 'decision' && entry.summary.includes('tolerate')));
+  const tolerated = await until(async () =>
+    (await env.audit()).some((entry) => Number(entry.id.split('-')[0]) >= since && entry.type === 'decision' && entry.summary.includes('tolerate')),
+  );
   const afterFirst = await slurmNode(env.slurm, n3);
   await fireAlert(env, { ...flap, device: 'mlx5_1' });
   const second = await until(async () => (await jobRecord(env)).nodes.includes(spare2) && (await jobRecord(env)).state === 'running');
@@ -150,7 +163,8 @@ export async function runRecoveryScenario(env: SimEnvironment): Promise<Recovery
     node: n1,
     job: JOB,
     rank: 0,
-    message: 'torch.distributed.elastic.multiprocessing.errors.ChildFailedError: train.py FAILED; rank 0 exitcode 1: TypeError: unsupported operand type(s) for +: \'NoneType\' and \'int\'',
+    message:
+      "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: train.py FAILED; rank 0 exitcode 1: TypeError: unsupported operand type(s) for +: 'NoneType' and 'int'",
     time: new Date().toISOString(),
   };
   await api(env, '/api/v1/signals', failure);

@@ -95,12 +95,24 @@ export class RedisHa {
       sentinels.push({ host: '127.0.0.1', port });
     }
     const ha = new RedisHa(group, root, servers, sentinels, settings);
-    await waitFor('the replicas to be in sync', async () => (await ha.syncedReplicas(primary.port)) === servers.length - 1, LOAD_ROOM * SYNC_MS, 100, () => ha.describe());
+    await waitFor(
+      'the replicas to be in sync',
+      async () => (await ha.syncedReplicas(primary.port)) === servers.length - 1,
+      LOAD_ROOM * SYNC_MS,
+      100,
+      () => ha.describe(),
+    );
     // Sentinels find each other through hello messages on the primary, every 2 s.
-    await waitFor('the sentinels to know the replicas and each other', async () => {
-      const views = await Promise.all(sentinels.map(({ port }) => sentinelView(port)));
-      return views.every((view) => view.get('num-slaves') === String(servers.length - 1) && view.get('num-other-sentinels') === String(count - 1));
-    }, LOAD_ROOM * (SYNC_MS + 2_000), 100, () => ha.describe());
+    await waitFor(
+      'the sentinels to know the replicas and each other',
+      async () => {
+        const views = await Promise.all(sentinels.map(({ port }) => sentinelView(port)));
+        return views.every((view) => view.get('num-slaves') === String(servers.length - 1) && view.get('num-other-sentinels') === String(count - 1));
+      },
+      LOAD_ROOM * (SYNC_MS + 2_000),
+      100,
+      () => ha.describe(),
+    );
     return ha;
   }
 
@@ -116,12 +128,19 @@ export class RedisHa {
     const parts: string[] = [];
     if (this.sentinels.length > 0) {
       const view = await sentinelView(this.sentinels[0]?.port as number).catch(() => new Map<string, string>());
-      parts.push(`sentinel-0 names ${view.get('ip') ?? '?'}:${view.get('port') ?? '?'} primary (flags ${view.get('flags') ?? '?'}, ${view.get('num-slaves') ?? '?'} replicas, ${view.get('num-other-sentinels') ?? '?'} other sentinels)`);
+      parts.push(
+        `sentinel-0 names ${view.get('ip') ?? '?'}:${view.get('port') ?? '?'} primary (flags ${view.get('flags') ?? '?'}, ${view.get('num-slaves') ?? '?'} replicas, ${view.get('num-other-sentinels') ?? '?'} other sentinels)`,
+      );
     }
     for (const server of this.servers) {
       const running = this.group.isRunning(server.name) ? 'running' : 'not running';
       const info = await run('redis-cli', ['-p', String(server.port), 'info', 'replication']).then(
-        ({ stdout }) => stdout.split('\n').filter((line) => /^(role|master_link_status|connected_slaves|slave\d+):/.test(line)).map((line) => line.trim()).join(' '),
+        ({ stdout }) =>
+          stdout
+            .split('\n')
+            .filter((line) => /^(role|master_link_status|connected_slaves|slave\d+):/.test(line))
+            .map((line) => line.trim())
+            .join(' '),
         (error: unknown) => `no answer (${error instanceof Error ? error.message.split('\n')[0] : String(error)})`,
       );
       parts.push(`${server.name} on ${server.port}, ${running}: ${info}`);
@@ -145,7 +164,13 @@ export class RedisHa {
     for (const server of this.servers) {
       if (server.port !== primary) await startRedis(this.group, this.root, server.name, server.port, ['--replicaof', '127.0.0.1', String(primary)]);
     }
-    await waitFor('the replicas to be in sync', async () => (await this.syncedReplicas(primary)) === this.servers.length - 1, timeoutMs, 200, () => this.describe());
+    await waitFor(
+      'the replicas to be in sync',
+      async () => (await this.syncedReplicas(primary)) === this.servers.length - 1,
+      timeoutMs,
+      200,
+      () => this.describe(),
+    );
   }
 
   /**
@@ -159,12 +184,24 @@ export class RedisHa {
     if (!dead) throw new Error(`no server on the primary's port ${from}`);
     await this.group.stop(dead.name, 0, 'SIGKILL');
     let to = from;
-    await waitFor('a replica to be promoted', async () => {
-      to = await this.primaryPort();
-      return to !== from;
-    }, this.promotionDeadlineMs, 200, () => this.describe());
+    await waitFor(
+      'a replica to be promoted',
+      async () => {
+        to = await this.primaryPort();
+        return to !== from;
+      },
+      this.promotionDeadlineMs,
+      200,
+      () => this.describe(),
+    );
     await startRedis(this.group, this.root, dead.name, dead.port);
-    await waitFor('the old primary to rejoin as a replica', async () => (await this.syncedReplicas(to)) === this.servers.length - 1, this.rejoinDeadlineMs, 200, () => this.describe());
+    await waitFor(
+      'the old primary to rejoin as a replica',
+      async () => (await this.syncedReplicas(to)) === this.servers.length - 1,
+      this.rejoinDeadlineMs,
+      200,
+      () => this.describe(),
+    );
     return { from, to };
   }
 }

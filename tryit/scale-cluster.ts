@@ -112,7 +112,12 @@ export class ScaleCluster {
       startAlertmanager(
         this.plane.processes,
         this.plane.root,
-        renderAlertmanagerConfig({ webhookUrl: `${this.controllerUrl}/api/v1/alerts`, credentialsFile: this.plane.credentials.alertmanagerTokenFile, groupWait: '0s', groupInterval: '1s' }),
+        renderAlertmanagerConfig({
+          webhookUrl: `${this.controllerUrl}/api/v1/alerts`,
+          credentialsFile: this.plane.credentials.alertmanagerTokenFile,
+          groupWait: '0s',
+          groupInterval: '1s',
+        }),
       ),
     );
     this.prometheus = await this.step(`Prometheus scraping ${this.names.length} node targets`, () =>
@@ -151,12 +156,7 @@ export class ScaleCluster {
   }
 
   private async waitForScrapes(): Promise<void> {
-    await waitFor(
-      'Prometheus to scrape every simulated node',
-      async () => (await this.targetHealth()).up === this.names.length,
-      60_000,
-      250,
-    );
+    await waitFor('Prometheus to scrape every simulated node', async () => (await this.targetHealth()).up === this.names.length, 60_000, 250);
     await waitFor(
       'Prometheus to discover Alertmanager',
       async () => {
@@ -170,7 +170,9 @@ export class ScaleCluster {
 
   /** Node targets up and down as Prometheus sees them. */
   async targetHealth(): Promise<{ up: number; down: number }> {
-    const body = (await (await fetch(`${this.prometheus.url}/api/v1/targets?state=active`)).json()) as { data: { activeTargets: { health: string; scrapePool: string }[] } };
+    const body = (await (await fetch(`${this.prometheus.url}/api/v1/targets?state=active`)).json()) as {
+      data: { activeTargets: { health: string; scrapePool: string }[] };
+    };
     const nodes = body.data.activeTargets.filter((target) => target.scrapePool === AGENT_SCRAPE_JOB);
     return { up: nodes.filter((target) => target.health === 'up').length, down: nodes.filter((target) => target.health !== 'up').length };
   }

@@ -91,7 +91,16 @@ export async function runFallenOffBus(
   const slurmDrains = countSlurmDrains(env, options.node);
 
   const timeline: TimelineStep[] = [
-    { label: `injected Xid 79 on ${options.node} GPU ${gpu}`, afterMs: 0, detail: options.via === 'nvml' ? 'an NVML Xid event, nothing in the kernel log' : simNode.nvml ? 'NVRM: Xid line in the kernel log and an NVML Xid event' : 'NVRM: Xid line written to the node\'s kernel log' },
+    {
+      label: `injected Xid 79 on ${options.node} GPU ${gpu}`,
+      afterMs: 0,
+      detail:
+        options.via === 'nvml'
+          ? 'an NVML Xid event, nothing in the kernel log'
+          : simNode.nvml
+            ? 'NVRM: Xid line in the kernel log and an NVML Xid event'
+            : "NVRM: Xid line written to the node's kernel log",
+    },
     { label: 'signal from the agent fast path', afterMs: at(fastPath), detail: fastPath?.summary ?? 'not seen' },
     { label: 'decision', afterMs: at(decision), detail: decision?.summary ?? 'not seen' },
     { label: 'action done', afterMs: at(done), detail: done?.summary ?? 'not seen' },
@@ -107,5 +116,17 @@ export async function runFallenOffBus(
   if (fastPath && alert && alert.data.sameFault !== true) {
     problems.push('the Prometheus alert was not recognised as the fault already handled');
   }
-  return { node: options.node, gpu, injectedAt, audit: entries, timeline, slurmDrains, backendDrains, slurmState: slurm.state, slurmReason: slurm.reason, ok: problems.length === 0, problems };
+  return {
+    node: options.node,
+    gpu,
+    injectedAt,
+    audit: entries,
+    timeline,
+    slurmDrains,
+    backendDrains,
+    slurmState: slurm.state,
+    slurmReason: slurm.reason,
+    ok: problems.length === 0,
+    problems,
+  };
 }

@@ -55,7 +55,11 @@ export interface QuarantinePolicy {
 /** A hot-swap job's world as the step actuators change it (the controller's WorldStore). */
 export interface StepWorld {
   /** Opens the swap's epoch for the step `ref` (once): `replaced` maps each failed node to its spare. */
-  open(spec: JobSpec, ref: string, replaced: Record<string, string>): Promise<{ readonly epoch: number; readonly opened: boolean; readonly boundSeconds: number }>;
+  open(
+    spec: JobSpec,
+    ref: string,
+    replaced: Record<string, string>,
+  ): Promise<{ readonly epoch: number; readonly opened: boolean; readonly boundSeconds: number }>;
   /** The job is (re)launched or stopped: its ranks meet in a new steady epoch. */
   relaunched(job: string): Promise<number>;
 }
@@ -131,7 +135,8 @@ export interface StepAt {
  * The step's identity in the audit, in backend reasons and in the budget: a node ladder's
  * transition has one step and is known by its decision id; a job's steps by `${transitionId}:${index}`.
  */
-export const stepRef = (at: Pick<StepAt, 'transitionId' | 'index' | 'job'>): string => (at.job === undefined ? at.transitionId : `${at.transitionId}:${at.index}`);
+export const stepRef = (at: Pick<StepAt, 'transitionId' | 'index' | 'job'>): string =>
+  at.job === undefined ? at.transitionId : `${at.transitionId}:${at.index}`;
 
 /**
  * Who holds a node's lease while this step works on it: the same on every try of the step (a try
@@ -223,7 +228,13 @@ export async function recordStep(deps: StepRecording, at: StepAt, state: StepSta
 
 /** Keeps a remediation in the node's history (once per marker) and counts it. */
 export async function rememberRemedy(
-  deps: Pick<StepBase, 'remedyLog'>, at: StepAt, node: string, action: RemedyAction, outcome: RemedyOutcome, detail: string, marker: string,
+  deps: Pick<StepBase, 'remedyLog'>,
+  at: StepAt,
+  node: string,
+  action: RemedyAction,
+  outcome: RemedyOutcome,
+  detail: string,
+  marker: string,
 ): Promise<void> {
   await deps.remedyLog.remember(at, node, action, outcome, detail, marker);
 }
@@ -267,7 +278,13 @@ export interface RefusalPage {
  * so that the next fault on the node, once the gate opens, is decided and acted on at once instead
  * of joining a decision that never acted, and notes the refusal in the node's history.
  */
-export async function refuseStep(deps: StepBase, at: StepAt, refusal: Extract<GateVerdict, { ok: false }>, page: RefusalPage, recorded: RecordOptions = {}): Promise<Halt> {
+export async function refuseStep(
+  deps: StepBase,
+  at: StepAt,
+  refusal: Extract<GateVerdict, { ok: false }>,
+  page: RefusalPage,
+  recorded: RecordOptions = {},
+): Promise<Halt> {
   await recordStep(deps, at, 'refused', refusal.reason, recorded);
   const node = at.step.nodes?.[0];
   const remedy = remedyOf(at.step.verb);
@@ -283,7 +300,13 @@ export async function refuseStep(deps: StepBase, at: StepAt, refusal: Extract<Ga
  * The gates a step on one node passes before it acts: pause, the node's holds and maintenance
  * windows, the budget (SafetyGates.admit). A refusal is recorded and paged (refuseStep).
  */
-export async function admitNodeStep(deps: StepBase, at: StepAt, node: string, what: string, recorded: RecordOptions = {}): Promise<{ readonly ok: true } | { readonly ok: false; readonly halt: Halt }> {
+export async function admitNodeStep(
+  deps: StepBase,
+  at: StepAt,
+  node: string,
+  what: string,
+  recorded: RecordOptions = {},
+): Promise<{ readonly ok: true } | { readonly ok: false; readonly halt: Halt }> {
   const admitted = await deps.gates.admit(stepRef(at), [node]);
   if (admitted.ok) return { ok: true };
   return { ok: false, halt: await refuseStep(deps, at, admitted, { what: `${what} ${node}`, node }, recorded) };

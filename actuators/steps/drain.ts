@@ -19,7 +19,9 @@ export async function drain(deps: StepBase, at: StepAt): Promise<Halt> {
     onDraining: () => recordStep(deps, at, 'running', `draining through ${backend.name}`),
   });
   const { state } = outcome;
-  const detail = outcome.already ? `already out of service (${state.raw}${state.reason ? `: ${state.reason}` : ''}); nothing to do` : `${state.raw}: ${state.reason ?? at.step.reason}`;
+  const detail = outcome.already
+    ? `already out of service (${state.raw}${state.reason ? `: ${state.reason}` : ''}); nothing to do`
+    : `${state.raw}: ${state.reason ?? at.step.reason}`;
   await recordStep(deps, at, 'done', detail);
   return undefined;
 }

@@ -79,7 +79,13 @@ async function replaceWithStandby(deps: EvictDeps, at: StepAt, node: string, unu
   }
   if (!standby) {
     await deps.jobs.vacate(job, node);
-    await recordStep(deps, at, 'failed', `no warm standby left to replace ${node}; ${node} left the job, which waits for a person (provision a standby: steadfast plan standby sizes the pool)`, { node });
+    await recordStep(
+      deps,
+      at,
+      'failed',
+      `no warm standby left to replace ${node}; ${node} left the job, which waits for a person (provision a standby: steadfast plan standby sizes the pool)`,
+      { node },
+    );
     return true;
   }
   await deps.jobs.replaceNode(job, node, standby);
@@ -96,7 +102,11 @@ async function replaceWithStandby(deps: EvictDeps, at: StepAt, node: string, unu
  */
 async function reportReplacement(deps: Pick<EvictDeps, 'feedback' | 'logger'>, at: StepAt, replaced: string, by: string): Promise<void> {
   try {
-    await deps.feedback({ job: stepJob(at), event: { type: 'standby_activated', time: Date.now(), replaced, by }, eventId: `${stepRef(at)}:standby:${replaced}` });
+    await deps.feedback({
+      job: stepJob(at),
+      event: { type: 'standby_activated', time: Date.now(), replaced, by },
+      eventId: `${stepRef(at)}:standby:${replaced}`,
+    });
   } catch (error) {
     deps.logger.warn({ job: at.job, replaced, by, err: error }, 'could not report the replacement to the ladder');
   }

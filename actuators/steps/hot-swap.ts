@@ -37,7 +37,13 @@ export async function hotSwap(deps: HotSwapDeps, at: StepAt): Promise<Halt> {
   // Already put in place by an earlier delivery of this step.
   const swapped = new Set(failed.filter((node, index) => !spec.nodes.includes(node) && spec.nodes.includes(spares[index] ?? '')));
   const problem = await cannotStart(deps, spec, failed, spares, swapped);
-  if (problem !== undefined) return fallBack(deps, at, problem, failed.filter((node) => !swapped.has(node)));
+  if (problem !== undefined)
+    return fallBack(
+      deps,
+      at,
+      problem,
+      failed.filter((node) => !swapped.has(node)),
+    );
   if (failed.length > 0) {
     const share = await deps.gates.admitJobShare(job, ref, failed, evictionShareSize(spec), deps.maxJobEvictionPercent);
     const admitted = share.ok ? await deps.gates.admit(ref) : share;
@@ -49,11 +55,17 @@ export async function hotSwap(deps: HotSwapDeps, at: StepAt): Promise<Halt> {
   if (deps.swaps.kind !== 'world') {
     for (const node of failed) await drain(deps, at, node);
     await recordStep(deps, at, 'done', `dry-run: would open a recovery epoch with ${pairs}; no epoch opened, the job record unchanged`);
-    await deps.feedback({ job, event: { type: 'hot_swap_done', time: Date.now(), epoch: -1, summary: `dry-run, ${pairs}: nothing changed` }, eventId: `${ref}:dry-run-done` });
+    await deps.feedback({
+      job,
+      event: { type: 'hot_swap_done', time: Date.now(), epoch: -1, summary: `dry-run, ${pairs}: nothing changed` },
+      eventId: `${ref}:dry-run-done`,
+    });
     return undefined;
   }
   const epoch = await deps.swaps.world.open(spec, ref, replaced);
-  await recordStep(deps, at, 'done', `${epoch.opened ? 'opened' : 'found open'} recovery epoch ${epoch.epoch} with ${pairs} (bound ${epoch.boundSeconds} s)`, { data: { epoch: epoch.epoch, replaced } });
+  await recordStep(deps, at, 'done', `${epoch.opened ? 'opened' : 'found open'} recovery epoch ${epoch.epoch} with ${pairs} (bound ${epoch.boundSeconds} s)`, {
+    data: { epoch: epoch.epoch, replaced },
+  });
   for (const node of failed) {
     if (swapped.has(node)) continue;
     await drain(deps, at, node);
@@ -66,7 +78,13 @@ export async function hotSwap(deps: HotSwapDeps, at: StepAt): Promise<Halt> {
 }
 
 /** Why the swap cannot start, or undefined. */
-async function cannotStart(deps: HotSwapDeps, spec: JobSpec, failed: readonly string[], spares: readonly string[], swapped: ReadonlySet<string>): Promise<string | undefined> {
+async function cannotStart(
+  deps: HotSwapDeps,
+  spec: JobSpec,
+  failed: readonly string[],
+  spares: readonly string[],
+  swapped: ReadonlySet<string>,
+): Promise<string | undefined> {
   if (spec.hotSwap === undefined) return `job ${spec.name} has no hot swap`;
   if (deps.swaps.kind === 'none') return 'this controller keeps no world for hot swaps';
   if (spares.length !== failed.length) return `the step names ${failed.length} failed nodes but ${spares.length} spares`;
@@ -85,7 +103,11 @@ async function cannotStart(deps: HotSwapDeps, spec: JobSpec, failed: readonly st
 async function fallBack(deps: HotSwapDeps, at: StepAt, why: string, notSwapped: string[]): Promise<Halt> {
   const job = stepJob(at);
   await recordStep(deps, at, 'failed', `the hot swap cannot start: ${why}; falling back to stop and relaunch`);
-  await deps.feedback({ job, event: { type: 'hot_swap_failed', time: Date.now(), detail: `it could not start: ${why}`, evict: notSwapped }, eventId: `${stepRef(at)}:cannot-start` });
+  await deps.feedback({
+    job,
+    event: { type: 'hot_swap_failed', time: Date.now(), detail: `it could not start: ${why}`, evict: notSwapped },
+    eventId: `${stepRef(at)}:cannot-start`,
+  });
   return undefined;
 }
 
@@ -125,5 +147,11 @@ async function replaceUsedSpare(deps: HotSwapDeps, at: StepAt, used: string): Pr
     return;
   }
   await deps.jobs.addSpare(job, standby);
-  await recordStep(deps, at, 'done', `standby ${standby} becomes a spare of ${job} in place of used spare ${used}; it joins the allocation at the job's next launch`, { node: standby });
+  await recordStep(
+    deps,
+    at,
+    'done',
+    `standby ${standby} becomes a spare of ${job} in place of used spare ${used}; it joins the allocation at the job's next launch`,
+    { node: standby },
+  );
 }

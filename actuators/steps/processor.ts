@@ -60,7 +60,12 @@ export function createStepProcessor(baseDeps: StepProcessorDeps): (job: Job, tok
   // GPU either; a job whose policy asks for dry-run also launches nothing and takes no standby.
   const recording = baseDeps.backend.name === 'dry-run';
   const recordingDeps: StepProcessorDeps = recording ? { ...baseDeps, resetter: new DryRunGpuResetter() } : baseDeps;
-  const dryRunJobDeps: StepProcessorDeps = { ...baseDeps, backend: recording ? baseDeps.backend : new DryRunBackend(redis, keys), resetter: new DryRunGpuResetter(), pool: undefined };
+  const dryRunJobDeps: StepProcessorDeps = {
+    ...baseDeps,
+    backend: recording ? baseDeps.backend : new DryRunBackend(redis, keys),
+    resetter: new DryRunGpuResetter(),
+    pool: undefined,
+  };
   const acting: Actuators = { base: stepBase(recordingDeps), byVerb: buildStepActuators(recordingDeps, { dryRun: false }) };
   const dryRunJob: Actuators = { base: stepBase(dryRunJobDeps), byVerb: buildStepActuators(dryRunJobDeps, { dryRun: true }) };
   const inProcess = new Map<string, Promise<void>>();
@@ -150,7 +155,15 @@ export function createStepProcessor(baseDeps: StepProcessorDeps): (job: Job, tok
 }
 
 function atOf(transition: StepsJob, index: number, step: StepsJob['steps'][number], queued: Job): StepAt {
-  return { transitionId: transition.transitionId, index, step, job: transition.job, origin: transition.origin, attempt: queued.attemptsMade ?? 0, delivery: queued.id ?? transition.transitionId };
+  return {
+    transitionId: transition.transitionId,
+    index,
+    step,
+    job: transition.job,
+    origin: transition.origin,
+    attempt: queued.attemptsMade ?? 0,
+    delivery: queued.id ?? transition.transitionId,
+  };
 }
 
 /**
@@ -185,7 +198,12 @@ async function runStep(actuators: Actuators, logger: Logger, at: StepAt, queued:
  * sends this one back to wait its turn (BullMQ's delayed set; not a failed try).
  */
 async function holdJob(
-  locks: Locks, holdMs: number, logger: Logger, job: string, queued: Job, token: string | undefined,
+  locks: Locks,
+  holdMs: number,
+  logger: Logger,
+  job: string,
+  queued: Job,
+  token: string | undefined,
 ): Promise<{ release(): Promise<void> }> {
   const holder = `${queued.id ?? ''}:${randomUUID()}`;
   if (!(await locks.holdJob(job, holder, holdMs))) {
@@ -224,6 +242,9 @@ function parseMarker(value: string | null): StepEnd | undefined {
 
 /** Tells the ladder that what it decided in `transitionId` was not (all) done, once per transition. */
 async function tellRefused(deps: Pick<StepProcessorDeps, 'feedback'>, job: string, transitionId: string, detail: string): Promise<void> {
-  await deps.feedback({ job, event: { type: 'recovery_refused', time: Date.now(), transitionId, detail: detail.slice(0, 500) }, eventId: `${transitionId}:refused` });
+  await deps.feedback({
+    job,
+    event: { type: 'recovery_refused', time: Date.now(), transitionId, detail: detail.slice(0, 500) },
+    eventId: `${transitionId}:refused`,
+  });
 }
-

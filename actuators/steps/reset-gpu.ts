@@ -69,7 +69,9 @@ export async function resetGpu(deps: ResetGpuDeps, at: StepAt): Promise<Halt> {
   }
   // In a job, the eviction takes the node's lease itself: it runs once this step has let go of it.
   await rememberRemedy(deps, at, node, 'reset_gpu', 'fell_back', report.reason, 'reset');
-  await recordStep(deps, at, report.outcome === 'refused' ? 'refused' : 'failed', `GPU reset ${report.outcome} (${report.reason}); evicting ${node} instead`, { node });
+  await recordStep(deps, at, report.outcome === 'refused' ? 'refused' : 'failed', `GPU reset ${report.outcome} (${report.reason}); evicting ${node} instead`, {
+    node,
+  });
   return asEviction(deps, at, node);
 }
 

@@ -71,7 +71,12 @@ async function recordRestorePlan(deps: RestartDeps, at: StepAt): Promise<void> {
     ? `restore from step ${plan.step}: ${plan.sources.filter((source) => !source.local).length} of ${plan.sources.length} ranks load from another node or remote storage${plan.skipped.length ? `; newer steps ${plan.skipped.map((skip) => skip.step).join(', ')} lost a shard` : ''}`
     : 'no checkpoint step survives the evictions: the job restarts from its last persistent checkpoint';
   await deps.audit.append(
-    { type: 'action', ref: `${stepRef(at)}:restore`, summary: `${job}: restore plan: ${detail}`, data: { job, verb: 'restore_plan', state: 'done', detail, plan } },
+    {
+      type: 'action',
+      ref: `${stepRef(at)}:restore`,
+      summary: `${job}: restore plan: ${detail}`,
+      data: { job, verb: 'restore_plan', state: 'done', detail, plan },
+    },
     `action:${stepRef(at)}:restore`,
   );
 }

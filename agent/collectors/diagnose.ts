@@ -67,15 +67,25 @@ const configSchema = z
   .object({
     checks: z.array(checkSchema).max(64).default([]),
     /** The bit-wise alignment step (§4.3): one step of a reference model on fixed weights and input. */
-    reference: checkSchema.omit({ name: true, minAvgBusBandwidthGBps: true, standby: true }).extend({ name: checkNameSchema.default(DEFAULT_REFERENCE_NAME) }).strict().optional(),
+    reference: checkSchema
+      .omit({ name: true, minAvgBusBandwidthGBps: true, standby: true })
+      .extend({ name: checkNameSchema.default(DEFAULT_REFERENCE_NAME) })
+      .strict()
+      .optional(),
   })
   .strict()
   .superRefine((config, context) => {
-    if (config.checks.length === 0 && config.reference === undefined) context.addIssue({ code: 'custom', message: 'configure at least one check or a reference', path: ['checks'] });
+    if (config.checks.length === 0 && config.reference === undefined)
+      context.addIssue({ code: 'custom', message: 'configure at least one check or a reference', path: ['checks'] });
     const seen = new Set<string>();
     for (const [index, name] of [...config.checks.map((check) => check.name), config.reference?.name].entries()) {
       if (name === undefined) continue;
-      if (seen.has(name)) context.addIssue({ code: 'custom', message: `check name "${name}" is used twice`, path: index < config.checks.length ? ['checks', index, 'name'] : ['reference', 'name'] });
+      if (seen.has(name))
+        context.addIssue({
+          code: 'custom',
+          message: `check name "${name}" is used twice`,
+          path: index < config.checks.length ? ['checks', index, 'name'] : ['reference', 'name'],
+        });
       seen.add(name);
     }
   });
@@ -92,7 +102,8 @@ export interface DiagnoseCollectorOptions {
 
 /** Reads and validates the checks file (YAML, or JSON, which YAML reads too). */
 async function loadChecks(file: string | undefined): Promise<Loaded> {
-  if (file === undefined) return { ok: false, error: `stop-time diagnostics are not configured on this node: start the agent with --${DIAGNOSE_CONFIG_FLAG} <file>` };
+  if (file === undefined)
+    return { ok: false, error: `stop-time diagnostics are not configured on this node: start the agent with --${DIAGNOSE_CONFIG_FLAG} <file>` };
   let parsed: unknown;
   try {
     // The YAML parser loads only here, on a node that runs diagnostics, not at every agent start.
@@ -139,13 +150,22 @@ function lastLine(text: string): string {
 }
 
 /** Turns how the process ended into the check's verdict and a reason a person can act on. */
-function judge(check: CheckConfig, run: BoundedCommandResult, ownLimit: boolean, limitSeconds: number, bandwidth: number | undefined): { result: CheckResult; reason?: string } {
+function judge(
+  check: CheckConfig,
+  run: BoundedCommandResult,
+  ownLimit: boolean,
+  limitSeconds: number,
+  bandwidth: number | undefined,
+): { result: CheckResult; reason?: string } {
   if (run.spawnError !== undefined) return { result: 'failed', reason: run.spawnError };
   if (run.stoppedBy === 'abort') return { result: 'incomplete', reason: 'stopped: the agent is shutting down' };
   if (run.stoppedBy === 'limit') {
     return ownLimit
       ? { result: 'timed_out', reason: `did not finish within its time limit of ${check.timeoutSeconds} s and was killed` }
-      : { result: 'incomplete', reason: `stopped after ${limitSeconds.toFixed(1)} s when the request's time limit ran out (its own limit is ${check.timeoutSeconds} s)` };
+      : {
+          result: 'incomplete',
+          reason: `stopped after ${limitSeconds.toFixed(1)} s when the request's time limit ran out (its own limit is ${check.timeoutSeconds} s)`,
+        };
   }
   if (run.exitCode !== 0) {
     const how = run.exitCode === null ? `was killed by ${run.signal ?? 'a signal'}` : `exited with status ${run.exitCode}`;
@@ -154,7 +174,8 @@ function judge(check: CheckConfig, run: BoundedCommandResult, ownLimit: boolean,
   }
   if (check.minAvgBusBandwidthGBps !== undefined) {
     if (bandwidth === undefined) return { result: 'failed', reason: 'printed no "# Avg bus bandwidth" line, so its bandwidth cannot be checked' };
-    if (bandwidth < check.minAvgBusBandwidthGBps) return { result: 'failed', reason: `average bus bandwidth ${bandwidth} GB/s is below the expected ${check.minAvgBusBandwidthGBps} GB/s` };
+    if (bandwidth < check.minAvgBusBandwidthGBps)
+      return { result: 'failed', reason: `average bus bandwidth ${bandwidth} GB/s is below the expected ${check.minAvgBusBandwidthGBps} GB/s` };
   }
   return { result: 'passed' };
 }
@@ -207,7 +228,10 @@ class DiagnoseCollector implements Collector {
     const unknown = [...new Set(wanted ?? [])].filter((name) => !known.has(name));
     if (unknown.length > 0) {
       const named = unknown.map((name) => `"${name}"`).join(', ');
-      return { status: 400, body: { error: `unknown check${unknown.length === 1 ? '' : 's'} ${named}; configured: ${[...known].join(', ')}`, field: 'checks' } };
+      return {
+        status: 400,
+        body: { error: `unknown check${unknown.length === 1 ? '' : 's'} ${named}; configured: ${[...known].join(', ')}`, field: 'checks' },
+      };
     }
     if (this.running) return { status: 409, body: { error: `a diagnosis is already running on ${this.context.node}; try again when it has finished` } };
     this.running = true;
@@ -238,7 +262,10 @@ class DiagnoseCollector implements Collector {
       reports.push(report.check);
       this.metrics.runs.inc({ check: check.name, result: report.check.result });
       this.metrics.lastDuration.set({ check: check.name }, report.check.seconds);
-      this.context.logger.info({ collector: this.name, check: check.name, result: report.check.result, seconds: report.check.seconds, reason: report.check.reason }, 'diagnostic check finished');
+      this.context.logger.info(
+        { collector: this.name, check: check.name, result: report.check.result, seconds: report.check.seconds, reason: report.check.reason },
+        'diagnostic check finished',
+      );
     }
     return {
       node: this.context.node,
@@ -316,7 +343,8 @@ export const diagnoseCollectorFactory: CollectorFactory = {
     {
       name: DIAGNOSE_CONFIG_FLAG,
       value: '<file>',
-      description: 'YAML or JSON file of the diagnostic checks: {checks: [{name, command: [argv...], timeoutSeconds, minAvgBusBandwidthGBps?}], reference?: {command, timeoutSeconds}}.',
+      description:
+        'YAML or JSON file of the diagnostic checks: {checks: [{name, command: [argv...], timeoutSeconds, minAvgBusBandwidthGBps?}], reference?: {command, timeoutSeconds}}.',
     },
   ],
   create: (context) => createDiagnoseCollector(context),

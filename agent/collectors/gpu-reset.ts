@@ -59,7 +59,12 @@ class GpuResetCollector implements Collector {
     private readonly stopGraceSeconds: number,
   ) {
     const registers: Registry[] = [context.registry];
-    this.resets = new Counter({ name: 'steadfast_gpu_resets_total', help: 'GPU resets asked of this agent, by outcome (reset, refused, failed).', labelNames: ['outcome'], registers });
+    this.resets = new Counter({
+      name: 'steadfast_gpu_resets_total',
+      help: 'GPU resets asked of this agent, by outcome (reset, refused, failed).',
+      labelNames: ['outcome'],
+      registers,
+    });
     this.routes = [{ method: 'POST' as const, path: GPU_RESET_PATH, handle: (request: AgentRequest) => this.handle(request) }];
   }
 
@@ -80,7 +85,9 @@ class GpuResetCollector implements Collector {
       .flatMap((fields): ListedGpu[] => {
         const index = Number(fields[0]);
         const pciBusId = shortPciBusId(fields[1] ?? '');
-        return Number.isInteger(index) && index >= 0 && index < 64 && pciBusId ? [{ index, pciBusId, persistence: fields[2] ?? '', line: fields.join(', ') }] : [];
+        return Number.isInteger(index) && index >= 0 && index < 64 && pciBusId
+          ? [{ index, pciBusId, persistence: fields[2] ?? '', line: fields.join(', ') }]
+          : [];
       });
   }
 
@@ -146,7 +153,8 @@ class GpuResetCollector implements Collector {
     if (typeof listed === 'string') return report('failed', listed, null);
     const target = listed.find((candidate) => candidate.pciBusId === gpu);
     if (!target) return report('refused', `nvidia-smi does not list GPU ${gpu}: a reset cannot reach it (the node needs a reboot)`, null);
-    if (/^enabled$/i.test(target.persistence)) return report('refused', `persistence mode is on for GPU ${target.index}: the persistence daemon holds it open`, target.index);
+    if (/^enabled$/i.test(target.persistence))
+      return report('refused', `persistence mode is on for GPU ${target.index}: the persistence daemon holds it open`, target.index);
     let holders = await this.holders(gpu);
     if (typeof holders === 'string') return report('failed', holders, target.index);
     if (holders.length > 0 && this.stopGraceSeconds > 0) {
@@ -195,13 +203,14 @@ function lastLine(text: string): string {
 export const gpuResetCollectorFactory: CollectorFactory = {
   name: 'gpu-reset',
   defaultEnabled: false,
-  help: 'POST /api/v1/gpu-reset: reset one idle GPU (nvidia-smi --gpu-reset) for the controller\'s reset rung; needs root and the agent\'s token.',
+  help: "POST /api/v1/gpu-reset: reset one idle GPU (nvidia-smi --gpu-reset) for the controller's reset rung; needs root and the agent's token.",
   flags: [
     { name: GPU_RESET_TIMEOUT_FLAG, value: '<seconds>', description: 'longest one GPU reset may take', default: String(DEFAULT_TIMEOUT_SECONDS) },
     {
       name: GPU_RESET_STOP_GRACE_FLAG,
       value: '<seconds>',
-      description: 'stop the processes nvidia-smi lists on the GPU to be reset (SIGTERM, then SIGKILL after this many seconds) instead of refusing the reset; 0 refuses while any hold it; needs CAP_KILL for other users\' processes',
+      description:
+        "stop the processes nvidia-smi lists on the GPU to be reset (SIGTERM, then SIGKILL after this many seconds) instead of refusing the reset; 0 refuses while any hold it; needs CAP_KILL for other users' processes",
       default: '0',
     },
   ],

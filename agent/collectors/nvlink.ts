@@ -54,7 +54,11 @@ class NvlinkCollector implements Collector {
     });
     this.failures = gpuQueryFailures(context.registry);
     this.absent = context.paths.nvidiaSmiXml !== undefined;
-    this.poller = new BackgroundPoll(context.pollIntervalSeconds * 1000, () => this.poll(), () => !this.absent);
+    this.poller = new BackgroundPoll(
+      context.pollIntervalSeconds * 1000,
+      () => this.poll(),
+      () => !this.absent,
+    );
   }
 
   async start(options?: CollectorStartOptions): Promise<void> {
@@ -137,7 +141,12 @@ class NvlinkCollector implements Collector {
 }
 
 export function createNvlinkCollector(context: CollectorContext, options: NvlinkCollectorOptions = {}): Collector {
-  return new NvlinkCollector(context, context.gpuSource ?? new GpuSourceChoice(context), options.commandTimeoutMs ?? DEFAULT_COMMAND_TIMEOUT_MS, options.nvmlTimeoutMs ?? DEFAULT_NVML_TIMEOUT_MS);
+  return new NvlinkCollector(
+    context,
+    context.gpuSource ?? new GpuSourceChoice(context),
+    options.commandTimeoutMs ?? DEFAULT_COMMAND_TIMEOUT_MS,
+    options.nvmlTimeoutMs ?? DEFAULT_NVML_TIMEOUT_MS,
+  );
 }
 
 export const nvlinkCollectorFactory: CollectorFactory = {

@@ -192,7 +192,10 @@ class ProcessCollector implements Collector {
     }
     for (const { process: entry, role, rank } of listed.slice(0, MAX_INFO_SERIES)) {
       const gpus = [...new Set((this.context.gpuProcesses?.gpusOf(entry.pid) ?? []).map((holding) => holding.gpu))].join(',');
-      info.set({ pid: String(entry.pid), role, ...(rank === undefined ? {} : { rank: String(rank) }), comm: entry.comm, ...(gpus === '' ? {} : { gpu: gpus }) }, 1);
+      info.set(
+        { pid: String(entry.pid), role, ...(rank === undefined ? {} : { rank: String(rank) }), comm: entry.comm, ...(gpus === '' ? {} : { gpu: gpus }) },
+        1,
+      );
     }
   }
 
@@ -220,7 +223,10 @@ class ProcessCollector implements Collector {
       const outside = pids.filter((pid) => tree.byPid(pid) === undefined);
       if (outside.length > 0) {
         const named = outside.map((pid) => `pid ${pid}`).join(', ');
-        return json(400, { error: `${named} ${outside.length === 1 ? 'is' : 'are'} not part of the training process tree on ${this.context.node}`, field: 'pids' });
+        return json(400, {
+          error: `${named} ${outside.length === 1 ? 'is' : 'are'} not part of the training process tree on ${this.context.node}`,
+          field: 'pids',
+        });
       }
       chosen = [...new Set(pids)].map((pid) => tree.byPid(pid)!);
     }
@@ -247,7 +253,14 @@ class ProcessCollector implements Collector {
   private withGpus(dump: PySpyDump): PySpyDump & { gpus?: { gpu: string; pciBusId?: string; uuid?: string }[] } {
     const held = this.context.gpuProcesses?.gpusOf(dump.pid) ?? [];
     if (held.length === 0) return dump;
-    return { ...dump, gpus: held.map((holding) => ({ gpu: holding.gpu, ...(holding.pciBusId === undefined ? {} : { pciBusId: holding.pciBusId }), ...(holding.uuid === undefined ? {} : { uuid: holding.uuid }) })) };
+    return {
+      ...dump,
+      gpus: held.map((holding) => ({
+        gpu: holding.gpu,
+        ...(holding.pciBusId === undefined ? {} : { pciBusId: holding.pciBusId }),
+        ...(holding.uuid === undefined ? {} : { uuid: holding.uuid }),
+      })),
+    };
   }
 
   /** py-spy's path, or none for faulthandler, or the 503 answer when the configured tool cannot run. */
@@ -282,7 +295,12 @@ class ProcessCollector implements Collector {
     const taken = await dumpWithFaulthandler(targets, { procfs, deadlineMs: timeoutMs, signal: this.abort.signal });
     const byPid = new Map(taken.map((dump) => [dump.pid, dump]));
     return chosen.map(
-      (node) => byPid.get(node.process.pid) ?? { ...toTarget(node), ok: false, error: `not signalled: faulthandler dumps are taken of training ranks only, not of a ${node.role}` },
+      (node) =>
+        byPid.get(node.process.pid) ?? {
+          ...toTarget(node),
+          ok: false,
+          error: `not signalled: faulthandler dumps are taken of training ranks only, not of a ${node.role}`,
+        },
     );
   }
 

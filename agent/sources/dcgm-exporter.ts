@@ -105,7 +105,6 @@ function reported(value: number): boolean {
 const MIB = 1024 ** 2;
 const MHZ = 1e6;
 
-
 interface GpuSeries {
   readonly index: number;
   readonly pciBusId: string | undefined;
@@ -153,7 +152,11 @@ function toSample(series: GpuSeries): DcgmGpuSample {
     if (count !== undefined) ecc.push({ scope, type, location: 'total', count });
   }
 
-  const clocks: Partial<Record<ClockDomain, number>> = { sm: scaled(FIELD.smClock, MHZ), memory: scaled(FIELD.memClock, MHZ), video: scaled(FIELD.videoClock, MHZ) };
+  const clocks: Partial<Record<ClockDomain, number>> = {
+    sm: scaled(FIELD.smClock, MHZ),
+    memory: scaled(FIELD.memClock, MHZ),
+    video: scaled(FIELD.videoClock, MHZ),
+  };
   const maxClocks: Partial<Record<ClockDomain, number>> = {
     sm: scaled(FIELD.maxSmClock, MHZ),
     memory: scaled(FIELD.maxMemClock, MHZ),
@@ -270,7 +273,8 @@ const urlSchema = z.url({ protocol: /^https?$/, message: 'must be an http:// or 
 export function dcgmExporterUrl(value: string | undefined): URL | undefined {
   if (value === undefined) return undefined;
   const parsed = urlSchema.safeParse(value);
-  if (!parsed.success) throw new InputError(`--${DCGM_EXPORTER_URL_FLAG}: ${parsed.error.issues[0]?.message ?? 'invalid'}, got "${value}"`, `--${DCGM_EXPORTER_URL_FLAG}`);
+  if (!parsed.success)
+    throw new InputError(`--${DCGM_EXPORTER_URL_FLAG}: ${parsed.error.issues[0]?.message ?? 'invalid'}, got "${value}"`, `--${DCGM_EXPORTER_URL_FLAG}`);
   return new URL(parsed.data);
 }
 

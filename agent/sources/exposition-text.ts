@@ -48,7 +48,10 @@ class SampleLineReader {
     let labels: Record<string, string> = {};
     if (this.line[this.position] === '{') labels = this.labels();
     if (this.line[this.position] !== ' ' && this.line[this.position] !== '\t') throw new LineError(`expected a space at column ${this.position + 1}`);
-    const [valueText = '', timestampText, ...extra] = this.line.slice(this.position).trim().split(/[ \t]+/);
+    const [valueText = '', timestampText, ...extra] = this.line
+      .slice(this.position)
+      .trim()
+      .split(/[ \t]+/);
     if (!FLOAT.test(valueText)) throw new LineError(`value "${valueText.slice(0, 40)}" is not a number`);
     if (timestampText !== undefined && !TIMESTAMP.test(timestampText)) throw new LineError(`timestamp "${timestampText.slice(0, 40)}" is not an integer`);
     if (extra.length > 0) throw new LineError('unexpected text after the timestamp');

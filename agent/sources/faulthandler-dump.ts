@@ -115,7 +115,12 @@ const START_SLACK_MS = 1000;
  * The newest `*-pid<pid>.stacks` that is a regular file owned by `uid` and modified since the
  * process started (`startedAtMs`), opened without following links.
  */
-async function openDumpFile(target: FaulthandlerTarget, uid: number, startedAtMs: number, namespacePid: number | undefined): Promise<{ path: string; handle: FileHandle }> {
+async function openDumpFile(
+  target: FaulthandlerTarget,
+  uid: number,
+  startedAtMs: number,
+  namespacePid: number | undefined,
+): Promise<{ path: string; handle: FileHandle }> {
   // The rank names its file with its pid as it sees it: in a container, not the agent's.
   const suffixes = [...new Set([FILE_SUFFIX(target.pid), FILE_SUFFIX(namespacePid ?? target.pid)])];
   const suffix = suffixes.join(' or *');
@@ -137,7 +142,9 @@ async function openDumpFile(target: FaulthandlerTarget, uid: number, startedAtMs
     }
   }
   if (best === undefined) {
-    throw new TargetError(`no faulthandler dump file *${suffix} of the process's user, written since it started, in ${target.directories.join(', ')}; not signalled`);
+    throw new TargetError(
+      `no faulthandler dump file *${suffix} of the process's user, written since it started, in ${target.directories.join(', ')}; not signalled`,
+    );
   }
   const path = best.path;
   const handle = await open(path, fsConstants.O_RDONLY | fsConstants.O_NOFOLLOW).catch((error: unknown) => {
@@ -183,7 +190,9 @@ async function dumpOne(target: FaulthandlerTarget, options: FaulthandlerOptions,
   const status = parseSignalStatus(await readProc(options.procfs, target.pid, 'status'));
   if (status === undefined) throw new TargetError(`cannot read the signal mask of process ${target.pid}`);
   if (!catches(status.caught, sigusr1)) {
-    throw new TargetError(`process ${target.pid} has no SIGUSR1 handler (the training script did not call enable_stack_dumps()); not signalled, as SIGUSR1 would end it`);
+    throw new TargetError(
+      `process ${target.pid} has no SIGUSR1 handler (the training script did not call enable_stack_dumps()); not signalled, as SIGUSR1 would end it`,
+    );
   }
   const startedAtMs = (bootTime + target.startTimeTicks / CLOCK_TICKS_PER_SECOND) * 1000;
   const { path, handle } = await openDumpFile(target, status.uid, startedAtMs, status.namespacePid);
@@ -217,7 +226,8 @@ async function dumpOne(target: FaulthandlerTarget, options: FaulthandlerOptions,
     if (options.signal?.aborted) throw new TargetError('cancelled: the agent is shutting down');
     // A file cut short meanwhile was rewritten from its start.
     const from = size < start ? 0 : start;
-    if (size <= from) throw new TargetError(`no dump appeared in ${path} within ${(options.deadlineMs / 1000).toFixed(1)} s of SIGUSR1 (is SIGUSR1 blocked in the process?)`);
+    if (size <= from)
+      throw new TargetError(`no dump appeared in ${path} within ${(options.deadlineMs / 1000).toFixed(1)} s of SIGUSR1 (is SIGUSR1 blocked in the process?)`);
     const length = Math.min(size - from, MAX_DUMP_BYTES);
     const buffer = Buffer.alloc(length);
     const { bytesRead } = await handle.read(buffer, 0, length, from);

@@ -85,7 +85,8 @@ async function readStart(path: string, limit: number): Promise<{ bytes: Buffer; 
 
 async function describeFile(dir: string, name: string, sizeBytes: number, modified: Date, withContent: boolean): Promise<FlightRecorderFile> {
   const base = { name, sizeBytes, modifiedAt: modified.toISOString() };
-  if (!withContent) return { ...base, format: 'unread', truncated: sizeBytes > 0, error: `content left out: only the newest ${MAX_FILES_WITH_CONTENT} files carry it` };
+  if (!withContent)
+    return { ...base, format: 'unread', truncated: sizeBytes > 0, error: `content left out: only the newest ${MAX_FILES_WITH_CONTENT} files carry it` };
   try {
     const { bytes, truncated } = await readStart(join(dir, name), MAX_CONTENT_BYTES);
     if (looksLikePickle(bytes)) return { ...base, format: 'pickle', truncated, base64: bytes.toString('base64') };
@@ -121,6 +122,8 @@ export async function listFlightRecorderDumps(source: FlightRecorderSource): Pro
     }
   }
   regular.sort((a, b) => b.mtime.getTime() - a.mtime.getTime() || a.name.localeCompare(b.name));
-  const files = await Promise.all(regular.slice(0, MAX_FILES).map((file, index) => describeFile(source.dir, file.name, file.size, file.mtime, index < MAX_FILES_WITH_CONTENT)));
+  const files = await Promise.all(
+    regular.slice(0, MAX_FILES).map((file, index) => describeFile(source.dir, file.name, file.size, file.mtime, index < MAX_FILES_WITH_CONTENT)),
+  );
   return { dir: source.dir, files };
 }

@@ -193,13 +193,17 @@ export function dataBytes(port: InfinibandPort, direction: Direction): number | 
 /** Unicast packets, from `counters/` or else the `counters_ext/` spelling. */
 export function unicastPackets(port: InfinibandPort, direction: Direction): number | undefined {
   const ext = port.extCounters;
-  return direction === 'received' ? (port.counters.unicast_rcv_packets ?? ext?.port_unicast_rcv_packets) : (port.counters.unicast_xmit_packets ?? ext?.port_unicast_xmit_packets);
+  return direction === 'received'
+    ? (port.counters.unicast_rcv_packets ?? ext?.port_unicast_rcv_packets)
+    : (port.counters.unicast_xmit_packets ?? ext?.port_unicast_xmit_packets);
 }
 
 /** Multicast packets, from `counters/` or else the `counters_ext/` spelling. */
 export function multicastPackets(port: InfinibandPort, direction: Direction): number | undefined {
   const ext = port.extCounters;
-  return direction === 'received' ? (port.counters.multicast_rcv_packets ?? ext?.port_multicast_rcv_packets) : (port.counters.multicast_xmit_packets ?? ext?.port_multicast_xmit_packets);
+  return direction === 'received'
+    ? (port.counters.multicast_rcv_packets ?? ext?.port_multicast_rcv_packets)
+    : (port.counters.multicast_xmit_packets ?? ext?.port_multicast_xmit_packets);
 }
 
 /**
@@ -209,7 +213,10 @@ export function multicastPackets(port: InfinibandPort, direction: Direction): nu
  * undercount, so one of the two alone gives no value.
  */
 export function packetCount(port: InfinibandPort, direction: Direction): number | undefined {
-  const all = direction === 'received' ? (port.extCounters?.port_rcv_packets_64 ?? port.counters.port_rcv_packets) : (port.extCounters?.port_xmit_packets_64 ?? port.counters.port_xmit_packets);
+  const all =
+    direction === 'received'
+      ? (port.extCounters?.port_rcv_packets_64 ?? port.counters.port_rcv_packets)
+      : (port.extCounters?.port_xmit_packets_64 ?? port.counters.port_xmit_packets);
   if (all !== undefined) return all;
   const unicast = unicastPackets(port, direction);
   const multicast = multicastPackets(port, direction);

@@ -123,8 +123,7 @@ export function isKmsgDictionaryLine(line: string): boolean {
   return /^[ \t]+[A-Z][A-Z0-9_]*=/.test(line);
 }
 
-const XID_LINE =
-  /^NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)(?: GPU-I:(\d+))?(?: GPU-CI:(\d+))?\): (\d+)(?:,\s*(.*))?$/;
+const XID_LINE = /^NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)(?: GPU-I:(\d+))?(?: GPU-CI:(\d+))?\): (\d+)(?:,\s*(.*))?$/;
 
 /** `pid=` is the pid or `'<unknown>'`; `name=` is the task's comm (kernel_rc.c prints both only when known). */
 const PID_FIELD = /^pid=('[^']*'|[^,\s]+),\s*/;

@@ -64,15 +64,7 @@ function parseTimestamp(before: string): Date | undefined {
   if (!match) return undefined;
   const [, year, month, day, hour, minute, second, fraction = '0'] = match.map((part) => part ?? '');
   // Megatron formats datetime.now(): the training process's local time, which is this node's.
-  const date = new Date(
-    Number(year),
-    Number(month) - 1,
-    Number(day),
-    Number(hour),
-    Number(minute),
-    Number(second),
-    Math.floor(Number(`0.${fraction}`) * 1000),
-  );
+  const date = new Date(Number(year), Number(month) - 1, Number(day), Number(hour), Number(minute), Number(second), Math.floor(Number(`0.${fraction}`) * 1000));
   return Number.isNaN(date.getTime()) ? undefined : date;
 }
 

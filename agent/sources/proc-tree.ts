@@ -59,7 +59,10 @@ export function parseStatLine(text: string): ProcStat | undefined {
   if (open < 1 || close < open) return undefined;
   const pid = strictInteger(text.slice(0, open).trim());
   // After the comm: state (field 3) ppid (4) … utime (14) stime (15) … num_threads (20) … starttime (22).
-  const fields = text.slice(close + 1).trim().split(/\s+/);
+  const fields = text
+    .slice(close + 1)
+    .trim()
+    .split(/\s+/);
   const state = fields[0];
   const ppid = strictInteger(fields[1]);
   const utimeTicks = strictInteger(fields[11]);

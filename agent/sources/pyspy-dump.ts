@@ -42,7 +42,12 @@ export class PySpyNotFoundError extends Error {
 
 /** Resolves the binary to an executable path, or throws PySpyNotFoundError. */
 export async function locatePySpy(binary: string, pathVariable = process.env.PATH ?? ''): Promise<string> {
-  const candidates = binary.includes('/') ? [binary] : pathVariable.split(delimiter).filter(isAbsolute).map((dir) => join(dir, binary));
+  const candidates = binary.includes('/')
+    ? [binary]
+    : pathVariable
+        .split(delimiter)
+        .filter(isAbsolute)
+        .map((dir) => join(dir, binary));
   for (const candidate of candidates) {
     try {
       await access(candidate, constants.X_OK);

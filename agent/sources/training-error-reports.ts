@@ -62,7 +62,12 @@ function describeFailure(failure: ChildFailure): string {
   return `${who}${local}${code}${host}`;
 }
 
-export function childFailedReport(failures: readonly ChildFailure[], rootCause: ChildFailure | undefined, headline: string, detail?: string): ChildFailedReport {
+export function childFailedReport(
+  failures: readonly ChildFailure[],
+  rootCause: ChildFailure | undefined,
+  headline: string,
+  detail?: string,
+): ChildFailedReport {
   const ordered = rootCause ? [rootCause, ...failures] : [...failures];
   const ranks = [...new Set(ordered.flatMap((failure) => (failure.rank === undefined ? [] : [failure.rank])))];
   const first = ordered[0];

@@ -270,7 +270,10 @@ export class TrainingErrorParser {
       `task ${failure.rank ?? '?'} on ${failure.host ?? '?'} ${failure.exitCode !== undefined ? `exited with exit code ${failure.exitCode}` : `ended: ${failure.traceback ?? '?'}`}`;
     const parts = [`srun: ${root ? describe(root) : 'a task failed'}`];
     if (others.length > 0) parts.push(`also failed: ${others.map(describe).join(', ')}`);
-    if (pending.ended.length > 0) parts.push(`ended with it: ${pending.ended.map((entry) => `task${entry.tasks.includes('-') || entry.tasks.includes(',') ? 's' : ''} ${entry.tasks} on ${entry.host} (${entry.how})`).join(', ')}`);
+    if (pending.ended.length > 0)
+      parts.push(
+        `ended with it: ${pending.ended.map((entry) => `task${entry.tasks.includes('-') || entry.tasks.includes(',') ? 's' : ''} ${entry.tasks} on ${entry.host} (${entry.how})`).join(', ')}`,
+      );
     if (exception !== undefined) parts.push(exception);
     const failures = exception !== undefined && root ? [{ ...root, traceback: root.traceback ?? exception }, ...others] : pending.failed;
     const ranks = [...new Set(failures.flatMap((failure) => (failure.rank === undefined ? [] : [failure.rank])))];

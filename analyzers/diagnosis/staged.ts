@@ -79,13 +79,22 @@ export async function runStagedDiagnostics(
   for (const [index, stage] of walk.entries()) {
     const rest = walk.slice(index).map((entry) => entry.name);
     if (remaining.length === 0) return { stages: results, evict: [], skipped: rest, skipReason: 'no node was cleared by the stage before' };
-    const diagnosis = await runStopTimeDiagnostics(remaining, { ...options, checks: stage.checks, timeoutSeconds: stage.timeoutSeconds ?? options.timeoutSeconds });
+    const diagnosis = await runStopTimeDiagnostics(remaining, {
+      ...options,
+      checks: stage.checks,
+      timeoutSeconds: stage.timeoutSeconds ?? options.timeoutSeconds,
+    });
     const passed = cleared(diagnosis);
     const dropped = remaining.filter((node) => !passed.includes(node) && !diagnosis.evict.includes(node));
     results.push({ stage: stage.name, nodes: remaining, diagnosis, cleared: passed, dropped });
     if (diagnosis.evict.length > 0) {
       const later = rest.slice(1);
-      return { stages: results, evict: [...diagnosis.evict], skipped: later, ...(later.length > 0 ? { skipReason: `stage ${stage.name} found suspects` } : {}) };
+      return {
+        stages: results,
+        evict: [...diagnosis.evict],
+        skipped: later,
+        ...(later.length > 0 ? { skipReason: `stage ${stage.name} found suspects` } : {}),
+      };
     }
     remaining = passed;
   }

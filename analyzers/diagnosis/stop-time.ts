@@ -145,7 +145,10 @@ const DEFAULT_CONCURRENCY = 1024;
 
 const inputSchema = z.object({
   nodes: z.array(nodeNameSchema),
-  timeoutSeconds: z.number().positive().max(24 * 3600),
+  timeoutSeconds: z
+    .number()
+    .positive()
+    .max(24 * 3600),
   concurrency: z.number().int().min(1).optional(),
   checks: z.array(z.string()).min(1).optional(),
 });
@@ -166,7 +169,11 @@ export function ringNeighbours(node: string, index: number, nodes: readonly stri
 
 /** Asks every node's agent to diagnose itself, then summarises. Never throws for an agent's failure. */
 export async function runStopTimeDiagnostics(nodes: readonly string[], options: StopTimeDiagnosticsOptions): Promise<StopTimeDiagnosis> {
-  parseOrThrow(inputSchema, { nodes, timeoutSeconds: options.timeoutSeconds, concurrency: options.concurrency, checks: options.checks }, 'stop-time diagnostics input');
+  parseOrThrow(
+    inputSchema,
+    { nodes, timeoutSeconds: options.timeoutSeconds, concurrency: options.concurrency, checks: options.checks },
+    'stop-time diagnostics input',
+  );
   const duplicate = nodes.find((node, index) => nodes.indexOf(node) !== index);
   if (duplicate !== undefined) throw new InputError(`node ${duplicate} is listed twice`, 'nodes');
 
@@ -240,7 +247,8 @@ async function askAgent(node: string, body: DiagnoseRequest, options: StopTimeDi
     return { node, kind: 'refused', status, reason: `agent answered ${status}: ${said.success ? shorten(said.data.error) : shorten(text)}` };
   }
   const report = diagnoseReportSchema.safeParse(answer);
-  if (!report.success) return { node, kind: 'refused', status, reason: `agent answered with an invalid report: ${shorten(describeIssues(report.error.issues))}` };
+  if (!report.success)
+    return { node, kind: 'refused', status, reason: `agent answered with an invalid report: ${shorten(describeIssues(report.error.issues))}` };
   if (report.data.node !== node) return { node, kind: 'refused', status, reason: `the agent at ${url} reports for node ${report.data.node}, not ${node}` };
   return { node, kind: 'report', report: report.data };
 }

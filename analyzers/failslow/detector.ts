@@ -103,12 +103,14 @@ function groupByRank(samples: readonly FailSlowSample[], topology: Topology | un
     const field = `samples.${index}`;
     if (typeof sample !== 'object' || sample === null) throw new InputError(`${field} must be an object`, field);
     const { time, rank, iterationSeconds } = sample;
-    if (typeof time !== 'number' || !Number.isFinite(time) || time < 0) throw new InputError(`${field}.time must be a finite number ≥ 0, got ${String(time)}`, `${field}.time`);
+    if (typeof time !== 'number' || !Number.isFinite(time) || time < 0)
+      throw new InputError(`${field}.time must be a finite number ≥ 0, got ${String(time)}`, `${field}.time`);
     if (!Number.isSafeInteger(rank) || rank < 0) throw new InputError(`${field}.rank must be a whole number ≥ 0, got ${String(rank)}`, `${field}.rank`);
     if (typeof iterationSeconds !== 'number' || !Number.isFinite(iterationSeconds) || iterationSeconds <= 0) {
       throw new InputError(`${field}.iterationSeconds must be a finite number > 0, got ${String(iterationSeconds)}`, `${field}.iterationSeconds`);
     }
-    if (topology && rank >= topology.ranks.length) throw new InputError(`${field}.rank: rank ${rank} is not in the topology (${topology.ranks.length} ranks)`, `${field}.rank`);
+    if (topology && rank >= topology.ranks.length)
+      throw new InputError(`${field}.rank: rank ${rank} is not in the topology (${topology.ranks.length} ranks)`, `${field}.rank`);
     const stream = byRank.get(rank) ?? [];
     stream.push(sample);
     byRank.set(rank, stream);

@@ -150,8 +150,7 @@ export function stepMitigation(state: MitigationState, observation: MitigationOb
 
   if (next !== undefined && next !== 'S1' && lostSeconds >= costOf(next)) {
     const reason =
-      `lost ${lostSeconds.toFixed(3)} s to the fail-slow under ${state.strategy}, reaching ${next}'s cost of ${costOf(next)} s: ` +
-      `switch to ${next}`;
+      `lost ${lostSeconds.toFixed(3)} s to the fail-slow under ${state.strategy}, reaching ${next}'s cost of ${costOf(next)} s: ` + `switch to ${next}`;
     return escalate({ ...carried, strategy: next, lostSeconds: 0 }, next, reason, seen, parsedConfig, candidates);
   }
 
@@ -191,7 +190,15 @@ function escalate(
     case 'S3': {
       const microbatches = seen.dpGroupSeconds && candidates.includes('S2') ? rebalance(seen.dpGroupSeconds, config) : state.microbatches;
       if (!config.topology) {
-        return toStep({ ...state, microbatches }, 'escalate', `${why}; no topology known, so there is no exchange to plan`, citation, candidates, config, false);
+        return toStep(
+          { ...state, microbatches },
+          'escalate',
+          `${why}; no topology known, so there is no exchange to plan`,
+          citation,
+          candidates,
+          config,
+          false,
+        );
       }
       const topologyPlan = planTopologyAdjustment(config.topology, { slowRanks: seen.slowRanks, congestedLinks: seen.congestedLinks });
       const summary = `${topologyPlan.swaps.length} node exchange(s): stragglers into ${topologyPlan.consolidation.stagesAfter.length} PP stage(s), ${topologyPlan.links.links.filter((link) => link.relieved).length} of ${topologyPlan.links.links.length} congested link(s) off DP`;
@@ -230,7 +237,18 @@ function toStep(
 ): MitigationStep {
   const following = candidates[rungOf(candidates, state.strategy) + 1];
   const next = following === undefined || following === 'S1' ? null : { strategy: following, costSeconds: config.costSeconds[following] };
-  return { state, strategy: state.strategy, action, reason, citation, lostSeconds: state.lostSeconds, next, microbatches: state.microbatches, topologyPlan: state.topologyPlan, restart };
+  return {
+    state,
+    strategy: state.strategy,
+    action,
+    reason,
+    citation,
+    lostSeconds: state.lostSeconds,
+    next,
+    microbatches: state.microbatches,
+    topologyPlan: state.topologyPlan,
+    restart,
+  };
 }
 
 /** Position among the candidate strategies; a strategy they skip counts as the rung below it. */

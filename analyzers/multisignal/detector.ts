@@ -117,14 +117,21 @@ export class MultiSignalDetector {
         const activity = judged && !anomalous && activityOnly(node, this.settings);
         // Peer evidence that was not judged (a job-wide phase, a node whose normal is not learnt yet) is not shown either.
         const evidence = judged ? node.evidence : node.evidence.filter((item) => item.kind !== 'peer');
-        const verdict: NodeVerdict = { node: node.node, group: group.group === '' ? undefined : group.group, score: judged ? node.score : 0, anomalous, evidence };
+        const verdict: NodeVerdict = {
+          node: node.node,
+          group: group.group === '' ? undefined : group.group,
+          score: judged ? node.score : 0,
+          anomalous,
+          evidence,
+        };
         verdicts.push(verdict);
         present.add(node.node);
         const history = this.record(node.node, time, verdict, node.raise, activity);
         const raised = history.raisedSince !== undefined;
         // Until a node's normal is learnt it is sampled whatever it shows (a node that is simply
         // different is raised at first and would otherwise never be learnt); after that, only calm moments.
-        if (!phase && group.peerScored && (!this.baselines.learnt(node.node) || (!raised && !anomalous && !activity))) this.baselines.offer(node.node, time, node.peerZ);
+        if (!phase && group.peerScored && (!this.baselines.learnt(node.node) || (!raised && !anomalous && !activity)))
+          this.baselines.offer(node.node, time, node.peerZ);
       }
     }
 
@@ -156,7 +163,9 @@ export class MultiSignalDetector {
           ? 'silence'
           : present.has(node) && history.verdicts.count(n) >= k
             ? 'persistent'
-            : present.has(node) && history.verdicts.count(this.settings.episodes.window) >= this.settings.episodes.count && history.verdicts.episodes(this.settings.episodes.window) >= 2
+            : present.has(node) &&
+                history.verdicts.count(this.settings.episodes.window) >= this.settings.episodes.count &&
+                history.verdicts.episodes(this.settings.episodes.window) >= 2
               ? 'episodes'
               : present.has(node) && history.activity.count(this.settings.activityPersistence.n) >= this.settings.activityPersistence.k
                 ? 'activity'
@@ -167,7 +176,15 @@ export class MultiSignalDetector {
       }
       history.raisedSince ??= time;
       const latest = reason === 'silence' ? silenceVerdict(node, silent, history.silentFor) : (history.latest as NodeVerdict);
-      suspects.push({ node, group: latest.group, score: latest.score, evidence: latest.evidence, since: history.raisedSince, anomalousIn: history.verdicts.count(n), reason });
+      suspects.push({
+        node,
+        group: latest.group,
+        score: latest.score,
+        evidence: latest.evidence,
+        since: history.raisedSince,
+        anomalousIn: history.verdicts.count(n),
+        reason,
+      });
     }
     this.baselines.prune(time, 2 * this.settings.baseline.samples * this.settings.baseline.everyMinutes * 60_000);
 
@@ -183,7 +200,9 @@ export class MultiSignalDetector {
       ungrouped,
       silent: [...silentMembers.keys()].sort(),
       skippedFeatures: [...skippedFeatures],
-      ...(peerScored ? {} : { skipped: groups.length === 0 ? 'no node could be grouped with peers' : groups.map((group) => `${group.group}: ${group.reason ?? ''}`).join('; ') }),
+      ...(peerScored
+        ? {}
+        : { skipped: groups.length === 0 ? 'no node could be grouped with peers' : groups.map((group) => `${group.group}: ${group.reason ?? ''}`).join('; ') }),
     };
   }
 
@@ -243,7 +262,18 @@ export class MultiSignalDetector {
     }
     if (ungrouped.length > 0) {
       const moment = scoreGroup(ungrouped.sort(), matrix, this.settings, undefined, false);
-      scored.push({ group: { group: '', nodes: ungrouped.length, members: ungrouped.length, peerScored: false, phase: false, reason: 'no training job: not compared with peers' }, moment, phase: false });
+      scored.push({
+        group: {
+          group: '',
+          nodes: ungrouped.length,
+          members: ungrouped.length,
+          peerScored: false,
+          phase: false,
+          reason: 'no training job: not compared with peers',
+        },
+        moment,
+        phase: false,
+      });
     }
     return { scored, ungrouped, silentMembers };
   }
@@ -251,9 +281,24 @@ export class MultiSignalDetector {
 
 function emptyHistory(settings: MultiSignalSettings): NodeHistory {
   const length = Math.max(settings.persistence.n, settings.episodes.window, settings.activityPersistence.n);
-  return { verdicts: new VerdictRing(length), activity: new VerdictRing(length), raisedSince: undefined, latest: undefined, silentSince: undefined, silentFor: 0, absentFor: 0, raiseTime: undefined };
+  return {
+    verdicts: new VerdictRing(length),
+    activity: new VerdictRing(length),
+    raisedSince: undefined,
+    latest: undefined,
+    silentSince: undefined,
+    silentFor: 0,
+    absentFor: 0,
+    raiseTime: undefined,
+  };
 }
 
 function silenceVerdict(node: string, group: string | undefined, evaluations: number): NodeVerdict {
-  return { node, group, score: 0, anomalous: true, evidence: [{ feature: 'silence', value: evaluations, peerMedian: 0, robustZ: Number.NaN, kind: 'silence' }] };
+  return {
+    node,
+    group,
+    score: 0,
+    anomalous: true,
+    evidence: [{ feature: 'silence', value: evaluations, peerMedian: 0, robustZ: Number.NaN, kind: 'silence' }],
+  };
 }

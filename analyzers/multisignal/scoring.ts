@@ -103,7 +103,17 @@ export function scoreGroup(
   baselines: Baselines | undefined,
   peers: boolean,
 ): GroupMoment {
-  const accumulators: Accumulator[] = nodes.map(() => ({ score: 0, hot: 0, worst: 0, hardwareHot: 0, hardwareWorst: 0, alarm: false, raise: false, evidence: [], peerZ: new Map() }));
+  const accumulators: Accumulator[] = nodes.map(() => ({
+    score: 0,
+    hot: 0,
+    worst: 0,
+    hardwareHot: 0,
+    hardwareWorst: 0,
+    alarm: false,
+    raise: false,
+    evidence: [],
+    peerZ: new Map(),
+  }));
   const skippedFeatures: string[] = [];
   const peerScored = peers && nodes.length >= settings.minPeers;
 
@@ -134,7 +144,10 @@ export function scoreGroup(
       if (!alarm) continue;
       owner.alarm = true;
       owner.raise ||= raise;
-      owner.evidence.push({ entry: { feature: feature.name, device: devices[at] as number, value, peerMedian: Number.NaN, robustZ: Number.NaN, kind: raise ? 'raise' : 'alarm' }, badness: Number.POSITIVE_INFINITY });
+      owner.evidence.push({
+        entry: { feature: feature.name, device: devices[at] as number, value, peerMedian: Number.NaN, robustZ: Number.NaN, kind: raise ? 'raise' : 'alarm' },
+        badness: Number.POSITIVE_INFINITY,
+      });
     }
 
     // A count with a raise-at-once level (Xids) is judged on that level alone: one application
@@ -183,7 +196,10 @@ export function scoreGroup(
         accumulator.hardwareHot += 1;
         accumulator.hardwareWorst = Math.max(accumulator.hardwareWorst, bad);
       }
-      accumulator.evidence.push({ entry: { feature: feature.name, device: devices[at] as number, value: values[at] as number, peerMedian, robustZ: z, kind: 'peer' }, badness: bad });
+      accumulator.evidence.push({
+        entry: { feature: feature.name, device: devices[at] as number, value: values[at] as number, peerMedian, robustZ: z, kind: 'peer' },
+        badness: bad,
+      });
     }
   }
 
@@ -226,7 +242,9 @@ export function peerOutlier(moment: NodeMoment, settings: MultiSignalSettings): 
  * (activityOnly: it counts only when it lasts).
  */
 export function peerAnomalous(moment: NodeMoment, settings: MultiSignalSettings): boolean {
-  return (moment.hotFeatures >= settings.minHotFeatures && moment.score >= settings.minScore && moment.hardwareHot >= 1) || moment.hardwareWorst >= settings.strongZ;
+  return (
+    (moment.hotFeatures >= settings.minHotFeatures && moment.score >= settings.minScore && moment.hardwareHot >= 1) || moment.hardwareWorst >= settings.strongZ
+  );
 }
 
 /** A node that stands out from its peers on ordinary activity features alone. */

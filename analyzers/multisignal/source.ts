@@ -61,7 +61,8 @@ const PORT = 'ib_port';
  */
 export function defaultFeatureQueries(labels: FeatureLabels = DEFAULT_LABELS): FeatureQuery[] {
   const node = labels.nodeLabel;
-  const agent = (matchers: LabelMatchers = {}) => agentSelector(labels.agentJob.includes('|') ? { ...matchers, job: { oneOf: labels.agentJob.split('|') } } : matchers, labels.agentJob);
+  const agent = (matchers: LabelMatchers = {}) =>
+    agentSelector(labels.agentJob.includes('|') ? { ...matchers, job: { oneOf: labels.agentJob.split('|') } } : matchers, labels.agentJob);
   const perGpu = [node, 'gpu'] as const;
   const byNode = [node] as const;
   const getattr = agent({ operation: 'GETATTR' });
@@ -72,16 +73,54 @@ export function defaultFeatureQueries(labels: FeatureLabels = DEFAULT_LABELS): F
   return [
     // A failing fan, a blocked air path or a degrading GPU runs hotter than its peers under the
     // same load, hours before thermal protection or the GPU itself gives up.
-    { name: 'gpu_temperature_celsius', direction: 'higher', minSpread: 1, deviceLabel: 'gpu', metric: 'steadfast_gpu_temperature_celsius', query: aggregateBy('max', perGpu, `steadfast_gpu_temperature_celsius${agent()}`) },
+    {
+      name: 'gpu_temperature_celsius',
+      direction: 'higher',
+      minSpread: 1,
+      deviceLabel: 'gpu',
+      metric: 'steadfast_gpu_temperature_celsius',
+      query: aggregateBy('max', perGpu, `steadfast_gpu_temperature_celsius${agent()}`),
+    },
     // HBM heat goes with rising correctable ECC rates (the 504-GPU report, Fig. 4: the row remapping before a failure).
-    { name: 'gpu_memory_temperature_celsius', direction: 'higher', minSpread: 1, deviceLabel: 'gpu', metric: 'steadfast_gpu_memory_temperature_celsius', query: aggregateBy('max', perGpu, `steadfast_gpu_memory_temperature_celsius${agent()}`) },
+    {
+      name: 'gpu_memory_temperature_celsius',
+      direction: 'higher',
+      minSpread: 1,
+      deviceLabel: 'gpu',
+      metric: 'steadfast_gpu_memory_temperature_celsius',
+      query: aggregateBy('max', perGpu, `steadfast_gpu_memory_temperature_celsius${agent()}`),
+    },
     // Under one synchronous load every GPU draws about the same; a GPU drawing less does less
     // work: throttled, stalled or degrading (and near idle once an Xid took it out).
-    { name: 'gpu_power_watts', direction: 'lower', minSpread: 10, activity: true, deviceLabel: 'gpu', metric: 'steadfast_gpu_power_watts', query: aggregateBy('min', perGpu, `steadfast_gpu_power_watts${agent()}`) },
+    {
+      name: 'gpu_power_watts',
+      direction: 'lower',
+      minSpread: 10,
+      activity: true,
+      deviceLabel: 'gpu',
+      metric: 'steadfast_gpu_power_watts',
+      query: aggregateBy('min', perGpu, `steadfast_gpu_power_watts${agent()}`),
+    },
     // SM clocks held down (thermal or power protection) precede and follow hardware trouble.
-    { name: 'gpu_sm_clock_hertz', direction: 'lower', minSpread: 15e6, activity: true, deviceLabel: 'gpu', metric: 'steadfast_gpu_clock_hertz', query: aggregateBy('min', perGpu, `steadfast_gpu_clock_hertz${agent({ clock: 'sm' })}`) },
+    {
+      name: 'gpu_sm_clock_hertz',
+      direction: 'lower',
+      minSpread: 15e6,
+      activity: true,
+      deviceLabel: 'gpu',
+      metric: 'steadfast_gpu_clock_hertz',
+      query: aggregateBy('min', perGpu, `steadfast_gpu_clock_hertz${agent({ clock: 'sm' })}`),
+    },
     // Kernels stop running on a GPU the driver lost or the job left behind.
-    { name: 'gpu_utilization', direction: 'lower', minSpread: 0.02, activity: true, deviceLabel: 'gpu', metric: 'steadfast_gpu_utilization_ratio', query: aggregateBy('avg', perGpu, `steadfast_gpu_utilization_ratio${agent()}`) },
+    {
+      name: 'gpu_utilization',
+      direction: 'lower',
+      minSpread: 0.02,
+      activity: true,
+      deviceLabel: 'gpu',
+      metric: 'steadfast_gpu_utilization_ratio',
+      query: aggregateBy('avg', perGpu, `steadfast_gpu_utilization_ratio${agent()}`),
+    },
     // Share of the last 5 minutes a GPU was held down by hardware protection: a power brake a
     // minute at a time shows here for 5 minutes, and the detector's episode count adds them up.
     // A healthy GPU is not held down by its own hardware: any of it in the last five minutes (one
@@ -109,12 +148,36 @@ export function defaultFeatureQueries(labels: FeatureLabels = DEFAULT_LABELS): F
       metric: 'steadfast_gpu_ecc_errors_total',
       query: sumBy(perGpu, increase(`steadfast_gpu_ecc_errors_total${agent({ scope: 'volatile', type: 'correctable' })}`, '10m')),
     },
-    { name: 'gpu_row_remaps_1h', direction: 'higher', minSpread: 0.5, alarmAt: 1, deviceLabel: 'gpu', metric: 'steadfast_gpu_remapped_rows_total', query: sumBy(perGpu, increase(`steadfast_gpu_remapped_rows_total${agent()}`, '1h')) },
+    {
+      name: 'gpu_row_remaps_1h',
+      direction: 'higher',
+      minSpread: 0.5,
+      alarmAt: 1,
+      deviceLabel: 'gpu',
+      metric: 'steadfast_gpu_remapped_rows_total',
+      query: sumBy(perGpu, increase(`steadfast_gpu_remapped_rows_total${agent()}`, '1h')),
+    },
     // A row remap waiting for the next reset: the memory already failed once.
-    { name: 'gpu_row_remap_pending', direction: 'higher', minSpread: 0.5, alarmAt: 1, deviceLabel: 'gpu', metric: 'steadfast_gpu_remapped_rows_pending', query: aggregateBy('max', perGpu, `steadfast_gpu_remapped_rows_pending${agent()}`) },
+    {
+      name: 'gpu_row_remap_pending',
+      direction: 'higher',
+      minSpread: 0.5,
+      alarmAt: 1,
+      deviceLabel: 'gpu',
+      metric: 'steadfast_gpu_remapped_rows_pending',
+      query: aggregateBy('max', perGpu, `steadfast_gpu_remapped_rows_pending${agent()}`),
+    },
     // PCIe replays: the link to the GPU retransmitting, as before the 504-GPU report's NVLink +
     // bus fault (Fig. 2). About one a second is a failing link.
-    { name: 'gpu_pcie_replays_per_second', direction: 'higher', minSpread: 0.05, alarmAt: 0.5, deviceLabel: 'gpu', metric: 'steadfast_gpu_pcie_replay_errors_total', query: sumBy(perGpu, rate(`steadfast_gpu_pcie_replay_errors_total${agent()}`, '5m')) },
+    {
+      name: 'gpu_pcie_replays_per_second',
+      direction: 'higher',
+      minSpread: 0.05,
+      alarmAt: 0.5,
+      deviceLabel: 'gpu',
+      metric: 'steadfast_gpu_pcie_replay_errors_total',
+      query: sumBy(perGpu, rate(`steadfast_gpu_pcie_replay_errors_total${agent()}`, '5m')),
+    },
     // A link that degrades slowly replays a few times now and then long before it replays every
     // second: its rate stays far under the alarm level, but the replays keep coming. Of the last
     // hour's twelve 5-minute slots, how many saw a replay: a healthy link's counter stands still
@@ -154,8 +217,23 @@ export function defaultFeatureQueries(labels: FeatureLabels = DEFAULT_LABELS): F
     },
     // A degrading cable, transceiver or NIC (the NIC shares the PCIe switch with its GPUs); one
     // error a second on a port is the rules' alarm level too.
-    { name: 'rdma_link_errors_per_second', direction: 'higher', minSpread: 0.05, alarmAt: DEFAULT_THRESHOLDS.network.errorRatePerSecond, deviceLabel: PORT, metric: 'steadfast_rdma_port_symbol_errors_total', query: summedRates(RDMA_LINK_ERROR_COUNTERS, '5m') },
-    { name: 'rdma_transport_retries_per_second', direction: 'higher', minSpread: 1, deviceLabel: PORT, metric: 'steadfast_rdma_port_retransmits_total', query: summedRates(RDMA_RETRY_COUNTERS, '5m') },
+    {
+      name: 'rdma_link_errors_per_second',
+      direction: 'higher',
+      minSpread: 0.05,
+      alarmAt: DEFAULT_THRESHOLDS.network.errorRatePerSecond,
+      deviceLabel: PORT,
+      metric: 'steadfast_rdma_port_symbol_errors_total',
+      query: summedRates(RDMA_LINK_ERROR_COUNTERS, '5m'),
+    },
+    {
+      name: 'rdma_transport_retries_per_second',
+      direction: 'higher',
+      minSpread: 1,
+      deviceLabel: PORT,
+      metric: 'steadfast_rdma_port_retransmits_total',
+      query: summedRates(RDMA_RETRY_COUNTERS, '5m'),
+    },
     // A node moving less data than its peers in a synchronous job is slow, stuck or gone.
     {
       name: 'rdma_transmit_bytes_per_second',
@@ -185,7 +263,14 @@ export function defaultFeatureQueries(labels: FeatureLabels = DEFAULT_LABELS): F
       query: `(${sumBy(byNode, rate(`steadfast_nfs_transmissions_total${agent()}`))} - ${nfsOperations})\n/\n(${nfsOperations} > 0)`,
     },
     // The node's slowest rank, over whichever training jobs the node runs.
-    { name: 'training_iteration_seconds', direction: 'higher', minSpread: 0.02, activity: true, metric: 'steadfast_training_iteration_seconds', query: aggregateBy('max', byNode, `steadfast_training_iteration_seconds${agent()}`) },
+    {
+      name: 'training_iteration_seconds',
+      direction: 'higher',
+      minSpread: 0.02,
+      activity: true,
+      metric: 'steadfast_training_iteration_seconds',
+      query: aggregateBy('max', byNode, `steadfast_training_iteration_seconds${agent()}`),
+    },
   ];
 }
 
@@ -230,7 +315,16 @@ const sourceOptionsSchema = z
     /** The label naming the training job on the series of a job's nodes (peer groups). */
     trainingJobLabel: prometheusLabelNameSchema.default(TRAINING_JOB_LABEL),
     features: z
-      .array(featureSpecSchema.extend({ query: z.string().min(1), deviceLabel: prometheusLabelNameSchema.optional(), metric: z.string().regex(/^[a-zA-Z_:][a-zA-Z0-9_:]*$/).optional() }))
+      .array(
+        featureSpecSchema.extend({
+          query: z.string().min(1),
+          deviceLabel: prometheusLabelNameSchema.optional(),
+          metric: z
+            .string()
+            .regex(/^[a-zA-Z_:][a-zA-Z0-9_:]*$/)
+            .optional(),
+        }),
+      )
       .min(1)
       .refine((features) => new Set(features.map((feature) => feature.name)).size === features.length, 'feature names must be unique')
       .optional(),
@@ -280,7 +374,9 @@ export class PrometheusFeatureSource implements FeatureSource {
     });
     const stopped: string[] = [];
     if (live === undefined) {
-      warnings.push(`cannot tell which nodes stopped reporting (no steadfast_collector_success or up series of job ${this.labels.agentJob} with a ${this.labels.nodeLabel} label): a node that went quiet is judged on what its longer windows still hold`);
+      warnings.push(
+        `cannot tell which nodes stopped reporting (no steadfast_collector_success or up series of job ${this.labels.agentJob} with a ${this.labels.nodeLabel} label): a node that went quiet is judged on what its longer windows still hold`,
+      );
     } else {
       for (const node of [...rows.keys()]) {
         if (live.has(node)) continue;
@@ -356,7 +452,8 @@ export class PrometheusFeatureSource implements FeatureSource {
   async whyMissing(feature: FeatureQuery, time: number): Promise<string> {
     if (feature.metric === undefined) return 'no series';
     const { nodeLabel, agentJob } = this.labels;
-    const ask = (query: string) => instantQuery(this.url, query, { time, timeoutMs: this.timeoutMs, subject: `the data behind feature ${feature.name} (query: ${query})` });
+    const ask = (query: string) =>
+      instantQuery(this.url, query, { time, timeoutMs: this.timeoutMs, subject: `the data behind feature ${feature.name} (query: ${query})` });
     try {
       const byJob = await ask(`count by (job) (last_over_time(${feature.metric}[10m]))`);
       if (byJob.length === 0) return `no series of ${feature.metric} in the last 10 minutes`;
@@ -397,13 +494,19 @@ export class PrometheusFeatureSource implements FeatureSource {
       const device = feature.deviceLabel === undefined ? '' : (sample.labels[feature.deviceLabel] ?? '');
       let devices = byNode.get(node);
       if (!devices) byNode.set(node, (devices = new Map()));
-      if (devices.has(device)) return rejected(`more than one series for ${feature.deviceLabel === undefined ? `node ${node}` : `node ${node} ${feature.deviceLabel} ${JSON.stringify(device)}`}; aggregate with \`by (${by})\``);
+      if (devices.has(device))
+        return rejected(
+          `more than one series for ${feature.deviceLabel === undefined ? `node ${node}` : `node ${node} ${feature.deviceLabel} ${JSON.stringify(device)}`}; aggregate with \`by (${by})\``,
+        );
       // NaN (0/0) and ±Inf carry no comparison with the peers: the device simply lacks the feature.
       devices.set(device, sample.value);
     }
     const values = new Map<string, number[]>();
     for (const [node, devices] of byNode) {
-      const ordered = [...devices].sort(([a], [b]) => a.localeCompare(b, 'en', { numeric: true })).map(([, value]) => value).filter(Number.isFinite);
+      const ordered = [...devices]
+        .sort(([a], [b]) => a.localeCompare(b, 'en', { numeric: true }))
+        .map(([, value]) => value)
+        .filter(Number.isFinite);
       if (ordered.length > 0) values.set(node, ordered);
     }
     return { ok: true, values, warnings };
@@ -421,7 +524,12 @@ export interface DetectionRun extends Evaluation {
  * when every one failed does it throw, a PrometheusUnavailableError (retry later) if any failure
  * was one, else a PrometheusQueryRejectedError (do not retry), each message naming the queries.
  */
-export async function detectSuspects(source: FeatureSource, detector: MultiSignalDetector, time: number = Date.now(), context: EvaluationContext = {}): Promise<DetectionRun> {
+export async function detectSuspects(
+  source: FeatureSource,
+  detector: MultiSignalDetector,
+  time: number = Date.now(),
+  context: EvaluationContext = {},
+): Promise<DetectionRun> {
   const reading = await source.read(time);
   if (reading.answered.length === 0 && reading.failures.length > 0) {
     const queries = reading.failures.flatMap((failure) => failure.queries);

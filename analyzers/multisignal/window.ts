@@ -28,7 +28,13 @@ export interface SuspectsReport {
   evaluations: number;
   suspects: Suspect[];
   nodes: { node: string; group: string | undefined; anomalousIn: number; worstScore: number; evidence: readonly Evidence[] }[];
-  peers: { mode: PeerMode; groups: Pick<GroupReport, 'group' | 'members' | 'peerScored' | 'reason'>[]; ungrouped: string[]; conflicts: string[]; phases: number };
+  peers: {
+    mode: PeerMode;
+    groups: Pick<GroupReport, 'group' | 'members' | 'peerScored' | 'reason'>[];
+    ungrouped: string[];
+    conflicts: string[];
+    phases: number;
+  };
   silent: string[];
   missing: { feature: string; reason: string }[];
   failures: string[];
@@ -96,7 +102,13 @@ export async function suspectsOverWindow(source: PrometheusFeatureSource, window
     const { reading, context } = await readAt(time);
     const evaluation = detector.evaluate(time, reading.matrix, context);
     for (const group of evaluation.groups) {
-      if (group.group !== '') groupReports.set(group.group, { group: group.group, members: group.members, peerScored: group.peerScored, ...(group.reason ? { reason: group.reason } : {}) });
+      if (group.group !== '')
+        groupReports.set(group.group, {
+          group: group.group,
+          members: group.members,
+          peerScored: group.peerScored,
+          ...(group.reason ? { reason: group.reason } : {}),
+        });
       if (group.phase) phases += 1;
     }
     evaluation.ungrouped.forEach((node) => ungrouped.add(node));
@@ -115,12 +127,15 @@ export async function suspectsOverWindow(source: PrometheusFeatureSource, window
     const all = [...failures.values()];
     const message = `every query failed:\n${all.map((failure) => `- ${failure.message}`).join('\n')}`;
     const queries = all.flatMap((failure) => failure.queries);
-    throw all.some((failure) => failure instanceof PrometheusUnavailableError) ? new PrometheusUnavailableError(message, queries) : new PrometheusQueryRejectedError(message, queries);
+    throw all.some((failure) => failure instanceof PrometheusUnavailableError)
+      ? new PrometheusUnavailableError(message, queries)
+      : new PrometheusQueryRejectedError(message, queries);
   }
 
   const missing: { feature: string; reason: string }[] = [];
   for (const feature of source.features as readonly FeatureQuery[]) {
-    if (everAnswered.has(feature.name) && !everFilled.has(feature.name)) missing.push({ feature: feature.name, reason: await source.whyMissing(feature, window.end) });
+    if (everAnswered.has(feature.name) && !everFilled.has(feature.name))
+      missing.push({ feature: feature.name, reason: await source.whyMissing(feature, window.end) });
   }
   const notes: string[] = [];
   const groups = [...groupReports.values()];

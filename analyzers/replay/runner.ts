@@ -41,7 +41,11 @@ export function defaultReplayGroupSize(machines: number): number {
   return 1;
 }
 
-export async function runDualPhaseReplay(machines: readonly string[], runGroup: ReplayGroupRunner, groupSize = defaultReplayGroupSize(machines.length)): Promise<ReplayOutcome> {
+export async function runDualPhaseReplay(
+  machines: readonly string[],
+  runGroup: ReplayGroupRunner,
+  groupSize = defaultReplayGroupSize(machines.length),
+): Promise<ReplayOutcome> {
   const groups = replayGroups(machines, groupSize);
   const phase = (list: string[][]): Promise<ReplayGroupResult[]> =>
     Promise.all(

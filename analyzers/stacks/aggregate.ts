@@ -133,11 +133,7 @@ export function aggregateStacks(
  * hangs is a classic culprit. They count as outliers while the ranks with a stack are a strict
  * majority of the job; otherwise the tracer itself failed and they are only reported.
  */
-export function aggregateRankStacks(
-  stacks: ReadonlyMap<number, readonly string[]>,
-  topology: Topology,
-  options: AggregateOptions = {},
-): StackAggregation {
+export function aggregateRankStacks(stacks: ReadonlyMap<number, readonly string[]>, topology: Topology, options: AggregateOptions = {}): StackAggregation {
   // Distinct stacks, found by a hash over interned frame numbers and confirmed frame by frame.
   const frameIds = new Map<string, number>();
   const byHash = new Map<number, DistinctStack[]>();

@@ -72,7 +72,7 @@ export function parsePySpyDump(text: string): PySpyParse {
   let detailLines = 0;
 
   // Index-based scan: no per-line strings, only the slices a frame or header keeps.
-  for (let lineStart = 0; lineStart <= text.length; ) {
+  for (let lineStart = 0; lineStart <= text.length;) {
     let lineEnd = text.indexOf('\n', lineStart);
     if (lineEnd < 0) lineEnd = text.length;
     const next = lineEnd + 1;
@@ -139,9 +139,7 @@ export function parsePySpyDump(text: string): PySpyParse {
   }
 
   return {
-    processes: processes
-      .filter((section) => section.threads.length > 0)
-      .map(({ pid, command, python, threads }) => ({ pid, command, python, threads })),
+    processes: processes.filter((section) => section.threads.length > 0).map(({ pid, command, python, threads }) => ({ pid, command, python, threads })),
     skippedLines,
     detailLines,
   };
@@ -187,7 +185,7 @@ function parseFrame(text: string, start: number, end: number): PySpyFrame | null
     scale *= 10;
     colon -= 1;
   }
-  const hasLine = colon > open + 1 && colon < close - 1 && line.charCodeAt(colon) === 58 /* : */;
+  const hasLine = colon > open + 1 && colon < close - 1 && line.charCodeAt(colon) === 58; /* : */
   return {
     function: line.slice(0, nameEnd),
     file: line.slice(open + 1, hasLine ? colon : close),

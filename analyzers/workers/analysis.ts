@@ -85,7 +85,13 @@ export function createAnalysisProcessor(deps: AnalysisDeps): (job: Job<AnalysisJ
   /** One audit entry per analysis, or per `part` of one (a diagnosis stage), written once. */
   async function record(request: AnalysisJob, summary: string, data: Record<string, unknown>, nodes: readonly string[] = [], part?: string): Promise<void> {
     await audit.append(
-      { type: 'action', ref: request.ref, node: nodes[0], summary: `${request.job}: ${request.kind}: ${summary}`, data: { job: request.job, verb: `analysis_${request.kind}`, ...data } },
+      {
+        type: 'action',
+        ref: request.ref,
+        node: nodes[0],
+        summary: `${request.job}: ${request.kind}: ${summary}`,
+        data: { job: request.job, verb: `analysis_${request.kind}`, ...data },
+      },
       `analysis:${request.ref}:${request.kind}${part === undefined ? '' : `:${part}`}`,
     );
   }
@@ -113,7 +119,11 @@ export function createAnalysisProcessor(deps: AnalysisDeps): (job: Job<AnalysisJ
       if (url === undefined) throw new InputError(`${node} is not a node the backend knows; its agent is not contacted`);
       return url;
     };
-    const walk = await runStagedDiagnostics(spec.nodes, stages, { agentUrl, tokenFor: (node) => agents.tokenFor(node), timeoutSeconds: agents.diagnoseTimeoutSeconds });
+    const walk = await runStagedDiagnostics(spec.nodes, stages, {
+      agentUrl,
+      tokenFor: (node) => agents.tokenFor(node),
+      timeoutSeconds: agents.diagnoseTimeoutSeconds,
+    });
     const evict = [...walk.evict];
     const failed = walk.stages.flatMap((stage) => stage.diagnosis.failed);
     const unreachable = walk.stages.flatMap((stage) => stage.diagnosis.unreachable);
@@ -127,17 +137,37 @@ export function createAnalysisProcessor(deps: AnalysisDeps): (job: Job<AnalysisJ
         await record(
           request,
           `stage ${index + 1}/${stages.length} ${stage.stage} (${checks}) on ${stage.nodes.length} nodes: ${summary}`.slice(0, 2000),
-          { stage: stage.stage, nodes: stage.nodes, evict: stage.diagnosis.evict, cleared: stage.cleared, dropped: stage.dropped, failed: stage.diagnosis.failed, unreachable: stage.diagnosis.unreachable, inconclusive: stage.diagnosis.inconclusive },
+          {
+            stage: stage.stage,
+            nodes: stage.nodes,
+            evict: stage.diagnosis.evict,
+            cleared: stage.cleared,
+            dropped: stage.dropped,
+            failed: stage.diagnosis.failed,
+            unreachable: stage.diagnosis.unreachable,
+            inconclusive: stage.diagnosis.inconclusive,
+          },
           stage.diagnosis.evict,
           `stage:${stage.stage}`,
         );
       }
     }
     const only = stages.length === 0 ? walk.stages[0] : undefined;
-    const said = only !== undefined ? findings(only.diagnosis) : [evict.length > 0 ? `evict ${evict.join(', ')}` : 'no suspect', ...failed.map((failure) => `${failure.node} failed ${failure.check}: ${failure.reason}`)];
+    const said =
+      only !== undefined
+        ? findings(only.diagnosis)
+        : [
+            evict.length > 0 ? `evict ${evict.join(', ')}` : 'no suspect',
+            ...failed.map((failure) => `${failure.node} failed ${failure.check}: ${failure.reason}`),
+          ];
     const ran = stages.length > 0 ? [`stages run: ${walk.stages.map((stage) => stage.stage).join(', ') || 'none'}`] : [];
     const skipped = walk.skipped.length > 0 ? [`skipped ${walk.skipped.join(', ')}: ${walk.skipReason ?? ''}`] : [];
-    await record(request, [...said, ...ran, ...skipped].join('; ').slice(0, 2000), { evict, failed, unreachable, inconclusive, stages: walk.stages.map((stage) => stage.stage), skipped: walk.skipped }, evict);
+    await record(
+      request,
+      [...said, ...ran, ...skipped].join('; ').slice(0, 2000),
+      { evict, failed, unreachable, inconclusive, stages: walk.stages.map((stage) => stage.stage), skipped: walk.skipped },
+      evict,
+    );
     await deps.feedback({ job: request.job, event: { type: 'diagnostics_result', time: Date.now(), suspects: evict }, eventId: `${request.ref}:diagnostics` });
     return evict;
   }
@@ -154,9 +184,18 @@ export function createAnalysisProcessor(deps: AnalysisDeps): (job: Job<AnalysisJ
     } else {
       const outcome = await runDualPhaseReplay(spec.nodes, runner);
       culprits = outcome.suspects;
-      await record(request, outcome.detail, { groupSize: outcome.groupSize, horizontal: outcome.horizontal, vertical: outcome.vertical, suspects: culprits }, culprits);
+      await record(
+        request,
+        outcome.detail,
+        { groupSize: outcome.groupSize, horizontal: outcome.horizontal, vertical: outcome.vertical, suspects: culprits },
+        culprits,
+      );
     }
-    await deps.feedback({ job: request.job, event: { type: 'replay_result', time: Date.now(), culprits, ...(unrun === undefined ? {} : { unrun }) }, eventId: `${request.ref}:replay` });
+    await deps.feedback({
+      job: request.job,
+      event: { type: 'replay_result', time: Date.now(), culprits, ...(unrun === undefined ? {} : { unrun }) },
+      eventId: `${request.ref}:replay`,
+    });
     return culprits;
   }
 
@@ -198,7 +237,11 @@ export function createAnalysisProcessor(deps: AnalysisDeps): (job: Job<AnalysisJ
       }
       if (dumps.size === 0) {
         // No stack at all is the tracer failing, not evidence against every machine.
-        await record(request, `no stack dumps could be taken (${[...traceErrors].join('; ').slice(0, 500) || (unranked > 0 ? `${unranked} dumps without a rank` : 'no training processes found')}); nothing to aggregate`, { traceErrors: [...traceErrors], unranked });
+        await record(
+          request,
+          `no stack dumps could be taken (${[...traceErrors].join('; ').slice(0, 500) || (unranked > 0 ? `${unranked} dumps without a rank` : 'no training processes found')}); nothing to aggregate`,
+          { traceErrors: [...traceErrors], unranked },
+        );
         return [];
       }
       last = aggregateStacks(dumps, topology);
@@ -209,11 +252,29 @@ export function createAnalysisProcessor(deps: AnalysisDeps): (job: Job<AnalysisJ
     const summary = degrader
       ? `${degrader.kind === 'node' ? 'node' : `${degrader.kind.toUpperCase()} group on`} ${degrader.nodes.join(', ')} flagged in ${degrader.flags} of ${verdict?.roundsSeen} rounds; evicting its machines`
       : `no outlier group (${last?.reason ?? 'no rounds'})`;
-    await record(request, summary, { evict, counts: verdict?.counts ?? [], groups: last?.groups.map((group) => ({ signature: group.signature, ranks: group.ranks.length, healthy: group.healthy, top: group.frames[0] })), traceErrors: [...traceErrors], unranked }, evict);
+    await record(
+      request,
+      summary,
+      {
+        evict,
+        counts: verdict?.counts ?? [],
+        groups: last?.groups.map((group) => ({ signature: group.signature, ranks: group.ranks.length, healthy: group.healthy, top: group.frames[0] })),
+        traceErrors: [...traceErrors],
+        unranked,
+      },
+      evict,
+    );
     if (evict.length > 0) {
       await deps.feedback({
         job: request.job,
-        event: { type: 'fault', time: Date.now(), signalId: `analysis:${request.ref}`, faultClass: 'machine', nodes: evict, detail: `stack aggregation: ${summary}` },
+        event: {
+          type: 'fault',
+          time: Date.now(),
+          signalId: `analysis:${request.ref}`,
+          faultClass: 'machine',
+          nodes: evict,
+          detail: `stack aggregation: ${summary}`,
+        },
         eventId: `${request.ref}:stacks`,
       });
     }
@@ -241,7 +302,11 @@ export function createAnalysisProcessor(deps: AnalysisDeps): (job: Job<AnalysisJ
       // (so it moves on, as ByteRobust §4.2 does on clean checks) and say why on the record.
       const failed = `failed after ${job.attemptsMade + 1} attempts`;
       await record(request, `${failed}, reported as finding nothing: ${errorMessage(error)}`, {});
-      await deps.feedback({ job: request.job, event: nothingFound(request.kind, Date.now(), `the ${request.kind} analysis ${failed}`), eventId: `${request.ref}:${request.kind}` });
+      await deps.feedback({
+        job: request.job,
+        event: nothingFound(request.kind, Date.now(), `the ${request.kind} analysis ${failed}`),
+        eventId: `${request.ref}:${request.kind}`,
+      });
       return { evict: [] };
     }
   };

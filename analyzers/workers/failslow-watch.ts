@@ -114,7 +114,8 @@ export class FailSlowWatch {
       const perMicrobatch = value / (served?.[topology.placement(rank).coords.dp] ?? 1);
       watch.perMicrobatch.set(rank, perMicrobatch);
       let tracker = watch.trackers.get(rank);
-      if (!tracker) watch.trackers.set(rank, (tracker = new RankSlowdownTracker(rank, this.deps.threshold === undefined ? {} : { threshold: this.deps.threshold })));
+      if (!tracker)
+        watch.trackers.set(rank, (tracker = new RankSlowdownTracker(rank, this.deps.threshold === undefined ? {} : { threshold: this.deps.threshold })));
       const change = tracker.update(now / 1000, perMicrobatch);
       if (change) await this.recordChange(job, change, now, served === undefined ? 'iteration' : 'micro-batch');
     }
@@ -138,7 +139,12 @@ export class FailSlowWatch {
   private async recordChange(job: string, change: ChangePoint, now: number, unit: 'iteration' | 'micro-batch'): Promise<void> {
     const summary = `${job}: rank ${change.rank} ${change.direction === 'slowdown' ? 'slowed' : 'recovered'}: ${change.beforeSeconds.toFixed(3)} s → ${change.afterSeconds.toFixed(3)} s per ${unit} (×${change.ratio.toFixed(2)})`;
     await this.deps.audit.append(
-      { type: 'signal', ref: `failslow:${job}:${change.rank}:${change.iteration}`, summary, data: { job, verb: 'failslow_change', citation: 'Greyhound §4.2 (BOCD, ≥10 % verification)', ...change, at: new Date(now).toISOString() } },
+      {
+        type: 'signal',
+        ref: `failslow:${job}:${change.rank}:${change.iteration}`,
+        summary,
+        data: { job, verb: 'failslow_change', citation: 'Greyhound §4.2 (BOCD, ≥10 % verification)', ...change, at: new Date(now).toISOString() },
+      },
       `failslow:${job}:${change.rank}:${change.iteration}:${change.direction}`,
     );
   }
@@ -169,7 +175,9 @@ export class FailSlowWatch {
     const dpGroupSeconds = [...groups.keys()].sort((a, b) => a - b).map((dp) => groups.get(dp) as number);
     // The healthy iteration: the level before the slow-down, per micro-batch, at the even share.
     const evenShare = config.microbatches / config.dpGroups;
-    const healthyPerMicrobatch = slowRanks.map((rank) => watch.trackers.get(rank)?.healthySeconds).filter((value): value is number => typeof value === 'number');
+    const healthyPerMicrobatch = slowRanks
+      .map((rank) => watch.trackers.get(rank)?.healthySeconds)
+      .filter((value): value is number => typeof value === 'number');
     const current = [...watch.currentSeconds.values()];
     const healthySeconds = (healthyPerMicrobatch.length > 0 ? median(healthyPerMicrobatch) : median([...watch.perMicrobatch.values()])) * evenShare;
     const step = stepMitigation(
@@ -189,23 +197,49 @@ export class FailSlowWatch {
     return step;
   }
 
-  private async carryOut(job: string, topology: Topology, step: MitigationStep, slowRanks: number[], dpGroupSeconds: readonly number[], now: number): Promise<void> {
+  private async carryOut(
+    job: string,
+    topology: Topology,
+    step: MitigationStep,
+    slowRanks: number[],
+    dpGroupSeconds: readonly number[],
+    now: number,
+  ): Promise<void> {
     const ref = `failslow:${job}:${now}`;
     const why = `${step.strategy}: ${step.reason}`;
     const served = await this.deps.board.get(job);
-    const unchanged = served.assignment.length === step.microbatches.assignment.length && served.assignment.every((m, group) => m === step.microbatches.assignment[group]);
+    const unchanged =
+      served.assignment.length === step.microbatches.assignment.length && served.assignment.every((m, group) => m === step.microbatches.assignment[group]);
     // S2 re-solves on every step. A plan that is the one in force, or no more than 2 % faster
     // than it on today's times (jitter moving among equally good plans), is left alone: every
     // change costs the training loop a reshuffle.
-    const servedSeconds = served.strategy === 'rebalanced' ? Math.max(...served.assignment.map((m, group) => m * (dpGroupSeconds[group] ?? 0))) : Number.POSITIVE_INFINITY;
+    const servedSeconds =
+      served.strategy === 'rebalanced' ? Math.max(...served.assignment.map((m, group) => m * (dpGroupSeconds[group] ?? 0))) : Number.POSITIVE_INFINITY;
     const gain = servedSeconds / (step.microbatches.predictedSeconds ?? servedSeconds);
     if (step.action === 'rebalance' && (unchanged || gain < REBALANCE_MIN_GAIN)) return;
     // S4 restarts the job without the slow machines: the plan that spared them goes with them,
     // or the relaunched run would start on an assignment made for a straggler it no longer has.
     if (step.action === 'reset' || step.restart) await this.deps.board.reset(job, why, now);
-    else if (step.microbatches.rebalanced && !unchanged) await this.deps.board.apply(job, step.microbatches.assignment, why, step.microbatches.predictedSeconds ?? undefined, now);
+    else if (step.microbatches.rebalanced && !unchanged)
+      await this.deps.board.apply(job, step.microbatches.assignment, why, step.microbatches.predictedSeconds ?? undefined, now);
     await this.deps.audit.append(
-      { type: 'decision', ref, summary: `${job}: fail-slow ${step.action} → ${why}`, data: { job, verb: 'failslow_mitigation', strategy: step.strategy, action: step.action, citation: step.citation, lostSeconds: step.lostSeconds, next: step.next, microbatches: step.microbatches, topologyPlan: step.topologyPlan, slowRanks } },
+      {
+        type: 'decision',
+        ref,
+        summary: `${job}: fail-slow ${step.action} → ${why}`,
+        data: {
+          job,
+          verb: 'failslow_mitigation',
+          strategy: step.strategy,
+          action: step.action,
+          citation: step.citation,
+          lostSeconds: step.lostSeconds,
+          next: step.next,
+          microbatches: step.microbatches,
+          topologyPlan: step.topologyPlan,
+          slowRanks,
+        },
+      },
       ref,
     );
     if (step.restart) {
@@ -213,7 +247,14 @@ export class FailSlowWatch {
       this.forget(job);
       await this.deps.dispatch({
         job,
-        event: { type: 'fault', time: now, signalId: ref, faultClass: 'machine', nodes, detail: `fail-slow persists after S2 and S3 (${step.reason}): checkpoint and restart without ${nodes.join(', ')}` },
+        event: {
+          type: 'fault',
+          time: now,
+          signalId: ref,
+          faultClass: 'machine',
+          nodes,
+          detail: `fail-slow persists after S2 and S3 (${step.reason}): checkpoint and restart without ${nodes.join(', ')}`,
+        },
         eventId: ref,
       });
     }

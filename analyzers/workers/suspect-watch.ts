@@ -123,7 +123,12 @@ function jobGroups(spec: JobSpec): Record<string, string> {
 
 function suspectSignal(job: string, suspect: Suspect, now: number): Signal {
   const time = new Date(now).toISOString();
-  const evidence: Record<string, string | number> = { score: Number(suspect.score.toFixed(2)), anomalousIn: suspect.anomalousIn, since: new Date(suspect.since).toISOString(), reason: suspect.reason };
+  const evidence: Record<string, string | number> = {
+    score: Number(suspect.score.toFixed(2)),
+    anomalousIn: suspect.anomalousIn,
+    since: new Date(suspect.since).toISOString(),
+    reason: suspect.reason,
+  };
   for (const item of suspect.evidence.slice(0, 8)) evidence[`feature.${item.feature}`] = describeEvidence(item);
   return {
     id: newSignalId(),

@@ -37,7 +37,8 @@ function eccText(sample: GpuSample): string | undefined {
     const counts = sample.ecc.filter((count) => count.scope === scope);
     const locations = [...new Set(counts.map((count) => count.location))].sort();
     const of = (location: string, type: string): string => String(counts.find((count) => count.location === location && count.type === type)?.count ?? '-');
-    if (locations.length > 0) parts.push(`${scope} ${locations.map((location) => `${location} ${of(location, 'correctable')}/${of(location, 'uncorrectable')}`).join(' ')}`);
+    if (locations.length > 0)
+      parts.push(`${scope} ${locations.map((location) => `${location} ${of(location, 'correctable')}/${of(location, 'uncorrectable')}`).join(' ')}`);
   }
   return parts.join('; ');
 }
@@ -72,7 +73,13 @@ const FIELDS: readonly Field[] = [
   },
   { name: 'throttle reasons known', read: (s) => (s.throttleReasons === undefined ? undefined : Object.keys(s.throttleReasons).length) },
   { name: 'ECC errors, corrected/uncorrected', read: (s) => eccText(s) },
-  { name: 'remapped rows', read: (s) => (s.remappedRows === undefined ? undefined : `${s.remappedRows.correctable}/${s.remappedRows.uncorrectable} pending ${s.remappedRows.pending} failure ${s.remappedRows.failure}`) },
+  {
+    name: 'remapped rows',
+    read: (s) =>
+      s.remappedRows === undefined
+        ? undefined
+        : `${s.remappedRows.correctable}/${s.remappedRows.uncorrectable} pending ${s.remappedRows.pending} failure ${s.remappedRows.failure}`,
+  },
   { name: 'fabric', read: (s) => (s.fabric === undefined ? undefined : `${s.fabric.state} ${s.fabric.success}`) },
   { name: 'MIG', read: (s) => (s.migEnabled === undefined ? undefined : String(s.migEnabled)) },
   {
@@ -99,7 +106,8 @@ function same(a: Reading, b: Reading): boolean {
 
 function verdict(before: Reading, nvml: Reading, after: Reading): Verdict {
   if (same(before, nvml) || same(after, nvml)) return '=';
-  if (typeof before === 'number' && typeof after === 'number' && typeof nvml === 'number' && nvml >= Math.min(before, after) && nvml <= Math.max(before, after)) return '~';
+  if (typeof before === 'number' && typeof after === 'number' && typeof nvml === 'number' && nvml >= Math.min(before, after) && nvml <= Math.max(before, after))
+    return '~';
   return '≠';
 }
 
@@ -126,7 +134,10 @@ export function compareGpuValues(before: readonly GpuSample[], nvml: readonly Gp
 }
 
 /** NVLink counters: how many each source gives, and those whose values differ (by GPU, link, type). */
-export function compareNvlink(nvidiaSmi: readonly NvlinkErrorCount[], nvml: readonly NvlinkErrorCount[]): { nvidiaSmi: number; nvml: number; differing: string[] } {
+export function compareNvlink(
+  nvidiaSmi: readonly NvlinkErrorCount[],
+  nvml: readonly NvlinkErrorCount[],
+): { nvidiaSmi: number; nvml: number; differing: string[] } {
   const key = (count: NvlinkErrorCount) => `GPU ${count.gpu} link ${count.link} ${count.type}`;
   const fromSmi = new Map(nvidiaSmi.map((count) => [key(count), count.count]));
   const fromNvml = new Map(nvml.map((count) => [key(count), count.count]));

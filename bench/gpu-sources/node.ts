@@ -244,7 +244,12 @@ export function nvlinkErrorsText(gpus: readonly BenchGpu[]): string {
   for (const gpu of gpus) {
     lines.push(`GPU ${gpu.index}: NVIDIA H200 (UUID: ${gpu.uuid})`);
     gpu.nvlink.forEach(([replay, recovery, crc], link) => {
-      lines.push(`         Link ${link}: Replay Errors: ${replay}`, `         Link ${link}: Recovery Errors: ${recovery}`, `         Link ${link}: CRC Errors: ${crc}`, '');
+      lines.push(
+        `         Link ${link}: Replay Errors: ${replay}`,
+        `         Link ${link}: Recovery Errors: ${recovery}`,
+        `         Link ${link}: CRC Errors: ${crc}`,
+        '',
+      );
     });
   }
   return `${lines.join('\n')}\n`;

@@ -95,7 +95,9 @@ export async function withAgent<T>(source: ServedSource | undefined, options: Se
   ];
   const name = `agent-${source ?? 'no-collectors'}`;
   const log = join(root, `${name}.log`);
-  const child = group.start(name, process.execPath, args, log, { env: { PATH: process.env.PATH ?? '/usr/bin:/bin', LANG: process.env.LANG ?? 'C.UTF-8', STEADFAST_LOG_LEVEL: 'warn' } });
+  const child = group.start(name, process.execPath, args, log, {
+    env: { PATH: process.env.PATH ?? '/usr/bin:/bin', LANG: process.env.LANG ?? 'C.UTF-8', STEADFAST_LOG_LEVEL: 'warn' },
+  });
   const url = `http://127.0.0.1:${port}/metrics`;
   const scrape = async (): Promise<string> => {
     const response = await fetch(url);
@@ -147,7 +149,10 @@ export async function measureScrapes(source: ServedSource, options: ServingOptio
       idleMsPerSecond,
       rawMsPerScrape: cpu / scrapes,
       netMsPerScrape: (cpu - idleMsPerSecond * seconds) / scrapes,
-      latencyMs: quantile([...latencies].sort((a, b) => a - b), 0.5),
+      latencyMs: quantile(
+        [...latencies].sort((a, b) => a - b),
+        0.5,
+      ),
       bytes: Buffer.byteLength(text),
       series: text.split('\n').filter((line) => line !== '' && !line.startsWith('#')).length,
     };

@@ -38,8 +38,8 @@ export async function backfillFleet(plan: FleetPlan, workDir: string, dataDir: s
     // One promtool at a time, beside the writer of the next part. Long blocks: promtool reads
     // its input once per block range.
     await previous;
-    previous = run('promtool', ['tsdb', 'create-blocks-from', 'openmetrics', '--max-block-duration=500h', file, dataDir], { maxBuffer: 16 * 1024 * 1024 }).then(() =>
-      rmSync(file, { force: true }),
+    previous = run('promtool', ['tsdb', 'create-blocks-from', 'openmetrics', '--max-block-duration=500h', file, dataDir], { maxBuffer: 16 * 1024 * 1024 }).then(
+      () => rmSync(file, { force: true }),
     );
   }
   await previous;

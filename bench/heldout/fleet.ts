@@ -132,7 +132,14 @@ export function planFleet(shape: FleetShape): FleetPlan {
     { name: 'pretrain-a', nodes: jobNodes[0] ?? [], from: shape.start, to: end, iterationSeconds: 2.4, phases: [] },
     { name: 'pretrain-b', nodes: jobNodes[1] ?? [], from: shape.start, to: end, iterationSeconds: 3.1, phases: [] },
     { name: 'finetune-c', nodes: jobNodes[2] ?? [], from: shape.start, to: end, iterationSeconds: 1.2, phases: [] },
-    { name: 'ablation-d', nodes: jobNodes[3] ?? [], from: shape.start + 0.3 * (end - shape.start), to: shape.start + 0.8 * (end - shape.start), iterationSeconds: 0.9, phases: [] },
+    {
+      name: 'ablation-d',
+      nodes: jobNodes[3] ?? [],
+      from: shape.start + 0.3 * (end - shape.start),
+      to: shape.start + 0.8 * (end - shape.start),
+      iterationSeconds: 0.9,
+      phases: [],
+    },
   ];
   const idle = nodes.filter((node) => !jobs.some((job) => job.nodes.includes(node)));
   const minute = (time: number) => Math.round(time / MINUTE) * MINUTE;
@@ -194,9 +201,10 @@ export function planFleet(shape: FleetShape): FleetPlan {
 
   // Benign events: reboots (counters restart at 0), one-sample spikes, application Xids (user
   // code faults that crash the job; ByteRobust Table 2) that a plain Xid watch mistakes for hardware.
-  const quiet = (node: string, at: number) => !faults.some((fault) => fault.node === node && at > fault.precursorStart - 2 * HOUR && at < fault.repairedAt + HOUR);
+  const quiet = (node: string, at: number) =>
+    !faults.some((fault) => fault.node === node && at > fault.precursorStart - 2 * HOUR && at < fault.repairedAt + HOUR);
   const daysSpan = (end - shape.start) / DAY;
-  for (let count = 0; count < Math.round(3 * daysSpan); ) {
+  for (let count = 0; count < Math.round(3 * daysSpan);) {
     const node = pick(nodes);
     const at = minute(between(shape.start + HOUR, end - HOUR));
     if (quiet(node, at)) {
@@ -204,7 +212,7 @@ export function planFleet(shape: FleetShape): FleetPlan {
       count += 1;
     }
   }
-  for (let count = 0; count < Math.round(8 * daysSpan); ) {
+  for (let count = 0; count < Math.round(8 * daysSpan);) {
     const node = pick(nodes);
     const at = minute(between(shape.start + HOUR, end - HOUR)) + 30_000;
     if (quiet(node, at)) {
@@ -212,7 +220,7 @@ export function planFleet(shape: FleetShape): FleetPlan {
       count += 1;
     }
   }
-  for (let count = 0; count < Math.round(2 * daysSpan); ) {
+  for (let count = 0; count < Math.round(2 * daysSpan);) {
     const at = minute(between(shape.start + 2 * HOUR, end - HOUR));
     const job = pick(jobs.filter((candidate) => candidate.from + HOUR < at && at < candidate.to));
     if (!job) continue;
@@ -228,13 +236,32 @@ export function planFleet(shape: FleetShape): FleetPlan {
   const healthy = nodes.filter((node) => !faults.some((fault) => fault.node === node));
   for (let count = 0; trickles && count < trickles.gpus && healthy.length > 0; count += 1) {
     const node = healthy.splice(Math.floor(random() * healthy.length), 1)[0] as string;
-    confusers.push({ kind: 'replay_trickle', node, gpu: Math.floor(random() * shape.gpusPerNode), at: shape.start, to: end, perSample: between(...trickles.perSample) });
+    confusers.push({
+      kind: 'replay_trickle',
+      node,
+      gpu: Math.floor(random() * shape.gpusPerNode),
+      at: shape.start,
+      to: end,
+      perSample: between(...trickles.perSample),
+    });
   }
   for (const job of jobs) job.phases.sort((a, b) => a.from - b.from);
 
   // A rank-0 checkpoint of a node on its way to a fault (or in repair) would be the fault's, not a confuser.
   const kept = confusers.filter((confuser) => confuser.kind !== 'rank0_checkpoint' || quiet(confuser.node, confuser.at));
-  return { seed: shape.seed, start: shape.start, end, stepMs: shape.stepSeconds * 1000, nodes, gpusPerNode: shape.gpusPerNode, traits, jobs, faults, confusers: kept, variant };
+  return {
+    seed: shape.seed,
+    start: shape.start,
+    end,
+    stepMs: shape.stepSeconds * 1000,
+    nodes,
+    gpusPerNode: shape.gpusPerNode,
+    traits,
+    jobs,
+    faults,
+    confusers: kept,
+    variant,
+  };
 }
 
 /**

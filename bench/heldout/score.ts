@@ -99,7 +99,10 @@ export const AFTERMATH_MS = 30 * MINUTE;
  */
 export function benignAround(confusers: readonly Confuser[], raise: Raise): Confuser['kind'][] {
   const kinds = confusers
-    .filter((confuser) => confuser.node === raise.node && confuser.at <= raise.time + 5 * MINUTE && raise.time <= ('to' in confuser ? confuser.to : confuser.at) + AFTERMATH_MS)
+    .filter(
+      (confuser) =>
+        confuser.node === raise.node && confuser.at <= raise.time + 5 * MINUTE && raise.time <= ('to' in confuser ? confuser.to : confuser.at) + AFTERMATH_MS,
+    )
     .map((confuser) => confuser.kind);
   return [...new Set(kinds)];
 }
@@ -111,5 +114,10 @@ export function benignCounts(confusers: readonly Confuser[], falseStarts: readon
     const kinds = benignAround(confusers, raise);
     for (const kind of kinds.length > 0 ? kinds : ['none']) counts.set(kind, (counts.get(kind) ?? 0) + 1);
   }
-  return [...counts].sort((a, b) => b[1] - a[1]).map(([kind, count]) => `${kind} ${count}`).join(', ') || '—';
+  return (
+    [...counts]
+      .sort((a, b) => b[1] - a[1])
+      .map(([kind, count]) => `${kind} ${count}`)
+      .join(', ') || '—'
+  );
 }

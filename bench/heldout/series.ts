@@ -2,7 +2,21 @@ import { createWriteStream } from 'node:fs';
 import { classifyXid } from '../../core/xid.js';
 import { AGENT_SCRAPE_JOB, RANK_LABEL, TRAINING_JOB_LABEL } from '../../core/scrape.js';
 import type { FleetPlan } from './fleet.js';
-import { DOWN, IDLE, STOPPED, TRAINING, applyFault, effectsOf, gaussian, healthyEffect, linkEffect, mountEffect, noise, type GpuEffect, type NodeTimeline } from './timeline.js';
+import {
+  DOWN,
+  IDLE,
+  STOPPED,
+  TRAINING,
+  applyFault,
+  effectsOf,
+  gaussian,
+  healthyEffect,
+  linkEffect,
+  mountEffect,
+  noise,
+  type GpuEffect,
+  type NodeTimeline,
+} from './timeline.js';
 
 /**
  * The agents' series for a planned fleet, as OpenMetrics text for `promtool tsdb
@@ -39,7 +53,9 @@ function poisson(mean: number, uniform: number): number {
 }
 
 function labelText(labels: Record<string, string | number>): string {
-  return `{${Object.entries(labels).map(([name, value]) => `${name}="${value}"`).join(',')}}`;
+  return `{${Object.entries(labels)
+    .map(([name, value]) => `${name}="${value}"`)
+    .join(',')}}`;
 }
 
 /** A counter that adds `increment(step)` each step it is exported and restarts from 0 after the node was down. */
@@ -94,32 +110,53 @@ export function nodeSeries(plan: FleetPlan, node: string, line: NodeTimeline): M
       return spike < 0 ? -1 : (stepOf((spikes[spike] as { at: number }).at) + spike) % 4;
     };
     const healthy = faults.length === 0;
-    const trickle = plan.confusers.reduce((sum, event) => sum + (event.kind === 'replay_trickle' && event.node === node && event.gpu === gpu ? event.perSample : 0), 0);
+    const trickle = plan.confusers.reduce(
+      (sum, event) => sum + (event.kind === 'replay_trickle' && event.node === node && event.gpu === gpu ? event.perSample : 0),
+      0,
+    );
     const effect = (step: number): GpuEffect | undefined => {
       const value = healthy ? HEALTHY : effectAt(step);
       return value.gone ? undefined : value;
     };
     const utilization = (step: number, value: GpuEffect) => Math.min(1, Math.max(0, (line.load[step] ?? 0) * value.utilization + 0.012 * gaussian(key, step)));
     const temperature = (step: number, value: GpuEffect) =>
-      33 + 32 * utilization(step, value) + (traits?.temperatureOffset ?? 0) + (traits?.gpuOffsets[gpu] ?? 0) + value.temperature + 0.5 * gaussian(key + 1, step) + (spikeKind(step) === 0 ? 12 : 0);
+      33 +
+      32 * utilization(step, value) +
+      (traits?.temperatureOffset ?? 0) +
+      (traits?.gpuOffsets[gpu] ?? 0) +
+      value.temperature +
+      0.5 * gaussian(key + 1, step) +
+      (spikeKind(step) === 0 ? 12 : 0);
     const withEffect = (compute: (step: number, value: GpuEffect) => number) => (step: number) => {
       const value = effect(step);
       return value === undefined ? undefined : compute(step, value);
     };
 
-    add('steadfast_gpu_present', gauge(`steadfast_gpu_present${labelText(labels)}`, line, (step) => (healthy || !effectAt(step).gone ? 1 : 0)));
+    add(
+      'steadfast_gpu_present',
+      gauge(`steadfast_gpu_present${labelText(labels)}`, line, (step) => (healthy || !effectAt(step).gone ? 1 : 0)),
+    );
     add('steadfast_gpu_utilization_ratio', gauge(`steadfast_gpu_utilization_ratio${labelText(labels)}`, line, withEffect(utilization)));
     add('steadfast_gpu_temperature_celsius', gauge(`steadfast_gpu_temperature_celsius${labelText(labels)}`, line, withEffect(temperature)));
     add(
       'steadfast_gpu_memory_temperature_celsius',
-      gauge(`steadfast_gpu_memory_temperature_celsius${labelText(labels)}`, line, withEffect((step, value) => temperature(step, value) + 3 + value.memoryTemperature + 0.4 * gaussian(key + 2, step))),
+      gauge(
+        `steadfast_gpu_memory_temperature_celsius${labelText(labels)}`,
+        line,
+        withEffect((step, value) => temperature(step, value) + 3 + value.memoryTemperature + 0.4 * gaussian(key + 2, step)),
+      ),
     );
     add(
       'steadfast_gpu_power_watts',
       gauge(
         `steadfast_gpu_power_watts${labelText(labels)}`,
         line,
-        withEffect((step, value) => Math.max(40, 70 + 600 * utilization(step, value) * value.power * (traits?.powerScale ?? 1) + 8 * gaussian(key + 3, step) - (spikeKind(step) === 1 ? 250 : 0))),
+        withEffect((step, value) =>
+          Math.max(
+            40,
+            70 + 600 * utilization(step, value) * value.power * (traits?.powerScale ?? 1) + 8 * gaussian(key + 3, step) - (spikeKind(step) === 1 ? 250 : 0),
+          ),
+        ),
       ),
     );
     add(
@@ -127,27 +164,57 @@ export function nodeSeries(plan: FleetPlan, node: string, line: NodeTimeline): M
       gauge(
         `steadfast_gpu_clock_hertz${labelText({ ...labels, clock: 'sm' })}`,
         line,
-        withEffect((step, value) => Math.round(((line.load[step] ?? 0) > 0.05 ? 1.98e9 * value.clock * (1 + 0.004 * gaussian(key + 4, step)) : 3.45e8) / 1e6) * 1e6),
+        withEffect(
+          (step, value) => Math.round(((line.load[step] ?? 0) > 0.05 ? 1.98e9 * value.clock * (1 + 0.004 * gaussian(key + 4, step)) : 3.45e8) / 1e6) * 1e6,
+        ),
       ),
     );
-    for (const [reason, flag] of [['hw_thermal_slowdown', 'thermal'], ['hw_power_brake_slowdown', 'brake']] as const) {
-      add('steadfast_gpu_throttle_reason', gauge(`steadfast_gpu_throttle_reason${labelText({ ...labels, reason })}`, line, withEffect((_step, value) => (value[flag] ? 1 : 0))));
+    for (const [reason, flag] of [
+      ['hw_thermal_slowdown', 'thermal'],
+      ['hw_power_brake_slowdown', 'brake'],
+    ] as const) {
+      add(
+        'steadfast_gpu_throttle_reason',
+        gauge(
+          `steadfast_gpu_throttle_reason${labelText({ ...labels, reason })}`,
+          line,
+          withEffect((_step, value) => (value[flag] ? 1 : 0)),
+        ),
+      );
     }
-    const draw = (offset: number, mean: (step: number, value: GpuEffect) => number) => withEffect((step, value) => poisson(mean(step, value), noise(key + offset, step)));
+    const draw = (offset: number, mean: (step: number, value: GpuEffect) => number) =>
+      withEffect((step, value) => poisson(mean(step, value), noise(key + offset, step)));
     add(
       'steadfast_gpu_ecc_errors',
-      counter(`steadfast_gpu_ecc_errors_total${labelText({ ...labels, scope: 'volatile', type: 'correctable', location: 'dram' })}`, line, draw(5, (step, value) => value.ecc + 0.0003 + (spikeKind(step) === 2 ? 6 : 0))),
+      counter(
+        `steadfast_gpu_ecc_errors_total${labelText({ ...labels, scope: 'volatile', type: 'correctable', location: 'dram' })}`,
+        line,
+        draw(5, (step, value) => value.ecc + 0.0003 + (spikeKind(step) === 2 ? 6 : 0)),
+      ),
     );
-    add('steadfast_gpu_remapped_rows', counter(`steadfast_gpu_remapped_rows_total${labelText({ ...labels, type: 'correctable' })}`, line, draw(6, (_step, value) => value.remaps)));
+    add(
+      'steadfast_gpu_remapped_rows',
+      counter(
+        `steadfast_gpu_remapped_rows_total${labelText({ ...labels, type: 'correctable' })}`,
+        line,
+        draw(6, (_step, value) => value.remaps),
+      ),
+    );
     add(
       'steadfast_gpu_pcie_replay_errors',
-      counter(`steadfast_gpu_pcie_replay_errors_total${labelText(labels)}`, line, draw(7, (step, value) => value.replays + 0.0002 + trickle + (spikeKind(step) === 3 ? 4 : 0))),
+      counter(
+        `steadfast_gpu_pcie_replay_errors_total${labelText(labels)}`,
+        line,
+        draw(7, (step, value) => value.replays + 0.0002 + trickle + (spikeKind(step) === 3 ? 4 : 0)),
+      ),
     );
 
     // An Xid counter is born at its first increment and lives until the node reboots.
     const xids = [
       ...faults.filter((fault) => fault.gpu === gpu && fault.xid !== undefined).map((fault) => ({ xid: fault.xid as number, at: fault.failure })),
-      ...plan.confusers.flatMap((confuser) => (confuser.kind === 'app_xid' && confuser.node === node && confuser.gpu === gpu ? [{ xid: confuser.xid, at: confuser.at }] : [])),
+      ...plan.confusers.flatMap((confuser) =>
+        confuser.kind === 'app_xid' && confuser.node === node && confuser.gpu === gpu ? [{ xid: confuser.xid, at: confuser.at }] : [],
+      ),
     ];
     for (const event of xids) {
       const born = stepOf(event.at);
@@ -168,26 +235,50 @@ export function nodeSeries(plan: FleetPlan, node: string, line: NodeTimeline): M
   const training = (step: number) => line.mode[step] === TRAINING;
   for (let port = 0; port < RDMA_PORTS; port += 1) {
     const labels = labelText({ ...base, device: `mlx5_${port}`, port: 1 });
-    const link = (step: number) => faults.reduce((sum, fault) => {
-      const effect = linkEffect(fault, port, timeOf(step), effects);
-      return { symbols: sum.symbols + effect.symbols, receive: sum.receive + effect.receive, down: sum.down || effect.down };
-    }, { symbols: 0, receive: 0, down: false });
+    const link = (step: number) =>
+      faults.reduce(
+        (sum, fault) => {
+          const effect = linkEffect(fault, port, timeOf(step), effects);
+          return { symbols: sum.symbols + effect.symbols, receive: sum.receive + effect.receive, down: sum.down || effect.down };
+        },
+        { symbols: 0, receive: 0, down: false },
+      );
     const linkDownAt = faults.filter((fault) => fault.kind === 'ib_link' && fault.gpu % RDMA_PORTS === port).map((fault) => stepOf(fault.failure));
     add(
       'steadfast_rdma_port_data_transmitted_bytes',
       counter(`steadfast_rdma_port_data_transmitted_bytes_total${labels}`, line, (step) =>
-        link(step).down ? 0 : Math.round((training(step) || line.mode[step] === STOPPED ? 6e9 * (line.traffic[step] ?? 0) : 2e4) * (1 + 0.03 * gaussian(key + port, step)) * 30),
+        link(step).down
+          ? 0
+          : Math.round((training(step) || line.mode[step] === STOPPED ? 6e9 * (line.traffic[step] ?? 0) : 2e4) * (1 + 0.03 * gaussian(key + port, step)) * 30),
       ),
     );
-    add('steadfast_rdma_port_symbol_errors', counter(`steadfast_rdma_port_symbol_errors_total${labels}`, line, (step) => poisson(0.0003 + link(step).symbols, noise(key + 10 + port, step))));
-    add('steadfast_rdma_port_receive_errors', counter(`steadfast_rdma_port_receive_errors_total${labels}`, line, (step) => poisson(0.0001 + link(step).receive, noise(key + 20 + port, step))));
-    add('steadfast_rdma_port_link_downed', counter(`steadfast_rdma_port_link_downed_total${labels}`, line, (step) => (linkDownAt.includes(step) ? 1 : 0)));
+    add(
+      'steadfast_rdma_port_symbol_errors',
+      counter(`steadfast_rdma_port_symbol_errors_total${labels}`, line, (step) => poisson(0.0003 + link(step).symbols, noise(key + 10 + port, step))),
+    );
+    add(
+      'steadfast_rdma_port_receive_errors',
+      counter(`steadfast_rdma_port_receive_errors_total${labels}`, line, (step) => poisson(0.0001 + link(step).receive, noise(key + 20 + port, step))),
+    );
+    add(
+      'steadfast_rdma_port_link_downed',
+      counter(`steadfast_rdma_port_link_downed_total${labels}`, line, (step) => (linkDownAt.includes(step) ? 1 : 0)),
+    );
   }
 
-  const mount = (step: number) => faults.reduce((sum, fault) => {
-    const effect = mountEffect(fault, timeOf(step), effects);
-    return { rtt: sum.rtt * effect.rtt, retransmit: sum.retransmit + effect.retransmit, backlog: sum.backlog + effect.backlog, timeouts: sum.timeouts + effect.timeouts };
-  }, { rtt: 1, retransmit: 0, backlog: 0, timeouts: 0 });
+  const mount = (step: number) =>
+    faults.reduce(
+      (sum, fault) => {
+        const effect = mountEffect(fault, timeOf(step), effects);
+        return {
+          rtt: sum.rtt * effect.rtt,
+          retransmit: sum.retransmit + effect.retransmit,
+          backlog: sum.backlog + effect.backlog,
+          timeouts: sum.timeouts + effect.timeouts,
+        };
+      },
+      { rtt: 1, retransmit: 0, backlog: 0, timeouts: 0 },
+    );
   const opsPerSecond = (operation: NfsOperation, step: number): number => {
     const mode = line.mode[step];
     const writing = line.checkpoint[step] !== 0;
@@ -195,10 +286,14 @@ export function nodeSeries(plan: FleetPlan, node: string, line: NodeTimeline): M
     if (mode === STOPPED) return { GETATTR: 8, READ: 400, WRITE: 0.5 }[operation]; // reloading the checkpoint
     return { GETATTR: writing ? 60 : 40, READ: writing ? 20 : 150, WRITE: writing ? 450 : 3 }[operation];
   };
-  const operations = (operation: NfsOperation, step: number) => Math.round(opsPerSecond(operation, step) * 30 * (1 + 0.05 * gaussian(key + 40 + operation.length, step)));
+  const operations = (operation: NfsOperation, step: number) =>
+    Math.round(opsPerSecond(operation, step) * 30 * (1 + 0.05 * gaussian(key + 40 + operation.length, step)));
   for (const operation of NFS_OPERATIONS) {
     const labels = labelText({ ...base, mount: '/mnt/shared', operation });
-    add('steadfast_nfs_operations', counter(`steadfast_nfs_operations_total${labels}`, line, (step) => operations(operation, step)));
+    add(
+      'steadfast_nfs_operations',
+      counter(`steadfast_nfs_operations_total${labels}`, line, (step) => operations(operation, step)),
+    );
     add(
       'steadfast_nfs_transmissions',
       counter(`steadfast_nfs_transmissions_total${labels}`, line, (step) => {
@@ -211,18 +306,29 @@ export function nodeSeries(plan: FleetPlan, node: string, line: NodeTimeline): M
       counter(`steadfast_nfs_rtt_seconds_total${labels}`, line, (step) => {
         // Checkpoints fill the client's RPC slots on every node of the job at once (the 504-GPU report, second finding);
         // rank 0 writing alone fills only its own, its metadata lookups (GETATTR) waiting most.
-        const saturated = line.checkpoint[step] === 1 ? (operation === 'WRITE' ? 5 : 3) : line.checkpoint[step] === 2 ? { GETATTR: 4, READ: 1.5, WRITE: 3 }[operation] : 1;
+        const saturated =
+          line.checkpoint[step] === 1 ? (operation === 'WRITE' ? 5 : 3) : line.checkpoint[step] === 2 ? { GETATTR: 4, READ: 1.5, WRITE: 3 }[operation] : 1;
         return operations(operation, step) * NFS_RTT[operation] * saturated * mount(step).rtt * (1 + 0.1 * gaussian(key + 60, step));
       }),
     );
     if (operation === 'READ') {
-      add('steadfast_nfs_major_timeouts', counter(`steadfast_nfs_major_timeouts_total${labels}`, line, (step) => poisson(mount(step).timeouts, noise(key + 70, step))));
+      add(
+        'steadfast_nfs_major_timeouts',
+        counter(`steadfast_nfs_major_timeouts_total${labels}`, line, (step) => poisson(mount(step).timeouts, noise(key + 70, step))),
+      );
     }
   }
   add(
     'steadfast_nfs_rpc_backlog_average',
     gauge(`steadfast_nfs_rpc_backlog_average${labelText({ ...base, mount: '/mnt/shared' })}`, line, (step) =>
-      Math.max(0, (line.checkpoint[step] === 1 ? 25 + 5 * gaussian(key + 80, step) : line.checkpoint[step] === 2 ? 10 + 3 * gaussian(key + 80, step) : 0.2 * noise(key + 81, step)) + mount(step).backlog),
+      Math.max(
+        0,
+        (line.checkpoint[step] === 1
+          ? 25 + 5 * gaussian(key + 80, step)
+          : line.checkpoint[step] === 2
+            ? 10 + 3 * gaussian(key + 80, step)
+            : 0.2 * noise(key + 81, step)) + mount(step).backlog,
+      ),
     ),
   );
 
@@ -238,7 +344,11 @@ export function nodeSeries(plan: FleetPlan, node: string, line: NodeTimeline): M
       }),
     );
   }
-  for (const collector of ['gpu', 'xid']) add('steadfast_collector_success', gauge(`steadfast_collector_success${labelText({ ...base, collector })}`, line, () => 1));
+  for (const collector of ['gpu', 'xid'])
+    add(
+      'steadfast_collector_success',
+      gauge(`steadfast_collector_success${labelText({ ...base, collector })}`, line, () => 1),
+    );
   return families;
 }
 
@@ -254,7 +364,8 @@ export async function writeOpenMetrics(plan: FleetPlan, timelines: ReadonlyMap<s
   const stamps = Array.from({ length: steps }, (_, step) => ` ${(plan.start + step * plan.stepMs) / 1000}\n`);
   const byFamily = new Map<string, Series[]>();
   for (const node of nodes) {
-    for (const [family, series] of nodeSeries(plan, node, timelines.get(node) as NodeTimeline)) byFamily.set(family, [...(byFamily.get(family) ?? []), ...series]);
+    for (const [family, series] of nodeSeries(plan, node, timelines.get(node) as NodeTimeline))
+      byFamily.set(family, [...(byFamily.get(family) ?? []), ...series]);
   }
   let samples = 0;
   let chunk: string[] = [];

@@ -246,7 +246,8 @@ export function applyFault(effect: GpuEffect, fault: FaultLabel, gpu: number, st
       break;
     case 'power_brake':
       // The board's power brake (a PSU or its sensing) pulls every GPU down together.
-      if ((p !== undefined && throttledAt(fault, step, time, effects)) || failed) Object.assign(effect, { brake: true, clock: effects.power_brake.clock, power: effects.power_brake.power });
+      if ((p !== undefined && throttledAt(fault, step, time, effects)) || failed)
+        Object.assign(effect, { brake: true, clock: effects.power_brake.clock, power: effects.power_brake.power });
       break;
     case 'sudden_xid':
       // Xid 119: the GSP stops answering; the GPU runs nothing and idles until it is reset.
@@ -258,25 +259,38 @@ export function applyFault(effect: GpuEffect, fault: FaultLabel, gpu: number, st
 }
 
 /** Extra per-port symbol and receive errors per step, and whether the link is down. */
-export function linkEffect(fault: FaultLabel, port: number, time: number, effects: FaultEffects = FLEET_1.effects): { symbols: number; receive: number; down: boolean } {
+export function linkEffect(
+  fault: FaultLabel,
+  port: number,
+  time: number,
+  effects: FaultEffects = FLEET_1.effects,
+): { symbols: number; receive: number; down: boolean } {
   if (fault.kind !== 'ib_link' || port !== fault.gpu % 4) return { symbols: 0, receive: 0, down: false };
   const p = progress(fault, time);
   const down = time >= fault.failure && time < fault.repairedAt;
   const link = effects.ib_link;
-  return p === undefined ? { symbols: 0, receive: 0, down } : { symbols: link.symbolBase + link.symbolScale * p * p, receive: link.receiveBase + link.receiveScale * p * p, down };
+  return p === undefined
+    ? { symbols: 0, receive: 0, down }
+    : { symbols: link.symbolBase + link.symbolScale * p * p, receive: link.receiveBase + link.receiveScale * p * p, down };
 }
 
 /** NFS client trouble: round-trip multiplier, retransmitted share, RPC backlog, major timeouts per step. */
-export function mountEffect(fault: FaultLabel, time: number, effects: FaultEffects = FLEET_1.effects): { rtt: number; retransmit: number; backlog: number; timeouts: number } {
+export function mountEffect(
+  fault: FaultLabel,
+  time: number,
+  effects: FaultEffects = FLEET_1.effects,
+): { rtt: number; retransmit: number; backlog: number; timeouts: number } {
   const p = progress(fault, time);
   if (fault.kind === 'nfs_backlog') {
     const nfs = effects.nfs_backlog;
-    if (p !== undefined) return { rtt: 1 + nfs.rtt * p, retransmit: nfs.retransmit * p, backlog: nfs.backlog * p, timeouts: p > nfs.timeoutsFrom ? nfs.timeouts : 0 };
+    if (p !== undefined)
+      return { rtt: 1 + nfs.rtt * p, retransmit: nfs.retransmit * p, backlog: nfs.backlog * p, timeouts: p > nfs.timeoutsFrom ? nfs.timeouts : 0 };
     if (time >= fault.failure && time < fault.failure + 10 * MINUTE) return { rtt: 12, retransmit: 0.05, backlog: 80, timeouts: 1 };
   }
   // The 504-GPU report (Fig. 3): GETATTR response time misbehaved on the node whose GPU later
   // logged an ECC error; given to every other memory fault here, late in its precursor.
   const memory = effects.hbm_ecc;
-  if (fault.kind === 'hbm_ecc' && p !== undefined && p > memory.getattrFrom && Number(fault.id.slice(1)) % 2 === 1) return { rtt: memory.getattrRtt, retransmit: 0.002, backlog: 4, timeouts: 0 };
+  if (fault.kind === 'hbm_ecc' && p !== undefined && p > memory.getattrFrom && Number(fault.id.slice(1)) % 2 === 1)
+    return { rtt: memory.getattrRtt, retransmit: 0.002, backlog: 4, timeouts: 0 };
   return { rtt: 1, retransmit: 0, backlog: 0, timeouts: 0 };
 }

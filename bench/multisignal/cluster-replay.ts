@@ -3,7 +3,24 @@ import type { FeatureMatrix } from '../../analyzers/multisignal/types.js';
 import { InputError } from '../../core/errors.js';
 import { parseOrThrow } from '../../core/validate.js';
 import { BENIGN_KINDS, FAULT_KINDS, type BenignKind, type BenignLabel, type FaultKind, type FaultLabel } from './labels.js';
-import { AR_INNOVATION, AR_KEEP, BLIP_KINDS, BLIP_WEIGHTS, NOISE, GPUS, SLOT, Window, XidSlots, applyBlip, applyFault, neutral, readings, windows, type Blip, type NodeState } from './node-readings.js';
+import {
+  AR_INNOVATION,
+  AR_KEEP,
+  BLIP_KINDS,
+  BLIP_WEIGHTS,
+  NOISE,
+  GPUS,
+  SLOT,
+  Window,
+  XidSlots,
+  applyBlip,
+  applyFault,
+  neutral,
+  readings,
+  windows,
+  type Blip,
+  type NodeState,
+} from './node-readings.js';
 import { Random } from './replay-random.js';
 
 /**
@@ -99,7 +116,9 @@ export class ClusterReplay {
     this.nodes = Array.from({ length: nodes }, (_, index) => {
       const offset = Float64Array.from(NOISE, ([sigma]) => sigma * rng.normal());
       // One cooling path serves both: the memory temperature shares half of the core's offset.
-      offset[SLOT.memTemp] = (0.5 * (offset[SLOT.temp] as number) * (NOISE[SLOT.memTemp]?.[0] as number)) / (NOISE[SLOT.temp]?.[0] as number) + Math.sqrt(0.75) * (offset[SLOT.memTemp] as number);
+      offset[SLOT.memTemp] =
+        (0.5 * (offset[SLOT.temp] as number) * (NOISE[SLOT.memTemp]?.[0] as number)) / (NOISE[SLOT.temp]?.[0] as number) +
+        Math.sqrt(0.75) * (offset[SLOT.memTemp] as number);
       return {
         name: `gpu${String(index + 1).padStart(3, '0')}`,
         offset,
@@ -170,7 +189,8 @@ export class ClusterReplay {
 
     this.blips = [];
     const stepOf = (time: number) => Math.floor((time - start) / (stepSeconds * 1000));
-    const faultNear = (node: string, time: number) => this.faults.some((fault) => fault.node === node && time > fault.onset - 2 * HOUR && time < fault.repaired + HOUR);
+    const faultNear = (node: string, time: number) =>
+      this.faults.some((fault) => fault.node === node && time > fault.onset - 2 * HOUR && time < fault.repaired + HOUR);
     const benign: BenignLabel[] = [];
     // A fixed count (rate × days, like the faults), not a Poisson draw: these transients are most
     // of what a sensitive detector raises falsely, and a short replay should not swing on their number.
@@ -224,7 +244,11 @@ export class ClusterReplay {
     }
     const { start, stepSeconds } = this.config;
     const stepMs = stepSeconds * 1000;
-    const lateness = () => Int8Array.from(this.nodes, () => { const roll = rng.next(); return roll < 0.8 ? 0 : roll < 0.95 ? 1 : 2; });
+    const lateness = () =>
+      Int8Array.from(this.nodes, () => {
+        const roll = rng.next();
+        return roll < 0.8 ? 0 : roll < 0.95 ? 1 : 2;
+      });
     // Every job has its own schedule: checkpoints, restarts, evaluation phases, slowdowns.
     const jobs = this.config.jobs.map((_, job) => ({
       nextCheckpoint: Math.round(rng.uniform(20, 60)),
@@ -288,7 +312,10 @@ export class ClusterReplay {
           node.drift[slot] = AR_KEEP * (node.drift[slot] as number) + AR_INNOVATION * (NOISE[slot]?.[1] as number) * rng.normal();
         }
         const jobSlowdown = job !== undefined && step <= job.slowdown.until ? job.slowdown.depth : 0;
-        rows.push([node.name, readings(node, effects, { load, inCheckpoint, inRestart, diurnal, dataPhase: job?.dataPhase ?? 0, congestion, jobSlowdown }, rng)]);
+        rows.push([
+          node.name,
+          readings(node, effects, { load, inCheckpoint, inRestart, diurnal, dataPhase: job?.dataPhase ?? 0, congestion, jobSlowdown }, rng),
+        ]);
       });
       yield { time, matrix: Object.fromEntries(rows), groups };
     }
@@ -296,5 +323,6 @@ export class ClusterReplay {
 }
 
 function clearWindows(node: NodeState): void {
-  for (const window of [...node.ecc, ...node.remaps, ...node.pcie, ...node.pcieSlots, node.xid, node.xidFatal, node.xidHour, node.link, node.throttle]) window.clear();
+  for (const window of [...node.ecc, ...node.remaps, ...node.pcie, ...node.pcieSlots, node.xid, node.xidFatal, node.xidHour, node.link, node.throttle])
+    window.clear();
 }

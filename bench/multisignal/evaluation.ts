@@ -168,7 +168,11 @@ export function runReplay(replay: ClusterReplay, detectors: readonly SuspectDete
  */
 export class XidCounterBaseline implements SuspectDetector {
   evaluate(_time: number, matrix: FeatureMatrix): { suspects: { node: string }[] } {
-    return { suspects: Object.entries(matrix).filter(([, row]) => highest(row[ANY_XID_5M]) > 0).map(([node]) => ({ node })) };
+    return {
+      suspects: Object.entries(matrix)
+        .filter(([, row]) => highest(row[ANY_XID_5M]) > 0)
+        .map(([node]) => ({ node })),
+    };
   }
 }
 

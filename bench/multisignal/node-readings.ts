@@ -75,8 +75,23 @@ export interface Effects {
   idle: boolean;
 }
 export const neutral = (): Effects => ({
-  temp: 0, memTemp: 0, power: 0, clock: 0, throttle: 0, eccRate: 0, remapRate: 0, pcieRate: 0, linkRate: 0,
-  xidEvents: 0, xidFatal: false, device: 0, retries: 0, txFactor: 1, getattrFactor: 1, iterFactor: 1, idle: false,
+  temp: 0,
+  memTemp: 0,
+  power: 0,
+  clock: 0,
+  throttle: 0,
+  eccRate: 0,
+  remapRate: 0,
+  pcieRate: 0,
+  linkRate: 0,
+  xidEvents: 0,
+  xidFatal: false,
+  device: 0,
+  retries: 0,
+  txFactor: 1,
+  getattrFactor: 1,
+  iterFactor: 1,
+  idle: false,
 });
 
 export const BLIP_KINDS = ['temp_spike', 'dataloader', 'power_sag', 'error_burst', 'app_xid'] as const;
@@ -175,20 +190,43 @@ export function readings(node: NodeState, effects: Effects, at: Moment, rng: Ran
   row[F.tx] = Math.max(0, 4.2e10 * load * (1 - 0.2 * at.jobSlowdown) * (1 + wobble(node, SLOT.tx, rng)) * effects.txFactor);
   row[F.getattr] = 6e-4 * (inCheckpoint ? 6 : 1) * Math.exp(wobble(node, SLOT.getattr, rng)) * effects.getattrFactor;
   row[F.retrans] = Math.max(0, 1e-4 + (inCheckpoint ? 0.003 : 0) + rng.noise(3e-4));
-  row[F.iteration] = effects.idle || inRestart || load < 0.1 ? undefined : 4.2 * (1 + at.dataPhase) * (1 + 0.4 * at.jobSlowdown) * (inCheckpoint ? 2.5 : 1) * (1 + wobble(node, SLOT.iteration, rng)) * effects.iterFactor;
+  row[F.iteration] =
+    effects.idle || inRestart || load < 0.1
+      ? undefined
+      : 4.2 * (1 + at.dataPhase) * (1 + 0.4 * at.jobSlowdown) * (inCheckpoint ? 2.5 : 1) * (1 + wobble(node, SLOT.iteration, rng)) * effects.iterFactor;
   return row;
 }
 
 export function applyBlip(effects: Effects, blip: Blip): void {
   const size = blip.size;
   switch (blip.kind) {
-    case 'temp_spike': effects.temp += 7 * size; break;
-    case 'dataloader': effects.iterFactor *= 1 + 0.3 * size; effects.getattrFactor *= 1 + 2.5 * size; break;
-    case 'power_sag': effects.power -= 90 * size; effects.clock -= 1e8 * size; break;
-    case 'error_burst': effects.linkRate += 25 * size; break;
-    case 'app_xid': effects.xidEvents += 1; break;
-    case 'nic_flap': effects.linkRate += 20 * size; effects.retries += 8 * size; effects.txFactor *= 1 - 0.4 * size; break;
-    case 'host_contention': effects.iterFactor *= 1 + 0.2 * size; effects.getattrFactor *= 1 + 2 * size; effects.power -= 80 * size; break;
+    case 'temp_spike':
+      effects.temp += 7 * size;
+      break;
+    case 'dataloader':
+      effects.iterFactor *= 1 + 0.3 * size;
+      effects.getattrFactor *= 1 + 2.5 * size;
+      break;
+    case 'power_sag':
+      effects.power -= 90 * size;
+      effects.clock -= 1e8 * size;
+      break;
+    case 'error_burst':
+      effects.linkRate += 25 * size;
+      break;
+    case 'app_xid':
+      effects.xidEvents += 1;
+      break;
+    case 'nic_flap':
+      effects.linkRate += 20 * size;
+      effects.retries += 8 * size;
+      effects.txFactor *= 1 - 0.4 * size;
+      break;
+    case 'host_contention':
+      effects.iterFactor *= 1 + 0.2 * size;
+      effects.getattrFactor *= 1 + 2 * size;
+      effects.power -= 80 * size;
+      break;
   }
 }
 

@@ -4,7 +4,17 @@ import { NODE_NAME_PATTERN, TRAINING_JOB_PATTERN, normalizePciBusId } from '../.
 import { describeIssues } from '../../core/validate.js';
 import { AGENT_SCRAPE_JOB, TRAINING_JOB_LABEL } from '../../core/scrape.js';
 import { signalKindOfAlert } from '../../rules/catalogue.js';
-import { EVIDENCE_KEY_MAX, EVIDENCE_TEXT_MAX, faultFingerprint, reportedTimeSchema, stableHash, storedBytes, type Signal, type SignalKind, type SignalSeverity } from '../../core/signal.js';
+import {
+  EVIDENCE_KEY_MAX,
+  EVIDENCE_TEXT_MAX,
+  faultFingerprint,
+  reportedTimeSchema,
+  stableHash,
+  storedBytes,
+  type Signal,
+  type SignalKind,
+  type SignalSeverity,
+} from '../../core/signal.js';
 
 /**
  * Alertmanager's webhook payload, version 4 (prometheus.io/docs/alerting/latest/configuration,
@@ -39,13 +49,19 @@ function boundedSet(noun: 'label' | 'annotation', value: z.ZodType<string>) {
   const nameRule = `${noun} names must be at most ${LABEL_NAME_MAX} bytes`;
   const names = z.string().refine((name) => storedBytes(name) <= LABEL_NAME_MAX, { message: nameRule });
   return z
-    .custom<object>((set) => typeof set !== 'object' || set === null || Object.keys(set).length <= LABELS_MAX, { message: `at most ${LABELS_MAX} ${noun}s are taken` })
+    .custom<object>((set) => typeof set !== 'object' || set === null || Object.keys(set).length <= LABELS_MAX, {
+      message: `at most ${LABELS_MAX} ${noun}s are taken`,
+    })
     .pipe(z.record(names, value, { error: (issue) => (issue.code === 'invalid_key' ? nameRule : undefined) }));
 }
 
 const labelSet = boundedSet(
   'label',
-  z.string().refine((text) => storedBytes(text) <= LABEL_VALUE_MAX_BYTES, { message: `must be at most ${LABEL_VALUE_MAX_BYTES} bytes as stored (a control character takes six)` }),
+  z
+    .string()
+    .refine((text) => storedBytes(text) <= LABEL_VALUE_MAX_BYTES, {
+      message: `must be at most ${LABEL_VALUE_MAX_BYTES} bytes as stored (a control character takes six)`,
+    }),
 );
 const annotationSet = boundedSet('annotation', z.string().max(ANNOTATION_VALUE_MAX));
 const alertLabels = labelSet

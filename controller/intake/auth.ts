@@ -2,7 +2,15 @@ import { randomUUID } from 'node:crypto';
 import type { ServerResponse } from 'node:http';
 import type { NextFunction, Request, Response } from 'express';
 import type { AuditLog } from '../../core/audit.js';
-import { ReviewUnavailableError, ReviewsRateLimitedError, TokenRefusedError, describeIdentity, presentedToken, type Credentials, type Identity } from '../../core/credentials.js';
+import {
+  ReviewUnavailableError,
+  ReviewsRateLimitedError,
+  TokenRefusedError,
+  describeIdentity,
+  presentedToken,
+  type Credentials,
+  type Identity,
+} from '../../core/credentials.js';
 import { errorMessage } from '../../core/errors.js';
 import type { Logger } from '../../core/log.js';
 import { ClientRateLimiter, type RateLimitSettings } from '../../core/rate-limit.js';
@@ -40,7 +48,11 @@ export function identityOf(res: Response): Identity {
 export function requireOwnNode(identity: Identity, node: string | undefined, scope: Scope, what: string): void {
   if (identity.node === undefined) return;
   if (node !== identity.node) {
-    throw new ForbiddenError(identity, scope, `${describeIdentity(identity)} may not ${what} about ${node === undefined ? 'no node' : `node ${node}`}: its credential is bound to ${identity.node}`);
+    throw new ForbiddenError(
+      identity,
+      scope,
+      `${describeIdentity(identity)} may not ${what} about ${node === undefined ? 'no node' : `node ${node}`}: its credential is bound to ${identity.node}`,
+    );
   }
 }
 
@@ -99,7 +111,13 @@ export class AccessAudit {
     }
     const suppressedBefore = this.uncheckedSuppressed;
     this.uncheckedSuppressed = 0;
-    const fields = { client: req.client, method: req.method, path: (req.url.split('?')[0] ?? '').slice(0, AUDITED_PATH_MAX), reason, ...(suppressedBefore > 0 ? { suppressedBefore } : {}) };
+    const fields = {
+      client: req.client,
+      method: req.method,
+      path: (req.url.split('?')[0] ?? '').slice(0, AUDITED_PATH_MAX),
+      reason,
+      ...(suppressedBefore > 0 ? { suppressedBefore } : {}),
+    };
     if (outcome === 'unchecked') this.logger.warn(fields, 'a token could not be checked; answered 503');
     else this.logger.info(fields, 'a token was refused; answered 401');
   }
@@ -145,7 +163,14 @@ export function forbidden(deps: Pick<AuthorizeDeps, 'access' | 'onReject'>, req:
 }
 
 /** Sends the 403 for a credential used outside its scope, counted and audited. */
-export function sendForbidden(deps: Pick<AuthorizeDeps, 'access' | 'onReject'>, req: Request, res: Response, identity: Identity, scope: Scope, message: string): void {
+export function sendForbidden(
+  deps: Pick<AuthorizeDeps, 'access' | 'onReject'>,
+  req: Request,
+  res: Response,
+  identity: Identity,
+  scope: Scope,
+  message: string,
+): void {
   const refusal = forbidden(deps, { method: req.method, url: req.originalUrl, client: req.socket.remoteAddress ?? 'unknown' }, identity, scope, message);
   res.status(refusal.status).json(refusal.body);
 }
@@ -161,7 +186,12 @@ const REVIEW_RETRY_AFTER_SECONDS = 5;
  * credential, and the API server's words are not for strangers. Shared by the Express middleware
  * below and the intake's own request handler.
  */
-export async function identify(deps: AuthorizeDeps, req: RequestLine, authorization: string | undefined, gone?: AbortSignal): Promise<{ identity: Identity } | Refusal> {
+export async function identify(
+  deps: AuthorizeDeps,
+  req: RequestLine,
+  authorization: string | undefined,
+  gone?: AbortSignal,
+): Promise<{ identity: Identity } | Refusal> {
   const presented = presentedToken(authorization ?? '');
   const usable = presented && (presented.scheme === 'bearer' || deps.basic) ? presented.token : undefined;
   const known = usable === undefined ? undefined : deps.credentials.identify(usable);
@@ -178,7 +208,11 @@ export async function identify(deps: AuthorizeDeps, req: RequestLine, authorizat
       deps.onReject(req, 'unauthorized');
       if (error instanceof ReviewUnavailableError) {
         deps.access.unverified(req, 'unchecked', error.message);
-        return { status: 503, headers: { 'Retry-After': String(REVIEW_RETRY_AFTER_SECONDS) }, body: { error: 'credentials could not be checked now; retry later' } };
+        return {
+          status: 503,
+          headers: { 'Retry-After': String(REVIEW_RETRY_AFTER_SECONDS) },
+          body: { error: 'credentials could not be checked now; retry later' },
+        };
       }
       if (!(error instanceof TokenRefusedError)) throw error;
       deps.access.unverified(req, 'refused', error.message);
@@ -199,7 +233,13 @@ export async function identify(deps: AuthorizeDeps, req: RequestLine, authorizat
  * else the refusal to answer, counted, and audited when it is a 403. For the intake's own
  * request handler, which serves exactly the routes it is given.
  */
-export async function authenticate(deps: AuthorizeDeps, req: RequestLine, authorization: string | undefined, route: RouteScope, gone?: AbortSignal): Promise<{ identity: Identity } | Refusal> {
+export async function authenticate(
+  deps: AuthorizeDeps,
+  req: RequestLine,
+  authorization: string | undefined,
+  route: RouteScope,
+  gone?: AbortSignal,
+): Promise<{ identity: Identity } | Refusal> {
   const verdict = await identify(deps, req, authorization, gone);
   if ('status' in verdict) return verdict;
   const { identity } = verdict;
@@ -225,13 +265,16 @@ export function clientGone(res: ServerResponse): AbortSignal {
 /** Express middleware: identifies the caller (401 otherwise); each route then checks its own scope (routes.ts). */
 export function authorize(deps: AuthorizeDeps): (req: Request, res: Response, next: NextFunction) => void {
   return (req, res, next) => {
-    identify(deps, { method: req.method, url: req.originalUrl, client: req.socket.remoteAddress ?? 'unknown' }, req.get('authorization'), clientGone(res)).then((verdict) => {
-      if ('status' in verdict) {
-        res.status(verdict.status).set(verdict.headers).json(verdict.body);
-        return;
-      }
-      res.locals[IDENTITY] = verdict.identity;
-      next();
-    }, next);
+    identify(deps, { method: req.method, url: req.originalUrl, client: req.socket.remoteAddress ?? 'unknown' }, req.get('authorization'), clientGone(res)).then(
+      (verdict) => {
+        if ('status' in verdict) {
+          res.status(verdict.status).set(verdict.headers).json(verdict.body);
+          return;
+        }
+        res.locals[IDENTITY] = verdict.identity;
+        next();
+      },
+      next,
+    );
   };
 }

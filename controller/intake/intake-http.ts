@@ -1,7 +1,14 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { describeIdentity, type Credentials } from '../../core/credentials.js';
 import { StoreUnavailableError } from '../../core/errors.js';
-import { fastPathBodySchema, isFastPathFault, isTrainingProgress, staleFaultTime, type FastPathFault, type TrainingProgressEvent } from '../../core/fast-path-event.js';
+import {
+  fastPathBodySchema,
+  isFastPathFault,
+  isTrainingProgress,
+  staleFaultTime,
+  type FastPathFault,
+  type TrainingProgressEvent,
+} from '../../core/fast-path-event.js';
 import type { Logger } from '../../core/log.js';
 import { rateLimitMessage, type ClientRateLimiter } from '../../core/rate-limit.js';
 import type { Signal } from '../../core/signal.js';
@@ -38,7 +45,22 @@ export interface IntakeHttpDeps {
 }
 
 /** The API's endpoints by the last fixed word of their path; a metric label must not echo what a client typed. */
-const ENDPOINT_LABELS = new Set(['alerts', 'signals', 'audit', 'jobs', 'checkpoints', 'restore-plan', 'microbatches', 'code-updates', 'standby', 'self-check', 'queues', 'policy', 'pause', 'holds']);
+const ENDPOINT_LABELS = new Set([
+  'alerts',
+  'signals',
+  'audit',
+  'jobs',
+  'checkpoints',
+  'restore-plan',
+  'microbatches',
+  'code-updates',
+  'standby',
+  'self-check',
+  'queues',
+  'policy',
+  'pause',
+  'holds',
+]);
 
 /** The endpoint label of a request URL (path and query). */
 export function endpointLabel(url: string): string {
@@ -58,7 +80,9 @@ export function sendJson(res: ServerResponse, status: number, body: unknown, hea
 }
 
 /** Counts a refused request and answers it with its reason; a 503 tells the sender when to retry. */
-export function rejecter(metrics: Pick<ControllerMetrics, 'requestsRejected'>): (res: ServerResponse, endpoint: string, status: number, reason: string, message: string, headers?: Record<string, string>) => void {
+export function rejecter(
+  metrics: Pick<ControllerMetrics, 'requestsRejected'>,
+): (res: ServerResponse, endpoint: string, status: number, reason: string, message: string, headers?: Record<string, string>) => void {
   return (res, endpoint, status, reason, message, headers = {}) => {
     metrics.requestsRejected.inc({ endpoint, reason });
     sendJson(res, status, { error: message }, status === 503 ? { ...headers, 'Retry-After': RETRY_AFTER_SECONDS } : headers);
@@ -89,7 +113,13 @@ export function intakeHandler(deps: IntakeHttpDeps): (req: IncomingMessage, res:
 
   const reject = rejecter(metrics);
 
-  async function store(res: ServerResponse, endpoint: Endpoint, signals: Signal[], refused: readonly RefusedAlert[] = [], progress?: () => Promise<number>): Promise<void> {
+  async function store(
+    res: ServerResponse,
+    endpoint: Endpoint,
+    signals: Signal[],
+    refused: readonly RefusedAlert[] = [],
+    progress?: () => Promise<number>,
+  ): Promise<void> {
     let progressReports = 0;
     try {
       if (signals.length > 0) await deps.enqueue(signals);
@@ -103,7 +133,12 @@ export function intakeHandler(deps: IntakeHttpDeps): (req: IncomingMessage, res:
       throw error;
     }
     for (const signal of signals) metrics.signalsAccepted.inc({ source: signal.source, kind: signal.kind });
-    sendJson(res, 202, { accepted: signals.length + progressReports, ids: signals.map((signal) => signal.id), ...(refused.length > 0 ? { refused } : {}), ...(progress ? { progress: progressReports } : {}) });
+    sendJson(res, 202, {
+      accepted: signals.length + progressReports,
+      ids: signals.map((signal) => signal.id),
+      ...(refused.length > 0 ? { refused } : {}),
+      ...(progress ? { progress: progressReports } : {}),
+    });
   }
 
   async function alerts(res: ServerResponse, body: unknown, origin: Signal['origin']): Promise<void> {
@@ -114,16 +149,33 @@ export function intakeHandler(deps: IntakeHttpDeps): (req: IncomingMessage, res:
     }
     if (parsed.data.truncatedAlerts) {
       metrics.alertsTruncated.inc(parsed.data.truncatedAlerts);
-      logger.warn({ truncatedAlerts: parsed.data.truncatedAlerts, groupKey: parsed.data.groupKey?.slice(0, 200) }, 'Alertmanager left alerts out of a webhook (max_alerts); raise it on the steadfast receiver');
+      logger.warn(
+        { truncatedAlerts: parsed.data.truncatedAlerts, groupKey: parsed.data.groupKey?.slice(0, 200) },
+        'Alertmanager left alerts out of a webhook (max_alerts); raise it on the steadfast receiver',
+      );
     }
     const { signals, refused } = await signalsFromWebhookAlerts(parsed.data, new Date());
     if (refused.length > 0) metrics.alertsRefused.inc(refused.length);
     if (signals.length === 0) {
-      const shown = refused.slice(0, 20).map((alert) => alert.reason).join('; ');
-      reject(res, 'alerts', 400, 'invalid', `invalid Alertmanager webhook payload: all ${refused.length} alerts refused: ${shown}${refused.length > 20 ? '; …' : ''}`);
+      const shown = refused
+        .slice(0, 20)
+        .map((alert) => alert.reason)
+        .join('; ');
+      reject(
+        res,
+        'alerts',
+        400,
+        'invalid',
+        `invalid Alertmanager webhook payload: all ${refused.length} alerts refused: ${shown}${refused.length > 20 ? '; …' : ''}`,
+      );
       return;
     }
-    await store(res, 'alerts', signals.map((signal) => ({ ...signal, origin })), refused);
+    await store(
+      res,
+      'alerts',
+      signals.map((signal) => ({ ...signal, origin })),
+      refused,
+    );
   }
 
   async function fastPath(res: ServerResponse, body: unknown, origin: NonNullable<Signal['origin']>): Promise<void> {
@@ -149,7 +201,10 @@ export function intakeHandler(deps: IntakeHttpDeps): (req: IncomingMessage, res:
       else refused.push({ index, reason: `${Array.isArray(parsed.data) ? `${index}.` : ''}time: ${stale}` });
     });
     if (refused.length > 0) {
-      const shown = `${refused.slice(0, 20).map((event) => event.reason).join('; ')}${refused.length > 20 ? '; …' : ''}`;
+      const shown = `${refused
+        .slice(0, 20)
+        .map((event) => event.reason)
+        .join('; ')}${refused.length > 20 ? '; …' : ''}`;
       if (faults.length === 0 && progress.length === 0) {
         reject(res, 'signals', 400, 'invalid', `invalid fast-path event: ${shown}`);
         return;
@@ -157,7 +212,13 @@ export function intakeHandler(deps: IntakeHttpDeps): (req: IncomingMessage, res:
       logger.warn({ node: events[0]?.node, refused: refused.length, first: refused[0]?.reason }, 'fast-path faults refused: dated long before their arrival');
     }
     const recordProgress = progress.length > 0 ? () => deps.recordProgress(progress, now.getTime()) : undefined;
-    await store(res, 'signals', faults.map((event) => ({ ...signalFromFastPath(event, now), origin })), refused, recordProgress);
+    await store(
+      res,
+      'signals',
+      faults.map((event) => ({ ...signalFromFastPath(event, now), origin })),
+      refused,
+      recordProgress,
+    );
   }
 
   async function serve(req: IncomingMessage, res: ServerResponse, endpoint: Endpoint): Promise<void> {
@@ -166,7 +227,9 @@ export function intakeHandler(deps: IntakeHttpDeps): (req: IncomingMessage, res:
     if (deps.limiter) {
       const decision = deps.limiter.take(req.socket.remoteAddress ?? 'unknown');
       if (!decision.allowed) {
-        reject(res, endpoint, 429, 'rate_limited', rateLimitMessage(deps.limiter.settings, decision.retryAfterSeconds), { 'Retry-After': String(decision.retryAfterSeconds) });
+        reject(res, endpoint, 429, 'rate_limited', rateLimitMessage(deps.limiter.settings, decision.retryAfterSeconds), {
+          'Retry-After': String(decision.retryAfterSeconds),
+        });
         return;
       }
     }

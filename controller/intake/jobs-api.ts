@@ -80,7 +80,8 @@ export function jobsRouter(deps: JobsRouterDeps): express.Router {
   };
 
   /** A hot-swap job's world epoch and state, for listings. */
-  const worldOf = async (record: JobRecord): Promise<{ world?: { epoch: number; state: string } }> => (record.spec.hotSwap ? { world: await jobs.world.summary(record.spec.name) } : {});
+  const worldOf = async (record: JobRecord): Promise<{ world?: { epoch: number; state: string } }> =>
+    record.spec.hotSwap ? { world: await jobs.world.summary(record.spec.name) } : {};
 
   /** The job's name, once the caller may act for it: any job for an operator, a job on its node (or spare) for an agent. */
   const trainingJob = async (req: Request, res: Response): Promise<string> => (await mayTrainFor(jobs, jobName(req), req, res)).spec.name;
@@ -93,7 +94,13 @@ export function jobsRouter(deps: JobsRouterDeps): express.Router {
       const record = await jobs.create(await admitJob(req.body, deps));
       const actor = identityOf(res);
       await deps.audit.append(
-        { type: 'action', ref: `register-${record.spec.name}-${Date.parse(record.createdAt)}`, summary: `${record.spec.name}: registered on ${record.spec.nodes.join(', ')}, version ${record.spec.codeVersion}`, actor, data: { job: record.spec.name, verb: 'register', state: 'done', nodes: record.spec.nodes, codeVersion: record.spec.codeVersion } },
+        {
+          type: 'action',
+          ref: `register-${record.spec.name}-${Date.parse(record.createdAt)}`,
+          summary: `${record.spec.name}: registered on ${record.spec.nodes.join(', ')}, version ${record.spec.codeVersion}`,
+          actor,
+          data: { job: record.spec.name, verb: 'register', state: 'done', nodes: record.spec.nodes, codeVersion: record.spec.codeVersion },
+        },
         `register:${record.spec.name}:${record.createdAt}`,
       );
       // A job is registered while it trains: its version has proven itself, so a later rollback
@@ -109,7 +116,9 @@ export function jobsRouter(deps: JobsRouterDeps): express.Router {
     '/jobs',
     handle(async (_req, res) => {
       const records = await jobs.list();
-      res.json({ jobs: await Promise.all(records.map(async (record) => ({ ...record, ettr: await jobs.ettr(record.spec.name), ...(await worldOf(record)) }))) });
+      res.json({
+        jobs: await Promise.all(records.map(async (record) => ({ ...record, ettr: await jobs.ettr(record.spec.name), ...(await worldOf(record)) }))),
+      });
     }),
   );
 
@@ -133,7 +142,13 @@ export function jobsRouter(deps: JobsRouterDeps): express.Router {
       const name = jobName(req);
       const record = await jobs.delete(name);
       await deps.audit.append(
-        { type: 'action', ref: `unregister-${name}-${Date.now()}`, summary: `${name}: unregistered by an operator (was ${record.state}); ${record.spec.nodes.join(', ')} no longer belong to it`, actor: identityOf(res), data: { job: name, verb: 'unregister', state: 'done', previous: record.state, nodes: record.spec.nodes } },
+        {
+          type: 'action',
+          ref: `unregister-${name}-${Date.now()}`,
+          summary: `${name}: unregistered by an operator (was ${record.state}); ${record.spec.nodes.join(', ')} no longer belong to it`,
+          actor: identityOf(res),
+          data: { job: name, verb: 'unregister', state: 'done', previous: record.state, nodes: record.spec.nodes },
+        },
         `unregister:${name}:${record.createdAt}`,
       );
       res.json({ deleted: name, was: record.state });
@@ -150,7 +165,13 @@ export function jobsRouter(deps: JobsRouterDeps): express.Router {
       const policy = await jobs.setPolicy(name, change);
       const said = `recovery ${policy.recovery ? 'on' : 'off'}, dry-run ${policy.dryRun ? 'on' : 'off'}`;
       await deps.audit.append(
-        { type: 'action', ref: `policy-${name}-${Date.now()}`, summary: `${name}: job policy set by an operator: ${said}`, data: { job: name, verb: 'set_policy', state: 'done', policy }, actor: identityOf(res) },
+        {
+          type: 'action',
+          ref: `policy-${name}-${Date.now()}`,
+          summary: `${name}: job policy set by an operator: ${said}`,
+          data: { job: name, verb: 'set_policy', state: 'done', policy },
+          actor: identityOf(res),
+        },
         `policy:${name}:${Date.now()}:${said}`,
       );
       res.json({ job: name, policy });
@@ -173,14 +194,23 @@ export function jobsRouter(deps: JobsRouterDeps): express.Router {
     handle(async (req, res) => {
       const name = await trainingJob(req, res);
       const evictedParam = typeof req.query.evicted === 'string' ? req.query.evicted : '';
-      const evicted = new Set(evictedParam.split(',').filter(Boolean).map((node) => parseOrThrow(nodeNameSchema, node, 'evicted')));
+      const evicted = new Set(
+        evictedParam
+          .split(',')
+          .filter(Boolean)
+          .map((node) => parseOrThrow(nodeNameSchema, node, 'evicted')),
+      );
       const plan = await oneAtATime(name, async () => {
         const record = await jobs.get(name);
         const { topology } = parseJobSpec(record.spec);
         const rankNodes = new Map(topology.ranks.map((rank) => [rank.rank, rank.node] as const));
         const members = new Set(jobMembers(record));
         // Copies on the evicted nodes are lost, and so are those on nodes that left the job (an evicted node replaced by a standby).
-        return (await planRestoreByStep(jobs.checkpointSteps(name), { ranks: topology.ranks.length, rankNodes }, async (holders) => holders.filter((holder) => evicted.has(holder) || !members.has(holder)))).plan;
+        return (
+          await planRestoreByStep(jobs.checkpointSteps(name), { ranks: topology.ranks.length, rankNodes }, async (holders) =>
+            holders.filter((holder) => evicted.has(holder) || !members.has(holder)),
+          )
+        ).plan;
       });
       if (!plan) {
         res.status(409).json({ error: `no checkpoint step of ${name} survives the evictions of ${[...evicted].join(', ') || 'no node'}` });

@@ -58,7 +58,12 @@ export function operatorRouter(deps: OperatorRouterDeps): express.Router {
     return { paused: reason !== undefined, reason, drainsInWindow: await gates.budgetUsed(), ...deps.budget };
   };
 
-  apiRoute(router, 'get', '/pause', handle(async (_req, res) => void res.json(await pauseState())));
+  apiRoute(
+    router,
+    'get',
+    '/pause',
+    handle(async (_req, res) => void res.json(await pauseState())),
+  );
 
   apiRoute(
     router,

@@ -58,7 +58,11 @@ function whileStoreAnswers(storeUp: () => Promise<boolean>): express.RequestHand
     }
     storeUp().then((up) => {
       if (up) next();
-      else res.status(503).set('Retry-After', RETRY_AFTER_SECONDS).json({ error: 'the queues cannot be read: Redis is unreachable or does not answer; retry later' });
+      else
+        res
+          .status(503)
+          .set('Retry-After', RETRY_AFTER_SECONDS)
+          .json({ error: 'the queues cannot be read: Redis is unreachable or does not answer; retry later' });
     }, next);
   };
 }

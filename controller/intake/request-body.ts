@@ -270,7 +270,11 @@ export function readJsonBody(req: IncomingMessage, res: ServerResponse, limits: 
         chunks.length = 0;
         // The rest of the body is not waited for: the connection ends with the answer.
         res.setHeader('Connection', 'close');
-        finish({ status: 408, reason: 'too_slow', message: `request body arrived at ${Math.round((received * 1000) / elapsed)} bytes/s, below the ${MIN_BYTES_PER_SECOND} bytes/s the controller waits for` });
+        finish({
+          status: 408,
+          reason: 'too_slow',
+          message: `request body arrived at ${Math.round((received * 1000) / elapsed)} bytes/s, below the ${MIN_BYTES_PER_SECOND} bytes/s the controller waits for`,
+        });
       }),
       500,
     );
@@ -306,7 +310,11 @@ export function readJsonBody(req: IncomingMessage, res: ServerResponse, limits: 
  * Express middleware that sets `req.body` to the parsed JSON body (left undefined when the
  * request has none) or answers the refusal through `refuse`.
  */
-export function jsonBody(limits: BodyLimits, refuse: (req: Request, res: Response, refusal: BodyRefused) => void, owner: (res: Response) => string = () => ''): (req: Request, res: Response, next: NextFunction) => void {
+export function jsonBody(
+  limits: BodyLimits,
+  refuse: (req: Request, res: Response, refusal: BodyRefused) => void,
+  owner: (res: Response) => string = () => '',
+): (req: Request, res: Response, next: NextFunction) => void {
   // One request may pass this middleware more than once (it sits in front of several routers):
   // the body is read the first time only.
   const read = new WeakSet<Request>();

@@ -69,7 +69,10 @@ export function createApp(deps: ServerDeps): (req: IncomingMessage, res: ServerR
   const reject = rejecter(metrics);
 
   // Each credential's bodies may take a quarter of the budget (at least one body of the largest size).
-  const bodyLimits = { maxBytes: deps.bodyLimitBytes, budget: new BodyBudget(deps.inFlightBodyBytes, Math.max(deps.bodyLimitBytes, Math.floor(deps.inFlightBodyBytes / 4))) };
+  const bodyLimits = {
+    maxBytes: deps.bodyLimitBytes,
+    budget: new BodyBudget(deps.inFlightBodyBytes, Math.max(deps.bodyLimitBytes, Math.floor(deps.inFlightBodyBytes / 4))),
+  };
   const json = jsonBody(
     bodyLimits,
     (req, res, refusal) => reject(res, endpointLabel(req.originalUrl), refusal.status, refusal.reason, refusal.message),
@@ -88,7 +91,9 @@ export function createApp(deps: ServerDeps): (req: IncomingMessage, res: ServerR
       if (READ_METHODS.has(req.method)) return next();
       const decision = limiter.take(req.socket.remoteAddress ?? 'unknown');
       if (decision.allowed) return next();
-      reject(res, endpointLabel(req.originalUrl), 429, 'rate_limited', rateLimitMessage(limiter.settings, decision.retryAfterSeconds), { 'Retry-After': String(decision.retryAfterSeconds) });
+      reject(res, endpointLabel(req.originalUrl), 429, 'rate_limited', rateLimitMessage(limiter.settings, decision.retryAfterSeconds), {
+        'Retry-After': String(decision.retryAfterSeconds),
+      });
     });
   }
 
@@ -106,7 +111,14 @@ export function createApp(deps: ServerDeps): (req: IncomingMessage, res: ServerR
     async (req: Request, res: Response): Promise<void> => {
       const release = reads.take(identityOf(res));
       if (!release) {
-        reject(res, endpoint, 429, 'too_many_reads', `too many ${endpoint} reads at once for this credential (at most ${reads.perCredential}, ${reads.overall} in all); retry in a second`, { 'Retry-After': '1' });
+        reject(
+          res,
+          endpoint,
+          429,
+          'too_many_reads',
+          `too many ${endpoint} reads at once for this credential (at most ${reads.perCredential}, ${reads.overall} in all); retry in a second`,
+          { 'Retry-After': '1' },
+        );
         return;
       }
       const outliving: Promise<unknown>[] = [];
@@ -117,38 +129,48 @@ export function createApp(deps: ServerDeps): (req: IncomingMessage, res: ServerR
       }
     };
 
-  apiRoute(api, 'get', '/audit', limited('audit', async (req, res) => {
-    const query = auditQuerySchema.safeParse(req.query);
-    if (!query.success) {
-      reject(res, 'audit', 400, 'invalid', `invalid audit query: ${describeIssues(query.error.issues)}`);
-      return;
-    }
-    try {
-      res.json({ entries: await deps.audit.read(query.data) });
-    } catch (error) {
-      if (error instanceof StoreUnavailableError) {
-        reject(res, 'audit', 503, 'store_unavailable', error.message);
+  apiRoute(
+    api,
+    'get',
+    '/audit',
+    limited('audit', async (req, res) => {
+      const query = auditQuerySchema.safeParse(req.query);
+      if (!query.success) {
+        reject(res, 'audit', 400, 'invalid', `invalid audit query: ${describeIssues(query.error.issues)}`);
         return;
       }
-      throw error;
-    }
-  }));
+      try {
+        res.json({ entries: await deps.audit.read(query.data) });
+      } catch (error) {
+        if (error instanceof StoreUnavailableError) {
+          reject(res, 'audit', 503, 'store_unavailable', error.message);
+          return;
+        }
+        throw error;
+      }
+    }),
+  );
 
   // What `steadfast queues` prints: counts by state and the newest failures of each queue.
   // The queues sit on the workers' connection, which waits for Redis rather than fail: the
   // answer is 503 while Redis is down or does not answer a health check (within its own
   // deadline), and when the counts do not come within QUEUES_ANSWER_MS.
-  apiRoute(api, 'get', '/queues', limited('queues', async (_req, res, outlive) => {
-    const unavailable = (why: string): void => reject(res, 'queues', 503, 'store_unavailable', `queues cannot be read: ${why}; retry later`);
-    if (!(await deps.redisUp())) return unavailable('Redis is unreachable or does not answer');
-    let timer: NodeJS.Timeout | undefined;
-    const late = new Promise<'late'>((resolve) => (timer = setTimeout(() => resolve('late'), QUEUES_ANSWER_MS)));
-    const summaries = Promise.all((deps.queues ?? []).map((queue) => summarizeQueue(queue)));
-    outlive(summaries);
-    const answer = await Promise.race([summaries, late]).finally(() => clearTimeout(timer));
-    if (answer === 'late') return unavailable(`Redis did not answer within ${QUEUES_ANSWER_MS} ms`);
-    res.json({ queues: answer });
-  }));
+  apiRoute(
+    api,
+    'get',
+    '/queues',
+    limited('queues', async (_req, res, outlive) => {
+      const unavailable = (why: string): void => reject(res, 'queues', 503, 'store_unavailable', `queues cannot be read: ${why}; retry later`);
+      if (!(await deps.redisUp())) return unavailable('Redis is unreachable or does not answer');
+      let timer: NodeJS.Timeout | undefined;
+      const late = new Promise<'late'>((resolve) => (timer = setTimeout(() => resolve('late'), QUEUES_ANSWER_MS)));
+      const summaries = Promise.all((deps.queues ?? []).map((queue) => summarizeQueue(queue)));
+      outlive(summaries);
+      const answer = await Promise.race([summaries, late]).finally(() => clearTimeout(timer));
+      if (answer === 'late') return unavailable(`Redis did not answer within ${QUEUES_ANSWER_MS} ms`);
+      res.json({ queues: answer });
+    }),
+  );
 
   app.use(API_ROOT, api);
   // Some routes' work runs on the workers' connection, which waits for Redis rather than fail (a
@@ -193,7 +215,18 @@ export function createApp(deps: ServerDeps): (req: IncomingMessage, res: ServerR
     }
   });
 
-  const intake = intakeHandler({ credentials: deps.credentials, access, onReject, limiter, body: bodyLimits, enqueue: deps.enqueue, recordProgress: deps.recordProgress, redisUp: deps.redisUp, metrics, logger });
+  const intake = intakeHandler({
+    credentials: deps.credentials,
+    access,
+    onReject,
+    limiter,
+    body: bodyLimits,
+    enqueue: deps.enqueue,
+    recordProgress: deps.recordProgress,
+    redisUp: deps.redisUp,
+    metrics,
+    logger,
+  });
   return (req, res) => {
     try {
       // Before anything else: a target the router could read otherwise than it was sent is refused.

@@ -133,7 +133,12 @@ export function classifySignal(signal: Signal, options: ClassifyOptions = {}): C
       return classifyAlert(signal);
     case 'suspect_node':
       // A precursor, not a failure: the job keeps training while its stacks are looked at.
-      return fault('performance', signal.node, `multi-signal detection: ${signal.node ?? 'a node'} unlike its peers (score ${String(signal.evidence.score)})`, CITE_PERFORMANCE);
+      return fault(
+        'performance',
+        signal.node,
+        `multi-signal detection: ${signal.node ?? 'a node'} unlike its peers (score ${String(signal.evidence.score)})`,
+        CITE_PERFORMANCE,
+      );
   }
 }
 
@@ -203,7 +208,10 @@ function classifyAlert(signal: Signal): Classification {
   if (entry?.role === 'xid-fault') return classifyXidSignal({ ...signal, severity: entry.fatal === 'always' ? 'critical' : 'warning' });
   if (entry === undefined) return { verdict: 'ignore', reason: `no recovery rule for alert ${alertname || '(unnamed)'}` };
   const reason = `${alertname}${signal.node === undefined ? '' : ` on ${signal.node}`}`;
-  const verdict = entry.faultClass === 'machine' || entry.faultClass === 'network' ? culpritOrCrash(entry.faultClass, signal.node, reason, entry.citation) : fault(entry.faultClass, signal.node, reason, entry.citation);
+  const verdict =
+    entry.faultClass === 'machine' || entry.faultClass === 'network'
+      ? culpritOrCrash(entry.faultClass, signal.node, reason, entry.citation)
+      : fault(entry.faultClass, signal.node, reason, entry.citation);
   // An alert that counts Xids (SteadfastXidNodeRebootRequired) names the one it counted.
   const code = xidCodeOf(signal);
   return code === undefined ? verdict : { ...verdict, xid: { code, meaning: xidSignalClass(code, '').meaning } };

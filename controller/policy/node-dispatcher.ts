@@ -17,8 +17,7 @@ export interface NodeDecisionInput {
 
 /** What became of it: a new decision (ours, or the one a retried batch made), or the one it joined. */
 export type NodeDispatch =
-  | { readonly outcome: 'decided'; readonly decisionId: string }
-  | { readonly outcome: 'joined'; readonly decisionId: string; readonly sameFault: boolean };
+  { readonly outcome: 'decided'; readonly decisionId: string } | { readonly outcome: 'joined'; readonly decisionId: string; readonly sameFault: boolean };
 
 /**
  * The node ladder's side of the RecoveryDispatcher: turns the rung chosen for a node outside any
@@ -74,7 +73,14 @@ export class NodeDispatcher {
     const stored = (await this.stored(decisionId)) ?? transition;
     const [step] = stored.steps;
     await this.audit.append(
-      { type: 'signal', ref: signal.id, node: signal.node, summary: `${describeSignal(signal)}; new decision ${decisionId}`, data: { signal }, actor: signal.origin ?? CONTROLLER_IDENTITY },
+      {
+        type: 'signal',
+        ref: signal.id,
+        node: signal.node,
+        summary: `${describeSignal(signal)}; new decision ${decisionId}`,
+        data: { signal },
+        actor: signal.origin ?? CONTROLLER_IDENTITY,
+      },
       `signal:${signal.id}`,
     );
     await this.audit.append(

@@ -27,7 +27,13 @@ export type NodeChoice = { readonly observe: string } | { readonly node: string;
 
 /** The node ladder's one step for a rung. */
 export function nodeStep(node: string, rung: NodeRung): Step {
-  return { verb: rung.verb, nodes: [node], ...(rung.gpu === undefined ? {} : { gpu: rung.gpu }), reason: rung.reason.slice(0, 512), citation: NODE_LADDER_CITATION };
+  return {
+    verb: rung.verb,
+    nodes: [node],
+    ...(rung.gpu === undefined ? {} : { gpu: rung.gpu }),
+    reason: rung.reason.slice(0, 512),
+    citation: NODE_LADDER_CITATION,
+  };
 }
 
 /** Why the node must come out of service, in the words its drain reason and audit carry. */
@@ -67,7 +73,8 @@ export function nodeRung(signal: Signal, verdict: FaultVerdict, history: readonl
       return { verb: 'hand_off', reason: `${drainReason}; ${why} did not hold: needs hands` };
     }
     const other = resets.find((entry) => entry.gpu !== undefined && entry.gpu !== signal.gpu);
-    if (other?.gpu !== undefined) return { verb: 'drain', reason: `${drainReason}; GPU ${other.gpu} of this node needed a reset too within ${windowText}: not one GPU's fault` };
+    if (other?.gpu !== undefined)
+      return { verb: 'drain', reason: `${drainReason}; GPU ${other.gpu} of this node needed a reset too within ${windowText}: not one GPU's fault` };
     return { verb: 'reset_gpu', gpu: signal.gpu, reason: `${drainReason}; the catalogue's remedy is a GPU reset` };
   }
   if (verdict.remedy === 'reboot_node' && config.reboot.enabled) return rebootRung("the catalogue's remedy is a node reboot");
@@ -78,11 +85,19 @@ export function nodeRung(signal: Signal, verdict: FaultVerdict, history: readonl
  * Where a node outside any job goes for this fault: observe it, or the rung to take. `history` is
  * the node's remediation history, read only when the rung depends on it (nodeLadderNeedsHistory).
  */
-export function climbNodeLadder(signal: Signal, verdict: Classification, history: readonly RemediationEntry[], config: RemediesConfig, now: number): NodeChoice {
+export function climbNodeLadder(
+  signal: Signal,
+  verdict: Classification,
+  history: readonly RemediationEntry[],
+  config: RemediesConfig,
+  now: number,
+): NodeChoice {
   if (signal.evidence.status === 'resolved') return { observe: 'alert resolved; a drained node stays drained until an operator resumes it' };
   if (verdict.verdict === 'ignore') return { observe: verdict.reason };
   if (verdict.faultClass !== 'machine' || verdict.node === undefined) {
-    return { observe: `no automatic action for ${signal.kind} signals of severity ${signal.severity} outside a job (${verdict.faultClass} fault: ${verdict.reason})` };
+    return {
+      observe: `no automatic action for ${signal.kind} signals of severity ${signal.severity} outside a job (${verdict.faultClass} fault: ${verdict.reason})`,
+    };
   }
   return { node: verdict.node, rung: nodeRung(signal, verdict, history, config, now) };
 }

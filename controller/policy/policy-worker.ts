@@ -48,10 +48,25 @@ export interface PolicyWorkerDeps {
  * A signal about a node of a registered job goes to that job's recovery ladder (ByteRobust §4,
  * DeadPool Table II): classify, advance, and let the step actuators carry out the steps.
  */
-async function toLadder(audit: AuditLog, signal: Signal, verdict: Classification, trainingJob: string, dispatcher: RecoveryDispatcher, firstAttempt: boolean, remedies: PolicyWorkerDeps['remedies']): Promise<PolicyResult> {
+async function toLadder(
+  audit: AuditLog,
+  signal: Signal,
+  verdict: Classification,
+  trainingJob: string,
+  dispatcher: RecoveryDispatcher,
+  firstAttempt: boolean,
+  remedies: PolicyWorkerDeps['remedies'],
+): Promise<PolicyResult> {
   if (verdict.verdict === 'ignore') {
     await audit.append(
-      { type: 'signal', ref: signal.id, node: signal.node, summary: `${describeSignal(signal)}; job ${trainingJob}: no action: ${verdict.reason}`, data: { signal, job: trainingJob }, actor: signal.origin ?? CONTROLLER_IDENTITY },
+      {
+        type: 'signal',
+        ref: signal.id,
+        node: signal.node,
+        summary: `${describeSignal(signal)}; job ${trainingJob}: no action: ${verdict.reason}`,
+        data: { signal, job: trainingJob },
+        actor: signal.origin ?? CONTROLLER_IDENTITY,
+      },
       `signal:${signal.id}`,
     );
     return { outcome: 'observed' };
@@ -75,7 +90,10 @@ async function toLadder(audit: AuditLog, signal: Signal, verdict: Classification
   // allowing one: the node ladder's reset rung) is reset in place; escalation past resets leaves
   // it to the job ladder's eviction.
   const node = signal.node;
-  const choice = remedies && node && verdict.faultClass === 'machine' ? await climbNodeLadderReading(signal, verdict, () => remedies.history.read(node), remedies.config) : undefined;
+  const choice =
+    remedies && node && verdict.faultClass === 'machine'
+      ? await climbNodeLadderReading(signal, verdict, () => remedies.history.read(node), remedies.config)
+      : undefined;
   const resetGpu = choice !== undefined && 'rung' in choice && choice.rung.verb === 'reset_gpu' ? choice.rung.gpu : undefined;
   const event = faultEventFromSignal(signal, verdict, resetGpu);
   const steps = await dispatcher.apply({ job: trainingJob, event, eventId: signal.id, origin: signal.origin });
@@ -119,7 +137,10 @@ export function createPolicyProcessor(deps: PolicyWorkerDeps): (job: Job<SignalJ
         }
       }),
     );
-    if (invalid.length > 0) throw new UnrecoverableError(`invalid signal job payload: ${invalid.slice(0, 5).join('; ')}${invalid.length > 5 ? `; and ${invalid.length - 5} more` : ''}`);
+    if (invalid.length > 0)
+      throw new UnrecoverableError(
+        `invalid signal job payload: ${invalid.slice(0, 5).join('; ')}${invalid.length > 5 ? `; and ${invalid.length - 5} more` : ''}`,
+      );
     return { outcomes, invalid: invalid.length };
   };
 }
@@ -152,10 +173,20 @@ export function signalProcessor(deps: PolicyWorkerDeps): (signal: Signal, firstA
     if (deps.recovery && trainingJob) return toLadder(audit, signal, verdict, trainingJob, deps.recovery.dispatcher, firstAttempt, deps.remedies);
     // The node's remediation history is read only when a remedy rung could use it (all off: a drain).
     const history = deps.remedies?.history;
-    const choice = signal.node === undefined ? { observe: 'signal names no node' } : await climbNodeLadderReading(signal, verdict, async () => (history && signal.node ? history.read(signal.node) : []), remediesConfig);
+    const choice =
+      signal.node === undefined
+        ? { observe: 'signal names no node' }
+        : await climbNodeLadderReading(signal, verdict, async () => (history && signal.node ? history.read(signal.node) : []), remediesConfig);
     if ('observe' in choice) {
       await audit.append(
-        { type: 'signal', ref: signal.id, node: signal.node, summary: `${describeSignal(signal)}; no action: ${choice.observe}`, data: { signal }, actor: signal.origin ?? CONTROLLER_IDENTITY },
+        {
+          type: 'signal',
+          ref: signal.id,
+          node: signal.node,
+          summary: `${describeSignal(signal)}; no action: ${choice.observe}`,
+          data: { signal },
+          actor: signal.origin ?? CONTROLLER_IDENTITY,
+        },
         `signal:${signal.id}`,
       );
       return { outcome: 'observed' };

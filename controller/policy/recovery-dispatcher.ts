@@ -78,7 +78,8 @@ export class RecoveryDispatcher {
         const stored = JSON.stringify(state);
         const write = watcher.multi().set(key, stored);
         if (input.event.type === 'recovery_refused') write.del(undoKey);
-        else if (steps.some((step) => ACTING_VERBS.has(step.verb))) write.set(undoKey, JSON.stringify({ transitionId, before: current, after: stored }), 'EX', UNDO_TTL_SECONDS);
+        else if (steps.some((step) => ACTING_VERBS.has(step.verb)))
+          write.set(undoKey, JSON.stringify({ transitionId, before: current, after: stored }), 'EX', UNDO_TTL_SECONDS);
         const committed = await write.exec();
         if (committed === null) continue; // someone else advanced the job first; read again
         await this.dispatch(input, transitionId, steps, state);
@@ -135,6 +136,10 @@ export class RecoveryDispatcher {
         `decision:${transitionId}:${index}`,
       );
     }
-    await this.steps.add('job', { v: STEPS_JOB_VERSION, transitionId, job: input.job, steps, ...(input.origin ? { origin: input.origin } : {}) }, { jobId: transitionId });
+    await this.steps.add(
+      'job',
+      { v: STEPS_JOB_VERSION, transitionId, job: input.job, steps, ...(input.origin ? { origin: input.origin } : {}) },
+      { jobId: transitionId },
+    );
   }
 }

@@ -93,7 +93,18 @@ function packagesUnder(dir) {
 /** The npm packages esbuild takes into the bundle of `entry`, with build-agent.mjs's externals left out. */
 async function packagesBundled(entry) {
   const { build } = await import('esbuild');
-  const result = await build({ entryPoints: [join(repo, entry)], bundle: true, platform: 'node', format: 'cjs', write: false, metafile: true, logLevel: 'error', outfile: 'bundle.cjs', absWorkingDir: repo, external: AGENT_EXTERNALS });
+  const result = await build({
+    entryPoints: [join(repo, entry)],
+    bundle: true,
+    platform: 'node',
+    format: 'cjs',
+    write: false,
+    metafile: true,
+    logLevel: 'error',
+    outfile: 'bundle.cjs',
+    absWorkingDir: repo,
+    external: AGENT_EXTERNALS,
+  });
   const dirs = new Set();
   for (const input of Object.keys(result.metafile.inputs)) {
     const match = input.match(/^(.*node_modules\/(?:@[^/]+\/)?[^/]+)\//);
@@ -142,7 +153,10 @@ function holdersOf(dir, manifest) {
       // A notice, not licence wording that happens to say "copyright" (or Apache's clause "(c) You
       // must retain"): "Copyright" or a copyright sign, and a year or a copyright sign.
       if (!/^(copyright\b|©|\(c\)\s*\d)/i.test(line) || !/\d{4}|\(c\)|©/i.test(line)) continue;
-      const holder = line.replace(/^copyright\b\s*:?\s*/i, '').replace(/^(\(c\)|©)\s*/i, '').trim();
+      const holder = line
+        .replace(/^copyright\b\s*:?\s*/i, '')
+        .replace(/^(\(c\)|©)\s*/i, '')
+        .trim();
       if (holder) lines.add(holder);
     }
   }
@@ -186,13 +200,15 @@ const noteUse = (info) => {
 for (const bundle of options.bundles) {
   const modules = (await packagesBundled(bundle.entry)).map(describe);
   modules.forEach(noteUse);
-  const licenses = ['Apache-2.0', ...new Set(modules.flatMap((info) => info.license.split(/ (?:or|and) /)))].filter((name, index, all) => all.indexOf(name) === index);
+  const licenses = ['Apache-2.0', ...new Set(modules.flatMap((info) => info.license.split(/ (?:or|and) /)))].filter(
+    (name, index, all) => all.indexOf(name) === index,
+  );
   paragraphs.push(
     [
       `Files: ${bundle.installed}`,
       `Copyright: ${continued([OWN_COPYRIGHT, ...new Set(modules.flatMap((info) => info.holders))])}`,
       `License: ${licenses.join(' and ')}`,
-      `Comment: ${continued(['steadfast\'s code bundled (esbuild) with these npm packages:', ...modules.map((info) => `${info.manifest.name} ${info.manifest.version}: ${info.license}`)])}`,
+      `Comment: ${continued(["steadfast's code bundled (esbuild) with these npm packages:", ...modules.map((info) => `${info.manifest.name} ${info.manifest.version}: ${info.license}`)])}`,
     ].join('\n'),
   );
 }
@@ -225,7 +241,9 @@ for (const name of [...used.keys()].sort()) {
             '',
           ]
         : [];
-    paragraphs.push(`License: ${continued([name, ...apacheNotice, `On Debian systems, the complete text of ${common} can be found in`, `/usr/share/common-licenses/${name}.`])}`);
+    paragraphs.push(
+      `License: ${continued([name, ...apacheNotice, `On Debian systems, the complete text of ${common} can be found in`, `/usr/share/common-licenses/${name}.`])}`,
+    );
     continue;
   }
   const ours = join(here, 'licenses', name);
@@ -237,7 +255,15 @@ for (const name of [...used.keys()].sort()) {
   const info = used.get(name);
   const file = info && licenseFiles(info.dir)[0];
   if (!file) fail(`no text for licence ${name}: add packaging/debian/licenses/${name}`);
-  paragraphs.push(`License: ${continued([name, ...readFileSync(file, 'utf8').trimEnd().split(/\r?\n/).map((line) => line.replace(/\s+$/, ''))])}\nComment: the text as ${info.manifest.name} ${info.manifest.version} ships it`);
+  paragraphs.push(
+    `License: ${continued([
+      name,
+      ...readFileSync(file, 'utf8')
+        .trimEnd()
+        .split(/\r?\n/)
+        .map((line) => line.replace(/\s+$/, '')),
+    ])}\nComment: the text as ${info.manifest.name} ${info.manifest.version} ships it`,
+  );
 }
 
 process.stdout.write(`${paragraphs.join('\n\n')}\n`);

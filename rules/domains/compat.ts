@@ -51,7 +51,9 @@ function dcgmRules(): RecordingRule[] {
     // Percent to the agent's ratio.
     gauge('steadfast_gpu_utilization_ratio', 'DCGM_FI_DEV_GPU_UTIL', '/ 100'),
     // PromQL has no bitwise and: a bit of the mask is floor(mask / bit) mod 2.
-    ...THROTTLE_BITS.map(([reason, bit]) => record({ record: 'steadfast_gpu_throttle_reason', expr: `floor((\n${reasons}\n) / ${bit}) % 2`, labels: { reason } })),
+    ...THROTTLE_BITS.map(([reason, bit]) =>
+      record({ record: 'steadfast_gpu_throttle_reason', expr: `floor((\n${reasons}\n) / ${bit}) % 2`, labels: { reason } }),
+    ),
     // Single-bit (correctable) volatile ECC errors since the driver loaded: a counter, as the agent's.
     gauge('steadfast_gpu_ecc_errors_total', 'DCGM_FI_DEV_ECC_SBE_VOL_TOTAL', '', { scope: 'volatile', type: 'correctable' }),
     gauge('steadfast_gpu_remapped_rows_total', 'DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS', '', { type: 'correctable' }),

@@ -81,7 +81,11 @@ export const rules: DomainRules = {
           // A drain is retried on its own; this many failed attempts mean retrying is not helping.
           alert({
             alert: 'SteadfastActionsFailing',
-            expr: ['(', indent(newEvents(`steadfast_actions_total${controllerSelector({ state: 'failed' }, t.selectors.controllerJob)}`, s.actionWindow)), `) >= ${s.actionFailureCount}`].join('\n'),
+            expr: [
+              '(',
+              indent(newEvents(`steadfast_actions_total${controllerSelector({ state: 'failed' }, t.selectors.controllerJob)}`, s.actionWindow)),
+              `) >= ${s.actionFailureCount}`,
+            ].join('\n'),
             for: '0s',
             severity: 'critical',
             summary: 'steadfast actions keep failing.',
@@ -97,7 +101,8 @@ export const rules: DomainRules = {
             for: '0s',
             severity: 'warning',
             summary: 'A node was handed off to people.',
-            description: 'The steadfast controller ({{ $labels.instance }}) handed node {{ $labels.node }} off to people after repeated repairs did not hold; steadfast no longer touches it until a person runs steadfast release {{ $labels.node }}.',
+            description:
+              'The steadfast controller ({{ $labels.instance }}) handed node {{ $labels.node }} off to people after repeated repairs did not hold; steadfast no longer touches it until a person runs steadfast release {{ $labels.node }}.',
             runbook: 'steadfast-node-handed-off.md',
             meaning: SELF_MONITORING,
           }),

@@ -70,9 +70,7 @@ function groups(t: Thresholds): RuleGroup[] {
 
         alert({
           alert: 'SteadfastNfsMajorTimeouts',
-          expr: withMountpoint(
-            `sum without (operation) (increase(steadfast_nfs_major_timeouts_total${agent}[${storage.majorTimeoutWindow}])) > 0`,
-          ),
+          expr: withMountpoint(`sum without (operation) (increase(steadfast_nfs_major_timeouts_total${agent}[${storage.majorTimeoutWindow}])) > 0`),
           for: '0s',
           severity: 'warning',
           summary: 'An NFS server stopped answering RPCs in time.',

@@ -53,7 +53,10 @@ export const rules: DomainRules = {
         // be as short as the scrape interval (1-5 s) so a fatal Xid reaches the controller in seconds.
         name: 'steadfast-xid',
         rules: [
-          record({ record: fatalRecord, expr: newXidsByClass(`steadfast_xid_errors_total${agentSelector({ severity: 'fatal' }, t.selectors.agentJob)}`, window) }),
+          record({
+            record: fatalRecord,
+            expr: newXidsByClass(`steadfast_xid_errors_total${agentSelector({ severity: 'fatal' }, t.selectors.agentJob)}`, window),
+          }),
           record({ record: allRecord, expr: newXidsByClass(`steadfast_xid_errors_total${agentSelector({}, t.selectors.agentJob)}`, window) }),
           // A fatal Xid is an explicit hardware signal: ByteRobust §4 evicts such a machine
           // without further diagnosis, so this fires at once and the controller drains the node.

@@ -11,7 +11,7 @@ function launcher(workload: string): Launcher {
   return { kind: 'kubernetes', namespace: 'train', workload, podSelector: `job-name=${workload.split('/')[1] ?? ''}` };
 }
 
-describe('reading whether a Kubernetes job\'s workload ended, against recorded API exchanges', () => {
+describe("reading whether a Kubernetes job's workload ended, against recorded API exchanges", () => {
   let api: KubeApiStandIn;
   let backend: KubernetesBackend;
 
@@ -24,9 +24,15 @@ describe('reading whether a Kubernetes job\'s workload ended, against recorded A
 
   it('reads a batch/v1 Job: running and suspended are active, Complete is completed, Failed is failed (for recovery, not finished)', async () => {
     api.load(recordedExchanges('workload-batch-job'));
-    expect(await backend.workloadState('llama', launcher('jobs.batch/llama'))).toEqual({ state: 'active', detail: 'jobs.batch train/llama is without conditions yet' });
+    expect(await backend.workloadState('llama', launcher('jobs.batch/llama'))).toEqual({
+      state: 'active',
+      detail: 'jobs.batch train/llama is without conditions yet',
+    });
     expect(await backend.workloadState('llama', launcher('jobs.batch/llama'))).toEqual({ state: 'completed', detail: 'jobs.batch train/llama is Complete' });
-    expect(await backend.workloadState('mistral', launcher('jobs.batch/mistral'))).toEqual({ state: 'failed', detail: 'jobs.batch train/mistral is Failed (BackoffLimitExceeded)' });
+    expect(await backend.workloadState('mistral', launcher('jobs.batch/mistral'))).toEqual({
+      state: 'failed',
+      detail: 'jobs.batch train/mistral is Failed (BackoffLimitExceeded)',
+    });
     expect(await backend.workloadState('queued', launcher('jobs.batch/queued'))).toEqual({ state: 'active', detail: 'jobs.batch train/queued is Suspended' });
   });
 
@@ -69,7 +75,8 @@ describe('reading whether a Kubernetes job\'s workload ended, against recorded A
   it('answers unknown, asking the API nothing, for a kind it cannot read or a job without a Kubernetes launcher', async () => {
     expect(await backend.workloadState('llama', launcher('jobsets.jobset.x-k8s.io/llama'))).toEqual({
       state: 'unknown',
-      detail: 'steadfast cannot read the end of jobsets.jobset.x-k8s.io workloads (it reads jobs.batch, pytorchjobs.kubeflow.org, trainjobs.trainer.kubeflow.org)',
+      detail:
+        'steadfast cannot read the end of jobsets.jobset.x-k8s.io workloads (it reads jobs.batch, pytorchjobs.kubeflow.org, trainjobs.trainer.kubeflow.org)',
     });
     expect((await backend.workloadState('llama', { kind: 'slurm', command: ['sbatch', 'train.sh'] })).state).toBe('unknown');
     expect((await backend.workloadState('llama')).state).toBe('unknown');
@@ -82,17 +89,24 @@ describe('reading whether a Kubernetes job\'s workload ended, against recorded A
       (reason: unknown) => reason,
     );
     expect(error).toBeInstanceOf(DoNotRetryError);
-    expect((error as Error).message).toMatch(/^steadfast lacks the RBAC permission "get jobs\.batch" \(see deploy\/kubernetes\/rbac-training\.yaml, applied in the workload's namespace\); forbidden to get jobs\.batch train\/llama: HTTP 403: /);
+    expect((error as Error).message).toMatch(
+      /^steadfast lacks the RBAC permission "get jobs\.batch" \(see deploy\/kubernetes\/rbac-training\.yaml, applied in the workload's namespace\); forbidden to get jobs\.batch train\/llama: HTTP 403: /,
+    );
   });
 });
 
 describe("the controller's Role in a training namespace", () => {
   it('grants get, and only get, on every workload kind whose end steadfast reads', () => {
-    const documents = parseAllDocuments(readFileSync(new URL('../../deploy/kubernetes/rbac-training.yaml', import.meta.url), 'utf8')).map((document) => document.toJS() as Record<string, unknown>);
+    const documents = parseAllDocuments(readFileSync(new URL('../../deploy/kubernetes/rbac-training.yaml', import.meta.url), 'utf8')).map(
+      (document) => document.toJS() as Record<string, unknown>,
+    );
     const role = documents.find((document) => document.kind === 'Role') as { rules: { apiGroups: string[]; resources: string[]; verbs: string[] }[] };
     for (const [resource, kind] of Object.entries(WORKLOAD_KINDS)) {
       const rules = role.rules.filter((rule) => rule.apiGroups.includes(kind.group) && rule.resources.includes(kind.plural));
-      expect(rules.map((rule) => rule.verbs), resource).toEqual([['get']]);
+      expect(
+        rules.map((rule) => rule.verbs),
+        resource,
+      ).toEqual([['get']]);
     }
   });
 });

@@ -150,7 +150,7 @@ describe('Kubernetes backend against recorded API exchanges', () => {
     expect(error.message).toContain('"create pods/eviction"');
   });
 
-  it('connects through the chosen context of a kubeconfig file, with that context\'s token', async () => {
+  it("connects through the chosen context of a kubeconfig file, with that context's token", async () => {
     const dir = mkdtempSync(join(tmpdir(), 'steadfast-kubeconfig-'));
     try {
       const path = join(dir, 'config');

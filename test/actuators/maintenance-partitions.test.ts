@@ -29,8 +29,22 @@ describe('maintenance windows by partition', () => {
   });
 
   const window = (fields: Record<string, unknown>): MaintenanceWindow =>
-    maintenanceWindowSchema.parse({ name: 'rack7-firmware', start: new Date(Date.now() - 60_000).toISOString(), end: new Date(Date.now() + 3600_000).toISOString(), ...fields });
-  const gates = (windows: MaintenanceWindow[]) => new SafetyGates(store.redis, store.keys, { maxPerWindow: 10, windowSeconds: 60 }, 30, windows, (partition) => backend.partitionNodes(partition), silentLogger());
+    maintenanceWindowSchema.parse({
+      name: 'rack7-firmware',
+      start: new Date(Date.now() - 60_000).toISOString(),
+      end: new Date(Date.now() + 3600_000).toISOString(),
+      ...fields,
+    });
+  const gates = (windows: MaintenanceWindow[]) =>
+    new SafetyGates(
+      store.redis,
+      store.keys,
+      { maxPerWindow: 10, windowSeconds: 60 },
+      30,
+      windows,
+      (partition) => backend.partitionNodes(partition),
+      silentLogger(),
+    );
 
   it("reads a partition's nodes from Slurm and refuses actions on them while the window is open, not on the others", async () => {
     expect(await backend.partitionNodes('rack7')).toEqual(['gpu-m1', 'gpu-m2']);
@@ -52,6 +66,8 @@ describe('maintenance windows by partition', () => {
     await expect(backend.partitionNodes('--all')).rejects.toThrow(/invalid partition name/);
     expect(() => window({ partitions: ['--all'] })).toThrow(/Slurm partition name/);
     expect(() => window({})).toThrow(/must name nodes, partitions or both/);
-    expect(() => new SafetyGates(store.redis, store.keys, { maxPerWindow: 10, windowSeconds: 60 }, 30, [window({ partitions: ['rack7'] })])).toThrow(/only the Slurm backend knows/);
+    expect(() => new SafetyGates(store.redis, store.keys, { maxPerWindow: 10, windowSeconds: 60 }, 30, [window({ partitions: ['rack7'] })])).toThrow(
+      /only the Slurm backend knows/,
+    );
   });
 });

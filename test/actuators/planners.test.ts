@@ -45,7 +45,7 @@ describe('checkpoint interval (Young, Daly)', () => {
 describe('checkpoint backup placement (ByteRobust §6.3, Fig. 9)', () => {
   const fig9 = Topology.from({ nodes: ['n0', 'n1', 'n2', 'n3', 'n4', 'n5', 'n6', 'n7'], ranksPerNode: 2, tp: 2, pp: 4, dp: 2, order: 'tp-dp-pp' });
 
-  it('puts every backup on a node that hosts none of the rank\'s TP, PP or DP groups', () => {
+  it("puts every backup on a node that hosts none of the rank's TP, PP or DP groups", () => {
     const plan = planBackups(fig9);
     expect(plan.fallbacks).toBe(0);
     for (const { rank, holders, level } of plan.placements) {
@@ -65,7 +65,8 @@ describe('checkpoint backup placement (ByteRobust §6.3, Fig. 9)', () => {
   it('spreads backups evenly over the nodes', () => {
     const plan = planBackups(fig9, { replicas: 2 });
     const perNode = new Map<string, number>();
-    for (const { holders } of plan.placements) for (const holder of holders) perNode.set(fig9.placement(holder).node, (perNode.get(fig9.placement(holder).node) ?? 0) + 1);
+    for (const { holders } of plan.placements)
+      for (const holder of holders) perNode.set(fig9.placement(holder).node, (perNode.get(fig9.placement(holder).node) ?? 0) + 1);
     expect(Math.max(...perNode.values()) - Math.min(...perNode.values())).toBeLessThanOrEqual(1);
   });
 

@@ -24,12 +24,18 @@ describe('Slurm backend: cancelling a registered job and launching it in the bac
   let backend: SlurmBackend;
 
   const submit = async (name: string): Promise<string> => {
-    const { stdout } = await run('sbatch', ['--parsable', '--hold', `--job-name=${name}`, `--output=${join(root, '%j.out')}`, '--wrap', 'sleep 300'], { env: { ...process.env, ...slurm.env } });
+    const { stdout } = await run('sbatch', ['--parsable', '--hold', `--job-name=${name}`, `--output=${join(root, '%j.out')}`, '--wrap', 'sleep 300'], {
+      env: { ...process.env, ...slurm.env },
+    });
     return stdout.trim().split(';')[0] ?? '';
   };
   const queued = async (): Promise<string[]> => {
     const { stdout } = await run('squeue', ['--noheader', '--format=%A %j'], { env: { ...process.env, ...slurm.env } });
-    return stdout.split('\n').map((line) => line.trim()).filter(Boolean).sort();
+    return stdout
+      .split('\n')
+      .map((line) => line.trim())
+      .filter(Boolean)
+      .sort();
   };
 
   beforeAll(async () => {

@@ -87,7 +87,13 @@ describe('Slurm backend over slurmrestd v0.0.40 (a stand-in serving its document
     server = createServer((request, response) => void answer(request, response));
     async function answer(request: IncomingMessage, response: ServerResponse): Promise<void> {
       const text = await body(request);
-      requests.push({ method: request.method ?? '', url: request.url ?? '', user: request.headers['x-slurm-user-name'] as string, token: request.headers['x-slurm-user-token'] as string, body: text });
+      requests.push({
+        method: request.method ?? '',
+        url: request.url ?? '',
+        user: request.headers['x-slurm-user-name'] as string,
+        token: request.headers['x-slurm-user-token'] as string,
+        body: text,
+      });
       response.setHeader('content-type', 'application/json');
       if (request.headers['x-slurm-user-token'] === 'expired.token.x') {
         response.statusCode = 401;
@@ -95,7 +101,11 @@ describe('Slurm backend over slurmrestd v0.0.40 (a stand-in serving its document
         return;
       }
       if (request.url === '/openapi/v3') {
-        response.end(JSON.stringify({ paths: { '/slurm/v0.0.39/node/{node_name}': { get: {}, post: {} }, '/slurm/v0.0.40/node/{node_name}': { get: {}, post: {}, delete: {} } } }));
+        response.end(
+          JSON.stringify({
+            paths: { '/slurm/v0.0.39/node/{node_name}': { get: {}, post: {} }, '/slurm/v0.0.40/node/{node_name}': { get: {}, post: {}, delete: {} } },
+          }),
+        );
         return;
       }
       const match = /^\/slurm\/v0\.0\.40\/node\/([^/]+)$/.exec(request.url ?? '');
@@ -112,7 +122,12 @@ describe('Slurm backend over slurmrestd v0.0.40 (a stand-in serving its document
         response.end(JSON.stringify({ errors: [] }));
         return;
       }
-      response.end(JSON.stringify({ errors: [], nodes: [{ name: node, state: drained.has(node) ? ['IDLE', 'DRAIN'] : ['IDLE'], reason: drained.has(node) ? 'why' : '' }] }));
+      response.end(
+        JSON.stringify({
+          errors: [],
+          nodes: [{ name: node, state: drained.has(node) ? ['IDLE', 'DRAIN'] : ['IDLE'], reason: drained.has(node) ? 'why' : '' }],
+        }),
+      );
     }
     await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
     url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
@@ -123,7 +138,13 @@ describe('Slurm backend over slurmrestd v0.0.40 (a stand-in serving its document
     const client = new SlurmRestClient({ url, user: 'steadfast', token: 'a.b.c', timeoutMs: 5000 });
     const backend = new SlurmBackend({ scontrol: '/nonexistent/scontrol', sinfo: '/nonexistent/sinfo', env: {}, timeoutMs: 1000, rest: client });
     await backend.drain('gpu-9', 'steadfast: NVLink error\nsecond line');
-    expect(requests.at(-1)).toEqual({ method: 'POST', url: '/slurm/v0.0.40/node/gpu-9', user: 'steadfast', token: 'a.b.c', body: JSON.stringify({ state: ['DRAIN'], reason: 'steadfast: NVLink error second line' }) });
+    expect(requests.at(-1)).toEqual({
+      method: 'POST',
+      url: '/slurm/v0.0.40/node/gpu-9',
+      user: 'steadfast',
+      token: 'a.b.c',
+      body: JSON.stringify({ state: ['DRAIN'], reason: 'steadfast: NVLink error second line' }),
+    });
     expect(await backend.nodeState('gpu-9')).toMatchObject({ exists: true, drained: true, raw: 'IDLE+DRAIN' });
     await backend.resume('gpu-9');
     expect(JSON.parse(requests.at(-1)?.body ?? '{}')).toEqual({ state: ['RESUME'] });

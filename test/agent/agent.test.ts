@@ -12,7 +12,17 @@ import { agentCommand } from '../../cli/agent.js';
 import { createAgent, type Agent } from '../../agent/agent.js';
 import { CollectorSet, type Collector } from '../../agent/collector.js';
 import { COLLECTOR_FACTORIES, enabledFactories } from '../../agent/index.js';
-import { EXPECTED, NVIDIA_SMI_XML, XID_LOGS, expectMatchesAndLints, normaliseExposition, promtoolCheckMetrics, seriesValue, testContext, waitFor } from './helpers.js';
+import {
+  EXPECTED,
+  NVIDIA_SMI_XML,
+  XID_LOGS,
+  expectMatchesAndLints,
+  normaliseExposition,
+  promtoolCheckMetrics,
+  seriesValue,
+  testContext,
+  waitFor,
+} from './helpers.js';
 
 const KMSG = join(XID_LOGS, 'gpud_xid_lines_h100_gb200.txt');
 const XML = join(NVIDIA_SMI_XML, 'telegraf_a10g_515.105.01.xml');
@@ -112,7 +122,9 @@ describe('agent', () => {
     // end in _total, kept under the names every Node.js service exports them by.
     const lint = await promtoolCheckMetrics(text);
     const complaints = lint.output.split('\n').filter((line) => line !== '');
-    expect(complaints.filter((line) => !/^nodejs_active_(handles|requests|resources)_total non-counter metrics should not have "_total" suffix$/.test(line))).toEqual([]);
+    expect(
+      complaints.filter((line) => !/^nodejs_active_(handles|requests|resources)_total non-counter metrics should not have "_total" suffix$/.test(line)),
+    ).toEqual([]);
     const once = await running.scrapeOnce();
     expect(once).not.toContain('process_resident_memory_bytes');
     expect(once).not.toContain('steadfast_build_info');
@@ -123,7 +135,11 @@ describe('agent', () => {
     const dir = mkdtempSync(join(tmpdir(), 'steadfast-slow-smi-'));
     const release = join(dir, 'release');
     const smi = join(dir, 'nvidia-smi');
-    writeFileSync(smi, `#!/bin/sh\n[ "$1" = "-q" ] || exit 0\ni=0\nwhile [ ! -e ${release} ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done\nexec cat ${XML}\n`, { mode: 0o755 });
+    writeFileSync(
+      smi,
+      `#!/bin/sh\n[ "$1" = "-q" ] || exit 0\ni=0\nwhile [ ! -e ${release} ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done\nexec cat ${XML}\n`,
+      { mode: 0o755 },
+    );
     try {
       const served = agent({ paths: { ...PATHS, nvidiaSmiXml: undefined, nvidiaSmi: smi } });
       const { port } = await served.start();
@@ -210,7 +226,10 @@ describe('steadfast agent command', () => {
     const stderr: string[] = [];
     const error = await command([], stderr)
       .parseAsync(['--once', ...args], { from: 'user' })
-      .then(() => undefined, (caught: unknown) => caught);
+      .then(
+        () => undefined,
+        (caught: unknown) => caught,
+      );
     expect(error).toBeInstanceOf(CommanderError);
     expect((error as CommanderError).exitCode).toBe(2);
     expect(stderr.join('')).toContain(flag);
@@ -220,10 +239,23 @@ describe('steadfast agent command', () => {
     const stdout: string[] = [];
     const error = await command(stdout)
       .parseAsync(['--help'], { from: 'user' })
-      .then(() => undefined, (caught: unknown) => caught);
+      .then(
+        () => undefined,
+        (caught: unknown) => caught,
+      );
     expect((error as CommanderError).exitCode).toBe(0);
     const help = stdout.join('');
-    for (const flag of ['--web.listen-address', '--path.kmsg', '--nvidia-smi.xml', '--gpu.source', '--gpu.nvml-library', '--collector.xid', '--no-collector.gpu', '--controller.token-file', '--once']) {
+    for (const flag of [
+      '--web.listen-address',
+      '--path.kmsg',
+      '--nvidia-smi.xml',
+      '--gpu.source',
+      '--gpu.nvml-library',
+      '--collector.xid',
+      '--no-collector.gpu',
+      '--controller.token-file',
+      '--once',
+    ]) {
       expect(help).toContain(flag);
     }
     expect(help).toContain('Run the node agent');

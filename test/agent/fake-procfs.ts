@@ -26,19 +26,79 @@ export function statLine(process: FakeProcess): string {
   const state = process.state ?? 'S';
   const rssPages = Math.floor((process.rssKb ?? 0) / 4);
   const fields = [
-    process.pid, `(${process.comm})`, state, process.ppid, process.ppid, process.ppid, 0, -1, 4194560, 81234, 0, 12, 0,
-    process.utimeTicks ?? 0, process.stimeTicks ?? 0, 0, 0, 20, 0, process.threads ?? 1, 0, 1234567 + process.pid,
-    (process.rssKb ?? 0) * 1024 * 3, rssPages, '18446744073709551615', 1, 1, 0, 0, 0, 0, 0, 16781312, 17642, 0, 0, 0, 17, 3, 0, 0, 0, 0, 0,
-    0, 0, 0, 0, 0, 0, 0, 0,
+    process.pid,
+    `(${process.comm})`,
+    state,
+    process.ppid,
+    process.ppid,
+    process.ppid,
+    0,
+    -1,
+    4194560,
+    81234,
+    0,
+    12,
+    0,
+    process.utimeTicks ?? 0,
+    process.stimeTicks ?? 0,
+    0,
+    0,
+    20,
+    0,
+    process.threads ?? 1,
+    0,
+    1234567 + process.pid,
+    (process.rssKb ?? 0) * 1024 * 3,
+    rssPages,
+    '18446744073709551615',
+    1,
+    1,
+    0,
+    0,
+    0,
+    0,
+    0,
+    16781312,
+    17642,
+    0,
+    0,
+    0,
+    17,
+    3,
+    0,
+    0,
+    0,
+    0,
+    0,
+    0,
+    0,
+    0,
+    0,
+    0,
+    0,
+    0,
+    0,
   ];
   return `${fields.join(' ')}\n`;
 }
 
 function statusText(process: FakeProcess): string {
   const state = process.state ?? 'S';
-  const lines = [`Name:\t${process.comm}`, 'Umask:\t0022', `State:\t${state} (${state === 'Z' ? 'zombie' : 'sleeping'})`, `Tgid:\t${process.pid}`, `Pid:\t${process.pid}`, `PPid:\t${process.ppid}`];
+  const lines = [
+    `Name:\t${process.comm}`,
+    'Umask:\t0022',
+    `State:\t${state} (${state === 'Z' ? 'zombie' : 'sleeping'})`,
+    `Tgid:\t${process.pid}`,
+    `Pid:\t${process.pid}`,
+    `PPid:\t${process.ppid}`,
+  ];
   if (process.rssKb !== undefined) {
-    lines.push(`VmPeak:\t${process.rssKb * 3} kB`, `VmSize:\t${process.rssKb * 3} kB`, `VmHWM:\t${process.rssKb} kB`, `VmRSS:\t${String(process.rssKb).padStart(8)} kB`);
+    lines.push(
+      `VmPeak:\t${process.rssKb * 3} kB`,
+      `VmSize:\t${process.rssKb * 3} kB`,
+      `VmHWM:\t${process.rssKb} kB`,
+      `VmRSS:\t${String(process.rssKb).padStart(8)} kB`,
+    );
   }
   lines.push(`Threads:\t${process.threads ?? 1}`);
   return `${lines.join('\n')}\n`;
@@ -53,7 +113,12 @@ export function writeFakeProcfs(root: string, processes: readonly FakeProcess[])
     writeFileSync(join(dir, 'comm'), `${process.comm}\n`);
     writeFileSync(join(dir, 'cmdline'), process.argv.map((arg) => `${arg}\0`).join(''));
     if (process.environ !== undefined) {
-      writeFileSync(join(dir, 'environ'), Object.entries(process.environ).map(([key, value]) => `${key}=${value}\0`).join(''));
+      writeFileSync(
+        join(dir, 'environ'),
+        Object.entries(process.environ)
+          .map(([key, value]) => `${key}=${value}\0`)
+          .join(''),
+      );
     }
   }
 }
@@ -84,7 +149,15 @@ export function torchrunNode(): FakeProcess[] {
     { pid: 900, ppid: 1, comm: '(sd-pam)', argv: ['(sd-pam)'], rssKb: 5200 },
     { pid: 910, ppid: 1, comm: 'tmux: server', argv: ['tmux'], rssKb: 4300 },
     { pid: 95, ppid: 910, comm: 'bash', argv: ['-bash'], rssKb: 5400 },
-    { pid: 700, ppid: 1, comm: 'python3', argv: ['/opt/conda/bin/python', '-m', 'jupyterlab', '--no-browser'], utimeTicks: 900, stimeTicks: 100, rssKb: 210000 },
+    {
+      pid: 700,
+      ppid: 1,
+      comm: 'python3',
+      argv: ['/opt/conda/bin/python', '-m', 'jupyterlab', '--no-browser'],
+      utimeTicks: 900,
+      stimeTicks: 100,
+      rssKb: 210000,
+    },
     { pid: 710, ppid: 1, comm: 'nvidia-persiste', argv: ['/usr/bin/nvidia-persistenced', '--user', 'nvidia-persistenced'], rssKb: 1800 },
     {
       pid: LAUNCHER_PID,
@@ -108,7 +181,9 @@ export function torchrunNode(): FakeProcess[] {
       stimeTicks: 120_000,
       threads: 96,
       rssKb: 18_874_368,
-      ...(pid === RANK_WITHOUT_ENVIRON ? {} : { environ: { PATH: '/usr/bin', RANK: String(8 + local), LOCAL_RANK: String(local), WORLD_SIZE: '16', MASTER_ADDR: 'node-0' } }),
+      ...(pid === RANK_WITHOUT_ENVIRON
+        ? {}
+        : { environ: { PATH: '/usr/bin', RANK: String(8 + local), LOCAL_RANK: String(local), WORLD_SIZE: '16', MASTER_ADDR: 'node-0' } }),
     });
     for (const worker of [0, 1]) {
       const workerPid = 200 + 2 * local + worker;
@@ -146,7 +221,14 @@ export function torchrunNode(): FakeProcess[] {
       rssKb: 400_000,
       environ: { RANK: '9', LOCAL_RANK: '1' },
     },
-    { pid: 311, ppid: COMPILE_WORKER_PID, comm: 'python3', argv: [PYTHON, '/usr/lib/python3/dist-packages/torch/_inductor/compile_worker/__main__.py'], environ: { RANK: '9', LOCAL_RANK: '1' }, rssKb: 300_000 },
+    {
+      pid: 311,
+      ppid: COMPILE_WORKER_PID,
+      comm: 'python3',
+      argv: [PYTHON, '/usr/lib/python3/dist-packages/torch/_inductor/compile_worker/__main__.py'],
+      environ: { RANK: '9', LOCAL_RANK: '1' },
+      rssKb: 300_000,
+    },
   );
   return processes;
 }

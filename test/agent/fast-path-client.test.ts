@@ -132,7 +132,7 @@ describe('fast-path client', () => {
     expect(seriesValue(await registry.metrics(), 'steadfast_agent_fast_path_sent_total')).toBe(0);
   });
 
-  it('tells each event\'s sender what became of it: delivered after retries, refused, dropped from a full queue, not sent at close', async () => {
+  it("tells each event's sender what became of it: delivered after retries, refused, dropped from a full queue, not sent at close", async () => {
     const outcomes: Array<[number, FastPathOutcome]> = [];
     const note = (xid: number) => (outcome: FastPathOutcome) => void outcomes.push([xid, outcome]);
 
@@ -147,7 +147,10 @@ describe('fast-path client', () => {
     second.send(event(48), note(48));
     second.send({ ...event(95), gpu: 'GPU-0' }, note(95));
     await second.drained();
-    expect(outcomes.slice(1)).toEqual([[95, 'refused'], [48, 'refused']]);
+    expect(outcomes.slice(1)).toEqual([
+      [95, 'refused'],
+      [48, 'refused'],
+    ]);
 
     const down = await controller([202]);
     await new Promise((resolve) => down.server.close(resolve));
@@ -156,7 +159,11 @@ describe('fast-path client', () => {
     third.send(event(31), note(31));
     await third.close();
     third.send(event(43), note(43));
-    expect(outcomes.slice(3)).toEqual([[13, 'dropped'], [31, 'not_sent'], [43, 'not_sent']]);
+    expect(outcomes.slice(3)).toEqual([
+      [13, 'dropped'],
+      [31, 'not_sent'],
+      [43, 'not_sent'],
+    ]);
 
     client(undefined).sender.send(event(61), note(61));
     expect(outcomes.at(-1)).toEqual([61, 'not_sent']);
@@ -167,14 +174,25 @@ describe('fast-path client', () => {
     const down = await controller([202]);
     await new Promise((resolve) => down.server.close(resolve));
     const { sender, registry } = client(down.url, 2);
-    const progress: FastPathEvent = { kind: 'training_progress', node: 'node-1', job: 'llama', rank: 0, iteration: 7, message: '', time: new Date().toISOString() };
+    const progress: FastPathEvent = {
+      kind: 'training_progress',
+      node: 'node-1',
+      job: 'llama',
+      rank: 0,
+      iteration: 7,
+      message: '',
+      time: new Date().toISOString(),
+    };
     sender.send(event(79), (outcome) => void outcomes.push(['xid 79', outcome]));
     sender.send(progress, (outcome) => void outcomes.push(['progress', outcome]));
     sender.send(event(48), (outcome) => void outcomes.push(['xid 48', outcome]));
     expect(outcomes).toEqual([['progress', 'dropped']]);
     expect(seriesValue(await registry.metrics(), 'steadfast_agent_fast_path_failed_total{reason="queue_full"}')).toBe(1);
     await sender.close();
-    expect(outcomes.slice(1)).toEqual([['xid 79', 'not_sent'], ['xid 48', 'not_sent']]);
+    expect(outcomes.slice(1)).toEqual([
+      ['xid 79', 'not_sent'],
+      ['xid 48', 'not_sent'],
+    ]);
   });
 
   it('keeps sending when an outcome handler throws', async () => {
@@ -198,7 +216,14 @@ describe('fast-path client', () => {
       const mine: number[] = [];
       pauses.push(mine);
       const logger = pino({ level: 'warn' }, { write: (line: string) => void mine.push((JSON.parse(line) as { retryInMs: number }).retryInMs) });
-      const sender = createFastPathClient({ controllerUrl: down.url, token: TOKEN, registry: new Registry(), logger, initialBackoffMs: baseMs, maxBackoffMs: capMs });
+      const sender = createFastPathClient({
+        controllerUrl: down.url,
+        token: TOKEN,
+        registry: new Registry(),
+        logger,
+        initialBackoffMs: baseMs,
+        maxBackoffMs: capMs,
+      });
       clients.push(sender);
       sender.send(event());
     }

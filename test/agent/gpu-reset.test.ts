@@ -58,7 +58,11 @@ describe('POST /api/v1/gpu-reset on the agent', () => {
   });
 
   async function reset(body: unknown, bearer = token): Promise<{ status: number; body: Record<string, unknown> }> {
-    const response = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${bearer}` }, body: JSON.stringify(body) });
+    const response = await fetch(url, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', authorization: `Bearer ${bearer}` },
+      body: JSON.stringify(body),
+    });
     return { status: response.status, body: (await response.json()) as Record<string, unknown> };
   }
 
@@ -74,14 +78,30 @@ describe('POST /api/v1/gpu-reset on the agent', () => {
   it('refuses while processes use the GPU or persistence mode is on, and for a GPU nvidia-smi does not list', async () => {
     const [a, b] = [sleeper(), sleeper()] as [ChildProcess, ChildProcess];
     node.holdGpu(2, [a.pid ?? 0, b.pid ?? 0]);
-    expect(await reset({ gpu: '0000:3a:00' })).toEqual({ status: 409, body: expect.objectContaining({ outcome: 'refused', index: 2, processes: [a.pid, b.pid], stopped: [], reason: `processes ${a.pid}, ${b.pid} still use GPU 2` }) });
+    expect(await reset({ gpu: '0000:3a:00' })).toEqual({
+      status: 409,
+      body: expect.objectContaining({
+        outcome: 'refused',
+        index: 2,
+        processes: [a.pid, b.pid],
+        stopped: [],
+        reason: `processes ${a.pid}, ${b.pid} still use GPU 2`,
+      }),
+    });
     // Without --gpu-reset.stop-grace-seconds the agent signals nothing.
     expect([a.exitCode, a.signalCode, b.exitCode, b.signalCode]).toEqual([null, null, null, null]);
     node.holdGpu(2, []);
     node.setPersistence(3, true);
-    expect((await reset({ gpu: '0000:5d:00' })).body).toMatchObject({ outcome: 'refused', reason: 'persistence mode is on for GPU 3: the persistence daemon holds it open' });
+    expect((await reset({ gpu: '0000:5d:00' })).body).toMatchObject({
+      outcome: 'refused',
+      reason: 'persistence mode is on for GPU 3: the persistence daemon holds it open',
+    });
     node.setPersistence(3, false);
-    expect((await reset({ gpu: '0000:9a:00' })).body).toMatchObject({ outcome: 'refused', index: null, reason: 'nvidia-smi does not list GPU 0000:9a:00: a reset cannot reach it (the node needs a reboot)' });
+    expect((await reset({ gpu: '0000:9a:00' })).body).toMatchObject({
+      outcome: 'refused',
+      index: null,
+      reason: 'nvidia-smi does not list GPU 0000:9a:00: a reset cannot reach it (the node needs a reboot)',
+    });
     expect(node.resets()).toEqual([1]);
   });
 
@@ -89,7 +109,11 @@ describe('POST /api/v1/gpu-reset on the agent', () => {
     node.needsReset(0, 79, 'GPU has fallen off the bus.', { stuck: true });
     const answer = await reset({ gpu: '0000:18:00' });
     expect(answer.status).toBe(500);
-    expect(answer.body).toMatchObject({ outcome: 'failed', index: 0, reason: 'nvidia-smi --gpu-reset -i 0 failed: GPU 0: Unable to reset this GPU: Unknown Error' });
+    expect(answer.body).toMatchObject({
+      outcome: 'failed',
+      index: 0,
+      reason: 'nvidia-smi --gpu-reset -i 0 failed: GPU 0: Unable to reset this GPU: Unknown Error',
+    });
   });
 
   it('answers 400 naming the field for anything but a PCI bus id, and 401 without its token', async () => {
@@ -128,7 +152,9 @@ describe('POST /api/v1/gpu-reset with --gpu-reset.stop-grace-seconds', () => {
 
   /** A live process; `ignoreTerm` makes it one that needs SIGKILL. */
   function start(ignoreTerm: boolean): { child: ChildProcess; exited: Promise<NodeJS.Signals | null> } {
-    const child = ignoreTerm ? spawn('sh', ['-c', "trap '' TERM; while :; do sleep 1; done"], { stdio: 'ignore' }) : spawn('sleep', ['600'], { stdio: 'ignore' });
+    const child = ignoreTerm
+      ? spawn('sh', ['-c', "trap '' TERM; while :; do sleep 1; done"], { stdio: 'ignore' })
+      : spawn('sleep', ['600'], { stdio: 'ignore' });
     children.push(child);
     return { child, exited: new Promise((resolve) => child.once('exit', (_code, signal) => resolve(signal))) };
   }
@@ -140,10 +166,19 @@ describe('POST /api/v1/gpu-reset with --gpu-reset.stop-grace-seconds', () => {
     node.holdGpu(1, [polite.child.pid ?? 0, stubborn.child.pid ?? 0]);
     node.holdGpu(2, [elsewhere.child.pid ?? 0]);
     node.needsReset(1, 48, 'An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer.');
-    const response = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${token}` }, body: JSON.stringify({ gpu: '0000:2a:00' }) });
+    const response = await fetch(url, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', authorization: `Bearer ${token}` },
+      body: JSON.stringify({ gpu: '0000:2a:00' }),
+    });
     const body = (await response.json()) as Record<string, unknown>;
     expect(response.status).toBe(200);
-    expect(body).toMatchObject({ outcome: 'reset', index: 1, stopped: [polite.child.pid, stubborn.child.pid], reason: `stopped processes ${polite.child.pid}, ${stubborn.child.pid} on GPU 1; GPU 1 reset and listed again` });
+    expect(body).toMatchObject({
+      outcome: 'reset',
+      index: 1,
+      stopped: [polite.child.pid, stubborn.child.pid],
+      reason: `stopped processes ${polite.child.pid}, ${stubborn.child.pid} on GPU 1; GPU 1 reset and listed again`,
+    });
     expect(await polite.exited).toBe('SIGTERM');
     expect(await stubborn.exited).toBe('SIGKILL');
     expect(elsewhere.child.exitCode).toBeNull();

@@ -51,7 +51,10 @@ export function testContext(paths: Partial<CollectorPaths> = {}, pollIntervalSec
  * read, how long ago that was) so that the rest of the exposition can be compared byte for byte.
  */
 export function normaliseExposition(text: string): string {
-  return text.replace(/^((?:steadfast_collector_duration_seconds|steadfast_gpu_last_poll_timestamp_seconds|steadfast_gpu_poll_age_seconds)(?:\{[^}]*\})?) \S+$/gm, '$1 0');
+  return text.replace(
+    /^((?:steadfast_collector_duration_seconds|steadfast_gpu_last_poll_timestamp_seconds|steadfast_gpu_poll_age_seconds)(?:\{[^}]*\})?) \S+$/gm,
+    '$1 0',
+  );
 }
 
 /** Captured training logs: Megatron runs (healthy or cancelled), and PyTorch / NCCL failures. */

@@ -31,7 +31,11 @@ export interface PythonRank {
  * `pidNamespace` (root only), the rank runs in a pid namespace of its own, as in a container:
  * `unshare --pid --fork` starts it as that namespace's pid 1.
  */
-export async function startRank(mode: RankMode, env: Readonly<Record<string, string>>, options: { worker?: boolean; pidNamespace?: boolean } = {}): Promise<PythonRank> {
+export async function startRank(
+  mode: RankMode,
+  env: Readonly<Record<string, string>>,
+  options: { worker?: boolean; pidNamespace?: boolean } = {},
+): Promise<PythonRank> {
   const command = [PYTHON, SCRIPT, mode, ...(options.worker ? ['worker'] : [])];
   const [program, ...args] = options.pidNamespace ? ['unshare', '--pid', '--fork', '--kill-child', ...command] : command;
   const child = spawn(program as string, args, { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'inherit'] });

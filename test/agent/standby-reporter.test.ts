@@ -12,7 +12,7 @@ import { StandbyReporter } from '../../agent/standby-reporter.js';
 /** A scrape of an agent whose GPUs were read: every collector working. */
 const HEALTHY_SCRAPE = 'steadfast_collector_success{collector="gpu"} 1\nsteadfast_gpu_last_poll_timestamp_seconds 1795870000\n';
 
-describe('a warm standby\'s self-check with the node\'s own diagnostics', () => {
+describe("a warm standby's self-check with the node's own diagnostics", () => {
   const dir = mkdtempSync(join(tmpdir(), 'steadfast-standby-check-'));
   let agent: Agent | undefined;
   let controller: Server | undefined;
@@ -62,7 +62,11 @@ describe('a warm standby\'s self-check with the node\'s own diagnostics', () => 
       scrape: async () => HEALTHY_SCRAPE,
       diagnose: agentUrl
         ? async () => {
-            const response = await fetch(`${agentUrl}/api/v1/diagnose`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ standby: true }) });
+            const response = await fetch(`${agentUrl}/api/v1/diagnose`, {
+              method: 'POST',
+              headers: { 'content-type': 'application/json' },
+              body: JSON.stringify({ standby: true }),
+            });
             return { status: response.status, body: await response.json() };
           }
         : undefined,
@@ -87,7 +91,13 @@ describe('a warm standby\'s self-check with the node\'s own diagnostics', () => 
 
   it('passes when every standby check passes, and says which ran', async () => {
     const { url, reports } = await standInController();
-    const agentUrl = await agentWith({ checks: [{ name: 'eud', command: ['true'], timeoutSeconds: 10 }, { name: 'nccl-all-to-all', command: ['true'], timeoutSeconds: 10 }], reference: { command: ['false'], timeoutSeconds: 10 } });
+    const agentUrl = await agentWith({
+      checks: [
+        { name: 'eud', command: ['true'], timeoutSeconds: 10 },
+        { name: 'nccl-all-to-all', command: ['true'], timeoutSeconds: 10 },
+      ],
+      reference: { command: ['false'], timeoutSeconds: 10 },
+    });
     await reporter(url, agentUrl).poll();
     expect(reports).toEqual([{ ok: true, detail: 'all collectors working, every GPU present, no fatal Xid; diagnostics passed: eud, nccl-all-to-all' }]);
   });

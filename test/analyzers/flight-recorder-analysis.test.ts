@@ -77,10 +77,25 @@ describe('analyzeFlightRecorder on the nvidia-resiliency-ext dumps (16 ranks, TP
 describe('analyzeFlightRecorder on odd input', () => {
   it('reports dumps it cannot read and entries it skips, and never throws', () => {
     const group = { '7': { desc: 'TP', ranks: '[0, 1]' } };
-    const entry = (seq: number) => ({ pg_id: 3, process_group: ['7', 'TP'], collective_seq_id: seq, profiling_name: 'nccl:all_reduce', input_sizes: [[4]], input_dtypes: ['Float'], is_p2p: false });
+    const entry = (seq: number) => ({
+      pg_id: 3,
+      process_group: ['7', 'TP'],
+      collective_seq_id: seq,
+      profiling_name: 'nccl:all_reduce',
+      input_sizes: [[4]],
+      input_dtypes: ['Float'],
+      is_p2p: false,
+    });
     const result = analyzeFlightRecorder(
       new Map<number, unknown>([
-        [0, { pg_config: group, pg_status: { '3': { last_enqueued_collective: 5, last_completed_collective: 5 } }, entries: [entry(4), entry(5), { nonsense: true }] }],
+        [
+          0,
+          {
+            pg_config: group,
+            pg_status: { '3': { last_enqueued_collective: 5, last_completed_collective: 5 } },
+            entries: [entry(4), entry(5), { nonsense: true }],
+          },
+        ],
         [1, { pg_config: group, pg_status: { '3': { last_enqueued_collective: 4, last_completed_collective: 4 } }, entries: [entry(4)] }],
         [2, 'not a dump'],
         [3, null],
@@ -88,7 +103,9 @@ describe('analyzeFlightRecorder on odd input', () => {
     );
     expect(result.unreadableRanks).toEqual([2, 3]);
     expect(result.skippedEntries).toBe(1);
-    expect(result.missing).toEqual([{ processGroup: '7', description: 'TP', members: [0, 1], collectiveSeq: 5, op: 'nccl:all_reduce', size: '4', dtype: 'Float', missingRanks: [1] }]);
+    expect(result.missing).toEqual([
+      { processGroup: '7', description: 'TP', members: [0, 1], collectiveSeq: 5, op: 'nccl:all_reduce', size: '4', dtype: 'Float', missingRanks: [1] },
+    ]);
     expect(result.stalled).toEqual([{ processGroup: '7', description: 'TP', members: [0, 1], peersCompleted: 5, stalledRanks: [1] }]);
     expect(result.behindRanks).toEqual([1]);
   });

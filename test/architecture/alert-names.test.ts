@@ -65,8 +65,8 @@ describe('alert names in the controller', () => {
     const file = join(REPO, 'controller', 'example.ts');
     const found = (text: string) => literals(file, text).map((literal) => literal.text);
     const text = [
-      "// SteadfastXidFatal is a comment",
-      "const SteadfastXidFatal = 1;",
+      '// SteadfastXidFatal is a comment',
+      'const SteadfastXidFatal = 1;',
       "const a = 'SteadfastGpuLost';",
       'const b = `SteadfastAgentDown`;',
       'const c = `${a}: SteadfastXidGpuResetRequired on ${b}`;',

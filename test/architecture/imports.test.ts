@@ -30,7 +30,11 @@ describe('the import rules between folders', () => {
     const cli = join(REPO, 'cli');
     const naming = readdirSync(cli)
       .filter((name) => name.endsWith('.ts'))
-      .flatMap((name) => readFileSync(join(cli, name), 'utf8').split('\n').map((line) => ({ name, line })))
+      .flatMap((name) =>
+        readFileSync(join(cli, name), 'utf8')
+          .split('\n')
+          .map((line) => ({ name, line })),
+      )
       .filter(({ line }) => line.includes('../tryit/'));
     expect(naming.length).toBeGreaterThan(0);
     for (const { name, line } of naming) {

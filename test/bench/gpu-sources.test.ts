@@ -17,7 +17,13 @@ const BENCH = join(repoRoot(), 'dist', 'bench', 'gpu-sources.js');
 describe('bench/gpu-sources.ts', () => {
   it('measures both sources on the stand-in node and finds their values equal', async () => {
     expect(existsSync(BENCH), `${BENCH} is built by npm run build`).toBe(true);
-    const env = { ...process.env, STEADFAST_BENCH_GPU_POLLS: '2', STEADFAST_BENCH_GPU_SCRAPES: '3', STEADFAST_BENCH_GPU_IDLE_SECONDS: '0.2', STEADFAST_BENCH_GPU_POLL_INTERVAL: '0.2' };
+    const env = {
+      ...process.env,
+      STEADFAST_BENCH_GPU_POLLS: '2',
+      STEADFAST_BENCH_GPU_SCRAPES: '3',
+      STEADFAST_BENCH_GPU_IDLE_SECONDS: '0.2',
+      STEADFAST_BENCH_GPU_POLL_INTERVAL: '0.2',
+    };
     const { stdout } = await promisify(execFile)(process.execPath, [BENCH], { env, encoding: 'utf8', timeout: 100_000 });
     expect(stdout).toContain('GPUs read: 8 (8 × NVIDIA H200, driver 580.159.04), NVLink counters: 432');
     expect(stdout).toContain('| per poll | nvidia-smi | NVML | nvidia-smi / NVML |');

@@ -48,7 +48,9 @@ describe('the held-out fleet in the real Prometheus', () => {
     }
     expect(series).toBeGreaterThan(8 * 100);
     expect(stored).toBe(samples);
-    const steady = plan.nodes.find((node) => !plan.faults.some((fault) => fault.node === node) && !plan.confusers.some((event) => event.kind === 'reboot' && event.node === node));
+    const steady = plan.nodes.find(
+      (node) => !plan.faults.some((fault) => fault.node === node) && !plan.confusers.some((event) => event.kind === 'reboot' && event.node === node),
+    );
     expect(steady).toBeDefined();
     const steps = (plan.end - plan.start) / plan.stepMs;
     expect(await value(`count_over_time(steadfast_collector_success{node="${steady}",collector="xid"}[7h])`, plan.end)).toBe(steps);
@@ -67,7 +69,10 @@ describe('the held-out fleet in the real Prometheus', () => {
     const span = `${Math.round((fault.failure - fault.precursorStart) / 1000)}s`;
     const eccOf = (gpu: string) => `sum(increase(steadfast_gpu_ecc_errors_total{node="${fault.node}",gpu="${gpu}",type="correctable"}[${span}]))`;
     const faulty = await value(eccOf(String(fault.gpu)), fault.failure - plan.stepMs);
-    const healthy = await value(`max(increase(steadfast_gpu_ecc_errors_total{node!="${fault.node}",type="correctable"}[${span}]))`, fault.failure - plan.stepMs);
+    const healthy = await value(
+      `max(increase(steadfast_gpu_ecc_errors_total{node!="${fault.node}",type="correctable"}[${span}]))`,
+      fault.failure - plan.stepMs,
+    );
     expect(faulty).toBeGreaterThan(20);
     expect(faulty).toBeGreaterThan(10 * Math.max(1, healthy ?? 0));
     const xid = `steadfast_xid_errors_total{node="${fault.node}",xid="${fault.xid}"}`;
@@ -80,7 +85,9 @@ describe('the held-out fleet in the real Prometheus', () => {
     if (!fault) throw new Error('the plan has no link fault');
     const port = `mlx5_${fault.gpu % 4}`;
     const span = `${Math.round((fault.failure - fault.precursorStart) / 1000)}s`;
-    expect(await value(`increase(steadfast_rdma_port_symbol_errors_total{node="${fault.node}",device="${port}"}[${span}])`, fault.failure - plan.stepMs)).toBeGreaterThan(50);
+    expect(
+      await value(`increase(steadfast_rdma_port_symbol_errors_total{node="${fault.node}",device="${port}"}[${span}])`, fault.failure - plan.stepMs),
+    ).toBeGreaterThan(50);
     const downed = `steadfast_rdma_port_link_downed_total{node="${fault.node}",device="${port}"}`;
     expect(await value(downed, fault.failure - plan.stepMs)).toBe(0);
     expect(await value(downed, fault.failure + plan.stepMs)).toBe(1);

@@ -55,11 +55,16 @@ describe.each(LATER)('held-out fleet $id', ({ variant, earlier }) => {
     expect(trickles()).toHaveLength(settings?.gpus ?? -1);
     const last = Math.floor((plan.end - plan.start) / plan.stepMs) - 1;
     for (const trickle of trickles()) {
-      expect(plan.faults.some((fault) => fault.node === trickle.node), trickle.node).toBe(false);
+      expect(
+        plan.faults.some((fault) => fault.node === trickle.node),
+        trickle.node,
+      ).toBe(false);
       expect(trickle.perSample).toBeGreaterThanOrEqual(settings?.perSample[0] ?? Number.NaN);
       expect(trickle.perSample).toBeLessThanOrEqual(settings?.perSample[1] ?? Number.NaN);
       expect([trickle.at, trickle.to]).toEqual([plan.start, plan.end]);
-      const series = (nodeSeries(plan, trickle.node, timelines.get(trickle.node) as NodeTimeline).get('steadfast_gpu_pcie_replay_errors') ?? []).find((entry) => entry.key.includes(`gpu="${trickle.gpu}"`));
+      const series = (nodeSeries(plan, trickle.node, timelines.get(trickle.node) as NodeTimeline).get('steadfast_gpu_pcie_replay_errors') ?? []).find((entry) =>
+        entry.key.includes(`gpu="${trickle.gpu}"`),
+      );
       if (!series) throw new Error(`no replay counter on ${trickle.node} GPU ${trickle.gpu}`);
       // Read from the start (the counter restarts after a reboot): replays per sample over the period, and in most 5-minute slots of the first day.
       let added = 0;

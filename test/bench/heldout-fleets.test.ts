@@ -87,7 +87,8 @@ describe('STEADFAST_BENCH_HELDOUT_FLEET', () => {
     expect(fleetFromEnv('2')).toBe(FLEET_2);
     expect(fleetFromEnv(' 3 ')).toBe(FLEET_3);
     expect(fleetFromEnv('4')).toBe(FLEET_4);
-    for (const wrong of ['5', 'two', '0', '1.5', '01', 'constructor']) expect(() => fleetFromEnv(wrong)).toThrow(/STEADFAST_BENCH_HELDOUT_FLEET must be 1, 2, 3 or 4/);
+    for (const wrong of ['5', 'two', '0', '1.5', '01', 'constructor'])
+      expect(() => fleetFromEnv(wrong)).toThrow(/STEADFAST_BENCH_HELDOUT_FLEET must be 1, 2, 3 or 4/);
   });
 });
 
@@ -102,13 +103,21 @@ describe('held-out fleet 2', () => {
   };
   const faultsOf = (kind: FaultLabel['kind']) => plan.faults.filter((fault) => fault.kind === kind);
   const confusersOf = <K extends Confuser['kind']>(kind: K) => plan.confusers.filter((event): event is Extract<Confuser, { kind: K }> => event.kind === kind);
-  const phaseAt = (jobName: string, time: number) => plan.jobs.find((job) => job.name === jobName)?.phases.find((phase) => phase.from <= time && time < phase.to);
+  const phaseAt = (jobName: string, time: number) =>
+    plan.jobs.find((job) => job.name === jobName)?.phases.find((phase) => phase.from <= time && time < phase.to);
   /** No job phase, no one-node dip of the job, and every listed node training in it, from `from` to `to`. */
   const calm = (jobName: string, nodes: readonly string[], from: number, to: number, except?: Confuser) =>
     range(stepOf(plan, from), stepOf(plan, to)).every((step) => {
       const time = plan.start + step * plan.stepMs;
       if (phaseAt(jobName, time)) return false;
-      const dips = plan.confusers.filter((event) => event !== except && (event.kind === 'loader_stall' || event.kind === 'rank0_checkpoint') && event.job === jobName && event.at - 5 * MINUTE <= time && time < event.to + 5 * MINUTE);
+      const dips = plan.confusers.filter(
+        (event) =>
+          event !== except &&
+          (event.kind === 'loader_stall' || event.kind === 'rank0_checkpoint') &&
+          event.job === jobName &&
+          event.at - 5 * MINUTE <= time &&
+          time < event.to + 5 * MINUTE,
+      );
       return dips.length === 0 && nodes.every((node) => timelines.get(node)?.mode[step] === TRAINING);
     });
 
@@ -141,14 +150,18 @@ describe('held-out fleet 2', () => {
     expect(plan.faults.filter((fault) => fleet1Failures.has(`${fault.node} ${fault.failure}`))).toEqual([]);
     for (const kind of ['sudden_xid', 'silent'] as const) {
       const before = fleet1.faults.filter((fault) => fault.kind === kind).map((fault) => fault.node);
-      expect(faultsOf(kind).filter((fault) => before.includes(fault.node)), kind).toEqual([]);
+      expect(
+        faultsOf(kind).filter((fault) => before.includes(fault.node)),
+        kind,
+      ).toEqual([]);
     }
   });
 
   it('labels every benign event, the one-node dips among them, and none of them on a node near its fault', () => {
     const kinds = new Set(plan.confusers.map((event) => event.kind));
     expect([...kinds].sort()).toEqual(['app_xid', 'loader_stall', 'rank0_checkpoint', 'reboot', 'spike', 'uneven_stage']);
-    const nearFault = (node: string, at: number) => plan.faults.some((fault) => fault.node === node && at > fault.precursorStart - 2 * HOUR && at < fault.repairedAt + HOUR);
+    const nearFault = (node: string, at: number) =>
+      plan.faults.some((fault) => fault.node === node && at > fault.precursorStart - 2 * HOUR && at < fault.repairedAt + HOUR);
     for (const stall of confusersOf('loader_stall')) {
       const job = plan.jobs.find((candidate) => candidate.name === stall.job);
       expect(job?.nodes).toContain(stall.node);
@@ -182,7 +195,7 @@ describe('held-out fleet 2', () => {
     expect(benignAround(plan.confusers, { node: stall.node, time: stall.at + MINUTE })).toContain('loader_stall');
   });
 
-  it('warms a thermal fault\'s GPU and HBM slowly, +8..12 °C over 3–6 h against its own node, with thermal slowdown only near the end', () => {
+  it("warms a thermal fault's GPU and HBM slowly, +8..12 °C over 3–6 h against its own node, with thermal slowdown only near the end", () => {
     for (const fault of faultsOf('thermal')) {
       const node = reader(fault.node);
       const others = range(0, plan.gpusPerNode).filter((gpu) => gpu !== fault.gpu);
@@ -199,9 +212,13 @@ describe('held-out fleet 2', () => {
         expect(rise, `${fault.id} ${family}`).toBeLessThan(13);
         expect(firstHour, `${fault.id} ${family}: slow`).toBeLessThan(0.4 * rise);
       }
-      const throttled = (step: number) => node.gauge('steadfast_gpu_throttle_reason', `gpu="${fault.gpu}",pci_bus_id="${pciBus(fault.gpu)}",reason="hw_thermal_slowdown"`, step);
+      const throttled = (step: number) =>
+        node.gauge('steadfast_gpu_throttle_reason', `gpu="${fault.gpu}",pci_bus_id="${pciBus(fault.gpu)}",reason="hw_thermal_slowdown"`, step);
       const early = range(stepOf(plan, fault.precursorStart), stepOf(plan, fault.precursorStart + 0.85 * length));
-      expect(early.filter((step) => throttled(step) === 1), fault.id).toEqual([]);
+      expect(
+        early.filter((step) => throttled(step) === 1),
+        fault.id,
+      ).toEqual([]);
       expect(throttled(stepOf(plan, fault.failure) + 1), fault.id).toBe(1);
     }
   });
@@ -210,7 +227,11 @@ describe('held-out fleet 2', () => {
     for (const fault of faultsOf('power_brake')) {
       const node = reader(fault.node);
       const steps = range(stepOf(plan, fault.precursorStart), stepOf(plan, fault.failure));
-      const braked = steps.map((step) => range(0, plan.gpusPerNode).map((gpu) => node.gauge('steadfast_gpu_throttle_reason', `gpu="${gpu}",pci_bus_id="${pciBus(gpu)}",reason="hw_power_brake_slowdown"`, step)));
+      const braked = steps.map((step) =>
+        range(0, plan.gpusPerNode).map((gpu) =>
+          node.gauge('steadfast_gpu_throttle_reason', `gpu="${gpu}",pci_bus_id="${pciBus(gpu)}",reason="hw_power_brake_slowdown"`, step),
+        ),
+      );
       for (const flags of braked) expect(new Set(flags).size, fault.id).toBe(1);
       const on = braked.map((flags) => flags[0] === 1);
       const count = on.filter(Boolean).length;
@@ -224,7 +245,9 @@ describe('held-out fleet 2', () => {
       const brakeStep = steps[on.indexOf(true)] as number;
       const clock = node.gpuMean('steadfast_gpu_clock_hertz', brakeStep) / node.gpuMean('steadfast_gpu_clock_hertz', brakeStep - 2);
       expect(clock, fault.id).toBeLessThan(0.7);
-      expect(node.gauge('steadfast_gpu_throttle_reason', `gpu="0",pci_bus_id="${pciBus(0)}",reason="hw_power_brake_slowdown"`, stepOf(plan, fault.failure) + 1)).toBe(1);
+      expect(
+        node.gauge('steadfast_gpu_throttle_reason', `gpu="0",pci_bus_id="${pciBus(0)}",reason="hw_power_brake_slowdown"`, stepOf(plan, fault.failure) + 1),
+      ).toBe(1);
     }
   });
 
@@ -250,7 +273,7 @@ describe('held-out fleet 2', () => {
     }
   });
 
-  it('shows a data-loader stall as one node\'s GPUs, power and RDMA transmit down while its job\'s other nodes stay busy', () => {
+  it("shows a data-loader stall as one node's GPUs, power and RDMA transmit down while its job's other nodes stay busy", () => {
     const stall = confusersOf('loader_stall').find((event) => {
       const job = plan.jobs.find((candidate) => candidate.name === event.job);
       return event.to - event.at >= 4 * MINUTE && job !== undefined && calm(event.job, job.nodes, event.at - 15 * MINUTE, event.to, event);
@@ -266,16 +289,19 @@ describe('held-out fleet 2', () => {
     expect(utilization(node, during)).toBeLessThan(0.45);
     expect(utilization(node, during)).toBeGreaterThan(0.05);
     expect(power(during) / power(before)).toBeLessThan(0.6);
-    for (const other of (job?.nodes ?? []).filter((name) => name !== stall.node).slice(0, 4)) expect(utilization(reader(other), during), other).toBeGreaterThan(0.8);
+    for (const other of (job?.nodes ?? []).filter((name) => name !== stall.node).slice(0, 4))
+      expect(utilization(reader(other), during), other).toBeGreaterThan(0.8);
     const sent = node.counter('steadfast_rdma_port_data_transmitted_bytes', 'device="mlx5_0"', stepOf(plan, stall.to));
-    const rate = (steps: number[]) => (((sent[steps.at(-1) as number] ?? 0) - (sent[steps[0] as number] ?? 0)) / (steps.length - 1));
+    const rate = (steps: number[]) => ((sent[steps.at(-1) as number] ?? 0) - (sent[steps[0] as number] ?? 0)) / (steps.length - 1);
     expect(rate(during) / rate(before)).toBeLessThan(0.5);
   });
 
   it('shows rank 0 writing the checkpoint alone as its GPUs dipping and its GETATTR round trips growing, the other nodes busy', () => {
     const event = confusersOf('rank0_checkpoint').find((candidate) => {
       const job = plan.jobs.find((item) => item.name === candidate.job);
-      return candidate.to - candidate.at >= 4 * MINUTE && job !== undefined && calm(candidate.job, job.nodes, candidate.at - 15 * MINUTE, candidate.to, candidate);
+      return (
+        candidate.to - candidate.at >= 4 * MINUTE && job !== undefined && calm(candidate.job, job.nodes, candidate.at - 15 * MINUTE, candidate.to, candidate)
+      );
     });
     if (!event) throw new Error('no rank-0 checkpoint in a calm stretch of its job');
     const job = plan.jobs.find((candidate) => candidate.name === event.job);
@@ -284,7 +310,8 @@ describe('held-out fleet 2', () => {
     const before = range(stepOf(plan, event.at - 12 * MINUTE), stepOf(plan, event.at - 2 * MINUTE));
     const utilization = (reading: NodeReader, steps: number[]) => mean(steps.map((step) => reading.gpuMean('steadfast_gpu_utilization_ratio', step)));
     expect(utilization(node, during)).toBeLessThan(0.6 * utilization(node, before));
-    for (const other of (job?.nodes ?? []).filter((name) => name !== event.node).slice(0, 4)) expect(utilization(reader(other), during), other).toBeGreaterThan(0.8);
+    for (const other of (job?.nodes ?? []).filter((name) => name !== event.node).slice(0, 4))
+      expect(utilization(reader(other), during), other).toBeGreaterThan(0.8);
     const last = stepOf(plan, event.to);
     const rtt = node.counter('steadfast_nfs_rtt_seconds', 'operation="GETATTR"', last);
     const operations = node.counter('steadfast_nfs_operations', 'operation="GETATTR"', last);

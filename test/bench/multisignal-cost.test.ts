@@ -31,7 +31,16 @@ describe('bench/multisignal-cost.ts', () => {
     expect(stdout).toMatch(/^\| 8 \| 64 \| [\d.]+ M \|.*\| 0 \| [\d.]+ \|$/m);
     expect(stdout).toMatch(/^\| 8 \| \d+ \| [\d.]+ % \| \d+ \| [\d.]+ % \|$/m);
     // The feature queries answer with series: the generated history holds what they read.
-    for (const feature of ['gpu_temperature_celsius', 'gpu_hw_slowdown_share', 'gpu_row_remap_pending', 'xid_errors_1h', 'gpu_pcie_replay_slots_1h', 'rdma_transport_retries_per_second', 'nfs_getattr_rtt_seconds', 'training_iteration_seconds']) {
+    for (const feature of [
+      'gpu_temperature_celsius',
+      'gpu_hw_slowdown_share',
+      'gpu_row_remap_pending',
+      'xid_errors_1h',
+      'gpu_pcie_replay_slots_1h',
+      'rdma_transport_retries_per_second',
+      'nfs_getattr_rtt_seconds',
+      'training_iteration_seconds',
+    ]) {
       expect(stdout).toMatch(new RegExp(`^\\| ${feature} \\| [\\d.]+ / [\\d.]+ \\| [1-9]\\d* \\| [1-9]\\d* \\|`, 'm'));
     }
     expect(stdout).toContain("nodes in the matrix at the window's end: 8 of 8");

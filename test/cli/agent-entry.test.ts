@@ -25,11 +25,26 @@ afterAll(() => rmSync(work, { recursive: true, force: true }));
 /** One `agent --once` scrape of the fixture node (no process metrics), from the given script. */
 async function scrape(script: string, name: string, env: NodeJS.ProcessEnv = process.env): Promise<string> {
   if (!existsSync(BUNDLE)) throw new Error('dist/agent.cjs is missing: run `npm run build` (npm test does it)');
-  const args = ['agent', '--once', '--node', 'fixture-node', '--no-collector.process', '--path.kmsg', join(FIXTURES, 'xid-kernel-logs', 'gpud_xid_lines_h100_gb200.txt'), '--nvidia-smi.xml', join(FIXTURES, 'nvidia-smi-xml', 'telegraf_a10g_515.105.01.xml'), '--xid.state-file', join(work, `${name}.json`)];
+  const args = [
+    'agent',
+    '--once',
+    '--node',
+    'fixture-node',
+    '--no-collector.process',
+    '--path.kmsg',
+    join(FIXTURES, 'xid-kernel-logs', 'gpud_xid_lines_h100_gb200.txt'),
+    '--nvidia-smi.xml',
+    join(FIXTURES, 'nvidia-smi-xml', 'telegraf_a10g_515.105.01.xml'),
+    '--xid.state-file',
+    join(work, `${name}.json`),
+  ];
   const { stdout } = await run(process.execPath, [script, ...args], { env: { ...env, STEADFAST_LOG_LEVEL: 'silent' } });
   // Durations and poll times differ from run to run; everything else must not. The process
   // collector, which reads whatever training processes this machine runs, is left out.
-  return stdout.replace(/^((?:steadfast_collector_duration_seconds|steadfast_gpu_last_poll_timestamp_seconds|steadfast_gpu_poll_age_seconds)(?:\{[^}]*\})?) .*$/gm, '$1 T');
+  return stdout.replace(
+    /^((?:steadfast_collector_duration_seconds|steadfast_gpu_last_poll_timestamp_seconds|steadfast_gpu_poll_age_seconds)(?:\{[^}]*\})?) .*$/gm,
+    '$1 T',
+  );
 }
 
 describe('the agent bundle', () => {
@@ -50,7 +65,8 @@ describe('the agent bundle', () => {
   it('compiles from a code cache only when root alone may write it and its directory', async () => {
     const dir = join(work, 'code-cache');
     const env = { ...process.env, STEADFAST_AGENT_CODE_CACHE_DIR: dir };
-    const status = async () => JSON.parse((await run(process.execPath, [BIN, 'agent', '--code-cache-status'], { env })).stdout) as { state: string; file: string };
+    const status = async () =>
+      JSON.parse((await run(process.execPath, [BIN, 'agent', '--code-cache-status'], { env })).stdout) as { state: string; file: string };
     expect((await status()).state).toBe('none');
     const written = (await run(process.execPath, [BIN, 'agent', '--write-code-cache'], { env })).stdout.trim();
     expect(await status()).toEqual({ state: 'used', file: written });

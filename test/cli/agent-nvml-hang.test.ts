@@ -28,8 +28,15 @@ describe('a driver hung in an NVML call', () => {
     const nvml = await StandInNvml.create(join(dir(), 'nvml'), HUNG);
     const source = ['--gpu.source', 'nvml', '--gpu.nvml-library', nvml.library, '--path.kmsg', '/dev/null'];
     const env = { ...process.env, STEADFAST_LOG_LEVEL: 'silent' };
-    const once = run(process.execPath, [BIN, 'agent', '--once', '--node', 'n1', '--no-collector.process', '--xid.state-file', join(dir(), 'agent.json'), ...source], { env, timeout: 60_000 });
-    const check = run(process.execPath, [BIN, 'check', '--node', 'n1', '--expect-gpus', '1', '--xid.state-file', join(dir(), 'check.json'), ...source], { env, timeout: 60_000 }).then(
+    const once = run(
+      process.execPath,
+      [BIN, 'agent', '--once', '--node', 'n1', '--no-collector.process', '--xid.state-file', join(dir(), 'agent.json'), ...source],
+      { env, timeout: 60_000 },
+    );
+    const check = run(process.execPath, [BIN, 'check', '--node', 'n1', '--expect-gpus', '1', '--xid.state-file', join(dir(), 'check.json'), ...source], {
+      env,
+      timeout: 60_000,
+    }).then(
       () => ({ code: 0, stdout: '' }),
       (error: { code?: number; stdout?: string; killed?: boolean }) => ({ code: error.killed ? 'killed' : error.code, stdout: error.stdout ?? '' }),
     );
@@ -44,7 +51,28 @@ describe('a driver hung in an NVML call', () => {
   it('lets the serving agent stop on SIGTERM', async () => {
     built();
     const nvml = await StandInNvml.create(join(dir(), 'nvml'), HUNG);
-    const agent = spawn(process.execPath, [BIN, 'agent', '--web.insecure', '--web.listen-address', '127.0.0.1:0', '--node', 'n1', '--no-collector.process', '--xid.state-file', join(dir(), 'agent.json'), '--path.kmsg', '/dev/null', '--gpu.source', 'nvml', '--gpu.nvml-library', nvml.library], { stdio: ['ignore', 'ignore', 'pipe'] });
+    const agent = spawn(
+      process.execPath,
+      [
+        BIN,
+        'agent',
+        '--web.insecure',
+        '--web.listen-address',
+        '127.0.0.1:0',
+        '--node',
+        'n1',
+        '--no-collector.process',
+        '--xid.state-file',
+        join(dir(), 'agent.json'),
+        '--path.kmsg',
+        '/dev/null',
+        '--gpu.source',
+        'nvml',
+        '--gpu.nvml-library',
+        nvml.library,
+      ],
+      { stdio: ['ignore', 'ignore', 'pipe'] },
+    );
     const exited = new Promise<number | null>((resolve) => agent.once('exit', (code) => resolve(code)));
     try {
       let log = '';

@@ -39,7 +39,7 @@ const figure7Dumps = writeDir(
 );
 
 describe('steadfast analyze stacks', () => {
-  it('prints the aggregation as JSON and over-evicts the stalled pipeline\'s machines', async () => {
+  it("prints the aggregation as JSON and over-evicts the stalled pipeline's machines", async () => {
     const { stdout, stderr, exitCode } = await analyze(['stacks', '--topology', figure7Topology, figure7Dumps]);
     expect(stderr).toBe('');
     expect(exitCode).toBe(0);
@@ -58,11 +58,20 @@ describe('steadfast analyze stacks', () => {
     const dumps = writeDir('fr-stacks', Object.fromEntries(Array.from({ length: 16 }, (_, rank) => [`rank-${rank}.txt`, rankDump(100 + rank, GRAD_SYNC)])));
     const recorder = join(root, 'fr');
     mkdirSync(recorder, { recursive: true });
-    copyFileSync('test/fixtures/realworld/pytorch-flight-recorder/gpu_error_1st_all16ranks_decoded.json', join(recorder, 'gpu_error_1st_all16ranks_decoded.json'));
+    copyFileSync(
+      'test/fixtures/realworld/pytorch-flight-recorder/gpu_error_1st_all16ranks_decoded.json',
+      join(recorder, 'gpu_error_1st_all16ranks_decoded.json'),
+    );
     writeFileSync(join(recorder, 'README.txt'), 'not a dump: ignored');
     const { stdout, exitCode } = await analyze(['stacks', '--topology', topology, '--flight-recorder', recorder, dumps]);
     expect(exitCode).toBe(0);
-    const result = JSON.parse(stdout) as { outlierRanks: number[]; externalOutlierRanks: number[]; evict: string[]; suspectGroup: unknown; flightRecorder: { behindRanks: number[] } };
+    const result = JSON.parse(stdout) as {
+      outlierRanks: number[];
+      externalOutlierRanks: number[];
+      evict: string[];
+      suspectGroup: unknown;
+      flightRecorder: { behindRanks: number[] };
+    };
     expect(result.flightRecorder.behindRanks).toEqual([12, 14]);
     expect(result.externalOutlierRanks).toEqual([12, 14]);
     expect(result.outlierRanks).toEqual([12, 14]);
@@ -73,10 +82,22 @@ describe('steadfast analyze stacks', () => {
 
   describe('answers bad input with exit code 2 and a message naming what is wrong', () => {
     const cases: Array<[string, () => string[], RegExp]> = [
-      ['a dumps directory that does not exist', () => ['stacks', '--topology', figure7Topology, join(root, 'nowhere')], /cannot read dumps directory .*nowhere/],
+      [
+        'a dumps directory that does not exist',
+        () => ['stacks', '--topology', figure7Topology, join(root, 'nowhere')],
+        /cannot read dumps directory .*nowhere/,
+      ],
       ['a dumps directory without rank files', () => ['stacks', '--topology', figure7Topology, writeDir('empty', {})], /holds no rank-<N>\.txt files/],
-      ['a file not named rank-<N>.txt', () => ['stacks', '--topology', figure7Topology, writeDir('badname', { 'rank-0.txt': 'x', 'notes.md': 'x' })], /"notes\.md" is not named rank-<N>\.txt/],
-      ['a leading zero in a rank file name', () => ['stacks', '--topology', figure7Topology, writeDir('zero', { 'rank-01.txt': 'x' })], /"rank-01\.txt" is not named/],
+      [
+        'a file not named rank-<N>.txt',
+        () => ['stacks', '--topology', figure7Topology, writeDir('badname', { 'rank-0.txt': 'x', 'notes.md': 'x' })],
+        /"notes\.md" is not named rank-<N>\.txt/,
+      ],
+      [
+        'a leading zero in a rank file name',
+        () => ['stacks', '--topology', figure7Topology, writeDir('zero', { 'rank-01.txt': 'x' })],
+        /"rank-01\.txt" is not named/,
+      ],
       [
         'a directory where a rank file should be',
         () => {
@@ -86,11 +107,27 @@ describe('steadfast analyze stacks', () => {
         },
         /rank-1\.txt: not a plain file/,
       ],
-      ['a rank the topology does not have', () => ['stacks', '--topology', figure7Topology, writeDir('outside', { 'rank-0.txt': 'x', 'rank-32.txt': 'x' })], /rank-32\.txt is for rank 32, but the topology has ranks 0-31/],
-      ['a topology file that is not JSON', () => ['stacks', '--topology', writeDir('bad-topology', { 't.json': '{ nodes' }) + '/t.json', figure7Dumps], /topology file .*t\.json is not JSON/],
-      ['a topology file that does not describe a job', () => ['stacks', '--topology', writeDir('wrong-topology', { 't.json': '{"nodes": ["a"], "ranksPerNode": 2, "tp": 4}' }) + '/t.json', figure7Dumps], /topology/],
+      [
+        'a rank the topology does not have',
+        () => ['stacks', '--topology', figure7Topology, writeDir('outside', { 'rank-0.txt': 'x', 'rank-32.txt': 'x' })],
+        /rank-32\.txt is for rank 32, but the topology has ranks 0-31/,
+      ],
+      [
+        'a topology file that is not JSON',
+        () => ['stacks', '--topology', writeDir('bad-topology', { 't.json': '{ nodes' }) + '/t.json', figure7Dumps],
+        /topology file .*t\.json is not JSON/,
+      ],
+      [
+        'a topology file that does not describe a job',
+        () => ['stacks', '--topology', writeDir('wrong-topology', { 't.json': '{"nodes": ["a"], "ranksPerNode": 2, "tp": 4}' }) + '/t.json', figure7Dumps],
+        /topology/,
+      ],
       ['a missing topology file', () => ['stacks', '--topology', join(root, 'none.json'), figure7Dumps], /cannot read topology file .*none\.json/],
-      ['a flight-recorder file that is not JSON', () => ['stacks', '--topology', figure7Topology, '--flight-recorder', writeDir('fr-bad', { 'rank-0.json': '{' }), figure7Dumps], /flight recorder file .*rank-0\.json is not JSON/],
+      [
+        'a flight-recorder file that is not JSON',
+        () => ['stacks', '--topology', figure7Topology, '--flight-recorder', writeDir('fr-bad', { 'rank-0.json': '{' }), figure7Dumps],
+        /flight recorder file .*rank-0\.json is not JSON/,
+      ],
     ];
     for (const [what, args, message] of cases) {
       it(what, async () => {

@@ -24,7 +24,21 @@ describe('steadfast check on a fixture node', () => {
   const state = join(root, 'check-xid-state.json');
 
   const check = (...extra: string[]) =>
-    runCli(checkCommand(), ['--node', NODE, '--path.sysfs', node.sysfs, '--path.procfs', node.procfs, '--path.kmsg', node.kmsg, '--nvidia-smi.xml', node.nvidiaSmiXml, '--xid.state-file', state, ...extra]);
+    runCli(checkCommand(), [
+      '--node',
+      NODE,
+      '--path.sysfs',
+      node.sysfs,
+      '--path.procfs',
+      node.procfs,
+      '--path.kmsg',
+      node.kmsg,
+      '--nvidia-smi.xml',
+      node.nvidiaSmiXml,
+      '--xid.state-file',
+      state,
+      ...extra,
+    ]);
 
   beforeAll(async () => {
     node = buildFixtureNode(join(root, 'node'));
@@ -47,7 +61,20 @@ describe('steadfast check on a fixture node', () => {
   });
 
   it('exits 1 when the GPUs cannot be read at all', async () => {
-    const result = await runCli(checkCommand(), ['--node', NODE, '--path.procfs', node.procfs, '--path.kmsg', node.kmsg, '--nvidia-smi.path', join(root, 'no-nvidia-smi'), '--xid.state-file', state, '--expect-gpus', '8']);
+    const result = await runCli(checkCommand(), [
+      '--node',
+      NODE,
+      '--path.procfs',
+      node.procfs,
+      '--path.kmsg',
+      node.kmsg,
+      '--nvidia-smi.path',
+      join(root, 'no-nvidia-smi'),
+      '--xid.state-file',
+      state,
+      '--expect-gpus',
+      '8',
+    ]);
     expect(result.exitCode).toBe(1);
     expect(result.stdout).toContain('steadfast check: GPUs unreadable:');
   });
@@ -75,9 +102,25 @@ describe('steadfast check on a fixture node', () => {
   });
 
   it('reads the GPUs through NVML with --gpu.source nvml, and names a GPU NVML cannot reach', async () => {
-    const gpus = Array.from({ length: 2 }, (_, index) => `${index} pci 00000000:${(0x18 + index).toString(16)}:00.0\n${index} minor ${index}\n${index} temp 40\n`).join('');
+    const gpus = Array.from(
+      { length: 2 },
+      (_, index) => `${index} pci 00000000:${(0x18 + index).toString(16)}:00.0\n${index} minor ${index}\n${index} temp 40\n`,
+    ).join('');
     const nvml = await StandInNvml.create(join(root, 'nvml'), `driver 580.159.04\ngpus 2\n${gpus}`);
-    const args = ['--node', NODE, '--path.procfs', node.procfs, '--path.kmsg', node.kmsg, '--xid.state-file', state, '--gpu.source', 'nvml', '--gpu.nvml-library', nvml.library];
+    const args = [
+      '--node',
+      NODE,
+      '--path.procfs',
+      node.procfs,
+      '--path.kmsg',
+      node.kmsg,
+      '--xid.state-file',
+      state,
+      '--gpu.source',
+      'nvml',
+      '--gpu.nvml-library',
+      nvml.library,
+    ];
     expect(await runCli(checkCommand(), [...args, '--expect-gpus', '2'])).toMatchObject({ exitCode: 0, stdout: `${NODE}: healthy\n` });
     await nvml.setState(`driver 580.159.04\ngpus 2\n${gpus}1 fail.handle 15\n`);
     const lost = await runCli(checkCommand(), [...args, '--expect-gpus', '2']);

@@ -40,7 +40,9 @@ describe('steadfast demo --scenario training: input', () => {
 
   it('refuses an unknown or empty scenario list, naming the choices', () => {
     expect(() => parseScenarioList('slow-disk')).toThrow(InputError);
-    expect(() => parseScenarioList('slow-disk')).toThrow(/unknown slow-disk; choose from machine-fault, bad-code, crash, hang, fail-slow, hot-swap, hot-swap-spare-dies/);
+    expect(() => parseScenarioList('slow-disk')).toThrow(
+      /unknown slow-disk; choose from machine-fault, bad-code, crash, hang, fail-slow, hot-swap, hot-swap-spare-dies/,
+    );
     expect(() => parseScenarioList(',')).toThrow(/empty/);
   });
 

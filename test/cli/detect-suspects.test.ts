@@ -28,10 +28,7 @@ function exposition(host: string): string {
   const lines = ['steadfast_collector_success{collector="xid"} 1'];
   for (const gpu of ['0', '1']) {
     const hot = host === 'h3' && gpu === '0';
-    lines.push(
-      `steadfast_gpu_temperature_celsius{gpu="${gpu}"} ${hot ? 86 : 60 + 0.3 * index}`,
-      `steadfast_gpu_power_watts{gpu="${gpu}"} ${power}`,
-    );
+    lines.push(`steadfast_gpu_temperature_celsius{gpu="${gpu}"} ${hot ? 86 : 60 + 0.3 * index}`, `steadfast_gpu_power_watts{gpu="${gpu}"} ${power}`);
   }
   lines.push(`steadfast_training_iteration_seconds{run="${run}",rank="0"} ${run === 'a' ? 4.2 + 0.01 * index : 2.1 + 0.01 * index}`);
   return `${lines.join('\n')}\n`;
@@ -82,7 +79,7 @@ function suspects(...args: string[]): Promise<CliRun> {
 const reportOf = (run: CliRun) => JSON.parse(run.stdout) as SuspectsReport;
 
 describe('steadfast detect suspects on a real Prometheus', () => {
-  it('with the fleet\'s own label names, groups the nodes by training job and raises the node unlike its job', async () => {
+  it("with the fleet's own label names, groups the nodes by training job and raises the node unlike its job", async () => {
     const run = await suspects('--node-label', 'host', '--training-job-label', 'run');
     expect(run.exitCode, run.stderr).toBe(0);
     const report = reportOf(run);
@@ -112,7 +109,9 @@ describe('steadfast detect suspects on a real Prometheus', () => {
     expect(run.exitCode, run.stderr).toBe(0);
     const report = reportOf(run);
     const missing = new Map(report.missing.map((entry) => [entry.feature, entry.reason]));
-    expect(missing.get('gpu_temperature_celsius')).toBe('steadfast_gpu_temperature_celsius series have no node label (set the node label, or add it when scraping)');
+    expect(missing.get('gpu_temperature_celsius')).toBe(
+      'steadfast_gpu_temperature_celsius series have no node label (set the node label, or add it when scraping)',
+    );
     expect(missing.get('gpu_power_watts')).toMatch(/have no node label/);
     expect(report.suspects).toEqual([]);
     expect(report.peers.groups).toEqual([]);
@@ -124,7 +123,9 @@ describe('steadfast detect suspects on a real Prometheus', () => {
     expect(run.exitCode, run.stderr).toBe(0);
     const report = reportOf(run);
     const missing = new Map(report.missing.map((entry) => [entry.feature, entry.reason]));
-    expect(missing.get('gpu_temperature_celsius')).toBe(`steadfast_gpu_temperature_celsius is scraped under job(s) ${AGENT_SCRAPE_JOB}, not gpu-nodes (set the scrape job)`);
+    expect(missing.get('gpu_temperature_celsius')).toBe(
+      `steadfast_gpu_temperature_celsius is scraped under job(s) ${AGENT_SCRAPE_JOB}, not gpu-nodes (set the scrape job)`,
+    );
     expect(report.suspects).toEqual([]);
   }, 30_000);
 
@@ -136,7 +137,17 @@ describe('steadfast detect suspects on a real Prometheus', () => {
 
   it('exits 1 naming the address when every query failed, and never prints a healthy-looking report', async () => {
     const closed = await freePort();
-    const run = await runCli(detectCommand(), ['suspects', '--prometheus', `http://127.0.0.1:${closed}`, '--minutes', '0.05', '--step-seconds', '1', '--baseline-hours', '0']);
+    const run = await runCli(detectCommand(), [
+      'suspects',
+      '--prometheus',
+      `http://127.0.0.1:${closed}`,
+      '--minutes',
+      '0.05',
+      '--step-seconds',
+      '1',
+      '--baseline-hours',
+      '0',
+    ]);
     expect(run.exitCode).toBe(1);
     expect(run.stdout).toBe('');
     expect(run.stderr).toContain('every query failed');

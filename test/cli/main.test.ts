@@ -26,7 +26,26 @@ async function steadfastWithEnv(extraEnv: Record<string, string>, ...args: strin
 }
 
 describe('the steadfast CLI', () => {
-  it.each(['agent', 'controller', 'audit', 'jobs', 'queues', 'pause', 'unpause', 'resume', 'hold', 'release', 'holds', 'plan', 'dashboards', 'rules', 'alertmanager-config', 'sd', 'check', 'demo'])('documents `steadfast %s` with --help and exits 0', async (command) => {
+  it.each([
+    'agent',
+    'controller',
+    'audit',
+    'jobs',
+    'queues',
+    'pause',
+    'unpause',
+    'resume',
+    'hold',
+    'release',
+    'holds',
+    'plan',
+    'dashboards',
+    'rules',
+    'alertmanager-config',
+    'sd',
+    'check',
+    'demo',
+  ])('documents `steadfast %s` with --help and exits 0', async (command) => {
     const result = await steadfast(command, '--help');
     expect(result.code).toBe(0);
     expect(result.stdout).toContain(`Usage: steadfast ${command}`);
@@ -48,7 +67,7 @@ describe('the steadfast CLI', () => {
     expect(chosenCommand(['help', 'controller'])).toBe('controller');
   });
 
-  it('shows a command\'s help through `help NAME`', async () => {
+  it("shows a command's help through `help NAME`", async () => {
     const result = await steadfast('help', 'hold');
     expect(result.code).toBe(0);
     expect(result.stdout).toContain('Usage: steadfast hold');

@@ -30,7 +30,18 @@ describe('the operator CLI against a running controller', () => {
     let url: string;
     ({ controller, url } = await startController(testConfig(store.url, store.prefix), { workers: false }));
     flags = ['--controller.url', url, '--token-file', tokenFile];
-    expect((await post(`${url}/api/v1/jobs`, { name: 'gpt-small', nodes: ['n1', 'n2'], ranksPerNode: 8, topology: { tp: 8, dp: 2 }, launcher: 'accept', codeVersion: 'v7' })).status).toBe(201);
+    expect(
+      (
+        await post(`${url}/api/v1/jobs`, {
+          name: 'gpt-small',
+          nodes: ['n1', 'n2'],
+          ranksPerNode: 8,
+          topology: { tp: 8, dp: 2 },
+          launcher: 'accept',
+          codeVersion: 'v7',
+        })
+      ).status,
+    ).toBe(201);
   });
   afterAll(async () => {
     await controller.close();
@@ -38,12 +49,23 @@ describe('the operator CLI against a running controller', () => {
     rmSync(dir, { recursive: true, force: true });
   });
 
-  it('lists jobs as a table and as JSON, and sets a job\'s policy', async () => {
+  it("lists jobs as a table and as JSON, and sets a job's policy", async () => {
     const table = await runCli(jobsCommand(), flags);
     expect(table.exitCode).toBe(0);
     expect(table.stdout).toMatch(/^gpt-small +running +v7 +2 +100\.0% +100\.0% +off +\S+$/m);
     // A hot-swap job shows its unused spares and the epoch its ranks meet in.
-    expect((await post(`${flags[1] ?? ''}/api/v1/jobs`, { name: 'gpt-swap', nodes: ['m1', 'm2'], ranksPerNode: 1, launcher: 'accept', codeVersion: 'v7', hotSwap: { spares: ['m3', 'm4'] } })).status).toBe(201);
+    expect(
+      (
+        await post(`${flags[1] ?? ''}/api/v1/jobs`, {
+          name: 'gpt-swap',
+          nodes: ['m1', 'm2'],
+          ranksPerNode: 1,
+          launcher: 'accept',
+          codeVersion: 'v7',
+          hotSwap: { spares: ['m3', 'm4'] },
+        })
+      ).status,
+    ).toBe(201);
     expect((await runCli(jobsCommand(), flags)).stdout).toMatch(/^gpt-swap +running +v7 +2 +100\.0% +100\.0% +2 spares, epoch 0 +\S+$/m);
     await runCli(jobsCommand(), ['delete', 'gpt-swap', ...flags]);
     const policy = await runCli(jobsCommand(), ['policy', 'gpt-small', '--recovery', 'off', '--dry-run', 'on', ...flags]);
@@ -56,11 +78,27 @@ describe('the operator CLI against a running controller', () => {
     expect(bad.stderr).toContain('--recovery takes on or off');
   });
 
-  it('shows a node\'s remediation history, newest first, and refuses a malformed node name', async () => {
+  it("shows a node's remediation history, newest first, and refuses a malformed node name", async () => {
     expect(await runCli(remediationsCommand(), ['gpu-7', ...flags])).toMatchObject({ exitCode: 0, stdout: 'gpu-7: no remediations recorded\n' });
     const history = new RemediationHistory(store.redis, store.keys, 10);
-    await history.record('gpu-7', { time: '2026-11-20T10:00:00.000Z', action: 'reset_gpu', outcome: 'done', gpu: '0000:3a:00', detail: 'GPU 0000:3a:00 (index 2) reset', decisionId: 'd-1', actor: { role: 'agent', node: 'gpu-7' } }, 'd-1:reset');
-    await history.record('gpu-7', { time: '2026-11-20T11:00:00.000Z', action: 'reboot', outcome: 'done', detail: 'reboot requested', decisionId: 'd-2' }, 'd-2:reboot');
+    await history.record(
+      'gpu-7',
+      {
+        time: '2026-11-20T10:00:00.000Z',
+        action: 'reset_gpu',
+        outcome: 'done',
+        gpu: '0000:3a:00',
+        detail: 'GPU 0000:3a:00 (index 2) reset',
+        decisionId: 'd-1',
+        actor: { role: 'agent', node: 'gpu-7' },
+      },
+      'd-1:reset',
+    );
+    await history.record(
+      'gpu-7',
+      { time: '2026-11-20T11:00:00.000Z', action: 'reboot', outcome: 'done', detail: 'reboot requested', decisionId: 'd-2' },
+      'd-2:reboot',
+    );
     const shown = await runCli(remediationsCommand(), ['gpu-7', ...flags]);
     expect(shown.exitCode).toBe(0);
     expect(shown.stdout.split('\n')).toEqual([
@@ -82,7 +120,11 @@ describe('the operator CLI against a running controller', () => {
   });
 
   it('holds, lists and releases a node', async () => {
-    const [hold, release, holds] = holdCommands() as [ReturnType<typeof holdCommands>[0], ReturnType<typeof holdCommands>[0], ReturnType<typeof holdCommands>[0]];
+    const [hold, release, holds] = holdCommands() as [
+      ReturnType<typeof holdCommands>[0],
+      ReturnType<typeof holdCommands>[0],
+      ReturnType<typeof holdCommands>[0],
+    ];
     const held = await runCli(hold, ['n2', '--reason', 'DIMM swap', '--for', '7200', ...flags]);
     expect(held.exitCode).toBe(0);
     expect(held.stdout).toMatch(/^n2: held until \S+ \(DIMM swap\)\n$/);
@@ -104,7 +146,11 @@ describe('the operator CLI against a running controller', () => {
   });
 
   it('writes control characters and bidirectional overrides from the controller as escapes, so a reason cannot rewrite the terminal', async () => {
-    const [hold, release, holds] = holdCommands() as [ReturnType<typeof holdCommands>[0], ReturnType<typeof holdCommands>[0], ReturnType<typeof holdCommands>[0]];
+    const [hold, release, holds] = holdCommands() as [
+      ReturnType<typeof holdCommands>[0],
+      ReturnType<typeof holdCommands>[0],
+      ReturnType<typeof holdCommands>[0],
+    ];
     const hostile = 'fan\u001b]0;pwned\u0007\u001b[2J\u202eswap';
     expect((await runCli(hold, ['n1', '--reason', hostile, ...flags])).exitCode).toBe(0);
     const printed = [(await runCli(holds, flags)).stdout, (await runCli(auditCommand(), ['--node', 'n1', ...flags])).stdout];

@@ -11,7 +11,6 @@ function plan(...args: string[]): Promise<CliRun> {
   return runCli(planCommand(), args);
 }
 
-
 describe('steadfast plan replay', () => {
   it('prints the horizontal and vertical groups of Fig. 6 for 24 machines in groups of 4', async () => {
     const run = await plan('replay', '--machines', '24', '--group-size', '4');
@@ -31,7 +30,17 @@ describe('steadfast plan replay', () => {
   it('takes node names in place of a count', async () => {
     const run = await plan('replay', '--machines', 'gpu-a,gpu-b,gpu-c,gpu-d', '--group-size', '2', '--failed', '0,1');
     expect(run.exitCode).toBe(0);
-    expect(JSON.parse(run.stdout)).toEqual({ horizontal: [['gpu-a', 'gpu-b'], ['gpu-c', 'gpu-d']], vertical: [['gpu-a', 'gpu-c'], ['gpu-b', 'gpu-d']], suspects: ['gpu-b'] });
+    expect(JSON.parse(run.stdout)).toEqual({
+      horizontal: [
+        ['gpu-a', 'gpu-b'],
+        ['gpu-c', 'gpu-d'],
+      ],
+      vertical: [
+        ['gpu-a', 'gpu-c'],
+        ['gpu-b', 'gpu-d'],
+      ],
+      suspects: ['gpu-b'],
+    });
   });
 
   it('warns on stderr, keeping stdout JSON, when a fault leaves several suspects or none', async () => {

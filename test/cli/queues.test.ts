@@ -59,7 +59,12 @@ describe('steadfast queues', () => {
     const body = JSON.parse(stdout) as { queues: QueueSummary[] };
     expect(body.queues.map((queue) => queue.name)).toEqual(['signals', 'steps', 'analysis']);
     const [queueSignals, queueActions] = body.queues;
-    expect(queueSignals).toEqual({ name: 'signals', isPaused: false, counts: { waiting: 1, active: 0, delayed: 1, completed: 0, failed: 0, paused: 0 }, failed: [] });
+    expect(queueSignals).toEqual({
+      name: 'signals',
+      isPaused: false,
+      counts: { waiting: 1, active: 0, delayed: 1, completed: 0, failed: 0, paused: 0 },
+      failed: [],
+    });
     expect(queueActions?.counts).toEqual({ waiting: 0, active: 0, delayed: 0, completed: 0, failed: 7, paused: 0 });
     expect(queueActions?.failed).toHaveLength(5);
     // Failed jobs are ordered by when they failed, newest first; the worker took them oldest first.

@@ -29,7 +29,7 @@ describe('rendering rules and the Alertmanager config for a deployment', () => {
   const root = mkdtempSync(join(tmpdir(), 'steadfast-render-'));
   afterAll(() => rmSync(root, { recursive: true, force: true }));
 
-  it('renders rule files with the thresholds, selectors and runbook URL from the operator\'s file, and promtool accepts them', async () => {
+  it("renders rule files with the thresholds, selectors and runbook URL from the operator's file, and promtool accepts them", async () => {
     const thresholds = join(root, 'thresholds.yaml');
     writeFileSync(thresholds, 'selectors: { agentJob: gpu-agents }\ngpu: { temperatureCelsius: 80 }\nrunbookBaseUrl: https://wiki.example.org/steadfast/\n');
     const out = join(root, 'rules');
@@ -68,9 +68,22 @@ describe('rendering rules and the Alertmanager config for a deployment', () => {
 
   it('renders one PrometheusRule with the labels its Prometheus selects on', async () => {
     const out = join(root, 'operator');
-    const result = await runCli(rulesCommand(), ['--out', out, '--format', 'prometheusrule', '--namespace', 'monitoring', '--label', 'release=kube-prometheus-stack']);
+    const result = await runCli(rulesCommand(), [
+      '--out',
+      out,
+      '--format',
+      'prometheusrule',
+      '--namespace',
+      'monitoring',
+      '--label',
+      'release=kube-prometheus-stack',
+    ]);
     expect(result.exitCode).toBe(0);
-    const rule = parseYaml(readFileSync(join(out, 'prometheusrule.yaml'), 'utf8')) as { kind: string; metadata: { namespace: string; labels: Record<string, string> }; spec: RuleFile };
+    const rule = parseYaml(readFileSync(join(out, 'prometheusrule.yaml'), 'utf8')) as {
+      kind: string;
+      metadata: { namespace: string; labels: Record<string, string> };
+      spec: RuleFile;
+    };
     expect(rule.kind).toBe('PrometheusRule');
     expect(rule.metadata.namespace).toBe('monitoring');
     expect(rule.metadata.labels.release).toBe('kube-prometheus-stack');
@@ -90,12 +103,24 @@ describe('rendering rules and the Alertmanager config for a deployment', () => {
   it('renders an Alertmanager config for the controller behind a Service, with email, Slack and PagerDuty for people, that amtool accepts', async () => {
     const out = join(root, 'alertmanager.yml');
     const result = await runCli(alertmanagerConfigCommand(), [
-      '--out', out,
-      '--controller-url', 'http://steadfast-controller.steadfast.svc:9400/',
-      '--credentials-file', '/etc/alertmanager/secrets/steadfast/token',
-      '--email-to', 'gpu-oncall@example.org', '--email-from', 'alertmanager@example.org', '--smarthost', 'smtp.example.org:587',
-      '--slack-webhook-url-file', '/etc/alertmanager/secrets/slack-url', '--slack-channel', '#gpu-ops',
-      '--pagerduty-routing-key-file', '/etc/alertmanager/secrets/pagerduty-key',
+      '--out',
+      out,
+      '--controller-url',
+      'http://steadfast-controller.steadfast.svc:9400/',
+      '--credentials-file',
+      '/etc/alertmanager/secrets/steadfast/token',
+      '--email-to',
+      'gpu-oncall@example.org',
+      '--email-from',
+      'alertmanager@example.org',
+      '--smarthost',
+      'smtp.example.org:587',
+      '--slack-webhook-url-file',
+      '/etc/alertmanager/secrets/slack-url',
+      '--slack-channel',
+      '#gpu-ops',
+      '--pagerduty-routing-key-file',
+      '/etc/alertmanager/secrets/pagerduty-key',
     ]);
     expect(result.exitCode).toBe(0);
     const { stdout } = await run(AMTOOL, ['check-config', out]);

@@ -90,7 +90,9 @@ describe('Prometheus file_sd targets from the Slurm node list', () => {
   it('with --interval keeps the file current (here: restores it after it was removed) until SIGTERM, then exits 0', async () => {
     if (!existsSync(join(ROOT, 'dist', 'cli', 'main.js'))) throw new Error('dist/ is missing: run `npm run build` (npm test does it)');
     const kept = join(root, 'kept.json');
-    const child = spawn(process.execPath, [join(ROOT, 'bin', 'steadfast.js'), 'sd', 'slurm', '--out', kept, '--slurm-conf', slurm.conf, '--interval', '1s'], { stdio: 'ignore' });
+    const child = spawn(process.execPath, [join(ROOT, 'bin', 'steadfast.js'), 'sd', 'slurm', '--out', kept, '--slurm-conf', slurm.conf, '--interval', '1s'], {
+      stdio: 'ignore',
+    });
     const exited = once(child, 'exit');
     try {
       await until('the first targets file', async () => existsSync(kept), Boolean);
@@ -123,7 +125,11 @@ describe('Prometheus file_sd targets from the Slurm node list', () => {
     const alerts = payload.alerts as Array<{ labels: Record<string, string> }>;
     alerts[0] = { ...alerts[0], labels: { ...alerts[0]?.labels, node: first?.labels.node ?? '', instance: first?.targets[0] ?? '', job: 'steadfast-agent' } };
     expect((await post(`${url}/api/v1/alerts`, payload, ALERTMANAGER_TOKEN)).status).toBe(202);
-    const drained = await until('gpu-b1 drained', () => slurmNode(slurm, 'gpu-b1'), (node) => node.state.startsWith('drain'));
+    const drained = await until(
+      'gpu-b1 drained',
+      () => slurmNode(slurm, 'gpu-b1'),
+      (node) => node.state.startsWith('drain'),
+    );
     expect(drained.reason).toContain('Xid 79');
     expect((await slurmNode(slurm, 'gpu-b2')).state).toBe('idle~');
   });

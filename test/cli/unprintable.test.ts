@@ -60,7 +60,18 @@ describe('the operator CLI shows invisible characters from the controller as esc
     writeFileSync(tokenFile, `${TEST_TOKEN}\n`, { mode: 0o600 });
     ({ controller, url } = await startController(testConfig(store.url, store.prefix)));
     flags = ['--controller.url', url, '--token-file', tokenFile];
-    expect((await post(`${url}/api/v1/jobs`, { name: 'gpt-small', nodes: ['n1', 'n2'], ranksPerNode: 8, topology: { tp: 8, dp: 2 }, launcher: 'accept', codeVersion: 'v7' })).status).toBe(201);
+    expect(
+      (
+        await post(`${url}/api/v1/jobs`, {
+          name: 'gpt-small',
+          nodes: ['n1', 'n2'],
+          ranksPerNode: 8,
+          topology: { tp: 8, dp: 2 },
+          launcher: 'accept',
+          codeVersion: 'v7',
+        })
+      ).status,
+    ).toBe(201);
   });
   afterAll(async () => {
     await controller.close();
@@ -68,7 +79,7 @@ describe('the operator CLI shows invisible characters from the controller as esc
     rmSync(dir, { recursive: true, force: true });
   });
 
-  it('prints a hold\'s and a pause\'s reason with escapes in every table, and as JSON that reads back the same', async () => {
+  it("prints a hold's and a pause's reason with escapes in every table, and as JSON that reads back the same", async () => {
     const [hold, , holds] = holdCommands() as [ReturnType<typeof holdCommands>[0], ReturnType<typeof holdCommands>[0], ReturnType<typeof holdCommands>[0]];
     const [pause, unpause] = pauseCommands() as [ReturnType<typeof pauseCommands>[0], ReturnType<typeof pauseCommands>[0]];
     const held = await runCli(hold, ['n1', '--reason', HOSTILE, ...flags]);
@@ -94,13 +105,16 @@ describe('the operator CLI shows invisible characters from the controller as esc
     for (const [command, printed] of Object.entries(json)) {
       expect(RAW.test(printed), `${command} --json printed a raw invisible character`).toBe(false);
       // The escapes are JSON's own: the text parses back to what the controller holds.
-      const lines = printed.trim().split('\n').map((line) => JSON.stringify(JSON.parse(line)));
+      const lines = printed
+        .trim()
+        .split('\n')
+        .map((line) => JSON.stringify(JSON.parse(line)));
       expect(lines.join('\n'), command).toContain(JSON.stringify(HOSTILE).slice(1, -1));
     }
     expect(JSON.parse(json.holds)).toMatchObject({ holds: [{ node: 'n1', reason: HOSTILE }] });
   });
 
-  it('prints an alert\'s description from Alertmanager, kept in the audit, as JSON escapes only', async () => {
+  it("prints an alert's description from Alertmanager, kept in the audit, as JSON escapes only", async () => {
     const payload = xidAlertPayload();
     const [alert] = payload.alerts as { labels: Record<string, string>; annotations: Record<string, string> }[];
     if (alert) {
@@ -108,7 +122,12 @@ describe('the operator CLI shows invisible characters from the controller as esc
       alert.annotations.description = HOSTILE;
     }
     expect((await post(`${url}/api/v1/alerts`, payload, ALERTMANAGER_TOKEN)).status).toBe(202);
-    await until('the alert\'s signal in the audit', () => controller.audit.read({ node: 'n2', type: 'signal' }), (entries) => entries.length > 0, 30_000);
+    await until(
+      "the alert's signal in the audit",
+      () => controller.audit.read({ node: 'n2', type: 'signal' }),
+      (entries) => entries.length > 0,
+      30_000,
+    );
     const printed = await runCli(auditCommand(), ['--json', '--node', 'n2', '--type', 'signal', ...flags]);
     expect(printed.exitCode).toBe(0);
     expect(RAW.test(printed.stdout)).toBe(false);

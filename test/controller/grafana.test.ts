@@ -81,8 +81,7 @@ function annotator(url: string, options: { timeoutMs?: number; dashboardUid?: st
   const lines: string[] = [];
   const logger = pino({ level: 'warn' }, { write: (line: string) => void lines.push(line) });
   const client = new GrafanaAnnotator({ url, token: GRAFANA_TOKEN, timeoutMs: options.timeoutMs ?? 2000, dashboardUid: options.dashboardUid, failed, logger });
-  const failures = async (reason: string): Promise<number> =>
-    (await failed.get()).values.find((value) => value.labels.reason === reason)?.value ?? 0;
+  const failures = async (reason: string): Promise<number> => (await failed.get()).values.find((value) => value.labels.reason === reason)?.value ?? 0;
   return { client, failures, lines };
 }
 
@@ -180,7 +179,14 @@ describe('the controller with a grafana section', () => {
     return { standIn, controller, url };
   }
 
-  const xid = (node: string): Record<string, unknown> => ({ kind: 'xid', node, gpu: '0000:3a:00', xid: 79, message: 'GPU has fallen off the bus.', time: new Date().toISOString() });
+  const xid = (node: string): Record<string, unknown> => ({
+    kind: 'xid',
+    node,
+    gpu: '0000:3a:00',
+    xid: 79,
+    message: 'GPU has fallen off the bus.',
+    time: new Date().toISOString(),
+  });
   const actionStates = async (controller: Controller, node: string): Promise<unknown[]> =>
     (await controller.audit.read({ node })).filter((entry) => entry.type === 'action').map((entry) => entry.data.state);
 
@@ -200,7 +206,9 @@ describe('the controller with a grafana section', () => {
   it('still carries out and records the action when Grafana answers with an error, and counts the failed annotation', async () => {
     const { standIn, controller, url } = await setUp('error');
     expect((await post(`${url}/api/v1/signals`, xid('node-8'))).status).toBe(202);
-    await until('the failed annotation to be counted', async () => (await controller.metrics.registry.metrics()).includes('steadfast_grafana_annotations_failed_total{reason="status"} 1'));
+    await until('the failed annotation to be counted', async () =>
+      (await controller.metrics.registry.metrics()).includes('steadfast_grafana_annotations_failed_total{reason="status"} 1'),
+    );
     expect(standIn.received).toHaveLength(1);
     const states = await actionStates(controller, 'node-8');
     expect(states).toContain('done');
@@ -213,7 +221,9 @@ describe('the grafana config section', () => {
 
   it('is optional, and takes a URL, a token and a dashboard uid with a default timeout', () => {
     expect(configSchema.parse(base).grafana).toBeUndefined();
-    expect(configSchema.parse({ ...base, grafana: { url: 'https://grafana.example.com', token: GRAFANA_TOKEN, dashboardUid: 'steadfast-fleet' } }).grafana).toEqual({
+    expect(
+      configSchema.parse({ ...base, grafana: { url: 'https://grafana.example.com', token: GRAFANA_TOKEN, dashboardUid: 'steadfast-fleet' } }).grafana,
+    ).toEqual({
       url: 'https://grafana.example.com',
       token: GRAFANA_TOKEN,
       dashboardUid: 'steadfast-fleet',

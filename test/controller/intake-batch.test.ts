@@ -28,7 +28,11 @@ function signal(index: number): Signal {
 describe('intake batching on a real Redis', () => {
   const store = testRedis();
   const connection = intakeConnection(store.url);
-  const intake = new SignalIntake(connection, store.prefix, { jobOptions: queueJobOptions(retentionFromBudget(64)).signals, replicaMarker: store.keys.intakeReplicaMarker, seen: { key: store.keys.intakeSeenSignals, windowSeconds: 86_400, maxIds: 10_000 } });
+  const intake = new SignalIntake(connection, store.prefix, {
+    jobOptions: queueJobOptions(retentionFromBudget(64)).signals,
+    replicaMarker: store.keys.intakeReplicaMarker,
+    seen: { key: store.keys.intakeSeenSignals, windowSeconds: 86_400, maxIds: 10_000 },
+  });
   const signals = new Queue(QUEUE_NAMES.signals, { connection: store.redis, prefix: store.prefix });
   afterAll(async () => {
     await signals.close();
@@ -56,7 +60,11 @@ describe('intake batching on a real Redis', () => {
       writes.push(batch.length);
       await intake.enqueue(batch);
     }, 5);
-    await Promise.all([batcher.enqueue([signal(100), signal(101), signal(102)]), batcher.enqueue([signal(103), signal(104), signal(105)]), batcher.enqueue([100, 101, 102, 103, 104].map((index) => signal(index + 10)))]);
+    await Promise.all([
+      batcher.enqueue([signal(100), signal(101), signal(102)]),
+      batcher.enqueue([signal(103), signal(104), signal(105)]),
+      batcher.enqueue([100, 101, 102, 103, 104].map((index) => signal(index + 10))),
+    ]);
     expect(writes.sort()).toEqual([3, 3, 5]);
   });
 

@@ -31,7 +31,7 @@ describe('a controller task on a clock', () => {
     const { logger, messages } = capturingLogger();
     const finish: (() => void)[] = [];
     let started = 0;
-    const task = startIntervalTask('tick', 1000, () => new Promise<void>((resolve) => void (started += 1, finish.push(resolve))), logger);
+    const task = startIntervalTask('tick', 1000, () => new Promise<void>((resolve) => void ((started += 1), finish.push(resolve))), logger);
     await vi.advanceTimersByTimeAsync(4500);
     expect(started).toBe(1);
     finish.shift()?.();
@@ -56,10 +56,15 @@ describe('a controller task on a clock', () => {
   it('logs a run that fails and keeps the clock going', async () => {
     const { logger, messages } = capturingLogger();
     let runs = 0;
-    const task = startIntervalTask('fail-slow check', 1000, async () => {
-      runs += 1;
-      throw new Error('Prometheus answered 503');
-    }, logger);
+    const task = startIntervalTask(
+      'fail-slow check',
+      1000,
+      async () => {
+        runs += 1;
+        throw new Error('Prometheus answered 503');
+      },
+      logger,
+    );
     await vi.advanceTimersByTimeAsync(2500);
     task.stop();
     expect(runs).toBe(2);

@@ -28,10 +28,15 @@ describe('agents authenticated by their pod service-account token (TokenReview)'
   let api: KubeApiStandIn;
   let clock = START;
 
-  function reviewer(overrides: { cacheEntries?: number; cacheSeconds?: number; refusedCacheSeconds?: number; reviewRateLimit?: object; server?: string } = {}): KubernetesAgentTokens {
+  function reviewer(
+    overrides: { cacheEntries?: number; cacheSeconds?: number; refusedCacheSeconds?: number; reviewRateLimit?: object; server?: string } = {},
+  ): KubernetesAgentTokens {
     const { server, ...agents } = overrides;
     const settings = kubernetesAgentsSchema.parse(agents);
-    const configuration = kubernetesApiConfiguration({ connection: { kind: 'token', server: server ?? api.url, token: api.token, skipTlsVerify: true }, timeoutMs: 2000 });
+    const configuration = kubernetesApiConfiguration({
+      connection: { kind: 'token', server: server ?? api.url, token: api.token, skipTlsVerify: true },
+      timeoutMs: 2000,
+    });
     return kubernetesAgentTokens(configuration, { ...settings, now: () => clock });
   }
 
@@ -64,25 +69,37 @@ describe('agents authenticated by their pod service-account token (TokenReview)'
 
     const replaced = projectedToken({ bound });
     api.load([tokenReview(replaced, { bound }), podRead(bound.pod, 'another-uid-0000-4000-8000-000000000010', 'gpu-b07')]);
-    await expect(tokens.review(replaced, AGENT_ADDRESS)).rejects.toThrow(new TokenRefusedError(`the token's pod steadfast/${bound.pod} was replaced (uid ${bound.podUid} is gone)`));
+    await expect(tokens.review(replaced, AGENT_ADDRESS)).rejects.toThrow(
+      new TokenRefusedError(`the token's pod steadfast/${bound.pod} was replaced (uid ${bound.podUid} is gone)`),
+    );
   });
 
   it('refuses a token for another audience without asking, one the API server does not authenticate, and one of another service account', async () => {
     const tokens = reviewer();
     const foreign = projectedToken({ audiences: ['https://kubernetes.default.svc.cluster.local'] });
-    await expect(tokens.review(foreign, AGENT_ADDRESS)).rejects.toThrow(/is for audience "https:\/\/kubernetes.default.svc.cluster.local", not this controller's "steadfast-controller"/);
+    await expect(tokens.review(foreign, AGENT_ADDRESS)).rejects.toThrow(
+      /is for audience "https:\/\/kubernetes.default.svc.cluster.local", not this controller's "steadfast-controller"/,
+    );
 
     const expired = projectedToken();
     api.load([tokenReview(expired, { error: '[invalid bearer token, service account token has expired]' })]);
-    await expect(tokens.review(expired, AGENT_ADDRESS)).rejects.toThrow(new TokenRefusedError('the Kubernetes API server did not authenticate the service-account token: [invalid bearer token, service account token has expired]'));
+    await expect(tokens.review(expired, AGENT_ADDRESS)).rejects.toThrow(
+      new TokenRefusedError(
+        'the Kubernetes API server did not authenticate the service-account token: [invalid bearer token, service account token has expired]',
+      ),
+    );
 
     const other = projectedToken();
     api.load([tokenReview(other, { username: 'system:serviceaccount:default:default' })]);
-    await expect(tokens.review(other, AGENT_ADDRESS)).rejects.toThrow(`the token is "system:serviceaccount:default:default"'s; agents present the service account ${AGENT_USER}'s`);
+    await expect(tokens.review(other, AGENT_ADDRESS)).rejects.toThrow(
+      `the token is "system:serviceaccount:default:default"'s; agents present the service account ${AGENT_USER}'s`,
+    );
 
     const unaware = projectedToken();
     api.load([tokenReview(unaware, { audiences: [] })]);
-    await expect(tokens.review(unaware, AGENT_ADDRESS)).rejects.toThrow('the Kubernetes API server authenticated the token but not for audience "steadfast-controller"');
+    await expect(tokens.review(unaware, AGENT_ADDRESS)).rejects.toThrow(
+      'the Kubernetes API server authenticated the token but not for audience "steadfast-controller"',
+    );
     expect(tokens.cached).toBe(0);
   });
 
@@ -98,8 +115,16 @@ describe('agents authenticated by their pod service-account token (TokenReview)'
     expect(down.cached).toBe(0);
 
     const tokens = reviewer();
-    api.load([tokenReview(token, { status: 403, message: 'tokenreviews.authentication.k8s.io is forbidden: User "system:serviceaccount:steadfast:steadfast-controller" cannot create resource "tokenreviews"' })]);
-    await expect(tokens.review(token, AGENT_ADDRESS)).rejects.toThrow(/^the controller may not review the token: it lacks the RBAC permission "create tokenreviews.authentication.k8s.io" \(deploy\/kubernetes\/rbac.yaml\); HTTP 403: tokenreviews.authentication.k8s.io is forbidden/);
+    api.load([
+      tokenReview(token, {
+        status: 403,
+        message:
+          'tokenreviews.authentication.k8s.io is forbidden: User "system:serviceaccount:steadfast:steadfast-controller" cannot create resource "tokenreviews"',
+      }),
+    ]);
+    await expect(tokens.review(token, AGENT_ADDRESS)).rejects.toThrow(
+      /^the controller may not review the token: it lacks the RBAC permission "create tokenreviews.authentication.k8s.io" \(deploy\/kubernetes\/rbac.yaml\); HTTP 403: tokenreviews.authentication.k8s.io is forbidden/,
+    );
     api.load([tokenReview(token, { bound: { node: 'gpu-a01' } })]);
     expect(await tokens.review(token, AGENT_ADDRESS)).toEqual({ role: 'agent', node: 'gpu-a01' });
   });
@@ -136,7 +161,9 @@ describe('agents authenticated by their pod service-account token (TokenReview)'
     await expect(tokens.review(revoked, AGENT_ADDRESS)).rejects.toThrow(TokenRefusedError);
     api.verify();
     clock += 59_000;
-    await expect(tokens.review(revoked, AGENT_ADDRESS)).rejects.toThrow(new TokenRefusedError('the Kubernetes API server refused this token in the last 60 s; not asked again'));
+    await expect(tokens.review(revoked, AGENT_ADDRESS)).rejects.toThrow(
+      new TokenRefusedError('the Kubernetes API server refused this token in the last 60 s; not asked again'),
+    );
     clock += 1000;
     api.load([tokenReview(revoked, { error: '[invalid bearer token, service account token has been invalidated]' })]);
     await expect(tokens.review(revoked, AGENT_ADDRESS)).rejects.toThrow(/did not authenticate/);
@@ -192,15 +219,27 @@ describe('agents authenticated by their pod service-account token (TokenReview)'
     expect(await tokens.review(first, AGENT_ADDRESS)).toEqual({ role: 'agent', node: 'gpu-a05' });
 
     const strangers = Array.from({ length: 192 }, () => tokens.review(projectedToken(), '10.9.9.9').catch((error: unknown) => error));
-    await until('192 reviews of strangers to be held', async () => held.length, (count) => count === 192, 10_000);
-    await expect(tokens.review(projectedToken(), '10.9.9.9')).rejects.toThrow(new ReviewUnavailableError('192 reviews of tokens not seen before are already in progress'));
+    await until(
+      '192 reviews of strangers to be held',
+      async () => held.length,
+      (count) => count === 192,
+      10_000,
+    );
+    await expect(tokens.review(projectedToken(), '10.9.9.9')).rejects.toThrow(
+      new ReviewUnavailableError('192 reviews of tokens not seen before are already in progress'),
+    );
     // The kubelet rotated the pod's token: a token never seen, naming the same pod.
     const next = projectedToken({ bound });
     good.add(next);
     expect(await tokens.review(next, AGENT_ADDRESS)).toEqual({ role: 'agent', node: 'gpu-a05' });
     // The claim is read unverified: a stranger naming the pod holds one such slot at most.
     const forged = tokens.review(projectedToken({ bound }), '10.9.9.9').catch((error: unknown) => error);
-    await until('the forged token of the pod to be held', async () => held.length, (count) => count === 193, 10_000);
+    await until(
+      'the forged token of the pod to be held',
+      async () => held.length,
+      (count) => count === 193,
+      10_000,
+    );
     await expect(tokens.review(projectedToken({ bound }), '10.9.9.9')).rejects.toThrow(ReviewUnavailableError);
     for (const release of held) release();
     for (const outcome of await Promise.all([...strangers, forged])) expect(outcome).toBeInstanceOf(TokenRefusedError);
@@ -218,7 +257,12 @@ describe('agents authenticated by their pod service-account token (TokenReview)'
     const second = new AbortController();
     const firstWait = tokens.review(token, AGENT_ADDRESS, first.signal);
     const secondWait = tokens.review(token, AGENT_ADDRESS, second.signal);
-    await until('the review to reach the API server', async () => pending.length, (count) => count === 1, 5000);
+    await until(
+      'the review to reach the API server',
+      async () => pending.length,
+      (count) => count === 1,
+      5000,
+    );
     first.abort();
     pending[0]?.answer();
     expect(await secondWait).toEqual({ role: 'agent', node: 'gpu-a01' });
@@ -228,12 +272,25 @@ describe('agents authenticated by their pod service-account token (TokenReview)'
     const other = projectedToken({ bound: { node: 'gpu-a02' } });
     const third = new AbortController();
     const fourth = new AbortController();
-    const waits = [tokens.review(other, AGENT_ADDRESS, third.signal), tokens.review(other, AGENT_ADDRESS, fourth.signal)].map((wait) => wait.catch((error: unknown) => error));
-    await until('the second review to reach the API server', async () => pending.length, (count) => count === 2, 5000);
+    const waits = [tokens.review(other, AGENT_ADDRESS, third.signal), tokens.review(other, AGENT_ADDRESS, fourth.signal)].map((wait) =>
+      wait.catch((error: unknown) => error),
+    );
+    await until(
+      'the second review to reach the API server',
+      async () => pending.length,
+      (count) => count === 2,
+      5000,
+    );
     third.abort();
     fourth.abort();
-    await until('the API server to see the review dropped', async () => pending[1]?.abandoned.aborted, (aborted) => aborted === true, 5000);
-    for (const error of await Promise.all(waits)) expect(error).toEqual(new ReviewUnavailableError('the token review was abandoned: every request waiting for it went away'));
+    await until(
+      'the API server to see the review dropped',
+      async () => pending[1]?.abandoned.aborted,
+      (aborted) => aborted === true,
+      5000,
+    );
+    for (const error of await Promise.all(waits))
+      expect(error).toEqual(new ReviewUnavailableError('the token review was abandoned: every request waiting for it went away'));
   });
 
   it('is configured under controller.auth.kubernetesAgents, each field validated with its name', () => {
@@ -248,7 +305,12 @@ describe('agents authenticated by their pod service-account token (TokenReview)'
       refusedCacheSeconds: 60,
       reviewRateLimit: { requestsPerSecond: 1, burst: 10 },
     });
-    const wrong = configSchema.safeParse({ ...base, controller: { auth: { kubernetesAgents: { namespace: 'Steadfast', cacheSeconds: 3600, refusedCacheSeconds: -1, reviewRateLimit: { burst: 0 }, role: 'x' } } } });
+    const wrong = configSchema.safeParse({
+      ...base,
+      controller: {
+        auth: { kubernetesAgents: { namespace: 'Steadfast', cacheSeconds: 3600, refusedCacheSeconds: -1, reviewRateLimit: { burst: 0 }, role: 'x' } },
+      },
+    });
     const issues = wrong.error?.issues.map((issue) => `${issue.path.join('.')}: ${issue.message}`) ?? [];
     expect(issues).toEqual(
       expect.arrayContaining([
@@ -346,9 +408,21 @@ describe('an agent with --controller.kubernetes-token-file', () => {
       request.on('end', () => response.writeHead(202, { 'content-type': 'application/json' }).end('{"accepted":1}'));
     });
     await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-    const client = createFastPathClient({ controllerUrl: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, token, registry: new Registry(), logger: silentLogger() });
+    const client = createFastPathClient({
+      controllerUrl: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+      token,
+      registry: new Registry(),
+      logger: silentLogger(),
+    });
     try {
-      const xid = { kind: 'xid' as const, node: 'gpu-a01', gpu: '0000:3b:00', xid: 79, message: 'NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.', time: new Date().toISOString() };
+      const xid = {
+        kind: 'xid' as const,
+        node: 'gpu-a01',
+        gpu: '0000:3b:00',
+        xid: 79,
+        message: 'NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.',
+        time: new Date().toISOString(),
+      };
       client.send(xid);
       await client.drained();
       const second = projectedToken({ bound: { node: 'gpu-a01' } });
@@ -361,8 +435,12 @@ describe('an agent with --controller.kubernetes-token-file', () => {
       server.close();
     }
 
-    expect(() => settings([`--controller.kubernetes-token-file=${join(root, 'missing')}`])).toThrow(/--controller.kubernetes-token-file: cannot read token file/);
+    expect(() => settings([`--controller.kubernetes-token-file=${join(root, 'missing')}`])).toThrow(
+      /--controller.kubernetes-token-file: cannot read token file/,
+    );
     expect(() => settings([`--controller.kubernetes-token-file=${file}`, `--controller.token-file=${file}`])).toThrow(InputError);
-    expect(() => settings([`--controller.kubernetes-token-file=${file}`, `--controller.token-file=${file}`])).toThrow('--controller.kubernetes-token-file: give it or --controller.token-file, not both');
+    expect(() => settings([`--controller.kubernetes-token-file=${file}`, `--controller.token-file=${file}`])).toThrow(
+      '--controller.kubernetes-token-file: give it or --controller.token-file, not both',
+    );
   });
 });

@@ -68,11 +68,21 @@ describe('job end on the Kubernetes backend', () => {
     expect(registered.body.error).toBeUndefined();
     expect(registered.status).toBe(201);
     // Two reads: the first tick has decided by the time the second one asks.
-    await until('two reads of the failed PyTorchJob', async () => api.served(WORKLOAD_PATH), (count) => count >= 2, TICKS_MS);
+    await until(
+      'two reads of the failed PyTorchJob',
+      async () => api.served(WORKLOAD_PATH),
+      (count) => count >= 2,
+      TICKS_MS,
+    );
     expect((await controller.jobs.get('llama')).state).toBe('running');
 
     api.answer(WORKLOAD_PATH, answers.succeeded);
-    const finished = await until('job finished', () => controller.jobs.get('llama'), (record) => record.state === 'finished', TICKS_MS);
+    const finished = await until(
+      'job finished',
+      () => controller.jobs.get('llama'),
+      (record) => record.state === 'finished',
+      TICKS_MS,
+    );
     expect(finished.stateReason).toBe('pytorchjobs.kubeflow.org train/llama is Succeeded');
     expect(await controller.jobs.jobOnNode('gpu-a01')).toBeUndefined();
     expect((await controller.audit.read({ limit: 50 })).map((entry) => entry.summary)).toContain(
@@ -92,13 +102,23 @@ describe('job end on the Kubernetes backend', () => {
     const registered = await post(`${url}/api/v1/jobs`, gemma);
     expect(registered.body.error).toBeUndefined();
     expect(registered.status).toBe(201);
-    await until('two reads of the PyTorchJob', async () => api.served(path), (count) => count >= 2, TICKS_MS);
+    await until(
+      'two reads of the PyTorchJob',
+      async () => api.served(path),
+      (count) => count >= 2,
+      TICKS_MS,
+    );
     await controller.close();
 
     // The workload is deleted while no controller runs; the next one reads 404 on its first look.
     api.answer(path, deleted);
     ({ controller, url } = await startController(config));
-    const finished = await until('job finished', () => controller.jobs.get('gemma'), (record) => record.state === 'finished', TICKS_MS);
+    const finished = await until(
+      'job finished',
+      () => controller.jobs.get('gemma'),
+      (record) => record.state === 'finished',
+      TICKS_MS,
+    );
     expect(finished.stateReason).toBe('pytorchjobs.kubeflow.org train/gemma was deleted');
     expect(await controller.jobs.jobOnNode('gpu-a01')).toBeUndefined();
   }, 60_000);

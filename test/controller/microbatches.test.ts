@@ -57,7 +57,9 @@ describe('GET /api/v1/jobs/:id/microbatches', () => {
   });
 
   it('answers 400 for a job registered without a micro-batch count and 404 for an unknown job', async () => {
-    expect((await post(`${url}/api/v1/jobs`, { ...JOB, name: 'no-mb', nodes: JOB.nodes.map((node) => `other-${node}`), microbatches: undefined })).status).toBe(201);
+    expect((await post(`${url}/api/v1/jobs`, { ...JOB, name: 'no-mb', nodes: JOB.nodes.map((node) => `other-${node}`), microbatches: undefined })).status).toBe(
+      201,
+    );
     const none = await get(`${url}/api/v1/jobs/no-mb/microbatches`);
     expect(none.status).toBe(400);
     expect(none.body.error).toMatch(/registered without microbatches.perIteration/);

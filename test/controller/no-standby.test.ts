@@ -33,8 +33,19 @@ describe('an eviction with no standby left, on the real controller', () => {
     expect((await post(`${url}/api/v1/jobs`, JOB)).status).toBe(201);
     expect(await controller.backend.standbys()).toEqual([]);
 
-    await post(`${url}/api/v1/signals`, { kind: 'xid', node: 'n01', gpu: '0000:18:00', xid: 79, message: 'GPU has fallen off the bus.', time: new Date().toISOString() });
-    const job = await until('the job handed to a person', () => controller.jobs.get('llama'), (record) => record.state === 'waiting_for_human');
+    await post(`${url}/api/v1/signals`, {
+      kind: 'xid',
+      node: 'n01',
+      gpu: '0000:18:00',
+      xid: 79,
+      message: 'GPU has fallen off the bus.',
+      time: new Date().toISOString(),
+    });
+    const job = await until(
+      'the job handed to a person',
+      () => controller.jobs.get('llama'),
+      (record) => record.state === 'waiting_for_human',
+    );
     expect(Object.keys(await new DryRunBackend(store.redis, store.keys).recorded())).toEqual(['n01']);
 
     // n01 no longer belongs to the job: not a member, not the job of its node, not an agent of the job.
@@ -46,13 +57,25 @@ describe('an eviction with no standby left, on the real controller', () => {
     expect(report.status).toBe(403);
 
     const audit = summaries(await controller.audit.read({ limit: 200 }));
-    expect(audit).toContain('action: llama: evict n01: failed (no warm standby left to replace n01; n01 left the job, which waits for a person (provision a standby: steadfast plan standby sizes the pool))');
+    expect(audit).toContain(
+      'action: llama: evict n01: failed (no warm standby left to replace n01; n01 left the job, which waits for a person (provision a standby: steadfast plan standby sizes the pool))',
+    );
     // The relaunch was decided with the eviction, and did not run.
     expect(audit.some((line) => line.startsWith('decision: llama: restart'))).toBe(true);
     expect(audit.filter((line) => /^action: llama: restart/.test(line))).toEqual([]);
-    const paged = await until('the page on record', () => controller.audit.read({ limit: 200 }), (entries) => summaries(entries).some((line) => line.startsWith('action: llama: page_human')));
-    expect(summaries(paged).find((line) => line.startsWith('decision: llama: page_human'))).toMatch(/no warm standby left to replace n01: it has left the job, which is not relaunched without it/);
-    const metrics = await until('the page counted', async () => (await fetch(`${metricsUrl}/metrics`)).text(), (text) => /steadfast_human_pages_total\{training_job="llama"\} \d/.test(text));
+    const paged = await until(
+      'the page on record',
+      () => controller.audit.read({ limit: 200 }),
+      (entries) => summaries(entries).some((line) => line.startsWith('action: llama: page_human')),
+    );
+    expect(summaries(paged).find((line) => line.startsWith('decision: llama: page_human'))).toMatch(
+      /no warm standby left to replace n01: it has left the job, which is not relaunched without it/,
+    );
+    const metrics = await until(
+      'the page counted',
+      async () => (await fetch(`${metricsUrl}/metrics`)).text(),
+      (text) => /steadfast_human_pages_total\{training_job="llama"\} \d/.test(text),
+    );
     expect(metrics).toMatch(/steadfast_human_pages_total\{training_job="llama"\} 1$/m);
   });
 
@@ -63,9 +86,22 @@ describe('an eviction with no standby left, on the real controller', () => {
     controllers.push(controller);
     expect((await post(`${url}/api/v1/jobs`, JOB)).status).toBe(201);
     await controller.jobs.setPolicy('llama', { dryRun: true });
-    await post(`${url}/api/v1/signals`, { kind: 'xid', node: 'n01', gpu: '0000:18:00', xid: 79, message: 'GPU has fallen off the bus.', time: new Date().toISOString() });
-    const entries = await until('the described relaunch', () => controller.audit.read({ limit: 200 }), (list) => summaries(list).some((line) => /^action: llama: restart: done \(dry-run: would run/.test(line)));
-    expect(summaries(entries)).toContain('action: llama: evict n01: failed (no warm standby left to replace n01; provision one (steadfast plan standby sizes the pool))');
+    await post(`${url}/api/v1/signals`, {
+      kind: 'xid',
+      node: 'n01',
+      gpu: '0000:18:00',
+      xid: 79,
+      message: 'GPU has fallen off the bus.',
+      time: new Date().toISOString(),
+    });
+    const entries = await until(
+      'the described relaunch',
+      () => controller.audit.read({ limit: 200 }),
+      (list) => summaries(list).some((line) => /^action: llama: restart: done \(dry-run: would run/.test(line)),
+    );
+    expect(summaries(entries)).toContain(
+      'action: llama: evict n01: failed (no warm standby left to replace n01; provision one (steadfast plan standby sizes the pool))',
+    );
     const job = await controller.jobs.get('llama');
     expect(job.vacant).toEqual([]);
     expect(await controller.jobs.jobOnNode('n01')).toBe('llama');

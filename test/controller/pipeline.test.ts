@@ -22,8 +22,8 @@ function xidAlert(node: string, gpu = '0000:3a:00', xid = '79', startsAt = new D
   };
 }
 
-
-const finished = (entries: AuditEntry[]): boolean => entries.some((entry) => entry.type === 'action' && ['done', 'refused', 'failed'].includes(String(entry.data.state)));
+const finished = (entries: AuditEntry[]): boolean =>
+  entries.some((entry) => entry.type === 'action' && ['done', 'refused', 'failed'].includes(String(entry.data.state)));
 
 describe('signal → decision → action on a real Redis', () => {
   const stores: ReturnType<typeof testRedis>[] = [];
@@ -33,7 +33,9 @@ describe('signal → decision → action on a real Redis', () => {
     await Promise.all(stores.splice(0).map((store) => store.cleanup()));
   });
 
-  async function setUp(overrides: Parameters<typeof testConfig>[2] = {}): Promise<{ store: ReturnType<typeof testRedis>; controller: Controller; url: string }> {
+  async function setUp(
+    overrides: Parameters<typeof testConfig>[2] = {},
+  ): Promise<{ store: ReturnType<typeof testRedis>; controller: Controller; url: string }> {
     const store = testRedis();
     stores.push(store);
     const { controller, url } = await startController(testConfig(store.url, store.prefix, overrides));
@@ -45,7 +47,11 @@ describe('signal → decision → action on a real Redis', () => {
     const { store, controller, url } = await setUp();
     expect((await post(`${url}/api/v1/signals`, xidEvent('node-3'))).status).toBe(202);
     expect((await post(`${url}/api/v1/alerts`, xidAlert('node-3'))).status).toBe(202);
-    const entries = await until('both signals audited', () => controller.audit.read({ node: 'node-3' }), (list) => list.filter((entry) => entry.type === 'signal').length === 2 && finished(list));
+    const entries = await until(
+      'both signals audited',
+      () => controller.audit.read({ node: 'node-3' }),
+      (list) => list.filter((entry) => entry.type === 'signal').length === 2 && finished(list),
+    );
 
     const decisions = entries.filter((entry) => entry.type === 'decision');
     expect(decisions).toHaveLength(1);
@@ -62,7 +68,11 @@ describe('signal → decision → action on a real Redis', () => {
   it('records a non-fatal Xid as a signal without deciding anything', async () => {
     const { controller, url } = await setUp();
     await post(`${url}/api/v1/signals`, xidEvent('node-5', '0000:18:00', 13));
-    const entries = await until('signal audited', () => controller.audit.read({ node: 'node-5' }), (list) => list.length > 0);
+    const entries = await until(
+      'signal audited',
+      () => controller.audit.read({ node: 'node-5' }),
+      (list) => list.length > 0,
+    );
     expect(entries).toHaveLength(1);
     expect(entries[0]?.summary).toContain('no action: no automatic action for xid signals of severity warning');
   });
@@ -72,22 +82,45 @@ describe('signal → decision → action on a real Redis', () => {
     const payload = (alertname: string, node: string, severity: string): Record<string, unknown> =>
       xidAlertPayload({
         groupLabels: { alertname },
-        alerts: [{ status: 'firing', labels: { alertname, node, nvswitch: '0', sxid: '12028', severity }, annotations: { summary: alertname }, startsAt: '2026-11-23T10:00:00.000Z', fingerprint: `${alertname}-${node}` }],
+        alerts: [
+          {
+            status: 'firing',
+            labels: { alertname, node, nvswitch: '0', sxid: '12028', severity },
+            annotations: { summary: alertname },
+            startsAt: '2026-11-23T10:00:00.000Z',
+            fingerprint: `${alertname}-${node}`,
+          },
+        ],
       });
     expect((await post(`${url}/api/v1/alerts`, payload('SteadfastNvswitchFatal', 'node-9', 'critical'))).status).toBe(202);
     expect((await post(`${url}/api/v1/alerts`, payload('SteadfastGpuResetRequired', 'node-10', 'warning'))).status).toBe(202);
     const entries = await until('drain done', () => controller.audit.read({ node: 'node-9' }), finished);
     expect(entries.find((entry) => entry.type === 'decision')?.summary).toMatch(/^drain node-9: fatal NVSwitch error \(SXid\)/);
-    const watched = await until('reset-due alert audited', () => controller.audit.read({ node: 'node-10' }), (list) => list.length > 0);
+    const watched = await until(
+      'reset-due alert audited',
+      () => controller.audit.read({ node: 'node-10' }),
+      (list) => list.length > 0,
+    );
     expect(watched.map((entry) => entry.type)).toEqual(['signal']);
     expect(Object.keys(await new DryRunBackend(store.redis, store.keys).recorded())).toEqual(['node-9']);
   });
 
   it('records an NCCL watchdog timeout from the agent as a job signal without acting on the node', async () => {
     const { controller, url } = await setUp();
-    const event = { kind: 'nccl_timeout', node: 'node-8', job: 'llama-70b', rank: 17, message: 'Watchdog caught collective operation timeout', time: new Date().toISOString() };
+    const event = {
+      kind: 'nccl_timeout',
+      node: 'node-8',
+      job: 'llama-70b',
+      rank: 17,
+      message: 'Watchdog caught collective operation timeout',
+      time: new Date().toISOString(),
+    };
     expect((await post(`${url}/api/v1/signals`, event)).status).toBe(202);
-    const entries = await until('signal audited', () => controller.audit.read({ node: 'node-8' }), (list) => list.length > 0);
+    const entries = await until(
+      'signal audited',
+      () => controller.audit.read({ node: 'node-8' }),
+      (list) => list.length > 0,
+    );
     expect(entries).toHaveLength(1);
     const signal = entries[0]?.data.signal as { kind: string; job: string; fingerprint: string; evidence: { rank: number } };
     expect(signal).toMatchObject({ kind: 'nccl_timeout', job: 'llama-70b', fingerprint: 'nccl_timeout/node-8/-/llama-70b:17', evidence: { rank: 17 } });
@@ -110,8 +143,13 @@ describe('signal → decision → action on a real Redis', () => {
     for (const node of ['node-1', 'node-2', 'node-3']) {
       await post(`${url}/api/v1/signals`, xidEvent(node));
     }
-    const settled = (list: AuditEntry[]): AuditEntry[] => list.filter((entry) => entry.data.verb === 'drain' && ['done', 'refused'].includes(String(entry.data.state)));
-    const entries = await until('three drains settled', () => controller.audit.read({ type: 'action' }), (list) => settled(list).length === 3);
+    const settled = (list: AuditEntry[]): AuditEntry[] =>
+      list.filter((entry) => entry.data.verb === 'drain' && ['done', 'refused'].includes(String(entry.data.state)));
+    const entries = await until(
+      'three drains settled',
+      () => controller.audit.read({ type: 'action' }),
+      (list) => settled(list).length === 3,
+    );
     const states = settled(entries).map((entry) => entry.data.state);
     expect(states.filter((state) => state === 'done')).toHaveLength(2);
     const refusal = entries.find((entry) => entry.data.state === 'refused');
@@ -133,7 +171,11 @@ describe('signal → decision → action on a real Redis', () => {
     const steps = new Queue(QUEUE_NAMES.steps, { connection: store.redis, prefix: store.prefix });
     // A redelivery under a new job id (the original id would be deduplicated by BullMQ itself).
     const again = await steps.add('node', decision, { jobId: `${decision.transitionId}-again` });
-    await until('redelivered job finished', async () => (await again.getState()) as string, (state) => state === 'completed');
+    await until(
+      'redelivered job finished',
+      async () => (await again.getState()) as string,
+      (state) => state === 'completed',
+    );
     const rerun = await steps.getJob(again.id ?? '');
     expect(rerun?.returnvalue).toEqual({ done: 0 });
     expect((await controller.audit.read({ node: 'node-4', type: 'action' })).filter((entry) => entry.data.state === 'running')).toHaveLength(1);
@@ -159,7 +201,11 @@ describe('signal → decision → action on a real Redis', () => {
     const { store, controller } = await setUp();
     const signals = new Queue(QUEUE_NAMES.signals, { connection: store.redis, prefix: store.prefix });
     const job = await signals.add('signals', { signal: { kind: 'xid', node: 'node-1' } });
-    await until('job failed', async () => (await job.getState()) as string, (state) => state === 'failed');
+    await until(
+      'job failed',
+      async () => (await job.getState()) as string,
+      (state) => state === 'failed',
+    );
     const failed = await signals.getJob(job.id ?? '');
     expect(failed?.attemptsMade).toBe(1);
     expect(failed?.failedReason).toMatch(/^invalid signal job payload: .*signals/);
@@ -172,7 +218,11 @@ describe('signal → decision → action on a real Redis', () => {
     const signals = new Queue(QUEUE_NAMES.signals, { connection: store.redis, prefix: store.prefix });
     const valid = { ...signal({ kind: 'nccl_timeout', node: 'node-2' }), id: 's-valid-one', source: 'agent' as const };
     const job = await signals.add('signals', { signals: [{ kind: 'xid', node: 'node-1; rm -rf /' }, valid] });
-    await until('job failed', async () => (await job.getState()) as string, (state) => state === 'failed');
+    await until(
+      'job failed',
+      async () => (await job.getState()) as string,
+      (state) => state === 'failed',
+    );
     const failed = await signals.getJob(job.id ?? '');
     expect(failed?.attemptsMade).toBe(1);
     expect(failed?.failedReason).toMatch(/^invalid signal job payload: signals\.0\..*node/);

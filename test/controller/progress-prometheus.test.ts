@@ -74,7 +74,9 @@ async function scraped(node: string, iteration: number): Promise<void> {
 /** Instant queries Prometheus has answered so far (its own counter, which the test's reads of /metrics do not move). */
 async function queriesAnswered(): Promise<number> {
   const text = await (await fetch(`${prometheus.url}/metrics`)).text();
-  const line = text.split('\n').find((row) => row.startsWith('prometheus_http_requests_total{') && row.includes('code="200"') && row.includes('handler="/api/v1/query"'));
+  const line = text
+    .split('\n')
+    .find((row) => row.startsWith('prometheus_http_requests_total{') && row.includes('code="200"') && row.includes('handler="/api/v1/query"'));
   return line === undefined ? 0 : Number(line.split(' ').at(-1));
 }
 
@@ -94,11 +96,30 @@ describe('a relaunch judged on Prometheus', () => {
 
     const started = await startController(testConfig(store.url, store.prefix, { progress: { prometheusUrl: prometheus.url } }));
     controller = started.controller;
-    const registered = await post(`${started.url}/api/v1/jobs`, { name: 'jp', nodes: ['n1', 'n2'], ranksPerNode: 1, topology: { dp: 2 }, launcher: 'accept', codeVersion: 'v1' });
+    const registered = await post(`${started.url}/api/v1/jobs`, {
+      name: 'jp',
+      nodes: ['n1', 'n2'],
+      ranksPerNode: 1,
+      topology: { dp: 2 },
+      launcher: 'accept',
+      codeVersion: 'v1',
+    });
     expect(registered.status).toBe(201);
     await started.controller.backend.holdStandby('spare');
-    expect((await post(`${started.url}/api/v1/signals`, { kind: 'gpu_lost', node: 'n2', gpu: '0000:18:00', message: 'gone', time: new Date().toISOString() }, agentToken('n2'))).status).toBe(202);
-    await until('the relaunch watched', () => store.redis.get(store.keys.jobAwaitingProgress('jp')), (raw) => raw !== null);
+    expect(
+      (
+        await post(
+          `${started.url}/api/v1/signals`,
+          { kind: 'gpu_lost', node: 'n2', gpu: '0000:18:00', message: 'gone', time: new Date().toISOString() },
+          agentToken('n2'),
+        )
+      ).status,
+    ).toBe(202);
+    await until(
+      'the relaunch watched',
+      () => store.redis.get(store.keys.jobAwaitingProgress('jp')),
+      (raw) => raw !== null,
+    );
     expect(JSON.parse((await store.redis.get(store.keys.jobAwaitingProgress('jp'))) ?? '{}')).toMatchObject({ baseline: 100 });
 
     // n0, in no job, pushes jp iterations past the baseline to its own agent.
@@ -106,12 +127,17 @@ describe('a relaunch judged on Prometheus', () => {
     await scraped('n0', 103);
     const before = await queriesAnswered();
     // Two of the controller's progress checks after Prometheus held n0's push (a check is one query).
-    await until('two progress checks after the stranger\'s push', queriesAnswered, (count) => count >= before + 2, 20_000);
+    await until("two progress checks after the stranger's push", queriesAnswered, (count) => count >= before + 2, 20_000);
     expect((await started.controller.jobs.get('jp')).state).toBe('recovering');
     expect(await store.redis.get(store.keys.jobAwaitingProgress('jp'))).not.toBeNull();
 
     // A rank on n1, a node of the job, trains past the baseline: the relaunch worked.
     expect(await push('n1', 104)).toBe(202);
-    await until('jp running again', () => started.controller.jobs.get('jp'), (record) => record.state === 'running', 20_000);
+    await until(
+      'jp running again',
+      () => started.controller.jobs.get('jp'),
+      (record) => record.state === 'running',
+      20_000,
+    );
   }, 90_000);
 });

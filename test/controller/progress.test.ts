@@ -30,13 +30,18 @@ describe('restarts judged by training progress', () => {
     servers.splice(0).forEach((server) => server.close());
   });
 
-  it('asks Prometheus for the newest iteration on the job\'s own nodes and decides on growth or timeout', async () => {
+  it("asks Prometheus for the newest iteration on the job's own nodes and decides on growth or timeout", async () => {
     const store = testRedis();
     const iterations: Record<string, number> = { n0: 100 };
     const prometheus = await fakePrometheus(iterations);
     servers.push(prometheus.server);
     try {
-      const watch = new ProgressWatch(store.redis, store.keys, { prometheusUrl: prometheus.url, timeoutMs: 60_000, nodeLabel: 'node', nodesOf: () => Promise.resolve(['n0']) });
+      const watch = new ProgressWatch(store.redis, store.keys, {
+        prometheusUrl: prometheus.url,
+        timeoutMs: 60_000,
+        nodeLabel: 'node',
+        nodesOf: () => Promise.resolve(['n0']),
+      });
       await watch.watch('llama', 't-1:2', 1_000);
       expect(prometheus.queries[0]).toBe('max by (node) (steadfast_training_iteration{training_job="llama"})');
       expect(await watch.check('llama', ['n0'], 2_000)).toBeUndefined();
@@ -44,12 +49,21 @@ describe('restarts judged by training progress', () => {
       iterations.stranger = 500;
       expect(await watch.check('llama', ['n0'], 2_500)).toBeUndefined();
       iterations.n0 = 101;
-      expect(await watch.check('llama', ['n0'], 3_000)).toMatchObject({ job: 'llama', event: { type: 'restart_succeeded', time: 3_000 }, eventId: 't-1:2:progress', seen: expect.stringMatching(/Prometheus: the newest iteration is 101, up from 100/) });
+      expect(await watch.check('llama', ['n0'], 3_000)).toMatchObject({
+        job: 'llama',
+        event: { type: 'restart_succeeded', time: 3_000 },
+        eventId: 't-1:2:progress',
+        seen: expect.stringMatching(/Prometheus: the newest iteration is 101, up from 100/),
+      });
       expect(await watch.check('llama', ['n0'], 4_000)).toBeUndefined();
       await watch.watch('llama', 't-2:2', 10_000);
       expect(await watch.check('llama', ['n0'], 70_001)).toMatchObject({
         job: 'llama',
-        event: { type: 'restart_failed', time: 70_001, detail: expect.stringMatching(/^no new iteration within 60 s of the restart \(no agent of n0 reported one, nor Prometheus\)/) },
+        event: {
+          type: 'restart_failed',
+          time: 70_001,
+          detail: expect.stringMatching(/^no new iteration within 60 s of the restart \(no agent of n0 reported one, nor Prometheus\)/),
+        },
         eventId: 't-2:2:no-progress',
       });
     } finally {
@@ -57,18 +71,31 @@ describe('restarts judged by training progress', () => {
     }
   });
 
-  it('counts an agent\'s progress report from a node of the job made after the relaunch, and no other', async () => {
+  it("counts an agent's progress report from a node of the job made after the relaunch, and no other", async () => {
     const store = testRedis();
     const prometheus = await fakePrometheus({ n0: 500, n1: 500 });
     servers.push(prometheus.server);
-    const report = (node: string, job: string, time: number, at = 21): TrainingProgressEvent => ({ kind: 'training_progress', node, job, rank: 0, iteration: at, message: '', time: new Date(time).toISOString() });
+    const report = (node: string, job: string, time: number, at = 21): TrainingProgressEvent => ({
+      kind: 'training_progress',
+      node,
+      job,
+      rank: 0,
+      iteration: at,
+      message: '',
+      time: new Date(time).toISOString(),
+    });
     try {
       const reports = new TrainingProgressReports(store.redis, store.keys);
       // Nobody registered "ghost": its reports are dropped, and make no key.
       expect(await reports.record([report('n0', 'ghost', 5_000)], 5_000)).toBe(0);
       expect(await store.redis.exists(store.keys.jobProgressReports('ghost'))).toBe(0);
       await store.redis.hset(store.keys.job('llama'), 'spec', '{}');
-      const watch = new ProgressWatch(store.redis, store.keys, { prometheusUrl: prometheus.url, timeoutMs: 60_000, nodeLabel: 'node', nodesOf: () => Promise.resolve(['n0', 'n1']) });
+      const watch = new ProgressWatch(store.redis, store.keys, {
+        prometheusUrl: prometheus.url,
+        timeoutMs: 60_000,
+        nodeLabel: 'node',
+        nodesOf: () => Promise.resolve(['n0', 'n1']),
+      });
       await watch.watch('llama', 't-1:2', 10_000);
       // The old run's last step, delivered late; a node that is not the job's; an agent clock ahead of the controller's.
       expect(await reports.record([report('n0', 'llama', 9_000)], 11_000)).toBe(1);
@@ -99,16 +126,36 @@ describe('restarts judged by training progress', () => {
     try {
       const started = await startController(testConfig(store.url, store.prefix, { progress: { prometheusUrl: prometheus.url } }));
       controller = started.controller;
-      await post(`${started.url}/api/v1/jobs`, { name: 'llama', nodes: ['n0', 'n1'], ranksPerNode: 1, topology: { dp: 2 }, launcher: 'accept', codeVersion: 'v1' });
+      await post(`${started.url}/api/v1/jobs`, {
+        name: 'llama',
+        nodes: ['n0', 'n1'],
+        ranksPerNode: 1,
+        topology: { dp: 2 },
+        launcher: 'accept',
+        codeVersion: 'v1',
+      });
       await started.controller.backend.holdStandby('spare');
       await post(`${started.url}/api/v1/signals`, { kind: 'gpu_lost', node: 'n1', gpu: '0000:18:00', message: 'gone', time: new Date().toISOString() });
-      await until('restart launched', () => started.controller.jobs.get('llama'), (record) => record.spec.nodes.includes('spare'));
+      await until(
+        'restart launched',
+        () => started.controller.jobs.get('llama'),
+        (record) => record.spec.nodes.includes('spare'),
+      );
       // Launched, but no new iteration yet: still recovering after a progress check (the launch's baseline query, then a tick's).
-      await until('a progress check after the launch', () => Promise.resolve(prometheus.queries.length), (count) => count >= 2);
+      await until(
+        'a progress check after the launch',
+        () => Promise.resolve(prometheus.queries.length),
+        (count) => count >= 2,
+      );
       expect((await started.controller.jobs.get('llama')).state).toBe('recovering');
       // The relaunched job runs on n0 and the standby.
       iterations.n0 = 520;
-      await until('running again', () => started.controller.jobs.get('llama'), (record) => record.state === 'running', 15_000);
+      await until(
+        'running again',
+        () => started.controller.jobs.get('llama'),
+        (record) => record.state === 'running',
+        15_000,
+      );
     } finally {
       await controller?.close();
       controller = undefined;
@@ -116,19 +163,42 @@ describe('restarts judged by training progress', () => {
     }
   }, 40_000);
 
-  it('marks a relaunched job running on its agents\' fast-path reports while Prometheus sees nothing, and not on a report from a node outside the job', async () => {
+  it("marks a relaunched job running on its agents' fast-path reports while Prometheus sees nothing, and not on a report from a node outside the job", async () => {
     const store = testRedis();
     const iterations: Record<string, number> = {};
     const prometheus = await fakePrometheus(iterations);
     servers.push(prometheus.server);
-    const progress = (node: string, at: number): Record<string, unknown> => ({ kind: 'training_progress', node, job: 'llama', rank: 1, iteration: at, message: 'rank 1 resumed', time: new Date().toISOString() });
+    const progress = (node: string, at: number): Record<string, unknown> => ({
+      kind: 'training_progress',
+      node,
+      job: 'llama',
+      rank: 1,
+      iteration: at,
+      message: 'rank 1 resumed',
+      time: new Date().toISOString(),
+    });
     try {
       const started = await startController(testConfig(store.url, store.prefix, { progress: { prometheusUrl: prometheus.url } }));
       controller = started.controller;
-      await post(`${started.url}/api/v1/jobs`, { name: 'llama', nodes: ['n0', 'n1'], ranksPerNode: 1, topology: { dp: 2 }, launcher: 'accept', codeVersion: 'v1' });
+      await post(`${started.url}/api/v1/jobs`, {
+        name: 'llama',
+        nodes: ['n0', 'n1'],
+        ranksPerNode: 1,
+        topology: { dp: 2 },
+        launcher: 'accept',
+        codeVersion: 'v1',
+      });
       await started.controller.backend.holdStandby('spare');
-      await post(`${started.url}/api/v1/signals`, { kind: 'gpu_lost', node: 'n1', gpu: '0000:18:00', message: 'gone', time: new Date().toISOString() }, agentToken('n1'));
-      await until('restart launched', () => started.controller.jobs.get('llama'), (record) => record.spec.nodes.includes('spare'));
+      await post(
+        `${started.url}/api/v1/signals`,
+        { kind: 'gpu_lost', node: 'n1', gpu: '0000:18:00', message: 'gone', time: new Date().toISOString() },
+        agentToken('n1'),
+      );
+      await until(
+        'restart launched',
+        () => started.controller.jobs.get('llama'),
+        (record) => record.spec.nodes.includes('spare'),
+      );
       // n1 was evicted: its agent's report no longer speaks for the job. A stranger's does not either.
       for (const node of ['n1', 'stranger']) {
         const answer = await post(`${started.url}/api/v1/signals`, progress(node, 21), agentToken(node));
@@ -137,15 +207,26 @@ describe('restarts judged by training progress', () => {
       // An agent speaks for its own node only.
       expect((await post(`${started.url}/api/v1/signals`, progress('spare', 21), agentToken('n0'))).status).toBe(403);
       const checks = prometheus.queries.length;
-      await until('a progress check after those reports', () => Promise.resolve(prometheus.queries.length), (count) => count > checks);
+      await until(
+        'a progress check after those reports',
+        () => Promise.resolve(prometheus.queries.length),
+        (count) => count > checks,
+      );
       expect((await started.controller.jobs.get('llama')).state).toBe('recovering');
       // The standby's agent sees the relaunched rank train: the job runs again, no scrape needed.
       const answer = await post(`${started.url}/api/v1/signals`, [progress('spare', 21)], agentToken('spare'));
       expect(answer).toMatchObject({ status: 202, body: { accepted: 1, ids: [] } });
-      await until('running again', () => started.controller.jobs.get('llama'), (record) => record.state === 'running', 15_000);
+      await until(
+        'running again',
+        () => started.controller.jobs.get('llama'),
+        (record) => record.state === 'running',
+        15_000,
+      );
       expect(iterations).toEqual({});
       // A progress report is no fault: nothing of it reaches the audit trail or the signal queue.
-      const audit = await fetch(`${started.url}/api/v1/audit?limit=200`, { headers: { authorization: `Bearer ${TEST_TOKEN}` } }).then((response) => response.json() as Promise<{ entries: { summary: string }[] }>);
+      const audit = await fetch(`${started.url}/api/v1/audit?limit=200`, { headers: { authorization: `Bearer ${TEST_TOKEN}` } }).then(
+        (response) => response.json() as Promise<{ entries: { summary: string }[] }>,
+      );
       expect(audit.entries.filter((entry) => /training_progress|resumed/.test(entry.summary))).toEqual([]);
     } finally {
       await controller?.close();

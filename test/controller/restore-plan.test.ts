@@ -39,8 +39,19 @@ describe('the restore plan of a relaunch on the real controller', () => {
       asked.push(node);
       return nodeState(node);
     };
-    await post(`${url}/api/v1/signals`, { kind: 'xid', node: 'n01', gpu: '0000:18:00', xid: 79, message: 'GPU has fallen off the bus.', time: new Date().toISOString() });
-    const entries = await until('restore plan recorded', () => controller.audit.read({ type: 'action', limit: 100 }), (read) => read.some((entry) => entry.summary.includes('restore plan')));
+    await post(`${url}/api/v1/signals`, {
+      kind: 'xid',
+      node: 'n01',
+      gpu: '0000:18:00',
+      xid: 79,
+      message: 'GPU has fallen off the bus.',
+      time: new Date().toISOString(),
+    });
+    const entries = await until(
+      'restore plan recorded',
+      () => controller.audit.read({ type: 'action', limit: 100 }),
+      (read) => read.some((entry) => entry.summary.includes('restore plan')),
+    );
     // n01's copy went with n01; its rank runs on spare-1 now and finds no copy of step 50, and step 60's holders are gone.
     expect(entries.find((entry) => entry.summary.includes('restore plan'))?.summary).toBe(
       'llama: restore plan: no checkpoint step survives the evictions: the job restarts from its last persistent checkpoint',

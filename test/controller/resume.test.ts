@@ -32,7 +32,13 @@ describe('steadfast resume', () => {
     const agent = createAgent({
       node,
       listen: { host: '127.0.0.1', port: 0 },
-      paths: { sysfs: '/nonexistent', procfs: '/nonexistent', kmsg, nvidiaSmiXml: join(FIXTURES, 'nvidia-smi-xml', 'telegraf_a10g_515.105.01.xml'), nvidiaSmi: '/nonexistent' },
+      paths: {
+        sysfs: '/nonexistent',
+        procfs: '/nonexistent',
+        kmsg,
+        nvidiaSmiXml: join(FIXTURES, 'nvidia-smi-xml', 'telegraf_a10g_515.105.01.xml'),
+        nvidiaSmi: '/nonexistent',
+      },
       pollIntervalSeconds: 5,
       collectors: [gpuCollectorFactory, kernelLogCollectorFactory],
       settings: { [XID_STATE_FILE_FLAG]: join(work, `${node}-xid.json`) },
@@ -89,7 +95,14 @@ describe('steadfast resume', () => {
     const { controller, url } = await startController(testConfig(store.url, store.prefix));
     const backend = new DryRunBackend(store.redis, store.keys);
     try {
-      await post(`${url}/api/v1/signals`, { kind: 'xid', node: 'node-9', gpu: '0000:18:00', xid: 79, message: 'fallen off the bus', time: new Date().toISOString() });
+      await post(`${url}/api/v1/signals`, {
+        kind: 'xid',
+        node: 'node-9',
+        gpu: '0000:18:00',
+        xid: 79,
+        message: 'fallen off the bus',
+        time: new Date().toISOString(),
+      });
       for (let i = 0; i < 200 && !Object.keys(await backend.recorded()).includes('node-9'); i += 1) await sleep(50);
       // Its agent still counts a fatal Xid since boot: the repair did not happen.
       const agents = { 'node-9': await agentFor('node-9', join(FIXTURES, 'xid-kernel-logs', 'gpud_xid_lines_h100_gb200.txt')) };

@@ -23,7 +23,9 @@ describe('Redis retention under a stream of alerts beyond its caps', () => {
   let url: string;
 
   beforeAll(async () => {
-    ({ controller, url } = await startController(testConfig(store.url, store.prefix, { redis: { retentionBudgetMB: 1 }, controller: { auditMaxLength: 100_000 } })));
+    ({ controller, url } = await startController(
+      testConfig(store.url, store.prefix, { redis: { retentionBudgetMB: 1 }, controller: { auditMaxLength: 100_000 } }),
+    ));
   });
 
   afterAll(async () => {
@@ -57,7 +59,8 @@ describe('Redis retention under a stream of alerts beyond its caps', () => {
     const completedKey = `${store.prefix}:${QUEUE_NAMES.signals}:completed`;
     const retention = retentionFromBudget(1);
     for (const until = Date.now() + 20_000; Date.now() < until; await sleep(200)) {
-      const waiting = (await store.redis.llen(`${store.prefix}:${QUEUE_NAMES.signals}:wait`)) + (await store.redis.llen(`${store.prefix}:${QUEUE_NAMES.signals}:active`));
+      const waiting =
+        (await store.redis.llen(`${store.prefix}:${QUEUE_NAMES.signals}:wait`)) + (await store.redis.llen(`${store.prefix}:${QUEUE_NAMES.signals}:active`));
       if (waiting === 0) break;
     }
     const jobKeys: string[] = [];

@@ -29,7 +29,9 @@ describe('job registration and job end on the Slurm backend', () => {
   const JOB = { name: 'llama', nodes: ['cx-1', 'cx-2'], ranksPerNode: 1, topology: { dp: 2 }, launcher: 'accept', codeVersion: 'v1' };
 
   const submit = async (name: string): Promise<string> => {
-    const { stdout } = await run('sbatch', ['--parsable', '--hold', `--job-name=${name}`, `--output=${join(root, '%j.out')}`, '--wrap', 'sleep 300'], { env: { ...process.env, ...slurm.env } });
+    const { stdout } = await run('sbatch', ['--parsable', '--hold', `--job-name=${name}`, `--output=${join(root, '%j.out')}`, '--wrap', 'sleep 300'], {
+      env: { ...process.env, ...slurm.env },
+    });
     return stdout.trim().split(';')[0] ?? '';
   };
 
@@ -51,13 +53,17 @@ describe('job registration and job end on the Slurm backend', () => {
     expect((await post(`${url}/api/v1/jobs`, JOB)).status).toBe(201);
   });
 
-  it('reads a workload\'s state by its name: pending is active, cancelled is cancelled, none is unknown', async () => {
+  it("reads a workload's state by its name: pending is active, cancelled is cancelled, none is unknown", async () => {
     const backend = new SlurmBackend({ scontrol: 'scontrol', sinfo: 'sinfo', env: slurm.env, timeoutMs: 10_000 });
     expect((await backend.workloadState('nobody')).state).toBe('unknown');
     const id = await submit('probe');
     expect(await backend.workloadState('probe')).toEqual({ state: 'active', detail: `Slurm job ${id} is PENDING` });
     await run('scancel', [id], { env: { ...process.env, ...slurm.env } });
-    await until('the cancel', () => backend.workloadState('probe'), (state) => state.state !== 'active');
+    await until(
+      'the cancel',
+      () => backend.workloadState('probe'),
+      (state) => state.state !== 'active',
+    );
     expect(await backend.workloadState('probe')).toEqual({ state: 'cancelled', detail: `Slurm job ${id} named probe ended CANCELLED` });
   });
 
@@ -66,9 +72,16 @@ describe('job registration and job end on the Slurm backend', () => {
     // Pending: the job is not over, whatever the ticks see.
     expect((await controller.jobs.get('llama')).state).toBe('running');
     await run('scancel', [id], { env: { ...process.env, ...slurm.env } });
-    const finished = await until('job finished', () => controller.jobs.get('llama'), (record) => record.state === 'finished', 30_000);
+    const finished = await until(
+      'job finished',
+      () => controller.jobs.get('llama'),
+      (record) => record.state === 'finished',
+      30_000,
+    );
     expect(finished.stateReason).toBe(`Slurm job ${id} named llama ended CANCELLED`);
     expect(await controller.jobs.jobOnNode('cx-1')).toBeUndefined();
-    expect((await controller.audit.read({ limit: 50 })).map((entry) => entry.summary)).toContain(`llama: finished (Slurm job ${id} named llama ended CANCELLED); its nodes leave its recovery ladder`);
+    expect((await controller.audit.read({ limit: 50 })).map((entry) => entry.summary)).toContain(
+      `llama: finished (Slurm job ${id} named llama ended CANCELLED); its nodes leave its recovery ladder`,
+    );
   });
 });

@@ -25,7 +25,10 @@ describe('a controller that cannot serve', () => {
     const store = testRedis();
     try {
       const config = join(root, 'taken.yaml');
-      writeFileSync(config, `redis:\n  url: ${store.url}\n  prefix: ${store.prefix}\ncontroller:\n  host: 127.0.0.1\n  port: ${port}\n  auth:\n    operatorToken: ${TEST_TOKEN}\n`);
+      writeFileSync(
+        config,
+        `redis:\n  url: ${store.url}\n  prefix: ${store.prefix}\ncontroller:\n  host: 127.0.0.1\n  port: ${port}\n  auth:\n    operatorToken: ${TEST_TOKEN}\n`,
+      );
       const { code, stderr } = await controllerExit(config);
       expect(code).toBe(1);
       expect(stderr).toContain(`steadfast: cannot listen on 127.0.0.1:${port}: listen EADDRINUSE`);

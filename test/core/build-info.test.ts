@@ -22,7 +22,9 @@ describe('steadfast_build_info', () => {
   it('carries the version, the revision from a REVISION file and the Node.js version', async () => {
     const registry = new Registry();
     registerBuildInfo(registry, readBuildInfo(packageRoot('0123456789abcdef0123456789abcdef01234567\n')));
-    expect(await registry.metrics()).toContain(`steadfast_build_info{version="1.2.3",nodejs="${process.versions.node}",revision="0123456789abcdef0123456789abcdef01234567"} 1`);
+    expect(await registry.metrics()).toContain(
+      `steadfast_build_info{version="1.2.3",nodejs="${process.versions.node}",revision="0123456789abcdef0123456789abcdef01234567"} 1`,
+    );
   });
 
   it('leaves the revision out when there is no REVISION file or it holds no commit id', () => {

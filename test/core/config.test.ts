@@ -34,13 +34,18 @@ describe('configuration', () => {
   it("takes the recovery ladder's thresholds from the recovery section, in seconds, and refuses a backoff cap below its start", () => {
     const path = file('recovery.yaml', 'recovery:\n  networkAlertsBeforeEviction: 3\n  retryInitialBackoffSeconds: 10\n');
     const config = loadConfig({ file: path, env: { STEADFAST_RECOVERY__QUARANTINE_WINDOW_SECONDS: '86400' } });
-    expect(ladderConfig(config.recovery)).toMatchObject({ networkAlertsBeforeEviction: 3, retryInitialBackoffMs: 10_000, exclusionWindowMs: 86_400_000, retryLimit: 6 });
+    expect(ladderConfig(config.recovery)).toMatchObject({
+      networkAlertsBeforeEviction: 3,
+      retryInitialBackoffMs: 10_000,
+      exclusionWindowMs: 86_400_000,
+      retryLimit: 6,
+    });
     expect(ladderConfig(loadConfig({ env: {} }).recovery)).toEqual(DEFAULT_LADDER_CONFIG);
     const inverted = file('inverted.yaml', 'recovery:\n  retryInitialBackoffSeconds: 120\n  retryMaxBackoffSeconds: 60\n');
     expect(() => loadConfig({ file: inverted, env: {} })).toThrow(/recovery\.retryMaxBackoffSeconds: must be at least retryInitialBackoffSeconds/);
   });
 
-  it('reads the stop-time checks\' stages in order, and refuses a check in two stages or a stage named twice', () => {
+  it("reads the stop-time checks' stages in order, and refuses a check in two stages or a stage named twice", () => {
     expect(loadConfig({ env: {} }).analysis.diagnoseStages).toEqual([]);
     const staged = file(
       'stages.yaml',
@@ -64,19 +69,20 @@ describe('configuration', () => {
     expect(loadConfig({ file: own, env: {} }).analysis.labels).toEqual({ scrapeJob: 'dcgm|node-exporter', nodeLabel: 'host', trainingJobLabel: 'run' });
     const dashed = file('dashed.yaml', 'analysis:\n  labels:\n    nodeLabel: host-name\n');
     expect(() => loadConfig({ file: dashed, env: {} })).toThrow(/analysis\.labels\.nodeLabel: must be a Prometheus label name/);
-    const quoted = file('quoted.yaml', 'analysis:\n  labels:\n    scrapeJob: \'a"b\'\n');
+    const quoted = file('quoted.yaml', "analysis:\n  labels:\n    scrapeJob: 'a\"b'\n");
     expect(() => loadConfig({ file: quoted, env: {} })).toThrow(/analysis\.labels\.scrapeJob: must not hold quotes/);
     const typo = file('typo.yaml', 'analysis:\n  labels:\n    nodelabel: host\n');
     expect(() => loadConfig({ file: typo, env: {} })).toThrow(/analysis\.labels/);
   });
 
-  it('verifies fail-slow changes at Greyhound\'s 10 % unless told otherwise, and refuses a threshold outside (0, 1), naming the key', () => {
+  it("verifies fail-slow changes at Greyhound's 10 % unless told otherwise, and refuses a threshold outside (0, 1), naming the key", () => {
     expect(loadConfig({ env: {} }).analysis.failSlowThreshold).toBe(0.1);
     expect(loadConfig({ env: { STEADFAST_ANALYSIS__FAIL_SLOW_THRESHOLD: '0.5' } }).analysis.failSlowThreshold).toBe(0.5);
-    for (const bad of ['0', '1', '-0.1', 'ten']) expect(() => loadConfig({ env: { STEADFAST_ANALYSIS__FAIL_SLOW_THRESHOLD: bad } }), bad).toThrow(/analysis\.failSlowThreshold/);
+    for (const bad of ['0', '1', '-0.1', 'ten'])
+      expect(() => loadConfig({ env: { STEADFAST_ANALYSIS__FAIL_SLOW_THRESHOLD: bad } }), bad).toThrow(/analysis\.failSlowThreshold/);
   });
 
-  it('takes how soon a dead worker\'s jobs move on from the queues section, within bounds, BullMQ\'s 30 s by default', () => {
+  it("takes how soon a dead worker's jobs move on from the queues section, within bounds, BullMQ's 30 s by default", () => {
     expect(loadConfig({ env: {} }).queues).toEqual({ lockDurationSeconds: 30, stalledIntervalSeconds: 30 });
     expect(workerTiming(loadConfig({ env: {} }).queues)).toEqual({ lockDuration: 30_000, stalledInterval: 30_000 });
     const config = loadConfig({ file: file('queues.yaml', 'queues:\n  lockDurationSeconds: 10\n'), env: { STEADFAST_QUEUES__STALLED_INTERVAL_SECONDS: '5' } });
@@ -86,14 +92,21 @@ describe('configuration', () => {
     expect(() => loadConfig({ env: { STEADFAST_QUEUES__LOCK_DURATION_SECONDS: '3601' } })).toThrow(/queues\.lockDurationSeconds/);
   });
 
-  it('sizes the intake for the shipped max_alerts, serves metrics on their own port, and refuses a budget below one body or a metrics port on the API\'s', () => {
+  it("sizes the intake for the shipped max_alerts, serves metrics on their own port, and refuses a budget below one body or a metrics port on the API's", () => {
     const { controller } = loadConfig({ env: {} });
     expect(controller).toMatchObject({ bodyLimitBytes: 4 * 1024 * 1024, inFlightBodyBytes: 16 * 1024 * 1024, metrics: { port: 9402 } });
-    expect(loadConfig({ env: { STEADFAST_CONTROLLER__METRICS__PORT: '9500', STEADFAST_CONTROLLER__METRICS__HOST: '10.0.0.1' } }).controller.metrics).toEqual({ port: 9500, host: '10.0.0.1' });
-    expect(() => loadConfig({ env: { STEADFAST_CONTROLLER__IN_FLIGHT_BODY_BYTES: '65536', STEADFAST_CONTROLLER__BODY_LIMIT_BYTES: '131072' } })).toThrow(/controller\.inFlightBodyBytes: must be at least bodyLimitBytes/);
+    expect(loadConfig({ env: { STEADFAST_CONTROLLER__METRICS__PORT: '9500', STEADFAST_CONTROLLER__METRICS__HOST: '10.0.0.1' } }).controller.metrics).toEqual({
+      port: 9500,
+      host: '10.0.0.1',
+    });
+    expect(() => loadConfig({ env: { STEADFAST_CONTROLLER__IN_FLIGHT_BODY_BYTES: '65536', STEADFAST_CONTROLLER__BODY_LIMIT_BYTES: '131072' } })).toThrow(
+      /controller\.inFlightBodyBytes: must be at least bodyLimitBytes/,
+    );
     expect(() => loadConfig({ env: { STEADFAST_CONTROLLER__METRICS__PORT: '9400' } })).toThrow(/controller\.metrics\.port: must differ from controller\.port/);
     // On another address the same port is no clash.
-    expect(loadConfig({ env: { STEADFAST_CONTROLLER__METRICS__PORT: '9400', STEADFAST_CONTROLLER__METRICS__HOST: '10.0.0.1' } }).controller.metrics.port).toBe(9400);
+    expect(loadConfig({ env: { STEADFAST_CONTROLLER__METRICS__PORT: '9400', STEADFAST_CONTROLLER__METRICS__HOST: '10.0.0.1' } }).controller.metrics.port).toBe(
+      9400,
+    );
   });
 
   it('names the bad field when a value has the wrong type', () => {
@@ -120,7 +133,9 @@ describe('configuration', () => {
   });
 
   it('keeps a numeric-looking token a string', () => {
-    expect(envOverrides({ STEADFAST_CONTROLLER__AUTH__OPERATOR_TOKEN: '1234567890123456789' })).toEqual({ controller: { auth: { operatorToken: '1234567890123456789' } } });
+    expect(envOverrides({ STEADFAST_CONTROLLER__AUTH__OPERATOR_TOKEN: '1234567890123456789' })).toEqual({
+      controller: { auth: { operatorToken: '1234567890123456789' } },
+    });
     const config = loadConfig({ env: { STEADFAST_CONTROLLER__AUTH__OPERATOR_TOKEN_FILE: file('token', 'abcdefabcdefabcdef\n') } });
     expect(resolveCredentials(config.controller.auth).operator).toBe('abcdefabcdefabcdef');
   });
@@ -140,14 +155,20 @@ describe('configuration', () => {
   });
 
   it('refuses to run without any credential', () => {
-    expect(() => resolveCredentials(loadConfig({ env: {} }).controller.auth)).toThrow(/controller\.auth: no credential configured.*refusing to run unauthenticated/);
+    expect(() => resolveCredentials(loadConfig({ env: {} }).controller.auth)).toThrow(
+      /controller\.auth: no credential configured.*refusing to run unauthenticated/,
+    );
   });
 
   it('refuses two roles sharing one token, and a role given both inline and in a file', () => {
-    expect(() => resolveCredentials({ operatorToken: 'same-token-0123456789', alertmanagerToken: 'same-token-0123456789' })).toThrow(/two roles share one token/);
-    expect(() => loadConfig({ env: { STEADFAST_CONTROLLER__AUTH__READ_ONLY_TOKEN: 'read-only-0123456789', STEADFAST_CONTROLLER__AUTH__READ_ONLY_TOKEN_FILE: '/x' } })).toThrow(
-      /controller\.auth\.readOnlyTokenFile: give readOnlyToken or readOnlyTokenFile, not both/,
+    expect(() => resolveCredentials({ operatorToken: 'same-token-0123456789', alertmanagerToken: 'same-token-0123456789' })).toThrow(
+      /two roles share one token/,
     );
-    expect(() => loadConfig({ env: { STEADFAST_CONTROLLER__AUTH__AGENT_SECRET: 'too-short' } })).toThrow(/controller\.auth\.agentSecret: must be at least 32 characters/);
+    expect(() =>
+      loadConfig({ env: { STEADFAST_CONTROLLER__AUTH__READ_ONLY_TOKEN: 'read-only-0123456789', STEADFAST_CONTROLLER__AUTH__READ_ONLY_TOKEN_FILE: '/x' } }),
+    ).toThrow(/controller\.auth\.readOnlyTokenFile: give readOnlyToken or readOnlyTokenFile, not both/);
+    expect(() => loadConfig({ env: { STEADFAST_CONTROLLER__AUTH__AGENT_SECRET: 'too-short' } })).toThrow(
+      /controller\.auth\.agentSecret: must be at least 32 characters/,
+    );
   });
 });

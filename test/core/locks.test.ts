@@ -15,14 +15,24 @@ function sources(dir: string): string[] {
 }
 
 /** Every source file of the controller, the actuators and core, with its text. */
-const TREE = ['core', 'actuators', 'controller', 'cli'].flatMap((folder) => sources(join(REPO, folder))).map((file) => ({ file, text: readFileSync(join(REPO, file), 'utf8') }));
+const TREE = ['core', 'actuators', 'controller', 'cli']
+  .flatMap((folder) => sources(join(REPO, folder)))
+  .map((file) => ({ file, text: readFileSync(join(REPO, file), 'utf8') }));
 
 /**
  * The stores whose own Lua scripts keep their records consistent (a job's registration, a
  * world's epoch, a checkpoint's copies, a progress report, the kept signals, the audit's index):
  * none of them takes or lets go of a claim, a lease or a hold.
  */
-const STORES = ['controller/checkpoint-store.ts', 'controller/job-store.ts', 'controller/progress.ts', 'controller/signal-retention.ts', 'controller/world-store.ts', 'core/audit.ts', 'core/audit-index.ts'];
+const STORES = [
+  'controller/checkpoint-store.ts',
+  'controller/job-store.ts',
+  'controller/progress.ts',
+  'controller/signal-retention.ts',
+  'controller/world-store.ts',
+  'core/audit.ts',
+  'core/audit-index.ts',
+];
 
 describe('claims, leases and holds', () => {
   const stores: ReturnType<typeof testRedis>[] = [];
@@ -49,7 +59,9 @@ describe('claims, leases and holds', () => {
   });
 
   it('name the keys of claims, leases and job holds in core/locks.ts alone', () => {
-    const users = TREE.filter(({ file, text }) => file !== 'core/redis.ts' && /\.(nodeDrainClaim|nodeLease|jobStepsHold|analysisLeader)\b/.test(text)).map(({ file }) => file);
+    const users = TREE.filter(({ file, text }) => file !== 'core/redis.ts' && /\.(nodeDrainClaim|nodeLease|jobStepsHold|analysisLeader)\b/.test(text)).map(
+      ({ file }) => file,
+    );
     expect(users).toEqual(['core/locks.ts']);
   });
 

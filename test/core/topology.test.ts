@@ -32,7 +32,12 @@ describe('Topology', () => {
   });
 
   it('accepts an explicit rank table and refuses one with a gap', () => {
-    const explicit = Topology.from({ ranks: [{ rank: 0, node: 'n00', tp: 0, pp: 0, dp: 0 }, { rank: 1, node: 'n01', tp: 0, pp: 0, dp: 1 }] });
+    const explicit = Topology.from({
+      ranks: [
+        { rank: 0, node: 'n00', tp: 0, pp: 0, dp: 0 },
+        { rank: 1, node: 'n01', tp: 0, pp: 0, dp: 1 },
+      ],
+    });
     expect(explicit.group('dp', 0)).toEqual([0, 1]);
     expect(explicit.placement(1)).toMatchObject({ node: 'n01', localRank: 0 });
     expect(() => Topology.from({ ranks: [{ rank: 1, node: 'b' }] })).toThrow(/rank 0 is missing/);

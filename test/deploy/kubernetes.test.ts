@@ -92,7 +92,9 @@ function manifests(): Array<{ file: string; object: KubeObject }> {
 }
 
 function find(kind: string, name: string, namespace?: string): KubeObject {
-  const found = manifests().find(({ object }) => object.kind === kind && object.metadata.name === name && (namespace === undefined || object.metadata.namespace === namespace))?.object;
+  const found = manifests().find(
+    ({ object }) => object.kind === kind && object.metadata.name === name && (namespace === undefined || object.metadata.namespace === namespace),
+  )?.object;
   if (!found) throw new Error(`no ${kind} ${name} in deploy/kubernetes`);
   return found;
 }
@@ -104,7 +106,10 @@ function grants(role: KubeObject): string[] {
   );
 }
 
-function controllerConfig(): { redis: { url: string; passwordFile: string }; controller: { auth: Record<string, unknown> & { kubernetesAgents: { audience: string; namespace: string; serviceAccount: string } } } } {
+function controllerConfig(): {
+  redis: { url: string; passwordFile: string };
+  controller: { auth: Record<string, unknown> & { kubernetesAgents: { audience: string; namespace: string; serviceAccount: string } } };
+} {
   return parseYaml(find('ConfigMap', 'steadfast-controller').data?.['config.yaml'] ?? '') as ReturnType<typeof controllerConfig>;
 }
 
@@ -151,10 +156,14 @@ describe('the Kubernetes manifests in deploy/kubernetes', () => {
     expect(config.redis.url).toBe(`redis://${service.metadata.name}.${service.metadata.namespace}.svc:6379`);
     const [container] = podSpec('Deployment', 'steadfast-controller').containers;
     // STEADFAST_REDIS__URL overrides redis.url (docs/configuration.md), and is absent without the key.
-    expect(container?.env.find((variable) => variable.name === 'STEADFAST_REDIS__URL')?.valueFrom?.secretKeyRef).toEqual({ name: 'steadfast-redis', key: 'url', optional: true });
+    expect(container?.env.find((variable) => variable.name === 'STEADFAST_REDIS__URL')?.valueFrom?.secretKeyRef).toEqual({
+      name: 'steadfast-redis',
+      key: 'url',
+      optional: true,
+    });
   });
 
-  it('reference the credentials as Secrets, never inline, and give the agents none: their pods\' own tokens', () => {
+  it("reference the credentials as Secrets, never inline, and give the agents none: their pods' own tokens", () => {
     const secretNames = manifests()
       .flatMap(({ object }) => (object as unknown as Partial<Workload>).spec?.template?.spec?.volumes ?? [])
       .flatMap((volume) => (volume.secret ? [volume.secret.secretName] : []));
@@ -164,7 +173,7 @@ describe('the Kubernetes manifests in deploy/kubernetes', () => {
     expect(agentSecrets).toEqual(['steadfast-agent-web-token']);
   });
 
-  it('give each agent its pod\'s service-account token for the controller audience, which the controller checks for that service account', () => {
+  it("give each agent its pod's service-account token for the controller audience, which the controller checks for that service account", () => {
     const pod = podSpec('DaemonSet', 'steadfast-agent');
     const { kubernetesAgents } = controllerConfig().controller.auth;
     const daemonSet = find('DaemonSet', 'steadfast-agent');
@@ -186,7 +195,9 @@ describe('the Kubernetes manifests in deploy/kubernetes', () => {
 
   it('run the agent image on GPU nodes whatever their taints, named as the node, reading /dev/kmsg and host paths read-only', () => {
     const pod = podSpec('DaemonSet', 'steadfast-agent');
-    expect(pod.tolerations?.map((toleration) => toleration.key)).toEqual(expect.arrayContaining(['nvidia.com/gpu', 'steadfast.dev/drained', 'steadfast.dev/standby']));
+    expect(pod.tolerations?.map((toleration) => toleration.key)).toEqual(
+      expect.arrayContaining(['nvidia.com/gpu', 'steadfast.dev/drained', 'steadfast.dev/standby']),
+    );
     expect(pod.hostPID).toBe(true);
     const [container] = pod.containers;
     if (!container) throw new Error('the agent DaemonSet has no container');
@@ -202,12 +213,21 @@ describe('the Kubernetes manifests in deploy/kubernetes', () => {
     expect(pod.volumes?.find((volume) => volume.name === kmsg?.name)?.hostPath).toEqual({ path: '/dev/kmsg', type: 'CharDevice' });
     const writable = container.volumeMounts.filter((mount) => !mount.readOnly).map((mount) => mount.mountPath);
     expect(writable).toEqual(['/var/lib/steadfast']);
-    expect(manifests().flatMap(({ object }) => (object as unknown as Partial<Workload>).spec?.template?.spec?.volumes ?? []).some((volume) => volume.hostPath?.path === '/var/log/kern.log')).toBe(false);
+    expect(
+      manifests()
+        .flatMap(({ object }) => (object as unknown as Partial<Workload>).spec?.template?.spec?.volumes ?? [])
+        .some((volume) => volume.hostPath?.path === '/var/log/kern.log'),
+    ).toBe(false);
   });
 
   it('never set allowPrivilegeEscalation false on a privileged container, which the API server refuses', () => {
     const recipe = parseYaml(readFileSync(join(DEPLOY, 'preflight', 'training-pod.yaml'), 'utf8')) as { spec: PodSpec };
-    const specs = [...manifests().flatMap(({ object }) => ((object as unknown as Partial<Workload>).spec?.template?.spec ? [(object as unknown as Workload).spec.template.spec] : [])), recipe.spec];
+    const specs = [
+      ...manifests().flatMap(({ object }) =>
+        (object as unknown as Partial<Workload>).spec?.template?.spec ? [(object as unknown as Workload).spec.template.spec] : [],
+      ),
+      recipe.spec,
+    ];
     for (const spec of specs) {
       for (const container of [...(spec.initContainers ?? []), ...spec.containers]) {
         if (container.securityContext?.privileged) expect(container.securityContext.allowPrivilegeEscalation, container.name).toBeUndefined();
@@ -217,29 +237,44 @@ describe('the Kubernetes manifests in deploy/kubernetes', () => {
 
   it('grant the controller cluster-wide only what drains and token reviews need, and pod deletion only in training namespaces', () => {
     const cluster = grants(find('ClusterRole', 'steadfast-controller'));
-    expect(cluster.sort()).toEqual(['create pods/eviction', 'create tokenreviews.authentication.k8s.io', 'get nodes', 'list nodes', 'list pods', 'patch nodes']);
+    expect(cluster.sort()).toEqual([
+      'create pods/eviction',
+      'create tokenreviews.authentication.k8s.io',
+      'get nodes',
+      'list nodes',
+      'list pods',
+      'patch nodes',
+    ]);
     expect(grants(find('Role', 'steadfast-controller-agents', 'steadfast'))).toEqual(['get pods']);
     const training = find('Role', 'steadfast-controller', 'training');
     expect(grants(training).sort()).toEqual(['deletecollection pods', 'get jobs.batch', 'get pytorchjobs.kubeflow.org', 'get trainjobs.trainer.kubeflow.org']);
-    for (const [role, namespace] of [['steadfast-controller', 'training'], ['steadfast-controller-agents', 'steadfast']] as const) {
-      const binding = find('RoleBinding', role, namespace) as unknown as { roleRef: { kind: string; name: string }; subjects: Array<{ kind: string; name: string; namespace: string }> };
+    for (const [role, namespace] of [
+      ['steadfast-controller', 'training'],
+      ['steadfast-controller-agents', 'steadfast'],
+    ] as const) {
+      const binding = find('RoleBinding', role, namespace) as unknown as {
+        roleRef: { kind: string; name: string };
+        subjects: Array<{ kind: string; name: string; namespace: string }>;
+      };
       expect(binding.roleRef).toMatchObject({ kind: 'Role', name: role });
       expect(binding.subjects).toEqual([{ kind: 'ServiceAccount', name: 'steadfast-controller', namespace: 'steadfast' }]);
     }
     expect(grants(find('ClusterRole', 'steadfast-controller')).some((grant) => grant.startsWith('deletecollection'))).toBe(false);
   });
 
-  it('copy the training namespace\'s role to another namespace with the sed line the file documents', async () => {
+  it("copy the training namespace's role to another namespace with the sed line the file documents", async () => {
     const text = readFileSync(join(DEPLOY, 'rbac-training.yaml'), 'utf8');
     expect(text).toContain("sed 's/namespace: training$/namespace: NS/' deploy/kubernetes/rbac-training.yaml | kubectl apply -f -");
     const copied = (await run('sed', ['s/namespace: training$/namespace: llm-pretrain/', join(DEPLOY, 'rbac-training.yaml')])).stdout;
-    const objects = parseAllDocuments(copied).map((document) => document.toJS() as { kind: string; metadata: { namespace: string }; subjects?: Array<{ namespace: string }> });
+    const objects = parseAllDocuments(copied).map(
+      (document) => document.toJS() as { kind: string; metadata: { namespace: string }; subjects?: Array<{ namespace: string }> },
+    );
     expect(objects.map((object) => `${object.kind} ${object.metadata.namespace}`)).toEqual(['Role llm-pretrain', 'RoleBinding llm-pretrain']);
     // The subject stays the controller's service account in its own namespace.
     expect(objects[1]?.subjects?.[0]?.namespace).toBe('steadfast');
   });
 
-  it('scrape the agents with the node name as `node`, as the rules and the controller expect, which no agent\'s own label overrides', () => {
+  it("scrape the agents with the node name as `node`, as the rules and the controller expect, which no agent's own label overrides", () => {
     const [endpoint] = (find('PodMonitor', 'steadfast-agent') as unknown as PodMonitorObject).spec.podMetricsEndpoints;
     expect(endpoint?.honorLabels).toBeUndefined();
     expect(endpoint?.relabelings).toContainEqual({ sourceLabels: ['__meta_kubernetes_pod_node_name'], targetLabel: 'node' });
@@ -275,8 +310,20 @@ describe('the bundled Redis of deploy/kubernetes/redis.yaml', () => {
       processes.start('bundled-redis', 'redis-server', [`${dir}/redis.conf`], join(dir, 'redis.log'));
       const cli = (args: string[]): Promise<string> => run('redis-cli', ['-h', '127.0.0.1', '-p', String(port), ...args]).then(({ stdout }) => stdout.trim());
       const withPassword = (args: string[]): Promise<string> => cli(['--no-auth-warning', '-a', password, ...args]);
-      await waitFor('the bundled Redis to answer with its password', () => withPassword(['PING']).then((answer) => answer === 'PONG', () => false), 10_000);
-      for (const [key, value] of [['appendonly', 'yes'], ['appendfsync', 'everysec'], ['maxmemory-policy', 'noeviction']]) {
+      await waitFor(
+        'the bundled Redis to answer with its password',
+        () =>
+          withPassword(['PING']).then(
+            (answer) => answer === 'PONG',
+            () => false,
+          ),
+        10_000,
+      );
+      for (const [key, value] of [
+        ['appendonly', 'yes'],
+        ['appendfsync', 'everysec'],
+        ['maxmemory-policy', 'noeviction'],
+      ]) {
         expect(await withPassword(['CONFIG', 'GET', key as string])).toBe(`${key}\n${value}`);
       }
       expect(await cli(['PING'])).toMatch(/^NOAUTH/);

@@ -42,11 +42,18 @@ describe('remedies short of a drain, end to end', () => {
   }
 
   function isSettled(entry: AuditEntry, verb: string, since: number): boolean {
-    return entry.type === 'action' && entry.data.verb === verb && ['done', 'refused', 'failed'].includes(String(entry.data.state)) && Date.parse(String(entry.data.time)) >= since;
+    return (
+      entry.type === 'action' &&
+      entry.data.verb === verb &&
+      ['done', 'refused', 'failed'].includes(String(entry.data.state)) &&
+      Date.parse(String(entry.data.time)) >= since
+    );
   }
 
   async function history(node: string): Promise<RemediationEntry[]> {
-    const response = await fetch(`${env.controllerUrl}/api/v1/nodes/${node}/remediations`, { headers: { authorization: `Bearer ${env.credentials.operator}` } });
+    const response = await fetch(`${env.controllerUrl}/api/v1/nodes/${node}/remediations`, {
+      headers: { authorization: `Bearer ${env.credentials.operator}` },
+    });
     expect(response.status).toBe(200);
     return ((await response.json()) as { remediations: RemediationEntry[] }).remediations;
   }
@@ -103,6 +110,11 @@ describe('remedies short of a drain, end to end', () => {
     expect(node.resets()).toEqual([2, 2]);
     const decision = (await env.audit('node-1')).filter((entry) => entry.type === 'decision').at(-1);
     expect(decision?.summary).toMatch(/^reboot node-1: .*; 2 GPU resets within 604800 s: reboot$/);
-    expect((await history('node-1')).map((entry) => `${entry.action} ${entry.outcome}`)).toEqual(['drain done', 'reboot fell_back', 'reset_gpu done', 'reset_gpu done']);
+    expect((await history('node-1')).map((entry) => `${entry.action} ${entry.outcome}`)).toEqual([
+      'drain done',
+      'reboot fell_back',
+      'reset_gpu done',
+      'reset_gpu done',
+    ]);
   }, 90_000);
 });

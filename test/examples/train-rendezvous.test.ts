@@ -36,7 +36,10 @@ except RuntimeError as error:
 describe('the example training script joins its rendezvous', () => {
   it('tries again when the TCP store was interrupted or the master was not listening yet', () => {
     const result = rendezvousWith(['Interrupted system call', 'Connection refused']);
-    expect(result).toMatchObject({ calls: 3, said: [expect.stringContaining('attempt 1 of 5 failed (Interrupted system call)'), expect.stringContaining('attempt 2 of 5')] });
+    expect(result).toMatchObject({
+      calls: 3,
+      said: [expect.stringContaining('attempt 1 of 5 failed (Interrupted system call)'), expect.stringContaining('attempt 2 of 5')],
+    });
     expect(result.error).toBeUndefined();
   });
 

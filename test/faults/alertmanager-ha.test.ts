@@ -60,21 +60,47 @@ describe('an Alertmanager HA pair in front of the controller', () => {
   it('drains once when both Alertmanagers of a pair notify the controller of the same alert', async () => {
     // A pair that cannot gossip (a partition, here two unclustered processes): each notifies on
     // its own, every time. The controller's intake must make one signal of the two.
-    const config = renderAlertmanagerConfig({ webhookUrl: `${env.controllerUrl}/api/v1/alerts`, credentialsFile: env.credentials.alertmanagerTokenFile, groupWait: '0s', groupInterval: '1s' });
-    const pair = [await startAlertmanager(env.processes, env.root, config, { name: 'partitioned-a' }), await startAlertmanager(env.processes, env.root, config, { name: 'partitioned-b' })];
+    const config = renderAlertmanagerConfig({
+      webhookUrl: `${env.controllerUrl}/api/v1/alerts`,
+      credentialsFile: env.credentials.alertmanagerTokenFile,
+      groupWait: '0s',
+      groupInterval: '1s',
+    });
+    const pair = [
+      await startAlertmanager(env.processes, env.root, config, { name: 'partitioned-a' }),
+      await startAlertmanager(env.processes, env.root, config, { name: 'partitioned-b' }),
+    ];
     const alert = [
       {
-        labels: { alertname: 'SteadfastXidFatal', node: 'node-3', pci_bus_id: '0000:ba:00', xid: '79', xid_severity: 'fatal', severity: 'critical', domain: 'gpu', job: 'steadfast-agent' },
+        labels: {
+          alertname: 'SteadfastXidFatal',
+          node: 'node-3',
+          pci_bus_id: '0000:ba:00',
+          xid: '79',
+          xid_severity: 'fatal',
+          severity: 'critical',
+          domain: 'gpu',
+          job: 'steadfast-agent',
+        },
         annotations: { summary: 'A GPU reported a fatal Xid error.' },
         startsAt: new Date().toISOString(),
       },
     ];
     // As Prometheus does: the same alert to every Alertmanager it knows.
     for (const part of pair) {
-      const response = await fetch(`${part.url}/api/v2/alerts`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(alert) });
+      const response = await fetch(`${part.url}/api/v2/alerts`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify(alert),
+      });
       expect(response.status).toBe(200);
     }
-    await waitFor('both Alertmanagers to notify', async () => (await Promise.all(pair.map((part) => webhooksSent(part)))).every((count) => count >= 1), 20_000, 200);
+    await waitFor(
+      'both Alertmanagers to notify',
+      async () => (await Promise.all(pair.map((part) => webhooksSent(part)))).every((count) => count >= 1),
+      20_000,
+      200,
+    );
     await waitFor('node-3 drained', async () => (await env.controller.backend.nodeState('node-3')).drained, 20_000, 100);
     const audit = await env.audit('node-3');
     expect(audit.filter((entry) => entry.type === 'signal')).toHaveLength(1);

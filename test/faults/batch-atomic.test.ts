@@ -45,7 +45,11 @@ describe('a batch of signals when Redis dies under it', () => {
     redis = await startRedis(group, root);
     intakeRedis = intakeConnection(redis.url);
     intakeRedis.on('error', () => undefined);
-    intake = new SignalIntake(intakeRedis, PREFIX, { jobOptions: queueJobOptions(retentionFromBudget(64)).signals, replicaMarker: new Keys(PREFIX).intakeReplicaMarker, seen: { key: new Keys(PREFIX).intakeSeenSignals, windowSeconds: 86_400, maxIds: 10_000 } });
+    intake = new SignalIntake(intakeRedis, PREFIX, {
+      jobOptions: queueJobOptions(retentionFromBudget(64)).signals,
+      replicaMarker: new Keys(PREFIX).intakeReplicaMarker,
+      seen: { key: new Keys(PREFIX).intakeSeenSignals, windowSeconds: 86_400, maxIds: 10_000 },
+    });
     reader = workerConnection(redis.url);
     reader.on('error', () => undefined);
   });

@@ -64,7 +64,11 @@ describe('a controller killed with SIGKILL mid-recovery', () => {
   });
 
   const api = async (path: string, body: unknown): Promise<number> => {
-    const response = await fetch(`${controller.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${plane.credentials.operator}` }, body: JSON.stringify(body) });
+    const response = await fetch(`${controller.url}${path}`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', authorization: `Bearer ${plane.credentials.operator}` },
+      body: JSON.stringify(body),
+    });
     await response.arrayBuffer();
     return response.status;
   };
@@ -84,7 +88,7 @@ describe('a controller killed with SIGKILL mid-recovery', () => {
 
     const xid = { kind: 'xid', node: VICTIM, gpu: '0000:3a:00', xid: 79, message: 'GPU has fallen off the bus.', time: new Date().toISOString() };
     expect(await api('/api/v1/signals', xid)).toBe(202);
-    await waitFor('the eviction\'s drain to start', async () => existsSync(marker), 30_000, 20);
+    await waitFor("the eviction's drain to start", async () => existsSync(marker), 30_000, 20);
     const killedAt = Date.now();
     await controller.kill();
     await controller.start();

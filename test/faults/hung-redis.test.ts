@@ -40,7 +40,12 @@ const PROBES: readonly Probe[] = [
   { what: "the queue board's data", path: '/queues/api/queues', token: READ_ONLY_TOKEN },
   { what: 'the pause gate', path: '/api/v1/pause', token: TEST_TOKEN },
   { what: "a standby's poll", path: '/api/v1/standby/n05', token: agentToken('n05') },
-  { what: 'a registration', path: '/api/v1/jobs', token: TEST_TOKEN, body: () => ({ ...JOB, name: `hung-${(registrations += 1)}`, nodes: [`r${registrations}`], topology: { dp: 1 } }) },
+  {
+    what: 'a registration',
+    path: '/api/v1/jobs',
+    token: TEST_TOKEN,
+    body: () => ({ ...JOB, name: `hung-${(registrations += 1)}`, nodes: [`r${registrations}`], topology: { dp: 1 } }),
+  },
   {
     what: "an agent's progress report",
     path: '/api/v1/signals',
@@ -109,6 +114,12 @@ describe('a Redis that is connected but answers nothing', () => {
 
     process.kill(redisPid, 'SIGCONT');
     stopped = false;
-    for (const probe of PROBES) await until(`${probe.what} to answer again`, () => ask(url, probe), (answer) => ok(answer.status), ANSWER_BOUND_MS);
+    for (const probe of PROBES)
+      await until(
+        `${probe.what} to answer again`,
+        () => ask(url, probe),
+        (answer) => ok(answer.status),
+        ANSWER_BOUND_MS,
+      );
   }, 90_000);
 });

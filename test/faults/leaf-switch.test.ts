@@ -47,7 +47,11 @@ async function settle(controller: Controller, recovery: Queue): Promise<void> {
 }
 
 async function post(url: string, token: string, body: unknown): Promise<number> {
-  const response = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${token}` }, body: JSON.stringify(body) });
+  const response = await fetch(url, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', authorization: `Bearer ${token}` },
+    body: JSON.stringify(body),
+  });
   await response.arrayBuffer();
   return response.status;
 }
@@ -65,7 +69,10 @@ describe('a leaf-switch failure on the real parts', () => {
     plane = await ControlPlane.start({ nodes: [...RACK_A, ...STANDBYS, ...RACK_B], redisUrl: inject('redisUrl') });
     // Two installations on one Slurm, each with its own key prefix and so its own eviction budget.
     const start = async (prefix: string): Promise<{ controller: Controller; url: string; metricsUrl: string }> => {
-      const controller = new Controller({ config: plane.controllerConfig(prefix, { safety: { maxDrainsPerWindow: BUDGET, maxJobEvictionPercent: 50 } }), logger: silentLogger() });
+      const controller = new Controller({
+        config: plane.controllerConfig(prefix, { safety: { maxDrainsPerWindow: BUDGET, maxJobEvictionPercent: 50 } }),
+        logger: silentLogger(),
+      });
       const { port, metricsPort } = await controller.start();
       return { controller, url: `http://127.0.0.1:${port}`, metricsUrl: `http://127.0.0.1:${metricsPort}` };
     };
@@ -75,7 +82,12 @@ describe('a leaf-switch failure on the real parts', () => {
     alertmanager = await startAlertmanager(
       plane.processes,
       plane.root,
-      renderAlertmanagerConfig({ webhookUrl: `${withJob.url}/api/v1/alerts`, credentialsFile: plane.credentials.alertmanagerTokenFile, groupWait: '0s', groupInterval: '1s' }),
+      renderAlertmanagerConfig({
+        webhookUrl: `${withJob.url}/api/v1/alerts`,
+        credentialsFile: plane.credentials.alertmanagerTokenFile,
+        groupWait: '0s',
+        groupInterval: '1s',
+      }),
     );
   }, 60_000);
 
@@ -116,17 +128,28 @@ describe('a leaf-switch failure on the real parts', () => {
       annotations: { summary: 'An RDMA port is down.' },
       startsAt: now,
     }));
-    const pushed = await fetch(`${alertmanager.url}/api/v2/alerts`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(alerts) });
+    const pushed = await fetch(`${alertmanager.url}/api/v2/alerts`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(alerts),
+    });
     expect(pushed.status).toBe(200);
 
     // The ladder tolerates each node's first network fault and evicts on the second; its retry
     // chain runs out after six restarts in the incident (504-GPU report) and it asks for a person.
     // Wait until every alert is in and the steps queue has gone quiet.
-    await until('all 32 port-down alerts audited', () => controller.audit.read({ limit: 10_000, type: 'signal' }), (entries) => entries.filter((entry) => entry.summary.includes('SteadfastRdmaPortDown')).length >= RACK_A.length, 40_000);
+    await until(
+      'all 32 port-down alerts audited',
+      () => controller.audit.read({ limit: 10_000, type: 'signal' }),
+      (entries) => entries.filter((entry) => entry.summary.includes('SteadfastRdmaPortDown')).length >= RACK_A.length,
+      40_000,
+    );
     await settle(controller, recovery);
 
     const actions = await controller.audit.read({ limit: 10_000, type: 'action' });
-    const evicted = actions.filter((entry) => entry.data.verb === 'evict' && entry.data.state === 'done' && String(entry.data.detail).startsWith('drained')).map((entry) => entry.node ?? '');
+    const evicted = actions
+      .filter((entry) => entry.data.verb === 'evict' && entry.data.state === 'done' && String(entry.data.detail).startsWith('drained'))
+      .map((entry) => entry.node ?? '');
     const refused = actions.filter((entry) => entry.data.verb === 'evict' && entry.data.state === 'refused');
 
     // The budget held: four nodes out, each drained in Slurm exactly once; nothing else drained.
@@ -140,7 +163,9 @@ describe('a leaf-switch failure on the real parts', () => {
     // One page for the incident, however many evictions were refused; the audit says why.
     const pages = pageEntries(actions);
     expect(pages.map((entry) => entry.summary)).toHaveLength(1);
-    expect(pages[0]?.summary).toBe(`leaf-job: page_human: a person is needed: eviction refused (eviction budget exhausted: ${BUDGET} drains per 3600 s already used); later refusals in this window are audited without paging`);
+    expect(pages[0]?.summary).toBe(
+      `leaf-job: page_human: a person is needed: eviction refused (eviction budget exhausted: ${BUDGET} drains per 3600 s already used); later refusals in this window are audited without paging`,
+    );
     const metrics = await (await fetch(`${metricsUrl}/metrics`)).text();
     expect(metrics).toMatch(/^steadfast_human_pages_total\{training_job="leaf-job"\} 1$/m);
   }, 60_000);
@@ -160,11 +185,21 @@ describe('a leaf-switch failure on the real parts', () => {
       })),
     };
     expect(await post(`${url}/api/v1/alerts`, plane.credentials.alertmanager, portDown)).toBe(202);
-    await until('the port-down alerts audited', () => controller.audit.read({ limit: 10_000, type: 'signal' }), (entries) => entries.length >= RACK_B.length);
+    await until(
+      'the port-down alerts audited',
+      () => controller.audit.read({ limit: 10_000, type: 'signal' }),
+      (entries) => entries.length >= RACK_B.length,
+    );
     expect(await controller.audit.read({ limit: 10_000, type: 'decision' })).toEqual([]);
 
     // A whole rack's GPUs lost at once (e.g. its power shelf): the fast path reports each.
-    const lost = RACK_B.map((node) => ({ kind: 'gpu_lost', node, gpu: '0000:18:00', message: 'GPU 0000:18:00 no longer listed', time: new Date(now + 1000).toISOString() }));
+    const lost = RACK_B.map((node) => ({
+      kind: 'gpu_lost',
+      node,
+      gpu: '0000:18:00',
+      message: 'GPU 0000:18:00 no longer listed',
+      time: new Date(now + 1000).toISOString(),
+    }));
     expect(await post(`${url}/api/v1/signals`, plane.credentials.operator, lost)).toBe(202);
     const actions = await until(
       'a verdict on every drain',
@@ -210,11 +245,15 @@ describe('paging once per window', () => {
     const transitions = RACK_B.map((node, index) => nodeTransition('drain', { id: `d-leaf-${index}`, node, reason: 'GPU 0000:18:00 is lost' }));
     const results = await Promise.all(transitions.map((transition) => processor(queued(transition, 0, 5))));
     expect(results.filter((result) => result.halted === undefined)).toHaveLength(BUDGET);
-    expect(results.filter((result) => result.halted === 'drain stopped the transition: eviction budget exhausted: 4 drains per 600 s already used')).toHaveLength(RACK_B.length - BUDGET);
+    expect(
+      results.filter((result) => result.halted === 'drain stopped the transition: eviction budget exhausted: 4 drains per 600 s already used'),
+    ).toHaveLength(RACK_B.length - BUDGET);
     expect(Object.keys(await backend.recorded())).toHaveLength(BUDGET);
     expect(pages).toEqual(['eviction budget exhausted: 4 drains per 600 s already used']);
     const entries = pageEntries(await audit.read({ limit: 1000 }));
     expect(entries).toHaveLength(1);
-    expect(entries[0]?.summary).toMatch(/^page_human: a person is needed: drain leaf-b-\d\d refused \(eviction budget exhausted: 4 drains per 600 s already used\); later refusals in this window are audited without paging$/);
+    expect(entries[0]?.summary).toMatch(
+      /^page_human: a person is needed: drain leaf-b-\d\d refused \(eviction budget exhausted: 4 drains per 600 s already used\); later refusals in this window are audited without paging$/,
+    );
   });
 });

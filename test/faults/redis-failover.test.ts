@@ -22,7 +22,6 @@ const VICTIMS = Array.from({ length: 20 }, (_, index) => `f-${String(index + 1).
 const BYSTANDERS = Array.from({ length: 10 }, (_, index) => `g-${String(index + 1).padStart(2, '0')}`);
 const PREFIX = 'failover';
 
-
 describe('the primary Redis killed mid-storm, a replica promoted by the sentinels', () => {
   let plane: ControlPlane;
   let ha: RedisHa;
@@ -54,7 +53,9 @@ describe('the primary Redis killed mid-storm, a replica promoted by the sentinel
     // Six senders work through the storm; the primary is killed once the first requests are in. They retry for as
     // long as the sentinels may take to promote a replica and bring the old primary back.
     const deadline = Date.now() + ha.promotionDeadlineMs + ha.rejoinDeadlineMs;
-    const { results, done } = sendStorm(requests, 6, 150, (request) => deliverUntilAccepted(request, stormCredential(plane.credentials, request), deadline, 10_000));
+    const { results, done } = sendStorm(requests, 6, 150, (request) =>
+      deliverUntilAccepted(request, stormCredential(plane.credentials, request), deadline, 10_000),
+    );
     await waitForAnswered(results, 6);
     const answeredBeforeKill = results.length;
     const { from, to } = await ha.failover();
@@ -63,7 +64,10 @@ describe('the primary Redis killed mid-storm, a replica promoted by the sentinel
     expect(to).not.toBe(from);
     expect(answeredBeforeKill, 'requests answered before the kill').toBeGreaterThan(0);
     expect(results).toHaveLength(requests.length);
-    expect(results.every((result) => result.ids.length > 0), 'every request was eventually answered 202').toBe(true);
+    expect(
+      results.every((result) => result.ids.length > 0),
+      'every request was eventually answered 202',
+    ).toBe(true);
     const refusals = results.flatMap((result) => result.statuses.filter((status) => status !== 202));
     expect(refusals.length, 'requests turned away during the failover').toBeGreaterThan(0);
     expect(new Set(refusals), 'how requests were turned away').toEqual(new Set([503]));
@@ -82,7 +86,11 @@ describe('the primary Redis killed mid-storm, a replica promoted by the sentinel
   it('answers 503 with Retry-After while no replica confirms a write, and stores the retry once a replica is back', async () => {
     const event = { kind: 'xid', node: 'g-01', gpu: '0000:18:00', xid: 13, message: 'Graphics Exception', time: new Date().toISOString() };
     const post = (): Promise<Response> =>
-      fetch(`${url}/api/v1/signals`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${plane.credentials.agentToken(event.node)}` }, body: JSON.stringify(event) });
+      fetch(`${url}/api/v1/signals`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', authorization: `Bearer ${plane.credentials.agentToken(event.node)}` },
+        body: JSON.stringify(event),
+      });
     await ha.killReplicas();
     const refused = await post();
     expect(refused.status).toBe(503);

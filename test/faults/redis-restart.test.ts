@@ -17,7 +17,6 @@ const VICTIMS = Array.from({ length: 30 }, (_, index) => `r-${String(index + 1).
 const BYSTANDERS = Array.from({ length: 10 }, (_, index) => `b-${String(index + 1).padStart(2, '0')}`);
 const PREFIX = 'storm';
 
-
 describe('Redis restarted in the middle of an alert storm', () => {
   let plane: ControlPlane;
   let controller: Controller;
@@ -28,7 +27,10 @@ describe('Redis restarted in the middle of an alert storm', () => {
     plane = await ControlPlane.start({ nodes: [...VICTIMS, ...BYSTANDERS], ownRedis: true });
     // A step taken just as Redis dies stalls and resumes within lockDuration + 2 × stalledInterval
     // (core/queues.ts): 30 + 60 s at BullMQ's defaults, longer than the drains are waited for here.
-    controller = new Controller({ config: plane.controllerConfig(PREFIX, { queues: { lockDurationSeconds: 5, stalledIntervalSeconds: 2 } }), logger: silentLogger() });
+    controller = new Controller({
+      config: plane.controllerConfig(PREFIX, { queues: { lockDurationSeconds: 5, stalledIntervalSeconds: 2 } }),
+      logger: silentLogger(),
+    });
     url = `http://127.0.0.1:${(await controller.start()).port}`;
     reader = workerConnection(plane.redisUrl);
     // It reconnects by itself once Redis is back; while it is away there is nothing to do.
@@ -45,7 +47,9 @@ describe('Redis restarted in the middle of an alert storm', () => {
     const requests = stormRequests(url, 240, VICTIMS, BYSTANDERS, 2);
     // Eight senders work through the storm over about six seconds; Redis is killed once the first are answered.
     const deadline = Date.now() + 40_000;
-    const { results, done } = sendStorm(requests, 8, 200, (request) => deliverUntilAccepted(request, stormCredential(plane.credentials, request), deadline, 5000));
+    const { results, done } = sendStorm(requests, 8, 200, (request) =>
+      deliverUntilAccepted(request, stormCredential(plane.credentials, request), deadline, 5000),
+    );
     await waitForAnswered(results, 8);
     const sentBeforeCrash = results.length;
     await plane.crashRedis(1000);
@@ -54,7 +58,10 @@ describe('Redis restarted in the middle of an alert storm', () => {
     const accepted = new Set(results.flatMap((result) => result.ids));
     const refusedDuringOutage = results.filter((result) => result.statuses.some((status) => status !== 202)).length;
     expect(results).toHaveLength(requests.length);
-    expect(results.every((result) => result.ids.length > 0), 'every request was eventually answered 202').toBe(true);
+    expect(
+      results.every((result) => result.ids.length > 0),
+      'every request was eventually answered 202',
+    ).toBe(true);
     // The crash did fall in the storm: requests were answered before it and some were turned away during it.
     expect(sentBeforeCrash).toBeGreaterThan(0);
     expect(refusedDuringOutage).toBeGreaterThan(0);

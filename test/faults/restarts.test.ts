@@ -78,7 +78,7 @@ describe('restarts of Prometheus, Alertmanager and the agents', () => {
     expect(drained.problems).toEqual([]);
     env.node('node-4').injectXid(4, 13, 'Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address');
     env.node('node-4').injectXid(4, 13, 'Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address');
-    await waitFor('node-4\'s Xids in Prometheus', async () => (await xidCounter(env, 'node-4')).reduce((sum, value) => sum + value, 0) === 2, 20_000, 200);
+    await waitFor("node-4's Xids in Prometheus", async () => (await xidCounter(env, 'node-4')).reduce((sum, value) => sum + value, 0) === 2, 20_000, 200);
     const before = { node3: await xidCounter(env, 'node-3'), decisions: (await env.audit()).filter((entry) => entry.type === 'decision').length };
 
     // Each agent is down for three scrapes: Prometheus marks its series stale, then sees them again.
@@ -123,7 +123,12 @@ describe('the counter rules around resets and agent restarts', () => {
 
   /** Runs one promtool case expecting no `alertname` alert at any of `evalTimes`; returns its output. */
   function expectSilence(ruleFile: string, alertname: string, series: string, values: string, evalTimes: string[]): Promise<string> {
-    return promtool(ruleFile, series, values, evalTimes.map((time) => `      - eval_time: ${time}\n        alertname: ${alertname}\n        exp_alerts: []`).join('\n'));
+    return promtool(
+      ruleFile,
+      series,
+      values,
+      evalTimes.map((time) => `      - eval_time: ${time}\n        alertname: ${alertname}\n        exp_alerts: []`).join('\n'),
+    );
   }
 
   /** Runs one promtool case with the given `alert_rule_test` entries; returns its output. */
@@ -135,7 +140,10 @@ describe('the counter rules around resets and agent restarts', () => {
         file,
         `rule_files:\n  - ${join(repoRoot(), 'rules', ruleFile)}\nevaluation_interval: 15s\ntests:\n  - interval: 15s\n    input_series:\n      - series: '${series}'\n        values: '${values}'\n    alert_rule_test:\n${cases}\n`,
       );
-      const { stdout, stderr } = await run('promtool', ['test', 'rules', file]).catch((error: { stdout?: string; stderr?: string }) => ({ stdout: error.stdout ?? '', stderr: error.stderr ?? '' }));
+      const { stdout, stderr } = await run('promtool', ['test', 'rules', file]).catch((error: { stdout?: string; stderr?: string }) => ({
+        stdout: error.stdout ?? '',
+        stderr: error.stderr ?? '',
+      }));
       return `${stdout}${stderr}`;
     } finally {
       rmSync(dir, { recursive: true, force: true });
@@ -179,7 +187,8 @@ describe('the counter rules around resets and agent restarts', () => {
       '              runbook_url: https://github.com/steadfast-dev/steadfast/blob/main/docs/runbooks/steadfast-xid-fatal.md',
       '              summary: A GPU reported a fatal Xid error.',
     ].join('\n');
-    const firing = (time: string): string => `      - eval_time: ${time}\n        alertname: SteadfastXidFatal\n        exp_alerts:\n          - exp_labels: ${labels}\n            exp_annotations:\n${annotations}`;
+    const firing = (time: string): string =>
+      `      - eval_time: ${time}\n        alertname: SteadfastXidFatal\n        exp_alerts:\n          - exp_labels: ${labels}\n            exp_annotations:\n${annotations}`;
     // The Xid appears at 1 min; the agent restarts at 3.5 min (two missed scrapes). Expected: firing throughout.
     const output = await promtool('xid.yml', series, '_x4 1x10 stale stale 1x40', ['3m', '4m', '5m'].map(firing).join('\n'));
     const failedAt = [...output.matchAll(/alertname: SteadfastXidFatal, time: (\S+),/g)].map((match) => match[1]);

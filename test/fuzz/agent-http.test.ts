@@ -25,7 +25,16 @@ const REPORT = new FuzzReport('agent HTTP');
 const TOKEN = 'agent-fuzz-token-0123456789';
 const FAKE_PY_SPY = join(FIXTURES, 'exporters', 'fake-py-spy.sh');
 
-const STEP = { job: 'fuzz', rank: 0, iteration: 1200, iteration_seconds: 4.2, loss: { 'lm loss': 2.31 }, grad_norm: 0.8, learning_rate: 0.0003, tflops_per_gpu: 410 };
+const STEP = {
+  job: 'fuzz',
+  rank: 0,
+  iteration: 1200,
+  iteration_seconds: 4.2,
+  loss: { 'lm loss': 2.31 },
+  grad_norm: 0.8,
+  learning_rate: 0.0003,
+  tflops_per_gpu: 410,
+};
 const KEPT_STEP = { job: 'keep-job', rank: 5, iteration: 1234, loss: 1.5 };
 
 async function send(base: string, path: string, request: RequestBody): Promise<{ status: number; contentType: string; text: string }> {
@@ -73,7 +82,15 @@ describe('agent POST endpoints under fuzzing', () => {
     dir = mkdtempSync(join(tmpdir(), 'steadfast-fuzz-agent-'));
     writeTorchrunProcfs(join(dir, 'proc'));
     const diagnostics = join(dir, 'diagnostics.json');
-    writeFileSync(diagnostics, JSON.stringify({ checks: [{ name: 'quick', command: ['true'], timeoutSeconds: 5 }, { name: 'also-quick', command: ['true'], timeoutSeconds: 5, standby: false }] }));
+    writeFileSync(
+      diagnostics,
+      JSON.stringify({
+        checks: [
+          { name: 'quick', command: ['true'], timeoutSeconds: 5 },
+          { name: 'also-quick', command: ['true'], timeoutSeconds: 5, standby: false },
+        ],
+      }),
+    );
     agent = createAgent({
       node: 'fuzz-node',
       listen: { host: '127.0.0.1', port: 0 },

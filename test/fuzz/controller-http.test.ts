@@ -65,8 +65,21 @@ interface Target {
 
 const TARGETS: readonly Target[] = [
   { name: 'POST /api/v1/alerts', path: fc.constant('/api/v1/alerts'), bodies: [ALERT], allowed: [202, 400, 413, 415] },
-  { name: 'POST /api/v1/signals', path: fc.constant('/api/v1/signals'), bodies: [FAST_PATH, [FAST_PATH, NCCL_TIMEOUT], NCCL_TIMEOUT], allowed: [202, 400, 413, 415] },
-  { name: 'POST /api/v1/jobs', path: fc.constant('/api/v1/jobs'), bodies: [FUZZ_JOB, { ...FUZZ_JOB, name: 'other', launcher: { kind: 'kubernetes', namespace: 'ml', workload: 'jobs.batch/llama', podSelector: 'job-name=llama' } }], allowed: [201, 400, 409, 413, 415] },
+  {
+    name: 'POST /api/v1/signals',
+    path: fc.constant('/api/v1/signals'),
+    bodies: [FAST_PATH, [FAST_PATH, NCCL_TIMEOUT], NCCL_TIMEOUT],
+    allowed: [202, 400, 413, 415],
+  },
+  {
+    name: 'POST /api/v1/jobs',
+    path: fc.constant('/api/v1/jobs'),
+    bodies: [
+      FUZZ_JOB,
+      { ...FUZZ_JOB, name: 'other', launcher: { kind: 'kubernetes', namespace: 'ml', workload: 'jobs.batch/llama', podSelector: 'job-name=llama' } },
+    ],
+    allowed: [201, 400, 409, 413, 415],
+  },
   {
     name: 'POST /api/v1/jobs/:id/checkpoints',
     path: pathParameter('fuzz-job').map((id) => `/api/v1/jobs/${id}/checkpoints`),
@@ -76,7 +89,10 @@ const TARGETS: readonly Target[] = [
   {
     name: 'POST /api/v1/jobs/:id/code-updates',
     path: pathParameter('fuzz-job').map((id) => `/api/v1/jobs/${id}/code-updates`),
-    bodies: [{ version: 'v2', urgent: false }, { version: 'release/2.1+cu124', urgent: true }],
+    bodies: [
+      { version: 'v2', urgent: false },
+      { version: 'release/2.1+cu124', urgent: true },
+    ],
     allowed: [202, 400, 404, 413, 415],
   },
   {
@@ -93,21 +109,28 @@ const TARGETS: readonly Target[] = [
   {
     name: 'POST /api/v1/standby/:node/self-check',
     path: pathParameter('spare-01').map((node) => `/api/v1/standby/${node}/self-check`),
-    bodies: [{ ok: true, detail: '' }, { ok: false, detail: 'gpu 3 missing' }],
+    bodies: [
+      { ok: true, detail: '' },
+      { ok: false, detail: 'gpu 3 missing' },
+    ],
     allowed: [200, 400, 404, 413, 415],
   },
   // keep-job is left alone: it must come through the fuzzing as it was.
   {
     name: 'PUT /api/v1/jobs/:id/policy',
     method: 'PUT',
-    path: pathParameter('fuzz-job').filter((id) => id !== 'keep-job').map((id) => `/api/v1/jobs/${id}/policy`),
+    path: pathParameter('fuzz-job')
+      .filter((id) => id !== 'keep-job')
+      .map((id) => `/api/v1/jobs/${id}/policy`),
     bodies: [{ recovery: false }, { recovery: true, dryRun: true }, { dryRun: false }],
     allowed: [200, 400, 404, 413, 415],
   },
   {
     name: 'DELETE /api/v1/jobs/:id',
     method: 'DELETE',
-    path: pathParameter('fuzz-job').filter((id) => id !== 'keep-job').map((id) => `/api/v1/jobs/${id}`),
+    path: pathParameter('fuzz-job')
+      .filter((id) => id !== 'keep-job')
+      .map((id) => `/api/v1/jobs/${id}`),
     bodies: [{}],
     allowed: [200, 400, 404, 413, 415],
   },
@@ -153,18 +176,47 @@ function edgeCases(bases: readonly unknown[]): fc.Arbitrary<EdgeCase> {
     }),
     fc.tuple(text, fc.nat()).map(([body, at]): EdgeCase => {
       const cut = insideAString(body, at);
-      return { request: { body: `${body.slice(0, cut)}\\u0000${body.slice(cut)}`, contentType: json, shape: 'raw' }, status: 400, error: /must not contain a NUL character/ };
+      return {
+        request: { body: `${body.slice(0, cut)}\\u0000${body.slice(cut)}`, contentType: json, shape: 'raw' },
+        status: 400,
+        error: /must not contain a NUL character/,
+      };
     }),
-    fc.tuple(text, fc.constantFrom('text/plain', 'application/json; charset=latin1', 'application/json; charset=utf-16', 'application/jsonx', 'application/x-ndjson', 'text/json', 'application/vnd.api+json', '')).map(
-      ([body, type]): EdgeCase => ({ request: { body, contentType: type, shape: 'raw' }, status: 415, error: /^request body must be sent as "Content-Type: application\/json" \(UTF-8\)/ }),
-    ),
-    fc.tuple(text, fc.constantFrom('gzip', 'deflate', 'br', 'x-unknown')).map(
-      ([body, encoding]): EdgeCase => ({ request: { body, contentType: json, contentEncoding: encoding, shape: 'raw' }, status: 415, error: /^request body must not be compressed/ }),
-    ),
+    fc
+      .tuple(
+        text,
+        fc.constantFrom(
+          'text/plain',
+          'application/json; charset=latin1',
+          'application/json; charset=utf-16',
+          'application/jsonx',
+          'application/x-ndjson',
+          'text/json',
+          'application/vnd.api+json',
+          '',
+        ),
+      )
+      .map(([body, type]): EdgeCase => ({
+        request: { body, contentType: type, shape: 'raw' },
+        status: 415,
+        error: /^request body must be sent as "Content-Type: application\/json" \(UTF-8\)/,
+      })),
+    fc
+      .tuple(text, fc.constantFrom('gzip', 'deflate', 'br', 'x-unknown'))
+      .map(([body, encoding]): EdgeCase => ({
+        request: { body, contentType: json, contentEncoding: encoding, shape: 'raw' },
+        status: 415,
+        error: /^request body must not be compressed/,
+      })),
   );
 }
 
-async function send(url: string, path: string, request: RequestBody, method: 'POST' | 'PUT' | 'DELETE' = 'POST'): Promise<{ status: number; contentType: string; text: string }> {
+async function send(
+  url: string,
+  path: string,
+  request: RequestBody,
+  method: 'POST' | 'PUT' | 'DELETE' = 'POST',
+): Promise<{ status: number; contentType: string; text: string }> {
   const headers: Record<string, string> = { authorization: `Bearer ${TEST_TOKEN}` };
   if (request.contentType !== undefined) headers['content-type'] = request.contentType;
   if (request.contentEncoding !== undefined) headers['content-encoding'] = request.contentEncoding;
@@ -177,7 +229,9 @@ function rawRequestStatus(port: number, method: string, target: string): Promise
   return new Promise((resolve, reject) => {
     let received = '';
     const socket = connect(port, '127.0.0.1', () => {
-      socket.write(`${method} ${target} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer ${TEST_TOKEN}\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}`);
+      socket.write(
+        `${method} ${target} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer ${TEST_TOKEN}\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}`,
+      );
     });
     socket.setEncoding('latin1');
     socket.on('data', (chunk: string) => {
@@ -214,9 +268,20 @@ describe('controller HTTP intake under fuzzing', () => {
     ));
     signals = new Queue(QUEUE_NAMES.signals, { connection: store.redis, prefix: store.prefix });
     for (const job of [KEEP_JOB, FUZZ_JOB, SWAP_JOB]) expect((await post(`${url}/api/v1/jobs`, job)).status).toBe(201);
-    expect((await post(`${url}/api/v1/jobs/keep-job/checkpoints`, [{ step: 7, rank: 0, tier: 'host', holder: 'keep-00' }, { step: 7, rank: 1, tier: 'remote' }])).status).toBe(202);
+    expect(
+      (
+        await post(`${url}/api/v1/jobs/keep-job/checkpoints`, [
+          { step: 7, rank: 0, tier: 'host', holder: 'keep-00' },
+          { step: 7, rank: 1, tier: 'remote' },
+        ])
+      ).status,
+    ).toBe(202);
     // Accepted before the fuzzing: these must come through it untouched.
-    const before: [string, unknown][] = [['alerts', ALERT], ['signals', FAST_PATH], ['signals', [{ ...FAST_PATH, node: 'n08' }, NCCL_TIMEOUT]]];
+    const before: [string, unknown][] = [
+      ['alerts', ALERT],
+      ['signals', FAST_PATH],
+      ['signals', [{ ...FAST_PATH, node: 'n08' }, NCCL_TIMEOUT]],
+    ];
     for (const [endpoint, body] of before) {
       const accepted = await post(`${url}/api/v1/${endpoint}`, body);
       expect(accepted.status).toBe(202);
@@ -236,17 +301,25 @@ describe('controller HTTP intake under fuzzing', () => {
     await store.cleanup();
   });
 
-  it.each(TARGETS.map((target) => [target.name, target] as const))('answers every fuzzed %s with JSON: a 2xx when valid, a 4xx naming the problem otherwise', async (name, target) => {
-    await fuzz(
-      REPORT,
-      name,
-      fc.record({ path: target.path, request: requestBodies(target.bodies) }),
-      async ({ path, request }) => expectWellFormed(await send(url, path, request, target.method), target.allowed, { path, ...request, body: String(request.body).slice(0, 300) }),
-      PER_ENDPOINT,
-    );
-  });
+  it.each(TARGETS.map((target) => [target.name, target] as const))(
+    'answers every fuzzed %s with JSON: a 2xx when valid, a 4xx naming the problem otherwise',
+    async (name, target) => {
+      await fuzz(
+        REPORT,
+        name,
+        fc.record({ path: target.path, request: requestBodies(target.bodies) }),
+        async ({ path, request }) =>
+          expectWellFormed(await send(url, path, request, target.method), target.allowed, { path, ...request, body: String(request.body).slice(0, 300) }),
+        PER_ENDPOINT,
+      );
+    },
+  );
 
-  it.each(TARGETS.filter((target) => target.name.startsWith('POST /api/v1/alerts') || target.name.startsWith('POST /api/v1/signals')).map((target) => [target.name, target] as const))(
+  it.each(
+    TARGETS.filter((target) => target.name.startsWith('POST /api/v1/alerts') || target.name.startsWith('POST /api/v1/signals')).map(
+      (target) => [target.name, target] as const,
+    ),
+  )(
     'refuses every body of %s that is not UTF-8 JSON, holds a NUL, or comes with another content type or an encoding, with the answer naming why',
     async (name, target) => {
       const path = fc.sample(target.path, 1)[0] ?? '';
@@ -266,7 +339,12 @@ describe('controller HTTP intake under fuzzing', () => {
   );
 
   it('answers every fuzzed audit query with 200 or a JSON 400', async () => {
-    const value = fc.oneof(fc.string({ maxLength: 40 }), hostileString.map((text) => text.slice(0, 200)), fc.integer().map(String), fc.constantFrom('0', '10001', '-1', '1.5', '1700000000000-0', 'signal', 'action', '1e3'));
+    const value = fc.oneof(
+      fc.string({ maxLength: 40 }),
+      hostileString.map((text) => text.slice(0, 200)),
+      fc.integer().map(String),
+      fc.constantFrom('0', '10001', '-1', '1.5', '1700000000000-0', 'signal', 'action', '1e3'),
+    );
     const query = fc.array(fc.tuple(fc.constantFrom('limit', 'after', 'type', 'node', 'ref', 'other', 'limit[]', '__proto__'), value), { maxLength: 4 });
     await fuzz(
       REPORT,
@@ -275,7 +353,11 @@ describe('controller HTTP intake under fuzzing', () => {
       async (pairs) => {
         const search = new URLSearchParams(pairs).toString();
         const response = await fetch(`${url}/api/v1/audit?${search}`, { headers: { authorization: `Bearer ${TEST_TOKEN}` } });
-        return expectWellFormed({ status: response.status, contentType: response.headers.get('content-type') ?? '', text: await response.text() }, [200, 400], search);
+        return expectWellFormed(
+          { status: response.status, contentType: response.headers.get('content-type') ?? '', text: await response.text() },
+          [200, 400],
+          search,
+        );
       },
       budget(300, 3),
     );
@@ -284,7 +366,9 @@ describe('controller HTTP intake under fuzzing', () => {
   it('answers every fuzzed request target without a 5xx, the parser refusing what is not HTTP', async () => {
     const { port } = new URL(url);
     const printable = fc.string({ unit: fc.integer({ min: 0x21, max: 0x7e }).map((code) => String.fromCharCode(code)), maxLength: 60 });
-    const target = fc.tuple(fc.constantFrom('', '/', '/api/v1/', '/api/v1/jobs/', 'http://', '//', 'http://[', '*', '/queues/'), printable).map(([prefix, rest]) => `${prefix}${rest}`);
+    const target = fc
+      .tuple(fc.constantFrom('', '/', '/api/v1/', '/api/v1/jobs/', 'http://', '//', 'http://[', '*', '/queues/'), printable)
+      .map(([prefix, rest]) => `${prefix}${rest}`);
     await fuzz(
       REPORT,
       'raw request targets',
@@ -301,24 +385,41 @@ describe('controller HTTP intake under fuzzing', () => {
   it('answers every fuzzed Authorization header with 401 or 403, and a 2xx only to a real credential allowed there', async () => {
     const genuine = [TEST_TOKEN, READ_ONLY_TOKEN, ALERTMANAGER_TOKEN, agentToken('n07'), agentToken('n01'), agentToken('a.b.c')];
     const visible = (text: string): string => text.replace(/[^\x20-\x7e]/g, '');
-    const mutated = fc.tuple(fc.constantFrom(...genuine), fc.nat(), fc.constantFrom('drop', 'flip', 'append', 'upper', 'swap-node', 'none')).map(([token, at, edit]) => {
-      const index = at % token.length;
-      if (edit === 'drop') return token.slice(0, index) + token.slice(index + 1);
-      if (edit === 'flip') return token.slice(0, index) + (token[index] === 'a' ? 'b' : 'a') + token.slice(index + 1);
-      if (edit === 'append') return `${token}${token[index] ?? ''}`;
-      if (edit === 'upper') return token.toUpperCase();
-      if (edit === 'swap-node') return `n07.${token.split('.').at(-1) ?? ''}`;
-      return token;
-    });
-    const credential = fc.oneof({ weight: 4, arbitrary: mutated }, { weight: 2, arbitrary: hostileString.map((text) => visible(text.slice(0, 300))) }, { weight: 1, arbitrary: fc.string({ maxLength: 80 }).map(visible) });
-    const header = fc.tuple(fc.constantFrom('Bearer ', 'bearer  ', 'Basic ', 'Token ', '', 'Bearer\t'), credential, fc.boolean()).map(([scheme, token, base64]) => `${scheme}${base64 ? Buffer.from(`user:${token}`).toString('base64') : token}`);
-    const allowedHeaders = new Set([`Bearer ${TEST_TOKEN}`, `bearer  ${TEST_TOKEN}`, `Bearer\t${TEST_TOKEN}`, ...['Bearer ', 'bearer  ', 'Bearer\t'].map((scheme) => `${scheme}${agentToken('n07')}`)]);
+    const mutated = fc
+      .tuple(fc.constantFrom(...genuine), fc.nat(), fc.constantFrom('drop', 'flip', 'append', 'upper', 'swap-node', 'none'))
+      .map(([token, at, edit]) => {
+        const index = at % token.length;
+        if (edit === 'drop') return token.slice(0, index) + token.slice(index + 1);
+        if (edit === 'flip') return token.slice(0, index) + (token[index] === 'a' ? 'b' : 'a') + token.slice(index + 1);
+        if (edit === 'append') return `${token}${token[index] ?? ''}`;
+        if (edit === 'upper') return token.toUpperCase();
+        if (edit === 'swap-node') return `n07.${token.split('.').at(-1) ?? ''}`;
+        return token;
+      });
+    const credential = fc.oneof(
+      { weight: 4, arbitrary: mutated },
+      { weight: 2, arbitrary: hostileString.map((text) => visible(text.slice(0, 300))) },
+      { weight: 1, arbitrary: fc.string({ maxLength: 80 }).map(visible) },
+    );
+    const header = fc
+      .tuple(fc.constantFrom('Bearer ', 'bearer  ', 'Basic ', 'Token ', '', 'Bearer\t'), credential, fc.boolean())
+      .map(([scheme, token, base64]) => `${scheme}${base64 ? Buffer.from(`user:${token}`).toString('base64') : token}`);
+    const allowedHeaders = new Set([
+      `Bearer ${TEST_TOKEN}`,
+      `bearer  ${TEST_TOKEN}`,
+      `Bearer\t${TEST_TOKEN}`,
+      ...['Bearer ', 'bearer  ', 'Bearer\t'].map((scheme) => `${scheme}${agentToken('n07')}`),
+    ]);
     await fuzz(
       REPORT,
       'Authorization headers on POST /api/v1/signals',
       header,
       async (authorization) => {
-        const response = await fetch(`${url}/api/v1/signals`, { method: 'POST', headers: { authorization, 'content-type': 'application/json' }, body: JSON.stringify(FAST_PATH) });
+        const response = await fetch(`${url}/api/v1/signals`, {
+          method: 'POST',
+          headers: { authorization, 'content-type': 'application/json' },
+          body: JSON.stringify(FAST_PATH),
+        });
         const answer = { status: response.status, contentType: response.headers.get('content-type') ?? '', text: await response.text() };
         const outcome = expectWellFormed(answer, [202, 401, 403], authorization);
         if (answer.status === 202) expect(allowedHeaders.has(authorization.trimEnd()), authorization).toBe(true);

@@ -15,15 +15,24 @@ const REPORT = new FuzzReport('credentials');
 afterAll(() => REPORT.print());
 
 const SECRET = 'fuzz-agent-secret-0123456789abcdef01234567';
-const credentials = new Credentials({ operator: 'operator-token-0123456789', readOnly: 'read-only-token-0123456789', alertmanager: 'alertmanager-token-0123456789', agentSecret: SECRET });
+const credentials = new Credentials({
+  operator: 'operator-token-0123456789',
+  readOnly: 'read-only-token-0123456789',
+  alertmanager: 'alertmanager-token-0123456789',
+  agentSecret: SECRET,
+});
 const nodeName = fc.stringMatching(NODE_NAME_PATTERN);
 
 describe('credential parsing under fuzzing', () => {
   it('reads any Authorization header without throwing, and only a bearer token or a non-empty Basic password comes out', async () => {
     const header = fc.oneof(
       hostileString,
-      fc.tuple(fc.constantFrom('Bearer ', 'Basic ', 'bearer\t', 'BASIC  ', 'Digest ', ''), fc.oneof(hostileString, fc.base64String(), fc.string())).map(([scheme, rest]) => scheme + rest),
-      fc.tuple(fc.oneof(fc.string(), hostileString), fc.oneof(fc.string(), hostileString)).map(([user, password]) => `Basic ${Buffer.from(`${user}:${password}`).toString('base64')}`),
+      fc
+        .tuple(fc.constantFrom('Bearer ', 'Basic ', 'bearer\t', 'BASIC  ', 'Digest ', ''), fc.oneof(hostileString, fc.base64String(), fc.string()))
+        .map(([scheme, rest]) => scheme + rest),
+      fc
+        .tuple(fc.oneof(fc.string(), hostileString), fc.oneof(fc.string(), hostileString))
+        .map(([user, password]) => `Basic ${Buffer.from(`${user}:${password}`).toString('base64')}`),
     );
     await fuzz(
       REPORT,

@@ -106,7 +106,9 @@ export async function fuzz<T>(
       try {
         const settled = await Promise.race([last.done, hung]);
         if (settled === 'hung') {
-          throw new Error(`${target}: an input was still being handled ${HANG_MS / 1000} s after the time limit (seed ${FUZZ_SEED}): ${String(JSON.stringify(last.input)).slice(0, 500)}`);
+          throw new Error(
+            `${target}: an input was still being handled ${HANG_MS / 1000} s after the time limit (seed ${FUZZ_SEED}): ${String(JSON.stringify(last.input)).slice(0, 500)}`,
+          );
         }
         outcomes.set(String(settled), (outcomes.get(String(settled)) ?? 0) + 1);
       } finally {

@@ -15,8 +15,35 @@ export const anyValue: fc.Arbitrary<unknown> = fc.oneof(
   fc.jsonValue({ maxDepth: 2 }),
   hostileString,
   fc.constantFrom<unknown>(
-    null, true, false, 0, -1, -0, 0.5, 1e308, -1e308, 2 ** 31, 2 ** 53, 2 ** 53 + 2, 'nan', 'inf', '-inf', '', [], {}, [[]], { '': null },
-    '1970-01-01T00:00:00Z', '9999-12-31T23:59:59Z', '2026-11-21T10:00:00.000Z', '2026-02-30T10:00:00Z', 'xid', 'gpu_lost', '0000:3b:00', '79', 'v2',
+    null,
+    true,
+    false,
+    0,
+    -1,
+    -0,
+    0.5,
+    1e308,
+    -1e308,
+    2 ** 31,
+    2 ** 53,
+    2 ** 53 + 2,
+    'nan',
+    'inf',
+    '-inf',
+    '',
+    [],
+    {},
+    [[]],
+    { '': null },
+    '1970-01-01T00:00:00Z',
+    '9999-12-31T23:59:59Z',
+    '2026-11-21T10:00:00.000Z',
+    '2026-02-30T10:00:00Z',
+    'xid',
+    'gpu_lost',
+    '0000:3b:00',
+    '79',
+    'v2',
   ),
   fc.integer(),
   fc.double({ noNaN: true }),
@@ -115,19 +142,30 @@ export function requestBodies(bases: readonly unknown[]): fc.Arbitrary<RequestBo
   // Mostly what a real sender sends, so most inputs reach the schemas; the rest try the media-type checks.
   const contentType = fc.oneof(
     { weight: 8, arbitrary: fc.constantFrom<string | undefined>('application/json', 'application/json; charset=utf-8') },
-    { weight: 2, arbitrary: fc.constantFrom<string | undefined>('text/plain', undefined, 'application/x-www-form-urlencoded', 'application/json; charset=utf-16', 'multipart/form-data; boundary=x') },
+    {
+      weight: 2,
+      arbitrary: fc.constantFrom<string | undefined>(
+        'text/plain',
+        undefined,
+        'application/x-www-form-urlencoded',
+        'application/json; charset=utf-16',
+        'multipart/form-data; boundary=x',
+      ),
+    },
   );
   const contentEncoding = fc.oneof(
     { weight: 9, arbitrary: fc.constantFrom<string | undefined>(undefined, 'identity') },
     { weight: 1, arbitrary: fc.constantFrom<string | undefined>('gzip', 'x-unknown') },
   );
-  const body = fc.constantFrom(...bases).chain((base) =>
-    fc.oneof(
-      { weight: 6, arbitrary: mutationsOf(base).map((value) => ({ body: JSON.stringify(value) ?? 'null', shape: 'mutated' as const })) },
-      { weight: 1, arbitrary: fc.jsonValue({ maxDepth: 3 }).map((value) => ({ body: JSON.stringify(value), shape: 'json' as const })) },
-      { weight: 2, arbitrary: rawBodies(base).map((raw) => ({ body: raw, shape: 'raw' as const })) },
-    ),
-  );
+  const body = fc
+    .constantFrom(...bases)
+    .chain((base) =>
+      fc.oneof(
+        { weight: 6, arbitrary: mutationsOf(base).map((value) => ({ body: JSON.stringify(value) ?? 'null', shape: 'mutated' as const })) },
+        { weight: 1, arbitrary: fc.jsonValue({ maxDepth: 3 }).map((value) => ({ body: JSON.stringify(value), shape: 'json' as const })) },
+        { weight: 2, arbitrary: rawBodies(base).map((raw) => ({ body: raw, shape: 'raw' as const })) },
+      ),
+    );
   return fc.record({ body, contentType, contentEncoding }).map(({ body: chosen, contentType: type, contentEncoding: encoding }) => ({
     ...chosen,
     contentType: type,

@@ -51,14 +51,36 @@ describe('steadfast lab: a real Slurm cluster in network namespaces', () => {
     const file = join(dir, 'jobs', `${JOB}-${jobId}.out`);
     return existsSync(file) ? readFileSync(file, 'utf8') : '';
   };
-  const lastIteration = (log: string, rank: number): number => Math.max(0, ...[...log.matchAll(new RegExp(`\\[rank ${rank}\\] iteration (\\d+) `, 'g'))].map((match) => Number(match[1])));
+  const lastIteration = (log: string, rank: number): number =>
+    Math.max(0, ...[...log.matchAll(new RegExp(`\\[rank ${rank}\\] iteration (\\d+) `, 'g'))].map((match) => Number(match[1])));
 
   /** Real sbatch of the example from the repository root; its job id. */
   const submit = async (checkpoints: string, stacks: string, args: readonly string[]): Promise<string> => {
-    const { stdout } = await run('sbatch', ['--parsable', `--job-name=${JOB}`, `--output=${join(dir, 'jobs', '%x-%j.out')}`, 'examples/pytorch/train.sbatch', '--checkpoint-every', '5', '--step-sleep', '0.02', ...args], {
-      cwd: repoRoot(),
-      env: { ...process.env, ...env, STEADFAST_AGENT_URL: agentUrl, STEADFAST_AGENT_TOKEN_FILE: webTokenFile, STEADFAST_CHECKPOINT_DIR: checkpoints, STEADFAST_STACK_DIR: stacks },
-    });
+    const { stdout } = await run(
+      'sbatch',
+      [
+        '--parsable',
+        `--job-name=${JOB}`,
+        `--output=${join(dir, 'jobs', '%x-%j.out')}`,
+        'examples/pytorch/train.sbatch',
+        '--checkpoint-every',
+        '5',
+        '--step-sleep',
+        '0.02',
+        ...args,
+      ],
+      {
+        cwd: repoRoot(),
+        env: {
+          ...process.env,
+          ...env,
+          STEADFAST_AGENT_URL: agentUrl,
+          STEADFAST_AGENT_TOKEN_FILE: webTokenFile,
+          STEADFAST_CHECKPOINT_DIR: checkpoints,
+          STEADFAST_STACK_DIR: stacks,
+        },
+      },
+    );
     const id = stdout.trim().split(';')[0] ?? '';
     expect(id).toMatch(/^\d+$/);
     return id;
@@ -75,9 +97,26 @@ describe('steadfast lab: a real Slurm cluster in network namespaces', () => {
     agentUrl = `http://${subnet}.1:${port}`;
     const off = ['gpu', 'xid', 'rdma', 'nfs', 'process'].map((name) => `--no-collector.${name}`);
     writeFileSync(webTokenFile, `${randomBytes(24).toString('hex')}\n`, { mode: 0o600 });
-    group.start('agent', process.execPath, ['--import', 'tsx', join(repoRoot(), 'cli', 'main.ts'), 'agent', '--node', 'lab-host', `--web.listen-address=${subnet}.1:${port}`, '--web.token-file', webTokenFile, ...off], join(root, 'agent.log'), {
-      cwd: repoRoot(),
-    });
+    group.start(
+      'agent',
+      process.execPath,
+      [
+        '--import',
+        'tsx',
+        join(repoRoot(), 'cli', 'main.ts'),
+        'agent',
+        '--node',
+        'lab-host',
+        `--web.listen-address=${subnet}.1:${port}`,
+        '--web.token-file',
+        webTokenFile,
+        ...off,
+      ],
+      join(root, 'agent.log'),
+      {
+        cwd: repoRoot(),
+      },
+    );
     await waitFor('the agent to answer /healthz', () => httpOk(`${agentUrl}/healthz`), 30_000, 200);
   }, 60_000);
 
@@ -112,7 +151,12 @@ describe('steadfast lab: a real Slurm cluster in network namespaces', () => {
 
     // Alone this takes ~5 s; under a full test run on two cores, importing torch alone can take
     // several seconds per rank.
-    const log = await until('both ranks past iteration 10', async () => jobLog(), (text) => lastIteration(text, 0) >= 10 && lastIteration(text, 1) >= 10, 60_000);
+    const log = await until(
+      'both ranks past iteration 10',
+      async () => jobLog(),
+      (text) => lastIteration(text, 0) >= 10 && lastIteration(text, 1) >= 10,
+      60_000,
+    );
     expect(log).toMatch(/\[rank 0\] pid \d+ on node-1, world 2, master node-1:/);
     expect(log).toMatch(/\[rank 1\] pid \d+ on node-2, world 2, master node-1:/);
     expect(log).toMatch(/\[rank 0\] resume: nothing/);
@@ -122,7 +166,8 @@ describe('steadfast lab: a real Slurm cluster in network namespaces', () => {
     const metrics = await until(
       'the agent to have both ranks past iteration 10',
       async () => (await fetch(`${agentUrl}/metrics`)).text(),
-      (text) => [0, 1].every((rank) => Number(new RegExp(`steadfast_training_iteration\\{training_job="${JOB}",rank="${rank}"\\} (\\d+)`).exec(text)?.[1] ?? 0) >= 10),
+      (text) =>
+        [0, 1].every((rank) => Number(new RegExp(`steadfast_training_iteration\\{training_job="${JOB}",rank="${rank}"\\} (\\d+)`).exec(text)?.[1] ?? 0) >= 10),
       10_000,
     );
     expect(metrics).toMatch(new RegExp(`steadfast_training_iteration_seconds\\{training_job="${JOB}",rank="1"\\} 0\\.\\d+`));
@@ -132,17 +177,39 @@ describe('steadfast lab: a real Slurm cluster in network namespaces', () => {
     const MAIN_FRAME = /File ".*examples\/pytorch\/train\.py", line \d+ in main/;
     const pid = Number(/\[rank 1\] pid (\d+)/.exec(log)?.[1]);
     process.kill(pid, 'SIGUSR1');
-    const dump = await until('the stack dump', async () => readdirSync(stacks).map((name) => readFileSync(join(stacks, name), 'utf8')).join(''), (text) => MAIN_FRAME.test(text), 5000);
+    const dump = await until(
+      'the stack dump',
+      async () =>
+        readdirSync(stacks)
+          .map((name) => readFileSync(join(stacks, name), 'utf8'))
+          .join(''),
+      (text) => MAIN_FRAME.test(text),
+      5000,
+    );
     expect(dump).toMatch(MAIN_FRAME);
 
     await run('scancel', [jobId], { env: { ...process.env, ...env } });
-    await until('the job to be cancelled', () => jobState(jobId), (text) => /JobState=CANCELLED/.test(text), 20_000);
+    await until(
+      'the job to be cancelled',
+      () => jobState(jobId),
+      (text) => /JobState=CANCELLED/.test(text),
+      20_000,
+    );
 
     // Submitted again, it resumes from the newest step both ranks saved, runs 3 more iterations,
     // and the job's state is the training's (train.sbatch exits with srun's status).
-    const saved = Math.max(...readdirSync(checkpoints).filter((name) => readdirSync(join(checkpoints, name)).length === 2).map((name) => Number(name.slice(5))));
+    const saved = Math.max(
+      ...readdirSync(checkpoints)
+        .filter((name) => readdirSync(join(checkpoints, name)).length === 2)
+        .map((name) => Number(name.slice(5))),
+    );
     jobId = await submit(checkpoints, stacks, ['--iterations', String(saved + 3)]);
-    const finished = await until('the resumed job to complete', () => jobState(jobId), (text) => /JobState=(COMPLETED|FAILED|CANCELLED|TIMEOUT)/.test(text), 60_000);
+    const finished = await until(
+      'the resumed job to complete',
+      () => jobState(jobId),
+      (text) => /JobState=(COMPLETED|FAILED|CANCELLED|TIMEOUT)/.test(text),
+      60_000,
+    );
     expect(finished).toMatch(/JobState=COMPLETED .*\n(.*\n)*.*ExitCode=0:0/);
     expect(jobLog()).toContain(`[rank 0] resume: newest complete step on disk → step ${saved}`);
     expect(jobLog()).toContain(`[rank 1] iteration ${saved + 1} `);
@@ -158,31 +225,97 @@ describe('steadfast lab: a real Slurm cluster in network namespaces', () => {
     const stacks = join(root, 'plain-stacks');
     mkdirSync(stacks);
     const rankLog = join(root, 'plain-rank.log');
-    const train = ['/usr/bin/python3', 'examples/pytorch/train.py', '--job', 'plain', '--iterations', '1000000', '--checkpoint-every', '1000000', '--checkpoint-dir', join(root, 'plain-checkpoints'), '--step-sleep', '0.05'];
+    const train = [
+      '/usr/bin/python3',
+      'examples/pytorch/train.py',
+      '--job',
+      'plain',
+      '--iterations',
+      '1000000',
+      '--checkpoint-every',
+      '1000000',
+      '--checkpoint-dir',
+      join(root, 'plain-checkpoints'),
+      '--step-sleep',
+      '0.05',
+    ];
     const { command, args } = nodeCommand(layout, node, train);
-    const rank = group.start('plain-rank', command, args, rankLog, { cwd: repoRoot(), env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: root, PYTHONUNBUFFERED: '1', STEADFAST_STACK_DIR: stacks } });
+    const rank = group.start('plain-rank', command, args, rankLog, {
+      cwd: repoRoot(),
+      env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: root, PYTHONUNBUFFERED: '1', STEADFAST_STACK_DIR: stacks },
+    });
     // nsenter, unshare and sh each exec the next: the pid is the rank's.
     const pid = rank.pid ?? 0;
-    await until('the hand-started rank to train', async () => (existsSync(rankLog) ? readFileSync(rankLog, 'utf8') : ''), (text) => /\[rank 0\] iteration \d+ /.test(text), 90_000);
-    expect(readFileSync(`/proc/${pid}/environ`, 'utf8').split('\0').filter((entry) => /^(RANK|LOCAL_RANK|SLURM_PROCID)=/.test(entry))).toEqual([]);
+    await until(
+      'the hand-started rank to train',
+      async () => (existsSync(rankLog) ? readFileSync(rankLog, 'utf8') : ''),
+      (text) => /\[rank 0\] iteration \d+ /.test(text),
+      90_000,
+    );
+    expect(
+      readFileSync(`/proc/${pid}/environ`, 'utf8')
+        .split('\0')
+        .filter((entry) => /^(RANK|LOCAL_RANK|SLURM_PROCID)=/.test(entry)),
+    ).toEqual([]);
 
     // A stand-in nvidia-smi: a real capture (a Tesla T4 with one Python compute process) in which
     // that process is the rank.
     const xml = join(root, 'nvidia-smi.xml');
-    writeFileSync(xml, readFileSync(join(repoRoot(), 'test', 'fixtures', 'realworld', 'nvidia-smi-xml', 'telegraf_tesla-t4_515.105.01.xml'), 'utf8').replace('<pid>5762</pid>', `<pid>${pid}</pid>`));
+    writeFileSync(
+      xml,
+      readFileSync(join(repoRoot(), 'test', 'fixtures', 'realworld', 'nvidia-smi-xml', 'telegraf_tesla-t4_515.105.01.xml'), 'utf8').replace(
+        '<pid>5762</pid>',
+        `<pid>${pid}</pid>`,
+      ),
+    );
     const smi = join(root, 'nvidia-smi');
     writeFileSync(smi, `#!/bin/sh\n[ "$1" = "-q" ] && [ "$2" = "-x" ] && exec cat ${xml}\nexit 2\n`, { mode: 0o755 });
     const port = await freePort();
     const url = `http://127.0.0.1:${port}`;
     const off = ['xid', 'rdma', 'nfs', 'nvlink', 'training'].map((name) => `--no-collector.${name}`);
-    group.start('gpu-agent', process.execPath, ['--import', 'tsx', join(repoRoot(), 'cli', 'main.ts'), 'agent', '--node', 'node-1', `--web.listen-address=127.0.0.1:${port}`, '--web.token-file', webTokenFile, '--nvidia-smi.path', smi, '--process.stack-tool', 'faulthandler', ...off], join(root, 'gpu-agent.log'), { cwd: repoRoot() });
-    const metrics = await until('the agent to show the rank with its GPU', async () => ((await httpOk(`${url}/healthz`).catch(() => false)) ? (await fetch(`${url}/metrics`)).text() : ''), (text) => text.includes(`steadfast_training_process_info{pid="${pid}",role="rank"`), 60_000);
+    group.start(
+      'gpu-agent',
+      process.execPath,
+      [
+        '--import',
+        'tsx',
+        join(repoRoot(), 'cli', 'main.ts'),
+        'agent',
+        '--node',
+        'node-1',
+        `--web.listen-address=127.0.0.1:${port}`,
+        '--web.token-file',
+        webTokenFile,
+        '--nvidia-smi.path',
+        smi,
+        '--process.stack-tool',
+        'faulthandler',
+        ...off,
+      ],
+      join(root, 'gpu-agent.log'),
+      { cwd: repoRoot() },
+    );
+    const metrics = await until(
+      'the agent to show the rank with its GPU',
+      async () => ((await httpOk(`${url}/healthz`).catch(() => false)) ? (await fetch(`${url}/metrics`)).text() : ''),
+      (text) => text.includes(`steadfast_training_process_info{pid="${pid}",role="rank"`),
+      60_000,
+    );
     expect(metrics).toMatch(new RegExp(`^steadfast_training_process_info\\{pid="${pid}",role="rank",comm="[^"]+",gpu="0"\\} 1$`, 'm'));
-    expect(metrics).toContain(`steadfast_gpu_process_info{gpu="0",pci_bus_id="0000:00:1e",UUID="GPU-d37e67a5-91dd-3774-a5cb-99096249601a",pid="${pid}",type="C",name="python"} 1`);
+    expect(metrics).toContain(
+      `steadfast_gpu_process_info{gpu="0",pci_bus_id="0000:00:1e",UUID="GPU-d37e67a5-91dd-3774-a5cb-99096249601a",pid="${pid}",type="C",name="python"} 1`,
+    );
 
-    const response = await fetch(`${url}/api/v1/trace`, { method: 'POST', headers: { authorization: `Bearer ${readFileSync(webTokenFile, 'utf8').trim()}`, 'content-type': 'application/json' }, body: JSON.stringify({ timeoutSeconds: 15 }) });
+    const response = await fetch(`${url}/api/v1/trace`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${readFileSync(webTokenFile, 'utf8').trim()}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ timeoutSeconds: 15 }),
+    });
     expect(response.status).toBe(200);
-    const answer = (await response.json()) as { tool: string; dumps: Array<{ pid: number; role: string; ok: boolean; dump?: string; error?: string; gpus?: unknown }> };
+    const answer = (await response.json()) as {
+      tool: string;
+      dumps: Array<{ pid: number; role: string; ok: boolean; dump?: string; error?: string; gpus?: unknown }>;
+    };
     expect(answer.tool).toBe('faulthandler');
     const dump = answer.dumps.find((entry) => entry.pid === pid);
     expect(dump).toMatchObject({ role: 'rank', ok: true, gpus: [{ gpu: '0', pciBusId: '0000:00:1e', uuid: 'GPU-d37e67a5-91dd-3774-a5cb-99096249601a' }] });
@@ -221,12 +354,39 @@ describe('steadfast lab down after an up that was killed half-way', () => {
   }, 60_000);
 
   it('finds what the dead up made from its state file and removes all of it', async () => {
-    group.start('up', process.execPath, ['--import', 'tsx', join(repoRoot(), 'cli', 'main.ts'), 'lab', 'up', '--dir', dir, '--prefix', prefix, '--subnet', subnet, '--nodes', '2', '--standbys', '0'], join(root, 'up.log'), {
-      cwd: repoRoot(),
-    });
+    group.start(
+      'up',
+      process.execPath,
+      [
+        '--import',
+        'tsx',
+        join(repoRoot(), 'cli', 'main.ts'),
+        'lab',
+        'up',
+        '--dir',
+        dir,
+        '--prefix',
+        prefix,
+        '--subnet',
+        subnet,
+        '--nodes',
+        '2',
+        '--standbys',
+        '0',
+      ],
+      join(root, 'up.log'),
+      {
+        cwd: repoRoot(),
+      },
+    );
     // SIGKILL once slurmctld and a slurmd run: no handler of the dying process can clean up.
     const stateFile = join(dir, 'lab.json');
-    await waitFor('up to start the slurmds', async () => existsSync(stateFile) && Object.keys((JSON.parse(readFileSync(stateFile, 'utf8')) as { slurmd: object }).slurmd).length > 0, 30_000, 20);
+    await waitFor(
+      'up to start the slurmds',
+      async () => existsSync(stateFile) && Object.keys((JSON.parse(readFileSync(stateFile, 'utf8')) as { slurmd: object }).slurmd).length > 0,
+      30_000,
+      20,
+    );
     await group.stop('up', 0, 'SIGKILL');
     const conf = join(dir, 'slurm.conf');
     expect(labProcesses(conf).length).toBeGreaterThan(0);

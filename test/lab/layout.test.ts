@@ -43,12 +43,22 @@ describe('lab layout', () => {
     expect(conf).toContain('SlurmctldHost=vm(10.201.0.1)\nSlurmctldPort=40000\n');
     expect(conf).toContain('NodeName=node-2 NodeAddr=10.201.0.12 NodeHostname=node-2 CPUs=1');
     expect(conf).not.toContain('CLOUD');
-    for (const line of ['AuthType=auth/none', 'CredType=cred/none', 'SlurmdUser=root', 'ProctrackType=proctrack/linuxproc', 'TaskPlugin=task/none', 'ReturnToService=2', 'KillWait=5']) {
+    for (const line of [
+      'AuthType=auth/none',
+      'CredType=cred/none',
+      'SlurmdUser=root',
+      'ProctrackType=proctrack/linuxproc',
+      'TaskPlugin=task/none',
+      'ReturnToService=2',
+      'KillWait=5',
+    ]) {
       expect(conf).toContain(`${line}\n`);
     }
     expect(conf).toContain('SlurmdSpoolDir=/tmp/lab-x/spool/%n\n');
     expect(conf).toContain('PartitionName=lab Nodes=node-1,node-2,node-3 Default=YES');
-    expect(renderHostsFile(layout, 'vm')).toBe('127.0.0.1 localhost\n10.201.0.1 vm steadfast-lab-host\n10.201.0.11 node-1\n10.201.0.12 node-2\n10.201.0.13 node-3\n');
+    expect(renderHostsFile(layout, 'vm')).toBe(
+      '127.0.0.1 localhost\n10.201.0.1 vm steadfast-lab-host\n10.201.0.11 node-1\n10.201.0.12 node-2\n10.201.0.13 node-3\n',
+    );
   });
 
   it('starts slurmd through nsenter and unshare with a constant script, the names as separate arguments', () => {

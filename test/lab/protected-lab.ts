@@ -31,7 +31,11 @@ export function protectedLabForTest(second: number, options: ProtectedLabOptions
     expect(labProcesses(conf)).toEqual([]);
     expect((await listNetns()).filter((name) => name.startsWith(`${prefix}-`))).toEqual([]);
     expect((await listLinks()).filter((name) => name.startsWith(`${prefix}-`))).toEqual([]);
-    expect([...lab.layout.nodes.map((node) => lab?.processes.isRunning(`agent-${node.name}`)), lab.processes.isRunning('redis'), lab.processes.isRunning('prometheus')]).not.toContain(true);
+    expect([
+      ...lab.layout.nodes.map((node) => lab?.processes.isRunning(`agent-${node.name}`)),
+      lab.processes.isRunning('redis'),
+      lab.processes.isRunning('prometheus'),
+    ]).not.toContain(true);
   }, 120_000);
 
   return () => {

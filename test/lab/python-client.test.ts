@@ -61,9 +61,26 @@ describe('the Python training client', () => {
     // The agent's POST endpoints are closed by default: the ranks present its web token.
     const webTokenFile = join(root, 'agent-web-token');
     writeFileSync(webTokenFile, `${AGENT_WEB_TOKEN}\n`, { mode: 0o600 });
-    group.start('agent', process.execPath, ['--import', 'tsx', join(repoRoot(), 'cli', 'main.ts'), 'agent', '--node', 'pyclient-node', `--web.listen-address=127.0.0.1:${port}`, '--web.token-file', webTokenFile, ...off], join(root, 'agent.log'), {
-      cwd: repoRoot(),
-    });
+    group.start(
+      'agent',
+      process.execPath,
+      [
+        '--import',
+        'tsx',
+        join(repoRoot(), 'cli', 'main.ts'),
+        'agent',
+        '--node',
+        'pyclient-node',
+        `--web.listen-address=127.0.0.1:${port}`,
+        '--web.token-file',
+        webTokenFile,
+        ...off,
+      ],
+      join(root, 'agent.log'),
+      {
+        cwd: repoRoot(),
+      },
+    );
     await waitFor('the agent to answer /healthz', () => httpOk(`${agentUrl}/healthz`), 30_000, 200);
   }, 60_000);
 
@@ -75,17 +92,21 @@ describe('the Python training client', () => {
   });
 
   it('passes its unittest suite against the stand-in, the real agent and the real controller', async () => {
-    const { stdout, stderr } = await run(PYTHON, ['-m', 'unittest', 'discover', '-s', join(repoRoot(), 'clients', 'python', 'tests'), '-p', 'test_steadfast_client.py', '-v'], {
-      env: {
-        ...process.env,
-        STEADFAST_TEST_AGENT_URL: agentUrl,
-        STEADFAST_TEST_AGENT_TOKEN: AGENT_WEB_TOKEN,
-        STEADFAST_TEST_CONTROLLER_URL: controllerUrl,
-        STEADFAST_TEST_CONTROLLER_TOKEN: TEST_TOKEN,
-        PYTHONDONTWRITEBYTECODE: '1',
+    const { stdout, stderr } = await run(
+      PYTHON,
+      ['-m', 'unittest', 'discover', '-s', join(repoRoot(), 'clients', 'python', 'tests'), '-p', 'test_steadfast_client.py', '-v'],
+      {
+        env: {
+          ...process.env,
+          STEADFAST_TEST_AGENT_URL: agentUrl,
+          STEADFAST_TEST_AGENT_TOKEN: AGENT_WEB_TOKEN,
+          STEADFAST_TEST_CONTROLLER_URL: controllerUrl,
+          STEADFAST_TEST_CONTROLLER_TOKEN: TEST_TOKEN,
+          PYTHONDONTWRITEBYTECODE: '1',
+        },
+        timeout: 60_000,
       },
-      timeout: 60_000,
-    }).catch((error: { stdout?: string; stderr?: string; message: string }) => {
+    ).catch((error: { stdout?: string; stderr?: string; message: string }) => {
       throw new Error(`python unittest failed:\n${error.stderr ?? ''}${error.stdout ?? ''}${error.message}`);
     });
     const report = `${stdout}${stderr}`;
@@ -98,10 +119,14 @@ describe('the Python training client', () => {
 
   it('passes the hot swap suite: buffers, replicas, placement, and ranks killed mid-training under real gloo', async () => {
     // Real processes (three ranks, a TCPStore server, a stand-in world endpoint) on loopback.
-    const { stdout, stderr } = await run(PYTHON, ['-m', 'unittest', 'discover', '-s', join(repoRoot(), 'clients', 'python', 'tests'), '-p', 'test_steadfast_hotswap.py', '-v'], {
-      env: { ...process.env, STEADFAST_TEST_CONTROLLER_URL: controllerUrl, STEADFAST_TEST_CONTROLLER_TOKEN: TEST_TOKEN, PYTHONDONTWRITEBYTECODE: '1' },
-      timeout: 150_000,
-    }).catch((error: { stdout?: string; stderr?: string; message: string }) => {
+    const { stdout, stderr } = await run(
+      PYTHON,
+      ['-m', 'unittest', 'discover', '-s', join(repoRoot(), 'clients', 'python', 'tests'), '-p', 'test_steadfast_hotswap.py', '-v'],
+      {
+        env: { ...process.env, STEADFAST_TEST_CONTROLLER_URL: controllerUrl, STEADFAST_TEST_CONTROLLER_TOKEN: TEST_TOKEN, PYTHONDONTWRITEBYTECODE: '1' },
+        timeout: 150_000,
+      },
+    ).catch((error: { stdout?: string; stderr?: string; message: string }) => {
       throw new Error(`python unittest failed:\n${error.stderr ?? ''}${error.stdout ?? ''}${error.message}`);
     });
     const report = `${stdout}${stderr}`;

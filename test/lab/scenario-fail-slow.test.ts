@@ -15,7 +15,9 @@ describe('lab scenario: fail-slow', () => {
 
   it('rebalances micro-batches away from a slow machine, then evicts it onto a standby when the slow-down outgrows S2', async () => {
     const report = await runFailSlow(lab());
-    process.stdout.write(`iteration seconds: ${JSON.stringify(report.iterationSeconds)}; slow rank's share on the plan ${report.planned.slowRank}/${report.planned.microbatches}\n`);
+    process.stdout.write(
+      `iteration seconds: ${JSON.stringify(report.iterationSeconds)}; slow rank's share on the plan ${report.planned.slowRank}/${report.planned.microbatches}\n`,
+    );
     expectRecovered(report, 2);
     expect(report.timeline.map((step) => step.afterMs)).not.toContain(null);
     // The plan gave the slow rank fewer than its even 4 of 8.

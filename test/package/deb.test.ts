@@ -1,5 +1,18 @@
 import { execFile, type ChildProcess } from 'node:child_process';
-import { chmodSync, copyFileSync, cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, readlinkSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import {
+  chmodSync,
+  copyFileSync,
+  cpSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readFileSync,
+  readdirSync,
+  readlinkSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
@@ -35,7 +48,17 @@ const AGENT_MAX_INSTALLED_KIB = 3 * 1024;
 /** koffi's binary for this machine's glibc, the one native object either package keeps of koffi's. */
 const KOFFI_BINARY = `node_modules/@koromix/koffi-linux-${process.arch}/linux_${process.arch}/koffi.node`;
 /** One H200 as the stand-in NVML reports it. */
-const NVML_STATE = ['driver 580.159.04', 'gpus 1', '0 pci 00000000:00:06.0', '0 minor 0', '0 uuid GPU-00000000-0000-0000-0000-000000000000', '0 name NVIDIA H200', '0 temp 37', '0 power 81160', ''].join('\n');
+const NVML_STATE = [
+  'driver 580.159.04',
+  'gpus 1',
+  '0 pci 00000000:00:06.0',
+  '0 minor 0',
+  '0 uuid GPU-00000000-0000-0000-0000-000000000000',
+  '0 name NVIDIA H200',
+  '0 temp 37',
+  '0 power 81160',
+  '',
+].join('\n');
 /** Node.js flags an operator sets in agent.env (STEADFAST_NODE_FLAGS); the agent sets its own V8 flags besides. */
 const NODE_FLAGS = '--max-semi-space-size=2 --stack-size=900';
 const UNIT_DIR = '/usr/lib/systemd/system';
@@ -46,7 +69,16 @@ const CONTROLLER_UNIT = `${UNIT_DIR}/steadfast-controller.service`;
  * systemd's runtime markers that the system's own tools write under /run (trixie's util-linux
  * writes run/systemd/systemd-units-load where no systemd runs), a tmpfs emptied at every boot.
  */
-const BOOKKEEPING = [/^(var\/)?run\/systemd\//, /^var\/lib\/dpkg\//, /^var\/lib\/apt\//, /^var\/log\//, /^var\/cache\/apt\//, /^var\/cache\/debconf\//, /^var\/cache\/ldconfig\//, /^etc\/(passwd|group|shadow|gshadow|subuid|subgid)-$/];
+const BOOKKEEPING = [
+  /^(var\/)?run\/systemd\//,
+  /^var\/lib\/dpkg\//,
+  /^var\/lib\/apt\//,
+  /^var\/log\//,
+  /^var\/cache\/apt\//,
+  /^var\/cache\/debconf\//,
+  /^var\/cache\/ldconfig\//,
+  /^etc\/(passwd|group|shadow|gshadow|subuid|subgid)-$/,
+];
 
 let work = '';
 let root = '';
@@ -102,7 +134,9 @@ async function stopUnit(name: string): Promise<void> {
 /** Replaces `KEY=...` in one of the root's env files, as an operator edits a conffile. */
 function setEnvironment(file: string, key: string, value: string): void {
   const path = join(root, file);
-  const lines = readFileSync(path, 'utf8').split('\n').filter((line) => !line.startsWith(`${key}=`));
+  const lines = readFileSync(path, 'utf8')
+    .split('\n')
+    .filter((line) => !line.startsWith(`${key}=`));
   writeFileSync(path, `${lines.join('\n').trimEnd()}\n${key}="${value}"\n`);
 }
 
@@ -113,7 +147,13 @@ function rootRead(path: string): string {
 /** What the agent started from its unit must show: a scrape of the fixtures, its confinement, its token. */
 async function checkAgent(agent: ChildProcess, port: number): Promise<void> {
   const url = `http://127.0.0.1:${port}`;
-  await waitFor('the installed agent to serve /metrics', () => httpOk(`${url}/metrics`), 30_000, 100, async () => readFileSync(join(work, 'agent.log'), 'utf8'));
+  await waitFor(
+    'the installed agent to serve /metrics',
+    () => httpOk(`${url}/metrics`),
+    30_000,
+    100,
+    async () => readFileSync(join(work, 'agent.log'), 'utf8'),
+  );
   const text = await (await fetch(`${url}/metrics`)).text();
   expect(text).toContain('steadfast_xid_errors_total{pci_bus_id="0000:91:00",xid="79",severity="fatal"} 1');
   expect(text).toContain('steadfast_collector_success{collector="gpu"} 1');
@@ -132,43 +172,55 @@ async function checkAgent(agent: ChildProcess, port: number): Promise<void> {
   expect(status).toMatch(new RegExp(`^CapBnd:\\s+${capMask}$`, 'm'));
   expect(status).toMatch(/^NoNewPrivs:\s+1$/m);
 
-  const post = (token?: string) => fetch(`${url}/api/v1/training`, { method: 'POST', headers: { 'content-type': 'application/json', ...(token ? { authorization: `Bearer ${token}` } : {}) }, body: '{}' });
+  const post = (token?: string) =>
+    fetch(`${url}/api/v1/training`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', ...(token ? { authorization: `Bearer ${token}` } : {}) },
+      body: '{}',
+    });
   expect((await post()).status).toBe(401);
   expect((await post('not-the-token')).status).toBe(401);
   expect([400, 422]).toContain((await post(rootRead('etc/steadfast/agent-web-token'))).status);
 }
 
-beforeAll(async () => {
-  if (!existsSync(join(REPO, 'dist', 'cli', 'main.js'))) throw new Error('dist/ is missing: run `npm run build` (npm test does it)');
-  work = mkdtempSync(join(tmpdir(), 'steadfast-deb-'));
-  root = join(work, 'root');
-  debian = new DebianRoot(root);
-  const building = run(join(REPO, 'packaging', 'debian', 'build.sh'), ['--out', join(work, 'debs'), '--no-build'], { cwd: REPO, timeout: BUILD_TIMEOUT_MS, maxBuffer: 16 * 1024 * 1024 });
-  // The root is made (or unpacked from its cached tarball) while the packages build.
-  const rooting = run(join(REPO, 'scripts', 'debian-root.sh'), [SUITE, root, ...ROOT_PACKAGES], { timeout: ROOT_TIMEOUT_MS, maxBuffer: 16 * 1024 * 1024 });
-  const [{ stdout }] = await Promise.all([building, rooting]);
-  [agentDeb, controllerDeb] = stdout.trim().split('\n').slice(-2) as [string, string];
-  unpacked = join(work, 'unpacked');
-  for (const deb of [agentDeb, controllerDeb]) await run('dpkg', ['-x', deb, unpacked]);
+beforeAll(
+  async () => {
+    if (!existsSync(join(REPO, 'dist', 'cli', 'main.js'))) throw new Error('dist/ is missing: run `npm run build` (npm test does it)');
+    work = mkdtempSync(join(tmpdir(), 'steadfast-deb-'));
+    root = join(work, 'root');
+    debian = new DebianRoot(root);
+    const building = run(join(REPO, 'packaging', 'debian', 'build.sh'), ['--out', join(work, 'debs'), '--no-build'], {
+      cwd: REPO,
+      timeout: BUILD_TIMEOUT_MS,
+      maxBuffer: 16 * 1024 * 1024,
+    });
+    // The root is made (or unpacked from its cached tarball) while the packages build.
+    const rooting = run(join(REPO, 'scripts', 'debian-root.sh'), [SUITE, root, ...ROOT_PACKAGES], { timeout: ROOT_TIMEOUT_MS, maxBuffer: 16 * 1024 * 1024 });
+    const [{ stdout }] = await Promise.all([building, rooting]);
+    [agentDeb, controllerDeb] = stdout.trim().split('\n').slice(-2) as [string, string];
+    unpacked = join(work, 'unpacked');
+    for (const deb of [agentDeb, controllerDeb]) await run('dpkg', ['-x', deb, unpacked]);
 
-  filesBefore = rootFiles();
-  mkdirSync(join(root, 'tmp', 'debs'), { recursive: true });
-  mkdirSync(join(root, 'tmp', 'fixtures'), { recursive: true });
-  for (const deb of [agentDeb, controllerDeb]) copyFileSync(deb, join(root, 'tmp', 'debs', deb.split('/').at(-1) as string));
-  copyFileSync(join(FIXTURES, 'xid-kernel-logs', 'gpud_xid_lines_h100_gb200.txt'), join(root, 'tmp', 'fixtures', 'fatal-kern.log'));
-  copyFileSync(join(FIXTURES, 'nvidia-smi-xml', 'telegraf_a10g_515.105.01.xml'), join(root, 'tmp', 'fixtures', 'nvidia-smi.xml'));
-  writeFileSync(join(root, 'tmp', 'fixtures', 'healthy-kern.log'), '[    1.000000] Linux version 6.1.0 (debian-kernel@lists.debian.org)\n');
-  for (const dir of ['debs', 'fixtures']) {
-    chmodSync(join(root, 'tmp', dir), 0o755);
-    for (const file of readdirSync(join(root, 'tmp', dir))) chmodSync(join(root, 'tmp', dir, file), 0o644);
-  }
-  // As an operator does: the agent's package on a node, the controller's beside it here.
-  for (const deb of [agentDeb, controllerDeb]) {
-    const installed = await inRoot(['apt', 'install', '--yes', `/tmp/debs/${deb.split('/').at(-1)}`], 180_000);
-    if (installed.code !== 0) throw new Error(`apt install ${deb} exited ${installed.code}: ${installed.stderr}${installed.stdout}`);
-    installLog += `${installed.stdout}${installed.stderr}`;
-  }
-}, BUILD_TIMEOUT_MS + ROOT_TIMEOUT_MS + 240_000);
+    filesBefore = rootFiles();
+    mkdirSync(join(root, 'tmp', 'debs'), { recursive: true });
+    mkdirSync(join(root, 'tmp', 'fixtures'), { recursive: true });
+    for (const deb of [agentDeb, controllerDeb]) copyFileSync(deb, join(root, 'tmp', 'debs', deb.split('/').at(-1) as string));
+    copyFileSync(join(FIXTURES, 'xid-kernel-logs', 'gpud_xid_lines_h100_gb200.txt'), join(root, 'tmp', 'fixtures', 'fatal-kern.log'));
+    copyFileSync(join(FIXTURES, 'nvidia-smi-xml', 'telegraf_a10g_515.105.01.xml'), join(root, 'tmp', 'fixtures', 'nvidia-smi.xml'));
+    writeFileSync(join(root, 'tmp', 'fixtures', 'healthy-kern.log'), '[    1.000000] Linux version 6.1.0 (debian-kernel@lists.debian.org)\n');
+    for (const dir of ['debs', 'fixtures']) {
+      chmodSync(join(root, 'tmp', dir), 0o755);
+      for (const file of readdirSync(join(root, 'tmp', dir))) chmodSync(join(root, 'tmp', dir, file), 0o644);
+    }
+    // As an operator does: the agent's package on a node, the controller's beside it here.
+    for (const deb of [agentDeb, controllerDeb]) {
+      const installed = await inRoot(['apt', 'install', '--yes', `/tmp/debs/${deb.split('/').at(-1)}`], 180_000);
+      if (installed.code !== 0) throw new Error(`apt install ${deb} exited ${installed.code}: ${installed.stderr}${installed.stdout}`);
+      installLog += `${installed.stdout}${installed.stderr}`;
+    }
+  },
+  BUILD_TIMEOUT_MS + ROOT_TIMEOUT_MS + 240_000,
+);
 
 afterAll(async () => {
   for (const name of [...units.keys()]) await stopUnit(name);
@@ -177,7 +229,7 @@ afterAll(async () => {
 });
 
 describe('the Debian packages', () => {
-  it('builds steadfast-agent and steadfast for this architecture (both carry koffi\'s binary), both on Node.js 20.10 or later, with no file in both', async () => {
+  it("builds steadfast-agent and steadfast for this architecture (both carry koffi's binary), both on Node.js 20.10 or later, with no file in both", async () => {
     const agent = (await run('dpkg-deb', ['-f', agentDeb])).stdout;
     const arch = (await run('dpkg', ['--print-architecture'])).stdout.trim();
     expect(agent).toMatch(/^Package: steadfast-agent$/m);
@@ -204,17 +256,44 @@ describe('the Debian packages', () => {
     const agentFiles = await files(agentDeb);
     const controllerFiles = await files(controllerDeb);
     expect(agentFiles.filter((path) => controllerFiles.includes(path))).toEqual([]);
-    expect(agentFiles).toEqual(expect.arrayContaining(['./usr/bin/steadfast-agent', './usr/lib/steadfast-agent/bin/steadfast-agent.cjs', './usr/lib/steadfast-agent/dist/agent.cjs', './usr/lib/steadfast-agent/slurm/prolog.sh', `.${AGENT_UNIT}`, './usr/share/doc/steadfast-agent/copyright', './usr/share/doc/steadfast-agent/changelog.Debian.gz', './usr/share/man/man1/steadfast-agent.1.gz']));
-    expect(controllerFiles).toEqual(expect.arrayContaining(['./usr/bin/steadfast', './usr/lib/steadfast/bin/steadfast.js', './usr/lib/steadfast/dist/cli/main.js', './usr/lib/steadfast/rules/xid.yml', `.${CONTROLLER_UNIT}`, './usr/share/doc/steadfast/copyright', './usr/share/man/man1/steadfast.1.gz']));
+    expect(agentFiles).toEqual(
+      expect.arrayContaining([
+        './usr/bin/steadfast-agent',
+        './usr/lib/steadfast-agent/bin/steadfast-agent.cjs',
+        './usr/lib/steadfast-agent/dist/agent.cjs',
+        './usr/lib/steadfast-agent/slurm/prolog.sh',
+        `.${AGENT_UNIT}`,
+        './usr/share/doc/steadfast-agent/copyright',
+        './usr/share/doc/steadfast-agent/changelog.Debian.gz',
+        './usr/share/man/man1/steadfast-agent.1.gz',
+      ]),
+    );
+    expect(controllerFiles).toEqual(
+      expect.arrayContaining([
+        './usr/bin/steadfast',
+        './usr/lib/steadfast/bin/steadfast.js',
+        './usr/lib/steadfast/dist/cli/main.js',
+        './usr/lib/steadfast/rules/xid.yml',
+        `.${CONTROLLER_UNIT}`,
+        './usr/share/doc/steadfast/copyright',
+        './usr/share/man/man1/steadfast.1.gz',
+      ]),
+    );
     // No shipped V8 code cache (each node makes its own), no tests, no source maps, no units in /lib.
-    expect([...agentFiles, ...controllerFiles].filter((path) => /\.cache$|\.map$|^\.\/lib\/|\/dist\/bench\/|^\.\/usr\/lib\/steadfast\/test\//.test(path))).toEqual([]);
+    expect(
+      [...agentFiles, ...controllerFiles].filter((path) => /\.cache$|\.map$|^\.\/lib\/|\/dist\/bench\/|^\.\/usr\/lib\/steadfast\/test\//.test(path)),
+    ).toEqual([]);
   });
 
   it("keeps the agent package at most 3 MB installed, its one native object koffi's glibc build for this architecture, stripped; the controller keeps the same of koffi's", async () => {
     const installedKib = Number((await run('dpkg-deb', ['-f', agentDeb, 'Installed-Size'])).stdout.trim());
     expect(installedKib).toBeGreaterThan(0);
     expect(installedKib).toBeLessThanOrEqual(AGENT_MAX_INSTALLED_KIB);
-    const natives = async (deb: string) => (await run('dpkg-deb', ['-c', deb], { maxBuffer: 64 * 1024 * 1024 })).stdout.split('\n').map((line) => line.split(/\s+/).at(5) ?? '').filter((path) => /\.(node|so|bare)$|musl|darwin|win32/.test(path));
+    const natives = async (deb: string) =>
+      (await run('dpkg-deb', ['-c', deb], { maxBuffer: 64 * 1024 * 1024 })).stdout
+        .split('\n')
+        .map((line) => line.split(/\s+/).at(5) ?? '')
+        .filter((path) => /\.(node|so|bare)$|musl|darwin|win32/.test(path));
     expect(await natives(agentDeb)).toEqual([`./usr/lib/steadfast-agent/${KOFFI_BINARY}`]);
     expect((await natives(controllerDeb)).filter((path) => path.includes('koffi'))).toEqual([`./usr/lib/steadfast/${KOFFI_BINARY}`]);
     expect((await run('readelf', ['-S', join(unpacked, 'usr', 'lib', 'steadfast-agent', KOFFI_BINARY)])).stdout).not.toMatch(/\.symtab|\.comment/);
@@ -240,7 +319,9 @@ describe('the Debian packages', () => {
     // The units refer to this machine's (network-online.target, ...) and to their manual pages.
     const units = join(unpacked, 'usr', 'lib', 'systemd', 'system');
     cpSync('/usr/lib/systemd/system', units, { recursive: true, force: false, errorOnExist: false });
-    const { stdout, stderr } = await run('systemd-analyze', ['verify', `--root=${unpacked}`, AGENT_UNIT, CONTROLLER_UNIT], { env: { ...process.env, MANPATH: join(unpacked, 'usr', 'share', 'man') } });
+    const { stdout, stderr } = await run('systemd-analyze', ['verify', `--root=${unpacked}`, AGENT_UNIT, CONTROLLER_UNIT], {
+      env: { ...process.env, MANPATH: join(unpacked, 'usr', 'share', 'man') },
+    });
     expect(`${stdout}${stderr}`).toBe('');
   });
 
@@ -295,13 +376,21 @@ describe('the Debian packages', () => {
   it('runs the agent as its unit does, with the options and node flags of agent.env, until it answers a scrape; its POST endpoints take only the generated token', async () => {
     const port = await freePort();
     // The operator's edit of the conffile: this node's name, and the test's kernel log and GPUs.
-    setEnvironment('etc/steadfast/agent.env', 'STEADFAST_AGENT_ARGS', `--web.listen-address=127.0.0.1:${port} --web.token-file=/etc/steadfast/agent-web-token --node deb-node --path.kmsg=/tmp/fixtures/fatal-kern.log --nvidia-smi.xml=/tmp/fixtures/nvidia-smi.xml`);
+    setEnvironment(
+      'etc/steadfast/agent.env',
+      'STEADFAST_AGENT_ARGS',
+      `--web.listen-address=127.0.0.1:${port} --web.token-file=/etc/steadfast/agent-web-token --node deb-node --path.kmsg=/tmp/fixtures/fatal-kern.log --nvidia-smi.xml=/tmp/fixtures/nvidia-smi.xml`,
+    );
     setEnvironment('etc/steadfast/agent.env', 'STEADFAST_NODE_FLAGS', NODE_FLAGS);
     const agent = await startUnit('agent', AGENT_UNIT);
     try {
       await checkAgent(agent, port);
       // /usr/bin/steadfast-agent execs node in its own process, with the operator's flags first.
-      expect(readFileSync(`/proc/${unitPid(agent)}/cmdline`, 'utf8').split('\0').slice(0, 4)).toEqual(['node', ...NODE_FLAGS.split(' '), '/usr/lib/steadfast-agent/bin/steadfast-agent.cjs']);
+      expect(
+        readFileSync(`/proc/${unitPid(agent)}/cmdline`, 'utf8')
+          .split('\0')
+          .slice(0, 4),
+      ).toEqual(['node', ...NODE_FLAGS.split(' '), '/usr/lib/steadfast-agent/bin/steadfast-agent.cjs']);
     } finally {
       await stopUnit('agent');
     }
@@ -310,7 +399,17 @@ describe('the Debian packages', () => {
   it('reads the GPUs through NVML with the koffi each package carries: the agent as its unit runs it, and `steadfast agent`', async () => {
     const nvml = await StandInNvml.create(join(root, 'tmp', 'nvml'), NVML_STATE);
     await run('chmod', ['-R', 'a+rX', nvml.dir]);
-    const args = ['--once', '--node', 'deb-node', '--path.kmsg', '/tmp/fixtures/fatal-kern.log', '--gpu.source', 'nvml', '--gpu.nvml-library', '/tmp/nvml/libnvidia-ml.so.1'];
+    const args = [
+      '--once',
+      '--node',
+      'deb-node',
+      '--path.kmsg',
+      '/tmp/fixtures/fatal-kern.log',
+      '--gpu.source',
+      'nvml',
+      '--gpu.nvml-library',
+      '/tmp/nvml/libnvidia-ml.so.1',
+    ];
     const agent = await inRootOk(await unitCommand(AGENT_UNIT, ['/usr/bin/steadfast-agent', ...args, '--xid.state-file', '/tmp/nvml-agent-xid.json']));
     const full = await inRootOk(['steadfast', 'agent', ...args, '--xid.state-file', '/tmp/nvml-full-xid.json']);
     for (const text of [agent, full]) {
@@ -328,7 +427,13 @@ describe('the Debian packages', () => {
     await startUnit('controller', CONTROLLER_UNIT);
     try {
       const url = `http://127.0.0.1:${port}`;
-      await waitFor('the installed controller to answer /healthz', () => httpOk(`${url}/healthz`), 30_000, 100, async () => readFileSync(join(work, 'controller.log'), 'utf8'));
+      await waitFor(
+        'the installed controller to answer /healthz',
+        () => httpOk(`${url}/healthz`),
+        30_000,
+        100,
+        async () => readFileSync(join(work, 'controller.log'), 'utf8'),
+      );
       expect((await fetch(`${url}/api/v1/holds`)).status).toBe(401);
       const answer = await fetch(`${url}/api/v1/holds`, { headers: { authorization: `Bearer ${rootRead('etc/steadfast/operator-token')}` } });
       expect(answer.status).toBe(200);
@@ -359,7 +464,15 @@ describe('the Debian packages', () => {
     const prolog = '/usr/lib/steadfast-agent/slurm/prolog.sh';
     expect(statSync(join(root, prolog)).mode & 0o777).toBe(0o755);
     const preflight = (kmsg: string, bin?: string) =>
-      inRoot(['SLURMD_NODENAME=deb-node', 'STEADFAST_LOG_LEVEL=silent', ...(bin ? [`STEADFAST_BIN=${bin}`] : []), `STEADFAST_PREFLIGHT_ARGS=--path.kmsg ${kmsg} --nvidia-smi.xml /tmp/fixtures/nvidia-smi.xml`, prolog, '--xid.state-file', `/tmp/prolog-${bin ?? 'default'}-${kmsg.length}.json`]);
+      inRoot([
+        'SLURMD_NODENAME=deb-node',
+        'STEADFAST_LOG_LEVEL=silent',
+        ...(bin ? [`STEADFAST_BIN=${bin}`] : []),
+        `STEADFAST_PREFLIGHT_ARGS=--path.kmsg ${kmsg} --nvidia-smi.xml /tmp/fixtures/nvidia-smi.xml`,
+        prolog,
+        '--xid.state-file',
+        `/tmp/prolog-${bin ?? 'default'}-${kmsg.length}.json`,
+      ]);
     const healthy = await preflight('/tmp/fixtures/healthy-kern.log');
     expect(healthy.code).toBe(0);
     expect(healthy.stdout).not.toMatch(/Xid/);
@@ -383,7 +496,7 @@ describe('the Debian packages', () => {
     expect(JSON.parse(await inRootOk(await unitCommand(AGENT_UNIT, ['/usr/bin/steadfast-agent', '--code-cache-status'])))).toMatchObject({ state: 'used' });
   });
 
-  it("loads every npm dependency of the controller from the installed tree, its stripped native objects included, and carries no try-it tools", async () => {
+  it('loads every npm dependency of the controller from the installed tree, its stripped native objects included, and carries no try-it tools', async () => {
     const script = [
       "import { readFileSync } from 'node:fs';",
       "import { createRequire } from 'node:module';",
@@ -391,12 +504,13 @@ describe('the Debian packages', () => {
       // A package with no main entry point (only subpaths) is loaded by `steadfast dashboards` below.
       "for (const name of dependencies) await import(name).catch((error) => { if (error.code !== 'ERR_PACKAGE_PATH_NOT_EXPORTED') throw error; });",
       "const msgpackr = createRequire(`${process.cwd()}/node_modules/msgpackr/package.json`)('msgpackr-extract');",
-      "console.log(JSON.stringify({ count: dependencies.length, extract: typeof msgpackr.extractStrings }));",
+      'console.log(JSON.stringify({ count: dependencies.length, extract: typeof msgpackr.extractStrings }));',
     ].join('\n');
     const result = JSON.parse(await inRootOk(['sh', '-c', 'cd /usr/lib/steadfast && exec node --input-type=module -e "$1"', 'sh', script]));
     expect(result).toMatchObject({ extract: 'function' });
     // The try-it tools and the plotting libraries only they use are the steadfast-tryit package's.
-    for (const path of ['node_modules/vega', 'node_modules/vega-lite', 'node_modules/@resvg', 'dist/tryit']) expect(existsSync(join(root, 'usr', 'lib', 'steadfast', path)), path).toBe(false);
+    for (const path of ['node_modules/vega', 'node_modules/vega-lite', 'node_modules/@resvg', 'dist/tryit'])
+      expect(existsSync(join(root, 'usr', 'lib', 'steadfast', path)), path).toBe(false);
     expect(result.count).toBeGreaterThan(10);
     await inRootOk(['steadfast', 'dashboards', '--out', '/tmp/dashboards']);
     expect(readdirSync(join(root, 'tmp', 'dashboards', 'dashboards')).length).toBeGreaterThan(0);
@@ -406,12 +520,21 @@ describe('the Debian packages', () => {
     const owned = (await inRootOk(['dpkg', '-L', 'steadfast-agent', 'steadfast'])).split('\n').filter(Boolean);
     expect(owned.length).toBeGreaterThan(100);
     // No process of the root may hold its files while it is purged.
-    await waitFor('the processes started in the root to end', async () => processesInRoot().length === 0, 10_000, 100, async () => processesInRoot().join('; '));
+    await waitFor(
+      'the processes started in the root to end',
+      async () => processesInRoot().length === 0,
+      10_000,
+      100,
+      async () => processesInRoot().join('; '),
+    );
     const purge = await inRootOk(['apt', 'purge', '--yes', 'steadfast-agent', 'steadfast'], 120_000);
     expect(purge).toMatch(/Purging configuration files for steadfast-agent/);
     expect(purge).toMatch(/Purging configuration files for steadfast /);
-    for (const path of ['etc/steadfast', 'var/lib/steadfast', 'var/cache/steadfast-agent', 'usr/lib/steadfast', 'usr/lib/steadfast-agent']) expect(existsSync(join(root, path)), path).toBe(false);
-    expect(owned.filter((path) => path !== '/.' && !statSync(join(root, path), { throwIfNoEntry: false })?.isDirectory() && existsSync(join(root, path)))).toEqual([]);
+    for (const path of ['etc/steadfast', 'var/lib/steadfast', 'var/cache/steadfast-agent', 'usr/lib/steadfast', 'usr/lib/steadfast-agent'])
+      expect(existsSync(join(root, path)), path).toBe(false);
+    expect(
+      owned.filter((path) => path !== '/.' && !statSync(join(root, path), { throwIfNoEntry: false })?.isDirectory() && existsSync(join(root, path))),
+    ).toEqual([]);
     const left = [...rootFiles()].filter((path) => !filesBefore.has(path) && !BOOKKEEPING.some((pattern) => pattern.test(path)));
     expect(left).toEqual([]);
     // Debian's practice: the system user stays, since files elsewhere may still be its.

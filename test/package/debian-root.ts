@@ -72,7 +72,10 @@ function readUnit(path: string): Unit {
 
 /** CAP_SYSLOG CAP_SYS_PTRACE → ['syslog', 'sys_ptrace'], as setpriv names them. */
 function capabilities(value: string | undefined): string[] {
-  return (value ?? '').split(/\s+/).filter(Boolean).map((cap) => cap.replace(/^CAP_/, '').toLowerCase());
+  return (value ?? '')
+    .split(/\s+/)
+    .filter(Boolean)
+    .map((cap) => cap.replace(/^CAP_/, '').toLowerCase());
 }
 
 /** The root at `path`, as root runs commands in it. */
@@ -81,7 +84,19 @@ export class DebianRoot {
 
   /** `argv` inside the root: its own mount and PID namespaces (a /proc of its own), then chroot. */
   args(argv: readonly string[]): string[] {
-    return ['--mount', '--pid', '--fork', '--kill-child', `--mount-proc=${join(this.path, 'proc')}`, 'chroot', this.path, '/usr/bin/env', '-i', ...ROOT_ENV, ...argv];
+    return [
+      '--mount',
+      '--pid',
+      '--fork',
+      '--kill-child',
+      `--mount-proc=${join(this.path, 'proc')}`,
+      'chroot',
+      this.path,
+      '/usr/bin/env',
+      '-i',
+      ...ROOT_ENV,
+      ...argv,
+    ];
   }
 
   run(argv: readonly string[], timeout = COMMAND_TIMEOUT_MS): Promise<Result> {
@@ -110,7 +125,9 @@ export class DebianRoot {
     const unit = readUnit(join(this.path, unitPath));
     const user = unit.one('User');
     const group = unit.one('Group');
-    const passwd = readFileSync(join(this.path, 'etc', 'passwd'), 'utf8').split('\n').find((line) => line.startsWith(`${user}:`));
+    const passwd = readFileSync(join(this.path, 'etc', 'passwd'), 'utf8')
+      .split('\n')
+      .find((line) => line.startsWith(`${user}:`));
     if (!passwd) throw new Error(`the root has no user ${user}`);
     const [, , uid, gid, , home, shell] = passwd.split(':') as [string, string, string, string, string, string, string];
     const env = new Map<string, string>([

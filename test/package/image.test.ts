@@ -28,7 +28,17 @@ const CHROOT = '/usr/sbin/chroot';
 /** The agent image, compressed as a registry stores it: Node.js with its libraries (ICU's data is most of it) and the agent. */
 const AGENT_IMAGE_MAX_BYTES = 60 * 1024 * 1024;
 /** One H200 as the stand-in NVML reports it. */
-const NVML_STATE = ['driver 580.159.04', 'gpus 1', '0 pci 00000000:00:06.0', '0 minor 0', '0 uuid GPU-00000000-0000-0000-0000-000000000000', '0 name NVIDIA H200', '0 temp 37', '0 power 81160', ''].join('\n');
+const NVML_STATE = [
+  'driver 580.159.04',
+  'gpus 1',
+  '0 pci 00000000:00:06.0',
+  '0 minor 0',
+  '0 uuid GPU-00000000-0000-0000-0000-000000000000',
+  '0 name NVIDIA H200',
+  '0 temp 37',
+  '0 power 81160',
+  '',
+].join('\n');
 
 interface Descriptor {
   readonly digest: string;
@@ -111,14 +121,23 @@ beforeAll(async () => {
   if (!existsSync(join(ROOT, 'dist', 'agent.cjs'))) throw new Error('dist/ is missing: run `npm run build` (npm test does it)');
   if (process.getuid?.() !== 0) throw new Error('the image test needs root (the Debian root, buildah storage, chroot): run npm test as root');
   work = mkdtempSync(join(tmpdir(), 'steadfast-image-test-'));
-  const { stdout } = await run(join(ROOT, 'packaging', 'image', 'build.sh'), ['--out', work, '--no-build'], { cwd: ROOT, timeout: BUILD_TIMEOUT_MS, maxBuffer: 16 * 1024 * 1024 });
+  const { stdout } = await run(join(ROOT, 'packaging', 'image', 'build.sh'), ['--out', work, '--no-build'], {
+    cwd: ROOT,
+    timeout: BUILD_TIMEOUT_MS,
+    maxBuffer: 16 * 1024 * 1024,
+  });
   const archives = stdout.trim().split('\n');
   expect(archives.map((path) => relative(work, path))).toEqual(['steadfast-agent-0.1.0.oci.tar', 'steadfast-controller-0.1.0.oci.tar']);
   agent = await openImage(archives[0] as string, join(work, 'agent'));
   controller = await openImage(archives[1] as string, join(work, 'controller'));
-  for (const [image, archive] of [[agent, archives[0]], [controller, archives[1]]] as const) {
+  for (const [image, archive] of [
+    [agent, archives[0]],
+    [controller, archives[1]],
+  ] as const) {
     const compressed = image.layers.reduce((sum, layer) => sum + layer.size, 0);
-    process.stdout.write(`image ${image.name}: ${megabytes(compressed)} compressed (layers ${image.layers.map((layer) => megabytes(layer.size)).join(' + ')}), ${megabytes(treeBytes(image.root))} unpacked, archive ${megabytes(statSync(archive as string).size)}\n`);
+    process.stdout.write(
+      `image ${image.name}: ${megabytes(compressed)} compressed (layers ${image.layers.map((layer) => megabytes(layer.size)).join(' + ')}), ${megabytes(treeBytes(image.root))} unpacked, archive ${megabytes(statSync(archive as string).size)}\n`,
+    );
   }
 }, BUILD_TIMEOUT_MS + 60_000);
 
@@ -140,14 +159,25 @@ describe('the agent image', () => {
   });
 
   it('has Node.js from Debian and nothing to run besides it: no shell, no package manager, no coreutils', () => {
-    for (const path of ['bin/sh', 'usr/bin/sh', 'usr/bin/bash', 'usr/bin/dash', 'usr/bin/apt', 'usr/bin/apt-get', 'usr/bin/dpkg', 'usr/bin/ls', 'usr/bin/env', 'usr/bin/perl']) {
+    for (const path of [
+      'bin/sh',
+      'usr/bin/sh',
+      'usr/bin/bash',
+      'usr/bin/dash',
+      'usr/bin/apt',
+      'usr/bin/apt-get',
+      'usr/bin/dpkg',
+      'usr/bin/ls',
+      'usr/bin/env',
+      'usr/bin/perl',
+    ]) {
       expect(existsSync(join(agent.root, path)), path).toBe(false);
     }
     expect(readdirSync(join(agent.root, 'usr', 'bin'))).toEqual(['node']);
     expect(readFileSync(join(agent.root, 'usr', 'share', 'doc', 'nodejs', 'copyright'), 'utf8')).toMatch(/Node\.js|nodejs/i);
   });
 
-  it("carries koffi with its glibc binary for this architecture alone, and reads the GPUs through NVML from a libnvidia-ml.so.1 mounted into it", async () => {
+  it('carries koffi with its glibc binary for this architecture alone, and reads the GPUs through NVML from a libnvidia-ml.so.1 mounted into it', async () => {
     const modules = join(agent.root, 'usr', 'lib', 'steadfast-agent', 'node_modules');
     const natives = readdirSync(modules, { recursive: true, encoding: 'utf8' }).filter((path) => /\.node$|musl/.test(path));
     expect(natives).toEqual([`@koromix/koffi-linux-${process.arch}/linux_${process.arch}/koffi.node`]);

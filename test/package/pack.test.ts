@@ -26,7 +26,11 @@ const KMSG = join(FIXTURES, 'xid-kernel-logs', 'gpud_xid_lines_h100_gb200.txt');
 const NVIDIA_SMI_XML = join(FIXTURES, 'nvidia-smi-xml', 'telegraf_a10g_515.105.01.xml');
 const INSTALL_TIMEOUT_MS = 240_000;
 const DOWNLOAD_TIMEOUT_MS = 180_000;
-const manifest = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { version: string; engines: { node: string }; dependencies: Record<string, string> };
+const manifest = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as {
+  version: string;
+  engines: { node: string };
+  dependencies: Record<string, string>;
+};
 const version = manifest.version;
 
 /** The releases tested: the first is the floor of `engines`, the others the newest of their lines. */
@@ -46,11 +50,25 @@ let fakeNvidiaSmi = '';
 const processes = new ProcessGroup();
 
 /** One H200 as the stand-in NVML reports it. */
-const NVML_STATE = ['driver 580.159.04', 'gpus 1', '0 pci 00000000:00:06.0', '0 minor 0', '0 uuid GPU-00000000-0000-0000-0000-000000000000', '0 name NVIDIA H200', '0 temp 37', '0 power 81160', ''].join('\n');
+const NVML_STATE = [
+  'driver 580.159.04',
+  'gpus 1',
+  '0 pci 00000000:00:06.0',
+  '0 minor 0',
+  '0 uuid GPU-00000000-0000-0000-0000-000000000000',
+  '0 name NVIDIA H200',
+  '0 temp 37',
+  '0 power 81160',
+  '',
+].join('\n');
 const NVML_TEMPERATURE = 'steadfast_gpu_temperature_celsius{gpu="0",pci_bus_id="0000:00:06",UUID="GPU-00000000-0000-0000-0000-000000000000"} 37';
 
 async function npm(args: string[], cwd: string): Promise<string> {
-  const { stdout } = await run('npm', [...args, '--no-audit', '--no-fund', '--loglevel=error'], { cwd, maxBuffer: 64 * 1024 * 1024, timeout: INSTALL_TIMEOUT_MS });
+  const { stdout } = await run('npm', [...args, '--no-audit', '--no-fund', '--loglevel=error'], {
+    cwd,
+    maxBuffer: 64 * 1024 * 1024,
+    timeout: INSTALL_TIMEOUT_MS,
+  });
   return stdout;
 }
 
@@ -83,9 +101,29 @@ async function officialNode(release: string): Promise<string> {
 /** The sha256 of a whole file: whether two node binaries are one build. */
 const fileDigest = (path: string): string => createHash('sha256').update(readFileSync(path)).digest('hex');
 
-const fixtureArgs = (stateFile: string): string[] => ['--node', 'fixture-node', '--path.kmsg', KMSG, '--nvidia-smi.xml', NVIDIA_SMI_XML, '--xid.state-file', stateFile];
+const fixtureArgs = (stateFile: string): string[] => [
+  '--node',
+  'fixture-node',
+  '--path.kmsg',
+  KMSG,
+  '--nvidia-smi.xml',
+  NVIDIA_SMI_XML,
+  '--xid.state-file',
+  stateFile,
+];
 /** The GPUs through NVML, from the stand-in library. */
-const nvmlArgs = (stateFile: string): string[] => ['--node', 'fixture-node', '--path.kmsg', KMSG, '--xid.state-file', stateFile, '--gpu.source', 'nvml', '--gpu.nvml-library', nvml.library];
+const nvmlArgs = (stateFile: string): string[] => [
+  '--node',
+  'fixture-node',
+  '--path.kmsg',
+  KMSG,
+  '--xid.state-file',
+  stateFile,
+  '--gpu.source',
+  'nvml',
+  '--gpu.nvml-library',
+  nvml.library,
+];
 
 function expectFixtureScrape(text: string): void {
   expect(text).toContain('steadfast_xid_errors_total{pci_bus_id="0000:91:00",xid="79",severity="fatal"} 1');
@@ -93,27 +131,30 @@ function expectFixtureScrape(text: string): void {
   expect(text).toContain('steadfast_collector_success{collector="xid"} 1');
 }
 
-beforeAll(async () => {
-  if (!existsSync(join(ROOT, 'dist', 'cli', 'main.js'))) throw new Error('dist/ is missing: run `npm run build` (npm test does it)');
-  work = mkdtempSync(join(tmpdir(), 'steadfast-pack-'));
-  // dist/ is already built (npm test builds it); the prepack script would only build it again.
-  await npm(['pack', '--ignore-scripts', '--pack-destination', work], ROOT);
-  tarball = join(work, `steadfast-${version}.tgz`);
-  files = (await run('tar', ['-tzf', tarball], { maxBuffer: 16 * 1024 * 1024 })).stdout.split('\n').filter(Boolean);
-  await run(process.execPath, [join(ROOT, 'scripts', 'stage-agent.mjs'), join(work, 'agent-tree')]);
-  await npm(['pack', join(work, 'agent-tree'), '--pack-destination', work], work);
-  agentTarball = join(work, `steadfast-agent-${version}.tgz`);
-  agentFiles = (await run('tar', ['-tzf', agentTarball])).stdout.split('\n').filter(Boolean);
-  await npm(['install', '--global', '--prefix', join(work, 'prefix'), '--prefer-offline', tarball], work);
-  await npm(['install', '--global', '--prefix', join(work, 'agent-prefix'), '--prefer-offline', agentTarball], work);
-  installed = join(work, 'prefix', 'bin', 'steadfast');
-  installedAgent = join(work, 'agent-prefix', 'bin', 'steadfast-agent');
-  nvml = await StandInNvml.create(join(work, 'nvml'), NVML_STATE);
-  fakeNvidiaSmi = join(work, 'fake-nvidia-smi');
-  mkdirSync(fakeNvidiaSmi);
-  writeFileSync(join(fakeNvidiaSmi, 'nvidia-smi'), `#!/bin/sh\n[ "$1" = -q ] && exec cat '${NVIDIA_SMI_XML}'\nexit 0\n`);
-  chmodSync(join(fakeNvidiaSmi, 'nvidia-smi'), 0o755);
-}, INSTALL_TIMEOUT_MS * 2 + 60_000);
+beforeAll(
+  async () => {
+    if (!existsSync(join(ROOT, 'dist', 'cli', 'main.js'))) throw new Error('dist/ is missing: run `npm run build` (npm test does it)');
+    work = mkdtempSync(join(tmpdir(), 'steadfast-pack-'));
+    // dist/ is already built (npm test builds it); the prepack script would only build it again.
+    await npm(['pack', '--ignore-scripts', '--pack-destination', work], ROOT);
+    tarball = join(work, `steadfast-${version}.tgz`);
+    files = (await run('tar', ['-tzf', tarball], { maxBuffer: 16 * 1024 * 1024 })).stdout.split('\n').filter(Boolean);
+    await run(process.execPath, [join(ROOT, 'scripts', 'stage-agent.mjs'), join(work, 'agent-tree')]);
+    await npm(['pack', join(work, 'agent-tree'), '--pack-destination', work], work);
+    agentTarball = join(work, `steadfast-agent-${version}.tgz`);
+    agentFiles = (await run('tar', ['-tzf', agentTarball])).stdout.split('\n').filter(Boolean);
+    await npm(['install', '--global', '--prefix', join(work, 'prefix'), '--prefer-offline', tarball], work);
+    await npm(['install', '--global', '--prefix', join(work, 'agent-prefix'), '--prefer-offline', agentTarball], work);
+    installed = join(work, 'prefix', 'bin', 'steadfast');
+    installedAgent = join(work, 'agent-prefix', 'bin', 'steadfast-agent');
+    nvml = await StandInNvml.create(join(work, 'nvml'), NVML_STATE);
+    fakeNvidiaSmi = join(work, 'fake-nvidia-smi');
+    mkdirSync(fakeNvidiaSmi);
+    writeFileSync(join(fakeNvidiaSmi, 'nvidia-smi'), `#!/bin/sh\n[ "$1" = -q ] && exec cat '${NVIDIA_SMI_XML}'\nexit 0\n`);
+    chmodSync(join(fakeNvidiaSmi, 'nvidia-smi'), 0o755);
+  },
+  INSTALL_TIMEOUT_MS * 2 + 60_000,
+);
 
 afterAll(async () => {
   await processes.stopAll();
@@ -122,9 +163,35 @@ afterAll(async () => {
 
 describe('the npm package', () => {
   it("carries the compiled CLI, the agent's bundle, the rule files and the training side (the example and the Python client it imports), and no try-it tools, code cache, tests, sources, maps or benchmarks", () => {
-    expect(files).toEqual(expect.arrayContaining(['package/bin/steadfast.js', 'package/dist/cli/main.js', 'package/dist/cli/agent.js', 'package/dist/agent.cjs', 'package/dist/agent-loader.cjs', 'package/dist/nvml-worker.cjs', 'package/rules/gpu.yml', 'package/rules/alertmanager.yml']));
-    expect(files).toEqual(expect.arrayContaining(['package/examples/pytorch/train.py', 'package/clients/python/steadfast_client.py', 'package/clients/python/steadfast_hotswap.py', 'package/clients/python/steadfast_replica.py', 'package/clients/python/steadfast_world.py']));
-    const unwanted = files.filter((file) => /^package\/(test|bench|tryit|clients\/python\/tests)\//.test(file) || /^package\/dist\/(bench|tryit)\//.test(file) || file.endsWith('.map') || file.endsWith('.cache') || (file.endsWith('.ts') && !file.endsWith('.d.ts')));
+    expect(files).toEqual(
+      expect.arrayContaining([
+        'package/bin/steadfast.js',
+        'package/dist/cli/main.js',
+        'package/dist/cli/agent.js',
+        'package/dist/agent.cjs',
+        'package/dist/agent-loader.cjs',
+        'package/dist/nvml-worker.cjs',
+        'package/rules/gpu.yml',
+        'package/rules/alertmanager.yml',
+      ]),
+    );
+    expect(files).toEqual(
+      expect.arrayContaining([
+        'package/examples/pytorch/train.py',
+        'package/clients/python/steadfast_client.py',
+        'package/clients/python/steadfast_hotswap.py',
+        'package/clients/python/steadfast_replica.py',
+        'package/clients/python/steadfast_world.py',
+      ]),
+    );
+    const unwanted = files.filter(
+      (file) =>
+        /^package\/(test|bench|tryit|clients\/python\/tests)\//.test(file) ||
+        /^package\/dist\/(bench|tryit)\//.test(file) ||
+        file.endsWith('.map') ||
+        file.endsWith('.cache') ||
+        (file.endsWith('.ts') && !file.endsWith('.d.ts')),
+    );
     expect(unwanted).toEqual([]);
     expect(files.length).toBeLessThan(400);
   });
@@ -155,7 +222,15 @@ describe('the npm package', () => {
 describe('the agent-only npm package', () => {
   it('holds the command, the bundle, the NVML thread bundle and its loader, and depends on koffi alone, at the version the full package pins', () => {
     // REVISION: the commit built (a git checkout, as here), for steadfast_build_info.
-    expect(agentFiles.sort()).toEqual(['package/README.md', 'package/REVISION', 'package/bin/steadfast-agent.cjs', 'package/dist/agent-loader.cjs', 'package/dist/agent.cjs', 'package/dist/nvml-worker.cjs', 'package/package.json']);
+    expect(agentFiles.sort()).toEqual([
+      'package/README.md',
+      'package/REVISION',
+      'package/bin/steadfast-agent.cjs',
+      'package/dist/agent-loader.cjs',
+      'package/dist/agent.cjs',
+      'package/dist/nvml-worker.cjs',
+      'package/package.json',
+    ]);
     const tree = join(work, 'agent-prefix', 'lib', 'node_modules', 'steadfast-agent');
     const installedManifest = JSON.parse(readFileSync(join(tree, 'package.json'), 'utf8')) as Record<string, unknown>;
     expect(installedManifest).toMatchObject({ name: 'steadfast-agent', version, engines: manifest.engines });
@@ -174,9 +249,13 @@ describe('the agent-only npm package', () => {
   });
 
   it('runs the agent as the default command and the Slurm preflight as `check`', async () => {
-    const scrape = await run(installedAgent, ['--once', ...fixtureArgs(join(work, 'agent-only-state.json'))], { env: { ...process.env, STEADFAST_LOG_LEVEL: 'silent' } });
+    const scrape = await run(installedAgent, ['--once', ...fixtureArgs(join(work, 'agent-only-state.json'))], {
+      env: { ...process.env, STEADFAST_LOG_LEVEL: 'silent' },
+    });
     expectFixtureScrape(scrape.stdout);
-    const check = await run(installedAgent, ['check', ...fixtureArgs(join(work, 'agent-only-check.json'))], { env: { ...process.env, STEADFAST_LOG_LEVEL: 'silent' } }).catch((error: unknown) => error as { code: number; stdout: string });
+    const check = await run(installedAgent, ['check', ...fixtureArgs(join(work, 'agent-only-check.json'))], {
+      env: { ...process.env, STEADFAST_LOG_LEVEL: 'silent' },
+    }).catch((error: unknown) => error as { code: number; stdout: string });
     expect(check).toMatchObject({ code: 1 });
     expect((check as { stdout: string }).stdout).toMatch(/fatal Xid 79 on GPU 0000:91:00/);
     const usage = await run(installedAgent, ['--no-such-flag']).catch((error: unknown) => error as { code: number; stderr: string });
@@ -215,7 +294,18 @@ describe.each(NODE_RELEASES)('under the official Node.js %s', (release) => {
       expect(stdout).toContain(NVML_TEMPERATURE);
       expect(stdout).toMatch(/^steadfast_gpu_source_info\{source="nvml"\} 1$/m);
     }
-    const noDriver = ['--node', 'fixture-node', '--path.kmsg', KMSG, '--xid.state-file', join(cache, 'auto.json'), '--gpu.source', 'auto', '--gpu.nvml-library', join(cache, 'no-driver', 'libnvidia-ml.so.1')];
+    const noDriver = [
+      '--node',
+      'fixture-node',
+      '--path.kmsg',
+      KMSG,
+      '--xid.state-file',
+      join(cache, 'auto.json'),
+      '--gpu.source',
+      'auto',
+      '--gpu.nvml-library',
+      join(cache, 'no-driver', 'libnvidia-ml.so.1'),
+    ];
     const { stdout } = await run(node, [agentScript(), '--once', ...noDriver], { env: { ...env(cache), PATH: `${fakeNvidiaSmi}:${process.env.PATH ?? ''}` } });
     expect(stdout).toMatch(/^steadfast_gpu_source_info\{source="nvidia-smi"\} 1$/m);
     expect(stdout).not.toMatch(/source="nvml"/);
@@ -225,9 +315,21 @@ describe.each(NODE_RELEASES)('under the official Node.js %s', (release) => {
   it('serves a scrape with its own Node.js version in steadfast_build_info', async () => {
     const cache = mkdtempSync(join(work, `serve-${release}-`));
     const port = await freePort();
-    processes.start(`agent-${release}`, node, [agentScript(), '--web.listen-address', `127.0.0.1:${port}`, '--web.insecure', ...fixtureArgs(join(cache, 'state.json'))], join(cache, 'agent.log'), { env: env(cache) });
+    processes.start(
+      `agent-${release}`,
+      node,
+      [agentScript(), '--web.listen-address', `127.0.0.1:${port}`, '--web.insecure', ...fixtureArgs(join(cache, 'state.json'))],
+      join(cache, 'agent.log'),
+      { env: env(cache) },
+    );
     const url = `http://127.0.0.1:${port}/metrics`;
-    await waitFor(`the agent under Node.js ${release} to serve /metrics`, () => httpOk(url), 30_000, 100, async () => readFileSync(join(cache, 'agent.log'), 'utf8'));
+    await waitFor(
+      `the agent under Node.js ${release} to serve /metrics`,
+      () => httpOk(url),
+      30_000,
+      100,
+      async () => readFileSync(join(cache, 'agent.log'), 'utf8'),
+    );
     // It serves before its first GPU poll is done; the GPUs come with the next scrapes.
     await waitFor('the GPUs on /metrics', async () => (await (await fetch(url)).text()).includes('steadfast_gpu_attached 1'), 30_000);
     const text = await (await fetch(url)).text();
@@ -238,7 +340,8 @@ describe.each(NODE_RELEASES)('under the official Node.js %s', (release) => {
 
   it('never reads a code cache another Node.js build wrote, and uses the one it wrote itself', async () => {
     const cache = mkdtempSync(join(work, `code-cache-${release}-`));
-    const status = async (binary: string): Promise<{ state: string; file: string }> => JSON.parse((await run(binary, [agentScript(), '--code-cache-status'], { env: env(cache) })).stdout) as { state: string; file: string };
+    const status = async (binary: string): Promise<{ state: string; file: string }> =>
+      JSON.parse((await run(binary, [agentScript(), '--code-cache-status'], { env: env(cache) })).stdout) as { state: string; file: string };
     // The build machine's Node.js writes its cache first: another build must not even look at
     // it. The same build (the official binary of the machine's own release, byte for byte, as a
     // distribution may ship it) may.
@@ -258,6 +361,8 @@ describe.each(NODE_RELEASES)('under the official Node.js %s', (release) => {
     expect(await status(node)).toEqual({ state: 'used', file: written });
     expectFixtureScrape((await run(node, [agentScript(), '--once', ...fixtureArgs(join(cache, 'b.json'))], { env: env(cache) })).stdout);
     // Under other V8 flags it looks for another file.
-    expect(JSON.parse((await run(node, ['--stack-size=900', agentScript(), '--code-cache-status'], { env: env(cache) })).stdout)).toMatchObject({ state: 'none' });
+    expect(JSON.parse((await run(node, ['--stack-size=900', agentScript(), '--code-cache-status'], { env: env(cache) })).stdout)).toMatchObject({
+      state: 'none',
+    });
   });
 });

@@ -23,7 +23,11 @@ let controllerOnly = '';
 let withTryit = '';
 
 async function npm(args: string[], cwd: string): Promise<string> {
-  const { stdout } = await run('npm', [...args, '--no-audit', '--no-fund', '--loglevel=error'], { cwd, maxBuffer: 64 * 1024 * 1024, timeout: INSTALL_TIMEOUT_MS });
+  const { stdout } = await run('npm', [...args, '--no-audit', '--no-fund', '--loglevel=error'], {
+    cwd,
+    maxBuffer: 64 * 1024 * 1024,
+    timeout: INSTALL_TIMEOUT_MS,
+  });
   return stdout;
 }
 
@@ -37,18 +41,26 @@ async function project(name: string, tarballs: string[]): Promise<string> {
 }
 
 function steadfastIn(dir: string, args: string[], timeout = 30_000): Promise<{ stdout: string; stderr: string }> {
-  return run(join(dir, 'node_modules', '.bin', 'steadfast'), args, { cwd: dir, env: { ...process.env, STEADFAST_LOG_LEVEL: 'silent' }, timeout, maxBuffer: 16 * 1024 * 1024 });
+  return run(join(dir, 'node_modules', '.bin', 'steadfast'), args, {
+    cwd: dir,
+    env: { ...process.env, STEADFAST_LOG_LEVEL: 'silent' },
+    timeout,
+    maxBuffer: 16 * 1024 * 1024,
+  });
 }
 
-beforeAll(async () => {
-  if (!existsSync(join(ROOT, 'dist', 'tryit', 'cli', 'demo.js'))) throw new Error('dist/ is missing: run `npm run build` (npm test does it)');
-  work = mkdtempSync(join(tmpdir(), 'steadfast-tryit-pack-'));
-  await npm(['pack', '--ignore-scripts', '--pack-destination', work], ROOT);
-  const tryitTarball = (await run(process.execPath, [join(ROOT, 'scripts', 'stage-tryit.mjs'), work])).stdout.trim();
-  const tarball = join(work, `steadfast-${version}.tgz`);
-  controllerOnly = await project('controller-only', [tarball]);
-  withTryit = await project('with-tryit', [tarball, tryitTarball]);
-}, INSTALL_TIMEOUT_MS * 2 + 60_000);
+beforeAll(
+  async () => {
+    if (!existsSync(join(ROOT, 'dist', 'tryit', 'cli', 'demo.js'))) throw new Error('dist/ is missing: run `npm run build` (npm test does it)');
+    work = mkdtempSync(join(tmpdir(), 'steadfast-tryit-pack-'));
+    await npm(['pack', '--ignore-scripts', '--pack-destination', work], ROOT);
+    const tryitTarball = (await run(process.execPath, [join(ROOT, 'scripts', 'stage-tryit.mjs'), work])).stdout.trim();
+    const tarball = join(work, `steadfast-${version}.tgz`);
+    controllerOnly = await project('controller-only', [tarball]);
+    withTryit = await project('with-tryit', [tarball, tryitTarball]);
+  },
+  INSTALL_TIMEOUT_MS * 2 + 60_000,
+);
 
 afterAll(() => {
   if (work) rmSync(work, { recursive: true, force: true });

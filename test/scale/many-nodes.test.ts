@@ -46,7 +46,8 @@ describe(`a ${NODES}-node simulated cluster on the real parts`, () => {
     // Each drain was decided on the first report of its fault: the agent's own on the fast path,
     // which does not wait for a scrape, a rule and Alertmanager, and so drains sooner (the
     // figures themselves are bench/scale.ts's).
-    for (const result of results) expect(result.firstReportFrom, `first report of the fault on ${result.node}`).toBe(result.path === 'fast' ? 'agent' : 'alertmanager');
+    for (const result of results)
+      expect(result.firstReportFrom, `first report of the fault on ${result.node}`).toBe(result.path === 'fast' ? 'agent' : 'alertmanager');
     expect(median(latency('fast'))).toBeLessThan(median(latency('prometheus')));
     for (const ms of latency('prometheus')) expect(ms).toBeLessThan(30_000);
     const drains = cluster.plane.slurmDrainCounts();

@@ -47,7 +47,14 @@ function webhook(node: string, startsAt: string): unknown {
     version: '4',
     status: 'firing',
     receiver: 'steadfast-controller',
-    alerts: [{ status: 'firing', labels: { alertname: 'SteadfastXidFatal', node, pci_bus_id: GPU, xid: '79', xid_severity: 'fatal', severity: 'critical', domain: 'gpu' }, annotations: { summary: 'A GPU reported a fatal Xid error.' }, startsAt }],
+    alerts: [
+      {
+        status: 'firing',
+        labels: { alertname: 'SteadfastXidFatal', node, pci_bus_id: GPU, xid: '79', xid_severity: 'fatal', severity: 'critical', domain: 'gpu' },
+        annotations: { summary: 'A GPU reported a fatal Xid error.' },
+        startsAt,
+      },
+    ],
   };
 }
 
@@ -88,12 +95,16 @@ describe('two controller replicas and a worker-only process on one Redis', () =>
   });
 
   const post = async (url: string, body: unknown): Promise<number> => {
-    const response = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${plane.credentials.operator}` }, body: JSON.stringify(body) });
+    const response = await fetch(url, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', authorization: `Bearer ${plane.credentials.operator}` },
+      body: JSON.stringify(body),
+    });
     await response.arrayBuffer();
     return response.status;
   };
 
-  it('runs three workers on every queue, and either replica\'s bull-board shows the same queues', async () => {
+  it("runs three workers on every queue, and either replica's bull-board shows the same queues", async () => {
     const queue = new Queue('steps', { connection: store.redis, prefix: store.prefix });
     try {
       expect(await queue.getWorkersCount()).toBe(3);
@@ -101,7 +112,9 @@ describe('two controller replicas and a worker-only process on one Redis', () =>
       await queue.close();
     }
     for (const replica of replicas) {
-      const page = await fetch(`${replica.url}/queues`, { headers: { authorization: `Basic ${Buffer.from(`ops:${plane.credentials.readOnly}`).toString('base64')}` } });
+      const page = await fetch(`${replica.url}/queues`, {
+        headers: { authorization: `Basic ${Buffer.from(`ops:${plane.credentials.readOnly}`).toString('base64')}` },
+      });
       expect(page.status).toBe(200);
       expect(await page.text()).toContain('steadfast queues');
       const response = await fetch(`${replica.url}/queues/api/queues`, { headers: { authorization: `Bearer ${plane.credentials.readOnly}` } });
@@ -122,11 +135,17 @@ describe('two controller replicas and a worker-only process on one Redis', () =>
       // Prometheus' alert for the same Xid, delivered by both Alertmanagers of an HA pair.
       requests.push({ url: `${b.url}/api/v1/alerts`, body: webhook(node, faultTime) }, { url: `${a.url}/api/v1/alerts`, body: webhook(node, faultTime) });
       // A second fault on the same node a moment later: the node is already being drained.
-      requests.push({ url: `${b.url}/api/v1/signals`, body: { kind: 'gpu_lost', node, gpu: '0000:18:00', message: 'GPU 0000:18:00 no longer listed', time: new Date(Date.now() + 50).toISOString() } });
+      requests.push({
+        url: `${b.url}/api/v1/signals`,
+        body: { kind: 'gpu_lost', node, gpu: '0000:18:00', message: 'GPU 0000:18:00 no longer listed', time: new Date(Date.now() + 50).toISOString() },
+      });
     }
     for (const node of NODES.slice(VICTIMS.length)) {
       // Noise: non-fatal Xids (observed, never drained).
-      requests.push({ url: `${(Math.random() < 0.5 ? a : b).url}/api/v1/signals`, body: { kind: 'xid', node, gpu: GPU, xid: 13, message: 'Graphics Exception', time: faultTime } });
+      requests.push({
+        url: `${(Math.random() < 0.5 ? a : b).url}/api/v1/signals`,
+        body: { kind: 'xid', node, gpu: GPU, xid: 13, message: 'Graphics Exception', time: faultTime },
+      });
     }
     const statuses = await Promise.all(shuffled(requests).map((request) => post(request.url, request.body)));
     expect(statuses.every((status) => status === 202)).toBe(true);
@@ -161,7 +180,10 @@ describe('two controller replicas and a worker-only process on one Redis', () =>
     for (const node of VICTIMS) {
       const decisions = settled.filter((entry) => entry.type === 'decision' && entry.node === node);
       expect(decisions, `decisions for ${node}`).toHaveLength(1);
-      expect(settled.filter((entry) => entry.type === 'action' && entry.node === node && entry.data.state === 'running'), `drain attempts on ${node}`).toHaveLength(1);
+      expect(
+        settled.filter((entry) => entry.type === 'action' && entry.node === node && entry.data.state === 'running'),
+        `drain attempts on ${node}`,
+      ).toHaveLength(1);
       expect(drains.get(node), `Slurm drains of ${node}`).toBe(1);
     }
     expect(NODES.filter((node) => drains.has(node)).sort()).toEqual([...VICTIMS].sort());
@@ -174,7 +196,11 @@ describe('two controller replicas and a worker-only process on one Redis', () =>
     const jobs = targets.flatMap((node) =>
       [0, 1, 2].map((copy) => {
         const id = `d-lease-${node}-${copy}`;
-        return { name: 'node', data: nodeTransition('drain', { id, node, reason: `lease test copy ${copy}` }), opts: { jobId: id, attempts: 5, backoff: { type: 'fixed', delay: 300 } } };
+        return {
+          name: 'node',
+          data: nodeTransition('drain', { id, node, reason: `lease test copy ${copy}` }),
+          opts: { jobId: id, attempts: 5, backoff: { type: 'fixed', delay: 300 } },
+        };
       }),
     );
     try {
@@ -188,7 +214,9 @@ describe('two controller replicas and a worker-only process on one Redis', () =>
       expect(finished).toHaveLength(jobs.length);
       // Some jobs found their node leased by another actuator and were retried (BullMQ counts the
       // finishing attempt too, so a job that never waited shows 1).
-      const retried = (await Promise.all(jobs.map(async (job) => (await actions.getJob(job.opts.jobId))?.attemptsMade ?? 0))).filter((attempts) => attempts > 1);
+      const retried = (await Promise.all(jobs.map(async (job) => (await actions.getJob(job.opts.jobId))?.attemptsMade ?? 0))).filter(
+        (attempts) => attempts > 1,
+      );
       expect(retried.length).toBeGreaterThan(0);
     } finally {
       await actions.close();
@@ -199,7 +227,8 @@ describe('two controller replicas and a worker-only process on one Redis', () =>
     const spans = replicas.flatMap((replica) => replica.drains).filter(([node]) => targets.includes(node));
     for (const node of targets) {
       const mine = spans.filter(([name]) => name === node).sort((x, y) => x[1] - y[1]);
-      for (let index = 1; index < mine.length; index += 1) expect((mine[index] as [string, number, number])[1]).toBeGreaterThanOrEqual((mine[index - 1] as [string, number, number])[2]);
+      for (let index = 1; index < mine.length; index += 1)
+        expect((mine[index] as [string, number, number])[1]).toBeGreaterThanOrEqual((mine[index - 1] as [string, number, number])[2]);
     }
   }, 45_000);
 });

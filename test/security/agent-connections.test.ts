@@ -82,7 +82,12 @@ describe('the node agent under many idle connections', () => {
     const held: Awaited<ReturnType<typeof halfOpen>>[] = [];
     for (let index = 0; index < 10; index += 1) held.push(await halfOpen(port));
     // The six past the cap are closed as they open; the first four are held until their headers time out (10 s).
-    await until('the connections past the cap to be closed', async () => held.filter((connection) => connection.closed()).length, (count) => count >= 6, 5000);
+    await until(
+      'the connections past the cap to be closed',
+      async () => held.filter((connection) => connection.closed()).length,
+      (count) => count >= 6,
+      5000,
+    );
     expect(held.slice(0, 4).map((connection) => connection.closed())).toEqual([false, false, false, false]);
     expect(held.slice(4).map((connection) => connection.closed())).toEqual(Array(6).fill(true));
     expect(held.slice(4).map((connection) => connection.said())).toEqual(Array(6).fill(''));
@@ -90,14 +95,24 @@ describe('the node agent under many idle connections', () => {
 
     // Once the client lets its connections go, it is served again.
     for (const connection of held) connection.socket.destroy();
-    await until('a scrape from the first address to be answered again', () => scrapeFrom('127.0.0.1', port).catch(() => 0), (status) => status === 200, 5000);
+    await until(
+      'a scrape from the first address to be answered again',
+      () => scrapeFrom('127.0.0.1', port).catch(() => 0),
+      (status) => status === 200,
+      5000,
+    );
   });
 
   it('cuts a connection that has not sent its headers within the headers timeout', async () => {
     const port = await startAgent({ connections: { headersTimeoutSeconds: 1, requestTimeoutSeconds: 1, maxPerClient: 4 } });
     const slow = await halfOpen(port);
     // Node checks the timeout every second: cut within about two; without the bound, a minute and a half.
-    await until('the half-open connection to be cut', async () => slow.closed(), (closed) => closed, 6000);
+    await until(
+      'the half-open connection to be cut',
+      async () => slow.closed(),
+      (closed) => closed,
+      6000,
+    );
     expect(slow.said()).toMatch(/^HTTP\/1\.1 408 /);
     expect(await scrapeFrom('127.0.0.1', port)).toBe(200);
   });
@@ -112,6 +127,8 @@ describe('the node agent under many idle connections', () => {
     expect(agentSettingsFromFlags(flags(['--web.insecure']), {}).connections).toEqual(DEFAULT_AGENT_CONNECTIONS);
     expect(agentSettingsFromFlags(flags(['--web.insecure', '--web.max-connections-per-client', '0']), {}).connections?.maxPerClient).toBe(0);
     expect(() => agentSettingsFromFlags(flags(['--web.insecure', '--web.max-connections-per-client', '-1']), {})).toThrow(InputError);
-    expect(() => agentSettingsFromFlags(flags(['--web.insecure', '--web.max-connections-per-client', 'many']), {})).toThrow(/--web\.max-connections-per-client: must be a whole number/);
+    expect(() => agentSettingsFromFlags(flags(['--web.insecure', '--web.max-connections-per-client', 'many']), {})).toThrow(
+      /--web\.max-connections-per-client: must be a whole number/,
+    );
   });
 });

@@ -57,7 +57,11 @@ async function startAgent(options: Partial<AgentOptions> = {}): Promise<string> 
 }
 
 async function post(url: string, body: string, authorization?: string): Promise<{ status: number; headers: Headers; body: Record<string, unknown> }> {
-  const response = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json', ...(authorization === undefined ? {} : { authorization }) }, body });
+  const response = await fetch(url, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', ...(authorization === undefined ? {} : { authorization }) },
+    body,
+  });
   return { status: response.status, headers: response.headers, body: (await response.json()) as Record<string, unknown> };
 }
 
@@ -96,7 +100,16 @@ describe('agent edge', () => {
   });
 
   it('refuses an empty token rather than treating it as "no header needed"', () => {
-    expect(() => createAgent({ node: 'n', paths: { sysfs: '/x', procfs: '/x', kmsg: '/x', nvidiaSmi: '/x' }, pollIntervalSeconds: 60, collectors: [], apiToken: ' ', logger: silentLogger() })).toThrow(/apiToken must not be empty/);
+    expect(() =>
+      createAgent({
+        node: 'n',
+        paths: { sysfs: '/x', procfs: '/x', kmsg: '/x', nvidiaSmi: '/x' },
+        pollIntervalSeconds: 60,
+        collectors: [],
+        apiToken: ' ',
+        logger: silentLogger(),
+      }),
+    ).toThrow(/apiToken must not be empty/);
   });
 
   it('warns at start when its POST endpoints are open because no token was given', async () => {
@@ -112,13 +125,19 @@ describe('agent edge', () => {
     const { port } = new URL(base);
     // Streamed (chunked, no length given): refused once the bytes read pass the limit.
     const big = JSON.stringify({ ...STEP, padding: 'x'.repeat(1024 * 1024) });
-    const streamed = await raw(Number(port), `POST /api/v1/training HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n${big.length.toString(16)}\r\n${big}\r\n0\r\n\r\n`);
+    const streamed = await raw(
+      Number(port),
+      `POST /api/v1/training HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n${big.length.toString(16)}\r\n${big}\r\n0\r\n\r\n`,
+    );
     expect(streamed).toMatch(/^HTTP\/1\.1 413 /);
     expect(streamed).toMatch(/\r\nconnection: close\r\n/i);
     expect(streamed).toContain('{"error":"request body larger than 1048576 bytes"}');
 
     // Declared too large: refused before any of it is read.
-    const declared = await raw(Number(port), `POST /api/v1/training HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${64 * 1024 * 1024}\r\n\r\n{`);
+    const declared = await raw(
+      Number(port),
+      `POST /api/v1/training HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${64 * 1024 * 1024}\r\n\r\n{`,
+    );
     expect(declared).toMatch(/^HTTP\/1\.1 413 /);
     expect(declared).toContain('request body larger than 1048576 bytes');
   });
@@ -154,7 +173,10 @@ describe('agent edge', () => {
       return command.opts();
     };
     expect(agentSettingsFromFlags(flags(['--web.insecure']), {}).rateLimit).toEqual({ requestsPerSecond: 100, burst: 200 });
-    expect(agentSettingsFromFlags(flags(['--web.insecure', '--web.rate-limit', '2.5', '--web.rate-burst', '7']), {}).rateLimit).toEqual({ requestsPerSecond: 2.5, burst: 7 });
+    expect(agentSettingsFromFlags(flags(['--web.insecure', '--web.rate-limit', '2.5', '--web.rate-burst', '7']), {}).rateLimit).toEqual({
+      requestsPerSecond: 2.5,
+      burst: 7,
+    });
     expect(agentSettingsFromFlags(flags(['--web.insecure', '--web.rate-limit', '0']), {}).rateLimit?.requestsPerSecond).toBe(0);
     expect(() => agentSettingsFromFlags(flags(['--web.insecure', '--web.rate-burst', '0']), {})).toThrow(InputError);
     expect(() => agentSettingsFromFlags(flags(['--web.insecure', '--web.rate-limit', 'lots']), {})).toThrow(/--web\.rate-limit/);
@@ -193,7 +215,9 @@ describe('agent credentials', () => {
   };
 
   it('refuses to start with its POST endpoints open unless told --web.insecure, naming both flags', async () => {
-    expect(() => agentSettingsFromFlags(flags([]), {})).toThrow(/--web\.token-file: the agent's POST endpoints .* need a token; give --web\.token-file FILE, or --web\.insecure/);
+    expect(() => agentSettingsFromFlags(flags([]), {})).toThrow(
+      /--web\.token-file: the agent's POST endpoints .* need a token; give --web\.token-file FILE, or --web\.insecure/,
+    );
     const run = await runCli(agentCommand({ env: {}, logger: silentLogger() }), ['--web.listen-address', '127.0.0.1:0', '--no-collector.gpu']);
     expect(run.exitCode).toBe(2);
     expect(run.stderr).toMatch(/--web\.token-file: .*--web\.insecure/);
@@ -208,7 +232,11 @@ describe('agent credentials', () => {
     const other = file('other', agentTokenFor(secret, 'node-2'));
     const base = ['--web.insecure', '--node', 'node-1', '--controller.url', 'http://controller:9400'];
     expect(agentSettingsFromFlags(flags([...base, '--controller.token-file', own]), {}).controllerToken).toBe(agentTokenFor(secret, 'node-1'));
-    expect(() => agentSettingsFromFlags(flags([...base, '--controller.token-file', other]), {})).toThrow(/the token is node node-2's, but this agent runs as --node node-1/);
-    expect(() => agentSettingsFromFlags(flags([...base, '--controller.token-file', file('static', 'an-operator-token-0123456789')]), {})).toThrow(/not an agent token/);
+    expect(() => agentSettingsFromFlags(flags([...base, '--controller.token-file', other]), {})).toThrow(
+      /the token is node node-2's, but this agent runs as --node node-1/,
+    );
+    expect(() => agentSettingsFromFlags(flags([...base, '--controller.token-file', file('static', 'an-operator-token-0123456789')]), {})).toThrow(
+      /not an agent token/,
+    );
   });
 });

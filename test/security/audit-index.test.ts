@@ -77,7 +77,24 @@ describe('filtered audit reads through the index', () => {
       const pipeline = redis.pipeline();
       for (let index = start; index < Math.min(EARLIER, start + 500); index += 1) {
         const entry = input(index);
-        pipeline.xadd(keys.audit, '*', 'type', entry.type, 'ref', entry.ref, 'node', entry.node ?? '', 'summary', entry.summary, 'data', JSON.stringify(entry.data), 'time', new Date().toISOString(), 'actor', '');
+        pipeline.xadd(
+          keys.audit,
+          '*',
+          'type',
+          entry.type,
+          'ref',
+          entry.ref,
+          'node',
+          entry.node ?? '',
+          'summary',
+          entry.summary,
+          'data',
+          JSON.stringify(entry.data),
+          'time',
+          new Date().toISOString(),
+          'actor',
+          '',
+        );
       }
       await pipeline.exec();
     }
@@ -112,11 +129,14 @@ describe('filtered audit reads through the index', () => {
     expect(await get('node=nobody')).toEqual([]);
     for (const odd of ODD) {
       const node = odd.node as string;
-      expect((await get(`node=${encodeURIComponent(node)}`)).map((entry) => entry.ref), node).toEqual([odd.ref]);
+      expect(
+        (await get(`node=${encodeURIComponent(node)}`)).map((entry) => entry.ref),
+        node,
+      ).toEqual([odd.ref]);
     }
   });
 
-  it('pages forward through one node\'s entries with after, as through the whole stream', async () => {
+  it("pages forward through one node's entries with after, as through the whole stream", async () => {
     const keep = (entry: AuditEntry): boolean => entry.node === 'n11';
     const paged: AuditEntry[] = [];
     let after = '0-0';
@@ -129,7 +149,9 @@ describe('filtered audit reads through the index', () => {
     expect(paged).toEqual(everything.filter(keep));
     // From a cursor in the middle, among entries from before the index and after it.
     const middle = everything[EARLIER - 5] as AuditEntry;
-    expect(await get(`node=n11&limit=50&after=${middle.id}`)).toEqual(everything.filter((entry) => keep(entry) && everything.indexOf(entry) > EARLIER - 5).slice(0, 50));
+    expect(await get(`node=n11&limit=50&after=${middle.id}`)).toEqual(
+      everything.filter((entry) => keep(entry) && everything.indexOf(entry) > EARLIER - 5).slice(0, 50),
+    );
   });
 
   it('has Redis send no more for a filtered read than for an unfiltered page of as many entries', async () => {
@@ -149,7 +171,7 @@ describe('filtered audit reads through the index', () => {
     expect((await netOutputBytes(redis)) - none).toBeLessThan(16 * 1024);
   });
 
-  it('drops an entry\'s index members when the stream is trimmed, so the index holds what the stream holds', async () => {
+  it("drops an entry's index members when the stream is trimmed, so the index holds what the stream holds", async () => {
     const prefix = 'trimmed';
     const keys = new Keys(prefix);
     const small = await startController(testConfig(redisUrl, prefix, { controller: { auditMaxLength: 100 } }), { workers: false });
@@ -160,7 +182,9 @@ describe('filtered audit reads through the index', () => {
       // type, ref, and node and node with type (when there is a node) for each kept entry, and nothing else.
       const members = kept.reduce((sum, entry) => sum + (entry.node ? 4 : 2), 0);
       expect(await redis.zcard(keys.auditIndex)).toBe(members);
-      expect((await small.controller.audit.read({ node: 'n3', limit: 1000 })).map((entry) => entry.summary)).toEqual(kept.filter((entry) => entry.node === 'n3').map((entry) => entry.summary));
+      expect((await small.controller.audit.read({ node: 'n3', limit: 1000 })).map((entry) => entry.summary)).toEqual(
+        kept.filter((entry) => entry.node === 'n3').map((entry) => entry.summary),
+      );
     } finally {
       await small.controller.close();
     }

@@ -41,7 +41,13 @@ function bigWebhook(index: number): Record<string, unknown> {
     externalURL: 'http://alertmanager:9093',
     alerts: Array.from({ length: ALERTS_PER_WEBHOOK }, (_, alert) => ({
       status: 'firing',
-      labels: { alertname: 'NodeFilesystemFull', severity: 'warning', node: `gpu-${String(index).padStart(3, '0')}-${alert}`, mountpoint: '/scratch', instance: `gpu-${index}-${alert}:9100` },
+      labels: {
+        alertname: 'NodeFilesystemFull',
+        severity: 'warning',
+        node: `gpu-${String(index).padStart(3, '0')}-${alert}`,
+        mountpoint: '/scratch',
+        instance: `gpu-${index}-${alert}:9100`,
+      },
       annotations: { summary: 'Filesystem almost full', description: `/scratch on gpu-${index}-${alert} has less than 5% space left.` },
       startsAt,
       endsAt: '0001-01-01T00:00:00Z',
@@ -52,7 +58,11 @@ function bigWebhook(index: number): Record<string, unknown> {
 }
 
 async function deliver(url: string, body: string): Promise<{ status: number; ids: string[]; retryAfter: string | null }> {
-  const response = await fetch(`${url}/api/v1/alerts`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${TEST_TOKEN}` }, body });
+  const response = await fetch(`${url}/api/v1/alerts`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', authorization: `Bearer ${TEST_TOKEN}` },
+    body,
+  });
   const answer = (await response.json()) as { ids?: string[] };
   return { status: response.status, ids: answer.ids ?? [], retryAfter: response.headers.get('retry-after') };
 }
@@ -65,7 +75,9 @@ describe('a burst of big webhooks', () => {
   let signals: Queue;
 
   beforeAll(async () => {
-    const config = testConfig(store.url, store.prefix, { controller: { port: await freePort(), inFlightBodyBytes: BUDGET_BYTES, rateLimit: { requestsPerSecond: 0 } } });
+    const config = testConfig(store.url, store.prefix, {
+      controller: { port: await freePort(), inFlightBodyBytes: BUDGET_BYTES, rateLimit: { requestsPerSecond: 0 } },
+    });
     controller = new ControllerProcess(group, { name: 'controller', dir, config, workers: false });
     await controller.start();
     signals = new Queue(QUEUE_NAMES.signals, { connection: store.redis, prefix: store.prefix });
@@ -85,9 +97,14 @@ describe('a burst of big webhooks', () => {
     const answers = await Promise.all(bodies.map((body) => deliver(controller.url, body)));
     const statuses = answers.map((answer) => answer.status);
     const peak = controller.peakRssBytes();
-    console.log(`big webhooks: ${statuses.filter((status) => status === 503).length} of ${WEBHOOKS} answered 503 at first; controller RSS ${(idle / 2 ** 20).toFixed(0)} MiB idle, ${(peak / 2 ** 20).toFixed(0)} MiB at its peak`);
+    console.log(
+      `big webhooks: ${statuses.filter((status) => status === 503).length} of ${WEBHOOKS} answered 503 at first; controller RSS ${(idle / 2 ** 20).toFixed(0)} MiB idle, ${(peak / 2 ** 20).toFixed(0)} MiB at its peak`,
+    );
     expect(peak - idle).toBeLessThan(PEAK_RSS_GROWTH_LIMIT_BYTES);
-    expect(statuses.every((status) => status === 202 || status === 503), statuses.join(',')).toBe(true);
+    expect(
+      statuses.every((status) => status === 202 || status === 503),
+      statuses.join(','),
+    ).toBe(true);
     expect(statuses).toContain(202);
     expect(statuses).toContain(503);
 

@@ -35,7 +35,9 @@ function trickle(port: number, token: string, length: number): Trickler {
   });
   const closed = new Promise<void>((resolve) => socket.on('close', () => resolve()));
   socket.on('error', () => undefined);
-  socket.write(`POST /api/v1/signals HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${token}\r\nContent-Type: application/json\r\nContent-Length: ${length}\r\n\r\n[`);
+  socket.write(
+    `POST /api/v1/signals HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${token}\r\nContent-Type: application/json\r\nContent-Length: ${length}\r\n\r\n[`,
+  );
   const timer = setInterval(() => socket.writable && socket.write(' '), 100);
   return { socket, answer, closed, stop: () => clearInterval(timer) };
 }
@@ -47,7 +49,9 @@ describe('request bodies held per credential', () => {
   let port: number;
 
   beforeAll(async () => {
-    ({ controller, url } = await startController(testConfig(store.url, store.prefix, { controller: { rateLimit: { requestsPerSecond: 0 } } }), { workers: false }));
+    ({ controller, url } = await startController(testConfig(store.url, store.prefix, { controller: { rateLimit: { requestsPerSecond: 0 } } }), {
+      workers: false,
+    }));
     port = Number(new URL(url).port);
   });
 

@@ -33,7 +33,9 @@ describe('connections before authentication', () => {
   const sockets: Socket[] = [];
 
   beforeAll(async () => {
-    const config = testConfig(store.url, store.prefix, { controller: { connections: { headersTimeoutSeconds: 1, requestTimeoutSeconds: 2, maxPerClient: 8 } } });
+    const config = testConfig(store.url, store.prefix, {
+      controller: { connections: { headersTimeoutSeconds: 1, requestTimeoutSeconds: 2, maxPerClient: 8 } },
+    });
     ({ controller, url, metricsUrl } = await startController(config, { workers: false }));
     port = Number(new URL(url).port);
   });

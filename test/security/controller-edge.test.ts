@@ -53,7 +53,12 @@ const WRONG_CREDENTIALS: readonly (string | undefined)[] = [
   `Basic ${Buffer.from(`steadfast:${TEST_TOKEN}`).toString('base64')}`,
 ];
 
-async function call(url: string, method: string, path: string, options: { auth?: string | undefined; body?: string | Uint8Array<ArrayBuffer>; headers?: Record<string, string> } = {}): Promise<{ status: number; headers: Headers; body: Record<string, unknown> | undefined }> {
+async function call(
+  url: string,
+  method: string,
+  path: string,
+  options: { auth?: string | undefined; body?: string | Uint8Array<ArrayBuffer>; headers?: Record<string, string> } = {},
+): Promise<{ status: number; headers: Headers; body: Record<string, unknown> | undefined }> {
   const headers: Record<string, string> = { 'content-type': 'application/json', ...options.headers };
   if (options.auth !== undefined) headers.authorization = options.auth;
   const response = await fetch(`${url}${path}`, { method, headers, ...(options.body === undefined ? {} : { body: options.body }) });
@@ -74,7 +79,10 @@ describe('controller edge: authentication and body limits', () => {
   let signals: Queue;
 
   beforeAll(async () => {
-    ({ controller, url } = await startController(testConfig(store.url, store.prefix, { controller: { bodyLimitBytes: 16_384, rateLimit: { requestsPerSecond: 0 } } }), { workers: false }));
+    ({ controller, url } = await startController(
+      testConfig(store.url, store.prefix, { controller: { bodyLimitBytes: 16_384, rateLimit: { requestsPerSecond: 0 } } }),
+      { workers: false },
+    ));
     signals = new Queue(QUEUE_NAMES.signals, { connection: store.redis, prefix: store.prefix });
   });
   afterAll(async () => {
@@ -95,9 +103,12 @@ describe('controller edge: authentication and body limits', () => {
     expect(await signals.count()).toBe(0);
   });
 
-  it('lets the right token through on every API route (the answer is the route\'s own, never 401)', async () => {
+  it("lets the right token through on every API route (the answer is the route's own, never 401)", async () => {
     for (const route of API_ROUTES) {
-      const answer = await call(url, route.method, route.path, { auth: `Bearer ${TEST_TOKEN}`, ...(route.body === undefined ? {} : { body: JSON.stringify(route.body) }) });
+      const answer = await call(url, route.method, route.path, {
+        auth: `Bearer ${TEST_TOKEN}`,
+        ...(route.body === undefined ? {} : { body: JSON.stringify(route.body) }),
+      });
       expect(answer.status, `${route.method} ${route.path}`).not.toBe(401);
       expect(answer.status, `${route.method} ${route.path}`).toBeLessThan(500);
     }
@@ -160,7 +171,9 @@ describe('controller edge: per-client rate limit on writes', () => {
   let url: string;
 
   beforeAll(async () => {
-    ({ controller, url } = await startController(testConfig(store.url, store.prefix, { controller: { rateLimit: { requestsPerSecond: 0.2, burst: 3 } } }), { workers: false }));
+    ({ controller, url } = await startController(testConfig(store.url, store.prefix, { controller: { rateLimit: { requestsPerSecond: 0.2, burst: 3 } } }), {
+      workers: false,
+    }));
   });
   afterAll(async () => {
     await controller.close();
@@ -189,15 +202,19 @@ describe('controller edge: per-client rate limit on writes', () => {
 });
 
 describe('controller tokens', () => {
-  it('reads each role\'s credential from the environment or from a file, and refuses to run without one or with a short one', () => {
+  it("reads each role's credential from the environment or from a file, and refuses to run without one or with a short one", () => {
     const env = { STEADFAST_CONTROLLER__AUTH__OPERATOR_TOKEN: 'from-the-environment-0123' };
     expect(resolveCredentials(loadConfig({ env }).controller.auth).operator).toBe('from-the-environment-0123');
     const dir = mkdtempSync(join(tmpdir(), 'steadfast-token-'));
     try {
       writeFileSync(join(dir, 'token'), 'from-a-file-0123456789\n');
       writeFileSync(join(dir, 'short'), 'short\n');
-      expect(resolveCredentials(loadConfig({ env: { STEADFAST_CONTROLLER__AUTH__ALERTMANAGER_TOKEN_FILE: join(dir, 'token') } }).controller.auth).alertmanager).toBe('from-a-file-0123456789');
-      expect(() => resolveCredentials({ readOnlyTokenFile: join(dir, 'short') })).toThrow(/controller\.auth\.readOnlyTokenFile: the secret in .* must be at least 16 characters/);
+      expect(
+        resolveCredentials(loadConfig({ env: { STEADFAST_CONTROLLER__AUTH__ALERTMANAGER_TOKEN_FILE: join(dir, 'token') } }).controller.auth).alertmanager,
+      ).toBe('from-a-file-0123456789');
+      expect(() => resolveCredentials({ readOnlyTokenFile: join(dir, 'short') })).toThrow(
+        /controller\.auth\.readOnlyTokenFile: the secret in .* must be at least 16 characters/,
+      );
       expect(() => resolveCredentials({ agentSecretFile: join(dir, 'missing') })).toThrow(InputError);
       expect(() => resolveCredentials(loadConfig({ env: {} }).controller.auth)).toThrow(/refusing to run unauthenticated/);
       expect(() => loadConfig({ env: { STEADFAST_CONTROLLER__AUTH__OPERATOR_TOKEN: 'short' } })).toThrow(/controller\.auth\.operatorToken/);

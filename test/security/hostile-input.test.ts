@@ -62,28 +62,47 @@ describe('names at the edge', () => {
       const hostile = { ...good, labels: { ...good.labels, node: name } };
       const envelope = webhookEnvelopeSchema.parse({ version: '4', status: 'firing', receiver: 'steadfast', alerts: [good, hostile] });
       const { signals, refused } = await signalsFromWebhookAlerts(envelope, new Date());
-      expect(signals.map((signal) => signal.node), JSON.stringify(name)).toEqual(['n01']);
+      expect(
+        signals.map((signal) => signal.node),
+        JSON.stringify(name),
+      ).toEqual(['n01']);
       expect(refused).toEqual([{ index: 1, reason: expect.stringMatching(/^alerts\.1\.labels\.node: node must be 1-63 characters/) as unknown }]);
     }
   });
 
   it('refuses hostile code versions in a job spec, and launcher arguments with control characters or unknown placeholders in the configuration', () => {
-    for (const version of HOSTILE_VERSIONS) expect(() => parseJobSpec({ ...JOB, codeVersion: version }), JSON.stringify(version.slice(0, 40))).toThrow(/codeVersion/);
-    for (const version of ['v1', 'v1.2.3', 'release/2.1+cu124', 'sha256:0123abcd', 'main@2026-11-21', 'a'.repeat(128)]) expect(parseJobSpec({ ...JOB, codeVersion: version }).spec.codeVersion).toBe(version);
+    for (const version of HOSTILE_VERSIONS)
+      expect(() => parseJobSpec({ ...JOB, codeVersion: version }), JSON.stringify(version.slice(0, 40))).toThrow(/codeVersion/);
+    for (const version of ['v1', 'v1.2.3', 'release/2.1+cu124', 'sha256:0123abcd', 'main@2026-11-21', 'a'.repeat(128)])
+      expect(parseJobSpec({ ...JOB, codeVersion: version }).spec.codeVersion).toBe(version);
     for (const arg of ['train.sh\n--wrap=id', 'train\0.sh', 'train.sh\r', '\u007f']) {
-      expect(() => parseOrThrow(configSchema, { launchers: { train: { kind: 'slurm', command: ['sbatch', arg] } } }, 'config')).toThrow(/launchers\.train\.command\.1: must not contain control characters/);
-      expect(() => parseOrThrow(configSchema, { launchers: { train: { kind: 'slurm', command: ['sbatch'], replay: ['srun', arg] } } }, 'config')).toThrow(/launchers\.train\.replay\.1/);
+      expect(() => parseOrThrow(configSchema, { launchers: { train: { kind: 'slurm', command: ['sbatch', arg] } } }, 'config')).toThrow(
+        /launchers\.train\.command\.1: must not contain control characters/,
+      );
+      expect(() => parseOrThrow(configSchema, { launchers: { train: { kind: 'slurm', command: ['sbatch'], replay: ['srun', arg] } } }, 'config')).toThrow(
+        /launchers\.train\.replay\.1/,
+      );
     }
-    expect(() => parseOrThrow(configSchema, { launchers: { train: { kind: 'slurm', command: ['sbatch', '--uid={user}'] } } }, 'config')).toThrow(/may use only the placeholders \{job\}, \{nodes\}, \{nodeCount\}, \{version\}/);
+    expect(() => parseOrThrow(configSchema, { launchers: { train: { kind: 'slurm', command: ['sbatch', '--uid={user}'] } } }, 'config')).toThrow(
+      /may use only the placeholders \{job\}, \{nodes\}, \{nodeCount\}, \{version\}/,
+    );
     for (const launcher of [{ kind: 'slurm', command: ['sbatch', 'train.sh'] }, ['sbatch', 'train.sh'], 'Train!', '../bin/sh']) {
       expect(() => parseJobSpec({ ...JOB, launcher }), JSON.stringify(launcher)).toThrow(/launcher/);
     }
   });
 
   it('builds launcher argv with each value one argument, and refuses hostile values before anything runs', () => {
-    expect(launchArgv(SLURM_LAUNCHER, { job: 'llama', nodes: ['n00', 'n01'], version: 'v2' })).toEqual(['sbatch', '--job-name=llama', '--nodelist=n00,n01', 'train.sh', 'v2']);
+    expect(launchArgv(SLURM_LAUNCHER, { job: 'llama', nodes: ['n00', 'n01'], version: 'v2' })).toEqual([
+      'sbatch',
+      '--job-name=llama',
+      '--nodelist=n00,n01',
+      'train.sh',
+      'v2',
+    ]);
     // {nodeCount}: how many nodes {nodes} names (a hot-swap job's allocation shrinks as it uses spares).
-    expect(launchArgv(SLURM_LAUNCHER, { job: 'llama', nodes: ['n00', 'n01', 's02'], version: 'v2' }, ['sbatch', '--nodes={nodeCount}', '--nodelist={nodes}'])).toEqual(['sbatch', '--nodes=3', '--nodelist=n00,n01,s02']);
+    expect(
+      launchArgv(SLURM_LAUNCHER, { job: 'llama', nodes: ['n00', 'n01', 's02'], version: 'v2' }, ['sbatch', '--nodes={nodeCount}', '--nodelist={nodes}']),
+    ).toEqual(['sbatch', '--nodes=3', '--nodelist=n00,n01,s02']);
     for (const hostile of HOSTILE_STRINGS) {
       expect(() => launchArgv(SLURM_LAUNCHER, { job: hostile, nodes: ['n00'], version: 'v2' })).toThrow(/launcher \{job\}/);
       expect(() => launchArgv(SLURM_LAUNCHER, { job: 'llama', nodes: ['n00', hostile], version: 'v2' })).toThrow(/launcher \{nodes\}/);
@@ -113,7 +132,13 @@ describe('the Slurm backend with hostile names', () => {
 
   it('refuses every hostile node name in every call with DoNotRetryError, and runs no command at all', async () => {
     for (const name of HOSTILE_STRINGS) {
-      for (const call of [() => backend.drain(name, 'x'), () => backend.resume(name), () => backend.nodeState(name), () => backend.holdStandby(name), () => backend.activateStandby(name, 'llama')]) {
+      for (const call of [
+        () => backend.drain(name, 'x'),
+        () => backend.resume(name),
+        () => backend.nodeState(name),
+        () => backend.holdStandby(name),
+        () => backend.activateStandby(name, 'llama'),
+      ]) {
         expect(await rejection(call()), JSON.stringify(name.slice(0, 40))).toBeInstanceOf(DoNotRetryError);
       }
     }
@@ -141,7 +166,13 @@ describe('the Kubernetes backend with hostile names', () => {
     const refused: unknown[] = [];
     // Valid for Slurm, not for Kubernetes: node names there are lower-case DNS names.
     for (const name of [...HOSTILE_STRINGS, 'Upper-Case', 'under_score']) {
-      for (const call of [() => backend.drain(name, 'x'), () => backend.resume(name), () => backend.nodeState(name), () => backend.holdStandby(name), () => backend.activateStandby(name, 'llama')]) {
+      for (const call of [
+        () => backend.drain(name, 'x'),
+        () => backend.resume(name),
+        () => backend.nodeState(name),
+        () => backend.holdStandby(name),
+        () => backend.activateStandby(name, 'llama'),
+      ]) {
         refused.push(await rejection(call()));
       }
     }
@@ -150,7 +181,18 @@ describe('the Kubernetes backend with hostile names', () => {
       refused.push(await rejection(backend.relaunchWorkload(name, 'job-name=llama')));
       refused.push(await rejection(backend.relaunchWorkload('ml', `job-name=${name}`)));
     }
-    const hostileSelectors = ['job-name in (a,b)', 'job-name=llama,!x', 'job-name', 'a=b c=d', 'job-name=llama\n', 'job-name=', '=llama', 'Bad_Prefix/job=llama', `x=${'a'.repeat(64)}`, `${'a.'.repeat(600)}b/x=y`];
+    const hostileSelectors = [
+      'job-name in (a,b)',
+      'job-name=llama,!x',
+      'job-name',
+      'a=b c=d',
+      'job-name=llama\n',
+      'job-name=',
+      '=llama',
+      'Bad_Prefix/job=llama',
+      `x=${'a'.repeat(64)}`,
+      `${'a.'.repeat(600)}b/x=y`,
+    ];
     for (const selector of hostileSelectors) refused.push(await rejection(backend.relaunchWorkload('ml', selector)));
     expect(refused.filter((error) => !(error instanceof DoNotRetryError))).toEqual([]);
     // Not one request reached the API server.
@@ -164,7 +206,9 @@ describe('the jobs API with hostile values', () => {
   let url: string;
 
   beforeAll(async () => {
-    ({ controller, url } = await startController(testConfig(store.url, store.prefix, { controller: { rateLimit: { requestsPerSecond: 0 } } }), { workers: false }));
+    ({ controller, url } = await startController(testConfig(store.url, store.prefix, { controller: { rateLimit: { requestsPerSecond: 0 } } }), {
+      workers: false,
+    }));
     expect((await post(`${url}/api/v1/jobs`, JOB)).status).toBe(201);
   });
   afterAll(async () => {
@@ -172,7 +216,7 @@ describe('the jobs API with hostile values', () => {
     await store.cleanup();
   });
 
-  it('answers a code update with a hostile version with 400 naming the field, and keeps the job\'s version', async () => {
+  it("answers a code update with a hostile version with 400 naming the field, and keeps the job's version", async () => {
     for (const version of HOSTILE_VERSIONS.filter((text) => text.length < 50_000)) {
       const answer = await post(`${url}/api/v1/jobs/llama/code-updates`, { version, urgent: true });
       expect(answer.status, JSON.stringify(version.slice(0, 40))).toBe(400);

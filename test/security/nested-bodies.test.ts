@@ -17,12 +17,16 @@ const DEEP_WITH_NUL = `${'['.repeat(4000)}"\\u0000"${']'.repeat(4000)}`;
 /** Sends `body` as JSON with `method` (a GET with a body too, which fetch will not send); the status and the parsed answer. */
 function send(url: string, method: string, token: string, body: string): Promise<{ status: number; body: { error?: string } }> {
   return new Promise((resolve, reject) => {
-    const req = request(url, { method, headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) } }, (res) => {
-      let text = '';
-      res.setEncoding('utf8');
-      res.on('data', (chunk: string) => (text += chunk));
-      res.on('end', () => resolve({ status: res.statusCode ?? 0, body: JSON.parse(text) as { error?: string } }));
-    });
+    const req = request(
+      url,
+      { method, headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) } },
+      (res) => {
+        let text = '';
+        res.setEncoding('utf8');
+        res.on('data', (chunk: string) => (text += chunk));
+        res.on('end', () => resolve({ status: res.statusCode ?? 0, body: JSON.parse(text) as { error?: string } }));
+      },
+    );
     req.on('error', reject);
     req.end(body);
   });
@@ -34,7 +38,9 @@ describe('deeply nested bodies at the controller', () => {
   let url: string;
 
   beforeAll(async () => {
-    ({ controller, url } = await startController(testConfig(store.url, store.prefix, { controller: { rateLimit: { requestsPerSecond: 0 } } }), { workers: false }));
+    ({ controller, url } = await startController(testConfig(store.url, store.prefix, { controller: { rateLimit: { requestsPerSecond: 0 } } }), {
+      workers: false,
+    }));
   });
 
   afterAll(async () => {
@@ -72,7 +78,19 @@ describe('deeply nested bodies at the controller', () => {
   });
 
   it('takes an ordinary Alertmanager webhook and a job registration, whose nesting is far under the limit', async () => {
-    const job = { name: 'nested-ok', nodes: ['n00', 'n01'], ranksPerNode: 1, topology: { ranks: [{ rank: 0, node: 'n00' }, { rank: 1, node: 'n01' }] }, launcher: 'accept', codeVersion: 'v1' };
+    const job = {
+      name: 'nested-ok',
+      nodes: ['n00', 'n01'],
+      ranksPerNode: 1,
+      topology: {
+        ranks: [
+          { rank: 0, node: 'n00' },
+          { rank: 1, node: 'n01' },
+        ],
+      },
+      launcher: 'accept',
+      codeVersion: 'v1',
+    };
     const registered = await send(`${url}/api/v1/jobs`, 'POST', TEST_TOKEN, JSON.stringify(job));
     expect(registered.status, registered.body.error).toBe(201);
   });

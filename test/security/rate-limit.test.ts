@@ -70,6 +70,8 @@ describe('per-client token bucket', () => {
   });
 
   it('says the limit and the wait in its refusal', () => {
-    expect(rateLimitMessage({ requestsPerSecond: 50, burst: 200 }, 3)).toBe('too many requests from this client: at most 50 per second (bursts of 200); retry after 3 s');
+    expect(rateLimitMessage({ requestsPerSecond: 50, burst: 200 }, 3)).toBe(
+      'too many requests from this client: at most 50 per second (bursts of 200); retry after 3 s',
+    );
   });
 });

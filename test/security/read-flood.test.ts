@@ -19,16 +19,29 @@ describe('costly reads of the controller', () => {
   let controller: Controller;
   let url: string;
 
-  const get = async (path: string, token: string | undefined = READ_ONLY_TOKEN): Promise<{ status: number; retryAfter: string | null; body: { entries?: { ref: string }[]; error?: string } }> => {
+  const get = async (
+    path: string,
+    token: string | undefined = READ_ONLY_TOKEN,
+  ): Promise<{ status: number; retryAfter: string | null; body: { entries?: { ref: string }[]; error?: string } }> => {
     const response = await fetch(`${url}${path}`, { headers: token ? { authorization: `Bearer ${token}` } : {} });
-    return { status: response.status, retryAfter: response.headers.get('retry-after'), body: (await response.json()) as { entries?: { ref: string }[]; error?: string } };
+    return {
+      status: response.status,
+      retryAfter: response.headers.get('retry-after'),
+      body: (await response.json()) as { entries?: { ref: string }[]; error?: string },
+    };
   };
 
   beforeAll(async () => {
     ({ controller, url } = await startController(testConfig(store.url, store.prefix), { workers: false }));
     await controller.audit.append({ type: 'action', ref: 'deep-entry', summary: 'the oldest entry, written first', data: {} });
     for (let index = 0; index < ENTRIES; index += 1) {
-      await controller.audit.append({ type: 'signal', ref: `filler-${index}`, node: `n${index % 50}`, summary: `filler ${index} ${'x'.repeat(200)}`, data: {} });
+      await controller.audit.append({
+        type: 'signal',
+        ref: `filler-${index}`,
+        node: `n${index % 50}`,
+        summary: `filler ${index} ${'x'.repeat(200)}`,
+        data: {},
+      });
     }
   }, 60_000);
 

@@ -114,7 +114,16 @@ describe('Redis with a password', () => {
       const accepted = await post(`${url}/api/v1/signals`, { kind: 'xid', node: 'n01', gpu: '0000:3b:00', xid: 79, time: new Date().toISOString() });
       expect(accepted.status).toBe(202);
       // The signal's job (a batch: core/queues.ts), read with the password.
-      const { stdout } = await run('redis-cli', ['-p', String(port), '-a', PASSWORD, '--no-auth-warning', 'hget', `secured:signals:${signalBatchId([{ id: accepted.body.ids?.[0] ?? '' }])}`, 'data']);
+      const { stdout } = await run('redis-cli', [
+        '-p',
+        String(port),
+        '-a',
+        PASSWORD,
+        '--no-auth-warning',
+        'hget',
+        `secured:signals:${signalBatchId([{ id: accepted.body.ids?.[0] ?? '' }])}`,
+        'data',
+      ]);
       expect(stdout).toContain(accepted.body.ids?.[0] ?? 'no id');
     } finally {
       await controller.close();
@@ -134,11 +143,42 @@ describe('Redis over TLS', () => {
     await run('openssl', ['req', '-x509', ...ec, '-keyout', join(dir, 'ca.key'), '-out', caFile, '-days', '2', '-subj', '/CN=steadfast-test-ca']);
     await run('openssl', ['req', ...ec, '-keyout', join(dir, 'server.key'), '-out', join(dir, 'server.csr'), '-subj', '/CN=127.0.0.1']);
     writeFileSync(join(dir, 'san.cnf'), 'subjectAltName=IP:127.0.0.1,DNS:localhost\n');
-    await run('openssl', ['x509', '-req', '-in', join(dir, 'server.csr'), '-CA', caFile, '-CAkey', join(dir, 'ca.key'), '-CAcreateserial', '-out', join(dir, 'server.crt'), '-days', '2', '-extfile', join(dir, 'san.cnf')]);
+    await run('openssl', [
+      'x509',
+      '-req',
+      '-in',
+      join(dir, 'server.csr'),
+      '-CA',
+      caFile,
+      '-CAkey',
+      join(dir, 'ca.key'),
+      '-CAcreateserial',
+      '-out',
+      join(dir, 'server.crt'),
+      '-days',
+      '2',
+      '-extfile',
+      join(dir, 'san.cnf'),
+    ]);
     port = await freePort();
     await startRedisServer(
       'redis-tls',
-      ['--port', '0', '--tls-port', String(port), '--tls-cert-file', join(dir, 'server.crt'), '--tls-key-file', join(dir, 'server.key'), '--tls-ca-cert-file', caFile, '--tls-auth-clients', 'no', '--requirepass', PASSWORD],
+      [
+        '--port',
+        '0',
+        '--tls-port',
+        String(port),
+        '--tls-cert-file',
+        join(dir, 'server.crt'),
+        '--tls-key-file',
+        join(dir, 'server.key'),
+        '--tls-ca-cert-file',
+        caFile,
+        '--tls-auth-clients',
+        'no',
+        '--requirepass',
+        PASSWORD,
+      ],
       ['--tls', '--cacert', caFile, '-p', String(port), '-a', PASSWORD],
     );
   });
@@ -166,7 +206,15 @@ describe('Redis settings', () => {
   });
 
   it('validates the redis section: a real URL, one place for the password, TLS settings only with rediss://', () => {
-    expect(loadConfig({ env: { STEADFAST_REDIS__PASSWORD_FILE: '/etc/steadfast/redis-password', STEADFAST_REDIS__TLS__CA_FILE: '/etc/ca.pem', STEADFAST_REDIS__URL: 'rediss://redis:6380' } }).redis).toEqual({
+    expect(
+      loadConfig({
+        env: {
+          STEADFAST_REDIS__PASSWORD_FILE: '/etc/steadfast/redis-password',
+          STEADFAST_REDIS__TLS__CA_FILE: '/etc/ca.pem',
+          STEADFAST_REDIS__URL: 'rediss://redis:6380',
+        },
+      }).redis,
+    ).toEqual({
       url: 'rediss://redis:6380',
       prefix: 'steadfast',
       passwordFile: '/etc/steadfast/redis-password',
@@ -175,7 +223,9 @@ describe('Redis settings', () => {
       replicaAckTimeoutMs: 1000,
       retentionBudgetMB: 1024,
     });
-    expect(() => loadConfig({ env: { STEADFAST_REDIS__URL: 'redis://:secret@redis:6379', STEADFAST_REDIS__PASSWORD_FILE: '/x' } })).toThrow(/redis\.passwordFile: give the password in the URL or in passwordFile, not both/);
+    expect(() => loadConfig({ env: { STEADFAST_REDIS__URL: 'redis://:secret@redis:6379', STEADFAST_REDIS__PASSWORD_FILE: '/x' } })).toThrow(
+      /redis\.passwordFile: give the password in the URL or in passwordFile, not both/,
+    );
     expect(() => loadConfig({ env: { STEADFAST_REDIS__TLS__CA_FILE: '/etc/ca.pem' } })).toThrow(/redis\.tls: tls settings need a rediss:\/\/ URL/);
     expect(() => loadConfig({ env: { STEADFAST_REDIS__URL: 'redis://[::1' } })).toThrow(/redis\.url: is not a valid URL/);
     expect(() => loadConfig({ env: { STEADFAST_REDIS__URL: 'http://redis:6379' } })).toThrow(/redis\.url/);
@@ -189,16 +239,39 @@ describe('Redis settings', () => {
     };
     expect(() => loadConfig({ file: write({ sentinels: [{ host: 'a', port: 26379 }] }), env: {} })).toThrow(/redis\.name: sentinels and name go together/);
     expect(() => loadConfig({ file: write({ name: 'mymaster' }), env: {} })).toThrow(/redis\.name: sentinels and name go together/);
-    expect(() => loadConfig({ file: write({ sentinelPasswordFile: '/x' }), env: {} })).toThrow(/redis\.sentinelPasswordFile: sentinelPasswordFile needs sentinels/);
-    expect(() => loadConfig({ file: write({ sentinels: [{ host: 'a', port: 0 }], name: 'm' }), env: {} })).toThrow(/redis\.sentinels\.0\.port: must be a port number/);
+    expect(() => loadConfig({ file: write({ sentinelPasswordFile: '/x' }), env: {} })).toThrow(
+      /redis\.sentinelPasswordFile: sentinelPasswordFile needs sentinels/,
+    );
+    expect(() => loadConfig({ file: write({ sentinels: [{ host: 'a', port: 0 }], name: 'm' }), env: {} })).toThrow(
+      /redis\.sentinels\.0\.port: must be a port number/,
+    );
     expect(() => loadConfig({ file: write({ sentinels: [], name: 'm' }), env: {} })).toThrow(/redis\.sentinels/);
     expect(() => loadConfig({ file: write({ minReplicasAcked: -1 }), env: {} })).toThrow(/redis\.minReplicasAcked/);
 
-    const config = loadConfig({ file: write({ sentinels: [{ host: 's1', port: 26379 }, { host: 's2', port: 26380 }], name: 'mymaster', sentinelPasswordFile: secretFile('sentinel.txt', 'sentinel-secret\n') }), env: {} });
+    const config = loadConfig({
+      file: write({
+        sentinels: [
+          { host: 's1', port: 26379 },
+          { host: 's2', port: 26380 },
+        ],
+        name: 'mymaster',
+        sentinelPasswordFile: secretFile('sentinel.txt', 'sentinel-secret\n'),
+      }),
+      env: {},
+    });
     const { options } = redisConnectionOptions(config.redis);
-    expect(options).toMatchObject({ sentinels: [{ host: 's1', port: 26379 }, { host: 's2', port: 26380 }], name: 'mymaster', sentinelPassword: 'sentinel-secret' });
+    expect(options).toMatchObject({
+      sentinels: [
+        { host: 's1', port: 26379 },
+        { host: 's2', port: 26380 },
+      ],
+      name: 'mymaster',
+      sentinelPassword: 'sentinel-secret',
+    });
     expect(describeRedis(config.redis)).toBe('primary of "mymaster" from sentinels s1:26379, s2:26380');
-    expect(() => redisConnectionOptions({ ...config.redis, sentinelPasswordFile: secretFile('blank.txt', '\n') })).toThrow(/redis\.sentinelPasswordFile: .* is empty/);
+    expect(() => redisConnectionOptions({ ...config.redis, sentinelPasswordFile: secretFile('blank.txt', '\n') })).toThrow(
+      /redis\.sentinelPasswordFile: .* is empty/,
+    );
   });
 
   it('keeps the password out of what it logs', () => {

@@ -88,7 +88,12 @@ describe('Redis bytes of signals whose size their senders choose', () => {
       const alerts = Array.from({ length: 16 }, (_, index) => {
         const labels: Record<string, string> = { alertname: 'FleetLabelHeavy', node: `node-${index}` };
         while (Object.keys(labels).length < LABELS_MAX) labels[`extra_${Object.keys(labels).length}`] = '\u0001'.repeat(Math.floor(LABEL_VALUE_MAX_BYTES / 6));
-        return { status: 'firing', labels, annotations: { summary: 'labels at their bounds' }, startsAt: new Date(start + request * 1000 + index).toISOString() };
+        return {
+          status: 'firing',
+          labels,
+          annotations: { summary: 'labels at their bounds' },
+          startsAt: new Date(start + request * 1000 + index).toISOString(),
+        };
       });
       const answer = await post(`${url}/api/v1/alerts`, { version: '4', status: 'firing', receiver: 'steadfast-controller', alerts }, ALERTMANAGER_TOKEN);
       expect(answer.status, JSON.stringify(answer.body)).toBe(202);
@@ -127,7 +132,9 @@ describe('Redis bytes of signals whose size their senders choose', () => {
     const start = Date.now() - 30_000;
     for (let request = 0; request < 8; request += 1) {
       const alerts = [{ labels: { alertname: 'FleetSmall', node: 'node-4' }, startsAt: new Date(start + request).toISOString() }];
-      expect((await post(`${url}/api/v1/alerts`, { version: '4', status: 'firing', receiver: 'steadfast-controller', alerts }, ALERTMANAGER_TOKEN)).status).toBe(202);
+      expect(
+        (await post(`${url}/api/v1/alerts`, { version: '4', status: 'firing', receiver: 'steadfast-controller', alerts }, ALERTMANAGER_TOKEN)).status,
+      ).toBe(202);
     }
     await until('every signal job finished', unfinished, (left) => left === 0, 30_000);
     const ledger = store.keys.signalsKept('completed');
@@ -149,9 +156,19 @@ describe('Redis bytes of signals whose size their senders choose', () => {
     try {
       // Never stored by the intake: the worker refuses these for good (an invalid signal).
       await queue.add('signals', { signals: [{ id: 'small', note: 'x'.repeat(20_000) }] }, { ...options, jobId: 'failed-small' });
-      await until('the small job failed and weighed', () => store.redis.hget(store.keys.signalsKept('failed').bytes, 'failed-small'), (bytes) => bytes !== null, 30_000);
+      await until(
+        'the small job failed and weighed',
+        () => store.redis.hget(store.keys.signalsKept('failed').bytes, 'failed-small'),
+        (bytes) => bytes !== null,
+        30_000,
+      );
       await queue.add('signals', { signals: [{ id: 'big', note: 'x'.repeat(share) }] }, { ...options, jobId: 'failed-big' });
-      await until('the big job failed and removed', () => store.redis.exists(queueKey('failed-big')), (exists) => exists === 0, 30_000);
+      await until(
+        'the big job failed and removed',
+        () => store.redis.exists(queueKey('failed-big')),
+        (exists) => exists === 0,
+        30_000,
+      );
       expect(await store.redis.zrange(queueKey('failed'), '0', '-1')).not.toContain('failed-big');
       expect(Number(await store.redis.get(store.keys.signalsKept('failed').total))).toBeLessThanOrEqual(share);
     } finally {

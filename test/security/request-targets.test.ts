@@ -7,7 +7,16 @@ import { roleHasScope, ROUTE_SCOPES, type RouteScope } from '../../controller/in
 import { requestTargetProblem } from '../../controller/intake/request-target.js';
 import type { Controller } from '../../controller/service.js';
 import type { Role } from '../../core/credentials.js';
-import { ALERTMANAGER_TOKEN, READ_ONLY_TOKEN, TEST_LAUNCHER, TEST_TOKEN, agentToken, startController, testConfig, xidAlertPayload } from '../support/controller.js';
+import {
+  ALERTMANAGER_TOKEN,
+  READ_ONLY_TOKEN,
+  TEST_LAUNCHER,
+  TEST_TOKEN,
+  agentToken,
+  startController,
+  testConfig,
+  xidAlertPayload,
+} from '../support/controller.js';
 import { testRedis } from '../support/redis.js';
 
 /**
@@ -43,7 +52,16 @@ function body(route: RouteScope): unknown {
   const now = new Date().toISOString();
   switch (`${route.method} ${route.path}`) {
     case 'POST /api/v1/alerts':
-      return xidAlertPayload({ alerts: [{ status: 'firing', labels: { alertname: 'SteadfastXidFatal', node: 'n01', pci_bus_id: '0000:3a:00', xid: '79', severity: 'critical' }, annotations: {}, startsAt: now }] });
+      return xidAlertPayload({
+        alerts: [
+          {
+            status: 'firing',
+            labels: { alertname: 'SteadfastXidFatal', node: 'n01', pci_bus_id: '0000:3a:00', xid: '79', severity: 'critical' },
+            annotations: {},
+            startsAt: now,
+          },
+        ],
+      });
     case 'POST /api/v1/signals':
       return { kind: 'xid', node: 'n00', gpu: '0000:3a:00', xid: 13, message: 'Graphics Exception', time: now };
     case 'POST /api/v1/standby/:node/self-check':
@@ -76,7 +94,11 @@ const MUTATIONS: readonly { readonly name: string; readonly apply: (path: string
   { name: 'upper case', apply: (path) => path.toUpperCase(), plain: true },
   { name: 'a query', apply: (path) => `${path}?limit=5`, plain: true },
   { name: 'a fragment naming another route', apply: (path, other) => `${path}#${other}`, plain: false },
-  { name: 'a fragment in the middle', apply: (path, other) => `${path.slice(0, path.lastIndexOf('/') + 1)}#${other.slice(other.lastIndexOf('/'))}`, plain: false },
+  {
+    name: 'a fragment in the middle',
+    apply: (path, other) => `${path.slice(0, path.lastIndexOf('/') + 1)}#${other.slice(other.lastIndexOf('/'))}`,
+    plain: false,
+  },
   { name: 'a backslash', apply: (path) => path.replace(/\/([^/]*)$/, '\\$1'), plain: false },
   { name: 'a backslash before a fragment', apply: (path, other) => `${path.replace(/\/([^/]*)$/, '\\$1')}#${other}`, plain: false },
   { name: 'an encoded slash', apply: (path) => path.replace(/\/([^/]*)$/, '%2F$1'), plain: false },
@@ -98,12 +120,24 @@ interface Answer {
 function send(port: number, method: string, target: string, token: string | undefined, payload: unknown): Promise<Answer> {
   return new Promise((resolve, reject) => {
     const text = payload === undefined ? undefined : JSON.stringify(payload);
-    const req = request({ host: '127.0.0.1', port, method, path: target, headers: { ...(token ? { authorization: `Bearer ${token}` } : {}), ...(text ? { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) } : {}) } }, (res) => {
-      let data = '';
-      res.setEncoding('utf8');
-      res.on('data', (chunk: string) => (data += chunk));
-      res.on('end', () => resolve({ status: res.statusCode ?? 0, body: data.startsWith('{') ? (JSON.parse(data) as Answer['body']) : {} }));
-    });
+    const req = request(
+      {
+        host: '127.0.0.1',
+        port,
+        method,
+        path: target,
+        headers: {
+          ...(token ? { authorization: `Bearer ${token}` } : {}),
+          ...(text ? { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) } : {}),
+        },
+      },
+      (res) => {
+        let data = '';
+        res.setEncoding('utf8');
+        res.on('data', (chunk: string) => (data += chunk));
+        res.on('end', () => resolve({ status: res.statusCode ?? 0, body: data.startsWith('{') ? (JSON.parse(data) as Answer['body']) : {} }));
+      },
+    );
     req.on('error', reject);
     req.end(text);
   });
@@ -118,7 +152,13 @@ describe('request targets and route scopes on the real controller', () => {
   async function resetJob(): Promise<void> {
     const existing = await send(port, 'GET', `/api/v1/jobs/${JOB}`, TEST_TOKEN, undefined);
     if (existing.status === 200) return;
-    const created = await send(port, 'POST', '/api/v1/jobs', TEST_TOKEN, { name: JOB, nodes: NODES, ranksPerNode: 1, launcher: TEST_LAUNCHER, codeVersion: 'v1' });
+    const created = await send(port, 'POST', '/api/v1/jobs', TEST_TOKEN, {
+      name: JOB,
+      nodes: NODES,
+      ranksPerNode: 1,
+      launcher: TEST_LAUNCHER,
+      codeVersion: 'v1',
+    });
     expect(created.status).toBe(201);
   }
 
@@ -150,7 +190,15 @@ describe('request targets and route scopes on the real controller', () => {
   });
 
   it('refuses with 400 the targets a router reads otherwise, and lets plain paths through', () => {
-    for (const target of ['/api/v1/jobs/#/checkpoints', '/api/v1/jobs/j2\\code-updates#/checkpoints', '/api/v1/jobs/j2%2Fcode-updates', '/api/v1/jobs/j2/../jobs', 'http://x/api/v1/jobs', '*', '//api/v1/jobs']) {
+    for (const target of [
+      '/api/v1/jobs/#/checkpoints',
+      '/api/v1/jobs/j2\\code-updates#/checkpoints',
+      '/api/v1/jobs/j2%2Fcode-updates',
+      '/api/v1/jobs/j2/../jobs',
+      'http://x/api/v1/jobs',
+      '*',
+      '//api/v1/jobs',
+    ]) {
       expect(requestTargetProblem(target), target).toBeDefined();
     }
     for (const target of ['/api/v1/jobs/llama-7b/checkpoints', '/api/v1/audit?ref=a%2Fb', '/healthz', '/api/v1/jobs/v1.2']) {
@@ -159,7 +207,13 @@ describe('request targets and route scopes on the real controller', () => {
   });
 
   it('refuses the two smuggled requests that once registered a job and relaunched another with an agent token', async () => {
-    const evilJob = await send(port, 'POST', '/api/v1/jobs/#/checkpoints', agentToken('n00'), { name: 'evil', nodes: ['n05'], ranksPerNode: 1, launcher: TEST_LAUNCHER, codeVersion: 'v1' });
+    const evilJob = await send(port, 'POST', '/api/v1/jobs/#/checkpoints', agentToken('n00'), {
+      name: 'evil',
+      nodes: ['n05'],
+      ranksPerNode: 1,
+      launcher: TEST_LAUNCHER,
+      codeVersion: 'v1',
+    });
     expect(evilJob.status).toBe(400);
     expect(evilJob.body.error).toMatch(/must not contain "#"/);
     const relaunch = await send(port, 'POST', `/api/v1/jobs/${JOB}\\code-updates#/checkpoints`, agentToken('n00'), { version: 'pwned', urgent: true });
@@ -205,7 +259,8 @@ describe('request targets and route scopes on the real controller', () => {
             expect(answer.status, label).toBe(400);
             return;
           }
-          if (answer.status >= 200 && answer.status < 300) expect(credential.role !== undefined && roleHasScope(credential.role, route.scope), label).toBe(true);
+          if (answer.status >= 200 && answer.status < 300)
+            expect(credential.role !== undefined && roleHasScope(credential.role, route.scope), label).toBe(true);
           // A refusal names the scope of the route the target reached: its own, never another's.
           if (answer.status === 403) expect(answer.body.scope, label).toBe(route.scope);
         },

@@ -22,8 +22,17 @@ interface Answer {
  * POSTs to `path` with a Content-Length of `declared` bytes and sends `first` only, keeping the
  * rest back until `rest` is called; resolves with the answer, whenever it comes.
  */
-function postPartly(url: string, path: string, token: string, declared: number, first: string): { answer: Promise<Answer>; rest: (text: string) => void; cut: () => void } {
-  const req = request(`${url}${path}`, { method: 'POST', headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json', 'content-length': declared } });
+function postPartly(
+  url: string,
+  path: string,
+  token: string,
+  declared: number,
+  first: string,
+): { answer: Promise<Answer>; rest: (text: string) => void; cut: () => void } {
+  const req = request(`${url}${path}`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json', 'content-length': declared },
+  });
   const answer = new Promise<Answer>((resolve, reject) => {
     req.on('response', (res) => {
       let text = '';
@@ -43,7 +52,9 @@ describe('the scope check before the body', () => {
   let url: string;
 
   beforeAll(async () => {
-    ({ controller, url } = await startController(testConfig(store.url, store.prefix, { controller: { rateLimit: { requestsPerSecond: 0 } } }), { workers: false }));
+    ({ controller, url } = await startController(testConfig(store.url, store.prefix, { controller: { rateLimit: { requestsPerSecond: 0 } } }), {
+      workers: false,
+    }));
   });
 
   afterAll(async () => {

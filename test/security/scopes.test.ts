@@ -2,7 +2,16 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AuditEntry } from '../../core/audit.js';
 import { agentTokenFor } from '../../core/credentials.js';
 import type { Controller } from '../../controller/service.js';
-import { ALERTMANAGER_TOKEN, READ_ONLY_TOKEN, TEST_LAUNCHER, TEST_TOKEN, agentToken, startController, testConfig, xidAlertPayload } from '../support/controller.js';
+import {
+  ALERTMANAGER_TOKEN,
+  READ_ONLY_TOKEN,
+  TEST_LAUNCHER,
+  TEST_TOKEN,
+  agentToken,
+  startController,
+  testConfig,
+  xidAlertPayload,
+} from '../support/controller.js';
 import { testRedis } from '../support/redis.js';
 import { until } from '../support/until.js';
 
@@ -68,7 +77,10 @@ describe('scoped credentials on the real controller', () => {
 
   it('lets each role through on the routes of its scope', async () => {
     const [alert] = xidAlertPayload().alerts as Record<string, unknown>[];
-    const resolvedAlert = xidAlertPayload({ status: 'resolved', alerts: [{ ...alert, status: 'resolved', labels: { ...(alert?.labels as object), node: 'node-8' } }] });
+    const resolvedAlert = xidAlertPayload({
+      status: 'resolved',
+      alerts: [{ ...alert, status: 'resolved', labels: { ...(alert?.labels as object), node: 'node-8' } }],
+    });
     const allowed: [string, string, string, unknown, number][] = [
       [READ_ONLY_TOKEN, 'GET', '/api/v1/audit?limit=1', undefined, 200],
       [READ_ONLY_TOKEN, 'GET', '/api/v1/jobs', undefined, 200],
@@ -108,7 +120,9 @@ describe('scoped credentials on the real controller', () => {
       expect(answer.body).toMatchObject({ role, scope });
     }
     expect(await forbiddenCount()).toBe(before + refused.length);
-    const entries = await until('the refusals audited', accessEntries, (found) => refused.every(([, role, method, path]) => found.some((entry) => entry.actor?.role === role && entry.data.method === method && entry.data.path === path)));
+    const entries = await until('the refusals audited', accessEntries, (found) =>
+      refused.every(([, role, method, path]) => found.some((entry) => entry.actor?.role === role && entry.data.method === method && entry.data.path === path)),
+    );
     const jobsRefusal = entries.find((entry) => entry.actor?.role === 'read-only' && entry.data.path === '/api/v1/jobs');
     expect(jobsRefusal).toMatchObject({ type: 'access', actor: { role: 'read-only' }, data: { method: 'POST', path: '/api/v1/jobs', scope: 'operate' } });
     expect(jobsRefusal?.summary).toBe('refused read-only: POST /api/v1/jobs (role read-only may not POST /api/v1/jobs: it needs scope "operate")');
@@ -131,7 +145,14 @@ describe('scoped credentials on the real controller', () => {
     expect(foreignJob.status).toBe(403);
     expect(foreignJob.body.error).toBe('agent node-7 may not POST /api/v1/jobs/scoped/checkpoints: job scoped does not run on node-7');
 
-    const entries = await until('the refusals audited', accessEntries, (found) => found.filter((entry) => entry.actor?.node === 'node-1' && entry.data.scope !== 'read' && entry.data.scope !== 'alerts' && entry.data.scope !== 'operate').length >= 4);
+    const entries = await until(
+      'the refusals audited',
+      accessEntries,
+      (found) =>
+        found.filter(
+          (entry) => entry.actor?.node === 'node-1' && entry.data.scope !== 'read' && entry.data.scope !== 'alerts' && entry.data.scope !== 'operate',
+        ).length >= 4,
+    );
     const signalRefusal = entries.find((entry) => entry.actor?.node === 'node-1' && entry.data.path === '/api/v1/signals');
     expect(signalRefusal).toMatchObject({ node: 'node-1', actor: { role: 'agent', node: 'node-1' }, data: { method: 'POST', scope: 'signals' } });
     expect(entries.some((entry) => entry.actor?.node === 'node-1' && entry.data.path === '/api/v1/standby/node-2/self-check')).toBe(true);
@@ -156,7 +177,8 @@ describe('scoped credentials on the real controller', () => {
   it('records who caused a drain: the agent and its node for a fast-path signal, Alertmanager for an alert', async () => {
     expect((await call(agentToken('node-5'), 'POST', '/api/v1/signals', xid('node-5'))).status).toBe(202);
     expect((await call(ALERTMANAGER_TOKEN, 'POST', '/api/v1/alerts', xidAlertPayload())).status).toBe(202);
-    const drained = (node: string) => (entries: AuditEntry[]) => entries.some((entry) => entry.type === 'action' && entry.node === node && entry.data.state === 'done');
+    const drained = (node: string) => (entries: AuditEntry[]) =>
+      entries.some((entry) => entry.type === 'action' && entry.node === node && entry.data.state === 'done');
     const all = () => controller.audit.read({ limit: 10_000 });
     await until('both drains done', all, (entries) => drained('node-5')(entries) && drained('node-3')(entries));
     const entries = await all();
@@ -178,7 +200,11 @@ describe('scoped credentials on the real controller', () => {
       expect((await call(flooder, 'GET', '/api/v1/audit')).status).toBe(403);
     }
     expect(await forbiddenCount()).toBe(before + attempts);
-    const audited = await until('the first refusals audited', accessEntries, (found) => found.filter((entry) => entry.actor?.node === 'flood-node').length >= 10);
+    const audited = await until(
+      'the first refusals audited',
+      accessEntries,
+      (found) => found.filter((entry) => entry.actor?.node === 'flood-node').length >= 10,
+    );
     expect(audited.filter((entry) => entry.actor?.node === 'flood-node').length).toBeLessThan(attempts);
   });
 });

@@ -111,9 +111,16 @@ describe('token reviews a stranger can cause', () => {
   async function flood(base: string, count: number, from: readonly string[]): Promise<Answer[]> {
     const answered: Answer[] = [];
     flooding = Array.from({ length: count }, (_, index) =>
-      call(`${base}/api/v1/jobs`, { token: projectedToken({ bound: { podUid: randomUUID() } }), from: from[index % from.length] }).then((answer) => (answered.push(answer), answer)),
+      call(`${base}/api/v1/jobs`, { token: projectedToken({ bound: { podUid: randomUUID() } }), from: from[index % from.length] }).then(
+        (answer) => (answered.push(answer), answer),
+      ),
     );
-    await until('every flooding request to be answered or held by the API server', async () => answered.length + held.length, (total) => total === count, 60_000);
+    await until(
+      'every flooding request to be answered or held by the API server',
+      async () => answered.length + held.length,
+      (total) => total === count,
+      60_000,
+    );
     return answered;
   }
 
@@ -125,13 +132,19 @@ describe('token reviews a stranger can cause', () => {
     expect((await call(`${base}/api/v1/signals`, { token: agent, body: xid('gpu-a01') })).status).toBe(202);
 
     // Ten tokens from each address: within each one's burst, so the per-address rate holds none back.
-    const answered = await flood(base, 300, Array.from({ length: 30 }, (_, index) => `127.0.0.${index + 2}`));
+    const answered = await flood(
+      base,
+      300,
+      Array.from({ length: 30 }, (_, index) => `127.0.0.${index + 2}`),
+    );
     const renewed = await call(`${base}/api/v1/signals`, { token: agent, body: xid('gpu-a01') });
     expect(renewed.status, JSON.stringify(renewed.body)).toBe(202);
     // Unknown tokens hold at most 192 of the 256 reviews; the rest wait for tokens found good.
     expect(held.length).toBe(192);
     expect(answered).toHaveLength(108);
-    expect(new Set(answered.map((answer) => `${answer.status} ${answer.body.error}`))).toEqual(new Set(['503 credentials could not be checked now; retry later']));
+    expect(new Set(answered.map((answer) => `${answer.status} ${answer.body.error}`))).toEqual(
+      new Set(['503 credentials could not be checked now; retry later']),
+    );
   });
 
   it('answers 429 to an address past its rate of unknown tokens, so that its flood holds only its burst of reviews and a new agent elsewhere is reviewed at once', async () => {
@@ -170,12 +183,22 @@ describe('token reviews a stranger can cause', () => {
     const leaving = request(`${base}/api/v1/jobs`, { agent: false, headers: { authorization: `Bearer ${projectedToken()}` } });
     leaving.on('error', () => undefined);
     leaving.end();
-    await until('the review to reach the API server', async () => held.length, (count) => count === 1, 10_000);
+    await until(
+      'the review to reach the API server',
+      async () => held.length,
+      (count) => count === 1,
+      10_000,
+    );
     leaving.destroy();
-    await until('the controller to abandon the review', async () => abandoned, (count) => count === 1, 10_000);
+    await until(
+      'the controller to abandon the review',
+      async () => abandoned,
+      (count) => count === 1,
+      10_000,
+    );
   });
 
-  it("tells a sender nothing of what the API server said, logs it instead, and refuses a refused token again without asking for refusedCacheSeconds", async () => {
+  it('tells a sender nothing of what the API server said, logs it instead, and refuses a refused token again without asking for refusedCacheSeconds', async () => {
     const base = await start({});
     const failing = projectedToken({ bound: { node: 'gpu-a03' } });
     api.load([tokenReview(failing, { status: 500, message: 'etcdserver: request timed out' })]);
@@ -183,7 +206,9 @@ describe('token reviews a stranger can cause', () => {
     expect(unchecked.status).toBe(503);
     expect(unchecked.headers['retry-after']).toBe('5');
     expect(unchecked.body).toEqual({ error: 'credentials could not be checked now; retry later' });
-    expect(logs.find((line) => line.msg === 'a token could not be checked; answered 503')?.reason).toBe('the Kubernetes API server failed to review the token; HTTP 500: etcdserver: request timed out');
+    expect(logs.find((line) => line.msg === 'a token could not be checked; answered 503')?.reason).toBe(
+      'the Kubernetes API server failed to review the token; HTTP 500: etcdserver: request timed out',
+    );
     api.verify();
 
     const revoked = projectedToken({ bound: { node: 'gpu-a03' } });
@@ -209,6 +234,8 @@ describe('token reviews a stranger can cause', () => {
     const answer = await call(`${base}/api/v1/signals`, { token, body: xid('gpu-a04') });
     expect(answer.status).toBe(401);
     expect(answer.body).toEqual({ error: 'invalid bearer token' });
-    expect(logs.find((line) => line.msg === 'a token was refused; answered 401')?.reason).toMatch(/^the Kubernetes API server's TokenReview answer is malformed \(status\.authenticated: .*boolean.*\); the token is refused$/);
+    expect(logs.find((line) => line.msg === 'a token was refused; answered 401')?.reason).toMatch(
+      /^the Kubernetes API server's TokenReview answer is malformed \(status\.authenticated: .*boolean.*\); the token is refused$/,
+    );
   });
 });

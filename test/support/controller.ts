@@ -41,13 +41,20 @@ export function testConfig(redisUrl: string, prefix: string, overrides: Partial<
 }
 
 /** Starts a controller; `url` is its API, `metricsUrl` its metrics listener. */
-export async function startController(config: Config, options: { workers?: boolean } = {}): Promise<{ controller: Controller; url: string; metricsUrl: string }> {
+export async function startController(
+  config: Config,
+  options: { workers?: boolean } = {},
+): Promise<{ controller: Controller; url: string; metricsUrl: string }> {
   const controller = new Controller({ config, logger: silentLogger(), workers: options.workers ?? true });
   const { port, metricsPort } = await controller.start();
   return { controller, url: `http://127.0.0.1:${port}`, metricsUrl: `http://127.0.0.1:${metricsPort}` };
 }
 
-export async function post(url: string, body: unknown, token: string | null = TEST_TOKEN): Promise<{ status: number; body: { error?: string; accepted?: number; ids?: string[] }; headers: Headers }> {
+export async function post(
+  url: string,
+  body: unknown,
+  token: string | null = TEST_TOKEN,
+): Promise<{ status: number; body: { error?: string; accepted?: number; ids?: string[] }; headers: Headers }> {
   const response = await fetch(url, {
     method: 'POST',
     headers: { 'content-type': 'application/json', ...(token ? { authorization: `Bearer ${token}` } : {}) },

@@ -14,7 +14,8 @@ export default class DurationsReporter implements Reporter {
     const totals = new Map<string, number>();
     for (const row of rows) totals.set(row.pool, (totals.get(row.pool) ?? 0) + row.ms);
     const lines = ['', `test file durations (${rows.length} files, slowest first):`];
-    for (const row of rows) lines.push(`  ${(row.ms / 1000).toFixed(1).padStart(7)} s  ${row.pool.padEnd(8)}  ${row.file}${row.state === 'passed' ? '' : `  [${row.state}]`}`);
+    for (const row of rows)
+      lines.push(`  ${(row.ms / 1000).toFixed(1).padStart(7)} s  ${row.pool.padEnd(8)}  ${row.file}${row.state === 'passed' ? '' : `  [${row.state}]`}`);
     lines.push(`  pools: ${[...totals].map(([pool, ms]) => `${pool} ${(ms / 1000).toFixed(0)} s`).join(', ')}`);
     process.stdout.write(`${lines.join('\n')}\n`);
   }

@@ -92,7 +92,15 @@ export async function startKubeApi(token = 'steadfast-test-token', tls?: { key: 
   const servedCount = new Map<string, number>();
   let reviewAnswer: ReviewAnswer | undefined;
 
-  function mismatch(expected: RecordedExchange | undefined, method: string, path: string, query: Record<string, string>, contentType: string | undefined, body: unknown, auth: string | undefined): string | undefined {
+  function mismatch(
+    expected: RecordedExchange | undefined,
+    method: string,
+    path: string,
+    query: Record<string, string>,
+    contentType: string | undefined,
+    body: unknown,
+    auth: string | undefined,
+  ): string | undefined {
     const got = requestLine(method, path, query);
     if (!expected) return `unexpected request ${got}: no exchange left`;
     const want = expected.request;
@@ -171,7 +179,9 @@ export async function startKubeApi(token = 'steadfast-test-token', tls?: { key: 
       reviewAnswer = answer;
     },
     verify() {
-      const left = pending.map((exchange) => `unconsumed exchange ${requestLine(exchange.request.method, exchange.request.path, exchange.request.query ?? {})}`);
+      const left = pending.map(
+        (exchange) => `unconsumed exchange ${requestLine(exchange.request.method, exchange.request.path, exchange.request.query ?? {})}`,
+      );
       const all = [...problems, ...left];
       pending = [];
       problems = [];
@@ -195,7 +205,25 @@ export async function startKubeApi(token = 'steadfast-test-token', tls?: { key: 
 export async function startKubeApiOverTls(dir: string): Promise<{ api: KubeApiStandIn; caFile: string; tokenFile: string }> {
   const key = join(dir, 'key.pem');
   const caFile = join(dir, 'cert.pem');
-  await promisify(execFile)('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', key, '-out', caFile, '-days', '1', '-subj', '/CN=127.0.0.1', '-addext', 'subjectAltName=IP:127.0.0.1']);
+  await promisify(execFile)('openssl', [
+    'req',
+    '-x509',
+    '-newkey',
+    'ec',
+    '-pkeyopt',
+    'ec_paramgen_curve:prime256v1',
+    '-nodes',
+    '-keyout',
+    key,
+    '-out',
+    caFile,
+    '-days',
+    '1',
+    '-subj',
+    '/CN=127.0.0.1',
+    '-addext',
+    'subjectAltName=IP:127.0.0.1',
+  ]);
   const api = await startKubeApi(undefined, { key: readFileSync(key, 'utf8'), cert: readFileSync(caFile, 'utf8') });
   const tokenFile = join(dir, 'token');
   writeFileSync(tokenFile, api.token, { mode: 0o600 });

@@ -44,14 +44,23 @@ export function projectedToken(options: { audiences?: string[]; expiresInSeconds
 }
 
 /** The TokenReview the controller sends for `token`, and the API server's answer (authentication.k8s.io/v1, as a 1.30+ server writes it). */
-export function tokenReview(token: string, answer: { username?: string; bound?: Bound; audiences?: string[] } | { error: string } | { status: number; message: string }): RecordedExchange {
+export function tokenReview(
+  token: string,
+  answer: { username?: string; bound?: Bound; audiences?: string[] } | { error: string } | { status: number; message: string },
+): RecordedExchange {
   const request = {
     method: 'POST' as const,
     path: '/apis/authentication.k8s.io/v1/tokenreviews',
     body: { apiVersion: 'authentication.k8s.io/v1', kind: 'TokenReview', spec: { token, audiences: [AUDIENCE] } },
   };
   if ('status' in answer) {
-    return { request, response: { status: answer.status, body: { kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure', message: answer.message, reason: 'Forbidden', code: answer.status } } };
+    return {
+      request,
+      response: {
+        status: answer.status,
+        body: { kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure', message: answer.message, reason: 'Forbidden', code: answer.status },
+      },
+    };
   }
   const spec = { token, audiences: [AUDIENCE] };
   const head = { kind: 'TokenReview', apiVersion: 'authentication.k8s.io/v1', metadata: { creationTimestamp: null }, spec };
@@ -59,7 +68,9 @@ export function tokenReview(token: string, answer: { username?: string; bound?: 
   const bound = answer.bound ?? { node: 'gpu-a01' };
   const extra: Record<string, string[]> = {
     'authentication.kubernetes.io/credential-id': [`JTI=${randomBytes(8).toString('hex')}`],
-    ...(bound.node ? { 'authentication.kubernetes.io/node-name': [bound.node], 'authentication.kubernetes.io/node-uid': ['c0ffee00-0000-4000-8000-000000000003'] } : {}),
+    ...(bound.node
+      ? { 'authentication.kubernetes.io/node-name': [bound.node], 'authentication.kubernetes.io/node-uid': ['c0ffee00-0000-4000-8000-000000000003'] }
+      : {}),
     'authentication.kubernetes.io/pod-name': [bound.pod ?? 'steadfast-agent-x7k2p'],
     'authentication.kubernetes.io/pod-uid': [bound.podUid ?? 'a7c3e1f0-0000-4000-8000-000000000002'],
   };
@@ -71,7 +82,12 @@ export function tokenReview(token: string, answer: { username?: string; bound?: 
         ...head,
         status: {
           authenticated: true,
-          user: { username: answer.username ?? AGENT_USER, uid: '5e1d2a3b-0000-4000-8000-000000000001', groups: ['system:serviceaccounts', 'system:serviceaccounts:steadfast', 'system:authenticated'], extra },
+          user: {
+            username: answer.username ?? AGENT_USER,
+            uid: '5e1d2a3b-0000-4000-8000-000000000001',
+            groups: ['system:serviceaccounts', 'system:serviceaccounts:steadfast', 'system:authenticated'],
+            extra,
+          },
           audiences: answer.audiences ?? [AUDIENCE],
         },
       },

@@ -85,8 +85,23 @@ export async function agentMetricNames(): Promise<string[]> {
   });
   try {
     const { port } = await agent.start();
-    const step = { job: 'gpt', rank: 0, iteration: 10, iteration_seconds: 1.5, loss: 2.5, grad_norm: 1.2, samples_per_second: 100, tflops_per_gpu: 150, skipped: 0, nan: 0 };
-    const pushed = await fetch(`http://127.0.0.1:${port}/api/v1/training`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(step) });
+    const step = {
+      job: 'gpt',
+      rank: 0,
+      iteration: 10,
+      iteration_seconds: 1.5,
+      loss: 2.5,
+      grad_norm: 1.2,
+      samples_per_second: 100,
+      tflops_per_gpu: 150,
+      skipped: 0,
+      nan: 0,
+    };
+    const pushed = await fetch(`http://127.0.0.1:${port}/api/v1/training`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(step),
+    });
     if (!pushed.ok) throw new Error(`training push answered ${pushed.status}: ${await pushed.text()}`);
     return exposedNames(await (await fetch(`http://127.0.0.1:${port}/metrics`)).text());
   } finally {
@@ -118,7 +133,9 @@ interface RuleYaml {
 /** Every Prometheus rule file in `dir` (a YAML file with `groups`), as it is on disk now. */
 export function readRuleFiles(dir: string): RuleFile[] {
   const files: RuleFile[] = [];
-  for (const name of readdirSync(dir).filter((file) => file.endsWith('.yml') || file.endsWith('.yaml')).sort()) {
+  for (const name of readdirSync(dir)
+    .filter((file) => file.endsWith('.yml') || file.endsWith('.yaml'))
+    .sort()) {
     const path = join(dir, name);
     const doc = parseYaml(readFileSync(path, 'utf8')) as RuleYaml | null;
     if (!doc || !Array.isArray(doc.groups)) continue;

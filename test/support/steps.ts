@@ -23,7 +23,15 @@ export function nodeTransition(verb: NodeVerb, options: { id?: string; node?: st
     v: STEPS_JOB_VERSION,
     transitionId: options.id ?? `d-${verb}`,
     node,
-    steps: [{ verb, nodes: [node], ...(gpu ? { gpu } : {}), reason: options.reason ?? 'fatal Xid 48 (uncorrectable double-bit ECC error) on GPU 0000:3a:00', citation: 'test' }],
+    steps: [
+      {
+        verb,
+        nodes: [node],
+        ...(gpu ? { gpu } : {}),
+        reason: options.reason ?? 'fatal Xid 48 (uncorrectable double-bit ECC error) on GPU 0000:3a:00',
+        citation: 'test',
+      },
+    ],
     fault: { signalId: 's-1', fingerprint: `xid/${node}/0000:3a:00/48`, time: new Date().toISOString() },
   };
 }
@@ -35,7 +43,9 @@ export function queued<T>(data: T, attemptsMade = 0, attempts = 3): Job {
 
 /** Each action entry of `ref`, oldest first, as `state: detail`. */
 export async function actionStates(audit: AuditLog, ref?: string): Promise<string[]> {
-  return (await audit.read({ type: 'action', limit: 1000, ...(ref ? { ref } : {}) })).map((entry) => `${String(entry.data.state)}: ${String(entry.data.detail)}`);
+  return (await audit.read({ type: 'action', limit: 1000, ...(ref ? { ref } : {}) })).map(
+    (entry) => `${String(entry.data.state)}: ${String(entry.data.detail)}`,
+  );
 }
 
 /** The newest action entry's state and detail for `ref`. */

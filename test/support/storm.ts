@@ -36,13 +36,28 @@ export function stormRequests(url: string, count: number, victims: readonly stri
     const bystander = bystanders[index % bystanders.length] as string;
     if (index % 8 === 0) {
       const node = victims[(index / 8) % victims.length] as string;
-      requests.push({ url: `${url}/api/v1/signals`, node, body: { kind: 'xid', node, gpu: '0000:3a:00', xid: 79, message: 'GPU has fallen off the bus.', time } });
+      requests.push({
+        url: `${url}/api/v1/signals`,
+        node,
+        body: { kind: 'xid', node, gpu: '0000:3a:00', xid: 79, message: 'GPU has fallen off the bus.', time },
+      });
     } else if (index % 2 === 0) {
-      requests.push({ url: `${url}/api/v1/signals`, node: bystander, body: { kind: 'xid', node: bystander, gpu: '0000:18:00', xid: 13, message: 'Graphics Exception', time } });
+      requests.push({
+        url: `${url}/api/v1/signals`,
+        node: bystander,
+        body: { kind: 'xid', node: bystander, gpu: '0000:18:00', xid: 13, message: 'Graphics Exception', time },
+      });
     } else {
       const alerts = Array.from({ length: alertsPerWebhook }, (_, gpu) => ({
         status: 'firing',
-        labels: { alertname: 'SteadfastGpuTemperatureHigh', node: bystander, gpu: String(gpu), pci_bus_id: `0000:1${gpu}:00`, severity: 'warning', domain: 'gpu' },
+        labels: {
+          alertname: 'SteadfastGpuTemperatureHigh',
+          node: bystander,
+          gpu: String(gpu),
+          pci_bus_id: `0000:1${gpu}:00`,
+          severity: 'warning',
+          domain: 'gpu',
+        },
         annotations: { summary: 'A GPU runs hot.' },
         startsAt: time,
       }));
@@ -80,7 +95,12 @@ export async function deliverUntilAccepted(request: StormRequest, credential: st
 }
 
 /** `senders` concurrent senders working through `requests`, pausing `pauseMs` between their requests; one result per request. */
-export function sendStorm(requests: readonly StormRequest[], senders: number, pauseMs: number, deliver: (request: StormRequest) => Promise<Delivery>): { results: Delivery[]; done: Promise<void> } {
+export function sendStorm(
+  requests: readonly StormRequest[],
+  senders: number,
+  pauseMs: number,
+  deliver: (request: StormRequest) => Promise<Delivery>,
+): { results: Delivery[]; done: Promise<void> } {
   const queue = [...requests];
   const results: Delivery[] = [];
   const workers = Array.from({ length: senders }, async () => {
@@ -96,7 +116,12 @@ export function sendStorm(requests: readonly StormRequest[], senders: number, pa
  * Waits until every accepted signal id is in the audit under `prefix`, or `timeoutMs` passes;
  * returns the audited signal refs and the accepted ids still missing.
  */
-export async function waitForAudited(reader: Redis, prefix: string, accepted: ReadonlySet<string>, timeoutMs: number): Promise<{ refs: string[]; missing: string[] }> {
+export async function waitForAudited(
+  reader: Redis,
+  prefix: string,
+  accepted: ReadonlySet<string>,
+  timeoutMs: number,
+): Promise<{ refs: string[]; missing: string[] }> {
   const audit = new AuditLog(reader, new Keys(prefix));
   const until = Date.now() + timeoutMs;
   for (;;) {
@@ -109,7 +134,13 @@ export async function waitForAudited(reader: Redis, prefix: string, accepted: Re
 
 /** Waits until `count` requests of a storm have been answered (202 or given up on), so that a fault injected next falls inside it. */
 export async function waitForAnswered(results: readonly Delivery[], count: number, timeoutMs = 30_000): Promise<void> {
-  await waitFor(`${count} requests of the storm to be answered`, () => Promise.resolve(results.length >= count), timeoutMs, 20, () => Promise.resolve(`${results.length} answered`));
+  await waitFor(
+    `${count} requests of the storm to be answered`,
+    () => Promise.resolve(results.length >= count),
+    timeoutMs,
+    20,
+    () => Promise.resolve(`${results.length} answered`),
+  );
 }
 
 /**
@@ -118,8 +149,12 @@ export async function waitForAnswered(results: readonly Delivery[], count: numbe
  * are all made by the time the signals are audited).
  */
 export async function waitForDrains(drainCounts: () => Map<string, number>, nodes: readonly string[], timeoutMs = 30_000): Promise<Map<string, number>> {
-  await waitFor('every faulty node to be drained', () => Promise.resolve(nodes.every((node) => drainCounts().has(node))), timeoutMs, 100, () =>
-    Promise.resolve(`drained: ${[...drainCounts().keys()].join(', ') || 'none'}`),
+  await waitFor(
+    'every faulty node to be drained',
+    () => Promise.resolve(nodes.every((node) => drainCounts().has(node))),
+    timeoutMs,
+    100,
+    () => Promise.resolve(`drained: ${[...drainCounts().keys()].join(', ') || 'none'}`),
   );
   return drainCounts();
 }

@@ -28,7 +28,7 @@ function both(params: EttrParams, script: readonly ScriptedIncident[]): { relaun
 const MACHINE_FAULTS: ScriptedIncident[] = [1, 2, 3].map(() => ({ symptom: 'gpu_unavailable', gapSeconds: 10 * HOUR + 7 * 60 + 3 }));
 
 describe('the hot swap model', () => {
-  it('takes DeadPool §VII-B3\'s recovery times at 32 and 512 GPUs and grows them by the same seconds per doubling', () => {
+  it("takes DeadPool §VII-B3's recovery times at 32 and 512 GPUs and grows them by the same seconds per doubling", () => {
     expect(deadpoolSwapSeconds(32)).toBeCloseTo(17.1, 9);
     expect(deadpoolSwapSeconds(512)).toBeCloseTo(29.8, 9);
     expect(deadpoolSwapSeconds(128)).toBeCloseTo((17.1 + 29.8) / 2, 9);
@@ -72,7 +72,7 @@ describe('the hot swap model', () => {
     expect((swap.productiveHours - relaunch.productiveHours) * HOUR).toBeCloseTo(3 * saved, 6);
   });
 
-  it('is no better than the relaunch when every swap falls back: it pays the bound, then the ladder\'s stop and relaunch', () => {
+  it("is no better than the relaunch when every swap falls back: it pays the bound, then the ladder's stop and relaunch", () => {
     const params = paramsWith({ days: 10, checkpointMinutes: 30, standby: 10, hotSwap: { fallbackShare: 1 } });
     const { relaunch, swap } = both(params, MACHINE_FAULTS);
     expect(swap.ettr).toBeLessThan(relaunch.ettr);
@@ -93,7 +93,7 @@ describe('the hot swap model', () => {
     expect(swap.unproductiveHours.hot_swap).toBe(0);
   });
 
-  it('leaves software faults on today\'s road: a user-code CUDA error costs the same with hot swap', () => {
+  it("leaves software faults on today's road: a user-code CUDA error costs the same with hot swap", () => {
     const params = paramsWith({ days: 1, hotSwap: { fallbackShare: 0 } });
     const { relaunch, swap } = both(params, [{ symptom: 'cuda_error', root: 'user_code', gapSeconds: HOUR }]);
     expect(swap.ettr).toBe(relaunch.ettr);
@@ -119,13 +119,38 @@ describe('the hot swap model', () => {
 });
 
 describe('steadfast simulate ettr with hot swap', () => {
-  it('prints both ETTRs and the swap\'s figures, as given, in the JSON', async () => {
-    const run = await runCli(simulateCommand(), ['ettr', '--days', '10', '--seed', '3', '--json', '--swap-figures', 'lab', '--swap-fallback', '0.25', '--nodes-per-spare', '100', '--step-seconds', '4']);
+  it("prints both ETTRs and the swap's figures, as given, in the JSON", async () => {
+    const run = await runCli(simulateCommand(), [
+      'ettr',
+      '--days',
+      '10',
+      '--seed',
+      '3',
+      '--json',
+      '--swap-figures',
+      'lab',
+      '--swap-fallback',
+      '0.25',
+      '--nodes-per-spare',
+      '100',
+      '--step-seconds',
+      '4',
+    ]);
     expect(run.exitCode).toBe(0);
     const printed = JSON.parse(run.stdout) as { ettr: number; hotSwap: Record<string, unknown> & { run: { ettr: number } } };
-    expect(printed.hotSwap).toMatchObject({ swapSeconds: 3, figures: 'lab', fallbackShare: 0.25, spares: 12, stepSeconds: 4, boundSeconds: 60, ettrWithout: printed.ettr });
+    expect(printed.hotSwap).toMatchObject({
+      swapSeconds: 3,
+      figures: 'lab',
+      fallbackShare: 0.25,
+      spares: 12,
+      stepSeconds: 4,
+      boundSeconds: 60,
+      ettrWithout: printed.ettr,
+    });
     expect(printed.hotSwap.ettr).toBe(printed.hotSwap.run.ettr);
-    const set = JSON.parse((await runCli(simulateCommand(), ['ettr', '--days', '2', '--json', '--swap-seconds', '25'])).stdout) as { hotSwap: Record<string, unknown> };
+    const set = JSON.parse((await runCli(simulateCommand(), ['ettr', '--days', '2', '--json', '--swap-seconds', '25'])).stdout) as {
+      hotSwap: Record<string, unknown>;
+    };
     expect(set.hotSwap).toMatchObject({ swapSeconds: 25, figures: 'set' });
   });
 

@@ -32,7 +32,8 @@ function pngPixels(png: Buffer): Buffer {
 function pixelsNear(pixels: Buffer, [r, g, b]: readonly [number, number, number], tolerance = 24): number {
   let count = 0;
   for (let i = 0; i + 3 < pixels.length; i += 4) {
-    if (Math.abs((pixels[i] ?? 0) - r) <= tolerance && Math.abs((pixels[i + 1] ?? 0) - g) <= tolerance && Math.abs((pixels[i + 2] ?? 0) - b) <= tolerance) count += 1;
+    if (Math.abs((pixels[i] ?? 0) - r) <= tolerance && Math.abs((pixels[i + 1] ?? 0) - g) <= tolerance && Math.abs((pixels[i + 2] ?? 0) - b) <= tolerance)
+      count += 1;
   }
   return count;
 }
@@ -80,14 +81,32 @@ describe('the sensitivity chart', () => {
     expect(scales.filter((scale) => scale.type === 'log')).toHaveLength(1);
     expect(scales.filter((scale) => scale.name.endsWith('y'))).toHaveLength(1);
     const dash = scales.find((scale) => scale.name === 'strokeDash');
-    expect(dash).toMatchObject({ domain: ['steadfast', 'reschedule', 'requeue'], range: [[1, 0], [1, 0], [6, 4]] });
+    expect(dash).toMatchObject({
+      domain: ['steadfast', 'reschedule', 'requeue'],
+      range: [
+        [1, 0],
+        [1, 0],
+        [6, 4],
+      ],
+    });
   });
 
   it('writes an SVG of the requested size with the title, both panels, the legend and the dashed requeue line', async () => {
     const svg = (await ettrPlot(TABLE, { format: 'svg', size: { width: 900, height: 420 } })).toString('utf8');
     expect(svg).toMatch(/^<svg[^>]* width="900" height="420"/);
     const texts = [...svg.matchAll(/<text[^>]*>([^<]*)<\/text>/g)].map((match) => match[1]);
-    expect(texts).toEqual(expect.arrayContaining(['steadfast simulate ettr', 'ETTR vs checkpoint interval', 'ETTR vs warm standby pool', 'steadfast', 'reschedule', 'requeue', '30', '120']));
+    expect(texts).toEqual(
+      expect.arrayContaining([
+        'steadfast simulate ettr',
+        'ETTR vs checkpoint interval',
+        'ETTR vs warm standby pool',
+        'steadfast',
+        'reschedule',
+        'requeue',
+        '30',
+        '120',
+      ]),
+    );
     expect(svg).toContain('stroke="#d62728" stroke-width="2.5" stroke-dasharray="6,4"');
   });
 

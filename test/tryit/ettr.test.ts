@@ -98,7 +98,7 @@ describe('steadfast simulate ettr', () => {
     const params = ettrParams({ days: 2, checkpointMinutes: 30, standby: 0 });
     const result = steadfastOn(params, [{ symptom: 'gpu_unavailable', gapSeconds: 10 * HOUR }]);
     expect(result.unproductiveHours.standby_activation).toBe(0);
-    expect(result.unproductiveHours.cold_provisioning).toBeCloseTo((768 / 10.87) * 5.36 / HOUR, 9);
+    expect(result.unproductiveHours.cold_provisioning).toBeCloseTo(((768 / 10.87) * 5.36) / HOUR, 9);
     expect(result.standby).toMatchObject({ activations: 0, poolShortEvictions: 1, coldNodes: 1 });
   });
 
@@ -114,7 +114,9 @@ describe('steadfast simulate ettr', () => {
     expect(result.unproductiveHours.restart).toBeCloseTo((2 * params.timings.inPlaceRestartSeconds) / HOUR, 9);
     expect(result.unproductiveHours.human).toBe(0);
     // Without the ladder, a person has to step in.
-    expect(runBaseline('requeue', params, new ScriptedIncidents([{ symptom: 'cuda_error', root: 'user_code', gapSeconds: HOUR }])).unproductiveHours.human).toBeGreaterThan(0);
+    expect(
+      runBaseline('requeue', params, new ScriptedIncidents([{ symptom: 'cuda_error', root: 'user_code', gapSeconds: HOUR }])).unproductiveHours.human,
+    ).toBeGreaterThan(0);
   });
 
   it('runs the real ladder: a hang in user code is over-evicted first, then rolled back when training fails again (§5.1, §4.2 step ⑦)', () => {
@@ -159,7 +161,7 @@ describe('steadfast simulate ettr', () => {
     expect(result.unproductiveHours.detection).toBeCloseTo(60 / HOUR, 9);
   });
 
-  it('lets a lazy code update ride the next failure\'s restart instead of stopping the job (§6.1)', () => {
+  it("lets a lazy code update ride the next failure's restart instead of stopping the job (§6.1)", () => {
     const params = ettrParams({ days: 2, standby: 4 });
     const result = steadfastOn(params, [
       { symptom: 'code_adjustment', urgent: false, gapSeconds: HOUR },

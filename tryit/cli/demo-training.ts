@@ -21,10 +21,16 @@ export interface TrainingDemoOptions {
 
 export function parseScenarioList(value: string | undefined): ScenarioName[] {
   if (value === undefined) return [...SCENARIO_NAMES];
-  const names = value.split(',').map((name) => name.trim()).filter(Boolean);
+  const names = value
+    .split(',')
+    .map((name) => name.trim())
+    .filter(Boolean);
   const unknown = names.filter((name) => !(SCENARIO_NAMES as readonly string[]).includes(name));
   if (names.length === 0 || unknown.length > 0) {
-    throw new InputError(`--scenarios: ${unknown.length > 0 ? `unknown ${unknown.join(', ')}` : 'empty'}; choose from ${SCENARIO_NAMES.join(', ')}`, '--scenarios');
+    throw new InputError(
+      `--scenarios: ${unknown.length > 0 ? `unknown ${unknown.join(', ')}` : 'empty'}; choose from ${SCENARIO_NAMES.join(', ')}`,
+      '--scenarios',
+    );
   }
   return names as ScenarioName[];
 }
@@ -69,7 +75,13 @@ export async function runTrainingDemo(options: TrainingDemoOptions): Promise<voi
 }
 
 /** One lab: up, the job started, `names` run on it (their reports added to `reports`), down (after Ctrl-C with --keep-running). */
-async function onLab(labOptions: ProtectedLabOptions, names: ScenarioName[], options: TrainingDemoOptions, say: (text: string) => void, reports: ScenarioReport[]): Promise<void> {
+async function onLab(
+  labOptions: ProtectedLabOptions,
+  names: ScenarioName[],
+  options: TrainingDemoOptions,
+  say: (text: string) => void,
+  reports: ScenarioReport[],
+): Promise<void> {
   const lab = ProtectedLab.create({
     prefix: `sfd${randomBytes(2).toString('hex')}`,
     subnet: `10.203.${randomBytes(1)[0] ?? 0}`,
@@ -88,7 +100,9 @@ async function onLab(labOptions: ProtectedLabOptions, names: ScenarioName[], opt
   try {
     await lab.up();
     const first = await lab.startTraining();
-    say(`  ✓ job ${lab.job} registered with the controller and submitted with sbatch: Slurm job ${first} on ${lab.computeNodes.map((node) => node.name).join(', ')}\n`);
+    say(
+      `  ✓ job ${lab.job} registered with the controller and submitted with sbatch: Slurm job ${first} on ${lab.computeNodes.map((node) => node.name).join(', ')}\n`,
+    );
     await runScenarios(lab, names, (report) => {
       reports.push(report);
       if (!options.json) say(describeReport(report));

@@ -53,72 +53,90 @@ export function demoCommand(): Command {
     .option('--keep-running', 'leave everything running after the scenario, until Ctrl-C')
     .option('--verbose', 'log the controller and agents to stderr')
     .option('--grafana-out <dir>', 'where to write the Grafana dashboards and provisioning files for the demo', 'steadfast-grafana')
-    .action(async (options: { scenario: string; nodes: number; node?: string; gpu: number; fastPath: boolean; keepRunning?: boolean; verbose?: boolean; grafanaOut: string; scenarios?: string; json?: boolean }) => {
-      await runCommand(async () => {
-        if (options.scenario === 'training') {
-          await runTrainingDemo({ json: options.json, scenarios: options.scenarios, keepRunning: options.keepRunning, verbose: options.verbose });
-          return;
-        }
-        if (options.scenario !== 'spine' && options.scenario !== 'recovery') throw new InputError(`--scenario: must be spine, recovery or training, got "${options.scenario}"`);
-        if (options.json || options.scenarios !== undefined) throw new InputError('--json and --scenarios go with --scenario training');
-        const recovery = options.scenario === 'recovery';
-        if (recovery && options.nodes < 7) throw new InputError('--nodes: the recovery scenario needs at least 7 nodes (4 for the job, 3 standbys)');
-        const node = options.node ?? `node-${Math.min(3, options.nodes)}`;
-        process.stdout.write(
-          recovery
-            ? `steadfast demo: the recovery ladder on ${options.nodes} simulated nodes\n`
-            : `steadfast demo: ${options.nodes} simulated nodes, fault on ${node} GPU ${options.gpu}\n`,
-        );
-        const env = SimEnvironment.create({
-          // The ladder needs room for a few evictions.
-          maxDrainsPerWindow: recovery ? 8 : undefined,
-          maxJobEvictionPercent: recovery ? 75 : undefined,
-          nodes: options.nodes,
-          fastPath: options.fastPath,
-          verbose: options.verbose,
-          keepDir: options.keepRunning,
-          progress: (step, seconds) => process.stdout.write(`  ✓ ${step} (${seconds.toFixed(2)} s)\n`),
-        });
-        // Interrupted at any point: stop every process started so far, then exit.
-        const interrupted = (signal: NodeJS.Signals): void => {
-          process.stdout.write(`\n${signal}: stopping every process the demo started …\n`);
-          void env.stop().finally(() => process.exit(130));
-        };
-        process.once('SIGINT', interrupted);
-        process.once('SIGTERM', interrupted);
-        try {
-          await env.up();
-          if (recovery) {
-            const steps = await runRecoveryScenario(env);
-            for (const step of steps) {
-              process.stdout.write(`\n${step.ok ? '✓' : '✗'} ${step.title}\n${step.lines.map((line) => `    ${printable(line)}`).join('\n')}${step.lines.length ? '\n' : ''}`);
+    .action(
+      async (options: {
+        scenario: string;
+        nodes: number;
+        node?: string;
+        gpu: number;
+        fastPath: boolean;
+        keepRunning?: boolean;
+        verbose?: boolean;
+        grafanaOut: string;
+        scenarios?: string;
+        json?: boolean;
+      }) => {
+        await runCommand(async () => {
+          if (options.scenario === 'training') {
+            await runTrainingDemo({ json: options.json, scenarios: options.scenarios, keepRunning: options.keepRunning, verbose: options.verbose });
+            return;
+          }
+          if (options.scenario !== 'spine' && options.scenario !== 'recovery')
+            throw new InputError(`--scenario: must be spine, recovery or training, got "${options.scenario}"`);
+          if (options.json || options.scenarios !== undefined) throw new InputError('--json and --scenarios go with --scenario training');
+          const recovery = options.scenario === 'recovery';
+          if (recovery && options.nodes < 7) throw new InputError('--nodes: the recovery scenario needs at least 7 nodes (4 for the job, 3 standbys)');
+          const node = options.node ?? `node-${Math.min(3, options.nodes)}`;
+          process.stdout.write(
+            recovery
+              ? `steadfast demo: the recovery ladder on ${options.nodes} simulated nodes\n`
+              : `steadfast demo: ${options.nodes} simulated nodes, fault on ${node} GPU ${options.gpu}\n`,
+          );
+          const env = SimEnvironment.create({
+            // The ladder needs room for a few evictions.
+            maxDrainsPerWindow: recovery ? 8 : undefined,
+            maxJobEvictionPercent: recovery ? 75 : undefined,
+            nodes: options.nodes,
+            fastPath: options.fastPath,
+            verbose: options.verbose,
+            keepDir: options.keepRunning,
+            progress: (step, seconds) => process.stdout.write(`  ✓ ${step} (${seconds.toFixed(2)} s)\n`),
+          });
+          // Interrupted at any point: stop every process started so far, then exit.
+          const interrupted = (signal: NodeJS.Signals): void => {
+            process.stdout.write(`\n${signal}: stopping every process the demo started …\n`);
+            void env.stop().finally(() => process.exit(130));
+          };
+          process.once('SIGINT', interrupted);
+          process.once('SIGTERM', interrupted);
+          try {
+            await env.up();
+            if (recovery) {
+              const steps = await runRecoveryScenario(env);
+              for (const step of steps) {
+                process.stdout.write(
+                  `\n${step.ok ? '✓' : '✗'} ${step.title}\n${step.lines.map((line) => `    ${printable(line)}`).join('\n')}${step.lines.length ? '\n' : ''}`,
+                );
+              }
+              const failed = steps.filter((step) => !step.ok);
+              process.stdout.write(
+                failed.length === 0 ? '\nOK: every rung of the ladder ran on the real parts.\n' : `\nFAILED: ${failed.map((step) => step.title).join('; ')}\n`,
+              );
+              if (failed.length > 0) process.exitCode = EXIT_FAILURE;
+            } else {
+              process.stdout.write(`\nInjecting Xid 79 (GPU has fallen off the bus) on ${node} …\n`);
+              const result = await runFallenOffBus(env, { node, gpuIndex: options.gpu });
+              printTimeline(result);
+              if (result.ok) {
+                process.stdout.write(`\nOK: ${node} drained exactly once, and every later report was recognised as the same fault.\n`);
+              } else {
+                process.stdout.write(`\nFAILED:\n${result.problems.map((problem) => `  - ${problem}`).join('\n')}\n`);
+                process.exitCode = EXIT_FAILURE;
+              }
             }
-            const failed = steps.filter((step) => !step.ok);
-            process.stdout.write(failed.length === 0 ? '\nOK: every rung of the ladder ran on the real parts.\n' : `\nFAILED: ${failed.map((step) => step.title).join('; ')}\n`);
-            if (failed.length > 0) process.exitCode = EXIT_FAILURE;
-          } else {
-          process.stdout.write(`\nInjecting Xid 79 (GPU has fallen off the bus) on ${node} …\n`);
-          const result = await runFallenOffBus(env, { node, gpuIndex: options.gpu });
-          printTimeline(result);
-          if (result.ok) {
-            process.stdout.write(`\nOK: ${node} drained exactly once, and every later report was recognised as the same fault.\n`);
-          } else {
-            process.stdout.write(`\nFAILED:\n${result.problems.map((problem) => `  - ${problem}`).join('\n')}\n`);
-            process.exitCode = EXIT_FAILURE;
+            writeGrafanaFiles(resolve(options.grafanaOut), env.prometheus.url, options.keepRunning === true);
+            if (options.keepRunning) {
+              process.stdout.write(
+                `\nStill running (Ctrl-C stops everything):\n  Prometheus   ${env.prometheus.url}\n  Alertmanager ${env.alertmanager.url}\n  controller   ${env.controllerUrl} (operator token in ${env.credentials.operatorTokenFile})\n  Redis        ${env.redis.url}\n  SLURM_CONF=${env.slurm.conf}\n  files        ${env.root}\n`,
+              );
+              // The signal handler above stops everything and exits.
+              await new Promise<never>(() => undefined);
+            }
+          } finally {
+            process.stdout.write('\nStopping every process the demo started …\n');
+            await env.stop();
           }
-          }
-          writeGrafanaFiles(resolve(options.grafanaOut), env.prometheus.url, options.keepRunning === true);
-          if (options.keepRunning) {
-            process.stdout.write(
-              `\nStill running (Ctrl-C stops everything):\n  Prometheus   ${env.prometheus.url}\n  Alertmanager ${env.alertmanager.url}\n  controller   ${env.controllerUrl} (operator token in ${env.credentials.operatorTokenFile})\n  Redis        ${env.redis.url}\n  SLURM_CONF=${env.slurm.conf}\n  files        ${env.root}\n`,
-            );
-            // The signal handler above stops everything and exits.
-            await new Promise<never>(() => undefined);
-          }
-        } finally {
-          process.stdout.write('\nStopping every process the demo started …\n');
-          await env.stop();
-        }
-      });
-    });
+        });
+      },
+    );
 }

@@ -35,7 +35,7 @@ function upCommand(): Command {
     .option('--nodes <count>', 'compute nodes (node-1 … node-N)', parseCount, 4)
     .option('--standbys <count>', 'warm standbys after them, held in the standby reservation', parseCount, 2)
     .option('--subnet <a.b.c>', 'private /24 for the bridge (.1) and the nodes (.11 onwards)', '10.201.0')
-    .option('--reservation <name>', 'Slurm reservation holding the standbys (the controller\'s backend.slurm.standbyReservation)', 'steadfast-standby')
+    .option('--reservation <name>', "Slurm reservation holding the standbys (the controller's backend.slurm.standbyReservation)", 'steadfast-standby')
     .action(async (flags: CommonFlags & { nodes: number; standbys: number; subnet: string; reservation: string }) => {
       // Interrupted half-way: undo what was made, then exit.
       const interrupted = (signal: NodeJS.Signals): void => {
@@ -69,7 +69,8 @@ function downCommand(): Command {
         const report = await labDown(common(flags));
         if (flags.json) process.stdout.write(`${JSON.stringify(report, null, 2)}\n`);
         else {
-          if (report.jobsNotCancelled.length > 0) process.stdout.write(`jobs still listed after scancel (their processes were killed): ${report.jobsNotCancelled.join(', ')}\n`);
+          if (report.jobsNotCancelled.length > 0)
+            process.stdout.write(`jobs still listed after scancel (their processes were killed): ${report.jobsNotCancelled.join(', ')}\n`);
           process.stdout.write(`lab down: stopped ${report.stopped.length} process(es); logs kept in ${report.dir}/log\n`);
         }
         assertClean(report);

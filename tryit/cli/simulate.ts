@@ -83,25 +83,30 @@ function progressBar(label: string): { update: (fraction: number) => void; done:
 }
 
 export function simulateCommand(): Command {
-  const simulate = new Command('simulate').description('Simulations that put numbers on steadfast\'s recovery policy.');
+  const simulate = new Command('simulate').description("Simulations that put numbers on steadfast's recovery policy.");
 
   simulate
     .command('ettr')
     .description(
-      'Discrete-event simulation of one long training job with ByteRobust\'s incident mix (Table 1) and recovery costs (Tables 3, 6, 7; Fig. 12), ' +
-        'recovered by steadfast\'s real recovery ladder with warm standbys, against the requeue and reschedule baselines (§8.2.1). Prints ETTR (§8.1.3).',
+      "Discrete-event simulation of one long training job with ByteRobust's incident mix (Table 1) and recovery costs (Tables 3, 6, 7; Fig. 12), " +
+        "recovered by steadfast's real recovery ladder with warm standbys, against the requeue and reschedule baselines (§8.2.1). Prints ETTR (§8.1.3).",
     )
     .option('--gpus <n>', `GPUs in the job (default ${PAPER_JOB.gpus}, or ${GPUS_PER_NODE} per node)`, parsePositiveInt)
     .option('--nodes <n>', `machines in the job (default ${PAPER_JOB.nodes}, or GPUs / ${GPUS_PER_NODE})`, parsePositiveInt)
     .option('--days <d>', 'wall-clock days simulated', positiveNumber, PAPER_JOB.days)
     .option('--seed <s>', 'seed of the incident draw', wholeNumber, 1)
-    .option('--checkpoint-minutes <m>', 'checkpoint interval (default: Daly\'s optimum for the job\'s MTBF)', positiveNumber)
+    .option('--checkpoint-minutes <m>', "checkpoint interval (default: Daly's optimum for the job's MTBF)", positiveNumber)
     .option('--standby <k>', 'warm standby machines (default: P99 of the daily machine-failure binomial, §6.2)', wholeNumber)
     .option('--no-hot-swap', 'leave out the run of steadfast with hot swap (machine faults recovered by a spare inside the running job, DeadPool §V-C)')
-    .option('--swap-figures <source>', `the swap's time: deadpool (§VII-B3, scaled to the job's GPUs) or lab (its ${LAB_SWAP_TARGET_SECONDS} s target)`, swapFigures, 'deadpool')
-    .option('--swap-seconds <s>', 'the swap\'s time, set directly (overrides --swap-figures)', positiveNumber)
+    .option(
+      '--swap-figures <source>',
+      `the swap's time: deadpool (§VII-B3, scaled to the job's GPUs) or lab (its ${LAB_SWAP_TARGET_SECONDS} s target)`,
+      swapFigures,
+      'deadpool',
+    )
+    .option('--swap-seconds <s>', "the swap's time, set directly (overrides --swap-figures)", positiveNumber)
     .option('--swap-fallback <share>', 'share of swaps that do not finish and relaunch as today after the bound', share, 0.1)
-    .option('--swap-timeout <s>', 'the job\'s hotSwap.timeoutSeconds; the bound is min(it, max(10, 40 × step))', parsePositiveInt, 60)
+    .option('--swap-timeout <s>', "the job's hotSwap.timeoutSeconds; the bound is min(it, max(10, 40 × step))", parsePositiveInt, 60)
     .option('--nodes-per-spare <n>', 'one idle spare per this many nodes (at least one)', parsePositiveInt, 300)
     .option('--step-seconds <s>', 'training step time: a swap loses at most one step', positiveNumber, 10)
     .option('--json', 'print one JSON object on stdout instead of the table')
@@ -120,7 +125,14 @@ export function simulateCommand(): Command {
               stepSeconds: flags.stepSeconds,
             }
           : null;
-        const options: EttrOptions = { ...shape, days: flags.days, seed: flags.seed, checkpointMinutes: flags.checkpointMinutes, standby: flags.standby, hotSwap };
+        const options: EttrOptions = {
+          ...shape,
+          days: flags.days,
+          seed: flags.seed,
+          checkpointMinutes: flags.checkpointMinutes,
+          standby: flags.standby,
+          hotSwap,
+        };
         const params = ettrParams(options);
 
         const bar = progressBar('simulating');

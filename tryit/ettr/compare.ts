@@ -49,7 +49,12 @@ export function compareStrategies(params: EttrParams, options: CompareOptions = 
   const reschedule = runBaseline('reschedule', params, source(params));
   const requeue = runBaseline('requeue', params, source(params));
   const hotSwap = params.hotSwap === null ? undefined : runSteadfast(params, source(params), { ladderConfig: options.ladderConfig, hotSwap: params.hotSwap });
-  return { params, strategies: { steadfast, reschedule, requeue }, gain: warmStandbyGain(steadfast, reschedule, requeue), ...(hotSwap === undefined ? {} : { hotSwap }) };
+  return {
+    params,
+    strategies: { steadfast, reschedule, requeue },
+    gain: warmStandbyGain(steadfast, reschedule, requeue),
+    ...(hotSwap === undefined ? {} : { hotSwap }),
+  };
 }
 
 function ratio(numerator: number | null, denominator: number | null): number | null {

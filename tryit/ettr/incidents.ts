@@ -52,7 +52,14 @@ export class IncidentStream implements IncidentSource {
 
   next(): Incident {
     // A fixed number of draws per incident keeps the stream aligned whatever is used.
-    const [gapDraw, symptomDraw, variantDraw, nodePick, diagnosticsDraw, urgentDraw] = [this.random(), this.random(), this.random(), this.random(), this.random(), this.random()] as const;
+    const [gapDraw, symptomDraw, variantDraw, nodePick, diagnosticsDraw, urgentDraw] = [
+      this.random(),
+      this.random(),
+      this.random(),
+      this.random(),
+      this.random(),
+      this.random(),
+    ] as const;
     const uptimeGapSeconds = this.perDay > 0 ? (-Math.log1p(-gapDraw) / this.perDay) * 86_400 : Infinity;
     const symptom = pickWeighted(this.weights, symptomDraw * this.perDay);
     const variant = pickVariant(symptom, variantDraw);
@@ -112,10 +119,21 @@ export class ScriptedIncidents implements IncidentSource {
     const index = this.index;
     this.index += 1;
     if (entry === undefined) {
-      return { index, symptom: symptomById('code_adjustment'), signal: 'code_update', root: 'none', uptimeGapSeconds: Infinity, nodePick: 0, diagnosticsFind: false, urgent: false };
+      return {
+        index,
+        symptom: symptomById('code_adjustment'),
+        signal: 'code_update',
+        root: 'none',
+        uptimeGapSeconds: Infinity,
+        nodePick: 0,
+        diagnosticsFind: false,
+        urgent: false,
+      };
     }
     const symptom = symptomById(entry.symptom);
-    const variant = symptom.variants.find((candidate) => (entry.signal === undefined || candidate.signal === entry.signal) && (entry.root === undefined || candidate.root === entry.root));
+    const variant = symptom.variants.find(
+      (candidate) => (entry.signal === undefined || candidate.signal === entry.signal) && (entry.root === undefined || candidate.root === entry.root),
+    );
     if (variant === undefined) throw new Error(`symptom ${entry.symptom} has no variant ${entry.signal ?? '*'}/${entry.root ?? '*'}`);
     return {
       index,

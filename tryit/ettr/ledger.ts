@@ -89,7 +89,8 @@ export class Ledger {
     if (to <= from) return;
     const length = to - from;
     // With `stepMs` the last step was restored from memory: only the interrupted step is lost.
-    const lost = end === 'failure' ? (stepMs === undefined ? length % this.checkpointIntervalMs : Math.min(length % this.checkpointIntervalMs, length % stepMs)) : 0;
+    const lost =
+      end === 'failure' ? (stepMs === undefined ? length % this.checkpointIntervalMs : Math.min(length % this.checkpointIntervalMs, length % stepMs)) : 0;
     let degradedLoss = 0;
     if (degraded !== undefined) {
       const slow = Math.max(0, to - Math.max(from, degraded.fromMs));

@@ -123,20 +123,93 @@ export const SYMPTOMS: readonly Symptom[] = [
     table6OursSeconds: 93,
   },
   // ASSUMPTION: host-side inspection (§4.1 (iii)) names the overloaded machine.
-  { id: 'cpu_overload', name: 'CPU Overload', count: TABLE1_COUNTS.cpu_overload, category: 'explicit', detectionSeconds: 60, variants: single('machine', 'node') },
+  {
+    id: 'cpu_overload',
+    name: 'CPU Overload',
+    count: TABLE1_COUNTS.cpu_overload,
+    category: 'explicit',
+    detectionSeconds: 60,
+    variants: single('machine', 'node'),
+  },
   // ASSUMPTION: an OOM kill frees the memory; a restart in place recovers (§4.2 Reattempt).
   { id: 'cpu_oom', name: 'CPU OOM', count: TABLE1_COUNTS.cpu_oom, category: 'explicit', detectionSeconds: 60, variants: single('crash', 'transient') },
-  { id: 'disk_space', name: 'Insufficient Disk Space', count: TABLE1_COUNTS.disk_space, category: 'explicit', detectionSeconds: 60, variants: single('machine', 'node') },
+  {
+    id: 'disk_space',
+    name: 'Insufficient Disk Space',
+    count: TABLE1_COUNTS.disk_space,
+    category: 'explicit',
+    detectionSeconds: 60,
+    variants: single('machine', 'node'),
+  },
   // Table 3: NIC crash seen within 30 s; §4.1: evicted on the second alert (two 30 s inspections).
-  { id: 'infiniband', name: 'Infiniband Error', count: TABLE1_COUNTS.infiniband, category: 'explicit', detectionSeconds: 30, variants: single('network', 'node'), selectiveTestSeconds: 288, table6OursSeconds: 60 },
+  {
+    id: 'infiniband',
+    name: 'Infiniband Error',
+    count: TABLE1_COUNTS.infiniband,
+    category: 'explicit',
+    detectionSeconds: 30,
+    variants: single('network', 'node'),
+    selectiveTestSeconds: 288,
+    table6OursSeconds: 60,
+  },
   { id: 'fs_mount', name: 'Filesystem Mount', count: TABLE1_COUNTS.fs_mount, category: 'explicit', detectionSeconds: 60, variants: single('machine', 'node') },
   // Remote storage is shared, no machine's fault: a restart once it answers again.
-  { id: 'hdfs', name: 'HDFS Error', count: TABLE1_COUNTS.hdfs, category: 'explicit', detectionSeconds: 60, variants: single('crash', 'transient'), selectiveTestSeconds: null, table6OursSeconds: 58 },
-  { id: 'container', name: 'Container Error', count: TABLE1_COUNTS.container, category: 'explicit', detectionSeconds: 60, variants: single('crash', 'transient') },
-  { id: 'kernel_panic', name: 'OS Kernel Panic', count: TABLE1_COUNTS.kernel_panic, category: 'explicit', detectionSeconds: 2, variants: single('machine', 'node'), selectiveTestSeconds: 168, table6OursSeconds: 109 },
-  { id: 'gpu_memory', name: 'GPU Memory Error', count: TABLE1_COUNTS.gpu_memory, category: 'explicit', detectionSeconds: 10, variants: single('machine', 'node'), selectiveTestSeconds: 600, table6OursSeconds: 10 },
-  { id: 'external_service', name: 'External Service Error', count: TABLE1_COUNTS.external_service, category: 'explicit', detectionSeconds: 60, variants: single('crash', 'transient') },
-  { id: 'gpu_unavailable', name: 'GPU Unavailable', count: TABLE1_COUNTS.gpu_unavailable, category: 'explicit', detectionSeconds: 10, variants: single('machine', 'node'), selectiveTestSeconds: 120, table6OursSeconds: 10 },
+  {
+    id: 'hdfs',
+    name: 'HDFS Error',
+    count: TABLE1_COUNTS.hdfs,
+    category: 'explicit',
+    detectionSeconds: 60,
+    variants: single('crash', 'transient'),
+    selectiveTestSeconds: null,
+    table6OursSeconds: 58,
+  },
+  {
+    id: 'container',
+    name: 'Container Error',
+    count: TABLE1_COUNTS.container,
+    category: 'explicit',
+    detectionSeconds: 60,
+    variants: single('crash', 'transient'),
+  },
+  {
+    id: 'kernel_panic',
+    name: 'OS Kernel Panic',
+    count: TABLE1_COUNTS.kernel_panic,
+    category: 'explicit',
+    detectionSeconds: 2,
+    variants: single('machine', 'node'),
+    selectiveTestSeconds: 168,
+    table6OursSeconds: 109,
+  },
+  {
+    id: 'gpu_memory',
+    name: 'GPU Memory Error',
+    count: TABLE1_COUNTS.gpu_memory,
+    category: 'explicit',
+    detectionSeconds: 10,
+    variants: single('machine', 'node'),
+    selectiveTestSeconds: 600,
+    table6OursSeconds: 10,
+  },
+  {
+    id: 'external_service',
+    name: 'External Service Error',
+    count: TABLE1_COUNTS.external_service,
+    category: 'explicit',
+    detectionSeconds: 60,
+    variants: single('crash', 'transient'),
+  },
+  {
+    id: 'gpu_unavailable',
+    name: 'GPU Unavailable',
+    count: TABLE1_COUNTS.gpu_unavailable,
+    category: 'explicit',
+    detectionSeconds: 10,
+    variants: single('machine', 'node'),
+    selectiveTestSeconds: 120,
+    table6OursSeconds: 10,
+  },
   { id: 'disk_fault', name: 'Disk Fault', count: TABLE1_COUNTS.disk_fault, category: 'explicit', detectionSeconds: 60, variants: single('machine', 'node') },
   {
     id: 'job_hang',
@@ -149,7 +222,14 @@ export const SYMPTOMS: readonly Symptom[] = [
       { share: HANG_USER_CODE, signal: 'hang', root: 'user_code' },
     ],
   },
-  { id: 'mfu_decline', name: 'MFU Decline', count: TABLE1_COUNTS.mfu_decline, category: 'implicit', detectionSeconds: 600, variants: single('slowdown', 'node') },
+  {
+    id: 'mfu_decline',
+    name: 'MFU Decline',
+    count: TABLE1_COUNTS.mfu_decline,
+    category: 'implicit',
+    detectionSeconds: 600,
+    variants: single('slowdown', 'node'),
+  },
   {
     id: 'nan_value',
     name: 'NaN value',
@@ -163,7 +243,16 @@ export const SYMPTOMS: readonly Symptom[] = [
     selectiveTestSeconds: 7200,
     table6OursSeconds: 4289,
   },
-  { id: 'code_adjustment', name: 'Code/Data Adjustment', count: TABLE1_COUNTS.code_adjustment, category: 'manual', detectionSeconds: 0, variants: single('code_update', 'none'), selectiveTestSeconds: null, table6OursSeconds: 57 },
+  {
+    id: 'code_adjustment',
+    name: 'Code/Data Adjustment',
+    count: TABLE1_COUNTS.code_adjustment,
+    category: 'manual',
+    detectionSeconds: 0,
+    variants: single('code_update', 'none'),
+    selectiveTestSeconds: null,
+    table6OursSeconds: 57,
+  },
 ];
 
 export function symptomById(id: string): Symptom {
@@ -311,8 +400,17 @@ export const ettrOptionsSchema = z
     nodes: z.number().int().min(1).max(100_000).default(PAPER_JOB.nodes),
     gpus: z.number().int().min(1).optional(),
     days: z.number().positive().max(3650).default(PAPER_JOB.days),
-    seed: z.number().int().min(0).max(2 ** 32 - 1).default(1),
-    checkpointMinutes: z.number().positive().max(7 * 24 * 60).optional(),
+    seed: z
+      .number()
+      .int()
+      .min(0)
+      .max(2 ** 32 - 1)
+      .default(1),
+    checkpointMinutes: z
+      .number()
+      .positive()
+      .max(7 * 24 * 60)
+      .optional(),
     standby: z.number().int().min(0).optional(),
     /** The hot swap's figures (hot-swap.ts); null leaves the run with hot swap out. */
     hotSwap: hotSwapOptionsSchema.nullable().prefault({}),
@@ -354,7 +452,9 @@ export function ettrParams(options: EttrOptions = {}): EttrParams {
   // Daly's interval for the job's MTBF and ByteRobust's checkpoint blocking time (Table 8);
   // §6.3 checkpoints every step, which this lands near (about a minute).
   const checkpointIntervalSeconds =
-    parsed.checkpointMinutes !== undefined ? parsed.checkpointMinutes * 60 : optimalCheckpointInterval(jobMtbfHours({ failuresPerDay }), DEFAULT_CHECKPOINT_BLOCKING_SECONDS).dalySeconds;
+    parsed.checkpointMinutes !== undefined
+      ? parsed.checkpointMinutes * 60
+      : optimalCheckpointInterval(jobMtbfHours({ failuresPerDay }), DEFAULT_CHECKPOINT_BLOCKING_SECONDS).dalySeconds;
   const evictSeconds = 10;
   return {
     nodes,

@@ -100,6 +100,6 @@ function svgToPng(svg: string): Buffer {
 function requireTextFont(): void {
   const probe = `<svg xmlns="http://www.w3.org/2000/svg" width="40" height="20"><text x="2" y="15" font-family="${PLOT_FONT}">ETTR</text></svg>`;
   if (new Resvg(probe, { font: { loadSystemFonts: true } }).getBBox() === undefined) {
-    throw new Error('no font found for the plot\'s text (resvg loads the system fonts; install one, e.g. fonts-dejavu-core), or write an .svg plot instead');
+    throw new Error("no font found for the plot's text (resvg loads the system fonts; install one, e.g. fonts-dejavu-core), or write an .svg plot instead");
   }
 }

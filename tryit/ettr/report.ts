@@ -110,7 +110,13 @@ function sensitivityJson(table: Sensitivity): Record<string, unknown> {
   return {
     seeds: table.seeds,
     standby: table.standby.map((row) => ({ ...row, steadfast: round(row.steadfast, 5) })),
-    checkpoint: table.checkpoint.map((row) => ({ ...row, minutes: round(row.minutes, 3), steadfast: round(row.steadfast, 5), reschedule: round(row.reschedule, 5), requeue: round(row.requeue, 5) })),
+    checkpoint: table.checkpoint.map((row) => ({
+      ...row,
+      minutes: round(row.minutes, 3),
+      steadfast: round(row.steadfast, 5),
+      reschedule: round(row.reschedule, 5),
+      requeue: round(row.requeue, 5),
+    })),
   };
 }
 
@@ -143,7 +149,9 @@ export function reportText(comparison: EttrComparison, extra: { sensitivity?: Se
   const steadfast = strategies.steadfast;
   const lines: string[] = [];
   const gpus = params.nodes * params.gpusPerNode;
-  lines.push(`steadfast simulate ettr: ${gpus.toLocaleString('en-US')} GPUs on ${params.nodes.toLocaleString('en-US')} nodes, ${params.days} days, seed ${params.seed}`);
+  lines.push(
+    `steadfast simulate ettr: ${gpus.toLocaleString('en-US')} GPUs on ${params.nodes.toLocaleString('en-US')} nodes, ${params.days} days, seed ${params.seed}`,
+  );
   lines.push(
     `incidents: ${(params.failuresPerDay + params.manualRestartsPerDay).toFixed(2)}/day (${params.failuresPerDay.toFixed(2)} failures, MTBF ${jobMtbfHours(params).toFixed(1)} h; ` +
       `${params.manualRestartsPerDay.toFixed(2)} manual restarts), Table 1 mix; paper's dense job: ${PAPER_INCIDENTS_PER_DAY.toFixed(2)}/day at 1,200 nodes (Table 4)`,
@@ -154,17 +162,42 @@ export function reportText(comparison: EttrComparison, extra: { sensitivity?: Se
   );
   lines.push('');
   lines.push(row('', names));
-  lines.push(row('ETTR', all.map((result) => pct(result.ettr))));
-  lines.push(row('incidents met', all.map((result) => String(result.incidents))));
-  lines.push(row('unproductive hours', all.map((result) => hours(result.wallHours - result.productiveHours))));
+  lines.push(
+    row(
+      'ETTR',
+      all.map((result) => pct(result.ettr)),
+    ),
+  );
+  lines.push(
+    row(
+      'incidents met',
+      all.map((result) => String(result.incidents)),
+    ),
+  );
+  lines.push(
+    row(
+      'unproductive hours',
+      all.map((result) => hours(result.wallHours - result.productiveHours)),
+    ),
+  );
   for (const cause of CAUSES) {
     if (all.every((result) => result.unproductiveHours[cause] === 0)) continue;
-    lines.push(row(`  ${CAUSE_LABELS[cause]}`, all.map((result) => hours(result.unproductiveHours[cause]))));
+    lines.push(
+      row(
+        `  ${CAUSE_LABELS[cause]}`,
+        all.map((result) => hours(result.unproductiveHours[cause])),
+      ),
+    );
   }
-  lines.push(row('checkpoint stalls (MFU cost)', all.map((result) => hours(result.checkpointStallHours))));
+  lines.push(
+    row(
+      'checkpoint stalls (MFU cost)',
+      all.map((result) => hours(result.checkpointStallHours)),
+    ),
+  );
   lines.push('');
 
-  lines.push('unproductive hours by incident (Table 1 symptom); min/incident is steadfast\'s, from fault to training again, lost work included;');
+  lines.push("unproductive hours by incident (Table 1 symptom); min/incident is steadfast's, from fault to training again, lost work included;");
   lines.push('Table 6 "ours" is ByteRobust\'s mean from localisation to restart only');
   lines.push(row('', ['incidents', ...names, 'min/incident', 'Table 6 ours'], 26, 13));
   for (const symptom of SYMPTOMS) {
@@ -202,7 +235,8 @@ export function reportText(comparison: EttrComparison, extra: { sensitivity?: Se
     );
   }
   lines.push('');
-  const mean = (result: StrategyResult): string => (result.replacementScheduling.meanSeconds === null ? 'n/a' : `${result.replacementScheduling.meanSeconds.toFixed(1)} s`);
+  const mean = (result: StrategyResult): string =>
+    result.replacementScheduling.meanSeconds === null ? 'n/a' : `${result.replacementScheduling.meanSeconds.toFixed(1)} s`;
   lines.push(
     `warm-standby gain over requeue: ${gain.overRequeue === null ? 'n/a' : `${gain.overRequeue.toFixed(2)}×`} (ByteRobust §8.2.1: ${gain.paperOverRequeue}×); ` +
       `over reschedule: ${gain.overReschedule === null ? 'n/a' : `${gain.overReschedule.toFixed(2)}×`} (paper: ${gain.paperOverReschedule}×)`,
@@ -211,7 +245,9 @@ export function reportText(comparison: EttrComparison, extra: { sensitivity?: Se
     `  = mean time per machine replacement from the decision to replace to the relaunched job: requeue ${mean(strategies.requeue)}, reschedule ${mean(strategies.reschedule)}, steadfast ${mean(steadfast)}`,
   );
   if (gain.unproductiveHoursOverRequeue !== null) {
-    lines.push(`  end to end, requeue loses ${gain.unproductiveHoursOverRequeue.toFixed(2)}× and reschedule ${(gain.unproductiveHoursOverReschedule ?? 0).toFixed(2)}× the hours steadfast loses`);
+    lines.push(
+      `  end to end, requeue loses ${gain.unproductiveHoursOverRequeue.toFixed(2)}× and reschedule ${(gain.unproductiveHoursOverReschedule ?? 0).toFixed(2)}× the hours steadfast loses`,
+    );
   }
   lines.push(`target: ETTR ≥ ${pct(PAPER_ETTR)} (ByteRobust §8.1.3): steadfast ${pct(steadfast.ettr)} — ${steadfast.ettr >= PAPER_ETTR ? 'met' : 'not met'}`);
   lines.push(...hotSwapText(comparison));
@@ -223,10 +259,17 @@ export function reportText(comparison: EttrComparison, extra: { sensitivity?: Se
 export function sensitivityText(table: Sensitivity): string {
   const seeds = table.seeds.length === 1 ? `seed ${table.seeds[0]}` : `mean over seeds ${table.seeds.join(', ')}`;
   const lines = [`sensitivity (${seeds})`, row('warm standbys', ['steadfast', 'cold waits'], 26)];
-  for (const entry of table.standby) lines.push(row(`  ${entry.standby}${entry.isDefault ? ' (P99 / chosen)' : ''}`, [pct(entry.steadfast), String(entry.poolShortEvictions)], 26));
+  for (const entry of table.standby)
+    lines.push(row(`  ${entry.standby}${entry.isDefault ? ' (P99 / chosen)' : ''}`, [pct(entry.steadfast), String(entry.poolShortEvictions)], 26));
   lines.push(row('checkpoint interval (min)', [...STRATEGIES], 26));
   for (const entry of table.checkpoint) {
-    lines.push(row(`  ${entry.minutes.toFixed(entry.minutes < 10 && !Number.isInteger(entry.minutes) ? 2 : 0)}${entry.isDefault ? ' (default)' : ''}`, [pct(entry.steadfast), pct(entry.reschedule), pct(entry.requeue)], 26));
+    lines.push(
+      row(
+        `  ${entry.minutes.toFixed(entry.minutes < 10 && !Number.isInteger(entry.minutes) ? 2 : 0)}${entry.isDefault ? ' (default)' : ''}`,
+        [pct(entry.steadfast), pct(entry.reschedule), pct(entry.requeue)],
+        26,
+      ),
+    );
   }
   return lines.join('\n');
 }

@@ -82,9 +82,16 @@ class SteadfastSimulation {
     this.ledger = new Ledger(SIM_START_MS, this.end, params.checkpointIntervalSeconds * S, params.checkpointBlockingSeconds * S);
     this.members = new JobMembers(params.nodes);
     this.pool = new StandbyPool(params.standby, this.t.standbyReplenishSeconds * S, (time, run) => this.queue.schedule(time, run));
-    this.hotSwap = options.hotSwap === undefined ? null : new HotSwapWorld(options.hotSwap, params.seed, this.t.standbyReplenishSeconds * S, (time, run) => this.queue.schedule(time, run));
+    this.hotSwap =
+      options.hotSwap === undefined
+        ? null
+        : new HotSwapWorld(options.hotSwap, params.seed, this.t.standbyReplenishSeconds * S, (time, run) => this.queue.schedule(time, run));
     this.ladder = ladderHistory(JOB, this.config);
-    this.clock = new IncidentClock(source, (time, run) => this.queue.schedule(time, run), (incident) => this.onIncident(incident));
+    this.clock = new IncidentClock(
+      source,
+      (time, run) => this.queue.schedule(time, run),
+      (incident) => this.onIncident(incident),
+    );
   }
 
   run(): StrategyResult {
@@ -203,7 +210,8 @@ class SteadfastSimulation {
     } else {
       this.stopTraining(false);
     }
-    for (const report of faultReports(incident, reporter, this.t)) this.after(report.afterSeconds, () => this.fault(report.faultClass, report.nodes, report.detail, report.signature));
+    for (const report of faultReports(incident, reporter, this.t))
+      this.after(report.afterSeconds, () => this.fault(report.faultClass, report.nodes, report.detail, report.signature));
   }
 
   /**
@@ -396,7 +404,9 @@ class SteadfastSimulation {
   private replay(): void {
     const culprit = this.open?.culprit ?? null;
     this.setDown('replay');
-    this.after(this.t.replaySeconds, () => this.feed({ type: 'replay_result', time: this.now, culprits: culprit !== null && this.members.has(culprit) ? [culprit] : [] }));
+    this.after(this.t.replaySeconds, () =>
+      this.feed({ type: 'replay_result', time: this.now, culprits: culprit !== null && this.members.has(culprit) ? [culprit] : [] }),
+    );
   }
 
   /**
@@ -431,7 +441,9 @@ class SteadfastSimulation {
 
   private checkNotStalled(): void {
     if (this.training !== null || this.pending > 0 || this.ladder.scheduled !== null) return;
-    throw new Error(`ETTR simulation stalled at ${new Date(this.now).toISOString()}: the job is down, no action is under way and the ladder holds nothing (phase ${this.ladder.phase})`);
+    throw new Error(
+      `ETTR simulation stalled at ${new Date(this.now).toISOString()}: the job is down, no action is under way and the ladder holds nothing (phase ${this.ladder.phase})`,
+    );
   }
 
   private progress(): void {

@@ -7,7 +7,11 @@ export const LAB_DIAGNOSTICS = {
   checks: [
     {
       name: 'torch-compute',
-      command: ['/usr/bin/python3', '-c', 'import torch; torch.manual_seed(0); x = torch.randn(256, 256); assert torch.isfinite(x @ x).all(); print("matmul ok")'],
+      command: [
+        '/usr/bin/python3',
+        '-c',
+        'import torch; torch.manual_seed(0); x = torch.randn(256, 256); assert torch.isfinite(x @ x).all(); print("matmul ok")',
+      ],
       timeoutSeconds: 60,
     },
     {

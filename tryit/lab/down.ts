@@ -57,7 +57,8 @@ export async function labDown(input: LabOptionsInput = {}): Promise<LabDownRepor
   const scanned = daemonsUsingConf(conf);
 
   const controller = state?.slurmctld;
-  const controllerUp = (controller !== undefined && runs(controller.pid, controller.marker)) || scanned.some((daemon) => daemon.program.startsWith('slurmctld'));
+  const controllerUp =
+    (controller !== undefined && runs(controller.pid, controller.marker)) || scanned.some((daemon) => daemon.program.startsWith('slurmctld'));
   const jobsNotCancelled = controllerUp ? await cancelAllJobs(conf) : [];
 
   const slurmds = [
@@ -101,5 +102,7 @@ function dedupe(stopped: LabDownReport['stopped']): LabDownReport['stopped'] {
 export function assertClean(report: LabDownReport): void {
   const { processes, netns, links } = report.leftovers;
   if (processes.length + netns.length + links.length === 0) return;
-  throw new LabError(`lab down left behind: ${[...processes.map((pid) => `pid ${pid}`), ...netns.map((name) => `netns ${name}`), ...links.map((name) => `link ${name}`)].join(', ')}`);
+  throw new LabError(
+    `lab down left behind: ${[...processes.map((pid) => `pid ${pid}`), ...netns.map((name) => `netns ${name}`), ...links.map((name) => `link ${name}`)].join(', ')}`,
+  );
 }

@@ -69,7 +69,14 @@ export async function referenceLosses(lab: ProtectedLab, ranks: number, iteratio
   const argv = ['-u', train, '--job', `${lab.job}-reference`, '--iterations', String(iterations), '--checkpoint-every', '1000000000', '--checkpoint-dir', dir];
   const children = Array.from({ length: ranks }, (_, rank) =>
     spawn(LAB_PYTHON, [...argv, '--step-sleep', '0', '--log-every', '1'], {
-      env: { ...env, RANK: String(rank), WORLD_SIZE: String(ranks), MASTER_ADDR: '127.0.0.1', MASTER_PORT: String(port), STEADFAST_AGENT_URL: 'http://127.0.0.1:9' },
+      env: {
+        ...env,
+        RANK: String(rank),
+        WORLD_SIZE: String(ranks),
+        MASTER_ADDR: '127.0.0.1',
+        MASTER_PORT: String(port),
+        STEADFAST_AGENT_URL: 'http://127.0.0.1:9',
+      },
       stdio: ['ignore', 'pipe', 'ignore'],
     }),
   );

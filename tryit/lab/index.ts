@@ -12,4 +12,18 @@ export { LabError } from './command.js';
 export { slurmEnv, sinfoNodes, jobIds } from './slurm.js';
 export { ProtectedLab, LAB_AGENT_PORT, type ProtectedLabOptions } from './protected.js';
 export { FAIL_SLOW_LAB, runFailSlow, type FailSlowReport, type IterationSeconds } from './scenario-fail-slow.js';
-export { SCENARIO_NAMES, SCENARIOS, OWN_LAB, scenarioLabs, runScenarios, runMachineFault, runBadCode, runCrash, runHang, waitForTraining, type ScenarioName, type ScenarioReport, type TimelineStep } from './scenarios.js';
+export {
+  SCENARIO_NAMES,
+  SCENARIOS,
+  OWN_LAB,
+  scenarioLabs,
+  runScenarios,
+  runMachineFault,
+  runBadCode,
+  runCrash,
+  runHang,
+  waitForTraining,
+  type ScenarioName,
+  type ScenarioReport,
+  type TimelineStep,
+} from './scenarios.js';

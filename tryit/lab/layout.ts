@@ -34,14 +34,26 @@ export const labOptionsSchema = z
      * Prefix of every namespace and link the lab makes, so that `down` can find them by name
      * alone. Short: Linux limits interface names to 15 characters.
      */
-    prefix: z.string().regex(/^[a-z][a-z0-9]{1,7}$/, 'must be 2-8 lower-case letters or digits, starting with a letter').default('sflab'),
+    prefix: z
+      .string()
+      .regex(/^[a-z][a-z0-9]{1,7}$/, 'must be 2-8 lower-case letters or digits, starting with a letter')
+      .default('sflab'),
     /** The private /24 the bridge and the nodes take their addresses from. */
-    subnet: z.string().refine(isPrivateSubnet, 'must be the first three octets of a private /24 (10.x.y, 172.16-31.x, 192.168.x), e.g. 10.201.0').default('10.201.0'),
+    subnet: z
+      .string()
+      .refine(isPrivateSubnet, 'must be the first three octets of a private /24 (10.x.y, 172.16-31.x, 192.168.x), e.g. 10.201.0')
+      .default('10.201.0'),
     /** Reservation holding the standbys, as the controller's Slurm backend names it. */
-    reservation: z.string().regex(/^[A-Za-z0-9_-]{1,64}$/).default('steadfast-standby'),
+    reservation: z
+      .string()
+      .regex(/^[A-Za-z0-9_-]{1,64}$/)
+      .default('steadfast-standby'),
   })
   .strict()
-  .refine((options) => options.nodes + options.standbys <= MAX_LAB_NODES, { message: `nodes and standbys together at most ${MAX_LAB_NODES}`, path: ['standbys'] });
+  .refine((options) => options.nodes + options.standbys <= MAX_LAB_NODES, {
+    message: `nodes and standbys together at most ${MAX_LAB_NODES}`,
+    path: ['standbys'],
+  });
 
 export type LabOptions = z.output<typeof labOptionsSchema>;
 export type LabOptionsInput = z.input<typeof labOptionsSchema>;

@@ -76,7 +76,11 @@ export interface ProtectedLabOptions {
    * failSlowThreshold; shipped 5 s, 30/600/1800 s and 0.1). Set, the job is also registered with
    * micro-batches (4 per rank, train.py's own share), so that S2 has a plan to serve.
    */
-  readonly failSlow?: { readonly intervalSeconds: number; readonly costSeconds: { readonly S2: number; readonly S3: number; readonly S4: number }; readonly threshold: number };
+  readonly failSlow?: {
+    readonly intervalSeconds: number;
+    readonly costSeconds: { readonly S2: number; readonly S3: number; readonly S4: number };
+    readonly threshold: number;
+  };
   /**
    * GPU resets in place (remedies.gpuReset on): each node's agent serves its gpu-reset endpoint on
    * a simulated nvidia-smi of 8 GPUs (tryit/fake-nvidia-smi.sh) — the lab has no GPUs.
@@ -124,11 +128,20 @@ export class ProtectedLab {
       ...(options.subnet === undefined ? {} : { subnet: options.subnet }),
     });
     this.job = options.job ?? 'lab-train';
-    this.paths = { code: join(root, 'code'), logs: join(root, 'logs'), checkpoints: join(root, 'checkpoints'), stacks: join(root, 'stacks'), faults: join(root, 'faults') };
+    this.paths = {
+      code: join(root, 'code'),
+      logs: join(root, 'logs'),
+      checkpoints: join(root, 'checkpoints'),
+      stacks: join(root, 'stacks'),
+      faults: join(root, 'faults'),
+    };
     this.credentials = new SimCredentials(root);
     this.log = new JobLog(this.paths.logs, this.job);
     // The controller runs in this process; its log goes to a file under the root unless asked for.
-    this.logger = pino({ name: 'steadfast-controller', level: 'info' }, pino.destination(options.verbose ? { fd: 2, sync: true } : { dest: join(root, 'controller.log'), sync: true }));
+    this.logger = pino(
+      { name: 'steadfast-controller', level: 'info' },
+      pino.destination(options.verbose ? { fd: 2, sync: true } : { dest: join(root, 'controller.log'), sync: true }),
+    );
   }
 
   /** Makes the lab's directory without starting anything, so the caller can arrange cleanup first. */
@@ -199,11 +212,12 @@ export class ProtectedLab {
 
     this.labStarted = true;
     const spares = this.spareNodes.length === 0 ? '' : `, ${this.spareNodes.length} spares`;
-    await this.step(`lab up: ${this.computeNodes.length} slurmd nodes${spares} and ${layout.nodes.length - this.computeNodes.length - this.spareNodes.length} standbys in network namespaces`, () =>
-      labUp({ ...layout.options, dir: layout.dir }),
+    await this.step(
+      `lab up: ${this.computeNodes.length} slurmd nodes${spares} and ${layout.nodes.length - this.computeNodes.length - this.spareNodes.length} standbys in network namespaces`,
+      () => labUp({ ...layout.options, dir: layout.dir }),
     );
     this.redis = await this.step('Redis up', () => startRedis(this.processes, root));
-    if ((this.options.spares ?? 0) > 0) this.rendezvous = await this.step('the ranks\' rendezvous store up on the bridge', () => startRendezvousStore(this));
+    if ((this.options.spares ?? 0) > 0) this.rendezvous = await this.step("the ranks' rendezvous store up on the bridge", () => startRendezvousStore(this));
 
     const [controllerPort, controllerMetricsPort, prometheusPort] = await freePorts(3);
     // On the bridge: the agents' fast path and the ranks' client come from the namespaces.
@@ -227,7 +241,11 @@ export class ProtectedLab {
         stackRoundSeconds: 1,
         ...(this.options.failSlow === undefined
           ? {}
-          : { failSlowIntervalSeconds: this.options.failSlow.intervalSeconds, failSlowCostSeconds: this.options.failSlow.costSeconds, failSlowThreshold: this.options.failSlow.threshold }),
+          : {
+              failSlowIntervalSeconds: this.options.failSlow.intervalSeconds,
+              failSlowCostSeconds: this.options.failSlow.costSeconds,
+              failSlowThreshold: this.options.failSlow.threshold,
+            }),
       },
       // The operator's launcher the job names: real sbatch on the lab's slurm.conf.
       launchers: { [LAB_LAUNCHER]: this.launcher() },
@@ -240,7 +258,12 @@ export class ProtectedLab {
     this.controller = new Controller({ config: this.config, logger: this.logger });
     await this.step(`controller on ${this.controllerUrl}, Slurm backend on the lab's slurm.conf`, () => this.controller.start());
 
-    const alertmanagerConfig = renderAlertmanagerConfig({ webhookUrl: `${this.controllerUrl}/api/v1/alerts`, credentialsFile: this.credentials.alertmanagerTokenFile, groupWait: '0s', groupInterval: '1s' });
+    const alertmanagerConfig = renderAlertmanagerConfig({
+      webhookUrl: `${this.controllerUrl}/api/v1/alerts`,
+      credentialsFile: this.credentials.alertmanagerTokenFile,
+      groupWait: '0s',
+      groupInterval: '1s',
+    });
     this.alertmanager = await this.step('Alertmanager up, routing to the controller', () => startAlertmanager(this.processes, root, alertmanagerConfig));
 
     await this.step(`${layout.nodes.length} agents up, each inside its node's namespaces`, async () => {
@@ -356,7 +379,16 @@ export class ProtectedLab {
     const microbatches = this.options.failSlow === undefined ? {} : { microbatches: { perIteration: nodes.length * LAB_MICROBATCHES_PER_RANK } };
     const spares = this.spareNodes.map((node) => node.name);
     const hotSwap = spares.length === 0 ? {} : { hotSwap: { spares } };
-    const registered = await this.api('/api/v1/jobs', { name: this.job, nodes, ranksPerNode: 1, topology: { dp: nodes.length }, launcher: LAB_LAUNCHER, codeVersion: 'v1', ...microbatches, ...hotSwap });
+    const registered = await this.api('/api/v1/jobs', {
+      name: this.job,
+      nodes,
+      ranksPerNode: 1,
+      topology: { dp: nodes.length },
+      launcher: LAB_LAUNCHER,
+      codeVersion: 'v1',
+      ...microbatches,
+      ...hotSwap,
+    });
     if (registered.status !== 201) throw new LabError(`registering ${this.job} failed: ${registered.status} ${JSON.stringify(registered.body)}`);
     // A hot-swap job's allocation is its nodes and its spares, as the controller's relaunch gives {nodes}.
     const argv = launchArgv(launcher, { job: this.job, nodes: [...nodes, ...spares], version: 'v1' });
@@ -418,7 +450,10 @@ export class ProtectedLab {
   /** Ids of the job's Slurm runs still queued, running or completing. */
   async queued(): Promise<string[]> {
     const stdout = await this.slurm('squeue', ['--noheader', `--name=${this.job}`, '--format=%A']);
-    return stdout.split('\n').map((line) => line.trim()).filter(Boolean);
+    return stdout
+      .split('\n')
+      .map((line) => line.trim())
+      .filter(Boolean);
   }
 
   async sinfo(node: string): Promise<{ state: string; reason: string }> {

@@ -1,7 +1,22 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { AuditEntry } from '../../core/audit.js';
 import { LAB_MICROBATCHES_PER_RANK, type ProtectedLab, type ProtectedLabOptions } from './protected.js';
-import { RECOVERY_TIMEOUT_MS, at, recoveryDeadline, timeLeft, entriesSince, firstStep, judgeEviction, report, step, until, waitForNewRun, waitForRunning, waitForTraining, type ScenarioReport } from './scenario-support.js';
+import {
+  RECOVERY_TIMEOUT_MS,
+  at,
+  recoveryDeadline,
+  timeLeft,
+  entriesSince,
+  firstStep,
+  judgeEviction,
+  report,
+  step,
+  until,
+  waitForNewRun,
+  waitForRunning,
+  waitForTraining,
+  type ScenarioReport,
+} from './scenario-support.js';
 import { slowMachine, type Iteration } from './training.js';
 
 /**
@@ -29,7 +44,11 @@ import { slowMachine, type Iteration } from './training.js';
  * compute time moves by up to a third with the others' load (seen: ×1.31 while rank 1 was
  * slowed); the injected slow-down is about ×3.
  */
-export const FAIL_SLOW_LAB: ProtectedLabOptions = { nodes: 2, standbys: 1, failSlow: { intervalSeconds: 1, costSeconds: { S2: 2, S3: 5, S4: 8 }, threshold: 0.5 } };
+export const FAIL_SLOW_LAB: ProtectedLabOptions = {
+  nodes: 2,
+  standbys: 1,
+  failSlow: { intervalSeconds: 1, costSeconds: { S2: 2, S3: 5, S4: 8 }, threshold: 0.5 },
+};
 
 /** Seconds added to each micro-batch on the slow machine: first what S2 can absorb, then what it cannot. */
 export const SLOWDOWN_SECONDS = 0.04;
@@ -70,7 +89,10 @@ export async function runFailSlow(lab: ProtectedLab, rank = 1): Promise<FailSlow
   const job = lab.job;
   const even = LAB_MICROBATCHES_PER_RANK;
   const total = even * lab.computeNodes.length;
-  const { run: before } = await waitForTraining(lab, (lab.log.iterations(lab.log.runs().at(-1), 0).at(0)?.iteration ?? 0) + 2 * (lab.options.checkpointEvery ?? 10));
+  const { run: before } = await waitForTraining(
+    lab,
+    (lab.log.iterations(lab.log.runs().at(-1), 0).at(0)?.iteration ?? 0) + 2 * (lab.options.checkpointEvery ?? 10),
+  );
   await sleep(BASELINE_MS);
   const known = lab.log.runs();
   const standbys = await lab.controller.backend.standbys();
@@ -87,7 +109,10 @@ export async function runFailSlow(lab: ProtectedLab, rank = 1): Promise<FailSlow
     timeLeft(recoveryDeadline(t0)),
     100,
   );
-  if (onPlan === undefined) problems.push(`rank 0 of run ${before} did not train ${MEASURED_ON_PLAN} iterations on a rebalanced plan within ${RECOVERY_TIMEOUT_MS / 1000} s of the slow-down`);
+  if (onPlan === undefined)
+    problems.push(
+      `rank 0 of run ${before} did not train ${MEASURED_ON_PLAN} iterations on a rebalanced plan within ${RECOVERY_TIMEOUT_MS / 1000} s of the slow-down`,
+    );
   const served = await lab.api(`/api/v1/jobs/${job}/microbatches`);
   const assignment = Array.isArray(served.body.assignment) ? (served.body.assignment as number[]) : [];
 
@@ -101,15 +126,23 @@ export async function runFailSlow(lab: ProtectedLab, rank = 1): Promise<FailSlow
   if (runningAt === undefined) problems.push('the ladder did not see training progress again without the slow machine');
 
   const entries = entriesSince(await lab.audit(), t0, job);
-  const change = entries.find((entry) => entry.type === 'signal' && entry.data.verb === 'failslow_change' && entry.data.rank === rank && entry.data.direction === 'slowdown');
+  const change = entries.find(
+    (entry) => entry.type === 'signal' && entry.data.verb === 'failslow_change' && entry.data.rank === rank && entry.data.direction === 'slowdown',
+  );
   const falseAlarm = entries.find((entry) => entry.type === 'signal' && entry.data.verb === 'failslow_change' && entry.data.rank !== rank);
   const [s2, s3, s4] = [mitigation(entries, 'S2'), mitigation(entries, 'S3'), mitigation(entries, 'S4')];
   if (!change) problems.push(`no verified slow-down of rank ${rank} in the audit`);
   if (falseAlarm) problems.push(`a slow-down reported for a healthy rank: ${falseAlarm.summary}`);
   if (!s2) problems.push('no S2 decision (rebalanced micro-batches)');
   if (!s4) problems.push('no S4 decision (checkpoint and restart without the slow machine)');
-  if (s2 && s4 && !(Date.parse(s2.time) < tWorse && Date.parse(s4.time) > tWorse)) problems.push('S2 was not in force before the machine got worse, or S4 came before it');
-  const { decision, stopped, drained, activated, restarted, standby, record, fresh, resumption } = await judgeEviction(lab, entries, { victim, before, relaunched, standbys, what: 'slowed' }, problems);
+  if (s2 && s4 && !(Date.parse(s2.time) < tWorse && Date.parse(s4.time) > tWorse))
+    problems.push('S2 was not in force before the machine got worse, or S4 came before it');
+  const { decision, stopped, drained, activated, restarted, standby, record, fresh, resumption } = await judgeEviction(
+    lab,
+    entries,
+    { victim, before, relaunched, standbys, what: 'slowed' },
+    problems,
+  );
 
   // The job's iteration time: rank 0's whole step, all-reduce included, waits for the slow rank.
   const all = lab.log.iterations(before, 0);
@@ -127,7 +160,8 @@ export async function runFailSlow(lab: ProtectedLab, rank = 1): Promise<FailSlow
   };
   const { before: healthy, slowed: slow, rebalanced: mitigated } = iterationSeconds;
   if (healthy === null || slow === null || mitigated === null) problems.push(`iteration times missing: ${JSON.stringify(iterationSeconds)}`);
-  else if (!(mitigated < 0.9 * slow)) problems.push(`the plan did not bring the iteration time back: ${mitigated.toFixed(3)} s on it, ${slow.toFixed(3)} s slowed`);
+  else if (!(mitigated < 0.9 * slow))
+    problems.push(`the plan did not bring the iteration time back: ${mitigated.toFixed(3)} s on it, ${slow.toFixed(3)} s slowed`);
   const slowShare = assignment[rank] ?? null;
   if (slowShare !== null && !(slowShare < even)) problems.push(`the plan gave the slow rank ${slowShare} of ${total} micro-batches, not fewer than ${even}`);
 
@@ -136,7 +170,12 @@ export async function runFailSlow(lab: ProtectedLab, rank = 1): Promise<FailSlow
     step(`${victim} (rank ${rank}) made slower: +${SLOWDOWN_SECONDS * 1000} ms per micro-batch`, t0, t0, `iteration ${figures(healthy)} before`),
     step(`detected: rank ${rank}'s pushed compute times, a verified slow-down`, at(change), t0, change?.summary ?? ''),
     step('decided: S2, rebalanced micro-batches', at(s2), t0, s2?.summary ?? ''),
-    step(`the training loop on the plan: rank 0 runs ${onPlan?.[0]?.microbatches ?? '?'} of ${total}`, onPlan?.[0]?.seenAt, t0, `iteration ${figures(slow)} slowed → ${figures(mitigated)} on the plan [${assignment.join(', ')}]`),
+    step(
+      `the training loop on the plan: rank 0 runs ${onPlan?.[0]?.microbatches ?? '?'} of ${total}`,
+      onPlan?.[0]?.seenAt,
+      t0,
+      `iteration ${figures(slow)} slowed → ${figures(mitigated)} on the plan [${assignment.join(', ')}]`,
+    ),
     step(`slowed further: +${WORSE_SLOWDOWN_SECONDS * 1000} ms per micro-batch, more than S2 can hide`, tWorse, t0, ''),
     step('decided: S3, topology plan', at(s3), t0, s3?.summary ?? ''),
     step(`decided: S4, checkpoint and restart without ${victim}`, at(s4), t0, s4?.summary ?? ''),

@@ -1,5 +1,19 @@
 import type { ProtectedLab, ProtectedLabOptions } from './protected.js';
-import { RECOVERY_TIMEOUT_MS, at, recoveryDeadline, beforeNodeFault, entriesSince, firstStep, judgeResumption, receivedAt, report, step, waitForNewRun, waitForRunning, type ScenarioReport } from './scenario-support.js';
+import {
+  RECOVERY_TIMEOUT_MS,
+  at,
+  recoveryDeadline,
+  beforeNodeFault,
+  entriesSince,
+  firstStep,
+  judgeResumption,
+  receivedAt,
+  report,
+  step,
+  waitForNewRun,
+  waitForRunning,
+  type ScenarioReport,
+} from './scenario-support.js';
 
 /** The lab the scenario needs: GPU resets on, each agent on a simulated nvidia-smi. */
 export const GPU_RESET_LAB: ProtectedLabOptions = { gpuReset: true };
@@ -32,7 +46,9 @@ export async function runGpuReset(lab: ProtectedLab): Promise<ScenarioReport> {
   const entries = entriesSince(await lab.audit(), t0, job);
   const signal = entries.find((entry) => entry.type === 'signal' && entry.node === victim && /xid/i.test(entry.summary));
   const decision = entries.find((entry) => entry.type === 'decision' && entry.summary.startsWith(`${job}: reset_gpu`));
-  const reset = entries.find((entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: reset_gpu ${victim}: done`) && /reset through its agent/.test(entry.summary));
+  const reset = entries.find(
+    (entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: reset_gpu ${victim}: done`) && /reset through its agent/.test(entry.summary),
+  );
   const restarted = entries.find((entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: restart: done`));
   const evicted = entries.find((entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: evict`));
   const sinfo = await lab.sinfo(victim);
@@ -44,11 +60,13 @@ export async function runGpuReset(lab: ProtectedLab): Promise<ScenarioReport> {
     const other = entries.filter((entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: reset_gpu`)).map((entry) => entry.summary);
     problems.push(`no GPU reset done through ${victim}'s agent in the audit${other.length > 0 ? `; the reset step: ${other.join(' | ')}` : ''}`);
   }
-  if (!gpus.resets().includes(GPU_INDEX)) problems.push(`the simulated nvidia-smi of ${victim} saw no reset of GPU ${GPU_INDEX} (resets: ${gpus.resets().join(', ') || 'none'})`);
+  if (!gpus.resets().includes(GPU_INDEX))
+    problems.push(`the simulated nvidia-smi of ${victim} saw no reset of GPU ${GPU_INDEX} (resets: ${gpus.resets().join(', ') || 'none'})`);
   if (evicted) problems.push(`the node was evicted: ${evicted.summary}`);
   if (/^drain/.test(sinfo.state)) problems.push(`${victim} is ${sinfo.state} "${sinfo.reason}" in sinfo: a reset in place drains nothing`);
   if (record.nodes.join(',') !== startRecord.nodes.join(',')) problems.push(`the job moved from ${startRecord.nodes.join(', ')} to ${record.nodes.join(', ')}`);
-  if ((await lab.controller.backend.standbys()).join(',') !== standbys.join(',')) problems.push(`a standby was used: ${standbys.join(', ')} before, ${(await lab.controller.backend.standbys()).join(', ')} after`);
+  if ((await lab.controller.backend.standbys()).join(',') !== standbys.join(','))
+    problems.push(`a standby was used: ${standbys.join(', ')} before, ${(await lab.controller.backend.standbys()).join(', ')} after`);
   const resumption = relaunched === undefined ? undefined : judgeResumption(lab, [before], relaunched);
   const timeline = [
     step(`fatal Xid 48 appended to ${victim}'s kernel log`, t0, t0, `NVRM: Xid (PCI:${GPU}): 48, An uncorrectable double bit error (DBE)`),

@@ -1,7 +1,23 @@
 import type { AuditEntry } from '../../core/audit.js';
 import { killNode, referenceLosses, trainingProcesses } from './hot-swap-lab.js';
 import type { ProtectedLab, ProtectedLabOptions } from './protected.js';
-import { RECOVERY_TIMEOUT_MS, at, entriesSince, firstStep, judgeEviction, receivedAt, recoveryDeadline, report, step, timeLeft, until, waitForNewRun, waitForRunning, waitForTraining, type ScenarioReport } from './scenario-support.js';
+import {
+  RECOVERY_TIMEOUT_MS,
+  at,
+  entriesSince,
+  firstStep,
+  judgeEviction,
+  receivedAt,
+  recoveryDeadline,
+  report,
+  step,
+  timeLeft,
+  until,
+  waitForNewRun,
+  waitForRunning,
+  waitForTraining,
+  type ScenarioReport,
+} from './scenario-support.js';
 import { ITERATION, type LogLine } from './training.js';
 
 /**
@@ -54,8 +70,10 @@ function lastIteration(lab: ProtectedLab, run: string, upTo: number): number {
   return last;
 }
 
-const decisionOf = (entries: AuditEntry[], job: string, verb: string): AuditEntry | undefined => entries.find((entry) => entry.type === 'decision' && entry.summary.startsWith(`${job}: ${verb}`));
-const actionOf = (entries: AuditEntry[], pattern: RegExp): AuditEntry | undefined => entries.find((entry) => entry.type === 'action' && pattern.test(entry.summary));
+const decisionOf = (entries: AuditEntry[], job: string, verb: string): AuditEntry | undefined =>
+  entries.find((entry) => entry.type === 'decision' && entry.summary.startsWith(`${job}: ${verb}`));
+const actionOf = (entries: AuditEntry[], pattern: RegExp): AuditEntry | undefined =>
+  entries.find((entry) => entry.type === 'action' && pattern.test(entry.summary));
 
 /** Case 1: a fatal Xid on the job's first node, and its rank killed; the spare takes its place in the running job. */
 export async function runHotSwap(lab: ProtectedLab): Promise<ScenarioReport> {
@@ -76,12 +94,23 @@ export async function runHotSwap(lab: ProtectedLab): Promise<ScenarioReport> {
 
   // Every rank says it joined the new epoch; then rank 0 trains the step after the one they agreed on.
   const swapped = await until(
-    () => linesOf(lab, run, mark).flatMap(({ index, line }) => (SWAPPED.test(line.text) ? [{ index, line, match: SWAPPED.exec(line.text) as RegExpExecArray }] : [])),
+    () =>
+      linesOf(lab, run, mark).flatMap(({ index, line }) =>
+        SWAPPED.test(line.text) ? [{ index, line, match: SWAPPED.exec(line.text) as RegExpExecArray }] : [],
+      ),
     (found) => new Set(found.map(({ match }) => match[1])).size >= ranks,
     Math.min(60_000, timeLeft(deadline)),
     50,
   );
-  if (swapped === undefined) problems.push(`not every rank joined a new epoch within 60 s: ${linesOf(lab, run, mark).filter(({ line }) => /hot swap/.test(line.text)).map(({ line }) => line.text).join(' | ') || 'no hot swap line'}`);
+  if (swapped === undefined)
+    problems.push(
+      `not every rank joined a new epoch within 60 s: ${
+        linesOf(lab, run, mark)
+          .filter(({ line }) => /hot swap/.test(line.text))
+          .map(({ line }) => line.text)
+          .join(' | ') || 'no hot swap line'
+      }`,
+    );
   const resumedFrom = swapped === undefined ? null : Math.min(...swapped.map(({ match }) => Number(match[4])));
   const swapIndex = swapped === undefined ? lab.log.lines.length : Math.min(...swapped.map(({ index }) => index));
   const firstAfter = await until(
@@ -94,7 +123,12 @@ export async function runHotSwap(lab: ProtectedLab): Promise<ScenarioReport> {
   if (runningAt === undefined) problems.push('the ladder did not call the job running again');
   // Train on past the compared steps, then ask an unfaulted run for the same steps.
   const comparedUpTo = (resumedFrom ?? 0) + COMPARED_STEPS;
-  await until(() => lab.log.iterations(run, 0).at(-1)?.iteration ?? 0, (last) => last >= comparedUpTo, Math.min(60_000, timeLeft(deadline)), 100);
+  await until(
+    () => lab.log.iterations(run, 0).at(-1)?.iteration ?? 0,
+    (last) => last >= comparedUpTo,
+    Math.min(60_000, timeLeft(deadline)),
+    100,
+  );
   const reference = await referenceLosses(lab, ranks, comparedUpTo);
 
   const after = new Map<number, number>();
@@ -108,12 +142,25 @@ export async function runHotSwap(lab: ProtectedLab): Promise<ScenarioReport> {
     return mine === undefined || theirs === undefined || Math.abs(mine - theirs) > 1e-6;
   });
   const lossMatches = resumedFrom !== null && mismatched.length === 0;
-  if (!lossMatches) problems.push(`losses after the swap differ from the unfaulted run at steps ${mismatched.join(', ')}: ${mismatched.map((n) => `${n}: ${after.get(n) ?? '—'} vs ${reference.get(n) ?? '—'}`).join('; ')}`);
+  if (!lossMatches)
+    problems.push(
+      `losses after the swap differ from the unfaulted run at steps ${mismatched.join(', ')}: ${mismatched.map((n) => `${n}: ${after.get(n) ?? '—'} vs ${reference.get(n) ?? '—'}`).join('; ')}`,
+    );
   const lastBefore = lastIteration(lab, run, swapIndex);
   const reexecutedIterations = resumedFrom === null ? null : Math.max(0, lastBefore - resumedFrom);
   // A rank announces its pid when it starts training: a pid not seen before the fault is a rank started anew (the spare was there, idle).
-  const known = new Set(trainingProcesses(lab, run).filter((proc) => proc.line.seenAt < t0).map((proc) => proc.pid));
-  const restarted = new Set(lab.log.lines.slice(mark).flatMap((line) => /^\[rank \d+\] pid (\d+) on /.exec(line.text)?.slice(1, 2) ?? []).map(Number).filter((pid) => !known.has(pid))).size;
+  const known = new Set(
+    trainingProcesses(lab, run)
+      .filter((proc) => proc.line.seenAt < t0)
+      .map((proc) => proc.pid),
+  );
+  const restarted = new Set(
+    lab.log.lines
+      .slice(mark)
+      .flatMap((line) => /^\[rank \d+\] pid (\d+) on /.exec(line.text)?.slice(1, 2) ?? [])
+      .map(Number)
+      .filter((pid) => !known.has(pid)),
+  ).size;
   if (lab.log.runs().at(-1) !== run) problems.push(`Slurm ran the job again: ${lab.log.runs().join(' → ')}`);
   if (restarted > 0) problems.push(`${restarted} rank processes were started anew`);
   if (reexecutedIterations !== null && reexecutedIterations > 1) problems.push(`${reexecutedIterations} iterations were executed again (at most 1)`);
@@ -125,7 +172,11 @@ export async function runHotSwap(lab: ProtectedLab): Promise<ScenarioReport> {
   const done = entries.find((entry) => entry.type === 'decision' && /hot swap done/.test(entry.summary));
   const sinfo = await lab.sinfo(victim);
   if (!decision) problems.push('no hot_swap decision in the audit');
-  else if (!/DeadPool/.test(decision.summary + JSON.stringify(decision.data ?? {})) || !/ByteRobust/.test(decision.summary + JSON.stringify(decision.data ?? {}))) problems.push('the hot_swap decision does not cite DeadPool and ByteRobust');
+  else if (
+    !/DeadPool/.test(decision.summary + JSON.stringify(decision.data ?? {})) ||
+    !/ByteRobust/.test(decision.summary + JSON.stringify(decision.data ?? {}))
+  )
+    problems.push('the hot_swap decision does not cite DeadPool and ByteRobust');
   if (decisionOf(entries, job, 'evict') || decisionOf(entries, job, 'stop')) problems.push('the ladder also stopped or evicted the job');
   if (!/^drain/.test(sinfo.state)) problems.push(`${victim} is ${sinfo.state} in sinfo, not drained`);
   const record = await lab.jobRecord();
@@ -136,14 +187,32 @@ export async function runHotSwap(lab: ProtectedLab): Promise<ScenarioReport> {
     step('detected: the agent on the node posted it, the controller stored the signal', receivedAt(signal), t0, signal?.summary ?? ''),
     step('decided: hot swap onto a spare', at(decision), t0, decision?.summary ?? ''),
     step(`epoch opened: ${spare ?? '?'} in place of ${victim}`, at(opened), t0, opened?.summary ?? ''),
-    step(`every rank joined the new epoch, resumed from step ${resumedFrom ?? '?'}`, swapped === undefined ? undefined : Math.max(...swapped.map(({ line }) => line.seenAt)), t0, swapped?.map(({ line }) => line.text).join(' | ') ?? ''),
-    step(`first iteration after the swap: step ${first ?? '?'}`, firstAfter?.line.seenAt, t0, first === undefined ? '' : `rank 0 loss ${after.get(first) ?? '?'}; the unfaulted run had ${reference.get(first) ?? '?'}`),
+    step(
+      `every rank joined the new epoch, resumed from step ${resumedFrom ?? '?'}`,
+      swapped === undefined ? undefined : Math.max(...swapped.map(({ line }) => line.seenAt)),
+      t0,
+      swapped?.map(({ line }) => line.text).join(' | ') ?? '',
+    ),
+    step(
+      `first iteration after the swap: step ${first ?? '?'}`,
+      firstAfter?.line.seenAt,
+      t0,
+      first === undefined ? '' : `rank 0 loss ${after.get(first) ?? '?'}; the unfaulted run had ${reference.get(first) ?? '?'}`,
+    ),
     step('hot swap done (every rank stepped in the epoch)', at(done), t0, done?.summary ?? ''),
     step('the ladder saw training progress: running', runningAt, t0, `nodes ${record.nodes.join(', ')}`),
   ];
   const judged = await report(lab, 'hot-swap', t0, undefined, [run], timeline, problems);
   const recoverySeconds = firstAfter === undefined ? null : Math.round((firstAfter.line.seenAt - t0) / 100) / 10;
-  return { ...judged, recoverySeconds, resumedFromStep: resumedFrom, lostIterations: reexecutedIterations, reexecutedIterations, ranksRestarted: restarted, lossMatches };
+  return {
+    ...judged,
+    recoverySeconds,
+    resumedFromStep: resumedFrom,
+    lostIterations: reexecutedIterations,
+    reexecutedIterations,
+    ranksRestarted: restarted,
+    lossMatches,
+  };
 }
 
 /**
@@ -166,7 +235,12 @@ export async function runHotSwapSpareDies(lab: ProtectedLab): Promise<ScenarioRe
   killNode(lab, run, victim);
   const deadline = recoveryDeadline(t0);
   // The moment the epoch opens, the spare it calls dies.
-  const opened = await until(() => world(lab), (now) => now.epoch > before.epoch && now.swap !== null, Math.min(30_000, timeLeft(deadline)), 20);
+  const opened = await until(
+    () => world(lab),
+    (now) => now.epoch > before.epoch && now.swap !== null,
+    Math.min(30_000, timeLeft(deadline)),
+    20,
+  );
   const calledSpare = opened?.swap?.replaced[victim];
   const killedSpare = calledSpare === undefined ? [] : killNode(lab, run, calledSpare, 'spares');
   const killedAt = Date.now();
@@ -193,7 +267,12 @@ export async function runHotSwapSpareDies(lab: ProtectedLab): Promise<ScenarioRe
     step(`fatal Xid 79 appended to ${victim}'s kernel log, its rank killed`, t0, t0, ''),
     step('detected: the agent on the node posted it, the controller stored the signal', receivedAt(signal), t0, signal?.summary ?? ''),
     step('decided: hot swap onto a spare', at(decision), t0, decision?.summary ?? ''),
-    step(`spare ${calledSpare ?? '?'} killed as its epoch opened (pid ${killedSpare.join(', ') || '?'})`, calledSpare === undefined ? undefined : killedAt, t0, ''),
+    step(
+      `spare ${calledSpare ?? '?'} killed as its epoch opened (pid ${killedSpare.join(', ') || '?'})`,
+      calledSpare === undefined ? undefined : killedAt,
+      t0,
+      '',
+    ),
     step('the swap failed: falling back to stop and relaunch', at(failed), t0, failed?.summary ?? ''),
     step(`stopped: run ${run} cancelled and gone`, at(eviction.stopped), t0, eviction.stopped?.summary ?? ''),
     step(`standby ${eviction.standby ?? '?'} activated`, at(eviction.activated), t0, eviction.activated?.summary ?? ''),

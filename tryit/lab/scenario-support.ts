@@ -45,7 +45,6 @@ export interface ScenarioReport {
   readonly context?: string[];
 }
 
-
 /**
  * How long a scenario may take from the fault to the ladder calling the job healthy again: every
  * wait after the fault shares this one deadline, so a scenario that does not recover is reported,
@@ -84,7 +83,13 @@ export async function waitForTraining(lab: ProtectedLab, minIteration: number, t
     (value) => value !== undefined && value.iteration.iteration >= minIteration,
     timeoutMs,
   );
-  if (!found) throw new Error(`the job did not train to iteration ${minIteration} within ${timeoutMs / 1000} s; log tail:\n${lab.log.lines.slice(-20).map((line) => line.text).join('\n')}`);
+  if (!found)
+    throw new Error(
+      `the job did not train to iteration ${minIteration} within ${timeoutMs / 1000} s; log tail:\n${lab.log.lines
+        .slice(-20)
+        .map((line) => line.text)
+        .join('\n')}`,
+    );
   return found;
 }
 
@@ -120,7 +125,8 @@ export function judgeResumption(lab: ProtectedLab, interrupted: readonly string[
   const resume = lab.log.resumedFrom(relaunched);
   const resumedFrom = resume?.step ?? null;
   if (resume === undefined) problems.push(`run ${relaunched} never said where it resumed`);
-  else if (newestComplete >= 0 && resumedFrom !== newestComplete) problems.push(`run ${relaunched} resumed from ${resume.source} step ${String(resumedFrom)}, not from the newest complete checkpoint ${newestComplete}`);
+  else if (newestComplete >= 0 && resumedFrom !== newestComplete)
+    problems.push(`run ${relaunched} resumed from ${resume.source} step ${String(resumedFrom)}, not from the newest complete checkpoint ${newestComplete}`);
   const firstIteration = lab.log.iterations(relaunched, 0)[0];
   if (resumedFrom !== null && firstIteration !== undefined && firstIteration.iteration !== resumedFrom + 1) {
     problems.push(`run ${relaunched} trained step ${firstIteration.iteration} first, not ${resumedFrom + 1}`);
@@ -139,22 +145,47 @@ export function judgeResumption(lab: ProtectedLab, interrupted: readonly string[
       // ran another share): the run must at least not have started over. The start is the job's
       // own first step, not the interrupted run's, which may itself have resumed well trained.
       const start = lab.log.iterations(undefined, 0).find((step) => step.iteration === 1) ?? before[0];
-      if (start !== undefined && firstIteration.loss > start.loss / 2) problems.push(`loss ${firstIteration.loss} after the restart is no better than at the start (${start.loss})`);
+      if (start !== undefined && firstIteration.loss > start.loss / 2)
+        problems.push(`loss ${firstIteration.loss} after the restart is no better than at the start (${start.loss})`);
     }
   }
-  return { resumedFrom, source: resume?.source ?? '', firstIteration, lossBefore: same !== undefined && same.microbatches === firstIteration?.microbatches ? same.loss : undefined, lostIterations: resumedFrom === null ? null : Math.max(0, lastBefore - resumedFrom), problems };
+  return {
+    resumedFrom,
+    source: resume?.source ?? '',
+    firstIteration,
+    lossBefore: same !== undefined && same.microbatches === firstIteration?.microbatches ? same.loss : undefined,
+    lostIterations: resumedFrom === null ? null : Math.max(0, lastBefore - resumedFrom),
+    problems,
+  };
 }
 
 /** The timeline's line for the relaunched run's first step: where it resumed and its loss against the interrupted run's. */
 export function firstStep(resumption: Resumption | undefined, run: string | undefined, t0: number): TimelineStep {
   const first = resumption?.firstIteration;
-  const loss = first === undefined ? '' : `; rank 0 loss ${first.loss}${resumption?.lossBefore === undefined ? '' : ` (the interrupted run had ${resumption.lossBefore} at this step)`}`;
-  return step(`first iteration of run ${run ?? '?'}: step ${first?.iteration ?? '?'}`, first?.seenAt, t0, `resumed from the ${resumption?.source ?? '?'}${loss}`);
+  const loss =
+    first === undefined
+      ? ''
+      : `; rank 0 loss ${first.loss}${resumption?.lossBefore === undefined ? '' : ` (the interrupted run had ${resumption.lossBefore} at this step)`}`;
+  return step(
+    `first iteration of run ${run ?? '?'}: step ${first?.iteration ?? '?'}`,
+    first?.seenAt,
+    t0,
+    `resumed from the ${resumption?.source ?? '?'}${loss}`,
+  );
 }
 
 /** Waits until the ladder calls the job healthy: running again, on the nodes and version `ok` wants. */
-export async function waitForRunning(lab: ProtectedLab, ok: (job: { state: string; nodes: string[]; version: string }) => boolean, deadline: number): Promise<number | undefined> {
-  const seen = await until(() => lab.jobRecord(), (job) => job.state === 'running' && ok(job), timeLeft(deadline), 250);
+export async function waitForRunning(
+  lab: ProtectedLab,
+  ok: (job: { state: string; nodes: string[]; version: string }) => boolean,
+  deadline: number,
+): Promise<number | undefined> {
+  const seen = await until(
+    () => lab.jobRecord(),
+    (job) => job.state === 'running' && ok(job),
+    timeLeft(deadline),
+    250,
+  );
   return seen === undefined ? undefined : Date.now();
 }
 
@@ -176,7 +207,16 @@ export function step(label: string, time: number | undefined, t0: number, detail
  * The scenario's report; one that did not recover carries the lab's context (`since`: when the
  * scenario injected its fault, `t0` when that is the moment recovery is counted from).
  */
-export async function report(lab: ProtectedLab, name: string, t0: number, resumption: Resumption | undefined, runs: string[], timeline: TimelineStep[], problems: string[], since = t0): Promise<ScenarioReport> {
+export async function report(
+  lab: ProtectedLab,
+  name: string,
+  t0: number,
+  resumption: Resumption | undefined,
+  runs: string[],
+  timeline: TimelineStep[],
+  problems: string[],
+  since = t0,
+): Promise<ScenarioReport> {
   const first = resumption?.firstIteration;
   const all = [...problems, ...(resumption?.problems ?? [])];
   const judged: ScenarioReport = {
@@ -210,32 +250,46 @@ async function labContext(lab: ProtectedLab, since: number): Promise<string[]> {
   await attempt('Slurm queue', async () => [`Slurm runs queued or running: ${(await lab.queued()).join(', ') || 'none'}`]);
   await attempt('audit', async () => {
     const entries = entriesSince(await lab.audit(), since, lab.job).sort((a, b) => Date.parse(a.time) - Date.parse(b.time));
-    return [`audit since the fault (${entries.length} entries, the last ${Math.min(entries.length, CONTEXT_LINES)}):`, ...entries.slice(-CONTEXT_LINES).map((entry) => `  ${offset(Date.parse(entry.time))} ${entry.type}: ${entry.summary.slice(0, 300)}`)];
+    return [
+      `audit since the fault (${entries.length} entries, the last ${Math.min(entries.length, CONTEXT_LINES)}):`,
+      ...entries.slice(-CONTEXT_LINES).map((entry) => `  ${offset(Date.parse(entry.time))} ${entry.type}: ${entry.summary.slice(0, 300)}`),
+    ];
   });
   // A scrape that fails or times out hides a node's series (the progress check then waits on the fast path alone).
   await attempt('Prometheus targets', async () => {
     const response = await fetch(`${lab.prometheus.url}/api/v1/targets?state=active`, { signal: AbortSignal.timeout(5000) });
-    const body = (await response.json()) as { data: { activeTargets: { labels: Record<string, string>; health: string; lastError: string; lastScrapeDuration: number }[] } };
+    const body = (await response.json()) as {
+      data: { activeTargets: { labels: Record<string, string>; health: string; lastError: string; lastScrapeDuration: number }[] };
+    };
     return [
       'Prometheus targets:',
-      ...body.data.activeTargets.map((target) => `  ${target.labels.job ?? '?'} ${target.labels.node ?? target.labels.instance ?? '?'}: ${target.health}, last scrape ${Math.round(target.lastScrapeDuration * 1000)} ms${target.lastError ? `, ${target.lastError.slice(0, 200)}` : ''}`),
+      ...body.data.activeTargets.map(
+        (target) =>
+          `  ${target.labels.job ?? '?'} ${target.labels.node ?? target.labels.instance ?? '?'}: ${target.health}, last scrape ${Math.round(target.lastScrapeDuration * 1000)} ms${target.lastError ? `, ${target.lastError.slice(0, 200)}` : ''}`,
+      ),
     ];
   });
-  lines.push(`job log, the last ${CONTEXT_LINES} lines:`, ...lab.log.lines.slice(-CONTEXT_LINES).map((line) => `  [${line.slurmJob}] ${line.text.slice(0, 300)}`));
+  lines.push(
+    `job log, the last ${CONTEXT_LINES} lines:`,
+    ...lab.log.lines.slice(-CONTEXT_LINES).map((line) => `  [${line.slurmJob}] ${line.text.slice(0, 300)}`),
+  );
   const controllerLog = lab.controllerLogPath;
   if (controllerLog !== undefined) {
     await attempt('controller log', async () => {
-      const warnings = (await readFile(controllerLog, 'utf8'))
-        .split('\n')
-        .flatMap((line) => {
-          try {
-            const entry = JSON.parse(line) as { level?: number; time?: number; msg?: string; err?: { message?: string } };
-            return (entry.level ?? 0) >= 40 && (entry.time ?? 0) >= since ? [`  ${offset(entry.time ?? since)} ${entry.msg ?? ''}${entry.err?.message ? `: ${entry.err.message}` : ''}`.slice(0, 300)] : [];
-          } catch {
-            return [];
-          }
-        });
-      return [`controller warnings since the fault (${warnings.length}, the last ${Math.min(warnings.length, CONTEXT_LINES)}):`, ...warnings.slice(-CONTEXT_LINES)];
+      const warnings = (await readFile(controllerLog, 'utf8')).split('\n').flatMap((line) => {
+        try {
+          const entry = JSON.parse(line) as { level?: number; time?: number; msg?: string; err?: { message?: string } };
+          return (entry.level ?? 0) >= 40 && (entry.time ?? 0) >= since
+            ? [`  ${offset(entry.time ?? since)} ${entry.msg ?? ''}${entry.err?.message ? `: ${entry.err.message}` : ''}`.slice(0, 300)]
+            : [];
+        } catch {
+          return [];
+        }
+      });
+      return [
+        `controller warnings since the fault (${warnings.length}, the last ${Math.min(warnings.length, CONTEXT_LINES)}):`,
+        ...warnings.slice(-CONTEXT_LINES),
+      ];
     });
   }
   return lines;
@@ -253,7 +307,6 @@ export const receivedAt = (entry: AuditEntry | undefined): number | undefined =>
   return signal?.receivedAt === undefined ? at(entry) : Date.parse(signal.receivedAt);
 };
 
-
 /**
  * What an eviction onto a warm standby left on the record, and what is wrong with it: the
  * decision, the stop (the old run cancelled), the drain, a standby from the reservation in the
@@ -262,7 +315,13 @@ export const receivedAt = (entry: AuditEntry | undefined): number | undefined =>
 export async function judgeEviction(
   lab: ProtectedLab,
   entries: AuditEntry[],
-  scenario: { readonly victim: string; readonly before: string; readonly relaunched: string | undefined; readonly standbys: readonly string[]; readonly what: string },
+  scenario: {
+    readonly victim: string;
+    readonly before: string;
+    readonly relaunched: string | undefined;
+    readonly standbys: readonly string[];
+    readonly what: string;
+  },
   problems: string[],
 ): Promise<{
   decision: AuditEntry | undefined;
@@ -293,7 +352,8 @@ export async function judgeEviction(
   if (standby === undefined || !standbys.includes(standby)) problems.push(`no warm standby from the reservation (${standbys.join(', ')}) was activated`);
   else if (!record.nodes.includes(standby)) problems.push(`the job runs on ${record.nodes.join(', ')}, without standby ${standby}`);
   const freshNodes = fresh ? expandHostlist(fresh.nodes) : [];
-  if (fresh && (freshNodes.includes(victim) || (standby !== undefined && !freshNodes.includes(standby)))) problems.push(`run ${relaunched ?? ''} runs on ${fresh.nodes}`);
+  if (fresh && (freshNodes.includes(victim) || (standby !== undefined && !freshNodes.includes(standby))))
+    problems.push(`run ${relaunched ?? ''} runs on ${fresh.nodes}`);
   const resumption = relaunched === undefined ? undefined : judgeResumption(lab, [before], relaunched);
   return { decision, stopped, drained, activated, restarted, standby, record, fresh, resumption };
 }
@@ -302,7 +362,9 @@ export async function judgeEviction(
  * Where a fault on a job's node starts from: the job trained past two checkpoints, the runs seen
  * so far, the job's record, its first node (the victim) and the standbys held.
  */
-export async function beforeNodeFault(lab: ProtectedLab): Promise<{ before: string; known: string[]; startRecord: { state: string; nodes: string[]; version: string }; victim: string; standbys: string[] }> {
+export async function beforeNodeFault(
+  lab: ProtectedLab,
+): Promise<{ before: string; known: string[]; startRecord: { state: string; nodes: string[]; version: string }; victim: string; standbys: string[] }> {
   const { run: before } = await waitForTraining(lab, 2 * (lab.options.checkpointEvery ?? 10) + 3);
   const known = lab.log.runs();
   const startRecord = await lab.jobRecord();

@@ -5,7 +5,25 @@ import { join } from 'node:path';
 import { triggerRankCrash, triggerRankHang, writeCodeVersion } from './training.js';
 import { FAIL_SLOW_LAB, runFailSlow } from './scenario-fail-slow.js';
 import { HOT_SWAP_LAB, runHotSwap, runHotSwapSpareDies } from './scenario-hot-swap.js';
-import { RECOVERY_TIMEOUT_MS, at, recoveryDeadline, timeLeft, beforeNodeFault, entriesSince, firstStep, judgeEviction, judgeResumption, receivedAt, report, step, until, waitForNewRun, waitForRunning, waitForTraining, type ScenarioReport } from './scenario-support.js';
+import {
+  RECOVERY_TIMEOUT_MS,
+  at,
+  recoveryDeadline,
+  timeLeft,
+  beforeNodeFault,
+  entriesSince,
+  firstStep,
+  judgeEviction,
+  judgeResumption,
+  receivedAt,
+  report,
+  step,
+  until,
+  waitForNewRun,
+  waitForRunning,
+  waitForTraining,
+  type ScenarioReport,
+} from './scenario-support.js';
 
 export { waitForTraining, type ScenarioReport, type TimelineStep } from './scenario-support.js';
 
@@ -51,14 +69,27 @@ export async function runMachineFault(lab: ProtectedLab): Promise<ScenarioReport
   const entries = entriesSince(await lab.audit(), t0, job);
   const signal = entries.find((entry) => entry.type === 'signal' && entry.node === victim && /xid/i.test(entry.summary));
   // The alert names the node, which has left the job: look beyond the job's entries for it.
-  const alert = (await lab.audit()).find((entry) => Date.parse(entry.time) >= t0 && entry.type === 'signal' && entry.node === victim && /^alertmanager reports Xid 79/.test(entry.summary));
+  const alert = (await lab.audit()).find(
+    (entry) => Date.parse(entry.time) >= t0 && entry.type === 'signal' && entry.node === victim && /^alertmanager reports Xid 79/.test(entry.summary),
+  );
   const sinfo = await lab.sinfo(victim);
 
   if (!signal) problems.push(`no Xid signal from ${victim} in the audit`);
-  if (!/^drain/.test(sinfo.state) || !/Xid/.test(sinfo.reason)) problems.push(`${victim} is ${sinfo.state} "${sinfo.reason}" in sinfo, not drained for the Xid`);
-  const { decision, stopped, drained, activated, restarted, standby, record, fresh, resumption } = await judgeEviction(lab, entries, { victim, before, relaunched, standbys, what: 'interrupted' }, problems);
+  if (!/^drain/.test(sinfo.state) || !/Xid/.test(sinfo.reason))
+    problems.push(`${victim} is ${sinfo.state} "${sinfo.reason}" in sinfo, not drained for the Xid`);
+  const { decision, stopped, drained, activated, restarted, standby, record, fresh, resumption } = await judgeEviction(
+    lab,
+    entries,
+    { victim, before, relaunched, standbys, what: 'interrupted' },
+    problems,
+  );
   const timeline = [
-    step(`fatal Xid 79 appended to ${victim}'s kernel log`, t0, t0, `NVRM: Xid (PCI:0000:3a:00): 79, pid=${Number.isNaN(pid) ? '?' : pid}, name=python3, GPU has fallen off the bus.`),
+    step(
+      `fatal Xid 79 appended to ${victim}'s kernel log`,
+      t0,
+      t0,
+      `NVRM: Xid (PCI:0000:3a:00): 79, pid=${Number.isNaN(pid) ? '?' : pid}, name=python3, GPU has fallen off the bus.`,
+    ),
     step('detected: the agent on the node posted it, the controller stored the signal', receivedAt(signal), t0, signal?.summary ?? ''),
     step('decided: stop, evict, restart', at(decision), t0, decision?.summary ?? ''),
     step(`stopped: run ${before} cancelled and gone`, at(stopped), t0, stopped?.summary ?? ''),
@@ -76,7 +107,10 @@ export async function runMachineFault(lab: ProtectedLab): Promise<ScenarioReport
 export async function runBadCode(lab: ProtectedLab, badVersion = 'v2'): Promise<ScenarioReport> {
   const problems: string[] = [];
   const job = lab.job;
-  const { run: before } = await waitForTraining(lab, (lab.log.iterations(lab.log.runs().at(-1), 0).at(0)?.iteration ?? 0) + 2 * (lab.options.checkpointEvery ?? 10));
+  const { run: before } = await waitForTraining(
+    lab,
+    (lab.log.iterations(lab.log.runs().at(-1), 0).at(0)?.iteration ?? 0) + 2 * (lab.options.checkpointEvery ?? 10),
+  );
   const known = lab.log.runs();
   const good = (await lab.jobRecord()).version;
   writeCodeVersion(lab.paths, badVersion, "unsupported operand type(s) for *: 'NoneType' and 'float'");
@@ -93,7 +127,15 @@ export async function runBadCode(lab: ProtectedLab, badVersion = 'v2'): Promise<
     100,
   );
   if (badRun === undefined) problems.push(`no run of ${badVersion} started`);
-  const failedLine = badRun === undefined ? undefined : await until(() => lab.log.find(badRun, /^srun: error: .*Exited with exit code/), (line) => line !== undefined, timeLeft(deadline), 100);
+  const failedLine =
+    badRun === undefined
+      ? undefined
+      : await until(
+          () => lab.log.find(badRun, /^srun: error: .*Exited with exit code/),
+          (line) => line !== undefined,
+          timeLeft(deadline),
+          100,
+        );
   if (badRun !== undefined && failedLine === undefined) problems.push(`run ${badRun} of ${badVersion} did not fail`);
   const relaunched = await waitForNewRun(lab, [...known, ...(badRun === undefined ? [] : [badRun])], deadline);
   if (relaunched === undefined) problems.push(`no run trained after the rollback within ${RECOVERY_TIMEOUT_MS / 1000} s of the fault`);
@@ -102,11 +144,15 @@ export async function runBadCode(lab: ProtectedLab, badVersion = 'v2'): Promise<
 
   const entries = entriesSince(await lab.audit(), t0, job);
   const updateStop = entries.find((entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: stop: done`));
-  const updateLaunch = entries.find((entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: restart: done`) && entry.summary.includes(`launched ${badVersion}`));
+  const updateLaunch = entries.find(
+    (entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: restart: done`) && entry.summary.includes(`launched ${badVersion}`),
+  );
   const signal = entries.find((entry) => entry.type === 'signal' && /worker_failed/.test(entry.summary) && /user_code/.test(entry.summary));
   const decision = entries.find((entry) => entry.type === 'decision' && entry.summary.startsWith(`${job}: rollback`));
   const rolledBack = entries.find((entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: rollback: done`));
-  const restarted = entries.find((entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: restart: done`) && entry.summary.includes(`launched ${good}`));
+  const restarted = entries.find(
+    (entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: restart: done`) && entry.summary.includes(`launched ${good}`),
+  );
   const record = await lab.jobRecord();
   const bad = badRun === undefined ? undefined : await lab.slurmJob(badRun).catch(() => undefined);
   const exception = badRun === undefined ? undefined : lab.log.find(badRun, /^TypeError: /);
@@ -118,7 +164,12 @@ export async function runBadCode(lab: ProtectedLab, badVersion = 'v2'): Promise<
   const resumption = relaunched === undefined ? undefined : judgeResumption(lab, [before], relaunched);
   const failedAt = failedLine?.seenAt;
   const timeline = [
-    step(`urgent code update to ${badVersion} posted`, t0, t0, `POST /api/v1/jobs/${job}/code-updates → ${update.status} ${JSON.stringify(update.body.steps ?? '')}`),
+    step(
+      `urgent code update to ${badVersion} posted`,
+      t0,
+      t0,
+      `POST /api/v1/jobs/${job}/code-updates → ${update.status} ${JSON.stringify(update.body.steps ?? '')}`,
+    ),
     step(`stopped: run ${before} cancelled`, at(updateStop), t0, updateStop?.summary ?? ''),
     step(`relaunched on ${badVersion}: run ${badRun ?? '?'}`, at(updateLaunch), t0, updateLaunch?.summary ?? ''),
     step(`run ${badRun ?? '?'} failed: ${exception?.text ?? 'TypeError'}`, failedAt, t0, failedLine?.text ?? ''),
@@ -130,7 +181,16 @@ export async function runBadCode(lab: ProtectedLab, badVersion = 'v2'): Promise<
     step(`the ladder saw training progress on ${good}: running`, runningAt, t0, ''),
   ];
   // Recovery is counted from the failure itself, not from the update that brought it.
-  const result = await report(lab, 'bad-code', failedAt ?? t0, resumption, [before, ...(badRun === undefined ? [] : [badRun]), ...(relaunched === undefined ? [] : [relaunched])], timeline, problems, t0);
+  const result = await report(
+    lab,
+    'bad-code',
+    failedAt ?? t0,
+    resumption,
+    [before, ...(badRun === undefined ? [] : [badRun]), ...(relaunched === undefined ? [] : [relaunched])],
+    timeline,
+    problems,
+    t0,
+  );
   return result;
 }
 
@@ -138,14 +198,22 @@ export async function runBadCode(lab: ProtectedLab, badVersion = 'v2'): Promise<
 export async function runCrash(lab: ProtectedLab, rank = 1): Promise<ScenarioReport> {
   const problems: string[] = [];
   const job = lab.job;
-  const { run: before } = await waitForTraining(lab, (lab.log.iterations(lab.log.runs().at(-1), 0).at(0)?.iteration ?? 0) + 2 * (lab.options.checkpointEvery ?? 10));
+  const { run: before } = await waitForTraining(
+    lab,
+    (lab.log.iterations(lab.log.runs().at(-1), 0).at(0)?.iteration ?? 0) + 2 * (lab.options.checkpointEvery ?? 10),
+  );
   const known = lab.log.runs();
   const startRecord = await lab.jobRecord();
   const t0 = Date.now();
   const deadline = recoveryDeadline(t0);
   triggerRankCrash(lab.paths, rank);
 
-  const failedLine = await until(() => lab.log.find(before, /^srun: error: .*Exited with exit code/), (line) => line !== undefined, Math.min(60_000, timeLeft(deadline)), 100);
+  const failedLine = await until(
+    () => lab.log.find(before, /^srun: error: .*Exited with exit code/),
+    (line) => line !== undefined,
+    Math.min(60_000, timeLeft(deadline)),
+    100,
+  );
   if (failedLine === undefined) problems.push(`run ${before} did not fail after rank ${rank} was made to crash`);
   const relaunched = await waitForNewRun(lab, known, deadline);
   if (relaunched === undefined) problems.push(`no run trained after the crash within ${RECOVERY_TIMEOUT_MS / 1000} s of the fault`);
@@ -165,7 +233,8 @@ export async function runCrash(lab: ProtectedLab, rank = 1): Promise<ScenarioRep
   else if (!/crash fault/.test(signal.summary)) problems.push(`the failure was not classified as a crash: ${signal.summary}`);
   if (!decision) problems.push('no stop-time diagnostics decision');
   if (!reattempt) problems.push('no reattempt decision after the diagnostics');
-  if (record.nodes.join(',') !== startRecord.nodes.join(',')) problems.push(`the job moved from ${startRecord.nodes.join(', ')} to ${record.nodes.join(', ')}: a reattempt stays in place`);
+  if (record.nodes.join(',') !== startRecord.nodes.join(','))
+    problems.push(`the job moved from ${startRecord.nodes.join(', ')} to ${record.nodes.join(', ')}: a reattempt stays in place`);
   if (crashed && !/FAILED/.test(crashed.state)) problems.push(`run ${before} ended ${crashed.state}, not FAILED`);
   const resumption = relaunched === undefined ? undefined : judgeResumption(lab, [before], relaunched);
   const exception = lab.log.find(before, /^RuntimeError: CUDA error/);
@@ -206,9 +275,13 @@ function stackDumps(lab: ProtectedLab, rank: number): string[] {
 export async function runHang(lab: ProtectedLab, rank = 1): Promise<ScenarioReport> {
   const problems: string[] = [];
   const job = lab.job;
-  if (lab.computeNodes.length < 3) problems.push(`the lab has ${lab.computeNodes.length} compute nodes: stack aggregation needs at least 3 ranks to tell the odd one`);
+  if (lab.computeNodes.length < 3)
+    problems.push(`the lab has ${lab.computeNodes.length} compute nodes: stack aggregation needs at least 3 ranks to tell the odd one`);
   if (lab.options.noProgressSeconds === undefined) problems.push('the lab runs the shipped 600 s stalled-progress bound (noProgressSeconds not set)');
-  const { run: before } = await waitForTraining(lab, (lab.log.iterations(lab.log.runs().at(-1), 0).at(0)?.iteration ?? 0) + 2 * (lab.options.checkpointEvery ?? 10));
+  const { run: before } = await waitForTraining(
+    lab,
+    (lab.log.iterations(lab.log.runs().at(-1), 0).at(0)?.iteration ?? 0) + 2 * (lab.options.checkpointEvery ?? 10),
+  );
   const known = lab.log.runs();
   const startRecord = await lab.jobRecord();
   const victim = startRecord.nodes[rank] ?? '';
@@ -239,13 +312,23 @@ export async function runHang(lab: ProtectedLab, rank = 1): Promise<ScenarioRepo
   if (!aggregated) problems.push('no stack aggregation on the record');
   else if (!aggregated.summary.includes(victim)) problems.push(`the stack aggregation did not name ${victim}: ${aggregated.summary}`);
   if (!hungStack) problems.push(`no faulthandler dump of rank ${rank} shows lab_hang_before_allreduce`);
-  const { decision, stopped, drained, activated, restarted, standby, record, fresh, resumption } = await judgeEviction(lab, entries, { victim, before, relaunched, standbys, what: 'hung' }, problems);
+  const { decision, stopped, drained, activated, restarted, standby, record, fresh, resumption } = await judgeEviction(
+    lab,
+    entries,
+    { victim, before, relaunched, standbys, what: 'hung' },
+    problems,
+  );
   const timeline = [
     step(`rank ${rank} on ${victim} made to hang before its next all-reduce (lab_hang_before_allreduce)`, t0, t0, ''),
     step(`the last iteration of run ${before}: step ${stalledAt?.iteration ?? '?'}`, stalledAt?.seenAt, t0, 'rank 0 waits in the all-reduce from here'),
     step('detected: SteadfastTrainingStalled through Alertmanager', receivedAt(signal), t0, signal?.summary ?? ''),
     step('decided: stack aggregation (performance fault)', at(analyze), t0, analyze?.summary ?? ''),
-    step(`stacks aggregated over rounds: the odd rank's node ${victim}`, at(aggregated), t0, `${aggregated?.summary ?? ''}${joined > 0 ? ` (${joined} more request${joined === 1 ? '' : 's'} joined it)` : ''}`),
+    step(
+      `stacks aggregated over rounds: the odd rank's node ${victim}`,
+      at(aggregated),
+      t0,
+      `${aggregated?.summary ?? ''}${joined > 0 ? ` (${joined} more request${joined === 1 ? '' : 's'} joined it)` : ''}`,
+    ),
     step('decided: stop, evict, restart', at(decision), t0, decision?.summary ?? ''),
     step(`stopped: run ${before} cancelled and gone`, at(stopped), t0, stopped?.summary ?? ''),
     step(`${victim} drained`, at(drained), t0, drained?.summary ?? ''),
@@ -302,14 +385,27 @@ export function scenarioLabs(names: readonly ScenarioName[]): { options: Protect
 }
 
 /** Runs scenarios one after the other on one lab; a scenario that throws is reported as not recovered. */
-export async function runScenarios(lab: ProtectedLab, names: readonly ScenarioName[], onReport: (report: ScenarioReport) => void = () => undefined): Promise<ScenarioReport[]> {
+export async function runScenarios(
+  lab: ProtectedLab,
+  names: readonly ScenarioName[],
+  onReport: (report: ScenarioReport) => void = () => undefined,
+): Promise<ScenarioReport[]> {
   const reports: ScenarioReport[] = [];
   for (const name of names) {
     let result: ScenarioReport;
     try {
       result = await SCENARIOS[name](lab);
     } catch (error) {
-      result = { name, recovered: false, recoverySeconds: null, resumedFromStep: null, lostIterations: null, slurmJobIds: lab.log.runs(), timeline: [], problems: [errorMessage(error)] };
+      result = {
+        name,
+        recovered: false,
+        recoverySeconds: null,
+        resumedFromStep: null,
+        lostIterations: null,
+        slurmJobIds: lab.log.runs(),
+        timeline: [],
+        problems: [errorMessage(error)],
+      };
     }
     reports.push(result);
     onReport(result);

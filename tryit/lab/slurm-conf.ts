@@ -56,6 +56,10 @@ export function renderSlurmConf(layout: LabLayout, controllerHost: string, contr
  * advertises what the hostname resolves to, and 127.0.0.1 would send peers to themselves.
  */
 export function renderHostsFile(layout: LabLayout, controllerHost: string): string {
-  const lines = ['127.0.0.1 localhost', `${layout.bridgeAddress} ${controllerHost} steadfast-lab-host`, ...layout.nodes.map((node) => `${node.address} ${node.name}`)];
+  const lines = [
+    '127.0.0.1 localhost',
+    `${layout.bridgeAddress} ${controllerHost} steadfast-lab-host`,
+    ...layout.nodes.map((node) => `${node.address} ${node.name}`),
+  ];
   return `${lines.join('\n')}\n`;
 }

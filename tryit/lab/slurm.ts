@@ -29,7 +29,21 @@ const NODE_INIT = 'hostname "$1" && mount --bind "$2" /etc/hosts && shift 2 && e
 export function nodeCommand(layout: LabLayout, node: LabNode, argv: readonly string[]): { command: string; args: string[] } {
   return {
     command: 'nsenter',
-    args: [`--net=/run/netns/${node.netns}`, '--', 'unshare', '--uts', '--mount', '--', 'sh', '-c', NODE_INIT, 'steadfast-lab-node', node.name, layout.hostsFile, ...argv],
+    args: [
+      `--net=/run/netns/${node.netns}`,
+      '--',
+      'unshare',
+      '--uts',
+      '--mount',
+      '--',
+      'sh',
+      '-c',
+      NODE_INIT,
+      'steadfast-lab-node',
+      node.name,
+      layout.hostsFile,
+      ...argv,
+    ],
   };
 }
 
@@ -65,7 +79,13 @@ export async function sinfoNodes(conf: string, timeoutMs = 5000): Promise<SinfoN
 }
 
 /** Polls until `check` holds, failing with what was last seen. */
-async function poll<T>(what: string, read: () => Promise<T>, check: (value: T) => boolean, timeoutMs: number, describe: (value: T | undefined) => string): Promise<T> {
+async function poll<T>(
+  what: string,
+  read: () => Promise<T>,
+  check: (value: T) => boolean,
+  timeoutMs: number,
+  describe: (value: T | undefined) => string,
+): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   let last: T | undefined;
   let lastError = '';
@@ -100,7 +120,8 @@ export async function waitForNodesIdle(layout: LabLayout, daemons: LabDaemons, t
     'every slurmd to register',
     async () => {
       for (const node of layout.nodes) {
-        if (!daemons.isRunning(`slurmd-${node.name}`)) throw new LabError(`slurmd of ${node.name} exited; see ${join(layout.logDir, `slurmd-${node.name}.log`)} and .out`);
+        if (!daemons.isRunning(`slurmd-${node.name}`))
+          throw new LabError(`slurmd of ${node.name} exited; see ${join(layout.logDir, `slurmd-${node.name}.log`)} and .out`);
       }
       return sinfoNodes(layout.conf);
     },
@@ -115,7 +136,13 @@ export async function waitForNodesIdle(layout: LabLayout, daemons: LabDaemons, t
  * so a controller pointed at the lab finds them exactly where it keeps standbys.
  */
 export async function holdStandbys(layout: LabLayout): Promise<void> {
-  const backend = new SlurmBackend({ scontrol: 'scontrol', sinfo: 'sinfo', env: slurmEnv(layout.conf), timeoutMs: 10_000, standbyReservation: layout.options.reservation });
+  const backend = new SlurmBackend({
+    scontrol: 'scontrol',
+    sinfo: 'sinfo',
+    env: slurmEnv(layout.conf),
+    timeoutMs: 10_000,
+    standbyReservation: layout.options.reservation,
+  });
   for (const node of layout.nodes.filter((candidate) => candidate.role === 'standby')) await backend.holdStandby(node.name);
 }
 
@@ -130,13 +157,23 @@ export async function waitForStandbysHeld(layout: LabLayout, timeoutMs = 15_000)
     () => sinfoNodes(layout.conf),
     (nodes) => nodes.filter((node) => standbys.has(node.name)).every((node) => node.state.startsWith('maint')),
     timeoutMs,
-    (nodes) => (nodes ?? []).filter((node) => standbys.has(node.name)).map((node) => `${node.name} ${node.state}`).join(', '),
+    (nodes) =>
+      (nodes ?? [])
+        .filter((node) => standbys.has(node.name))
+        .map((node) => `${node.name} ${node.state}`)
+        .join(', '),
   );
 }
 
 /** The reservation's nodes, expanded; empty when there is none. */
 export async function reservedNodes(layout: LabLayout, conf: string): Promise<string[]> {
-  const backend = new SlurmBackend({ scontrol: 'scontrol', sinfo: 'sinfo', env: slurmEnv(conf), timeoutMs: 5000, standbyReservation: layout.options.reservation });
+  const backend = new SlurmBackend({
+    scontrol: 'scontrol',
+    sinfo: 'sinfo',
+    env: slurmEnv(conf),
+    timeoutMs: 5000,
+    standbyReservation: layout.options.reservation,
+  });
   return backend.standbys();
 }
 

@@ -44,7 +44,16 @@ export interface LabStatus {
 export async function labStatus(input: LabOptionsInput = {}): Promise<LabStatus> {
   const requested = labLayout(input);
   const state = readLabState(requested.stateFile);
-  if (!state) return { dir: requested.dir, phase: 'none', nodes: [], jobs: [], processes: [], namespaces: [], strays: await labNetworkLeftovers(requested.options.prefix) };
+  if (!state)
+    return {
+      dir: requested.dir,
+      phase: 'none',
+      nodes: [],
+      jobs: [],
+      processes: [],
+      namespaces: [],
+      strays: await labNetworkLeftovers(requested.options.prefix),
+    };
   const layout = labLayout({ ...state.options, dir: state.dir });
   const leftovers = await labNetworkLeftovers(layout.options.prefix);
   const existing = new Set(await listNetns());
@@ -58,7 +67,10 @@ export async function labStatus(input: LabOptionsInput = {}): Promise<LabStatus>
       processes: existing.has(node.netns) ? (await netnsPids(node.netns)).length : 0,
     })),
   );
-  const records = [...(state.slurmctld ? [{ what: 'slurmctld', ...state.slurmctld }] : []), ...Object.entries(state.slurmd).map(([node, record]) => ({ what: `slurmd ${node}`, ...record }))];
+  const records = [
+    ...(state.slurmctld ? [{ what: 'slurmctld', ...state.slurmctld }] : []),
+    ...Object.entries(state.slurmd).map(([node, record]) => ({ what: `slurmd ${node}`, ...record })),
+  ];
   const processes = records.map((record) => {
     const running = runs(record.pid, record.marker);
     return { what: record.what, pid: record.pid, running, rssKiB: running ? residentKiB(record.pid) : undefined };
@@ -101,12 +113,16 @@ export function formatLabStatus(status: LabStatus): string {
     for (const ns of status.namespaces) {
       const slurm = status.nodes.find((node) => node.name === ns.node);
       const state = slurm ? `${slurm.state}${slurm.reason ? ` (${slurm.reason})` : ''}` : '-';
-      lines.push(`${ns.node.padEnd(11)} ${ns.role.padEnd(8)} ${ns.address.padEnd(14)} ${(ns.exists ? ns.netns : `${ns.netns} (missing)`).padEnd(24)} ${String(ns.processes).padStart(5)}  ${state}`);
+      lines.push(
+        `${ns.node.padEnd(11)} ${ns.role.padEnd(8)} ${ns.address.padEnd(14)} ${(ns.exists ? ns.netns : `${ns.netns} (missing)`).padEnd(24)} ${String(ns.processes).padStart(5)}  ${state}`,
+      );
     }
     if (status.standbyReservation) lines.push('', `reservation ${status.standbyReservation.name}: ${status.standbyReservation.nodes.join(', ') || '(none)'}`);
     lines.push(`jobs in the queue: ${status.jobs.join(', ') || '(none)'}`, '', 'PROCESS          PID      RUNNING  RSS');
     for (const entry of status.processes) {
-      lines.push(`${entry.what.padEnd(16)} ${String(entry.pid).padEnd(8)} ${(entry.running ? 'yes' : 'no').padEnd(8)} ${entry.rssKiB === undefined ? '-' : `${(entry.rssKiB / 1024).toFixed(1)} MiB`}`);
+      lines.push(
+        `${entry.what.padEnd(16)} ${String(entry.pid).padEnd(8)} ${(entry.running ? 'yes' : 'no').padEnd(8)} ${entry.rssKiB === undefined ? '-' : `${(entry.rssKiB / 1024).toFixed(1)} MiB`}`,
+      );
     }
     if (status.slurmError) lines.push('', `slurm: ${status.slurmError}`);
   }

@@ -28,7 +28,8 @@ export interface LabUpProgress {
 function checkMachine(): void {
   if (process.getuid?.() !== 0) throw new InputError('the lab makes network namespaces and a bridge, which needs root (run it as root, or with sudo)');
   const missing = REQUIRED_PROGRAMS.filter((program) => !hasCommand(program));
-  if (missing.length > 0) throw new InputError(`the lab needs ${missing.join(', ')}; run scripts/setup.sh (Debian packages slurmd, slurmctld, slurm-client, iproute2, util-linux)`);
+  if (missing.length > 0)
+    throw new InputError(`the lab needs ${missing.join(', ')}; run scripts/setup.sh (Debian packages slurmd, slurmctld, slurm-client, iproute2, util-linux)`);
 }
 
 async function refuseIfTaken(layout: LabLayout): Promise<void> {
@@ -107,6 +108,8 @@ export async function labUp(input: LabOptionsInput, progress: LabUpProgress = ()
   } catch (error) {
     await daemons.stopAll();
     await labDown({ dir: layout.dir, prefix: layout.options.prefix }).catch(() => undefined);
-    throw error instanceof LabError || error instanceof InputError ? error : new LabError(`lab up failed: ${error instanceof Error ? error.message : String(error)}`, error);
+    throw error instanceof LabError || error instanceof InputError
+      ? error
+      : new LabError(`lab up failed: ${error instanceof Error ? error.message : String(error)}`, error);
   }
 }

@@ -105,7 +105,10 @@ function dcgmExporterSource(url: URL, httpTimeoutMs: number, context: CollectorC
         throw new Error(`${report.unidentifiedSeries} GPU series have neither a pci_bus_id nor a UUID label; steadfast cannot tell the GPUs apart`);
       }
       if (report.lineErrorCount !== badLines && report.lineErrorCount > 0) {
-        logger.warn({ collector: 'gpu', source: description, lines: report.lineErrorCount, first: report.lineErrors[0] }, 'dcgm-exporter sent lines that do not parse; skipped them');
+        logger.warn(
+          { collector: 'gpu', source: description, lines: report.lineErrorCount, first: report.lineErrors[0] },
+          'dcgm-exporter sent lines that do not parse; skipped them',
+        );
       }
       badLines = report.lineErrorCount;
       return { gpus: report.gpus, computeApps: await computeApps(signal) };
@@ -124,7 +127,13 @@ function computeAppsReader(context: CollectorContext, commandTimeoutMs: number):
   return async (signal) => {
     if (absent || context.gpuProcesses === undefined) return undefined;
     try {
-      const { stdout } = await execFileAsync(context.paths.nvidiaSmi, COMPUTE_APPS_QUERY, { timeout: commandTimeoutMs, killSignal: 'SIGKILL', maxBuffer: MAX_OUTPUT_BYTES, signal, encoding: 'utf8' });
+      const { stdout } = await execFileAsync(context.paths.nvidiaSmi, COMPUTE_APPS_QUERY, {
+        timeout: commandTimeoutMs,
+        killSignal: 'SIGKILL',
+        maxBuffer: MAX_OUTPUT_BYTES,
+        signal,
+        encoding: 'utf8',
+      });
       lastError = undefined;
       return parseComputeApps(stdout);
     } catch (error) {
@@ -226,7 +235,8 @@ class GpuCollector implements Collector {
       this.context.logger.error({ gpu: id }, message);
       // The fast path names a GPU by PCI bus id; one known by UUID alone is reported by the
       // SteadfastGpuMissing alert on steadfast_gpu_present 0, for its node.
-      if (labels.pci_bus_id !== undefined) this.context.fastPath({ kind: 'gpu_lost', node: this.context.node, gpu: labels.pci_bus_id, message, time: new Date().toISOString() });
+      if (labels.pci_bus_id !== undefined)
+        this.context.fastPath({ kind: 'gpu_lost', node: this.context.node, gpu: labels.pci_bus_id, message, time: new Date().toISOString() });
     }
     this.metrics.writeTotals(report.gpus.length, Date.now() / 1000);
     const holdings = gpuHoldings(report);

@@ -65,7 +65,11 @@ export class GpuMetrics {
       new Counter<L>({ name, help, labelNames, registers });
     const gpu = ['gpu', 'pci_bus_id', 'UUID'] as const;
     this.info = gauge('steadfast_gpu_info', 'GPU identity; always 1.', [...gpu, 'uuid', 'name', 'driver_version']);
-    this.present = gauge('steadfast_gpu_present', 'Whether the GPU source (NVML, nvidia-smi or dcgm-exporter) lists this GPU (1), or listed it before and no longer does (0).', gpu);
+    this.present = gauge(
+      'steadfast_gpu_present',
+      'Whether the GPU source (NVML, nvidia-smi or dcgm-exporter) lists this GPU (1), or listed it before and no longer does (0).',
+      gpu,
+    );
     this.attached = new Gauge({ name: 'steadfast_gpu_attached', help: 'Number of GPUs the GPU source lists.', registers: [] });
     this.temperature = gauge('steadfast_gpu_temperature_celsius', 'GPU core temperature.', gpu);
     this.memoryTemperature = gauge('steadfast_gpu_memory_temperature_celsius', 'GPU memory (HBM) temperature.', gpu);
@@ -90,14 +94,21 @@ export class GpuMetrics {
     this.pcieReplays = counter('steadfast_gpu_pcie_replay_errors_total', 'PCIe replays (link-level retransmissions).', gpu);
     this.clock = gauge('steadfast_gpu_clock_hertz', 'Current clock frequency, by clock domain.', [...gpu, 'clock']);
     this.clockMax = gauge('steadfast_gpu_clock_max_hertz', 'Highest clock frequency the GPU supports, by clock domain.', [...gpu, 'clock']);
-    this.throttleReason = gauge('steadfast_gpu_throttle_reason', 'Whether this reason is holding the clocks down right now (1) or not (0).', [...gpu, 'reason']);
+    this.throttleReason = gauge('steadfast_gpu_throttle_reason', 'Whether this reason is holding the clocks down right now (1) or not (0).', [
+      ...gpu,
+      'reason',
+    ]);
     this.dcgmLastXid = gauge(
       'steadfast_gpu_dcgm_last_xid',
       'Code of the last Xid error DCGM saw on this GPU (0: none); a last value, not a count (see steadfast_xid_errors_total).',
       gpu,
     );
-    this.fabricState = gauge('steadfast_gpu_fabric_state', 'NVLink fabric registration state of the GPU (NVSwitch systems; fabric manager), 1 for the current state: not_started, in_progress, completed, ….', [...gpu, 'state']);
-    this.fabricHealthy = gauge('steadfast_gpu_fabric_status_success', 'Whether the GPU\'s fabric registration status is Success (1) or an error (0).', gpu);
+    this.fabricState = gauge(
+      'steadfast_gpu_fabric_state',
+      'NVLink fabric registration state of the GPU (NVSwitch systems; fabric manager), 1 for the current state: not_started, in_progress, completed, ….',
+      [...gpu, 'state'],
+    );
+    this.fabricHealthy = gauge('steadfast_gpu_fabric_status_success', "Whether the GPU's fabric registration status is Success (1) or an error (0).", gpu);
     this.healthAction = gauge(
       'steadfast_gpu_health_action',
       'What this GPU needs now, from its memory and clock state, 1 for the one that applies: action drain (now), reset_gpu (at the next idle moment), watch, none; reason names the cause.',
@@ -209,7 +220,11 @@ function writeClocks(gauge: Gauge<GpuLabel | 'clock'>, labels: GpuLabels, readin
 export function writeProcesses(metrics: GpuMetrics, holdings: readonly GpuProcessHolding[]): void {
   const ordered = [...holdings].sort((a, b) => Number(isComputeProcess(b)) - Number(isComputeProcess(a)));
   for (const holding of ordered.slice(0, MAX_GPU_PROCESS_SERIES)) {
-    const labels: GpuLabels = { gpu: holding.gpu, ...(holding.pciBusId === undefined ? {} : { pci_bus_id: holding.pciBusId }), ...(holding.uuid === undefined ? {} : { UUID: holding.uuid }) };
+    const labels: GpuLabels = {
+      gpu: holding.gpu,
+      ...(holding.pciBusId === undefined ? {} : { pci_bus_id: holding.pciBusId }),
+      ...(holding.uuid === undefined ? {} : { UUID: holding.uuid }),
+    };
     const pid = String(holding.pid);
     metrics.processInfo.set({ ...labels, pid, type: holding.type ?? '', name: (holding.name ?? '').slice(0, 128) }, 1);
     if (holding.usedMemoryBytes !== undefined) metrics.processMemory.set({ ...labels, pid }, holding.usedMemoryBytes);
@@ -266,4 +281,3 @@ export function gpuLabels(sample: DcgmGpuSample): GpuLabels {
   if (sample.uuid !== undefined) labels.UUID = sample.uuid;
   return labels;
 }
-

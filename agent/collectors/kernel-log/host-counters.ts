@@ -72,7 +72,8 @@ export class HostKernelCounters {
     for (const event of events) {
       if (HOST_EVENT_KINDS.has(event.kind)) this.events.inc({ kind: event.kind });
       else if (event.kind === 'machine_check' && event.severity !== undefined) this.machineChecks.inc({ severity: event.severity });
-      else if (event.kind === 'pcie_aer' && event.device !== undefined && event.severity !== undefined) this.aer.inc({ pci_address: event.device, severity: event.severity });
+      else if (event.kind === 'pcie_aer' && event.device !== undefined && event.severity !== undefined)
+        this.aer.inc({ pci_address: event.device, severity: event.severity });
       else if (event.device !== undefined && (event.kind === 'gpu_init_failed' || event.kind === 'gpu_reset_needed')) {
         this.gpuDriver.inc({ pci_bus_id: event.device, event: event.kind === 'gpu_init_failed' ? 'init_failed' : 'reset_needed' });
         if (event.kind !== 'gpu_init_failed') continue;

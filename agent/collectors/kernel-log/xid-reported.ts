@@ -152,7 +152,10 @@ export class ReportedXids {
       return;
     }
     this.last = state.last;
-    logger.info({ path: statePath, last: state.last, xid: state.xid, gpu: state.gpu, reportedAt: state.reportedAt }, 'xid state read: Xids up to this one were reported before');
+    logger.info(
+      { path: statePath, last: state.last, xid: state.xid, gpu: state.gpu, reportedAt: state.reportedAt },
+      'xid state read: Xids up to this one were reported before',
+    );
   }
 
   /** The candidate for a fatal Xid read at `position` from `line`. */
@@ -186,7 +189,10 @@ export class ReportedXids {
       const covered =
         last.source === 'kmsg'
           ? occurrence.source === 'kmsg' && occurrence.sequence <= last.sequence
-          : occurrence.source === 'file' && candidate.position.firstRead && occurrence.lineSha256 === last.lineSha256 && occurrence.occurrence === last.occurrence;
+          : occurrence.source === 'file' &&
+            candidate.position.firstRead &&
+            occurrence.lineSha256 === last.lineSha256 &&
+            occurrence.occurrence === last.occurrence;
       if (covered) count = index + 1;
     });
     return count;

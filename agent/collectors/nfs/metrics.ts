@@ -53,10 +53,11 @@ export class NfsMetrics {
     this.writeBytes = counter('steadfast_nfs_write_bytes_total', 'Bytes applications wrote to the mount, through the page cache and with O_DIRECT.', mount);
     this.serverReadBytes = counter('steadfast_nfs_server_read_bytes_total', 'Bytes of READ payload received from the server.', mount);
     this.serverWriteBytes = counter('steadfast_nfs_server_write_bytes_total', 'Bytes of WRITE payload sent to the server.', mount);
-    this.events = counter('steadfast_nfs_events_total', 'NFS client events (cache revalidations, fsyncs, congestion waits, server delays, short reads and writes).', [
-      'mount',
-      'event',
-    ]);
+    this.events = counter(
+      'steadfast_nfs_events_total',
+      'NFS client events (cache revalidations, fsyncs, congestion waits, server delays, short reads and writes).',
+      ['mount', 'event'],
+    );
     this.operations = counter('steadfast_nfs_operations_total', 'RPC operations completed, by operation.', op);
     this.transmissions = counter('steadfast_nfs_transmissions_total', 'RPC transmissions, retransmissions included, by operation.', op);
     this.majorTimeouts = counter('steadfast_nfs_major_timeouts_total', 'RPC major timeouts, by operation.', op);
@@ -75,9 +76,21 @@ export class NfsMetrics {
       'Sum, over sends, of the requests on the wire at the send; divided by sends, the mean requests in flight.',
       transport,
     );
-    this.transportBacklog = counter('steadfast_nfs_transport_backlog_queue_total', 'Sum, over sends, of the requests waiting for a free slot at the send.', transport);
-    this.transportSending = counter('steadfast_nfs_transport_sending_queue_total', 'Sum, over sends, of the requests waiting to transmit at the send.', transport);
-    this.transportPending = counter('steadfast_nfs_transport_pending_queue_total', 'Sum, over sends, of the requests waiting for a reply at the send.', transport);
+    this.transportBacklog = counter(
+      'steadfast_nfs_transport_backlog_queue_total',
+      'Sum, over sends, of the requests waiting for a free slot at the send.',
+      transport,
+    );
+    this.transportSending = counter(
+      'steadfast_nfs_transport_sending_queue_total',
+      'Sum, over sends, of the requests waiting to transmit at the send.',
+      transport,
+    );
+    this.transportPending = counter(
+      'steadfast_nfs_transport_pending_queue_total',
+      'Sum, over sends, of the requests waiting for a reply at the send.',
+      transport,
+    );
     this.transportMaxSlots = gauge('steadfast_nfs_transport_max_slots', 'Most RPC request slots the transport ever had allocated.', transport);
     this.slotUtilization = gauge(
       'steadfast_nfs_rpc_slot_utilization_ratio',

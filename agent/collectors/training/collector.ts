@@ -55,7 +55,8 @@ export function parseTrainingLogFlags(values: readonly string[]): TrainingLogSou
     if (!match) throw new InputError(`${flag}: expected <job>=<file> or <job>:<rank>=<file>, got "${entry}"`, flag);
     const [, job = '', rank = '0', path = ''] = match;
     if (!TRAINING_JOB_PATTERN.test(job)) throw new InputError(`${flag}: job "${job}" must be ${TRAINING_JOB_RULE}`, flag);
-    if (!/^\d{1,8}$/.test(rank) || Number(rank) > MAX_TRAINING_RANK) throw new InputError(`${flag}: rank "${rank}" must be a whole number from 0 to ${MAX_TRAINING_RANK}`, flag);
+    if (!/^\d{1,8}$/.test(rank) || Number(rank) > MAX_TRAINING_RANK)
+      throw new InputError(`${flag}: rank "${rank}" must be a whole number from 0 to ${MAX_TRAINING_RANK}`, flag);
     const normalisedRank = String(Number(rank));
     const key = `${job}:${normalisedRank}`;
     if (seen.has(key)) throw new InputError(`${flag}: job ${job} rank ${normalisedRank} is given twice`, flag);

@@ -56,7 +56,12 @@ export class TrainingMetrics {
     this.iteration = gauge('steadfast_training_iteration', 'Last training iteration reported.');
     this.iterationSeconds = gauge('steadfast_training_iteration_seconds', 'Elapsed time per iteration at the last report.');
     this.iterations = counter('steadfast_training_iterations_total', 'Iteration reports seen (one per Megatron logging interval or push).');
-    this.loss = new Gauge({ name: 'steadfast_training_loss', help: 'Last reported loss, by loss name (lm_loss, …); NaN when the loss was NaN.', labelNames: [...labelNames, 'loss'], registers });
+    this.loss = new Gauge({
+      name: 'steadfast_training_loss',
+      help: 'Last reported loss, by loss name (lm_loss, …); NaN when the loss was NaN.',
+      labelNames: [...labelNames, 'loss'],
+      registers,
+    });
     this.gradNorm = gauge('steadfast_training_grad_norm', 'Last reported gradient norm.');
     this.lossScale = gauge('steadfast_training_loss_scale', 'Last reported mixed-precision loss scale.');
     this.learningRate = gauge('steadfast_training_learning_rate', 'Last reported learning rate.');
@@ -64,7 +69,10 @@ export class TrainingMetrics {
     this.nan = counter('steadfast_training_nan_iterations_total', 'Iterations with a NaN loss, summed over the reports.');
     this.samplesPerSecond = gauge('steadfast_training_samples_per_second', 'Last reported training throughput in samples per second.');
     this.tflops = gauge('steadfast_training_tflops_per_gpu', 'Last reported model TFLOP/s per GPU.');
-    this.lastIterationTime = gauge('steadfast_training_last_iteration_timestamp_seconds', 'When the last iteration was reported (the log line\'s own time when it has one), Unix seconds.');
+    this.lastIterationTime = gauge(
+      'steadfast_training_last_iteration_timestamp_seconds',
+      "When the last iteration was reported (the log line's own time when it has one), Unix seconds.",
+    );
     this.errors = new Counter({
       name: 'steadfast_training_errors_total',
       help: 'Failures found in a training log, by kind (nccl_timeout, nccl_error, cuda_error, child_failed), under the job and rank of the log.',
@@ -106,7 +114,19 @@ export class TrainingMetrics {
   /** Removes a pushed series that went idle, so that its place can go to a new one. */
   remove(series: SeriesLabels, lossNames: Iterable<string>): void {
     const labels = exported(series);
-    for (const metric of [this.iteration, this.iterationSeconds, this.iterations, this.gradNorm, this.lossScale, this.learningRate, this.skipped, this.nan, this.samplesPerSecond, this.tflops, this.lastIterationTime]) {
+    for (const metric of [
+      this.iteration,
+      this.iterationSeconds,
+      this.iterations,
+      this.gradNorm,
+      this.lossScale,
+      this.learningRate,
+      this.skipped,
+      this.nan,
+      this.samplesPerSecond,
+      this.tflops,
+      this.lastIterationTime,
+    ]) {
       metric.remove(labels);
     }
     for (const loss of lossNames) this.loss.remove({ ...labels, loss });

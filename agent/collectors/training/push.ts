@@ -31,7 +31,10 @@ const floatSchema = z.union([z.number(), z.string().regex(NON_FINITE)], { error:
 });
 const countSchema = z.number().int().min(0).max(Number.MAX_SAFE_INTEGER);
 const nonNegativeSchema = z.number().min(0);
-const lossNameSchema = z.string().max(64).refine((name) => normaliseLossKey(name) !== '', 'loss names need a letter or digit');
+const lossNameSchema = z
+  .string()
+  .max(64)
+  .refine((name) => normaliseLossKey(name) !== '', 'loss names need a letter or digit');
 
 export const trainingStepSchema = z
   .object({
@@ -120,7 +123,9 @@ export class PushedSteps {
     if (fresh.length > this.maxSeries - this.series.size) {
       return {
         status: 429,
-        body: { error: `too many training series: at most ${this.maxSeries} (job, rank) pairs may push (--${TRAINING_MAX_JOBS_FLAG}); ${this.series.size} are in use` },
+        body: {
+          error: `too many training series: at most ${this.maxSeries} (job, rank) pairs may push (--${TRAINING_MAX_JOBS_FLAG}); ${this.series.size} are in use`,
+        },
       };
     }
     for (const step of steps) {

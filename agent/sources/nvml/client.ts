@@ -57,7 +57,16 @@ async function workerScript(): Promise<URL> {
     const { build } = (await import(bundler)) as typeof import('esbuild');
     const root = fileURLToPath(new URL('../../../', here));
     const out = join(root, 'node_modules', '.cache', 'steadfast', `nvml-worker-${process.pid}.cjs`);
-    await build({ entryPoints: [fileURLToPath(new URL('./worker.ts', here))], outfile: out, bundle: true, platform: 'node', format: 'cjs', target: 'node20', external: ['koffi'], logLevel: 'warning' });
+    await build({
+      entryPoints: [fileURLToPath(new URL('./worker.ts', here))],
+      outfile: out,
+      bundle: true,
+      platform: 'node',
+      format: 'cjs',
+      target: 'node20',
+      external: ['koffi'],
+      logLevel: 'warning',
+    });
     process.once('exit', () => rmSync(out, { force: true }));
     return pathToFileURL(out);
   })();
@@ -177,7 +186,11 @@ export class NvmlClient extends EventEmitter<{ xid: [NvmlXidReport]; failures: [
   }
 
   /** `signal`: stop waiting (the collector is closing); the thread's answer, when it comes, is dropped. */
-  private request(body: { kind: 'poll'; nvlink: boolean } | { kind: 'nvlink' } | { kind: 'events' } | { kind: 'close' }, timeoutMs: number, signal?: AbortSignal): Promise<unknown> {
+  private request(
+    body: { kind: 'poll'; nvlink: boolean } | { kind: 'nvlink' } | { kind: 'events' } | { kind: 'close' },
+    timeoutMs: number,
+    signal?: AbortSignal,
+  ): Promise<unknown> {
     if (this.exited) return Promise.reject(this.exited);
     if (signal?.aborted) return Promise.reject(new Error('NVML request aborted'));
     const oldest = Math.min(...[...this.pending.values()].map((pending) => pending.since));

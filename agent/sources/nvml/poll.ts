@@ -64,6 +64,6 @@ export function readNvmlPoll(
 /** The NVLink error counters of every GPU, alone (the nvlink collector). */
 export function readNvmlNvlink(nvml: NvmlLibrary, failed: NvmlReadOptions['failed']): NvlinkErrorCount[] {
   const counts: NvlinkErrorCount[] = [];
-  for (const { index, device } of nvmlDeviceHandles(nvml, failed)) counts.push(...(readDeviceNvlink(nvml, device, index, failed)));
+  for (const { index, device } of nvmlDeviceHandles(nvml, failed)) counts.push(...readDeviceNvlink(nvml, device, index, failed));
   return counts;
 }

@@ -1,7 +1,18 @@
 import { normalizePciBusId } from '../../../core/pci.js';
 import { CLOCK_EVENT_BITS, XML_REASON_ORDER } from '../clock-event-reasons.js';
 import type { NvlinkErrorCount } from '../nvlink-errors.js';
-import type { ClockDomain, ClockReadings, EccCount, EccScope, EccType, FabricState, GpuProcess, GpuSample, RemappedRows, RetiredPages } from '../nvidia-smi-xml.js';
+import type {
+  ClockDomain,
+  ClockReadings,
+  EccCount,
+  EccScope,
+  EccType,
+  FabricState,
+  GpuProcess,
+  GpuSample,
+  RemappedRows,
+  RetiredPages,
+} from '../nvidia-smi-xml.js';
 import { cString, NVML, type NvmlDevice, type NvmlFunction, type NvmlLibrary } from './library.js';
 
 /**
@@ -83,23 +94,24 @@ class DeviceReads {
   /** Calls `name` and answers its code; codes other than success, "not supported" and `usual` are counted. */
   nvmlCode(name: NvmlFunction, usual: readonly number[], ...args: unknown[]): number {
     const code = this.nvml.call(name, this.device, ...args);
-    if (code !== NVML.SUCCESS && code !== NVML.ERROR_NOT_SUPPORTED && code !== NVML.ERROR_FUNCTION_NOT_FOUND && !usual.includes(code)) this.options.failed(name, code);
+    if (code !== NVML.SUCCESS && code !== NVML.ERROR_NOT_SUPPORTED && code !== NVML.ERROR_FUNCTION_NOT_FOUND && !usual.includes(code))
+      this.options.failed(name, code);
     return code;
   }
 
   uint(name: NvmlFunction, ...args: unknown[]): number | undefined {
     const out = [0];
-    return (this.ok(name, ...args, out)) ? Number(out[0]) : undefined;
+    return this.ok(name, ...args, out) ? Number(out[0]) : undefined;
   }
 
   ull(name: NvmlFunction, ...args: unknown[]): bigint | undefined {
     const out: unknown[] = [0n];
-    return (this.ok(name, ...args, out)) ? BigInt(out[0] as bigint | number) : undefined;
+    return this.ok(name, ...args, out) ? BigInt(out[0] as bigint | number) : undefined;
   }
 
   text(name: NvmlFunction, length: number): string | undefined {
     const buffer = Buffer.alloc(length);
-    return (this.ok(name, buffer, length)) ? cString(buffer) : undefined;
+    return this.ok(name, buffer, length) ? cString(buffer) : undefined;
   }
 }
 
@@ -116,7 +128,7 @@ function readEcc(reads: DeviceReads): EccCount[] {
     return read.get(key);
   };
   // A GPU that knows SRAM as a location reports the v12 pair; an older one its memory units.
-  const modern = (count('correctable', 'volatile', LOCATION_SRAM)) !== undefined;
+  const modern = count('correctable', 'volatile', LOCATION_SRAM) !== undefined;
   // In the XML's order: modern GPUs by location then type (sram_correctable, sram_uncorrectable,
   // dram_…), older ones by type then memory unit (single_bit/<unit>, double_bit/<unit>).
   for (const scope of ['volatile', 'aggregate'] as const) {
@@ -147,7 +159,7 @@ function readRemappedRows(reads: DeviceReads): RemappedRows | undefined {
   const uncorrected = [0];
   const pending = [0];
   const failure = [0];
-  if (!(reads.ok('nvmlDeviceGetRemappedRows', corrected, uncorrected, pending, failure))) return undefined;
+  if (!reads.ok('nvmlDeviceGetRemappedRows', corrected, uncorrected, pending, failure)) return undefined;
   return { correctable: Number(corrected[0]), uncorrectable: Number(uncorrected[0]), pending: pending[0] !== 0, failure: failure[0] !== 0 };
 }
 
@@ -192,7 +204,7 @@ function readClockReasons(reads: DeviceReads, nvml: NvmlLibrary): Record<string,
 /** nvmlGpuFabricInfo_t: clusterUuid[16] @0, status (nvmlReturn_t) @16, cliqueId @20, state (uint8) @24; 28 bytes. */
 function readFabric(reads: DeviceReads): FabricState | undefined {
   const info = Buffer.alloc(32);
-  if (!(reads.ok('nvmlDeviceGetGpuFabricInfo', info))) return undefined;
+  if (!reads.ok('nvmlDeviceGetGpuFabricInfo', info)) return undefined;
   const state = FABRIC_STATES[info.readUInt8(24)];
   if (state === undefined) return undefined;
   // The status is the fabric manager's verdict once registration has ended.
@@ -202,7 +214,10 @@ function readFabric(reads: DeviceReads): FabricState | undefined {
 /** nvmlProcessInfo_t: pid @0, usedGpuMemory (u64) @8, gpuInstanceId @16, computeInstanceId @20; 24 bytes. */
 const PROCESS_INFO_SIZE = 24;
 
-function readProcessList(reads: DeviceReads, name: 'nvmlDeviceGetComputeRunningProcesses_v3' | 'nvmlDeviceGetGraphicsRunningProcesses_v3'): GpuProcess[] | undefined {
+function readProcessList(
+  reads: DeviceReads,
+  name: 'nvmlDeviceGetComputeRunningProcesses_v3' | 'nvmlDeviceGetGraphicsRunningProcesses_v3',
+): GpuProcess[] | undefined {
   let room = 64;
   for (let attempt = 0; attempt < 3; attempt++) {
     const count = [room];
@@ -343,7 +358,7 @@ export function readNvmlDevice(
 function readField(reads: DeviceReads, fieldId: number): number | undefined {
   const field = Buffer.alloc(40);
   field.writeUInt32LE(fieldId, 0);
-  if (!(reads.ok('nvmlDeviceGetFieldValues', 1, field))) return undefined;
+  if (!reads.ok('nvmlDeviceGetFieldValues', 1, field)) return undefined;
   if (field.readInt32LE(28) !== NVML.SUCCESS) return undefined;
   // nvmlValueType_t: 0 double, 1 uint, 2 ulong, 3 ulonglong, 4 longlong, 5 int, 6 ushort.
   switch (field.readInt32LE(24)) {
@@ -380,7 +395,7 @@ function readMemory(reads: DeviceReads, nvml: NvmlLibrary): { total: number; use
     return undefined;
   }
   const memory = Buffer.alloc(24);
-  if (!(reads.ok('nvmlDeviceGetMemoryInfo', memory))) return undefined;
+  if (!reads.ok('nvmlDeviceGetMemoryInfo', memory)) return undefined;
   return { total: Number(memory.readBigUInt64LE(0)), used: Number(memory.readBigUInt64LE(16)) };
 }
 

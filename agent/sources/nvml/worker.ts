@@ -40,7 +40,13 @@ export type NvmlFailure = readonly [name: NvmlFunction, code: number];
 export type NvmlMessage =
   | { readonly kind: 'ready' }
   | { readonly kind: 'unavailable'; readonly message: string }
-  | { readonly kind: 'reply'; readonly id: number; readonly value?: unknown; readonly error?: { readonly message: string; readonly functionName?: string; readonly code?: number }; readonly failures: readonly NvmlFailure[] }
+  | {
+      readonly kind: 'reply';
+      readonly id: number;
+      readonly value?: unknown;
+      readonly error?: { readonly message: string; readonly functionName?: string; readonly code?: number };
+      readonly failures: readonly NvmlFailure[];
+    }
   | { readonly kind: 'xid'; readonly pciBusId: string; readonly index: number; readonly xid: number }
   /** Calls that failed outside a request (the Xid event checks). */
   | { readonly kind: 'failures'; readonly failures: readonly NvmlFailure[] };

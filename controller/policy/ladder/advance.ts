@@ -6,7 +6,17 @@ import { DEFAULT_LADDER_CONFIG, type LadderConfig } from './config.js';
 import { prune, unique, type Ctx } from './context.js';
 import { failureSignature, onStandbyActivated, pruneReplacements } from './evidence.js';
 import { onHotSwapDone, onHotSwapFailed } from './hot-swap.js';
-import { onCodeUpdate, onDiagnosticsResult, onFault, onRecoveryRefused, onReplayResult, onRestartFailed, onRestartSucceeded, onStandbyMissing, onTick } from './transitions.js';
+import {
+  onCodeUpdate,
+  onDiagnosticsResult,
+  onFault,
+  onRecoveryRefused,
+  onReplayResult,
+  onRestartFailed,
+  onRestartSucceeded,
+  onStandbyMissing,
+  onTick,
+} from './transitions.js';
 import type { LadderState, LadderTransition } from './state.js';
 
 /** The ladder's two entry points: a signal becomes an event, an event moves the state. */
@@ -71,4 +81,3 @@ export function advance(state: LadderState, event: LadderEvent, config: LadderCo
   }
   return { state: ctx.s, steps: ctx.steps };
 }
-

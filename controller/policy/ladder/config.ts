@@ -73,12 +73,13 @@ export const CITE = {
   standby: 'ByteRobust §6.2 (warm standbys replace evicted machines)',
   hotSwap:
     "DeadPool §V-C, §VI (hot swap of a spare into the running job, state rebuilt from per-step in-memory replicas); ByteRobust §6.3 (every-step in-memory checkpoints with backups outside the rank's parallel groups)",
-  hotSwapFallback: 'DeadPool §V-C, §VI (a hot swap that cannot finish falls back to the restart); ByteRobust §4.1 and §6.2 (stop, evict, relaunch on warm standbys)',
-  hotSwapEpoch: 'DeadPool Table II and §VI-B (transient faults: recover in place, no topology change); ByteRobust §6.3 (state from every-step in-memory checkpoints)',
+  hotSwapFallback:
+    'DeadPool §V-C, §VI (a hot swap that cannot finish falls back to the restart); ByteRobust §4.1 and §6.2 (stop, evict, relaunch on warm standbys)',
+  hotSwapEpoch:
+    'DeadPool Table II and §VI-B (transient faults: recover in place, no topology change); ByteRobust §6.3 (state from every-step in-memory checkpoints)',
   gpuReset: "NVIDIA's Xid catalogue (the remedy is a GPU reset); ByteRobust §4.1 (stop the job before acting on a machine)",
   hotUpdate: 'ByteRobust §6.1 (urgent updates now; others at the next failure or when 24 h expire)',
   retry: '504-GPU report (auto-retry chains)',
   refused: "the operator's safety gates (pause, the job's recovery policy, the eviction budget) have the last word over the ladder",
   exclusion: '504-GPU report (node exclusion history; the top three nodes caused over half of all exclusions)',
 } as const;
-

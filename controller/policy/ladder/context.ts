@@ -118,9 +118,7 @@ export function timesOf(entries: NodeTimes[], node: string): number[] {
 export function prune(ctx: Ctx): void {
   const { s, time, config } = ctx;
   const keep = (entries: NodeTimes[], windowMs: number): NodeTimes[] =>
-    entries
-      .map((entry) => ({ node: entry.node, times: entry.times.filter((at) => at >= time - windowMs) }))
-      .filter((entry) => entry.times.length > 0);
+    entries.map((entry) => ({ node: entry.node, times: entry.times.filter((at) => at >= time - windowMs) })).filter((entry) => entry.times.length > 0);
   s.networkAlerts = keep(s.networkAlerts, config.networkAlertWindowMs);
   s.exclusions = keep(s.exclusions, config.exclusionWindowMs);
   s.gpuResets = keep(s.gpuResets, RESET_REJOIN_MS);
@@ -152,4 +150,3 @@ export function pageHuman(ctx: Ctx, why: string, citation: string): void {
   ctx.s.scheduled = null;
   emit(ctx, 'page_human', why, citation);
 }
-

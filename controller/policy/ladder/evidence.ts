@@ -74,7 +74,8 @@ export function pruneReplacements(ctx: Ctx): void {
 export function evictionDidNotHelp(s: LadderState, signature: string | undefined, nodes: readonly string[]): string | null {
   const last = s.lastEviction;
   if (last === null) return 'no record of what the eviction was for';
-  if (signature !== undefined && last.signatures.includes(signature)) return `the same failure (${signature}) as the incident that evicted ${last.nodes.join(', ')}`;
+  if (signature !== undefined && last.signatures.includes(signature))
+    return `the same failure (${signature}) as the incident that evicted ${last.nodes.join(', ')}`;
   const replacement = s.replacements.find((entry) => nodes.includes(entry.node));
   if (replacement !== undefined) return `on ${replacement.node}, the standby that replaced ${replacement.replaced}`;
   return null;

@@ -27,7 +27,10 @@ export function hotSwap(ctx: Ctx, targets: string[], why: string): boolean {
   const spares = (ctx.hotSwap?.spares ?? []).slice(0, targets.length);
   const incident = leaveRunning(ctx, 'machine', why, { stop: false });
   const pairs = targets.map((node, index) => `${spares[index] ?? ''} in place of ${node}`).join(', ');
-  emit(ctx, 'hot_swap', `${why}; hot swap: ${pairs} while the job keeps running (stop and relaunch if it does not finish)`, CITE.hotSwap, { nodes: targets, spares });
+  emit(ctx, 'hot_swap', `${why}; hot swap: ${pairs} while the job keeps running (stop and relaunch if it does not finish)`, CITE.hotSwap, {
+    nodes: targets,
+    spares,
+  });
   noteEvictions(ctx, incident, targets);
   // A crash on a spare soon after says the swap did not help, as for a standby (evidence.ts).
   targets.forEach((node, index) => onStandbyActivated(ctx, node, spares[index] ?? node));
@@ -45,7 +48,9 @@ export function communicationEpoch(ctx: Ctx, what: string): boolean {
   const { s } = ctx;
   if (ctx.hotSwap === undefined || s.phase !== 'running' || s.incident !== null) return false;
   leaveRunning(ctx, 'network', what, { stop: false });
-  emit(ctx, 'hot_swap', `${what}; a communication fault: the ranks meet again in a new epoch with the same shards, without stopping`, CITE.hotSwapEpoch, { nodes: [] });
+  emit(ctx, 'hot_swap', `${what}; a communication fault: the ranks meet again in a new epoch with the same shards, without stopping`, CITE.hotSwapEpoch, {
+    nodes: [],
+  });
   enterRung(ctx, 'hot_swap', 'swapping');
   s.swap = { openedAt: ctx.time, nodes: [], spares: [] };
   return true;
@@ -72,7 +77,11 @@ export function onFaultWhileSwapping(ctx: Ctx, faultClass: FaultClass, nodes: st
     return;
   }
   const elsewhere = nodes.filter((node) => !swap.nodes.includes(node));
-  const partOfSwap = faultClass === 'transient' || faultClass === 'performance' || faultClass === 'network' || (elsewhere.length === 0 && (faultClass === 'crash' || faultClass === 'machine'));
+  const partOfSwap =
+    faultClass === 'transient' ||
+    faultClass === 'performance' ||
+    faultClass === 'network' ||
+    (elsewhere.length === 0 && (faultClass === 'crash' || faultClass === 'machine'));
   if (partOfSwap) {
     emit(ctx, 'tolerate', `${what}; part of the ${swapName(ctx)}`, CITE.hotSwap, { nodes });
     return;
@@ -118,7 +127,11 @@ function fallBack(ctx: Ctx, why: string, evict: string[]): void {
   const targets = unique(evict);
   if (targets.length > 0) {
     emit(ctx, 'evict', said, CITE.hotSwapFallback, { nodes: targets });
-    noteEvictions(ctx, incident, targets.filter((node) => !incident.evictedNodes.includes(node)));
+    noteEvictions(
+      ctx,
+      incident,
+      targets.filter((node) => !incident.evictedNodes.includes(node)),
+    );
   }
   enterRung(ctx, 'evict', 'stopped');
   launch(ctx, [step(ctx, 'restart', `relaunch after the failed ${name}`, CITE.hotSwapFallback)]);

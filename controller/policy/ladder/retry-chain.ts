@@ -25,7 +25,9 @@ export function launch(ctx: Ctx, requested: Step[]): void {
   if (incident === null || chainExhausted(ctx)) return;
   const { config } = ctx;
   // A new relaunch replaces one still held back, but a held rollback must not get lost with it.
-  const heldRollback = requested.some((candidate) => candidate.verb === 'rollback') ? [] : (ctx.s.scheduled?.steps ?? []).filter((candidate) => candidate.verb === 'rollback');
+  const heldRollback = requested.some((candidate) => candidate.verb === 'rollback')
+    ? []
+    : (ctx.s.scheduled?.steps ?? []).filter((candidate) => candidate.verb === 'rollback');
   const restartSteps = [...heldRollback, ...requested];
   const delay = incident.retry.nextBackoffMs;
   incident.retry.attempts += 1;
@@ -82,4 +84,3 @@ export function emitRestart(ctx: Ctx, restartSteps: Step[]): void {
     ...restartSteps.slice(relaunch),
   );
 }
-

@@ -35,7 +35,6 @@ export function evictAndRestart(ctx: Ctx, nodes: string[], trigger: FaultClass, 
   launch(ctx, [step(ctx, 'restart', `relaunch on warm standbys replacing ${targets.join(', ')}`, CITE.standby)]);
 }
 
-
 /**
  * A machine fault whose cure is a GPU reset (FaultEvent.resetGpu): the job stops, the recovery
  * actuator resets that GPU through the node's agent — or, refused or failed, evicts the node as
@@ -48,7 +47,10 @@ export function resetAndRestart(ctx: Ctx, node: string, gpu: string, why: string
   }
   leaveRunning(ctx, 'machine', why);
   ctx.s.gpuResets = appendTime(ctx.s.gpuResets, resetKey(node, ctx.signature), ctx.time);
-  emit(ctx, 'reset_gpu', `${why}; reset GPU ${gpu} of ${node} in place (evict ${node} if the reset is refused or fails)`, CITE.gpuReset, { nodes: [node], gpu });
+  emit(ctx, 'reset_gpu', `${why}; reset GPU ${gpu} of ${node} in place (evict ${node} if the reset is refused or fails)`, CITE.gpuReset, {
+    nodes: [node],
+    gpu,
+  });
   enterRung(ctx, 'evict', 'stopped');
   launch(ctx, [step(ctx, 'restart', `relaunch after the reset of GPU ${gpu} on ${node}`, CITE.gpuReset)]);
 }
@@ -115,4 +117,3 @@ export function applyUpdateNow(ctx: Ctx, why: string): void {
   // The apply_update step goes in front of the restart when it is emitted (emitRestart).
   launch(ctx, [step(ctx, 'restart', `${why}; halt, hot-update in place, relaunch`, CITE.hotUpdate)]);
 }
-

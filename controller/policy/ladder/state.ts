@@ -207,7 +207,10 @@ export const ladderStateSchema = z.object({
     .nullable(),
   scheduled: z.object({ notBefore: time, steps: z.array(stepSchema) }).nullable(),
   lastEvictionAt: time.nullable(),
-  lastEviction: z.object({ at: time, nodes: z.array(z.string()), signatures: z.array(z.string()) }).nullable().default(null),
+  lastEviction: z
+    .object({ at: time, nodes: z.array(z.string()), signatures: z.array(z.string()) })
+    .nullable()
+    .default(null),
   replacements: z.array(z.object({ node: z.string().min(1), replaced: z.string().min(1), at: time })).default([]),
   networkAlerts: nodeTimes,
   codeVersions: z.array(
@@ -226,5 +229,8 @@ export const ladderStateSchema = z.object({
   quarantined: z.array(z.string()),
   recentSignals: z.array(z.string()),
   gpuResets: nodeTimes.default([]),
-  swap: z.object({ openedAt: time, nodes: z.array(z.string()), spares: z.array(z.string()) }).nullable().default(null),
+  swap: z
+    .object({ openedAt: time, nodes: z.array(z.string()), spares: z.array(z.string()) })
+    .nullable()
+    .default(null),
 }) satisfies z.ZodType<LadderState>;

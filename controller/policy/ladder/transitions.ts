@@ -1,6 +1,20 @@
 import type { FaultClass, FaultEvent } from '../../../core/ladder.js';
 import { CITE } from './config.js';
-import { RESET_REJOIN_MS, appendTime, emit, hours, leaveRunning, minutes, pageHuman, resetKey, rollbackTarget, setVerdict, timesOf, unique, type Ctx } from './context.js';
+import {
+  RESET_REJOIN_MS,
+  appendTime,
+  emit,
+  hours,
+  leaveRunning,
+  minutes,
+  pageHuman,
+  resetKey,
+  rollbackTarget,
+  setVerdict,
+  timesOf,
+  unique,
+  type Ctx,
+} from './context.js';
 import { applyUpdateNow, diagnose, escalate, evictAndRestart, reattempt, resetAndRestart, rollback, stillInJob, type FailedRung } from './rungs.js';
 import { addSignature, evictionDidNotHelp } from './evidence.js';
 import { emitRestart } from './retry-chain.js';
@@ -36,8 +50,15 @@ export function onFault(ctx: Ctx, event: FaultEvent): void {
     case 'machine':
       // On a hot-swap job a spare takes the node's place while the job runs: no GPU reset, which stops it.
       if (nodes.length === 1 && timesOf(s.gpuResets, resetKey(nodes[0] as string, ctx.signature)).length > 0) {
-        emit(ctx, 'tolerate', `${what}; the same fault on ${nodes[0] as string} was reset in place within ${minutes(RESET_REJOIN_MS)}: this report joins that reset`, CITE.gpuReset, { nodes });
-      } else if (event.resetGpu !== undefined && nodes.length === 1 && !canHotSwap(ctx, stillInJob(s, nodes))) resetAndRestart(ctx, nodes[0] as string, event.resetGpu, what);
+        emit(
+          ctx,
+          'tolerate',
+          `${what}; the same fault on ${nodes[0] as string} was reset in place within ${minutes(RESET_REJOIN_MS)}: this report joins that reset`,
+          CITE.gpuReset,
+          { nodes },
+        );
+      } else if (event.resetGpu !== undefined && nodes.length === 1 && !canHotSwap(ctx, stillInJob(s, nodes)))
+        resetAndRestart(ctx, nodes[0] as string, event.resetGpu, what);
       else if (nodes.length > 0) evictAndRestart(ctx, nodes, 'machine', what, CITE.machine);
       else onCrash(ctx, `${what} (no node named, so no culprit)`, nodes);
       return;
@@ -131,7 +152,9 @@ export function onCrash(ctx: Ctx, what: string, hintNodes: string[], trigger: Fa
       return;
     case 'diagnosing':
     case 'replaying':
-      emit(ctx, 'tolerate', `${what}; the job is already stopped for ${s.phase === 'diagnosing' ? 'diagnostics' : 'replay'}`, CITE.diagnose, { nodes: hintNodes });
+      emit(ctx, 'tolerate', `${what}; the job is already stopped for ${s.phase === 'diagnosing' ? 'diagnostics' : 'replay'}`, CITE.diagnose, {
+        nodes: hintNodes,
+      });
       return;
     case 'waiting_for_human':
       emit(ctx, 'tolerate', `${what}; recorded only while a human handles the incident`, CITE.human, { nodes: hintNodes });
@@ -147,7 +170,8 @@ export function onRestartFailed(ctx: Ctx, why: string): void {
     emit(ctx, 'tolerate', `restart failure reported but ${wait}: ${why}`, CITE.retry);
     return;
   }
-  const failed: FailedRung = s.phase === 'reattempting' ? 'reattempt' : s.phase === 'rolling_back' ? 'rollback' : s.incident.rung === 'update' ? 'update' : 'evict';
+  const failed: FailedRung =
+    s.phase === 'reattempting' ? 'reattempt' : s.phase === 'rolling_back' ? 'rollback' : s.incident.rung === 'update' ? 'update' : 'evict';
   escalate(ctx, why, failed);
 }
 
@@ -160,7 +184,14 @@ export function onDiagnosticsResult(ctx: Ctx, suspects: string[], unrun?: string
     evictAndRestart(ctx, suspects, 'crash', `diagnostics found ${suspects.join(', ')}`, CITE.diagnosedEvict);
     return;
   }
-  reattempt(ctx, unrun !== undefined ? `no diagnostics ran: ${unrun}` : suspects.length === 0 ? 'diagnostics found nothing' : `diagnostics named only nodes already out (${suspects.join(', ')})`);
+  reattempt(
+    ctx,
+    unrun !== undefined
+      ? `no diagnostics ran: ${unrun}`
+      : suspects.length === 0
+        ? 'diagnostics found nothing'
+        : `diagnostics named only nodes already out (${suspects.join(', ')})`,
+  );
 }
 
 export function onReplayResult(ctx: Ctx, culprits: string[], unrun?: string): void {
@@ -172,7 +203,12 @@ export function onReplayResult(ctx: Ctx, culprits: string[], unrun?: string): vo
     evictAndRestart(ctx, culprits, 'crash', `dual-phase replay isolated ${culprits.join(', ')}`, CITE.replayEvict);
     return;
   }
-  const why = unrun !== undefined ? `no dual-phase replay ran: ${unrun}` : culprits.length === 0 ? 'dual-phase replay isolated no machine' : `dual-phase replay named only nodes already out (${culprits.join(', ')})`;
+  const why =
+    unrun !== undefined
+      ? `no dual-phase replay ran: ${unrun}`
+      : culprits.length === 0
+        ? 'dual-phase replay isolated no machine'
+        : `dual-phase replay named only nodes already out (${culprits.join(', ')})`;
   pageHuman(ctx, why, CITE.human);
 }
 
@@ -230,9 +266,15 @@ export function onRestartSucceeded(ctx: Ctx): void {
   if (running !== null) setVerdict(s, running, 'good', time);
   const from = s.incident?.rolledBackFrom ?? null;
   if (from !== null && running !== null) {
-    emit(ctx, 'notify', `training progresses on ${running} after rolling back from ${from}; ${from} stays marked bad until its owners examine it`, CITE.rollbackOwners, {
-      version: from,
-    });
+    emit(
+      ctx,
+      'notify',
+      `training progresses on ${running} after rolling back from ${from}; ${from} stays marked bad until its owners examine it`,
+      CITE.rollbackOwners,
+      {
+        version: from,
+      },
+    );
   }
   s.incident = null;
   s.scheduled = null;
@@ -276,7 +318,11 @@ export function onTick(ctx: Ctx): void {
   }
   if (s.phase === 'running' && s.pendingUpdate !== null && time >= s.pendingUpdate.deadline) {
     const pending = s.pendingUpdate;
-    applyUpdateNow(ctx, pending.urgent ? `urgent code update to ${pending.version}` : `code update to ${pending.version}: its ${hours(ctx.config.lazyUpdateWindowMs)} window expired`);
+    applyUpdateNow(
+      ctx,
+      pending.urgent
+        ? `urgent code update to ${pending.version}`
+        : `code update to ${pending.version}: its ${hours(ctx.config.lazyUpdateWindowMs)} window expired`,
+    );
   }
 }
-

@@ -11,7 +11,10 @@ class FlakyBackend implements ClusterBackend {
   readonly name = 'flaky';
   readonly drained = new Map<string, string>();
   calls = 0;
-  constructor(private failures: number, private readonly known = ['node-1']) {}
+  constructor(
+    private failures: number,
+    private readonly known = ['node-1'],
+  ) {}
   async nodeState(node: string): Promise<NodeState> {
     const reason = this.drained.get(node);
     return { node, exists: this.known.includes(node), drained: reason !== undefined, reason, raw: reason ? 'drained' : 'idle' };
@@ -82,7 +85,7 @@ describe('the drain step (a node outside any job)', () => {
     expect(backend.calls).toBe(0);
   });
 
-  it('finds its own lease on a later try (a try cut short before it could let go), but waits for another actuator\'s', async () => {
+  it("finds its own lease on a later try (a try cut short before it could let go), but waits for another actuator's", async () => {
     const store = testRedis();
     stores.push(store);
     const audit = new AuditLog(store.redis, store.keys);

@@ -16,7 +16,14 @@ import { testRedis } from '../../support/redis.js';
  */
 
 const JOB = { ...LLAMA, hotSwap: { spares: ['s-1', 's-2'], timeoutSeconds: 30 } };
-const SWAP: Step = { verb: 'hot_swap', job: 'llama', nodes: ['n01'], spares: ['s-1'], reason: 'machine fault: fatal Xid 79 on n01', citation: 'DeadPool §V-C, §VI' };
+const SWAP: Step = {
+  verb: 'hot_swap',
+  job: 'llama',
+  nodes: ['n01'],
+  spares: ['s-1'],
+  reason: 'machine fault: fatal Xid 79 on n01',
+  citation: 'DeadPool §V-C, §VI',
+};
 
 function transition(transitionId: string, steps: Step[] = [SWAP]): Job<StepsJob> {
   return { id: transitionId, data: { v: 2, transitionId, job: 'llama', steps }, attemptsMade: 0, opts: { attempts: 5 } } as unknown as Job<StepsJob>;
@@ -31,12 +38,20 @@ async function setUp(options: { maxJobEvictionPercent?: number } = {}) {
   const gates = new SafetyGates(store.redis, store.keys, { maxPerWindow: 10, windowSeconds: 600 }, 30);
   const events: LadderEventJob[] = [];
   const processor = (backend = recorder) =>
-    testStepProcessor(store, { backend, jobs, gates }, { world: jobs.world, feedback: async (event) => events.push(event), ...(options.maxJobEvictionPercent !== undefined ? { maxJobEvictionPercent: options.maxJobEvictionPercent } : {}) });
+    testStepProcessor(
+      store,
+      { backend, jobs, gates },
+      {
+        world: jobs.world,
+        feedback: async (event) => events.push(event),
+        ...(options.maxJobEvictionPercent !== undefined ? { maxJobEvictionPercent: options.maxJobEvictionPercent } : {}),
+      },
+    );
   return { store, jobs, recorder, gates, events, processor };
 }
 
 describe('the hot_swap step', () => {
-  it('opens the epoch, then drains the failed node, puts the spare in its place and a free standby in the used spare\'s', async () => {
+  it("opens the epoch, then drains the failed node, puts the spare in its place and a free standby in the used spare's", async () => {
     const { store, jobs, recorder, processor } = await setUp();
     try {
       await recorder.holdStandby('spare-8');
@@ -106,7 +121,9 @@ describe('the hot_swap step', () => {
       expect(record.spec.nodes).toEqual(['n00', 's-1', 'n02', 'n03']);
       expect(record.spec.hotSwap?.spares).toEqual(['s-2']);
       expect(await recorder.standbys()).toEqual(['spare-9']);
-      expect((await actionStates(new AuditLog(store.redis, store.keys), 't-last:0')).join('\n')).toContain('done: the last free warm standby stays for evictions: used spare s-1 is not replaced; the job has one spare fewer');
+      expect((await actionStates(new AuditLog(store.redis, store.keys), 't-last:0')).join('\n')).toContain(
+        'done: the last free warm standby stays for evictions: used spare s-1 is not replaced; the job has one spare fewer',
+      );
     } finally {
       await store.cleanup();
     }
@@ -125,7 +142,7 @@ describe('the hot_swap step', () => {
     }
   });
 
-  it('is refused, opening nothing, while actions are paused, with recovery off, or past the job\'s eviction share', async () => {
+  it("is refused, opening nothing, while actions are paused, with recovery off, or past the job's eviction share", async () => {
     for (const gate of ['pause', 'recovery', 'share'] as const) {
       const { store, jobs, gates, events, processor } = await setUp(gate === 'share' ? { maxJobEvictionPercent: 10 } : {});
       try {
@@ -149,7 +166,16 @@ describe('the hot_swap step', () => {
       await expect(processor()(transition('t-broken'))).resolves.toEqual({ done: 1 });
       expect(await jobs.world.summary('llama')).toEqual({ epoch: 0, state: 'steady' });
       expect(events).toEqual([
-        { job: 'llama', event: { type: 'hot_swap_failed', time: expect.any(Number), detail: expect.stringMatching(/^it could not start: spare s-1 is out of service/), evict: ['n01'] }, eventId: 't-broken:0:cannot-start' },
+        {
+          job: 'llama',
+          event: {
+            type: 'hot_swap_failed',
+            time: expect.any(Number),
+            detail: expect.stringMatching(/^it could not start: spare s-1 is out of service/),
+            evict: ['n01'],
+          },
+          eventId: 't-broken:0:cannot-start',
+        },
       ]);
     } finally {
       await store.cleanup();
@@ -159,7 +185,9 @@ describe('the hot_swap step', () => {
   it('opens an epoch with the same shards for a step without nodes, taking no node out', async () => {
     const { store, jobs, recorder, processor } = await setUp();
     try {
-      await expect(processor()(transition('t-flap', [{ verb: 'hot_swap', job: 'llama', reason: 'network flap', citation: 'DeadPool §VI-B' }]))).resolves.toEqual({ done: 1 });
+      await expect(
+        processor()(transition('t-flap', [{ verb: 'hot_swap', job: 'llama', reason: 'network flap', citation: 'DeadPool §VI-B' }])),
+      ).resolves.toEqual({ done: 1 });
       expect(await jobs.world.summary('llama')).toEqual({ epoch: 1, state: 'swapping' });
       expect((await jobs.get('llama')).spec.nodes).toEqual(JOB.nodes);
       expect(await recorder.recorded()).toEqual({});

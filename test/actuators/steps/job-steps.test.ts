@@ -15,7 +15,6 @@ import { testRedis } from '../../support/redis.js';
  * the exclusion history across jobs.
  */
 
-
 /** The step processor alone, on the test Redis, with a generous budget and no ladder behind it. */
 function recoveryProcessor(
   store: ReturnType<typeof testRedis>,
@@ -89,13 +88,15 @@ describe('a recovery interrupted half way', () => {
 describe('the replacement reported to the ladder', () => {
   const steps = [{ verb: 'evict' as const, job: 'llama', nodes: ['n01'], reason: 'machine fault', citation: '§4.1' }];
 
-  it('tells the ladder which standby took the evicted node\'s place, once per step', async () => {
+  it("tells the ladder which standby took the evicted node's place, once per step", async () => {
     const { store, jobs, backend } = await registeredJobOnDryRun();
     try {
       const events: LadderEventJob[] = [];
       const processor = recoveryProcessor(store, backend, jobs, undefined, async (event) => events.push(event));
       await expect(processor(recoveryJob('t-standby', 'llama', steps))).resolves.toEqual({ done: 1 });
-      expect(events).toEqual([{ job: 'llama', event: { type: 'standby_activated', time: expect.any(Number), replaced: 'n01', by: 'spare-1' }, eventId: 't-standby:0:standby:n01' }]);
+      expect(events).toEqual([
+        { job: 'llama', event: { type: 'standby_activated', time: expect.any(Number), replaced: 'n01', by: 'spare-1' }, eventId: 't-standby:0:standby:n01' },
+      ]);
     } finally {
       await store.cleanup();
     }
@@ -108,7 +109,13 @@ describe('the replacement reported to the ladder', () => {
       const processor = recoveryProcessor(store, backend, jobs, undefined, async (event) => events.push(event));
       const replay = [{ verb: 'run_replay' as const, job: 'llama', reason: 'the reattempt failed', citation: '§4.2' }];
       await expect(processor(recoveryJob('t-replay', 'llama', replay))).resolves.toEqual({ done: 1 });
-      expect(events).toEqual([{ job: 'llama', event: { type: 'replay_result', time: expect.any(Number), culprits: [], unrun: 'this controller runs no analysis worker' }, eventId: 't-replay:0:replay' }]);
+      expect(events).toEqual([
+        {
+          job: 'llama',
+          event: { type: 'replay_result', time: expect.any(Number), culprits: [], unrun: 'this controller runs no analysis worker' },
+          eventId: 't-replay:0:replay',
+        },
+      ]);
     } finally {
       await store.cleanup();
     }
@@ -141,7 +148,10 @@ describe('evictions the scheduler cannot carry out', () => {
         { verb: 'evict' as const, job: 'llama', nodes: ['n01'], reason: 'machine fault', citation: '§4.1' },
         { verb: 'restart' as const, job: 'llama', reason: 'relaunch', citation: '§6.2' },
       ];
-      await expect(processor(recoveryJob('t-unknown', 'llama', steps))).resolves.toEqual({ done: 1, halted: 'evict stopped the transition: node n01 is unknown to the dry-run backend' });
+      await expect(processor(recoveryJob('t-unknown', 'llama', steps))).resolves.toEqual({
+        done: 1,
+        halted: 'evict stopped the transition: node n01 is unknown to the dry-run backend',
+      });
       expect(pages).toEqual(['node n01 is unknown to the dry-run backend']);
       const actions = (await new AuditLog(store.redis, store.keys).read({ type: 'action' })).map((entry) => entry.summary);
       expect(actions).toEqual(['llama: evict n01: failed (node n01 is unknown to the dry-run backend)']);
@@ -169,11 +179,19 @@ describe('evictions the scheduler cannot carry out', () => {
       await expect(processor(recoveryJob('t-retold', 'llama', steps))).rejects.toThrow('Redis went away');
       reachable = true;
       // The redelivery: the eviction is not tried again, the restart is not run, the refusal is told.
-      await expect(processor(recoveryJob('t-retold', 'llama', steps))).resolves.toEqual({ done: 0, halted: 'evict stopped the transition: node n01 is unknown to the dry-run backend' });
+      await expect(processor(recoveryJob('t-retold', 'llama', steps))).resolves.toEqual({
+        done: 0,
+        halted: 'evict stopped the transition: node n01 is unknown to the dry-run backend',
+      });
       expect(told).toEqual([
         {
           job: 'llama',
-          event: { type: 'recovery_refused', time: expect.any(Number), transitionId: 't-retold', detail: 'evict stopped the transition: node n01 is unknown to the dry-run backend' },
+          event: {
+            type: 'recovery_refused',
+            time: expect.any(Number),
+            transitionId: 't-retold',
+            detail: 'evict stopped the transition: node n01 is unknown to the dry-run backend',
+          },
           eventId: 't-retold:refused',
         },
       ]);
@@ -208,4 +226,3 @@ describe('exclusion history across jobs', () => {
     }
   });
 });
-

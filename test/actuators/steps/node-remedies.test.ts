@@ -17,15 +17,27 @@ import { lastAction, nodeTransition, queued, recordingBackend, testStepProcessor
 /** An agent double: answers each reset with the next scripted outcome, and counts the calls. */
 class ScriptedResetter implements GpuResetter {
   calls = 0;
-  constructor(private readonly outcomes: GpuResetReport['outcome'][], private readonly processes: number[] = []) {}
+  constructor(
+    private readonly outcomes: GpuResetReport['outcome'][],
+    private readonly processes: number[] = [],
+  ) {}
   async reset(node: string, gpu: string): Promise<GpuResetReport> {
     const outcome = this.outcomes[Math.min(this.calls, this.outcomes.length - 1)] ?? 'reset';
     this.calls += 1;
-    return { node, gpu, index: 2, outcome, processes: outcome === 'refused' ? this.processes : [], stopped: [], reason: outcome === 'reset' ? 'GPU 2 reset and listed again' : 'processes 7 still use GPU 2', seconds: 0.5 };
+    return {
+      node,
+      gpu,
+      index: 2,
+      outcome,
+      processes: outcome === 'refused' ? this.processes : [],
+      stopped: [],
+      reason: outcome === 'reset' ? 'GPU 2 reset and listed again' : 'processes 7 still use GPU 2',
+      seconds: 0.5,
+    };
   }
 }
 
-describe('the node ladder\'s remedy steps: reset_gpu, reboot, hand_off (a node outside any job)', () => {
+describe("the node ladder's remedy steps: reset_gpu, reboot, hand_off (a node outside any job)", () => {
   const stores: ReturnType<typeof testRedis>[] = [];
   const servers: Server[] = [];
   afterEach(async () => {
@@ -33,7 +45,10 @@ describe('the node ladder\'s remedy steps: reset_gpu, reboot, hand_off (a node o
     await Promise.all(servers.splice(0).map((server) => new Promise((resolve) => server.close(resolve))));
   });
 
-  function setUp(resetter: GpuResetter, options: { maxPerWindow?: number; remedies?: Record<string, unknown>; webhookUrl?: string; windows?: MaintenanceWindow[] } = {}) {
+  function setUp(
+    resetter: GpuResetter,
+    options: { maxPerWindow?: number; remedies?: Record<string, unknown>; webhookUrl?: string; windows?: MaintenanceWindow[] } = {},
+  ) {
     const store = testRedis();
     stores.push(store);
     const audit = new AuditLog(store.redis, store.keys);
@@ -94,7 +109,12 @@ describe('the node ladder\'s remedy steps: reset_gpu, reboot, hand_off (a node o
     expect((await processor('reset_gpu', 'd-c')).state).toBe('done');
     expect((await processor('reset_gpu', 'd-d')).detail).toBe('eviction budget exhausted: 1 drains per 60 s already used');
     expect(resetter.calls).toBe(1);
-    expect((await history.read('node-1')).map((entry) => `${entry.action} ${entry.outcome}`)).toEqual(['reset_gpu refused', 'reset_gpu done', 'reset_gpu refused', 'reset_gpu refused']);
+    expect((await history.read('node-1')).map((entry) => `${entry.action} ${entry.outcome}`)).toEqual([
+      'reset_gpu refused',
+      'reset_gpu done',
+      'reset_gpu refused',
+      'reset_gpu refused',
+    ]);
   });
 
   it('acts on no node inside a scheduled maintenance window, and on it again once the window has closed', async () => {
@@ -145,7 +165,10 @@ describe('the node ladder\'s remedy steps: reset_gpu, reboot, hand_off (a node o
     const steps = testStepProcessor(store, { backend, audit }, { resetter, remedies: remediesSchema.parse({ gpuReset: { busyRetries: 0 } }) });
     await steps(queued(nodeTransition('reset_gpu')));
     expect(resetter.calls).toBe(0);
-    expect(await lastAction(audit, 'd-reset_gpu')).toEqual({ state: 'done', detail: 'GPU 0000:3a:00 reset and listed again in 0.0 s; node returned to service' });
+    expect(await lastAction(audit, 'd-reset_gpu')).toEqual({
+      state: 'done',
+      detail: 'GPU 0000:3a:00 reset and listed again in 0.0 s; node returned to service',
+    });
     expect((await backend.nodeState('node-1')).drained).toBe(false);
   });
 
@@ -157,11 +180,18 @@ describe('the node ladder\'s remedy steps: reset_gpu, reboot, hand_off (a node o
     const audit = new AuditLog(store.redis, store.keys);
     // The job's ranks are still exiting after the stop: the first answer is "busy", the second a reset.
     const resetter = new ScriptedResetter(['refused', 'reset'], [7]);
-    const steps = testStepProcessor(store, { backend: recordingBackend(store), audit, jobs }, { resetter, remedies: remediesSchema.parse({ gpuReset: { busyRetries: 2, busyRetryDelaySeconds: 0 } }) });
+    const steps = testStepProcessor(
+      store,
+      { backend: recordingBackend(store), audit, jobs },
+      { resetter, remedies: remediesSchema.parse({ gpuReset: { busyRetries: 2, busyRetryDelaySeconds: 0 } }) },
+    );
     const step = { verb: 'reset_gpu' as const, job: 'llama', nodes: ['node-1'], gpu: '0000:3a:00', reason: 'fatal Xid 48', citation: 'test' };
     await steps(queued({ v: 2, transitionId: 't-reset', job: 'llama', steps: [step] }));
     expect(resetter.calls).toBe(2);
-    expect(await lastAction(audit, 't-reset:0')).toEqual({ state: 'done', detail: 'GPU 0000:3a:00 of node-1 reset through its agent (GPU 2 reset and listed again); the job relaunches on the same nodes' });
+    expect(await lastAction(audit, 't-reset:0')).toEqual({
+      state: 'done',
+      detail: 'GPU 0000:3a:00 of node-1 reset through its agent (GPU 2 reset and listed again); the job relaunches on the same nodes',
+    });
     expect((await jobs.get('llama')).spec.nodes).toEqual(['node-0', 'node-1']);
   });
 });

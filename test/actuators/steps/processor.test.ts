@@ -23,8 +23,12 @@ describe('the step processor', () => {
 
   it('fails a payload it cannot read for good, naming what is wrong, and acts on nothing', async () => {
     const { processor, audit } = await setUp();
-    await expect(processor(queued({ v: 2, transitionId: 't-bad', job: 'llama', steps: [{ verb: 'format_disk', reason: 'x', citation: 'x' }] }))).rejects.toThrow(UnrecoverableError);
-    await expect(processor(queued({ v: 2, transitionId: 't-bad', job: 'llama', steps: [{ verb: 'format_disk', reason: 'x', citation: 'x' }] }))).rejects.toThrow(/^invalid steps job payload: steps\.0\.verb/);
+    await expect(
+      processor(queued({ v: 2, transitionId: 't-bad', job: 'llama', steps: [{ verb: 'format_disk', reason: 'x', citation: 'x' }] })),
+    ).rejects.toThrow(UnrecoverableError);
+    await expect(
+      processor(queued({ v: 2, transitionId: 't-bad', job: 'llama', steps: [{ verb: 'format_disk', reason: 'x', citation: 'x' }] })),
+    ).rejects.toThrow(/^invalid steps job payload: steps\.0\.verb/);
     await expect(processor(queued('garbage'))).rejects.toThrow(UnrecoverableError);
     expect(await audit.read({ type: 'action' })).toEqual([]);
   });

@@ -63,12 +63,17 @@ describe('the reset_gpu step of a job', () => {
     await backend.holdStandby(`spare-${job}`);
     const audit = new AuditLog(store.redis, store.keys);
     const history = new RemediationHistory(store.redis, store.keys, 20);
-    const process = testStepProcessor(store, { backend, jobs, audit }, { resetter: new AgentGpuResetter(agents), history, remedies: remediesSchema.parse({ gpuReset: { timeoutSeconds: 30, busyRetries: 0 } }) });
+    const process = testStepProcessor(
+      store,
+      { backend, jobs, audit },
+      { resetter: new AgentGpuResetter(agents), history, remedies: remediesSchema.parse({ gpuReset: { timeoutSeconds: 30, busyRetries: 0 } }) },
+    );
     const steps: Step[] = [
       { verb: 'reset_gpu', job, nodes: ['n01'], gpu: '0000:2a:00', reason: 'fatal Xid 48 on n01', citation: 'test' },
       { verb: 'restart', job, reason: 'relaunch after the reset', citation: 'test' },
     ];
-    const run = () => process({ id: `t-${job}`, data: { v: 2, transitionId: `t-${job}`, job, steps }, attemptsMade: 0, opts: { attempts: 5 } } as unknown as Job<StepsJob>);
+    const run = () =>
+      process({ id: `t-${job}`, data: { v: 2, transitionId: `t-${job}`, job, steps }, attemptsMade: 0, opts: { attempts: 5 } } as unknown as Job<StepsJob>);
     return { jobs, backend, audit, history, run };
   }
 
@@ -100,6 +105,11 @@ describe('the reset_gpu step of a job', () => {
     expect(nodes).not.toContain('n01');
     expect(nodes[1]).toMatch(/^spare-reset-/);
     expect((await backend.nodeState('n01')).drained).toBe(true);
-    expect((await history.read('n01'))[0]).toMatchObject({ action: 'reset_gpu', outcome: 'fell_back', gpu: '0000:2a:00', detail: expect.stringContaining(`processes ${holder.pid} still use GPU 1`) });
+    expect((await history.read('n01'))[0]).toMatchObject({
+      action: 'reset_gpu',
+      outcome: 'fell_back',
+      gpu: '0000:2a:00',
+      detail: expect.stringContaining(`processes ${holder.pid} still use GPU 1`),
+    });
   });
 });

@@ -48,7 +48,7 @@ describe('the stop step', () => {
 
   const actions = async (audit: AuditLog): Promise<string[]> => (await audit.read({ type: 'action' })).map((entry) => entry.summary);
 
-  it('cancels the job\'s runs by its name, then finds none left before the relaunch', async () => {
+  it("cancels the job's runs by its name, then finds none left before the relaunch", async () => {
     const calls: string[] = [];
     let running = ['41'];
     const { processor, audit } = await setUp(async (name) => {
@@ -59,13 +59,18 @@ describe('the stop step', () => {
     });
     await expect(processor(recoveryJob('t-stop', steps('stop', 'restart')))).resolves.toEqual({ done: 2, halted: undefined });
     expect(calls).toEqual(['llama', 'llama']);
-    expect(await actions(audit)).toEqual(['llama: stop: done (cancelled Slurm job 41 named llama; gone from the queue)', 'llama: restart: done (launched v1 on n00,n01: ok)']);
+    expect(await actions(audit)).toEqual([
+      'llama: stop: done (cancelled Slurm job 41 named llama; gone from the queue)',
+      'llama: restart: done (launched v1 on n00,n01: ok)',
+    ]);
   });
 
   it('cancels a run still there before a reattempt that has no stop step in front of it, and says so', async () => {
     const { processor, audit } = await setUp(async () => ['42', '43']);
     await processor(recoveryJob('t-again', steps('reattempt')));
-    expect(await actions(audit)).toEqual(['llama: reattempt: done (launched v1 on n00,n01: ok; before it, cancelled Slurm jobs 42, 43 named llama; gone from the queue)']);
+    expect(await actions(audit)).toEqual([
+      'llama: reattempt: done (launched v1 on n00,n01: ok; before it, cancelled Slurm jobs 42, 43 named llama; gone from the queue)',
+    ]);
   });
 
   it('records the stop when nothing runs, and when the backend stops nothing', async () => {

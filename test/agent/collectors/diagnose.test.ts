@@ -90,7 +90,14 @@ describe('POST /api/v1/diagnose', () => {
   });
 
   it('runs only the checks the request names, and refuses unknown names with a 400 naming them', async () => {
-    const { collector } = collectorFor(configFile({ checks: [{ name: 'a', command: ['true'], timeoutSeconds: 5 }, { name: 'b', command: ['true'], timeoutSeconds: 5 }] }));
+    const { collector } = collectorFor(
+      configFile({
+        checks: [
+          { name: 'a', command: ['true'], timeoutSeconds: 5 },
+          { name: 'b', command: ['true'], timeoutSeconds: 5 },
+        ],
+      }),
+    );
     expect(report(await diagnose(collector, { checks: ['b'] })).checks.map((entry) => entry.name)).toEqual(['b']);
     const unknown = await diagnose(collector, { checks: ['a', 'eud', 'nccl'] });
     expect(unknown).toEqual({ status: 400, body: { error: 'unknown checks "eud", "nccl"; configured: a, b', field: 'checks' } });
@@ -129,16 +136,34 @@ describe('POST /api/v1/diagnose', () => {
       }),
     );
     const answer = report(await diagnose(collector, { timeoutSeconds: 1 }));
-    expect(check(answer, 'slow')).toMatchObject({ result: 'incomplete', timedOut: true, reason: expect.stringContaining("when the request's time limit ran out (its own limit is 60 s)") });
-    expect(check(answer, 'next')).toMatchObject({ result: 'incomplete', timedOut: false, seconds: 0, reason: "not started: the request's time limit of 1 s had run out" });
+    expect(check(answer, 'slow')).toMatchObject({
+      result: 'incomplete',
+      timedOut: true,
+      reason: expect.stringContaining("when the request's time limit ran out (its own limit is 60 s)"),
+    });
+    expect(check(answer, 'next')).toMatchObject({
+      result: 'incomplete',
+      timedOut: false,
+      seconds: 0,
+      reason: "not started: the request's time limit of 1 s had run out",
+    });
   });
 
   it('fails a check whose program is missing with a reason, and goes on with the next', async () => {
     const { collector } = collectorFor(
-      configFile({ checks: [{ name: 'eud', command: ['/nonexistent/dcgmi', 'diag', '-r', '2'], timeoutSeconds: 5 }, { name: 'after', command: ['true'], timeoutSeconds: 5 }] }),
+      configFile({
+        checks: [
+          { name: 'eud', command: ['/nonexistent/dcgmi', 'diag', '-r', '2'], timeoutSeconds: 5 },
+          { name: 'after', command: ['true'], timeoutSeconds: 5 },
+        ],
+      }),
     );
     const answer = report(await diagnose(collector));
-    expect(check(answer, 'eud')).toMatchObject({ result: 'failed', exitCode: null, reason: "/nonexistent/dcgmi not found (is it installed, and on the agent's PATH?)" });
+    expect(check(answer, 'eud')).toMatchObject({
+      result: 'failed',
+      exitCode: null,
+      reason: "/nonexistent/dcgmi not found (is it installed, and on the agent's PATH?)",
+    });
     expect(check(answer, 'after').result).toBe('passed');
   });
 
@@ -164,7 +189,11 @@ describe('POST /api/v1/diagnose', () => {
       }),
     );
     const answer = report(await diagnose(collector));
-    expect(check(answer, 'slow-link')).toMatchObject({ result: 'failed', avgBusBandwidthGBps: 42.5, reason: 'average bus bandwidth 42.5 GB/s is below the expected 100 GB/s' });
+    expect(check(answer, 'slow-link')).toMatchObject({
+      result: 'failed',
+      avgBusBandwidthGBps: 42.5,
+      reason: 'average bus bandwidth 42.5 GB/s is below the expected 100 GB/s',
+    });
     expect(check(answer, 'fast-enough')).toMatchObject({ result: 'passed', avgBusBandwidthGBps: 42.5 });
     expect(check(answer, 'silent').reason).toContain('no "# Avg bus bandwidth" line');
   });
@@ -213,7 +242,14 @@ describe('diagnose collector configuration', () => {
   });
 
   it('answers 503 naming the field of an invalid config', async () => {
-    const { collector } = collectorFor(configFile({ checks: [{ name: 'a', command: [], timeoutSeconds: 5 }, { name: 'a', command: ['true'], timeoutSeconds: 0 }] }));
+    const { collector } = collectorFor(
+      configFile({
+        checks: [
+          { name: 'a', command: [], timeoutSeconds: 5 },
+          { name: 'a', command: ['true'], timeoutSeconds: 0 },
+        ],
+      }),
+    );
     const answer = await diagnose(collector);
     expect(answer.status).toBe(503);
     const error = (answer.body as { error: string }).error;
@@ -235,7 +271,12 @@ describe('diagnose collector configuration', () => {
 describe('diagnose metrics', () => {
   it('counts runs by check and result and keeps the last duration, in an exposition promtool accepts', async () => {
     const { collector, context } = collectorFor(
-      configFile({ checks: [{ name: 'good', command: ['true'], timeoutSeconds: 5 }, { name: 'bad', command: ['false'], timeoutSeconds: 5 }] }),
+      configFile({
+        checks: [
+          { name: 'good', command: ['true'], timeoutSeconds: 5 },
+          { name: 'bad', command: ['false'], timeoutSeconds: 5 },
+        ],
+      }),
     );
     await diagnose(collector);
     await diagnose(collector, { checks: ['good'] });

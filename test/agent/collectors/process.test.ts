@@ -7,7 +7,14 @@ import { createAgent, type Agent } from '../../../agent/agent.js';
 import type { AgentResponse, Collector } from '../../../agent/collector.js';
 import type { CollectorSettings } from '../../../agent/flags.js';
 import { flightRecorderSource } from '../../../agent/sources/flight-recorder-dumps.js';
-import { FLIGHT_RECORDER_DIR_FLAG, PY_SPY_FLAG, STACK_TOOL_FLAG, TRACE_PATH, createProcessCollector, processCollectorFactory } from '../../../agent/collectors/process.js';
+import {
+  FLIGHT_RECORDER_DIR_FLAG,
+  PY_SPY_FLAG,
+  STACK_TOOL_FLAG,
+  TRACE_PATH,
+  createProcessCollector,
+  processCollectorFactory,
+} from '../../../agent/collectors/process.js';
 import { EXPECTED, FIXTURES, REALWORLD, expectMatchesAndLints, scrapeOne, testContext } from '../helpers.js';
 import { RANK_PIDS, RANK_WITHOUT_ENVIRON, writeTorchrunProcfs } from '../fake-procfs.js';
 
@@ -120,7 +127,9 @@ describe('POST /api/v1/trace', () => {
     const first = answer.dumps[0]!;
     expect(first).toMatchObject({ pid: 101, role: 'rank', rank: 8, ok: true });
     expect(first.dump).toContain('Process 101: /usr/bin/python3 -u pretrain_gpt.py');
-    expect(first.dump).toContain('    broadcast (torch/distributed/distributed_c10d.py:1191)\n    _aggregate_total_loss (deepspeed/runtime/pipe/engine.py:540)');
+    expect(first.dump).toContain(
+      '    broadcast (torch/distributed/distributed_c10d.py:1191)\n    _aggregate_total_loss (deepspeed/runtime/pipe/engine.py:540)',
+    );
     expect(answer.dumps.find((dump) => dump.pid === RANK_WITHOUT_ENVIRON)).toEqual({
       pid: RANK_WITHOUT_ENVIRON,
       role: 'rank',
@@ -166,14 +175,19 @@ describe('POST /api/v1/trace', () => {
     const missing = join(dir, 'bin', 'py-spy');
     const { collector } = collectorWith({ [PY_SPY_FLAG]: missing, [STACK_TOOL_FLAG]: 'py-spy' });
     const response = await trace(collector, {});
-    expect(response).toEqual({ status: 503, body: { error: `py-spy not found at ${missing}; install it with pip install py-spy, or use --process.stack-tool=faulthandler` } });
+    expect(response).toEqual({
+      status: 503,
+      body: { error: `py-spy not found at ${missing}; install it with pip install py-spy, or use --process.stack-tool=faulthandler` },
+    });
   });
 
   it('looks a bare py-spy name up on PATH and answers 503 when it is required and not there', async () => {
     const { collector } = collectorWith({ [PY_SPY_FLAG]: 'steadfast-no-such-py-spy', [STACK_TOOL_FLAG]: 'py-spy' });
     const response = await trace(collector, {});
     expect(response.status).toBe(503);
-    expect((response.body as { error: string }).error).toBe('py-spy not found at steadfast-no-such-py-spy; install it with pip install py-spy, or use --process.stack-tool=faulthandler');
+    expect((response.body as { error: string }).error).toBe(
+      'py-spy not found at steadfast-no-such-py-spy; install it with pip install py-spy, or use --process.stack-tool=faulthandler',
+    );
   });
 
   it('falls back to faulthandler without py-spy, and signals no pid of a procfs that is not its own pid namespace', async () => {
@@ -181,7 +195,13 @@ describe('POST /api/v1/trace', () => {
     const { collector } = collectorWith({ [PY_SPY_FLAG]: join(dir, 'bin', 'py-spy') });
     const response = await trace(collector, { pids: [101, 204] });
     expect(response.status).toBe(200);
-    expect(body(response)).toMatchObject({ tool: 'faulthandler', dumps: [{ pid: 101, role: 'rank', ok: false, error: expect.stringContaining("cannot tell whether") }, { pid: 204, role: 'dataloader', ok: false, error: expect.stringContaining('training ranks only') }] });
+    expect(body(response)).toMatchObject({
+      tool: 'faulthandler',
+      dumps: [
+        { pid: 101, role: 'rank', ok: false, error: expect.stringContaining('cannot tell whether') },
+        { pid: 204, role: 'dataloader', ok: false, error: expect.stringContaining('training ranks only') },
+      ],
+    });
   });
 
   it('gives up on a py-spy that hangs at the timeout, reports it per pid, and still answers 200 within the deadline', async () => {

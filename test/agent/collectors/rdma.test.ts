@@ -71,7 +71,12 @@ describe('rdma collector', () => {
     expect(seriesValue(text, 'steadfast_rdma_port_retransmits_total{device="mlx5_0",port="1"}')).toBe(99);
     expect(seriesValue(text, 'steadfast_rdma_port_retransmits_total{device="mlx4_0",port="1"}')).toBeUndefined();
     expect(seriesValue(text, 'steadfast_rdma_port_symbol_errors_total{device="mlx4_0",port="2"}')).toBe(0);
-    expect(seriesValue(text, 'steadfast_rdma_port_info{device="hfi1_0",port="1",link_layer="InfiniBand",hca_type="",fw_ver="1.27.0",board_id="HPE 100Gb 1-port OP101 QSFP28 x16 PCIe Gen3 with Intel Omni-Path Adapter"}')).toBe(1);
+    expect(
+      seriesValue(
+        text,
+        'steadfast_rdma_port_info{device="hfi1_0",port="1",link_layer="InfiniBand",hca_type="",fw_ver="1.27.0",board_id="HPE 100Gb 1-port OP101 QSFP28 x16 PCIe Gen3 with Intel Omni-Path Adapter"}',
+      ),
+    ).toBe(1);
   });
 
   it('reports a port whose physical state is not LinkUp as not up', async () => {

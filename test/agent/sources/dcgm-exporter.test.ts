@@ -194,7 +194,12 @@ describe('dcgm field mapping', () => {
         `DCGM_FI_DEV_GPU_UTIL{${gpu('')}} -1`,
       ].join('\n'),
     );
-    expect(report.gpus[0]).toMatchObject({ memoryTemperatureCelsius: undefined, powerDrawWatts: undefined, temperatureCelsius: undefined, utilizationRatio: undefined });
+    expect(report.gpus[0]).toMatchObject({
+      memoryTemperatureCelsius: undefined,
+      powerDrawWatts: undefined,
+      temperatureCelsius: undefined,
+      utilizationRatio: undefined,
+    });
   });
 
   it('under MIG takes device-wide fields from any GPU-instance series but the frame buffer only from the whole GPU', () => {

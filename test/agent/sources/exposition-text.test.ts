@@ -30,7 +30,9 @@ describe('Prometheus text parser', () => {
 
   it('skips each malformed line with its line number and keeps the good lines around it', () => {
     const parsed = parseExpositionText(
-      ['good 1', 'bad{x="unterminated} 1', 'bad{x="1"}1', 'bad{x="1",x="2"} 1', 'bad 1 2 3', 'bad one', 'bad{x="\\q"} 1', '9bad 1', 'also_good{a="b"} 2'].join('\n'),
+      ['good 1', 'bad{x="unterminated} 1', 'bad{x="1"}1', 'bad{x="1",x="2"} 1', 'bad 1 2 3', 'bad one', 'bad{x="\\q"} 1', '9bad 1', 'also_good{a="b"} 2'].join(
+        '\n',
+      ),
     );
     expect(parsed.samples.map((line) => line.name)).toEqual(['good', 'also_good']);
     expect(parsed.errors.map((error) => error.line)).toEqual([2, 3, 4, 5, 6, 7, 8]);
@@ -56,7 +58,27 @@ describe('Prometheus text parser', () => {
   });
 
   it('never throws on exposition-shaped lines built from the tokens the format uses', () => {
-    const token = fc.constantFrom('DCGM_FI_DEV_GPU_TEMP', 'gpu', 'pci_bus_id', '{', '}', '=', '"', '\\', ',', ' ', '\t', '0', '1e9', 'NaN', '-Inf', '#', 'TYPE', '\n', '0000:3b:00.0');
+    const token = fc.constantFrom(
+      'DCGM_FI_DEV_GPU_TEMP',
+      'gpu',
+      'pci_bus_id',
+      '{',
+      '}',
+      '=',
+      '"',
+      '\\',
+      ',',
+      ' ',
+      '\t',
+      '0',
+      '1e9',
+      'NaN',
+      '-Inf',
+      '#',
+      'TYPE',
+      '\n',
+      '0000:3b:00.0',
+    );
     fc.assert(
       fc.property(fc.array(fc.oneof(token, fc.string({ maxLength: 4 })), { maxLength: 80 }), (tokens) => {
         const report = parseDcgmExporterText(tokens.join(''));

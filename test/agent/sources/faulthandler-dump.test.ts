@@ -77,24 +77,33 @@ describe('faulthandler dumps of real Python ranks', () => {
     const elsewhere = join(dir, 'elsewhere');
     mkdirSync(elsewhere);
     const [missing] = await dumpWithFaulthandler([target(python.pid, [elsewhere])], OPTIONS);
-    expect(missing).toMatchObject({ ok: false, error: expect.stringMatching(/^no faulthandler dump file \*-pid\d+\.stacks .* in .*elsewhere; not signalled$/) });
+    expect(missing).toMatchObject({
+      ok: false,
+      error: expect.stringMatching(/^no faulthandler dump file \*-pid\d+\.stacks .* in .*elsewhere; not signalled$/),
+    });
     const [reused] = await dumpWithFaulthandler([{ ...target(python.pid), startTimeTicks: 1 }], OPTIONS);
     expect(reused).toMatchObject({ ok: false, error: `process ${python.pid} exited before it could be signalled` });
     await new Promise((resolve) => setTimeout(resolve, 150));
     expect(statSync(python.file ?? '').size).toBe(size);
   });
 
-  it('reads no file that is a link, or that another user owns, under the rank\'s name', async () => {
+  it("reads no file that is a link, or that another user owns, under the rank's name", async () => {
     const python = await rank('collective');
     const file = python.file ?? '';
     renameSync(file, `${file}.real`);
     symlinkSync(`${file}.real`, file);
-    expect((await dumpWithFaulthandler([target(python.pid)], OPTIONS))[0]).toMatchObject({ ok: false, error: expect.stringContaining('no faulthandler dump file') });
+    expect((await dumpWithFaulthandler([target(python.pid)], OPTIONS))[0]).toMatchObject({
+      ok: false,
+      error: expect.stringContaining('no faulthandler dump file'),
+    });
     rmSync(file);
     renameSync(`${file}.real`, file);
     if (process.getuid?.() === 0) {
       chownSync(file, 65534, 65534);
-      expect((await dumpWithFaulthandler([target(python.pid)], OPTIONS))[0]).toMatchObject({ ok: false, error: expect.stringContaining('of the process\'s user') });
+      expect((await dumpWithFaulthandler([target(python.pid)], OPTIONS))[0]).toMatchObject({
+        ok: false,
+        error: expect.stringContaining("of the process's user"),
+      });
     }
   });
 
@@ -118,7 +127,7 @@ describe('faulthandler dumps of real Python ranks', () => {
     expect(alive(python.pid)).toBe(true);
   });
 
-  it('signals nothing when the procfs read is not the agent\'s own pid namespace', async () => {
+  it("signals nothing when the procfs read is not the agent's own pid namespace", async () => {
     const python = await rank('collective');
     const fake = join(dir, 'proc');
     mkdirSync(fake);
@@ -127,7 +136,10 @@ describe('faulthandler dumps of real Python ranks', () => {
     const own = join(dir, 'own-proc');
     mkdirSync(own);
     symlinkSync(String(process.pid), join(own, 'self'));
-    expect((await dumpWithFaulthandler([target(python.pid)], { ...OPTIONS, procfs: own }))[0]).toMatchObject({ ok: false, error: expect.stringContaining('no boot time') });
+    expect((await dumpWithFaulthandler([target(python.pid)], { ...OPTIONS, procfs: own }))[0]).toMatchObject({
+      ok: false,
+      error: expect.stringContaining('no boot time'),
+    });
     const [result] = await dumpWithFaulthandler([target(python.pid)], { ...OPTIONS, procfs: fake });
     expect(result).toMatchObject({ ok: false, error: expect.stringContaining("is not this agent's pid namespace") });
     const [unknown] = await dumpWithFaulthandler([target(python.pid)], { ...OPTIONS, procfs: join(dir, 'nothing') });
@@ -136,9 +148,14 @@ describe('faulthandler dumps of real Python ranks', () => {
 });
 
 describe('where a rank writes its dumps, and what its status says', () => {
-  it('follows the client: $STEADFAST_STACK_DIR, else $TMPDIR/steadfast-stacks, else /tmp/steadfast-stacks, inside the rank\'s root; the flag wins', () => {
-    expect(stackDirectories('/proc', { pid: 7, environment: { stackDirectory: '/scratch/stacks', tempDirectory: '/var/tmp' } }, undefined)).toEqual(['/proc/7/root/scratch/stacks']);
-    expect(stackDirectories('/proc', { pid: 7, environment: { tempDirectory: '/var/tmp' } }, undefined)).toEqual(['/proc/7/root/var/tmp/steadfast-stacks', '/proc/7/root/tmp/steadfast-stacks']);
+  it("follows the client: $STEADFAST_STACK_DIR, else $TMPDIR/steadfast-stacks, else /tmp/steadfast-stacks, inside the rank's root; the flag wins", () => {
+    expect(stackDirectories('/proc', { pid: 7, environment: { stackDirectory: '/scratch/stacks', tempDirectory: '/var/tmp' } }, undefined)).toEqual([
+      '/proc/7/root/scratch/stacks',
+    ]);
+    expect(stackDirectories('/proc', { pid: 7, environment: { tempDirectory: '/var/tmp' } }, undefined)).toEqual([
+      '/proc/7/root/var/tmp/steadfast-stacks',
+      '/proc/7/root/tmp/steadfast-stacks',
+    ]);
     expect(stackDirectories('/host/proc', { pid: 7, environment: undefined }, undefined)).toEqual(['/host/proc/7/root/tmp/steadfast-stacks']);
     expect(stackDirectories('/proc', { pid: 7, environment: { tempDirectory: '/tmp' } }, undefined)).toEqual(['/proc/7/root/tmp/steadfast-stacks']);
     expect(stackDirectories('/proc', { pid: 7, environment: { stackDirectory: '/x' } }, '/var/lib/stacks')).toEqual(['/var/lib/stacks']);

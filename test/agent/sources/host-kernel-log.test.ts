@@ -61,7 +61,12 @@ describe('host kernel log parser on the real samples', () => {
       'oom_kill',
     ]);
     const { events } = parseHostKernelLog(text);
-    expect(events.filter((event) => event.kind === 'pcie_aer').map((event) => event.device)).toEqual(['0000:00:03.1', '0000:00:03.1', '0000:00:1c.5', '0000:00:03.0']);
+    expect(events.filter((event) => event.kind === 'pcie_aer').map((event) => event.device)).toEqual([
+      '0000:00:03.1',
+      '0000:00:03.1',
+      '0000:00:1c.5',
+      '0000:00:03.0',
+    ]);
     expect(events.filter((event) => event.kind === 'hung_task_nvidia').map((event) => event.task)).toEqual(['nvc:[driver]', 'gdscheck']);
     expect(events.filter((event) => event.kind === 'gpu_init_failed').map((event) => event.device)).toEqual(['0000:04:01', '0000:04:02', '0000:0a:00']);
   });

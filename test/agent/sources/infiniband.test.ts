@@ -195,7 +195,12 @@ describe('parsing sysfs values', () => {
     expect(packetCount(port({ unicast_xmit_packets: 5, multicast_xmit_packets: 2 }), 'transmitted')).toBe(7);
     expect(packetCount(port({ unicast_rcv_packets: 7 }), 'received')).toBeUndefined();
     expect(packetCount(port({}), 'transmitted')).toBeUndefined();
-    const extended = (extCounters: InfinibandPort['extCounters'], counters: InfinibandPort['counters'] = {}): InfinibandPort => ({ device: 'mlx4_0', port: '1', counters, extCounters });
+    const extended = (extCounters: InfinibandPort['extCounters'], counters: InfinibandPort['counters'] = {}): InfinibandPort => ({
+      device: 'mlx4_0',
+      port: '1',
+      counters,
+      extCounters,
+    });
     expect(packetCount(extended({ port_rcv_packets_64: 5_000_000_000 }, { port_rcv_packets: 4_294_967_295 }), 'received')).toBe(5_000_000_000);
     expect(packetCount(extended({ port_unicast_xmit_packets: 9, port_multicast_xmit_packets: 1 }), 'transmitted')).toBe(10);
     expect(unicastPackets(extended({ port_unicast_rcv_packets: 9 }, { unicast_rcv_packets: 8 }), 'received')).toBe(8);

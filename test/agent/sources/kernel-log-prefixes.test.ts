@@ -21,12 +21,36 @@ interface Kind {
 }
 
 const KINDS: readonly Kind[] = [
-  { name: 'Xid', sample: join(XID_LOGS, 'nvrm_fallen-off-bus_forms_and_dmesg-T_from_public_reports.txt'), message: 'NVRM: Xid (PCI:0000:00:05): 43, pid=1045242, name=pt_main_thread, Ch 00000008' },
-  { name: 'Xid 79', sample: join(XID_LOGS, 'nvrm_fallen-off-bus_forms_and_dmesg-T_from_public_reports.txt'), message: "NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus." },
-  { name: 'SXid', sample: join(HOST_LOGS, 'gpud_soft-lockup_hung-task_sxid_lines.txt'), message: 'nvidia-nvswitch0: SXid (PCI:0000:00:00.0): 20034, Fatal, Link 30 LTSSM Fault Up' },
-  { name: 'soft lockup', sample: join(HOST_LOGS, 'gpud_soft-lockup_hung-task_sxid_lines.txt'), message: 'watchdog: BUG: soft lockup - CPU#18 stuck for 27s! [python3:2254956]' },
-  { name: 'soft lockup, NMI watchdog wording', sample: join(HOST_LOGS, 'oom_soft-lockup_kmsg-record_from_public_reports.txt'), message: 'NMI watchdog: BUG: soft lockup - CPU#2 stuck for 23s! [tgid=13646:13646]' },
-  { name: 'hung task', sample: join(HOST_LOGS, 'host_lines_from_public_reports.txt'), message: 'INFO: task nvc:[driver]:5403 blocked for more than 120 seconds.' },
+  {
+    name: 'Xid',
+    sample: join(XID_LOGS, 'nvrm_fallen-off-bus_forms_and_dmesg-T_from_public_reports.txt'),
+    message: 'NVRM: Xid (PCI:0000:00:05): 43, pid=1045242, name=pt_main_thread, Ch 00000008',
+  },
+  {
+    name: 'Xid 79',
+    sample: join(XID_LOGS, 'nvrm_fallen-off-bus_forms_and_dmesg-T_from_public_reports.txt'),
+    message: "NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+  },
+  {
+    name: 'SXid',
+    sample: join(HOST_LOGS, 'gpud_soft-lockup_hung-task_sxid_lines.txt'),
+    message: 'nvidia-nvswitch0: SXid (PCI:0000:00:00.0): 20034, Fatal, Link 30 LTSSM Fault Up',
+  },
+  {
+    name: 'soft lockup',
+    sample: join(HOST_LOGS, 'gpud_soft-lockup_hung-task_sxid_lines.txt'),
+    message: 'watchdog: BUG: soft lockup - CPU#18 stuck for 27s! [python3:2254956]',
+  },
+  {
+    name: 'soft lockup, NMI watchdog wording',
+    sample: join(HOST_LOGS, 'oom_soft-lockup_kmsg-record_from_public_reports.txt'),
+    message: 'NMI watchdog: BUG: soft lockup - CPU#2 stuck for 23s! [tgid=13646:13646]',
+  },
+  {
+    name: 'hung task',
+    sample: join(HOST_LOGS, 'host_lines_from_public_reports.txt'),
+    message: 'INFO: task nvc:[driver]:5403 blocked for more than 120 seconds.',
+  },
   {
     name: 'OOM kill summary',
     sample: join(HOST_LOGS, 'oom_soft-lockup_kmsg-record_from_public_reports.txt'),
@@ -36,21 +60,50 @@ const KINDS: readonly Kind[] = [
   {
     name: 'OOM kill',
     sample: join(HOST_LOGS, 'oom_soft-lockup_kmsg-record_from_public_reports.txt'),
-    message: 'Memory cgroup out of memory: Killed process 63214 (uwsgi) total-vm:3149468kB, anon-rss:164992kB, file-rss:52176kB, shmem-rss:92kB, UID:0 pgtables:1372kB oom_score_adj:986',
+    message:
+      'Memory cgroup out of memory: Killed process 63214 (uwsgi) total-vm:3149468kB, anon-rss:164992kB, file-rss:52176kB, shmem-rss:92kB, UID:0 pgtables:1372kB oom_score_adj:986',
   },
-  { name: 'OOM reaper', sample: join(HOST_LOGS, 'oom_soft-lockup_kmsg-record_from_public_reports.txt'), message: 'oom_reaper: reaped process 63214 (uwsgi), now anon-rss:0kB, file-rss:0kB, shmem-rss:92kB' },
+  {
+    name: 'OOM reaper',
+    sample: join(HOST_LOGS, 'oom_soft-lockup_kmsg-record_from_public_reports.txt'),
+    message: 'oom_reaper: reaped process 63214 (uwsgi), now anon-rss:0kB, file-rss:0kB, shmem-rss:92kB',
+  },
   { name: 'machine check', sample: join(HOST_LOGS, 'host_lines_from_public_reports.txt'), message: 'mce: [Hardware Error]: Machine check events logged' },
-  { name: 'AER headline', sample: join(HOST_LOGS, 'aer_reports_from_public_reports.txt'), message: 'pcieport 0000:00:02.0: AER: Uncorrected (Non-Fatal) error received: 0000:01:00.0' },
-  { name: 'AER headline, 6.8 wording', sample: join(HOST_LOGS, 'aer_reports_from_public_reports.txt'), message: 'pcieport 0000:00:01.1: AER: Multiple Uncorrectable (Non-Fatal) error message received from 0000:03:00.1' },
-  { name: 'AER headline, id= wording', sample: join(HOST_LOGS, 'aer_reports_from_public_reports.txt'), message: 'pcieport 0000:00:02.0: AER: Uncorrected (Fatal) error received: id=0010' },
+  {
+    name: 'AER headline',
+    sample: join(HOST_LOGS, 'aer_reports_from_public_reports.txt'),
+    message: 'pcieport 0000:00:02.0: AER: Uncorrected (Non-Fatal) error received: 0000:01:00.0',
+  },
+  {
+    name: 'AER headline, 6.8 wording',
+    sample: join(HOST_LOGS, 'aer_reports_from_public_reports.txt'),
+    message: 'pcieport 0000:00:01.1: AER: Multiple Uncorrectable (Non-Fatal) error message received from 0000:03:00.1',
+  },
+  {
+    name: 'AER headline, id= wording',
+    sample: join(HOST_LOGS, 'aer_reports_from_public_reports.txt'),
+    message: 'pcieport 0000:00:02.0: AER: Uncorrected (Fatal) error received: id=0010',
+  },
   {
     name: 'AER detail',
     sample: join(HOST_LOGS, 'aer_reports_from_public_reports.txt'),
     message: 'r8169 0000:01:00.0: AER: PCIe Bus Error: severity=Uncorrected (Non-Fatal), type=Transaction Layer, (Requester ID)',
   },
-  { name: 'NVRM off the bus notice', sample: join(XID_LOGS, 'nvrm_fallen-off-bus_forms_and_dmesg-T_from_public_reports.txt'), message: 'NVRM: GPU 0000:91:00.0: GPU has fallen off the bus.' },
-  { name: 'NVRM "GPU at" off the bus', sample: join(XID_LOGS, 'nvrm_fallen-off-bus_forms_and_dmesg-T_from_public_reports.txt'), message: 'NVRM: GPU at 0000:01:00.0 has fallen off the bus.' },
-  { name: 'RmInitAdapter failed', sample: join(HOST_LOGS, 'host_lines_from_public_reports.txt'), message: 'NVRM: GPU 0000:04:01.0: RmInitAdapter failed! (0x11:0x45:2525)' },
+  {
+    name: 'NVRM off the bus notice',
+    sample: join(XID_LOGS, 'nvrm_fallen-off-bus_forms_and_dmesg-T_from_public_reports.txt'),
+    message: 'NVRM: GPU 0000:91:00.0: GPU has fallen off the bus.',
+  },
+  {
+    name: 'NVRM "GPU at" off the bus',
+    sample: join(XID_LOGS, 'nvrm_fallen-off-bus_forms_and_dmesg-T_from_public_reports.txt'),
+    message: 'NVRM: GPU at 0000:01:00.0 has fallen off the bus.',
+  },
+  {
+    name: 'RmInitAdapter failed',
+    sample: join(HOST_LOGS, 'host_lines_from_public_reports.txt'),
+    message: 'NVRM: GPU 0000:04:01.0: RmInitAdapter failed! (0x11:0x45:2525)',
+  },
   {
     name: 'GSP reset needed',
     sample: join(XID_LOGS, 'gpud_dmesg-T_xid119_gsp-timeout_h100-xe9680.log'),
@@ -149,7 +202,11 @@ describe('prefixes never reach into the message', () => {
     ['a bracket that is not a stamp', '[Sun Jan  5 18:28:55 2025] [drm] Initialized nvidia-drm 0.0.0', '[drm] Initialized nvidia-drm 0.0.0'],
     ['an AER error bit', 'pcieport 0000:00:03.1:    [ 6] BadTLP', 'pcieport 0000:00:03.1:    [ 6] BadTLP'],
     ['a word that ends in a colon before "kernel:"', '[ 12.345678] audit: kernel: something', 'audit: kernel: something'],
-    ['a driver name with a colon', 'Jan 05 18:28:55 gpu-7 kernel: nvidia-nvswitch0: SXid (PCI:0000:00:00.0): 20034, Fatal', 'nvidia-nvswitch0: SXid (PCI:0000:00:00.0): 20034, Fatal'],
+    [
+      'a driver name with a colon',
+      'Jan 05 18:28:55 gpu-7 kernel: nvidia-nvswitch0: SXid (PCI:0000:00:00.0): 20034, Fatal',
+      'nvidia-nvswitch0: SXid (PCI:0000:00:00.0): 20034, Fatal',
+    ],
     ['the watchdog prefix', 'kern  :emerg : watchdog: BUG: soft lockup', 'watchdog: BUG: soft lockup'],
     ['a second stamp-like text after the message start', 'NVRM: Xid (PCI:0000:01:00): 13, [ 12.3] text', 'NVRM: Xid (PCI:0000:01:00): 13, [ 12.3] text'],
   ])('keeps %s', (_what, line, message) => {

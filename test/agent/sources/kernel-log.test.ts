@@ -129,13 +129,19 @@ describe('the boot banner, where a log that spans reboots starts a new boot', ()
   const BANNER_SAMPLE = 'boot-banner_firecracker-vm_dmesg-formats.log';
 
   it('is found in each of the five captured prefix formats (dmesg, -T, --decode iso, -r, raw /dev/kmsg) and nowhere else in that capture', () => {
-    const lines = readLog(BANNER_SAMPLE).split('\n').filter((line) => line !== '');
+    const lines = readLog(BANNER_SAMPLE)
+      .split('\n')
+      .filter((line) => line !== '');
     expect(lines.filter((line) => isBootBanner(line))).toHaveLength(5);
     expect(lines.filter((line) => !isBootBanner(line)).every((line) => !line.includes('Linux version'))).toBe(true);
   });
 
   it.each(LOG_FILES.filter((name) => name !== BANNER_SAMPLE))('is not found in %s, which holds no boot', (name) => {
-    expect(readLog(name).split('\n').filter((line) => isBootBanner(line))).toEqual([]);
+    expect(
+      readLog(name)
+        .split('\n')
+        .filter((line) => isBootBanner(line)),
+    ).toEqual([]);
   });
 
   it('is only the kernel message itself, not the words inside another message', () => {
@@ -148,22 +154,88 @@ describe('kernel log parser on single lines', () => {
   it.each([
     ['no prefix', "NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.", '0000:91:00', 79, 'fatal'],
     ['dmesg seconds', '[155044.078590] NVRM: Xid (PCI:0000:06:00): 79, GPU has fallen off the bus.', '0000:06:00', 79, 'fatal'],
-    ['dmesg with thread tag', '[ 130.456250] [ T1946] NVRM: Xid (PCI:0000:2b:00): 31, pid=1942, name=llama-bench, channel 0x00000002', '0000:2b:00', 31, 'warning'],
-    ['dmesg -T', "[Fri Aug 30 11:43:09 2024] NVRM: Xid (PCI:0000:cb:00): 13, pid='<unknown>', name=<unknown>, Graphics SM Warp Exception", '0000:cb:00', 13, 'warning'],
-    ['dmesg --decode iso', 'kern  :warn  : 2025-01-21T04:41:44,287197+00:00 NVRM: Xid (PCI:0000:38:00): 43, pid=2924364, name=pt_main_thread, Ch 00000008', '0000:38:00', 43, 'info'],
+    [
+      'dmesg with thread tag',
+      '[ 130.456250] [ T1946] NVRM: Xid (PCI:0000:2b:00): 31, pid=1942, name=llama-bench, channel 0x00000002',
+      '0000:2b:00',
+      31,
+      'warning',
+    ],
+    [
+      'dmesg -T',
+      "[Fri Aug 30 11:43:09 2024] NVRM: Xid (PCI:0000:cb:00): 13, pid='<unknown>', name=<unknown>, Graphics SM Warp Exception",
+      '0000:cb:00',
+      13,
+      'warning',
+    ],
+    [
+      'dmesg --decode iso',
+      'kern  :warn  : 2025-01-21T04:41:44,287197+00:00 NVRM: Xid (PCI:0000:38:00): 43, pid=2924364, name=pt_main_thread, Ch 00000008',
+      '0000:38:00',
+      43,
+      'info',
+    ],
     ['syslog', 'Feb 01 14:25:31 archbox kernel: NVRM: Xid (PCI:0000:01:00): 38, pid=1659,', '0000:01:00', 38, 'warning'],
-    ['journalctl, Spanish locale', 'nov 23 14:25:31 gpu-7 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1659, name=python, GPU has fallen off the bus.', '0000:3b:00', 79, 'fatal'],
-    ['journalctl, French locale', 'déc. 05 09:01:02 gpu-7 kernel: NVRM: Xid (PCI:0000:3b:00): 48, An uncorrectable double bit error (DBE) has been detected', '0000:3b:00', 48, 'fatal'],
-    ['journalctl, French locale, no dot', 'mars 05 09:01:02 gpu-7 kernel: NVRM: Xid (PCI:0000:3b:00): 13, Graphics SM Warp Exception', '0000:3b:00', 13, 'warning'],
+    [
+      'journalctl, Spanish locale',
+      'nov 23 14:25:31 gpu-7 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1659, name=python, GPU has fallen off the bus.',
+      '0000:3b:00',
+      79,
+      'fatal',
+    ],
+    [
+      'journalctl, French locale',
+      'déc. 05 09:01:02 gpu-7 kernel: NVRM: Xid (PCI:0000:3b:00): 48, An uncorrectable double bit error (DBE) has been detected',
+      '0000:3b:00',
+      48,
+      'fatal',
+    ],
+    [
+      'journalctl, French locale, no dot',
+      'mars 05 09:01:02 gpu-7 kernel: NVRM: Xid (PCI:0000:3b:00): 13, Graphics SM Warp Exception',
+      '0000:3b:00',
+      13,
+      'warning',
+    ],
     ['journalctl, German locale', 'Dez 05 09:01:02 gpu-7 kernel: NVRM: Xid (PCI:0000:5d:00): 79, GPU has fallen off the bus.', '0000:5d:00', 79, 'fatal'],
-    ['journalctl, Russian locale', 'ноя 23 14:25:31 gpu-7 kernel: NVRM: Xid (PCI:0000:5d:00): 119, pid=430, name=nv_queue, Timeout waiting for RPC from GSP!', '0000:5d:00', 119, 'fatal'],
+    [
+      'journalctl, Russian locale',
+      'ноя 23 14:25:31 gpu-7 kernel: NVRM: Xid (PCI:0000:5d:00): 119, pid=430, name=nv_queue, Timeout waiting for RPC from GSP!',
+      '0000:5d:00',
+      119,
+      'fatal',
+    ],
     ['journalctl, Chinese locale', '11月 23 14:25:31 gpu-7 kernel: NVRM: Xid (PCI:0000:5d:00): 79, GPU has fallen off the bus.', '0000:5d:00', 79, 'fatal'],
-    ['journalctl, Korean locale', '11월 23 14:25:31 gpu-7 kernel: NVRM: Xid (PCI:0000:5d:00): 43, pid=2924364, name=pt_main_thread, Ch 00000008', '0000:5d:00', 43, 'info'],
-    ['journalctl kernel:', "kernel: NVRM: Xid (PCI:0000:c1:00): 74, pid='<unknown>', name=<unknown>, NVLink: fatal error detected on link 1", '0000:c1:00', 74, 'fatal'],
-    ['raw /dev/kmsg record', '4,3973,227996636,-;NVRM: Xid (PCI:0000:9b:00): 119, pid=430, name=nv_queue, Timeout waiting for RPC from GSP!', '0000:9b:00', 119, 'fatal'],
+    [
+      'journalctl, Korean locale',
+      '11월 23 14:25:31 gpu-7 kernel: NVRM: Xid (PCI:0000:5d:00): 43, pid=2924364, name=pt_main_thread, Ch 00000008',
+      '0000:5d:00',
+      43,
+      'info',
+    ],
+    [
+      'journalctl kernel:',
+      "kernel: NVRM: Xid (PCI:0000:c1:00): 74, pid='<unknown>', name=<unknown>, NVLink: fatal error detected on link 1",
+      '0000:c1:00',
+      74,
+      'fatal',
+    ],
+    [
+      'raw /dev/kmsg record',
+      '4,3973,227996636,-;NVRM: Xid (PCI:0000:9b:00): 119, pid=430, name=nv_queue, Timeout waiting for RPC from GSP!',
+      '0000:9b:00',
+      119,
+      'fatal',
+    ],
     ['five-part address', 'NVRM: Xid (PCI:0000:3B:00.0): 48, An uncorrectable double bit error (DBE) has been detected', '0000:3b:00', 48, 'fatal'],
     ['MIG attribution', 'NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel (0x9). RST: No, D-RST: No', '0000:01:00', 94, 'warning'],
-    ['NVLink5 with padded spacing', 'NVRM: Xid (PCI:0008:01:00): 149, NETIR_LINK_EVT  Fatal   XC0 i0 Link 01 (0x021425c6 0x00000000)', '0008:01:00', 149, 'fatal'],
+    [
+      'NVLink5 with padded spacing',
+      'NVRM: Xid (PCI:0008:01:00): 149, NETIR_LINK_EVT  Fatal   XC0 i0 Link 01 (0x021425c6 0x00000000)',
+      '0008:01:00',
+      149,
+      'fatal',
+    ],
   ])('parses a line with %s', (_format, line, pciBusId, xid, severity) => {
     expect(parseXidLine(line)).toMatchObject({ pciBusId, xid, severity });
   });
@@ -210,7 +282,11 @@ describe('kernel log parser on single lines', () => {
 
   it('does not join a "fallen off the bus" line that comes long after the GPU was named', () => {
     const parser = new KernelLogParser();
-    const lines = ['NVRM: The NVIDIA GPU 0000:b3:00.0', ...Array.from({ length: 6 }, (_, n) => `IPv6: noise ${n}`), 'NVRM: fallen off the bus and is not responding to commands.'];
+    const lines = [
+      'NVRM: The NVIDIA GPU 0000:b3:00.0',
+      ...Array.from({ length: 6 }, (_, n) => `IPv6: noise ${n}`),
+      'NVRM: fallen off the bus and is not responding to commands.',
+    ];
     expect(lines.flatMap((line) => parser.push(line))).toEqual([]);
   });
 
@@ -218,7 +294,8 @@ describe('kernel log parser on single lines', () => {
     expect(parseKernelLog('NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.\n')).toEqual([
       expect.objectContaining({ pciBusId: '0000:3b:00', xid: 79, severity: 'fatal', message: 'GPU has fallen off the bus (reported without an Xid line)' }),
     ]);
-    const both = "NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\nNVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.\n";
+    const both =
+      "NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\nNVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.\n";
     expect(parseKernelLog(both)).toEqual([expect.objectContaining({ pciBusId: '0000:3b:00', xid: 79, message: 'GPU has fallen off the bus.' })]);
   });
 });

@@ -39,7 +39,15 @@ describe('Megatron iteration lines', () => {
       losses: {},
     });
     const trained = parseIterationLine(lineWith(MEGATRON_LOGS, 'bigscience_megatron-lm_gpt2_base_n4_tp4_pp4_2021.out', 'iteration       30/'));
-    expect(trained).toMatchObject({ iteration: 30, iterationSeconds: 1.3761, learningRate: 1.5e-4, lossScale: 16384, gradNorm: 16.999, skippedIterations: 1, losses: { lm_loss: 22.47505 } });
+    expect(trained).toMatchObject({
+      iteration: 30,
+      iterationSeconds: 1.3761,
+      learningRate: 1.5e-4,
+      lossScale: 16384,
+      gradNorm: 16.999,
+      skippedIterations: 1,
+      losses: { lm_loss: 22.47505 },
+    });
   });
 
   it('reads the fp16 loss-scale backoff of a run whose three iterations were all skipped', () => {
@@ -103,7 +111,13 @@ describe('Megatron iteration lines', () => {
       losses: { lm_loss: 13.4424, seq_load_balancing_loss: 1.000203 },
     });
     const prefixed = parseIterationLine(lineWith(MEGATRON_LOGS, 'megatron_iteration_lines_from_public_reports.txt', '[default0]: [2026-09-11'));
-    expect(prefixed).toMatchObject({ iteration: 3, timestamp: new Date(2026, 8, 11, 12, 6, 52, 987), iterationSeconds: 24.3799, tflopsPerGpu: 26.8, losses: { lm_loss: 11.07468 } });
+    expect(prefixed).toMatchObject({
+      iteration: 3,
+      timestamp: new Date(2026, 8, 11, 12, 6, 52, 987),
+      iterationSeconds: 24.3799,
+      tflopsPerGpu: 26.8,
+      losses: { lm_loss: 11.07468 },
+    });
   });
 
   it('keeps a NaN loss as NaN and reads the nan-iteration count', () => {

@@ -98,7 +98,14 @@ describe('mountstats parser on real samples', () => {
     expect(mount.options.get('nconnect')).toBe('16');
     expect(mount.transports).toHaveLength(16);
     expect(mount.transports.every((transport) => transport.protocol === 'rdma' && transport.maxSlots === undefined)).toBe(true);
-    expect(mount.transports[0]).toMatchObject({ connectCount: 5808n, sends: 494490723n, receives: 494490687n, badXids: 36n, cumulativeOutstanding: 10032963746n, cumulativeBacklog: 1282789n });
+    expect(mount.transports[0]).toMatchObject({
+      connectCount: 5808n,
+      sends: 494490723n,
+      receives: 494490687n,
+      badXids: 36n,
+      cumulativeOutstanding: 10032963746n,
+      cumulativeBacklog: 1282789n,
+    });
     expect(mount.transports[15]).toMatchObject({ idleTimeSeconds: 0n, sends: 466611083n, cumulativeOutstanding: 8540498291n });
     expect(mount.transports[15]?.rdmaCounters).toHaveLength(17);
     expect(mount.transports[15]?.rdmaCounters?.slice(-2)).toEqual([1n, 76n]);

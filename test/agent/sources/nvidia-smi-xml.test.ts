@@ -93,7 +93,13 @@ describe('nvidia-smi -q -x parser on the real captures', () => {
 
   it('reads the A100 MIG capture (v11) with N/A utilisation and volatile ECC left undefined and remapped rows absent', () => {
     const sample = onlyGpu('netdata_a100-sxm4-40gb-mig_510.47.03_v11.xml');
-    expect(sample).toMatchObject({ migEnabled: true, utilizationRatio: undefined, memoryTemperatureCelsius: 44, remappedRows: undefined, powerDrawWatts: 66.92 });
+    expect(sample).toMatchObject({
+      migEnabled: true,
+      utilizationRatio: undefined,
+      memoryTemperatureCelsius: 44,
+      remappedRows: undefined,
+      powerDrawWatts: 66.92,
+    });
     expect(sample.ecc.filter((count) => count.scope === 'volatile')).toEqual([]);
     expect(ecc(sample, 'aggregate', 'uncorrectable', 'dram')).toBe(0);
   });
@@ -272,10 +278,11 @@ describe('nvidia-smi -q -x clocks and throttle reasons', () => {
   });
 
   it('maps the v11 clocks_throttle_reason_* and v12+ clocks_event_reason_* spellings of a reason to one name', () => {
-    const wrap = (block: string): string =>
-      `<nvidia_smi_log><gpu id="00000000:01:00.0">${block}</gpu></nvidia_smi_log>`;
+    const wrap = (block: string): string => `<nvidia_smi_log><gpu id="00000000:01:00.0">${block}</gpu></nvidia_smi_log>`;
     const old = parseNvidiaSmiXml(
-      wrap('<clocks_throttle_reasons><clocks_throttle_reason_sw_thermal_slowdown>Active</clocks_throttle_reason_sw_thermal_slowdown></clocks_throttle_reasons>'),
+      wrap(
+        '<clocks_throttle_reasons><clocks_throttle_reason_sw_thermal_slowdown>Active</clocks_throttle_reason_sw_thermal_slowdown></clocks_throttle_reasons>',
+      ),
     );
     const current = parseNvidiaSmiXml(
       wrap('<clocks_event_reasons><clocks_event_reason_sw_thermal_slowdown>Active</clocks_event_reason_sw_thermal_slowdown></clocks_event_reasons>'),
@@ -307,8 +314,22 @@ describe('nvidia-smi -q -x parser on arbitrary input', () => {
 
   it('returns a result, never throws, for XML-shaped strings built from the elements the parser reads', () => {
     const element = fc.constantFrom(
-      'nvidia_smi_log', 'gpu', 'clocks', 'sm_clock', 'max_clocks', 'clocks_event_reasons', 'clocks_throttle_reason_gpu_idle',
-      'ecc_errors', 'volatile', 'single_bit', 'remapped_rows', 'retired_pages', 'pci', 'temperature', '__proto__', 'constructor',
+      'nvidia_smi_log',
+      'gpu',
+      'clocks',
+      'sm_clock',
+      'max_clocks',
+      'clocks_event_reasons',
+      'clocks_throttle_reason_gpu_idle',
+      'ecc_errors',
+      'volatile',
+      'single_bit',
+      'remapped_rows',
+      'retired_pages',
+      'pci',
+      'temperature',
+      '__proto__',
+      'constructor',
     );
     const fragment = fc.array(
       fc.oneof(

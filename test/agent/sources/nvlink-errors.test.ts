@@ -36,7 +36,7 @@ describe('nvidia-smi nvlink -e parser on real outputs', () => {
   });
 
   it('finds nothing in text that is not nvlink -e output', () => {
-    expect(parseNvlinkErrors('NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver.\n')).toEqual([]);
+    expect(parseNvlinkErrors("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n")).toEqual([]);
     expect(parseNvlinkErrors('         Link 0: Replay Errors: 5\n')).toEqual([]);
   });
 });

@@ -32,29 +32,64 @@ const PARSERS: Record<string, (text: string) => unknown> = {
 };
 
 /** Arbitrary bytes, read the two ways a file reaches a parser. */
-const anyBytes = fc.uint8Array({ maxLength: 4096 }).chain((bytes) =>
-  fc.constantFrom(Buffer.from(bytes).toString('utf8'), Buffer.from(bytes).toString('latin1')),
-);
+const anyBytes = fc
+  .uint8Array({ maxLength: 4096 })
+  .chain((bytes) => fc.constantFrom(Buffer.from(bytes).toString('utf8'), Buffer.from(bytes).toString('latin1')));
 
 /** Text made of the tokens the parsers look for, so the search reaches their inner branches. */
 const tokens = fc.constantFrom(
-  'NVRM: Xid (PCI:0000:3b:00): ', '79, ', "pid='<unknown>', ", 'device ', ' mounted on ', ' with fstype nfs4 statvers=1.1', '\txprt:\ttcp ',
-  '\tper-op statistics', ' READ: ', 'iteration ', '/ ', ' | elapsed time per iteration (ms): ', 'lm loss: ', 'nan', 'Watchdog caught collective operation timeout',
-  'ChildFailedError', '<gpu id="', '</gpu>', '<nvidia_smi_log>', 'DCGM_FI_DEV_GPU_TEMP{gpu="0"', '} ', '# TYPE ', '4: ACTIVE', '400 Gb/sec', '(', ')', ' ', '\n', '\t', '1', '18446744073709551615', '-',
+  'NVRM: Xid (PCI:0000:3b:00): ',
+  '79, ',
+  "pid='<unknown>', ",
+  'device ',
+  ' mounted on ',
+  ' with fstype nfs4 statvers=1.1',
+  '\txprt:\ttcp ',
+  '\tper-op statistics',
+  ' READ: ',
+  'iteration ',
+  '/ ',
+  ' | elapsed time per iteration (ms): ',
+  'lm loss: ',
+  'nan',
+  'Watchdog caught collective operation timeout',
+  'ChildFailedError',
+  '<gpu id="',
+  '</gpu>',
+  '<nvidia_smi_log>',
+  'DCGM_FI_DEV_GPU_TEMP{gpu="0"',
+  '} ',
+  '# TYPE ',
+  '4: ACTIVE',
+  '400 Gb/sec',
+  '(',
+  ')',
+  ' ',
+  '\n',
+  '\t',
+  '1',
+  '18446744073709551615',
+  '-',
 );
 const tokenText = fc.array(tokens, { maxLength: 200 }).map((parts) => parts.join(''));
 
 describe('every parser on arbitrary input', () => {
   it.each(Object.entries(PARSERS))('the %s parser never throws on arbitrary bytes', (_name, parse) => {
-    fc.assert(fc.property(anyBytes, (text) => {
-      expect(() => parse(text)).not.toThrow();
-    }), { numRuns: 300 });
+    fc.assert(
+      fc.property(anyBytes, (text) => {
+        expect(() => parse(text)).not.toThrow();
+      }),
+      { numRuns: 300 },
+    );
   });
 
   it.each(Object.entries(PARSERS))('the %s parser never throws on text built from its own tokens', (_name, parse) => {
-    fc.assert(fc.property(tokenText, (text) => {
-      expect(() => parse(text)).not.toThrow();
-    }), { numRuns: 300 });
+    fc.assert(
+      fc.property(tokenText, (text) => {
+        expect(() => parse(text)).not.toThrow();
+      }),
+      { numRuns: 300 },
+    );
   });
 
   it.each(Object.entries(PARSERS))('the %s parser finishes a 1 MiB line quickly enough to serve a scrape', (_name, parse) => {

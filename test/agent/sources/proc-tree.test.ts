@@ -14,7 +14,16 @@ import {
   type ProcessEntry,
   type ProcessRole,
 } from '../../../agent/sources/proc-tree.js';
-import { CHECKPOINT_WRITER_PID, COMPILE_WORKER_PID, LAUNCHER_PID, RANK_PIDS, RANK_WITHOUT_ENVIRON, ZOMBIE_PID, statLine, writeTorchrunProcfs } from '../fake-procfs.js';
+import {
+  CHECKPOINT_WRITER_PID,
+  COMPILE_WORKER_PID,
+  LAUNCHER_PID,
+  RANK_PIDS,
+  RANK_WITHOUT_ENVIRON,
+  ZOMBIE_PID,
+  statLine,
+  writeTorchrunProcfs,
+} from '../fake-procfs.js';
 
 let dir: string;
 beforeEach(() => {
@@ -34,7 +43,9 @@ function roles(table: readonly ProcessEntry[], gpuPids?: ReadonlySet<number>): R
 
 describe('parseStatLine', () => {
   it('reads comm up to the last parenthesis, so comms with spaces and parentheses keep the fields after them in place', () => {
-    const stat = parseStatLine('900 ((sd-pam) x) y) S 1 900 900 0 -1 4194560 0 0 0 0 15 25 0 0 20 0 1 0 555 0 0 18446744073709551615 0 0 0 0 0 0 0 4096 0 0 0 0 17 0 0 0 0 0 0 0 0 0 0 0 0 0');
+    const stat = parseStatLine(
+      '900 ((sd-pam) x) y) S 1 900 900 0 -1 4194560 0 0 0 0 15 25 0 0 20 0 1 0 555 0 0 18446744073709551615 0 0 0 0 0 0 0 4096 0 0 0 0 17 0 0 0 0 0 0 0 0 0 0 0 0 0',
+    );
     expect(stat).toEqual({ pid: 900, comm: '(sd-pam) x) y', state: 'S', ppid: 1, utimeTicks: 15, stimeTicks: 25, numThreads: 1, startTimeTicks: 555 });
   });
 
@@ -84,7 +95,10 @@ describe('status and environ parsing', () => {
   });
 
   it('reads where the rank writes its faulthandler dumps: STEADFAST_STACK_DIR, and TMPDIR, TEMP or TMP in that order, absolute paths only', () => {
-    expect(parseRankEnvironment('RANK=0\0STEADFAST_STACK_DIR=/scratch/stacks\0TEMP=/var/tmp\0TMP=/tmp2\0')).toMatchObject({ stackDirectory: '/scratch/stacks', tempDirectory: '/var/tmp' });
+    expect(parseRankEnvironment('RANK=0\0STEADFAST_STACK_DIR=/scratch/stacks\0TEMP=/var/tmp\0TMP=/tmp2\0')).toMatchObject({
+      stackDirectory: '/scratch/stacks',
+      tempDirectory: '/var/tmp',
+    });
     expect(parseRankEnvironment('TMPDIR=\0TMP=/tmp2\0')).toMatchObject({ stackDirectory: undefined, tempDirectory: '/tmp2' });
     expect(parseRankEnvironment('STEADFAST_STACK_DIR=stacks\0TMPDIR=../tmp\0')).toMatchObject({ stackDirectory: undefined, tempDirectory: undefined });
   });
@@ -115,7 +129,11 @@ describe('classifyTrainingTree', () => {
   it('classifies the torchrun node: launcher, 8 ranks with their global ranks, 16 workers, the checkpoint writer, and nothing else', async () => {
     writeTorchrunProcfs(dir);
     const tree = classifyTrainingTree(await readProcessTable(dir));
-    const byRole = (role: ProcessRole): number[] => tree.processes.filter((node) => node.role === role).map((node) => node.process.pid).sort((a, b) => a - b);
+    const byRole = (role: ProcessRole): number[] =>
+      tree.processes
+        .filter((node) => node.role === role)
+        .map((node) => node.process.pid)
+        .sort((a, b) => a - b);
     expect(byRole('launcher')).toEqual([LAUNCHER_PID]);
     expect(byRole('rank')).toEqual(RANK_PIDS);
     expect(byRole('dataloader')).toEqual(Array.from({ length: 16 }, (_, index) => 200 + index));
@@ -193,7 +211,12 @@ describe('ranks found by the GPU they hold', () => {
   const plain = (pid: number, ppid: number, argv: string[]) => entry(pid, ppid, argv, { environment: {} });
 
   it('takes a process with a compute context for a rank, whatever its environment, and nothing else on the node', () => {
-    const table = [entry(100, 1, ['/bin/bash'], { comm: 'bash', environment: {} }), plain(200, 100, ['python3', 'train.py']), plain(300, 100, ['python3', 'other.py']), entry(400, 1, ['./gpu_burn'], { comm: 'gpu_burn', environment: {} })];
+    const table = [
+      entry(100, 1, ['/bin/bash'], { comm: 'bash', environment: {} }),
+      plain(200, 100, ['python3', 'train.py']),
+      plain(300, 100, ['python3', 'other.py']),
+      entry(400, 1, ['./gpu_burn'], { comm: 'gpu_burn', environment: {} }),
+    ];
     expect(roles(table)).toEqual({});
     expect(roles(table, new Set([200]))).toEqual({ 200: ['rank', undefined] });
     // Not Python, and still on a GPU: what holds a GPU is accounted for.
@@ -201,16 +224,25 @@ describe('ranks found by the GPU they hold', () => {
   });
 
   it('takes a Python parent of GPU holders that holds none itself for their launcher (torch.multiprocessing.spawn)', () => {
-    const spawnChild = (pid: number) => plain(pid, 200, ['python3', '-c', 'from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, pipe_handle=9)', '--multiprocessing-fork']);
-    const table = [plain(200, 1, ['python3', 'launch.py']), spawnChild(201), spawnChild(202), plain(203, 200, ['python3', '-c', 'from multiprocessing.resource_tracker import main;main(4)'])];
+    const spawnChild = (pid: number) =>
+      plain(pid, 200, ['python3', '-c', 'from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, pipe_handle=9)', '--multiprocessing-fork']);
+    const table = [
+      plain(200, 1, ['python3', 'launch.py']),
+      spawnChild(201),
+      spawnChild(202),
+      plain(203, 200, ['python3', '-c', 'from multiprocessing.resource_tracker import main;main(4)']),
+    ];
     // Its other children (multiprocessing's resource tracker) are not ranks.
     expect(roles(table, new Set([201, 202]))).toEqual({ 200: ['launcher', undefined], 201: ['rank', undefined], 202: ['rank', undefined] });
     // A pid nvidia-smi lists that is not in this table (another pid namespace) changes nothing.
     expect(roles(table, new Set([999]))).toEqual({});
   });
 
-  it('keeps the roles the rank variables give, and a rank\'s own children its workers', () => {
-    const table = [entry(200, 1, ['python3', 'train.py'], { environment: { rank: 3 } }), entry(201, 200, ['python3', 'train.py'], { comm: 'pt_data_worker', environment: { rank: 3 } })];
+  it("keeps the roles the rank variables give, and a rank's own children its workers", () => {
+    const table = [
+      entry(200, 1, ['python3', 'train.py'], { environment: { rank: 3 } }),
+      entry(201, 200, ['python3', 'train.py'], { comm: 'pt_data_worker', environment: { rank: 3 } }),
+    ];
     expect(roles(table, new Set([200]))).toEqual({ 200: ['rank', 3], 201: ['dataloader', 3] });
   });
 });

@@ -20,7 +20,25 @@ describe('failures in training logs', () => {
   it('reports every NCCL watchdog timeout once, with the rank that timed out, and not the follow-up "detected by watchdog" lines', () => {
     const reports = reportsOf(NCCL_TORCH_ERRORS, 'nccl_watchdog_timeout_lines_from_issues.txt');
     expect(reports.every((report) => report.kind === 'nccl_timeout')).toBe(true);
-    expect(reports.map((report) => (report.kind === 'nccl_timeout' ? report.rank : 'other'))).toEqual([1, 3, 2, 6, 7, 0, 0, 7, 7, 3, 0, 4, 0, 4, 1, 0, undefined]);
+    expect(reports.map((report) => (report.kind === 'nccl_timeout' ? report.rank : 'other'))).toEqual([
+      1,
+      3,
+      2,
+      6,
+      7,
+      0,
+      0,
+      7,
+      7,
+      3,
+      0,
+      4,
+      0,
+      4,
+      1,
+      0,
+      undefined,
+    ]);
     expect(reports[0]).toEqual({
       kind: 'nccl_timeout',
       rank: 1,
@@ -28,7 +46,8 @@ describe('failures in training logs', () => {
       opType: 'ALLREDUCE',
       timeoutMs: 1800000,
       ranForMs: 1802212,
-      message: 'rank 1: Watchdog caught collective operation timeout: WorkNCCL(SeqNum=469508, OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1802212 milliseconds before timing out.',
+      message:
+        'rank 1: Watchdog caught collective operation timeout: WorkNCCL(SeqNum=469508, OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1802212 milliseconds before timing out.',
     });
     // Glued to a tqdm bar; PyTorch 2.4 glog prefix; reduce-scatter on PG 1.
     expect(reports[5]).toMatchObject({ rank: 0, seqNum: 96120, ranForMs: 25624887 });
@@ -99,7 +118,8 @@ describe('failures in training logs', () => {
       { kind: 'cuda_error', message: 'CUDA error: unknown error' },
       {
         kind: 'nccl_error',
-        message: 'NCCL error in: /opt/conda/conda-bld/pytorch_1616554793803/work/torch/lib/c10d/ProcessGroupNCCL.cpp:825, unhandled system error, NCCL version 2.7.8',
+        message:
+          'NCCL error in: /opt/conda/conda-bld/pytorch_1616554793803/work/torch/lib/c10d/ProcessGroupNCCL.cpp:825, unhandled system error, NCCL version 2.7.8',
       },
     ]);
   });
@@ -110,11 +130,16 @@ describe('failures in training logs', () => {
 });
 
 describe('robustness', () => {
-  const realLines = [...MEGATRON_LOG_FILES.flatMap((name) => sampleLines(MEGATRON_LOGS, name).slice(0, 400)), ...readdirSync(NCCL_TORCH_ERRORS).flatMap((name) => sampleLines(NCCL_TORCH_ERRORS, name))];
+  const realLines = [
+    ...MEGATRON_LOG_FILES.flatMap((name) => sampleLines(MEGATRON_LOGS, name).slice(0, 400)),
+    ...readdirSync(NCCL_TORCH_ERRORS).flatMap((name) => sampleLines(NCCL_TORCH_ERRORS, name)),
+  ];
 
   it('never throws on arbitrary strings, nor on real lines cut or spliced at random', () => {
     const parser = new TrainingErrorParser();
-    const mangled = fc.tuple(fc.constantFrom(...realLines), fc.nat(), fc.string()).map(([line, cut, insert]) => line.slice(0, cut % (line.length + 1)) + insert + line.slice(cut % (line.length + 1)));
+    const mangled = fc
+      .tuple(fc.constantFrom(...realLines), fc.nat(), fc.string())
+      .map(([line, cut, insert]) => line.slice(0, cut % (line.length + 1)) + insert + line.slice(cut % (line.length + 1)));
     fc.assert(
       fc.property(fc.oneof(fc.string(), fc.string({ unit: 'binary' }), mangled), (line) => {
         parseIterationLine(line);

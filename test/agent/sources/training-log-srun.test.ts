@@ -28,7 +28,12 @@ describe('srun task failures in a batch job log', () => {
   const jobs = [...sections().entries()];
 
   it('has the four captured jobs', () => {
-    expect(jobs.map(([title]) => title.split(':')[1]?.trim().split(' ').slice(0, 3).join(' '))).toEqual(['rank 1 raises', 'rank 0 raises', 'both ranks raise', 'the job is']);
+    expect(jobs.map(([title]) => title.split(':')[1]?.trim().split(' ').slice(0, 3).join(' '))).toEqual([
+      'rank 1 raises',
+      'rank 0 raises',
+      'both ranks raise',
+      'the job is',
+    ]);
   });
 
   it('reports a rank that raised once, with its task as the rank, its exit code and its Python exception, and not the rank srun ended because of it', () => {
@@ -46,15 +51,19 @@ describe('srun task failures in a batch job log', () => {
     const reports = reportsOf(lines);
     expect(reports.map((report) => report.kind)).toEqual(['cuda_error', 'cuda_error', 'child_failed']);
     expect(reports[2]).toMatchObject({ rank: 0, exitCode: 1 });
-    expect(reports[2]?.message).toBe('srun: task 0 on node-1 exited with exit code 1; ended with it: task 1 on node-2 (Terminated); RuntimeError: CUDA error: an illegal memory access was encountered');
+    expect(reports[2]?.message).toBe(
+      'srun: task 0 on node-1 exited with exit code 1; ended with it: task 1 on node-2 (Terminated); RuntimeError: CUDA error: an illegal memory access was encountered',
+    );
   });
 
-  it('folds two ranks failing in one step into one report, the first listed as the root cause, even when a traceback comes after srun\'s first line', () => {
+  it("folds two ranks failing in one step into one report, the first listed as the root cause, even when a traceback comes after srun's first line", () => {
     const [, lines] = jobs[2] ?? ['', []];
     const reports = failed(reportsOf(lines));
     expect(reports).toHaveLength(1);
     expect(reports[0]).toMatchObject({ rank: 0, ranks: [0, 1] });
-    expect(reports[0]?.message).toBe("srun: task 0 on node-1 exited with exit code 1; also failed: task 1 on node-2 exited with exit code 1; KeyError: 'attention_mask'");
+    expect(reports[0]?.message).toBe(
+      "srun: task 0 on node-1 exited with exit code 1; also failed: task 1 on node-2 exited with exit code 1; KeyError: 'attention_mask'",
+    );
   });
 
   it('reports nothing for a job that was cancelled: its tasks were only terminated', () => {
@@ -82,9 +91,14 @@ describe('srun task failures in a batch job log', () => {
     const parser = new TrainingErrorParser();
     const old = ['Traceback (most recent call last):', '  File "x.py", line 1, in <module>', 'ValueError: handled and logged long ago'];
     const filler = Array.from({ length: 500 }, (_, index) => `[rank 0] iteration ${index} loss 0.1`);
-    const reports = [...[...old, ...filler, 'srun: error: gpu-7: tasks 4-6: Segmentation fault (core dumped)'].flatMap((line) => parser.push(line)), ...parser.flush()];
+    const reports = [
+      ...[...old, ...filler, 'srun: error: gpu-7: tasks 4-6: Segmentation fault (core dumped)'].flatMap((line) => parser.push(line)),
+      ...parser.flush(),
+    ];
     expect(reports).toHaveLength(1);
     expect(reports[0]).toMatchObject({ kind: 'child_failed', rank: 4, ranks: [4, 5, 6] });
-    expect(reports[0]?.message).toBe('srun: task 4 on gpu-7 ended: Segmentation fault (core dumped); also failed: task 5 on gpu-7 ended: Segmentation fault (core dumped), task 6 on gpu-7 ended: Segmentation fault (core dumped)');
+    expect(reports[0]?.message).toBe(
+      'srun: task 4 on gpu-7 ended: Segmentation fault (core dumped); also failed: task 5 on gpu-7 ended: Segmentation fault (core dumped), task 6 on gpu-7 ended: Segmentation fault (core dumped)',
+    );
   });
 });

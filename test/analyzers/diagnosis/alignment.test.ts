@@ -22,7 +22,14 @@ describe('bit-wise alignment of reference-step hashes (ByteRobust §4.3)', () =>
   });
 
   it('names nobody when every machine agrees', () => {
-    expect(alignReferenceHashes(new Map([['n1', GOOD], ['n2', GOOD]]))).toMatchObject({ aligned: true, outliers: [] });
+    expect(
+      alignReferenceHashes(
+        new Map([
+          ['n1', GOOD],
+          ['n2', GOOD],
+        ]),
+      ),
+    ).toMatchObject({ aligned: true, outliers: [] });
   });
 
   it('names nobody, and says why, when the largest output is held by exactly half', () => {

@@ -168,7 +168,10 @@ describe('runStopTimeDiagnostics against real agents', () => {
   it('evicts failed, hung, misaligned and unreachable nodes, reports refusals as inconclusive, and never throws for one agent', async () => {
     const urls = new Map<string, string>([
       ['node-a', await agentWith('node-a', healthy)],
-      ['node-b', await agentWith('node-b', { ...healthy, checks: [{ name: 'eud', command: ['/bin/sh', '-c', 'echo "GPU 2: fail"; exit 1'], timeoutSeconds: 5 }] })],
+      [
+        'node-b',
+        await agentWith('node-b', { ...healthy, checks: [{ name: 'eud', command: ['/bin/sh', '-c', 'echo "GPU 2: fail"; exit 1'], timeoutSeconds: 5 }] }),
+      ],
       ['node-c', await agentWith('node-c', { ...healthy, reference: { command: ['echo', 'ref-corrupted'], timeoutSeconds: 5 } })],
       ['node-d', await agentWith('node-d', { ...healthy, checks: [{ name: 'eud', command: ['sleep', '30'], timeoutSeconds: 1 }] })],
       ['node-e', await agentWith('node-e', healthy)],
@@ -201,14 +204,26 @@ describe('runStopTimeDiagnostics against real agents', () => {
       { node: 'node-h', reason: expect.stringContaining('reports for node node-z, not node-h') },
     ]);
     expect(result.evict).toEqual(['node-b', 'node-c', 'node-d', 'node-i', 'node-j', 'node-k']);
-    expect(result.outcomes.map((outcome) => outcome.kind)).toEqual(['report', 'report', 'report', 'report', 'report', 'report', 'refused', 'refused', 'unreachable', 'unreachable', 'unreachable']);
+    expect(result.outcomes.map((outcome) => outcome.kind)).toEqual([
+      'report',
+      'report',
+      'report',
+      'report',
+      'report',
+      'report',
+      'refused',
+      'refused',
+      'unreachable',
+      'unreachable',
+      'unreachable',
+    ]);
 
     // Each agent was told its ring neighbours, next first, for the all-gather.
     const first = result.outcomes[0];
     expect(first?.kind === 'report' ? first.report.checks.find((entry) => entry.name === 'peers')?.outputTail : undefined).toBe('node-b,node-k\n');
   });
 
-  it('reaches each agent with its own node\'s token from the controller\'s agents.secretFile, and one node\'s token opens no other agent', async () => {
+  it("reaches each agent with its own node's token from the controller's agents.secretFile, and one node's token opens no other agent", async () => {
     const secretFile = join(dir, 'agent-web-secret');
     writeFileSync(secretFile, `${'s'.repeat(40)}\n`);
     const directory = new AgentDirectory(configSchema.parse({ agents: { secretFile } }).agents, async () => true);
@@ -228,7 +243,8 @@ describe('runStopTimeDiagnostics against real agents', () => {
   it('runs only the checks asked for, with at most `concurrency` agents at once', async () => {
     const nodes = ['node-1', 'node-2', 'node-3', 'node-4'];
     const urls = new Map<string, string>();
-    for (const node of nodes) urls.set(node, await agentWith(node, { ...healthy, checks: [...healthy.checks, { name: 'nap', command: ['sleep', '0.3'], timeoutSeconds: 5 }] }));
+    for (const node of nodes)
+      urls.set(node, await agentWith(node, { ...healthy, checks: [...healthy.checks, { name: 'nap', command: ['sleep', '0.3'], timeoutSeconds: 5 }] }));
     let inFlight = 0;
     let most = 0;
     const counting: typeof fetch = async (input, init) => {
@@ -240,7 +256,14 @@ describe('runStopTimeDiagnostics against real agents', () => {
         inFlight -= 1;
       }
     };
-    const result = await runStopTimeDiagnostics(nodes, { agentUrl: (node) => urls.get(node)!, token: TOKEN, timeoutSeconds: 20, checks: ['nap'], concurrency: 2, fetch: counting });
+    const result = await runStopTimeDiagnostics(nodes, {
+      agentUrl: (node) => urls.get(node)!,
+      token: TOKEN,
+      timeoutSeconds: 20,
+      checks: ['nap'],
+      concurrency: 2,
+      fetch: counting,
+    });
     expect(most).toBe(2);
     expect(result.evict).toEqual([]);
     expect(result.alignment).toBeNull();

@@ -195,7 +195,10 @@ describe('compareGroups (cross-group comparison, Greyhound §4.3)', () => {
     new Map(topology.ranks.map(({ rank }) => [rank, (1 + 0.01 * ((rank * 7) % 5)) * slow(rank)]));
 
   it('finds the one slow DP replica and nothing else when a whole replica is slow', () => {
-    const slowGroups = compareGroups(times((rank) => (topology.placement(rank).coords.dp === 2 ? 1.25 : 1)), topology);
+    const slowGroups = compareGroups(
+      times((rank) => (topology.placement(rank).coords.dp === 2 ? 1.25 : 1)),
+      topology,
+    );
     const replicas = slowGroups.filter((group) => group.kind === 'dp-replica');
     expect(replicas.map((group) => group.index)).toEqual([{ dp: 2 }]);
     expect(replicas[0]?.ratio).toBeGreaterThan(1.15);
@@ -208,7 +211,10 @@ describe('compareGroups (cross-group comparison, Greyhound §4.3)', () => {
   });
 
   it('pins one slow rank by the intersection of its replica, stage and DP group', () => {
-    const slowGroups = compareGroups(times((rank) => (rank === 13 ? 1.3 : 1)), topology);
+    const slowGroups = compareGroups(
+      times((rank) => (rank === 13 ? 1.3 : 1)),
+      topology,
+    );
     const { coords } = topology.placement(13);
     expect(slowGroups.map((group) => [group.kind, group.index, group.slowestRank])).toEqual(
       expect.arrayContaining([
@@ -221,7 +227,12 @@ describe('compareGroups (cross-group comparison, Greyhound §4.3)', () => {
   });
 
   it('does not flag a group exactly 10 % above the median: it must exceed it', () => {
-    const flat = new Map([[0, 1], [1, 1], [2, 1], [3, 1.1]]);
+    const flat = new Map([
+      [0, 1],
+      [1, 1],
+      [2, 1],
+      [3, 1.1],
+    ]);
     expect(compareGroups(flat)).toEqual([]);
     flat.set(3, 1.1001);
     expect(compareGroups(flat).map((group) => [group.kind, group.index])).toEqual([['rank', { rank: 3 }]]);
@@ -252,9 +263,7 @@ describe('detectFailSlow', () => {
     expect(Math.abs(change.iteration - 300)).toBeLessThanOrEqual(3);
     expect(change).toMatchObject({ direction: 'slowdown' });
     expect(report.slowRanks).toEqual([5]);
-    expect(report.slowGroups.filter((group) => group.kind === 'dp-replica').map((group) => group.index)).toEqual([
-      { dp: topology.placement(5).coords.dp },
-    ]);
+    expect(report.slowGroups.filter((group) => group.kind === 'dp-replica').map((group) => group.index)).toEqual([{ dp: topology.placement(5).coords.dp }]);
     expect(report.ranks[5]).toMatchObject({ rank: 5, samples: 600 });
     expect(report.ranks[5]?.healthySeconds).toBeCloseTo(1, 1);
     expect(report.ranks[5]?.currentSeconds).toBeCloseTo(1.3, 1);

@@ -90,7 +90,11 @@ describe('stepMitigation (Greyhound §5.1, Algorithm 1)', () => {
 
   it('serves the exact S2 assignment for the profiled DP groups and re-solves it on a fresh profile', () => {
     const slowGroup = [0.5, 0.5, 1, 0.5];
-    const s2 = stepMitigation(initialMitigationState(config), { iterations: 20, iterationSeconds: 1.5, healthySeconds, persists: true, dpGroupSeconds: slowGroup }, config);
+    const s2 = stepMitigation(
+      initialMitigationState(config),
+      { iterations: 20, iterationSeconds: 1.5, healthySeconds, persists: true, dpGroupSeconds: slowGroup },
+      config,
+    );
     const exact = planMicrobatches(slowGroup, 16);
     expect(s2.microbatches).toEqual({ assignment: exact.assignment, rebalanced: true, predictedSeconds: 2.5 });
     expect(s2.microbatches.assignment[2]).toBe(2); // the group twice as slow gets the fewest
@@ -103,7 +107,11 @@ describe('stepMitigation (Greyhound §5.1, Algorithm 1)', () => {
 
   it('keeps 1F1B counts at multiples of the pipeline depth', () => {
     const piped: MitigationConfig = { ...config, microbatches: 32, pipelineStages: 4 };
-    const step = stepMitigation(initialMitigationState(piped), { iterations: 20, iterationSeconds: 1.5, healthySeconds, persists: true, dpGroupSeconds: [1, 1, 3, 1] }, piped);
+    const step = stepMitigation(
+      initialMitigationState(piped),
+      { iterations: 20, iterationSeconds: 1.5, healthySeconds, persists: true, dpGroupSeconds: [1, 1, 3, 1] },
+      piped,
+    );
     expect(step.microbatches.assignment.every((count) => count % 4 === 0)).toBe(true);
     expect(step.microbatches.assignment.reduce((sum, count) => sum + count, 0)).toBe(32);
   });

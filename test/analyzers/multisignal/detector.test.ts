@@ -42,9 +42,14 @@ describe('multi-signal scoring against the peers', () => {
     expect(mild?.evidence.map((item) => item.feature)).toEqual(['temperature']);
     expect(mild && peerAnomalous(mild, settings)).toBe(false);
     const watching = detector();
-    for (let minute = 0; minute < 10; minute += 1) expect(watching.evaluate(minute * 60_000, withNode(fleet(), 'n3', { temperature: 72 })).suspects).toEqual([]);
+    for (let minute = 0; minute < 10; minute += 1)
+      expect(watching.evaluate(minute * 60_000, withNode(fleet(), 'n3', { temperature: 72 })).suspects).toEqual([]);
     // One strong signal is enough (strongZ): 200 °C among 62 °C peers.
-    expect(detector(immediate).evaluate(0, withNode(fleet(), 'n3', { temperature: 200 })).suspects.map((suspect) => suspect.node)).toEqual(['n3']);
+    expect(
+      detector(immediate)
+        .evaluate(0, withNode(fleet(), 'n3', { temperature: 200 }))
+        .suspects.map((suspect) => suspect.node),
+    ).toEqual(['n3']);
   });
 
   it('raises a node that deviates on several features, with evidence naming each of them', () => {
@@ -67,7 +72,11 @@ describe('multi-signal scoring against the peers', () => {
 
   it('counts a two-sided feature on either side', () => {
     const matrix = withNode(fleet(), 'n4', { clock_skew: -80, iteration: 6 });
-    expect(detector(immediate).evaluate(0, matrix).suspects.map((suspect) => suspect.node)).toEqual(['n4']);
+    expect(
+      detector(immediate)
+        .evaluate(0, matrix)
+        .suspects.map((suspect) => suspect.node),
+    ).toEqual(['n4']);
   });
 
   it('does not blow up tiny differences on a flat fleet (MAD 0): the spread floor holds', () => {
@@ -78,7 +87,11 @@ describe('multi-signal scoring against the peers', () => {
     expect(moment.nodes.find((score) => score.node === 'n0')).toMatchObject({ score: 0, hotFeatures: 0, evidence: [] });
     // The same fleet still raises a node that is far off by the floors' measure.
     const broken = withNode(flat, 'n0', { temperature: 70, power: 560 });
-    expect(detector(immediate).evaluate(0, broken).suspects.map((suspect) => suspect.node)).toEqual(['n0']);
+    expect(
+      detector(immediate)
+        .evaluate(0, broken)
+        .suspects.map((suspect) => suspect.node),
+    ).toEqual(['n0']);
   });
 
   it('gives no verdict with fewer nodes than minPeers, and drops features too few nodes report', () => {
@@ -98,7 +111,11 @@ describe('multi-signal scoring against the peers', () => {
   });
 
   it('tolerates missing and non-finite values: a node is judged on what it reports', () => {
-    const matrix = withNode(withNode(fleet(), 'n5', { temperature: undefined, clock_skew: Number.NaN }), 'n6', { power: 500, iteration: 5, temperature: Number.POSITIVE_INFINITY });
+    const matrix = withNode(withNode(fleet(), 'n5', { temperature: undefined, clock_skew: Number.NaN }), 'n6', {
+      power: 500,
+      iteration: 5,
+      temperature: Number.POSITIVE_INFINITY,
+    });
     const result = detector(immediate).evaluate(0, matrix);
     expect(result.suspects.map((suspect) => suspect.node)).toEqual(['n6']);
     expect(result.suspects[0]?.evidence.map((item) => item.feature).sort()).toEqual(['iteration', 'power']);
@@ -149,7 +166,9 @@ describe('detector options', () => {
   it('refuses bad options with a message naming the field', () => {
     expect(() => detector({ persistence: { k: 4, n: 3 } })).toThrow(/persistence: k must not exceed n/);
     expect(() => detector({ hotZ: 7, clipZ: 6 })).toThrow(/clipZ: clipZ must be at least hotZ/);
-    expect(() => new MultiSignalDetector({ features: [...FEATURES, { name: 'power', direction: 'lower', minSpread: 1 }] })).toThrow(/features: feature names must be unique/);
+    expect(() => new MultiSignalDetector({ features: [...FEATURES, { name: 'power', direction: 'lower', minSpread: 1 }] })).toThrow(
+      /features: feature names must be unique/,
+    );
     expect(() => new MultiSignalDetector({ features: [{ name: 'x', direction: 'up' as 'higher', minSpread: 1 }] })).toThrow(InputError);
     expect(() => new MultiSignalDetector({ features: [{ name: 'x', direction: 'higher', minSpread: 0 }] })).toThrow(/features\.0\.minSpread/);
   });
@@ -174,10 +193,16 @@ describe('verdicts do not depend on units or on node order (property)', () => {
     Object.fromEntries(
       rows.map((values, index) => [
         `node-${index}`,
-        Object.fromEntries(FEATURES.map((feature, at) => [feature.name, values[feature.name] === undefined ? undefined : (values[feature.name] as number) * (scale[at] as number)])),
+        Object.fromEntries(
+          FEATURES.map((feature, at) => [
+            feature.name,
+            values[feature.name] === undefined ? undefined : (values[feature.name] as number) * (scale[at] as number),
+          ]),
+        ),
       ]),
     );
-  const verdicts = (evaluation: Evaluation) => evaluation.suspects.map((suspect) => ({ node: suspect.node, score: suspect.score, z: suspect.evidence.map((item) => [item.feature, item.robustZ]) }));
+  const verdicts = (evaluation: Evaluation) =>
+    evaluation.suspects.map((suspect) => ({ node: suspect.node, score: suspect.score, z: suspect.evidence.map((item) => [item.feature, item.robustZ]) }));
   const run = (matrices: readonly FeatureMatrix[], features: FeatureSpec[]) => {
     const watching = new MultiSignalDetector({ features, persistence: { k: 2, n: 3 } });
     return matrices.map((matrix, minute) => verdicts(watching.evaluate(minute * 60_000, matrix)));
@@ -187,7 +212,17 @@ describe('verdicts do not depend on units or on node order (property)', () => {
     fc.assert(
       fc.property(frames, factors, (rowsPerFrame, scale) => {
         const scaledFeatures = FEATURES.map((feature, at) => ({ ...feature, minSpread: feature.minSpread * (scale[at] as number) }));
-        expect(run(rowsPerFrame.map((rows) => asMatrix(rows, scale)), scaledFeatures)).toEqual(run(rowsPerFrame.map((rows) => asMatrix(rows)), FEATURES));
+        expect(
+          run(
+            rowsPerFrame.map((rows) => asMatrix(rows, scale)),
+            scaledFeatures,
+          ),
+        ).toEqual(
+          run(
+            rowsPerFrame.map((rows) => asMatrix(rows)),
+            FEATURES,
+          ),
+        );
       }),
       { numRuns: 200 },
     );
@@ -212,7 +247,12 @@ describe('verdicts do not depend on units or on node order (property)', () => {
   });
 
   it('the generated fleets do raise nodes, so the properties are not vacuous', () => {
-    const raised = fc.sample(frames, { numRuns: 300, seed: 42 }).filter((rowsPerFrame) => run(rowsPerFrame.map((rows) => asMatrix(rows)), FEATURES).some((frame) => frame.length > 0));
+    const raised = fc.sample(frames, { numRuns: 300, seed: 42 }).filter((rowsPerFrame) =>
+      run(
+        rowsPerFrame.map((rows) => asMatrix(rows)),
+        FEATURES,
+      ).some((frame) => frame.length > 0),
+    );
     expect(raised.length).toBeGreaterThan(10);
   });
 });

@@ -31,7 +31,10 @@ describe('multi-signal detection: what a user relies on', () => {
     }
     expect(raisedWhileLearnt).toBe(0);
     let raised: string[] = [];
-    for (let minute = 240; minute < 260; minute += 1) raised = detector.evaluate(minute * MINUTE, moment(job, { n2: { temperature: 84, power: 520 } }), { groups: Object.fromEntries(job.map((node) => [node, 'job'])) }).suspects.map((suspect) => suspect.node);
+    for (let minute = 240; minute < 260; minute += 1)
+      raised = detector
+        .evaluate(minute * MINUTE, moment(job, { n2: { temperature: 84, power: 520 } }), { groups: Object.fromEntries(job.map((node) => [node, 'job'])) })
+        .suspects.map((suspect) => suspect.node);
     expect(raised).toEqual(['n2']);
   });
 
@@ -43,7 +46,10 @@ describe('multi-signal detection: what a user relies on', () => {
     const training = { n5: { temperature: 50, power: 590 } };
     for (let minute = 0; minute < 120; minute += 1) detector.evaluate(minute * MINUTE, moment(job, training), { groups });
     // The job restarts: every GPU idles at the same temperature and power, n5 with them (for 15 minutes).
-    const idle = (names: string[]) => Object.fromEntries(Object.entries(moment(names)).map(([node, row], index) => [node, { ...row, temperature: 34 + (index % 3) * 0.2, power: 90 + index % 2 }]));
+    const idle = (names: string[]) =>
+      Object.fromEntries(
+        Object.entries(moment(names)).map(([node, row], index) => [node, { ...row, temperature: 34 + (index % 3) * 0.2, power: 90 + (index % 2) }]),
+      );
     let anomalous = 0;
     for (let minute = 120; minute < 135; minute += 1) {
       const evaluation = detector.evaluate(minute * MINUTE, idle(job), { groups });
@@ -53,7 +59,8 @@ describe('multi-signal detection: what a user relies on', () => {
     expect(anomalous).toBe(0);
     // Back at work, n5 runs 10 °C hotter than its peers and draws less: raised.
     let raised: string[] = [];
-    for (let minute = 135; minute < 150; minute += 1) raised = detector.evaluate(minute * MINUTE, moment(job, { n5: { temperature: 74, power: 520 } }), { groups }).suspects.map((suspect) => suspect.node);
+    for (let minute = 135; minute < 150; minute += 1)
+      raised = detector.evaluate(minute * MINUTE, moment(job, { n5: { temperature: 74, power: 520 } }), { groups }).suspects.map((suspect) => suspect.node);
     expect(raised).toEqual(['n5']);
   });
 
@@ -64,13 +71,23 @@ describe('multi-signal detection: what a user relies on', () => {
     // Job b is idle (an evaluation phase, a checkpoint): cool and drawing little, all of it.
     const idleB = Object.fromEntries(b.map((node) => [node, { temperature: 40, power: 150 }]));
     const matrix = { ...moment(a), ...moment(b, idleB), spare: { temperature: 35, power: 90, ecc: Array(8).fill(0), xid_fatal: 0 } };
-    const evaluation = detector.evaluate(0, matrix, { groups: { ...Object.fromEntries(a.map((node) => [node, 'job-a'])), ...Object.fromEntries(b.map((node) => [node, 'job-b'])) } });
+    const evaluation = detector.evaluate(0, matrix, {
+      groups: { ...Object.fromEntries(a.map((node) => [node, 'job-a'])), ...Object.fromEntries(b.map((node) => [node, 'job-b'])) },
+    });
     expect(evaluation.suspects).toEqual([]);
     expect(evaluation.ungrouped).toEqual(['spare']);
-    expect(evaluation.groups.map((group) => [group.group, group.peerScored])).toEqual([['job-a', true], ['job-b', true], ['', false]]);
+    expect(evaluation.groups.map((group) => [group.group, group.peerScored])).toEqual([
+      ['job-a', true],
+      ['job-b', true],
+      ['', false],
+    ]);
     // A third of job a stands out at once: that is the job, not two machines.
     const half = Object.fromEntries(a.slice(0, 2).map((node) => [node, { temperature: 80, power: 300 }]));
-    const phase = detector.evaluate(MINUTE, { ...moment(a, half), ...moment(b) }, { groups: { ...Object.fromEntries(a.map((node) => [node, 'job-a'])), ...Object.fromEntries(b.map((node) => [node, 'job-b'])) } });
+    const phase = detector.evaluate(
+      MINUTE,
+      { ...moment(a, half), ...moment(b) },
+      { groups: { ...Object.fromEntries(a.map((node) => [node, 'job-a'])), ...Object.fromEntries(b.map((node) => [node, 'job-b'])) } },
+    );
     expect(phase.groups.find((group) => group.group === 'job-a')?.phase).toBe(true);
     expect(phase.suspects).toEqual([]);
   });
@@ -89,8 +106,15 @@ describe('multi-signal detection: what a user relies on', () => {
   it('raises a fatal Xid at once, whatever the peers read, on a node of no job too', () => {
     const detector = new MultiSignalDetector({ features: FEATURES });
     const job = nodes(6);
-    const evaluation = detector.evaluate(0, { ...moment(job, { n1: { xid_fatal: 1 } }), lone: { xid_fatal: 2 } }, { groups: Object.fromEntries(job.map((node) => [node, 'job'])) });
-    expect(evaluation.suspects.map((suspect) => [suspect.node, suspect.reason]).sort()).toEqual([['lone', 'raise'], ['n1', 'raise']]);
+    const evaluation = detector.evaluate(
+      0,
+      { ...moment(job, { n1: { xid_fatal: 1 } }), lone: { xid_fatal: 2 } },
+      { groups: Object.fromEntries(job.map((node) => [node, 'job'])) },
+    );
+    expect(evaluation.suspects.map((suspect) => [suspect.node, suspect.reason]).sort()).toEqual([
+      ['lone', 'raise'],
+      ['n1', 'raise'],
+    ]);
   });
 
   it('adds up short episodes that keep coming back, and raises a member that stops reporting while its job reports', () => {
@@ -100,14 +124,20 @@ describe('multi-signal detection: what a user relies on', () => {
     const raisedAt: number[] = [];
     for (let minute = 0; minute < 60; minute += 1) {
       const braking: Record<string, Record<string, number>> = minute % 6 < 2 ? { n5: { power: 350, temperature: 70 } } : {};
-      if (detector.evaluate(minute * MINUTE, moment(job, braking), { groups }).suspects.some((suspect) => suspect.node === 'n5' && suspect.reason === 'episodes')) raisedAt.push(minute);
+      if (
+        detector.evaluate(minute * MINUTE, moment(job, braking), { groups }).suspects.some((suspect) => suspect.node === 'n5' && suspect.reason === 'episodes')
+      )
+        raisedAt.push(minute);
     }
     expect(raisedAt.length).toBeGreaterThan(0);
 
     const quiet = new MultiSignalDetector({ features: FEATURES });
     const present = job.filter((node) => node !== 'n6');
     const reasons: string[][] = [];
-    for (let minute = 0; minute < 6; minute += 1) reasons.push(quiet.evaluate(minute * MINUTE, moment(minute === 0 ? job : present), { groups }).suspects.map((suspect) => `${suspect.node}:${suspect.reason}`));
+    for (let minute = 0; minute < 6; minute += 1)
+      reasons.push(
+        quiet.evaluate(minute * MINUTE, moment(minute === 0 ? job : present), { groups }).suspects.map((suspect) => `${suspect.node}:${suspect.reason}`),
+      );
     expect(reasons.slice(0, 4)).toEqual([[], [], [], []]);
     expect(reasons[4]).toEqual(['n6:silence']);
   });
@@ -119,7 +149,8 @@ describe('multi-signal detection: what a user relies on', () => {
     const stalled = { n3: { temperature: 40, power: 90 } };
     const raisedAt: string[][] = [];
     let minute = 0;
-    for (; minute < 5; minute += 1) raisedAt.push(detector.evaluate(minute * MINUTE, moment(job, stalled), groups(job)).suspects.map((suspect) => suspect.node));
+    for (; minute < 5; minute += 1)
+      raisedAt.push(detector.evaluate(minute * MINUTE, moment(job, stalled), groups(job)).suspects.map((suspect) => suspect.node));
     expect(raisedAt.at(-1)).toEqual(['n3']);
     // Drained: out of the job and the readings for an hour.
     const others = job.filter((node) => node !== 'n3');

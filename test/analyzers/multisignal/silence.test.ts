@@ -30,7 +30,11 @@ function exposition(node: string): string {
   const index = Number(node.slice(1));
   const lines = ['steadfast_collector_success{collector="gpu"} 1', 'steadfast_collector_success{collector="xid"} 1'];
   for (const gpu of ['0', '1']) {
-    lines.push(`steadfast_gpu_temperature_celsius{gpu="${gpu}"} ${60 + 0.3 * index}`, `steadfast_gpu_power_watts{gpu="${gpu}"} ${600 + index}`, `steadfast_gpu_remapped_rows_total{gpu="${gpu}"} 0`);
+    lines.push(
+      `steadfast_gpu_temperature_celsius{gpu="${gpu}"} ${60 + 0.3 * index}`,
+      `steadfast_gpu_power_watts{gpu="${gpu}"} ${600 + index}`,
+      `steadfast_gpu_remapped_rows_total{gpu="${gpu}"} 0`,
+    );
   }
   lines.push(`steadfast_training_iteration_seconds{training_job="${JOBS[node] as string}",rank="0"} ${4 + 0.01 * index}`);
   return `${lines.join('\n')}\n`;
@@ -47,7 +51,9 @@ beforeAll(async () => {
   const targets = [];
   for (const node of Object.keys(JOBS)) {
     // A stopped node's endpoint fails its scrapes, as an agent that hangs or a node that is down does.
-    const server = createServer((_request, response) => (stopped.has(node) ? response.destroy() : response.writeHead(200, { 'content-type': 'text/plain; version=0.0.4' }).end(exposition(node))));
+    const server = createServer((_request, response) =>
+      stopped.has(node) ? response.destroy() : response.writeHead(200, { 'content-type': 'text/plain; version=0.0.4' }).end(exposition(node)),
+    );
     exporters.set(node, server);
     await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
     targets.push({ address: `127.0.0.1:${(server.address() as AddressInfo).port}`, labels: { node } });

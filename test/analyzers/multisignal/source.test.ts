@@ -52,7 +52,10 @@ function exposition(shape: NodeShape, elapsedSeconds: number): string {
     { gpu: '0', pci_bus_id: '0000:18:00' },
     { gpu: '1', pci_bus_id: '0000:2a:00' },
   ];
-  const labels = (extra: Record<string, string>) => `{${Object.entries(extra).map(([name, value]) => `${name}="${value}"`).join(',')}}`;
+  const labels = (extra: Record<string, string>) =>
+    `{${Object.entries(extra)
+      .map(([name, value]) => `${name}="${value}"`)
+      .join(',')}}`;
   const lines: string[] = ['steadfast_collector_success{collector="xid"} 1'];
   gpus.forEach((gpu, index) => {
     lines.push(
@@ -136,7 +139,9 @@ describe('multi-signal features read from a real Prometheus', () => {
       () => source.read(Date.now()),
       (answer) =>
         answer.failures.length > 0 ||
-        (Object.keys(answer.matrix).length === 6 && Object.values(answer.matrix).every((row) => Object.keys(row).length === DEFAULT_FEATURES.length) && transmitAgrees(answer.matrix)),
+        (Object.keys(answer.matrix).length === 6 &&
+          Object.values(answer.matrix).every((row) => Object.keys(row).length === DEFAULT_FEATURES.length) &&
+          transmitAgrees(answer.matrix)),
       45_000,
     );
     expect(reading.failures).toEqual([]);
@@ -180,11 +185,18 @@ describe('multi-signal features read from a real Prometheus', () => {
     const write = process.stdout.write.bind(process.stdout);
     process.stdout.write = ((chunk: string) => output.push(String(chunk)) > 0) as typeof process.stdout.write;
     try {
-      await detectCommand().exitOverride().parseAsync(['suspects', '--prometheus', prometheus.url, '--minutes', '0.2', '--step-seconds', '1'], { from: 'user' });
+      await detectCommand()
+        .exitOverride()
+        .parseAsync(['suspects', '--prometheus', prometheus.url, '--minutes', '0.2', '--step-seconds', '1'], { from: 'user' });
     } finally {
       process.stdout.write = write;
     }
-    const answer = JSON.parse(output.join('')) as { evaluations: number; nodes: { node: string; anomalousIn: number; evidence: { feature: string }[] }[]; suspects: { node: string }[]; failures: string[] };
+    const answer = JSON.parse(output.join('')) as {
+      evaluations: number;
+      nodes: { node: string; anomalousIn: number; evidence: { feature: string }[] }[];
+      suspects: { node: string }[];
+      failures: string[];
+    };
     expect(answer.evaluations).toBe(12);
     expect(answer.failures).toEqual([]);
     expect(answer.nodes.map((entry) => entry.node)).toEqual(['n6']);
@@ -214,7 +226,9 @@ describe('multi-signal features read from a real Prometheus', () => {
     expect(messages[2]).toMatch(/more than one series for node n\d/);
     expect(messages[3]).toMatch(/returns a scalar/);
 
-    await expect(detectSuspects(new PrometheusFeatureSource({ url: prometheus.url, features: broken }), new MultiSignalDetector({ features: detectorFeatures(broken) }))).rejects.toThrow(PrometheusQueryRejectedError);
+    await expect(
+      detectSuspects(new PrometheusFeatureSource({ url: prometheus.url, features: broken }), new MultiSignalDetector({ features: detectorFeatures(broken) })),
+    ).rejects.toThrow(PrometheusQueryRejectedError);
   });
 
   it('reports Prometheus down, silent or not Prometheus at all as errors naming the query', async () => {
@@ -245,14 +259,19 @@ describe('multi-signal features read from a real Prometheus', () => {
     }
 
     // An exporter's port given by mistake: HTTP 200, but exposition text, not a query answer.
-    const notPrometheus = await new PrometheusFeatureSource({ url: `http://${(exporters[0]?.address() as AddressInfo).address}:${(exporters[0]?.address() as AddressInfo).port}`, features }).read(Date.now());
+    const notPrometheus = await new PrometheusFeatureSource({
+      url: `http://${(exporters[0]?.address() as AddressInfo).address}:${(exporters[0]?.address() as AddressInfo).port}`,
+      features,
+    }).read(Date.now());
     expect(notPrometheus.failures[0]).toBeInstanceOf(PrometheusQueryRejectedError);
     expect(notPrometheus.failures[0]?.message).toMatch(/HTTP 200 with a body that is not JSON/);
   });
 
   it('refuses a source without a usable URL or with malformed features, naming the field', () => {
     expect(() => new PrometheusFeatureSource({ url: 'not a url' })).toThrow(/url/);
-    expect(() => new PrometheusFeatureSource({ url: prometheus.url, features: [{ name: 'x', direction: 'higher', minSpread: 1, query: '' }] })).toThrow(/features\.0\.query/);
+    expect(() => new PrometheusFeatureSource({ url: prometheus.url, features: [{ name: 'x', direction: 'higher', minSpread: 1, query: '' }] })).toThrow(
+      /features\.0\.query/,
+    );
     const twice: FeatureQuery = { name: 'x', direction: 'higher', minSpread: 1, query: 'max by (node) (steadfast_gpu_temperature_celsius)' };
     expect(() => new PrometheusFeatureSource({ url: prometheus.url, features: [twice, twice] })).toThrow(/features: feature names must be unique/);
   });
@@ -265,7 +284,10 @@ describe('the default feature queries', () => {
       const parsed = parsePromql(feature.query);
       expect(parsed.errors, feature.query).toEqual([]);
       expect(parsed.metrics.length, feature.query).toBeGreaterThan(0);
-      expect(parsed.metrics.filter((name) => !produced.has(name)), feature.query).toEqual([]);
+      expect(
+        parsed.metrics.filter((name) => !produced.has(name)),
+        feature.query,
+      ).toEqual([]);
     }
   }, 20_000);
 });

@@ -18,7 +18,8 @@ const query = (name: string) => DEFAULT_FEATURES.find((feature) => feature.name 
  */
 describe('the Xid feature queries', () => {
   it('count a burst of Xid lines as one incident, Xids that come back in three 5-minute slots as a repeat, and a fatal Xid at once', async () => {
-    const xid = (node: string, code: string, severity: string) => `steadfast_xid_errors_total{job="steadfast-agent", node="${node}", pci_bus_id="0000:18:00", xid="${code}", severity="${severity}"}`;
+    const xid = (node: string, code: string, severity: string) =>
+      `steadfast_xid_errors_total{job="steadfast-agent", node="${node}", pci_bus_id="0000:18:00", xid="${code}", severity="${severity}"}`;
     const input_series = [
       // n1: an application crash, four Xid lines at 11 minutes and one more at 12 (one 5-minute slot).
       { series: xid('n1', '13', 'warning'), values: '_x11 4 5x40' },
@@ -26,7 +27,10 @@ describe('the Xid feature queries', () => {
       { series: xid('n2', '13', 'warning'), values: '_x5 1x15 2x15 3x10' },
       // n4: a GPU fallen off the bus at 38 minutes.
       { series: xid('n4', '79', 'fatal'), values: '_x38 1x5' },
-      ...['n1', 'n2', 'n3', 'n4'].map((node) => ({ series: `steadfast_collector_success{job="steadfast-agent", node="${node}", collector="xid"}`, values: '1x45' })),
+      ...['n1', 'n2', 'n3', 'n4'].map((node) => ({
+        series: `steadfast_collector_success{job="steadfast-agent", node="${node}", collector="xid"}`,
+        values: '1x45',
+      })),
     ];
     const expect_samples = (values: Record<string, number>) => Object.entries(values).map(([node, value]) => ({ labels: `{node="${node}"}`, value }));
     await expectPromqlAnswers('xid', '1m', input_series, [
@@ -37,19 +41,27 @@ describe('the Xid feature queries', () => {
 });
 
 /** Writes a promtool unit test of `cases` over `input_series` sampled every `interval`, runs it, and expects it to pass. */
-async function expectPromqlAnswers(name: string, interval: string, input_series: { series: string; values: string }[], cases: Record<string, unknown>[]): Promise<void> {
+async function expectPromqlAnswers(
+  name: string,
+  interval: string,
+  input_series: { series: string; values: string }[],
+  cases: Record<string, unknown>[],
+): Promise<void> {
   const file = join(dir, `${name}.test.yml`);
   await writeFile(file, stringify({ rule_files: [], evaluation_interval: '1m', tests: [{ interval, input_series, promql_expr_test: cases }] }));
   const result = await new Promise<{ code: number; output: string }>((resolve) =>
-    execFile(PROMTOOL, ['test', 'rules', file], (error, stdout, stderr) => resolve({ code: error ? Number(error.code ?? 1) : 0, output: `${stdout}${stderr}` })),
+    execFile(PROMTOOL, ['test', 'rules', file], (error, stdout, stderr) =>
+      resolve({ code: error ? Number(error.code ?? 1) : 0, output: `${stdout}${stderr}` }),
+    ),
   );
   expect(result.output).toContain('SUCCESS');
   expect(result.code, result.output).toBe(0);
 }
 
 describe('the PCIe replay recurrence query', () => {
-  it('counts the last hour\'s 5-minute slots that saw a replay: a slow trickle fills most, one burst one, a still counter reads 0, not nothing', async () => {
-    const replays = (node: string, gpu: number) => `steadfast_gpu_pcie_replay_errors_total{job="steadfast-agent", node="${node}", gpu="${gpu}", pci_bus_id="0000:1${gpu}:00"}`;
+  it("counts the last hour's 5-minute slots that saw a replay: a slow trickle fills most, one burst one, a still counter reads 0, not nothing", async () => {
+    const replays = (node: string, gpu: number) =>
+      `steadfast_gpu_pcie_replay_errors_total{job="steadfast-agent", node="${node}", gpu="${gpu}", pci_bus_id="0000:1${gpu}:00"}`;
     // 30-second scrapes over 70 minutes (140 samples), evaluated at 70 minutes.
     const still = '0x140';
     const input_series = [

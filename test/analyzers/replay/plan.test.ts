@@ -4,9 +4,15 @@ import { machineIds, maxSuspects, replayGroups, replaySuspects } from '../../../
 import { InputError } from '../../../core/errors.js';
 
 /** Every (z, m) with m dividing z, z up to 60. */
-const divisiblePlan = fc
-  .integer({ min: 1, max: 60 })
-  .chain((z) => fc.constantFrom(...machineIds(z).map((id) => id + 1).filter((m) => z % m === 0)).map((m) => ({ z, m })));
+const divisiblePlan = fc.integer({ min: 1, max: 60 }).chain((z) =>
+  fc
+    .constantFrom(
+      ...machineIds(z)
+        .map((id) => id + 1)
+        .filter((m) => z % m === 0),
+    )
+    .map((m) => ({ z, m })),
+);
 
 describe('dual-phase replay groups (ByteRobust §4.2, Algorithm 1)', () => {
   it('reproduces Fig. 6: with z = 24 and m = 4, machine 13 is in H_3 and V_1 and is their only common machine', () => {
@@ -36,7 +42,16 @@ describe('dual-phase replay groups (ByteRobust §4.2, Algorithm 1)', () => {
 
   it('keeps node names in place of ids, in the order given', () => {
     const nodes = ['gpu-a', 'gpu-b', 'gpu-c', 'gpu-d'];
-    expect(replayGroups(nodes, 2)).toEqual({ horizontal: [['gpu-a', 'gpu-b'], ['gpu-c', 'gpu-d']], vertical: [['gpu-a', 'gpu-c'], ['gpu-b', 'gpu-d']] });
+    expect(replayGroups(nodes, 2)).toEqual({
+      horizontal: [
+        ['gpu-a', 'gpu-b'],
+        ['gpu-c', 'gpu-d'],
+      ],
+      vertical: [
+        ['gpu-a', 'gpu-c'],
+        ['gpu-b', 'gpu-d'],
+      ],
+    });
     expect(replaySuspects(nodes, 2, { horizontal: 1, vertical: 0 })).toEqual({ suspects: ['gpu-c'] });
   });
 

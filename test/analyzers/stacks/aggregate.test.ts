@@ -157,7 +157,10 @@ describe('selectTrainingThread', () => {
   it('takes the newest of several dumps of the same process written one after another', () => {
     const text = [rankDump(200, GRAD_SYNC), rankDump(200, STUCK_IRECV)].join('\n');
     expect(selectTrainingThread(parsePySpyDump(text))?.thread.frames[0]?.function).toBe('irecv');
-    const withoutHeaders = text.split('\n').filter((line) => !/^(Process|Python)/.test(line)).join('\n');
+    const withoutHeaders = text
+      .split('\n')
+      .filter((line) => !/^(Process|Python)/.test(line))
+      .join('\n');
     expect(selectTrainingThread(parsePySpyDump(withoutHeaders))?.thread.frames[0]?.function).toBe('irecv');
   });
 });
@@ -168,8 +171,8 @@ describe('aggregateStacks on ByteRobust Fig. 7', () => {
     expect(result.groups.map((group) => ({ size: group.ranks.length, healthy: group.healthy, top: group.frames[0] }))).toEqual([
       { size: 24, healthy: true, top: 'wait (torch/distributed/distributed_c10d.py)' },
       { size: 4, healthy: false, top: 'irecv (torch/distributed/distributed_c10d.py)' },
-      { size: 2, healthy: false, top: expect.stringMatching(/^(all_gather_into_tensor|isend) / ) },
-      { size: 2, healthy: false, top: expect.stringMatching(/^(all_gather_into_tensor|isend) / ) },
+      { size: 2, healthy: false, top: expect.stringMatching(/^(all_gather_into_tensor|isend) /) },
+      { size: 2, healthy: false, top: expect.stringMatching(/^(all_gather_into_tensor|isend) /) },
     ]);
     expect(result.groups[0]?.ranks).toEqual(range(0, 24));
     expect(result.groups[0]?.signature).toMatch(/^[0-9a-f]{12}$/);
@@ -209,7 +212,11 @@ describe('aggregateStacks on ByteRobust Fig. 7', () => {
 
 describe('missing and unreadable ranks', () => {
   it('counts a rank without a dump as an outlier and evicts its machine', () => {
-    const dumps = new Map(range(0, 32).filter((rank) => rank !== 5).map((rank) => [rank, rankDump(rank + 1, GRAD_SYNC)]));
+    const dumps = new Map(
+      range(0, 32)
+        .filter((rank) => rank !== 5)
+        .map((rank) => [rank, rankDump(rank + 1, GRAD_SYNC)]),
+    );
     const result = aggregateStacks(dumps, figure7);
     expect(result.missingRanks).toEqual([5]);
     expect(result.outlierRanks).toEqual([5]);
@@ -275,20 +282,25 @@ describe('dominant groups', () => {
 });
 
 describe('properties', () => {
-  const variants = [GRAD_SYNC, STUCK_IRECV, STUCK_ISEND, STUCK_ALL_GATHER].map((stack) => stacksFromDumps(new Map([[0, rankDump(1, stack)]])).stacks.get(0) ?? []);
+  const variants = [GRAD_SYNC, STUCK_IRECV, STUCK_ISEND, STUCK_ALL_GATHER].map(
+    (stack) => stacksFromDumps(new Map([[0, rankDump(1, stack)]])).stacks.get(0) ?? [],
+  );
   const assignment = fc.array(fc.nat({ max: 3 }), { minLength: 32, maxLength: 32 });
 
   it('gives the same result whatever order the ranks come in', () => {
     fc.assert(
       fc.property(assignment, fc.array(fc.nat(), { minLength: 32, maxLength: 32 }), (choice, keys) => {
         const entries = range(0, 32).map((rank) => [rank, variants[choice[rank] as number] as readonly string[]] as const);
-        const shuffled = entries.map((entry, index) => ({ entry, key: keys[index] as number })).sort((a, b) => a.key - b.key).map(({ entry }) => entry);
+        const shuffled = entries
+          .map((entry, index) => ({ entry, key: keys[index] as number }))
+          .sort((a, b) => a.key - b.key)
+          .map(({ entry }) => entry);
         expect(aggregateRankStacks(new Map(shuffled), figure7)).toEqual(aggregateRankStacks(new Map(entries), figure7));
       }),
     );
   });
 
-  it('never calls the most common stack of a stage an outlier, keeps outliers to at most half a stage, and evicts the suspect group\'s machines', () => {
+  it("never calls the most common stack of a stage an outlier, keeps outliers to at most half a stage, and evicts the suspect group's machines", () => {
     fc.assert(
       fc.property(assignment, fc.subarray(range(0, 32), { maxLength: 6 }), (choice, missing) => {
         const traced = range(0, 32).filter((rank) => !missing.includes(rank));

@@ -7,7 +7,8 @@ import { Topology } from '../../../core/topology.js';
 /** Real CPython 3.11 faulthandler output; see the folder's README for how each was made. */
 const DIR = 'test/fixtures/realworld/python-faulthandler';
 const read = (name: string): string => readFileSync(`${DIR}/${name}`, 'utf8');
-const threadIds = (name: string): Record<string, string> => (JSON.parse(read(name.replace('.stacks', '.threads.json'))) as { threads: Record<string, string> }).threads;
+const threadIds = (name: string): Record<string, string> =>
+  (JSON.parse(read(name.replace('.stacks', '.threads.json'))) as { threads: Record<string, string> }).threads;
 
 const HUNG_MAIN = ['wait', 'wait', 'all_reduce', 'reduce_gradients', 'train_step', 'train', 'main', '<module>'];
 
@@ -21,7 +22,11 @@ describe('parseFaulthandlerDump on real dumps', () => {
       const main = section.threads[3]!;
       expect(main.frames.map((frame) => frame.function)).toEqual(HUNG_MAIN);
       expect(main.frames[0]).toEqual({ function: 'wait', file: '/usr/lib/python3.11/threading.py', line: 320 });
-      expect(main.frames[2]).toEqual({ function: 'all_reduce', file: '/work/wt-agentside/test/fixtures/realworld/python-faulthandler/make-dumps.py', line: 38 });
+      expect(main.frames[2]).toEqual({
+        function: 'all_reduce',
+        file: '/work/wt-agentside/test/fixtures/realworld/python-faulthandler/make-dumps.py',
+        line: 38,
+      });
       expect(main.state).toBe('current');
       expect(section.threads[1]!.frames.map((frame) => frame.function)).toEqual(['wait', 'get', 'pin_memory_loop', 'run', '_bootstrap_inner', '_bootstrap']);
     }
@@ -70,7 +75,7 @@ describe('parseFaulthandlerDump on real dumps', () => {
   });
 });
 
-describe('parseFaulthandlerDump on the format\'s rarer lines', () => {
+describe("parseFaulthandlerDump on the format's rarer lines", () => {
   it('keeps ??? for an unknown file, line or function, and counts the frame and thread limits and frameless threads as detail', () => {
     const text = [
       'Thread 0x00007f0000000001 (most recent call first):',
@@ -99,7 +104,9 @@ describe('parseFaulthandlerDump on the format\'s rarer lines', () => {
   it('reads a single-thread "Stack" dump, and lowercases hex ids so a repeat is seen whatever the case', () => {
     const stack = parseFaulthandlerDump('Stack (most recent call first):\n  File "t.py", line 3 in f\n');
     expect(stack.processes[0]!.threads).toEqual([{ id: 'stack', state: 'current', name: null, frames: [{ function: 'f', file: 't.py', line: 3 }] }]);
-    const twice = parseFaulthandlerDump('Thread 0xABC (most recent call first):\n  File "t.py", line 3 in f\n\nThread 0xabc (most recent call first):\n  File "t.py", line 4 in g\n');
+    const twice = parseFaulthandlerDump(
+      'Thread 0xABC (most recent call first):\n  File "t.py", line 3 in f\n\nThread 0xabc (most recent call first):\n  File "t.py", line 4 in g\n',
+    );
     expect(twice.processes).toHaveLength(2);
   });
 });

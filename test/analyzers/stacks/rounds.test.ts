@@ -9,7 +9,12 @@ const topology = Topology.from({ nodes: Array.from({ length: 16 }, (_, index) =>
 /** One 10-second round: most ranks wait in the gradient all-reduce, `busy` ranks are still computing. */
 function round(busy: readonly number[]): StackAggregation {
   const stacks = new Map(
-    topology.ranks.map(({ rank }) => [rank, busy.includes(rank) ? ['gemm (transformer_engine/pytorch/cpp_extensions/gemm.py)', 'forward (megatron/core/transformer/mlp.py)'] : ['all_reduce (torch/distributed/distributed_c10d.py)', 'finish_grad_sync (megatron/core/distributed/param_and_grad_buffer.py)']]),
+    topology.ranks.map(({ rank }) => [
+      rank,
+      busy.includes(rank)
+        ? ['gemm (transformer_engine/pytorch/cpp_extensions/gemm.py)', 'forward (megatron/core/transformer/mlp.py)']
+        : ['all_reduce (torch/distributed/distributed_c10d.py)', 'finish_grad_sync (megatron/core/distributed/param_and_grad_buffer.py)'],
+    ]),
   );
   return aggregateRankStacks(stacks, topology);
 }

@@ -139,17 +139,21 @@ describe('analysis worker', () => {
 
   /** Registers a job on the test's machines, once the job before it there has finished (a node serves one job at a time). */
   async function registerAlone(spec: unknown): Promise<void> {
-    for (const record of await jobs.list()) if (record.state !== 'finished') await jobs.finish(record.spec.name, 'the next test\'s job takes its machines');
+    for (const record of await jobs.list()) if (record.state !== 'finished') await jobs.finish(record.spec.name, "the next test's job takes its machines");
     await jobs.create(spec);
   }
 
   it('runs stop-time diagnostics on every node through the real agents and reports the failing node to the ladder', async () => {
     await registerAlone(jobSpec('diag-job'));
     // a2's GPU check fails; the others pass.
-    const urls = await startAgents('diag', (node) => [{ name: 'eud', command: ['sh', '-c', node === 'a2' ? 'echo "GPU 3: fail" >&2; exit 1' : 'exit 0'], timeoutSeconds: 10 }]);
+    const urls = await startAgents('diag', (node) => [
+      { name: 'eud', command: ['sh', '-c', node === 'a2' ? 'echo "GPU 3: fail" >&2; exit 1' : 'exit 0'], timeoutSeconds: 10 },
+    ]);
     const evict = await processor(urls)(analysisJob({ kind: 'diagnostics', job: 'diag-job', ref: 't1:0', reason: 'crash without culprit' }));
     expect(evict).toEqual({ evict: ['a2'] });
-    expect(feedback).toEqual([{ job: 'diag-job', event: { type: 'diagnostics_result', time: expect.any(Number), suspects: ['a2'] }, eventId: 't1:0:diagnostics' }]);
+    expect(feedback).toEqual([
+      { job: 'diag-job', event: { type: 'diagnostics_result', time: expect.any(Number), suspects: ['a2'] }, eventId: 't1:0:diagnostics' },
+    ]);
     expect((await auditSummaries('t1:0'))[0]).toMatch(/^diag-job: diagnostics: evict a2; a2 failed eud: .*GPU 3: fail/);
   });
 
@@ -162,7 +166,12 @@ describe('analysis worker', () => {
   /** A check that leaves a file behind saying it ran, and with which peers; fails on `failOn`. */
   const marking = (name: string, node: string, failOn?: string): unknown => ({
     name,
-    command: ['sh', '-c', `echo "$STEADFAST_DIAGNOSE_PEERS" > "$0"; [ "$STEADFAST_NODE" != "${failOn ?? ''}" ] || { echo "${name} broke" >&2; exit 1; }`, join(dir, `ran-${name}-${node}`)],
+    command: [
+      'sh',
+      '-c',
+      `echo "$STEADFAST_DIAGNOSE_PEERS" > "$0"; [ "$STEADFAST_NODE" != "${failOn ?? ''}" ] || { echo "${name} broke" >&2; exit 1; }`,
+      join(dir, `ran-${name}-${node}`),
+    ],
     timeoutSeconds: 10,
   });
   const ran = (name: string): string[] => NODES.filter((node) => existsSync(join(dir, `ran-${name}-${node}`)));
@@ -175,7 +184,9 @@ describe('analysis worker', () => {
       marking('nccl-all-to-all', node),
       marking('nccl-all-gather-neighbours', node),
     ]);
-    const evict = await processor(urls, { diagnoseStages: STAGES })(analysisJob({ kind: 'diagnostics', job: 'staged-job', ref: 't7:0', reason: 'crash without culprit' }));
+    const evict = await processor(urls, { diagnoseStages: STAGES })(
+      analysisJob({ kind: 'diagnostics', job: 'staged-job', ref: 't7:0', reason: 'crash without culprit' }),
+    );
     expect(evict).toEqual({ evict: ['a2'] });
     expect(feedback.map((entry) => entry.event)).toEqual([{ type: 'diagnostics_result', time: expect.any(Number), suspects: ['a2'] }]);
     // The NCCL stages never ran: EUD had localised the failure.
@@ -184,7 +195,9 @@ describe('analysis worker', () => {
     const summaries = await auditSummaries('t7:0');
     expect(summaries).toHaveLength(2);
     expect(summaries[0]).toMatch(/^staged-job: diagnostics: stage 1\/3 machine \(eud\) on 4 nodes: evict a2; a2 failed eud: .*GPU 3: fail/);
-    expect(summaries[1]).toMatch(/^staged-job: diagnostics: evict a2; a2 failed eud: .*; stages run: machine; skipped intra-machine, inter-machine: stage machine found suspects$/);
+    expect(summaries[1]).toMatch(
+      /^staged-job: diagnostics: evict a2; a2 failed eud: .*; stages run: machine; skipped intra-machine, inter-machine: stage machine found suspects$/,
+    );
   });
 
   it('takes only the nodes a stage cleared to the next, drawing the neighbour ring over them', async () => {
@@ -196,7 +209,9 @@ describe('analysis worker', () => {
       marking('nccl-all-to-all', node),
       marking('nccl-all-gather-neighbours', node, 'a1'),
     ]);
-    const evict = await processor(urls, { diagnoseStages: STAGES })(analysisJob({ kind: 'diagnostics', job: 'ring-job', ref: 't8:0', reason: 'crash without culprit' }));
+    const evict = await processor(urls, { diagnoseStages: STAGES })(
+      analysisJob({ kind: 'diagnostics', job: 'ring-job', ref: 't8:0', reason: 'crash without culprit' }),
+    );
     expect(evict).toEqual({ evict: ['a1'] });
     expect(ran('nccl-all-to-all')).toEqual(['a0', 'a1', 'a2']);
     expect(ran('nccl-all-gather-neighbours')).toEqual(['a0', 'a1', 'a2']);
@@ -204,13 +219,19 @@ describe('analysis worker', () => {
     expect(['a0', 'a1', 'a2'].map((node) => peersSeen('nccl-all-gather-neighbours', node))).toEqual(['a1,a2', 'a2,a0', 'a0,a1']);
     const summaries = await auditSummaries('t8:0');
     expect(summaries).toHaveLength(4);
-    expect(summaries[0]).toMatch(/^ring-job: diagnostics: stage 1\/3 machine \(eud\) on 4 nodes: no suspect; a3 inconclusive: agent answered 400: unknown check "eud".*; not cleared, not tested further: a3$/);
+    expect(summaries[0]).toMatch(
+      /^ring-job: diagnostics: stage 1\/3 machine \(eud\) on 4 nodes: no suspect; a3 inconclusive: agent answered 400: unknown check "eud".*; not cleared, not tested further: a3$/,
+    );
     expect(summaries[1]).toBe('ring-job: diagnostics: stage 2/3 intra-machine (nccl-all-to-all) on 3 nodes: no suspect');
-    expect(summaries[2]).toMatch(/^ring-job: diagnostics: stage 3\/3 inter-machine \(nccl-all-gather-neighbours\) on 3 nodes: evict a1; a1 failed nccl-all-gather-neighbours: .*nccl-all-gather-neighbours broke$/);
-    expect(summaries[3]).toMatch(/^ring-job: diagnostics: evict a1; a1 failed nccl-all-gather-neighbours: .*; stages run: machine, intra-machine, inter-machine$/);
+    expect(summaries[2]).toMatch(
+      /^ring-job: diagnostics: stage 3\/3 inter-machine \(nccl-all-gather-neighbours\) on 3 nodes: evict a1; a1 failed nccl-all-gather-neighbours: .*nccl-all-gather-neighbours broke$/,
+    );
+    expect(summaries[3]).toMatch(
+      /^ring-job: diagnostics: evict a1; a1 failed nccl-all-gather-neighbours: .*; stages run: machine, intra-machine, inter-machine$/,
+    );
   });
 
-  it('runs dual-phase replay with the job\'s replay command and names the one machine in both failing groups', async () => {
+  it("runs dual-phase replay with the job's replay command and names the one machine in both failing groups", async () => {
     await registerAlone(jobSpec('replay-job', 'replay-a1'));
     const evict = await processor({})(analysisJob({ kind: 'replay', job: 'replay-job', ref: 't2:0', reason: 'restarts keep failing' }));
     expect(evict).toEqual({ evict: ['a1'] });
@@ -221,7 +242,9 @@ describe('analysis worker', () => {
   it('skips replay when the job has no replay command, says so, and lets the ladder go on', async () => {
     await registerAlone(jobSpec('no-replay'));
     await processor({})(analysisJob({ kind: 'replay', job: 'no-replay', ref: 't3:0', reason: 'x' }));
-    expect(feedback.map((entry) => entry.event)).toEqual([{ type: 'replay_result', time: expect.any(Number), culprits: [], unrun: expect.stringContaining('has no replay command') }]);
+    expect(feedback.map((entry) => entry.event)).toEqual([
+      { type: 'replay_result', time: expect.any(Number), culprits: [], unrun: expect.stringContaining('has no replay command') },
+    ]);
     expect((await auditSummaries('t3:0'))[0]).toContain('has no replay command');
   });
 
@@ -262,7 +285,12 @@ describe('analysis worker', () => {
         traces += 1;
         response.setHeader('content-type', 'application/json');
         const ranks = [index * 2, index * 2 + 1];
-        const body = JSON.stringify({ node, capturedAt: new Date().toISOString(), dumps: ranks.map((rank) => ({ pid: 1000 + rank, role: 'rank', rank, ok: true, dump: rank >= 6 ? STUCK_STACK(rank) : HEALTHY_STACK(rank) })), flightRecorder: [] });
+        const body = JSON.stringify({
+          node,
+          capturedAt: new Date().toISOString(),
+          dumps: ranks.map((rank) => ({ pid: 1000 + rank, role: 'rank', rank, ok: true, dump: rank >= 6 ? STUCK_STACK(rank) : HEALTHY_STACK(rank) })),
+          flightRecorder: [],
+        });
         setTimeout(() => response.end(body), 50);
       });
       await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
@@ -270,11 +298,16 @@ describe('analysis worker', () => {
       urls[node] = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
     }
     const run = processor(urls);
-    const [first, second] = await Promise.all([run(analysisJob({ kind: 'stacks', job: 'busy-job', ref: 't6:0', reason: 'stalled on a0' })), run(analysisJob({ kind: 'stacks', job: 'busy-job', ref: 't6:1', reason: 'stalled on a1' }))]);
+    const [first, second] = await Promise.all([
+      run(analysisJob({ kind: 'stacks', job: 'busy-job', ref: 't6:0', reason: 'stalled on a0' })),
+      run(analysisJob({ kind: 'stacks', job: 'busy-job', ref: 't6:1', reason: 'stalled on a1' })),
+    ]);
     expect(first).toEqual({ evict: ['a3'] });
     expect(second).toEqual({ evict: [] });
     expect(traces).toBe(NODES.length * 3);
-    expect((await auditSummaries('t6:1'))[0]).toBe('busy-job: stacks: a stack aggregation of this job is already running; its verdict stands for this request too');
+    expect((await auditSummaries('t6:1'))[0]).toBe(
+      'busy-job: stacks: a stack aggregation of this job is already running; its verdict stands for this request too',
+    );
     // Once it has finished, the next request aggregates again.
     expect(await run(analysisJob({ kind: 'stacks', job: 'busy-job', ref: 't6:2', reason: 'stalled again' }))).toEqual({ evict: ['a3'] });
   });
@@ -297,6 +330,8 @@ describe('analysis worker', () => {
     await expect(run(analysisJob(request, 0))).rejects.toThrow(/gone-job/);
     expect(feedback).toEqual([]);
     await expect(run(analysisJob(request, 2))).resolves.toEqual({ evict: [] });
-    expect(feedback.map((entry) => entry.event)).toEqual([{ type: 'diagnostics_result', time: expect.any(Number), suspects: [], unrun: 'the diagnostics analysis failed after 3 attempts' }]);
+    expect(feedback.map((entry) => entry.event)).toEqual([
+      { type: 'diagnostics_result', time: expect.any(Number), suspects: [], unrun: 'the diagnostics analysis failed after 3 attempts' },
+    ]);
   });
 });

@@ -28,9 +28,16 @@ const SPEC = {
 async function trainingPrometheus(state: { iteration: number; seconds: (rank: number) => number }): Promise<{ url: string; server: Server }> {
   const server = createServer((request, response) => {
     const query = new URL(request.url ?? '/', 'http://x').searchParams.get('query') ?? '';
-    const name = query.startsWith('steadfast_training_iteration_seconds') ? 'seconds' : query.startsWith('steadfast_training_iteration{') ? 'iteration' : undefined;
+    const name = query.startsWith('steadfast_training_iteration_seconds')
+      ? 'seconds'
+      : query.startsWith('steadfast_training_iteration{')
+        ? 'iteration'
+        : undefined;
     const result = name
-      ? NODES.map((_, rank) => ({ metric: { __name__: `steadfast_training_${name}`, job: 'steadfast-agent', training_job: 'fs-job', rank: String(rank) }, value: [Date.now() / 1000, String(name === 'seconds' ? state.seconds(rank) : state.iteration)] }))
+      ? NODES.map((_, rank) => ({
+          metric: { __name__: `steadfast_training_${name}`, job: 'steadfast-agent', training_job: 'fs-job', rank: String(rank) },
+          value: [Date.now() / 1000, String(name === 'seconds' ? state.seconds(rank) : state.iteration)],
+        }))
       : [];
     response.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ status: 'success', data: { resultType: 'vector', result } }));
   });
@@ -92,7 +99,7 @@ describe('online fail-slow detection and mitigation (Greyhound §4-5)', () => {
     expect((await audit.read({ limit: 1000 })).filter((entry) => entry.data.verb === 'failslow_change')).toEqual([]);
   });
 
-  it('detects one rank slowing by 50 %, rebalances its DP group\'s micro-batches, then escalates to S3 and S4 as the lost time pays for each', async () => {
+  it("detects one rank slowing by 50 %, rebalances its DP group's micro-batches, then escalates to S3 and S4 as the lost time pays for each", async () => {
     perMicrobatch = (rank) => (rank === 5 ? 0.375 : 0.25);
     const strategies: (string | undefined)[] = [];
     for (let index = 0; index < 500 && dispatched.length === 0; index += 1) strategies.push(await iterate());
@@ -136,7 +143,7 @@ describe('online fail-slow detection and mitigation (Greyhound §4-5)', () => {
   });
 });
 
-describe('fail-slow verification at the operator\'s threshold (analysis.failSlowThreshold)', () => {
+describe("fail-slow verification at the operator's threshold (analysis.failSlowThreshold)", () => {
   const store = testRedis();
   const state = { iteration: 0, seconds: (_rank: number): number => 1 };
   let server: Server;
@@ -152,8 +159,18 @@ describe('fail-slow verification at the operator\'s threshold (analysis.failSlow
     const jobs = new JobStore(store.redis, store.keys);
     const spec = (await jobs.create(SPEC)).spec;
     const audit = new AuditLog(store.redis, store.keys, 100_000);
-    const watch = new FailSlowWatch({ redis: store.redis, keys: store.keys, audit, board: new MicrobatchBoard(store.redis, store.keys, jobs), prometheusUrl: prometheus.url, costSeconds: { S2: 1e6, S3: 2e6, S4: 3e6 }, threshold: 0.6, dispatch: async () => undefined });
-    const changes = async (): Promise<string[]> => (await audit.read({ limit: 1000 })).filter((entry) => entry.data.verb === 'failslow_change').map((entry) => entry.summary);
+    const watch = new FailSlowWatch({
+      redis: store.redis,
+      keys: store.keys,
+      audit,
+      board: new MicrobatchBoard(store.redis, store.keys, jobs),
+      prometheusUrl: prometheus.url,
+      costSeconds: { S2: 1e6, S3: 2e6, S4: 3e6 },
+      threshold: 0.6,
+      dispatch: async () => undefined,
+    });
+    const changes = async (): Promise<string[]> =>
+      (await audit.read({ limit: 1000 })).filter((entry) => entry.data.verb === 'failslow_change').map((entry) => entry.summary);
     const train = async (iterations: number, factor: number): Promise<void> => {
       for (let index = 0; index < iterations; index += 1) {
         state.iteration += 1;

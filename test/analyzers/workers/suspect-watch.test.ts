@@ -23,7 +23,13 @@ function reading(hot: string | undefined, idle: string[] = [], warm?: string): F
     };
   }
   if (warm) (matrix[warm] as Record<string, number>).gpu_temperature_celsius = 85;
-  if (hot) Object.assign(matrix[hot] as object, { gpu_temperature_celsius: 92, gpu_power_watts: 380, training_iteration_seconds: 1.4, rdma_transport_retries_per_second: 40 });
+  if (hot)
+    Object.assign(matrix[hot] as object, {
+      gpu_temperature_celsius: 92,
+      gpu_power_watts: 380,
+      training_iteration_seconds: 1.4,
+      rdma_transport_retries_per_second: 40,
+    });
   return { matrix, answered: ['gpu_temperature_celsius'], empty: [], failures: [], warnings: [] };
 }
 
@@ -44,12 +50,23 @@ describe('multi-signal detection in the controller', () => {
     expect(enqueued.map((entry) => entry.node)).not.toContain('idle-1');
   });
 
-  it('hands a suspect on a job\'s node to the ladder as a performance anomaly (aggregation, not eviction)', () => {
-    const signal = { id: 's-1', kind: 'suspect_node', node: 'g05', job: 'big', severity: 'warning', time: new Date(0).toISOString(), receivedAt: new Date(0).toISOString(), fingerprint: 'suspect_node/g05/-/0', source: 'analyzer', evidence: { score: 12.5 } } as const;
+  it("hands a suspect on a job's node to the ladder as a performance anomaly (aggregation, not eviction)", () => {
+    const signal = {
+      id: 's-1',
+      kind: 'suspect_node',
+      node: 'g05',
+      job: 'big',
+      severity: 'warning',
+      time: new Date(0).toISOString(),
+      receivedAt: new Date(0).toISOString(),
+      fingerprint: 'suspect_node/g05/-/0',
+      source: 'analyzer',
+      evidence: { score: 12.5 },
+    } as const;
     expect(classifySignal(signal)).toMatchObject({ verdict: 'fault', faultClass: 'performance', node: 'g05' });
   });
 
-  it('learns a job\'s nodes from Prometheus\' history before judging them: a node that always ran warmer is not raised at the start, a node that changed is', async () => {
+  it("learns a job's nodes from Prometheus' history before judging them: a node that always ran warmer is not raised at the start, a node that changed is", async () => {
     const reads: number[] = [];
     const enqueued: Signal[] = [];
     const start = 10 * 3600_000;
@@ -86,7 +103,7 @@ describe('multi-signal detection in the controller', () => {
     expect(enqueued.map((signal) => signal.node)).toEqual(['g05']);
   });
 
-  it('does not learn a new job\'s nodes from history in which they sat idle: a node on a lighter pipeline stage is learnt in the job, not raised when it starts', async () => {
+  it("does not learn a new job's nodes from history in which they sat idle: a node on a lighter pipeline stage is learnt in the job, not raised when it starts", async () => {
     const others = ['o0', 'o1', 'o2', 'o3', 'o4', 'o5'];
     const start = 10 * 3600_000;
     const row = (busy: boolean, index: number, lighter = false) => ({

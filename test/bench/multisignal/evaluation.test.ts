@@ -33,7 +33,15 @@ function offPeers(matrix: FeatureMatrix, node: string, feature: string, device =
 describe('the labelled replay generator', () => {
   // Full-strength precursors and no blips or benign transients, so each injected shape can be
   // measured on its own against the noise.
-  const replay = new ClusterReplay({ seed: 3_141, nodes: 20, days: 2, faults: FAULT_KINDS.length, strengthRange: [1, 1], blipsPerNodeDay: 0, benignTransientsPerDay: 0 });
+  const replay = new ClusterReplay({
+    seed: 3_141,
+    nodes: 20,
+    days: 2,
+    faults: FAULT_KINDS.length,
+    strengthRange: [1, 1],
+    blipsPerNodeDay: 0,
+    benignTransientsPerDay: 0,
+  });
   const frames = new Map<number, FeatureMatrix>();
   for (const { time, matrix } of replay.frames()) frames.set(time, matrix);
   const at = (time: number) => frames.get(time) as FeatureMatrix;
@@ -44,7 +52,8 @@ describe('the labelled replay generator', () => {
   const busyAfter = (time: number) => {
     for (let step = time + MINUTE; frames.has(step); step += MINUTE) {
       const matrix = at(step);
-      if (median(Object.values(matrix).flatMap((row) => (row[REPLAY_FEATURES.power] === undefined ? [] : [row[REPLAY_FEATURES.power] as number]))) > 500) return step;
+      if (median(Object.values(matrix).flatMap((row) => (row[REPLAY_FEATURES.power] === undefined ? [] : [row[REPLAY_FEATURES.power] as number]))) > 500)
+        return step;
     }
     throw new Error('the fleet never trained again');
   };
@@ -56,7 +65,10 @@ describe('the labelled replay generator', () => {
     for (const row of Object.values(first)) expect(Object.keys(row).sort()).toEqual([...Object.values(REPLAY_FEATURES), ANY_XID_5M].sort());
     // Per-GPU features carry one value per GPU, so one GPU of eight is not averaged away.
     for (const feature of [REPLAY_FEATURES.ecc, REPLAY_FEATURES.pcie, REPLAY_FEATURES.slowdown, REPLAY_FEATURES.remapPending]) {
-      expect(Object.values(first).every((row) => Array.isArray(row[feature]) && (row[feature] as readonly number[]).length === 8), feature).toBe(true);
+      expect(
+        Object.values(first).every((row) => Array.isArray(row[feature]) && (row[feature] as readonly number[]).length === 8),
+        feature,
+      ).toBe(true);
     }
   });
 
@@ -93,18 +105,24 @@ describe('the labelled replay generator', () => {
     for (const [time, matrix] of frames) {
       for (const [node, row] of Object.entries(matrix)) {
         if ((row[ANY_XID_5M] ?? 0) === 0 && (row[REPLAY_FEATURES.xidHour] ?? 0) === 0) continue;
-        if (!replay.faults.some((fault) => fault.node === node && time >= fault.xid && time < fault.drained)) unlabelled.push(`${node} at ${new Date(time).toISOString()}`);
+        if (!replay.faults.some((fault) => fault.node === node && time >= fault.xid && time < fault.drained))
+          unlabelled.push(`${node} at ${new Date(time).toISOString()}`);
       }
     }
     expect(unlabelled).toEqual([]);
   });
 
-  it('grows each precursor from its onset to the Xid, gives a sudden fault none, and brakes a power-brake fault\'s GPU in separate short episodes', () => {
+  it("grows each precursor from its onset to the Xid, gives a sudden fault none, and brakes a power-brake fault's GPU in separate short episodes", () => {
     const grows = (fault: FaultLabel, feature: string) => typicalOffPeers(fault, feature, fault.xid) - typicalOffPeers(fault, feature, fault.onset);
     // At full strength a precursor ends at: +18 °C, +30 correctable errors per 10 minutes, +1 PCIe
     // replay per second, +8 % iteration time. Asked for here: at least 15 % of that, which the
     // quadratic ramp reaches in the last minutes of even the shortest lead.
-    const fullEffect = { thermal: [REPLAY_FEATURES.temp, 18], memory: [REPLAY_FEATURES.ecc, 30], pcie: [REPLAY_FEATURES.pcie, 1], slowdown: [REPLAY_FEATURES.iteration, 4.2 * 0.08] } as const;
+    const fullEffect = {
+      thermal: [REPLAY_FEATURES.temp, 18],
+      memory: [REPLAY_FEATURES.ecc, 30],
+      pcie: [REPLAY_FEATURES.pcie, 1],
+      slowdown: [REPLAY_FEATURES.iteration, 4.2 * 0.08],
+    } as const;
     for (const fault of replay.faults) {
       const label = `${fault.kind} on ${fault.node}`;
       expect(fault.strength).toBe(1);

@@ -33,7 +33,11 @@ describe('alerts named after an inherited object member', () => {
       async () => (await started.controller.audit.read({ type: 'signal', limit: 100 })).map((entry) => entry.summary),
       (summaries) => summaries.length >= INHERITED_NAMES.length,
     );
-    expect(audited.sort()).toEqual(INHERITED_NAMES.map((alertname, index) => `alertmanager reports ${alertname} on proto-${index}; no action: no recovery rule for alert ${alertname}`).sort());
+    expect(audited.sort()).toEqual(
+      INHERITED_NAMES.map(
+        (alertname, index) => `alertmanager reports ${alertname} on proto-${index}; no action: no recovery rule for alert ${alertname}`,
+      ).sort(),
+    );
     expect(await started.controller.audit.read({ type: 'decision' })).toEqual([]);
   });
 });

@@ -16,7 +16,10 @@ import { until } from '../../support/until.js';
 
 /** Short text of any characters, or text up to `max` long: fast-check alone rarely tries long strings. */
 const long = (max: number): fc.Arbitrary<string> =>
-  fc.oneof(fc.string({ maxLength: 40, unit: 'grapheme-ascii' }), fc.tuple(fc.integer({ min: 1, max }), fc.constantFrom('a', '9', '_', '¤')).map(([n, unit]) => unit.repeat(n)));
+  fc.oneof(
+    fc.string({ maxLength: 40, unit: 'grapheme-ascii' }),
+    fc.tuple(fc.integer({ min: 1, max }), fc.constantFrom('a', '9', '_', '¤')).map(([n, unit]) => unit.repeat(n)),
+  );
 const labelName = fc.oneof(fc.constantFrom('alertname', 'node', 'xid', 'job', 'training_job', 'domain', 'severity', 'pci_bus_id', 'instance'), long(140));
 const labelValue = fc.oneof(fc.constantFrom('SteadfastXidFatal', 'SteadfastGpuLost', 'node-3', '79', 'training', 'llama', '0000:3a:00.0'), long(20_000));
 const alert = fc.record({
@@ -44,7 +47,9 @@ describe('Alertmanager alerts become valid signals', () => {
 
   it('refuses an Xid alert whose xid is not a number, naming the field, instead of draining on "fatal Xid ?"', () => {
     const parsed = webhookPayloadSchema.safeParse({
-      version: '4', status: 'firing', receiver: 'steadfast',
+      version: '4',
+      status: 'firing',
+      receiver: 'steadfast',
       alerts: [{ labels: { alertname: 'SteadfastXidFatal', node: 'node-3', xid: '79; touch /tmp/x' }, startsAt: '2026-11-21T10:00:00Z' }],
     });
     expect(parsed.success).toBe(false);
@@ -71,8 +76,16 @@ describe('Alertmanager alerts become valid signals', () => {
 
   it('cuts a long description but keeps the alert whole, saying it was cut', () => {
     const payload = webhookPayloadSchema.parse({
-      version: '4', status: 'firing', receiver: 'steadfast',
-      alerts: [{ labels: { alertname: 'SteadfastXidFatal', node: 'node-3', xid: '79', training_job: 'not a job name!' }, annotations: { description: 'x'.repeat(5000) }, startsAt: '2026-11-21T10:00:00Z' }],
+      version: '4',
+      status: 'firing',
+      receiver: 'steadfast',
+      alerts: [
+        {
+          labels: { alertname: 'SteadfastXidFatal', node: 'node-3', xid: '79', training_job: 'not a job name!' },
+          annotations: { description: 'x'.repeat(5000) },
+          startsAt: '2026-11-21T10:00:00Z',
+        },
+      ],
     });
     const [signal] = signalsFromWebhook(payload, new Date());
     expect(String(signal?.evidence.description)).toMatch(/^x{4000,}…\[truncated\]$/);
@@ -81,10 +94,16 @@ describe('Alertmanager alerts become valid signals', () => {
     expect(signal?.evidence['label.training_job']).toBe('not a job name!');
   });
 
-  it('takes the training job from training_job, never the agents\' scrape job, and still from a training job named in job', () => {
-    const alert = (labels: Record<string, string>) => ({ labels: { alertname: 'SteadfastTrainingStalled', node: 'node-3', domain: 'training', ...labels }, annotations: {}, startsAt: '2026-11-21T10:00:00Z' });
+  it("takes the training job from training_job, never the agents' scrape job, and still from a training job named in job", () => {
+    const alert = (labels: Record<string, string>) => ({
+      labels: { alertname: 'SteadfastTrainingStalled', node: 'node-3', domain: 'training', ...labels },
+      annotations: {},
+      startsAt: '2026-11-21T10:00:00Z',
+    });
     const payload = webhookPayloadSchema.parse({
-      version: '4', status: 'firing', receiver: 'steadfast',
+      version: '4',
+      status: 'firing',
+      receiver: 'steadfast',
       alerts: [alert({ job: 'steadfast-agent', training_job: 'llama-70b' }), alert({ job: 'steadfast-agent' }), alert({ job: 'gpt-small' })],
     });
     expect(signalsFromWebhook(payload, new Date()).map((signal) => signal.job)).toEqual(['llama-70b', undefined, 'gpt-small']);
@@ -105,11 +124,23 @@ describe('an accepted alert is acted on', () => {
     const { controller, url } = await startController(testConfig(store.url, store.prefix));
     controllers.push(controller);
     const webhook = {
-      version: '4', status: 'firing', receiver: 'steadfast',
-      alerts: [{ labels: { alertname: 'SteadfastXidFatal', node: 'node-3', xid: '79', pci_bus_id: '00000000:3A:00.0', severity: 'critical' }, annotations: { description: 'd'.repeat(5000) }, startsAt: new Date().toISOString() }],
+      version: '4',
+      status: 'firing',
+      receiver: 'steadfast',
+      alerts: [
+        {
+          labels: { alertname: 'SteadfastXidFatal', node: 'node-3', xid: '79', pci_bus_id: '00000000:3A:00.0', severity: 'critical' },
+          annotations: { description: 'd'.repeat(5000) },
+          startsAt: new Date().toISOString(),
+        },
+      ],
     };
     expect((await post(`${url}/api/v1/alerts`, webhook)).status).toBe(202);
-    await until('node-3 drained', () => new DryRunBackend(store.redis, store.keys).recorded(), (drained) => 'node-3' in drained);
+    await until(
+      'node-3 drained',
+      () => new DryRunBackend(store.redis, store.keys).recorded(),
+      (drained) => 'node-3' in drained,
+    );
     const signals = await controller.audit.read({ type: 'signal' });
     expect(signals.some((entry) => entry.node === 'node-3' && entry.summary.includes('Xid 79'))).toBe(true);
   });

@@ -11,7 +11,6 @@ import { testRedis } from '../../support/redis.js';
 
 const WEBHOOKS = join(import.meta.dirname, '..', '..', 'fixtures', 'realworld', 'alertmanager-webhook');
 
-
 describe('controller HTTP intake', () => {
   const store = testRedis();
   let controller: Controller;
@@ -20,7 +19,9 @@ describe('controller HTTP intake', () => {
   let signals: Queue;
 
   beforeAll(async () => {
-    ({ controller, url, metricsUrl } = await startController(testConfig(store.url, store.prefix, { controller: { bodyLimitBytes: 16_384 } }), { workers: false }));
+    ({ controller, url, metricsUrl } = await startController(testConfig(store.url, store.prefix, { controller: { bodyLimitBytes: 16_384 } }), {
+      workers: false,
+    }));
     signals = new Queue(QUEUE_NAMES.signals, { connection: store.redis, prefix: store.prefix });
   });
   afterAll(async () => {

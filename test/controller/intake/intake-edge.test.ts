@@ -62,7 +62,9 @@ describe('controller intake: what it refuses, and how it counts', () => {
     const config = parseYaml(readFileSync(ALERTMANAGER_CONFIG, 'utf8')) as { receivers: { name: string; webhook_configs?: { max_alerts?: number }[] }[] };
     const maxAlerts = config.receivers.find((receiver) => receiver.name === CONTROLLER_RECEIVER)?.webhook_configs?.[0]?.max_alerts ?? 0;
     expect(maxAlerts).toBeGreaterThan(0);
-    const sample = JSON.parse(readFileSync(join(WEBHOOKS, 'prometheus-msteams_grafana-inspired-payload_3alerts.json'), 'utf8')) as { alerts: Record<string, unknown>[] };
+    const sample = JSON.parse(readFileSync(join(WEBHOOKS, 'prometheus-msteams_grafana-inspired-payload_3alerts.json'), 'utf8')) as {
+      alerts: Record<string, unknown>[];
+    };
     const largest = sample.alerts.reduce((a, b) => (JSON.stringify(a).length >= JSON.stringify(b).length ? a : b));
     const alerts = Array.from({ length: maxAlerts }, (_, index) => ({ ...largest, fingerprint: index.toString(16).padStart(16, '0') }));
     const body = JSON.stringify({ ...sample, alerts });
@@ -77,7 +79,10 @@ describe('controller intake: what it refuses, and how it counts', () => {
   it('takes only application/json, UTF-8 and uncompressed, and says what it got otherwise', async () => {
     const body = JSON.stringify(webhook([alert({ alertname: 'ContentTypeCheck', node: 'n01' })]));
     expect((await send(url, body, 'application/json; charset=utf-8')).status).toBe(202);
-    expect(await send(url, body, 'text/plain')).toEqual({ status: 415, body: { error: 'request body must be sent as "Content-Type: application/json" (UTF-8); got "text/plain"' } });
+    expect(await send(url, body, 'text/plain')).toEqual({
+      status: 415,
+      body: { error: 'request body must be sent as "Content-Type: application/json" (UTF-8); got "text/plain"' },
+    });
     expect(await send(url, body, undefined)).toMatchObject({ status: 415, body: { error: expect.stringMatching(/application\/json/) as unknown } });
     expect((await send(url, body, 'application/json; charset=utf-16')).status).toBe(415);
     expect((await send(url, body, 'application/x-www-form-urlencoded', '/api/v1/signals')).status).toBe(415);
@@ -87,7 +92,10 @@ describe('controller intake: what it refuses, and how it counts', () => {
     const bytes = new Uint8Array([...Buffer.from('{"version":"4","receiver":"'), 0xc3, 0x28, ...Buffer.from('"}')]);
     expect(await send(url, bytes, 'application/json')).toEqual({ status: 400, body: { error: 'request body is not valid UTF-8' } });
     const withNul = JSON.stringify(webhook([alert({ alertname: 'Nul\u0000Check', node: 'n01' })]));
-    expect(await send(url, withNul, 'application/json')).toEqual({ status: 400, body: { error: 'alerts.0.labels.alertname: must not contain a NUL character (\\u0000)' } });
+    expect(await send(url, withNul, 'application/json')).toEqual({
+      status: 400,
+      body: { error: 'alerts.0.labels.alertname: must not contain a NUL character (\\u0000)' },
+    });
     // A backslash followed by "u0000" is text, not a NUL.
     expect((await send(url, JSON.stringify(webhook([alert({ alertname: 'Escaped\\u0000Text', node: 'n01' })])), 'application/json')).status).toBe(202);
   });
@@ -137,9 +145,17 @@ describe('controller intake: what it refuses, and how it counts', () => {
     const event = { kind: 'xid', node: 'n20', gpu: '0000:5e:00', xid: 154, message, time: new Date().toISOString() };
     const answer = await post(`${url}/api/v1/signals`, event);
     expect(answer.status).toBe(202);
-    const decision = await until('the drain decision', () => controller.audit.read({ type: 'decision', node: 'n20' }), (entries) => entries.length > 0);
+    const decision = await until(
+      'the drain decision',
+      () => controller.audit.read({ type: 'decision', node: 'n20' }),
+      (entries) => entries.length > 0,
+    );
     expect(decision[0]?.summary).toBe('drain n20: fatal Xid 154 (GPU recovery action is now a node reboot) on GPU 0000:5e:00');
-    const drained = await until('the dry-run drain', () => new DryRunBackend(store.redis, store.keys).recorded(), (nodes) => 'n20' in nodes);
+    const drained = await until(
+      'the dry-run drain',
+      () => new DryRunBackend(store.redis, store.keys).recorded(),
+      (nodes) => 'n20' in nodes,
+    );
     expect(drained.n20).not.toContain('touch');
     // The message itself is kept, as evidence, in the signal the audit records.
     const signal = await controller.audit.read({ type: 'signal', node: 'n20' });

@@ -33,7 +33,12 @@ describe('job registration on the real controller', () => {
   });
 
   it('refuses a node listed twice in a sizes topology, and two ranks of a rank table on one GPU of a node', async () => {
-    const sizes = await post(`${url}/api/v1/jobs`, { ...JOB, name: 'twice-sizes', nodes: ['p00', 'p01', 'p02', 'p03'], topology: { nodes: ['p00', 'p01', 'p00', 'p03'], ranksPerNode: 1, dp: 4 } });
+    const sizes = await post(`${url}/api/v1/jobs`, {
+      ...JOB,
+      name: 'twice-sizes',
+      nodes: ['p00', 'p01', 'p02', 'p03'],
+      topology: { nodes: ['p00', 'p01', 'p00', 'p03'], ranksPerNode: 1, dp: 4 },
+    });
     expect(sizes.status).toBe(400);
     expect(sizes.body.error).toBe('topology.nodes.2: p00 is listed twice (first at index 0)');
     const table = await post(`${url}/api/v1/jobs`, {
@@ -41,7 +46,14 @@ describe('job registration on the real controller', () => {
       name: 'twice-table',
       nodes: ['q00', 'q01'],
       ranksPerNode: 2,
-      topology: { ranks: [{ rank: 0, node: 'q00', localRank: 0 }, { rank: 1, node: 'q00', localRank: 0 }, { rank: 2, node: 'q01' }, { rank: 3, node: 'q01' }] },
+      topology: {
+        ranks: [
+          { rank: 0, node: 'q00', localRank: 0 },
+          { rank: 1, node: 'q00', localRank: 0 },
+          { rank: 2, node: 'q01' },
+          { rank: 3, node: 'q01' },
+        ],
+      },
     });
     expect(table.status).toBe(400);
     expect(table.body.error).toBe('topology.ranks: rank 1 has local rank 0 on q00, as rank 0 does');

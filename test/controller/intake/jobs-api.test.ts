@@ -92,7 +92,9 @@ describe('jobs API', () => {
     expect((await post(`${url}/api/v1/jobs`, first)).status).toBe(201);
     const taken = await post(`${url}/api/v1/jobs`, second);
     expect(taken.status).toBe(409);
-    expect(taken.body.error).toBe('job second cannot be registered: m01 belongs to job first; a node joins another job only once that job finished or was unregistered');
+    expect(taken.body.error).toBe(
+      'job second cannot be registered: m01 belongs to job first; a node joins another job only once that job finished or was unregistered',
+    );
     // Nothing of the refused job was written, and the node still answers for the job it runs.
     expect((await get(`${url}/api/v1/jobs/second`)).status).toBe(404);
     expect(await controller.jobs.jobOnNode('m01')).toBe('first');
@@ -105,7 +107,9 @@ describe('jobs API', () => {
     expect(await controller.jobs.jobOnNode('m01')).toBe('second');
     // Both changes of the node map are on record, with who made them.
     const audit = await controller.audit.read({ limit: 100 });
-    const summaries = audit.filter((entry) => entry.data.verb === 'register' || entry.data.verb === 'unregister').map((entry) => `${entry.summary} [${entry.actor?.role ?? '-'}]`);
+    const summaries = audit
+      .filter((entry) => entry.data.verb === 'register' || entry.data.verb === 'unregister')
+      .map((entry) => `${entry.summary} [${entry.actor?.role ?? '-'}]`);
     expect(summaries).toEqual(
       expect.arrayContaining([
         'first: registered on m00, m01, version v1 [operator]',
@@ -115,7 +119,7 @@ describe('jobs API', () => {
     );
   });
 
-  it('lets a finished job\'s nodes join another job', async () => {
+  it("lets a finished job's nodes join another job", async () => {
     expect((await post(`${url}/api/v1/jobs`, { name: 'done-soon', nodes: ['k00'], ranksPerNode: 1, launcher: 'accept', codeVersion: 'v1' })).status).toBe(201);
     await controller.jobs.finish('done-soon', 'its workload ended');
     expect((await post(`${url}/api/v1/jobs`, { name: 'next', nodes: ['k00'], ranksPerNode: 1, launcher: 'accept', codeVersion: 'v1' })).status).toBe(201);
@@ -127,7 +131,7 @@ describe('jobs API', () => {
 });
 
 describe('ETTR bookkeeping', () => {
-  it('counts productive time in a window from the job\'s transitions', () => {
+  it("counts productive time in a window from the job's transitions", () => {
     const transitions = [
       { at: 0, productive: true },
       { at: 600, productive: false },

@@ -99,14 +99,17 @@ describe('queue board at /queues', () => {
     }
   });
 
-  it('shows the board to the read-only credential, refuses Alertmanager\'s with 403, and leaves board writes to the operator', async () => {
+  it("shows the board to the read-only credential, refuses Alertmanager's with 403, and leaves board writes to the operator", async () => {
     const page = await fetch(`${readOnly.url}/queues`, { headers: { authorization: basic('viewer', READ_ONLY_TOKEN) } });
     expect(page.status).toBe(200);
     await page.body?.cancel();
     const alertmanager = await fetch(`${readOnly.url}/queues/api/queues`, { headers: { authorization: `Bearer ${ALERTMANAGER_TOKEN}` } });
     expect(alertmanager.status).toBe(403);
     expect(((await alertmanager.json()) as { error: string }).error).toBe('role alertmanager may not GET /queues/api/queues: it needs scope "read"');
-    const write = await fetch(`${writable.url}/queues/api/queues/signals/pause`, { method: 'PUT', headers: { authorization: `Bearer ${READ_ONLY_TOKEN}`, origin: writable.url } });
+    const write = await fetch(`${writable.url}/queues/api/queues/signals/pause`, {
+      method: 'PUT',
+      headers: { authorization: `Bearer ${READ_ONLY_TOKEN}`, origin: writable.url },
+    });
     expect(write.status).toBe(403);
     expect(((await write.json()) as { error: string }).error).toMatch(/role read-only .* needs scope "operate"/);
     expect(await signals.isPaused()).toBe(false);
@@ -128,7 +131,10 @@ describe('queue board at /queues', () => {
       const html = await (await fetch(`${readOnly.url}${page}`, { headers: { authorization } })).text();
       const loaded = [...html.matchAll(/\b(?:href|src)\s*=\s*"([^"]*)"/g)].map((match) => match[1] ?? '');
       expect(loaded.length, page).toBeGreaterThan(3);
-      expect(loaded.filter((url) => /^(?:[a-z][a-z0-9+.-]*:|\/\/)/i.test(url) && !url.startsWith('data:')), page).toEqual([]);
+      expect(
+        loaded.filter((url) => /^(?:[a-z][a-z0-9+.-]*:|\/\/)/i.test(url) && !url.startsWith('data:')),
+        page,
+      ).toEqual([]);
       expect(html.match(external), page).toBeNull();
       const stylesheets = loaded.filter((url) => url.endsWith('.css'));
       expect(stylesheets.length, page).toBeGreaterThan(0);

@@ -14,7 +14,6 @@ function classOf(result: Classification): string {
   return result.verdict === 'fault' ? result.faultClass : 'ignore';
 }
 
-
 describe('classifySignal', () => {
   it('classifies a lost GPU as a machine fault on its node, and as a crash when no node is named', () => {
     expect(classifySignal(signal({ kind: 'gpu_lost', gpu: '0000:3b:00' }))).toMatchObject({ verdict: 'fault', faultClass: 'machine', node: 'node-7' });
@@ -73,7 +72,9 @@ describe('classifySignal', () => {
   });
 
   it('classifies a worker failure with a RuntimeError or no exception as a crash, since PyTorch raises those for CUDA and NCCL too', () => {
-    expect(classOf(classifySignal(signal({ kind: 'worker_failed', evidence: { message: 'RuntimeError: CUDA error: an illegal memory access' } })))).toBe('crash');
+    expect(classOf(classifySignal(signal({ kind: 'worker_failed', evidence: { message: 'RuntimeError: CUDA error: an illegal memory access' } })))).toBe(
+      'crash',
+    );
     expect(classOf(classifySignal(signal({ kind: 'worker_failed', evidence: { message: 'failed (exitcode: -9) local_rank: 0' } })))).toBe('crash');
     expect(classOf(classifySignal(signal({ kind: 'worker_failed', evidence: { message: 'MyTypeErrorHandler gave up' } })))).toBe('crash');
   });
@@ -135,7 +136,7 @@ describe('classifySignal', () => {
     expect(classifySignal(alert('SteadfastGpuLost', { status: 'resolved' }))).toEqual({ verdict: 'ignore', reason: 'the alert resolved' });
   });
 
-  it('classifies every alert of the catalogue as its rule means it: its fault class and citation, by its Xid, or ignored as steadfast\'s own', () => {
+  it("classifies every alert of the catalogue as its rule means it: its fault class and citation, by its Xid, or ignored as steadfast's own", () => {
     expect(ALERT_CATALOGUE.size).toBeGreaterThan(25);
     for (const { alert: name, meaning } of ALERT_CATALOGUE.values()) {
       const result = classifySignal(alert(name, { xid: 48 }));

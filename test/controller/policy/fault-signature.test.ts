@@ -14,22 +14,39 @@ describe('failureKind: what kind of failure, without where', () => {
   });
 
   it('names the NCCL error kind of a timeout, or the timeout itself', () => {
-    expect(failureKind(signal({ kind: 'nccl_timeout', evidence: { message: '[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=812, OpType=ALLREDUCE)' } }))).toBe('nccl:timeout');
-    expect(failureKind(signal({ kind: 'nccl_timeout', evidence: { message: 'NCCL error in: ProcessGroupNCCL.cpp:1275, remote process exited or there was a network error, NCCL version 2.18.1 ncclRemoteError' } }))).toBe(
-      'nccl:ncclRemoteError',
-    );
+    expect(
+      failureKind(
+        signal({
+          kind: 'nccl_timeout',
+          evidence: { message: '[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=812, OpType=ALLREDUCE)' },
+        }),
+      ),
+    ).toBe('nccl:timeout');
+    expect(
+      failureKind(
+        signal({
+          kind: 'nccl_timeout',
+          evidence: {
+            message: 'NCCL error in: ProcessGroupNCCL.cpp:1275, remote process exited or there was a network error, NCCL version 2.18.1 ncclRemoteError',
+          },
+        }),
+      ),
+    ).toBe('nccl:ncclRemoteError');
   });
 
   it('names the exception that ended a worker, with the CUDA or NCCL error under a RuntimeError', () => {
-    const illegal = 'Traceback (most recent call last):\n  File "train.py", line 88\nRuntimeError: CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be asynchronously reported';
+    const illegal =
+      'Traceback (most recent call last):\n  File "train.py", line 88\nRuntimeError: CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be asynchronously reported';
     expect(failureKind(worker(illegal))).toBe('exception:RuntimeError/cuda:an illegal memory access was encountered');
-    expect(failureKind(worker('torch.distributed.DistBackendError: NCCL error in: ../ProcessGroupNCCL.cpp:1970, unhandled system error, ncclSystemError'))).toBe(
-      'exception:DistBackendError/nccl:ncclSystemError',
-    );
+    expect(
+      failureKind(worker('torch.distributed.DistBackendError: NCCL error in: ../ProcessGroupNCCL.cpp:1970, unhandled system error, ncclSystemError')),
+    ).toBe('exception:DistBackendError/nccl:ncclSystemError');
     expect(failureKind(worker('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB'))).toBe('exception:OutOfMemoryError');
     // The same failure on two nodes, at two addresses, is one kind.
     expect(failureKind(worker('RuntimeError: CUDA error: misaligned address at 0x7f3a10'))).toBe('exception:RuntimeError/cuda:misaligned address at #');
-    expect(failureKind({ ...worker('RuntimeError: CUDA error: misaligned address at 0x55e0'), node: 'node-9' })).toBe('exception:RuntimeError/cuda:misaligned address at #');
+    expect(failureKind({ ...worker('RuntimeError: CUDA error: misaligned address at 0x55e0'), node: 'node-9' })).toBe(
+      'exception:RuntimeError/cuda:misaligned address at #',
+    );
   });
 
   it('falls back to the exit code, then to a plain worker failure', () => {

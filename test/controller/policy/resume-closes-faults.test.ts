@@ -65,7 +65,11 @@ describe('a resume closes the faults before it', () => {
   async function signalsSettled(): Promise<void> {
     const queue = new Queue(QUEUE_NAMES.signals, { connection: store.redis, prefix: store.prefix });
     try {
-      await until('every signal batch processed', () => queue.getJobCounts('waiting', 'active', 'delayed', 'prioritized'), (counts) => Object.values(counts).every((count) => count === 0));
+      await until(
+        'every signal batch processed',
+        () => queue.getJobCounts('waiting', 'active', 'delayed', 'prioritized'),
+        (counts) => Object.values(counts).every((count) => count === 0),
+      );
     } finally {
       await queue.close();
     }
@@ -83,7 +87,11 @@ describe('a resume closes the faults before it', () => {
     const { controller, url, backend } = await start();
     const drained = (): Promise<string[]> => backend.recorded().then((nodes) => Object.keys(nodes));
     const signalAudited = (node: string, count: number): Promise<unknown> =>
-      until(`${count} signals about ${node} audited`, () => controller.audit.read({ node, type: 'signal' }), (entries) => entries.length >= count);
+      until(
+        `${count} signals about ${node} audited`,
+        () => controller.audit.read({ node, type: 'signal' }),
+        (entries) => entries.length >= count,
+      );
 
     const old = webhook(xid79('rn-4', Date.now() - 30 * MINUTE));
     expect((await post(`${url}/api/v1/alerts`, old, ALERTMANAGER_TOKEN)).status).toBe(202);
@@ -92,7 +100,13 @@ describe('a resume closes the faults before it', () => {
     expect(await drained()).toEqual([]);
 
     // The old webhook again, together with another alert: a batch never seen before.
-    const replay = webhook(xid79('rn-4', Date.now() - 30 * MINUTE), ['SteadfastRdmaPortFlapping', 'rn-5', Date.now(), 'flap-rn-5', { device: 'mlx5_0', port: '1' }]);
+    const replay = webhook(xid79('rn-4', Date.now() - 30 * MINUTE), [
+      'SteadfastRdmaPortFlapping',
+      'rn-5',
+      Date.now(),
+      'flap-rn-5',
+      { device: 'mlx5_0', port: '1' },
+    ]);
     expect((await post(`${url}/api/v1/alerts`, replay, ALERTMANAGER_TOKEN)).status).toBe(202);
     await signalAudited('rn-5', 1);
     await signalsSettled();
@@ -105,25 +119,38 @@ describe('a resume closes the faults before it', () => {
     expect(decisions).toHaveLength(2);
   });
 
-  it('records and does not act on a report of a fault from before the resume that the intake no longer remembers, nor on an agent\'s late report of it', async () => {
+  it("records and does not act on a report of a fault from before the resume that the intake no longer remembers, nor on an agent's late report of it", async () => {
     const { controller, url, backend } = await start();
     const drainedAt = Date.now() - 20 * MINUTE;
     expect((await post(`${url}/api/v1/alerts`, webhook(xid79('rn-6', drainedAt)), ALERTMANAGER_TOKEN)).status).toBe(202);
-    await until('rn-6 drained', () => backend.recorded(), (nodes) => 'rn-6' in nodes);
+    await until(
+      'rn-6 drained',
+      () => backend.recorded(),
+      (nodes) => 'rn-6' in nodes,
+    );
     await resumeForced('rn-6');
 
     // Past the intake's memory of stored signals (a day, or its count): the same webhook is stored again.
     await store.redis.del(store.keys.intakeSeenSignals);
     expect((await post(`${url}/api/v1/alerts`, webhook(xid79('rn-6', drainedAt)), ALERTMANAGER_TOKEN)).status).toBe(202);
     // The node's agent delivers its report of the same Xid late (it was queued while the controller was away).
-    const late = { kind: 'xid', node: 'rn-6', gpu: '0000:3a:00', xid: 79, message: 'GPU has fallen off the bus.', time: new Date(drainedAt + 1000).toISOString() };
+    const late = {
+      kind: 'xid',
+      node: 'rn-6',
+      gpu: '0000:3a:00',
+      xid: 79,
+      message: 'GPU has fallen off the bus.',
+      time: new Date(drainedAt + 1000).toISOString(),
+    };
     expect((await post(`${url}/api/v1/signals`, late, agentToken('rn-6'))).status).toBe(202);
     const closed = await until(
       'the late report recorded',
       () => controller.audit.read({ node: 'rn-6', type: 'signal' }),
       (entries) => entries.some((entry) => entry.summary.startsWith('agent reports Xid 79')),
     );
-    expect(closed.find((entry) => entry.summary.startsWith('agent reports Xid 79'))?.summary).toMatch(/; no action: it dates from .*, before an operator returned rn-6 to service at /);
+    expect(closed.find((entry) => entry.summary.startsWith('agent reports Xid 79'))?.summary).toMatch(
+      /; no action: it dates from .*, before an operator returned rn-6 to service at /,
+    );
     await signalsSettled();
     expect(await store.redis.get(store.keys.nodeDrainClaim('rn-6'))).toBeNull();
     expect(await backend.recorded()).toEqual({});
@@ -136,7 +163,11 @@ describe('a resume closes the faults before it', () => {
     try {
       const repeated: [string, string, number, string] = ['SteadfastGpuTemperatureHigh', 'rn-8', Date.now() - MINUTE, 'hot-rn-8'];
       for (let batch = 0; batch < 10; batch += 1) {
-        const answer = await post(`${url}/api/v1/alerts`, webhook(repeated, ['SteadfastGpuTemperatureHigh', `rn-9${batch}`, Date.now(), `hot-rn-9${batch}`]), ALERTMANAGER_TOKEN);
+        const answer = await post(
+          `${url}/api/v1/alerts`,
+          webhook(repeated, ['SteadfastGpuTemperatureHigh', `rn-9${batch}`, Date.now(), `hot-rn-9${batch}`]),
+          ALERTMANAGER_TOKEN,
+        );
         expect(answer.status).toBe(202);
       }
       const { byId } = await storedSignals(queue);

@@ -36,7 +36,12 @@ describe('gpu collector', () => {
     let text = await context.registry.metrics();
     expect(seriesValue(text, GPU1_PRESENT)).toBe(1);
     expect(seriesValue(text, 'steadfast_gpu_attached')).toBe(2);
-    expect(seriesValue(text, 'steadfast_gpu_remapped_rows_total{gpu="1",pci_bus_id="0000:00:1f",UUID="GPU-9a9a6c50-2a47-2f51-a902-b82c3b127e95",type="correctable"}')).toBe(3);
+    expect(
+      seriesValue(
+        text,
+        'steadfast_gpu_remapped_rows_total{gpu="1",pci_bus_id="0000:00:1f",UUID="GPU-9a9a6c50-2a47-2f51-a902-b82c3b127e95",type="correctable"}',
+      ),
+    ).toBe(3);
 
     copyFileSync(ONE_GPU, xml);
     await waitFor(async () => seriesValue(await context.registry.metrics(), GPU1_PRESENT) === 0);
@@ -46,7 +51,9 @@ describe('gpu collector', () => {
     expect(seriesValue(text, GPU0_PRESENT)).toBe(1);
     expect(seriesValue(text, 'steadfast_gpu_attached')).toBe(1);
     // The lost GPU keeps only its presence series; its readings are gone, not frozen.
-    expect(seriesValue(text, 'steadfast_gpu_temperature_celsius{gpu="1",pci_bus_id="0000:00:1f",UUID="GPU-9a9a6c50-2a47-2f51-a902-b82c3b127e95"}')).toBeUndefined();
+    expect(
+      seriesValue(text, 'steadfast_gpu_temperature_celsius{gpu="1",pci_bus_id="0000:00:1f",UUID="GPU-9a9a6c50-2a47-2f51-a902-b82c3b127e95"}'),
+    ).toBeUndefined();
     expect(context.events).toEqual([
       expect.objectContaining({ kind: 'gpu_lost', node: 'node-1', gpu: '0000:00:1f', message: expect.stringContaining('no longer listed') }),
     ]);
@@ -68,14 +75,24 @@ describe('gpu collector', () => {
     await expect(collector.update()).resolves.toBeUndefined();
 
     writeFileSync(xml, '<nvidia_smi_log><gpu id="00000000:00:1E.0">');
-    await waitFor(() => collector!.update().then(() => false, () => true));
+    await waitFor(() =>
+      collector!.update().then(
+        () => false,
+        () => true,
+      ),
+    );
     await expect(collector.update()).rejects.toThrow(/incomplete/);
     // A half-written file is not a lost GPU.
     expect(seriesValue(await context.registry.metrics(), GPU0_PRESENT)).toBe(1);
     expect(context.events).toEqual([]);
 
     copyFileSync(ONE_GPU, xml);
-    await waitFor(() => collector!.update().then(() => true, () => false));
+    await waitFor(() =>
+      collector!.update().then(
+        () => true,
+        () => false,
+      ),
+    );
   });
 
   it('computes steadfast_gpu_poll_age_seconds at scrape time, so the age grows between polls while the timestamp stays put', async () => {
@@ -99,10 +116,18 @@ describe('gpu collector', () => {
     collector = createGpuCollector(context);
     await collector.start();
     const text = await context.registry.metrics();
-    expect(seriesValue(text, 'steadfast_gpu_clock_hertz{gpu="0",pci_bus_id="0000:00:1e",UUID="GPU-9a9a6c50-2a47-2f51-a902-b82c3b127e94",clock="memory"}')).toBe(405e6);
-    expect(seriesValue(text, 'steadfast_gpu_clock_max_hertz{gpu="0",pci_bus_id="0000:00:1e",UUID="GPU-9a9a6c50-2a47-2f51-a902-b82c3b127e94",clock="sm"}')).toBe(1710e6);
-    expect(seriesValue(text, 'steadfast_gpu_throttle_reason{gpu="0",pci_bus_id="0000:00:1e",UUID="GPU-9a9a6c50-2a47-2f51-a902-b82c3b127e94",reason="gpu_idle"}')).toBe(1);
-    expect(seriesValue(text, 'steadfast_gpu_throttle_reason{gpu="0",pci_bus_id="0000:00:1e",UUID="GPU-9a9a6c50-2a47-2f51-a902-b82c3b127e94",reason="hw_slowdown"}')).toBe(0);
+    expect(seriesValue(text, 'steadfast_gpu_clock_hertz{gpu="0",pci_bus_id="0000:00:1e",UUID="GPU-9a9a6c50-2a47-2f51-a902-b82c3b127e94",clock="memory"}')).toBe(
+      405e6,
+    );
+    expect(seriesValue(text, 'steadfast_gpu_clock_max_hertz{gpu="0",pci_bus_id="0000:00:1e",UUID="GPU-9a9a6c50-2a47-2f51-a902-b82c3b127e94",clock="sm"}')).toBe(
+      1710e6,
+    );
+    expect(
+      seriesValue(text, 'steadfast_gpu_throttle_reason{gpu="0",pci_bus_id="0000:00:1e",UUID="GPU-9a9a6c50-2a47-2f51-a902-b82c3b127e94",reason="gpu_idle"}'),
+    ).toBe(1);
+    expect(
+      seriesValue(text, 'steadfast_gpu_throttle_reason{gpu="0",pci_bus_id="0000:00:1e",UUID="GPU-9a9a6c50-2a47-2f51-a902-b82c3b127e94",reason="hw_slowdown"}'),
+    ).toBe(0);
   });
 
   it('reports failure, and no GPU series, while the captured file does not exist', async () => {

@@ -66,7 +66,9 @@ describe('gpu collector on dcgm-exporter', () => {
     await expect(collector.update()).resolves.toBeUndefined();
     const text = await context.registry.metrics();
     expect(seriesValue(text, `steadfast_gpu_temperature_celsius${L4_SERIES}`)).toBe(31);
-    expect(seriesValue(text, 'steadfast_gpu_clock_hertz{gpu="0",pci_bus_id="0000:31:00",UUID="GPU-c2f76b33-7953-256e-8f33-1343419b1a1c",clock="sm"}')).toBe(210e6);
+    expect(seriesValue(text, 'steadfast_gpu_clock_hertz{gpu="0",pci_bus_id="0000:31:00",UUID="GPU-c2f76b33-7953-256e-8f33-1343419b1a1c",clock="sm"}')).toBe(
+      210e6,
+    );
     expect(seriesValue(text, `steadfast_gpu_memory_total_bytes${L4_SERIES}`)).toBe(23033 * MiB);
     expect(seriesValue(text, `steadfast_gpu_memory_temperature_celsius${L4_SERIES}`)).toBeUndefined();
     expect(seriesValue(text, 'steadfast_gpu_attached')).toBe(1);
@@ -78,16 +80,29 @@ describe('gpu collector on dcgm-exporter', () => {
     const { context, collector } = dcgmCollector(exporter.url, POLL_SECONDS);
     await collector.start();
     exporter.reply = { status: 503, body: 'DCGM not ready' };
-    await waitFor(() => collector.update().then(() => false, () => true));
+    await waitFor(() =>
+      collector.update().then(
+        () => false,
+        () => true,
+      ),
+    );
     await expect(collector.update()).rejects.toThrow(/cannot read dcgm-exporter at http:\/\/127\.0\.0\.1:\d+\/metrics: HTTP 503/);
     expect(seriesValue(await context.registry.metrics(), `steadfast_gpu_present${L4_SERIES}`)).toBe(1);
     exporter.reply = { status: 200, body: dcgmScrape('kops_L4_580.105.08_full-scrape.prom') };
-    await waitFor(() => collector.update().then(() => true, () => false));
+    await waitFor(() =>
+      collector.update().then(
+        () => true,
+        () => false,
+      ),
+    );
   });
 
   it('places GPUs by UUID in a scrape without pci_bus_id labels, and loses none of them', async () => {
     // The V100 node of a public issue: a real scrape from a dcgm-exporter that sets no pci_bus_id.
-    const v100 = dcgmScrape('dcgm_excerpts_from_public_issues.prom').split('\n').filter((line) => line.includes('Hostname="r6i3n0"')).join('\n');
+    const v100 = dcgmScrape('dcgm_excerpts_from_public_issues.prom')
+      .split('\n')
+      .filter((line) => line.includes('Hostname="r6i3n0"'))
+      .join('\n');
     const exporter = await fakeExporter(`${v100}\n`);
     const { context, collector } = dcgmCollector(exporter.url, POLL_SECONDS);
     await collector.start();
@@ -99,8 +114,16 @@ describe('gpu collector on dcgm-exporter', () => {
     expect(seriesValue(text, 'steadfast_gpu_present{gpu="0",UUID="GPU-a6158b59-2c1e-1e63-0068-9178c4298abd"}')).toBe(1);
     expect(text).not.toContain('pci_bus_id=');
     // A GPU that drops out shows as present 0 under its UUID; with no PCI id there is no fast-path event to name it.
-    exporter.reply = { status: 200, body: `${v100.split('\n').filter((line) => !line.includes('GPU-a6158b59')).join('\n')}\n` };
-    await waitFor(async () => seriesValue(await context.registry.metrics(), 'steadfast_gpu_present{gpu="0",UUID="GPU-a6158b59-2c1e-1e63-0068-9178c4298abd"}') === 0);
+    exporter.reply = {
+      status: 200,
+      body: `${v100
+        .split('\n')
+        .filter((line) => !line.includes('GPU-a6158b59'))
+        .join('\n')}\n`,
+    };
+    await waitFor(
+      async () => seriesValue(await context.registry.metrics(), 'steadfast_gpu_present{gpu="0",UUID="GPU-a6158b59-2c1e-1e63-0068-9178c4298abd"}') === 0,
+    );
     expect(seriesValue(await context.registry.metrics(), 'steadfast_gpu_attached')).toBe(3);
     expect(context.events).toEqual([]);
   });
@@ -134,7 +157,13 @@ describe('gpu collector on dcgm-exporter', () => {
     await collector.start();
     expect(seriesValue(await context.registry.metrics(), 'steadfast_gpu_attached')).toBe(2);
     exporter.reply = { status: 200, body: l4 };
-    await waitFor(async () => seriesValue(await context.registry.metrics(), 'steadfast_gpu_present{gpu="0",pci_bus_id="0000:37:00",UUID="GPU-6d5c0ac5-74d7-3130-46f1-e93ed57f469a"}') === 0);
+    await waitFor(
+      async () =>
+        seriesValue(
+          await context.registry.metrics(),
+          'steadfast_gpu_present{gpu="0",pci_bus_id="0000:37:00",UUID="GPU-6d5c0ac5-74d7-3130-46f1-e93ed57f469a"}',
+        ) === 0,
+    );
     expect(context.events).toEqual([expect.objectContaining({ kind: 'gpu_lost', gpu: '0000:37:00', message: expect.stringContaining('dcgm-exporter') })]);
   });
 

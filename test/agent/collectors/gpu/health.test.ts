@@ -58,7 +58,10 @@ describe('GPU health action', () => {
 
   it('asks for a GPU reset at the next idle moment on a pending remap or page retirement', () => {
     expect(gpuHealthAction({ ...healthy, remappedRows: { pending: true, failure: false } })).toEqual({ action: 'reset_gpu', reason: 'row_remap_pending' });
-    expect(gpuHealthAction({ ...healthy, remappedRows: undefined, retiredPages: { pending: true } })).toEqual({ action: 'reset_gpu', reason: 'page_retirement_pending' });
+    expect(gpuHealthAction({ ...healthy, remappedRows: undefined, retiredPages: { pending: true } })).toEqual({
+      action: 'reset_gpu',
+      reason: 'page_retirement_pending',
+    });
   });
 
   it('watches a GPU held down by hardware slowdown, not one capped by software power limits', () => {
@@ -71,6 +74,11 @@ describe('GPU health action', () => {
     collector = createGpuCollector(context);
     await collector.start();
     const text = await context.registry.metrics();
-    expect(seriesValue(text, 'steadfast_gpu_health_action{gpu="0",pci_bus_id="0000:00:1e",UUID="GPU-9a9a6c50-2a47-2f51-a902-b82c3b127e94",action="none",reason="healthy"}')).toBe(1);
+    expect(
+      seriesValue(
+        text,
+        'steadfast_gpu_health_action{gpu="0",pci_bus_id="0000:00:1e",UUID="GPU-9a9a6c50-2a47-2f51-a902-b82c3b127e94",action="none",reason="healthy"}',
+      ),
+    ).toBe(1);
   });
 });

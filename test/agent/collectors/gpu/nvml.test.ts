@@ -104,7 +104,9 @@ describe('gpu collector on NVML', () => {
   });
 
   it('rejects an unknown source and dcgm-exporter without its URL, naming the flag', () => {
-    expect(() => new GpuSourceChoice(testContext({}, 60, { 'gpu.source': 'gpud' }))).toThrow(/--gpu\.source: must be one of auto, nvml, nvidia-smi, dcgm-exporter, got "gpud"/);
+    expect(() => new GpuSourceChoice(testContext({}, 60, { 'gpu.source': 'gpud' }))).toThrow(
+      /--gpu\.source: must be one of auto, nvml, nvidia-smi, dcgm-exporter, got "gpud"/,
+    );
     expect(() => new GpuSourceChoice(testContext({}, 60, { 'gpu.source': 'dcgm-exporter' }))).toThrow(/needs --gpu\.dcgm-exporter-url/);
   });
 
@@ -172,7 +174,17 @@ describe('gpu collector on NVML', () => {
   });
 
   it('reads the NVLink counters of the active links through NVML when the GPUs are read through it', async () => {
-    const links = ['0 nvlink.0 1', '0 nvlink.0.0 2353', '0 nvlink.0.1 0', '0 nvlink.0.2 65535', '0 nvlink.1 0', '0 nvlink.2 1', '0 nvlink.2.0 0', '0 nvlink.2.1 1', '0 nvlink.2.2 0'];
+    const links = [
+      '0 nvlink.0 1',
+      '0 nvlink.0.0 2353',
+      '0 nvlink.0.1 0',
+      '0 nvlink.0.2 65535',
+      '0 nvlink.1 0',
+      '0 nvlink.2 1',
+      '0 nvlink.2.0 0',
+      '0 nvlink.2.1 1',
+      '0 nvlink.2.2 0',
+    ];
     const standIn = await StandInNvml.create(join(dir(), 'nvml'), `${state('h200_580.159.04.state')}${links.join('\n')}\n`);
     const context = testContext({}, 60, nvmlSettings(standIn));
     const collector = createNvlinkCollector(context);

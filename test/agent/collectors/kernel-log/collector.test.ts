@@ -1,4 +1,17 @@
-import { constants, accessSync, appendFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, renameSync, rmSync, truncateSync, writeFileSync } from 'node:fs';
+import {
+  constants,
+  accessSync,
+  appendFileSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  renameSync,
+  rmSync,
+  truncateSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pino } from 'pino';
@@ -103,7 +116,12 @@ describe('xid collector following a log file', () => {
     const { collector: xid, context } = await started(log);
     await expect(xid.update()).rejects.toThrow(/cannot read kernel log/);
     writeFileSync(log, XID79);
-    await waitFor(() => xid.update().then(() => true, () => false));
+    await waitFor(() =>
+      xid.update().then(
+        () => true,
+        () => false,
+      ),
+    );
     expect(await value(context, SERIES79)).toBe(1);
   });
 
@@ -185,7 +203,8 @@ describe('xid collector reporting each fatal Xid once, across agent restarts', (
   const XID79_LATER = "[ 300.000001] NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n";
   const XID79_OTHER_GPU = "[ 300.000001] NVRM: Xid (PCI:0000:5d:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n";
   const SERIES79_OTHER_GPU = 'steadfast_xid_errors_total{pci_bus_id="0000:5d:00",xid="79",severity="fatal"}';
-  const XID48 = "[ 250.000001] NVRM: Xid (PCI:0000:3b:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0.\n";
+  const XID48 =
+    "[ 250.000001] NVRM: Xid (PCI:0000:3b:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0.\n";
   const BANNER = '[    0.000000] Linux version 6.18.44-fc-v669 (builder@sandboxing) (gcc (GCC) 15.3.0, GNU ld (GNU Binutils) 2.46) #1 SMP PREEMPT_DYNAMIC @0\n';
 
   let procfs: string;
@@ -272,7 +291,8 @@ describe('xid collector reporting each fatal Xid once, across agent restarts', (
 
   it('tells apart lines of the same text by their order: the second of two identical lines is still news', async () => {
     // Lines without a time stamp (a log of bare kernel messages) repeat exactly.
-    const bare = "NVRM: Xid (PCI:0000:3b:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0.\n";
+    const bare =
+      "NVRM: Xid (PCI:0000:3b:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0.\n";
     writeFileSync(log, bare);
     await run();
     await stop();

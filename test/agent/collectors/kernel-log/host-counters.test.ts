@@ -8,7 +8,10 @@ import { EXPECTED, HOST_LOGS, XID_LOGS, expectMatchesAndLints, scrapeOne, series
 
 /** Real lines (sources in the samples' READMEs). */
 const BOOT = readFileSync(join(XID_LOGS, 'boot-banner_firecracker-vm_dmesg-formats.log'), 'utf8').split('\n')[0] + '\n';
-const RM_INIT = (readFileSync(join(HOST_LOGS, 'host_lines_from_public_reports.txt'), 'utf8').split('\n').find((line) => line.includes('0000:04:01.0: RmInitAdapter')) ?? '') + '\n';
+const RM_INIT =
+  (readFileSync(join(HOST_LOGS, 'host_lines_from_public_reports.txt'), 'utf8')
+    .split('\n')
+    .find((line) => line.includes('0000:04:01.0: RmInitAdapter')) ?? '') + '\n';
 const RM_INIT_SERIES = 'steadfast_gpu_driver_events_total{pci_bus_id="0000:04:01",event="init_failed"}';
 
 let dir: string;
@@ -74,8 +77,14 @@ describe('host kernel counters in the xid collector', () => {
   });
 
   it('counts an AER report as soon as its lines are read, its detail lines not again when they come in a later read', async () => {
-    const block = readFileSync(join(HOST_LOGS, 'aer_reports_from_public_reports.txt'), 'utf8').split('### ').find((text) => text.includes('kwizart')) ?? '';
-    const [headline = '', ...rest] = block.split('\n').slice(1).filter((line) => line !== '');
+    const block =
+      readFileSync(join(HOST_LOGS, 'aer_reports_from_public_reports.txt'), 'utf8')
+        .split('### ')
+        .find((text) => text.includes('kwizart')) ?? '';
+    const [headline = '', ...rest] = block
+      .split('\n')
+      .slice(1)
+      .filter((line) => line !== '');
     const series = 'steadfast_pcie_aer_errors_total{pci_address="0000:01:00.0",severity="uncorrected_nonfatal"}';
     const log = join(dir, 'kern.log');
     writeFileSync(log, BOOT);

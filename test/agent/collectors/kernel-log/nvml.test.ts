@@ -110,7 +110,13 @@ describe('Xids from NVML events and the kernel log', () => {
     await Promise.all(collectors.map((collector) => collector.close()));
     collectors = [];
     const restartedEvents: FastPathEvent[] = [];
-    const restarted: CollectorContext = { ...context, registry: new Registry(), gpuSource: undefined, xids: undefined, fastPath: (event) => restartedEvents.push(event) };
+    const restarted: CollectorContext = {
+      ...context,
+      registry: new Registry(),
+      gpuSource: undefined,
+      xids: undefined,
+      fastPath: (event) => restartedEvents.push(event),
+    };
     await start(restarted, 'xid');
     await waitFor(async () => (await value(restarted, FATAL79)) === 1);
     expect(restartedEvents).toEqual([]);

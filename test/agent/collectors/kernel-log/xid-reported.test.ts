@@ -92,7 +92,15 @@ describe('fatal Xids reported from /dev/kmsg, across agent restarts', () => {
 });
 
 describe('the xid state file and the boot id', () => {
-  const state: XidState = { version: 1, log: KMSG, bootId: BOOT_A, last: { source: 'kmsg', sequence: 7 }, xid: 79, gpu: '0000:91:00', reportedAt: '2026-11-23T14:37:18.000Z' };
+  const state: XidState = {
+    version: 1,
+    log: KMSG,
+    bootId: BOOT_A,
+    last: { source: 'kmsg', sequence: 7 },
+    xid: 79,
+    gpu: '0000:91:00',
+    reportedAt: '2026-11-23T14:37:18.000Z',
+  };
 
   it('round-trips, readable only by its owner, and reads a missing file as no state', async () => {
     await writeXidState(join(dir, 'new', 'dir', 'state.json'), state);

@@ -13,7 +13,11 @@ const NODE_EXPORTER_10 = 'node_exporter_fixtures_proc_10_mountstats';
 
 describe('mount identity', () => {
   it('gives repeated mounts of one export and kind one id exported once, and a different kind of the same export a #2 id', () => {
-    const ids = identifyMounts(parseMountstats(mountstatsSample(NODE_EXPORTER_10))).map(({ id, mount, exportsSeries }) => [id, mount.mountpoint, exportsSeries]);
+    const ids = identifyMounts(parseMountstats(mountstatsSample(NODE_EXPORTER_10))).map(({ id, mount, exportsSeries }) => [
+      id,
+      mount.mountpoint,
+      exportsSeries,
+    ]);
     expect(ids).toEqual([
       ['192.168.1.1:/srv/test', '/mnt/nfs/test', true],
       ['192.168.1.1:/srv/test', '/mnt/nfs/test-dupe', false],
@@ -70,7 +74,13 @@ describe('nfs collector', () => {
 
   it('computes slot utilisation over both nconnect transports from the counter deltas between two scrapes, absent on the first', async () => {
     const file = join(dir, 'self', 'mountstats');
-    writeFileSync(file, tcpSnapshot([{ sends: 1000, outstanding: 5000, backlog: 0 }, { sends: 500, outstanding: 900, backlog: 0 }]));
+    writeFileSync(
+      file,
+      tcpSnapshot([
+        { sends: 1000, outstanding: 5000, backlog: 0 },
+        { sends: 500, outstanding: 900, backlog: 0 },
+      ]),
+    );
     const { context, collector } = collectorOn();
     await collector.update();
     let text = await context.registry.metrics();
@@ -79,7 +89,13 @@ describe('nfs collector', () => {
 
     // Transport 0: 100 sends with 64 requests on the wire each, 10 waiting for a slot each.
     // Transport 1: 50 sends with 32 on the wire each, none waiting. (64 + 32) / (64 + 64) = 0.75.
-    writeFileSync(file, tcpSnapshot([{ sends: 1100, outstanding: 5000 + 6400, backlog: 1000 }, { sends: 550, outstanding: 900 + 1600, backlog: 0 }]));
+    writeFileSync(
+      file,
+      tcpSnapshot([
+        { sends: 1100, outstanding: 5000 + 6400, backlog: 1000 },
+        { sends: 550, outstanding: 900 + 1600, backlog: 0 },
+      ]),
+    );
     await collector.update();
     text = await context.registry.metrics();
     expect(seriesValue(text, 'steadfast_nfs_rpc_slot_utilization_ratio{mount="srv:/ckpt"}')).toBe(0.75);
@@ -91,7 +107,13 @@ describe('nfs collector', () => {
     expect(seriesValue(await context.registry.metrics(), 'steadfast_nfs_rpc_slot_utilization_ratio{mount="srv:/ckpt"}')).toBeUndefined();
 
     // Counters that went backwards (a remount) give no gauge for that scrape.
-    writeFileSync(file, tcpSnapshot([{ sends: 10, outstanding: 10, backlog: 0 }, { sends: 10, outstanding: 10, backlog: 0 }]));
+    writeFileSync(
+      file,
+      tcpSnapshot([
+        { sends: 10, outstanding: 10, backlog: 0 },
+        { sends: 10, outstanding: 10, backlog: 0 },
+      ]),
+    );
     await collector.update();
     expect(seriesValue(await context.registry.metrics(), 'steadfast_nfs_rpc_slot_utilization_ratio{mount="srv:/ckpt"}')).toBeUndefined();
   });
@@ -152,7 +174,7 @@ describe('nfs collector exposition', () => {
     await expectMatchesAndLints(join(EXPECTED, 'nfs', name.replace(/(\.mountstats)?$/, '.prom')), text);
   });
 
-  it('leaves out the ACCESS queue time that wrapped past 2^63 but keeps the operation\'s other counters', async () => {
+  it("leaves out the ACCESS queue time that wrapped past 2^63 but keeps the operation's other counters", async () => {
     const context = testContext({}, 5, { 'nfs.mountstats': join(MOUNTSTATS_SAMPLES, PROCFS_26231) });
     const collector = createNfsCollector(context);
     open.push(collector);

@@ -24,8 +24,12 @@ const WRITTEN = new Date('2024-06-01T11:00:00.000Z');
 const MEGATRON_LOGS = join(REALWORLD, 'megatron-logs');
 const NCCL_TORCH_ERRORS = join(REALWORLD, 'nccl-torch-errors');
 const SAMPLES = [
-  ...readdirSync(MEGATRON_LOGS).filter((name) => /\.(out|txt)$/.test(name)).map((name) => join(MEGATRON_LOGS, name)),
-  ...readdirSync(NCCL_TORCH_ERRORS).filter((name) => name.endsWith('.txt')).map((name) => join(NCCL_TORCH_ERRORS, name)),
+  ...readdirSync(MEGATRON_LOGS)
+    .filter((name) => /\.(out|txt)$/.test(name))
+    .map((name) => join(MEGATRON_LOGS, name)),
+  ...readdirSync(NCCL_TORCH_ERRORS)
+    .filter((name) => name.endsWith('.txt'))
+    .map((name) => join(NCCL_TORCH_ERRORS, name)),
 ];
 
 const ITERATION_LINE = (iteration: number, loss: string): string =>
@@ -87,19 +91,22 @@ function post(collector: Collector, body: unknown): Promise<AgentResponse> {
 }
 
 describe('training collector exposition', () => {
-  it.each(SAMPLES.map((path) => [basename(path), path]))('exports %s, followed from its start, exactly as the expected file, which promtool accepts', async (name, path) => {
-    const job = name.replace(/\.[a-z]+$/, '');
-    // A copy, so that its modification time is fixed.
-    const log = join(dir, name);
-    copyFileSync(path, log);
-    utimesSync(log, WRITTEN, WRITTEN);
-    const { collector, context } = training({ 'training.log': [`${job}=${log}`] });
-    const text = await scrapeOne(context, collector);
-    expect(text).toContain('steadfast_collector_success{collector="training"} 1');
-    await expectMatchesAndLints(join(EXPECTED, 'training', `${job}.prom`), text);
-    // Failures already in the file at start are counted, never sent on the fast path.
-    expect(context.events).toEqual([]);
-  });
+  it.each(SAMPLES.map((path) => [basename(path), path]))(
+    'exports %s, followed from its start, exactly as the expected file, which promtool accepts',
+    async (name, path) => {
+      const job = name.replace(/\.[a-z]+$/, '');
+      // A copy, so that its modification time is fixed.
+      const log = join(dir, name);
+      copyFileSync(path, log);
+      utimesSync(log, WRITTEN, WRITTEN);
+      const { collector, context } = training({ 'training.log': [`${job}=${log}`] });
+      const text = await scrapeOne(context, collector);
+      expect(text).toContain('steadfast_collector_success{collector="training"} 1');
+      await expectMatchesAndLints(join(EXPECTED, 'training', `${job}.prom`), text);
+      // Failures already in the file at start are counted, never sent on the fast path.
+      expect(context.events).toEqual([]);
+    },
+  );
 
   it('exports no series at all without configuration, and serves its push endpoint', async () => {
     const { collector, context } = training({});
@@ -167,14 +174,22 @@ describe('training collector following a log', () => {
     expect(await value(context, 'steadfast_training_errors_total{training_job="gpt",rank="0",kind="child_failed"}')).toBe(2);
   });
 
-  it('reports a torchrun agent failure line that no summary follows once the log goes quiet, under the log\'s rank', async () => {
+  it("reports a torchrun agent failure line that no summary follows once the log goes quiet, under the log's rank", async () => {
     const log = join(dir, 'train.log');
     writeFileSync(log, '');
     const { collector, context } = training({ 'training.log': `gpt:4=${log}` });
     await collector.start();
-    appendFileSync(log, 'E0801 13:23:20.000000 32974 torch/distributed/elastic/multiprocessing/api.py:874] failed (exitcode: 1) local_rank: 3 (pid: 33054) of binary: /usr/bin/python3\n');
+    appendFileSync(
+      log,
+      'E0801 13:23:20.000000 32974 torch/distributed/elastic/multiprocessing/api.py:874] failed (exitcode: 1) local_rank: 3 (pid: 33054) of binary: /usr/bin/python3\n',
+    );
     await waitFor(() => context.events.length === 1);
-    expect(context.events[0]).toMatchObject({ kind: 'worker_failed', job: 'gpt', rank: 4, message: 'torchrun worker failed (binary /usr/bin/python3); failed: local_rank 3 exitcode 1' });
+    expect(context.events[0]).toMatchObject({
+      kind: 'worker_failed',
+      job: 'gpt',
+      rank: 4,
+      message: 'torchrun worker failed (binary /usr/bin/python3); failed: local_rank 3 exitcode 1',
+    });
   });
 
   it('waits without failing while a log does not exist yet, and fails the scrape when the path cannot be read as a log', async () => {
@@ -212,7 +227,20 @@ describe('training collector flags', () => {
 });
 
 describe('POST /api/v1/training', () => {
-  const step = { job: 'llama', rank: 0, iteration: 100, iteration_seconds: 1.25, loss: 2.5, grad_norm: 0.75, loss_scale: 65536, learning_rate: 3e-4, samples_per_second: 410.5, tflops_per_gpu: 180.2, skipped: 1, nan: 0 };
+  const step = {
+    job: 'llama',
+    rank: 0,
+    iteration: 100,
+    iteration_seconds: 1.25,
+    loss: 2.5,
+    grad_norm: 0.75,
+    loss_scale: 65536,
+    learning_rate: 3e-4,
+    samples_per_second: 410.5,
+    tflops_per_gpu: 180.2,
+    skipped: 1,
+    nan: 0,
+  };
 
   it('accepts a step with 202 and exports every field it carries', async () => {
     const { collector, context } = training({});
@@ -271,7 +299,8 @@ describe('POST /api/v1/training', () => {
   it('holds a (job, rank) to 16 loss names over all its pushes, so 2,000 pushes of new names make 16 series, not 32,000', async () => {
     const { collector, context } = training({});
     const answers = [];
-    for (let index = 0; index < 2000; index += 1) answers.push((await post(collector, { job: 'a', rank: 0, iteration: index, loss: { [`l${index}`]: 1, [`m${index}`]: 2 } })).status);
+    for (let index = 0; index < 2000; index += 1)
+      answers.push((await post(collector, { job: 'a', rank: 0, iteration: index, loss: { [`l${index}`]: 1, [`m${index}`]: 2 } })).status);
     expect(answers.slice(0, 8)).toEqual(Array(8).fill(202));
     expect(answers.slice(8).every((status) => status === 400)).toBe(true);
     const refused = await post(collector, { job: 'a', rank: 0, iteration: 2001, loss: { fresh: 1 } });
@@ -291,7 +320,14 @@ describe('POST /api/v1/training', () => {
     const refused = await post(collector, { job: 'b', rank: 0, iteration: 1 });
     expect(refused.status).toBe(429);
     expect(JSON.stringify(refused.body)).toContain('at most 2 (job, rank) pairs');
-    expect((await post(collector, [{ job: 'a', rank: 0, iteration: 2 }, { job: 'a', rank: 1, iteration: 2 }])).status).toBe(202);
+    expect(
+      (
+        await post(collector, [
+          { job: 'a', rank: 0, iteration: 2 },
+          { job: 'a', rank: 1, iteration: 2 },
+        ])
+      ).status,
+    ).toBe(202);
 
     now = new Date(NOW.getTime() + 30 * 60 * 1000);
     expect((await post(collector, { job: 'a', rank: 1, iteration: 3 })).status).toBe(202);
@@ -315,7 +351,9 @@ describe('training progress on the fast path', () => {
     // Another rank of the same relaunch a moment later: the first report speaks for both.
     now += 200;
     await push(1, 100);
-    expect(progressEvents(context)).toEqual([{ kind: 'training_progress', node: 'node-1', job: 'llama', rank: 0, iteration: 100, message: 'rank 0 trains at iteration 100', time: NOW.toISOString() }]);
+    expect(progressEvents(context)).toEqual([
+      { kind: 'training_progress', node: 'node-1', job: 'llama', rank: 0, iteration: 100, message: 'rank 0 trains at iteration 100', time: NOW.toISOString() },
+    ]);
     // An iteration a second: the next report a minute after the first.
     for (let iteration = 101; iteration <= 159; iteration += 1) {
       now += 1000;
@@ -329,7 +367,12 @@ describe('training progress on the fast path', () => {
     // Relaunched from the checkpoint at 150: the iteration goes back, reported at once.
     now += 5_000;
     await push(0, 151);
-    expect(progressEvents(context)[2]).toMatchObject({ rank: 0, iteration: 151, message: 'rank 0 resumed at iteration 151', time: new Date(now).toISOString() });
+    expect(progressEvents(context)[2]).toMatchObject({
+      rank: 0,
+      iteration: 151,
+      message: 'rank 0 resumed at iteration 151',
+      time: new Date(now).toISOString(),
+    });
     // Stalled 10 s or more, then on again (a relaunch resumed from the newest step): at once too.
     now += 12_000;
     await push(0, 152);

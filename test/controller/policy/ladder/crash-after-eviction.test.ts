@@ -109,7 +109,15 @@ describe('ladder: a crash after an eviction', () => {
 });
 
 describe('failureSignature', () => {
-  const event = (overrides: Partial<FaultEvent>): FaultEvent => ({ type: 'fault', time: T0, signalId: 's', faultClass: 'crash', nodes: [], detail: '', ...overrides });
+  const event = (overrides: Partial<FaultEvent>): FaultEvent => ({
+    type: 'fault',
+    time: T0,
+    signalId: 's',
+    faultClass: 'crash',
+    nodes: [],
+    detail: '',
+    ...overrides,
+  });
 
   it('is the fault class and the kind the classifier named', () => {
     expect(failureSignature(event({ signature: 'xid:79', faultClass: 'machine', detail: 'fatal Xid 79 on node-3' }))).toBe('machine:xid:79');

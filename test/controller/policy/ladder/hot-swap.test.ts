@@ -36,8 +36,12 @@ describe('ladder: hot swap', () => {
     expect(steps[0]?.spares).toEqual(['s-1', 's-2']);
   });
 
-  it('takes today\'s road (stop, evict, restart) with fewer unused spares than failed nodes, and for a job without hot swap', () => {
-    expect(shape(run(running(), [onHotSwapJob('machine', T0, ['node-1', 'node-2'], ['s-1'])]).steps).map((step) => step.verb)).toEqual(['stop', 'evict', 'restart']);
+  it("takes today's road (stop, evict, restart) with fewer unused spares than failed nodes, and for a job without hot swap", () => {
+    expect(shape(run(running(), [onHotSwapJob('machine', T0, ['node-1', 'node-2'], ['s-1'])]).steps).map((step) => step.verb)).toEqual([
+      'stop',
+      'evict',
+      'restart',
+    ]);
     expect(shape(run(running(), [onHotSwapJob('machine', T0, ['node-1'], [])]).steps).map((step) => step.verb)).toEqual(['stop', 'evict', 'restart']);
     expect(shape(run(running(), [fault('machine', T0, ['node-1'])]).steps).map((step) => step.verb)).toEqual(['stop', 'evict', 'restart']);
   });
@@ -47,13 +51,18 @@ describe('ladder: hot swap', () => {
     expect(shape(run(running(), [event]).steps).map((step) => step.verb)).toEqual(['hot_swap']);
   });
 
-  it('keeps today\'s ladder for software crashes and bad code on a hot-swap job', () => {
+  it("keeps today's ladder for software crashes and bad code on a hot-swap job", () => {
     expect(shape(run(running(), [onHotSwapJob('crash', T0, ['node-1'])]).steps).map((step) => step.verb)).toEqual(['stop', 'run_diagnostics']);
     expect(shape(run(running(), [onHotSwapJob('user_code', T0, ['node-1'])]).steps).map((step) => step.verb)).toEqual(['stop', 'page_human']);
   });
 
   it('tolerates, while swapping, a crash or worker failure naming the swapped node or no node', () => {
-    for (const [faultClass, nodes] of [['crash', ['node-1']], ['crash', []], ['machine', ['node-1']], ['network', ['node-2']]] as const) {
+    for (const [faultClass, nodes] of [
+      ['crash', ['node-1']],
+      ['crash', []],
+      ['machine', ['node-1']],
+      ['network', ['node-2']],
+    ] as const) {
       const { state, steps } = run(swapping(), [onHotSwapJob(faultClass, T0 + SECOND, [...nodes], ['s-2'], 'srun: error: node-1: task 0: Killed')]);
       expect(shape(steps)).toEqual([{ verb: 'tolerate', ...(nodes.length > 0 ? { nodes: [...nodes] } : {}) }]);
       expect(steps[0]?.reason).toContain('part of the hot swap of node-1');
@@ -64,7 +73,9 @@ describe('ladder: hot swap', () => {
   it('falls back to stop, evict of the spare and relaunch when a fault names a spare of the swap', () => {
     const { state, steps } = run(swapping(), [onHotSwapJob('crash', T0 + SECOND, ['s-1'], ['s-2'], 'srun: error: s-1: task 0: Killed')]);
     expect(shape(steps)).toEqual([{ verb: 'stop' }, { verb: 'evict', nodes: ['s-1'] }, { verb: 'restart' }]);
-    expect(steps[0]?.reason).toMatch(/^hot swap of node-1 failed \(crash fault: srun: error: s-1: task 0: Killed: on s-1, a spare of the swap\); falling back to stop and relaunch$/);
+    expect(steps[0]?.reason).toMatch(
+      /^hot swap of node-1 failed \(crash fault: srun: error: s-1: task 0: Killed: on s-1, a spare of the swap\); falling back to stop and relaunch$/,
+    );
     expect(state.phase).toBe('stopped');
     expect(state.swap).toBeNull();
   });
@@ -81,7 +92,9 @@ describe('ladder: hot swap', () => {
   });
 
   it('returns to running and closes the incident when the swap is done, with the figures on record', () => {
-    const { state, steps } = run(swapping(), [{ type: 'hot_swap_done', time: T0 + 2 * SECOND, epoch: 3, summary: 'epoch 3, s-1 in place of node-1, first step 41 in 1.2 s' }]);
+    const { state, steps } = run(swapping(), [
+      { type: 'hot_swap_done', time: T0 + 2 * SECOND, epoch: 3, summary: 'epoch 3, s-1 in place of node-1, first step 41 in 1.2 s' },
+    ]);
     expect(shape(steps)).toEqual([{ verb: 'notify' }]);
     expect(steps[0]?.reason).toBe('hot swap done: epoch 3, s-1 in place of node-1, first step 41 in 1.2 s');
     expect(state).toMatchObject({ phase: 'running', incident: null, swap: null });
@@ -95,7 +108,9 @@ describe('ladder: hot swap', () => {
     expect(steps[0]?.spares).toBeUndefined();
     expect(state.phase).toBe('swapping');
     expect(state.swap).toEqual({ openedAt: T0, nodes: [], spares: [] });
-    expect(run(state, [{ type: 'hot_swap_done', time: T0 + SECOND, epoch: 1, summary: 'epoch 1, same shards, first step 9 in 0.4 s' }]).state.phase).toBe('running');
+    expect(run(state, [{ type: 'hot_swap_done', time: T0 + SECOND, epoch: 1, summary: 'epoch 1, same shards, first step 9 in 0.4 s' }]).state.phase).toBe(
+      'running',
+    );
     // A job without hot swap only tolerates it, as before.
     expect(shape(run(running(), [fault('network', T0, ['node-2'])]).steps)).toEqual([{ verb: 'tolerate', nodes: ['node-2'] }]);
   });
@@ -108,7 +123,19 @@ describe('ladder: hot swap', () => {
   it('reads a state stored before hot swaps, without its swap or rung count', () => {
     const stored = JSON.parse(JSON.stringify(running())) as Record<string, unknown>;
     delete stored.swap;
-    const parsed = ladderStateSchema.parse({ ...stored, incident: { openedAt: T0, trigger: 'machine', signalIds: [], rung: 'evict', tried: { evict: 1, diagnose: 0, reattempt: 0, rollback: 0, replay: 0, update: 0, human: 0 }, evictedNodes: [], rolledBackFrom: null, retry: { attempts: 1, nextBackoffMs: 0 } } });
+    const parsed = ladderStateSchema.parse({
+      ...stored,
+      incident: {
+        openedAt: T0,
+        trigger: 'machine',
+        signalIds: [],
+        rung: 'evict',
+        tried: { evict: 1, diagnose: 0, reattempt: 0, rollback: 0, replay: 0, update: 0, human: 0 },
+        evictedNodes: [],
+        rolledBackFrom: null,
+        retry: { attempts: 1, nextBackoffMs: 0 },
+      },
+    });
     expect(parsed.swap).toBeNull();
     expect(parsed.incident?.tried.hot_swap).toBe(0);
   });

@@ -77,7 +77,10 @@ describe('ladder: code updates', () => {
   });
 
   it('keeps a held update pending through a rollback, which must not be undone by it', () => {
-    const { state, steps } = run(jobOnV2(), [{ type: 'code_update', time: T0 + 3 * MINUTE, version: 'v3', urgent: false }, fault('user_code', T0 + 4 * MINUTE)]);
+    const { state, steps } = run(jobOnV2(), [
+      { type: 'code_update', time: T0 + 3 * MINUTE, version: 'v3', urgent: false },
+      fault('user_code', T0 + 4 * MINUTE),
+    ]);
     expect(shape(steps)).toEqual([{ verb: 'stop' }, { verb: 'rollback', version: 'v1' }, { verb: 'restart' }]);
     expect(state.pendingUpdate?.version).toBe('v3');
   });

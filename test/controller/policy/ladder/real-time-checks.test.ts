@@ -32,7 +32,11 @@ describe('ladder: real-time checks', () => {
     const later = run({ ...again.state, phase: 'running', incident: null }, [{ ...event, signalId: 'later', time: T0 + 11 * MINUTE } as LadderEvent]);
     expect(shape(later.steps).map((step) => step.verb)).toEqual(['stop', 'reset_gpu', 'restart']);
     // Without a GPU to reset the same fault evicts, as before.
-    expect(shape(run(running(), [fault('machine', T0, ['node-3'], 'fatal Xid 48', 'xid:48')]).steps).map((step) => step.verb)).toEqual(['stop', 'evict', 'restart']);
+    expect(shape(run(running(), [fault('machine', T0, ['node-3'], 'fatal Xid 48', 'xid:48')]).steps).map((step) => step.verb)).toEqual([
+      'stop',
+      'evict',
+      'restart',
+    ]);
   });
 
   it('handles a machine fault that names no node as a crash and runs diagnostics', () => {

@@ -5,7 +5,12 @@ import { T0, SECOND, MINUTE, HOUR, DAY, fault, run, shape, running } from './sup
 
 // What the safety gates refused did not happen: the ladder waits for no outcome of it.
 
-const refused = (time: number, detail = 'actions are paused: maintenance'): LadderEvent => ({ type: 'recovery_refused', time, transitionId: 't-refused', detail });
+const refused = (time: number, detail = 'actions are paused: maintenance'): LadderEvent => ({
+  type: 'recovery_refused',
+  time,
+  transitionId: 't-refused',
+  detail,
+});
 
 describe('ladder: a transition the step processor refused', () => {
   it('closes the incident it opened, says so, and leaves the job running', () => {
@@ -30,7 +35,9 @@ describe('ladder: a transition the step processor refused', () => {
   it('only records a refusal that finds no incident open (its transition already undone)', () => {
     const { state, steps } = run(running(), [refused(T0, 'automatic recovery is off for job llm-70b')]);
     expect(shape(steps)).toEqual([{ verb: 'notify' }]);
-    expect(steps[0]?.reason).toBe('recovery refused (automatic recovery is off for job llm-70b): nothing was done; the next report of the fault starts recovery again');
+    expect(steps[0]?.reason).toBe(
+      'recovery refused (automatic recovery is off for job llm-70b): nothing was done; the next report of the fault starts recovery again',
+    );
     expect(state.phase).toBe('running');
   });
 

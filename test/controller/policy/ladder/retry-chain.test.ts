@@ -53,7 +53,11 @@ describe('ladder: retry chain and exclusions', () => {
 
   it('pages a human instead of restarting once the incident has used its retry chain', () => {
     const config: LadderConfig = { ...NO_BACKOFF, retryLimit: 2 };
-    const { state, steps } = run(running(), [fault('machine', T0, ['node-1']), fault('machine', T0 + SECOND, ['node-2']), fault('machine', T0 + 2 * SECOND, ['node-3'])], config);
+    const { state, steps } = run(
+      running(),
+      [fault('machine', T0, ['node-1']), fault('machine', T0 + SECOND, ['node-2']), fault('machine', T0 + 2 * SECOND, ['node-3'])],
+      config,
+    );
     expect(shape(steps)).toEqual([{ verb: 'evict', nodes: ['node-3'] }, { verb: 'page_human' }]);
     expect(state.phase).toBe('waiting_for_human');
     expect(state.scheduled).toBeNull();
@@ -61,7 +65,11 @@ describe('ladder: retry chain and exclusions', () => {
 
   it('starts a fresh retry chain with each incident', () => {
     const config: LadderConfig = { ...NO_BACKOFF, retryLimit: 1 };
-    const { steps } = run(running(), [fault('machine', T0, ['node-1']), { type: 'restart_succeeded', time: T0 + MINUTE }, fault('machine', T0 + HOUR, ['node-2'])], config);
+    const { steps } = run(
+      running(),
+      [fault('machine', T0, ['node-1']), { type: 'restart_succeeded', time: T0 + MINUTE }, fault('machine', T0 + HOUR, ['node-2'])],
+      config,
+    );
     expect(shape(steps)).toEqual([{ verb: 'stop' }, { verb: 'evict', nodes: ['node-2'] }, { verb: 'restart' }]);
   });
 
@@ -80,7 +88,8 @@ describe('ladder: retry chain and exclusions', () => {
 
   it('forgets evictions older than 7 days when counting towards quarantine', () => {
     const events: LadderEvent[] = [];
-    for (let i = 0; i < 3; i += 1) events.push(fault('machine', T0 + i * 4 * DAY, ['node-old']), { type: 'restart_succeeded', time: T0 + i * 4 * DAY + MINUTE });
+    for (let i = 0; i < 3; i += 1)
+      events.push(fault('machine', T0 + i * 4 * DAY, ['node-old']), { type: 'restart_succeeded', time: T0 + i * 4 * DAY + MINUTE });
     const { state } = run(running(), events);
     expect(state.quarantined).toEqual([]);
     expect(state.exclusions).toEqual([{ node: 'node-old', times: [T0 + 4 * DAY, T0 + 8 * DAY] }]);

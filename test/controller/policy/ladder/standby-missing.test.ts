@@ -16,9 +16,18 @@ describe('ladder: an eviction no warm standby was left for', () => {
 
   it('does not call the stopped transition "nothing was done" when it is refused back, and later faults are only recorded', () => {
     const waiting = run(running(), [fault('machine', T0, ['node-3'], 'Xid 79'), { type: 'standby_missing', time: T0 + SECOND, nodes: ['node-3'] }]).state;
-    const refusal = run(waiting, [{ type: 'recovery_refused', time: T0 + 2 * SECOND, transitionId: 't-evict', detail: 'evict stopped the transition: no warm standby left to replace node-3' }]);
+    const refusal = run(waiting, [
+      {
+        type: 'recovery_refused',
+        time: T0 + 2 * SECOND,
+        transitionId: 't-evict',
+        detail: 'evict stopped the transition: no warm standby left to replace node-3',
+      },
+    ]);
     expect(shape(refusal.steps)).toEqual([{ verb: 'notify' }]);
-    expect(refusal.steps[0]?.reason).toBe('recovery stopped (evict stopped the transition: no warm standby left to replace node-3); a person handles the incident');
+    expect(refusal.steps[0]?.reason).toBe(
+      'recovery stopped (evict stopped the transition: no warm standby left to replace node-3); a person handles the incident',
+    );
     expect(refusal.state.phase).toBe('waiting_for_human');
     const later = run(refusal.state, [fault('machine', T0 + MINUTE, ['node-5'], 'Xid 79')]);
     expect(shape(later.steps)).toEqual([{ verb: 'tolerate', nodes: ['node-5'] }]);

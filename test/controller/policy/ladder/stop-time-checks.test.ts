@@ -121,7 +121,9 @@ describe('ladder: stop-time checks', () => {
   });
 
   it('says that no diagnostics ran, and why, when it reattempts after diagnostics that could not run', () => {
-    const { steps } = run(diagnosing(), [{ type: 'diagnostics_result', time: T0 + MINUTE, suspects: [], unrun: 'the diagnostics analysis failed after 3 attempts' }]);
+    const { steps } = run(diagnosing(), [
+      { type: 'diagnostics_result', time: T0 + MINUTE, suspects: [], unrun: 'the diagnostics analysis failed after 3 attempts' },
+    ]);
     expect(shape(steps)).toEqual([{ verb: 'reattempt' }]);
     expect(steps[0]?.reason).toContain('no diagnostics ran: the diagnostics analysis failed after 3 attempts');
   });

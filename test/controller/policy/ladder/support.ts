@@ -1,6 +1,13 @@
 import type { FaultClass, LadderEvent } from '../../../../core/ladder.js';
 import type { Step } from '../../../../core/steps.js';
-import { advance, DEFAULT_LADDER_CONFIG, initialLadderState, type LadderConfig, type LadderState, type LadderTransition } from '../../../../controller/policy/ladder/index.js';
+import {
+  advance,
+  DEFAULT_LADDER_CONFIG,
+  initialLadderState,
+  type LadderConfig,
+  type LadderState,
+  type LadderTransition,
+} from '../../../../controller/policy/ladder/index.js';
 
 /** Shared by the ladder's tests: a clock, events, and the steps without their free text. */
 
