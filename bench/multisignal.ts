@@ -2,7 +2,7 @@ import { cpus } from 'node:os';
 import { performance } from 'node:perf_hooks';
 import { MultiSignalDetector } from '../analyzers/multisignal/detector.js';
 import type { FeatureMatrix } from '../analyzers/multisignal/types.js';
-import { detectorFeatures } from '../analyzers/multisignal/source.js';
+import { detectorFeatures } from '../analyzers/multisignal/features.js';
 import { DEFAULT_THRESHOLDS } from '../rules/thresholds.js';
 import { ClusterReplay, DEFAULT_REPLAY } from './multisignal/cluster-replay.js';
 import { ThresholdBaseline, XidCounterBaseline, runReplay, type ReplayReport, type SuspectDetector } from './multisignal/evaluation.js';

@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { stringify } from 'yaml';
 import { afterAll, describe, expect, it } from 'vitest';
-import { defaultFeatureQueries } from '../analyzers/multisignal/source.js';
+import { defaultFeatureQueries } from '../analyzers/multisignal/features.js';
 import { ruleFile } from '../rules/build.js';
 
 const PROMTOOL = process.env.PROMTOOL ?? 'promtool';

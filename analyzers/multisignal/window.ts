@@ -1,7 +1,8 @@
 import { PrometheusQueryRejectedError, PrometheusUnavailableError } from '../../core/prometheus.js';
 import { MultiSignalDetector } from './detector.js';
 import type { Evidence, EvaluationContext, GroupReport, Suspect } from './types.js';
-import { PrometheusFeatureSource, detectorFeatures, type FeatureQuery, type FeatureReading } from './source.js';
+import { detectorFeatures, type FeatureQuery } from './features.js';
+import { PrometheusFeatureSource, type FeatureReading } from './source.js';
 
 /**
  * The detector replayed over a past window of Prometheus data, as `steadfast detect suspects`

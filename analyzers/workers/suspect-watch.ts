@@ -2,7 +2,8 @@ import type { JobSpec } from '../../core/job.js';
 import { faultFingerprint, newSignalId, type Signal } from '../../core/signal.js';
 import { MultiSignalDetector } from '../multisignal/detector.js';
 import type { Evidence, FeatureMatrix, Suspect } from '../multisignal/types.js';
-import { detectorFeatures, type FeatureReading, type FeatureSource } from '../multisignal/source.js';
+import { type FeatureReading, type FeatureSource } from '../multisignal/source.js';
+import { detectorFeatures } from '../multisignal/features.js';
 
 /**
  * Multi-signal detection online (the 504-GPU report): every run reads all nodes' features from

@@ -3,7 +3,7 @@ import { record, type DomainRules, type RecordingRule } from '../spec.js';
 /**
  * For fleets whose node metrics come from NVIDIA's dcgm-exporter and Prometheus' node_exporter
  * instead of the steadfast agent: recording rules that give their series the agent's metric
- * names, units and labels, so that multi-signal detection (analyzers/multisignal/source.ts)
+ * names, units and labels, so that multi-signal detection (analyzers/multisignal/features.ts)
  * scores such a fleet with its default queries. Each recorded series keeps the labels of its
  * source, the scrape job included, so the detector is pointed at those jobs with
  * analysis.labels.scrapeJob (or `detect suspects --scrape-job dcgm-exporter|node-exporter`), and

@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { stringify } from 'yaml';
 import { afterAll, describe, expect, it } from 'vitest';
-import { DEFAULT_FEATURES } from '../../../analyzers/multisignal/source.js';
+import { DEFAULT_FEATURES } from '../../../analyzers/multisignal/features.js';
 
 const PROMTOOL = process.env.PROMTOOL ?? 'promtool';
 const dir = await mkdtemp(join(tmpdir(), 'steadfast-xid-features-'));

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { MultiSignalDetector } from '../../../analyzers/multisignal/detector.js';
 import type { FeatureMatrix, FeatureValue } from '../../../analyzers/multisignal/types.js';
-import { DEFAULT_FEATURES, detectorFeatures } from '../../../analyzers/multisignal/source.js';
+import { DEFAULT_FEATURES, detectorFeatures } from '../../../analyzers/multisignal/features.js';
 import { ClusterReplay } from '../../../bench/multisignal/cluster-replay.js';
 import { XidCounterBaseline, runReplay } from '../../../bench/multisignal/evaluation.js';
 import { ANY_XID_5M, FAULT_KINDS, REPLAY_FEATURES, type FaultLabel } from '../../../bench/multisignal/labels.js';
