@@ -5,7 +5,8 @@ import { runBaseline } from '../../tryit/ettr/baselines.js';
 import { compareStrategies } from '../../tryit/ettr/compare.js';
 import { IncidentStream, ScriptedIncidents, type ScriptedIncident } from '../../tryit/ettr/incidents.js';
 import { CAUSES } from '../../tryit/ettr/ledger.js';
-import { RESCHEDULE_SECONDS, SYMPTOMS, WARM_EVICTION_SECONDS, ettrParams, hotUpdateSeconds, requeueSeconds, type EttrParams } from '../../tryit/ettr/model.js';
+import { RESCHEDULE_SECONDS, SYMPTOMS, WARM_EVICTION_SECONDS, hotUpdateSeconds, requeueSeconds } from '../../tryit/ettr/model.js';
+import { ettrParams, type EttrParams } from '../../tryit/ettr/params.js';
 import type { StrategyResult } from '../../tryit/ettr/result.js';
 import { runSteadfast } from '../../tryit/ettr/run.js';
 

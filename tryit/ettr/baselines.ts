@@ -1,5 +1,6 @@
 import { Ledger, type Cause } from './ledger.js';
-import { NAMED_MACHINE_TEST_SECONDS, SIM_START_MS, DAY_MS, type EttrParams } from './model.js';
+import { NAMED_MACHINE_TEST_SECONDS } from './model.js';
+import { SIM_START_MS, DAY_MS, type EttrParams } from './params.js';
 import type { Incident, IncidentSource } from './incidents.js';
 import { increment, schedulingSummary, type StrategyResult } from './result.js';
 

@@ -1,7 +1,8 @@
 import type { LadderConfig } from '../../controller/policy/ladder/index.js';
 import { runBaseline } from './baselines.js';
 import { IncidentStream, type IncidentSource } from './incidents.js';
-import { FIG12, type EttrParams } from './model.js';
+import { FIG12 } from './model.js';
+import { type EttrParams } from './params.js';
 import type { StrategyName, StrategyResult } from './result.js';
 import { runSteadfast } from './run.js';
 

@@ -1,6 +1,6 @@
 import type { FaultClass } from '../../core/ladder.js';
 import type { Incident } from './incidents.js';
-import type { EttrTimings } from './model.js';
+import type { EttrTimings } from './params.js';
 
 /**
  * What steadfast's monitoring reports to the recovery ladder about an incident, and how long after

@@ -1,5 +1,6 @@
 import { seededUniform } from '../../core/random.js';
-import { SYMPTOMS, symptomById, type EttrParams, type RootCause, type SignalKind, type Symptom } from './model.js';
+import { SYMPTOMS, symptomById, type RootCause, type SignalKind, type Symptom } from './model.js';
+import { type EttrParams } from './params.js';
 
 /**
  * The incidents one simulated job meets, drawn in advance from a seed so every strategy (and every

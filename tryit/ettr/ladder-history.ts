@@ -1,6 +1,6 @@
 import type { LadderEvent } from '../../core/ladder.js';
 import { advance, initialLadderState, type LadderConfig, type LadderState } from '../../controller/policy/ladder/index.js';
-import { DAY_MS, SIM_START_MS } from './model.js';
+import { DAY_MS, SIM_START_MS } from './params.js';
 
 /**
  * The simulated job's ladder as the window opens: it has been training a while, on v0 and then

@@ -1,6 +1,7 @@
 import type { EttrComparison } from './compare.js';
 import { CAUSES, type Cause } from './ledger.js';
-import { LESSON_SHARES, PAPER_INCIDENTS_PER_DAY, SYMPTOMS, jobMtbfHours } from './model.js';
+import { LESSON_SHARES, PAPER_INCIDENTS_PER_DAY, SYMPTOMS } from './model.js';
+import { jobMtbfHours } from './params.js';
 import { hotSwapJson, hotSwapText } from './report-hot-swap.js';
 import { STRATEGIES, type StrategyResult } from './result.js';
 import type { Sensitivity } from './sensitivity.js';

@@ -1,6 +1,6 @@
 import { runBaseline } from './baselines.js';
 import { IncidentStream } from './incidents.js';
-import type { EttrParams } from './model.js';
+import type { EttrParams } from './params.js';
 import { runSteadfast } from './run.js';
 
 /**
