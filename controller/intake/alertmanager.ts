@@ -57,11 +57,9 @@ function boundedSet(noun: 'label' | 'annotation', value: z.ZodType<string>) {
 
 const labelSet = boundedSet(
   'label',
-  z
-    .string()
-    .refine((text) => storedBytes(text) <= LABEL_VALUE_MAX_BYTES, {
-      message: `must be at most ${LABEL_VALUE_MAX_BYTES} bytes as stored (a control character takes six)`,
-    }),
+  z.string().refine((text) => storedBytes(text) <= LABEL_VALUE_MAX_BYTES, {
+    message: `must be at most ${LABEL_VALUE_MAX_BYTES} bytes as stored (a control character takes six)`,
+  }),
 );
 const annotationSet = boundedSet('annotation', z.string().max(ANNOTATION_VALUE_MAX));
 const alertLabels = labelSet
