@@ -2,7 +2,8 @@ import { randomBytes } from 'node:crypto';
 import { afterAll, beforeAll, expect } from 'vitest';
 import { labProcesses } from '../../tryit/lab/daemons.js';
 import { listLinks, listNetns } from '../../tryit/lab/network.js';
-import { ProtectedLab, type ProtectedLabOptions } from '../../tryit/lab/protected.js';
+import { ProtectedLab } from '../../tryit/lab/protected.js';
+import { type ProtectedLabOptions } from '../../tryit/lab/protected-options.js';
 import type { ScenarioReport } from '../../tryit/lab/scenarios.js';
 
 /**

@@ -10,7 +10,8 @@ export { labStatus, formatLabStatus, type LabStatus } from './status.js';
 export { labLayout, labOptionsSchema, type LabLayout, type LabOptions, type LabOptionsInput } from './layout.js';
 export { LabError } from './command.js';
 export { slurmEnv, sinfoNodes, jobIds } from './slurm.js';
-export { ProtectedLab, LAB_AGENT_PORT, type ProtectedLabOptions } from './protected.js';
+export { ProtectedLab } from './protected.js';
+export { LAB_AGENT_PORT, type ProtectedLabOptions } from './protected-options.js';
 export { FAIL_SLOW_LAB, runFailSlow, type FailSlowReport, type IterationSeconds } from './scenario-fail-slow.js';
 export {
   SCENARIO_NAMES,

@@ -1,6 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { AuditEntry } from '../../core/audit.js';
-import { LAB_MICROBATCHES_PER_RANK, type ProtectedLab, type ProtectedLabOptions } from './protected.js';
+import { type ProtectedLab } from './protected.js';
+import { LAB_MICROBATCHES_PER_RANK, type ProtectedLabOptions } from './protected-options.js';
 import {
   RECOVERY_TIMEOUT_MS,
   at,

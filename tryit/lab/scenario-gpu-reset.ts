@@ -1,4 +1,5 @@
-import type { ProtectedLab, ProtectedLabOptions } from './protected.js';
+import type { ProtectedLab } from './protected.js';
+import type { ProtectedLabOptions } from './protected-options.js';
 import {
   RECOVERY_TIMEOUT_MS,
   at,

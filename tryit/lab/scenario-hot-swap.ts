@@ -1,6 +1,7 @@
 import type { AuditEntry } from '../../core/audit.js';
 import { killNode, referenceLosses, trainingProcesses } from './hot-swap-lab.js';
-import type { ProtectedLab, ProtectedLabOptions } from './protected.js';
+import type { ProtectedLab } from './protected.js';
+import type { ProtectedLabOptions } from './protected-options.js';
 import {
   RECOVERY_TIMEOUT_MS,
   at,

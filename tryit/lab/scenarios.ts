@@ -1,5 +1,6 @@
 import { errorMessage } from '../../core/errors.js';
-import type { ProtectedLab, ProtectedLabOptions } from './protected.js';
+import type { ProtectedLab } from './protected.js';
+import type { ProtectedLabOptions } from './protected-options.js';
 import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { triggerRankCrash, triggerRankHang, writeCodeVersion } from './training.js';
