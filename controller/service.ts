@@ -24,13 +24,12 @@ import { IntakeBatcher } from './intake-batch.js';
 import { GrafanaAnnotator } from './grafana.js';
 import { ControllerMetrics } from './metrics.js';
 import { JobStore, jobMembers } from './job-store.js';
+import { tickJobLadders } from './recovery-tick.js';
 import { RecoveryDispatcher } from './policy/recovery-dispatcher.js';
 import { ladderConfig, type LadderConfig } from './policy/ladder/index.js';
 import { ProgressWatch, TrainingProgressReports } from './progress.js';
-import { finishIfWorkloadEnded } from './job-end.js';
 import { jobsRouter } from './intake/jobs-api.js';
 import { worldRouter } from './intake/world-api.js';
-import { swapEndEvent } from './world-store.js';
 import { operatorRouter } from './intake/operator-api.js';
 import { MicrobatchBoard } from './microbatches.js';
 import { FailSlowWatch } from '../analyzers/workers/failslow-watch.js';
@@ -360,36 +359,18 @@ export class Controller {
 
   private async tickJobs(): Promise<void> {
     const now = Date.now();
-    const records = (await this.jobs.list()).filter((record) => record.state !== 'finished');
-    for (const record of records) {
-      // Each job on its own, and its tick whatever its checks did: held restarts and lazy updates wait on it.
-      const job = record.spec.name;
-      const ended = await this.tickPart(
-        job,
-        'finish check',
-        async () =>
-          record.state === 'running' &&
-          (await finishIfWorkloadEnded(
-            { jobs: this.jobs, backend: this.backend, launchers: this.options.config.launchers, audit: this.audit, logger: this.options.logger },
-            record.spec,
-            now,
-          )),
-      );
-      if (ended === true) continue;
-      await this.tickPart(job, 'progress check', async () => {
-        const decided = await this.progress?.check(job, jobMembers(record), now);
-        if (decided === undefined) return;
-        const { seen, ...verdict } = decided;
-        this.options.logger.info({ job, verdict: verdict.event.type, seen }, 'restart judged by training progress');
-        await this.dispatcher.apply(verdict);
-      });
-      // A hot swap past its bound falls back to stop and relaunch (DeadPool §VI): the ladder hears it.
-      await this.tickPart(job, 'hot swap bound', async () => {
-        const late = record.spec.hotSwap ? await this.jobs.world.overdue(record, now) : undefined;
-        if (late) await this.dispatcher.apply(swapEndEvent(job, 'failed', late, now));
-      });
-      await this.tickPart(job, 'tick', () => this.dispatcher.apply({ job, event: { type: 'tick', time: now }, eventId: `tick:${now}` }));
-    }
+    const records = await tickJobLadders(
+      {
+        jobs: this.jobs,
+        backend: this.backend,
+        config: this.options.config,
+        audit: this.audit,
+        logger: this.options.logger,
+        progress: this.progress,
+        dispatcher: this.dispatcher,
+      },
+      now,
+    );
     // The analysis lease is renewed every tick; fail-slow checks and multi-signal detection run on
     // their own intervals (tickFailSlow, tickSuspects), so a slow feature read or a watch learning a
     // new job from history never holds a job's recovery tick.
@@ -399,16 +380,6 @@ export class Controller {
       new Set(records.flatMap((record) => record.spec.nodes)),
       now,
     );
-  }
-
-  /** One part of a job's tick; a failure is logged and leaves the job's other parts and the other jobs to run. */
-  private async tickPart<T>(job: string, part: string, work: () => Promise<T>): Promise<T | undefined> {
-    try {
-      return await work();
-    } catch (error) {
-      this.options.logger.warn({ job, part, err: error }, 'recovery tick of a job failed');
-      return undefined;
-    }
   }
 
   /** One multi-signal evaluation of every running job, every analysis.detectorIntervalSeconds, by the analysis leader. */

@@ -75,3 +75,15 @@ export class EventQueue {
     }
   }
 }
+
+/** A callback of the share of [start, end] reached, called at most once per percent as time moves on; a no-op without one. */
+export function percentReporter(start: number, end: number, report?: (fraction: number) => void): (now: number) => void {
+  let last = -1;
+  return (now) => {
+    if (report === undefined) return;
+    const percent = Math.floor(((now - start) / (end - start)) * 100);
+    if (percent <= last) return;
+    last = percent;
+    report(percent / 100);
+  };
+}

@@ -2,7 +2,7 @@ import type { FaultClass, FaultEvent, LadderEvent } from '../../core/ladder.js';
 import type { Step } from '../../core/steps.js';
 import { DEFAULT_LADDER_CONFIG, advance, type LadderConfig, type LadderState } from '../../controller/policy/ladder/index.js';
 import { faultReports } from './detection.js';
-import { EventQueue } from './events.js';
+import { EventQueue, percentReporter } from './events.js';
 import { HotSwapWorld, type HotSwapParams } from './hot-swap.js';
 import { IncidentClock } from './incident-clock.js';
 import type { Incident, IncidentSource } from './incidents.js';
@@ -70,7 +70,8 @@ class SteadfastSimulation {
   private signals = 0;
   private versions = 1;
   private readonly ticks = new Set<number>();
-  private lastProgress = -1;
+  /** Reports the share of simulated time done to options.onProgress, at most once per percent. */
+  private readonly progress: (now: number) => void;
 
   constructor(
     private readonly params: EttrParams,
@@ -80,6 +81,7 @@ class SteadfastSimulation {
     this.config = options.ladderConfig ?? DEFAULT_LADDER_CONFIG;
     this.t = params.timings;
     this.end = SIM_START_MS + params.days * DAY_MS;
+    this.progress = percentReporter(SIM_START_MS, this.end, options.onProgress);
     this.ledger = new Ledger(SIM_START_MS, this.end, params.checkpointIntervalSeconds * S, params.checkpointBlockingSeconds * S);
     this.members = new JobMembers(params.nodes);
     this.pool = new StandbyPool(params.standby, this.t.standbyReplenishSeconds * S, (time, run) => this.queue.schedule(time, run));
@@ -104,7 +106,7 @@ class SteadfastSimulation {
       this.now = event.time;
       event.run();
       this.checkNotStalled();
-      this.progress();
+      this.progress(this.now);
     }
     this.now = this.end;
     if (this.training !== null) this.ledger.segment(this.training.since, this.end, 'horizon', this.open?.symptom ?? 'none');
@@ -438,21 +440,10 @@ class SteadfastSimulation {
     });
   }
 
-  // -------------------------------------------------------------------------------------------
-
   private checkNotStalled(): void {
     if (this.training !== null || this.pending > 0 || this.ladder.scheduled !== null) return;
     throw new Error(
       `ETTR simulation stalled at ${new Date(this.now).toISOString()}: the job is down, no action is under way and the ladder holds nothing (phase ${this.ladder.phase})`,
     );
-  }
-
-  private progress(): void {
-    const onProgress = this.options.onProgress;
-    if (onProgress === undefined) return;
-    const percent = Math.floor(((this.now - SIM_START_MS) / (this.end - SIM_START_MS)) * 100);
-    if (percent <= this.lastProgress) return;
-    this.lastProgress = percent;
-    onProgress(percent / 100);
   }
 }
