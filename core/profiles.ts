@@ -105,9 +105,7 @@ export interface NodeFacts {
 
 /** A node's profile: none, exactly one, or a conflict between the two or more that match it. */
 export type ProfileMatch =
-  | { readonly kind: 'none' }
-  | { readonly kind: 'profile'; readonly profile: Profile }
-  | { readonly kind: 'conflict'; readonly profiles: readonly string[] };
+  { readonly kind: 'none' } | { readonly kind: 'profile'; readonly profile: Profile } | { readonly kind: 'conflict'; readonly profiles: readonly string[] };
 
 /** Whether `profile` covers `node`: by name, by any of its partitions, or by all of its labels. */
 export function profileMatches(profile: Profile, node: string, facts: NodeFacts): boolean {

@@ -85,7 +85,8 @@ export function createStepProcessor(baseDeps: StepProcessorDeps): (job: Job, tok
     const safety = profile.safety;
     const deps: StepProcessorDeps = {
       ...own,
-      gates: safety === undefined ? own.gates : own.gates.withBudget(profile.name, { maxPerWindow: safety.maxDrainsPerWindow, windowSeconds: safety.windowSeconds }),
+      gates:
+        safety === undefined ? own.gates : own.gates.withBudget(profile.name, { maxPerWindow: safety.maxDrainsPerWindow, windowSeconds: safety.windowSeconds }),
       profile: profile.name,
     };
     const built: Actuators = { base: stepBase(deps), byVerb: buildStepActuators(deps, { dryRun }) };

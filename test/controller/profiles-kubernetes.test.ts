@@ -63,7 +63,7 @@ describe('profiles matched by Kubernetes node labels', () => {
     expect(await resolver.resolve('gpu-gone')).toEqual({ kind: 'none' });
   });
 
-  it("records, without doing, the drain of a node whose labels put it in a dry-run profile, and names the profile in the audit", async () => {
+  it('records, without doing, the drain of a node whose labels put it in a dry-run profile, and names the profile in the audit', async () => {
     api.answer('/api/v1/nodes/gpu-a01', nodeWith('gpu-a01', { 'node.example.com/pool': 'inference' }));
     api.answer('/api/v1/nodes/gpu-b01', nodeWith('gpu-b01', { 'node.example.com/pool': 'training' }));
     const store = testRedis();

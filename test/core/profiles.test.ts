@@ -59,12 +59,19 @@ describe('the profiles section of the configuration', () => {
   it('reads profiles matched by partition, by label and by name, each with its own settings', () => {
     const config = loadConfig({ file: configFile(FLEET), env: {} });
     expect(config.profiles.map((profile) => profile.name)).toEqual(['h100-train', 'inference', 'burn-in']);
-    expect(config.profiles[0]).toEqual({ name: 'h100-train', match: { partitions: ['train'] }, safety: { maxDrainsPerWindow: 2 }, remedies: { reboot: false } });
+    expect(config.profiles[0]).toEqual({
+      name: 'h100-train',
+      match: { partitions: ['train'] },
+      safety: { maxDrainsPerWindow: 2 },
+      remedies: { reboot: false },
+    });
     expect(config.profiles[2]?.dryRun).toBe(true);
   });
 
   it('refuses a profile that matches nothing, names a node twice across profiles, or repeats a name, naming the key', () => {
-    expect(refusal('profiles:\n  - name: empty\n    match: {}\n').message).toBe('invalid config: profiles.0.match.nodes: must name nodes, partitions or nodeLabels');
+    expect(refusal('profiles:\n  - name: empty\n    match: {}\n').message).toBe(
+      'invalid config: profiles.0.match.nodes: must name nodes, partitions or nodeLabels',
+    );
     const twice = refusal('profiles:\n  - name: a\n    match: {nodes: [n1, n2]}\n  - name: b\n    match: {nodes: [n3, n2]}\n');
     expect(twice.message).toBe('invalid config: profiles.1.match.nodes: node "n2" is in profiles "a" and "b"');
     expect(twice.field).toBe('profiles.1.match.nodes');
@@ -74,8 +81,12 @@ describe('the profiles section of the configuration', () => {
   });
 
   it('refuses unknown keys, a partition that could become an option, a bad label, a bad name and a negative budget', () => {
-    expect(refusal('profiles:\n  - name: a\n    match: {nodes: [n1]}\n    dryrun: true\n').message).toMatch(/^invalid config: profiles\.0: Unrecognized key: "dryrun"/);
-    expect(refusal('profiles:\n  - name: a\n    match: {partitions: ["--all"]}\n').message).toMatch(/profiles\.0\.match\.partitions\.0: a Slurm partition name/);
+    expect(refusal('profiles:\n  - name: a\n    match: {nodes: [n1]}\n    dryrun: true\n').message).toMatch(
+      /^invalid config: profiles\.0: Unrecognized key: "dryrun"/,
+    );
+    expect(refusal('profiles:\n  - name: a\n    match: {partitions: ["--all"]}\n').message).toMatch(
+      /profiles\.0\.match\.partitions\.0: a Slurm partition name/,
+    );
     expect(refusal('profiles:\n  - name: a\n    match: {nodeLabels: {"pool": "in ference"}}\n').message).toMatch(
       /profiles\.0\.match\.nodeLabels\.pool: a Kubernetes label value/,
     );
