@@ -5,7 +5,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DryRunBackend } from '../../actuators/dry-run.js';
 import { SlurmBackend } from '../../actuators/slurm.js';
 import type { AuditEntry } from '../../core/audit.js';
-import { profilesSchema } from '../../core/profiles.js';
+import { profilesSchema, type Profile } from '../../core/profiles.js';
+import { ProfileResolver } from '../../controller/profile-resolver.js';
 import type { Controller } from '../../controller/service.js';
 import { startSlurm, type SlurmPart } from '../../tryit/parts.js';
 import { ProcessGroup } from '../../tryit/processes.js';
@@ -35,6 +36,7 @@ describe('profiles per node group on the Slurm backend', () => {
   let slurmBackend: SlurmBackend;
   let controller: Controller;
   let url: string;
+  let profiles: Profile[];
 
   beforeAll(async () => {
     slurm = await startSlurm(group, root, ['bi-1', 'bi-2', 'tr-1', 'tr-2', 'gp-1', 'ov-1'], {
@@ -46,7 +48,7 @@ describe('profiles per node group on the Slurm backend', () => {
       remedies: { reboot: { enabled: true } },
       safety: { maxDrainsPerWindow: 10 },
     });
-    const profiles = profilesSchema.parse([
+    profiles = profilesSchema.parse([
       { name: 'burn-in', match: { partitions: ['burn-in'] }, dryRun: true, safety: { maxDrainsPerWindow: 1 }, remedies: { reboot: false } },
       { name: 'train', match: { partitions: ['train'] }, safety: { maxDrainsPerWindow: 3 }, remedies: { reboot: false } },
       { name: 'rack9', match: { partitions: ['rack9'] } },
@@ -104,6 +106,15 @@ describe('profiles per node group on the Slurm backend', () => {
     const noReboot = await fault('tr-2');
     expect(noReboot.decision?.summary).toBe(`drain tr-2: ${REASON} [profile train]`);
     expect((await slurmBackend.nodeState('tr-2')).drained).toBe(true);
+  });
+
+  it('tells, for the startup log, how many nodes each profile covers as Slurm lists its partitions', async () => {
+    const resolver = new ProfileResolver(profiles, { partitionNodes: (partition) => slurmBackend.partitionNodes(partition) });
+    expect(await resolver.describe()).toEqual([
+      { name: 'burn-in', nodes: 2, byLabels: false },
+      { name: 'train', nodes: 3, byLabels: false },
+      { name: 'rack9', nodes: 1, byLabels: false },
+    ]);
   });
 
   it('takes no automatic action on a node two profiles match, and audits why naming both', async () => {
