@@ -33,6 +33,8 @@ export interface ClusterBackend {
   nodeState(node: string): Promise<NodeState>;
   /** The nodes of a partition (Slurm), for maintenance windows by partition; empty for a partition it does not know. */
   partitionNodes?(partition: string): Promise<string[]>;
+  /** The node's labels (Kubernetes), for profiles that match nodes by label; empty for a node it does not know. */
+  nodeLabels?(node: string): Promise<Readonly<Record<string, string>>>;
   /** Stops new work landing on the node, recording `reason` where the scheduler shows it. */
   drain(node: string, reason: string): Promise<void>;
   /** Returns the node to service. */

@@ -233,6 +233,12 @@ export class KubernetesBackend implements ClusterBackend {
    * of a node already drained does not overwrite why it was taken out. Evictions are re-tried
    * on every call, so a drain stopped by a PodDisruptionBudget finishes on a later attempt.
    */
+  /** The node's labels, read for profiles that match by label (config `profiles[].match.nodeLabels`): a plain `get nodes`. */
+  async nodeLabels(node: string): Promise<Readonly<Record<string, string>>> {
+    this.checkNode(node);
+    return (await this.readNode(node))?.metadata?.labels ?? {};
+  }
+
   async drain(node: string, reason: string): Promise<void> {
     await this.cordon(node, reason);
     await this.evictPods(node);

@@ -32,6 +32,12 @@ export interface BudgetOptions {
   readonly windowSeconds: number;
 }
 
+/** The nodes of maintenance windows' partitions as last read, and when: shared by gates that differ only in their budget. */
+interface PartitionCache {
+  nodes: Map<string, string[]>;
+  readAt: number;
+}
+
 export class SafetyGates {
   constructor(
     private readonly redis: Redis,
@@ -43,19 +49,43 @@ export class SafetyGates {
     /** The nodes of a partition, from the scheduler (ClusterBackend.partitionNodes), for windows by partition. */
     private readonly partitionNodes?: (partition: string) => Promise<string[]>,
     private readonly logger?: Logger,
+    /** The profile whose own budget these gates count (withBudget); undefined: the global budget. */
+    private readonly budgetProfile?: string,
+    /** Shared with the gates this one was made from (withBudget), so the partitions are read once a minute, not once per budget. */
+    private readonly partitionCache: PartitionCache = { nodes: new Map(), readAt: Number.NEGATIVE_INFINITY },
   ) {
     if (windows.some((window) => window.partitions !== undefined) && partitionNodes === undefined) {
       throw new Error('remedies.maintenanceWindows names partitions, which only the Slurm backend knows; name the nodes instead');
     }
     this.locks = new Locks(redis, keys);
+    this.budgetKey = budgetProfile === undefined ? keys.drainBudget : `${keys.drainBudget}:profile:${budgetProfile}`;
   }
+
+  /** Where the budget's drains are counted: a profile's own key apart from the global one. */
+  private readonly budgetKey: string;
 
   /** The node leases and the budget's slots (core/locks.ts). */
   private readonly locks: Locks;
 
-  /** Each window's partitions' nodes as last read, and when. */
-  private partitions = new Map<string, string[]>();
-  private partitionsReadAt = Number.NEGATIVE_INFINITY;
+  /**
+   * The same gates (pause, holds, windows, leases) with an eviction budget of their own, counted
+   * under its own key: a profile's (config `profiles[].safety`), so that one group of nodes
+   * spending its drains leaves every other group's budget whole. Fields it leaves out are the
+   * global budget's.
+   */
+  withBudget(profile: string, budget: Partial<BudgetOptions>): SafetyGates {
+    return new SafetyGates(
+      this.redis,
+      this.keys,
+      { maxPerWindow: budget.maxPerWindow ?? this.budget.maxPerWindow, windowSeconds: budget.windowSeconds ?? this.budget.windowSeconds },
+      this.leaseSeconds,
+      this.windows,
+      this.partitionNodes,
+      this.logger,
+      profile,
+      this.partitionCache,
+    );
+  }
 
   /**
    * Reads the nodes of every partition a window names, at most once a minute (a node added to a
@@ -64,15 +94,16 @@ export class SafetyGates {
    */
   async refreshPartitions(): Promise<void> {
     const now = Date.now();
-    if (this.partitionNodes === undefined || now - this.partitionsReadAt < PARTITION_REFRESH_MS) return;
-    this.partitionsReadAt = now;
+    const cache = this.partitionCache;
+    if (this.partitionNodes === undefined || now - cache.readAt < PARTITION_REFRESH_MS) return;
+    cache.readAt = now;
     const names = new Set(this.windows.flatMap((window) => window.partitions ?? []));
     for (const name of names) {
       try {
         const nodes = await this.partitionNodes(name);
         if (nodes.length === 0)
           this.logger?.warn({ partition: name }, 'a maintenance window names a partition with no nodes (or one the scheduler does not know)');
-        if (nodes.length > 0 || !this.partitions.has(name)) this.partitions.set(name, nodes);
+        if (nodes.length > 0 || !cache.nodes.has(name)) cache.nodes.set(name, nodes);
       } catch (error) {
         this.logger?.warn({ partition: name, err: error }, "could not read the nodes of a maintenance window's partition; keeping the last list");
       }
@@ -87,7 +118,7 @@ export class SafetyGates {
     const nodes = new Map<string, { window: string; end: string }>();
     for (const window of this.windows) {
       if (Date.parse(window.start) > now || Date.parse(window.end) <= now) continue;
-      const covered = [...(window.nodes ?? []), ...(window.partitions ?? []).flatMap((partition) => this.partitions.get(partition) ?? [])];
+      const covered = [...(window.nodes ?? []), ...(window.partitions ?? []).flatMap((partition) => this.partitionCache.nodes.get(partition) ?? [])];
       for (const node of covered) if (!nodes.has(node)) nodes.set(node, { window: window.name, end: window.end });
     }
     return nodes;
@@ -157,7 +188,7 @@ export class SafetyGates {
 
   /** Drains counted in the current window. */
   async budgetUsed(now = Date.now()): Promise<number> {
-    return this.redis.zcount(this.keys.drainBudget, now - this.budget.windowSeconds * 1000, '+inf');
+    return this.redis.zcount(this.budgetKey, now - this.budget.windowSeconds * 1000, '+inf');
   }
 
   /** Pause, then the holds on `nodes`, then budget: the checks that decide whether an action may happen at all. */
@@ -170,7 +201,7 @@ export class SafetyGates {
     if (pausedReason !== undefined) return { ok: false, gate: 'pause', reason: `actions are paused: ${pausedReason}` };
     const holds = await holdsRead;
     if (!holds.ok) return holds;
-    if (!(await this.locks.takeBudgetSlot(decisionId, now, this.budget.windowSeconds * 1000, this.budget.maxPerWindow))) {
+    if (!(await this.locks.takeBudgetSlot(decisionId, now, this.budget.windowSeconds * 1000, this.budget.maxPerWindow, this.budgetKey))) {
       return {
         ok: false,
         gate: 'budget',
@@ -223,7 +254,8 @@ export class SafetyGates {
    */
   async claimPage(gate: Gate, now = Date.now()): Promise<boolean> {
     // Under the installation's prefix, next to the budget it guards (core/redis.ts Keys).
-    const key = `${this.keys.prefix}:paged:${gate}`;
+    // A profile's budget pages on its own: one group's exhausted budget does not silence another's.
+    const key = `${this.keys.prefix}:paged:${gate}${gate === 'budget' && this.budgetProfile !== undefined ? `:profile:${this.budgetProfile}` : ''}`;
     return (await this.redis.set(key, String(now), 'PX', this.budget.windowSeconds * 1000, 'NX')) === 'OK';
   }
 

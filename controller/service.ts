@@ -41,6 +41,7 @@ import { configuredAgentTokens } from './kubernetes-agents.js';
 import { createLimitedServer, listenOn } from '../core/connection-limits.js';
 import { metricsHandler } from './intake/metrics-server.js';
 import { startWorkers } from './workers.js';
+import { profileResolverFor, type ProfileResolver } from './profile-resolver.js';
 import { startIntervalTask, type IntervalTask } from './interval-task.js';
 
 export interface ControllerOptions {
@@ -96,6 +97,7 @@ export class Controller {
   readonly audit: AuditLog;
   readonly backend: ClusterBackend;
   readonly gates: SafetyGates;
+  private readonly profiles: ProfileResolver | undefined;
   readonly jobs: JobStore;
   private readonly analysisQueue: Queue<AnalysisJob>;
   private readonly agents: AgentDirectory;
@@ -150,6 +152,7 @@ export class Controller {
     });
     this.audit = new AuditLog(this.workerRedis, this.keys, this.auditEntries);
     this.backend = createBackend(config, this.workerRedis, this.keys);
+    this.profiles = profileResolverFor(config.profiles, this.backend, options.logger);
     this.gates = new SafetyGates(
       this.workerRedis,
       this.keys,
@@ -335,6 +338,7 @@ export class Controller {
         audit: this.audit,
         backend: this.backend,
         gates: this.gates,
+        profiles: this.profiles,
         jobs: this.jobs,
         dispatcher: this.dispatcher,
         ladder: this.ladder,

@@ -22,6 +22,7 @@ import type { JobStore } from './job-store.js';
 import type { LadderConfig } from './policy/ladder/index.js';
 import type { ControllerMetrics } from './metrics.js';
 import { NodeDispatcher } from './policy/node-dispatcher.js';
+import type { ProfileResolver } from './profile-resolver.js';
 import { createPolicyProcessor } from './policy/policy-worker.js';
 import type { ProgressWatch } from './progress.js';
 import type { RecoveryDispatcher } from './policy/recovery-dispatcher.js';
@@ -38,6 +39,8 @@ export interface WorkerDeps {
   readonly audit: AuditLog;
   readonly backend: ClusterBackend;
   readonly gates: SafetyGates;
+  /** The nodes' profiles (config `profiles:`); undefined when none is configured (every node has the global settings). */
+  readonly profiles?: ProfileResolver | undefined;
   readonly jobs: JobStore;
   readonly dispatcher: RecoveryDispatcher;
   readonly ladder: LadderConfig;
@@ -75,15 +78,18 @@ export function startWorkers(deps: WorkerDeps, workers: Worker[] = []): Worker[]
   const timing = workerTiming(config.queues);
   const history = new RemediationHistory(deps.redis, deps.keys, config.remedies.historyLength);
   const handOffWebhook = config.remedies.handOff.webhookUrl;
+  const profiles = deps.profiles;
+  profiles?.logMatches(logger);
   const policy = new Worker(
     QUEUE_NAMES.signals,
     createPolicyProcessor({
       redis: deps.redis,
       keys: deps.keys,
       audit: deps.audit,
-      nodes: new NodeDispatcher(deps.redis, deps.keys, deps.audit, deps.stepQueue, config.policy.drainDedupeSeconds),
+      nodes: new NodeDispatcher(deps.redis, deps.keys, deps.audit, deps.stepQueue, config.policy.drainDedupeSeconds, profiles),
       recovery: { jobs: deps.jobs, dispatcher: deps.dispatcher },
       remedies: { config: config.remedies, history },
+      ...(profiles ? { remediesFor: (node: string, global: typeof config.remedies) => profiles.remediesFor(node, global) } : {}),
     }),
     { connection: deps.connection(), prefix: config.redis.prefix, ...timing, concurrency: 32 },
   );
@@ -120,6 +126,7 @@ export function startWorkers(deps: WorkerDeps, workers: Worker[] = []): Worker[]
       resetter: new AgentGpuResetter(deps.agents),
       remedies: config.remedies,
       history,
+      profiles,
       onRemediation: (node, action, outcome) => deps.metrics.remediations.inc({ node, action, outcome }),
       handOff:
         handOffWebhook === undefined

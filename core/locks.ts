@@ -137,7 +137,7 @@ export class Locks {
   }
 
   /** Counts `decisionId` in the budget's window (once): false when `max` decisions already fill it. */
-  async takeBudgetSlot(decisionId: string, now: number, windowMs: number, max: number): Promise<boolean> {
-    return Number(await this.takeSlot(this.keys.drainBudget, String(now), String(windowMs), String(max), decisionId)) === 1;
+  async takeBudgetSlot(decisionId: string, now: number, windowMs: number, max: number, key = this.keys.drainBudget): Promise<boolean> {
+    return Number(await this.takeSlot(key, String(now), String(windowMs), String(max), decisionId)) === 1;
   }
 }

@@ -7,6 +7,7 @@ import type { AnalysisJob, LadderEventJob } from '../../core/queues.js';
 import type { Keys, Redis } from '../../core/redis.js';
 import type { RemedyAction, RemedyOutcome } from '../../core/remedy.js';
 import type { RemediesConfig } from '../../core/remedy-config.js';
+import { profileSuffix, type NodeProfiles } from '../../core/profiles.js';
 import { ACTING_VERBS, type Step, type StepRecord, type StepState } from '../../core/steps.js';
 import { DoNotRetryError } from '../../core/errors.js';
 import type { Locks } from '../../core/locks.js';
@@ -114,6 +115,14 @@ export interface StepProcessorDeps {
    * its stalled transition runs again elsewhere.
    */
   readonly jobHoldMs?: number;
+  /**
+   * The nodes' profiles (config `profiles:`): a node ladder's transition runs with its node's
+   * dry-run and budget, and no acting step touches a node two profiles match. Without it every node
+   * has the global settings.
+   */
+  readonly profiles?: NodeProfiles | undefined;
+  /** The profile these actuators serve (set by the step processor): its name goes on every entry they audit. */
+  readonly profile?: string | undefined;
 }
 
 /** One step of one transition, as its actuator sees it. */
@@ -169,6 +178,8 @@ export interface StepRecording {
   readonly audit: AuditLog;
   readonly backend: ClusterBackend;
   readonly onFinished: (record: StepRecord) => void;
+  /** The node's profile, named in each entry's data and summary; undefined for a node in none (entries as they always were). */
+  readonly profile?: string | undefined;
 }
 
 /** Pages a person: `job` when it is a job's incident. Built with or without the controller's pager (index.ts). */
@@ -217,8 +228,8 @@ export async function recordStep(deps: StepRecording, at: StepAt, state: StepSta
       type: 'action',
       ref,
       node,
-      summary: `${at.job === undefined ? '' : `${at.job}: `}${step.verb}${shown ? ` ${shown}` : ''}: ${state} (${detail})`,
-      data: { ...record, step, ...options.data },
+      summary: `${at.job === undefined ? '' : `${at.job}: `}${step.verb}${shown ? ` ${shown}` : ''}: ${state} (${detail})${profileSuffix(deps.profile)}`,
+      data: { ...record, step, ...options.data, ...(deps.profile === undefined ? {} : { profile: deps.profile }) },
       actor: at.origin ?? CONTROLLER_IDENTITY,
     },
     `action:${ref}:${options.node ?? ''}:${state}:${at.attempt}${options.part === undefined ? '' : `:${options.part}`}`,
@@ -313,7 +324,10 @@ export async function admitNodeStep(
 }
 
 /** The pager: the controller's, or none (then nothing pages and nothing is audited as a page). */
-export function pager(onPage: ((job: string | undefined, reason: string) => void) | undefined, deps: Pick<StepBase, 'audit' | 'backend' | 'gates'>): Pager {
+export function pager(
+  onPage: ((job: string | undefined, reason: string) => void) | undefined,
+  deps: Pick<StepBase, 'audit' | 'backend' | 'gates' | 'profile'>,
+): Pager {
   if (onPage === undefined) return { page: () => undefined, pageOnce: async () => undefined };
   return {
     page: onPage,
@@ -326,8 +340,17 @@ export function pager(onPage: ((job: string | undefined, reason: string) => void
           type: 'action',
           ref,
           node: page.node,
-          summary: `${at.job === undefined ? '' : `${at.job}: `}page_human: a person is needed: ${page.what} refused (${refusal.reason}); later refusals in this window are audited without paging`,
-          data: { job: at.job, verb: 'page_human', state: 'done', detail: refusal.reason, gate: refusal.gate, node: page.node, backend: deps.backend.name },
+          summary: `${at.job === undefined ? '' : `${at.job}: `}page_human: a person is needed: ${page.what} refused (${refusal.reason}); later refusals in this window are audited without paging${profileSuffix(deps.profile)}`,
+          data: {
+            job: at.job,
+            verb: 'page_human',
+            state: 'done',
+            detail: refusal.reason,
+            gate: refusal.gate,
+            node: page.node,
+            backend: deps.backend.name,
+            ...(deps.profile === undefined ? {} : { profile: deps.profile }),
+          },
           actor: CONTROLLER_IDENTITY,
         },
         `action:${ref}:page`,

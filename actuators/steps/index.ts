@@ -23,7 +23,7 @@ export interface ActuatorMode {
 
 /** What the steps share once built: recording, the gates, the node claims, paging and the remediation history. */
 export function stepBase(deps: StepProcessorDeps): StepBase {
-  const recording = { audit: deps.audit, backend: deps.backend, onFinished: deps.onFinished ?? (() => undefined) };
+  const recording = { audit: deps.audit, backend: deps.backend, onFinished: deps.onFinished ?? (() => undefined), profile: deps.profile };
   return {
     ...recording,
     gates: deps.gates,

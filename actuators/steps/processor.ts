@@ -7,6 +7,7 @@ import { parseStepsJob, type StepsJob } from '../../core/queues.js';
 import { ACTING_VERBS } from '../../core/steps.js';
 import type { Logger } from '../../core/log.js';
 import { describeIssues } from '../../core/validate.js';
+import { conflictReason, type Profile } from '../../core/profiles.js';
 import { NodeLeasedError } from '../drain-node.js';
 import { DryRunBackend } from '../dry-run.js';
 import { recordStep, rememberRemedy, remedyOf, type Halt, type StepActuator, type StepAt, type StepBase, type StepProcessorDeps } from './context.js';
@@ -25,6 +26,9 @@ const STEP_DONE_TTL_SECONDS = 7 * 24 * 3600;
 
 /** How long a job's transition holds the job (renewed while it runs): a dead controller's hold lapses within it. */
 const JOB_HOLD_MS = 30_000;
+
+/** The verbs that act on the nodes they name (a job's stop or restart acts on the job, whatever nodes it lists). */
+const ON_NODES: ReadonlySet<StepVerb> = new Set(['evict', 'hot_swap', 'drain', 'reset_gpu', 'reboot', 'hand_off', 'quarantine']);
 
 /** How soon a transition that found its job busy with another tries again. */
 const JOB_BUSY_RETRY_MS = 100;
@@ -69,6 +73,26 @@ export function createStepProcessor(baseDeps: StepProcessorDeps): (job: Job, tok
   const acting: Actuators = { base: stepBase(recordingDeps), byVerb: buildStepActuators(recordingDeps, { dryRun: false }) };
   const dryRunJob: Actuators = { base: stepBase(dryRunJobDeps), byVerb: buildStepActuators(dryRunJobDeps, { dryRun: true }) };
   const inProcess = new Map<string, Promise<void>>();
+  // Each profile's actuators, built once: its dry-run (a recording backend and resetter, as a
+  // dry-run controller has) and its own budget, with its name on what they audit. A global
+  // dry-run stays what it is: the profile cannot make a recording controller act.
+  const byProfile = new Map<string, Actuators>();
+  const profileActuators = (profile: Profile): Actuators => {
+    const known = byProfile.get(profile.name);
+    if (known !== undefined) return known;
+    const dryRun = profile.dryRun === true && !recording;
+    const own = dryRun ? { ...baseDeps, backend: new DryRunBackend(redis, keys), resetter: new DryRunGpuResetter(), pool: undefined } : recordingDeps;
+    const safety = profile.safety;
+    const deps: StepProcessorDeps = {
+      ...own,
+      gates:
+        safety === undefined ? own.gates : own.gates.withBudget(profile.name, { maxPerWindow: safety.maxDrainsPerWindow, windowSeconds: safety.windowSeconds }),
+      profile: profile.name,
+    };
+    const built: Actuators = { base: stepBase(deps), byVerb: buildStepActuators(deps, { dryRun }) };
+    byProfile.set(profile.name, built);
+    return built;
+  };
   return async (queued, token) => {
     let transition: StepsJob;
     try {
@@ -77,7 +101,7 @@ export function createStepProcessor(baseDeps: StepProcessorDeps): (job: Job, tok
       const why = error instanceof ZodError ? describeIssues(error.issues) : errorMessage(error);
       throw new UnrecoverableError(`invalid steps job payload: ${why}`);
     }
-    if (transition.job === undefined) return runSteps(acting, transition, queued);
+    if (transition.job === undefined) return runSteps(await nodeActuators(transition), transition, queued);
     const job = transition.job;
     // In this process, a job's transitions queue up behind each other in the order the queue gave
     // them; across processes (controller replicas), the hold in Redis keeps them apart.
@@ -120,6 +144,28 @@ export function createStepProcessor(baseDeps: StepProcessorDeps): (job: Job, tok
     }
   }
 
+  /** A node ladder's transition runs with its node's profile's actuators, or the controller's for a node in none. */
+  async function nodeActuators(transition: StepsJob): Promise<Actuators> {
+    const node = transition.node ?? transition.steps[0]?.nodes?.[0];
+    if (baseDeps.profiles === undefined || node === undefined) return acting;
+    const match = await baseDeps.profiles.resolve(node);
+    return match.kind === 'profile' ? profileActuators(match.profile) : acting;
+  }
+
+  /** Why an acting step may not touch its nodes: one of them is matched by two profiles (a configuration error). */
+  async function profileConflict(step: StepsJob['steps'][number]): Promise<string | undefined> {
+    if (baseDeps.profiles === undefined || !ON_NODES.has(step.verb)) return undefined;
+    for (const node of step.nodes ?? []) {
+      const match = await baseDeps.profiles.resolve(node);
+      if (match.kind === 'conflict') {
+        const reason = conflictReason(node, match.profiles);
+        logger.error({ node, profiles: match.profiles, step: step.verb }, reason);
+        return reason;
+      }
+    }
+    return undefined;
+  }
+
   async function runSteps(actuators: Actuators, transition: StepsJob, queued: Job, recoveryOff?: string): Promise<StepOutcome> {
     let done = 0;
     let halted: Halt;
@@ -135,7 +181,14 @@ export function createStepProcessor(baseDeps: StepProcessorDeps): (job: Job, tok
       const at = atOf(transition, index, step, queued);
       let halt: Halt;
       let refusal: Halt;
-      if (recoveryOff !== undefined && ACTING_VERBS.has(step.verb)) {
+      const conflict = await profileConflict(step);
+      if (conflict !== undefined) {
+        // No automatic action on a node two profiles claim; a node ladder's claim on it is given back.
+        refusal = conflict;
+        await recordStep(actuators.base, at, 'refused', refusal);
+        const node = step.nodes?.[0];
+        if (transition.job === undefined && node !== undefined) await locks.releaseNodeClaim(node, transition.transitionId);
+      } else if (recoveryOff !== undefined && ACTING_VERBS.has(step.verb)) {
         refusal = recoveryOff;
         await recordStep(actuators.base, at, 'refused', refusal);
       } else {

@@ -5,6 +5,7 @@ import { Locks } from '../../core/locks.js';
 import type { Keys, Redis } from '../../core/redis.js';
 import { stableHash, type Signal } from '../../core/signal.js';
 import { STEPS_JOB_VERSION, stepsJobSchema, type StepsJob } from '../../core/queues.js';
+import { profileSuffix, type NodeProfiles } from '../../core/profiles.js';
 import { describeSignal } from './describe-signal.js';
 import { nodeStep, type NodeRung } from './node-ladder.js';
 
@@ -36,12 +37,21 @@ export class NodeDispatcher {
     private readonly audit: AuditLog,
     private readonly steps: Queue<StepsJob>,
     private readonly dedupeSeconds: number,
+    /** The nodes' profiles (config `profiles:`): a decision names its node's, whose rungs it keeps to. */
+    private readonly profiles?: NodeProfiles,
   ) {
     this.locks = new Locks(redis, keys);
   }
 
   /** Claims the node for the rung's decision, audits the signal and the decision, and enqueues its step. */
-  async apply({ signal, node, rung }: NodeDecisionInput): Promise<NodeDispatch> {
+  async apply({ signal, node, rung: chosen }: NodeDecisionInput): Promise<NodeDispatch> {
+    const match = this.profiles === undefined ? undefined : await this.profiles.resolve(node);
+    const profile = match?.kind === 'profile' ? match.profile : undefined;
+    // A profile with hand-off off drains a node where the ladder would hand it to people.
+    const rung: NodeRung =
+      profile?.remedies?.handOff === false && chosen.verb === 'hand_off'
+        ? { verb: 'drain', reason: `${chosen.reason}; hand-off is off in profile ${profile.name}: drained instead` }
+        : chosen;
     // The decision's id: the rung's verb and the signal, so a redelivered signal finds the decision it made.
     const decisionId = `d-${stableHash(`${rung.verb}|${signal.id}`)}`;
     const transition: StepsJob = {
@@ -88,8 +98,8 @@ export class NodeDispatcher {
         type: 'decision',
         ref: decisionId,
         node,
-        summary: `${step?.verb ?? rung.verb} ${node}${step?.gpu ? ` GPU ${step.gpu}` : ''}: ${step?.reason ?? rung.reason}`,
-        data: { decision: stored },
+        summary: `${step?.verb ?? rung.verb} ${node}${step?.gpu ? ` GPU ${step.gpu}` : ''}: ${step?.reason ?? rung.reason}${profileSuffix(profile?.name)}`,
+        data: { decision: stored, ...(profile === undefined ? {} : { profile: profile.name }) },
         actor: stored.origin ?? CONTROLLER_IDENTITY,
       },
       `decision:${decisionId}`,

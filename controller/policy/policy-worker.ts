@@ -42,6 +42,8 @@ export interface PolicyWorkerDeps {
   readonly recovery?: { readonly jobs: JobStore; readonly dispatcher: RecoveryDispatcher };
   /** Remedies short of a drain (node-ladder.ts); without them every such fault drains the node. */
   readonly remedies?: { readonly config: RemediesConfig; readonly history: RemediationHistory };
+  /** A node's remedies as its profile (config `profiles:`) sets them; without it every node has the global ones. */
+  readonly remediesFor?: (node: string, global: RemediesConfig) => Promise<RemediesConfig>;
 }
 
 /**
@@ -148,7 +150,8 @@ export function createPolicyProcessor(deps: PolicyWorkerDeps): (job: Job<SignalJ
 /** The decision for one signal. */
 export function signalProcessor(deps: PolicyWorkerDeps): (signal: Signal, firstAttempt: boolean) => Promise<PolicyResult> {
   const { redis, keys, audit } = deps;
-  const remediesConfig = deps.remedies?.config ?? remediesSchema.parse({});
+  const globalRemedies = deps.remedies?.config ?? remediesSchema.parse({});
+  const remediesOf = async (node: string | undefined) => (node === undefined || !deps.remediesFor ? globalRemedies : deps.remediesFor(node, globalRemedies));
 
   return async (signal, firstAttempt) => {
     // A fault from before an operator returned its node to service was dealt with by that operator.
@@ -170,13 +173,15 @@ export function signalProcessor(deps: PolicyWorkerDeps): (signal: Signal, firstA
     }
     const verdict = classifySignal(signal);
     const trainingJob = deps.recovery && signal.node ? await deps.recovery.jobs.jobOnNode(signal.node) : undefined;
-    if (deps.recovery && trainingJob) return toLadder(audit, signal, verdict, trainingJob, deps.recovery.dispatcher, firstAttempt, deps.remedies);
+    const nodeRemedies = await remediesOf(signal.node);
+    const remedies = deps.remedies && { ...deps.remedies, config: nodeRemedies };
+    if (deps.recovery && trainingJob) return toLadder(audit, signal, verdict, trainingJob, deps.recovery.dispatcher, firstAttempt, remedies);
     // The node's remediation history is read only when a remedy rung could use it (all off: a drain).
     const history = deps.remedies?.history;
     const choice =
       signal.node === undefined
         ? { observe: 'signal names no node' }
-        : await climbNodeLadderReading(signal, verdict, async () => (history && signal.node ? history.read(signal.node) : []), remediesConfig);
+        : await climbNodeLadderReading(signal, verdict, async () => (history && signal.node ? history.read(signal.node) : []), nodeRemedies);
     if ('observe' in choice) {
       await audit.append(
         {
