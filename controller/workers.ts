@@ -23,6 +23,7 @@ import type { LadderConfig } from './policy/ladder/index.js';
 import type { ControllerMetrics } from './metrics.js';
 import { NodeDispatcher } from './policy/node-dispatcher.js';
 import { createPolicyProcessor } from './policy/policy-worker.js';
+import { configurationLayers } from '../core/xid-policy.js';
 import type { ProgressWatch } from './progress.js';
 import type { RecoveryDispatcher } from './policy/recovery-dispatcher.js';
 import { SignalRetention, type FinishedState } from './signal-retention.js';
@@ -84,6 +85,7 @@ export function startWorkers(deps: WorkerDeps, workers: Worker[] = []): Worker[]
       nodes: new NodeDispatcher(deps.redis, deps.keys, deps.audit, deps.stepQueue, config.policy.drainDedupeSeconds),
       recovery: { jobs: deps.jobs, dispatcher: deps.dispatcher },
       remedies: { config: config.remedies, history },
+      xidPolicy: configurationLayers(config.xidPolicy),
     }),
     { connection: deps.connection(), prefix: config.redis.prefix, ...timing, concurrency: 32 },
   );

@@ -17,6 +17,9 @@ import { climbNodeLadderReading } from './node-ladder.js';
 import { describeSignal } from './describe-signal.js';
 import type { NodeDispatcher } from './node-dispatcher.js';
 import { lastResume } from './node-resumes.js';
+import type { PolicyLayer } from '../../core/xid-policy.js';
+import { applyXidPolicy } from './xid-rule.js';
+import { XidOccurrences } from './xid-occurrences.js';
 
 export interface PolicyResult {
   readonly outcome: 'observed' | 'decided' | 'joined' | 'repeat';
@@ -42,6 +45,8 @@ export interface PolicyWorkerDeps {
   readonly recovery?: { readonly jobs: JobStore; readonly dispatcher: RecoveryDispatcher };
   /** Remedies short of a drain (node-ladder.ts); without them every such fault drains the node. */
   readonly remedies?: { readonly config: RemediesConfig; readonly history: RemediationHistory };
+  /** The Xid policy's layers over the catalogue (core/xid-policy.ts, xid-rule.ts); without them, the catalogue alone. */
+  readonly xidPolicy?: readonly PolicyLayer[];
 }
 
 /**
@@ -149,6 +154,7 @@ export function createPolicyProcessor(deps: PolicyWorkerDeps): (job: Job<SignalJ
 export function signalProcessor(deps: PolicyWorkerDeps): (signal: Signal, firstAttempt: boolean) => Promise<PolicyResult> {
   const { redis, keys, audit } = deps;
   const remediesConfig = deps.remedies?.config ?? remediesSchema.parse({});
+  const xidRule = { layers: deps.xidPolicy ?? [], occurrences: new XidOccurrences(redis, keys) };
 
   return async (signal, firstAttempt) => {
     // A fault from before an operator returned its node to service was dealt with by that operator.
@@ -168,7 +174,8 @@ export function signalProcessor(deps: PolicyWorkerDeps): (signal: Signal, firstA
       );
       return { outcome: 'observed' };
     }
-    const verdict = classifySignal(signal);
+    // A configured rule for the signal's Xid or SXid decides over the catalogue (xid-rule.ts).
+    const verdict = await applyXidPolicy(signal, classifySignal(signal), xidRule);
     const trainingJob = deps.recovery && signal.node ? await deps.recovery.jobs.jobOnNode(signal.node) : undefined;
     if (deps.recovery && trainingJob) return toLadder(audit, signal, verdict, trainingJob, deps.recovery.dispatcher, firstAttempt, deps.remedies);
     // The node's remediation history is read only when a remedy rung could use it (all off: a drain).
