@@ -16,25 +16,6 @@ import { MAX_RULE_COUNT, type XidKind } from '../../core/xid-policy.js';
  * evaluation, so this is rare, and errs towards acting.
  */
 
-// KEYS[1] the occurrences, KEYS[2] the agent's marker.
-// ARGV: now (ms), window (ms), score (ms), member, reporter ('agent' | 'alertmanager' | other), most kept.
-const COUNT_OCCURRENCE = `
-local now = tonumber(ARGV[1])
-local window = tonumber(ARGV[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. (now - window))
-local counted = 0
-if ARGV[5] == 'alertmanager' and redis.call('EXISTS', KEYS[2]) == 1 then
-  counted = -1
-else
-  counted = redis.call('ZADD', KEYS[1], 'NX', ARGV[3], ARGV[4])
-  if ARGV[5] == 'agent' then redis.call('SET', KEYS[2], '1', 'PX', window) end
-end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. (now - window))
-redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -(tonumber(ARGV[6]) + 1))
-redis.call('PEXPIRE', KEYS[1], window)
-return { redis.call('ZCARD', KEYS[1]), counted }
-`;
-
 export interface OccurrenceCount {
   /** Occurrences within the window, this one included when it was counted. */
   readonly seen: number;
@@ -55,21 +36,27 @@ export class XidOccurrences {
   /** Counts `signal` as an occurrence of `kind` `code` on `node` and answers how many fall within the window. */
   async count(signal: Signal, node: string, kind: XidKind, code: number, windowSeconds: number): Promise<OccurrenceCount> {
     const now = this.now();
+    const windowMs = windowSeconds * 1000;
+    const key = this.keys.xidOccurrences(node, kind, code);
+    const agentKey = this.keys.xidAgentCounted(node, kind, code);
     // The fault's own time, never ahead of now: a retry scores the same, an old fault falls out of the window.
     const score = Math.min(Date.parse(signal.time), now);
-    const answer = (await this.redis.eval(
-      COUNT_OCCURRENCE,
-      2,
-      this.keys.xidOccurrences(node, kind, code),
-      this.keys.xidAgentCounted(node, kind, code),
-      String(now),
-      String(windowSeconds * 1000),
-      String(score),
-      `${signal.source}:${signal.id}`,
-      signal.source,
-      String(MAX_RULE_COUNT),
-    )) as [number, number];
-    const [seen, added] = answer;
-    return { seen: Number(seen), counted: added === -1 ? 'agent-counted' : added === 1 ? 'new' : 'again' };
+    const skip = signal.source === 'alertmanager' && (await this.redis.exists(agentKey)) === 1;
+    // One transaction (no script: the policy takes its locks through core/locks.ts alone): trim to
+    // the window, add this occurrence unless it is there, bound the set, let it expire with the window.
+    const transaction = this.redis.multi().zremrangebyscore(key, '-inf', `(${now - windowMs}`);
+    if (!skip) transaction.zadd(key, 'NX', score, `${signal.source}:${signal.id}`);
+    if (!skip && signal.source === 'agent') transaction.set(agentKey, '1', 'PX', windowMs);
+    transaction
+      .zremrangebyscore(key, '-inf', `(${now - windowMs}`)
+      .zremrangebyrank(key, 0, -(MAX_RULE_COUNT + 1))
+      .pexpire(key, windowMs)
+      .zcard(key);
+    const results = (await transaction.exec()) ?? [];
+    const failed = results.find(([error]) => error !== null);
+    if (failed?.[0]) throw failed[0];
+    const seen = Number(results.at(-1)?.[1] ?? 0);
+    const added = skip ? undefined : Number(results[1]?.[1] ?? 0);
+    return { seen, counted: added === undefined ? 'agent-counted' : added === 1 ? 'new' : 'again' };
   }
 }
