@@ -3,7 +3,7 @@ import type { AuditEntry } from '../../core/audit.js';
 import { xidPolicyLayerSchema } from '../../core/xid-policy.js';
 import type { Controller } from '../../controller/service.js';
 import { DryRunBackend } from '../../actuators/dry-run.js';
-import { post, startController, testConfig } from '../support/controller.js';
+import { agentToken, post, READ_ONLY_TOKEN, startController, testConfig } from '../support/controller.js';
 import { testRedis } from '../support/redis.js';
 import { until } from '../support/until.js';
 
@@ -77,5 +77,17 @@ describe('a configured Xid policy decides over the catalogue (real Redis, dry-ru
     expect(Object.keys(recorded)).toEqual(['node-5']);
     // Node-4's Xid 48 decided nothing, though the catalogue would have drained it.
     expect((await controller.audit.read({ node: 'node-4' })).filter((entry) => entry.type === 'decision')).toHaveLength(0);
+  });
+
+  it('tells an agent which codes to send on its fast path beyond the fatal ones, and no read-only credential', async () => {
+    const { url } = await setUp({
+      xid: { '13': { action: 'drain', count: 3, windowSeconds: 600 }, '31': { action: 'observe' }, '48': { action: 'ignore' } },
+      sxid: { '20034': { action: 'hand_off' } },
+    });
+    const get = (token: string) => fetch(`${url}/api/v1/xid-policy`, { headers: { authorization: `Bearer ${token}` } });
+    const answer = await get(agentToken('node-3'));
+    expect(answer.status).toBe(200);
+    expect(await answer.json()).toEqual({ version: 1, fastPath: { xid: [13], sxid: [20034] } });
+    expect((await get(READ_ONLY_TOKEN)).status).toBe(403);
   });
 });
