@@ -90,4 +90,21 @@ describe('a configured Xid policy decides over the catalogue (real Redis, dry-ru
     expect(await answer.json()).toEqual({ version: 1, fastPath: { xid: [13], sxid: [20034] } });
     expect((await get(READ_ONLY_TOKEN)).status).toBe(403);
   });
+
+  it("drains a node on a configured SXid sent on the agent's fast path, naming the NVSwitch", async () => {
+    const { controller, url } = await setUp({ sxid: { '20034': { action: 'drain' } } });
+    const event = {
+      kind: 'sxid',
+      node: 'node-6',
+      sxid: 20034,
+      nvswitch: '0000:05:00.0',
+      message: 'nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, Non-fatal, Link 30 LTSSM Fault Up',
+      time: new Date().toISOString(),
+    };
+    expect((await post(`${url}/api/v1/signals`, event)).status).toBe(202);
+    const entries = await until('the SXid drain carried out', () => controller.audit.read({ node: 'node-6' }), finished);
+    expect(entries.filter((entry) => entry.type === 'decision').map((entry) => entry.summary)).toEqual([
+      'drain node-6: SXid 20034 (NVSwitch error) on NVSwitch 0000:05:00.0: configuration says drain',
+    ]);
+  });
 });

@@ -57,7 +57,8 @@ describe('the configured Xid policy over a signal', () => {
     const deps = { layers: layers({ xid: { '13': { action: 'hand_off' }, '31': { action: 'reset' }, '43': { action: 'reboot' } } }), occurrences: occurrences() };
     const rung = async (fault: Signal, config = OFF) => {
       const choice = climbNodeLadder(fault, await applyXidPolicy(fault, classifySignal(fault), deps), [], config, NOW);
-      return 'rung' in choice ? choice.rung : choice;
+      if (!('rung' in choice)) throw new Error(`observed: ${choice.observe}`);
+      return choice.rung;
     };
     expect(await rung(xid(13))).toEqual({
       verb: 'hand_off',
