@@ -21,7 +21,9 @@ function printTable(title: string, rows: readonly EffectiveRow[], fallback: stri
 
 export function policyCommand(): Command {
   return new Command('policy')
-    .description("Print what steadfast does about each Xid and SXid code with this configuration, and whether the catalogue or the configuration's xidPolicy says so.")
+    .description(
+      "Print what steadfast does about each Xid and SXid code with this configuration, and whether the catalogue or the configuration's xidPolicy says so.",
+    )
     .option('-c, --config <file>', 'config file (YAML), as the controller reads it')
     .option('--json', 'print {xid, sxid, profiles} as JSON')
     .action(async (options: { config?: string; json?: boolean }) => {

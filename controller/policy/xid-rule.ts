@@ -46,7 +46,9 @@ export function codeName(report: XidReport): string {
 function meaningOf(signal: Signal, report: XidReport): string {
   if (report.kind === 'sxid') return 'NVSwitch error';
   const known = signal.evidence.meaning;
-  return typeof known === 'string' && known !== '' ? known : xidSignalClass(report.code, typeof signal.evidence.message === 'string' ? signal.evidence.message : '').meaning;
+  return typeof known === 'string' && known !== ''
+    ? known
+    : xidSignalClass(report.code, typeof signal.evidence.message === 'string' ? signal.evidence.message : '').meaning;
 }
 
 export interface XidRuleDeps {

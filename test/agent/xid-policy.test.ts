@@ -9,7 +9,8 @@ import { kernelLogCollectorFactory, XID_STATE_FILE_FLAG } from '../../agent/coll
 import { pino } from 'pino';
 import { waitFor } from './helpers.js';
 
-const NON_FATAL_31 = '[ 2001.000000] NVRM: Xid (PCI:0000:18:00): 31, pid=4242, name=python3, Ch 00000008, intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f01_00000000. Fault is of type FAULT_PDE ACCESS_TYPE_READ\n';
+const NON_FATAL_31 =
+  '[ 2001.000000] NVRM: Xid (PCI:0000:18:00): 31, pid=4242, name=python3, Ch 00000008, intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f01_00000000. Fault is of type FAULT_PDE ACCESS_TYPE_READ\n';
 const NON_FATAL_SXID = '[ 2002.000000] nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, Non-fatal, Link 30 LTSSM Fault Up\n';
 const FATAL_79 = "[ 2003.000000] NVRM: Xid (PCI:0000:19:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n";
 

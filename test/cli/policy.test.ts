@@ -39,7 +39,14 @@ describe('steadfast policy', () => {
     expect(answer.xid.find((row) => row.code === 79)).toMatchObject({ action: 'reboot', source: 'catalogue' });
     expect(answer.xid.find((row) => row.code === 145)).toMatchObject({ action: 'by message', source: 'catalogue' });
     expect(answer.sxid).toEqual([
-      { kind: 'sxid', code: 20034, meaning: 'NVSwitch error, fatal or non-fatal as the kernel line says', action: 'hand_off', count: 1, source: 'configuration' },
+      {
+        kind: 'sxid',
+        code: 20034,
+        meaning: 'NVSwitch error, fatal or non-fatal as the kernel line says',
+        action: 'hand_off',
+        count: 1,
+        source: 'configuration',
+      },
     ]);
   });
 
@@ -47,10 +54,18 @@ describe('steadfast policy', () => {
     const run = await runCli(policyCommand(), ['-c', configFile(CONFIG)]);
     expect(run.exitCode).toBe(0);
     const lines = run.stdout.split('\n');
-    expect(lines.find((line) => line.trim().startsWith('13 '))?.replace(/\s+/g, ' ').trim()).toBe(
-      '13 drain at 3 within 600 s configuration graphics engine exception, usually the application',
-    );
-    expect(lines.find((line) => line.trim().startsWith('79 '))?.replace(/\s+/g, ' ').trim()).toBe('79 reboot catalogue GPU has fallen off the bus');
+    expect(
+      lines
+        .find((line) => line.trim().startsWith('13 '))
+        ?.replace(/\s+/g, ' ')
+        .trim(),
+    ).toBe('13 drain at 3 within 600 s configuration graphics engine exception, usually the application');
+    expect(
+      lines
+        .find((line) => line.trim().startsWith('79 '))
+        ?.replace(/\s+/g, ' ')
+        .trim(),
+    ).toBe('79 reboot catalogue GPU has fallen off the bus');
     expect(run.stdout).toContain('20034  hand_off');
   });
 

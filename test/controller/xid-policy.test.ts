@@ -66,7 +66,9 @@ describe('a configured Xid policy decides over the catalogue (real Redis, dry-ru
       () => controller.audit.read({ node: 'node-4' }),
       (list) => signals(list).length === 1,
     );
-    expect(observed.map((entry) => entry.summary)).toEqual(['agent reports Xid 48 on node-4 GPU 0000:3a:00; no action: Xid 48 is observed only (configuration)']);
+    expect(observed.map((entry) => entry.summary)).toEqual([
+      'agent reports Xid 48 on node-4 GPU 0000:3a:00; no action: Xid 48 is observed only (configuration)',
+    ]);
 
     expect((await post(`${url}/api/v1/signals`, xidEvent('node-5', 31, new Date()))).status).toBe(202);
     const drained = await until('the Xid 31 drain carried out', () => controller.audit.read({ node: 'node-5' }), finished);

@@ -39,7 +39,9 @@ describe('the xidPolicy config section', () => {
 
   it('refuses a key that is not a whole-number code, naming the key', () => {
     expect(configError({ xid: { '13x': { action: 'drain' } } })).toBe('invalid config: xidPolicy.xid.13x: must be a whole-number Xid code from 0 to 100000');
-    expect(configError({ xid: { '100001': { action: 'drain' } } })).toBe('invalid config: xidPolicy.xid.100001: must be a whole-number Xid code from 0 to 100000');
+    expect(configError({ xid: { '100001': { action: 'drain' } } })).toBe(
+      'invalid config: xidPolicy.xid.100001: must be a whole-number Xid code from 0 to 100000',
+    );
     expect(configError({ sxid: { '-1': { action: 'drain' } } })).toBe('invalid config: xidPolicy.sxid.-1: must be a whole-number SXid code from 0 to 100000');
     expect(configError({ xid: { '013': { action: 'drain' } } })).toContain('must be a whole-number Xid code');
   });
@@ -94,10 +96,24 @@ describe('the effective table', () => {
       source: 'configuration',
     });
     expect(xid.find((row) => row.code === 48)?.action).toBe('observe');
-    expect(xid.find((row) => row.code === 999)).toEqual({ kind: 'xid', code: 999, meaning: 'Xid not in the catalogue', action: 'ignore', count: 1, source: 'configuration' });
+    expect(xid.find((row) => row.code === 999)).toEqual({
+      kind: 'xid',
+      code: 999,
+      meaning: 'Xid not in the catalogue',
+      action: 'ignore',
+      count: 1,
+      source: 'configuration',
+    });
     expect(xid.find((row) => row.code === 79)?.source).toBe('catalogue');
     expect(sxid).toEqual([
-      { kind: 'sxid', code: 20034, meaning: 'NVSwitch error, fatal or non-fatal as the kernel line says', action: 'hand_off', count: 1, source: 'configuration' },
+      {
+        kind: 'sxid',
+        code: 20034,
+        meaning: 'NVSwitch error, fatal or non-fatal as the kernel line says',
+        action: 'hand_off',
+        count: 1,
+        source: 'configuration',
+      },
     ]);
   });
 
@@ -114,7 +130,14 @@ describe('the effective table', () => {
   it('lists for the fast path the codes that act or count, beyond those the agent sends as fatal anyway', () => {
     const layers = configurationLayers(
       layer({
-        xid: { '13': { action: 'observe', count: 2, windowSeconds: 60 }, '31': { action: 'drain' }, '43': { action: 'observe' }, '45': { action: 'ignore' }, '48': { action: 'drain' }, '145': { action: 'drain' } },
+        xid: {
+          '13': { action: 'observe', count: 2, windowSeconds: 60 },
+          '31': { action: 'drain' },
+          '43': { action: 'observe' },
+          '45': { action: 'ignore' },
+          '48': { action: 'drain' },
+          '145': { action: 'drain' },
+        },
         sxid: { '20034': { action: 'drain' }, '11012': { action: 'observe' } },
       }),
     );

@@ -108,7 +108,14 @@ export class HostKernelCounters {
 
   private sendSxid(sxid: SxidEvent): void {
     this.context.logger.error({ nvswitch: sxid.nvswitch, sxid: sxid.sxid, message: sxid.message }, 'SXid the controller asked for');
-    this.context.fastPath({ kind: 'sxid', node: this.context.node, sxid: sxid.sxid, nvswitch: sxid.nvswitch, message: sxid.message, time: new Date().toISOString() });
+    this.context.fastPath({
+      kind: 'sxid',
+      node: this.context.node,
+      sxid: sxid.sxid,
+      nvswitch: sxid.nvswitch,
+      message: sxid.message,
+      time: new Date().toISOString(),
+    });
   }
 
   private sendGpuLost(event: HostKernelEvent): void {

@@ -16,7 +16,15 @@ const ON = remediesSchema.parse({ gpuReset: { enabled: true }, reboot: { enabled
 const layers = (policy: unknown): PolicyLayer[] => configurationLayers(xidPolicyLayerSchema.parse(policy));
 
 function xid(code: number, overrides: Partial<Signal> = {}): Signal {
-  return signal({ kind: 'xid', node: 'node-1', gpu: '0000:3a:00', severity: 'warning', time: new Date(NOW - 1000).toISOString(), evidence: { xid: code, message: '' }, ...overrides });
+  return signal({
+    kind: 'xid',
+    node: 'node-1',
+    gpu: '0000:3a:00',
+    severity: 'warning',
+    time: new Date(NOW - 1000).toISOString(),
+    evidence: { xid: code, message: '' },
+    ...overrides,
+  });
 }
 
 describe('the configured Xid policy over a signal', () => {
@@ -33,8 +41,14 @@ describe('the configured Xid policy over a signal', () => {
   it('reads the code of an Xid signal, an SXid signal, and an alert labelled with either', () => {
     expect(xidReportOf(xid(13))).toEqual({ kind: 'xid', code: 13 });
     expect(xidReportOf(signal({ kind: 'sxid', evidence: { sxid: 20034 } }))).toEqual({ kind: 'sxid', code: 20034 });
-    expect(xidReportOf(signal({ kind: 'alert', evidence: { alertname: 'SteadfastNvswitchFatal', 'label.sxid': '20034' } }))).toEqual({ kind: 'sxid', code: 20034 });
-    expect(xidReportOf(signal({ kind: 'alert', evidence: { alertname: 'SteadfastXidGpuResetRequired', 'label.xid': '63', xid: 63 } }))).toEqual({ kind: 'xid', code: 63 });
+    expect(xidReportOf(signal({ kind: 'alert', evidence: { alertname: 'SteadfastNvswitchFatal', 'label.sxid': '20034' } }))).toEqual({
+      kind: 'sxid',
+      code: 20034,
+    });
+    expect(xidReportOf(signal({ kind: 'alert', evidence: { alertname: 'SteadfastXidGpuResetRequired', 'label.xid': '63', xid: 63 } }))).toEqual({
+      kind: 'xid',
+      code: 63,
+    });
     expect(xidReportOf(signal({ kind: 'nccl_timeout', evidence: { xid: 13 } }))).toBeUndefined();
   });
 
@@ -54,7 +68,10 @@ describe('the configured Xid policy over a signal', () => {
   });
 
   it('hands a node off at once, drains instead of a reset while resets are off and says so, and resets where they are on', async () => {
-    const deps = { layers: layers({ xid: { '13': { action: 'hand_off' }, '31': { action: 'reset' }, '43': { action: 'reboot' } } }), occurrences: occurrences() };
+    const deps = {
+      layers: layers({ xid: { '13': { action: 'hand_off' }, '31': { action: 'reset' }, '43': { action: 'reboot' } } }),
+      occurrences: occurrences(),
+    };
     const rung = async (fault: Signal, config = OFF) => {
       const choice = climbNodeLadder(fault, await applyXidPolicy(fault, classifySignal(fault), deps), [], config, NOW);
       if (!('rung' in choice)) throw new Error(`observed: ${choice.observe}`);
@@ -101,20 +118,33 @@ describe('the configured Xid policy over a signal', () => {
     const counter = new XidOccurrences(store.redis, store.keys, () => now);
     await counter.count(xid(13, { id: 's-1' }), 'node-1', 'xid', 13, 600);
     now += 601_000;
-    expect(await counter.count(xid(13, { id: 's-2', time: new Date(now - 1000).toISOString() }), 'node-1', 'xid', 13, 600)).toEqual({ seen: 1, counted: 'new' });
+    expect(await counter.count(xid(13, { id: 's-2', time: new Date(now - 1000).toISOString() }), 'node-1', 'xid', 13, 600)).toEqual({
+      seen: 1,
+      counted: 'new',
+    });
     expect(await store.redis.pttl(store.keys.xidOccurrences('node-1', 'xid', 13))).toBeLessThanOrEqual(600_000);
   });
 
   it('observes below the count and acts at it', async () => {
     const deps = { layers: layers({ sxid: { '20034': { action: 'drain', count: 2, windowSeconds: 60 } } }), occurrences: occurrences() };
     const sxid = (id: string): Signal =>
-      signal({ kind: 'sxid', id, node: 'node-1', severity: 'warning', time: new Date(NOW - 1000).toISOString(), evidence: { sxid: 20034, nvswitch: '0000:05:00.0' } });
+      signal({
+        kind: 'sxid',
+        id,
+        node: 'node-1',
+        severity: 'warning',
+        time: new Date(NOW - 1000).toISOString(),
+        evidence: { sxid: 20034, nvswitch: '0000:05:00.0' },
+      });
     expect(await applyXidPolicy(sxid('s-1'), classifySignal(sxid('s-1')), deps)).toEqual({
       verdict: 'ignore',
       reason: 'SXid 20034 on node-1: 1 of 2 within 60 s (configuration): no action yet',
     });
     const acted = await applyXidPolicy(sxid('s-2'), classifySignal(sxid('s-2')), deps);
     const choice = climbNodeLadder(sxid('s-2'), acted, [], OFF, NOW);
-    expect(choice).toEqual({ node: 'node-1', rung: { verb: 'drain', reason: 'SXid 20034 (NVSwitch error) on NVSwitch 0000:05:00.0: configuration says drain' } });
+    expect(choice).toEqual({
+      node: 'node-1',
+      rung: { verb: 'drain', reason: 'SXid 20034 (NVSwitch error) on NVSwitch 0000:05:00.0: configuration says drain' },
+    });
   });
 });
