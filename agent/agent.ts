@@ -15,6 +15,7 @@ import { XidLedger } from './xid-ledger.js';
 import { CollectorSet, type AgentRoute, type CollectorFactory, type CollectorStartOptions } from './collector.js';
 import type { CollectorSettings } from './flags.js';
 import type { CollectorPaths } from './paths.js';
+import { XidPolicyClient } from './xid-policy-client.js';
 import { createFastPathClient, type FastPathOutcomeHandler, type FastPathSender, type TokenSource } from './fast-path-client.js';
 import { StandbyReporter } from './standby-reporter.js';
 
@@ -84,6 +85,8 @@ class NodeAgent implements Agent {
    */
   private readonly processRegistry = new Registry();
   private readonly fastPath: FastPathSender;
+  /** Which codes beyond the fatal Xids the controller wants on the fast path; absent without a controller. */
+  private readonly xidPolicy: XidPolicyClient | undefined;
   private readonly collectors: CollectorSet;
   private server: Server | undefined;
   private standby: StandbyReporter | undefined;
@@ -103,7 +106,11 @@ class NodeAgent implements Agent {
       registry: this.registry,
       logger: options.logger.child({ component: 'fast-path' }),
     });
+    this.xidPolicy = options.controllerUrl
+      ? new XidPolicyClient({ controllerUrl: options.controllerUrl, token: options.controllerToken, logger: options.logger.child({ component: 'xid-policy' }) })
+      : undefined;
     const context = {
+      fastPathCodes: this.xidPolicy,
       registry: this.registry,
       paths: options.paths,
       logger: options.logger,
@@ -133,6 +140,7 @@ class NodeAgent implements Agent {
     if (this.closing) throw new Error('agent is closed');
     // Serving does not wait for the GPU's first poll: scrapes answer with what is read so far.
     await this.startCollectors({ waitForFirstRead: false });
+    void this.xidPolicy?.start();
     if (this.options.controllerUrl && this.options.controllerToken && !this.standby) {
       this.standby = new StandbyReporter({
         controllerUrl: this.options.controllerUrl,
@@ -201,6 +209,7 @@ class NodeAgent implements Agent {
 
   private async shutdown(): Promise<void> {
     this.standby?.close();
+    this.xidPolicy?.close();
     const server = this.server;
     if (server) {
       await new Promise<void>((resolve) => {

@@ -1,4 +1,5 @@
 import { performance } from 'node:perf_hooks';
+import type { FastPathCodes } from './xid-policy-client.js';
 import { Gauge, type Registry } from 'prom-client';
 import type { FastPathEvent } from '../core/fast-path-event.js';
 import type { Logger } from '../core/log.js';
@@ -53,6 +54,8 @@ export interface CollectorContext {
   readonly gpuProcesses?: GpuProcessBoard | undefined;
   /** Where the gpu and nvlink collectors read the GPUs (--gpu.source); made from the settings where absent. */
   readonly gpuSource?: GpuSourceChoice | undefined;
+  /** Codes the controller asked for on the fast path beyond the fatal Xids (agent/xid-policy-client.ts); none where absent. */
+  readonly fastPathCodes?: FastPathCodes | undefined;
   /** Xids counted once across the kernel log and NVML events; each collector makes its own where absent. */
   readonly xids?: XidLedger | undefined;
   /** Values of the collector flags (see CollectorFactory.flags); absent keys mean the default. */

@@ -49,6 +49,11 @@ export const COMMANDS: readonly CommandEntry[] = [
   },
   { name: 'resume', summary: 'Return a drained node to service.', load: async () => (await import('./resume.js')).resumeCommand() },
   {
+    name: 'policy',
+    summary: 'Print what steadfast does about each Xid and SXid code, and who says so (catalogue or configuration).',
+    load: async () => (await import('./policy.js')).policyCommand(),
+  },
+  {
     name: 'plan',
     summary: 'Planners: standby pool, checkpoint placement and interval, micro-batches, replay groups.',
     load: async () => (await import('./plan.js')).planCommand(),

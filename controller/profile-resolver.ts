@@ -1,8 +1,9 @@
 import type { ClusterBackend } from '../actuators/backend.js';
 import { InputError, RetryLaterError, errorMessage } from '../core/errors.js';
 import type { Logger } from '../core/log.js';
-import { matchProfile, profileRemedies, type NodeProfiles, type Profile, type ProfileMatch } from '../core/profiles.js';
+import { matchProfile, profileRemedies, profileXidLayer, type NodeProfiles, type Profile, type ProfileMatch } from '../core/profiles.js';
 import type { RemediesConfig } from '../core/remedy-config.js';
+import type { PolicyLayer } from '../core/xid-policy.js';
 
 /** How often the nodes of the profiles' partitions are read again (as for maintenance windows by partition). */
 const PARTITION_REFRESH_MS = 60_000;
@@ -74,6 +75,12 @@ export class ProfileResolver implements NodeProfiles {
   async remediesFor(node: string, base: RemediesConfig): Promise<RemediesConfig> {
     const match = await this.resolve(node);
     return match.kind === 'profile' ? profileRemedies(base, match.profile) : base;
+  }
+
+  /** The Xid policy layer of the node's profile, if it sets one (a conflict or no profile: none). */
+  async xidLayerFor(node: string): Promise<PolicyLayer | undefined> {
+    const match = await this.resolve(node);
+    return match.kind === 'profile' ? profileXidLayer(match.profile) : undefined;
   }
 
   /**

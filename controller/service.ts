@@ -31,6 +31,8 @@ import { ProgressWatch, TrainingProgressReports } from './progress.js';
 import { jobsRouter } from './intake/jobs-api.js';
 import { worldRouter } from './intake/world-api.js';
 import { operatorRouter } from './intake/operator-api.js';
+import { xidPolicyRouter } from './intake/xid-policy-api.js';
+import { xidPolicyStacks } from '../core/profiles.js';
 import { MicrobatchBoard } from './microbatches.js';
 import { FailSlowWatch } from '../analyzers/workers/failslow-watch.js';
 import { SuspectWatch } from '../analyzers/workers/suspect-watch.js';
@@ -261,6 +263,7 @@ export class Controller {
           microbatches: new MicrobatchBoard(this.requestRedis, this.keys, apiJobs),
         }),
         worldRouter({ jobs: apiJobs, dispatcher: this.dispatcher }),
+        xidPolicyRouter(xidPolicyStacks(config)),
         operatorRouter({
           gates: new SafetyGates(
             this.requestRedis,

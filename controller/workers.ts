@@ -24,6 +24,7 @@ import type { ControllerMetrics } from './metrics.js';
 import { NodeDispatcher } from './policy/node-dispatcher.js';
 import type { ProfileResolver } from './profile-resolver.js';
 import { createPolicyProcessor } from './policy/policy-worker.js';
+import { configurationLayers } from '../core/xid-policy.js';
 import type { ProgressWatch } from './progress.js';
 import type { RecoveryDispatcher } from './policy/recovery-dispatcher.js';
 import { SignalRetention, type FinishedState } from './signal-retention.js';
@@ -89,7 +90,13 @@ export function startWorkers(deps: WorkerDeps, workers: Worker[] = []): Worker[]
       nodes: new NodeDispatcher(deps.redis, deps.keys, deps.audit, deps.stepQueue, config.policy.drainDedupeSeconds, profiles),
       recovery: { jobs: deps.jobs, dispatcher: deps.dispatcher },
       remedies: { config: config.remedies, history },
-      ...(profiles ? { remediesFor: (node: string, global: typeof config.remedies) => profiles.remediesFor(node, global) } : {}),
+      ...(profiles
+        ? {
+            remediesFor: (node: string, global: typeof config.remedies) => profiles.remediesFor(node, global),
+            profileXidLayer: (node: string) => profiles.xidLayerFor(node),
+          }
+        : {}),
+      xidPolicy: configurationLayers(config.xidPolicy),
     }),
     { connection: deps.connection(), prefix: config.redis.prefix, ...timing, concurrency: 32 },
   );

@@ -15,6 +15,7 @@ import { recoverySchema } from './recovery-config.js';
 import { redisConfigSchema } from './redis-config.js';
 import { remediesSchema } from './remedy-config.js';
 import { profilesSchema } from './profiles.js';
+import { xidPolicyLayerSchema } from './xid-policy.js';
 
 export { DEFAULT_RECOVERY, recoverySchema, type RecoveryConfig } from './recovery-config.js';
 
@@ -327,6 +328,8 @@ export const configSchema = z
     remedies: remediesSchema.prefault({}),
     /** Settings per group of nodes (dry-run, eviction budget, rungs), matched by name, Slurm partition or Kubernetes label (core/profiles.ts). */
     profiles: profilesSchema,
+    /** What to do per Xid and SXid code, over the catalogue (core/xid-policy.ts, docs/configuration.md#xid-policy). */
+    xidPolicy: xidPolicyLayerSchema.prefault({}),
     /**
      * How registered jobs are (re)started, by name: the operator writes every command here; a
      * job registration only names one and fills its {job}, {nodes} and {version} placeholders.

@@ -10,12 +10,19 @@ import { MAX_TRAINING_RANK, nodeNameSchema, PCI_BUS_ID_PATTERN, TRAINING_JOB_PAT
  * `training_progress` is no fault: a rank of the job on this node recorded a new iteration
  * (sent when a run starts or resumes, then at most once a minute). The controller keeps the
  * newest per job and node to judge a relaunch without waiting on Prometheus (controller/progress.ts).
+ *
+ * `sxid` is an NVSwitch error. An agent sends one only for a code the controller listed in its
+ * answer to GET /api/v1/xid-policy (core/xid-policy.ts): a controller that predates the kind
+ * would refuse the whole batch, and one that lists the code is one that knows it.
  */
-export const FAST_PATH_KINDS = ['xid', 'gpu_lost', 'nccl_timeout', 'worker_failed', 'training_progress'] as const;
+export const FAST_PATH_KINDS = ['xid', 'gpu_lost', 'nccl_timeout', 'worker_failed', 'training_progress', 'sxid'] as const;
 export type FastPathKind = (typeof FAST_PATH_KINDS)[number];
 
 /** Kinds about one GPU carry its PCI bus id; training kinds carry the job and rank instead. */
 const GPU_KINDS: ReadonlySet<string> = new Set(['xid', 'gpu_lost']);
+
+/** An NVSwitch's PCI address as the nvswitch driver logs it, lower case, with its function digit. */
+export const NVSWITCH_ADDRESS_PATTERN = /^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$/;
 
 export const fastPathEventSchema = z
   .object({
@@ -30,12 +37,20 @@ export const fastPathEventSchema = z
     iteration: z.number().int().min(0).max(Number.MAX_SAFE_INTEGER).optional(),
     /** Xid code; required when kind is xid. */
     xid: z.number().int().min(0).max(100_000).optional(),
+    /** SXid code; required when kind is sxid. */
+    sxid: z.number().int().min(0).max(100_000).optional(),
+    /** The NVSwitch's PCI address, `dddd:bb:dd.f`; required when kind is sxid. */
+    nvswitch: z.string().regex(NVSWITCH_ADDRESS_PATTERN, 'must be a PCI address like 0000:05:00.0').optional(),
     message: z.string().max(2048).default(''),
     /** When the agent saw it, ISO 8601. */
     time: reportedTimeSchema,
   })
   .strict()
   .refine((event) => event.kind !== 'xid' || event.xid !== undefined, { message: 'xid is required when kind is "xid"', path: ['xid'] })
+  .refine((event) => event.kind !== 'sxid' || (event.sxid !== undefined && event.nvswitch !== undefined), {
+    message: 'sxid and nvswitch are required when kind is "sxid"',
+    path: ['sxid'],
+  })
   .refine((event) => !GPU_KINDS.has(event.kind) || event.gpu !== undefined, { message: 'gpu is required for xid and gpu_lost events', path: ['gpu'] })
   .refine((event) => event.kind !== 'training_progress' || event.job !== undefined, { message: 'job is required for training_progress events', path: ['job'] })
   .refine((event) => event.kind !== 'training_progress' || event.iteration !== undefined, {

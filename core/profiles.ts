@@ -2,6 +2,7 @@ import { z } from 'zod';
 import { isLabelKey, isLabelValue } from './kubernetes-names.js';
 import { nodeNameSchema } from './names.js';
 import { SLURM_PARTITION_PATTERN, type RemediesConfig } from './remedy-config.js';
+import { configurationLayers, xidPolicyLayerSchema, type PolicyLayer, type XidPolicyLayer } from './xid-policy.js';
 
 // Numbers are coerced so that environment overrides, which are always strings, validate too.
 const int = () => z.coerce.number<unknown>().int();
@@ -15,8 +16,7 @@ const int = () => z.coerce.number<unknown>().int();
  * profiles match is a configuration error for that node: steadfast does nothing automatic on it,
  * rather than pick one of the two silently.
  *
- * The schema is strict and has room for more per-profile layers (an Xid policy per profile is one
- * the lead adds next to `remedies`).
+ * A profile may also carry its own `xidPolicy`, laid over the configuration's for its nodes.
  */
 
 export const profileNameSchema = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/, 'letters, digits, ".", "_" or "-", up to 63');
@@ -74,9 +74,21 @@ export const profileSchema = z
       })
       .strict()
       .optional(),
+    /** What to do per Xid and SXid code on this group's nodes, over the configuration's own `xidPolicy` (core/xid-policy.ts). */
+    xidPolicy: xidPolicyLayerSchema.optional(),
   })
   .strict();
 export type Profile = z.output<typeof profileSchema>;
+
+/** The source a profile's Xid rules carry in the effective table and the audit. */
+export function profileSource(profile: Profile): string {
+  return `profile ${profile.name}`;
+}
+
+/** The profile's Xid policy as a layer over the configuration's; undefined when it sets none. */
+export function profileXidLayer(profile: Profile | undefined): PolicyLayer | undefined {
+  return profile?.xidPolicy === undefined ? undefined : { source: profileSource(profile), policy: profile.xidPolicy };
+}
 
 export const profilesSchema = z
   .array(profileSchema)
@@ -152,6 +164,12 @@ export function profileRemedies(base: RemediesConfig, profile: Profile | undefin
 export interface NodeProfiles {
   /** The node's profile now; throws a RetryLaterError when what decides it cannot be read yet. */
   resolve(node: string): Promise<ProfileMatch>;
+}
+
+/** The Xid policy's stacks of layers a fleet has: the configuration's alone, and with each profile's over it. */
+export function xidPolicyStacks(config: { readonly xidPolicy: XidPolicyLayer; readonly profiles: readonly Profile[] }): PolicyLayer[][] {
+  const layers = configurationLayers(config.xidPolicy);
+  return [layers, ...config.profiles.flatMap((profile) => profileXidLayer(profile) ?? []).map((own) => [...layers, own])];
 }
 
 /** The summary suffix an audit entry about a node in a profile carries; empty for a node in none. */

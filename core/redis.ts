@@ -182,6 +182,17 @@ export class Keys {
   get holds(): string {
     return `${this.prefix}:holds`;
   }
+  /**
+   * Occurrences of one Xid or SXid code on one node within its policy's window, scored by time
+   * (controller/policy/xid-occurrences.ts): bounded, expiring with the window.
+   */
+  xidOccurrences(node: string, kind: 'xid' | 'sxid', code: number): string {
+    return `${this.prefix}:xid-occurrences:${node}:${kind}:${code}`;
+  }
+  /** Set while an agent's report of this code on this node was counted within the window: its alert is then no new occurrence. */
+  xidAgentCounted(node: string, kind: 'xid' | 'sxid', code: number): string {
+    return `${this.prefix}:xid-agent-counted:${node}:${kind}:${code}`;
+  }
   nodeLease(node: string): string {
     return `${this.prefix}:lease:node:${node}`;
   }

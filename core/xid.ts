@@ -66,6 +66,23 @@ export function xidCodesWithRemedy(remedy: XidRemedy): number[] {
 
 const UNKNOWN: XidClass = { severity: 'warning', remedy: 'watch', meaning: 'Xid not in the catalogue' };
 
+/** How a table by code names an NVLink5 Xid: fatal or not, its message says. */
+const NVLINK5_ENTRY: XidClass = { severity: 'warning', remedy: 'watch', meaning: 'NVLink5 error, fatal or non-fatal as its message says' };
+
+/**
+ * Whether an Xid's class comes from its message rather than its code (the NVLink5 family and
+ * Xid 154): a table by code can only say "by message" for these.
+ */
+export function xidDecidedByMessage(code: number): boolean {
+  return code === RECOVERY_ACTION_XID || NVLINK5_XIDS.has(code);
+}
+
+/** Every catalogued Xid with its class as the catalogue states it without a message, ascending; the NVLink5 family included. */
+export function catalogueXids(): { readonly code: number; readonly xidClass: XidClass }[] {
+  const codes = new Set([...CATALOGUE.keys(), ...NVLINK5_XIDS]);
+  return [...codes].sort((a, b) => a - b).map((code) => ({ code, xidClass: NVLINK5_XIDS.has(code) ? NVLINK5_ENTRY : (CATALOGUE.get(code) ?? UNKNOWN) }));
+}
+
 /**
  * Classifies one Xid occurrence. The message matters for two families: NVLink5 errors state
  * whether they are fatal, and Xid 154 states the recovery action the driver now requires.

@@ -1,10 +1,17 @@
 import { FAULT_MAX_AHEAD_MS, type FastPathFault } from '../../core/fast-path-event.js';
 import { faultFingerprint, stableHash, type Signal } from '../../core/signal.js';
-import { xidSignalClass } from '../policy/fault-class.js';
+import { sxidIsFatal, xidSignalClass } from '../policy/fault-class.js';
 
 /** Turns an agent's fast-path event into a Signal with the same fingerprint its alert will carry. */
 export function signalFromFastPath(event: FastPathFault, receivedAt: Date): Signal {
-  const detail = event.kind === 'xid' ? String(event.xid) : event.job !== undefined ? `${event.job}:${event.rank ?? '-'}` : undefined;
+  const detail =
+    event.kind === 'xid'
+      ? String(event.xid)
+      : event.kind === 'sxid'
+        ? `${event.nvswitch ?? '-'}:${event.sxid ?? '-'}`
+        : event.job !== undefined
+          ? `${event.job}:${event.rank ?? '-'}`
+          : undefined;
   const fingerprint = faultFingerprint({ kind: event.kind, node: event.node, gpu: event.gpu, detail });
   const evidence: Record<string, string | number | boolean> = { message: event.message };
   if (event.rank !== undefined) evidence.rank = event.rank;
@@ -20,6 +27,12 @@ export function signalFromFastPath(event: FastPathFault, receivedAt: Date): Sign
     evidence.xid = event.xid;
     evidence.remedy = xidClass.remedy;
     evidence.meaning = xidClass.meaning;
+  }
+  if (event.kind === 'sxid' && event.sxid !== undefined) {
+    // The kernel line says whether the NVSwitch error is fatal (`SXid (PCI:…): 20034, Fatal, …`).
+    severity = sxidIsFatal(event.message) ? 'critical' : 'warning';
+    evidence.sxid = event.sxid;
+    if (event.nvswitch !== undefined) evidence.nvswitch = event.nvswitch;
   }
   return {
     id: 's-' + stableHash(['agent', fingerprint, event.time].join('|')),

@@ -12,7 +12,8 @@ export type Scope = (typeof SCOPES)[number];
  * read      the audit, jobs, queues (bull-board), restore plans: looking, changing nothing
  * operate   registering jobs, code updates, pause/resume/hold: an operator's changes
  * alerts    POST /api/v1/alerts (Alertmanager's webhook)
- * signals   POST /api/v1/signals (an agent's fast path; only about its own node)
+ * signals   POST /api/v1/signals (an agent's fast path; only about its own node), and
+ *           GET /api/v1/xid-policy (which codes to send on it)
  * node      a standby's polling and self-check (only its own node)
  * training  a job's checkpoint reports, micro-batch plan and hot-swap world (only a job whose
  *           member or spare the agent's node is)
@@ -47,6 +48,8 @@ export interface RouteScope {
 export const ROUTE_SCOPES: readonly RouteScope[] = [
   { method: 'POST', path: '/api/v1/alerts', scope: 'alerts' },
   { method: 'POST', path: '/api/v1/signals', scope: 'signals' },
+  // Which Xid and SXid codes to send on the fast path: agents ask, with the credential they send signals with.
+  { method: 'GET', path: '/api/v1/xid-policy', scope: 'signals' },
   { method: 'GET', path: '/api/v1/standby/:node', scope: 'node', nodeParam: 'node' },
   { method: 'POST', path: '/api/v1/standby/:node/self-check', scope: 'node', nodeParam: 'node' },
   { method: 'POST', path: '/api/v1/jobs/:id/checkpoints', scope: 'training' },

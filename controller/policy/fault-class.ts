@@ -2,6 +2,7 @@ import type { Signal } from '../../core/signal.js';
 import { classifyXid, type XidRemedy } from '../../core/xid.js';
 import { FAULT_CITATIONS, type FaultClass } from '../../core/ladder.js';
 import { catalogueEntry } from '../../rules/catalogue.js';
+import type { XidAction, XidKind } from '../../core/xid-policy.js';
 
 /**
  * Which kind of fault a Signal reports, so the recovery ladder (controller/policy/ladder/) knows which
@@ -33,6 +34,17 @@ export interface FaultVerdict {
   readonly remedy?: 'reset_gpu' | 'reboot_node';
   /** The Xid the signal reports (an Xid signal, or an alert counting one), as the catalogue names it. */
   readonly xid?: { readonly code: number; readonly meaning: string };
+  /** Set where a configured Xid policy, not the catalogue, decided this fault (xid-rule.ts). */
+  readonly policy?: XidPolicyChoice;
+}
+
+/** The configured rule that made a signal a fault: which code, what to do, and the layer that said so. */
+export interface XidPolicyChoice {
+  readonly kind: XidKind;
+  readonly code: number;
+  readonly meaning: string;
+  readonly action: Exclude<XidAction, 'ignore' | 'observe'>;
+  readonly source: string;
 }
 
 /** A signal that is not a training job's fault: a resolved alert, steadfast watching itself. */
@@ -113,7 +125,7 @@ function withRemedy(verdict: FaultVerdict, remedy: FaultVerdict['remedy']): Faul
 }
 
 /** Machine and network verdicts must name their culprit; without one the fault is a crash to diagnose. */
-function culpritOrCrash(faultClass: 'machine' | 'network', node: string | undefined, reason: string, citation: string): FaultVerdict {
+export function culpritOrCrash(faultClass: 'machine' | 'network', node: string | undefined, reason: string, citation: string): FaultVerdict {
   if (node !== undefined) return fault(faultClass, node, reason, citation);
   return fault('crash', undefined, `${reason}, but the signal names no node`, CITE_CRASH);
 }
@@ -131,6 +143,8 @@ export function classifySignal(signal: Signal, options: ClassifyOptions = {}): C
       return classifyWorkerFailure(signal, options);
     case 'alert':
       return classifyAlert(signal);
+    case 'sxid':
+      return classifySxidSignal(signal);
     case 'suspect_node':
       // A precursor, not a failure: the job keeps training while its stacks are looked at.
       return fault(
@@ -172,6 +186,22 @@ function classifyXidSignal(signal: Signal): FaultVerdict {
     return { ...withRemedy(culpritOrCrash('machine', signal.node, `fatal ${what}`, CITE_MACHINE), remedy), ...xid };
   }
   return { ...fault('transient', signal.node, `non-fatal ${what}`, CITE_TRANSIENT), ...xid };
+}
+
+/** Whether an SXid's kernel line calls it fatal (`SXid (PCI:…): 20034, Fatal, …`; `Non-fatal` otherwise). */
+export function sxidIsFatal(message: string): boolean {
+  return /:\s*\d+,\s*Fatal\b/.test(message);
+}
+
+/**
+ * An NVSwitch error an agent sent on its fast path (only for codes a configured policy names,
+ * core/xid-policy.ts). Without a rule for it (the configuration changed since the agent asked),
+ * as the alert on the SXid counter reads it: fatal takes the node out, non-fatal is only observed.
+ */
+function classifySxidSignal(signal: Signal): Classification {
+  const what = `SXid ${String(signal.evidence.sxid ?? '?')} on NVSwitch ${text(signal.evidence.nvswitch) || 'unknown'}`;
+  if (signal.severity === 'critical') return culpritOrCrash('machine', signal.node, `fatal ${what}`, CITE_MACHINE);
+  return { verdict: 'ignore', reason: `non-fatal ${what}: observed only` };
 }
 
 function classifyNcclTimeout(signal: Signal): FaultVerdict {

@@ -70,5 +70,7 @@ export function failureKind(signal: Signal): string {
     }
     case 'suspect_node':
       return 'suspect-node';
+    case 'sxid':
+      return `sxid:${typeof signal.evidence.sxid === 'number' ? signal.evidence.sxid : 'unknown'}`;
   }
 }

@@ -40,6 +40,12 @@ export function nodeStep(node: string, rung: NodeRung): Step {
 function outOfServiceReason(signal: Signal, verdict: FaultVerdict): string {
   const gpu = signal.gpu ?? 'unknown';
   if (signal.kind === 'gpu_lost') return `GPU ${gpu} is lost (no longer listed by nvidia-smi)`;
+  // A code a configured policy acts on, fatal or not: the reason names the code and who decided.
+  const policy = verdict.policy;
+  if (policy !== undefined) {
+    const where = policy.kind === 'sxid' ? `NVSwitch ${String(signal.evidence.nvswitch ?? signal.evidence['label.nvswitch'] ?? 'unknown')}` : `GPU ${gpu}`;
+    return `${policy.kind === 'xid' ? 'Xid' : 'SXid'} ${policy.code} (${policy.meaning}) on ${where}: ${policy.source} says ${policy.action}`;
+  }
   const alertname = signal.kind === 'alert' ? String(signal.evidence.alertname ?? '') : '';
   // An Xid, reported as one or named by the alert that counts it (the Xid remedy alerts).
   if (verdict.xid !== undefined) {
@@ -65,6 +71,10 @@ export function nodeRung(signal: Signal, verdict: FaultVerdict, history: readonl
     return { verb: 'reboot', reason: `${drainReason}; ${why}` };
   };
 
+  // A configured hand-off needs no rung below it: people are asked at once.
+  if (verdict.policy?.action === 'hand_off') return { verb: 'hand_off', reason: `${drainReason}: needs hands` };
+  const decidedBy = verdict.policy === undefined ? "the catalogue's remedy" : `the ${verdict.policy.source}'s action`;
+
   if (resetApplies(signal, verdict, config)) {
     const resets = spent(history, 'reset_gpu', since);
     if (resets.length >= config.escalation.resetsBeforeReboot) {
@@ -75,9 +85,15 @@ export function nodeRung(signal: Signal, verdict: FaultVerdict, history: readonl
     const other = resets.find((entry) => entry.gpu !== undefined && entry.gpu !== signal.gpu);
     if (other?.gpu !== undefined)
       return { verb: 'drain', reason: `${drainReason}; GPU ${other.gpu} of this node needed a reset too within ${windowText}: not one GPU's fault` };
-    return { verb: 'reset_gpu', gpu: signal.gpu, reason: `${drainReason}; the catalogue's remedy is a GPU reset` };
+    return { verb: 'reset_gpu', gpu: signal.gpu, reason: `${drainReason}; ${decidedBy} is a GPU reset` };
   }
-  if (verdict.remedy === 'reboot_node' && config.reboot.enabled) return rebootRung("the catalogue's remedy is a node reboot");
+  if (verdict.remedy === 'reboot_node' && config.reboot.enabled) return rebootRung(`${decidedBy} is a node reboot`);
+  // A configured remedy that cannot be taken says why it drains instead; the catalogue's, as ever, drains quietly.
+  if (verdict.policy?.action === 'reset') {
+    const blocker = config.gpuReset.enabled ? 'the signal names no GPU by PCI bus id' : 'GPU resets are off (remedies.gpuReset.enabled)';
+    return { verb: 'drain', reason: `${drainReason}; ${blocker}: drain` };
+  }
+  if (verdict.policy?.action === 'reboot') return { verb: 'drain', reason: `${drainReason}; node reboots are off (remedies.reboot.enabled): drain` };
   return { verb: 'drain', reason: drainReason };
 }
 

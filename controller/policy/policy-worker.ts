@@ -17,6 +17,9 @@ import { climbNodeLadderReading } from './node-ladder.js';
 import { describeSignal } from './describe-signal.js';
 import type { NodeDispatcher } from './node-dispatcher.js';
 import { lastResume } from './node-resumes.js';
+import type { PolicyLayer } from '../../core/xid-policy.js';
+import { applyXidPolicy } from './xid-rule.js';
+import { XidOccurrences } from './xid-occurrences.js';
 
 export interface PolicyResult {
   readonly outcome: 'observed' | 'decided' | 'joined' | 'repeat';
@@ -44,6 +47,10 @@ export interface PolicyWorkerDeps {
   readonly remedies?: { readonly config: RemediesConfig; readonly history: RemediationHistory };
   /** A node's remedies as its profile (config `profiles:`) sets them; without it every node has the global ones. */
   readonly remediesFor?: (node: string, global: RemediesConfig) => Promise<RemediesConfig>;
+  /** The Xid policy's layers over the catalogue (core/xid-policy.ts, xid-rule.ts); without them, the catalogue alone. */
+  readonly xidPolicy?: readonly PolicyLayer[];
+  /** The layer a node's profile (config `profiles:`) lays over those, if it has an `xidPolicy`. */
+  readonly profileXidLayer?: (node: string) => Promise<PolicyLayer | undefined>;
 }
 
 /**
@@ -152,6 +159,12 @@ export function signalProcessor(deps: PolicyWorkerDeps): (signal: Signal, firstA
   const { redis, keys, audit } = deps;
   const globalRemedies = deps.remedies?.config ?? remediesSchema.parse({});
   const remediesOf = async (node: string | undefined) => (node === undefined || !deps.remediesFor ? globalRemedies : deps.remediesFor(node, globalRemedies));
+  const occurrences = new XidOccurrences(redis, keys);
+  const globalLayers = deps.xidPolicy ?? [];
+  const layersOf = async (node: string | undefined): Promise<readonly PolicyLayer[]> => {
+    const profileLayer = node === undefined || !deps.profileXidLayer ? undefined : await deps.profileXidLayer(node);
+    return profileLayer === undefined ? globalLayers : [...globalLayers, profileLayer];
+  };
 
   return async (signal, firstAttempt) => {
     // A fault from before an operator returned its node to service was dealt with by that operator.
@@ -171,7 +184,8 @@ export function signalProcessor(deps: PolicyWorkerDeps): (signal: Signal, firstA
       );
       return { outcome: 'observed' };
     }
-    const verdict = classifySignal(signal);
+    // A configured rule for the signal's Xid or SXid decides over the catalogue (xid-rule.ts).
+    const verdict = await applyXidPolicy(signal, classifySignal(signal), { layers: await layersOf(signal.node), occurrences });
     const trainingJob = deps.recovery && signal.node ? await deps.recovery.jobs.jobOnNode(signal.node) : undefined;
     const nodeRemedies = await remediesOf(signal.node);
     const remedies = deps.remedies && { ...deps.remedies, config: nodeRemedies };

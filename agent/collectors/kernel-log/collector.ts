@@ -11,7 +11,8 @@ import { XidLedger, type XidOccurrence } from '../../xid-ledger.js';
  * The kernel-log collector: the agent's one reader of the kernel log (/dev/kmsg or a log file).
  * It counts every `NVRM: Xid` per GPU and code (a counter, not a last-value gauge, so repeats
  * stay visible), once with the NVML event of the same Xid where the gpu collector reads NVML
- * (../../xid-ledger.ts). Fatal ones also go to the controller on the fast path, once per
+ * (../../xid-ledger.ts). Fatal ones, and those the controller's Xid policy asks for (GET
+ * /api/v1/xid-policy, seen live, not in the log as it was at start), go to the controller on the fast path, once per
  * occurrence: the counters start from the whole log at every agent start (the rules expect that,
  * rules/README.md), but a fatal Xid already reported before a restart (xid-reported.ts), or logged
  * before the last boot, is not sent again. The same lines feed the host kernel counters
@@ -106,10 +107,12 @@ class KernelLogCollector implements Collector {
         continue;
       }
       const { news, occurrence } = this.ledger.observe('kernel-log', event);
-      if (event.severity !== 'fatal') continue;
+      // Beyond the fatal ones, the codes the controller's Xid policy acts on or counts (xid-policy-client.ts).
+      const asked = event.severity !== 'fatal' && this.context.fastPathCodes?.wantsXid(event.xid) === true;
+      if (event.severity !== 'fatal' && !asked) continue;
       const candidate = this.reported.candidate(event, line, position);
       if (news || occurrence.sentAs !== 'fatal') {
-        this.context.logger.error({ gpu: event.pciBusId, xid: event.xid, message: event.message }, 'fatal Xid');
+        this.context.logger.error({ gpu: event.pciBusId, xid: event.xid, message: event.message }, asked ? 'Xid the controller asked for' : 'fatal Xid');
         if (this.reported.reportedCount([candidate]) === 0) this.send(candidate, occurrence);
       } else {
         // NVML reported it first and sent it: the state file still records this line as reported.

@@ -1,7 +1,7 @@
 import { Counter, type Registry } from 'prom-client';
 import type { CollectorContext } from '../../collector.js';
 import type { LogPosition } from '../../log-follower.js';
-import { HostKernelParser, type HostKernelEvent, type HostKernelParse } from '../../sources/host-kernel-log.js';
+import { HostKernelParser, type HostKernelEvent, type HostKernelParse, type SxidEvent } from '../../sources/host-kernel-log.js';
 
 /**
  * The host side of the kernel log, counted by the xid collector from the same lines it reads for
@@ -10,7 +10,9 @@ import { HostKernelParser, type HostKernelEvent, type HostKernelParse } from '..
  *
  * A GPU the driver cannot bring up (`RmInitAdapter failed!`) also goes on the fast path as
  * `gpu_lost`: nvidia-smi never lists such a GPU, so the gpu collector cannot miss it. What the log
- * held at start is sent only when it follows the last boot, once that first read ends.
+ * held at start is sent only when it follows the last boot, once that first read ends. An SXid
+ * goes on the fast path (kind `sxid`) only as it is logged, and only when the controller listed its
+ * code (agent/xid-policy-client.ts); otherwise the counter and its alert carry it.
  */
 
 const HOST_EVENT_KINDS = new Set<HostKernelEvent['kind']>(['soft_lockup', 'hung_task', 'hung_task_nvidia', 'oom_kill']);
@@ -68,7 +70,11 @@ export class HostKernelCounters {
   }
 
   private count({ events, sxids }: HostKernelParse, firstRead: boolean): void {
-    for (const sxid of sxids) this.sxid.inc({ nvswitch: sxid.nvswitch, sxid: String(sxid.sxid), severity: sxid.fatal ? 'fatal' : 'nonfatal' });
+    for (const sxid of sxids) {
+      this.sxid.inc({ nvswitch: sxid.nvswitch, sxid: String(sxid.sxid), severity: sxid.fatal ? 'fatal' : 'nonfatal' });
+      // Only a code the controller listed: an older controller would refuse the kind, and the batch with it.
+      if (!firstRead && this.context.fastPathCodes?.wantsSxid(sxid.sxid) === true) this.sendSxid(sxid);
+    }
     for (const event of events) {
       if (HOST_EVENT_KINDS.has(event.kind)) this.events.inc({ kind: event.kind });
       else if (event.kind === 'machine_check' && event.severity !== undefined) this.machineChecks.inc({ severity: event.severity });
@@ -98,6 +104,18 @@ export class HostKernelCounters {
     const pending = this.pending;
     this.pending = [];
     for (const event of pending) this.sendGpuLost(event);
+  }
+
+  private sendSxid(sxid: SxidEvent): void {
+    this.context.logger.error({ nvswitch: sxid.nvswitch, sxid: sxid.sxid, message: sxid.message }, 'SXid the controller asked for');
+    this.context.fastPath({
+      kind: 'sxid',
+      node: this.context.node,
+      sxid: sxid.sxid,
+      nvswitch: sxid.nvswitch,
+      message: sxid.message,
+      time: new Date().toISOString(),
+    });
   }
 
   private sendGpuLost(event: HostKernelEvent): void {
