@@ -1,6 +1,7 @@
 import { DoNotRetryError } from '../../core/errors.js';
 import { evictionShareSize } from '../../core/job.js';
 import { drainNode } from '../drain-node.js';
+import { ForeignHolds } from '../foreign-holds.js';
 import type { LadderEventJob } from '../../core/queues.js';
 import type { Keys, Redis } from '../../core/redis.js';
 import type { Logger } from '../../core/log.js';
@@ -45,6 +46,8 @@ export async function evict(deps: EvictDeps, at: StepAt): Promise<Halt> {
   const quarantined = new Set(await deps.redis.smembers(deps.keys.quarantine));
   // A held node is not chosen as a standby either (the hold gate, actuators/safety.ts).
   for (const node of (await gates.holds()).keys()) quarantined.add(node);
+  // Nor one someone else drained or cordoned, or node-problem-detector flags (foreign-holds.ts).
+  for (const node of await new ForeignHolds(deps.redis, deps.keys).nodes()) quarantined.add(node);
   const unreplaced: string[] = [];
   for (const node of step.nodes ?? []) {
     try {
