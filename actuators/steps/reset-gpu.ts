@@ -51,16 +51,20 @@ export async function resetGpu(deps: ResetGpuDeps, at: StepAt): Promise<Halt> {
   if (!lease.ok) throw new NodeLeasedError(lease.reason);
   let report: GpuResetReport;
   let tookOut = false;
+  let held = false;
   try {
     const progress = await deps.redis.hgetall(deps.keys.action(ref));
     if (!inJob) tookOut = await takeOut(deps, at, node, gpu, progress.tookOut === '1');
     report = progress.resetReport ? (JSON.parse(progress.resetReport) as GpuResetReport) : await resetWithRetries(deps, deps.resetter, node, gpu);
     await deps.redis.hset(deps.keys.action(ref), 'resetReport', JSON.stringify(report));
     if (report.outcome === 'reset') {
-      if (inJob) return await resetHeldInJob(deps, at, node, gpu, report);
-      // Back only if this decision took it out and no one else's drain is on it (return-to-service.ts).
-      const back = tookOut ? await returnToService(deps, node, { decisionId: at.transitionId }) : undefined;
-      return await resetHeld(deps, at, node, gpu, report, back);
+      // In a job, what follows may evict the node, which takes the node's lease itself: after the finally.
+      if (inJob) held = true;
+      else {
+        // Back only if this decision took it out and no one else's drain is on it (return-to-service.ts).
+        const back = tookOut ? await returnToService(deps, node, { decisionId: at.transitionId }) : undefined;
+        return await resetHeld(deps, at, node, gpu, report, back);
+      }
     }
     if (!inJob) {
       // Refused or failed: the node needs more than a reset; take it out fully (Kubernetes: evict too).
@@ -79,6 +83,7 @@ export async function resetGpu(deps: ResetGpuDeps, at: StepAt): Promise<Halt> {
   } finally {
     await deps.gates.releaseLease(node, holder);
   }
+  if (held) return resetHeldInJob(deps, at, node, gpu, report);
   // In a job, the eviction takes the node's lease itself: it runs once this step has let go of it.
   await rememberRemedy(deps, at, node, 'reset_gpu', 'fell_back', report.reason, 'reset');
   await recordStep(deps, at, report.outcome === 'refused' ? 'refused' : 'failed', `GPU reset ${report.outcome} (${report.reason}); evicting ${node} instead`, {

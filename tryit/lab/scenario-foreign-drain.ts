@@ -77,7 +77,10 @@ export async function runForeignDrain(lab: ProtectedLab): Promise<ScenarioReport
   const second = (await lab.audit()).find(
     (entry) => t1 !== undefined && Date.parse(entry.time) >= t1 && entry.type === 'action' && entry.node === other && /kept first/.test(entry.summary),
   );
-  if (other !== undefined && !second) problems.push(`no refused reset of ${other} audited with the administrator's drain kept first`);
+  if (other !== undefined && !second) {
+    const seen = (await lab.audit()).filter((entry) => t1 !== undefined && Date.parse(entry.time) >= t1 && entry.node === other).map((entry) => entry.summary);
+    problems.push(`no refused reset of ${other} audited with the administrator's drain kept first (audit about ${other}: ${seen.join(' | ') || 'nothing'})`);
+  }
 
   const resumption = relaunched === undefined ? undefined : judgeResumption(lab, [before], relaunched);
   const timeline = [

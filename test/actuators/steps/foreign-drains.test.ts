@@ -7,6 +7,9 @@ import { FOREIGN_SCAN_INTERVAL_MS, ForeignHolds } from '../../../actuators/forei
 import { RemediationHistory } from '../../../actuators/remediation-history.js';
 import type { GpuResetter } from '../../../actuators/steps/gpu-resetter.js';
 import { StandbyPool } from '../../../actuators/standby-pool.js';
+import type { Job } from 'bullmq';
+import { JobStore } from '../../../controller/job-store.js';
+import type { StepsJob } from '../../../core/queues.js';
 import { testRedis } from '../../support/redis.js';
 import { lastAction, nodeTransition, queued, recordingBackend, testStepProcessor } from '../../support/steps.js';
 
@@ -72,6 +75,40 @@ describe("others' drains: a node outside any job after a GPU reset", () => {
     );
     const { reason } = await backend.nodeState('node-1');
     expect(reason).toMatch(/^admin: fan replacement; steadfast: fatal Xid 48 .*GPU reset refused: persistence mode is on audit=d-r1$/);
+  });
+});
+
+describe("others' drains: a node of a job", () => {
+  const store = testRedis();
+  afterEach(async () => store.cleanup());
+
+  it('resets the GPU of a node an administrator drained, then evicts it onto a standby instead of relaunching on it, their drain kept', async () => {
+    const jobs = new JobStore(store.redis, store.keys);
+    await jobs.create({ name: 'llama', nodes: ['n00', 'n01'], ranksPerNode: 1, launcher: 'accept', codeVersion: 'v1' });
+    const backend = recordingBackend(store);
+    await backend.holdStandby('spare-1');
+    await backend.drain('n01', 'admin: fan replacement');
+    const audit = new AuditLog(store.redis, store.keys);
+    let resets = 0;
+    const process = testStepProcessor(
+      store,
+      { backend, jobs, audit },
+      {
+        resetter: { reset: async (node, gpu) => ((resets += 1), await resetter('reset').reset(node, gpu, 30)) },
+        history: new RemediationHistory(store.redis, store.keys, 20),
+        remedies: remediesSchema.parse({ gpuReset: { busyRetries: 0 } }),
+      },
+    );
+    const steps = [
+      { verb: 'reset_gpu' as const, job: 'llama', nodes: ['n01'], gpu: '0000:3a:00', reason: 'fatal Xid 48 on n01', citation: 'test' },
+      { verb: 'restart' as const, job: 'llama', reason: 'relaunch after the reset', citation: 'test' },
+    ];
+    await process({ id: 't-1', data: { v: 2, transitionId: 't-1', job: 'llama', steps }, attemptsMade: 0, opts: { attempts: 5 } } as unknown as Job<StepsJob>);
+    expect(resets).toBe(1);
+    expect((await jobs.get('llama')).spec.nodes).toEqual(['n00', 'spare-1']);
+    expect(await backend.nodeState('n01')).toMatchObject({ drained: true, reason: 'admin: fan replacement' });
+    const actions = (await audit.read({ type: 'action', limit: 100 })).map((entry) => entry.summary);
+    expect(actions.some((summary) => /reset_gpu n01: done .*drained by someone else \("admin: fan replacement"\): evicting it, their drain kept/.test(summary))).toBe(true);
   });
 });
 
