@@ -76,11 +76,16 @@ export class ForeignHolds {
     if (hold === '') await this.redis.hdel(this.key, node);
     else await this.redis.hset(this.key, node, hold);
     const summary =
-      hold === ''
-        ? `${node}: no longer held out by someone else (was: ${before}); a standby candidate again`
-        : `${node}: ${hold}; kept out of standby choice`;
+      hold === '' ? `${node}: no longer held out by someone else (was: ${before}); a standby candidate again` : `${node}: ${hold}; kept out of standby choice`;
     await audit.append(
-      { type: 'signal', ref: `foreign-${node}-${now}`, node, summary, data: { kind: 'foreign_hold', node, hold, previous: before, backend }, actor: CONTROLLER_IDENTITY },
+      {
+        type: 'signal',
+        ref: `foreign-${node}-${now}`,
+        node,
+        summary,
+        data: { kind: 'foreign_hold', node, hold, previous: before, backend },
+        actor: CONTROLLER_IDENTITY,
+      },
       `foreign:${node}:${now}`,
     );
   }

@@ -51,7 +51,13 @@ export async function evict(deps: EvictDeps, at: StepAt): Promise<Halt> {
   const unreplaced: string[] = [];
   for (const node of step.nodes ?? []) {
     try {
-      const { already, state } = await drainNode(backend, gates, { node, holder: ref, reason: step.reason, auditId: at.transitionId, ownDrains: deps.ownDrains });
+      const { already, state } = await drainNode(backend, gates, {
+        node,
+        holder: ref,
+        reason: step.reason,
+        auditId: at.transitionId,
+        ownDrains: deps.ownDrains,
+      });
       await recordStep(deps, at, 'done', already ? `already out of service (${state.raw})` : `drained through ${backend.name}`, { node });
     } catch (error) {
       if (!(error instanceof DoNotRetryError)) throw error;

@@ -56,7 +56,7 @@ describe("Kubernetes: others' cordons are kept", () => {
     });
   });
 
-  it("cordons a node an administrator cordoned by adding its taint and a note of their cordon, then lifts only its own marks", async () => {
+  it('cordons a node an administrator cordoned by adding its taint and a note of their cordon, then lifts only its own marks', async () => {
     const theirs = node('gpu-a02', { unschedulable: true, taints: [GPU_TAINT] });
     api.load([
       get('gpu-a02', theirs),

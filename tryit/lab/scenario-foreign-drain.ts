@@ -57,7 +57,9 @@ export async function runForeignDrain(lab: ProtectedLab): Promise<ScenarioReport
 
   const entries = entriesSince(await lab.audit(), t0, job);
   const signal = entries.find((entry) => entry.type === 'signal' && entry.node === victim && /xid/i.test(entry.summary));
-  const reset = entries.find((entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: reset_gpu ${victim}: done`) && /drained by someone else/.test(entry.summary));
+  const reset = entries.find(
+    (entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: reset_gpu ${victim}: done`) && /drained by someone else/.test(entry.summary),
+  );
   const activated = entries.find((entry) => entry.type === 'action' && /standby \S+ activated in place of/.test(entry.summary));
   const restarted = entries.find((entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: restart: done`));
   const record = await lab.jobRecord();
@@ -65,7 +67,9 @@ export async function runForeignDrain(lab: ProtectedLab): Promise<ScenarioReport
   if (!signal) problems.push(`no Xid signal from ${victim} in the audit`);
   if (!reset) {
     const other = entries.filter((entry) => entry.type === 'action' && entry.summary.startsWith(`${job}: reset_gpu`)).map((entry) => entry.summary);
-    problems.push(`no GPU reset of ${victim} followed by its eviction (drained by someone else) in the audit${other.length > 0 ? `; the reset step: ${other.join(' | ')}` : ''}`);
+    problems.push(
+      `no GPU reset of ${victim} followed by its eviction (drained by someone else) in the audit${other.length > 0 ? `; the reset step: ${other.join(' | ')}` : ''}`,
+    );
   }
   if (!gpus.resets().includes(GPU_INDEX)) problems.push(`the simulated nvidia-smi of ${victim} saw no reset of GPU ${GPU_INDEX}`);
   if (record.nodes.includes(victim)) problems.push(`the job still runs on ${victim}, which an administrator drained: ${record.nodes.join(', ')}`);

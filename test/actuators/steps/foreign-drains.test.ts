@@ -59,7 +59,7 @@ describe("others' drains: a node outside any job after a GPU reset", () => {
     expect(await backend.nodeState('node-1')).toMatchObject({ drained: true, reason: 'admin: BIOS update' });
   });
 
-  it("leaves a node an administrator drained before drained with their reason, after a reset that held", async () => {
+  it('leaves a node an administrator drained before drained with their reason, after a reset that held', async () => {
     const { backend, resetStep } = setUp(() => resetter('reset'));
     await backend.drain('node-1', 'admin: fan replacement');
     expect((await resetStep()).detail).toContain('node left out of service, as it was before');
@@ -70,9 +70,7 @@ describe("others' drains: a node outside any job after a GPU reset", () => {
     const { backend, resetStep } = setUp(() => resetter('refused'));
     await backend.drain('node-1', 'admin: fan replacement');
     const result = await resetStep();
-    expect(result.detail).toBe(
-      'GPU reset refused (persistence mode is on); node drained instead; someone else\'s drain ("admin: fan replacement") kept first',
-    );
+    expect(result.detail).toBe('GPU reset refused (persistence mode is on); node drained instead; someone else\'s drain ("admin: fan replacement") kept first');
     const { reason } = await backend.nodeState('node-1');
     expect(reason).toMatch(/^admin: fan replacement; steadfast: fatal Xid 48 .*GPU reset refused: persistence mode is on audit=d-r1$/);
   });
@@ -108,7 +106,9 @@ describe("others' drains: a node of a job", () => {
     expect((await jobs.get('llama')).spec.nodes).toEqual(['n00', 'spare-1']);
     expect(await backend.nodeState('n01')).toMatchObject({ drained: true, reason: 'admin: fan replacement' });
     const actions = (await audit.read({ type: 'action', limit: 100 })).map((entry) => entry.summary);
-    expect(actions.some((summary) => /reset_gpu n01: done .*drained by someone else \("admin: fan replacement"\): evicting it, their drain kept/.test(summary))).toBe(true);
+    expect(
+      actions.some((summary) => /reset_gpu n01: done .*drained by someone else \("admin: fan replacement"\): evicting it, their drain kept/.test(summary)),
+    ).toBe(true);
   });
 });
 
@@ -132,7 +132,13 @@ describe("others' drains as signals: kept out of the standby choice", () => {
     expect(await pool.scanForeign(audit, new Set(['node-1']), now)).toEqual(['node-1', 'sb-1']);
     // Within the interval no replica reads again; a later read of the same hold audits nothing new.
     expect(await pool.scanForeign(audit, new Set(['node-1']), now + 1000)).toEqual([]);
-    await new ForeignHolds(store.redis, store.keys).note(audit, backend.name, 'sb-1', 'drained by someone else (reason "admin: fan")', now + FOREIGN_SCAN_INTERVAL_MS);
+    await new ForeignHolds(store.redis, store.keys).note(
+      audit,
+      backend.name,
+      'sb-1',
+      'drained by someone else (reason "admin: fan")',
+      now + FOREIGN_SCAN_INTERVAL_MS,
+    );
 
     const signals = await audit.read({ type: 'signal', limit: 100 });
     expect(signals.map((entry) => entry.summary)).toEqual(['sb-1: drained by someone else (reason "admin: fan"); kept out of standby choice']);
