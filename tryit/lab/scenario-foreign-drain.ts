@@ -34,7 +34,7 @@ const SECOND_ADMIN_REASON = 'admin: PSU check';
  * it. The reset is done through the node's agent (a remedy is allowed), but the job is not
  * relaunched on a node someone else drained: the node is evicted, a standby takes its place, and
  * the node stays drained with the administrator's reason. Then, on a node outside the job that
- * another administrator drained, a reset the agent refuses (persistence mode on): steadfast's
+ * another administrator drained, a reset that fails (the GPU does not come back): steadfast's
  * drain reason is appended after theirs, never over it.
  */
 export async function runForeignDrain(lab: ProtectedLab): Promise<ScenarioReport> {
@@ -76,14 +76,14 @@ export async function runForeignDrain(lab: ProtectedLab): Promise<ScenarioReport
   if (!/^drain/.test(kept.state) || !kept.reason.startsWith(ADMIN_REASON))
     problems.push(`${victim} is ${kept.state} "${kept.reason}" in sinfo: the administrator's drain ("${ADMIN_REASON}") is not kept first`);
 
-  // Case 2: outside the job, on a node another administrator drained, the reset is refused.
-  const { other, t1, appended } = await refusedOnForeignDrain(lab, victim, problems);
+  // Case 2: outside the job, on a node another administrator drained, the reset fails.
+  const { other, t1, appended } = await failedOnForeignDrain(lab, victim, problems);
   const second = (await lab.audit()).find(
     (entry) => t1 !== undefined && Date.parse(entry.time) >= t1 && entry.type === 'action' && entry.node === other && /kept first/.test(entry.summary),
   );
   if (other !== undefined && !second) {
     const seen = (await lab.audit()).filter((entry) => t1 !== undefined && Date.parse(entry.time) >= t1 && entry.node === other).map((entry) => entry.summary);
-    problems.push(`no refused reset of ${other} audited with the administrator's drain kept first (audit about ${other}: ${seen.join(' | ') || 'nothing'})`);
+    problems.push(`no failed reset of ${other} audited with the administrator's drain kept first (audit about ${other}: ${seen.join(' | ') || 'nothing'})`);
   }
 
   const resumption = relaunched === undefined ? undefined : judgeResumption(lab, [before], relaunched);
@@ -96,17 +96,17 @@ export async function runForeignDrain(lab: ProtectedLab): Promise<ScenarioReport
     step(`relaunched with sbatch: run ${relaunched ?? '?'} on ${record.nodes.join(', ')}`, at(restarted), t0, restarted?.summary ?? ''),
     firstStep(resumption, relaunched, t0),
     step('the ladder saw training progress: running', runningAt, t0, `nodes ${record.nodes.join(', ')}; ${victim}: ${kept.state} "${kept.reason}"`),
-    step(`${other ?? '?'} (drained by "${SECOND_ADMIN_REASON}"): refused reset, steadfast's reason appended`, appended, t0, second?.summary ?? ''),
+    step(`${other ?? '?'} (drained by "${SECOND_ADMIN_REASON}"): failed reset, steadfast's reason appended`, appended, t0, second?.summary ?? ''),
   ];
   return report(lab, 'foreign-drain', t0, resumption, [before, ...(relaunched === undefined ? [] : [relaunched])], timeline, problems);
 }
 
 /**
  * A node outside the job (a standby left over, else the evicted node), drained by an
- * administrator, gets a fatal Xid 48 while its GPU is in persistence mode: the agent refuses the
- * reset and steadfast drains the node — appending its reason after the administrator's.
+ * administrator, gets a fatal Xid 48 on a GPU whose reset fails: steadfast drains the node —
+ * appending its reason after the administrator's.
  */
-async function refusedOnForeignDrain(
+async function failedOnForeignDrain(
   lab: ProtectedLab,
   evicted: string,
   problems: string[],
@@ -115,12 +115,12 @@ async function refusedOnForeignDrain(
   const other = (await lab.controller.backend.standbys()).find((node) => !record.nodes.includes(node) && node !== evicted);
   const gpus = other === undefined ? undefined : lab.gpus.get(other);
   if (other === undefined || gpus === undefined) {
-    problems.push('no node outside the job left for the refused reset');
+    problems.push('no node outside the job left for the failed reset');
     return { other, t1: undefined, appended: undefined };
   }
   await lab.adminDrain(other, SECOND_ADMIN_REASON);
-  gpus.setPersistence(GPU_INDEX, true);
-  gpus.needsReset(GPU_INDEX, 48, XID_48);
+  // A GPU that will not come back: nvidia-smi's reset fails (the simulated driver's `stuck`).
+  gpus.needsReset(GPU_INDEX, 48, XID_48, { stuck: true });
   const t1 = lab.injectXid(other, 48, XID_48, GPU);
   const done = await until(
     () => lab.sinfo(other),
@@ -129,7 +129,7 @@ async function refusedOnForeignDrain(
   );
   const appended = done === undefined ? undefined : Date.now();
   const final = await lab.sinfo(other);
-  if (!/^drain/.test(final.state) || !final.reason.startsWith(`${SECOND_ADMIN_REASON}; steadfast:`) || !/GPU reset refused/.test(final.reason))
-    problems.push(`${other} is ${final.state} "${final.reason}" in sinfo: expected "${SECOND_ADMIN_REASON}; steadfast: … GPU reset refused …"`);
+  if (!/^drain/.test(final.state) || !final.reason.startsWith(`${SECOND_ADMIN_REASON}; steadfast:`) || !/GPU reset (refused|failed)/.test(final.reason))
+    problems.push(`${other} is ${final.state} "${final.reason}" in sinfo: expected "${SECOND_ADMIN_REASON}; steadfast: … GPU reset failed …"`);
   return { other, t1, appended };
 }
