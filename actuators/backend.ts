@@ -15,6 +15,27 @@ export interface NodeState {
   readonly reason?: string | undefined;
   /** The scheduler's own words for the state, for the audit. */
   readonly raw: string;
+  /**
+   * Someone else's hold on the node, when an administrator, another tool or the scheduler's own
+   * health check took it out (their reason; on Kubernetes, a cordon steadfast did not make).
+   * Undefined when the node is in service or out by steadfast alone. steadfast never returns
+   * such a node to service (actuators/return-to-service.ts).
+   */
+  readonly foreign?: string | undefined;
+  /**
+   * Problems the cluster itself reports on the node besides its schedulability (Kubernetes:
+   * node-problem-detector's conditions with status True), read as signals.
+   */
+  readonly conditions?: readonly string[] | undefined;
+}
+
+/** How a node goes back to service. */
+export interface ResumeOptions {
+  /**
+   * Also lift someone else's drain or cordon (`steadfast resume --force`). Without it a backend
+   * removes only steadfast's part and leaves a node another drained out of service.
+   */
+  readonly force?: boolean;
 }
 
 /**
@@ -37,8 +58,11 @@ export interface ClusterBackend {
   nodeLabels?(node: string): Promise<Readonly<Record<string, string>>>;
   /** Stops new work landing on the node, recording `reason` where the scheduler shows it. */
   drain(node: string, reason: string): Promise<void>;
-  /** Returns the node to service. */
-  resume(node: string): Promise<void>;
+  /**
+   * Returns the node to service when steadfast's drain is the only one; with someone else's
+   * drain too, removes only steadfast's part and leaves theirs (unless `options.force`).
+   */
+  resume(node: string, options?: ResumeOptions): Promise<void>;
   /**
    * Stops new work landing on the node without moving what runs there, for a short repair such
    * as a GPU reset (Kubernetes: cordon only, no evictions). Backends whose drain already leaves

@@ -1,10 +1,13 @@
 import { DoNotRetryError, RetryLaterError } from '../core/errors.js';
 import type { ClusterBackend, NodeState } from './backend.js';
+import { OWN_REASON_PREFIX } from './drain-reason.js';
+import type { OwnDrains } from './own-drains.js';
 import type { SafetyGates } from './safety.js';
 
 /**
  * Taking one node out of service, the one way every step that does it does it (drain, evict,
- * hand_off, a reset's fallback). Reconcile, then act
+ * hand_off, a reset's fallback). A node already out (by steadfast or by someone else) is left
+ * exactly as it is, its reason untouched. Reconcile, then act
  * (as Kubernetes controllers do): hold the node's lease, look at it, drain only if it still takes work,
  * and check afterwards that the backend really shows it out of service.
  */
@@ -26,6 +29,8 @@ export interface DrainRequest {
   readonly auditId: string;
   /** Called once the node is known to need a drain, before the backend is asked. */
   readonly onDraining?: () => Promise<void>;
+  /** Where steadfast remembers that it took the node out (under `auditId`), so that only it returns the node. */
+  readonly ownDrains?: OwnDrains | undefined;
 }
 
 export interface DrainOutcome {
@@ -49,7 +54,10 @@ export async function drainNode(backend: ClusterBackend, gates: SafetyGates, req
     if (!before.exists) throw new DoNotRetryError(`node ${node} is unknown to the ${backend.name} backend`);
     if (before.drained) return { already: true, state: before };
     await request.onDraining?.();
-    await backend.drain(node, `steadfast: ${request.reason} audit=${request.auditId}`);
+    const reason = `${OWN_REASON_PREFIX} ${request.reason} audit=${request.auditId}`;
+    // Recorded before the drain: a crash between the two leaves a record a later return ignores, never an unrecorded drain.
+    await request.ownDrains?.record(node, request.auditId, reason);
+    await backend.drain(node, reason);
     const after = await backend.nodeState(node);
     if (!after.drained) throw new RetryLaterError(`${backend.name} still shows ${node} as ${after.raw} after the drain`);
     return { already: false, state: after };

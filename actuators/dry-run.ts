@@ -1,5 +1,6 @@
 import type { Keys, Redis } from '../core/redis.js';
-import type { ClusterBackend, NodeState } from './backend.js';
+import type { ClusterBackend, NodeState, ResumeOptions } from './backend.js';
+import { appendOwnReason, splitReason } from './drain-reason.js';
 
 /**
  * Records what it would do instead of doing it. Its state lives in Redis so that every worker
@@ -20,20 +21,25 @@ export class DryRunBackend implements ClusterBackend {
     const reason = await this.redis.hget(this.keys.dryRunNodes(), node);
     return reason === null
       ? { node, exists: true, drained: false, raw: 'in service (dry-run)' }
-      : { node, exists: true, drained: true, reason, raw: 'drained (dry-run)' };
+      : { node, exists: true, drained: true, reason, raw: 'drained (dry-run)', foreign: splitReason(reason).foreign };
   }
 
+  /** As Slurm's drain: someone else's reason kept first (drain-reason.ts). */
   async drain(node: string, reason: string): Promise<void> {
-    await this.redis.hset(this.keys.dryRunNodes(), node, reason);
+    const current = await this.redis.hget(this.keys.dryRunNodes(), node);
+    await this.redis.hset(this.keys.dryRunNodes(), node, appendOwnReason(current ?? undefined, reason));
   }
 
-  async resume(node: string): Promise<void> {
-    await this.redis.hdel(this.keys.dryRunNodes(), node);
+  /** As Slurm's resume: with someone else's reason, only steadfast's part goes. */
+  async resume(node: string, options: ResumeOptions = {}): Promise<void> {
+    const foreign = splitReason((await this.redis.hget(this.keys.dryRunNodes(), node)) ?? undefined).foreign;
+    if (foreign !== undefined && options.force !== true) await this.redis.hset(this.keys.dryRunNodes(), node, foreign);
+    else await this.redis.hdel(this.keys.dryRunNodes(), node);
   }
 
   /** Records the reboot; the node stays out of service, as Slurm's ASAP reboot drains it first. */
   async reboot(node: string, reason: string, nextState: 'resume' | 'down'): Promise<void> {
-    await this.redis.hset(this.keys.dryRunNodes(), node, `reboot (then ${nextState}): ${reason}`);
+    await this.redis.hset(this.keys.dryRunNodes(), node, `${reason} (reboot, then ${nextState})`);
   }
 
   async holdStandby(node: string): Promise<void> {

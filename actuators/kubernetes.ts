@@ -18,7 +18,7 @@ import { DoNotRetryError, RetryLaterError } from '../core/errors.js';
 import { EQUALITY_SELECTOR_RULE, isEqualityLabelSelector, isLabelValue, isNamespace } from '../core/kubernetes-names.js';
 import { NODE_NAME_PATTERN } from '../core/names.js';
 import type { Launcher } from '../core/launcher.js';
-import type { ClusterBackend, NodeState, WorkloadState } from './backend.js';
+import type { ClusterBackend, NodeState, ResumeOptions, WorkloadState } from './backend.js';
 import { apiError, serverMessage, statusCode } from './kubernetes-errors.js';
 import { KubernetesWorkloads } from './kubernetes-workload.js';
 
@@ -28,6 +28,14 @@ export const DRAIN_REASON_ANNOTATION = 'steadfast.dev/drain-reason';
 export const STANDBY_TAINT = 'steadfast.dev/standby';
 export const ROLE_LABEL = 'steadfast.dev/role';
 export const JOB_LABEL = 'steadfast.dev/job';
+/**
+ * Set when steadfast cordons a node someone else had cordoned already: their cordon stays when
+ * steadfast's is lifted (NVIDIA/NVSentinel#1424). A cordon without steadfast's taint is theirs.
+ */
+export const FOREIGN_CORDON_ANNOTATION = 'steadfast.dev/cordoned-before';
+
+/** The kubelet's own conditions; any other with status True comes from node-problem-detector or a similar tool. */
+const KUBELET_CONDITIONS = new Set(['Ready', 'MemoryPressure', 'DiskPressure', 'PIDPressure', 'NetworkUnavailable']);
 
 /** Where the backend finds the API server and its credentials. */
 export type KubernetesConnection =
@@ -86,6 +94,14 @@ function taintJson(taint: V1Taint): TaintJson {
 
 function hasTaint(node: V1Node, key: string): boolean {
   return (node.spec?.taints ?? []).some((taint) => taint.key === key && SCHEDULE_EFFECTS.has(taint.effect));
+}
+
+/** Someone else's cordon on the node, if any: a cordon without steadfast's taint, or one steadfast found there when it cordoned. */
+function foreignCordon(node: V1Node): string | undefined {
+  if (!(node.spec?.unschedulable ?? false)) return undefined;
+  if (!hasTaint(node, DRAINED_TAINT)) return 'cordoned by someone else';
+  if (node.metadata?.annotations?.[FOREIGN_CORDON_ANNOTATION] !== undefined) return 'cordoned by someone else before steadfast';
+  return undefined;
 }
 
 function isEmpty(patch: NodeMergePatch): boolean {
@@ -219,12 +235,17 @@ export class KubernetesBackend implements ClusterBackend {
     if (!current) return { node, exists: false, drained: false, raw: 'unknown to kubernetes' };
     const unschedulable = current.spec?.unschedulable ?? false;
     const ready = current.status?.conditions?.find((condition) => condition.type === 'Ready')?.status ?? 'Unknown';
+    const conditions = (current.status?.conditions ?? [])
+      .filter((condition) => !KUBELET_CONDITIONS.has(condition.type) && condition.status === 'True')
+      .map((condition) => cleanReason(`${condition.type}${condition.reason ? ` (${condition.reason})` : ''}`).slice(0, 120));
     return {
       node,
       exists: true,
       drained: unschedulable || hasTaint(current, DRAINED_TAINT),
       reason: current.metadata?.annotations?.[DRAIN_REASON_ANNOTATION],
       raw: `Ready=${ready}, unschedulable=${unschedulable}`,
+      foreign: foreignCordon(current),
+      ...(conditions.length > 0 ? { conditions } : {}),
     };
   }
 
@@ -249,10 +270,15 @@ export class KubernetesBackend implements ClusterBackend {
     this.checkNode(node);
     const current = await this.existingNode(node);
     const hasReason = current.metadata?.annotations?.[DRAIN_REASON_ANNOTATION] !== undefined;
+    // Someone else's cordon (no taint of ours on it) is remembered, so lifting ours leaves theirs.
+    const theirs = (current.spec?.unschedulable ?? false) && !hasTaint(current, DRAINED_TAINT);
     const patch = nodePatch(current, {
       unschedulable: true,
       addTaint: { key: DRAINED_TAINT, value: 'true', effect: 'NoSchedule' },
-      ...(hasReason ? {} : { annotations: { [DRAIN_REASON_ANNOTATION]: cleanReason(reason) } }),
+      annotations: {
+        ...(hasReason ? {} : { [DRAIN_REASON_ANNOTATION]: cleanReason(reason) }),
+        ...(theirs ? { [FOREIGN_CORDON_ANNOTATION]: 'true' } : {}),
+      },
     });
     await this.patchNode(node, patch, 'cordon and taint');
   }
@@ -284,15 +310,20 @@ export class KubernetesBackend implements ClusterBackend {
     }
   }
 
-  async resume(node: string): Promise<void> {
+  /**
+   * Uncordons only a cordon steadfast made and no one else shares (or with `force`); otherwise
+   * takes away steadfast's taint and annotations and leaves their cordon.
+   */
+  async resume(node: string, options: ResumeOptions = {}): Promise<void> {
     this.checkNode(node);
     const current = await this.existingNode(node);
+    const keepTheirs = options.force !== true && foreignCordon(current) !== undefined;
     const patch = nodePatch(current, {
-      unschedulable: false,
+      ...(keepTheirs ? {} : { unschedulable: false }),
       removeTaint: DRAINED_TAINT,
-      annotations: { [DRAIN_REASON_ANNOTATION]: null },
+      annotations: { [DRAIN_REASON_ANNOTATION]: null, [FOREIGN_CORDON_ANNOTATION]: null },
     });
-    await this.patchNode(node, patch, 'uncordon and untaint');
+    await this.patchNode(node, patch, keepTheirs ? "untaint (someone else's cordon kept)" : 'uncordon and untaint');
   }
 
   async holdStandby(node: string): Promise<void> {

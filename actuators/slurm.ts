@@ -5,7 +5,8 @@ import { DoNotRetryError, RetryLaterError, errorMessage } from '../core/errors.j
 import { JOB_NAME_PATTERN } from '../core/job.js';
 import { NODE_NAME_PATTERN } from '../core/names.js';
 import { SLURM_PARTITION_PATTERN } from '../core/remedy-config.js';
-import type { ClusterBackend, NodeState, WorkloadState } from './backend.js';
+import type { ClusterBackend, NodeState, ResumeOptions, WorkloadState } from './backend.js';
+import { appendOwnReason, splitReason } from './drain-reason.js';
 import { expandHostlist } from './hostlist.js';
 import type { SlurmRestClient } from './slurm-rest.js';
 
@@ -67,6 +68,11 @@ const OUT_OF_SERVICE = new Set(['drained', 'draining', 'drain', 'down', 'fail', 
 
 /** slurmrestd base states and flags (upper case) in which a node takes no new jobs. */
 const REST_OUT_OF_SERVICE = new Set(['DRAIN', 'DRAINED', 'DRAINING', 'DOWN', 'FAIL', 'FAILING', 'MAINT']);
+
+/** Someone else's part of an out-of-service node's reason (drain-reason.ts). */
+function foreignPart(drained: boolean, reason: string | undefined): string | undefined {
+  return drained ? splitReason(reason).foreign : undefined;
+}
 
 /** Reasons reach slurmctld as one argument; keep them printable and of a size sinfo shows. */
 function cleanReason(reason: string): string {
@@ -130,34 +136,52 @@ export class SlurmBackend implements ClusterBackend {
     if (this.options.rest) {
       const state = await this.options.rest.node(node);
       if (!state.exists) return { node, exists: false, drained: false, raw: 'unknown to slurm' };
-      return { node, exists: true, drained: state.states.some((flag) => REST_OUT_OF_SERVICE.has(flag)), reason: state.reason, raw: state.states.join('+') };
+      const drained = state.states.some((flag) => REST_OUT_OF_SERVICE.has(flag));
+      return { node, exists: true, drained, reason: state.reason, raw: state.states.join('+'), foreign: foreignPart(drained, state.reason) };
     }
     const out = await this.exec(this.options.sinfo, ['--noheader', '--Node', `--nodes=${node}`, '--format=%N|%T|%E']);
     const line = out.split('\n').find((row) => row.startsWith(`${node}|`));
     if (!line) return { node, exists: false, drained: false, raw: 'unknown to slurm' };
     const [, rawState = '', reason = ''] = line.split('|');
     const state = rawState.replace(/[~*#!%$@^-]+$/, '').toLowerCase();
-    return {
-      node,
-      exists: true,
-      drained: OUT_OF_SERVICE.has(state),
-      reason: reason && reason !== 'none' ? reason : undefined,
-      raw: rawState,
-    };
+    const drained = OUT_OF_SERVICE.has(state);
+    const known = reason && reason !== 'none' ? reason : undefined;
+    return { node, exists: true, drained, reason: known, raw: rawState, foreign: foreignPart(drained, known) };
   }
 
   private async restUpdatesNodes(): Promise<boolean> {
     return this.options.rest !== undefined && (await this.options.rest.describe()).updatesNodes;
   }
 
+  /**
+   * Slurm keeps one Reason per node and a drain replaces it: on a node someone else drained,
+   * their reason is kept first and steadfast's appended after it (`admin: fan; steadfast: …`).
+   */
   async drain(node: string, reason: string): Promise<void> {
+    const current = await this.nodeState(node);
+    await this.setDrain(node, appendOwnReason(current.drained ? current.reason : undefined, reason));
+  }
+
+  private async setDrain(node: string, reason: string): Promise<void> {
     this.checkNode(node);
     if (await this.restUpdatesNodes()) return this.options.rest?.updateNode(node, 'DRAIN', cleanReason(reason));
     await this.exec(this.options.scontrol, ['update', `NodeName=${node}`, 'State=DRAIN', `Reason=${cleanReason(reason)}`]);
   }
 
-  async resume(node: string): Promise<void> {
+  /**
+   * RESUME only when the node's reason is steadfast's alone (or `force`). With someone else's
+   * reason too, steadfast's part is taken away with `State=DRAIN Reason=<theirs>`, which keeps
+   * the node drained as they left it; a node out by someone else alone is not touched.
+   */
+  async resume(node: string, options: ResumeOptions = {}): Promise<void> {
     this.checkNode(node);
+    if (options.force !== true) {
+      const current = await this.nodeState(node);
+      if (current.foreign !== undefined) {
+        if (splitReason(current.reason).own !== undefined) await this.setDrain(node, current.foreign);
+        return;
+      }
+    }
     if (await this.restUpdatesNodes()) return this.options.rest?.updateNode(node, 'RESUME');
     await this.exec(this.options.scontrol, ['update', `NodeName=${node}`, 'State=RESUME']);
   }

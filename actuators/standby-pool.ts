@@ -1,6 +1,8 @@
 import { z } from 'zod';
 import type { Keys, Redis } from '../core/redis.js';
+import type { AuditLog } from '../core/audit.js';
 import type { ClusterBackend } from './backend.js';
+import { ForeignHolds } from './foreign-holds.js';
 import { standbyPoolSize } from './standby-sizing.js';
 
 /**
@@ -35,6 +37,21 @@ export class StandbyPool {
     private readonly backend: ClusterBackend,
     private readonly options: StandbyPoolOptions,
   ) {}
+
+  private get foreignHolds(): ForeignHolds {
+    return new ForeignHolds(this.redis, this.keys);
+  }
+
+  /**
+   * Reads the nodes steadfast knows — `inUse` (the jobs' nodes) and the standby candidates — for
+   * drains and cordons someone else made and node-problem-detector conditions (foreign-holds.ts),
+   * now and then; such a node is not chosen as a standby.
+   */
+  async scanForeign(audit: AuditLog, inUse: ReadonlySet<string>, now = Date.now()): Promise<string[]> {
+    // Without a pool of candidates the standbys are the backend's own (its reservation or taint).
+    const known = async () => [...inUse, ...this.options.candidates, ...(this.enabled ? [] : await this.backend.standbys())];
+    return this.foreignHolds.scan(this.backend, audit, known, now);
+  }
 
   get enabled(): boolean {
     return this.options.candidates.length > 0;
@@ -83,12 +100,13 @@ export class StandbyPool {
     if (missing <= 0) return [];
     const taken = new Set(members.map((member) => member.node));
     const quarantined = new Set(await this.redis.smembers(this.keys.quarantine));
+    const othersHold = await this.foreignHolds.nodes();
     const started: string[] = [];
     for (const candidate of this.options.candidates) {
       if (started.length >= missing) break;
-      if (taken.has(candidate) || quarantined.has(candidate) || inUse.has(candidate)) continue;
+      if (taken.has(candidate) || quarantined.has(candidate) || inUse.has(candidate) || othersHold.has(candidate)) continue;
       const state = await this.backend.nodeState(candidate);
-      if (!state.exists || state.drained) continue;
+      if (!state.exists || state.drained || (state.conditions?.length ?? 0) > 0) continue;
       await this.set(candidate, 'provisioning', {}, now);
       await this.backend.holdStandby(candidate);
       await this.set(candidate, 'self_check', { detail: "held; waiting for its agent's self-check" }, now);
@@ -105,9 +123,13 @@ export class StandbyPool {
     return this.member(node);
   }
 
-  /** Hands the oldest ready standby not in `unusable` (held, quarantined) to `job`; undefined when none is ready. */
+  /**
+   * Hands the oldest ready standby not in `unusable` (held, quarantined) and not held out by
+   * someone else (foreign-holds.ts) to `job`; undefined when none is ready.
+   */
   async take(job: string, now = Date.now(), unusable: ReadonlySet<string> = new Set()): Promise<string | undefined> {
-    const ready = (await this.members()).find((member) => member.state === 'ready' && !unusable.has(member.node));
+    const othersHold = await this.foreignHolds.nodes();
+    const ready = (await this.members()).find((member) => member.state === 'ready' && !unusable.has(member.node) && !othersHold.has(member.node));
     if (!ready) return undefined;
     await this.backend.activateStandby(ready.node, job);
     await this.set(ready.node, 'active', { job }, now);

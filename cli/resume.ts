@@ -8,6 +8,8 @@ import { Keys, workerConnection } from '../core/redis.js';
 import { retentionFromBudget } from '../core/retention.js';
 import { parseOrThrow } from '../core/validate.js';
 import { createBackend } from '../actuators/backend-from-config.js';
+import { OwnDrains } from '../actuators/own-drains.js';
+import { returnToService } from '../actuators/return-to-service.js';
 import { AgentDirectory } from '../controller/agents.js';
 import { closeFaultsOnResume } from '../controller/policy/node-resumes.js';
 import { selfCheck } from '../agent/standby-reporter.js';
@@ -38,7 +40,8 @@ async function failedChecks(agents: AgentDirectory, node: string): Promise<strin
 
 /**
  * `steadfast resume NODE`: an operator returns a repaired node to service. The node must first
- * pass its own checks (failedChecks); `--force` skips them. Besides the scheduler's resume it
+ * pass its own checks (failedChecks), and be out of service by steadfast alone: a drain or
+ * cordon someone else made is theirs to lift (return-to-service.ts). `--force` skips both. Besides the scheduler's resume it
  * closes every fault reported on the node until now and clears steadfast's claim on it
  * (controller/policy/node-resumes.ts), so the next fault on it is a new decision rather than a
  * report joining the old one, and a late or repeated report of an old fault acts no more. It
@@ -51,7 +54,7 @@ export function resumeCommand(): Command {
     .argument('<node>', 'node name as the scheduler knows it')
     .option('-c, --config <file>', 'YAML config file', process.env.STEADFAST_CONFIG)
     .option('-r, --reason <text>', 'why, recorded in the audit trail', 'repaired by operator')
-    .option('--force', "resume without the node's checks (recorded as forced in the audit)", false)
+    .option('--force', "resume without the node's checks, lifting someone else's drain too (recorded as forced in the audit)", false)
     .action(async (nodeArgument: string, options: { config?: string; reason: string; force: boolean }) => {
       await runCommand(async () => {
         const node = parseOrThrow(nodeNameSchema, nodeArgument, 'node');
@@ -76,6 +79,13 @@ export function resumeCommand(): Command {
               },
               `resume:${node}:${Date.now()}`,
             );
+          if (!options.force && before.foreign !== undefined) {
+            // Someone else's drain (an administrator, another tool, Slurm's health check): theirs to lift.
+            await record('refused', `resume ${node}: refused (out of service by someone else: "${before.foreign}"; ${options.reason})`, before.foreign);
+            throw new Error(
+              `${node} is out of service by someone else ("${before.foreign}"), not only by steadfast; it stays as it is. Give --force to lift their drain too.`,
+            );
+          }
           if (!options.force) {
             const failed = await failedChecks(new AgentDirectory(config.agents, async (name) => (await backend.nodeState(name)).exists), node);
             if (failed !== undefined) {
@@ -83,17 +93,19 @@ export function resumeCommand(): Command {
               throw new Error(`${node} failed its checks and stays out of service: ${failed}. Repair it, or give --force to resume it anyway.`);
             }
           }
-          await backend.resume(node);
+          const outcome = await returnToService({ backend, ownDrains: new OwnDrains(redis, keys) }, node, { force: options.force });
+          if (!outcome.returned) throw new Error(outcome.why);
+          const lifted = outcome.liftedForeign === undefined ? '' : `; lifted someone else's drain ("${outcome.liftedForeign}") with --force`;
           const closed = (await closeFaultsOnResume(redis, keys, node, Date.now())) ?? claim;
           // An operator returning a node vouches for it: it leaves quarantine too.
           await redis.srem(keys.quarantine, node);
           await record(
             'done',
-            `resume ${node}: done (${options.reason}; was ${before.raw}${options.force ? '; without its checks (--force)' : ''})`,
+            `resume ${node}: done (${options.reason}; was ${before.raw}${options.force ? '; without its checks (--force)' : ''}${lifted})`,
             options.reason,
           );
           process.stdout.write(
-            `${printable(`${node}: resumed through ${backend.name} (was ${before.raw})${options.force ? ', without its checks' : ', its checks passed'}${closed ? `; decision ${closed} closed` : ''}`)}\n`,
+            `${printable(`${node}: resumed through ${backend.name} (was ${before.raw})${options.force ? ', without its checks' : ', its checks passed'}${lifted}${closed ? `; decision ${closed} closed` : ''}`)}\n`,
           );
         } finally {
           redis.disconnect();

@@ -17,11 +17,14 @@ export interface StandbyUpkeepDeps {
 /**
  * Replenishes the warm standby pool up to the P99 of the machines now in use (ByteRobust §6.2).
  * A held node is never provisioned as a standby (it is left out like one in use), nor is a node
- * in a maintenance window: it could not stand in for a failed one while the window is open. A
+ * in a maintenance window: it could not stand in for a failed one while the window is open, nor
+ * one someone else drained or cordoned, or node-problem-detector reports a problem on. A
  * node of a running job that a window takes now or within the hour counts as one more to cover.
  */
 export async function replenishStandbys(deps: StandbyUpkeepDeps, inUse: ReadonlySet<string>, now: number): Promise<void> {
   const { gates, pool, audit } = deps;
+  // Others' drains and node conditions first: a node they hold out is no standby (foreign-holds.ts).
+  await pool.scanForeign(audit, inUse, now);
   await gates.refreshPartitions();
   const open = gates.inMaintenance(now);
   const unavailable = new Set([...inUse, ...(await gates.holds(now)).keys(), ...open.keys()]);

@@ -1,3 +1,4 @@
+import type { OwnDrains } from '../own-drains.js';
 import type { AuditLog } from '../../core/audit.js';
 import { CONTROLLER_IDENTITY, type Identity } from '../../core/credentials.js';
 import type { JobPolicy, JobSpec } from '../../core/job.js';
@@ -199,6 +200,8 @@ export interface RemedyLog {
 export interface StepBase extends StepRecording {
   readonly gates: SafetyGates;
   readonly locks: Locks;
+  /** The nodes steadfast took out itself (own-drains.ts): only those it returns to service. */
+  readonly ownDrains?: OwnDrains;
   readonly pager: Pager;
   readonly remedyLog: RemedyLog;
 }

@@ -16,6 +16,7 @@ export async function drain(deps: StepBase, at: StepAt): Promise<Halt> {
     holder: leaseHolder(at),
     reason: at.step.reason,
     auditId: at.transitionId,
+    ownDrains: deps.ownDrains,
     onDraining: () => recordStep(deps, at, 'running', `draining through ${backend.name}`),
   });
   const { state } = outcome;

@@ -1,6 +1,7 @@
 import { DoNotRetryError } from '../../core/errors.js';
 import { evictionShareSize } from '../../core/job.js';
 import { drainNode } from '../drain-node.js';
+import { ForeignHolds } from '../foreign-holds.js';
 import type { LadderEventJob } from '../../core/queues.js';
 import type { Keys, Redis } from '../../core/redis.js';
 import type { Logger } from '../../core/log.js';
@@ -45,10 +46,18 @@ export async function evict(deps: EvictDeps, at: StepAt): Promise<Halt> {
   const quarantined = new Set(await deps.redis.smembers(deps.keys.quarantine));
   // A held node is not chosen as a standby either (the hold gate, actuators/safety.ts).
   for (const node of (await gates.holds()).keys()) quarantined.add(node);
+  // Nor one someone else drained or cordoned, or node-problem-detector flags (foreign-holds.ts).
+  for (const node of await new ForeignHolds(deps.redis, deps.keys).nodes()) quarantined.add(node);
   const unreplaced: string[] = [];
   for (const node of step.nodes ?? []) {
     try {
-      const { already, state } = await drainNode(backend, gates, { node, holder: ref, reason: step.reason, auditId: at.transitionId });
+      const { already, state } = await drainNode(backend, gates, {
+        node,
+        holder: ref,
+        reason: step.reason,
+        auditId: at.transitionId,
+        ownDrains: deps.ownDrains,
+      });
       await recordStep(deps, at, 'done', already ? `already out of service (${state.raw})` : `drained through ${backend.name}`, { node });
     } catch (error) {
       if (!(error instanceof DoNotRetryError)) throw error;

@@ -30,7 +30,7 @@ export async function handOffNode(deps: HandOffDeps, at: StepAt, why?: string): 
   const { gates } = deps;
   const node = stepNode(at);
   const reason = at.step.reason;
-  const drained = await drainNode(deps.backend, gates, { node, holder: leaseHolder(at), reason, auditId: at.transitionId });
+  const drained = await drainNode(deps.backend, gates, { node, holder: leaseHolder(at), reason, auditId: at.transitionId, ownDrains: deps.ownDrains });
   const now = Date.now();
   const hold = await gates.hold(node, `${HANDED_OFF_REASON}: ${reason}`.slice(0, 500), now + deps.remedies.handOff.holdSeconds * 1000, now);
   const delivery = await deps.tellHandOff({

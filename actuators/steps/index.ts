@@ -1,5 +1,6 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Locks } from '../../core/locks.js';
+import { OwnDrains } from '../own-drains.js';
 import type { StepVerb } from '../../core/steps.js';
 import { handToAnalysis, withoutAnalysis, type AnalysisVerb } from './analysis.js';
 import { pager, remedyLog, standbysOf, type StepActuator, type StepBase, type StepProcessorDeps } from './context.js';
@@ -28,6 +29,7 @@ export function stepBase(deps: StepProcessorDeps): StepBase {
     ...recording,
     gates: deps.gates,
     locks: new Locks(deps.redis, deps.keys),
+    ownDrains: new OwnDrains(deps.redis, deps.keys),
     pager: pager(deps.onPage, { ...recording, gates: deps.gates }),
     remedyLog: remedyLog(deps.history, deps.onRemediation),
   };

@@ -1,5 +1,6 @@
 import { DoNotRetryError } from '../../core/errors.js';
 import { NodeLeasedError } from '../drain-node.js';
+import { OWN_REASON_PREFIX, appendOwnReason } from '../drain-reason.js';
 import { admitNodeStep, leaseHolder, recordStep, rememberRemedy, stepNode, type Halt, type StepAt } from './context.js';
 import { handOffNode, type HandOffDeps } from './hand-off.js';
 
@@ -17,14 +18,18 @@ export async function reboot(deps: HandOffDeps, at: StepAt): Promise<Halt> {
   if (!admitted.ok) return admitted.halt;
   const rebootNode = backend.reboot?.bind(backend);
   if (rebootNode === undefined) return handOffNode(deps, at, `the ${backend.name} backend cannot reboot a node`);
-  const nextState = deps.remedies.reboot.nextState;
   const holder = leaseHolder(at);
   const lease = await gates.acquireLease(node, holder);
   if (!lease.ok) throw new NodeLeasedError(lease.reason);
   try {
     const before = await backend.nodeState(node);
     if (!before.exists) throw new DoNotRetryError(`node ${node} is unknown to the ${backend.name} backend`);
-    const reason = `steadfast: ${at.step.reason} audit=${at.transitionId}`;
+    // Someone else's drain on the node: the reboot (a remedy) still happens, but the node comes
+    // back DOWN, with their reason first, never RESUMEd into service (NVIDIA/NVSentinel#1633).
+    const foreign = before.drained ? before.foreign : undefined;
+    const nextState = foreign === undefined ? deps.remedies.reboot.nextState : 'down';
+    const reason = appendOwnReason(foreign, `${OWN_REASON_PREFIX} ${at.step.reason} audit=${at.transitionId}`);
+    await deps.ownDrains?.record(node, at.transitionId, reason);
     await rebootNode(node, reason, nextState);
     const after = await backend.nodeState(node);
     if (!after.drained) {
@@ -35,7 +40,8 @@ export async function reboot(deps: HandOffDeps, at: StepAt): Promise<Halt> {
       await recordStep(deps, at, 'done', detail);
       return undefined;
     }
-    const detail = `reboot requested through ${backend.name} (${after.raw}: once idle, then ${nextState})`;
+    const kept = foreign === undefined ? '' : `; drained by someone else ("${foreign}"): it comes back down, their reason first`;
+    const detail = `reboot requested through ${backend.name} (${after.raw}: once idle, then ${nextState})${kept}`;
     await rememberRemedy(deps, at, node, 'reboot', 'done', detail, 'reboot');
     await recordStep(deps, at, 'done', detail);
     return undefined;

@@ -1,6 +1,8 @@
 import { DoNotRetryError, errorMessage } from '../../core/errors.js';
 import type { GpuResetReport } from '../../core/remedy.js';
+import { OWN_REASON_PREFIX } from '../drain-reason.js';
 import { NodeLeasedError } from '../drain-node.js';
+import { returnToService, type ReturnOutcome } from '../return-to-service.js';
 import type { GpuResetter } from './gpu-resetter.js';
 import type { RemediesConfig } from '../../core/remedy-config.js';
 import { admitNodeStep, leaseHolder, recordStep, rememberRemedy, stepRef, type Halt, type StepAt } from './context.js';
@@ -25,8 +27,11 @@ export interface ResetGpuDeps extends EvictDeps {
  * - In a job, stopped by the ladder's stop step before this: a reset that holds leaves the node in
  *   the job and the restart that follows relaunches on the same nodes; a refused or failed one
  *   makes this step an eviction of the node instead (evict.ts), so the job still restarts.
- * - Outside a job: the node is taken out of service for the reset and returned after it (when
- *   this step took it out); a refused or failed reset leaves it drained.
+ * - Outside a job: the node is taken out of service for the reset and returned after it — only
+ *   when this step took it out and no one else has drained it since (return-to-service.ts); a
+ *   refused or failed reset drains it, after any reason someone else gave (drain-reason.ts).
+ * - In a job, on a node someone else has drained: the reset is done, then the node is evicted
+ *   rather than relaunched upon (resetHeldInJob).
  *
  * Either way the node's remediation history records it. Dry-run asks no agent (the processor
  * gives this step a recording resetter).
@@ -46,19 +51,30 @@ export async function resetGpu(deps: ResetGpuDeps, at: StepAt): Promise<Halt> {
   if (!lease.ok) throw new NodeLeasedError(lease.reason);
   let report: GpuResetReport;
   let tookOut = false;
+  let held = false;
   try {
     const progress = await deps.redis.hgetall(deps.keys.action(ref));
     if (!inJob) tookOut = await takeOut(deps, at, node, gpu, progress.tookOut === '1');
     report = progress.resetReport ? (JSON.parse(progress.resetReport) as GpuResetReport) : await resetWithRetries(deps, deps.resetter, node, gpu);
     await deps.redis.hset(deps.keys.action(ref), 'resetReport', JSON.stringify(report));
     if (report.outcome === 'reset') {
-      if (tookOut) await deps.backend.resume(node);
-      return await resetHeld(deps, at, node, gpu, report, tookOut);
+      // In a job, what follows may evict the node, which takes the node's lease itself: after the finally.
+      if (inJob) held = true;
+      else {
+        // Back only if this decision took it out and no one else's drain is on it (return-to-service.ts).
+        const back = tookOut ? await returnToService(deps, node, { decisionId: at.transitionId }) : undefined;
+        return await resetHeld(deps, at, node, gpu, report, back);
+      }
     }
     if (!inJob) {
       // Refused or failed: the node needs more than a reset; take it out fully (Kubernetes: evict too).
-      await deps.backend.drain(node, `steadfast: ${step.reason}; GPU reset ${report.outcome}: ${report.reason} audit=${at.transitionId}`);
-      const detail = `GPU reset ${report.outcome} (${report.reason}); node drained instead`;
+      // On a node someone else drained, the backend keeps their reason first and appends this one.
+      const reason = `${OWN_REASON_PREFIX} ${step.reason}; GPU reset ${report.outcome}: ${report.reason} audit=${at.transitionId}`;
+      await deps.ownDrains?.record(node, at.transitionId, reason);
+      const before = await deps.backend.nodeState(node);
+      await deps.backend.drain(node, reason);
+      const kept = before.foreign === undefined ? '' : `; someone else's drain ("${before.foreign}") kept first`;
+      const detail = `GPU reset ${report.outcome} (${report.reason}); node drained instead${kept}`;
       await rememberRemedy(deps, at, node, 'reset_gpu', 'fell_back', detail, 'reset');
       await rememberRemedy(deps, at, node, 'drain', 'done', `after the GPU reset ${report.outcome}`, 'drain');
       await recordStep(deps, at, 'done', detail);
@@ -67,6 +83,7 @@ export async function resetGpu(deps: ResetGpuDeps, at: StepAt): Promise<Halt> {
   } finally {
     await deps.gates.releaseLease(node, holder);
   }
+  if (held) return resetHeldInJob(deps, at, node, gpu, report);
   // In a job, the eviction takes the node's lease itself: it runs once this step has let go of it.
   await rememberRemedy(deps, at, node, 'reset_gpu', 'fell_back', report.reason, 'reset');
   await recordStep(deps, at, report.outcome === 'refused' ? 'refused' : 'failed', `GPU reset ${report.outcome} (${report.reason}); evicting ${node} instead`, {
@@ -95,20 +112,41 @@ async function takeOut(deps: ResetGpuDeps, at: StepAt, node: string, gpu: string
   if (before.drained) return already;
   await deps.redis.hset(deps.keys.action(stepRef(at)), 'tookOut', '1');
   await recordStep(deps, at, 'running', `out of service for the GPU reset through ${backend.name}${backend.cordon ? ' (cordon only)' : ''}`);
-  const reason = `steadfast: GPU reset of ${gpu}: ${at.step.reason} audit=${at.transitionId}`;
+  const reason = `${OWN_REASON_PREFIX} GPU reset of ${gpu}: ${at.step.reason} audit=${at.transitionId}`;
+  await deps.ownDrains?.record(node, at.transitionId, reason);
   await (backend.cordon ? backend.cordon(node, reason) : backend.drain(node, reason));
   return true;
 }
 
-async function resetHeld(deps: ResetGpuDeps, at: StepAt, node: string, gpu: string, report: GpuResetReport, tookOut: boolean): Promise<Halt> {
-  if (at.job !== undefined) {
-    await rememberRemedy(deps, at, node, 'reset_gpu', 'done', report.reason, 'reset');
-    await recordStep(deps, at, 'done', `GPU ${gpu} of ${node} reset through its agent (${report.reason}); the job relaunches on the same nodes`, { node });
-    return undefined;
+/**
+ * In a job: the job relaunches on the same nodes — unless someone else has drained this node
+ * (an administrator, Slurm's health check): the reset stands as a remedy, but a relaunch there
+ * would wait for ever, so the node is evicted instead (a standby takes its place) and their
+ * drain is left exactly as it is.
+ */
+async function resetHeldInJob(deps: ResetGpuDeps, at: StepAt, node: string, gpu: string, report: GpuResetReport): Promise<Halt> {
+  await rememberRemedy(deps, at, node, 'reset_gpu', 'done', report.reason, 'reset');
+  const state = await deps.backend.nodeState(node);
+  if (state.foreign !== undefined) {
+    await recordStep(
+      deps,
+      at,
+      'done',
+      `GPU ${gpu} of ${node} reset through its agent (${report.reason}); ${node} is drained by someone else ("${state.foreign}"): evicting it, their drain kept`,
+      { node },
+    );
+    return asEviction(deps, at, node);
   }
+  await recordStep(deps, at, 'done', `GPU ${gpu} of ${node} reset through its agent (${report.reason}); the job relaunches on the same nodes`, { node });
+  return undefined;
+}
+
+async function resetHeld(deps: ResetGpuDeps, at: StepAt, node: string, gpu: string, report: GpuResetReport, back: ReturnOutcome | undefined): Promise<Halt> {
   // The node is back: a new fault on it soon is a new decision (escalation counts it), not this one's.
   await deps.locks.shortenNodeClaim(node, at.transitionId, deps.remedies.gpuReset.rejoinSeconds);
-  const detail = `GPU ${gpu}${report.index === null ? '' : ` (index ${report.index})`} reset and listed again in ${report.seconds.toFixed(1)} s; ${tookOut ? 'node returned to service' : 'node left out of service, as it was before'}`;
+  const after =
+    back === undefined ? 'node left out of service, as it was before' : back.returned ? 'node returned to service' : `node left out of service: ${back.why}`;
+  const detail = `GPU ${gpu}${report.index === null ? '' : ` (index ${report.index})`} reset and listed again in ${report.seconds.toFixed(1)} s; ${after}`;
   await rememberRemedy(deps, at, node, 'reset_gpu', 'done', detail, 'reset');
   await recordStep(deps, at, 'done', detail);
   return undefined;

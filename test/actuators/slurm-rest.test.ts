@@ -75,7 +75,7 @@ describe('Slurm backend over slurmrestd v0.0.40 (a stand-in serving its document
   const requests: { method: string; url: string; user?: string; token?: string; body: string }[] = [];
   let server: Server;
   let url: string;
-  const drained = new Set<string>();
+  const drained = new Map<string, string>();
 
   async function body(request: IncomingMessage): Promise<string> {
     let text = '';
@@ -116,8 +116,8 @@ describe('Slurm backend over slurmrestd v0.0.40 (a stand-in serving its document
       }
       const node = decodeURIComponent(match[1]);
       if (request.method === 'POST') {
-        const update = JSON.parse(text) as { state: string[] };
-        if (update.state.includes('DRAIN')) drained.add(node);
+        const update = JSON.parse(text) as { state: string[]; reason?: string };
+        if (update.state.includes('DRAIN')) drained.set(node, update.reason ?? '');
         if (update.state.includes('RESUME')) drained.delete(node);
         response.end(JSON.stringify({ errors: [] }));
         return;
@@ -125,7 +125,7 @@ describe('Slurm backend over slurmrestd v0.0.40 (a stand-in serving its document
       response.end(
         JSON.stringify({
           errors: [],
-          nodes: [{ name: node, state: drained.has(node) ? ['IDLE', 'DRAIN'] : ['IDLE'], reason: drained.has(node) ? 'why' : '' }],
+          nodes: [{ name: node, state: drained.has(node) ? ['IDLE', 'DRAIN'] : ['IDLE'], reason: drained.get(node) ?? '' }],
         }),
       );
     }

@@ -8,7 +8,16 @@ import { runCli } from '../support/cli.js';
 /** `steadfast demo --scenario training`: its input, refused before anything starts (test/lab/ runs the scenarios). */
 describe('steadfast demo --scenario training: input', () => {
   it('runs every scenario by default, or the ones named, in the order given', () => {
-    expect(parseScenarioList(undefined)).toEqual(['machine-fault', 'bad-code', 'crash', 'hang', 'fail-slow', 'hot-swap', 'hot-swap-spare-dies']);
+    expect(parseScenarioList(undefined)).toEqual([
+      'machine-fault',
+      'bad-code',
+      'crash',
+      'hang',
+      'fail-slow',
+      'hot-swap',
+      'hot-swap-spare-dies',
+      'foreign-drain',
+    ]);
     expect(parseScenarioList('crash, machine-fault')).toEqual(['crash', 'machine-fault']);
   });
 
@@ -41,7 +50,7 @@ describe('steadfast demo --scenario training: input', () => {
   it('refuses an unknown or empty scenario list, naming the choices', () => {
     expect(() => parseScenarioList('slow-disk')).toThrow(InputError);
     expect(() => parseScenarioList('slow-disk')).toThrow(
-      /unknown slow-disk; choose from machine-fault, bad-code, crash, hang, fail-slow, hot-swap, hot-swap-spare-dies/,
+      /unknown slow-disk; choose from machine-fault, bad-code, crash, hang, fail-slow, hot-swap, hot-swap-spare-dies, foreign-drain/,
     );
     expect(() => parseScenarioList(',')).toThrow(/empty/);
   });

@@ -407,6 +407,11 @@ export class ProtectedLab {
       .filter(Boolean);
   }
 
+  /** Drains a node by hand, as an administrator would (`scontrol update … State=DRAIN Reason=…`). */
+  async adminDrain(node: string, reason: string): Promise<void> {
+    await this.slurm('scontrol', ['update', `NodeName=${node}`, 'State=DRAIN', `Reason=${reason}`]);
+  }
+
   async sinfo(node: string): Promise<{ state: string; reason: string }> {
     const stdout = await this.slurm('sinfo', ['--noheader', '--Node', `--nodes=${node}`, '--format=%T|%E']);
     const [state = '', reason = ''] = (stdout.trim().split('\n')[0] ?? '').split('|');

@@ -6,6 +6,7 @@ import { join } from 'node:path';
 import { triggerRankCrash, triggerRankHang, writeCodeVersion } from './training.js';
 import { FAIL_SLOW_LAB, runFailSlow } from './scenario-fail-slow.js';
 import { HOT_SWAP_LAB, runHotSwap, runHotSwapSpareDies } from './scenario-hot-swap.js';
+import { FOREIGN_DRAIN_LAB, runForeignDrain } from './scenario-foreign-drain.js';
 import {
   RECOVERY_TIMEOUT_MS,
   at,
@@ -47,10 +48,13 @@ export { waitForTraining, type ScenarioReport, type TimelineStep } from './scena
  *    fail-slow analyzer → S2 rebalanced micro-batches, then, slower still, S4: evicted onto a
  *    standby, resumed from the newest checkpoint (scenario-fail-slow.ts);
  *  - hot-swap, hot-swap-spare-dies: a machine fault recovered inside the running job by a spare
- *    restored from in-memory replicas, and the fallback when the spare dies (scenario-hot-swap.ts).
+ *    restored from in-memory replicas, and the fallback when the spare dies (scenario-hot-swap.ts);
+ *  - foreign-drain: a node an administrator drained gets a fatal Xid 48: its GPU is reset, the job
+ *    moves to a standby, the administrator's drain stays; a refused reset appends steadfast's reason
+ *    after theirs (scenario-foreign-drain.ts).
  */
 
-export const SCENARIO_NAMES = ['machine-fault', 'bad-code', 'crash', 'hang', 'fail-slow', 'hot-swap', 'hot-swap-spare-dies'] as const;
+export const SCENARIO_NAMES = ['machine-fault', 'bad-code', 'crash', 'hang', 'fail-slow', 'hot-swap', 'hot-swap-spare-dies', 'foreign-drain'] as const;
 export type ScenarioName = (typeof SCENARIO_NAMES)[number];
 
 /** Scenario 1: a fatal Xid on one of the job's nodes. */
@@ -349,6 +353,7 @@ export const SCENARIOS: Readonly<Record<ScenarioName, (lab: ProtectedLab) => Pro
   'fail-slow': runFailSlow,
   'hot-swap': runHotSwap,
   'hot-swap-spare-dies': runHotSwapSpareDies,
+  'foreign-drain': runForeignDrain,
 };
 
 /**
@@ -365,6 +370,8 @@ export const OWN_LAB: Readonly<Partial<Record<ScenarioName, ProtectedLabOptions>
   // One lab for both hot-swap cases: its job has a spare for each.
   'hot-swap': HOT_SWAP_LAB,
   'hot-swap-spare-dies': HOT_SWAP_LAB,
+  // GPU resets on, and it leaves two nodes drained by "administrators".
+  'foreign-drain': FOREIGN_DRAIN_LAB,
 };
 
 /**
