@@ -14,6 +14,7 @@ export { resolveToken } from './token.js';
 import { recoverySchema } from './recovery-config.js';
 import { redisConfigSchema } from './redis-config.js';
 import { remediesSchema } from './remedy-config.js';
+import { validationSchema } from './validation-config.js';
 
 export { DEFAULT_RECOVERY, recoverySchema, type RecoveryConfig } from './recovery-config.js';
 
@@ -324,6 +325,8 @@ export const configSchema = z
     recovery: recoverySchema.prefault({}),
     /** Remedies short of a drain, their escalation, hand-off and maintenance windows (core/remedy-config.ts). */
     remedies: remediesSchema.prefault({}),
+    /** A burn under load (and DCGM's level 2) before a node returns to service (core/validation-config.ts). */
+    validation: validationSchema.prefault({}),
     /**
      * How registered jobs are (re)started, by name: the operator writes every command here; a
      * job registration only names one and fills its {job}, {nodes} and {version} placeholders.
