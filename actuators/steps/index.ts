@@ -83,7 +83,7 @@ export function buildStepActuators(deps: StepProcessorDeps, mode: ActuatorMode):
       : async (job, ref) => void (await feedback({ job, event: { type: 'restart_succeeded', time: Date.now() }, eventId: `${ref}:restart_succeeded` })),
   };
   const resetter = deps.resetter;
-  const resetting = resetter ? { ...evicting, resetter, remedies, pause: deps.pause ?? ((ms: number) => sleep(ms)) } : undefined;
+  const resetting = resetter ? { ...evicting, resetter, remedies, pause: deps.pause ?? ((ms: number) => sleep(ms)), validator: deps.validator } : undefined;
   const analyze = deps.analyze;
   const analysis = (verb: AnalysisVerb): StepActuator => (analyze ? handToAnalysis(verb, { ...base, analyze }) : withoutAnalysis(verb, { ...base, feedback }));
   const versions = (at: Parameters<StepActuator>[0]) => setCodeVersion({ ...base, jobs }, at);

@@ -5,6 +5,8 @@ import type { GpuResetter } from './gpu-resetter.js';
 import type { RemediesConfig } from '../../core/remedy-config.js';
 import { admitNodeStep, leaseHolder, recordStep, rememberRemedy, stepRef, type Halt, type StepAt } from './context.js';
 import { evict, type EvictDeps } from './evict.js';
+import type { NodeValidator } from '../node-validation.js';
+import { keptOutByValidation } from './validation-gate.js';
 
 /** What a GPU reset works with: what an eviction does (its fallback in a job), the agents' resets and the remedies' settings. */
 export interface ResetGpuDeps extends EvictDeps {
@@ -12,6 +14,8 @@ export interface ResetGpuDeps extends EvictDeps {
   readonly remedies: RemediesConfig;
   /** Waits between busy-GPU retries. */
   readonly pause: (ms: number) => Promise<void>;
+  /** Validates the node before the step returns it to service (config `validation:`); none: off. */
+  readonly validator?: NodeValidator | undefined;
 }
 
 /**
@@ -52,6 +56,7 @@ export async function resetGpu(deps: ResetGpuDeps, at: StepAt): Promise<Halt> {
     report = progress.resetReport ? (JSON.parse(progress.resetReport) as GpuResetReport) : await resetWithRetries(deps, deps.resetter, node, gpu);
     await deps.redis.hset(deps.keys.action(ref), 'resetReport', JSON.stringify(report));
     if (report.outcome === 'reset') {
+      if (tookOut && (await keptOutByValidation(deps, at, node, `GPU ${gpu} reset (${report.reason})`, 'reset_gpu'))) return undefined;
       if (tookOut) await deps.backend.resume(node);
       return await resetHeld(deps, at, node, gpu, report, tookOut);
     }
