@@ -102,10 +102,10 @@ function safeJson(text: string): unknown {
   }
 }
 
-/** The seconds of each check, for the verdict's sentence: `burn passed in 17.2 s, dcgm skipped (…)`. */
+/** Each check's result and seconds, and why where it did not pass: `burn passed in 17.2 s, dcgm skipped in 0.1 s (DCGM is not installed here: …)`. */
 export function describeChecks(report: ValidationReport): string {
   return report.checks
-    .map((check) => `${check.name} ${check.result} in ${check.seconds.toFixed(1)} s${check.ok || check.reason === undefined ? '' : ` (${check.reason})`}`)
+    .map((check) => `${check.name} ${check.result} in ${check.seconds.toFixed(1)} s${check.reason === undefined ? '' : ` (${check.reason})`}`)
     .join(', ');
 }
 
@@ -187,4 +187,9 @@ export class DryRunNodeValidator implements NodeValidator {
 /** The one sentence a drained node's reason and the audit give for a failed validation. */
 export function validationFailure(verdict: NodeValidation): string {
   return `validation failed (${verdict.failed ?? 'unknown'}): ${verdict.detail}`.slice(0, 1000);
+}
+
+/** The validator a controller or `steadfast resume` builds from the `validation:` section. */
+export function validatorFromConfig(config: ValidationConfig, agents: AgentEndpoints, redis: Redis, keys: Keys): NodeValidator {
+  return new AgentNodeValidator(agents, new PeerThroughputs(redis, keys, config.historyPerNode), config);
 }

@@ -11,6 +11,7 @@ import { createBackend } from '../actuators/backend-from-config.js';
 import { AgentDirectory } from '../controller/agents.js';
 import { closeFaultsOnResume } from '../controller/policy/node-resumes.js';
 import { selfCheck } from '../agent/standby-reporter.js';
+import { validationFailure, validatorFromConfig } from '../actuators/node-validation.js';
 import { printable, runCommand } from './common.js';
 
 /** How long the node's agent may take to answer the check's scrape. */
@@ -76,12 +77,20 @@ export function resumeCommand(): Command {
               },
               `resume:${node}:${Date.now()}`,
             );
+          const agents = new AgentDirectory(config.agents, async (name) => (await backend.nodeState(name)).exists);
           if (!options.force) {
-            const failed = await failedChecks(new AgentDirectory(config.agents, async (name) => (await backend.nodeState(name)).exists), node);
+            const failed = await failedChecks(agents, node);
             if (failed !== undefined) {
               await record('refused', `resume ${node}: refused (its checks failed: ${failed}; ${options.reason})`, failed);
               throw new Error(`${node} failed its checks and stays out of service: ${failed}. Repair it, or give --force to resume it anyway.`);
             }
+          }
+          // With validation on, the node also passes its burn (and DCGM) before it goes back; the gate is this one call.
+          const validation = options.force || !config.validation.enabled ? undefined : await validatorFromConfig(config.validation, agents, redis, keys).validate(node);
+          if (validation !== undefined && !validation.ok) {
+            const why = validationFailure(validation);
+            await record('refused', `resume ${node}: refused (${why}; ${options.reason})`, why);
+            throw new Error(`${node} stays out of service: ${why}. Repair it, or give --force to resume it anyway.`);
           }
           await backend.resume(node);
           const closed = (await closeFaultsOnResume(redis, keys, node, Date.now())) ?? claim;
@@ -93,7 +102,7 @@ export function resumeCommand(): Command {
             options.reason,
           );
           process.stdout.write(
-            `${printable(`${node}: resumed through ${backend.name} (was ${before.raw})${options.force ? ', without its checks' : ', its checks passed'}${closed ? `; decision ${closed} closed` : ''}`)}\n`,
+            `${printable(`${node}: resumed through ${backend.name} (was ${before.raw})${options.force ? ', without its checks' : ', its checks passed'}${validation === undefined ? '' : `; validated in ${validation.seconds.toFixed(1)} s (${validation.detail})`}${closed ? `; decision ${closed} closed` : ''}`)}\n`,
           );
         } finally {
           redis.disconnect();

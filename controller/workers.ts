@@ -16,7 +16,7 @@ import { launcherOf } from '../actuators/launcher.js';
 import type { SafetyGates } from '../actuators/safety.js';
 import type { StandbyPool } from '../actuators/standby-pool.js';
 import { AgentGpuResetter, type AgentDirectory } from './agents.js';
-import { AgentNodeValidator, PeerThroughputs } from '../actuators/node-validation.js';
+import { validatorFromConfig } from '../actuators/node-validation.js';
 import { createAnalysisProcessor, type AnalysisDeps } from '../analyzers/workers/analysis.js';
 import type { GrafanaAnnotator } from './grafana.js';
 import type { JobStore } from './job-store.js';
@@ -120,7 +120,7 @@ export function startWorkers(deps: WorkerDeps, workers: Worker[] = []): Worker[]
       // GPU resets through the nodes' agents (a rung only with remedies.gpuReset on).
       resetter: new AgentGpuResetter(deps.agents),
       // A node a step took out is validated before it returns (config validation:, off by default).
-      validator: config.validation.enabled ? new AgentNodeValidator(deps.agents, new PeerThroughputs(deps.redis, deps.keys, config.validation.historyPerNode), config.validation) : undefined,
+      validator: config.validation.enabled ? validatorFromConfig(config.validation, deps.agents, deps.redis, deps.keys) : undefined,
       remedies: config.remedies,
       history,
       onRemediation: (node, action, outcome) => deps.metrics.remediations.inc({ node, action, outcome }),

@@ -87,11 +87,11 @@ describe('validation before a node returns to service', () => {
     // The first nodes have too few peers to compare with: their burn alone decides.
     const first = await validator.validate('n1');
     expect(first).toMatchObject({ ok: true });
-    expect(first.detail).toBe('burn passed in 17.2 s, dcgm skipped in 0.3 s; burn 50.0 TFLOPS (0 peers: too few to compare)');
+    expect(first.detail).toBe('burn passed in 17.2 s, dcgm skipped in 0.3 s (DCGM is not installed here); burn 50.0 TFLOPS (0 peers: too few to compare)');
     for (const node of ['n2', 'n3']) expect((await validator.validate(node)).ok).toBe(true);
     const slow = await validator.validate('slow');
     expect(slow).toMatchObject({ ok: false, failed: 'throughput' });
-    expect(slow.detail).toBe("burn passed in 17.2 s, dcgm skipped in 0.3 s; burn 30.0 TFLOPS is below 0.8 of its 3 peers' median 50.0 TFLOPS");
+    expect(slow.detail).toBe("burn passed in 17.2 s, dcgm skipped in 0.3 s (DCGM is not installed here); burn 30.0 TFLOPS is below 0.8 of its 3 peers' median 50.0 TFLOPS");
     expect((await validator.validate('n4')).detail).toMatch(/burn 50\.0 TFLOPS against its 4 peers' median 50\.0 TFLOPS$/);
     // Peers validated longer ago than the window do not count.
     now += (CONFIG.peerWindowSeconds + 1) * 1000;
