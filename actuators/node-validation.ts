@@ -73,7 +73,12 @@ export class PeerThroughputs {
 
   async record(node: string, sample: Sample): Promise<void> {
     const text = JSON.stringify(sample);
-    await this.redis.multi().hset(this.latestKey, node, text).lpush(this.historyKey(node), text).ltrim(this.historyKey(node), 0, this.historyPerNode - 1).exec();
+    await this.redis
+      .multi()
+      .hset(this.latestKey, node, text)
+      .lpush(this.historyKey(node), text)
+      .ltrim(this.historyKey(node), 0, this.historyPerNode - 1)
+      .exec();
   }
 
   /** The latest throughput of every other node with the same device model, validated since `since` (ms). */
@@ -159,7 +164,8 @@ export class AgentNodeValidator implements NodeValidator {
     await this.throughputs.record(node, { model: throughput.model, tflops: throughput.tflops, at: now });
     const judged = judgeThroughput(throughput.tflops, peers, this.config);
     const rate = `${formatTflops(throughput.tflops)} TFLOPS`;
-    if (judged.median === undefined) return { ok: true, detail: `${checks}; burn ${rate} (${peers.length} peers: too few to compare)`, seconds: seconds(), report };
+    if (judged.median === undefined)
+      return { ok: true, detail: `${checks}; burn ${rate} (${peers.length} peers: too few to compare)`, seconds: seconds(), report };
     const against = `${peers.length} peers' median ${formatTflops(judged.median)} TFLOPS`;
     if (judged.slow)
       return {

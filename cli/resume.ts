@@ -86,7 +86,8 @@ export function resumeCommand(): Command {
             }
           }
           // With validation on, the node also passes its burn (and DCGM) before it goes back; the gate is this one call.
-          const validation = options.force || !config.validation.enabled ? undefined : await validatorFromConfig(config.validation, agents, redis, keys).validate(node);
+          const validation =
+            options.force || !config.validation.enabled ? undefined : await validatorFromConfig(config.validation, agents, redis, keys).validate(node);
           if (validation !== undefined && !validation.ok) {
             const why = validationFailure(validation);
             await record('refused', `resume ${node}: refused (${why}; ${options.reason})`, why);

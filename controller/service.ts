@@ -17,7 +17,7 @@ import type { ClusterBackend } from '../actuators/backend.js';
 import { createBackend } from '../actuators/backend-from-config.js';
 import { SafetyGates, drainBudget } from '../actuators/safety.js';
 import { StandbyPool } from '../actuators/standby-pool.js';
-import { replenishStandbys } from './standby-upkeep.js';
+import { replenishStandbys, validationUpkeep } from './standby-upkeep.js';
 import { RemediationHistory } from '../actuators/remediation-history.js';
 import { SignalIntake } from './intake.js';
 import { IntakeBatcher } from './intake-batch.js';
@@ -99,6 +99,7 @@ export class Controller {
   readonly jobs: JobStore;
   private readonly analysisQueue: Queue<AnalysisJob>;
   private readonly agents: AgentDirectory;
+  private readonly validation: ReturnType<typeof validationUpkeep>;
   private readonly failSlow: FailSlowWatch | undefined;
   private readonly suspects: SuspectWatch | undefined;
   /** This replica's identity for the analysis leader lease. */
@@ -179,6 +180,12 @@ export class Controller {
         })
       : undefined;
     this.pool = new StandbyPool(this.workerRedis, this.keys, this.backend, config.standby);
+    this.validation = validationUpkeep(config, this.workerRedis, this.keys, this.backend, {
+      agents: this.agents,
+      audit: this.audit,
+      logger: options.logger,
+      pool: this.pool,
+    });
     this.ladder = ladderConfig(config.recovery);
     this.dispatcher = new RecoveryDispatcher(this.workerRedis, this.keys, this.jobs, this.audit, this.stepQueue, this.ladder);
     const analysisPrometheus = config.analysis.prometheusUrl ?? config.progress.prometheusUrl;
@@ -376,7 +383,7 @@ export class Controller {
     // new job from history never holds a job's recovery tick.
     if (this.failSlow || this.suspects) await this.leadAnalysis();
     await replenishStandbys(
-      { gates: this.gates, pool: this.pool, audit: this.audit, backend: this.backend.name },
+      { gates: this.gates, pool: this.pool, audit: this.audit, backend: this.backend.name, validation: this.validation },
       new Set(records.flatMap((record) => record.spec.nodes)),
       now,
     );

@@ -23,7 +23,11 @@ export const validationSchema = z
     /** A node whose burn throughput is below this share of its peers' median is slow and fails. */
     minPeerFraction: number().gt(0).max(1).default(0.8),
     /** Peers: other nodes of the same device model validated within this window. */
-    peerWindowSeconds: number().int().min(60).max(30 * 86_400).default(7 * 86_400),
+    peerWindowSeconds: number()
+      .int()
+      .min(60)
+      .max(30 * 86_400)
+      .default(7 * 86_400),
     /** With fewer peers than this, only the reference comparison decides. */
     minPeers: number().int().min(1).max(1000).default(3),
     /** Recent throughputs kept per node (bounded in Redis). */

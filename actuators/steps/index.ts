@@ -15,6 +15,7 @@ import { cannotReset, resetGpu } from './reset-gpu.js';
 import { restart, type RestartDeps } from './restart.js';
 import { stop } from './stop.js';
 import { setCodeVersion } from './update.js';
+import { awaitValidationAfterReboot } from '../validation-upkeep.js';
 
 /** A transition's mode, decided by the step processor: dry-run (record, launch nothing, take no standby) or not. */
 export interface ActuatorMode {
@@ -63,6 +64,7 @@ export function buildStepActuators(deps: StepProcessorDeps, mode: ActuatorMode):
   const handingOff: HandOffDeps = {
     ...base,
     remedies,
+    awaitValidation: deps.validator ? (node, decision) => awaitValidationAfterReboot(redis, keys, node, decision, Date.now()) : undefined,
     tellHandOff: notifier
       ? async (notice) => {
           const result = await notifier.notify({ ...notice, history: await base.remedyLog.read(notice.node, 20) });

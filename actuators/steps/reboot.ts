@@ -17,7 +17,8 @@ export async function reboot(deps: HandOffDeps, at: StepAt): Promise<Halt> {
   if (!admitted.ok) return admitted.halt;
   const rebootNode = backend.reboot?.bind(backend);
   if (rebootNode === undefined) return handOffNode(deps, at, `the ${backend.name} backend cannot reboot a node`);
-  const nextState = deps.remedies.reboot.nextState;
+  // With validation on the node comes back DOWN, and returns once validated (actuators/validation-upkeep.ts).
+  const nextState = deps.awaitValidation ? 'down' : deps.remedies.reboot.nextState;
   const holder = leaseHolder(at);
   const lease = await gates.acquireLease(node, holder);
   if (!lease.ok) throw new NodeLeasedError(lease.reason);
@@ -35,7 +36,8 @@ export async function reboot(deps: HandOffDeps, at: StepAt): Promise<Halt> {
       await recordStep(deps, at, 'done', detail);
       return undefined;
     }
-    const detail = `reboot requested through ${backend.name} (${after.raw}: once idle, then ${nextState})`;
+    await deps.awaitValidation?.(node, at.transitionId);
+    const detail = `reboot requested through ${backend.name} (${after.raw}: once idle, then ${nextState}${deps.awaitValidation ? ', validated before it returns' : ''})`;
     await rememberRemedy(deps, at, node, 'reboot', 'done', detail, 'reboot');
     await recordStep(deps, at, 'done', detail);
     return undefined;

@@ -23,9 +23,12 @@ export async function keptOutByValidation(deps: ValidationGateDeps, at: StepAt, 
   const progress = deps.keys.action(stepRef(at));
   const kept = await deps.redis.hget(progress, 'validation');
   const verdict: NodeValidation = kept !== null ? (JSON.parse(kept) as NodeValidation) : await validator.validate(node);
-  if (kept === null) await deps.redis.hset(progress, 'validation', JSON.stringify({ ok: verdict.ok, failed: verdict.failed, detail: verdict.detail, seconds: verdict.seconds }));
+  if (kept === null)
+    await deps.redis.hset(progress, 'validation', JSON.stringify({ ok: verdict.ok, failed: verdict.failed, detail: verdict.detail, seconds: verdict.seconds }));
   if (verdict.ok) {
-    await recordStep(deps, at, 'running', `${node} validated before its return to service in ${verdict.seconds.toFixed(1)} s: ${verdict.detail}`, { part: 'validated' });
+    await recordStep(deps, at, 'running', `${node} validated before its return to service in ${verdict.seconds.toFixed(1)} s: ${verdict.detail}`, {
+      part: 'validated',
+    });
     return false;
   }
   const why = validationFailure(verdict);

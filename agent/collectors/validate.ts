@@ -185,7 +185,10 @@ class ValidateCollector implements Collector {
     for (const check of checks) {
       this.metrics.runs.inc({ check: check.name, result: check.result });
       this.metrics.lastDuration.set({ check: check.name }, check.seconds);
-      this.context.logger.info({ collector: this.name, check: check.name, result: check.result, seconds: check.seconds, reason: check.reason }, 'validation check finished');
+      this.context.logger.info(
+        { collector: this.name, check: check.name, result: check.result, seconds: check.seconds, reason: check.reason },
+        'validation check finished',
+      );
     }
     for (const device of burn.devices ?? []) this.metrics.tflops.set({ device: device.device }, device.tflops);
     return {
@@ -249,7 +252,8 @@ class ValidateCollector implements Collector {
     if (mode === 'never') return skipped('not asked for (dcgm: never)');
     const probe = await this.run([this.settings.dcgmi, 'discovery', '-l'], Math.min(DCGM_PROBE_SECONDS * 1000, deadline - Date.now()));
     if (probe.exitCode !== 0) {
-      const why = probe.spawnError !== undefined ? `${this.settings.dcgmi} not found` : `nv-hostengine did not answer (${howItEnded(probe, DCGM_PROBE_SECONDS).reason})`;
+      const why =
+        probe.spawnError !== undefined ? `${this.settings.dcgmi} not found` : `nv-hostengine did not answer (${howItEnded(probe, DCGM_PROBE_SECONDS).reason})`;
       if (mode === 'auto') return skipped(`DCGM is not installed here: ${why}`, probe.seconds);
       return { name: 'dcgm', result: 'failed', ok: false, seconds: probe.seconds, outputTail: probe.outputTail, reason: `dcgm: always, but ${why}` };
     }

@@ -24,10 +24,34 @@ function report(node: string, options: { tflops?: number; burn?: 'passed' | 'fai
     seconds: 17.5,
     ok: burnOk && dcgm !== 'failed',
     checks: [
-      { name: 'burn', result: burnOk ? 'passed' : 'failed', ok: burnOk, seconds: 17.2, outputTail: '', ...(burnOk ? {} : { reason: 'cuda:3: round 4: checksum off the CPU reference by 0.31 (tolerance 1e-05)' }) },
-      { name: 'dcgm', result: dcgm, ok: dcgm !== 'failed', seconds: 0.3, outputTail: '', ...(dcgm === 'passed' ? {} : { reason: dcgm === 'failed' ? 'exited with status 226: | Memory | Fail' : 'DCGM is not installed here' }) },
+      {
+        name: 'burn',
+        result: burnOk ? 'passed' : 'failed',
+        ok: burnOk,
+        seconds: 17.2,
+        outputTail: '',
+        ...(burnOk ? {} : { reason: 'cuda:3: round 4: checksum off the CPU reference by 0.31 (tolerance 1e-05)' }),
+      },
+      {
+        name: 'dcgm',
+        result: dcgm,
+        ok: dcgm !== 'failed',
+        seconds: 0.3,
+        outputTail: '',
+        ...(dcgm === 'passed' ? {} : { reason: dcgm === 'failed' ? 'exited with status 226: | Memory | Fail' : 'DCGM is not installed here' }),
+      },
     ],
-    devices: [{ device: 'cuda:0', name: 'NVIDIA H100 80GB HBM3', ok: burnOk, checksum_error: burnOk ? 1e-7 : 0.31, tflops: options.tflops ?? 50, seconds: 15, rounds: 700 }],
+    devices: [
+      {
+        device: 'cuda:0',
+        name: 'NVIDIA H100 80GB HBM3',
+        ok: burnOk,
+        checksum_error: burnOk ? 1e-7 : 0.31,
+        tflops: options.tflops ?? 50,
+        seconds: 15,
+        rounds: 700,
+      },
+    ],
   };
 }
 
@@ -91,7 +115,9 @@ describe('validation before a node returns to service', () => {
     for (const node of ['n2', 'n3']) expect((await validator.validate(node)).ok).toBe(true);
     const slow = await validator.validate('slow');
     expect(slow).toMatchObject({ ok: false, failed: 'throughput' });
-    expect(slow.detail).toBe("burn passed in 17.2 s, dcgm skipped in 0.3 s (DCGM is not installed here); burn 30.0 TFLOPS is below 0.8 of its 3 peers' median 50.0 TFLOPS");
+    expect(slow.detail).toBe(
+      "burn passed in 17.2 s, dcgm skipped in 0.3 s (DCGM is not installed here); burn 30.0 TFLOPS is below 0.8 of its 3 peers' median 50.0 TFLOPS",
+    );
     expect((await validator.validate('n4')).detail).toMatch(/burn 50\.0 TFLOPS against its 4 peers' median 50\.0 TFLOPS$/);
     // Peers validated longer ago than the window do not count.
     now += (CONFIG.peerWindowSeconds + 1) * 1000;
@@ -103,7 +129,13 @@ describe('validation before a node returns to service', () => {
   it('fails a node whose burn or DCGM fails, or whose agent cannot be asked, naming the check', async () => {
     const store = testRedis();
     stores.push(store);
-    const agents = await standInAgents(new Map([['bad', report('bad', { burn: 'failed' })], ['ecc', report('ecc', { dcgm: 'failed' })]]), servers);
+    const agents = await standInAgents(
+      new Map([
+        ['bad', report('bad', { burn: 'failed' })],
+        ['ecc', report('ecc', { dcgm: 'failed' })],
+      ]),
+      servers,
+    );
     const validator = new AgentNodeValidator(endpoints(agents.url), new PeerThroughputs(store.redis, store.keys, 10), CONFIG);
     expect(await validator.validate('bad')).toMatchObject({ ok: false, failed: 'burn' });
     expect(await validator.validate('ecc')).toMatchObject({ ok: false, failed: 'dcgm' });
@@ -120,7 +152,11 @@ describe('validation before a node returns to service', () => {
     const backend = recordingBackend(store);
     const history = new RemediationHistory(store.redis, store.keys, 10);
     const validator = new AgentNodeValidator(endpoints(url), new PeerThroughputs(store.redis, store.keys, 10), CONFIG);
-    const steps = testStepProcessor(store, { backend, audit }, { history, resetter: new ResetsFine(), validator, remedies: remediesSchema.parse({ gpuReset: { enabled: true } }) });
+    const steps = testStepProcessor(
+      store,
+      { backend, audit },
+      { history, resetter: new ResetsFine(), validator, remedies: remediesSchema.parse({ gpuReset: { enabled: true } }) },
+    );
     return { store, audit, backend, history, steps, reports };
   }
 
@@ -131,7 +167,9 @@ describe('validation before a node returns to service', () => {
     await steps(queued(nodeTransition('reset_gpu')));
     const state = await backend.nodeState('node-1');
     expect(state.drained).toBe(true);
-    expect(state.reason).toMatch(/^steadfast: GPU 0000:3a:00 reset \(GPU 2 reset and listed again\); validation failed \(burn\): burn failed in 17\.2 s \(cuda:3: round 4: checksum off/);
+    expect(state.reason).toMatch(
+      /^steadfast: GPU 0000:3a:00 reset \(GPU 2 reset and listed again\); validation failed \(burn\): burn failed in 17\.2 s \(cuda:3: round 4: checksum off/,
+    );
     const action = await lastAction(audit, 'd-reset_gpu');
     expect(action.state).toBe('done');
     expect(action.detail).toMatch(/validation failed \(burn\): .*; node kept out of service$/);
@@ -146,9 +184,16 @@ describe('validation before a node returns to service', () => {
     const { audit, backend, steps } = resetSetUp(reports, agents.url);
     await steps(queued(nodeTransition('reset_gpu')));
     expect((await backend.nodeState('node-1')).drained).toBe(false);
-    expect(await lastAction(audit, 'd-reset_gpu')).toEqual({ state: 'done', detail: 'GPU 0000:3a:00 (index 2) reset and listed again in 0.5 s; node returned to service' });
+    expect(await lastAction(audit, 'd-reset_gpu')).toEqual({
+      state: 'done',
+      detail: 'GPU 0000:3a:00 (index 2) reset and listed again in 0.5 s; node returned to service',
+    });
     const entries = await audit.read({ limit: 20 });
-    expect(entries.map((entry) => entry.summary)).toContainEqual(expect.stringMatching(/running \(node-1 validated before its return to service in [\d.]+ s: burn passed in 17\.2 s, dcgm passed in 0\.3 s; burn 50\.0 TFLOPS/));
+    expect(entries.map((entry) => entry.summary)).toContainEqual(
+      expect.stringMatching(
+        /running \(node-1 validated before its return to service in [\d.]+ s: burn passed in 17\.2 s, dcgm passed in 0\.3 s; burn 50\.0 TFLOPS/,
+      ),
+    );
     expect(agents.calls).toEqual(['node-1']);
   });
 });

@@ -9,6 +9,9 @@ import { repoRoot } from '../../core/paths.js';
 import { VALIDATE_PATH, validationReportSchema } from '../../core/validation.js';
 import { createAgent, type Agent } from '../../agent/agent.js';
 import { shippedBurnScript, validateCollectorFactory } from '../../agent/collectors/validate.js';
+import { StandbyReporter } from '../../agent/standby-reporter.js';
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
 
 const TOKEN = 'validate-agent-token-0123456789abcdef';
 /** Debian's Python, where python3-torch is installed. */
@@ -95,7 +98,7 @@ describe('POST /api/v1/validate on the agent', () => {
     expect(always.checks[1]!.reason).toMatch(/^dcgm: always, but .*no-such-dcgmi not found/);
   }, 60_000);
 
-  it("runs dcgmi diag -r 2 where DCGM answers, and fails the node when a test of it fails", async () => {
+  it('runs dcgmi diag -r 2 where DCGM answers, and fails the node when a test of it fails', async () => {
     const passing = fakeDcgmi(root, 'pass');
     const failing = fakeDcgmi(root, 'fail');
     const good = validationReportSchema.parse((await validate(await start({ 'validate.dcgmi': passing }), {})).body);
@@ -133,5 +136,43 @@ describe('POST /api/v1/validate on the agent', () => {
     expect(second.status).toBe(409);
     expect(second.body.error).toMatch(/already running on node-1/);
     expect((await first).status).toBe(200);
+  }, 60_000);
+
+  it("makes a warm standby's self-check pass only once its validation passed", async () => {
+    const reports: Array<{ ok: boolean; detail: string }> = [];
+    const controller: Server = createServer((request, response) => {
+      let body = '';
+      request.on('data', (chunk: Buffer) => (body += chunk.toString()));
+      request.on('end', () => {
+        if (request.method === 'POST') reports.push(JSON.parse(body) as { ok: boolean; detail: string });
+        response.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ state: 'self_check' }));
+      });
+    });
+    await new Promise<void>((resolve) => controller.listen(0, '127.0.0.1', resolve));
+    const controllerUrl = `http://127.0.0.1:${(controller.address() as AddressInfo).port}`;
+    const healthy = 'steadfast_collector_success{collector="gpu"} 1\nsteadfast_gpu_last_poll_timestamp_seconds 1795870000\n';
+    const standby = (agentUrl: string) =>
+      new StandbyReporter({
+        controllerUrl,
+        token: 't',
+        node: 'node-1',
+        intervalMs: 60_000,
+        scrape: async () => healthy,
+        validate: async () => {
+          const answer = await validate(agentUrl, {});
+          return { status: answer.status, body: answer.body };
+        },
+        logger: silentLogger(),
+      });
+    try {
+      await standby(await start({ 'validate.dcgmi': join(root, 'no-such-dcgmi') })).poll();
+      await standby(await start({ 'validate.python': join(root, 'no-python'), 'validate.dcgmi': join(root, 'no-such-dcgmi') })).poll();
+    } finally {
+      await new Promise((resolve) => controller.close(resolve));
+    }
+    expect(reports[0]?.ok).toBe(true);
+    expect(reports[0]?.detail).toMatch(/; validation passed: burn passed in [\d.]+ s; dcgm skipped in [\d.]+ s \(DCGM is not installed here/);
+    expect(reports[1]?.ok).toBe(false);
+    expect(reports[1]?.detail).toMatch(/^validation failed: burn failed in [\d.]+ s \(.*no-python/);
   }, 60_000);
 });

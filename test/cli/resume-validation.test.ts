@@ -58,7 +58,13 @@ describe('steadfast resume with validation on', () => {
     const agent = createAgent({
       node,
       listen: { host: '127.0.0.1', port: 0 },
-      paths: { sysfs: '/nonexistent', procfs: '/nonexistent', kmsg, nvidiaSmiXml: join(FIXTURES, 'nvidia-smi-xml', 'telegraf_a10g_515.105.01.xml'), nvidiaSmi: '/nonexistent' },
+      paths: {
+        sysfs: '/nonexistent',
+        procfs: '/nonexistent',
+        kmsg,
+        nvidiaSmiXml: join(FIXTURES, 'nvidia-smi-xml', 'telegraf_a10g_515.105.01.xml'),
+        nvidiaSmi: '/nonexistent',
+      },
       pollIntervalSeconds: 5,
       collectors: [gpuCollectorFactory, kernelLogCollectorFactory, validateCollectorFactory],
       settings: {
@@ -76,7 +82,10 @@ describe('steadfast resume with validation on', () => {
 
   async function resume(agentUrls: Record<string, string>, ...args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
     const config = join(work, 'config.yaml');
-    writeFileSync(config, JSON.stringify({ redis: { url: store.url, prefix: store.prefix }, agents: { urls: agentUrls }, validation: { enabled: true, burnSeconds: 1 } }));
+    writeFileSync(
+      config,
+      JSON.stringify({ redis: { url: store.url, prefix: store.prefix }, agents: { urls: agentUrls }, validation: { enabled: true, burnSeconds: 1 } }),
+    );
     return run(process.execPath, [BIN, 'resume', ...args, '--config', config], { env: { ...process.env, STEADFAST_LOG_LEVEL: 'silent' } }).then(
       ({ stdout, stderr }) => ({ code: 0, stdout, stderr }),
       (error: { code: number; stdout: string; stderr: string }) => ({ code: error.code, stdout: error.stdout, stderr: error.stderr }),
@@ -92,7 +101,9 @@ describe('steadfast resume with validation on', () => {
 
     const refused = await resume(urls, 'node-bad', '--reason', 'GPU replaced');
     expect(refused.code).toBe(1);
-    expect(refused.stderr).toMatch(/node-bad stays out of service: validation failed \(burn\): burn failed in [\d.]+ s \(cpu: round 2: checksum off the CPU reference/);
+    expect(refused.stderr).toMatch(
+      /node-bad stays out of service: validation failed \(burn\): burn failed in [\d.]+ s \(cpu: round 2: checksum off the CPU reference/,
+    );
     expect(Object.keys(await backend.recorded())).toContain('node-bad');
     const refusal = (await audit.read({ node: 'node-bad', type: 'action' })).at(-1);
     expect(refusal?.summary).toMatch(/^resume node-bad: refused \(validation failed \(burn\)/);
