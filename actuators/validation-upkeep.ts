@@ -30,6 +30,14 @@ const RETRY_MS = 30_000;
 const pendingKey = (keys: Keys): string => `${keys.prefix}:validation:after-reboot`;
 const standbyKey = (keys: Keys): string => `${keys.prefix}:validation:standbys`;
 
+function parsedOrUndefined(text: string): unknown {
+  try {
+    return JSON.parse(text);
+  } catch {
+    return undefined;
+  }
+}
+
 /** The reboot step records that `node` waits to be validated once it is back (actuators/steps/reboot.ts). */
 export async function awaitValidationAfterReboot(redis: Redis, keys: Keys, node: string, decision: string, now: number): Promise<void> {
   await redis.hset(pendingKey(keys), node, JSON.stringify({ decision, since: now }));
@@ -72,7 +80,7 @@ export class ValidationUpkeep {
   private async pass(now: number): Promise<void> {
     const { redis, keys, backend } = this.deps;
     for (const [node, text] of Object.entries(await redis.hgetall(pendingKey(keys)))) {
-      const entry = pendingSchema.safeParse(JSON.parse(text));
+      const entry = pendingSchema.safeParse(parsedOrUndefined(text));
       if (!entry.success || this.inFlight.has(node)) continue;
       if (now - entry.data.since > this.deps.giveUpMs) {
         await redis.hdel(pendingKey(keys), node);

@@ -130,9 +130,13 @@ describe('POST /api/v1/validate on the agent', () => {
     expect(await validate(url, { command: ['rm', '-rf', '/'] })).toMatchObject({ status: 400 });
     expect(await validate(url, { dcgm: 'sometimes' })).toMatchObject({ status: 400 });
     const first = validate(url, {});
-    // The second request waits for nothing: it is answered busy while the first burns.
-    let second = await validate(url, {});
-    for (let tries = 0; second.status === 200 && tries < 3; tries += 1) second = await validate(url, {});
+    // Once the first is running (its gauge says so), a second is answered busy at once.
+    const deadline = Date.now() + 20_000;
+    while (!/^steadfast_validation_running 1$/m.test(await (await fetch(`${url}/metrics`)).text())) {
+      if (Date.now() > deadline) throw new Error('the first validation never showed as running');
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+    const second = await validate(url, {});
     expect(second.status).toBe(409);
     expect(second.body.error).toMatch(/already running on node-1/);
     expect((await first).status).toBe(200);
