@@ -5,6 +5,7 @@ import { Registry, collectDefaultMetrics } from 'prom-client';
 import { registerBuildInfo } from '../core/build-info.js';
 import { createLimitedServer, type ConnectionLimits } from '../core/connection-limits.js';
 import { DIAGNOSE_PATH } from '../core/diagnostics.js';
+import { VALIDATE_PATH } from '../core/validation.js';
 import { errorMessage } from '../core/errors.js';
 import type { FastPathEvent } from '../core/fast-path-event.js';
 import type { Logger } from '../core/log.js';
@@ -136,6 +137,12 @@ class NodeAgent implements Agent {
     return () => route.handle({ method: 'POST', path: DIAGNOSE_PATH, query: new URLSearchParams(), body: { standby: true } });
   }
 
+  /** A collector's POST route called in-process (the standby self-check's validation), when that collector is enabled. */
+  private inProcess(path: string, body: unknown): (() => Promise<{ status: number; body: unknown }>) | undefined {
+    const route = this.collectors.routes.find((candidate) => candidate.method === 'POST' && candidate.path === path);
+    return route && (() => route.handle({ method: 'POST', path, query: new URLSearchParams(), body }));
+  }
+
   async start(): Promise<AddressInfo> {
     if (this.closing) throw new Error('agent is closed');
     // Serving does not wait for the GPU's first poll: scrapes answer with what is read so far.
@@ -149,6 +156,7 @@ class NodeAgent implements Agent {
         intervalMs: STANDBY_POLL_MS,
         scrape: () => this.collectors.scrape(),
         diagnose: this.standbyDiagnose(),
+        validate: this.inProcess(VALIDATE_PATH, {}),
         logger: this.options.logger.child({ component: 'standby' }),
       });
       this.standby.start();

@@ -8,6 +8,7 @@ import { nvlinkCollectorFactory } from './collectors/nvlink.js';
 import { processCollectorFactory } from './collectors/process.js';
 import { rdmaCollectorFactory } from './collectors/rdma.js';
 import { trainingCollectorFactory } from './collectors/training/collector.js';
+import { validateCollectorFactory } from './collectors/validate.js';
 import { kernelLogCollectorFactory } from './collectors/kernel-log/collector.js';
 
 /**
@@ -30,6 +31,7 @@ export const COLLECTOR_FACTORIES: readonly CollectorFactory[] = [
   processCollectorFactory,
   diagnoseCollectorFactory,
   gpuResetCollectorFactory,
+  validateCollectorFactory,
 ];
 
 /**

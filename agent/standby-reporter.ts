@@ -1,5 +1,6 @@
 import { jitteredInterval } from '../core/backoff.js';
 import { diagnoseReportSchema } from '../core/diagnostics.js';
+import { validationReportSchema } from '../core/validation.js';
 import type { Logger } from '../core/log.js';
 import { currentToken, type TokenSource } from './fast-path-client.js';
 
@@ -27,6 +28,12 @@ export interface StandbyReporterOptions {
    * `{standby: true}`, answered in-process.
    */
   readonly diagnose?: (() => Promise<{ status: number; body: unknown }>) | undefined;
+  /**
+   * The node's validation under load (the burn, DCGM where installed), when the validate collector
+   * is enabled: POST /api/v1/validate, answered in-process. A standby is ready only once it passed,
+   * as a node returning to service must (actuators/node-validation.ts).
+   */
+  readonly validate?: (() => Promise<{ status: number; body: unknown }>) | undefined;
   readonly logger: Logger;
 }
 
@@ -85,6 +92,27 @@ export class StandbyReporter {
    * diagnosis is already running); the next poll tries again.
    */
   private async deepen(verdict: { ok: boolean; detail: string }): Promise<{ ok: boolean; detail: string } | undefined> {
+    const diagnosed = await this.diagnosed(verdict);
+    return diagnosed === undefined ? undefined : this.validated(diagnosed);
+  }
+
+  /** Adds the node's validation under load to a passing verdict; undefined: one is running, try at the next poll. */
+  private async validated(verdict: { ok: boolean; detail: string }): Promise<{ ok: boolean; detail: string } | undefined> {
+    if (!verdict.ok || !this.options.validate) return verdict;
+    const answer = await this.options.validate();
+    if (answer.status === 409) return undefined;
+    const report = validationReportSchema.safeParse(answer.body);
+    if (answer.status !== 200 || !report.success)
+      return { ok: false, detail: `validation could not run (HTTP ${answer.status}): ${JSON.stringify(answer.body).slice(0, 300)}` };
+    const checks = report.data.checks
+      .map((check) => `${check.name} ${check.result} in ${check.seconds.toFixed(1)} s${check.reason ? ` (${check.reason})` : ''}`)
+      .join('; ');
+    return report.data.ok
+      ? { ok: true, detail: `${verdict.detail}; validation passed: ${checks}` }
+      : { ok: false, detail: `validation failed: ${checks}`.slice(0, 2000) };
+  }
+
+  private async diagnosed(verdict: { ok: boolean; detail: string }): Promise<{ ok: boolean; detail: string } | undefined> {
     if (!verdict.ok || !this.options.diagnose) return verdict;
     const answer = await this.options.diagnose();
     // 503: no diagnostics configured on this node; the scrape-based check is all there is.

@@ -13,6 +13,7 @@ import { returnToService } from '../actuators/return-to-service.js';
 import { AgentDirectory } from '../controller/agents.js';
 import { closeFaultsOnResume } from '../controller/policy/node-resumes.js';
 import { selfCheck } from '../agent/standby-reporter.js';
+import { validationFailure, validatorFromConfig } from '../actuators/node-validation.js';
 import { printable, runCommand } from './common.js';
 
 /** How long the node's agent may take to answer the check's scrape. */
@@ -86,12 +87,21 @@ export function resumeCommand(): Command {
               `${node} is out of service by someone else ("${before.foreign}"), not only by steadfast; it stays as it is. Give --force to lift their drain too.`,
             );
           }
+          const agents = new AgentDirectory(config.agents, async (name) => (await backend.nodeState(name)).exists);
           if (!options.force) {
-            const failed = await failedChecks(new AgentDirectory(config.agents, async (name) => (await backend.nodeState(name)).exists), node);
+            const failed = await failedChecks(agents, node);
             if (failed !== undefined) {
               await record('refused', `resume ${node}: refused (its checks failed: ${failed}; ${options.reason})`, failed);
               throw new Error(`${node} failed its checks and stays out of service: ${failed}. Repair it, or give --force to resume it anyway.`);
             }
+          }
+          // With validation on, the node also passes its burn (and DCGM) before it goes back; the gate is this one call.
+          const validation =
+            options.force || !config.validation.enabled ? undefined : await validatorFromConfig(config.validation, agents, redis, keys).validate(node);
+          if (validation !== undefined && !validation.ok) {
+            const why = validationFailure(validation);
+            await record('refused', `resume ${node}: refused (${why}; ${options.reason})`, why);
+            throw new Error(`${node} stays out of service: ${why}. Repair it, or give --force to resume it anyway.`);
           }
           const outcome = await returnToService({ backend, ownDrains: new OwnDrains(redis, keys) }, node, { force: options.force });
           if (!outcome.returned) throw new Error(outcome.why);
@@ -105,7 +115,7 @@ export function resumeCommand(): Command {
             options.reason,
           );
           process.stdout.write(
-            `${printable(`${node}: resumed through ${backend.name} (was ${before.raw})${options.force ? ', without its checks' : ', its checks passed'}${lifted}${closed ? `; decision ${closed} closed` : ''}`)}\n`,
+            `${printable(`${node}: resumed through ${backend.name} (was ${before.raw})${options.force ? ', without its checks' : ', its checks passed'}${validation === undefined ? '' : `; validated in ${validation.seconds.toFixed(1)} s (${validation.detail})`}${lifted}${closed ? `; decision ${closed} closed` : ''}`)}\n`,
           );
         } finally {
           redis.disconnect();

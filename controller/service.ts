@@ -17,7 +17,7 @@ import type { ClusterBackend } from '../actuators/backend.js';
 import { createBackend } from '../actuators/backend-from-config.js';
 import { SafetyGates, drainBudget } from '../actuators/safety.js';
 import { StandbyPool } from '../actuators/standby-pool.js';
-import { replenishStandbys } from './standby-upkeep.js';
+import { replenishStandbys, validationUpkeep } from './standby-upkeep.js';
 import { RemediationHistory } from '../actuators/remediation-history.js';
 import { SignalIntake } from './intake.js';
 import { IntakeBatcher } from './intake-batch.js';
@@ -30,7 +30,7 @@ import { ladderConfig, type LadderConfig } from './policy/ladder/index.js';
 import { ProgressWatch, TrainingProgressReports } from './progress.js';
 import { jobsRouter } from './intake/jobs-api.js';
 import { worldRouter } from './intake/world-api.js';
-import { operatorRouter } from './intake/operator-api.js';
+import { operatorRouter, type OperatorRouterDeps } from './intake/operator-api.js';
 import { xidPolicyRouter } from './intake/xid-policy-api.js';
 import { xidPolicyStacks } from '../core/profiles.js';
 import { MicrobatchBoard } from './microbatches.js';
@@ -45,6 +45,13 @@ import { metricsHandler } from './intake/metrics-server.js';
 import { startWorkers } from './workers.js';
 import { profileResolverFor, type ProfileResolver } from './profile-resolver.js';
 import { startIntervalTask, type IntervalTask } from './interval-task.js';
+
+/** The safety gates (budget, holds, maintenance windows, leases) on one Redis connection. */
+function safetyGates(config: Config, redis: Redis, keys: Keys, backend: ClusterBackend, logger: Logger): SafetyGates {
+  const budget = { maxPerWindow: drainBudget(config.safety), windowSeconds: config.safety.windowSeconds };
+  const partitions = backend.partitionNodes?.bind(backend);
+  return new SafetyGates(redis, keys, budget, config.safety.nodeLeaseSeconds, config.remedies.maintenanceWindows, partitions, logger);
+}
 
 export interface ControllerOptions {
   readonly config: Config;
@@ -103,6 +110,7 @@ export class Controller {
   readonly jobs: JobStore;
   private readonly analysisQueue: Queue<AnalysisJob>;
   private readonly agents: AgentDirectory;
+  private readonly validation: ReturnType<typeof validationUpkeep>;
   private readonly failSlow: FailSlowWatch | undefined;
   private readonly suspects: SuspectWatch | undefined;
   /** This replica's identity for the analysis leader lease. */
@@ -155,15 +163,7 @@ export class Controller {
     this.audit = new AuditLog(this.workerRedis, this.keys, this.auditEntries);
     this.backend = createBackend(config, this.workerRedis, this.keys);
     this.profiles = profileResolverFor(config.profiles, this.backend, options.logger);
-    this.gates = new SafetyGates(
-      this.workerRedis,
-      this.keys,
-      { maxPerWindow: drainBudget(config.safety), windowSeconds: config.safety.windowSeconds },
-      config.safety.nodeLeaseSeconds,
-      config.remedies.maintenanceWindows,
-      this.backend.partitionNodes?.bind(this.backend),
-      options.logger,
-    );
+    this.gates = safetyGates(config, this.workerRedis, this.keys, this.backend, options.logger);
     this.signalQueue = new Queue<SignalJob>(QUEUE_NAMES.signals, { connection: this.workerRedis, prefix: config.redis.prefix });
     this.jobs = new JobStore(this.workerRedis, this.keys);
     this.analysisQueue = new Queue<AnalysisJob>(QUEUE_NAMES.analysis, {
@@ -184,6 +184,12 @@ export class Controller {
         })
       : undefined;
     this.pool = new StandbyPool(this.workerRedis, this.keys, this.backend, config.standby);
+    this.validation = validationUpkeep(config, this.workerRedis, this.keys, this.backend, {
+      agents: this.agents,
+      audit: this.audit,
+      logger: options.logger,
+      pool: this.pool,
+    });
     this.ladder = ladderConfig(config.recovery);
     this.dispatcher = new RecoveryDispatcher(this.workerRedis, this.keys, this.jobs, this.audit, this.stepQueue, this.ladder);
     const analysisPrometheus = config.analysis.prometheusUrl ?? config.progress.prometheusUrl;
@@ -264,22 +270,7 @@ export class Controller {
         }),
         worldRouter({ jobs: apiJobs, dispatcher: this.dispatcher }),
         xidPolicyRouter(xidPolicyStacks(config)),
-        operatorRouter({
-          gates: new SafetyGates(
-            this.requestRedis,
-            this.keys,
-            budget,
-            config.safety.nodeLeaseSeconds,
-            config.remedies.maintenanceWindows,
-            this.backend.partitionNodes?.bind(this.backend),
-            this.options.logger,
-          ),
-          audit: apiAudit,
-          holdDefaultSeconds: config.safety.holdDefaultSeconds,
-          holdMaxSeconds: config.safety.holdMaxSeconds,
-          budget,
-          history: new RemediationHistory(this.requestRedis, this.keys, config.remedies.historyLength),
-        }),
+        operatorRouter(this.operatorDeps(apiAudit, budget)),
       ],
     });
     const onRefused = (address: string, first: boolean): void => {
@@ -307,6 +298,14 @@ export class Controller {
     const metricsPort = (metricsServer.address() as AddressInfo).port;
     logger.info({ host: config.controller.host, port, metricsHost, metricsPort, backend: this.backend.name }, 'controller listening');
     return { port, metricsPort };
+  }
+
+  /** What the operator API (pause, holds, remediations) works with, on the request connection. */
+  private operatorDeps(audit: AuditLog, budget: { readonly maxPerWindow: number; readonly windowSeconds: number }): OperatorRouterDeps {
+    const { config, logger } = this.options;
+    const gates = safetyGates(config, this.requestRedis, this.keys, this.backend, logger);
+    const history = new RemediationHistory(this.requestRedis, this.keys, config.remedies.historyLength);
+    return { gates, audit, holdDefaultSeconds: config.safety.holdDefaultSeconds, holdMaxSeconds: config.safety.holdMaxSeconds, budget, history };
   }
 
   /** Gives Redis a moment at start-up; if it is down the controller still starts and answers 503. */
@@ -383,7 +382,7 @@ export class Controller {
     // new job from history never holds a job's recovery tick.
     if (this.failSlow || this.suspects) await this.leadAnalysis();
     await replenishStandbys(
-      { gates: this.gates, pool: this.pool, audit: this.audit, backend: this.backend.name },
+      { gates: this.gates, pool: this.pool, audit: this.audit, backend: this.backend.name, validation: this.validation },
       new Set(records.flatMap((record) => record.spec.nodes)),
       now,
     );

@@ -1,7 +1,16 @@
 import type { SafetyGates } from '../actuators/safety.js';
 import type { StandbyPool } from '../actuators/standby-pool.js';
 import type { AuditLog } from '../core/audit.js';
+import type { ClusterBackend } from '../actuators/backend.js';
+import { DryRunNodeValidator, validatorFromConfig, type AgentEndpoints } from '../actuators/node-validation.js';
+import { ValidationUpkeep } from '../actuators/validation-upkeep.js';
+import type { Config } from '../core/config.js';
 import { CONTROLLER_IDENTITY } from '../core/credentials.js';
+import type { Logger } from '../core/log.js';
+import type { Keys, Redis } from '../core/redis.js';
+
+/** A rebooted node not back and validated within this long stays out, audited: a person looks at it. */
+const REBOOT_GIVE_UP_MS = 2 * 3600_000;
 
 /** How far ahead a maintenance window counts when sizing the standby pool. */
 const MAINTENANCE_LOOKAHEAD_MS = 3600_000;
@@ -12,6 +21,23 @@ export interface StandbyUpkeepDeps {
   readonly audit: AuditLog;
   /** The backend's name, for the audit. */
   readonly backend: string;
+  /** With validation on: standbys validated against their peers, rebooted nodes validated once back. */
+  readonly validation?: ValidationUpkeep | undefined;
+}
+
+/** The validations the tick drives (actuators/validation-upkeep.ts); none with `validation.enabled` off. */
+export function validationUpkeep(
+  config: Pick<Config, 'validation'>,
+  redis: Redis,
+  keys: Keys,
+  backend: ClusterBackend,
+  parts: { agents: AgentEndpoints; audit: AuditLog; logger: Logger; pool: StandbyPool },
+): ValidationUpkeep | undefined {
+  const { validation } = config;
+  if (!validation.enabled) return undefined;
+  // A dry-run controller asks no agent; its rebooted nodes pass at once.
+  const validator = backend.name === 'dry-run' ? new DryRunNodeValidator() : validatorFromConfig(validation, parts.agents, redis, keys);
+  return new ValidationUpkeep({ ...parts, redis, keys, backend, validator, giveUpMs: REBOOT_GIVE_UP_MS, timeoutMs: validation.timeoutSeconds * 1000 });
 }
 
 /**
@@ -25,6 +51,7 @@ export async function replenishStandbys(deps: StandbyUpkeepDeps, inUse: Readonly
   const { gates, pool, audit } = deps;
   // Others' drains and node conditions first: a node they hold out is no standby (foreign-holds.ts).
   await pool.scanForeign(audit, inUse, now);
+  deps.validation?.tick(now);
   await gates.refreshPartitions();
   const open = gates.inMaintenance(now);
   const unavailable = new Set([...inUse, ...(await gates.holds(now)).keys(), ...open.keys()]);

@@ -16,6 +16,7 @@ import { launcherOf } from '../actuators/launcher.js';
 import type { SafetyGates } from '../actuators/safety.js';
 import type { StandbyPool } from '../actuators/standby-pool.js';
 import { AgentGpuResetter, type AgentDirectory } from './agents.js';
+import { validatorFromConfig } from '../actuators/node-validation.js';
 import { createAnalysisProcessor, type AnalysisDeps } from '../analyzers/workers/analysis.js';
 import type { GrafanaAnnotator } from './grafana.js';
 import type { JobStore } from './job-store.js';
@@ -131,6 +132,8 @@ export function startWorkers(deps: WorkerDeps, workers: Worker[] = []): Worker[]
       progress: deps.progress,
       // GPU resets through the nodes' agents (a rung only with remedies.gpuReset on).
       resetter: new AgentGpuResetter(deps.agents),
+      // A node a step took out is validated before it returns (config validation:, off by default).
+      validator: config.validation.enabled ? validatorFromConfig(config.validation, deps.agents, deps.redis, deps.keys) : undefined,
       remedies: config.remedies,
       history,
       profiles,

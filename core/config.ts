@@ -16,6 +16,7 @@ import { redisConfigSchema } from './redis-config.js';
 import { remediesSchema } from './remedy-config.js';
 import { profilesSchema } from './profiles.js';
 import { xidPolicyLayerSchema } from './xid-policy.js';
+import { validationSchema } from './validation-config.js';
 
 export { DEFAULT_RECOVERY, recoverySchema, type RecoveryConfig } from './recovery-config.js';
 
@@ -330,6 +331,8 @@ export const configSchema = z
     profiles: profilesSchema,
     /** What to do per Xid and SXid code, over the catalogue (core/xid-policy.ts, docs/configuration.md#xid-policy). */
     xidPolicy: xidPolicyLayerSchema.prefault({}),
+    /** A burn under load (and DCGM's level 2) before a node returns to service (core/validation-config.ts). */
+    validation: validationSchema.prefault({}),
     /**
      * How registered jobs are (re)started, by name: the operator writes every command here; a
      * job registration only names one and fills its {job}, {nodes} and {version} placeholders.

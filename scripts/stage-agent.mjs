@@ -9,6 +9,7 @@
 //   DIR/dist/nvml-worker.cjs     the agent's NVML thread
 //   DIR/node_modules/            koffi and this machine's koffi binary package, copied from the
 //                                node_modules `npm ci` installed (not with --pack: npm installs them)
+//   DIR/python/steadfast_burn.py the burn the validate collector runs (clients/python/steadfast_burn.py)
 //   DIR/README.md
 // `npm pack DIR` makes the npm package; packaging/debian and packaging/image install DIR as it is
 // (pruning node_modules to this machine's glibc binary).
@@ -43,6 +44,8 @@ copyFileSync(join(root, 'agent', 'bin', 'steadfast-agent.cjs'), join(out, 'bin',
 chmodSync(join(out, 'bin', 'steadfast-agent.cjs'), 0o755);
 for (const built of ['agent.cjs', 'agent-loader.cjs', 'nvml-worker.cjs']) copyFileSync(join(root, 'dist', built), join(out, 'dist', built));
 copyFileSync(join(root, 'agent', 'README.md'), join(out, 'README.md'));
+mkdirSync(join(out, 'python'));
+copyFileSync(join(root, 'clients', 'python', 'steadfast_burn.py'), join(out, 'python', 'steadfast_burn.py'));
 // The agent's manifest is agent/package.json (its name, description and dependency); what only the
 // packed package has is added here: the command, its files, CommonJS for the bundles, no `private`.
 const { private: _workspaceOnly, ...own } = JSON.parse(readFileSync(join(root, 'agent', 'package.json'), 'utf8'));
@@ -55,7 +58,7 @@ const manifest = {
   type: 'commonjs',
   bin: { 'steadfast-agent': 'bin/steadfast-agent.cjs' },
   dependencies: agentDependencies(root),
-  files: ['bin/', 'dist/'],
+  files: ['bin/', 'dist/', 'python/'],
 };
 writeFileSync(join(out, 'package.json'), `${JSON.stringify(manifest, null, 2)}\n`);
 // A tree installed as it is runs on its own; `npm pack` leaves node_modules out either way.

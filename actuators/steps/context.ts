@@ -20,6 +20,7 @@ import type { RemediationHistory } from '../remediation-history.js';
 import type { GateVerdict, SafetyGates } from '../safety.js';
 import type { StandbyPool } from '../standby-pool.js';
 import type { GpuResetter } from './gpu-resetter.js';
+import type { NodeValidator } from '../node-validation.js';
 
 /**
  * What every step actuator (actuators/steps/<verb>.ts) works with, where a step sits in its
@@ -100,6 +101,8 @@ export interface StepProcessorDeps {
   readonly analyze?: (request: AnalysisJob) => Promise<void>;
   /** GPU resets through the nodes' agents; without it a reset_gpu step evicts (a job) or drains (a node). */
   readonly resetter?: GpuResetter | undefined;
+  /** Validates a node before a step returns it to service (config `validation:`); none: validation is off. */
+  readonly validator?: NodeValidator | undefined;
   /** The remedies' settings (reset timeout and busy retries, reboot, hand-off): the config's `remedies:`. */
   readonly remedies: RemediesConfig;
   /** Every node's remediation history (reset, drain, reboot, hand-off), which escalation reads. */

@@ -11,6 +11,8 @@ export interface HandOffDeps extends StepBase {
    * how that went; without a webhook, says the alert tells people.
    */
   readonly tellHandOff: (notice: Omit<HandOffPayload, 'history'>) => Promise<string>;
+  /** With validation on: a rebooted node waits, DOWN, to be validated before it returns (actuators/validation-upkeep.ts). */
+  readonly awaitValidation?: ((node: string, decision: string) => Promise<void>) | undefined;
 }
 
 /**

@@ -16,6 +16,7 @@ import { cannotReset, resetGpu } from './reset-gpu.js';
 import { restart, type RestartDeps } from './restart.js';
 import { stop } from './stop.js';
 import { setCodeVersion } from './update.js';
+import { awaitValidationAfterReboot } from '../validation-upkeep.js';
 
 /** A transition's mode, decided by the step processor: dry-run (record, launch nothing, take no standby) or not. */
 export interface ActuatorMode {
@@ -65,6 +66,7 @@ export function buildStepActuators(deps: StepProcessorDeps, mode: ActuatorMode):
   const handingOff: HandOffDeps = {
     ...base,
     remedies,
+    awaitValidation: deps.validator ? (node, decision) => awaitValidationAfterReboot(redis, keys, node, decision, Date.now()) : undefined,
     tellHandOff: notifier
       ? async (notice) => {
           const result = await notifier.notify({ ...notice, history: await base.remedyLog.read(notice.node, 20) });
@@ -85,7 +87,7 @@ export function buildStepActuators(deps: StepProcessorDeps, mode: ActuatorMode):
       : async (job, ref) => void (await feedback({ job, event: { type: 'restart_succeeded', time: Date.now() }, eventId: `${ref}:restart_succeeded` })),
   };
   const resetter = deps.resetter;
-  const resetting = resetter ? { ...evicting, resetter, remedies, pause: deps.pause ?? ((ms: number) => sleep(ms)) } : undefined;
+  const resetting = resetter ? { ...evicting, resetter, remedies, pause: deps.pause ?? ((ms: number) => sleep(ms)), validator: deps.validator } : undefined;
   const analyze = deps.analyze;
   const analysis = (verb: AnalysisVerb): StepActuator => (analyze ? handToAnalysis(verb, { ...base, analyze }) : withoutAnalysis(verb, { ...base, feedback }));
   const versions = (at: Parameters<StepActuator>[0]) => setCodeVersion({ ...base, jobs }, at);

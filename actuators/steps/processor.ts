@@ -12,6 +12,7 @@ import { NodeLeasedError } from '../drain-node.js';
 import { DryRunBackend } from '../dry-run.js';
 import { recordStep, rememberRemedy, remedyOf, type Halt, type StepActuator, type StepAt, type StepBase, type StepProcessorDeps } from './context.js';
 import { DryRunGpuResetter } from './gpu-resetter.js';
+import { DryRunNodeValidator } from '../node-validation.js';
 import { buildStepActuators, stepBase } from './index.js';
 import type { StepVerb } from '../../core/steps.js';
 
@@ -63,11 +64,14 @@ export function createStepProcessor(baseDeps: StepProcessorDeps): (job: Job, tok
   // The one dry-run decision. A dry-run controller (its backend records) asks no agent to reset a
   // GPU either; a job whose policy asks for dry-run also launches nothing and takes no standby.
   const recording = baseDeps.backend.name === 'dry-run';
-  const recordingDeps: StepProcessorDeps = recording ? { ...baseDeps, resetter: new DryRunGpuResetter() } : baseDeps;
+  // Dry-run asks no agent to validate a node either.
+  const dryRunValidator = baseDeps.validator === undefined ? undefined : new DryRunNodeValidator();
+  const recordingDeps: StepProcessorDeps = recording ? { ...baseDeps, resetter: new DryRunGpuResetter(), validator: dryRunValidator } : baseDeps;
   const dryRunJobDeps: StepProcessorDeps = {
     ...baseDeps,
     backend: recording ? baseDeps.backend : new DryRunBackend(redis, keys),
     resetter: new DryRunGpuResetter(),
+    validator: dryRunValidator,
     pool: undefined,
   };
   const acting: Actuators = { base: stepBase(recordingDeps), byVerb: buildStepActuators(recordingDeps, { dryRun: false }) };

@@ -27,7 +27,8 @@ export async function reboot(deps: HandOffDeps, at: StepAt): Promise<Halt> {
     // Someone else's drain on the node: the reboot (a remedy) still happens, but the node comes
     // back DOWN, with their reason first, never RESUMEd into service (NVIDIA/NVSentinel#1633).
     const foreign = before.drained ? before.foreign : undefined;
-    const nextState = foreign === undefined ? deps.remedies.reboot.nextState : 'down';
+    const validating = foreign === undefined && deps.awaitValidation !== undefined;
+    const nextState = foreign !== undefined || validating ? 'down' : deps.remedies.reboot.nextState;
     const reason = appendOwnReason(foreign, `${OWN_REASON_PREFIX} ${at.step.reason} audit=${at.transitionId}`);
     await deps.ownDrains?.record(node, at.transitionId, reason);
     await rebootNode(node, reason, nextState);
@@ -41,7 +42,9 @@ export async function reboot(deps: HandOffDeps, at: StepAt): Promise<Halt> {
       return undefined;
     }
     const kept = foreign === undefined ? '' : `; drained by someone else ("${foreign}"): it comes back down, their reason first`;
-    const detail = `reboot requested through ${backend.name} (${after.raw}: once idle, then ${nextState})${kept}`;
+    // With validation on, a node steadfast alone took out comes back DOWN and returns once validated (actuators/validation-upkeep.ts).
+    if (validating) await deps.awaitValidation?.(node, at.transitionId);
+    const detail = `reboot requested through ${backend.name} (${after.raw}: once idle, then ${nextState}${validating ? ', validated before it returns' : ''})${kept}`;
     await rememberRemedy(deps, at, node, 'reboot', 'done', detail, 'reboot');
     await recordStep(deps, at, 'done', detail);
     return undefined;

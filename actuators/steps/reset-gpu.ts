@@ -7,6 +7,8 @@ import type { GpuResetter } from './gpu-resetter.js';
 import type { RemediesConfig } from '../../core/remedy-config.js';
 import { admitNodeStep, leaseHolder, recordStep, rememberRemedy, stepRef, type Halt, type StepAt } from './context.js';
 import { evict, type EvictDeps } from './evict.js';
+import type { NodeValidator } from '../node-validation.js';
+import { keptOutByValidation } from './validation-gate.js';
 
 /** What a GPU reset works with: what an eviction does (its fallback in a job), the agents' resets and the remedies' settings. */
 export interface ResetGpuDeps extends EvictDeps {
@@ -14,6 +16,8 @@ export interface ResetGpuDeps extends EvictDeps {
   readonly remedies: RemediesConfig;
   /** Waits between busy-GPU retries. */
   readonly pause: (ms: number) => Promise<void>;
+  /** Validates the node before the step returns it to service (config `validation:`); none: off. */
+  readonly validator?: NodeValidator | undefined;
 }
 
 /**
@@ -61,7 +65,9 @@ export async function resetGpu(deps: ResetGpuDeps, at: StepAt): Promise<Halt> {
       // In a job, what follows may evict the node, which takes the node's lease itself: after the finally.
       if (inJob) held = true;
       else {
-        // Back only if this decision took it out and no one else's drain is on it (return-to-service.ts).
+        // A node it took out first passes validation (validation-gate.ts), then goes back only if this
+        // decision took it out and no one else's drain is on it (return-to-service.ts).
+        if (tookOut && (await keptOutByValidation(deps, at, node, `GPU ${gpu} reset (${report.reason})`, 'reset_gpu'))) return undefined;
         const back = tookOut ? await returnToService(deps, node, { decisionId: at.transitionId }) : undefined;
         return await resetHeld(deps, at, node, gpu, report, back);
       }

@@ -182,6 +182,7 @@ describe('the npm package', () => {
         'package/clients/python/steadfast_hotswap.py',
         'package/clients/python/steadfast_replica.py',
         'package/clients/python/steadfast_world.py',
+        'package/clients/python/steadfast_burn.py',
       ]),
     );
     const unwanted = files.filter(
@@ -230,6 +231,7 @@ describe('the agent-only npm package', () => {
       'package/dist/agent.cjs',
       'package/dist/nvml-worker.cjs',
       'package/package.json',
+      'package/python/steadfast_burn.py',
     ]);
     const tree = join(work, 'agent-prefix', 'lib', 'node_modules', 'steadfast-agent');
     const installedManifest = JSON.parse(readFileSync(join(tree, 'package.json'), 'utf8')) as Record<string, unknown>;
