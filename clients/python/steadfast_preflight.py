@@ -31,7 +31,8 @@ every pair it is in bad, so a good pair clears both of its nodes.
             suspect good with it is cleared. Without a cleared node yet, suspects meet new
             partners until a good pair appears.
 
-A single bad node takes two rounds from any n >= 3; two bad nodes two or three. The rounds stop
+A single bad node takes two rounds for an even n (three for an odd n: the node the first round
+left out needs a partner of its own); two bad nodes at most ceil(log2 n) + 2. The rounds stop
 after ceil(log2 n) + 2 or at the deadline; a suspect still unexplained is reported as
 undetermined and not named (two nodes alone cannot tell which of them is bad).
 
@@ -163,6 +164,8 @@ def parse_args(argv, env):
         parser.error("need RANK/WORLD_SIZE (or SLURM_PROCID/SLURM_NTASKS, or --nodes), MASTER_ADDR and a port")
     args.job = args.job or env.get("STEADFAST_JOB") or env.get("SLURM_JOB_NAME")
     args.controller = env.get("STEADFAST_CONTROLLER_URL") or None
+    # The run, so that a retried report of it is one signal per node at the controller.
+    args.run = env.get("SLURM_JOB_ID") or None
     args.token = _token(env, args.node)
     return args
 
@@ -346,7 +349,10 @@ def report(args, summary):
         "failed (%s)" % "; ".join(summary["allreduce"]["errors"]) if summary["allreduce"]["errors"] else
         "took %ss against a threshold of %ss" % (summary["allreduce"]["seconds"], args.threshold),
         ", ".join(summary["bad"]))
-    body = json.dumps({"nodes": summary["bad"], "detail": detail[:2000], "seconds": summary.get("seconds", 0)}).encode()
+    fields = {"nodes": summary["bad"], "detail": detail[:2000], "seconds": summary.get("seconds", 0)}
+    if args.run:
+        fields["run"] = args.run
+    body = json.dumps(fields).encode()
     url = "%s/api/v1/jobs/%s/preflight" % (args.controller.rstrip("/"), urllib.request.quote(args.job, safe=""))
     request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
     if args.token:
