@@ -30,6 +30,7 @@ import { ladderConfig, type LadderConfig } from './policy/ladder/index.js';
 import { ProgressWatch, TrainingProgressReports } from './progress.js';
 import { jobsRouter } from './intake/jobs-api.js';
 import { worldRouter } from './intake/world-api.js';
+import { preflightRouter } from './intake/preflight-api.js';
 import { operatorRouter } from './intake/operator-api.js';
 import { MicrobatchBoard } from './microbatches.js';
 import { FailSlowWatch } from '../analyzers/workers/failslow-watch.js';
@@ -258,6 +259,7 @@ export class Controller {
           microbatches: new MicrobatchBoard(this.requestRedis, this.keys, apiJobs),
         }),
         worldRouter({ jobs: apiJobs, dispatcher: this.dispatcher }),
+        preflightRouter({ jobs: apiJobs, enqueue: (signals) => batcher.enqueue(signals) }),
         operatorRouter({
           gates: new SafetyGates(
             this.requestRedis,

@@ -70,5 +70,7 @@ export function failureKind(signal: Signal): string {
     }
     case 'suspect_node':
       return 'suspect-node';
+    case 'preflight_failed':
+      return 'preflight';
   }
 }
