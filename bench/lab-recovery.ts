@@ -96,6 +96,7 @@ const ORIGIN: Readonly<Record<ScenarioName, RegExp>> = {
   'fail-slow': /^slowed further/,
   'hot-swap': /^fatal Xid/,
   'hot-swap-spare-dies': /^fatal Xid/,
+  preflight: /link slowed at lab up/,
 };
 
 /** The demo's timeline read by the labels' leading words (tryit/lab/scenarios.ts writes them). */

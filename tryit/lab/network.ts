@@ -59,6 +59,26 @@ export async function createNodeNetwork(layout: LabLayout, node: LabNode): Promi
   await run('ip', ['-n', node.netns, 'link', 'set', 'lo', 'up']);
 }
 
+/**
+ * Makes a node's link slow: netem on the node's end of its veth delays every packet the node
+ * sends by `delayMs` (and drops `lossPercent` of them), so every exchange with it takes that much
+ * longer, as behind a bad cable or a flapping port. The qdisc goes with the veth at lab down.
+ */
+export async function impairNodeLink(node: LabNode, impairment: { readonly delayMs: number; readonly lossPercent?: number }): Promise<void> {
+  const loss = impairment.lossPercent === undefined ? [] : ['loss', `${impairment.lossPercent}%`];
+  await run('tc', ['-n', node.netns, 'qdisc', 'replace', 'dev', 'eth0', 'root', 'netem', 'delay', `${impairment.delayMs}ms`, ...loss]);
+}
+
+/** Takes a node's netem away again; nothing to do when it has none. */
+export async function clearNodeLink(node: LabNode): Promise<void> {
+  await runQuietly('tc', ['-n', node.netns, 'qdisc', 'del', 'dev', 'eth0', 'root']);
+}
+
+/** The node link's root qdisc as tc shows it (`qdisc netem 8001: root refcnt 2 limit 1000 delay 200ms`). */
+export async function nodeLinkQdisc(node: LabNode): Promise<string> {
+  return (await run('tc', ['-n', node.netns, 'qdisc', 'show', 'dev', 'eth0'])).trim();
+}
+
 /** Pids of every process inside a namespace (whoever entered it: slurmd, slurmstepd, ranks). */
 export async function netnsPids(netns: string): Promise<number[]> {
   const out = await run('ip', ['netns', 'pids', netns]).catch(() => '');

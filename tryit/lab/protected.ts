@@ -28,6 +28,7 @@ import { labDown, type LabDownReport } from './down.js';
 import { labLayout, type LabLayout, type LabNode } from './layout.js';
 import { nodeCommand, slurmEnv } from './slurm.js';
 import { startRendezvousStore } from './rendezvous-store.js';
+import { impairNodeLink } from './network.js';
 import { JobLog, jobLogFile, launcherCommand, writeCodeVersion, type TrainingPaths } from './training.js';
 import { labUp } from './up.js';
 
@@ -63,6 +64,8 @@ export class ProtectedLab {
   rendezvous: string | undefined; // the hot-swap rendezvous store's host:port, with options.spares
   /** The simulated GPUs of each node, with options.gpuReset. */
   readonly gpus = new Map<string, SimulatedNode>();
+  /** With options.preflight: the node whose link lab up slowed, and when. */
+  linkSlowed: { readonly node: string; readonly at: number } | undefined;
   private labStarted = false;
   private stopped = false;
   private readonly logger: Logger;
@@ -246,6 +249,13 @@ export class ProtectedLab {
         200,
       ),
     );
+    const preflight = this.options.preflight;
+    const slow = preflight === undefined ? undefined : this.computeNodes[preflight.slowNode];
+    if (preflight && !slow) throw new LabError(`preflight.slowNode ${preflight.slowNode} is not one of the ${this.computeNodes.length} compute nodes`);
+    if (preflight && slow) {
+      await this.step(`${slow.name}'s link slowed by ${preflight.delayMs} ms (tc netem)`, () => impairNodeLink(slow, { delayMs: preflight.delayMs }));
+      this.linkSlowed = { node: slow.name, at: Date.now() };
+    }
     this.log.start();
   }
 
@@ -313,6 +323,9 @@ export class ProtectedLab {
         tokenFile: join(this.root, 'agent-token-{node}'),
         agentTokenFile: join(this.root, 'agent-web-token-{node}'),
         ...(this.rendezvous === undefined ? {} : { hotSwap: { rendezvous: this.rendezvous } }),
+        ...(this.options.preflight === undefined
+          ? {}
+          : { preflight: { args: ['--threshold', String(this.options.preflight.thresholdSeconds), '--megabytes', '1', '--timeout', '5'] } }),
       }),
     };
   }

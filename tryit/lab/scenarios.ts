@@ -6,6 +6,7 @@ import { join } from 'node:path';
 import { triggerRankCrash, triggerRankHang, writeCodeVersion } from './training.js';
 import { FAIL_SLOW_LAB, runFailSlow } from './scenario-fail-slow.js';
 import { HOT_SWAP_LAB, runHotSwap, runHotSwapSpareDies } from './scenario-hot-swap.js';
+import { PREFLIGHT_LAB, runPreflight } from './scenario-preflight.js';
 import {
   RECOVERY_TIMEOUT_MS,
   at,
@@ -47,10 +48,13 @@ export { waitForTraining, type ScenarioReport, type TimelineStep } from './scena
  *    fail-slow analyzer → S2 rebalanced micro-batches, then, slower still, S4: evicted onto a
  *    standby, resumed from the newest checkpoint (scenario-fail-slow.ts);
  *  - hot-swap, hot-swap-spare-dies: a machine fault recovered inside the running job by a spare
- *    restored from in-memory replicas, and the fallback when the spare dies (scenario-hot-swap.ts).
+ *    restored from in-memory replicas, and the fallback when the spare dies (scenario-hot-swap.ts);
+ *  - preflight: one node's link slowed (tc netem) → the job's preflight all-reduce is slow, the
+ *    pairwise bisection names the node → drained, the job starts on the others and a standby
+ *    (scenario-preflight.ts).
  */
 
-export const SCENARIO_NAMES = ['machine-fault', 'bad-code', 'crash', 'hang', 'fail-slow', 'hot-swap', 'hot-swap-spare-dies'] as const;
+export const SCENARIO_NAMES = ['machine-fault', 'bad-code', 'crash', 'hang', 'fail-slow', 'hot-swap', 'hot-swap-spare-dies', 'preflight'] as const;
 export type ScenarioName = (typeof SCENARIO_NAMES)[number];
 
 /** Scenario 1: a fatal Xid on one of the job's nodes. */
@@ -349,6 +353,7 @@ export const SCENARIOS: Readonly<Record<ScenarioName, (lab: ProtectedLab) => Pro
   'fail-slow': runFailSlow,
   'hot-swap': runHotSwap,
   'hot-swap-spare-dies': runHotSwapSpareDies,
+  preflight: runPreflight,
 };
 
 /**
@@ -365,6 +370,8 @@ export const OWN_LAB: Readonly<Partial<Record<ScenarioName, ProtectedLabOptions>
   // One lab for both hot-swap cases: its job has a spare for each.
   'hot-swap': HOT_SWAP_LAB,
   'hot-swap-spare-dies': HOT_SWAP_LAB,
+  // Four nodes, a standby, the preflight before every run and one node's link slowed from lab up.
+  preflight: PREFLIGHT_LAB,
 };
 
 /**
