@@ -4,7 +4,7 @@ import { expectRecovered, protectedLabForTest } from './protected-lab.js';
 
 /**
  * The preflight across nodes on the lab, as root: four compute nodes and a standby, node-3's link
- * slowed by 200 ms a packet with tc netem from lab up. The job's first run starts with its
+ * slowed to 16 Mbit/s with tc tbf from lab up. The job's first run starts with its
  * preflight (gloo on CPU across the nodes' namespaces): the all-reduce is slow, the pairwise
  * bisection names node-3, a healthy node reports it, the run exits 10; the controller drains
  * node-3 with a preflight reason and relaunches the job with real sbatch on node-1, node-2, node-4

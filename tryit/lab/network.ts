@@ -60,21 +60,23 @@ export async function createNodeNetwork(layout: LabLayout, node: LabNode): Promi
 }
 
 /**
- * Makes a node's link slow: netem on the node's end of its veth delays every packet the node
- * sends by `delayMs` (and drops `lossPercent` of them), so every exchange with it takes that much
- * longer, as behind a bad cable or a flapping port. The qdisc goes with the veth at lab down.
+ * Makes a node's link slow: a token bucket (tc tbf) on the node's end of its veth holds what the
+ * node sends to `rateMbit`, as a port that trained down to a lower speed or a degraded cable
+ * would. A token bucket rather than netem's delay: it needs only sch_tbf, which kernels without
+ * sch_netem (this lab's, often) have. Queued packets wait up to a second rather than being
+ * dropped. The qdisc goes with the veth at lab down.
  */
-export async function impairNodeLink(node: LabNode, impairment: { readonly delayMs: number; readonly lossPercent?: number }): Promise<void> {
-  const loss = impairment.lossPercent === undefined ? [] : ['loss', `${impairment.lossPercent}%`];
-  await run('tc', ['-n', node.netns, 'qdisc', 'replace', 'dev', 'eth0', 'root', 'netem', 'delay', `${impairment.delayMs}ms`, ...loss]);
+export async function impairNodeLink(node: LabNode, impairment: { readonly rateMbit: number }): Promise<void> {
+  const tbf = ['tbf', 'rate', `${impairment.rateMbit}mbit`, 'burst', '64kb', 'latency', '1000ms'];
+  await run('tc', ['-n', node.netns, 'qdisc', 'replace', 'dev', 'eth0', 'root', ...tbf]);
 }
 
-/** Takes a node's netem away again; nothing to do when it has none. */
+/** Takes a node's link impairment away again; nothing to do when it has none. */
 export async function clearNodeLink(node: LabNode): Promise<void> {
   await runQuietly('tc', ['-n', node.netns, 'qdisc', 'del', 'dev', 'eth0', 'root']);
 }
 
-/** The node link's root qdisc as tc shows it (`qdisc netem 8001: root refcnt 2 limit 1000 delay 200ms`). */
+/** The node link's root qdisc as tc shows it (`qdisc tbf 8001: root refcnt 2 rate 16Mbit burst 64Kb lat 1s`). */
 export async function nodeLinkQdisc(node: LabNode): Promise<string> {
   return (await run('tc', ['-n', node.netns, 'qdisc', 'show', 'dev', 'eth0'])).trim();
 }

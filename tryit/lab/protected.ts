@@ -253,7 +253,7 @@ export class ProtectedLab {
     const slow = preflight === undefined ? undefined : this.computeNodes[preflight.slowNode];
     if (preflight && !slow) throw new LabError(`preflight.slowNode ${preflight.slowNode} is not one of the ${this.computeNodes.length} compute nodes`);
     if (preflight && slow) {
-      await this.step(`${slow.name}'s link slowed by ${preflight.delayMs} ms (tc netem)`, () => impairNodeLink(slow, { delayMs: preflight.delayMs }));
+      await this.step(`${slow.name}'s link slowed to ${preflight.rateMbit} Mbit/s (tc tbf)`, () => impairNodeLink(slow, { rateMbit: preflight.rateMbit }));
       this.linkSlowed = { node: slow.name, at: Date.now() };
     }
     this.log.start();

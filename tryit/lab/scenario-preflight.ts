@@ -22,12 +22,12 @@ import {
 
 /**
  * The lab the scenario needs: four compute nodes (pairwise tests need partners a bad node is not
- * in), one warm standby, every run of the job preceded by the preflight, and from lab up the third
- * node's link slowed by 200 ms a packet (tc netem on its veth). The threshold, 0.25 s for an
+ * in), one warm standby, every run of the job preceded by the preflight, and from lab up what the
+ * third node sends held to 16 Mbit/s (tc tbf on its veth). The threshold, 0.25 s for an
  * all-reduce of 1 MiB, is far above what a healthy pair takes on the lab's veths and below what
- * any pair with the slowed node takes (each of its sends waits 200 ms).
+ * any pair with the slowed node takes (its half of the exchange, 1 MiB, needs 0.5 s at 16 Mbit/s).
  */
-export const PREFLIGHT_LAB: ProtectedLabOptions = { nodes: 4, standbys: 1, preflight: { slowNode: 2, delayMs: 200, thresholdSeconds: 0.25 } };
+export const PREFLIGHT_LAB: ProtectedLabOptions = { nodes: 4, standbys: 1, preflight: { slowNode: 2, rateMbit: 16, thresholdSeconds: 0.25 } };
 
 /** The part of steadfast_preflight.py's JSON summary the scenario reads. */
 const summarySchema = z
@@ -63,7 +63,7 @@ function describe(summary: PreflightSummary | undefined): string {
 
 /**
  * A bad link among four nodes, found before the job's first iteration: the job's first run starts
- * with its preflight (train.sbatch, STEADFAST_PREFLIGHT=1); the all-reduce across the four nodes
+ * with its preflight (train.sbatch, STEADFAST_ALLREDUCE_CHECK=1); the all-reduce across the four nodes
  * is slow, the pairwise bisection names the slowed node, a healthy node reports it to the
  * controller (POST /api/v1/jobs/:id/preflight), and the run exits 10. The controller evicts the
  * node as a machine fault — drained with a preflight reason, the warm standby in its place — and
@@ -149,7 +149,7 @@ export async function runPreflight(lab: ProtectedLab): Promise<ScenarioReport> {
   };
   await clearNodeLink(lab.node(victim));
   const timeline = [
-    step(`${victim}'s link slowed at lab up: every packet it sends waits ${lab.options.preflight?.delayMs ?? '?'} ms`, t0, t0, qdisc),
+    step(`${victim}'s link slowed at lab up: what it sends held to ${lab.options.preflight?.rateMbit ?? '?'} Mbit/s`, t0, t0, qdisc),
     step(`run ${first} started on ${lab.computeNodes.map((node) => node.name).join(', ')}: its preflight first`, started?.seenAt, t0, started?.text ?? ''),
     step(`preflight of run ${first}: the all-reduce was slow, the bisection named ${victim}`, named?.seenAt, t0, describe(named?.summary)),
     step("detected: the preflight's report stored by the controller", receivedAt(signal), t0, signal?.summary ?? ''),

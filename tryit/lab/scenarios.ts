@@ -49,7 +49,7 @@ export { waitForTraining, type ScenarioReport, type TimelineStep } from './scena
  *    standby, resumed from the newest checkpoint (scenario-fail-slow.ts);
  *  - hot-swap, hot-swap-spare-dies: a machine fault recovered inside the running job by a spare
  *    restored from in-memory replicas, and the fallback when the spare dies (scenario-hot-swap.ts);
- *  - preflight: one node's link slowed (tc netem) → the job's preflight all-reduce is slow, the
+ *  - preflight: one node's link slowed (tc tbf) → the job's preflight all-reduce is slow, the
  *    pairwise bisection names the node → drained, the job starts on the others and a standby
  *    (scenario-preflight.ts).
  */

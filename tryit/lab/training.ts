@@ -34,7 +34,7 @@ export interface TrainingOptions {
    * unused spares), so no node count is fixed, and the job is submitted with `--no-kill`.
    */
   readonly hotSwap?: { readonly rendezvous: string };
-  /** Each run first runs the preflight across its nodes (train.sbatch's STEADFAST_PREFLIGHT), with these options. */
+  /** Each run first runs the preflight across its nodes (train.sbatch's STEADFAST_ALLREDUCE_CHECK), with these options. */
   readonly preflight?: { readonly args: readonly string[] };
 }
 
@@ -65,9 +65,9 @@ export function launcherCommand(paths: TrainingPaths, options: TrainingOptions):
     ...(options.preflight === undefined
       ? {}
       : {
-          STEADFAST_PREFLIGHT: '1',
-          STEADFAST_PREFLIGHT_PY: join(repoRoot(), 'clients', 'python', 'steadfast_preflight.py'),
-          STEADFAST_PREFLIGHT_ARGS: options.preflight.args.join(' '),
+          STEADFAST_ALLREDUCE_CHECK: '1',
+          STEADFAST_ALLREDUCE_CHECK_PY: join(repoRoot(), 'clients', 'python', 'steadfast_preflight.py'),
+          STEADFAST_ALLREDUCE_CHECK_ARGS: options.preflight.args.join(' '),
         }),
   };
   return [
