@@ -182,6 +182,7 @@ describe('the npm package', () => {
         'package/clients/python/steadfast_hotswap.py',
         'package/clients/python/steadfast_replica.py',
         'package/clients/python/steadfast_world.py',
+        'package/clients/python/steadfast_preflight.py',
       ]),
     );
     const unwanted = files.filter(
