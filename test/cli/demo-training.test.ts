@@ -8,7 +8,7 @@ import { runCli } from '../support/cli.js';
 /** `steadfast demo --scenario training`: its input, refused before anything starts (test/lab/ runs the scenarios). */
 describe('steadfast demo --scenario training: input', () => {
   it('runs every scenario by default, or the ones named, in the order given', () => {
-    expect(parseScenarioList(undefined)).toEqual(['machine-fault', 'bad-code', 'crash', 'hang', 'fail-slow', 'hot-swap', 'hot-swap-spare-dies']);
+    expect(parseScenarioList(undefined)).toEqual(['machine-fault', 'bad-code', 'crash', 'hang', 'fail-slow', 'hot-swap', 'hot-swap-spare-dies', 'preflight']);
     expect(parseScenarioList('crash, machine-fault')).toEqual(['crash', 'machine-fault']);
   });
 
@@ -38,10 +38,17 @@ describe('steadfast demo --scenario training: input', () => {
     expect(scenarioLabs(['hot-swap-spare-dies'])).toEqual([{ options: hotSwapLab, names: ['hot-swap-spare-dies'] }]);
   });
 
+  it("runs the preflight on a lab of its own: 4 nodes, a standby, one node's link slowed from lab up", () => {
+    expect(scenarioLabs(['preflight', 'crash'])).toEqual([
+      { options: {}, names: ['crash'] },
+      { options: { nodes: 4, standbys: 1, preflight: { slowNode: 2, rateMbit: 16, thresholdSeconds: 0.25 } }, names: ['preflight'] },
+    ]);
+  });
+
   it('refuses an unknown or empty scenario list, naming the choices', () => {
     expect(() => parseScenarioList('slow-disk')).toThrow(InputError);
     expect(() => parseScenarioList('slow-disk')).toThrow(
-      /unknown slow-disk; choose from machine-fault, bad-code, crash, hang, fail-slow, hot-swap, hot-swap-spare-dies/,
+      /unknown slow-disk; choose from machine-fault, bad-code, crash, hang, fail-slow, hot-swap, hot-swap-spare-dies, preflight/,
     );
     expect(() => parseScenarioList(',')).toThrow(/empty/);
   });
