@@ -141,7 +141,7 @@ export async function runPreflight(lab: ProtectedLab): Promise<ScenarioReport> {
   // The first run never trained: there is nothing to resume, and nothing is lost.
   const resumption: Resumption = {
     resumedFrom: resumed?.step ?? null,
-    source: resumed?.source ?? '?',
+    source: resumed?.step == null ? 'start: the first run never trained, no checkpoint' : resumed.source,
     firstIteration,
     lossBefore: undefined,
     lostIterations: 0,
