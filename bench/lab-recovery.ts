@@ -97,6 +97,7 @@ const ORIGIN: Readonly<Record<ScenarioName, RegExp>> = {
   'hot-swap': /^fatal Xid/,
   'hot-swap-spare-dies': /^fatal Xid/,
   'foreign-drain': /^fatal Xid/,
+  preflight: /link slowed at lab up/,
 };
 
 /** The demo's timeline read by the labels' leading words (tryit/lab/scenarios.ts writes them). */

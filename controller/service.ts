@@ -3,8 +3,7 @@ import type { AddressInfo } from 'node:net';
 import type { Server } from 'node:http';
 import { Queue, Worker } from 'bullmq';
 import { AuditLog } from '../core/audit.js';
-import type { Config } from '../core/config.js';
-import { resolveToken } from '../core/config.js';
+import { resolveToken, type Config } from '../core/config.js';
 import { resolveCredentials } from '../core/auth-config.js';
 import { Credentials } from '../core/credentials.js';
 import { errorMessage } from '../core/errors.js';
@@ -32,7 +31,7 @@ import { jobsRouter } from './intake/jobs-api.js';
 import { worldRouter } from './intake/world-api.js';
 import { operatorRouter, type OperatorRouterDeps } from './intake/operator-api.js';
 import { xidPolicyRouter } from './intake/xid-policy-api.js';
-import { xidPolicyStacks } from '../core/profiles.js';
+import { preflightRouter } from './intake/preflight-api.js';
 import { MicrobatchBoard } from './microbatches.js';
 import { FailSlowWatch } from '../analyzers/workers/failslow-watch.js';
 import { SuspectWatch } from '../analyzers/workers/suspect-watch.js';
@@ -269,7 +268,8 @@ export class Controller {
           microbatches: new MicrobatchBoard(this.requestRedis, this.keys, apiJobs),
         }),
         worldRouter({ jobs: apiJobs, dispatcher: this.dispatcher }),
-        xidPolicyRouter(xidPolicyStacks(config)),
+        xidPolicyRouter(config),
+        preflightRouter({ jobs: apiJobs, enqueue: (signals) => batcher.enqueue(signals) }),
         operatorRouter(this.operatorDeps(apiAudit, budget)),
       ],
     });

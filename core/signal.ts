@@ -8,7 +8,8 @@ import { nodeNameSchema } from './names.js';
  * alert, an agent's fast-path event. Policy only ever sees Signals (docs/architecture.md, contracts).
  */
 
-export const SIGNAL_KINDS = ['xid', 'gpu_lost', 'nccl_timeout', 'worker_failed', 'alert', 'suspect_node', 'sxid'] as const;
+/** `preflight_failed`: a job's preflight all-reduce named the node's link as bad (POST /api/v1/jobs/:id/preflight). */
+export const SIGNAL_KINDS = ['xid', 'gpu_lost', 'nccl_timeout', 'worker_failed', 'alert', 'suspect_node', 'sxid', 'preflight_failed'] as const;
 export type SignalKind = (typeof SIGNAL_KINDS)[number];
 
 export const SIGNAL_SEVERITIES = ['critical', 'warning', 'info'] as const;

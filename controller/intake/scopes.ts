@@ -15,8 +15,8 @@ export type Scope = (typeof SCOPES)[number];
  * signals   POST /api/v1/signals (an agent's fast path; only about its own node), and
  *           GET /api/v1/xid-policy (which codes to send on it)
  * node      a standby's polling and self-check (only its own node)
- * training  a job's checkpoint reports, micro-batch plan and hot-swap world (only a job whose
- *           member or spare the agent's node is)
+ * training  a job's checkpoint reports, micro-batch plan, hot-swap world and preflight report (only
+ *           a job whose member or spare the agent's node is)
  */
 export const ROLE_SCOPES: Readonly<Record<Role, readonly Scope[]>> = {
   // The operator's credential is the administrator's: it may also inject an alert or a signal
@@ -57,6 +57,7 @@ export const ROUTE_SCOPES: readonly RouteScope[] = [
   { method: 'GET', path: '/api/v1/jobs/:id/restore-plan', scope: 'training' },
   { method: 'GET', path: '/api/v1/jobs/:id/world', scope: 'training' },
   { method: 'POST', path: '/api/v1/jobs/:id/world', scope: 'training' },
+  { method: 'POST', path: '/api/v1/jobs/:id/preflight', scope: 'training' },
   { method: 'GET', path: '/api/v1/audit', scope: 'read' },
   { method: 'GET', path: '/api/v1/queues', scope: 'read' },
   { method: 'GET', path: '/api/v1/jobs', scope: 'read' },

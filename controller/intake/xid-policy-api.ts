@@ -1,5 +1,7 @@
 import express from 'express';
-import { fastPathCodesOf, type PolicyLayer, type XidPolicyAnswer } from '../../core/xid-policy.js';
+import type { Config } from '../../core/config.js';
+import { xidPolicyStacks } from '../../core/profiles.js';
+import { fastPathCodesOf, type XidPolicyAnswer } from '../../core/xid-policy.js';
 import { apiRoute } from './routes.js';
 
 /**
@@ -7,13 +9,13 @@ import { apiRoute } from './routes.js';
  * Xids the catalogue calls fatal (core/xid-policy.ts, fastPathCodes). Agents ask at start and
  * every few minutes (agent/xid-policy-client.ts). The controller decides every signal with its
  * own table whatever an agent sends; the answer only makes sure the codes it acts on arrive at
- * once instead of with the next Prometheus evaluation. `stacks` are the configuration's layers alone
- * and with each profile's over them: an agent may send a code only another group of nodes acts
+ * once instead of with the next Prometheus evaluation. The codes come from the configuration's layers
+ * alone and with each profile's over them: an agent may send a code only another group of nodes acts
  * on, and the controller decides. The answer is fixed at start, as the configuration it comes from is.
  */
-export function xidPolicyRouter(stacks: readonly (readonly PolicyLayer[])[]): express.Router {
+export function xidPolicyRouter(config: Pick<Config, 'xidPolicy' | 'profiles'>): express.Router {
   const router = express.Router();
-  const answer: XidPolicyAnswer = { version: 1, fastPath: fastPathCodesOf(stacks) };
+  const answer: XidPolicyAnswer = { version: 1, fastPath: fastPathCodesOf(xidPolicyStacks(config)) };
   apiRoute(router, 'get', '/xid-policy', (_req, res) => {
     res.json(answer);
   });

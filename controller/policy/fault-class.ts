@@ -66,6 +66,7 @@ const CITE_USER = FAULT_CITATIONS.user_code;
 const CITE_CRASH = FAULT_CITATIONS.crash;
 const CITE_PERFORMANCE = FAULT_CITATIONS.performance;
 const CITE_TRANSIENT = FAULT_CITATIONS.transient;
+const CITE_PREFLIGHT = `ByteRobust §6.2 (machines checked before a job runs on them, bad ones replaced by warm standbys); ${CITE_MACHINE}`;
 
 /**
  * Python exception types that point at the job's own code. Deliberately not RuntimeError or
@@ -153,7 +154,20 @@ export function classifySignal(signal: Signal, options: ClassifyOptions = {}): C
         `multi-signal detection: ${signal.node ?? 'a node'} unlike its peers (score ${String(signal.evidence.score)})`,
         CITE_PERFORMANCE,
       );
+    case 'preflight_failed':
+      return culpritOrCrash('machine', signal.node, preflightReason(signal), CITE_PREFLIGHT);
   }
+}
+
+/**
+ * A node the job's preflight named (clients/python/steadfast_preflight.py): every pair test it
+ * was in failed while its partners passed with others, so its link is the culprit. It is taken
+ * out before the job's first iteration, as a machine fault is (ByteRobust §6.2: a machine found
+ * bad before the job runs on it is replaced by a warm standby).
+ */
+function preflightReason(signal: Signal): string {
+  const seconds = typeof signal.evidence.seconds === 'number' ? ` in ${signal.evidence.seconds} s` : '';
+  return `preflight: the all-reduce across job ${signal.job ?? '?'} named ${signal.node ?? 'no node'}${seconds}`;
 }
 
 /**

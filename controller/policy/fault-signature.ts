@@ -72,5 +72,7 @@ export function failureKind(signal: Signal): string {
       return 'suspect-node';
     case 'sxid':
       return `sxid:${typeof signal.evidence.sxid === 'number' ? signal.evidence.sxid : 'unknown'}`;
+    case 'preflight_failed':
+      return 'preflight';
   }
 }

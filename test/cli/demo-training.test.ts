@@ -17,6 +17,7 @@ describe('steadfast demo --scenario training: input', () => {
       'hot-swap',
       'hot-swap-spare-dies',
       'foreign-drain',
+      'preflight',
     ]);
     expect(parseScenarioList('crash, machine-fault')).toEqual(['crash', 'machine-fault']);
   });
@@ -47,10 +48,17 @@ describe('steadfast demo --scenario training: input', () => {
     expect(scenarioLabs(['hot-swap-spare-dies'])).toEqual([{ options: hotSwapLab, names: ['hot-swap-spare-dies'] }]);
   });
 
+  it("runs the preflight on a lab of its own: 4 nodes, a standby, one node's link slowed from lab up", () => {
+    expect(scenarioLabs(['preflight', 'crash'])).toEqual([
+      { options: {}, names: ['crash'] },
+      { options: { nodes: 4, standbys: 1, preflight: { slowNode: 2, rateMbit: 16, thresholdSeconds: 0.25 } }, names: ['preflight'] },
+    ]);
+  });
+
   it('refuses an unknown or empty scenario list, naming the choices', () => {
     expect(() => parseScenarioList('slow-disk')).toThrow(InputError);
     expect(() => parseScenarioList('slow-disk')).toThrow(
-      /unknown slow-disk; choose from machine-fault, bad-code, crash, hang, fail-slow, hot-swap, hot-swap-spare-dies, foreign-drain/,
+      /unknown slow-disk; choose from machine-fault, bad-code, crash, hang, fail-slow, hot-swap, hot-swap-spare-dies, foreign-drain, preflight/,
     );
     expect(() => parseScenarioList(',')).toThrow(/empty/);
   });

@@ -183,6 +183,7 @@ describe('the npm package', () => {
         'package/clients/python/steadfast_replica.py',
         'package/clients/python/steadfast_world.py',
         'package/clients/python/steadfast_burn.py',
+        'package/clients/python/steadfast_preflight.py',
       ]),
     );
     const unwanted = files.filter(

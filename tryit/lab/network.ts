@@ -59,6 +59,28 @@ export async function createNodeNetwork(layout: LabLayout, node: LabNode): Promi
   await run('ip', ['-n', node.netns, 'link', 'set', 'lo', 'up']);
 }
 
+/**
+ * Makes a node's link slow: a token bucket (tc tbf) on the node's end of its veth holds what the
+ * node sends to `rateMbit`, as a port that trained down to a lower speed or a degraded cable
+ * would. A token bucket rather than netem's delay: it needs only sch_tbf, which kernels without
+ * sch_netem (this lab's, often) have. Queued packets wait up to a second rather than being
+ * dropped. The qdisc goes with the veth at lab down.
+ */
+export async function impairNodeLink(node: LabNode, impairment: { readonly rateMbit: number }): Promise<void> {
+  const tbf = ['tbf', 'rate', `${impairment.rateMbit}mbit`, 'burst', '64kb', 'latency', '1000ms'];
+  await run('tc', ['-n', node.netns, 'qdisc', 'replace', 'dev', 'eth0', 'root', ...tbf]);
+}
+
+/** Takes a node's link impairment away again; nothing to do when it has none. */
+export async function clearNodeLink(node: LabNode): Promise<void> {
+  await runQuietly('tc', ['-n', node.netns, 'qdisc', 'del', 'dev', 'eth0', 'root']);
+}
+
+/** The node link's root qdisc as tc shows it (`qdisc tbf 8001: root refcnt 2 rate 16Mbit burst 64Kb lat 1s`). */
+export async function nodeLinkQdisc(node: LabNode): Promise<string> {
+  return (await run('tc', ['-n', node.netns, 'qdisc', 'show', 'dev', 'eth0'])).trim();
+}
+
 /** Pids of every process inside a namespace (whoever entered it: slurmd, slurmstepd, ranks). */
 export async function netnsPids(netns: string): Promise<number[]> {
   const out = await run('ip', ['netns', 'pids', netns]).catch(() => '');
@@ -83,4 +105,15 @@ export async function removeLabNetwork(layout: LabLayout): Promise<{ netns: stri
   for (const name of links.filter((link) => ownedByPrefix(prefix, link) && link !== layout.bridge)) await runQuietly('ip', ['link', 'delete', name]);
   if ((await listLinks()).includes(layout.bridge)) await runQuietly('ip', ['link', 'delete', layout.bridge]);
   return labNetworkLeftovers(prefix);
+}
+
+/** The preflight lab's slow link: the compute node at `slowNode` held to `rateMbit` (impairNodeLink); which node, and when. */
+export async function slowLink(
+  computeNodes: readonly LabNode[],
+  option: { readonly slowNode: number; readonly rateMbit: number },
+): Promise<{ readonly node: string; readonly at: number }> {
+  const slow = computeNodes[option.slowNode];
+  if (slow === undefined) throw new LabError(`preflight.slowNode ${option.slowNode} is not one of the ${computeNodes.length} compute nodes`);
+  await impairNodeLink(slow, { rateMbit: option.rateMbit });
+  return { node: slow.name, at: Date.now() };
 }

@@ -47,6 +47,13 @@ export interface ProtectedLabOptions {
   readonly gpuReset?: boolean;
   /** Hot swap: spare nodes after the compute nodes, in the job's allocation (`hotSwap.spares`), and the ranks' rendezvous store (hot-swap-lab.ts). */
   readonly spares?: number;
+  /**
+   * The preflight lab (scenario-preflight.ts): each run of the job first runs
+   * clients/python/steadfast_preflight.py on its nodes, and from lab up what the compute node at
+   * `slowNode` (0-based) sends is held to `rateMbit` (network.ts impairNodeLink), so the job's
+   * first preflight finds it; `thresholdSeconds` is the preflight's --threshold.
+   */
+  readonly preflight?: { readonly slowNode: number; readonly rateMbit: number; readonly thresholdSeconds: number };
   /** Log the controller to stderr instead of to a file under the root. */
   readonly verbose?: boolean;
   /** Keep the root directory (logs, checkpoints, configs) after down. */

@@ -28,6 +28,7 @@ import { labDown, type LabDownReport } from './down.js';
 import { labLayout, type LabLayout, type LabNode } from './layout.js';
 import { nodeCommand, slurmEnv } from './slurm.js';
 import { startRendezvousStore } from './rendezvous-store.js';
+import { slowLink } from './network.js';
 import { JobLog, jobLogFile, launcherCommand, writeCodeVersion, type TrainingPaths } from './training.js';
 import { labUp } from './up.js';
 
@@ -63,6 +64,8 @@ export class ProtectedLab {
   rendezvous: string | undefined; // the hot-swap rendezvous store's host:port, with options.spares
   /** The simulated GPUs of each node, with options.gpuReset. */
   readonly gpus = new Map<string, SimulatedNode>();
+  /** With options.preflight: the node whose link lab up slowed, and when. */
+  linkSlowed: { readonly node: string; readonly at: number } | undefined;
   private labStarted = false;
   private stopped = false;
   private readonly logger: Logger;
@@ -246,6 +249,9 @@ export class ProtectedLab {
         200,
       ),
     );
+    const preflight = this.options.preflight;
+    if (preflight)
+      this.linkSlowed = await this.step(`a node's link slowed to ${preflight.rateMbit} Mbit/s (tc tbf)`, () => slowLink(this.computeNodes, preflight));
     this.log.start();
   }
 
@@ -313,6 +319,9 @@ export class ProtectedLab {
         tokenFile: join(this.root, 'agent-token-{node}'),
         agentTokenFile: join(this.root, 'agent-web-token-{node}'),
         ...(this.rendezvous === undefined ? {} : { hotSwap: { rendezvous: this.rendezvous } }),
+        ...(this.options.preflight === undefined
+          ? {}
+          : { preflight: { args: ['--threshold', String(this.options.preflight.thresholdSeconds), '--megabytes', '1', '--timeout', '5'] } }),
       }),
     };
   }

@@ -7,6 +7,7 @@ import { triggerRankCrash, triggerRankHang, writeCodeVersion } from './training.
 import { FAIL_SLOW_LAB, runFailSlow } from './scenario-fail-slow.js';
 import { HOT_SWAP_LAB, runHotSwap, runHotSwapSpareDies } from './scenario-hot-swap.js';
 import { FOREIGN_DRAIN_LAB, runForeignDrain } from './scenario-foreign-drain.js';
+import { PREFLIGHT_LAB, runPreflight } from './scenario-preflight.js';
 import {
   RECOVERY_TIMEOUT_MS,
   at,
@@ -51,10 +52,13 @@ export { waitForTraining, type ScenarioReport, type TimelineStep } from './scena
  *    restored from in-memory replicas, and the fallback when the spare dies (scenario-hot-swap.ts);
  *  - foreign-drain: a node an administrator drained gets a fatal Xid 48: its GPU is reset, the job
  *    moves to a standby, the administrator's drain stays; a refused reset appends steadfast's reason
- *    after theirs (scenario-foreign-drain.ts).
+ *    after theirs (scenario-foreign-drain.ts);
+ *  - preflight: one node's link slowed (tc tbf) → the job's preflight all-reduce is slow, the
+ *    pairwise bisection names the node → drained, the job starts on the others and a standby
+ *    (scenario-preflight.ts).
  */
 
-export const SCENARIO_NAMES = ['machine-fault', 'bad-code', 'crash', 'hang', 'fail-slow', 'hot-swap', 'hot-swap-spare-dies', 'foreign-drain'] as const;
+export const SCENARIO_NAMES = ['machine-fault', 'bad-code', 'crash', 'hang', 'fail-slow', 'hot-swap', 'hot-swap-spare-dies', 'foreign-drain', 'preflight'] as const;
 export type ScenarioName = (typeof SCENARIO_NAMES)[number];
 
 /** Scenario 1: a fatal Xid on one of the job's nodes. */
@@ -354,6 +358,7 @@ export const SCENARIOS: Readonly<Record<ScenarioName, (lab: ProtectedLab) => Pro
   'hot-swap': runHotSwap,
   'hot-swap-spare-dies': runHotSwapSpareDies,
   'foreign-drain': runForeignDrain,
+  preflight: runPreflight,
 };
 
 /**
@@ -372,6 +377,8 @@ export const OWN_LAB: Readonly<Partial<Record<ScenarioName, ProtectedLabOptions>
   'hot-swap-spare-dies': HOT_SWAP_LAB,
   // GPU resets on, and it leaves two nodes drained by "administrators".
   'foreign-drain': FOREIGN_DRAIN_LAB,
+  // Four nodes, a standby, the preflight before every run and one node's link slowed from lab up.
+  preflight: PREFLIGHT_LAB,
 };
 
 /**

@@ -34,6 +34,8 @@ export interface TrainingOptions {
    * unused spares), so no node count is fixed, and the job is submitted with `--no-kill`.
    */
   readonly hotSwap?: { readonly rendezvous: string };
+  /** Each run first runs the preflight across its nodes (train.sbatch's STEADFAST_ALLREDUCE_CHECK), with these options. */
+  readonly preflight?: { readonly args: readonly string[] };
 }
 
 /** The batch host's output file of `job`'s runs, which that node's agent follows. */
@@ -60,6 +62,13 @@ export function launcherCommand(paths: TrainingPaths, options: TrainingOptions):
     STEADFAST_AGENT_TOKEN_FILE: options.agentTokenFile,
     STEADFAST_LAB_FAULTS: paths.faults,
     ...(options.hotSwap === undefined ? {} : { STEADFAST_HOT_SWAP: '1', STEADFAST_RENDEZVOUS: options.hotSwap.rendezvous }),
+    ...(options.preflight === undefined
+      ? {}
+      : {
+          STEADFAST_ALLREDUCE_CHECK: '1',
+          STEADFAST_ALLREDUCE_CHECK_PY: join(repoRoot(), 'clients', 'python', 'steadfast_preflight.py'),
+          STEADFAST_ALLREDUCE_CHECK_ARGS: options.preflight.args.join(' '),
+        }),
   };
   return [
     'sbatch',
