@@ -93,7 +93,7 @@ describe('steadfast check on a fixture node', () => {
 
   it('keeps a fatal Xid news for the next check when the drain fails', async () => {
     appendFileSync(node.kmsg, FATAL_XID.replace('2001.000000', '2002.000000').replace(': 79,', ': 48,'));
-    const failed = await check('--drain', '--scontrol', join(root, 'no-scontrol'));
+    const failed = await check('--drain', '--slurm-conf', slurm.conf, '--scontrol', join(root, 'no-scontrol'));
     expect(failed.exitCode).toBe(1);
     expect(failed.stderr).toContain('no-scontrol');
     const retried = await check();

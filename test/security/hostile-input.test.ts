@@ -147,8 +147,11 @@ describe('the Slurm backend with hostile names', () => {
 
   it('passes a valid node and a hostile reason as exactly four arguments, the reason on one printable line', async () => {
     await backend.drain('gpu-01', 'Xid 79\nState=RESUME\0; reboot $(id) --force');
-    const lines = readFileSync(log, 'utf8').split('\n');
-    expect(lines.slice(0, 5)).toEqual(['update', 'NodeName=gpu-01', 'State=DRAIN', 'Reason=Xid 79 State=RESUME ; reboot $(id) --force', '--end--']);
+    // The node's state is read first (sinfo: whose drain is on it), then scontrol drains it.
+    const calls = readFileSync(log, 'utf8').split('--end--\n');
+    expect(calls[0]?.split('\n')[0]).toBe('--noheader');
+    expect(calls[1]?.split('\n').slice(0, 4)).toEqual(['update', 'NodeName=gpu-01', 'State=DRAIN', 'Reason=Xid 79 State=RESUME ; reboot $(id) --force']);
+    expect(calls[1]?.split('\n')[4]).toBe('');
   });
 });
 
