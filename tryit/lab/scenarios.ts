@@ -58,7 +58,17 @@ export { waitForTraining, type ScenarioReport, type TimelineStep } from './scena
  *    (scenario-preflight.ts).
  */
 
-export const SCENARIO_NAMES = ['machine-fault', 'bad-code', 'crash', 'hang', 'fail-slow', 'hot-swap', 'hot-swap-spare-dies', 'foreign-drain', 'preflight'] as const;
+export const SCENARIO_NAMES = [
+  'machine-fault',
+  'bad-code',
+  'crash',
+  'hang',
+  'fail-slow',
+  'hot-swap',
+  'hot-swap-spare-dies',
+  'foreign-drain',
+  'preflight',
+] as const;
 export type ScenarioName = (typeof SCENARIO_NAMES)[number];
 
 /** Scenario 1: a fatal Xid on one of the job's nodes. */
