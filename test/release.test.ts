@@ -19,7 +19,8 @@ describe('the release version', () => {
   });
 
   it("heads CHANGELOG.md and the Debian packages' changelog", () => {
-    const newest = /^## (\S+)/m.exec(readFileSync(join(ROOT, 'CHANGELOG.md'), 'utf8'))?.[1];
+    // The newest released entry: an `Unreleased` section above it gathers what main adds since.
+    const newest = /^## (?!Unreleased\b)(\S+)/m.exec(readFileSync(join(ROOT, 'CHANGELOG.md'), 'utf8'))?.[1];
     expect(newest).toBe(version);
     const debian = /^steadfast \(([^)-]+)-\d+\)/.exec(readFileSync(join(ROOT, 'packaging', 'debian', 'changelog'), 'utf8'))?.[1];
     expect(debian).toBe(version);
