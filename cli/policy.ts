@@ -1,6 +1,7 @@
 import { Command } from 'commander';
 import { loadConfig } from '../core/config.js';
-import { profileXidLayer, type Profile } from '../core/profiles.js';
+import { profileRemedies, profileXidLayer, type Profile } from '../core/profiles.js';
+import type { RemediesConfig } from '../core/remedy-config.js';
 import { configurationLayers, effectiveTable, type EffectiveRow, type PolicyLayer } from '../core/xid-policy.js';
 import { printableJson, runCommand } from './common.js';
 
@@ -10,13 +11,33 @@ import { printableJson, runCommand } from './common.js';
  * node-group profile's), so an operator can read the result of their overrides before a fault
  * does; then each profile: how it matches nodes, what else it sets, and its nodes' own table.
  * Reads the config only (which nodes a partition or label holds is the scheduler's to say); a
- * bad one exits 2 naming the key.
+ * bad one exits 2 naming the key. A row whose action is a rung the configuration (or the profile)
+ * turned off says what the node ladder takes instead (`takes: drain`).
  */
 
+/** A row with what the node ladder takes for it where a rung it names is off: `reset` with GPU resets off drains. */
+type PrintedRow = EffectiveRow & { readonly takes?: 'drain' };
+
+function withRungs(rows: readonly EffectiveRow[], remedies: RemediesConfig, handOff: boolean): PrintedRow[] {
+  return rows.map((row) => {
+    const off =
+      (row.action === 'reset' && !remedies.gpuReset.enabled) ||
+      (row.action === 'reboot' && !remedies.reboot.enabled) ||
+      (row.action === 'hand_off' && !handOff);
+    return off ? { ...row, takes: 'drain' } : row;
+  });
+}
+
+/** The Xid and SXid tables for one set of layers and rungs. */
+function tables(layers: readonly PolicyLayer[], remedies: RemediesConfig, handOff = true): { xid: PrintedRow[]; sxid: PrintedRow[] } {
+  const table = effectiveTable(layers);
+  return { xid: withRungs(table.xid, remedies, handOff), sxid: withRungs(table.sxid, remedies, handOff) };
+}
+
 /** A profile as the command prints it: its match and settings, and the tables its nodes get. */
-function describeProfile(profile: Profile, layers: readonly PolicyLayer[]) {
+function describeProfile(profile: Profile, layers: readonly PolicyLayer[], remedies: RemediesConfig) {
   const own = profileXidLayer(profile);
-  const table = effectiveTable(own === undefined ? layers : [...layers, own]);
+  const table = tables(own === undefined ? layers : [...layers, own], profileRemedies(remedies, profile), profile.remedies?.handOff !== false);
   return {
     name: profile.name,
     match: profile.match,
@@ -42,11 +63,12 @@ function printProfile(profile: ReturnType<typeof describeProfile>): string {
   return [`profile ${profile.name}: ${match}${settings.length > 0 ? `; ${settings.join('; ')}` : ''}`, ...rules].join('\n');
 }
 
-function describeAction(row: EffectiveRow): string {
-  return row.count > 1 ? `${row.action} at ${row.count} within ${row.windowSeconds ?? '?'} s` : row.action;
+function describeAction(row: PrintedRow): string {
+  const action = row.takes === undefined ? row.action : `${row.action} (rung off: ${row.takes})`;
+  return row.count > 1 ? `${action} at ${row.count} within ${row.windowSeconds ?? '?'} s` : action;
 }
 
-function printTable(title: string, rows: readonly EffectiveRow[], fallback: string): string {
+function printTable(title: string, rows: readonly PrintedRow[], fallback: string): string {
   const lines = rows.map((row) => `  ${String(row.code).padStart(6)}  ${describeAction(row).padEnd(30)} ${row.source.padEnd(14)} ${row.meaning}`);
   return [`${title}:`, `  ${'code'.padStart(6)}  ${'action'.padEnd(30)} ${'source'.padEnd(14)} meaning`, ...lines, `  ${fallback}`].join('\n');
 }
@@ -62,8 +84,8 @@ export function policyCommand(): Command {
       await runCommand(async () => {
         const config = loadConfig({ file: options.config });
         const layers = configurationLayers(config.xidPolicy);
-        const table = effectiveTable(layers);
-        const profiles = config.profiles.map((profile) => describeProfile(profile, layers));
+        const table = tables(layers, config.remedies);
+        const profiles = config.profiles.map((profile) => describeProfile(profile, layers, config.remedies));
         if (options.json) {
           process.stdout.write(`${printableJson({ xid: table.xid, sxid: table.sxid, profiles }, 2)}\n`);
           return;

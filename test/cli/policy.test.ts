@@ -36,7 +36,9 @@ describe('steadfast policy', () => {
       source: 'configuration',
     });
     expect(answer.xid.find((row) => row.code === 48)).toMatchObject({ action: 'observe', source: 'configuration' });
-    expect(answer.xid.find((row) => row.code === 79)).toMatchObject({ action: 'reboot', source: 'catalogue' });
+    // Reboots are off by default: the ladder drains where the catalogue says reboot.
+    expect(answer.xid.find((row) => row.code === 79)).toMatchObject({ action: 'reboot', takes: 'drain', source: 'catalogue' });
+    expect(answer.xid.find((row) => row.code === 48)).toMatchObject({ action: 'observe', source: 'configuration' });
     expect(answer.xid.find((row) => row.code === 145)).toMatchObject({ action: 'by message', source: 'catalogue' });
     expect(answer.sxid).toEqual([
       {
@@ -65,7 +67,7 @@ describe('steadfast policy', () => {
         .find((line) => line.trim().startsWith('79 '))
         ?.replace(/\s+/g, ' ')
         .trim(),
-    ).toBe('79 reboot catalogue GPU has fallen off the bus');
+    ).toBe('79 reboot (rung off: drain) catalogue GPU has fallen off the bus');
     expect(run.stdout).toContain('20034  hand_off');
   });
 
@@ -78,6 +80,8 @@ describe('steadfast policy', () => {
 
   it("prints each profile with its match, settings and its nodes' own table, its rules marked with the profile", async () => {
     const file = configFile(`${CONFIG}
+remedies:
+  reboot: { enabled: true }
 profiles:
   - name: burn-in
     match: { nodes: [gpu-b1, gpu-b2] }
@@ -98,7 +102,9 @@ profiles:
     expect(profile?.xid.find((row) => row.code === 13)).toMatchObject({ action: 'observe', count: 1, source: 'profile burn-in' });
     expect(profile?.xid.find((row) => row.code === 31)).toMatchObject({ action: 'drain', source: 'profile burn-in' });
     expect(profile?.xid.find((row) => row.code === 48)).toMatchObject({ action: 'observe', source: 'configuration' });
-    expect(profile?.xid.find((row) => row.code === 79)).toMatchObject({ action: 'reboot', source: 'catalogue' });
+    // Reboots on for the fleet, off in the profile: its nodes drain where the others reboot.
+    expect(answer.xid.find((row) => row.code === 79)).not.toHaveProperty('takes');
+    expect(profile?.xid.find((row) => row.code === 79)).toMatchObject({ action: 'reboot', takes: 'drain', source: 'catalogue' });
 
     const text = await runCli(policyCommand(), ['--config', file]);
     expect(text.stdout).toContain('profile burn-in: nodes ["gpu-b1","gpu-b2"]; dry-run; rungs {"reboot":false}\n    Xid 13: observe\n    Xid 31: drain\n');
