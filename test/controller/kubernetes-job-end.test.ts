@@ -21,7 +21,8 @@ function pytorchJobAnswers(): { failed: RecordedExchange['response']; succeeded:
 
 /**
  * A controller on the Kubernetes backend, against a stand-in API server that answers its node
- * reads and its reads of the job's PyTorchJob: a failed PyTorchJob leaves the job to recovery,
+ * reads (the job's nodes, and the standby list the scan for others' drains reads) and its reads
+ * of the job's PyTorchJob: a failed PyTorchJob leaves the job to recovery,
  * a succeeded one marks it finished, its nodes out of its ladder.
  */
 describe('job end on the Kubernetes backend', () => {
@@ -43,6 +44,11 @@ describe('job end on the Kubernetes backend', () => {
     if (!a01 || !b07) throw new Error('node-state.json lacks a node');
     api.answer(a01.request.path, a01.response);
     api.answer(b07.request.path, b07.response);
+    // With no standby pool configured, the scan for others' drains reads the backend's standbys: none here.
+    const [standbys] = recordedExchanges('standby-list');
+    if (!standbys) throw new Error('standby-list.json lacks the list');
+    const body = standbys.response.body as Record<string, unknown>;
+    api.answer(standbys.request.path, { ...standbys.response, body: { ...body, items: [] } }, standbys.request.query);
   }
 
   beforeAll(async () => {
