@@ -27,6 +27,8 @@ export interface NodeValidation {
 
 export interface NodeValidator {
   validate(node: string): Promise<NodeValidation>;
+  /** The longest one validation may take, so that a step holding the node's lease keeps it that long. */
+  readonly maxSeconds?: number;
 }
 
 /** What the validator needs of the agents (the controller's AgentDirectory): where each node's agent is and its token. */
@@ -128,6 +130,11 @@ export class AgentNodeValidator implements NodeValidator {
     private readonly fetchImpl: typeof fetch = fetch,
     private readonly clock: () => number = Date.now,
   ) {}
+
+  /** The agent's own bound, and the request's 15 s on top of it. */
+  get maxSeconds(): number {
+    return this.config.timeoutSeconds + 15;
+  }
 
   async validate(node: string): Promise<NodeValidation> {
     const started = this.clock();

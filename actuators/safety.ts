@@ -274,6 +274,11 @@ export class SafetyGates {
   async releaseLease(node: string, holder: string): Promise<void> {
     await this.locks.releaseLease(node, holder);
   }
+
+  /** Keeps `holder`'s lease on the node for `ms` from now, for work that outlasts a lease (a validation under load). */
+  async renewLease(node: string, holder: string, ms: number): Promise<void> {
+    await this.locks.renewLease(node, holder, ms);
+  }
 }
 
 function readHold(text: string): NodeHold | undefined {

@@ -116,6 +116,11 @@ export class Locks {
     await this.releaseIfHeld(this.keys.nodeLease(node), holder);
   }
 
+  /** Makes `holder`'s lease on the node last `ms` from now (a step about to wait on the node longer than a lease); nothing when another holds it. */
+  async renewLease(node: string, holder: string, ms: number): Promise<void> {
+    await this.renewIfHeld(this.keys.nodeLease(node), holder, String(ms));
+  }
+
   /** Holds the job for `holder` for `ms`; false when another holds it. */
   async holdJob(job: string, holder: string, ms: number): Promise<boolean> {
     return (await this.redis.set(this.keys.jobStepsHold(job), holder, 'PX', ms, 'NX')) === 'OK';

@@ -1,7 +1,7 @@
 import type { Keys, Redis } from '../../core/redis.js';
 import type { RemedyAction } from '../../core/remedy.js';
 import { validationFailure, type NodeValidation, type NodeValidator } from '../node-validation.js';
-import { recordStep, rememberRemedy, stepRef, type StepAt, type StepBase } from './context.js';
+import { leaseHolder, recordStep, rememberRemedy, stepRef, type StepAt, type StepBase } from './context.js';
 
 /** What the gate works with: the steps' base, the step's progress in Redis, and the validator (none: validation is off). */
 export interface ValidationGateDeps extends StepBase {
@@ -22,6 +22,8 @@ export async function keptOutByValidation(deps: ValidationGateDeps, at: StepAt, 
   if (validator === undefined) return false;
   const progress = deps.keys.action(stepRef(at));
   const kept = await deps.redis.hget(progress, 'validation');
+  // A validation outlasts the node's lease (60 s by default against up to minutes): keep it held meanwhile.
+  if (kept === null && validator.maxSeconds !== undefined) await deps.gates.renewLease(node, leaseHolder(at), (validator.maxSeconds + 30) * 1000);
   const verdict: NodeValidation = kept !== null ? (JSON.parse(kept) as NodeValidation) : await validator.validate(node);
   if (kept === null)
     await deps.redis.hset(progress, 'validation', JSON.stringify({ ok: verdict.ok, failed: verdict.failed, detail: verdict.detail, seconds: verdict.seconds }));

@@ -5,7 +5,7 @@ import { AuditLog } from '../../core/audit.js';
 import type { GpuResetReport } from '../../core/remedy.js';
 import { VALIDATE_PATH, type ValidationReport } from '../../core/validation.js';
 import { validationSchema } from '../../core/validation-config.js';
-import { AgentNodeValidator, PeerThroughputs, judgeThroughput } from '../../actuators/node-validation.js';
+import { AgentNodeValidator, PeerThroughputs, judgeThroughput, type NodeValidator } from '../../actuators/node-validation.js';
 import { RemediationHistory } from '../../actuators/remediation-history.js';
 import type { GpuResetter } from '../../actuators/steps/gpu-resetter.js';
 import { remediesSchema } from '../../core/remedy-config.js';
@@ -195,5 +195,35 @@ describe('validation before a node returns to service', () => {
       ),
     );
     expect(agents.calls).toEqual(['node-1']);
+  });
+
+  it("keeps the node's lease for as long as a validation may take, past the 60 s a step's lease lasts", async () => {
+    const store = testRedis();
+    stores.push(store);
+    const backend = recordingBackend(store);
+    let leaseMs = -1;
+    // A validator as long as the agent's: it looks at the lease while it runs.
+    const validator: NodeValidator = {
+      maxSeconds: 315,
+      validate: async () => {
+        leaseMs = await store.redis.pttl(store.keys.nodeLease('node-1'));
+        return { ok: true, detail: 'burn passed', seconds: 0 };
+      },
+    };
+    const steps = testStepProcessor(
+      store,
+      { backend, audit: new AuditLog(store.redis, store.keys) },
+      {
+        history: new RemediationHistory(store.redis, store.keys, 10),
+        resetter: new ResetsFine(),
+        validator,
+        remedies: remediesSchema.parse({ gpuReset: { enabled: true } }),
+      },
+    );
+    await steps(queued(nodeTransition('reset_gpu')));
+    expect(leaseMs).toBeGreaterThan(315_000);
+    expect((await backend.nodeState('node-1')).drained).toBe(false);
+    // The step let go of it once done.
+    expect(await store.redis.exists(store.keys.nodeLease('node-1'))).toBe(0);
   });
 });
