@@ -12,6 +12,7 @@ import type { Logger } from '../core/log.js';
 import { ClientRateLimiter, rateLimitMessage, type RateLimitSettings } from '../core/rate-limit.js';
 import { GpuProcessBoard } from './gpu-processes.js';
 import { GpuSourceChoice } from './gpu-source.js';
+import { GpuWork } from './gpu-work.js';
 import { XidLedger } from './xid-ledger.js';
 import { CollectorSet, type AgentRoute, type CollectorFactory, type CollectorStartOptions } from './collector.js';
 import type { CollectorSettings } from './flags.js';
@@ -122,6 +123,7 @@ class NodeAgent implements Agent {
       gpuProcesses: new GpuProcessBoard(),
       gpuSource: new GpuSourceChoice({ settings: options.settings ?? {}, paths: options.paths, logger: options.logger, registry: this.registry }),
       xids: new XidLedger(this.registry),
+      gpuWork: new GpuWork(),
     };
     this.collectors = new CollectorSet(
       options.collectors.map((factory) => factory.create(context)),

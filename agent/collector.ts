@@ -1,3 +1,4 @@
+import type { GpuWork } from './gpu-work.js';
 import { performance } from 'node:perf_hooks';
 import type { FastPathCodes } from './xid-policy-client.js';
 import { Gauge, type Registry } from 'prom-client';
@@ -58,6 +59,8 @@ export interface CollectorContext {
   readonly fastPathCodes?: FastPathCodes | undefined;
   /** Xids counted once across the kernel log and NVML events; each collector makes its own where absent. */
   readonly xids?: XidLedger | undefined;
+  /** One heavy job on the GPUs at a time across the validate and diagnose collectors (gpu-work.ts); absent: no such bound. */
+  readonly gpuWork?: GpuWork | undefined;
   /** Values of the collector flags (see CollectorFactory.flags); absent keys mean the default. */
   readonly settings: CollectorSettings;
 }

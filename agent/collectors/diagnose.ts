@@ -234,6 +234,8 @@ class DiagnoseCollector implements Collector {
       };
     }
     if (this.running) return { status: 409, body: { error: `a diagnosis is already running on ${this.context.node}; try again when it has finished` } };
+    const busy = this.context.gpuWork?.take('diagnosis');
+    if (busy !== undefined) return { status: 409, body: { error: `the GPUs of ${this.context.node} are busy with a ${busy}; try again when it has finished` } };
     this.running = true;
     this.metrics.running.set(1);
     try {
@@ -246,6 +248,7 @@ class DiagnoseCollector implements Collector {
       return { status: 500, body: { error: `diagnosis failed: ${errorMessage(error)}` } };
     } finally {
       this.running = false;
+      this.context.gpuWork?.release('diagnosis');
       this.metrics.running.set(0);
     }
   }

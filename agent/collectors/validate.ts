@@ -163,6 +163,8 @@ class ValidateCollector implements Collector {
     const parsed = validateRequestSchema.safeParse(request.body ?? {});
     if (!parsed.success) return { status: 400, body: { error: `invalid validate request: ${describeIssues(parsed.error.issues)}` } };
     if (this.running) return { status: 409, body: { error: `a validation is already running on ${this.context.node}; try again when it has finished` } };
+    const busy = this.context.gpuWork?.take('validation');
+    if (busy !== undefined) return { status: 409, body: { error: `the GPUs of ${this.context.node} are busy with a ${busy}; try again when it has finished` } };
     this.running = true;
     this.metrics.running.set(1);
     try {
@@ -173,6 +175,7 @@ class ValidateCollector implements Collector {
       return { status: 500, body: { error: `validation failed: ${errorMessage(error)}` } };
     } finally {
       this.running = false;
+      this.context.gpuWork?.release('validation');
       this.metrics.running.set(0);
     }
   }

@@ -9,6 +9,8 @@ import { repoRoot } from '../../core/paths.js';
 import { VALIDATE_PATH, validationReportSchema } from '../../core/validation.js';
 import { createAgent, type Agent } from '../../agent/agent.js';
 import { shippedBurnScript, validateCollectorFactory } from '../../agent/collectors/validate.js';
+import { DIAGNOSE_CONFIG_FLAG, diagnoseCollectorFactory } from '../../agent/collectors/diagnose.js';
+import { DIAGNOSE_PATH } from '../../core/diagnostics.js';
 import { StandbyReporter } from '../../agent/standby-reporter.js';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -48,13 +50,13 @@ describe('POST /api/v1/validate on the agent', () => {
     rmSync(root, { recursive: true, force: true });
   });
 
-  async function start(settings: Record<string, string>): Promise<string> {
+  async function start(settings: Record<string, string>, withDiagnose = false): Promise<string> {
     const agent = createAgent({
       node: 'node-1',
       listen: { host: '127.0.0.1', port: 0 },
       paths: { sysfs: join(root, 'sys'), procfs: join(root, 'proc'), kmsg: join(root, 'kmsg'), nvidiaSmi: '/nonexistent/nvidia-smi' },
       pollIntervalSeconds: 1,
-      collectors: [validateCollectorFactory],
+      collectors: withDiagnose ? [validateCollectorFactory, diagnoseCollectorFactory] : [validateCollectorFactory],
       settings: { 'validate.python': PYTHON, 'validate.burn-seconds': '1', ...settings },
       apiToken: TOKEN,
       logger: silentLogger(),
@@ -140,6 +142,33 @@ describe('POST /api/v1/validate on the agent', () => {
     expect(second.status).toBe(409);
     expect(second.body.error).toMatch(/already running on node-1/);
     expect((await first).status).toBe(200);
+  }, 60_000);
+
+  it('refuses a validation while a stop-time diagnosis holds the GPUs, naming it, and runs it once the diagnosis is done', async () => {
+    // A diagnosis whose one check waits until the test lets it finish.
+    const release = join(root, 'diagnosis-may-end');
+    const config = join(root, 'diagnostics.yaml');
+    writeFileSync(
+      config,
+      JSON.stringify({ checks: [{ name: 'eud', command: ['sh', '-c', `while [ ! -e ${release} ]; do sleep 0.05; done`], timeoutSeconds: 60 }] }),
+    );
+    const url = await start({ 'validate.dcgmi': join(root, 'no-such-dcgmi'), [DIAGNOSE_CONFIG_FLAG]: config }, true);
+    const diagnosis = fetch(`${url}${DIAGNOSE_PATH}`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', authorization: `Bearer ${TOKEN}` },
+      body: '{}',
+    });
+    const deadline = Date.now() + 20_000;
+    while (!/^steadfast_diagnose_running 1$/m.test(await (await fetch(`${url}/metrics`)).text())) {
+      if (Date.now() > deadline) throw new Error('the diagnosis never showed as running');
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+    const refused = await validate(url, {});
+    expect(refused.status).toBe(409);
+    expect(refused.body.error).toBe('the GPUs of node-1 are busy with a diagnosis; try again when it has finished');
+    writeFileSync(release, '');
+    expect((await diagnosis).status).toBe(200);
+    expect((await validate(url, {})).status).toBe(200);
   }, 60_000);
 
   it("makes a warm standby's self-check pass only once its validation passed", async () => {
