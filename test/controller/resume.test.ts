@@ -6,6 +6,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { promisify } from 'node:util';
 import { afterAll, describe, expect, it } from 'vitest';
 import { DryRunBackend } from '../../actuators/dry-run.js';
+import { AuditLog } from '../../core/audit.js';
 import { silentLogger } from '../../core/log.js';
 import { createAgent, type Agent } from '../../agent/agent.js';
 import { gpuCollectorFactory } from '../../agent/collectors/gpu/collector.js';
@@ -129,5 +130,27 @@ describe('steadfast resume', () => {
     } finally {
       await controller.close();
     }
+  });
+
+  it('refuses to return a node someone else drained, naming their reason; --force lifts their drain too and the audit says so', async () => {
+    const backend = new DryRunBackend(store.redis, store.keys);
+    await backend.drain('node-11', 'admin: fan replacement');
+    const agents = { 'node-11': await agentFor('node-11', join(work, 'node-11-kmsg-absent')) };
+    const refused = await resume(agents, 'node-11', '--reason', 'GPU reset done');
+    expect(refused.code).toBe(1);
+    expect(refused.stderr).toMatch(
+      /node-11 is out of service by someone else \("admin: fan replacement"\), not only by steadfast; it stays as it is\. Give --force/,
+    );
+    expect((await backend.nodeState('node-11')).reason).toBe('admin: fan replacement');
+
+    const forced = await resume(agents, 'node-11', '--force', '--reason', 'the administrator asked');
+    expect(forced.code, forced.stderr).toBe(0);
+    expect(forced.stdout).toMatch(/^node-11: resumed through dry-run .*; lifted someone else's drain \("admin: fan replacement"\) with --force/);
+    expect((await backend.nodeState('node-11')).drained).toBe(false);
+    const entries = (await new AuditLog(store.redis, store.keys).read({ node: 'node-11', type: 'action' })).map((entry) => entry.summary);
+    expect(entries).toContain('resume node-11: refused (out of service by someone else: "admin: fan replacement"; GPU reset done)');
+    expect(entries.at(-1)).toMatch(
+      /^resume node-11: done \(the administrator asked; was .*; without its checks \(--force\); lifted someone else's drain \("admin: fan replacement"\) with --force\)$/,
+    );
   });
 });
