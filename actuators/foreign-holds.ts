@@ -30,11 +30,11 @@ export class ForeignHolds {
   ) {}
 
   private get key(): string {
-    return `${this.keys.prefix}:foreign-holds`;
+    return this.keys.foreignHolds;
   }
 
   private get scanKey(): string {
-    return `${this.keys.prefix}:foreign-holds:scanned`;
+    return this.keys.foreignHoldsScanned;
   }
 
   /** The nodes someone else holds out now, as last read. */

@@ -66,11 +66,11 @@ export class PeerThroughputs {
   ) {}
 
   private get latestKey(): string {
-    return `${this.keys.prefix}:validation:throughput`;
+    return this.keys.validationThroughput;
   }
 
   historyKey(node: string): string {
-    return `${this.keys.prefix}:validation:throughput:${node}`;
+    return this.keys.validationThroughputOf(node);
   }
 
   async record(node: string, sample: Sample): Promise<void> {

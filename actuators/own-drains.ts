@@ -22,7 +22,7 @@ export class OwnDrains {
   ) {}
 
   private get key(): string {
-    return `${this.keys.prefix}:own-drains`;
+    return this.keys.ownDrains;
   }
 
   /** Notes that `decisionId` took `node` out (the latest decision wins: it is the one that will return it). */

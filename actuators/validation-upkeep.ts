@@ -1,7 +1,9 @@
+import { randomUUID } from 'node:crypto';
 import { z } from 'zod';
 import type { AuditLog } from '../core/audit.js';
 import { CONTROLLER_IDENTITY } from '../core/credentials.js';
 import { errorMessage } from '../core/errors.js';
+import { Locks } from '../core/locks.js';
 import type { Logger } from '../core/log.js';
 import type { Keys, Redis } from '../core/redis.js';
 import type { ClusterBackend } from './backend.js';
@@ -29,8 +31,8 @@ const pendingSchema = z.object({ decision: z.string(), since: z.number(), lastTr
 /** How often a rebooted node whose agent does not answer yet is asked again. */
 const RETRY_MS = 30_000;
 
-const pendingKey = (keys: Keys): string => `${keys.prefix}:validation:after-reboot`;
-const standbyKey = (keys: Keys): string => `${keys.prefix}:validation:standbys`;
+const pendingKey = (keys: Keys): string => keys.validationAfterReboot;
+const standbyKey = (keys: Keys): string => keys.validationStandbys;
 
 function parsedOrUndefined(text: string): unknown {
   try {
@@ -108,13 +110,15 @@ export class ValidationUpkeep {
   }
 
   private start(node: string, work: () => Promise<void>): void {
-    const lease = `${this.deps.keys.prefix}:validation:lease:${node}`;
+    // One controller replica validates a node at a time; the lease outlives a validation that hangs.
+    const locks = new Locks(this.deps.redis, this.deps.keys);
+    const holder = randomUUID();
     const running = (async () => {
-      if ((await this.deps.redis.set(lease, '1', 'PX', this.deps.timeoutMs + 30_000, 'NX')) !== 'OK') return;
+      if (!(await locks.takeValidationLease(node, holder, this.deps.timeoutMs + 30_000))) return;
       try {
         await work();
       } finally {
-        await this.deps.redis.del(lease);
+        await locks.releaseValidationLease(node, holder);
       }
     })()
       .catch((error: unknown) => this.deps.logger.warn({ node, err: error }, 'validation of a node failed to run; the next tick tries again'))

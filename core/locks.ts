@@ -116,6 +116,15 @@ export class Locks {
     await this.releaseIfHeld(this.keys.nodeLease(node), holder);
   }
 
+  /** Takes the one-validation-at-a-time lease on `node` for `holder` (a controller's follow-up validation); false when another holds it. */
+  async takeValidationLease(node: string, holder: string, ms: number): Promise<boolean> {
+    return (await this.redis.set(this.keys.validationLease(node), holder, 'PX', ms, 'NX')) === 'OK';
+  }
+
+  async releaseValidationLease(node: string, holder: string): Promise<void> {
+    await this.releaseIfHeld(this.keys.validationLease(node), holder);
+  }
+
   /** Makes `holder`'s lease on the node last `ms` from now (a step about to wait on the node longer than a lease); nothing when another holds it. */
   async renewLease(node: string, holder: string, ms: number): Promise<void> {
     await this.renewIfHeld(this.keys.nodeLease(node), holder, String(ms));

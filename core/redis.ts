@@ -196,6 +196,35 @@ export class Keys {
   nodeLease(node: string): string {
     return `${this.prefix}:lease:node:${node}`;
   }
+  /** The nodes steadfast took out of service, each with the decision that did (actuators/own-drains.ts). */
+  get ownDrains(): string {
+    return `${this.prefix}:own-drains`;
+  }
+  /** The nodes someone else holds out of service as last read, and when each was last scanned (actuators/foreign-holds.ts). */
+  get foreignHolds(): string {
+    return `${this.prefix}:foreign-holds`;
+  }
+  get foreignHoldsScanned(): string {
+    return `${this.prefix}:foreign-holds:scanned`;
+  }
+  /** Each node's latest burn throughput, and a node's recent ones (actuators/node-validation.ts). */
+  get validationThroughput(): string {
+    return `${this.prefix}:validation:throughput`;
+  }
+  validationThroughputOf(node: string): string {
+    return `${this.prefix}:validation:throughput:${node}`;
+  }
+  /** Rebooted nodes waiting for their validation, and the standbys validated (actuators/validation-upkeep.ts). */
+  get validationAfterReboot(): string {
+    return `${this.prefix}:validation:after-reboot`;
+  }
+  get validationStandbys(): string {
+    return `${this.prefix}:validation:standbys`;
+  }
+  /** One controller validates a node at a time (core/locks.ts). */
+  validationLease(node: string): string {
+    return `${this.prefix}:validation:lease:${node}`;
+  }
   dryRunNodes(): string {
     return `${this.prefix}:dry-run:nodes`;
   }
