@@ -97,6 +97,26 @@ export function createStepProcessor(baseDeps: StepProcessorDeps): (job: Job, tok
     byProfile.set(profile.name, built);
     return built;
   };
+  // A job's step on a node whose profile has a budget of its own spends that budget (and names the
+  // profile in what it audits); how it acts — the job's dry-run or not — stays the job's.
+  const jobBudgeted = new Map<string, Actuators>();
+  const jobStepActuators = async (actuators: Actuators, step: StepsJob['steps'][number]): Promise<Actuators> => {
+    const node = step.nodes?.[0];
+    if (baseDeps.profiles === undefined || node === undefined || !ON_NODES.has(step.verb)) return actuators;
+    const match = await baseDeps.profiles.resolve(node);
+    const safety = match.kind === 'profile' ? match.profile.safety : undefined;
+    if (match.kind !== 'profile' || safety === undefined) return actuators;
+    const dryRun = actuators === dryRunJob;
+    const key = `${dryRun ? 'dry-run' : 'acting'}:${match.profile.name}`;
+    const known = jobBudgeted.get(key);
+    if (known !== undefined) return known;
+    const own = dryRun ? dryRunJobDeps : recordingDeps;
+    const budget = { maxPerWindow: safety.maxDrainsPerWindow, windowSeconds: safety.windowSeconds };
+    const deps: StepProcessorDeps = { ...own, gates: own.gates.withBudget(match.profile.name, budget), profile: match.profile.name };
+    const built: Actuators = { base: stepBase(deps), byVerb: buildStepActuators(deps, { dryRun }) };
+    jobBudgeted.set(key, built);
+    return built;
+  };
   return async (queued, token) => {
     let transition: StepsJob;
     try {
@@ -140,7 +160,7 @@ export function createStepProcessor(baseDeps: StepProcessorDeps): (job: Job, tok
         return { done: 0, halted: why };
       }
       const recoveryOff = policy?.recovery === false ? `automatic recovery is off for job ${job} (the operator's job policy); not acting` : undefined;
-      const outcome = await runSteps(actuators, transition, queued, recoveryOff);
+      const outcome = await runSteps(actuators, transition, queued, recoveryOff, (step) => jobStepActuators(actuators, step));
       if (outcome.halted !== undefined) await tellRefused(baseDeps, job, transition.transitionId, outcome.halted);
       return outcome;
     } finally {
@@ -170,10 +190,17 @@ export function createStepProcessor(baseDeps: StepProcessorDeps): (job: Job, tok
     return undefined;
   }
 
-  async function runSteps(actuators: Actuators, transition: StepsJob, queued: Job, recoveryOff?: string): Promise<StepOutcome> {
+  async function runSteps(
+    transitionActuators: Actuators,
+    transition: StepsJob,
+    queued: Job,
+    recoveryOff?: string,
+    forStep?: (step: StepsJob['steps'][number]) => Promise<Actuators>,
+  ): Promise<StepOutcome> {
     let done = 0;
     let halted: Halt;
     for (const [index, step] of transition.steps.entries()) {
+      const actuators = forStep === undefined ? transitionActuators : await forStep(step);
       const marker = keys.recoveryStep(transition.transitionId, index);
       // A step already carried out is not again; how it ended still counts (a redelivery stops where the first delivery stopped).
       const earlier = parseMarker(await redis.get(marker));
