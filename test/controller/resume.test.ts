@@ -67,11 +67,16 @@ describe('steadfast resume', () => {
     const waitForDrains = async (count: number): Promise<void> => {
       for (let i = 0; i < 200 && (await drains()) < count; i += 1) await sleep(50);
     };
+    // The step records that it is draining before the backend is asked: wait for the backend's record too.
+    const drainedNodes = async (): Promise<string[]> => {
+      for (let i = 0; i < 200 && Object.keys(await backend.recorded()).length === 0; i += 1) await sleep(50);
+      return Object.keys(await backend.recorded());
+    };
     try {
       const fault = (time: string): Record<string, unknown> => ({ kind: 'xid', node: 'node-7', gpu: '0000:18:00', xid: 48, message: 'DBE', time });
       await post(`${url}/api/v1/signals`, fault(new Date(Date.now() - 3600_000).toISOString()));
       await waitForDrains(1);
-      expect(Object.keys(await backend.recorded())).toEqual(['node-7']);
+      expect(await drainedNodes()).toEqual(['node-7']);
 
       const healthyLog = join(work, 'kern.log');
       writeFileSync(healthyLog, '[    1.000000] Linux version 6.1.0 (debian-kernel@lists.debian.org)\n');
@@ -86,7 +91,7 @@ describe('steadfast resume', () => {
       await post(`${url}/api/v1/signals`, fault(new Date().toISOString()));
       await waitForDrains(2);
       expect(await drains()).toBe(2);
-      expect(Object.keys(await backend.recorded())).toEqual(['node-7']);
+      expect(await drainedNodes()).toEqual(['node-7']);
     } finally {
       await controller.close();
     }
