@@ -56,8 +56,12 @@ export interface ClusterBackend {
   partitionNodes?(partition: string): Promise<string[]>;
   /** The node's labels (Kubernetes), for profiles that match nodes by label; empty for a node it does not know. */
   nodeLabels?(node: string): Promise<Readonly<Record<string, string>>>;
-  /** Stops new work landing on the node, recording `reason` where the scheduler shows it. */
-  drain(node: string, reason: string): Promise<void>;
+  /**
+   * Stops new work landing on the node, recording `reason` where the scheduler shows it (after
+   * someone else's, where the node has one). `known`: the node's state the caller has just read,
+   * so that a backend which needs it to keep their reason does not read it again.
+   */
+  drain(node: string, reason: string, known?: NodeState): Promise<void>;
   /**
    * Returns the node to service when steadfast's drain is the only one; with someone else's
    * drain too, removes only steadfast's part and leaves theirs (unless `options.force`).

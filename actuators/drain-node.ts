@@ -57,7 +57,7 @@ export async function drainNode(backend: ClusterBackend, gates: SafetyGates, req
     const reason = `${OWN_REASON_PREFIX} ${request.reason} audit=${request.auditId}`;
     // Recorded before the drain: a crash between the two leaves a record a later return ignores, never an unrecorded drain.
     await request.ownDrains?.record(node, request.auditId, reason);
-    await backend.drain(node, reason);
+    await backend.drain(node, reason, before);
     const after = await backend.nodeState(node);
     if (!after.drained) throw new RetryLaterError(`${backend.name} still shows ${node} as ${after.raw} after the drain`);
     return { already: false, state: after };

@@ -157,8 +157,8 @@ export class SlurmBackend implements ClusterBackend {
    * Slurm keeps one Reason per node and a drain replaces it: on a node someone else drained,
    * their reason is kept first and steadfast's appended after it (`admin: fan; steadfast: …`).
    */
-  async drain(node: string, reason: string): Promise<void> {
-    const current = await this.nodeState(node);
+  async drain(node: string, reason: string, known?: NodeState): Promise<void> {
+    const current = known ?? (await this.nodeState(node));
     await this.setDrain(node, appendOwnReason(current.drained ? current.reason : undefined, reason));
   }
 
