@@ -10,6 +10,8 @@ export class BackgroundPoll {
   private timer: NodeJS.Timeout | undefined;
   private running: Promise<void> | undefined;
   private stopped = false;
+  /** now() was asked while a poll ran: the next one starts as soon as it ends. */
+  private again = false;
 
   /** `active`: false stops the polling for good (no binary on this node, say). */
   constructor(
@@ -36,6 +38,21 @@ export class BackgroundPoll {
     if (waitForFirstRead) await first;
   }
 
+  /**
+   * Polls now instead of at the next tick (something says the source changed: a failed event
+   * wait on a GPU that may have fallen off the bus); while a poll runs, as soon as it ends.
+   */
+  now(): void {
+    if (this.stopped || this.running === undefined || !this.active()) return;
+    if (this.timer === undefined) {
+      this.again = true;
+      return;
+    }
+    clearTimeout(this.timer);
+    this.timer = undefined;
+    this.running = this.poll().finally(() => this.schedule());
+  }
+
   async close(): Promise<void> {
     this.stopped = true;
     if (this.timer) clearTimeout(this.timer);
@@ -44,10 +61,14 @@ export class BackgroundPoll {
   }
 
   private schedule(): void {
+    this.timer = undefined;
     if (this.stopped || !this.active()) return;
+    const delay = this.again ? 0 : this.intervalMs;
+    this.again = false;
     this.timer = setTimeout(() => {
+      this.timer = undefined;
       this.running = this.poll().finally(() => this.schedule());
-    }, this.intervalMs);
+    }, delay);
     this.timer.unref();
   }
 }

@@ -114,9 +114,36 @@ export class GpuSourceChoice {
         }
       }
     }
-    if (resolved.kind === 'nvml') logger.info({ collector: 'gpu', library }, 'reading the GPUs through NVML');
+    if (resolved.kind === 'nvml') this.reportEntryPoints(resolved.nvml);
     this.exportChoice(resolved);
     return resolved;
+  }
+
+  /**
+   * Which entry point the library gives for each reading that has several across drivers, in the
+   * log and as steadfast_gpu_nvml_function_info; a reading it has none for is said plainly
+   * (an R450 library without a usable process list: no GPU processes, so no ranks found from them).
+   */
+  private reportEntryPoints(nvml: NvmlClient): void {
+    const { logger, registry } = this.options;
+    const existing = registry.getSingleMetric(NVML_FUNCTION_INFO);
+    const gauge =
+      existing instanceof Gauge
+        ? (existing as Gauge<'reading' | 'function'>)
+        : new Gauge({
+            name: NVML_FUNCTION_INFO,
+            help: 'The NVML entry point the agent uses for each reading that differs across driver versions (function "none": the library has none, the values are not read); always 1.',
+            labelNames: ['reading', 'function'],
+            registers: [registry],
+          });
+    for (const [reading, name] of Object.entries(nvml.entryPoints)) gauge.set({ reading, function: name ?? 'none' }, 1);
+    logger.info({ collector: 'gpu', library: nvml.library, entryPoints: nvml.entryPoints }, 'reading the GPUs through NVML');
+    const missing = Object.entries(nvml.entryPoints).filter(([, name]) => name === undefined);
+    if (missing.length > 0)
+      logger.warn(
+        { collector: 'gpu', library: nvml.library, readings: missing.map(([reading]) => reading) },
+        'this NVML library lacks the calls for some readings (an older driver); their values are not read',
+      );
   }
 
   private exportChoice(resolved: ResolvedGpuSource): void {
@@ -135,6 +162,7 @@ export class GpuSourceChoice {
 }
 
 export const GPU_SOURCE_INFO = 'steadfast_gpu_source_info';
+const NVML_FUNCTION_INFO = 'steadfast_gpu_nvml_function_info';
 
 function nvmlErrorCounter(registry: Registry): Counter<'function' | 'error'> {
   const existing = registry.getSingleMetric('steadfast_gpu_nvml_errors_total');

@@ -19,6 +19,12 @@ export interface EccCount {
   /** `sram`, `dram`, or on pre-Volta schemas the memory unit (`device_memory`, `l2_cache`, …). */
   readonly location: string;
   readonly count: number;
+  /**
+   * Set on a MIG device's own count (MIG on: volatile uncorrectable SRAM is counted per MIG
+   * device, not for the whole GPU): its GPU instance and compute instance.
+   */
+  readonly gpuInstance?: number | undefined;
+  readonly computeInstance?: number | undefined;
 }
 
 export interface RemappedRows {
@@ -227,7 +233,22 @@ function parseEcc(gpu: XmlNode): EccCount[] {
       }
     }
   }
-  return [...counts.values()];
+  return [...counts.values(), ...parseMigDeviceEcc(gpu)];
+}
+
+/** `<mig_devices><mig_device>…<ecc_error_count><volatile_count><sram_uncorrectable>`: each MIG device's own count. */
+function parseMigDeviceEcc(gpu: XmlNode): EccCount[] {
+  const entries = child(gpu, 'mig_devices', 'mig_device');
+  const list = Array.isArray(entries) ? entries : entries === undefined ? [] : [entries];
+  const counts: EccCount[] = [];
+  for (const entry of list) {
+    const count = quantity(entry, 'ecc_error_count', 'volatile_count', 'sram_uncorrectable');
+    if (count === undefined) continue;
+    const gpuInstance = quantity(entry, 'gpu_instance_id');
+    const computeInstance = quantity(entry, 'compute_instance_id');
+    counts.push({ scope: 'volatile', type: 'uncorrectable', location: 'sram', count, gpuInstance, computeInstance });
+  }
+  return counts;
 }
 
 function parseRemappedRows(gpu: XmlNode): RemappedRows | undefined {

@@ -10,8 +10,14 @@ typedef struct {
   unsigned int computeInstanceId;
 } nvmlProcessInfo_t;
 
-/* "proc.<kind> <pid> <bytes>", one line per process. */
-static nvmlReturn_t processes(void *device, const char *kind, unsigned int *count, nvmlProcessInfo_t *infos) {
+/* nvmlProcessInfo_v1_t, the struct of the calls without a suffix (before R460). */
+typedef struct {
+  unsigned int pid;
+  unsigned long long usedGpuMemory;
+} nvmlProcessInfo_v1_t;
+
+/* "proc.<kind> <pid> <bytes>", one line per process; `v1` fills the 16-byte struct, else the 24-byte one. */
+static nvmlReturn_t processes(void *device, const char *kind, unsigned int *count, void *out, int v1) {
   int gpu = gpu_of(device);
   if (!initialized) return UNINITIALIZED;
   if (gpu < 0) return INVALID_ARGUMENT;
@@ -28,6 +34,13 @@ static nvmlReturn_t processes(void *device, const char *kind, unsigned int *coun
     unsigned int pid = 0;
     unsigned long long bytes = 0;
     sscanf(nth(gpu, key, (int)i), "%u %llu", &pid, &bytes);
+    if (v1) {
+      nvmlProcessInfo_v1_t *infos = out;
+      infos[i].pid = pid;
+      infos[i].usedGpuMemory = bytes;
+      continue;
+    }
+    nvmlProcessInfo_t *infos = out;
     infos[i].pid = pid;
     infos[i].usedGpuMemory = bytes;
     infos[i].gpuInstanceId = 0xFFFFFFFFu;
@@ -36,8 +49,16 @@ static nvmlReturn_t processes(void *device, const char *kind, unsigned int *coun
   return OK;
 }
 
-nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(void *device, unsigned int *count, nvmlProcessInfo_t *infos) { return processes(device, "compute", count, infos); }
-nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(void *device, unsigned int *count, nvmlProcessInfo_t *infos) { return processes(device, "graphics", count, infos); }
+#if STAND_IN_DRIVER >= 510
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(void *device, unsigned int *count, nvmlProcessInfo_t *infos) { return processes(device, "compute", count, infos, 0); }
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(void *device, unsigned int *count, nvmlProcessInfo_t *infos) { return processes(device, "graphics", count, infos, 0); }
+#endif
+#if STAND_IN_DRIVER >= 460
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(void *device, unsigned int *count, nvmlProcessInfo_t *infos) { return processes(device, "compute", count, infos, 0); }
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(void *device, unsigned int *count, nvmlProcessInfo_t *infos) { return processes(device, "graphics", count, infos, 0); }
+#endif
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(void *device, unsigned int *count, nvmlProcessInfo_v1_t *infos) { return processes(device, "compute", count, infos, 1); }
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(void *device, unsigned int *count, nvmlProcessInfo_v1_t *infos) { return processes(device, "graphics", count, infos, 1); }
 
 /* ---- NVLink ---- */
 
@@ -118,10 +139,25 @@ static int next_event(struct event_set *set, nvmlEventData_t *data) {
   return found;
 }
 
+/* Counts a scripted failure of the wait in <dir>/wait-failures, so that a test can see how often it was asked. */
+static void count_wait_failure(void) {
+  static long failures;
+  char path[4200];
+  path_of(path, sizeof path, "wait-failures");
+  FILE *file = fopen(path, "w");
+  if (file == NULL) return;
+  fprintf(file, "%ld\n", ++failures);
+  fclose(file);
+}
+
 nvmlReturn_t nvmlEventSetWait_v2(struct event_set *set, nvmlEventData_t *data, unsigned int timeoutms) {
   if (!initialized) return UNINITIALIZED;
+  reload_state();
   nvmlReturn_t r = scripted(-1, "wait");
-  if (r != OK) return r;
+  if (r != OK) {
+    count_wait_failure();
+    return r;
+  }
   struct timespec step = {0, 5 * 1000 * 1000};
   for (unsigned int waited = 0;; waited += 5) {
     if (next_event(set, data)) return OK;

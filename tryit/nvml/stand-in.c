@@ -12,15 +12,25 @@
  *
  * A key that is absent answers NVML_ERROR_NOT_SUPPORTED. `<gpu> fail.<key> <code>` makes the
  * call for that key return <code>; `<gpu> hang.<key> 1` makes it block until <dir>/release
- * exists (a hung driver). A key may repeat (processes). Xid events come from <dir>/events, one
- * `xid <gpu> <code>` per line, each delivered once, in order, by nvmlEventSetWait_v2.
+ * exists (a hung driver). A key may repeat (processes). `<gpu> lost 1` makes every call on that
+ * GPU but its PCI info answer NVML_ERROR_GPU_IS_LOST (a GPU off the bus). Xid events come from
+ * <dir>/events, one `xid <gpu> <code>` per line, each delivered once, in order, by
+ * nvmlEventSetWait_v2, which re-reads the state too and counts its scripted failures in
+ * <dir>/wait-failures.
+ *
+ * MIG as nvml.h describes it: with `<gpu> mig 1 …`, volatile ECC counters cannot be read through
+ * the GPU's handle; `<gpu> mig.max <n>` and `<gpu> migdev.<i> <gpu instance> <compute instance>`
+ * give its MIG devices, and `<gpu> migdev.<i>.sram <count>` a MIG device's volatile uncorrectable
+ * SRAM count, the one ECC counter a MIG device handle answers.
  *
  * Built with stand-in-events.c (processes, NVLink, events) by tryit/nvml/stand-in.ts with the
  * system's C compiler; not part of any package.
  */
 #include "stand-in.h"
+#include <stddef.h>
 
 HIDDEN struct device devices[MAX_GPUS];
+HIDDEN struct mig_device mig_devices[MAX_GPUS][MAX_MIG];
 static struct entry entries[MAX_ENTRIES];
 static int entry_count;
 /* Chained hash of (gpu, key) -> first entry; entries of one key chain through `next` in file order. */
@@ -110,6 +120,12 @@ HIDDEN const char *nth(int gpu, const char *key, int n) {
 
 HIDDEN const char *get(int gpu, const char *key) { return nth(gpu, key, 0); }
 
+HIDDEN void reload_state(void) {
+  pthread_mutex_lock(&lock);
+  reload();
+  pthread_mutex_unlock(&lock);
+}
+
 HIDDEN int file_exists(const char *name) {
   char path[4200];
   path_of(path, sizeof path, name);
@@ -135,11 +151,19 @@ HIDDEN int gpu_of(const void *handle) {
   return d->index;
 }
 
+HIDDEN const struct mig_device *mig_of(const void *handle) {
+  const struct mig_device *m = handle;
+  const struct mig_device *first = &mig_devices[0][0];
+  if (m < first || m >= first + MAX_GPUS * MAX_MIG) return NULL;
+  return m;
+}
+
 /* Looks a GPU's key up: the scripted answer, NOT_SUPPORTED when absent, else OK with *value set. */
 HIDDEN nvmlReturn_t lookup(const void *handle, const char *key, const char **value) {
   int gpu = gpu_of(handle);
   if (!initialized) return UNINITIALIZED;
   if (gpu < 0) return INVALID_ARGUMENT;
+  if (get(gpu, "lost") != NULL && strcmp(key, "pci") != 0) return GPU_IS_LOST;
   nvmlReturn_t r = scripted(gpu, key);
   if (r != OK) return r;
   *value = get(gpu, key);
@@ -173,9 +197,7 @@ HIDDEN nvmlReturn_t string_value(const void *handle, const char *key, char *out,
 
 nvmlReturn_t nvmlInit_v2(void) {
   find_dir();
-  pthread_mutex_lock(&lock);
-  reload();
-  pthread_mutex_unlock(&lock);
+  reload_state();
   const char *code = get(-1, "fail.init");
   if (code != NULL) return (nvmlReturn_t)atoi(code);
   for (int i = 0; i < MAX_GPUS; i++) devices[i].index = i;
@@ -200,6 +222,7 @@ const char *nvmlErrorString(nvmlReturn_t r) {
     case 9: return "Driver Not Loaded";
     case TIMEOUT: return "Timeout";
     case GPU_IS_LOST: return "GPU is lost";
+    case ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
     default: return "Unknown Error";
   }
 }
@@ -225,9 +248,7 @@ nvmlReturn_t nvmlSystemGetProcessName(unsigned int pid, char *out, unsigned int 
 
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
   if (!initialized) return UNINITIALIZED;
-  pthread_mutex_lock(&lock);
-  reload();
-  pthread_mutex_unlock(&lock);
+  reload_state();
   nvmlReturn_t r = scripted(-1, "gpus");
   if (r != OK) return r;
   const char *v = get(-1, "gpus");
@@ -280,11 +301,66 @@ static nvmlReturn_t uint_pair(void *device, const char *key, unsigned int *a, un
 
 nvmlReturn_t nvmlDeviceGetMigMode(void *device, unsigned int *current, unsigned int *pending) { return uint_pair(device, "mig", current, pending); }
 
+/* nvmlDeviceArchitecture_t: 4 Pascal, 5 Volta, 6 Turing, 7 Ampere, 8 Ada, 9 Hopper, 10 Blackwell. */
+nvmlReturn_t nvmlDeviceGetArchitecture(void *device, unsigned int *arch) { return uint_value(device, "arch", arch); }
+
+static int mig_on(void *device) {
+  const char *v;
+  unsigned int current = 0;
+  return lookup(device, "mig", &v) == OK && sscanf(v, "%u", &current) == 1 && current == 1;
+}
+
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(void *device, unsigned int *count) { return uint_value(device, "mig.max", count); }
+
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(void *device, unsigned int index, void **mig) {
+  char key[32];
+  const char *v;
+  if (index >= MAX_MIG) return INVALID_ARGUMENT;
+  snprintf(key, sizeof key, "migdev.%u", index);
+  nvmlReturn_t r = lookup(device, key, &v);
+  if (r != OK) return r == NOT_SUPPORTED ? NOT_FOUND : r;
+  int gpu = gpu_of(device);
+  mig_devices[gpu][index].gpu = gpu;
+  mig_devices[gpu][index].slot = (int)index;
+  *mig = &mig_devices[gpu][index];
+  return OK;
+}
+
+/* The n-th number of a MIG device's `migdev.<slot>` line (0: GPU instance, 1: compute instance). */
+static nvmlReturn_t mig_id(void *handle, int n, unsigned int *id) {
+  const struct mig_device *m = mig_of(handle);
+  if (!initialized) return UNINITIALIZED;
+  if (m == NULL) return INVALID_ARGUMENT;
+  char key[32];
+  snprintf(key, sizeof key, "migdev.%d", m->slot);
+  const char *v = get(m->gpu, key);
+  unsigned int ids[2];
+  if (v == NULL || sscanf(v, "%u %u", &ids[0], &ids[1]) != 2) return NOT_FOUND;
+  *id = ids[n];
+  return OK;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(void *device, unsigned int *id) { return mig_id(device, 0, id); }
+nvmlReturn_t nvmlDeviceGetComputeInstanceId(void *device, unsigned int *id) { return mig_id(device, 1, id); }
+
 /* ---- health readings ---- */
 
 nvmlReturn_t nvmlDeviceGetTemperature(void *device, int sensor, unsigned int *temp) {
   return sensor == 0 ? uint_value(device, "temp", temp) : INVALID_ARGUMENT;
 }
+
+#if STAND_IN_DRIVER >= 510
+typedef struct { unsigned int version; int sensorType; int temperature; } nvmlTemperature_v1_t;
+
+nvmlReturn_t nvmlDeviceGetTemperatureV(void *device, nvmlTemperature_v1_t *t) {
+  if (t->version != (unsigned int)(sizeof(nvmlTemperature_v1_t) | (1u << 24))) return ARGUMENT_VERSION_MISMATCH;
+  if (t->sensorType != 0) return INVALID_ARGUMENT;
+  unsigned int temp;
+  nvmlReturn_t r = uint_value(device, "temp", &temp);
+  if (r == OK) t->temperature = (int)temp;
+  return r;
+}
+#endif
 
 typedef struct {
   unsigned int fieldId;
@@ -328,10 +404,16 @@ static nvmlReturn_t memory(void *device, unsigned long long *total, unsigned lon
   return r;
 }
 
+#if STAND_IN_DRIVER >= 510
+/* `<gpu> fail.memory.v2 <code>` fails this call alone (a driver whose v2 call errs where v1 answers). */
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(void *device, nvmlMemory_v2_t *out) {
   if (out->version != (unsigned int)(sizeof(nvmlMemory_v2_t) | (2u << 24))) return ARGUMENT_VERSION_MISMATCH;
+  int gpu = gpu_of(device);
+  nvmlReturn_t r = gpu < 0 ? INVALID_ARGUMENT : scripted(gpu, "memory.v2");
+  if (r != OK) return r;
   return memory(device, &out->total, &out->reserved, &out->used, &out->free);
 }
+#endif
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo(void *device, nvmlMemory_t *out) {
   unsigned long long reserved;
@@ -343,6 +425,18 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(void *device, nvmlMemory_t *out) {
 /* errorType 0 corrected / 1 uncorrected; counterType 0 volatile / 1 aggregate; location as nvml.h numbers them. */
 nvmlReturn_t nvmlDeviceGetMemoryErrorCounter(void *device, int errorType, int counterType, int location, unsigned long long *count) {
   char key[48];
+  const struct mig_device *m = mig_of(device);
+  if (m != NULL) {
+    /* A MIG device answers its volatile uncorrectable counts outside DRAM, nothing else. */
+    if (!initialized) return UNINITIALIZED;
+    if (errorType != 1 || counterType != 0 || location == 2) return NOT_SUPPORTED;
+    snprintf(key, sizeof key, "migdev.%d.sram", m->slot);
+    const char *v = get(m->gpu, key);
+    if (v == NULL) return NOT_SUPPORTED;
+    *count = strtoull(v, NULL, 0);
+    return OK;
+  }
+  if (counterType == 0 && mig_on(device)) return NOT_SUPPORTED;
   snprintf(key, sizeof key, "ecc.%d.%d.%d", errorType, counterType, location);
   return ull_value(device, key, count);
 }
@@ -384,8 +478,12 @@ nvmlReturn_t nvmlDeviceGetMaxClockInfo(void *device, int type, unsigned int *mhz
   return uint_value(device, key, mhz);
 }
 
+#if STAND_IN_DRIVER >= 510
 nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(void *device, unsigned long long *reasons) { return ull_value(device, "clock.reasons", reasons); }
 nvmlReturn_t nvmlDeviceGetSupportedClocksEventReasons(void *device, unsigned long long *reasons) { return ull_value(device, "clock.reasons.supported", reasons); }
+#endif
+nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(void *device, unsigned long long *reasons) { return ull_value(device, "clock.reasons", reasons); }
+nvmlReturn_t nvmlDeviceGetSupportedClocksThrottleReasons(void *device, unsigned long long *reasons) { return ull_value(device, "clock.reasons.supported", reasons); }
 
 typedef struct {
   unsigned char clusterUuid[16];
@@ -394,17 +492,44 @@ typedef struct {
   unsigned char state;
 } nvmlGpuFabricInfo_t;
 
+#if STAND_IN_DRIVER >= 510
 /* "fabric <state> <status>": state 0 not supported, 1 not started, 2 in progress, 3 completed. */
-nvmlReturn_t nvmlDeviceGetGpuFabricInfo(void *device, nvmlGpuFabricInfo_t *info) {
+static nvmlReturn_t fabric(void *device, unsigned char *state, nvmlReturn_t *status) {
   const char *v;
   nvmlReturn_t r = lookup(device, "fabric", &v);
   if (r != OK) return r;
-  unsigned int state = 0;
-  int status = 0;
-  if (sscanf(v, "%u %d", &state, &status) != 2) return UNKNOWN;
-  memset(info, 0, sizeof *info);
-  info->state = (unsigned char)state;
-  info->status = status;
+  unsigned int s = 0;
+  if (sscanf(v, "%u %d", &s, status) != 2) return UNKNOWN;
+  *state = (unsigned char)s;
   return OK;
 }
+
+nvmlReturn_t nvmlDeviceGetGpuFabricInfo(void *device, nvmlGpuFabricInfo_t *info) {
+  memset(info, 0, sizeof *info);
+  return fabric(device, &info->state, &info->status);
+}
+
+typedef struct {
+  unsigned int version;
+  unsigned char clusterUuid[16];
+  nvmlReturn_t status;
+  unsigned int cliqueId;
+  unsigned char state;
+  unsigned int healthMask;
+  unsigned char healthSummary;
+} nvmlGpuFabricInfo_v3_t;
+
+/* Versions 2 (36 bytes) and 3 (40); `<gpu> fabric.version 2` makes a driver that knows version 2 only. */
+nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(void *device, nvmlGpuFabricInfo_v3_t *info) {
+  unsigned int v3 = (unsigned int)(sizeof(nvmlGpuFabricInfo_v3_t) | (3u << 24));
+  unsigned int v2 = (unsigned int)(offsetof(nvmlGpuFabricInfo_v3_t, healthSummary) | (2u << 24));
+  const char *newest = gpu_of(device) < 0 ? NULL : get(gpu_of(device), "fabric.version");
+  int known = newest == NULL ? 3 : atoi(newest);
+  if (!(info->version == v2 || (info->version == v3 && known >= 3))) return ARGUMENT_VERSION_MISMATCH;
+  unsigned int version = info->version;
+  memset(info, 0, version == v3 ? sizeof *info : offsetof(nvmlGpuFabricInfo_v3_t, healthSummary));
+  info->version = version;
+  return fabric(device, &info->state, &info->status);
+}
+#endif
 

@@ -28,7 +28,20 @@ function sourceDir(): string {
   return found;
 }
 
-let built: Promise<string> | undefined;
+/**
+ * The driver branch whose NVML symbols the library exports: `current` (every entry point
+ * steadfast calls), `r470` (an NVML 11.4 library: no _v3 process lists, no memory v2, no fabric or
+ * versioned temperature calls, the old "throttle" names) or `r450` (also no _v2 process lists).
+ */
+export type StandInDriver = 'current' | 'r470' | 'r450';
+
+const DRIVER_DEFINES: Readonly<Record<StandInDriver, readonly string[]>> = {
+  current: [],
+  r470: ['-DSTAND_IN_DRIVER=470'],
+  r450: ['-DSTAND_IN_DRIVER=450'],
+};
+
+const built = new Map<StandInDriver, Promise<string>>();
 let held: { dir: string; count: number } | undefined;
 
 /**
@@ -48,12 +61,15 @@ async function holdUntilExit(library: string): Promise<void> {
   await link(library, join(held.dir, String(held.count++)));
 }
 
-/** The compiled stand-in (built on first use, then cached by the source's hash). */
-export function buildStandInNvml(): Promise<string> {
-  built ??= (async () => {
+/** The compiled stand-in (built on first use, then cached by the source's hash and the driver branch). */
+export function buildStandInNvml(driver: StandInDriver = 'current'): Promise<string> {
+  const cached = built.get(driver);
+  if (cached !== undefined) return cached;
+  const building = (async () => {
     const dir = sourceDir();
     const digest = createHash('sha256');
     for (const name of SOURCES) digest.update(name).update(await readFile(join(dir, name)));
+    digest.update(driver);
     const hash = digest.digest('hex').slice(0, 16);
     const cache = join(tmpdir(), 'steadfast-nvml-stand-in', hash);
     const library = join(cache, STAND_IN_LIBRARY);
@@ -61,21 +77,22 @@ export function buildStandInNvml(): Promise<string> {
     await mkdir(cache, { recursive: true });
     const partial = `${library}.${process.pid}.tmp`;
     const units = SOURCES.filter((name) => name.endsWith('.c')).map((name) => join(dir, name));
-    await execFileAsync('cc', ['-shared', '-fPIC', '-O2', '-Wall', '-Werror', '-o', partial, ...units, '-lpthread', '-ldl']);
+    await execFileAsync('cc', ['-shared', '-fPIC', '-O2', '-Wall', '-Werror', ...DRIVER_DEFINES[driver], '-o', partial, ...units, '-lpthread', '-ldl']);
     await rename(partial, library);
     return library;
   })();
-  return built;
+  built.set(driver, building);
+  return building;
 }
 
 /** A node's stand-in: its directory holds the library, `state`, `events` and (to end hangs) `release`. */
 export class StandInNvml {
   private constructor(readonly dir: string) {}
 
-  /** Copies the built library into `dir` (made if missing) and writes the first state. */
-  static async create(dir: string, state: string): Promise<StandInNvml> {
+  /** Copies the built library (of `driver`'s symbol set) into `dir` (made if missing) and writes the first state. */
+  static async create(dir: string, state: string, driver: StandInDriver = 'current'): Promise<StandInNvml> {
     await mkdir(dir, { recursive: true });
-    await copyFile(await buildStandInNvml(), join(dir, STAND_IN_LIBRARY));
+    await copyFile(await buildStandInNvml(driver), join(dir, STAND_IN_LIBRARY));
     await holdUntilExit(join(dir, STAND_IN_LIBRARY));
     const standIn = new StandInNvml(dir);
     await standIn.setState(state);
@@ -108,6 +125,15 @@ export class StandInNvml {
   /** Makes the driver raise Xid `code` on GPU `gpu` (an NVML XidCriticalError event). */
   async raiseXid(gpu: number, code: number): Promise<void> {
     await appendFile(join(this.dir, 'events'), `xid ${gpu} ${code}\n`);
+  }
+
+  /** How many times a scripted `fail.wait` failed nvmlEventSetWait_v2 so far. */
+  async waitFailures(): Promise<number> {
+    try {
+      return Number((await readFile(join(this.dir, 'wait-failures'), 'utf8')).trim());
+    } catch {
+      return 0;
+    }
   }
 
   /** Ends every scripted hang. */

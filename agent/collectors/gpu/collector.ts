@@ -165,7 +165,7 @@ class GpuCollector implements Collector {
   constructor(
     private readonly context: CollectorContext,
     private readonly choice: GpuSourceChoice,
-    private readonly makeSource: (resolved: ResolvedGpuSource) => GpuSource,
+    private readonly makeSource: (resolved: ResolvedGpuSource, pollNow: () => void) => GpuSource,
   ) {
     this.metrics = new GpuMetrics(context.registry);
     this.failures = gpuQueryFailures(context.registry);
@@ -177,7 +177,7 @@ class GpuCollector implements Collector {
     this.metrics.pollingSince(Date.now() / 1000);
     if (this.source === undefined) {
       this.acquired = true;
-      this.source = this.makeSource(await this.choice.acquire());
+      this.source = this.makeSource(await this.choice.acquire(), () => this.poller.now());
     }
     await this.poller.start(options?.waitForFirstRead);
   }
@@ -269,10 +269,10 @@ function gpuHoldings(report: GpuReport): GpuProcessHolding[] | undefined {
 export function createGpuCollector(context: CollectorContext, options: GpuCollectorOptions = {}): Collector {
   const choice = context.gpuSource ?? new GpuSourceChoice(context);
   const commandTimeoutMs = options.commandTimeoutMs ?? DEFAULT_COMMAND_TIMEOUT_MS;
-  return new GpuCollector(context, choice, (resolved) => {
+  return new GpuCollector(context, choice, (resolved, pollNow) => {
     switch (resolved.kind) {
       case 'nvml':
-        return nvmlGpuSource(context, resolved.nvml, options.nvmlTimeoutMs ?? DEFAULT_NVML_TIMEOUT_MS);
+        return nvmlGpuSource(context, resolved.nvml, options.nvmlTimeoutMs ?? DEFAULT_NVML_TIMEOUT_MS, pollNow);
       case 'nvml-unavailable':
         return unavailableSource(resolved.reason);
       case 'dcgm-exporter':

@@ -78,12 +78,11 @@ export class GpuMetrics {
     this.utilization = gauge('steadfast_gpu_utilization_ratio', 'Fraction of the last sample period a kernel was running (0..1).', gpu);
     this.memoryUsed = gauge('steadfast_gpu_memory_used_bytes', 'Frame buffer memory in use.', gpu);
     this.memoryTotal = gauge('steadfast_gpu_memory_total_bytes', 'Frame buffer memory size.', gpu);
-    this.ecc = counter('steadfast_gpu_ecc_errors_total', 'ECC errors as counted by the driver; scope volatile (since driver load) or aggregate (lifetime).', [
-      ...gpu,
-      'scope',
-      'type',
-      'location',
-    ]);
+    this.ecc = counter(
+      'steadfast_gpu_ecc_errors_total',
+      'ECC errors as counted by the driver; scope volatile (since driver load) or aggregate (lifetime). With MIG on, volatile uncorrectable SRAM errors are counted per MIG device (GPU_I_ID, compute_instance_id) and the GPU has no volatile series.',
+      [...gpu, 'scope', 'type', 'location', 'GPU_I_ID', 'compute_instance_id'],
+    );
     this.remappedRows = counter('steadfast_gpu_remapped_rows_total', 'Memory rows remapped, by the kind of error that caused it.', [...gpu, 'type']);
     this.remappedRowsPending = gauge('steadfast_gpu_remapped_rows_pending', 'Whether a row remap waits for the next GPU reset (1) or not (0).', gpu);
     this.remappedRowsFailure = gauge('steadfast_gpu_remapped_rows_failure', 'Whether a row remap has failed (1) or not (0).', gpu);
@@ -248,7 +247,10 @@ export function writeSample(metrics: GpuMetrics, sample: DcgmGpuSample): void {
   setIfDefined(metrics.memoryUsed, labels, sample.memoryUsedBytes);
   setIfDefined(metrics.memoryTotal, labels, sample.memoryTotalBytes);
   for (const ecc of sample.ecc) {
-    metrics.ecc.inc({ ...labels, scope: ecc.scope, type: ecc.type, location: ecc.location }, ecc.count);
+    const instance: Partial<Record<'GPU_I_ID' | 'compute_instance_id', string>> = {};
+    if (ecc.gpuInstance !== undefined) instance.GPU_I_ID = String(ecc.gpuInstance);
+    if (ecc.computeInstance !== undefined) instance.compute_instance_id = String(ecc.computeInstance);
+    metrics.ecc.inc({ ...labels, scope: ecc.scope, type: ecc.type, location: ecc.location, ...instance }, ecc.count);
   }
   const rows = sample.remappedRows;
   if (rows?.correctable !== undefined) metrics.remappedRows.inc({ ...labels, type: 'correctable' }, rows.correctable);

@@ -1,6 +1,8 @@
+import { Gauge } from 'prom-client';
 import { classifyXid } from '../../../core/xid.js';
 import type { CollectorContext } from '../../collector.js';
-import type { NvmlClient, NvmlXidReport } from '../../sources/nvml/client.js';
+import type { NvmlClient, NvmlEventsState, NvmlXidReport } from '../../sources/nvml/client.js';
+import { nvmlErrorName } from '../../sources/nvml/library.js';
 import { XidLedger } from '../../xid-ledger.js';
 
 /**
@@ -11,15 +13,36 @@ import { XidLedger } from '../../xid-ledger.js';
  * reports it first. NVML gives the code and the GPU, not the driver's message: a code whose
  * severity depends on the message (NVLink5 errors, Xid 154) is judged without it, and the kernel
  * log's line, where the agent can read it, still sends it when it turns out fatal.
+ *
+ * steadfast_gpu_nvml_events_up says whether the events are being received: 1 while the event wait
+ * answers, 0 while it fails. A failing wait is logged once (and once when it answers again) and
+ * makes the collector poll the GPUs at once, as NVIDIA's device plugin takes a wait error for a
+ * sign of sick GPUs: a GPU that fell off the bus is then shown as not present, and sent on the
+ * fast path, within a poll's time rather than at the next interval.
  */
+
+const EVENTS_UP = 'steadfast_gpu_nvml_events_up';
+
+function eventsGauge(context: CollectorContext): Gauge {
+  const existing = context.registry.getSingleMetric(EVENTS_UP);
+  if (existing instanceof Gauge) return existing;
+  return new Gauge({
+    name: EVENTS_UP,
+    help: 'Whether NVML Xid events are being received: 1 while the event wait answers, 0 while it fails (Xids then come from the kernel log only).',
+    registers: [context.registry],
+  });
+}
 
 export class NvmlXidEvents {
   private readonly ledger: XidLedger;
   private readonly onXid = (report: NvmlXidReport): void => this.handle(report);
+  private readonly onEvents = (state: NvmlEventsState): void => this.changed(state);
+  private up: Gauge | undefined;
 
   constructor(
     private readonly context: CollectorContext,
     private readonly nvml: NvmlClient,
+    private readonly pollNow: () => void = () => undefined,
   ) {
     this.ledger = context.xids ?? new XidLedger(context.registry);
   }
@@ -27,11 +50,14 @@ export class NvmlXidEvents {
   /** Asks the NVML thread to watch the GPUs it read last. */
   start(timeoutMs: number): void {
     this.nvml.on('xid', this.onXid);
+    this.nvml.on('events', this.onEvents);
     this.nvml.watchXids(timeoutMs).then(
       (registered) => {
         if (registered === 0) this.context.logger.info({ collector: 'gpu' }, 'no GPU offers NVML Xid events; Xids come from the kernel log only');
         else if (registered > 0) {
           this.context.logger.info({ collector: 'gpu', gpus: registered }, 'listening for NVML Xid events');
+          this.up ??= eventsGauge(this.context);
+          this.up.set(1);
           // Counted from the start, as the kernel log's Xids are.
           this.ledger.register();
         }
@@ -42,6 +68,23 @@ export class NvmlXidEvents {
 
   close(): void {
     this.nvml.off('xid', this.onXid);
+    this.nvml.off('events', this.onEvents);
+  }
+
+  private changed({ state, code }: NvmlEventsState): void {
+    this.up ??= eventsGauge(this.context);
+    if (state === 'ok') {
+      this.up.set(1);
+      this.context.logger.info({ collector: 'gpu' }, 'NVML Xid events are received again');
+      return;
+    }
+    this.up.set(0);
+    const error = code === undefined ? 'unknown' : nvmlErrorName(code);
+    this.context.logger.warn(
+      { collector: 'gpu', error, code },
+      'waiting for NVML Xid events fails; Xids come from the kernel log only until it answers again; polling the GPUs now',
+    );
+    this.pollNow();
   }
 
   private handle({ pciBusId, index, xid }: NvmlXidReport): void {

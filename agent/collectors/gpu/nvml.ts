@@ -18,7 +18,8 @@ export interface NvmlGpuSource {
   close(): Promise<void>;
 }
 
-export function nvmlGpuSource(context: CollectorContext, nvml: NvmlClient, timeoutMs: number): NvmlGpuSource {
+/** `pollNow`: asks the collector for a poll at once (the Xid event wait failed: a GPU may be lost). */
+export function nvmlGpuSource(context: CollectorContext, nvml: NvmlClient, timeoutMs: number, pollNow: () => void): NvmlGpuSource {
   let events: NvmlXidEvents | undefined;
   let closed = false;
   return {
@@ -27,7 +28,7 @@ export function nvmlGpuSource(context: CollectorContext, nvml: NvmlClient, timeo
     async read(signal) {
       const result = await nvml.poll(timeoutMs, signal);
       if (events === undefined && !closed && result.gpus.length > 0) {
-        events = new NvmlXidEvents(context, nvml);
+        events = new NvmlXidEvents(context, nvml, pollNow);
         events.start(timeoutMs);
       }
       return { gpus: result.gpus };

@@ -3,7 +3,7 @@ import { existsSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { Worker } from 'node:worker_threads';
-import { loadKoffi, NvmlError, NvmlUnavailableError, NVML_FUNCTIONS, type NvmlFunction } from './library.js';
+import { loadKoffi, NvmlError, NvmlUnavailableError, NVML_FUNCTIONS, type NvmlEntryPoints, type NvmlFunction } from './library.js';
 import { NVML_WORKER_ROLE, type NvmlFailure, type NvmlMessage, type NvmlPollValue, type NvmlWorkerData } from './worker.js';
 import type { NvlinkErrorCount } from '../nvlink-errors.js';
 
@@ -22,6 +22,12 @@ export interface NvmlXidReport {
   readonly pciBusId: string;
   readonly index: number;
   readonly xid: number;
+}
+
+/** The Xid event wait failing (with an nvmlReturn_t code) or answering again. */
+export interface NvmlEventsState {
+  readonly state: 'failing' | 'ok';
+  readonly code?: number | undefined;
 }
 
 interface Pending {
@@ -100,7 +106,7 @@ export async function exitIfNvmlStuck(log: (message: string) => void): Promise<v
   }
 }
 
-export class NvmlClient extends EventEmitter<{ xid: [NvmlXidReport]; failures: [readonly NvmlFailure[]] }> {
+export class NvmlClient extends EventEmitter<{ xid: [NvmlXidReport]; failures: [readonly NvmlFailure[]]; events: [NvmlEventsState] }> {
   private nextId = 1;
   private readonly pending = new Map<number, Pending>();
   private readonly progress: Int32Array;
@@ -108,6 +114,8 @@ export class NvmlClient extends EventEmitter<{ xid: [NvmlXidReport]; failures: [
 
   private constructor(
     readonly library: string,
+    /** The entry point the library gives for each reading that has several (library.ts NVML_ENTRY_POINTS). */
+    readonly entryPoints: NvmlEntryPoints,
     private readonly worker: Worker,
     progress: SharedArrayBuffer,
   ) {
@@ -142,7 +150,11 @@ export class NvmlClient extends EventEmitter<{ xid: [NvmlXidReport]; failures: [
       await worker.terminate();
       throw new NvmlUnavailableError(first.message);
     }
-    client = new NvmlClient(library, worker, progress);
+    if (first.kind !== 'ready') {
+      await worker.terminate();
+      throw new NvmlUnavailableError(`the NVML thread answered ${first.kind} before it was ready`);
+    }
+    client = new NvmlClient(library, first.entryPoints, worker, progress);
     return client;
   }
 
@@ -232,6 +244,10 @@ export class NvmlClient extends EventEmitter<{ xid: [NvmlXidReport]; failures: [
     }
     if (message.kind === 'failures') {
       this.emit('failures', message.failures);
+      return;
+    }
+    if (message.kind === 'events') {
+      this.emit('events', { state: message.state, code: message.code });
       return;
     }
     if (message.kind !== 'reply') return;

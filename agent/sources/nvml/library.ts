@@ -19,8 +19,11 @@ export const NVML = {
   ERROR_INVALID_ARGUMENT: 2,
   ERROR_NOT_SUPPORTED: 3,
   ERROR_INSUFFICIENT_SIZE: 7,
+  ERROR_NOT_FOUND: 6,
   ERROR_TIMEOUT: 10,
   ERROR_FUNCTION_NOT_FOUND: 13,
+  ERROR_GPU_IS_LOST: 15,
+  ERROR_ARGUMENT_VERSION_MISMATCH: 25,
   ERROR_UNKNOWN: 999,
 } as const;
 
@@ -47,11 +50,15 @@ const ERROR_NAMES: Readonly<Record<number, string>> = {
   19: 'in_use',
   20: 'memory',
   21: 'no_data',
+  22: 'vgpu_ecc_not_supported',
+  23: 'insufficient_resources',
+  24: 'freq_not_supported',
   25: 'argument_version_mismatch',
   26: 'deprecated',
   27: 'not_ready',
   28: 'gpu_not_found',
   29: 'invalid_state',
+  30: 'reset_type_not_supported',
   999: 'unknown',
 };
 
@@ -97,6 +104,13 @@ const DECLARATIONS = {
   nvmlDeviceGetName: 'int nvmlDeviceGetName(void *device, uint8_t *name, unsigned int length)',
   nvmlDeviceGetMinorNumber: 'int nvmlDeviceGetMinorNumber(void *device, _Out_ unsigned int *minor)',
   nvmlDeviceGetMigMode: 'int nvmlDeviceGetMigMode(void *device, _Out_ unsigned int *current, _Out_ unsigned int *pending)',
+  nvmlDeviceGetArchitecture: 'int nvmlDeviceGetArchitecture(void *device, _Out_ unsigned int *arch)',
+  nvmlDeviceGetMaxMigDeviceCount: 'int nvmlDeviceGetMaxMigDeviceCount(void *device, _Out_ unsigned int *count)',
+  nvmlDeviceGetMigDeviceHandleByIndex: 'int nvmlDeviceGetMigDeviceHandleByIndex(void *device, unsigned int index, _Out_ void **migDevice)',
+  nvmlDeviceGetGpuInstanceId: 'int nvmlDeviceGetGpuInstanceId(void *device, _Out_ unsigned int *id)',
+  nvmlDeviceGetComputeInstanceId: 'int nvmlDeviceGetComputeInstanceId(void *device, _Out_ unsigned int *id)',
+  // Versioned (driver 550 and later) before the deprecated call.
+  nvmlDeviceGetTemperatureV: 'int nvmlDeviceGetTemperatureV(void *device, uint8_t *temperature)',
   nvmlDeviceGetTemperature: 'int nvmlDeviceGetTemperature(void *device, int sensor, _Out_ unsigned int *temp)',
   nvmlDeviceGetFieldValues: 'int nvmlDeviceGetFieldValues(void *device, int count, uint8_t *values)',
   nvmlDeviceGetPowerUsage: 'int nvmlDeviceGetPowerUsage(void *device, _Out_ unsigned int *milliwatts)',
@@ -120,9 +134,15 @@ const DECLARATIONS = {
   nvmlDeviceGetCurrentClocksThrottleReasons: 'int nvmlDeviceGetCurrentClocksThrottleReasons(void *device, _Out_ unsigned long long *reasons)',
   nvmlDeviceGetSupportedClocksEventReasons: 'int nvmlDeviceGetSupportedClocksEventReasons(void *device, _Out_ unsigned long long *reasons)',
   nvmlDeviceGetSupportedClocksThrottleReasons: 'int nvmlDeviceGetSupportedClocksThrottleReasons(void *device, _Out_ unsigned long long *reasons)',
+  nvmlDeviceGetGpuFabricInfoV: 'int nvmlDeviceGetGpuFabricInfoV(void *device, uint8_t *info)',
   nvmlDeviceGetGpuFabricInfo: 'int nvmlDeviceGetGpuFabricInfo(void *device, uint8_t *info)',
+  // The process lists: _v3 since R510, _v2 (the same 24-byte struct) on R460/R470, v1 (16 bytes) before.
   nvmlDeviceGetComputeRunningProcesses_v3: 'int nvmlDeviceGetComputeRunningProcesses_v3(void *device, _Inout_ unsigned int *count, uint8_t *infos)',
   nvmlDeviceGetGraphicsRunningProcesses_v3: 'int nvmlDeviceGetGraphicsRunningProcesses_v3(void *device, _Inout_ unsigned int *count, uint8_t *infos)',
+  nvmlDeviceGetComputeRunningProcesses_v2: 'int nvmlDeviceGetComputeRunningProcesses_v2(void *device, _Inout_ unsigned int *count, uint8_t *infos)',
+  nvmlDeviceGetGraphicsRunningProcesses_v2: 'int nvmlDeviceGetGraphicsRunningProcesses_v2(void *device, _Inout_ unsigned int *count, uint8_t *infos)',
+  nvmlDeviceGetComputeRunningProcesses: 'int nvmlDeviceGetComputeRunningProcesses(void *device, _Inout_ unsigned int *count, uint8_t *infos)',
+  nvmlDeviceGetGraphicsRunningProcesses: 'int nvmlDeviceGetGraphicsRunningProcesses(void *device, _Inout_ unsigned int *count, uint8_t *infos)',
   nvmlDeviceGetNvLinkState: 'int nvmlDeviceGetNvLinkState(void *device, unsigned int link, _Out_ unsigned int *active)',
   nvmlDeviceGetNvLinkErrorCounter: 'int nvmlDeviceGetNvLinkErrorCounter(void *device, unsigned int link, int counter, _Out_ unsigned long long *value)',
   nvmlEventSetCreate: 'int nvmlEventSetCreate(_Out_ void **set)',
@@ -159,6 +179,26 @@ export function cString(buffer: Buffer): string {
 /** The functions in a fixed order, so that a call in progress can be named by its index (worker.ts). */
 export const NVML_FUNCTIONS = Object.keys(DECLARATIONS) as NvmlFunction[];
 const FUNCTION_INDEX = new Map(NVML_FUNCTIONS.map((name, index) => [name, index]));
+
+/**
+ * Which entry point this library gives for each reading that has several across driver
+ * versions (the first it exports, newest first), or undefined where it has none: reported at
+ * start (the log and steadfast_gpu_nvml_function_info), so that a value missing on an old driver
+ * says why.
+ */
+export const NVML_ENTRY_POINTS = {
+  processes: ['nvmlDeviceGetComputeRunningProcesses_v3', 'nvmlDeviceGetComputeRunningProcesses_v2', 'nvmlDeviceGetComputeRunningProcesses'],
+  memory: ['nvmlDeviceGetMemoryInfo_v2', 'nvmlDeviceGetMemoryInfo'],
+  temperature: ['nvmlDeviceGetTemperatureV', 'nvmlDeviceGetTemperature'],
+  fabric: ['nvmlDeviceGetGpuFabricInfoV', 'nvmlDeviceGetGpuFabricInfo'],
+  clock_reasons: ['nvmlDeviceGetCurrentClocksEventReasons', 'nvmlDeviceGetCurrentClocksThrottleReasons'],
+  architecture: ['nvmlDeviceGetArchitecture'],
+  mig_devices: ['nvmlDeviceGetMigDeviceHandleByIndex'],
+  xid_events: ['nvmlEventSetWait_v2'],
+} as const satisfies Record<string, readonly NvmlFunction[]>;
+
+export type NvmlReading = keyof typeof NVML_ENTRY_POINTS;
+export type NvmlEntryPoints = Readonly<Record<NvmlReading, NvmlFunction | undefined>>;
 
 /** A loaded NVML. */
 export class NvmlLibrary {
@@ -216,6 +256,17 @@ export class NvmlLibrary {
   /** Whether the library exports this function. */
   has(name: NvmlFunction): boolean {
     return this.functions[name] !== undefined;
+  }
+
+  /** The first of `names` the library exports. */
+  first<N extends NvmlFunction>(names: readonly N[]): N | undefined {
+    return names.find((name) => this.has(name));
+  }
+
+  /** The entry point in use for each reading (NVML_ENTRY_POINTS). */
+  entryPoints(): NvmlEntryPoints {
+    const entries = Object.entries(NVML_ENTRY_POINTS).map(([reading, names]) => [reading, this.first(names)]);
+    return Object.fromEntries(entries) as NvmlEntryPoints;
   }
 
   /**

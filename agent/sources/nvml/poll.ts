@@ -1,6 +1,6 @@
 import type { NvlinkErrorCount } from '../nvlink-errors.js';
 import type { GpuSample } from '../nvidia-smi-xml.js';
-import { cString, NVML, NvmlError, type NvmlDevice, type NvmlLibrary } from './library.js';
+import { cString, NVML, NvmlError, type NvmlDevice, type NvmlFunction, type NvmlLibrary } from './library.js';
 import { readDeviceNvlink, readNvmlDevice, type NvmlReadOptions } from './read.js';
 
 /** What one NVML poll reads of every GPU (read.ts reads one), as the NVML thread runs it. */
@@ -53,8 +53,10 @@ export function readNvmlPoll(
       devices.set(BigInt(device), reading.sample);
       for (const process of reading.sample.processes ?? []) current.add(process.pid);
     } catch (error) {
-      // Its PCI bus id cannot be read (or is not one): the GPU cannot be told apart, so it is left out.
-      options.failed('nvmlDeviceGetPciInfo_v3', error instanceof NvmlError ? error.code : NVML.ERROR_UNKNOWN);
+      // Lost, or its PCI bus id cannot be read (or is not one): left out, counted once under the
+      // call that said so. Anything else is not NVML's answer but a fault here: the poll fails.
+      if (!(error instanceof NvmlError)) throw error;
+      options.failed(error.functionName as NvmlFunction, error.code);
     }
   }
   for (const pid of names.keys()) if (!current.has(pid)) names.delete(pid);
@@ -64,6 +66,14 @@ export function readNvmlPoll(
 /** The NVLink error counters of every GPU, alone (the nvlink collector). */
 export function readNvmlNvlink(nvml: NvmlLibrary, failed: NvmlReadOptions['failed']): NvlinkErrorCount[] {
   const counts: NvlinkErrorCount[] = [];
-  for (const { index, device } of nvmlDeviceHandles(nvml, failed)) counts.push(...readDeviceNvlink(nvml, device, index, failed));
+  for (const { index, device } of nvmlDeviceHandles(nvml, failed)) {
+    try {
+      counts.push(...readDeviceNvlink(nvml, device, index, failed));
+    } catch (error) {
+      // A lost GPU has no links to count; the gpu collector shows it as not present.
+      if (!(error instanceof NvmlError)) throw error;
+      failed(error.functionName as NvmlFunction, error.code);
+    }
+  }
   return counts;
 }

@@ -1,19 +1,13 @@
 import { normalizePciBusId } from '../../../core/pci.js';
 import { CLOCK_EVENT_BITS, XML_REASON_ORDER } from '../clock-event-reasons.js';
 import type { NvlinkErrorCount } from '../nvlink-errors.js';
-import type {
-  ClockDomain,
-  ClockReadings,
-  EccCount,
-  EccScope,
-  EccType,
-  FabricState,
-  GpuProcess,
-  GpuSample,
-  RemappedRows,
-  RetiredPages,
-} from '../nvidia-smi-xml.js';
-import { cString, NVML, type NvmlDevice, type NvmlFunction, type NvmlLibrary } from './library.js';
+import type { ClockDomain, ClockReadings, FabricState, GpuSample, RemappedRows, RetiredPages } from '../nvidia-smi-xml.js';
+import { DeviceReads, structVersion, type NvmlReadOptions } from './device-reads.js';
+import { cString, NVML, NvmlError, type NvmlDevice, type NvmlLibrary } from './library.js';
+import { readEcc } from './read-ecc.js';
+import { readProcesses } from './read-processes.js';
+
+export type { NvmlReadOptions } from './device-reads.js';
 
 /**
  * Reads through NVML what `nvidia-smi -q -x` reports, into the same GpuSample the XML parser
@@ -21,24 +15,14 @@ import { cString, NVML, type NvmlDevice, type NvmlFunction, type NvmlLibrary } f
  * value below is the one it prints (nvml.h names the call; the XML element is noted where the
  * mapping is not plain). A value the GPU does not support (NVML_ERROR_NOT_SUPPORTED, or an entry
  * point the driver lacks) is undefined, as `N/A` is in the XML; any other failure is undefined too
- * and is handed to `failed`, which counts it.
+ * and is handed to `failed`, which counts it. A GPU that answers NVML_ERROR_GPU_IS_LOST to any call
+ * is not read further (GpuLostError).
  */
-
-export interface NvmlReadOptions {
-  /** Reads the NVLink error counters too (the nvlink collector's series). */
-  readonly nvlink?: boolean | undefined;
-  /** Reads the processes on each GPU, and their names. */
-  readonly processes?: boolean | undefined;
-  /** A call that failed for another reason than "not supported". */
-  readonly failed: (name: NvmlFunction, code: number) => void;
-}
 
 /** NVML_FI_DEV_MEMORY_TEMP: HBM temperature, `<temperature><memory_temp>`. */
 const FIELD_MEMORY_TEMP = 82;
-/** NVML_VALUE_NOT_AVAILABLE in nvmlProcessInfo_t.usedGpuMemory (no permission, or MIG). */
-const NOT_AVAILABLE_64 = 0xffff_ffff_ffff_ffffn;
-const NOT_AVAILABLE_32 = 0xffff_ffff;
-const NVLINK_MAX_LINKS = 18;
+/** NVML_NVLINK_MAX_LINKS in nvml.h 13 (18 in 12, 12 in 11). */
+const NVLINK_MAX_LINKS = 36;
 
 /** nvmlClockType_t, in the order of `<clocks>`. */
 const CLOCKS: readonly { readonly type: number; readonly domain: ClockDomain }[] = [
@@ -54,20 +38,6 @@ const CLOCK_REASONS = XML_REASON_ORDER.map((reason) => {
   return { bit: BigInt(entry?.bit ?? 0), name: reason };
 });
 
-/** nvmlMemoryLocation_t. Ampere and later count ECC in two places, SRAM and DRAM, as the v12+ XML does. */
-const LOCATION_SRAM = 7;
-const LOCATION_DRAM = 2;
-/** Before SRAM was a location (pre-Ampere): each memory unit, under the name the old XML schema gives it. */
-const OLD_LOCATIONS: readonly { readonly location: number; readonly name: string }[] = [
-  { location: 2, name: 'device_memory' },
-  { location: 3, name: 'register_file' },
-  { location: 0, name: 'l1_cache' },
-  { location: 1, name: 'l2_cache' },
-  { location: 4, name: 'texture_memory' },
-  { location: 5, name: 'texture_shm' },
-  { location: 6, name: 'cbu' },
-];
-
 /** nvmlGpuFabricState_t 1..3, as `<fabric><state>` spells them in snake case. */
 const FABRIC_STATES: Readonly<Record<number, string>> = { 1: 'not_started', 2: 'in_progress', 3: 'completed' };
 
@@ -77,82 +47,6 @@ const NVLINK_COUNTERS: readonly { readonly counter: number; readonly type: strin
   { counter: 1, type: 'recovery' },
   { counter: 2, type: 'crc' },
 ];
-
-/** The calls for one device, each turned into a value or undefined. */
-class DeviceReads {
-  constructor(
-    private readonly nvml: NvmlLibrary,
-    private readonly device: NvmlDevice,
-    private readonly options: NvmlReadOptions,
-  ) {}
-
-  /** Calls `name`; whether it succeeded (a failure other than "not supported" is counted). */
-  ok(name: NvmlFunction, ...args: unknown[]): boolean {
-    return this.nvmlCode(name, [], ...args) === NVML.SUCCESS;
-  }
-
-  /** Calls `name` and answers its code; codes other than success, "not supported" and `usual` are counted. */
-  nvmlCode(name: NvmlFunction, usual: readonly number[], ...args: unknown[]): number {
-    const code = this.nvml.call(name, this.device, ...args);
-    if (code !== NVML.SUCCESS && code !== NVML.ERROR_NOT_SUPPORTED && code !== NVML.ERROR_FUNCTION_NOT_FOUND && !usual.includes(code))
-      this.options.failed(name, code);
-    return code;
-  }
-
-  uint(name: NvmlFunction, ...args: unknown[]): number | undefined {
-    const out = [0];
-    return this.ok(name, ...args, out) ? Number(out[0]) : undefined;
-  }
-
-  ull(name: NvmlFunction, ...args: unknown[]): bigint | undefined {
-    const out: unknown[] = [0n];
-    return this.ok(name, ...args, out) ? BigInt(out[0] as bigint | number) : undefined;
-  }
-
-  text(name: NvmlFunction, length: number): string | undefined {
-    const buffer = Buffer.alloc(length);
-    return this.ok(name, buffer, length) ? cString(buffer) : undefined;
-  }
-}
-
-function readEcc(reads: DeviceReads): EccCount[] {
-  const counts: EccCount[] = [];
-  // Each counter read once: the probe below is the first of the loop's reads on a modern GPU.
-  const read = new Map<string, number | undefined>();
-  const count = (type: EccType, scope: EccScope, location: number): number | undefined => {
-    const key = `${type}/${scope}/${location}`;
-    if (!read.has(key)) {
-      const value = reads.ull('nvmlDeviceGetMemoryErrorCounter', type === 'correctable' ? 0 : 1, scope === 'volatile' ? 0 : 1, location);
-      read.set(key, value === undefined ? undefined : Number(value));
-    }
-    return read.get(key);
-  };
-  // A GPU that knows SRAM as a location reports the v12 pair; an older one its memory units.
-  const modern = count('correctable', 'volatile', LOCATION_SRAM) !== undefined;
-  // In the XML's order: modern GPUs by location then type (sram_correctable, sram_uncorrectable,
-  // dram_…), older ones by type then memory unit (single_bit/<unit>, double_bit/<unit>).
-  for (const scope of ['volatile', 'aggregate'] as const) {
-    if (modern) {
-      for (const [location, name] of [
-        [LOCATION_SRAM, 'sram'],
-        [LOCATION_DRAM, 'dram'],
-      ] as const) {
-        for (const type of ['correctable', 'uncorrectable'] as const) {
-          const value = count(type, scope, location);
-          if (value !== undefined) counts.push({ scope, type, location: name, count: value });
-        }
-      }
-      continue;
-    }
-    for (const type of ['correctable', 'uncorrectable'] as const) {
-      for (const { location, name } of OLD_LOCATIONS) {
-        const value = count(type, scope, location);
-        if (value !== undefined) counts.push({ scope, type, location: name, count: value });
-      }
-    }
-  }
-  return counts;
-}
 
 function readRemappedRows(reads: DeviceReads): RemappedRows | undefined {
   const corrected = [0];
@@ -201,77 +95,59 @@ function readClockReasons(reads: DeviceReads, nvml: NvmlLibrary): Record<string,
   return reasons;
 }
 
-/** nvmlGpuFabricInfo_t: clusterUuid[16] @0, status (nvmlReturn_t) @16, cliqueId @20, state (uint8) @24; 28 bytes. */
+/**
+ * The GPU's NVLink fabric registration (NVSwitch systems). nvmlDeviceGetGpuFabricInfoV where the
+ * driver has it, version 3 then 2: version @0, clusterUuid[16] @4, status (nvmlReturn_t) @20,
+ * cliqueId @24, state (uint8) @28, healthMask @32 (v2: 36 bytes), healthSummary @36 (v3: 40);
+ * else the deprecated nvmlDeviceGetGpuFabricInfo: clusterUuid[16] @0, status @16, cliqueId @20,
+ * state @24; 28 bytes.
+ */
 function readFabric(reads: DeviceReads): FabricState | undefined {
+  if (reads.nvml.has('nvmlDeviceGetGpuFabricInfoV')) {
+    for (const [version, size] of [
+      [3, 40],
+      [2, 36],
+    ] as const) {
+      const info = Buffer.alloc(40);
+      info.writeUInt32LE(structVersion(size, version), 0);
+      const code = reads.attempt('nvmlDeviceGetGpuFabricInfoV', info);
+      if (code === NVML.SUCCESS) return fabricState(info.readUInt8(28), info.readInt32LE(20));
+      if (code !== NVML.ERROR_ARGUMENT_VERSION_MISMATCH) {
+        reads.count('nvmlDeviceGetGpuFabricInfoV', code);
+        return undefined;
+      }
+    }
+  }
   const info = Buffer.alloc(32);
   if (!reads.ok('nvmlDeviceGetGpuFabricInfo', info)) return undefined;
-  const state = FABRIC_STATES[info.readUInt8(24)];
+  return fabricState(info.readUInt8(24), info.readInt32LE(16));
+}
+
+function fabricState(code: number, status: number): FabricState | undefined {
+  const state = FABRIC_STATES[code];
   if (state === undefined) return undefined;
   // The status is the fabric manager's verdict once registration has ended.
-  return { state, success: state === 'completed' ? info.readInt32LE(16) === NVML.SUCCESS : undefined };
+  return { state, success: state === 'completed' ? status === NVML.SUCCESS : undefined };
 }
 
-/** nvmlProcessInfo_t: pid @0, usedGpuMemory (u64) @8, gpuInstanceId @16, computeInstanceId @20; 24 bytes. */
-const PROCESS_INFO_SIZE = 24;
-
-function readProcessList(
-  reads: DeviceReads,
-  name: 'nvmlDeviceGetComputeRunningProcesses_v3' | 'nvmlDeviceGetGraphicsRunningProcesses_v3',
-): GpuProcess[] | undefined {
-  let room = 64;
-  for (let attempt = 0; attempt < 3; attempt++) {
-    const count = [room];
-    const infos = Buffer.alloc(room * PROCESS_INFO_SIZE);
-    const code = reads.nvmlCode(name, [NVML.ERROR_INSUFFICIENT_SIZE], count, infos);
-    if (code === NVML.ERROR_INSUFFICIENT_SIZE) {
-      // Processes started between the calls: make room for them and a few more.
-      room = Number(count[0]) + 16;
-      continue;
-    }
-    if (code !== NVML.SUCCESS) return undefined;
-    const processes: GpuProcess[] = [];
-    for (let index = 0; index < Math.min(Number(count[0]), room); index++) {
-      const at = index * PROCESS_INFO_SIZE;
-      const used = infos.readBigUInt64LE(at + 8);
-      const gpuInstance = infos.readUInt32LE(at + 16);
-      const computeInstance = infos.readUInt32LE(at + 20);
-      processes.push({
-        pid: infos.readUInt32LE(at),
-        usedMemoryBytes: used === NOT_AVAILABLE_64 ? undefined : Number(used),
-        gpuInstance: gpuInstance === NOT_AVAILABLE_32 ? undefined : gpuInstance,
-        computeInstance: computeInstance === NOT_AVAILABLE_32 ? undefined : computeInstance,
-      });
-    }
-    return processes;
-  }
-  return undefined;
-}
-
-/** Compute (C) and graphics (G) processes merged by pid (C+G), named as nvidia-smi names them. */
-function readProcesses(reads: DeviceReads, nvml: NvmlLibrary, names: Map<number, string | undefined>): GpuProcess[] | undefined {
-  const compute = readProcessList(reads, 'nvmlDeviceGetComputeRunningProcesses_v3');
-  const graphics = readProcessList(reads, 'nvmlDeviceGetGraphicsRunningProcesses_v3');
-  if (compute === undefined && graphics === undefined) return undefined;
-  const byPid = new Map<number, GpuProcess>();
-  for (const [list, type] of [
-    [compute ?? [], 'C'],
-    [graphics ?? [], 'G'],
-  ] as const) {
-    for (const process of list) {
-      const seen = byPid.get(process.pid);
-      byPid.set(process.pid, seen === undefined ? { ...process, type } : { ...seen, type: 'C+G' });
+/**
+ * The GPU's core temperature: nvmlDeviceGetTemperatureV (nvmlTemperature_v1_t: version @0,
+ * sensorType @4, temperature (int) @8; 12 bytes) where the driver has it, else the deprecated
+ * nvmlDeviceGetTemperature.
+ */
+function readTemperature(reads: DeviceReads): number | undefined {
+  if (reads.nvml.has('nvmlDeviceGetTemperatureV')) {
+    const reading = Buffer.alloc(12);
+    reading.writeUInt32LE(structVersion(12, 1), 0);
+    reading.writeInt32LE(0, 4); // NVML_TEMPERATURE_GPU
+    const code = reads.attempt('nvmlDeviceGetTemperatureV', reading);
+    if (code === NVML.SUCCESS) return reading.readInt32LE(8);
+    if (code !== NVML.ERROR_ARGUMENT_VERSION_MISMATCH) {
+      reads.count('nvmlDeviceGetTemperatureV', code);
+      return undefined;
     }
   }
-  const processes: GpuProcess[] = [];
-  for (const process of byPid.values()) {
-    if (!names.has(process.pid)) {
-      const buffer = Buffer.alloc(256);
-      const code = nvml.call('nvmlSystemGetProcessName', process.pid, buffer, buffer.length);
-      names.set(process.pid, code === NVML.SUCCESS ? cString(buffer) : undefined);
-    }
-    processes.push({ ...process, name: names.get(process.pid) });
-  }
-  return processes;
+  return reads.uint('nvmlDeviceGetTemperature', 0);
 }
 
 /** NVLink error counters of the active links. */
@@ -297,7 +173,8 @@ export interface NvmlDeviceReading {
 }
 
 /**
- * One device. Throws when it cannot be told apart (no PCI bus id): such a GPU is left out of the
+ * One device. Throws an NvmlError naming the call when the GPU cannot be told apart (no PCI bus
+ * id) or is lost (GpuLostError, at its first call that says so): such a GPU is left out of the
  * poll, as nvidia-smi leaves out a GPU it cannot reach, and shows as not present.
  */
 export function readNvmlDevice(
@@ -310,10 +187,11 @@ export function readNvmlDevice(
 ): NvmlDeviceReading {
   const reads = new DeviceReads(nvml, device, options);
   const pci = Buffer.alloc(68); // nvmlPciInfo_t: busIdLegacy[16], domain, bus, device, pciDeviceId, pciSubSystemId, busId[32] @36
-  const pciCode = nvml.call('nvmlDeviceGetPciInfo_v3', device, pci);
+  const pciCode = reads.attempt('nvmlDeviceGetPciInfo_v3', pci);
   if (pciCode !== NVML.SUCCESS) throw nvml.error('nvmlDeviceGetPciInfo_v3', pciCode);
   const pciBusId = normalizePciBusId(cString(pci.subarray(36, 68)));
-  if (pciBusId === undefined) throw new Error(`NVML device #${position} has no valid PCI bus id ("${cString(pci.subarray(36, 68))}")`);
+  if (pciBusId === undefined)
+    throw new NvmlError('nvmlDeviceGetPciInfo_v3', NVML.ERROR_UNKNOWN, `device #${position} has no valid PCI bus id ("${cString(pci.subarray(36, 68))}")`);
   const minor = reads.uint('nvmlDeviceGetMinorNumber');
   const uuid = reads.text('nvmlDeviceGetUUID', 96);
   const migCurrent = [0];
@@ -323,22 +201,23 @@ export function readNvmlDevice(
   const powerLimit = reads.uint('nvmlDeviceGetEnforcedPowerLimit');
   const utilization = Buffer.alloc(8);
   const utilizationKnown = reads.ok('nvmlDeviceGetUtilizationRates', utilization);
-  const memory = readMemory(reads, nvml);
+  const memory = readMemory(reads);
+  const migEnabled = migKnown ? migCurrent[0] === 1 : undefined;
   const sample: GpuSample = {
     index: minor ?? position,
     pciBusId,
     uuid,
     productName: reads.text('nvmlDeviceGetName', 96),
     driverVersion,
-    migEnabled: migKnown ? migCurrent[0] === 1 : undefined,
-    temperatureCelsius: reads.uint('nvmlDeviceGetTemperature', 0),
+    migEnabled,
+    temperatureCelsius: readTemperature(reads),
     memoryTemperatureCelsius: memoryTemp,
     powerDrawWatts: power === undefined ? undefined : power / 1000,
     powerLimitWatts: powerLimit === undefined ? undefined : powerLimit / 1000,
     utilizationRatio: utilizationKnown ? utilization.readUInt32LE(0) / 100 : undefined,
     memoryUsedBytes: memory?.used,
     memoryTotalBytes: memory?.total,
-    ecc: readEcc(reads),
+    ecc: readEcc(reads, migEnabled),
     remappedRows: readRemappedRows(reads),
     retiredPages: readRetiredPages(reads),
     pcieLinkGeneration: reads.uint('nvmlDeviceGetCurrPcieLinkGeneration'),
@@ -383,20 +262,21 @@ function readField(reads: DeviceReads, fieldId: number): number | undefined {
 /**
  * nvmlMemory_v2_t (version @0, total @8, reserved @16, free @24, used @32; 40 bytes): `used`
  * without the driver's reservation, as `<fb_memory_usage><used>` shows it since driver 510.
- * Drivers without it: nvmlMemory_t (total @0, free @8, used @16), whose used includes it.
+ * Drivers without it, or where it fails: nvmlMemory_t (total @0, free @8, used @16), whose used
+ * includes it. The v2 call's failure is counted only when v1 fails too.
  */
-function readMemory(reads: DeviceReads, nvml: NvmlLibrary): { total: number; used: number } | undefined {
-  if (nvml.has('nvmlDeviceGetMemoryInfo_v2')) {
+function readMemory(reads: DeviceReads): { total: number; used: number } | undefined {
+  let v2Code: number = NVML.ERROR_FUNCTION_NOT_FOUND;
+  if (reads.nvml.has('nvmlDeviceGetMemoryInfo_v2')) {
     const memory = Buffer.alloc(40);
-    memory.writeUInt32LE(40 | (2 << 24), 0);
-    if (reads.ok('nvmlDeviceGetMemoryInfo_v2', memory)) {
-      return { total: Number(memory.readBigUInt64LE(8)), used: Number(memory.readBigUInt64LE(32)) };
-    }
-    return undefined;
+    memory.writeUInt32LE(structVersion(40, 2), 0);
+    v2Code = reads.attempt('nvmlDeviceGetMemoryInfo_v2', memory);
+    if (v2Code === NVML.SUCCESS) return { total: Number(memory.readBigUInt64LE(8)), used: Number(memory.readBigUInt64LE(32)) };
   }
   const memory = Buffer.alloc(24);
-  if (!reads.ok('nvmlDeviceGetMemoryInfo', memory)) return undefined;
-  return { total: Number(memory.readBigUInt64LE(0)), used: Number(memory.readBigUInt64LE(16)) };
+  if (reads.ok('nvmlDeviceGetMemoryInfo', memory)) return { total: Number(memory.readBigUInt64LE(0)), used: Number(memory.readBigUInt64LE(16)) };
+  reads.count('nvmlDeviceGetMemoryInfo_v2', v2Code);
+  return undefined;
 }
 
 /**

@@ -2,7 +2,7 @@ import { isMainThread, parentPort, workerData } from 'node:worker_threads';
 import { errorMessage } from '../../../core/errors.js';
 import type { NvlinkErrorCount } from '../nvlink-errors.js';
 import type { GpuSample } from '../nvidia-smi-xml.js';
-import { NVML, NvmlError, NvmlLibrary, type NvmlFunction } from './library.js';
+import { NVML, NvmlError, NvmlLibrary, type NvmlEntryPoints, type NvmlFunction } from './library.js';
 import { readNvmlNvlink, readNvmlPoll, type NvmlPollValue } from './poll.js';
 
 /**
@@ -13,8 +13,13 @@ import { readNvmlNvlink, readNvmlPoll, type NvmlPollValue } from './poll.js';
  * and the client (client.ts) counts the poll as timed out, naming the call from the shared
  * progress cell this thread writes before each call.
  *
- * It also watches for Xid events (nvmlEventTypeXidCriticalError) on the GPUs of its last poll,
- * checking every 100 ms without blocking, and posts each one to the client.
+ * It also watches for Xid events (nvmlEventTypeXidCriticalError), checking every 100 ms without
+ * blocking, and posts each one to the client. Every GPU a poll has read is registered, the first
+ * poll's at the start and any later one's (a GPU missing then) when it is first read, and stays
+ * registered, under the identity it was last read with, for the event set's life: an Xid 79 from a
+ * GPU that the last poll could not read, because it fell off the bus, still names it. A wait that
+ * fails is reported once per run of failures (the client shows the events as down and polls the
+ * GPUs at once, so that a lost GPU shows as not present), and once when it answers again.
  */
 
 export const NVML_WORKER_ROLE = 'steadfast-nvml';
@@ -38,7 +43,7 @@ export type { NvmlPollValue } from './poll.js';
 export type NvmlFailure = readonly [name: NvmlFunction, code: number];
 
 export type NvmlMessage =
-  | { readonly kind: 'ready' }
+  | { readonly kind: 'ready'; readonly entryPoints: NvmlEntryPoints }
   | { readonly kind: 'unavailable'; readonly message: string }
   | {
       readonly kind: 'reply';
@@ -49,7 +54,9 @@ export type NvmlMessage =
     }
   | { readonly kind: 'xid'; readonly pciBusId: string; readonly index: number; readonly xid: number }
   /** Calls that failed outside a request (the Xid event checks). */
-  | { readonly kind: 'failures'; readonly failures: readonly NvmlFailure[] };
+  | { readonly kind: 'failures'; readonly failures: readonly NvmlFailure[] }
+  /** The event wait started failing (with `code`), or answers again. */
+  | { readonly kind: 'events'; readonly state: 'failing' | 'ok'; readonly code?: number };
 
 /** nvmlEventTypeXidCriticalError. */
 const XID_CRITICAL_ERROR = 0x8n;
@@ -60,10 +67,16 @@ const EVENT_DATA_SIZE = 32;
 class NvmlThread {
   /** Process names by pid, kept while the pid holds a GPU (a name is one more call per process). */
   private readonly names = new Map<number, string | undefined>();
-  /** The GPUs of the last poll, by handle, for the Xid events. */
+  /** The GPUs of the last poll, by handle: the first ones registered for Xid events. */
   private devices = new Map<bigint, GpuSample>();
+  /** Every GPU registered for Xid events, by handle, with the identity it was last read under; kept for the event set's life. */
+  private readonly watched = new Map<bigint, { pciBusId: string; index: number }>();
+  /** GPUs that offer no Xid events (or refused the registration): not asked again. */
+  private readonly unwatchable = new Set<bigint>();
   private eventSet: unknown;
   private eventTimer: NodeJS.Timeout | undefined;
+  /** The code of the run of failed event waits in progress; undefined while the wait answers. */
+  private waitFailing: number | undefined;
 
   constructor(
     private readonly nvml: NvmlLibrary,
@@ -92,6 +105,10 @@ class NvmlThread {
     this.nvml.init();
     const { devices, ...value } = readNvmlPoll(this.nvml, { nvlink, failed }, this.names);
     this.devices = devices;
+    for (const [handle, sample] of devices) {
+      if (this.watched.has(handle) && sample.pciBusId !== undefined) this.watched.set(handle, { pciBusId: sample.pciBusId, index: sample.index });
+    }
+    if (this.eventSet !== undefined) this.register(failed);
     return value;
   }
 
@@ -100,7 +117,7 @@ class NvmlThread {
     return readNvmlNvlink(this.nvml, failed);
   }
 
-  /** Registers the last poll's GPUs for Xid events and starts checking; answers how many registered. */
+  /** Makes the event set, registers the last poll's GPUs and starts checking; answers how many are registered. */
   private watchEvents(failed: (name: NvmlFunction, code: number) => void): number {
     if (this.eventSet !== undefined) return -1;
     const out: unknown[] = [null];
@@ -110,33 +127,54 @@ class NvmlThread {
       return 0;
     }
     this.eventSet = out[0];
-    let registered = 0;
-    for (const device of this.devices.keys()) {
-      const supported: unknown[] = [0n];
-      const code = this.nvml.call('nvmlDeviceGetSupportedEventTypes', device, supported);
-      if (code !== NVML.SUCCESS || (BigInt(supported[0] as bigint) & XID_CRITICAL_ERROR) === 0n) continue;
-      const result = this.nvml.call('nvmlDeviceRegisterEvents', device, XID_CRITICAL_ERROR, this.eventSet);
-      if (result === NVML.SUCCESS) registered++;
-      else failed('nvmlDeviceRegisterEvents', result);
-    }
+    this.register(failed);
     this.eventTimer = setInterval(() => this.checkEvents(), CHECK_EVERY_MS);
-    return registered;
+    return this.watched.size;
   }
 
-  /** Drains the events that arrived since the last check; a failed wait is reported, once per kind in a row. */
+  /** Registers the GPUs of the last poll not yet registered (nor known to offer no Xid events). */
+  private register(failed: (name: NvmlFunction, code: number) => void): void {
+    for (const [device, sample] of this.devices) {
+      if (this.watched.has(device) || this.unwatchable.has(device) || sample.pciBusId === undefined) continue;
+      const supported: unknown[] = [0n];
+      const code = this.nvml.call('nvmlDeviceGetSupportedEventTypes', device, supported);
+      // Not supported, or a GPU lost since the poll read it: tried again at the next poll.
+      if (code !== NVML.SUCCESS) continue;
+      if ((BigInt(supported[0] as bigint) & XID_CRITICAL_ERROR) === 0n) {
+        this.unwatchable.add(device);
+        continue;
+      }
+      const result = this.nvml.call('nvmlDeviceRegisterEvents', device, XID_CRITICAL_ERROR, this.eventSet);
+      if (result === NVML.SUCCESS) this.watched.set(device, { pciBusId: sample.pciBusId, index: sample.index });
+      else failed('nvmlDeviceRegisterEvents', result);
+    }
+  }
+
+  /**
+   * Drains the events that arrived since the last check. A failed wait is reported once per run of
+   * failures with one code (counted, and an `events` message), and its end once.
+   */
   private checkEvents(): void {
     const data = Buffer.alloc(EVENT_DATA_SIZE);
     for (;;) {
       const code = this.nvml.call('nvmlEventSetWait_v2', this.eventSet, data, 0);
-      if (code === NVML.ERROR_TIMEOUT) return;
-      if (code !== NVML.SUCCESS) {
-        this.post({ kind: 'failures', failures: [['nvmlEventSetWait_v2', code]] });
+      if (code !== NVML.SUCCESS && code !== NVML.ERROR_TIMEOUT) {
+        if (code !== this.waitFailing) {
+          this.waitFailing = code;
+          this.post({ kind: 'failures', failures: [['nvmlEventSetWait_v2', code]] });
+          this.post({ kind: 'events', state: 'failing', code });
+        }
         return;
       }
+      if (this.waitFailing !== undefined) {
+        this.waitFailing = undefined;
+        this.post({ kind: 'events', state: 'ok' });
+      }
+      if (code === NVML.ERROR_TIMEOUT) return;
       if ((data.readBigUInt64LE(8) & XID_CRITICAL_ERROR) === 0n) continue;
-      const sample = this.devices.get(data.readBigUInt64LE(0));
+      const gpu = this.watched.get(data.readBigUInt64LE(0));
       const xid = Number(data.readBigUInt64LE(16));
-      if (sample?.pciBusId !== undefined && Number.isSafeInteger(xid)) this.post({ kind: 'xid', pciBusId: sample.pciBusId, index: sample.index, xid });
+      if (gpu !== undefined && Number.isSafeInteger(xid)) this.post({ kind: 'xid', pciBusId: gpu.pciBusId, index: gpu.index, xid });
     }
   }
 
@@ -170,7 +208,7 @@ async function runNvmlThread(data: NvmlWorkerData): Promise<void> {
     thread.handle(request);
     if (request.kind === 'close') port.close();
   });
-  post({ kind: 'ready' });
+  post({ kind: 'ready', entryPoints: nvml.entryPoints() });
 }
 
 function isNvmlWorkerData(value: unknown): value is NvmlWorkerData {

@@ -53,13 +53,14 @@ function gpu(context: TestContext, options: Parameters<typeof createGpuCollector
   return collector;
 }
 
-/** One scrape of a lone gpu collector, without what says which source it used. */
+/** One scrape of a lone gpu collector, without what says which source it used and how (NVML's entry points, its events). */
 async function scrapeGpu(context: TestContext): Promise<string> {
   const text = await scrapeOne(context, gpu(context));
   return text
     .split('\n')
-    .filter((line) => !/steadfast_gpu_source_info/.test(line))
-    .join('\n');
+    .filter((line) => !/steadfast_gpu_(source_info|nvml_function_info|nvml_events_up)/.test(line))
+    .join('\n')
+    .replace(/\n{3,}/g, '\n\n');
 }
 
 const H200 = 'steadfast_gpu_temperature_celsius{gpu="0",pci_bus_id="0000:00:06",UUID="GPU-00000000-0000-0000-0000-000000000000"}';
@@ -69,6 +70,10 @@ describe('gpu collector on NVML', () => {
   for (const [stateFile, xml] of [
     ['h200_580.159.04.state', 'h200_580.159.04_v13.xml'],
     ['a10g_515.105.01.state', 'telegraf_a10g_515.105.01.xml'],
+    // MIG on: volatile counters per MIG device, aggregate SRAM/DRAM for the GPU (by architecture, not a probe).
+    ['a100-mig_510.47.03.state', 'netdata_a100-sxm4-40gb-mig_510.47.03_v11.xml'],
+    // Pascal: ECC per memory unit.
+    ['p100_510.47.03.state', 'netdata_tesla-p100_510.47.03.xml'],
   ] as const) {
     it(`exports through NVML exactly the series nvidia-smi's XML gives for the same GPU (${xml})`, async () => {
       const standIn = await StandInNvml.create(join(dir(), 'nvml'), state(stateFile));
