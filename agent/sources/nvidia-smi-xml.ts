@@ -233,7 +233,10 @@ function parseEcc(gpu: XmlNode): EccCount[] {
       }
     }
   }
-  return [...counts.values(), ...parseMigDeviceEcc(gpu)];
+  // With MIG on, drivers before 535 print no volatile counts for the GPU, only each MIG device's;
+  // later ones print both, and the GPU's already holds its MIG devices' errors.
+  const gpuVolatile = [...counts.values()].some((count) => count.scope === 'volatile');
+  return [...counts.values(), ...(gpuVolatile ? [] : parseMigDeviceEcc(gpu))];
 }
 
 /** `<mig_devices><mig_device>…<ecc_error_count><volatile_count><sram_uncorrectable>`: each MIG device's own count. */

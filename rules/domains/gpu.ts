@@ -38,10 +38,11 @@ export const rules: DomainRules = {
           meaning: { role: 'fault', faultClass: 'machine', signal: 'gpu_lost', citation: FAULT_CITATIONS.machine, route: 'controller' },
         }),
         // Volatile counts run since the driver loaded; only a rise is news. The location (SRAM,
-        // DRAM, ...) is summed away: one alert per GPU, the runbook says where to look.
+        // DRAM, ...) and, with MIG on, the MIG device (whose own counts are the GPU's volatile
+        // ones) are summed away: one alert per GPU, the runbook says where to look.
         alert({
           alert: 'SteadfastGpuEccUncorrectable',
-          expr: `sum without (location, scope, type) (increase(steadfast_gpu_ecc_errors_total${agentSelector({ scope: 'volatile', type: 'uncorrectable' }, t.selectors.agentJob)}[${t.gpu.eccWindow}])) > 0`,
+          expr: `sum without (location, scope, type, GPU_I_ID, compute_instance_id) (increase(steadfast_gpu_ecc_errors_total${agentSelector({ scope: 'volatile', type: 'uncorrectable' }, t.selectors.agentJob)}[${t.gpu.eccWindow}])) > 0`,
           for: '0s',
           severity: 'critical',
           summary: 'A GPU counted uncorrectable ECC errors.',

@@ -91,7 +91,7 @@ describe('nvidia-smi -q -x parser on the real captures', () => {
     expect(sample.memoryTemperatureCelsius).toBeUndefined();
   });
 
-  it('reads the A100 MIG capture (v11) with N/A utilisation and volatile ECC left undefined and remapped rows absent', () => {
+  it('reads the A100 MIG capture (v11) with N/A utilisation, the GPU volatile ECC left undefined, each MIG device its own, and remapped rows absent', () => {
     const sample = onlyGpu('netdata_a100-sxm4-40gb-mig_510.47.03_v11.xml');
     expect(sample).toMatchObject({
       migEnabled: true,
@@ -100,7 +100,11 @@ describe('nvidia-smi -q -x parser on the real captures', () => {
       remappedRows: undefined,
       powerDrawWatts: 66.92,
     });
-    expect(sample.ecc.filter((count) => count.scope === 'volatile')).toEqual([]);
+    // Volatile counts only per MIG device (its GPU and compute instance), none for the GPU itself.
+    expect(sample.ecc.filter((count) => count.scope === 'volatile')).toEqual([
+      { scope: 'volatile', type: 'uncorrectable', location: 'sram', count: 0, gpuInstance: 1, computeInstance: 0 },
+      { scope: 'volatile', type: 'uncorrectable', location: 'sram', count: 0, gpuInstance: 2, computeInstance: 0 },
+    ]);
     expect(ecc(sample, 'aggregate', 'uncorrectable', 'dram')).toBe(0);
   });
 
@@ -109,6 +113,9 @@ describe('nvidia-smi -q -x parser on the real captures', () => {
     // The contributor trimmed the file to one GPU; attached_gpus still says 4.
     expect(report.attachedGpus).toBe(4);
     expect(report.gpus[0]).toMatchObject({ index: 1, pciBusId: '0000:01:00', powerDrawWatts: 67.03, powerLimitWatts: 500, memoryTotalBytes: 81920 * MiB });
+    // MIG on, yet this driver prints the GPU's volatile counts: they hold the MIG devices' errors, which are not added again.
+    expect(report.gpus[0]?.ecc.filter((count) => count.scope === 'volatile')).toHaveLength(4);
+    expect(report.gpus[0]?.ecc.some((count) => count.gpuInstance !== undefined)).toBe(false);
   });
 
   it('reads the v13 capture: average power draw, and no ECC series while ECC is disabled', () => {
