@@ -57,7 +57,10 @@ describe('NVML on a MIG-enabled GPU', () => {
     expect(text).not.toContain('location="device_memory"');
     // Volatile: each MIG device's uncorrectable SRAM count, labelled with its instances.
     expect(
-      seriesValue(text, `steadfast_gpu_ecc_errors_total{${A100_LABELS},scope="volatile",type="uncorrectable",location="sram",GPU_I_ID="2",compute_instance_id="0"}`),
+      seriesValue(
+        text,
+        `steadfast_gpu_ecc_errors_total{${A100_LABELS},scope="volatile",type="uncorrectable",location="sram",GPU_I_ID="2",compute_instance_id="0"}`,
+      ),
     ).toBe(2);
     expect(text.match(/scope="volatile"/g)).toHaveLength(2);
     // Nothing the header says is unreadable under MIG was counted as an error.
