@@ -33,7 +33,7 @@ async function start(state: string, pollSeconds: number): Promise<{ context: Tes
   const collector = createGpuCollector(context);
   collectors.push(collector);
   await collector.start();
-  await waitFor(async () => seriesValue(await context.registry.metrics(), EVENTS_UP) === 1);
+  await waitFor(async () => seriesValue(await context.registry.metrics(), EVENTS_UP) === 1, 10_000);
   return { context, standIn };
 }
 
@@ -69,7 +69,7 @@ describe('NVML Xid events', () => {
     await waitFor(async () => (await metric(context, GPU1_PRESENT)) === 0);
     expect(context.events).toEqual([expect.objectContaining({ kind: 'gpu_lost', gpu: '0000:00:07' })]);
     // The wait keeps failing every check: still one error counted for the run.
-    await waitFor(async () => (await standIn.waitFailures()) >= 10);
+    await waitFor(async () => (await standIn.waitFailures()) >= 10, 20_000);
     expect(await metric(context, WAIT_LOST)).toBe(1);
 
     await standIn.setState(`${TWO_GPUS}1 lost 1\n`);
