@@ -68,8 +68,12 @@ export interface ValidationUpkeepDeps {
 
 export class ValidationUpkeep {
   private readonly inFlight = new Map<string, Promise<void>>();
+  /** One controller replica validates a node at a time; the lease outlives a validation that hangs. */
+  private readonly locks: Locks;
 
-  constructor(private readonly deps: ValidationUpkeepDeps) {}
+  constructor(private readonly deps: ValidationUpkeepDeps) {
+    this.locks = new Locks(deps.redis, deps.keys);
+  }
 
   /** One pass, from the controller's tick: starts what is due in the background. Never throws. */
   tick(now: number): void {
@@ -110,15 +114,13 @@ export class ValidationUpkeep {
   }
 
   private start(node: string, work: () => Promise<void>): void {
-    // One controller replica validates a node at a time; the lease outlives a validation that hangs.
-    const locks = new Locks(this.deps.redis, this.deps.keys);
     const holder = randomUUID();
     const running = (async () => {
-      if (!(await locks.takeValidationLease(node, holder, this.deps.timeoutMs + 30_000))) return;
+      if (!(await this.locks.takeValidationLease(node, holder, this.deps.timeoutMs + 30_000))) return;
       try {
         await work();
       } finally {
-        await locks.releaseValidationLease(node, holder);
+        await this.locks.releaseValidationLease(node, holder);
       }
     })()
       .catch((error: unknown) => this.deps.logger.warn({ node, err: error }, 'validation of a node failed to run; the next tick tries again'))

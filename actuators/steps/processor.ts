@@ -80,20 +80,20 @@ export function createStepProcessor(baseDeps: StepProcessorDeps): (job: Job, tok
   // Each profile's actuators, built once: its dry-run (a recording backend and resetter, as a
   // dry-run controller has) and its own budget, with its name on what they audit. A global
   // dry-run stays what it is: the profile cannot make a recording controller act.
+  /** `own`'s actuators for a profile's nodes: its budget where it has one, its name on what they audit. */
+  const forProfile = (own: StepProcessorDeps, profile: Profile, dryRun: boolean): Actuators => {
+    const safety = profile.safety;
+    const budget = safety === undefined ? undefined : { maxPerWindow: safety.maxDrainsPerWindow, windowSeconds: safety.windowSeconds };
+    const deps: StepProcessorDeps = { ...own, gates: budget === undefined ? own.gates : own.gates.withBudget(profile.name, budget), profile: profile.name };
+    return { base: stepBase(deps), byVerb: buildStepActuators(deps, { dryRun }) };
+  };
   const byProfile = new Map<string, Actuators>();
   const profileActuators = (profile: Profile): Actuators => {
     const known = byProfile.get(profile.name);
     if (known !== undefined) return known;
     const dryRun = profile.dryRun === true && !recording;
     const own = dryRun ? { ...baseDeps, backend: new DryRunBackend(redis, keys), resetter: new DryRunGpuResetter(), pool: undefined } : recordingDeps;
-    const safety = profile.safety;
-    const deps: StepProcessorDeps = {
-      ...own,
-      gates:
-        safety === undefined ? own.gates : own.gates.withBudget(profile.name, { maxPerWindow: safety.maxDrainsPerWindow, windowSeconds: safety.windowSeconds }),
-      profile: profile.name,
-    };
-    const built: Actuators = { base: stepBase(deps), byVerb: buildStepActuators(deps, { dryRun }) };
+    const built = forProfile(own, profile, dryRun);
     byProfile.set(profile.name, built);
     return built;
   };
@@ -104,16 +104,12 @@ export function createStepProcessor(baseDeps: StepProcessorDeps): (job: Job, tok
     const node = step.nodes?.[0];
     if (baseDeps.profiles === undefined || node === undefined || !ON_NODES.has(step.verb)) return actuators;
     const match = await baseDeps.profiles.resolve(node);
-    const safety = match.kind === 'profile' ? match.profile.safety : undefined;
-    if (match.kind !== 'profile' || safety === undefined) return actuators;
+    if (match.kind !== 'profile' || match.profile.safety === undefined) return actuators;
     const dryRun = actuators === dryRunJob;
     const key = `${dryRun ? 'dry-run' : 'acting'}:${match.profile.name}`;
     const known = jobBudgeted.get(key);
     if (known !== undefined) return known;
-    const own = dryRun ? dryRunJobDeps : recordingDeps;
-    const budget = { maxPerWindow: safety.maxDrainsPerWindow, windowSeconds: safety.windowSeconds };
-    const deps: StepProcessorDeps = { ...own, gates: own.gates.withBudget(match.profile.name, budget), profile: match.profile.name };
-    const built: Actuators = { base: stepBase(deps), byVerb: buildStepActuators(deps, { dryRun }) };
+    const built = forProfile(dryRun ? dryRunJobDeps : recordingDeps, match.profile, dryRun);
     jobBudgeted.set(key, built);
     return built;
   };
