@@ -1,4 +1,4 @@
-import { Counter, Gauge, type Registry } from 'prom-client';
+import type { Counter, Registry } from 'prom-client';
 import { InputError, errorMessage } from '../core/errors.js';
 import type { Logger } from '../core/log.js';
 import { readFlag, type CollectorSettings } from './flags.js';
@@ -6,6 +6,7 @@ import type { CollectorPaths } from './paths.js';
 import { DCGM_EXPORTER_URL_FLAG, dcgmExporterUrl } from './sources/dcgm-exporter.js';
 import { NvmlUnavailableError, nvmlErrorName, type NvmlFunction } from './sources/nvml/library.js';
 import { NvmlClient } from './sources/nvml/client.js';
+import { sharedCounter, sharedGauge } from './shared-metrics.js';
 
 /**
  * Where the agent reads its GPUs, chosen once per agent and shared by the collectors that read
@@ -126,16 +127,11 @@ export class GpuSourceChoice {
    */
   private reportEntryPoints(nvml: NvmlClient): void {
     const { logger, registry } = this.options;
-    const existing = registry.getSingleMetric(NVML_FUNCTION_INFO);
-    const gauge =
-      existing instanceof Gauge
-        ? (existing as Gauge<'reading' | 'function'>)
-        : new Gauge({
-            name: NVML_FUNCTION_INFO,
-            help: 'The NVML entry point the agent uses for each reading that differs across driver versions (function "none": the library has none, the values are not read); always 1.',
-            labelNames: ['reading', 'function'],
-            registers: [registry],
-          });
+    const gauge = sharedGauge(registry, {
+      name: NVML_FUNCTION_INFO,
+      help: 'The NVML entry point the agent uses for each reading that differs across driver versions (function "none": the library has none, the values are not read); always 1.',
+      labelNames: ['reading', 'function'],
+    });
     for (const [reading, name] of Object.entries(nvml.entryPoints)) gauge.set({ reading, function: name ?? 'none' }, 1);
     logger.info({ collector: 'gpu', library: nvml.library, entryPoints: nvml.entryPoints }, 'reading the GPUs through NVML');
     const missing = Object.entries(nvml.entryPoints).filter(([, name]) => name === undefined);
@@ -147,16 +143,11 @@ export class GpuSourceChoice {
   }
 
   private exportChoice(resolved: ResolvedGpuSource): void {
-    const existing = this.options.registry.getSingleMetric(GPU_SOURCE_INFO);
-    const gauge =
-      existing instanceof Gauge
-        ? (existing as Gauge<'source'>)
-        : new Gauge({
-            name: GPU_SOURCE_INFO,
-            help: 'Where the agent reads its GPUs (--gpu.source): nvml (in-process), nvidia-smi, or dcgm-exporter; always 1.',
-            labelNames: ['source'],
-            registers: [this.options.registry],
-          });
+    const gauge = sharedGauge(this.options.registry, {
+      name: GPU_SOURCE_INFO,
+      help: 'Where the agent reads its GPUs (--gpu.source): nvml (in-process), nvidia-smi, or dcgm-exporter; always 1.',
+      labelNames: ['source'],
+    });
     gauge.set({ source: resolved.kind === 'nvml-unavailable' ? 'nvml' : resolved.kind }, 1);
   }
 }
@@ -165,12 +156,9 @@ export const GPU_SOURCE_INFO = 'steadfast_gpu_source_info';
 const NVML_FUNCTION_INFO = 'steadfast_gpu_nvml_function_info';
 
 function nvmlErrorCounter(registry: Registry): Counter<'function' | 'error'> {
-  const existing = registry.getSingleMetric('steadfast_gpu_nvml_errors_total');
-  if (existing instanceof Counter) return existing as Counter<'function' | 'error'>;
-  return new Counter({
+  return sharedCounter(registry, {
     name: 'steadfast_gpu_nvml_errors_total',
     help: 'NVML calls that failed, by function and error (gpu_is_lost, timeout, unknown, …); a value the GPU does not support is not counted.',
     labelNames: ['function', 'error'],
-    registers: [registry],
   });
 }

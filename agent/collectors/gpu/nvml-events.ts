@@ -1,8 +1,9 @@
-import { Gauge } from 'prom-client';
+import type { Gauge } from 'prom-client';
 import { classifyXid } from '../../../core/xid.js';
 import type { CollectorContext } from '../../collector.js';
 import type { NvmlClient, NvmlEventsState, NvmlXidReport } from '../../sources/nvml/client.js';
 import { nvmlErrorName } from '../../sources/nvml/library.js';
+import { sharedGauge } from '../../shared-metrics.js';
 import { XidLedger } from '../../xid-ledger.js';
 
 /**
@@ -24,12 +25,9 @@ import { XidLedger } from '../../xid-ledger.js';
 const EVENTS_UP = 'steadfast_gpu_nvml_events_up';
 
 function eventsGauge(context: CollectorContext): Gauge {
-  const existing = context.registry.getSingleMetric(EVENTS_UP);
-  if (existing instanceof Gauge) return existing;
-  return new Gauge({
+  return sharedGauge(context.registry, {
     name: EVENTS_UP,
     help: 'Whether NVML Xid events are being received: 1 while the event wait answers, 0 while it fails (Xids then come from the kernel log only).',
-    registers: [context.registry],
   });
 }
 

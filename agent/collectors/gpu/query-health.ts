@@ -1,4 +1,5 @@
-import { Counter, type Registry } from 'prom-client';
+import type { Counter, Registry } from 'prom-client';
+import { sharedCounter } from '../../shared-metrics.js';
 
 /**
  * The monitor's own health: every GPU query (nvidia-smi, dcgm-exporter) that times out or fails
@@ -12,13 +13,10 @@ export const GPU_QUERY_FAILURES = 'steadfast_gpu_query_failures_total';
 export type GpuQueryFailure = 'timeout' | 'error';
 
 export function gpuQueryFailures(registry: Registry): Counter<'command' | 'reason'> {
-  const existing = registry.getSingleMetric(GPU_QUERY_FAILURES);
-  if (existing instanceof Counter) return existing as Counter<'command' | 'reason'>;
-  return new Counter({
+  return sharedCounter(registry, {
     name: GPU_QUERY_FAILURES,
     help: 'GPU queries that did not answer, by command (nvidia-smi -q -x, nvidia-smi nvlink -e, nvml, dcgm-exporter) and reason: timeout (past its time limit; a hung driver) or error.',
     labelNames: ['command', 'reason'],
-    registers: [registry],
   });
 }
 
