@@ -37,7 +37,14 @@ async function fakeController(servers: Server[], policy: unknown): Promise<FakeC
     let body = '';
     request.on('data', (chunk: Buffer) => (body += chunk.toString()));
     request.on('end', () => {
-      const parsed = JSON.parse(body) as Record<string, unknown> | Record<string, unknown>[];
+      // A request cut short (an agent closing mid-send) or not JSON is refused, as the controller would.
+      let parsed: Record<string, unknown> | Record<string, unknown>[];
+      try {
+        parsed = JSON.parse(body) as Record<string, unknown> | Record<string, unknown>[];
+      } catch {
+        response.writeHead(400).end('{"error":"invalid JSON"}');
+        return;
+      }
       events.push(...(Array.isArray(parsed) ? parsed : [parsed]));
       response.writeHead(202).end('{}');
     });
